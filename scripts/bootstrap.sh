@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what gpipe-onnx needs to build and test, non-interactively and
+# idempotently (packages already present are left alone).
+#
+#   scripts/bootstrap.sh              build and test dependencies
+#   scripts/bootstrap.sh --reference  also PyTorch, ONNX and scikit-learn for
+#                                     regenerating fixtures and reference checks
+set -euo pipefail
+
+packages=(
+  meson ninja-build pkg-config gcc
+  protobuf-c-compiler libprotobuf-c-dev libonnx-dev
+  libcmocka-dev libopenblas-dev
+  python3 python3-numpy
+  clang libclang-rt-14-dev   # libFuzzer and the sanitizers' runtimes
+)
+if [ "${1:-}" = "--reference" ]; then
+  packages+=(python3-torch python3-onnx python3-torchvision python3-sklearn)
+elif [ -n "${1:-}" ]; then
+  echo "usage: $0 [--reference]" >&2
+  exit 2
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "bootstrap: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+echo "bootstrap: installing ${missing[*]}"
+# Package lists may be stale or absent on a fresh machine: refresh once on failure.
+if ! $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,29 @@
+/* The command-line front end: one file per command. Each command returns
+ * the process exit status: 0 success, 1 a failure with a one-line reason on
+ * stderr, 2 a usage error. */
+#ifndef GP_CLI_CLI_H
+#define GP_CLI_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define GP_EXIT_OK 0
+#define GP_EXIT_FAIL 1
+#define GP_EXIT_USAGE 2
+
+int gp_cmd_inspect(int argc, char **argv);
+int gp_cmd_devices(int argc, char **argv);
+
+/* "gpipe-onnx: error: ..." on stderr; returns GP_EXIT_FAIL. */
+int gp_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Usage error naming the command; returns GP_EXIT_USAGE. */
+int gp_cli_usage(const char *command, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Parses a positive integer option value; false with a usage message. */
+bool gp_cli_parse_int(const char *command, const char *option, const char *text, int64_t min,
+                      int64_t max, int64_t *out);
+/* "1.5 KiB", "12.0 MiB"... into buf. */
+const char *gp_cli_bytes(int64_t bytes, char *buf, int size);
+/* "30,592" into buf. */
+const char *gp_cli_count(int64_t n, char *buf, int size);
+
+#endif

@@ -1,0 +1,71 @@
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int gp_cli_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("gpipe-onnx: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return GP_EXIT_FAIL;
+}
+
+int gp_cli_usage(const char *command, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "gpipe-onnx %s: ", command);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see 'gpipe-onnx %s --help')\n", command);
+    va_end(ap);
+    return GP_EXIT_USAGE;
+}
+
+bool gp_cli_parse_int(const char *command, const char *option, const char *text, int64_t min,
+                      int64_t max, int64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long long v = text ? strtoll(text, &end, 10) : 0;
+    if (!text || errno || end == text || *end || v < min || v > max) {
+        gp_cli_usage(command, "%s needs an integer from %lld to %lld (got '%s')", option,
+                     (long long)min, (long long)max, text ? text : "");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+const char *gp_cli_bytes(int64_t bytes, char *buf, int size)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0) snprintf(buf, (size_t)size, "%lld B", (long long)bytes);
+    else snprintf(buf, (size_t)size, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+const char *gp_cli_count(int64_t n, char *buf, int size)
+{
+    char digits[32];
+    int len = snprintf(digits, sizeof digits, "%lld", (long long)(n < 0 ? -n : n));
+    int o = 0;
+    if (n < 0 && o < size - 1) buf[o++] = '-';
+    for (int i = 0; i < len && o < size - 1; i++) {
+        if (i && (len - i) % 3 == 0 && o < size - 1) buf[o++] = ',';
+        buf[o++] = digits[i];
+    }
+    buf[o] = '\0';
+    return buf;
+}

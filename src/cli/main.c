@@ -1,0 +1,49 @@
+/* gpipe-onnx: train ONNX models with GPipe pipeline parallelism. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+#ifndef GP_VERSION
+#define GP_VERSION "unknown"
+#endif
+
+static void usage(FILE *f)
+{
+    fputs("usage: gpipe-onnx <command> [options]\n"
+          "\n"
+          "Train ONNX models (for example exported from PyTorch) with GPipe micro-batch\n"
+          "pipeline parallelism.\n"
+          "\n"
+          "commands:\n"
+          "  inspect MODEL.onnx   the model summary and its sequential layer list, with the\n"
+          "                       shapes of every layer and the bytes crossing each cut\n"
+          "  devices              the CPU and GPUs this build can use\n"
+          "\n"
+          "options:\n"
+          "  -h, --help           this help; 'gpipe-onnx COMMAND --help' for a command's\n"
+          "  --version            the program's version\n",
+          f);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return GP_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return GP_EXIT_OK;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("gpipe-onnx %s\n", GP_VERSION);
+        return GP_EXIT_OK;
+    }
+    if (strcmp(cmd, "inspect") == 0) return gp_cmd_inspect(argc - 1, argv + 1);
+    if (strcmp(cmd, "devices") == 0) return gp_cmd_devices(argc - 1, argv + 1);
+    fprintf(stderr, "gpipe-onnx: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return GP_EXIT_USAGE;
+}

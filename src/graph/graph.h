@@ -1,0 +1,151 @@
+/* The graph IR: values (tensors by name), nodes in topological order, and
+ * the attributes and constants they carry.
+ *
+ * After loading (onnx/load.h) the graph is static: every value has a dtype and
+ * a shape with the batch axis bound to the micro-batch size, constant
+ * subgraphs are folded into GP_VALUE_CONSTANT values, and `nodes` holds only
+ * the nodes that run at training time, in topological order. That order is
+ * the sequential layer list (graph/layers.h). */
+#ifndef GP_GRAPH_GRAPH_H
+#define GP_GRAPH_GRAPH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "graph/tensor.h"
+#include "util/arena.h"
+#include "util/error.h"
+#include "util/strmap.h"
+
+struct gp_op_def;
+
+enum gp_value_kind {
+    GP_VALUE_ACTIVATION, /* computed per micro-batch by a node */
+    GP_VALUE_INPUT,      /* a graph input fed with data (axis 0 is the batch) */
+    GP_VALUE_PARAMETER,  /* a trainable initializer: gets a gradient */
+    GP_VALUE_BUFFER,     /* a float initializer without a gradient that a node
+                            reads as state (BatchNorm running statistics) */
+    GP_VALUE_CONSTANT,   /* known at load time: initializer or folded result */
+};
+
+const char *gp_value_kind_name(enum gp_value_kind kind);
+
+struct gp_value {
+    const char *name;
+    enum gp_value_kind kind;
+    enum gp_dtype dtype;
+    struct gp_shape shape;
+    bool has_shape;           /* false until shape inference reaches it */
+    int producer;             /* index into gp_graph.nodes, -1 for none */
+    struct gp_tensor *constant; /* data of PARAMETER, BUFFER and CONSTANT values */
+    bool is_output;           /* listed in the graph's outputs */
+    bool is_initializer;      /* came from graph.initializer (or a Constant
+                                 node): the save path writes these back */
+};
+
+enum gp_attr_type {
+    GP_ATTR_UNDEFINED = 0,
+    GP_ATTR_FLOAT = 1,
+    GP_ATTR_INT = 2,
+    GP_ATTR_STRING = 3,
+    GP_ATTR_TENSOR = 4,
+    GP_ATTR_GRAPH = 5,
+    GP_ATTR_FLOATS = 6,
+    GP_ATTR_INTS = 7,
+    GP_ATTR_STRINGS = 8,
+    GP_ATTR_OTHER = 99, /* sparse tensors, type protos, tensor lists: kept by
+                           name so the error can say what was refused */
+};
+
+struct gp_attr {
+    const char *name;
+    enum gp_attr_type type;
+    float f;
+    int64_t i;
+    const char *s;            /* NUL-terminated copy of the bytes */
+    struct gp_tensor *t;
+    int64_t count;            /* elements of floats / ints / strings */
+    float *floats;
+    int64_t *ints;
+    const char **strings;
+};
+
+struct gp_node {
+    const char *name;     /* never NULL: "<op_type>_<index>" when the file has none */
+    const char *op_type;
+    const char *domain;   /* "" for the default ONNX domain */
+    int n_inputs, n_outputs;
+    int *inputs;          /* value indices; -1 for an omitted optional input */
+    int *outputs;
+    int n_attrs;
+    struct gp_attr *attrs;
+    const struct gp_op_def *def; /* resolved by (domain, op_type, opset) */
+    int source_index;     /* position in the file, for messages */
+};
+
+struct gp_opset {
+    const char *domain;
+    int64_t version;
+};
+
+struct gp_mapping; /* a memory-mapped external data file (onnx/external_data.c) */
+
+struct gp_graph {
+    struct gp_arena arena;
+    const char *path;          /* the model file */
+    const char *dir;           /* its folder: external data must stay inside */
+    const char *producer_name, *producer_version, *graph_name;
+    int64_t ir_version;
+    int64_t model_version;
+    int64_t opset;             /* version of the default domain */
+    int n_opsets;
+    struct gp_opset *opsets;
+
+    int64_t batch;             /* micro-batch size bound to axis 0 of inputs */
+    int64_t export_batch;      /* axis 0 as the file wrote it when numeric, else 0 */
+
+    int n_values, cap_values;
+    struct gp_value *values;
+    struct gp_strmap value_names; /* name -> index into values */
+    int n_nodes, cap_nodes;    /* nodes that run: the layer list */
+    struct gp_node *nodes;
+    int n_source_nodes;        /* nodes in the file */
+    int n_folded;              /* nodes folded into constants at load time */
+    struct gp_node *folded;    /* those nodes, in order, for reports */
+
+    int n_inputs, n_outputs;
+    int *inputs, *outputs;     /* value indices */
+
+    struct gp_mapping *mappings;
+};
+
+/* Value lookup by name; -1 when absent. */
+int gp_graph_find_value(const struct gp_graph *g, const char *name);
+
+/* A fresh tensor of the given type and shape, zeroed, owned by the graph.
+ * NULL when the shape is invalid or memory is exhausted. */
+struct gp_tensor *gp_graph_new_tensor(struct gp_graph *g, enum gp_dtype dtype,
+                                      const struct gp_shape *shape);
+
+/* Attributes: NULL / the default when absent. The loader has already checked
+ * every attribute's type against the op definition, so these never fail. */
+const struct gp_attr *gp_node_attr(const struct gp_node *node, const char *name);
+int64_t gp_node_attr_int(const struct gp_node *node, const char *name, int64_t dflt);
+float gp_node_attr_float(const struct gp_node *node, const char *name, float dflt);
+const char *gp_node_attr_string(const struct gp_node *node, const char *name, const char *dflt);
+/* Number of ints (and *out set), or -1 when absent. */
+int64_t gp_node_attr_ints(const struct gp_node *node, const char *name, const int64_t **out);
+
+/* The value behind a node's input i, or NULL when omitted / out of range. */
+struct gp_value *gp_node_input(const struct gp_graph *g, const struct gp_node *node, int i);
+struct gp_value *gp_node_output(const struct gp_graph *g, const struct gp_node *node, int i);
+
+/* Totals over PARAMETER values: element count and bytes. */
+int64_t gp_graph_param_count(const struct gp_graph *g);
+int64_t gp_graph_param_bytes(const struct gp_graph *g);
+/* Bytes of a value's tensor at the bound batch size. */
+int64_t gp_value_bytes(const struct gp_value *v);
+
+void gp_graph_free(struct gp_graph *g);
+
+#endif

@@ -1,0 +1,270 @@
+/* The graph IR: topological order, structural errors, op resolution,
+ * trainability and frontiers, on graphs built by hand. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "graph/build.h"
+#include "graph/layers.h"
+
+#define S(...) ((const char *const[]){__VA_ARGS__})
+
+static void init(struct gp_graph *g, int64_t batch)
+{
+    struct gp_error err = {0};
+    assert_int_equal(gp_graph_init(g, batch, 17, 64, 32, &err), GP_OK);
+}
+
+static void input(struct gp_graph *g, const char *name, int rank, const int64_t *dims)
+{
+    struct gp_error err = {0};
+    struct gp_shape s = {.rank = rank};
+    for (int i = 0; i < rank; i++) s.dims[i] = dims[i];
+    assert_int_equal(gp_graph_add_input(g, name, GP_DTYPE_FLOAT32, &s, &err), GP_OK);
+}
+
+static int node(struct gp_graph *g, const char *op, const char *name, int ni,
+                const char *const *in, int no, const char *const *out)
+{
+    struct gp_error err = {0};
+    int id = gp_graph_add_node(g, op, "", name, ni, in, no, out, &err);
+    if (id < 0) fail_msg("%s", err.msg);
+    return id;
+}
+
+static void output(struct gp_graph *g, const char *name)
+{
+    struct gp_error err = {0};
+    assert_int_equal(gp_graph_add_output(g, name, &err), GP_OK);
+}
+
+static void expect_error(struct gp_graph *g, gp_status status, const char *needle)
+{
+    struct gp_error err = {0};
+    gp_status st = gp_graph_finalize(g, &err);
+    if (st != status) fail_msg("expected status %d, got %d: %s", status, st, err.msg);
+    if (!strstr(err.msg, needle)) fail_msg("message '%s' lacks '%s'", err.msg, needle);
+    gp_graph_free(g);
+}
+
+/* Nodes listed out of order are sorted; ties keep the file's order. */
+static void test_sorts_nodes(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    init(&g, 2);
+    input(&g, "x", 2, (int64_t[]){1, 4});
+    node(&g, "Relu", "c", 1, S("b"), 1, S("y"));
+    node(&g, "Sigmoid", "a", 1, S("x"), 1, S("a_out"));
+    node(&g, "Tanh", "b", 1, S("a_out"), 1, S("b"));
+    output(&g, "y");
+    struct gp_error err = {0};
+    assert_int_equal(gp_graph_finalize(&g, &err), GP_OK);
+    assert_string_equal(g.nodes[0].name, "a");
+    assert_string_equal(g.nodes[1].name, "b");
+    assert_string_equal(g.nodes[2].name, "c");
+    /* Batch bound on the input and carried through. */
+    const struct gp_value *y = &g.values[gp_graph_find_value(&g, "y")];
+    assert_int_equal(y->shape.dims[0], 2);
+    assert_int_equal(y->shape.dims[1], 4);
+    assert_int_equal(y->producer, 2);
+    gp_graph_free(&g);
+}
+
+static void test_cycle_is_named(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    init(&g, 1);
+    input(&g, "x", 2, (int64_t[]){1, 4});
+    node(&g, "Add", "p", 2, S("x", "loop_b"), 1, S("loop_a"));
+    node(&g, "Relu", "q", 1, S("loop_a"), 1, S("loop_b"));
+    output(&g, "loop_b");
+    expect_error(&g, GP_ERR_INVALID, "cycle through value 'loop_");
+}
+
+static void test_dangling_input_is_named(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    init(&g, 1);
+    input(&g, "x", 2, (int64_t[]){1, 4});
+    node(&g, "Add", "adder", 2, S("x", "ghost"), 1, S("y"));
+    output(&g, "y");
+    expect_error(&g, GP_ERR_INVALID, "'ghost', which no node");
+}
+
+static void test_duplicate_output_is_named(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    struct gp_error err = {0};
+    init(&g, 1);
+    input(&g, "x", 2, (int64_t[]){1, 4});
+    node(&g, "Relu", "first", 1, S("x"), 1, S("twice"));
+    assert_int_equal(gp_graph_add_node(&g, "Relu", "", "second", 1, S("x"), 1, S("twice"), &err), -1);
+    assert_non_null(strstr(err.msg, "'twice' is produced twice"));
+    gp_graph_free(&g);
+}
+
+static void test_unsupported_ops_listed_together(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    init(&g, 1);
+    input(&g, "x", 2, (int64_t[]){1, 4});
+    node(&g, "FancyOp", "f1", 1, S("x"), 1, S("a"));
+    node(&g, "FancyOp", "f2", 1, S("a"), 1, S("b"));
+    node(&g, "NonZero", "nz", 1, S("b"), 1, S("c"));
+    node(&g, "Relu", "r", 1, S("c"), 1, S("y"));
+    output(&g, "y");
+    struct gp_error err = {0};
+    assert_int_equal(gp_graph_finalize(&g, &err), GP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "2 unsupported op types"));
+    assert_non_null(strstr(err.msg, "FancyOp (2 nodes, first 'f1')"));
+    assert_non_null(strstr(err.msg, "NonZero (1 node, first 'nz')"));
+    gp_graph_free(&g);
+}
+
+static void test_unknown_domain(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    struct gp_error err = {0};
+    init(&g, 1);
+    input(&g, "x", 2, (int64_t[]){1, 4});
+    assert_true(gp_graph_add_node(&g, "Relu", "com.example", "r", 1, S("x"), 1, S("y"), &err) >= 0);
+    output(&g, "y");
+    expect_error(&g, GP_ERR_UNSUPPORTED, "domain 'com.example' is not imported");
+}
+
+static void test_unknown_attribute(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    struct gp_error err = {0};
+    init(&g, 1);
+    input(&g, "x", 2, (int64_t[]){1, 4});
+    int n = node(&g, "LeakyRelu", "lr", 1, S("x"), 1, S("y"));
+    struct gp_attr *a = gp_graph_add_attr(&g, n, "slope", GP_ATTR_FLOAT, 2, &err);
+    a->f = 0.1f;
+    output(&g, "y");
+    expect_error(&g, GP_ERR_UNSUPPORTED, "unknown attribute 'slope'");
+
+    init(&g, 1);
+    input(&g, "x", 2, (int64_t[]){1, 4});
+    n = node(&g, "LeakyRelu", "lr", 1, S("x"), 1, S("y"));
+    a = gp_graph_add_attr(&g, n, "alpha", GP_ATTR_INT, 2, &err);
+    a->i = 1;
+    output(&g, "y");
+    expect_error(&g, GP_ERR_INVALID, "attribute 'alpha' is a int, expected a float");
+}
+
+static void test_arity_checked(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    init(&g, 1);
+    input(&g, "x", 2, (int64_t[]){1, 4});
+    node(&g, "Add", "lonely", 1, S("x"), 1, S("y"));
+    output(&g, "y");
+    expect_error(&g, GP_ERR_INVALID, "node 'lonely' (Add-14): has 1 inputs, expected 2 to 2");
+}
+
+static void test_scalar_input_refused(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    init(&g, 1);
+    input(&g, "s", 0, NULL);
+    node(&g, "Relu", "r", 1, S("s"), 1, S("y"));
+    output(&g, "y");
+    expect_error(&g, GP_ERR_SHAPE, "graph input 's' is a scalar");
+}
+
+/* A weight reaches the output through MatMul: trainable. A float
+ * initializer read only through Shape is not; a constant derived from it
+ * folds. A weight transposed before use is trainable and the Transpose stays. */
+static void test_trainability(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    struct gp_error err = {0};
+    init(&g, 3);
+    input(&g, "x", 2, (int64_t[]){1, 4});
+    float w[4 * 5] = {0}, table[7] = {0};
+    assert_int_equal(gp_graph_add_const_f32(&g, "w", &(struct gp_shape){2, {5, 4}}, w, &err), GP_OK);
+    assert_int_equal(gp_graph_add_const_f32(&g, "table", &(struct gp_shape){1, {7}}, table, &err), GP_OK);
+    node(&g, "Transpose", "wt", 1, S("w"), 1, S("w_t"));
+    node(&g, "MatMul", "mm", 2, S("x", "w_t"), 1, S("h"));
+    node(&g, "Shape", "shp", 1, S("table"), 1, S("table_shape"));
+    node(&g, "Reshape", "rs", 2, S("h", "hshape"), 1, S("y"));
+    /* hshape = [batch, 5] computed from h's shape: folds */
+    node(&g, "Shape", "hs", 1, S("h"), 1, S("hshape"));
+    output(&g, "y");
+    output(&g, "table_shape");
+    assert_int_equal(gp_graph_finalize(&g, &err), GP_OK);
+    assert_int_equal(g.values[gp_graph_find_value(&g, "w")].kind, GP_VALUE_PARAMETER);
+    assert_int_equal(g.values[gp_graph_find_value(&g, "table")].kind, GP_VALUE_CONSTANT);
+    assert_int_equal(g.values[gp_graph_find_value(&g, "hshape")].kind, GP_VALUE_CONSTANT);
+    /* Transpose, MatMul, Reshape run; both Shapes folded. */
+    assert_int_equal(g.n_nodes, 3);
+    assert_int_equal(g.n_folded, 2);
+    assert_int_equal(gp_graph_param_count(&g), 20);
+    const struct gp_value *y = &g.values[gp_graph_find_value(&g, "y")];
+    assert_int_equal(y->shape.dims[0], 3);
+    assert_int_equal(y->shape.dims[1], 5);
+    gp_graph_free(&g);
+}
+
+/* x -> a -> b -> c(a, b) -> d: the value a crosses the cuts before b and c. */
+static void test_frontier_by_hand(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    struct gp_error err = {0};
+    init(&g, 2);
+    input(&g, "x", 2, (int64_t[]){1, 8});
+    node(&g, "Relu", "la", 1, S("x"), 1, S("a"));
+    node(&g, "Tanh", "lb", 1, S("a"), 1, S("b"));
+    node(&g, "Add", "lc", 2, S("a", "b"), 1, S("c"));
+    node(&g, "Sigmoid", "ld", 1, S("c"), 1, S("d"));
+    output(&g, "d");
+    assert_int_equal(gp_graph_finalize(&g, &err), GP_OK);
+    struct gp_layers l;
+    assert_int_equal(gp_layers_build(&g, &l, &err), GP_OK);
+    const int64_t one = 2 * 8 * 4; /* bytes of one [2, 8] float tensor */
+    assert_int_equal(l.frontier_bytes[0], one);     /* x */
+    assert_int_equal(l.frontier_bytes[1], one);     /* a */
+    assert_int_equal(l.frontier_bytes[2], 2 * one); /* a, b */
+    assert_int_equal(l.frontier_bytes[3], one);     /* c */
+    assert_int_equal(l.frontier_bytes[4], one);     /* d, the output */
+    int ids[8];
+    assert_int_equal(gp_layers_frontier(&l, &g, 2, ids), 2);
+    assert_string_equal(g.values[ids[0]].name, "a");
+    assert_string_equal(g.values[ids[1]].name, "b");
+    gp_layers_free(&l);
+    gp_graph_free(&g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sorts_nodes),
+        cmocka_unit_test(test_cycle_is_named),
+        cmocka_unit_test(test_dangling_input_is_named),
+        cmocka_unit_test(test_duplicate_output_is_named),
+        cmocka_unit_test(test_unsupported_ops_listed_together),
+        cmocka_unit_test(test_unknown_domain),
+        cmocka_unit_test(test_unknown_attribute),
+        cmocka_unit_test(test_arity_checked),
+        cmocka_unit_test(test_scalar_input_refused),
+        cmocka_unit_test(test_trainability),
+        cmocka_unit_test(test_frontier_by_hand),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
