@@ -106,6 +106,7 @@ static bool buf_reserve(struct parser *p, size_t extra)
 
 static bool buf_put(struct parser *p, const char *bytes, size_t n)
 {
+    if (n == 0) return true;
     if (!buf_reserve(p, n)) return false;
     memcpy(p->buf + p->blen, bytes, n);
     p->blen += n;
@@ -184,11 +185,13 @@ static int hex_digit(char c)
     return -1;
 }
 
-/* The four hex digits at s as a code unit, or -1. */
-static long hex4(const char *s)
+/* The four hex digits at s[0..avail) as a code unit; -1 if one is not a hex
+ * digit, -2 if the input ends first. */
+static long hex4(const char *s, size_t avail)
 {
     long v = 0;
-    for (int k = 0; k < 4; k++) {
+    for (size_t k = 0; k < 4; k++) {
+        if (k >= avail) return -2;
         int d = hex_digit(s[k]);
         if (d < 0) return -1;
         v = v * 16 + d;
@@ -253,14 +256,15 @@ static size_t utf8_encode(unsigned long cp, char out[4])
 static gp_status parse_u_escape(struct parser *p, size_t open)
 {
     size_t bs = p->pos;
-    if (p->n - bs < 6) return fail(p, open, "unterminated string");
-    long cp = hex4(p->s + bs + 2);
+    long cp = hex4(p->s + bs + 2, p->n - bs - 2);
+    if (cp == -2) return fail(p, open, "unterminated string");
     if (cp < 0) return fail(p, bs, "invalid \\u escape: expected four hex digits");
     size_t used = 6;
     if (cp >= 0xD800 && cp <= 0xDBFF) {
         long lo = -1;
-        if (p->n - bs >= 12 && p->s[bs + 6] == '\\' && p->s[bs + 7] == 'u') {
-            lo = hex4(p->s + bs + 8);
+        if (p->n - bs >= 8 && p->s[bs + 6] == '\\' && p->s[bs + 7] == 'u') {
+            lo = hex4(p->s + bs + 8, p->n - bs - 8);
+            if (lo == -2) return fail(p, open, "unterminated string");
             if (lo < 0) return fail(p, bs + 6, "invalid \\u escape: expected four hex digits");
         }
         if (lo < 0xDC00 || lo > 0xDFFF)
