@@ -221,6 +221,32 @@ static void test_trainability(void **state)
     gp_graph_free(&g);
 }
 
+/* Resize scales computed from float constants (Add(k, k)) must fold even
+ * though k is a float initializer read through a differentiable slot: its
+ * value only reaches the output through the non-differentiable scales. */
+static void test_float_constant_arithmetic_folds_into_scales(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    struct gp_error err = {0};
+    init(&g, 2);
+    input(&g, "x", 4, (int64_t[]){1, 3, 4, 4});
+    float half[4] = {0.5f, 0.5f, 1.0f, 1.0f};
+    assert_int_equal(gp_graph_add_const_f32(&g, "k", &(struct gp_shape){1, {4}}, half, &err), GP_OK);
+    node(&g, "Add", "double_it", 2, S("k", "k"), 1, S("scales"));
+    node(&g, "Resize", "up", 3, S("x", "", "scales"), 1, S("y"));
+    output(&g, "y");
+    if (gp_graph_finalize(&g, &err) != GP_OK) fail_msg("%s", err.msg);
+    assert_int_equal(g.n_nodes, 1);
+    assert_int_equal(g.values[gp_graph_find_value(&g, "k")].kind, GP_VALUE_CONSTANT);
+    const struct gp_value *y = &g.values[gp_graph_find_value(&g, "y")];
+    assert_int_equal(y->shape.dims[0], 2);
+    assert_int_equal(y->shape.dims[1], 3);
+    assert_int_equal(y->shape.dims[2], 8);
+    assert_int_equal(y->shape.dims[3], 8);
+    gp_graph_free(&g);
+}
+
 /* x -> a -> b -> c(a, b) -> d: the value a crosses the cuts before b and c. */
 static void test_frontier_by_hand(void **state)
 {
@@ -265,6 +291,7 @@ int main(void)
         cmocka_unit_test(test_scalar_input_refused),
         cmocka_unit_test(test_trainability),
         cmocka_unit_test(test_frontier_by_hand),
+        cmocka_unit_test(test_float_constant_arithmetic_folds_into_scales),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -517,18 +517,26 @@ gp_status gp_graph_finalize(struct gp_graph *g, struct gp_error *err)
     if ((st = build_uses(g, &u, err)) != GP_OK) goto done;
     if ((st = topo_sort(g, &u, err)) != GP_OK) goto done;
 
-    /* Start by assuming every float initializer read through a
-     * differentiable slot may be trainable (so nothing derived from it is
-     * folded), infer, then narrow to the initializers whose gradient reaches
-     * an output and fold again with the narrower set. */
-    for (int v = 0; v < g->n_values; v++) {
-        if (!g->values[v].is_initializer || !gp_dtype_is_float(g->values[v].dtype)) continue;
-        for (int c = u.start[v]; c < u.start[v + 1]; c++) {
-            const struct gp_node *n = &g->nodes[u.node[c]];
-            int slot = u.slot[c];
-            if (slot >= 32 || !((n->def->nondiff_inputs >> slot) & 1)) trainable[v] = true;
-        }
+    /* Which initializers are trainable depends on dtypes (a gradient stops
+     * at a bool output), known only after inference; what folds depends on
+     * trainability. So start from a superset: float initializers that reach
+     * a graph output through differentiable slots whatever the dtypes. Such
+     * a path rarely leads into a slot that must be constant (Resize scales),
+     * so inference rarely trips on it. Then narrow to the initializers whose
+     * gradient reaches an output through float values, and fold again. */
+    for (int v = 0; v < g->n_values; v++) relevant[v] = g->values[v].is_output;
+    for (int i = g->n_nodes - 1; i >= 0; i--) {
+        const struct gp_node *n = &g->nodes[i];
+        bool any = false;
+        for (int k = 0; k < n->n_outputs; k++) any |= n->outputs[k] >= 0 && relevant[n->outputs[k]];
+        if (!any) continue;
+        for (int k = 0; k < n->n_inputs; k++)
+            if (n->inputs[k] >= 0 && (k >= 32 || !((n->def->nondiff_inputs >> k) & 1)))
+                relevant[n->inputs[k]] = true;
     }
+    for (int v = 0; v < g->n_values; v++)
+        trainable[v] = relevant[v] && g->values[v].is_initializer &&
+                       gp_dtype_is_float(g->values[v].dtype);
     for (int round = 0; round < 3; round++) {
         if ((st = infer_and_fold(g, folded, trainable, err)) != GP_OK) goto done;
         mark_relevant(g, folded, relevant);

@@ -63,7 +63,7 @@ char *gp_arena_strndup(struct gp_arena *arena, const char *s, size_t n)
 {
     char *p = gp_arena_alloc(arena, n + 1);
     if (!p) return NULL;
-    memcpy(p, s, n);
+    if (n) memcpy(p, s, n);
     p[n] = '\0';
     return p;
 }
