@@ -115,7 +115,8 @@ static gp_status add_input(struct gp_graph *g, const Onnx__ValueInfoProto *vi, s
             /* The batch axis: bound at finalize; remember a numeric export
              * batch so a Reshape that baked it in can be explained. */
             if (numeric && d->dim_value > 0) g->export_batch = d->dim_value;
-            shape.dims[0] = 1;
+            /* -1 marks a symbolic batch axis: gp_graph_finalize binds it. */
+            shape.dims[0] = numeric && d->dim_value >= 0 ? d->dim_value : -1;
             continue;
         }
         if (!numeric)

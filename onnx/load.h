@@ -7,7 +7,8 @@
 
 #include "graph/graph.h"
 
-/* Reads `path`, binds axis 0 of every graph input to `batch`, folds
+/* Reads `path`, binds axis 0 of every graph input to `batch` (0 keeps the
+ * sizes the file declares: for models with fully static shapes), folds
  * constant subgraphs and infers every shape. On failure the graph is left
  * empty (nothing to free) and err names the file and the cause. */
 gp_status gp_onnx_load(const char *path, int64_t batch, struct gp_graph *g, struct gp_error *err);

@@ -7,7 +7,7 @@ gp_status gp_graph_init(struct gp_graph *g, int64_t batch, int64_t opset, int ma
                         int max_nodes, struct gp_error *err)
 {
     memset(g, 0, sizeof *g);
-    if (batch < 1)
+    if (batch < 0)
         return gp_error_set(err, GP_ERR_INVALID, "the batch size must be at least 1 (got %lld)",
                             (long long)batch);
     if (max_values < 0 || max_nodes < 0 || max_values > (1 << 28) || max_nodes > (1 << 28))

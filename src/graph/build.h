@@ -6,7 +6,8 @@
 
 #include "graph/graph.h"
 
-/* Empty graph whose inputs' axis 0 will be bound to `batch`; `opset` is the
+/* Empty graph whose inputs' axis 0 will be bound to `batch` (0: keep the
+ * sizes the model declares, which must then be numbers); `opset` is the
  * default domain's version. `max_values` bounds the number of values (the
  * loader knows it from the file; tests pass a generous number). */
 gp_status gp_graph_init(struct gp_graph *g, int64_t batch, int64_t opset, int max_values,

@@ -313,7 +313,13 @@ static gp_status bind_batch(struct gp_graph *g, struct gp_error *err)
         if (v->shape.rank < 1)
             return gp_error_set(err, GP_ERR_SHAPE,
                                 "graph input '%s' is a scalar: it needs a batch axis 0", v->name);
-        v->shape.dims[0] = g->batch;
+        if (g->batch > 0) {
+            v->shape.dims[0] = g->batch;
+        } else if (v->shape.dims[0] < 0) {
+            return gp_error_set(err, GP_ERR_SHAPE,
+                                "graph input '%s' has a symbolic batch axis: give a batch size",
+                                v->name);
+        }
         if (!gp_shape_check(&v->shape, gp_dtype_size(v->dtype) ? gp_dtype_size(v->dtype) : 1)) {
             char s[160];
             return gp_error_set(err, GP_ERR_SHAPE, "graph input '%s' has an invalid shape %s",
