@@ -1,7 +1,8 @@
 #!/bin/sh
-# Regenerate every fixture in models/: ONNX exports, digits dataset, manifest.
+# Regenerate every fixture in models/: ONNX exports, digits dataset, reference
+# training runs, manifest.
 #
-#   TORCH_PY   interpreter with torch 1.13, sklearn, numpy
+#   TORCH_PY   interpreter with torch 1.13, sklearn, numpy, onnx
 #              (default: /usr/bin/python3, Debian's python3-torch)
 #   TORCH2_PY  interpreter with torch >= 2 and onnx; optional. Default:
 #              models/.venv-torch2/bin/python if it exists. When unavailable the
@@ -20,6 +21,9 @@ echo "== torch 1.13 exports ($TORCH_PY)"
 echo "== digits dataset ($TORCH_PY)"
 "$TORCH_PY" make_digits.py
 
+echo "== default training recipe in the digits models' metadata ($TORCH_PY)"
+"$TORCH_PY" add_train_defaults.py
+
 echo "== torch 2.x exports ($TORCH2_PY)"
 if command -v "$TORCH2_PY" >/dev/null 2>&1 &&
    "$TORCH2_PY" -c 'import sys, torch, onnx; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null; then
@@ -27,6 +31,9 @@ if command -v "$TORCH2_PY" >/dev/null 2>&1 &&
 else
     echo "   skipped: no torch>=2 interpreter at TORCH2_PY; keeping existing *_torch2_*.onnx"
 fi
+
+echo "== PyTorch reference training runs ($TORCH_PY)"
+"$TORCH_PY" make_reference.py
 
 echo "== manifest ($ORT_PY)"
 "$ORT_PY" record_manifest.py

@@ -185,6 +185,17 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
         g->opsets[i].version = mp->opset_import[i]->version;
     }
     g->n_opsets = (int)mp->n_opset_import;
+    g->metadata_keys = gp_arena_alloc(&g->arena, sizeof(char *) * (mp->n_metadata_props + 1));
+    g->metadata_values = gp_arena_alloc(&g->arena, sizeof(char *) * (mp->n_metadata_props + 1));
+    if (!g->metadata_keys || !g->metadata_values)
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < mp->n_metadata_props; i++) {
+        const Onnx__StringStringEntryProto *e = mp->metadata_props[i];
+        if (!e->key) continue;
+        g->metadata_keys[g->n_metadata] = gp_arena_strdup(&g->arena, e->key);
+        g->metadata_values[g->n_metadata] = gp_arena_strdup(&g->arena, e->value);
+        g->n_metadata++;
+    }
 
     for (size_t i = 0; i < gp->n_initializer; i++) {
         const Onnx__TensorProto *tp = gp->initializer[i];

@@ -59,6 +59,9 @@ static struct gp_run_opts run_opts(const struct op_check_opts *o)
                                 .seed = o->seed, .step = 3, .dropout_ratio = -1};
 }
 
+/* What input and parameter gradients hold before backward (see op_gradcheck). */
+#define GRAD_PREFILL 0.375
+
 /* L = sum over float outputs of w . out */
 static double loss(const struct gp_graph *g, struct gp_cpu_runner *r, double *const *w)
 {
@@ -95,6 +98,14 @@ void op_gradcheck(const struct gp_graph *g, const struct op_check_opts *o)
     if (gp_cpu_runner_forward_f64(r, &ro, 0, g->n_nodes, &err) != GP_OK) fail_msg("%s", err.msg);
     gp_cpu_runner_zero_activation_grads_f64(r);
     gp_cpu_runner_zero_param_grads_f64(r);
+    /* Kernels accumulate (+=) into input gradients; start those at a known
+     * nonzero value, subtracted below, so a kernel that overwrites fails. */
+    for (int v = 0; v < g->n_values; v++) {
+        const struct gp_value *val = &g->values[v];
+        double *grad = gp_cpu_runner_grad_f64(r, v);
+        if (!grad || (val->kind != GP_VALUE_INPUT && val->kind != GP_VALUE_PARAMETER)) continue;
+        for (int64_t i = 0; i < gp_shape_numel(&val->shape); i++) grad[i] = GRAD_PREFILL;
+    }
     for (int k = 0; k < g->n_outputs; k++) {
         double *dy = gp_cpu_runner_grad_f64(r, g->outputs[k]);
         if (dy) memcpy(dy, w[k], sizeof(double) * (size_t)gp_shape_numel(&g->values[g->outputs[k]].shape));
@@ -109,7 +120,7 @@ void op_gradcheck(const struct gp_graph *g, const struct op_check_opts *o)
         if (!grad) continue;
         int64_t n = gp_shape_numel(&val->shape);
         double *analytic = malloc(sizeof(double) * (size_t)(n ? n : 1));
-        memcpy(analytic, grad, sizeof(double) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) analytic[i] = grad[i] - GRAD_PREFILL;
         double *x = gp_cpu_runner_data_f64(r, v);
         int64_t stride = n > max_elems ? n / max_elems : 1;
         for (int64_t i = 0; i < n; i += stride) {
@@ -122,7 +133,8 @@ void op_gradcheck(const struct gp_graph *g, const struct op_check_opts *o)
             double lm = loss(g, r, w);
             x[i] = saved;
             double numeric = (lp - lm) / (2 * h);
-            if (fabs(numeric - analytic[i]) > tol * fmax(1.0, fabs(numeric)))
+            /* Written so that a NaN on either side fails. */
+            if (!(fabs(numeric - analytic[i]) <= tol * fmax(1.0, fabs(numeric))))
                 fail_msg("gradient of '%s'[%lld]: backward %.10g, finite differences %.10g",
                          val->name, (long long)i, analytic[i], numeric);
             checked++;
@@ -160,7 +172,7 @@ void op_forward_f32_vs_f64(const struct gp_graph *g, const struct op_check_opts 
         gp_cpu_runner_get_f32(r32, g->outputs[k], a);
         const double *b = gp_cpu_runner_data_f64(r64, g->outputs[k]);
         for (int64_t i = 0; i < n; i++)
-            if (fabs(a[i] - b[i]) > tol * fmax(1.0, fabs(b[i])))
+            if (isnan(b[i]) ? !isnan(a[i]) : !(fabs(a[i] - b[i]) <= tol * fmax(1.0, fabs(b[i]))))
                 fail_msg("output '%s'[%lld]: float %.9g, double %.12g", v->name, (long long)i,
                          (double)a[i], b[i]);
         free(a);

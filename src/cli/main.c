@@ -18,6 +18,8 @@ static void usage(FILE *f)
           "commands:\n"
           "  inspect MODEL.onnx   the model summary and its sequential layer list, with the\n"
           "                       shapes of every layer and the bytes crossing each cut\n"
+          "  train MODEL.onnx     train on .npy data (or synthetic data) and save the\n"
+          "                       trained model as ONNX\n"
           "  devices              the CPU and GPUs this build can use\n"
           "\n"
           "options:\n"
@@ -43,6 +45,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "inspect") == 0) return gp_cmd_inspect(argc - 1, argv + 1);
     if (strcmp(cmd, "devices") == 0) return gp_cmd_devices(argc - 1, argv + 1);
+    if (strcmp(cmd, "train") == 0) return gp_cmd_train(argc - 1, argv + 1);
     fprintf(stderr, "gpipe-onnx: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return GP_EXIT_USAGE;

@@ -102,6 +102,13 @@ int64_t gp_graph_param_bytes(const struct gp_graph *g)
     return n;
 }
 
+const char *gp_graph_metadata(const struct gp_graph *g, const char *key)
+{
+    for (int i = 0; i < g->n_metadata; i++)
+        if (strcmp(g->metadata_keys[i], key) == 0) return g->metadata_values[i];
+    return NULL;
+}
+
 void gp_graph_free(struct gp_graph *g)
 {
     if (!g) return;

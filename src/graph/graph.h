@@ -95,6 +95,8 @@ struct gp_graph {
     const char *path;          /* the model file */
     const char *dir;           /* its folder: external data must stay inside */
     const char *producer_name, *producer_version, *graph_name;
+    int n_metadata;            /* the model's metadata_props */
+    const char **metadata_keys, **metadata_values;
     int64_t ir_version;
     int64_t model_version;
     int64_t opset;             /* version of the default domain */
@@ -145,6 +147,9 @@ int64_t gp_graph_param_count(const struct gp_graph *g);
 int64_t gp_graph_param_bytes(const struct gp_graph *g);
 /* Bytes of a value's tensor at the bound batch size. */
 int64_t gp_value_bytes(const struct gp_value *v);
+
+/* The model's metadata_props value for key, or NULL. */
+const char *gp_graph_metadata(const struct gp_graph *g, const char *key);
 
 void gp_graph_free(struct gp_graph *g);
 

@@ -1,0 +1,393 @@
+/* gpipe-onnx train: train a model on .npy data (or synthetic data) and save
+ * the trained model back to ONNX. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "data/npy.h"
+#include "graph/graph.h"
+#include "onnx/load.h"
+#include "train/trainer.h"
+
+static void help(FILE *f)
+{
+    fputs(
+        "usage: gpipe-onnx train MODEL.onnx [options]\n"
+        "\n"
+        "Trains the model and prints the loss as it goes (and validation loss and accuracy\n"
+        "after each epoch when validation data is given).\n"
+        "\n"
+        "data:\n"
+        "  --data X.npy          inputs, one sample per row of axis 0 (converted to the\n"
+        "                        model input's type)\n"
+        "  --labels Y.npy        integer class labels (cross-entropy) or float targets (MSE)\n"
+        "  --val-data X.npy, --val-labels Y.npy\n"
+        "                        validation set, evaluated after every epoch\n"
+        "  --synthetic [N]       random inputs and labels shaped for the model, N samples\n"
+        "                        (default: 8 batches), for benchmarks\n"
+        "  Without --data, the model's metadata may name its default data: the keys\n"
+        "  gpipe-onnx.data, .labels, .val_data, .val_labels (files in the model's folder)\n"
+        "  and gpipe-onnx.epochs, .lr, .batch, .optimizer set defaults that flags override.\n"
+        "\n"
+        "schedule of work:\n"
+        "  --batch N             mini-batch size (default 32). The samples are split into\n"
+        "                        floor(samples / N) batches per epoch: the last incomplete\n"
+        "                        batch is DROPPED (never padded). Validation uses every sample.\n"
+        "  --chunks M            micro-batches per mini-batch (default 1; must divide N);\n"
+        "                        gradients accumulate over them, one optimizer step per batch\n"
+        "  --epochs E            passes over the data (default 1)\n"
+        "  --steps S             optimizer steps instead of epochs (wraps over epochs)\n"
+        "  --no-shuffle          visit samples in file order (to reproduce another\n"
+        "                        framework's run); default: shuffled per epoch by --seed\n"
+        "  --seed S              shuffling and dropout seed (default 0)\n"
+        "\n"
+        "optimization:\n"
+        "  --optimizer sgd|adamw (default sgd)\n"
+        "  --lr LR               learning rate (default 0.01 for sgd, 0.001 for adamw)\n"
+        "  --momentum M          SGD momentum (default 0)\n"
+        "  --nesterov            Nesterov momentum\n"
+        "  --weight-decay WD     L2 for sgd, decoupled for adamw (default 0 / 0.01)\n"
+        "  --beta1 B, --beta2 B, --eps E   AdamW (defaults 0.9, 0.999, 1e-8)\n"
+        "  --schedule constant|step|cosine   learning-rate schedule (default constant)\n"
+        "  --warmup-steps N      linear warm-up steps (cosine)\n"
+        "  --step-size N, --gamma G   step schedule: lr *= G every N steps (default 30, 0.1)\n"
+        "  --min-lr LR           cosine floor (default 0)\n"
+        "  --clip-norm C         clip gradients to global norm C\n"
+        "  --torch-arithmetic 1.13|2   AdamW's float32 operation order: PyTorch 1.13's or\n"
+        "                        2.x's (default 2), to reproduce a run to the last bit\n"
+        "\n"
+        "model:\n"
+        "  --loss auto|cross-entropy|mse|output   (default auto: integer labels give\n"
+        "                        cross-entropy, float labels MSE, no labels: the model's\n"
+        "                        output is the loss)\n"
+        "  --class-axis A        class axis of the logits for cross-entropy (default:\n"
+        "                        inferred: 1 for [N,C] and [N,C,H,W], last for [N,T,C])\n"
+        "  --dropout R           override every Dropout ratio (0 turns dropout off)\n"
+        "\n"
+        "output:\n"
+        "  --save OUT.onnx       write the trained model (the input model with updated\n"
+        "                        weights and BatchNorm statistics), atomically\n"
+        "  --metrics FILE.jsonl  one JSON object per step (step, epoch, loss, lr,\n"
+        "                        samples_per_s) and per epoch (val_loss, val_accuracy)\n"
+        "  --quiet               no progress output\n"
+        "  -h, --help            this help\n",
+        f);
+}
+
+/* ---- progress and metrics ---- */
+
+struct progress {
+    bool tty, quiet;
+    FILE *metrics;
+    int64_t total, per_epoch;
+    int64_t last_printed;
+};
+
+static void on_start(void *user, int64_t total, int64_t per_epoch, const char *summary)
+{
+    struct progress *p = user;
+    p->total = total;
+    p->per_epoch = per_epoch;
+    if (!p->quiet) fprintf(stderr, "%s\n", summary);
+}
+
+static void on_step(void *user, const struct gp_step_report *r)
+{
+    struct progress *p = user;
+    double rate = r->seconds > 0 ? (double)r->samples / r->seconds : 0;
+    if (p->metrics) {
+        fprintf(p->metrics,
+                "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"samples_per_s\": %.6g}\n",
+                (long long)r->step + 1, (long long)r->epoch + 1, r->loss, r->lr, rate);
+        fflush(p->metrics);
+    }
+    if (p->quiet) return;
+    double left = r->step + 1 < r->total_steps
+                      ? r->elapsed / (double)(r->step + 1) * (double)(r->total_steps - r->step - 1)
+                      : 0;
+    if (p->tty) {
+        fprintf(stderr, "\rstep %lld/%lld  epoch %lld  loss %.4f  %.0f samples/s  %.0fs left   ",
+                (long long)r->step + 1, (long long)r->total_steps, (long long)r->epoch + 1, r->loss,
+                rate, left);
+        if (r->step + 1 == r->total_steps) fputc('\n', stderr);
+    } else if ((r->step + 1) % 10 == 0 || r->step == 0 || r->step + 1 == r->total_steps) {
+        fprintf(stderr, "step %lld/%lld epoch %lld loss %.6f samples/s %.0f left %.0fs\n",
+                (long long)r->step + 1, (long long)r->total_steps, (long long)r->epoch + 1, r->loss,
+                rate, left);
+    }
+}
+
+static void on_epoch(void *user, const struct gp_epoch_report *r)
+{
+    struct progress *p = user;
+    if (p->metrics && r->has_val) {
+        fprintf(p->metrics, "{\"epoch\": %lld, \"step\": %lld, \"train_loss\": %.9g, \"val_loss\": %.9g",
+                (long long)r->epoch + 1, (long long)r->step, r->train_loss, r->val_loss);
+        if (r->val_accuracy >= 0) fprintf(p->metrics, ", \"val_accuracy\": %.9g", r->val_accuracy);
+        fputs("}\n", p->metrics);
+        fflush(p->metrics);
+    }
+    if (p->quiet || !r->has_val) return;
+    if (p->tty) fputc('\n', stderr);
+    /* Validation results go to stdout: they are the command's result. */
+    printf("epoch %lld: train loss %.4f  val loss %.4f", (long long)r->epoch + 1, r->train_loss,
+           r->val_loss);
+    if (r->val_accuracy >= 0) printf("  val accuracy %.2f%%", 100.0 * r->val_accuracy);
+    printf("\n");
+    fflush(stdout);
+}
+
+/* ---- options ---- */
+
+static bool parse_double(const char *opt, const char *text, double min, double *out)
+{
+    char *end = NULL;
+    double v = text ? strtod(text, &end) : NAN;
+    if (!text || end == text || *end || !isfinite(v) || v < min) {
+        gp_cli_usage("train", "%s needs a number >= %g (got '%s')", opt, min, text ? text : "");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* A path from the model's metadata, resolved in the model's folder; refuses
+ * absolute paths and '..' so metadata cannot point outside that folder. */
+static char *metadata_path(const struct gp_graph *g, const char *model, const char *key)
+{
+    const char *rel = gp_graph_metadata(g, key);
+    if (!rel || !*rel) return NULL;
+    if (rel[0] == '/' || strstr(rel, "..")) return NULL;
+    const char *slash = strrchr(model, '/');
+    size_t dir = slash ? (size_t)(slash - model + 1) : 0;
+    char *p = malloc(dir + strlen(rel) + 1);
+    if (!p) return NULL;
+    memcpy(p, model, dir);
+    strcpy(p + dir, rel);
+    return p;
+}
+
+static gp_status load_array(const char *path, const char *what, struct gp_npy *a, struct gp_error *err)
+{
+    gp_status st = gp_npy_read(path, a, err);
+    if (st != GP_OK) gp_error_prefix(err, "%s: ", what);
+    return st;
+}
+
+int gp_cmd_train(int argc, char **argv)
+{
+    struct gp_train_config cfg;
+    gp_train_config_defaults(&cfg);
+    const char *data = NULL, *labels = NULL, *val_data = NULL, *val_labels = NULL;
+    const char *metrics = NULL;
+    int64_t synthetic = -1;
+    bool quiet = false, lr_set = false, wd_set = false, batch_set = false, epochs_set = false,
+         opt_set = false;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define TAKE() (i++, v)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help(stdout);
+            return GP_EXIT_OK;
+        } else if (!strcmp(a, "--data")) {
+            data = TAKE();
+        } else if (!strcmp(a, "--labels")) {
+            labels = TAKE();
+        } else if (!strcmp(a, "--val-data")) {
+            val_data = TAKE();
+        } else if (!strcmp(a, "--val-labels")) {
+            val_labels = TAKE();
+        } else if (!strcmp(a, "--synthetic")) {
+            synthetic = 0;
+            if (v && v[0] >= '0' && v[0] <= '9' &&
+                !gp_cli_parse_int("train", "--synthetic", TAKE(), 1, (int64_t)1 << 40, &synthetic))
+                return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--batch")) {
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 31, &cfg.batch)) return GP_EXIT_USAGE;
+            batch_set = true;
+        } else if (!strcmp(a, "--chunks")) {
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 20, &cfg.chunks)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--epochs")) {
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 31, &cfg.epochs)) return GP_EXIT_USAGE;
+            epochs_set = true;
+        } else if (!strcmp(a, "--steps")) {
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 40, &cfg.steps)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--seed")) {
+            int64_t s;
+            if (!gp_cli_parse_int("train", a, TAKE(), 0, INT64_MAX, &s)) return GP_EXIT_USAGE;
+            cfg.seed = (uint64_t)s;
+        } else if (!strcmp(a, "--no-shuffle")) {
+            cfg.shuffle = false;
+        } else if (!strcmp(a, "--optimizer")) {
+            const char *o = TAKE();
+            if (o && !strcmp(o, "sgd")) cfg.optimizer = GP_OPT_SGD;
+            else if (o && !strcmp(o, "adamw")) cfg.optimizer = GP_OPT_ADAMW;
+            else return gp_cli_usage("train", "--optimizer is sgd or adamw (got '%s')", o ? o : "");
+            opt_set = true;
+        } else if (!strcmp(a, "--lr")) {
+            if (!parse_double(a, TAKE(), 0, &cfg.lr)) return GP_EXIT_USAGE;
+            lr_set = true;
+        } else if (!strcmp(a, "--momentum")) {
+            if (!parse_double(a, TAKE(), 0, &cfg.momentum)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--nesterov")) {
+            cfg.nesterov = true;
+        } else if (!strcmp(a, "--weight-decay")) {
+            if (!parse_double(a, TAKE(), 0, &cfg.weight_decay)) return GP_EXIT_USAGE;
+            wd_set = true;
+        } else if (!strcmp(a, "--beta1")) {
+            if (!parse_double(a, TAKE(), 0, &cfg.beta1)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--beta2")) {
+            if (!parse_double(a, TAKE(), 0, &cfg.beta2)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--eps")) {
+            if (!parse_double(a, TAKE(), 0, &cfg.eps)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--schedule")) {
+            const char *s = TAKE();
+            if (s && !strcmp(s, "constant")) cfg.schedule = GP_SCHED_CONSTANT;
+            else if (s && !strcmp(s, "step")) cfg.schedule = GP_SCHED_STEP;
+            else if (s && !strcmp(s, "cosine")) cfg.schedule = GP_SCHED_COSINE;
+            else return gp_cli_usage("train", "--schedule is constant, step or cosine (got '%s')", s ? s : "");
+        } else if (!strcmp(a, "--warmup-steps")) {
+            if (!gp_cli_parse_int("train", a, TAKE(), 0, (int64_t)1 << 40, &cfg.warmup_steps)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--step-size")) {
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 40, &cfg.step_size)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--gamma")) {
+            if (!parse_double(a, TAKE(), 0, &cfg.gamma)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--min-lr")) {
+            if (!parse_double(a, TAKE(), 0, &cfg.min_lr)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--torch-arithmetic")) {
+            const char *t = TAKE();
+            if (t && !strcmp(t, "1.13")) cfg.torch_1_13 = true;
+            else if (t && !strcmp(t, "2")) cfg.torch_1_13 = false;
+            else return gp_cli_usage("train", "--torch-arithmetic is 1.13 or 2 (got '%s')", t ? t : "");
+        } else if (!strcmp(a, "--clip-norm")) {
+            if (!parse_double(a, TAKE(), 0, &cfg.clip_norm)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--loss")) {
+            const char *l = TAKE();
+            cfg.loss_auto = false;
+            if (l && !strcmp(l, "auto")) cfg.loss_auto = true;
+            else if (l && !strcmp(l, "cross-entropy")) cfg.loss = GP_LOSS_CROSS_ENTROPY;
+            else if (l && !strcmp(l, "mse")) cfg.loss = GP_LOSS_MSE;
+            else if (l && !strcmp(l, "output")) cfg.loss = GP_LOSS_OUTPUT;
+            else return gp_cli_usage("train", "--loss is auto, cross-entropy, mse or output (got '%s')", l ? l : "");
+        } else if (!strcmp(a, "--class-axis")) {
+            int64_t ax;
+            if (!gp_cli_parse_int("train", a, TAKE(), -8, 7, &ax)) return GP_EXIT_USAGE;
+            cfg.class_axis = (int)ax;
+        } else if (!strcmp(a, "--dropout")) {
+            if (!parse_double(a, TAKE(), 0, &cfg.dropout_ratio)) return GP_EXIT_USAGE;
+            if (cfg.dropout_ratio >= 1) return gp_cli_usage("train", "--dropout must be below 1");
+        } else if (!strcmp(a, "--save")) {
+            cfg.save_path = TAKE();
+        } else if (!strcmp(a, "--metrics")) {
+            metrics = TAKE();
+        } else if (!strcmp(a, "--quiet")) {
+            quiet = true;
+        } else if (a[0] == '-' && a[1]) {
+            return gp_cli_usage("train", "unknown option '%s'", a);
+        } else if (!cfg.model_path) {
+            cfg.model_path = a;
+        } else {
+            return gp_cli_usage("train", "only one model can be trained (got '%s' and '%s')",
+                                cfg.model_path, a);
+        }
+        if (i >= argc) return gp_cli_usage("train", "%s needs a value", a);
+#undef TAKE
+    }
+    if (!cfg.model_path) return gp_cli_usage("train", "no model given");
+    if ((labels && !data) || (val_labels && !val_data))
+        return gp_cli_usage("train", "labels given without their data");
+    if (val_data && !data && synthetic < 0)
+        return gp_cli_usage("train", "--val-data needs --data");
+
+    struct gp_error err = {0};
+    int status = GP_EXIT_OK;
+    char *owned[4] = {0};
+    struct gp_dataset train = {0}, val = {0};
+    struct gp_npy arrays[4] = {0};
+
+    /* Defaults the model carries in its metadata (flags win). */
+    struct gp_graph meta;
+    if (gp_onnx_load(cfg.model_path, 1, &meta, &err) != GP_OK) return gp_cli_fail("%s", err.msg);
+    if (!data && synthetic < 0) {
+        data = owned[0] = metadata_path(&meta, cfg.model_path, "gpipe-onnx.data");
+        labels = owned[1] = metadata_path(&meta, cfg.model_path, "gpipe-onnx.labels");
+        val_data = owned[2] = metadata_path(&meta, cfg.model_path, "gpipe-onnx.val_data");
+        val_labels = owned[3] = metadata_path(&meta, cfg.model_path, "gpipe-onnx.val_labels");
+        const char *s;
+        if (!batch_set && (s = gp_graph_metadata(&meta, "gpipe-onnx.batch"))) cfg.batch = atoll(s) > 0 ? atoll(s) : cfg.batch;
+        if (!epochs_set && (s = gp_graph_metadata(&meta, "gpipe-onnx.epochs"))) cfg.epochs = atoll(s) > 0 ? atoll(s) : cfg.epochs;
+        if (!opt_set && (s = gp_graph_metadata(&meta, "gpipe-onnx.optimizer")))
+            cfg.optimizer = !strcmp(s, "adamw") ? GP_OPT_ADAMW : GP_OPT_SGD;
+        if (!lr_set && (s = gp_graph_metadata(&meta, "gpipe-onnx.lr")) && atof(s) > 0) {
+            cfg.lr = atof(s);
+            lr_set = true;
+        }
+    }
+    gp_graph_free(&meta);
+    if (!data && synthetic < 0) {
+        status = gp_cli_usage("train", "no training data: give --data (and --labels) or --synthetic");
+        goto done;
+    }
+    if (!lr_set) cfg.lr = cfg.optimizer == GP_OPT_ADAMW ? 1e-3 : 0.01;
+    if (!wd_set) cfg.weight_decay = cfg.optimizer == GP_OPT_ADAMW ? 0.01 : 0.0;
+
+    if (synthetic >= 0) {
+        if (gp_dataset_synthetic(cfg.model_path, synthetic ? synthetic : 8 * cfg.batch, cfg.seed,
+                                 &train, &err) != GP_OK) {
+            status = gp_cli_fail("%s", err.msg);
+            goto done;
+        }
+    } else {
+        const char *paths[4] = {data, labels, val_data, val_labels};
+        const char *what[4] = {"--data", "--labels", "--val-data", "--val-labels"};
+        for (int k = 0; k < 4; k++)
+            if (paths[k] && load_array(paths[k], what[k], &arrays[k], &err) != GP_OK) {
+                status = gp_cli_fail("%s", err.msg);
+                goto done;
+            }
+        if (gp_dataset_from_arrays(cfg.model_path, &arrays[0], labels ? &arrays[1] : NULL, &train, &err) != GP_OK ||
+            (val_data && gp_dataset_from_arrays(cfg.model_path, &arrays[2], val_labels ? &arrays[3] : NULL,
+                                                &val, &err) != GP_OK)) {
+            status = gp_cli_fail("%s", err.msg);
+            goto done;
+        }
+    }
+
+    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet};
+    char *metrics_tmp = NULL;
+    if (metrics) {
+        metrics_tmp = malloc(strlen(metrics) + 16);
+        sprintf(metrics_tmp, "%s.tmp", metrics);
+        prog.metrics = fopen(metrics_tmp, "w");
+        if (!prog.metrics) {
+            status = gp_cli_fail("cannot write '%s'", metrics_tmp);
+            free(metrics_tmp);
+            goto done;
+        }
+    }
+    struct gp_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step, .on_epoch = on_epoch};
+    gp_status st = gp_train(&cfg, &train, val_data ? &val : NULL, &cb, &err);
+    if (prog.metrics) {
+        /* The metrics file appears only whole: written beside, renamed at the end. */
+        bool ok = fclose(prog.metrics) == 0;
+        if (st == GP_OK && ok && rename(metrics_tmp, metrics) != 0) ok = false;
+        if (st != GP_OK || !ok) unlink(metrics_tmp);
+        if (st == GP_OK && !ok) status = gp_cli_fail("cannot write '%s'", metrics);
+        free(metrics_tmp);
+    }
+    if (st != GP_OK) status = gp_cli_fail("%s", err.msg);
+    else if (cfg.save_path && !quiet) fprintf(stderr, "saved %s\n", cfg.save_path);
+done:
+    for (int k = 0; k < 4; k++) {
+        gp_npy_free(&arrays[k]);
+        free(owned[k]);
+    }
+    gp_dataset_free(&train);
+    gp_dataset_free(&val);
+    return status;
+}

@@ -1,0 +1,50 @@
+#include "data/dataset.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t splitmix(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+void gp_dataset_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch, int64_t *order)
+{
+    for (int64_t i = 0; i < n; i++) order[i] = i;
+    if (!shuffle) return;
+    uint64_t key = splitmix(seed ^ splitmix((uint64_t)epoch + 0x5851F42D4C957F2Dull));
+    for (int64_t i = n - 1; i > 0; i--) {
+        /* Multiply-shift maps 64 random bits onto [0, i] with negligible bias. */
+        uint64_t r = splitmix(key + (uint64_t)i);
+        int64_t j = (int64_t)(((unsigned __int128)r * (uint64_t)(i + 1)) >> 64);
+        int64_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+}
+
+size_t gp_dataset_row_bytes(const struct gp_tensor *t)
+{
+    if (t->shape.rank < 1 || t->shape.dims[0] == 0) return 0;
+    return t->nbytes / (size_t)t->shape.dims[0];
+}
+
+void gp_dataset_gather(const struct gp_tensor *t, const int64_t *order, int64_t n_order,
+                       int64_t first, int64_t count, void *dst)
+{
+    size_t row = gp_dataset_row_bytes(t);
+    for (int64_t i = 0; i < count; i++) {
+        int64_t k = first + i < n_order ? first + i : n_order - 1;
+        memcpy((char *)dst + (size_t)i * row, (const char *)t->data + (size_t)order[k] * row, row);
+    }
+}
+
+void gp_dataset_free(struct gp_dataset *d)
+{
+    free(d->owned_x);
+    free(d->owned_y);
+    memset(d, 0, sizeof *d);
+}

@@ -1,0 +1,393 @@
+#include "train/trainer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/runner.h"
+#include "graph/graph.h"
+#include "onnx/load.h"
+#include "onnx/save.h"
+#include "train/optim.h"
+
+void gp_train_config_defaults(struct gp_train_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->batch = 32;
+    c->chunks = 1;
+    c->epochs = 1;
+    c->shuffle = true;
+    c->loss_auto = true;
+    c->class_axis = GP_CLASS_AXIS_AUTO;
+    c->dropout_ratio = -1;
+    c->optimizer = GP_OPT_SGD;
+    c->lr = 0.01;
+    c->beta1 = 0.9;
+    c->beta2 = 0.999;
+    c->eps = 1e-8;
+    c->step_size = 30;
+    c->gamma = 0.1;
+}
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Everything a training run holds; freed in one place. */
+struct run {
+    const struct gp_train_config *cfg;
+    struct gp_graph g;
+    struct gp_cpu_runner *r;
+    int input, output;          /* value ids */
+    enum gp_loss_kind loss;
+    int class_axis;
+    int64_t micro;              /* rows per micro-batch */
+    struct gp_optim *opt;
+    int64_t *order;             /* sample order of the current epoch */
+    void *labels;               /* one mini-batch of labels / targets */
+    float *scratch;             /* validation's unused loss gradient */
+    int64_t *eval_rows;         /* one validation chunk's sample indices */
+};
+
+static void run_free(struct run *s)
+{
+    gp_optim_free(s->opt);
+    gp_cpu_runner_free_f32(s->r);
+    gp_graph_free(&s->g);
+    free(s->order);
+    free(s->labels);
+    free(s->scratch);
+    free(s->eval_rows);
+}
+
+/* The label tensor's shape for `rows` samples. */
+static struct gp_shape label_shape(const struct gp_dataset *d, int64_t rows)
+{
+    struct gp_shape s = d->y.shape;
+    s.dims[0] = rows;
+    return s;
+}
+
+static struct gp_shape rows_shape(const struct gp_shape *s, int64_t rows)
+{
+    struct gp_shape r = *s;
+    r.dims[0] = rows;
+    return r;
+}
+
+/* Loss over the first `rows` rows of the output buffer against labels;
+ * writes the gradient (scaled by 1/denominator) into dout when non-NULL. */
+static gp_status apply_loss(struct run *s, const struct gp_dataset *d, const void *labels,
+                            int64_t rows, double denominator, float *dout, double *sum,
+                            int64_t *correct, int64_t *counted, struct gp_error *err)
+{
+    const struct gp_value *o = &s->g.values[s->output];
+    const float *out = gp_cpu_runner_data_f32(s->r, s->output);
+    struct gp_shape os = rows_shape(&o->shape, rows);
+    float *grad = dout ? dout : s->scratch;
+    *sum = 0;
+    switch (s->loss) {
+    case GP_LOSS_CROSS_ENTROPY: {
+        struct gp_shape ls = label_shape(d, rows);
+        int64_t terms = 0;
+        GP_TRY(gp_cross_entropy(out, &os, labels, &ls, s->class_axis, GP_LOSS_IGNORE_INDEX,
+                                denominator, grad, sum, &terms, err));
+        if (correct)
+            GP_TRY(gp_accuracy(out, &os, labels, &ls, s->class_axis, GP_LOSS_IGNORE_INDEX, correct,
+                               counted, err));
+        return GP_OK;
+    }
+    case GP_LOSS_MSE: {
+        struct gp_shape ts = label_shape(d, rows);
+        return gp_mse_loss(out, labels, &os, &ts, denominator, grad, sum, err);
+    }
+    case GP_LOSS_OUTPUT:
+        return gp_output_loss(out, &os, denominator, grad, sum, err);
+    }
+    return GP_OK;
+}
+
+/* Loss terms in `rows` samples of labels: the mean's denominator. */
+static double loss_terms(const struct run *s, const struct gp_dataset *d, const void *labels,
+                         int64_t rows)
+{
+    const struct gp_value *o = &s->g.values[s->output];
+    switch (s->loss) {
+    case GP_LOSS_CROSS_ENTROPY: {
+        struct gp_shape ls = label_shape(d, rows);
+        return (double)gp_loss_count_targets(labels, gp_shape_numel(&ls), GP_LOSS_IGNORE_INDEX);
+    }
+    case GP_LOSS_MSE:
+    case GP_LOSS_OUTPUT:
+        return (double)(gp_shape_numel(&o->shape) / s->micro * rows);
+    }
+    return 1;
+}
+
+static gp_status setup(struct run *s, const struct gp_train_config *cfg,
+                       const struct gp_dataset *train, struct gp_error *err)
+{
+    s->cfg = cfg;
+    if (cfg->chunks < 1 || cfg->batch % cfg->chunks != 0)
+        return gp_error_set(err, GP_ERR_INVALID,
+                            "the batch of %lld cannot be split into %lld equal micro-batches: "
+                            "choose --chunks dividing --batch",
+                            (long long)cfg->batch, (long long)cfg->chunks);
+    s->micro = cfg->batch / cfg->chunks;
+    if (train->n < cfg->batch)
+        return gp_error_set(err, GP_ERR_INVALID,
+                            "the training data has %lld samples, fewer than one batch of %lld",
+                            (long long)train->n, (long long)cfg->batch);
+    GP_TRY(gp_onnx_load(cfg->model_path, s->micro, &s->g, err));
+    s->input = -1;
+    for (int i = 0; i < s->g.n_inputs; i++)
+        if (!s->g.values[s->g.inputs[i]].is_initializer) s->input = s->g.inputs[i];
+    s->output = s->g.outputs[0];
+    const struct gp_value *o = &s->g.values[s->output];
+    if (!gp_dtype_is_float(o->dtype))
+        return gp_error_set(err, GP_ERR_UNSUPPORTED, "%s: the first output '%s' is %s, not float",
+                            cfg->model_path, o->name, gp_dtype_name(o->dtype));
+
+    bool has_labels = train->y.dtype != GP_DTYPE_UNDEFINED;
+    if (cfg->loss_auto)
+        s->loss = !has_labels ? GP_LOSS_OUTPUT
+                  : gp_dtype_is_float(train->y.dtype) ? GP_LOSS_MSE : GP_LOSS_CROSS_ENTROPY;
+    else
+        s->loss = cfg->loss;
+    if (s->loss != GP_LOSS_OUTPUT && !has_labels)
+        return gp_error_set(err, GP_ERR_INVALID, "the %s loss needs labels (--labels)",
+                            gp_loss_kind_name(s->loss));
+    if (s->loss == GP_LOSS_CROSS_ENTROPY) {
+        if (train->y.dtype != GP_DTYPE_INT64)
+            return gp_error_set(err, GP_ERR_INVALID, "cross-entropy needs integer class labels");
+        struct gp_shape ls = label_shape(train, s->micro);
+        GP_TRY(gp_loss_class_axis(&o->shape, &ls, cfg->class_axis, &s->class_axis, err));
+    } else if (s->loss == GP_LOSS_MSE) {
+        struct gp_shape ts = label_shape(train, s->micro);
+        if (train->y.dtype != GP_DTYPE_FLOAT32 || !gp_shape_equal(&ts, &o->shape)) {
+            char a[160], b[160];
+            return gp_error_set(err, GP_ERR_SHAPE,
+                                "mean squared error needs float targets shaped like the output "
+                                "%s per micro-batch, got %s %s",
+                                gp_shape_format(&o->shape, a, sizeof a), gp_dtype_name(train->y.dtype),
+                                gp_shape_format(&ts, b, sizeof b));
+        }
+    }
+
+    GP_TRY(gp_cpu_runner_create_f32(&s->g, false, &s->r, err));
+
+    /* The optimizer sees every trainable parameter in value order. */
+    int n_params = 0;
+    for (int v = 0; v < s->g.n_values; v++) n_params += s->g.values[v].kind == GP_VALUE_PARAMETER;
+    struct gp_param *params = calloc((size_t)n_params + 1, sizeof *params);
+    if (!params) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int v = 0; v < s->g.n_values; v++) {
+        if (s->g.values[v].kind != GP_VALUE_PARAMETER) continue;
+        params[k].name = s->g.values[v].name;
+        params[k].data = gp_cpu_runner_data_f32(s->r, v);
+        params[k].grad = gp_cpu_runner_grad_f32(s->r, v);
+        params[k].numel = gp_shape_numel(&s->g.values[v].shape);
+        k++;
+    }
+    struct gp_optim_config oc = {
+        .kind = cfg->optimizer == GP_OPT_ADAMW ? GP_OPTIM_ADAMW : GP_OPTIM_SGD,
+        .lr = cfg->lr,
+        .momentum = cfg->momentum,
+        .nesterov = cfg->nesterov,
+        .weight_decay = cfg->weight_decay,
+        .beta1 = cfg->beta1,
+        .beta2 = cfg->beta2,
+        .eps = cfg->eps,
+        .arith = cfg->torch_1_13 ? GP_TORCH_1_13 : GP_TORCH_2,
+    };
+    gp_status st = gp_optim_create(&oc, params, n_params, &s->opt, err);
+    free(params);
+    GP_TRY(st);
+
+    s->order = malloc(sizeof(int64_t) * (size_t)(train->n + 1));
+    size_t label_row = has_labels ? gp_dataset_row_bytes(&train->y) : 0;
+    s->labels = malloc(label_row * (size_t)cfg->batch + 64);
+    s->scratch = malloc(sizeof(float) * (size_t)gp_shape_numel(&o->shape) + 64);
+    s->eval_rows = malloc(sizeof(int64_t) * (size_t)(s->micro + 1));
+    if (!s->order || !s->labels || !s->scratch || !s->eval_rows)
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    return GP_OK;
+}
+
+static double lr_at(const struct gp_train_config *c, int64_t step, int64_t total)
+{
+    struct gp_schedule sc = {
+        .kind = c->schedule == GP_SCHED_COSINE ? GP_SCHEDULE_COSINE
+                : c->schedule == GP_SCHED_STEP ? GP_SCHEDULE_STEP : GP_SCHEDULE_CONSTANT,
+        .base_lr = c->lr,
+        .warmup_steps = c->warmup_steps,
+        .total_steps = total,
+        .step_size = c->step_size,
+        .gamma = c->gamma,
+        .min_lr = c->min_lr,
+    };
+    return gp_schedule_lr(&sc, step);
+}
+
+/* Mean loss (and accuracy) over every sample of d, in evaluation mode. The
+ * last chunk is padded by repeating a sample; padded rows are not counted. */
+static gp_status evaluate(struct run *s, const struct gp_dataset *d, double *loss, double *acc,
+                          struct gp_error *err)
+{
+    void *x = gp_cpu_runner_data_f32(s->r, s->input);
+    double sum = 0, terms = 0;
+    int64_t correct = 0, counted = 0;
+    for (int64_t i = 0; i < d->n; i += s->micro) {
+        int64_t rows = d->n - i < s->micro ? d->n - i : s->micro;
+        int64_t *idx = s->eval_rows;
+        for (int64_t k = 0; k < s->micro; k++) idx[k] = i + (k < rows ? k : rows - 1);
+        gp_dataset_gather(&d->x, idx, s->micro, 0, s->micro, x);
+        if (d->y.dtype != GP_DTYPE_UNDEFINED) gp_dataset_gather(&d->y, idx, s->micro, 0, s->micro, s->labels);
+        struct gp_run_opts ro = {.training = false, .dropout_ratio = -1};
+        GP_TRY(gp_cpu_runner_forward_f32(s->r, &ro, 0, s->g.n_nodes, err));
+        double part = 0, n_terms = loss_terms(s, d, s->labels, rows);
+        int64_t hit = 0, seen = 0;
+        GP_TRY(apply_loss(s, d, s->labels, rows, 1.0, NULL, &part,
+                          s->loss == GP_LOSS_CROSS_ENTROPY ? &hit : NULL, &seen, err));
+        sum += part;
+        terms += n_terms;
+        correct += hit;
+        counted += seen;
+    }
+    *loss = terms > 0 ? sum / terms : 0;
+    *acc = s->loss == GP_LOSS_CROSS_ENTROPY && counted > 0 ? (double)correct / (double)counted : -1;
+    return GP_OK;
+}
+
+gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *train,
+                   const struct gp_dataset *val, const struct gp_train_callbacks *cb,
+                   struct gp_error *err)
+{
+    struct run s;
+    memset(&s, 0, sizeof s);
+    gp_status st = setup(&s, cfg, train, err);
+    if (st != GP_OK) {
+        run_free(&s);
+        return st;
+    }
+    int64_t per_epoch = train->n / cfg->batch;
+    int64_t total = cfg->steps > 0 ? cfg->steps : cfg->epochs * per_epoch;
+    if (cb && cb->on_start) {
+        char summary[512];
+        snprintf(summary, sizeof summary,
+                 "training %s: %lld samples, batch %lld (%lld micro-batch%s of %lld), %lld steps "
+                 "(%lld per epoch, last %lld samples of each epoch dropped), %s, %lld parameters, "
+                 "%.1f MiB planned",
+                 cfg->model_path, (long long)train->n, (long long)cfg->batch, (long long)cfg->chunks,
+                 cfg->chunks == 1 ? "" : "es", (long long)s.micro, (long long)total,
+                 (long long)per_epoch, (long long)(train->n % cfg->batch),
+                 cfg->optimizer == GP_OPT_ADAMW ? "AdamW" : "SGD",
+                 (long long)gp_graph_param_count(&s.g),
+                 (double)gp_cpu_runner_bytes_f32(s.r) / (1024.0 * 1024.0));
+        cb->on_start(cb->user, total, per_epoch, summary);
+    }
+
+    void *x = gp_cpu_runner_data_f32(s.r, s.input);
+    float *dout = gp_cpu_runner_grad_f32(s.r, s.output);
+    bool has_labels = train->y.dtype != GP_DTYPE_UNDEFINED;
+    size_t label_row = has_labels ? gp_dataset_row_bytes(&train->y) : 0;
+    double start = now(), epoch_loss = 0;
+    int64_t epoch = -1, epoch_steps = 0;
+    for (int64_t step = 0; step < total && st == GP_OK; step++) {
+        double t0 = now();
+        int64_t e = step / per_epoch, in_epoch = step % per_epoch;
+        if (e != epoch) {
+            epoch = e;
+            gp_dataset_order(train->n, cfg->shuffle, cfg->seed, epoch, s.order);
+        }
+        int64_t first = in_epoch * cfg->batch;
+        if (has_labels) gp_dataset_gather(&train->y, s.order, train->n, first, cfg->batch, s.labels);
+        double denominator = loss_terms(&s, train, s.labels, cfg->batch);
+        gp_cpu_runner_zero_param_grads_f32(s.r);
+        double step_loss = 0;
+        for (int64_t c = 0; c < cfg->chunks && st == GP_OK; c++) {
+            int64_t offset = c * s.micro;
+            gp_dataset_gather(&train->x, s.order, train->n, first + offset, s.micro, x);
+            struct gp_run_opts ro = {.training = true, .update_state = true, .seed = cfg->seed,
+                                     .step = (uint64_t)step, .sample_offset = offset,
+                                     .dropout_ratio = cfg->dropout_ratio};
+            if ((st = gp_cpu_runner_forward_f32(s.r, &ro, 0, s.g.n_nodes, err)) != GP_OK) break;
+            gp_cpu_runner_zero_activation_grads_f32(s.r);
+            double part = 0;
+            if ((st = apply_loss(&s, train, (char *)s.labels + label_row * (size_t)offset, s.micro,
+                                 denominator, dout, &part, NULL, NULL, err)) != GP_OK)
+                break;
+            step_loss += part;
+            st = gp_cpu_runner_backward_f32(s.r, &ro, 0, s.g.n_nodes, err);
+        }
+        if (st != GP_OK) break;
+        step_loss /= denominator;
+        if (!isfinite(step_loss)) {
+            st = gp_error_set(err, GP_ERR_INVALID,
+                              "the loss became %g at step %lld: lower --lr or use --clip-norm",
+                              step_loss, (long long)step + 1);
+            break;
+        }
+        if (cfg->clip_norm > 0) gp_optim_clip_grad_norm(s.opt, cfg->clip_norm);
+        double lr = lr_at(cfg, step, total);
+        gp_optim_step(s.opt, lr);
+
+        epoch_loss += step_loss;
+        epoch_steps++;
+        double t1 = now();
+        if (cb && cb->on_step) {
+            struct gp_step_report r = {.step = step, .total_steps = total, .epoch = epoch,
+                                       .loss = step_loss, .lr = lr, .seconds = t1 - t0,
+                                       .elapsed = t1 - start, .samples = cfg->batch};
+            cb->on_step(cb->user, &r);
+        }
+        bool epoch_end = in_epoch == per_epoch - 1 || step == total - 1;
+        if (epoch_end && cb && cb->on_epoch) {
+            struct gp_epoch_report r = {.epoch = epoch, .step = step + 1,
+                                        .train_loss = epoch_loss / (double)epoch_steps,
+                                        .val_accuracy = -1};
+            if (val && (st = evaluate(&s, val, &r.val_loss, &r.val_accuracy, err)) != GP_OK) break;
+            r.has_val = val != NULL;
+            cb->on_epoch(cb->user, &r);
+            epoch_loss = 0;
+            epoch_steps = 0;
+        }
+    }
+
+    if (st == GP_OK && cfg->save_path) {
+        /* Parameters and buffers (BatchNorm statistics) go back by name. */
+        int n = 0;
+        for (int v = 0; v < s.g.n_values; v++)
+            n += s.g.values[v].is_initializer &&
+                 (s.g.values[v].kind == GP_VALUE_PARAMETER || s.g.values[v].kind == GP_VALUE_BUFFER);
+        struct gp_saved_tensor *out = calloc((size_t)n + 1, sizeof *out);
+        float **bufs = calloc((size_t)n + 1, sizeof *bufs);
+        int k = 0;
+        for (int v = 0; out && bufs && v < s.g.n_values; v++) {
+            const struct gp_value *val_ = &s.g.values[v];
+            if (!val_->is_initializer ||
+                (val_->kind != GP_VALUE_PARAMETER && val_->kind != GP_VALUE_BUFFER))
+                continue;
+            bufs[k] = malloc(sizeof(float) * (size_t)(gp_shape_numel(&val_->shape) + 1));
+            if (!bufs[k]) break;
+            /* The runner stores real = float: read it back as float32. */
+            memcpy(bufs[k], gp_cpu_runner_data_f32(s.r, v), sizeof(float) * (size_t)gp_shape_numel(&val_->shape));
+            out[k] = (struct gp_saved_tensor){.name = val_->name, .data = bufs[k],
+                                              .shape = val_->shape};
+            k++;
+        }
+        if (!out || !bufs || k != n) st = gp_error_set(err, GP_ERR_NOMEM, "out of memory saving");
+        else st = gp_onnx_save(cfg->model_path, cfg->save_path, out, n, err);
+        for (int i = 0; bufs && i < k; i++) free(bufs[i]);
+        free(bufs);
+        free(out);
+    }
+    run_free(&s);
+    return st;
+}

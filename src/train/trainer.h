@@ -1,0 +1,76 @@
+/* Training on one device: mini-batches split into micro-batches that run
+ * one after another, gradients accumulated over them, one optimizer step per
+ * mini-batch; validation per epoch; the trained model saved back to ONNX.
+ * (The pipeline executor runs the same micro-batches across stages.) */
+#ifndef GP_TRAIN_TRAINER_H
+#define GP_TRAIN_TRAINER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "data/dataset.h"
+#include "train/loss.h"
+#include "util/error.h"
+
+enum gp_optimizer_kind { GP_OPT_SGD, GP_OPT_ADAMW };
+enum gp_schedule_kind { GP_SCHED_CONSTANT, GP_SCHED_STEP, GP_SCHED_COSINE };
+
+struct gp_train_config {
+    const char *model_path;
+    int64_t batch;            /* mini-batch size */
+    int64_t chunks;           /* micro-batches per mini-batch (divides batch) */
+    int64_t steps;            /* optimizer steps; 0: epochs decide */
+    int64_t epochs;
+    bool shuffle;
+    uint64_t seed;
+    bool loss_auto;           /* integer labels: cross-entropy; float targets: MSE;
+                                 no labels: the output is the loss */
+    enum gp_loss_kind loss;   /* when !loss_auto */
+    int class_axis;           /* GP_CLASS_AXIS_AUTO: inferred from the label shape */
+    double dropout_ratio;     /* < 0: the model's own ratios */
+
+    enum gp_optimizer_kind optimizer;
+    double lr, momentum, weight_decay, beta1, beta2, eps;
+    bool nesterov;
+    enum gp_schedule_kind schedule;
+    int64_t warmup_steps, step_size;
+    double gamma, min_lr;
+    double clip_norm;         /* <= 0: no clipping */
+    bool torch_1_13;          /* AdamW arithmetic of PyTorch 1.13 instead of 2.x */
+
+    const char *save_path;    /* NULL: do not save */
+};
+
+/* Defaults: batch 32, 1 chunk, 1 epoch, shuffle, SGD lr 0.01... */
+void gp_train_config_defaults(struct gp_train_config *c);
+
+struct gp_step_report {
+    int64_t step, total_steps, epoch;
+    double loss;              /* this step's mean training loss */
+    double lr;
+    double seconds;           /* wall time of this step */
+    double elapsed;           /* since training began */
+    int64_t samples;          /* samples in this step */
+};
+
+struct gp_epoch_report {
+    int64_t epoch, step;
+    bool has_val;
+    double val_loss, val_accuracy; /* accuracy < 0 when the loss has no classes */
+    double train_loss;        /* mean of this epoch's step losses */
+};
+
+struct gp_train_callbacks {
+    void *user;
+    void (*on_start)(void *user, int64_t total_steps, int64_t steps_per_epoch, const char *summary);
+    void (*on_step)(void *user, const struct gp_step_report *r);
+    void (*on_epoch)(void *user, const struct gp_epoch_report *r);
+};
+
+/* Trains the model on `train`, validating on `val` (may be NULL) after each
+ * epoch and at the end. Errors name the model, the data or the node. */
+gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *train,
+                   const struct gp_dataset *val, const struct gp_train_callbacks *cb,
+                   struct gp_error *err);
+
+#endif
