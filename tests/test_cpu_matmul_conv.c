@@ -448,7 +448,7 @@ static void build_conv(struct gp_graph *g, const struct conv_case *c)
     finalize_ok(g);
 }
 
-/* The cases PyTorch computed (see conv_forward_cases' outputs). */
+/* The cases whose outputs PyTorch computed (conv*_y above). */
 static const struct conv_case conv_ref_cases[] = {
     /* 2-D: stride 2, pads (1, 0, 2, 1), dilation 2, groups 2, bias. */
     {"Conv", 4, {2, 4, 6, 7}, {6, 2, 3, 2}, true, 2, {2, 2}, {2, 2}, {0}, {0}, true,
