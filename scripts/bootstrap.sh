@@ -2,24 +2,36 @@
 # Installs what gpipe-onnx needs to build and test, non-interactively and
 # idempotently (packages already present are left alone).
 #
-#   scripts/bootstrap.sh              build and test dependencies
+#   scripts/bootstrap.sh              what building and running need
+#   scripts/bootstrap.sh --tests      also the test data and tools: the ONNX
+#                                     backend node tests and a Python
+#                                     environment with onnxruntime (.cache/)
 #   scripts/bootstrap.sh --reference  also PyTorch, ONNX and scikit-learn for
-#                                     regenerating fixtures and reference checks
+#                                     regenerating fixtures and reference runs
 set -euo pipefail
 
 packages=(
   meson ninja-build pkg-config gcc
   protobuf-c-compiler libprotobuf-c-dev libonnx-dev
   libcmocka-dev libopenblas-dev
-  python3 python3-numpy
+  python3 python3-numpy python3-pip python3-venv
   clang libclang-rt-14-dev   # libFuzzer and the sanitizers' runtimes
 )
-if [ "${1:-}" = "--reference" ]; then
-  packages+=(python3-torch python3-onnx python3-torchvision python3-sklearn)
-elif [ -n "${1:-}" ]; then
-  echo "usage: $0 [--reference]" >&2
-  exit 2
-fi
+tests=false
+case "${1:-}" in
+  "") ;;
+  --tests) tests=true ;;
+  --reference) packages+=(python3-torch python3-onnx python3-torchvision python3-sklearn) ;;
+  *) echo "usage: $0 [--tests | --reference]" >&2; exit 2 ;;
+esac
+
+here=$(dirname "$0")
+test_data() {
+  if $tests; then
+    "$here/fetch_onnx_tests.sh"
+    "$here/python_env.sh"
+  fi
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -27,6 +39,7 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "bootstrap: all ${#packages[@]} packages present"
+  test_data
   exit 0
 fi
 
@@ -39,3 +52,4 @@ if ! $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"; then
   $sudo apt-get update -q
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+test_data

@@ -14,6 +14,7 @@
 int gp_cmd_inspect(int argc, char **argv);
 int gp_cmd_devices(int argc, char **argv);
 int gp_cmd_train(int argc, char **argv);
+int gp_cmd_predict(int argc, char **argv);
 
 /* "gpipe-onnx: error: ..." on stderr; returns GP_EXIT_FAIL. */
 int gp_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -20,6 +20,7 @@ static void usage(FILE *f)
           "                       shapes of every layer and the bytes crossing each cut\n"
           "  train MODEL.onnx     train on .npy data (or synthetic data) and save the\n"
           "                       trained model as ONNX\n"
+          "  predict MODEL.onnx   the model's outputs for the samples of a .npy file\n"
           "  devices              the CPU and GPUs this build can use\n"
           "\n"
           "options:\n"
@@ -46,6 +47,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "inspect") == 0) return gp_cmd_inspect(argc - 1, argv + 1);
     if (strcmp(cmd, "devices") == 0) return gp_cmd_devices(argc - 1, argv + 1);
     if (strcmp(cmd, "train") == 0) return gp_cmd_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "predict") == 0) return gp_cmd_predict(argc - 1, argv + 1);
     fprintf(stderr, "gpipe-onnx: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return GP_EXIT_USAGE;

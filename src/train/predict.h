@@ -1,0 +1,19 @@
+/* Running a model forward in evaluation mode (running statistics, no
+ * dropout) over a dataset, in batches: what a trained model is for. */
+#ifndef GP_TRAIN_PREDICT_H
+#define GP_TRAIN_PREDICT_H
+
+#include <stdbool.h>
+
+#include "data/dataset.h"
+#include "util/error.h"
+
+/* `training`: batch statistics instead of running ones (each batch of
+ * `batch` samples normalized by its own), dropout still off.
+ * The first graph output for every sample of `data` (in float32), in order;
+ * the last batch is padded internally and the padding dropped. *out gets a
+ * malloc'd tensor the caller frees with free(out->data). */
+gp_status gp_predict(const char *model_path, const struct gp_dataset *data, int64_t batch,
+                     bool training, struct gp_tensor *out, struct gp_error *err);
+
+#endif
