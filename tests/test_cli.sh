@@ -53,7 +53,7 @@ expect_fail() { # expected-exit-code message-substring command...
   "$@" >"$tmp/out.txt" 2>"$tmp/err.txt"
   local got=$?
   [ "$got" -eq "$code" ] || fail "'$*' exited $got, expected $code"
-  grep -q -- "$needle" "$tmp/err.txt" || fail "'$*' said '$(cat "$tmp/err.txt")', expected '$needle'"
+  grep -qF -- "$needle" "$tmp/err.txt" || fail "'$*' said '$(cat "$tmp/err.txt")', expected '$needle'"
   [ ! -s "$tmp/out.txt" ] || fail "'$*' wrote to stdout on failure"
 }
 
@@ -68,6 +68,40 @@ expect_fail 2 "no model given" "$bin" inspect
 expect_fail 2 "unknown option '--bogus'" "$bin" inspect "$root/models/mlp_op13.onnx" --bogus
 expect_fail 2 "--batch needs an integer" "$bin" inspect "$root/models/mlp_op13.onnx" --batch 0
 expect_fail 2 "unknown command 'frobnicate'" "$bin" frobnicate
+
+# train: bad input is refused with a reason before any work.
+m="$root/models"
+expect_fail 2 "no model given" "$bin" train
+expect_fail 2 "--optimizer is sgd or adamw" "$bin" train "$m/mlp_op17.onnx" --synthetic --optimizer lbfgs
+expect_fail 2 "labels given without their data" "$bin" train "$m/mlp_op17.onnx" --labels "$m/digits_train_y.npy"
+expect_fail 2 "no training data" "$bin" train "$m/mlp_op17.onnx"
+expect_fail 1 "the data has shape [1437, 1, 8, 8] but the model input 'input' takes [N, 32]" \
+  "$bin" train "$m/mlp_op17.onnx" --data "$m/digits_train_x.npy" --labels "$m/digits_train_y.npy"
+expect_fail 1 "cannot be split into 3 equal micro-batches" \
+  "$bin" train "$m/mlp_op17.onnx" --synthetic 64 --batch 16 --chunks 3
+expect_fail 1 "fewer than one batch" "$bin" train "$m/mlp_op17.onnx" --synthetic 10 --batch 16
+expect_fail 1 "labels have 360 rows but the data has 1437" \
+  "$bin" train "$m/digits_cnn_op17.onnx" --data "$m/digits_train_x.npy" --labels "$m/digits_val_y.npy"
+expect_fail 1 "cannot open" "$bin" train "$m/mlp_op17.onnx" --data "$tmp/missing.npy"
+
+# train: synthetic data, metrics and the saved model; the metrics file has
+# one line per step with a finite loss, and the saved model inspects.
+"$bin" train "$m/gpt_op17.onnx" --synthetic 32 --batch 8 --chunks 2 --steps 4 --optimizer adamw \
+  --metrics "$tmp/metrics.jsonl" --save "$tmp/gpt_trained.onnx" --quiet >/dev/null 2>"$tmp/err.txt" \
+  || fail "synthetic gpt training failed: $(cat "$tmp/err.txt")"
+[ "$(grep -c '"loss"' "$tmp/metrics.jsonl" 2>/dev/null)" -eq 4 ] || fail "metrics lack 4 step lines"
+[ ! -e "$tmp/metrics.jsonl.tmp" ] || fail "the metrics temporary file was left behind"
+"$bin" inspect "$tmp/gpt_trained.onnx" >/dev/null || fail "the saved model does not load"
+# Validation lines go to stdout, with accuracy for classifiers.
+"$bin" train "$m/digits_cnn_op17.onnx" --data "$m/digits_train_x.npy" --labels "$m/digits_train_y.npy" \
+  --val-data "$m/digits_val_x.npy" --val-labels "$m/digits_val_y.npy" --steps 5 --quiet >"$tmp/out.txt" \
+  || fail "digits training failed"
+grep -q "^epoch 1: train loss .* val accuracy" "$tmp/out.txt" || fail "no validation line: $(cat "$tmp/out.txt")"
+# A failed run writes no model.
+"$bin" train "$m/mlp_op17.onnx" --synthetic 8 --batch 8 --lr 1e30 --steps 3 --save "$tmp/diverged.onnx" \
+  --quiet >/dev/null 2>&1
+[ ! -e "$tmp/diverged.onnx" ] || fail "a diverged run left a saved model"
+"$bin" train --help | grep -q -- "--no-shuffle" || fail "train --help lacks --no-shuffle"
 
 "$bin" --help | grep -q "inspect" || fail "--help lists no inspect"
 "$bin" inspect --help | grep -q -- "--batch" || fail "inspect --help lacks --batch"

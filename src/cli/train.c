@@ -72,7 +72,7 @@ static void help(FILE *f)
         "                        weights and BatchNorm statistics), atomically\n"
         "  --metrics FILE.jsonl  one JSON object per step (step, epoch, loss, lr,\n"
         "                        samples_per_s) and per epoch (val_loss, val_accuracy)\n"
-        "  --quiet               no progress output\n"
+        "  --quiet               no progress output (validation results still print)\n"
         "  -h, --help            this help\n",
         f);
 }
@@ -130,8 +130,8 @@ static void on_epoch(void *user, const struct gp_epoch_report *r)
         fputs("}\n", p->metrics);
         fflush(p->metrics);
     }
-    if (p->quiet || !r->has_val) return;
-    if (p->tty) fputc('\n', stderr);
+    if (!r->has_val) return;
+    if (p->tty && !p->quiet) fputc('\n', stderr);
     /* Validation results go to stdout: they are the command's result. */
     printf("epoch %lld: train loss %.4f  val loss %.4f", (long long)r->epoch + 1, r->train_loss,
            r->val_loss);

@@ -177,15 +177,19 @@ gp_status GP_CPU(gp_cpu_runner_create)(const struct gp_graph *g, bool grad_input
             off += align64((size_t)gp_shape_numel(&val->shape) * sizeof(real));
         }
     }
+    /* Layers run one at a time, so they share one scratch area sized for
+     * the largest; saved state lives until backward, so each has its own. */
+    size_t scratch_max = 0;
     for (int i = 0; i < nn; i++) {
         const struct gp_cpu_kernel *k = r->kernels[i];
         size_t saved = k->saved_bytes ? k->saved_bytes(g, &g->nodes[i]) : 0;
         size_t scratch = k->scratch_bytes ? k->scratch_bytes(g, &g->nodes[i]) : 0;
         r->saved_off[i] = off;
         off += align64(saved);
-        r->scratch_off[i] = off;
-        off += align64(scratch);
+        if (scratch > scratch_max) scratch_max = scratch;
     }
+    for (int i = 0; i < nn; i++) r->scratch_off[i] = off;
+    off += align64(scratch_max);
     r->bytes = off;
     r->block = aligned_alloc(64, align64(off ? off : 64));
     if (!r->block) {
