@@ -9,6 +9,12 @@
  * rounding, fmaf here), as GCC compiled them. Each update below lists the
  * PyTorch statements it follows, in order.
  *
+ * Against torch 2.x (GP_TORCH_2 below): SGD is unchanged and matches; AdamW's
+ * formulas are followed, but torch 2.15's CPU sqrt is not correctly rounded,
+ * so its parameters differ from ours by an ulp in some elements (the moments
+ * match); its clip_grad_norm_ takes norms with _foreach_norm, which sums in
+ * another order. Tests pin the 1.13 behavior.
+ *
  * Optimizer state is allocated once, at creation: a step allocates nothing.
  * Steps are elementwise, so they give the same bits with any thread count. */
 #ifndef GP_TRAIN_OPTIM_H
