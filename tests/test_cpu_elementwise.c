@@ -74,6 +74,7 @@ static const struct unary_case unary_cases[] = {
     /* clamp(0.2 x + 0.5, 0, 1): ONNX's default alpha and beta. */
     {"HardSigmoid", 17, NULL, 0, NULL, false,
      {0, 0.300000012f, 0.439999998f, 0.5f, 0.579999983f, 0.74000001f, 1}},
+    {"HardSigmoid", 17, "alpha", 0.6f, NULL, false, {0, 0, 0.32f, 0.5f, 0.74f, 1, 1}},
     {"Floor", 17, NULL, 0, NULL, false, {-3, -1, -1, 0, 0, 1, 3}},
     {"Ceil", 17, NULL, 0, NULL, false, {-2, -1, -0.0f, 0, 1, 2, 3}},
     {"Sign", 17, NULL, 0, NULL, false, {-1, -1, -1, 0, 1, 1, 1}},
@@ -133,6 +134,8 @@ static void test_unary_kinks_match_pytorch(void **state)
         {"Abs", NULL, 0, {-1, 0, 1}},
         {"LeakyRelu", NULL, 0, {0.01, 0.01, 1}},
         {"Elu", "alpha", 0.5f, {0.18393972058572117, 0.5, 1}},
+        /* 0.6 x + 0.5: saturated at -1 and 1 */
+        {"HardSigmoid", "alpha", 0.6f, {0, 0.6000000238418579, 0}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         struct gp_graph g;

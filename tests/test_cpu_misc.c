@@ -20,11 +20,14 @@ static const float x24[24] = {
 
 /* ---- Softmax, LogSoftmax ---- */
 
+#define NO_AXIS INT64_MIN /* the default: 1 before opset 13, -1 since */
+
 static void build_softmax(struct gp_graph *g, const char *op, int opset, int64_t axis)
 {
     init(g, opset);
     input(g, "x", GP_DTYPE_FLOAT32, 3, I64(2, 3, 4));
-    attr_int(g, node(g, op, 1, S("x"), 1, S("y")), "axis", axis);
+    int n = node(g, op, 1, S("x"), 1, S("y"));
+    if (axis != NO_AXIS) attr_int(g, n, "axis", axis);
     output(g, "y");
     finalize(g);
 }
@@ -61,12 +64,16 @@ static void test_softmax(void **state)
           -5.98377037f, -4.84866142f, -2.48482227f, -2.3552835f, -4.64981937f, -6.0069294f}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        struct gp_graph g;
-        build_softmax(&g, cases[k].op, cases[k].opset, cases[k].axis);
-        float y[24];
-        run1(&g, (const void *[]){x24}, y);
-        expect_near(cases[k].op, y, cases[k].want, 24, 2e-6);
-        gp_graph_free(&g);
+        /* Cases at the default axis run again without the attribute. */
+        bool is_default = cases[k].axis == (cases[k].opset < 13 ? 1 : -1);
+        for (int dflt = 0; dflt <= (int)is_default; dflt++) {
+            struct gp_graph g;
+            build_softmax(&g, cases[k].op, cases[k].opset, dflt ? NO_AXIS : cases[k].axis);
+            float y[24];
+            run1(&g, (const void *[]){x24}, y);
+            expect_near(cases[k].op, y, cases[k].want, 24, 2e-6);
+            gp_graph_free(&g);
+        }
     }
     /* Gradients along every axis, both forms, both opsets. */
     static const char *const ops[] = {"Softmax", "LogSoftmax"};
@@ -78,14 +85,22 @@ static void test_softmax(void **state)
                 check_all(&g, &checks);
                 gp_graph_free(&g);
             }
-    /* Large inputs stay finite (the maximum is subtracted first). */
+    /* Large inputs stay finite (the maximum is subtracted first) and keep
+     * their precision: LogSoftmax is (x - max) - log(sum), not x - (max +
+     * log(sum)), which rounds at 1e4's float spacing (ONNX's
+     * logsoftmax_large_number). */
     struct gp_graph g;
-    build_softmax(&g, "Softmax", 13, -1);
     float big[24], y[24];
-    for (int i = 0; i < 24; i++) big[i] = 1000.0f + (float)(i % 4);
+    for (int i = 0; i < 24; i++) big[i] = 10000.0f + (float)(i % 4);
+    build_softmax(&g, "Softmax", 13, -1);
     run1(&g, (const void *[]){big}, y);
     expect_near("softmax of large values", y,
                 F32(0.0320586041f, 0.0871443227f, 0.236882806f, 0.643914223f), 4, 1e-6);
+    gp_graph_free(&g);
+    build_softmax(&g, "LogSoftmax", 13, -1);
+    run1(&g, (const void *[]){big}, y);
+    expect_near("log_softmax of large values", y,
+                F32(-3.4401896f, -2.4401896f, -1.44018972f, -0.440189689f), 4, 1e-6);
     gp_graph_free(&g);
 }
 
@@ -614,6 +629,123 @@ static void test_resize_linear(void **state)
     }
 }
 
+/* The transformations the reference generator lacks, from the spec's
+ * formulas (double precision): half_pixel_symmetric (Resize-19), linear;
+ * tf_half_pixel_for_nn (Resize-11), nearest. Width 4 -> floor(4 * 1.7). */
+static void test_resize_other_coords(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    float y[24];
+    build_resize(&g, 19, "linear", "half_pixel_symmetric", NULL, F32(1, 1, 1, 1.7f), NULL, NULL);
+    run1(&g, (const void *[]){img}, y);
+    expect_near("half_pixel_symmetric", y,
+                F32(0.539455028f, 1.32855559f, 1.95837641f, 2.29239201f, 2.30675901f, 2.14900753f,
+                    1.75195857f, 1.92718108f, 2.28391573f, 2.97774437f, 3.76979704f, 4.61473959f,
+                    5.48708666f, 5.44165137f, 5.31820735f, 5.04988996f, 4.97281413f, 4.99871452f,
+                    6.00627236f, 6.86317818f, 7.64055174f, 8.2702225f, 8.55166152f, 8.64559115f),
+                24, 2e-6);
+    check_all(&g, &checks);
+    gp_graph_free(&g);
+
+    /* pytorch_half_pixel maps a length-1 output to position 0 (half_pixel
+     * would read between rows 1 and 2). */
+    build_resize(&g, 13, "linear", "pytorch_half_pixel", NULL, NULL, I64(1, 1, 1, 4), NULL);
+    run1(&g, (const void *[]){img}, y);
+    expect_near("pytorch_half_pixel to 1", y, img, 4, 0);
+    gp_graph_free(&g);
+
+    init(&g, 11);
+    input(&g, "x", GP_DTYPE_FLOAT32, 4, I64(1, 1, 4, 4));
+    cf32(&g, "roi", 1, I64(0), F32(0)); /* empty: required before opset 13, unused */
+    cf32(&g, "scales", 1, I64(4), F32(1, 1, 1, 1.7f));
+    int n = node(&g, "Resize", 3, S("x", "roi", "scales"), 1, S("y"));
+    attr_str(&g, n, "mode", "nearest");
+    attr_str(&g, n, "coordinate_transformation_mode", "tf_half_pixel_for_nn");
+    output(&g, "y");
+    finalize(&g);
+    run1(&g, (const void *[]){img}, y);
+    expect_near("tf_half_pixel_for_nn", y,
+                F32(0.5f, 1.84147096f, 1.84147096f, 2.40929747f, 2.14111996f, 2.14111996f,
+                    1.74319744f, 2.04107571f, 2.04107571f, 3.22058439f, 4.65698671f, 4.65698671f,
+                    5.48935843f, 5.41211843f, 5.41211843f, 4.95597887f, 5.00000954f, 5.00000954f,
+                    5.96342707f, 7.42016697f, 7.42016697f, 8.49060726f, 8.65028763f, 8.65028763f),
+                24, 0);
+    check_all(&g, &checks);
+    gp_graph_free(&g);
+}
+
+/* Resize-18: sizes for the listed axes only, one scale for both that keeps
+ * the aspect ratio (0.75 for not_larger, 1.5 for not_smaller of sizes
+ * [3, 6] over [4, 4]); ONNX's reference resize at those scales. */
+static void test_resize_aspect_ratio(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *policy;
+        int64_t out;
+        float want[36];
+    } cases[] = {
+        {"not_larger", 3, {0.90178938f, 2.20962518f, 2.55777789f, 3.63466446f, 3.90743935f, 4.70512871f, 6.08459506f, 7.49349737f, 8.01850704f}},
+        {"not_smaller", 6, {0.5f, 1.17073548f, 1.93610871f, 2.31465971f, 2.27520871f, 2.14111996f, 1.12159872f, 1.53143603f, 2.0868846f, 2.66932966f, 3.10699713f, 3.39905334f, 2.36755761f, 2.48523688f, 2.75406627f, 3.3586667f, 4.11198699f, 4.71415718f, 4.86499826f, 4.85763812f, 4.81968939f, 4.69733504f, 4.80479276f, 4.94283907f, 5.72639275f, 6.07126772f, 6.46733443f, 6.67210134f, 6.77422082f, 6.82514858f, 5.96342707f, 6.69179702f, 7.59857368f, 8.31220055f, 8.57044744f, 8.65028763f}},
+    };
+    for (int k = 0; k < 2; k++) {
+        struct gp_graph g;
+        init(&g, 18);
+        input(&g, "x", GP_DTYPE_FLOAT32, 4, I64(1, 1, 4, 4));
+        ci64(&g, "sizes", 1, I64(2), I64(3, 6));
+        int n = node(&g, "Resize", 4, S("x", "", "", "sizes"), 1, S("y"));
+        attr_str(&g, n, "mode", "linear");
+        attr_ints(&g, n, "axes", 2, I64(2, 3));
+        attr_str(&g, n, "keep_aspect_ratio_policy", cases[k].policy);
+        output(&g, "y");
+        finalize(&g);
+        assert_int_equal(val(&g, "y")->shape.dims[2], cases[k].out);
+        assert_int_equal(val(&g, "y")->shape.dims[3], cases[k].out);
+        float y[36];
+        run1(&g, (const void *[]){img}, y);
+        expect_near(cases[k].policy, y, cases[k].want, cases[k].out * cases[k].out, 2e-6);
+        check_all(&g, &checks);
+        gp_graph_free(&g);
+    }
+    /* [2, 4] to not smaller than [1, 3]: scale max(1/2, 3/4) = 0.75 gives
+     * [round(1.5) = 2, 3], and the coordinates use 0.75 on both axes, not
+     * 2/2 (ONNX's resize_downsample_sizes_nearest_not_smaller). */
+    struct gp_graph g;
+    init(&g, 18);
+    input(&g, "x", GP_DTYPE_FLOAT32, 4, I64(1, 1, 2, 4));
+    ci64(&g, "sizes", 1, I64(2), I64(1, 3));
+    int n = node(&g, "Resize", 4, S("x", "", "", "sizes"), 1, S("y"));
+    attr_ints(&g, n, "axes", 2, I64(2, 3));
+    attr_str(&g, n, "keep_aspect_ratio_policy", "not_smaller");
+    output(&g, "y");
+    finalize(&g);
+    float y[12];
+    run1(&g, (const void *[]){F32(1, 2, 3, 4, 5, 6, 7, 8)}, y);
+    expect_near("not_smaller [2, 4]", y, F32(1, 2, 4, 5, 6, 8), 6, 0);
+    gp_graph_free(&g);
+
+    /* [4, 5] to not larger than [3, 6]: scale min(3/4, 6/5) = 0.75 gives
+     * [3, round(3.75) = 4], and the coordinates use 0.75 on both axes, not
+     * 4/5 (the reference evaluated at scale 0.75 on the [3, 4] grid). */
+    init(&g, 18);
+    input(&g, "x", GP_DTYPE_FLOAT32, 4, I64(1, 1, 4, 5));
+    ci64(&g, "sizes", 1, I64(2), I64(3, 6));
+    n = node(&g, "Resize", 4, S("x", "", "", "sizes"), 1, S("y"));
+    attr_str(&g, n, "mode", "linear");
+    attr_ints(&g, n, "axes", 2, I64(2, 3));
+    attr_str(&g, n, "keep_aspect_ratio_policy", "not_larger");
+    output(&g, "y");
+    finalize(&g);
+    assert_int_equal(val(&g, "y")->shape.dims[3], 4);
+    run1(&g, (const void *[]){F32(0.5f, 1.84147096f, 2.40929747f, 2.14111996f, 1.74319744f, 2.04107571f, 3.22058439f, 4.65698671f, 5.48935843f, 5.41211843f, 4.95597887f, 5.00000954f, 5.96342707f, 7.42016697f, 8.49060726f, 8.65028763f, 8.21209717f, 8.03860283f, 8.74901295f, 10.1498775f)}, y);
+    expect_near("not_larger [4, 5]", y,
+                F32(0.975925492f, 2.42761777f, 2.71328514f, 2.35468427f, 3.6004889f, 4.71025193f,
+                    6.2640034f, 6.95136285f, 7.97493279f, 7.68474472f, 8.38840555f, 9.8733325f),
+                12, 2e-6);
+    gp_graph_free(&g);
+}
+
 /* Batch and channel axes are not resized: each [H, W] plane on its own. */
 static void test_resize_batched(void **state)
 {
@@ -696,6 +828,8 @@ int main(void)
         cmocka_unit_test(test_dropout_gradients),
         cmocka_unit_test(test_resize_nearest),
         cmocka_unit_test(test_resize_linear),
+        cmocka_unit_test(test_resize_other_coords),
+        cmocka_unit_test(test_resize_aspect_ratio),
         cmocka_unit_test(test_resize_batched),
         cmocka_unit_test(test_large_shapes),
     };

@@ -279,24 +279,32 @@ static void test_gather(void **state)
     check_all(&g, &checks); /* gen: indices -3, 2, 0 */
     gp_graph_free(&g);
 
-    /* An index out of range at run time is an error naming it. */
+    /* An index out of range at run time, on either side, is an error naming
+     * it. */
     init(&g, 13);
     input(&g, "x", GP_DTYPE_FLOAT32, 2, I64(5, 3));
     input(&g, "i", GP_DTYPE_INT64, 1, I64(2));
     node(&g, "Gather", 2, S("x", "i"), 1, S("y"));
     output(&g, "y");
     finalize(&g);
-    struct gp_error err = {0};
-    r = NULL;
-    assert_int_equal(gp_cpu_runner_create_f64(&g, false, &r, &err), GP_OK);
-    gp_cpu_runner_set_f64(r, g.inputs[0], x15);
-    gp_cpu_runner_set_f64(r, g.inputs[1], I64(4, -6));
-    struct gp_run_opts o = {.dropout_ratio = -1};
-    assert_int_equal(gp_cpu_runner_forward_f64(r, &o, 0, g.n_nodes, &err), GP_ERR_INVALID);
-    if (!strstr(err.msg, "(Gather)") || !strstr(err.msg, "index -6 (element 1 of indices 'i')") ||
-        !strstr(err.msg, "axis 0 of size 5"))
-        fail_msg("message: %s", err.msg);
-    gp_cpu_runner_free_f64(r);
+    static const struct {
+        int64_t idx[2];
+        const char *needle;
+    } bad[] = {{{4, -6}, "index -6 (element 1 of indices 'i')"},
+               {{5, -5}, "index 5 (element 0 of indices 'i')"}};
+    for (int k = 0; k < 2; k++) {
+        struct gp_error err = {0};
+        r = NULL;
+        assert_int_equal(gp_cpu_runner_create_f64(&g, false, &r, &err), GP_OK);
+        gp_cpu_runner_set_f64(r, g.inputs[0], x15);
+        gp_cpu_runner_set_f64(r, g.inputs[1], bad[k].idx);
+        struct gp_run_opts o = {.dropout_ratio = -1};
+        assert_int_equal(gp_cpu_runner_forward_f64(r, &o, 0, g.n_nodes, &err), GP_ERR_INVALID);
+        if (!strstr(err.msg, "(Gather)") || !strstr(err.msg, bad[k].needle) ||
+            !strstr(err.msg, "axis 0 of size 5"))
+            fail_msg("message: %s", err.msg);
+        gp_cpu_runner_free_f64(r);
+    }
     gp_graph_free(&g);
 }
 

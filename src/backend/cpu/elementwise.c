@@ -7,6 +7,7 @@
  * Relu, gelu_backward, clamp_backward...), so a model trains the same way
  * here as it did before export. Backward reads the forward output where
  * that is how PyTorch differentiates (Sigmoid, Tanh, Exp, Sqrt...). */
+#include <float.h>
 #include <string.h>
 #include <tgmath.h>
 
@@ -196,8 +197,9 @@ static gp_status unary_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 /* ---- Clip ---- */
 
 /* X [n] -> Y [n] = min(max(X, lo), hi) (hi wins when lo > hi, as ONNX
- * says). Bounds: attributes min/max (Clip-6) or optional scalar inputs 1
- * and 2 (11+) of X's type; absent means unbounded. */
+ * says). Bounds: attributes min/max (Clip-6, defaulting to float's lowest
+ * and largest values) or optional scalar inputs 1 and 2 (11+) of X's type,
+ * unbounded when omitted. */
 static gp_status clip_forward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     (void)err;
@@ -221,8 +223,8 @@ static gp_status clip_forward(struct gp_cpu_ctx *c, struct gp_error *err)
         }
         return GP_OK;
     }
-    real lo = lo_in ? *(const real *)lo_in : R(gp_node_attr_float(c->node, "min", -INFINITY));
-    real hi = hi_in ? *(const real *)hi_in : R(gp_node_attr_float(c->node, "max", INFINITY));
+    real lo = lo_in ? *(const real *)lo_in : R(gp_node_attr_float(c->node, "min", -FLT_MAX));
+    real hi = hi_in ? *(const real *)hi_in : R(gp_node_attr_float(c->node, "max", FLT_MAX));
     const real *X = c->in[0];
     real *Y = c->out[0];
     MAP(x < lo ? (lo > hi ? hi : lo) : x > hi ? hi : x);
@@ -238,8 +240,8 @@ static gp_status clip_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     int64_t n = gp_shape_numel(gp_cpu_in_shape(c, 0));
     const void *lo_in = c->node->n_inputs > 1 ? c->in[1] : NULL;
     const void *hi_in = c->node->n_inputs > 2 ? c->in[2] : NULL;
-    real lo = lo_in ? *(const real *)lo_in : R(gp_node_attr_float(c->node, "min", -INFINITY));
-    real hi = hi_in ? *(const real *)hi_in : R(gp_node_attr_float(c->node, "max", INFINITY));
+    real lo = lo_in ? *(const real *)lo_in : R(gp_node_attr_float(c->node, "min", -FLT_MAX));
+    real hi = hi_in ? *(const real *)hi_in : R(gp_node_attr_float(c->node, "max", FLT_MAX));
     const real *X = c->in[0], *Y = c->out[0], *dY = c->dout[0];
     real *dX = c->din[0];
     if (!dY || !dX) return GP_OK;

@@ -67,9 +67,9 @@ static gp_status softmax_forward(struct gp_cpu_ctx *c, struct gp_error *err)
             if (!log_out) y[j * s] = e;
             sum += e;
         }
-        if (log_out) {
-            real lse = m + (real)log(sum);
-            for (int64_t j = 0; j < v.len; j++) y[j * s] = x[j * s] - lse;
+        if (log_out) { /* (x - max) - log(sum): exact where x - max is, for large x */
+            real ls = (real)log(sum);
+            for (int64_t j = 0; j < v.len; j++) y[j * s] = (x[j * s] - m) - ls;
         } else {
             real inv = (real)(1 / sum);
             for (int64_t j = 0; j < v.len; j++) y[j * s] *= inv;

@@ -152,14 +152,21 @@ static gp_status resize_plan(struct gp_cpu_ctx *c, struct gp_error *err, struct 
     }
     if (n_given) {
         for (int k = 0; k < n_axes && k < n_given; k++) scale[axes[k]] = given[k];
-    } else { /* sizes: the output's static shape already holds them */
+    } else {
+        /* sizes: stretch scales each axis by output / input (the output's
+         * static shape holds the sizes); not_larger / not_smaller use the
+         * smallest / largest sizes[k] / input over the axes for all of them,
+         * the scale the output was rounded from, so it comes from the sizes
+         * input itself. */
         const char *policy = gp_node_attr_string(n, "keep_aspect_ratio_policy", "stretch");
         bool larger = strcmp(policy, "not_smaller") == 0, stretch = strcmp(policy, "stretch") == 0;
+        const struct gp_tensor *sizes = gp_cpu_in_value(c, 3)->constant;
         float common = larger ? 0.0f : INFINITY;
         for (int k = 0; k < n_axes; k++) {
             int d = axes[k];
             scale[d] = (float)ys->dims[d] / (float)xs->dims[d];
-            common = larger ? fmaxf(common, scale[d]) : fminf(common, scale[d]);
+            float f = (float)gp_tensor_get_i64(sizes, k) / (float)xs->dims[d];
+            common = larger ? fmaxf(common, f) : fminf(common, f);
         }
         if (!stretch)
             for (int k = 0; k < n_axes; k++) scale[axes[k]] = common;
@@ -214,7 +221,8 @@ static gp_status resize_plan(struct gp_cpu_ctx *c, struct gp_error *err, struct 
 /* Visits every output element of slice `s` in row-major order with the
  * input offsets and weights of its sources: `corners` = 2^(axes after
  * lead) for linear, 1 for nearest; a corner of weight 0 is skipped, an
- * extrapolated element has offset -1. BODY sees o (output index), src and w. */
+ * extrapolated element has offset -1. The statements in ... see o (the
+ * output index), src and w. */
 #define RESIZE_SLICE(p, xs, ys, x_st, s, ...)                                                \
     do {                                                                                     \
         int r_ = (xs)->rank, lead_ = (p)->lead;                                              \
