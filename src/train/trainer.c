@@ -6,7 +6,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/cpu/runner.h"
+#include "backend/device.h"
+#include "pipeline/pipeline.h"
 #include "graph/graph.h"
 #include "onnx/load.h"
 #include "onnx/save.h"
@@ -29,6 +30,8 @@ void gp_train_config_defaults(struct gp_train_config *c)
     c->eps = 1e-8;
     c->step_size = 30;
     c->gamma = 0.1;
+    c->n_stages = 1;
+    c->checkpoint = GP_CHECKPOINT_EXCEPT_LAST;
 }
 
 static double now(void)
@@ -42,24 +45,29 @@ static double now(void)
 struct run {
     const struct gp_train_config *cfg;
     struct gp_graph g;
-    struct gp_cpu_runner *r;
+    struct gp_pipeline *pipe;
     int input, output;          /* value ids */
     enum gp_loss_kind loss;
     int class_axis;
     int64_t micro;              /* rows per micro-batch */
-    struct gp_optim *opt;
     int64_t *order;             /* sample order of the current epoch */
+    void *x;                    /* one mini-batch of inputs */
     void *labels;               /* one mini-batch of labels / targets */
+    float *out;                 /* one micro-batch of outputs (validation) */
     float *scratch;             /* validation's unused loss gradient */
     int64_t *eval_rows;         /* one validation chunk's sample indices */
+    /* The loss hook's view of the current mini-batch. */
+    const struct gp_dataset *data;
+    double denominator;
 };
 
 static void run_free(struct run *s)
 {
-    gp_optim_free(s->opt);
-    gp_cpu_runner_free_f32(s->r);
+    gp_pipeline_free(s->pipe);
     gp_graph_free(&s->g);
     free(s->order);
+    free(s->x);
+    free(s->out);
     free(s->labels);
     free(s->scratch);
     free(s->eval_rows);
@@ -82,12 +90,11 @@ static struct gp_shape rows_shape(const struct gp_shape *s, int64_t rows)
 
 /* Loss over the first `rows` rows of the output buffer against labels;
  * writes the gradient (scaled by 1/denominator) into dout when non-NULL. */
-static gp_status apply_loss(struct run *s, const struct gp_dataset *d, const void *labels,
-                            int64_t rows, double denominator, float *dout, double *sum,
-                            int64_t *correct, int64_t *counted, struct gp_error *err)
+static gp_status apply_loss(struct run *s, const struct gp_dataset *d, const float *out,
+                            const void *labels, int64_t rows, double denominator, float *dout,
+                            double *sum, int64_t *correct, int64_t *counted, struct gp_error *err)
 {
     const struct gp_value *o = &s->g.values[s->output];
-    const float *out = gp_cpu_runner_data_f32(s->r, s->output);
     struct gp_shape os = rows_shape(&o->shape, rows);
     float *grad = dout ? dout : s->scratch;
     *sum = 0;
@@ -179,22 +186,6 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         }
     }
 
-    GP_TRY(gp_cpu_runner_create_f32(&s->g, false, &s->r, err));
-
-    /* The optimizer sees every trainable parameter in value order. */
-    int n_params = 0;
-    for (int v = 0; v < s->g.n_values; v++) n_params += s->g.values[v].kind == GP_VALUE_PARAMETER;
-    struct gp_param *params = calloc((size_t)n_params + 1, sizeof *params);
-    if (!params) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
-    int k = 0;
-    for (int v = 0; v < s->g.n_values; v++) {
-        if (s->g.values[v].kind != GP_VALUE_PARAMETER) continue;
-        params[k].name = s->g.values[v].name;
-        params[k].data = gp_cpu_runner_data_f32(s->r, v);
-        params[k].grad = gp_cpu_runner_grad_f32(s->r, v);
-        params[k].numel = gp_shape_numel(&s->g.values[v].shape);
-        k++;
-    }
     struct gp_optim_config oc = {
         .kind = cfg->optimizer == GP_OPT_ADAMW ? GP_OPTIM_ADAMW : GP_OPTIM_SGD,
         .lr = cfg->lr,
@@ -206,18 +197,48 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         .eps = cfg->eps,
         .arith = cfg->torch_1_13 ? GP_TORCH_1_13 : GP_TORCH_2,
     };
-    gp_status st = gp_optim_create(&oc, params, n_params, &s->opt, err);
-    free(params);
-    GP_TRY(st);
+    GP_TRY(gp_optim_check(&oc, err));
+    int n_stages = cfg->n_stages > 0 ? cfg->n_stages : 1;
+    const struct gp_device_ops *ops[64];
+    bool balanced = false;
+    for (int k = 0; k < n_stages; k++) {
+        ops[k] = &gp_cpu_device_ops;
+        balanced |= cfg->balance[k] != 0;
+    }
+    struct gp_pipeline_config pc = {
+        .graph = &s->g,
+        .n_stages = n_stages,
+        .balance = balanced ? cfg->balance : NULL,
+        .device_ops = ops,
+        .device_index = cfg->stage_device,
+        .n_micro = (int)cfg->chunks,
+        .checkpoint = cfg->checkpoint,
+        .optim = oc,
+        .trace = cfg->trace_path != NULL,
+    };
+    GP_TRY(gp_pipeline_create(&pc, &s->pipe, err));
 
     s->order = malloc(sizeof(int64_t) * (size_t)(train->n + 1));
     size_t label_row = has_labels ? gp_dataset_row_bytes(&train->y) : 0;
     s->labels = malloc(label_row * (size_t)cfg->batch + 64);
     s->scratch = malloc(sizeof(float) * (size_t)gp_shape_numel(&o->shape) + 64);
     s->eval_rows = malloc(sizeof(int64_t) * (size_t)(s->micro + 1));
-    if (!s->order || !s->labels || !s->scratch || !s->eval_rows)
+    s->x = malloc(gp_dataset_row_bytes(&train->x) * (size_t)cfg->batch + 64);
+    s->out = malloc(sizeof(float) * (size_t)gp_shape_numel(&o->shape) + 64);
+    if (!s->order || !s->labels || !s->scratch || !s->eval_rows || !s->x || !s->out)
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     return GP_OK;
+}
+
+static double planned_mib(const struct run *s)
+{
+    int64_t total = 0;
+    for (int k = 0; k < gp_pipeline_stages(s->pipe); k++) {
+        struct gp_stage_report r;
+        gp_pipeline_report(s->pipe, k, &r);
+        total += r.planned_bytes;
+    }
+    return (double)total / (1024.0 * 1024.0);
 }
 
 static double lr_at(const struct gp_train_config *c, int64_t step, int64_t total)
@@ -237,23 +258,23 @@ static double lr_at(const struct gp_train_config *c, int64_t step, int64_t total
 
 /* Mean loss (and accuracy) over every sample of d, in evaluation mode. The
  * last chunk is padded by repeating a sample; padded rows are not counted. */
+/* Mean loss (and accuracy) over every sample of d, in evaluation mode. The
+ * last chunk is padded by repeating a sample; padded rows are not counted. */
 static gp_status evaluate(struct run *s, const struct gp_dataset *d, double *loss, double *acc,
                           struct gp_error *err)
 {
-    void *x = gp_cpu_runner_data_f32(s->r, s->input);
     double sum = 0, terms = 0;
     int64_t correct = 0, counted = 0;
     for (int64_t i = 0; i < d->n; i += s->micro) {
         int64_t rows = d->n - i < s->micro ? d->n - i : s->micro;
         int64_t *idx = s->eval_rows;
         for (int64_t k = 0; k < s->micro; k++) idx[k] = i + (k < rows ? k : rows - 1);
-        gp_dataset_gather(&d->x, idx, s->micro, 0, s->micro, x);
+        gp_dataset_gather(&d->x, idx, s->micro, 0, s->micro, s->x);
         if (d->y.dtype != GP_DTYPE_UNDEFINED) gp_dataset_gather(&d->y, idx, s->micro, 0, s->micro, s->labels);
-        struct gp_run_opts ro = {.training = false, .dropout_ratio = -1};
-        GP_TRY(gp_cpu_runner_forward_f32(s->r, &ro, 0, s->g.n_nodes, err));
+        GP_TRY(gp_pipeline_eval(s->pipe, s->x, s->out, err));
         double part = 0, n_terms = loss_terms(s, d, s->labels, rows);
         int64_t hit = 0, seen = 0;
-        GP_TRY(apply_loss(s, d, s->labels, rows, 1.0, NULL, &part,
+        GP_TRY(apply_loss(s, d, s->out, s->labels, rows, 1.0, NULL, &part,
                           s->loss == GP_LOSS_CROSS_ENTROPY ? &hit : NULL, &seen, err));
         sum += part;
         terms += n_terms;
@@ -263,6 +284,16 @@ static gp_status evaluate(struct run *s, const struct gp_dataset *d, double *los
     *loss = terms > 0 ? sum / terms : 0;
     *acc = s->loss == GP_LOSS_CROSS_ENTROPY && counted > 0 ? (double)correct / (double)counted : -1;
     return GP_OK;
+}
+
+/* The pipeline's loss hook: micro-batch j's rows of the mini-batch's labels. */
+static gp_status micro_loss(void *user, int j, const float *out, float *dout, double *sum,
+                            struct gp_error *err)
+{
+    struct run *s = user;
+    size_t label_row = s->data->y.dtype != GP_DTYPE_UNDEFINED ? gp_dataset_row_bytes(&s->data->y) : 0;
+    return apply_loss(s, s->data, out, (char *)s->labels + label_row * (size_t)(j * s->micro), s->micro,
+                      s->denominator, dout, sum, NULL, NULL, err);
 }
 
 gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *train,
@@ -283,22 +314,21 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         snprintf(summary, sizeof summary,
                  "training %s: %lld samples, batch %lld (%lld micro-batch%s of %lld), %lld steps "
                  "(%lld per epoch, last %lld samples of each epoch dropped), %s, %lld parameters, "
-                 "%.1f MiB planned",
+                 "%.1f MiB planned (%d stage%s, checkpoint %s)",
                  cfg->model_path, (long long)train->n, (long long)cfg->batch, (long long)cfg->chunks,
                  cfg->chunks == 1 ? "" : "es", (long long)s.micro, (long long)total,
                  (long long)per_epoch, (long long)(train->n % cfg->batch),
                  cfg->optimizer == GP_OPT_ADAMW ? "AdamW" : "SGD",
-                 (long long)gp_graph_param_count(&s.g),
-                 (double)gp_cpu_runner_bytes_f32(s.r) / (1024.0 * 1024.0));
+                 (long long)gp_graph_param_count(&s.g), planned_mib(&s), gp_pipeline_stages(s.pipe),
+                 gp_pipeline_stages(s.pipe) == 1 ? "" : "s", gp_checkpoint_name(cfg->checkpoint));
         cb->on_start(cb->user, total, per_epoch, summary);
     }
 
-    void *x = gp_cpu_runner_data_f32(s.r, s.input);
-    float *dout = gp_cpu_runner_grad_f32(s.r, s.output);
     bool has_labels = train->y.dtype != GP_DTYPE_UNDEFINED;
-    size_t label_row = has_labels ? gp_dataset_row_bytes(&train->y) : 0;
     double start = now(), epoch_loss = 0;
     int64_t epoch = -1, epoch_steps = 0;
+    s.data = train;
+    struct gp_loss_hook hook = {.user = &s, .fn = micro_loss};
     for (int64_t step = 0; step < total && st == GP_OK; step++) {
         double t0 = now();
         int64_t e = step / per_epoch, in_epoch = step % per_epoch;
@@ -308,24 +338,13 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         }
         int64_t first = in_epoch * cfg->batch;
         if (has_labels) gp_dataset_gather(&train->y, s.order, train->n, first, cfg->batch, s.labels);
+        gp_dataset_gather(&train->x, s.order, train->n, first, cfg->batch, s.x);
         double denominator = loss_terms(&s, train, s.labels, cfg->batch);
-        gp_cpu_runner_zero_param_grads_f32(s.r);
+        s.denominator = denominator;
         double step_loss = 0;
-        for (int64_t c = 0; c < cfg->chunks && st == GP_OK; c++) {
-            int64_t offset = c * s.micro;
-            gp_dataset_gather(&train->x, s.order, train->n, first + offset, s.micro, x);
-            struct gp_run_opts ro = {.training = true, .update_state = true, .seed = cfg->seed,
-                                     .step = (uint64_t)step, .sample_offset = offset,
-                                     .dropout_ratio = cfg->dropout_ratio};
-            if ((st = gp_cpu_runner_forward_f32(s.r, &ro, 0, s.g.n_nodes, err)) != GP_OK) break;
-            gp_cpu_runner_zero_activation_grads_f32(s.r);
-            double part = 0;
-            if ((st = apply_loss(&s, train, (char *)s.labels + label_row * (size_t)offset, s.micro,
-                                 denominator, dout, &part, NULL, NULL, err)) != GP_OK)
-                break;
-            step_loss += part;
-            st = gp_cpu_runner_backward_f32(s.r, &ro, 0, s.g.n_nodes, err);
-        }
+        struct gp_step_opts so = {.seed = cfg->seed, .step = (uint64_t)step,
+                                  .dropout_ratio = cfg->dropout_ratio};
+        st = gp_pipeline_step(s.pipe, s.x, &so, &hook, &step_loss, err);
         if (st != GP_OK) break;
         step_loss /= denominator;
         if (!isfinite(step_loss)) {
@@ -334,9 +353,8 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                               step_loss, (long long)step + 1);
             break;
         }
-        if (cfg->clip_norm > 0) gp_optim_clip_grad_norm(s.opt, cfg->clip_norm);
         double lr = lr_at(cfg, step, total);
-        gp_optim_step(s.opt, lr);
+        if ((st = gp_pipeline_optimize(s.pipe, lr, cfg->clip_norm, err)) != GP_OK) break;
 
         epoch_loss += step_loss;
         epoch_steps++;
@@ -376,18 +394,29 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                 continue;
             bufs[k] = malloc(sizeof(float) * (size_t)(gp_shape_numel(&val_->shape) + 1));
             if (!bufs[k]) break;
-            /* The runner stores real = float: read it back as float32. */
-            memcpy(bufs[k], gp_cpu_runner_data_f32(s.r, v), sizeof(float) * (size_t)gp_shape_numel(&val_->shape));
+            if ((st = gp_pipeline_read(s.pipe, v, bufs[k], err)) != GP_OK) break;
             out[k] = (struct gp_saved_tensor){.name = val_->name, .data = bufs[k],
                                               .shape = val_->shape};
             k++;
         }
-        if (!out || !bufs || k != n) st = gp_error_set(err, GP_ERR_NOMEM, "out of memory saving");
-        else st = gp_onnx_save(cfg->model_path, cfg->save_path, out, n, err);
+        if (st == GP_OK && (!out || !bufs || k != n)) st = gp_error_set(err, GP_ERR_NOMEM, "out of memory saving");
+        else if (st == GP_OK) st = gp_onnx_save(cfg->model_path, cfg->save_path, out, n, err);
         for (int i = 0; bufs && i < k; i++) free(bufs[i]);
         free(bufs);
         free(out);
     }
+    if (st == GP_OK && cfg->trace_path) st = gp_pipeline_write_trace(s.pipe, cfg->trace_path, err);
+    if (st == GP_OK && cb && cb->on_memory)
+        for (int k = 0; k < gp_pipeline_stages(s.pipe); k++) {
+            struct gp_stage_report r;
+            gp_pipeline_report(s.pipe, k, &r);
+            struct gp_stage_memory_report m = {
+                .stage = k, .first_layer = r.first_layer, .last_layer = r.last_layer,
+                .device = r.device, .param_bytes = r.param_bytes, .optim_bytes = r.optim_bytes,
+                .activation_bytes = r.activation_bytes, .activation_peak = r.activation_peak,
+                .frontier_in_bytes = r.frontier_in_bytes, .planned_bytes = r.planned_bytes};
+            cb->on_memory(cb->user, &m);
+        }
     run_free(&s);
     return st;
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "data/dataset.h"
+#include "pipeline/schedule.h"
 #include "train/loss.h"
 #include "util/error.h"
 
@@ -39,6 +40,20 @@ struct gp_train_config {
     bool torch_1_13;          /* AdamW arithmetic of PyTorch 1.13 instead of 2.x */
 
     const char *save_path;    /* NULL: do not save */
+
+    /* The pipeline: stages on devices, cut by a balance (layers per stage). */
+    int n_stages;             /* 1: one device */
+    int stage_device[64];     /* CPU device index per stage */
+    int balance[64];          /* layers per stage; all 0: an even split */
+    enum gp_checkpoint checkpoint;
+    const char *trace_path;   /* Chrome trace of the last step; NULL: none */
+};
+
+/* Per-stage memory, reported once the pipeline is planned and after training. */
+struct gp_stage_memory_report {
+    int stage, first_layer, last_layer, device;
+    int64_t param_bytes, optim_bytes, activation_bytes, activation_peak, frontier_in_bytes,
+        planned_bytes;
 };
 
 /* Defaults: batch 32, 1 chunk, 1 epoch, shuffle, SGD lr 0.01... */
@@ -65,6 +80,8 @@ struct gp_train_callbacks {
     void (*on_start)(void *user, int64_t total_steps, int64_t steps_per_epoch, const char *summary);
     void (*on_step)(void *user, const struct gp_step_report *r);
     void (*on_epoch)(void *user, const struct gp_epoch_report *r);
+    /* After training: one call per stage with its planned and peak memory. */
+    void (*on_memory)(void *user, const struct gp_stage_memory_report *r);
 };
 
 /* Trains the model on `train`, validating on `val` (may be NULL) after each

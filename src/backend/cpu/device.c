@@ -365,7 +365,12 @@ static gp_status cpu_stream_create(struct gp_device *dev, const char *name, stru
     }
     /* A name for debuggers and top (15 characters at most); cosmetic. */
     char tname[16];
-    snprintf(tname, sizeof tname, "gp%d %s", dev->index, s->name);
+    int len = snprintf(tname, sizeof tname, "gp%d ", dev->index);
+    if (len > 0 && (size_t)len < sizeof tname) {
+        size_t room = sizeof tname - (size_t)len - 1;
+        memcpy(tname + len, s->name, strnlen(s->name, room));
+        tname[len + (int)strnlen(s->name, room)] = '\0';
+    }
     (void)pthread_setname_np(s->thread, tname);
     *out = s;
     return GP_OK;

@@ -1,0 +1,677 @@
+/* The pipeline executor: plans every stage's memory, issues a step's
+ * actions (from the schedule) onto the stages' streams with events between
+ * them, and runs the CPU kernels inside the tasks. */
+#include "pipeline/pipeline.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/cpu/kernel.h"
+#include "ops/registry.h"
+#include "pipeline/plan.h"
+#include "pipeline/trace.h"
+
+enum task_kind { TASK_FORWARD, TASK_RECOMPUTE, TASK_BACKWARD, TASK_OPTIMIZE, TASK_EVAL };
+
+struct task {
+    struct gp_pipeline *p;
+    int stage, micro;
+    enum task_kind kind;
+};
+
+struct stage {
+    struct gp_stage_plan plan;
+    const struct gp_device_ops *ops;
+    struct gp_device *dev;
+    int device;
+    struct gp_stream *compute, *copy_next, *copy_prev;
+    unsigned char *static_block, *param_grads, *boxes, *locals, *grads, *inboxes, *scratch;
+    int n_sets;                    /* activation sets: one per micro-batch without checkpointing */
+    struct gp_event **fwd_done, **fwd_copied, **bwd_done, **bwd_copied; /* per micro-batch */
+    struct gp_optim *opt;
+    struct gp_param *params;
+    int n_params;
+    /* Kernel argument arrays, reused: a stage's tasks run one at a time. */
+    void **in, **out;
+    real **din, **dout;
+    int width;
+    int64_t live, peak;            /* activation bytes in use, and the most at once */
+};
+
+struct gp_pipeline {
+    struct gp_pipeline_config cfg;
+    const struct gp_graph *g;
+    struct gp_layers layers;
+    bool *needs_grad;
+    int K, M;
+    int64_t micro;                 /* rows per micro-batch */
+    int input, output;             /* the data input and the loss's output */
+    struct stage *stages;
+    struct gp_pipe_schedule sched;
+    struct task *tasks;            /* one per action, then per-stage optimizer and eval tasks */
+    /* The step being run. */
+    const unsigned char *x;
+    struct gp_step_opts opts;
+    const struct gp_loss_hook *loss;
+    double *loss_parts;            /* per micro-batch */
+    bool eval;
+    float *eval_out;
+    float clip_coef;
+    double lr;
+};
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Address of value v on stage s for micro-batch j. */
+static void *addr(struct gp_pipeline *p, struct stage *s, int v, int j)
+{
+    switch (s->plan.home[v]) {
+    case GP_HOME_STATIC: return s->static_block + s->plan.off[v];
+    case GP_HOME_BOX: return s->boxes + (size_t)j * s->plan.box_bytes + s->plan.off[v];
+    case GP_HOME_LOCAL: {
+        int set = s->n_sets > 1 ? j : 0;
+        return s->locals + (size_t)set * s->plan.local_bytes + s->plan.off[v];
+    }
+    default: (void)p; return NULL;
+    }
+}
+
+static real *grad_addr(struct stage *s, const struct gp_value *val, int v)
+{
+    if (s->plan.home[v] == GP_HOME_STATIC)
+        return val->kind == GP_VALUE_PARAMETER ? (real *)(s->param_grads + s->plan.off[v]) : NULL;
+    return s->plan.grad_off[v] == SIZE_MAX ? NULL : (real *)(s->grads + s->plan.grad_off[v]);
+}
+
+static bool nondiff(const struct gp_node *n, int k)
+{
+    return k < 32 && ((n->def->nondiff_inputs >> k) & 1);
+}
+
+static struct gp_cpu_ctx layer_ctx(struct gp_pipeline *p, struct stage *s, int layer, int j,
+                                   bool training, bool update_state, bool with_grads)
+{
+    const struct gp_graph *g = p->g;
+    const struct gp_node *n = &g->nodes[layer];
+    /* Kernels may look one past their node's inputs (an omitted optional
+     * bias): the arrays are shared by the stage's layers, so clear them. */
+    memset(s->in, 0, sizeof(void *) * (size_t)s->width);
+    memset(s->out, 0, sizeof(void *) * (size_t)s->width);
+    memset(s->din, 0, sizeof(real *) * (size_t)s->width);
+    memset(s->dout, 0, sizeof(real *) * (size_t)s->width);
+    for (int k = 0; k < n->n_inputs; k++) {
+        int v = n->inputs[k];
+        s->in[k] = v >= 0 ? addr(p, s, v, j) : NULL;
+        s->din[k] = v >= 0 && with_grads && !nondiff(n, k) ? grad_addr(s, &g->values[v], v) : NULL;
+    }
+    for (int k = 0; k < n->n_outputs; k++) {
+        int v = n->outputs[k];
+        s->out[k] = v >= 0 ? addr(p, s, v, j) : NULL;
+        s->dout[k] = v >= 0 && with_grads ? grad_addr(s, &g->values[v], v) : NULL;
+    }
+    int set = s->n_sets > 1 ? j : 0;
+    return (struct gp_cpu_ctx){
+        .graph = g,
+        .node = n,
+        .in = s->in,
+        .out = s->out,
+        .din = s->din,
+        .dout = s->dout,
+        .saved = s->locals + (size_t)set * s->plan.local_bytes + s->plan.saved_off[layer - s->plan.first],
+        .scratch = s->scratch,
+        .training = training,
+        .update_state = update_state,
+        .seed = p->opts.seed,
+        .step = p->opts.step,
+        .sample_offset = (int64_t)j * p->micro,
+        .dropout_ratio = p->opts.dropout_ratio,
+    };
+}
+
+static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, bool training,
+                             bool update_state, struct gp_error *err)
+{
+    for (int i = s->plan.first; i < s->plan.last; i++) {
+        struct gp_cpu_ctx c = layer_ctx(p, s, i, j, training, update_state, false);
+        GP_TRY(gp_cpu_kernel_for_f32(c.node)->forward(&c, err));
+    }
+    return GP_OK;
+}
+
+static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, struct gp_error *err)
+{
+    const struct gp_graph *g = p->g;
+    /* The gradient set starts at zero for each micro-batch; the gradients
+     * that arrived for the output frontier seed it. Kernels accumulate. */
+    memset(s->grads, 0, s->plan.grad_bytes);
+    const unsigned char *inbox = s->inboxes + (size_t)j * s->plan.inbox_bytes;
+    for (int k = 0; k < s->plan.n_frontier_out; k++) {
+        int v = s->plan.frontier_out[k];
+        if (s->plan.inbox_off[v] == SIZE_MAX) continue;
+        real *dst = (real *)(s->grads + s->plan.grad_off[v]);
+        const real *src = (const real *)(inbox + s->plan.inbox_off[v]);
+        for (int64_t e = 0; e < gp_shape_numel(&g->values[v].shape); e++) dst[e] += src[e];
+    }
+    for (int i = s->plan.last - 1; i >= s->plan.first; i--) {
+        const struct gp_node *n = &g->nodes[i];
+        struct gp_cpu_ctx c = layer_ctx(p, s, i, j, true, false, true);
+        bool any_in = false, any_out = false;
+        for (int k = 0; k < n->n_inputs; k++) any_in |= s->din[k] != NULL;
+        for (int k = 0; k < n->n_outputs; k++) any_out |= s->dout[k] != NULL;
+        if (!any_in || !any_out) continue;
+        GP_TRY(gp_cpu_kernel_for_f32(n)->backward(&c, err));
+    }
+    return GP_OK;
+}
+
+static gp_status task_run(void *arg, struct gp_error *err)
+{
+    struct task *t = arg;
+    struct gp_pipeline *p = t->p;
+    struct stage *s = &p->stages[t->stage];
+    int j = t->micro;
+    bool last = t->stage == p->K - 1;
+    switch (t->kind) {
+    case TASK_FORWARD: {
+        bool kept = !gp_checkpointed(p->cfg.checkpoint, j, p->M);
+        s->live += (int64_t)s->plan.box_bytes + (int64_t)s->plan.local_bytes;
+        if (s->live > s->peak) s->peak = s->live;
+        GP_TRY(run_forward(p, s, j, true, true, err));
+        if (last) {
+            void *dout = s->plan.inbox_off[p->output] == SIZE_MAX
+                             ? NULL
+                             : s->inboxes + (size_t)j * s->plan.inbox_bytes + s->plan.inbox_off[p->output];
+            if (!dout)
+                return gp_error_set(err, GP_ERR_INVALID,
+                                    "the output '%s' does not depend on any parameter: nothing to train",
+                                    p->g->values[p->output].name);
+            p->loss_parts[j] = 0;
+            GP_TRY(p->loss->fn(p->loss->user, j, addr(p, s, p->output, j), dout, &p->loss_parts[j], err));
+        }
+        /* A checkpointed micro-batch keeps only its input frontier (box). */
+        if (!kept) s->live -= (int64_t)s->plan.local_bytes;
+        return GP_OK;
+    }
+    case TASK_RECOMPUTE:
+        s->live += (int64_t)s->plan.local_bytes;
+        if (s->live > s->peak) s->peak = s->live;
+        /* Same dropout key, running statistics untouched: the recomputed
+         * activations are the ones the first forward made. */
+        return run_forward(p, s, j, true, false, err);
+    case TASK_BACKWARD:
+        s->live += (int64_t)s->plan.grad_bytes;
+        if (s->live > s->peak) s->peak = s->live;
+        GP_TRY(run_backward(p, s, j, err));
+        s->live -= (int64_t)s->plan.grad_bytes + (int64_t)s->plan.local_bytes + (int64_t)s->plan.box_bytes;
+        return GP_OK;
+    case TASK_OPTIMIZE:
+        if (p->clip_coef < 1.0f) gp_scale_grads(s->params, s->n_params, p->clip_coef);
+        if (s->opt) gp_optim_step(s->opt, p->lr);
+        memset(s->param_grads, 0, s->plan.param_bytes);
+        return GP_OK;
+    case TASK_EVAL:
+        GP_TRY(run_forward(p, s, 0, false, false, err));
+        if (last) {
+            const struct gp_value *o = &p->g->values[p->output];
+            memcpy(p->eval_out, addr(p, s, p->output, 0), sizeof(float) * (size_t)gp_shape_numel(&o->shape));
+        }
+        return GP_OK;
+    }
+    return GP_OK;
+}
+
+/* ---- creation ---- */
+
+void gp_pipeline_free(struct gp_pipeline *p)
+{
+    if (!p) return;
+    for (int k = 0; p->stages && k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        const struct gp_device_ops *ops = s->ops;
+        if (ops) {
+            if (s->compute) ops->stream_destroy(s->compute);
+            if (s->copy_next) ops->stream_destroy(s->copy_next);
+            if (s->copy_prev) ops->stream_destroy(s->copy_prev);
+            struct gp_event **lists[4] = {s->fwd_done, s->fwd_copied, s->bwd_done, s->bwd_copied};
+            for (int e = 0; e < 4; e++) {
+                for (int j = 0; lists[e] && j < p->M; j++)
+                    if (lists[e][j]) ops->event_destroy(lists[e][j]);
+                free(lists[e]);
+            }
+            unsigned char *blocks[7] = {s->static_block, s->param_grads, s->boxes, s->locals,
+                                        s->grads, s->inboxes, s->scratch};
+            for (int b = 0; b < 7; b++)
+                if (blocks[b]) ops->free(s->dev, blocks[b]);
+            /* Devices shared by several stages close with their first stage. */
+            bool first_user = true;
+            for (int q = 0; q < k; q++)
+                if (p->stages[q].dev == s->dev) first_user = false;
+            if (s->dev && first_user) ops->close(s->dev);
+        }
+        gp_optim_free(s->opt);
+        free(s->params);
+        free(s->in);
+        free(s->out);
+        free(s->din);
+        free(s->dout);
+        gp_plan_free(&s->plan);
+    }
+    free(p->stages);
+    gp_layers_free(&p->layers);
+    gp_pipe_schedule_free(&p->sched);
+    free(p->needs_grad);
+    free(p->tasks);
+    free(p->loss_parts);
+    free(p);
+}
+
+static gp_status alloc_block(struct stage *s, int k, const char *what, size_t bytes,
+                             unsigned char **out, struct gp_error *err)
+{
+    *out = s->ops->alloc(s->dev, bytes ? bytes : 64);
+    if (!*out)
+        return gp_error_set(err, GP_ERR_NOMEM,
+                            "stage %d (device %s:%d): out of memory allocating %zu bytes for %s",
+                            k, s->ops->name, s->device, bytes, what);
+    return GP_OK;
+}
+
+static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last, struct gp_error *err)
+{
+    const struct gp_graph *g = p->g;
+    struct stage *s = &p->stages[k];
+    s->ops = p->cfg.device_ops[k];
+    s->device = p->cfg.device_index[k];
+    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, NULL, first, last, &s->plan, err));
+    for (int q = 0; q < k; q++)
+        if (p->stages[q].ops == s->ops && p->stages[q].device == s->device) s->dev = p->stages[q].dev;
+    if (!s->dev) GP_TRY(s->ops->open(s->device, &s->dev, err));
+    char name[64];
+    snprintf(name, sizeof name, "compute s%d", k);
+    GP_TRY(s->ops->stream_create(s->dev, name, &s->compute, err));
+    if (k + 1 < p->K) {
+        snprintf(name, sizeof name, "copy s%d->s%d", k, k + 1);
+        GP_TRY(s->ops->stream_create(s->dev, name, &s->copy_next, err));
+    }
+    if (k > 0) {
+        snprintf(name, sizeof name, "copy s%d->s%d", k, k - 1);
+        GP_TRY(s->ops->stream_create(s->dev, name, &s->copy_prev, err));
+    }
+    s->n_sets = p->cfg.checkpoint == GP_CHECKPOINT_NEVER ? p->M : 1;
+    GP_TRY(alloc_block(s, k, "constants and parameters", s->plan.static_bytes, &s->static_block, err));
+    GP_TRY(alloc_block(s, k, "parameter gradients", s->plan.param_bytes, &s->param_grads, err));
+    GP_TRY(alloc_block(s, k, "input frontiers", s->plan.box_bytes * (size_t)p->M, &s->boxes, err));
+    GP_TRY(alloc_block(s, k, "activations", s->plan.local_bytes * (size_t)s->n_sets, &s->locals, err));
+    GP_TRY(alloc_block(s, k, "activation gradients", s->plan.grad_bytes, &s->grads, err));
+    GP_TRY(alloc_block(s, k, "gradient inboxes", s->plan.inbox_bytes * (size_t)p->M, &s->inboxes, err));
+    GP_TRY(alloc_block(s, k, "kernel scratch", s->plan.scratch_bytes, &s->scratch, err));
+    /* Static values start from the model (floats become `real`). */
+    for (int v = 0; v < g->n_values; v++) {
+        if (s->plan.home[v] != GP_HOME_STATIC) continue;
+        const struct gp_value *val = &g->values[v];
+        void *dst = s->static_block + s->plan.off[v];
+        int64_t n = gp_shape_numel(&val->shape);
+        if (gp_dtype_is_float(val->dtype))
+            for (int64_t e = 0; e < n; e++) ((real *)dst)[e] = (real)gp_tensor_get_f64(val->constant, e);
+        else
+            memcpy(dst, val->constant->data, (size_t)n * gp_dtype_size(val->dtype));
+    }
+    struct gp_event ***lists[4] = {&s->fwd_done, &s->fwd_copied, &s->bwd_done, &s->bwd_copied};
+    for (int e = 0; e < 4; e++) {
+        *lists[e] = calloc((size_t)p->M, sizeof(struct gp_event *));
+        if (!*lists[e]) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        for (int j = 0; j < p->M; j++) GP_TRY(s->ops->event_create(s->dev, &(*lists[e])[j], err));
+    }
+    s->width = (s->plan.max_inputs > s->plan.max_outputs ? s->plan.max_inputs : s->plan.max_outputs) + 1;
+    s->in = calloc((size_t)s->width, sizeof(void *));
+    s->out = calloc((size_t)s->width, sizeof(void *));
+    s->din = calloc((size_t)s->width, sizeof(real *));
+    s->dout = calloc((size_t)s->width, sizeof(real *));
+    s->params = calloc((size_t)g->n_values + 1, sizeof *s->params);
+    if (!s->in || !s->out || !s->din || !s->dout || !s->params)
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    /* Parameters in value order, which is the model's initializer order:
+     * the order PyTorch's parameters() has, which gradient clipping's norm
+     * of norms depends on. */
+    for (int v = 0; v < g->n_values; v++) {
+        if (s->plan.home[v] != GP_HOME_STATIC || g->values[v].kind != GP_VALUE_PARAMETER) continue;
+        s->params[s->n_params++] = (struct gp_param){
+            .name = g->values[v].name,
+            .data = (float *)(s->static_block + s->plan.off[v]),
+            .grad = (float *)(s->param_grads + s->plan.off[v]),
+            .numel = gp_shape_numel(&g->values[v].shape),
+        };
+    }
+    if (s->n_params) GP_TRY(gp_optim_create(&p->cfg.optim, s->params, s->n_params, &s->opt, err));
+    if (p->cfg.trace) {
+        s->ops->trace_enable(s->compute, 1);
+        if (s->copy_next) s->ops->trace_enable(s->copy_next, 1);
+        if (s->copy_prev) s->ops->trace_enable(s->copy_prev, 1);
+    }
+    return GP_OK;
+}
+
+gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pipeline **out,
+                             struct gp_error *err)
+{
+    *out = NULL;
+    const struct gp_graph *g = cfg->graph;
+    if (cfg->n_stages < 1 || cfg->n_micro < 1)
+        return gp_error_set(err, GP_ERR_INVALID, "a pipeline needs at least one stage and one micro-batch");
+    if (cfg->n_stages > g->n_nodes)
+        return gp_error_set(err, GP_ERR_INVALID, "%d stages for %d layers: every stage needs a layer",
+                            cfg->n_stages, g->n_nodes);
+    struct gp_pipeline *p = calloc(1, sizeof *p);
+    if (!p) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    p->cfg = *cfg;
+    p->g = g;
+    p->K = cfg->n_stages;
+    p->M = cfg->n_micro;
+    gp_status st = GP_OK;
+    p->input = -1;
+    for (int i = 0; i < g->n_inputs; i++)
+        if (!g->values[g->inputs[i]].is_initializer) {
+            if (p->input >= 0) {
+                st = gp_error_set(err, GP_ERR_UNSUPPORTED, "the model has several data inputs; training feeds one");
+                goto fail;
+            }
+            p->input = g->inputs[i];
+        }
+    if (p->input < 0) {
+        st = gp_error_set(err, GP_ERR_UNSUPPORTED, "the model has no data input");
+        goto fail;
+    }
+    p->micro = g->values[p->input].shape.dims[0];
+    p->output = g->outputs[0];
+    if ((st = gp_layers_build(g, &p->layers, err)) != GP_OK) goto fail;
+    p->needs_grad = calloc((size_t)g->n_values + 1, sizeof(bool));
+    p->stages = calloc((size_t)p->K, sizeof *p->stages);
+    p->loss_parts = calloc((size_t)p->M, sizeof(double));
+    if (!p->needs_grad || !p->stages || !p->loss_parts) {
+        st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    gp_plan_needs_grad(g, p->needs_grad);
+
+    /* Stage boundaries from the balance (or an even split by layer count). */
+    int first = 0;
+    for (int k = 0; k < p->K; k++) {
+        int count = cfg->balance ? cfg->balance[k] : (g->n_nodes * (k + 1)) / p->K - (g->n_nodes * k) / p->K;
+        if (count < 1 || first + count > g->n_nodes) {
+            st = gp_error_set(err, GP_ERR_INVALID,
+                              "the balance must give every stage at least one layer and sum to the "
+                              "model's %d layers",
+                              g->n_nodes);
+            goto fail;
+        }
+        if ((st = create_stage(p, k, first, first + count, err)) != GP_OK) {
+            gp_error_prefix(err, "stage %d: ", k);
+            goto fail;
+        }
+        first += count;
+    }
+    if (first != g->n_nodes) {
+        st = gp_error_set(err, GP_ERR_INVALID, "the balance covers %d of the model's %d layers", first,
+                          g->n_nodes);
+        goto fail;
+    }
+    if ((st = gp_pipe_schedule_gpipe(p->K, p->M, cfg->checkpoint, &p->sched, err)) != GP_OK) goto fail;
+    p->tasks = calloc((size_t)p->sched.n_actions + 2 * (size_t)p->K + 1, sizeof *p->tasks);
+    if (!p->tasks) {
+        st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    /* OpenMP threads per device: the cores shared among the devices. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int devices = 0;
+    for (int k = 0; k < p->K; k++) {
+        bool seen = false;
+        for (int q = 0; q < k; q++) seen |= p->stages[q].dev == p->stages[k].dev;
+        devices += !seen;
+    }
+    for (int k = 0; k < p->K; k++)
+        p->stages[k].ops->set_threads(p->stages[k].dev, (int)(cores / devices > 1 ? cores / devices : 1));
+    *out = p;
+    return GP_OK;
+fail:
+    gp_pipeline_free(p);
+    return st;
+}
+
+/* ---- issuing a step ---- */
+
+static struct gp_task_tag tag_of(enum gp_task_kind kind, int stage, int micro, const char *name)
+{
+    return (struct gp_task_tag){.kind = kind, .stage = stage, .microbatch = micro, .name = name};
+}
+
+/* Moves micro-batch j's output frontier of stage k into stage k+1's box. */
+static void issue_forward_copy(struct gp_pipeline *p, int k, int j)
+{
+    struct stage *s = &p->stages[k], *t = &p->stages[k + 1];
+    struct gp_task_tag tag = tag_of(GP_TASK_COPY, k, j, "send activations");
+    s->ops->stream_wait(s->copy_next, s->fwd_done[j]);
+    for (int q = 0; q < s->plan.n_frontier_out; q++) {
+        int v = s->plan.frontier_out[q];
+        size_t bytes = (size_t)gp_shape_numel(&p->g->values[v].shape) *
+                       (gp_dtype_is_float(p->g->values[v].dtype) ? sizeof(real) : gp_dtype_size(p->g->values[v].dtype));
+        s->ops->copy(s->copy_next, addr(p, t, v, j), addr(p, s, v, j), bytes, &tag);
+    }
+    s->ops->event_record(s->fwd_copied[j], s->copy_next);
+}
+
+/* Moves micro-batch j's input-frontier gradients of stage k into stage k-1's inbox. */
+static void issue_backward_copy(struct gp_pipeline *p, int k, int j)
+{
+    struct stage *s = &p->stages[k], *t = &p->stages[k - 1];
+    struct gp_task_tag tag = tag_of(GP_TASK_COPY, k, j, "send gradients");
+    s->ops->stream_wait(s->copy_prev, s->bwd_done[j]);
+    for (int q = 0; q < s->plan.n_frontier_in; q++) {
+        int v = s->plan.frontier_in[q];
+        if (t->plan.inbox_off[v] == SIZE_MAX) continue;
+        size_t bytes = (size_t)gp_shape_numel(&p->g->values[v].shape) * sizeof(real);
+        s->ops->copy(s->copy_prev, t->inboxes + (size_t)j * t->plan.inbox_bytes + t->plan.inbox_off[v],
+                     s->grads + s->plan.grad_off[v], bytes, &tag);
+    }
+    s->ops->event_record(s->bwd_copied[j], s->copy_prev);
+}
+
+static gp_status sync_all(struct gp_pipeline *p, struct gp_error *err)
+{
+    gp_status first = GP_OK;
+    for (int k = 0; k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        struct gp_stream *streams[3] = {s->compute, s->copy_next, s->copy_prev};
+        for (int q = 0; q < 3; q++) {
+            if (!streams[q]) continue;
+            gp_status st = s->ops->stream_synchronize(streams[q], err);
+            if (st != GP_OK && first == GP_OK) first = st;
+        }
+    }
+    return first;
+}
+
+static void clear_traces(struct gp_pipeline *p)
+{
+    if (!p->cfg.trace) return;
+    for (int k = 0; k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        struct gp_stream *streams[3] = {s->compute, s->copy_next, s->copy_prev};
+        for (int q = 0; q < 3; q++)
+            if (streams[q]) s->ops->trace_enable(streams[q], 1); /* restarts the recording */
+    }
+}
+
+gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const struct gp_step_opts *o,
+                           const struct gp_loss_hook *loss, double *loss_sum, struct gp_error *err)
+{
+    p->x = x;
+    p->opts = *o;
+    p->loss = loss;
+    p->eval = false;
+    clear_traces(p);
+    const struct gp_value *in = &p->g->values[p->input];
+    size_t in_bytes = (size_t)gp_shape_numel(&in->shape) * gp_dtype_size(in->dtype);
+    for (int a = 0; a < p->sched.n_actions; a++) {
+        const struct gp_action *act = &p->sched.actions[a];
+        int k = act->stage, j = act->microbatch;
+        struct stage *s = &p->stages[k];
+        struct task *t = &p->tasks[a];
+        *t = (struct task){.p = p, .stage = k, .micro = j};
+        switch (act->kind) {
+        case GP_ACT_FORWARD: {
+            t->kind = TASK_FORWARD;
+            if (k == 0) {
+                struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, j, "load inputs");
+                s->ops->copy(s->compute, addr(p, s, p->input, j),
+                             (const unsigned char *)x + (size_t)j * in_bytes, in_bytes, &tag);
+            } else {
+                s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[j]);
+            }
+            /* A shared activation set is overwritten only after the previous
+             * micro-batch's outputs left it. */
+            if (s->n_sets == 1 && j > 0 && k + 1 < p->K) s->ops->stream_wait(s->compute, s->fwd_copied[j - 1]);
+            struct gp_task_tag tag = tag_of(GP_TASK_FORWARD, k, j, "forward");
+            s->ops->enqueue(s->compute, task_run, t, &tag);
+            s->ops->event_record(s->fwd_done[j], s->compute);
+            if (k + 1 < p->K) issue_forward_copy(p, k, j);
+            break;
+        }
+        case GP_ACT_RECOMPUTE: {
+            t->kind = TASK_RECOMPUTE;
+            struct gp_task_tag tag = tag_of(GP_TASK_RECOMPUTE, k, j, "recompute");
+            s->ops->enqueue(s->compute, task_run, t, &tag);
+            break;
+        }
+        case GP_ACT_BACKWARD: {
+            t->kind = TASK_BACKWARD;
+            if (k + 1 < p->K) s->ops->stream_wait(s->compute, p->stages[k + 1].bwd_copied[j]);
+            /* The gradient set is reused: the previous micro-batch's input
+             * gradients must have left it. */
+            if (k > 0 && j + 1 < p->M) s->ops->stream_wait(s->compute, s->bwd_copied[j + 1]);
+            struct gp_task_tag tag = tag_of(GP_TASK_BACKWARD, k, j, "backward");
+            s->ops->enqueue(s->compute, task_run, t, &tag);
+            s->ops->event_record(s->bwd_done[j], s->compute);
+            if (k > 0) issue_backward_copy(p, k, j);
+            break;
+        }
+        }
+    }
+    GP_TRY(sync_all(p, err));
+    double sum = 0;
+    for (int j = 0; j < p->M; j++) sum += p->loss_parts[j];
+    *loss_sum = sum;
+    return GP_OK;
+}
+
+gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_norm, struct gp_error *err)
+{
+    p->lr = lr;
+    p->clip_coef = 1.0f;
+    if (clip_norm > 0) {
+        /* Norm of the per-tensor norms, in the model's parameter order. */
+        int n = 0;
+        for (int k = 0; k < p->K; k++) n += p->stages[k].n_params;
+        float *norms = malloc(sizeof(float) * (size_t)(n + 1));
+        if (!norms) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        int i = 0;
+        for (int v = 0; v < p->g->n_values; v++)
+            for (int k = 0; k < p->K; k++) {
+                struct stage *s = &p->stages[k];
+                if (s->plan.home[v] != GP_HOME_STATIC || p->g->values[v].kind != GP_VALUE_PARAMETER) continue;
+                norms[i++] = gp_norm2_f32((const float *)(s->param_grads + s->plan.off[v]),
+                                          gp_shape_numel(&p->g->values[v].shape));
+            }
+        p->clip_coef = gp_clip_coef(gp_norm2_f32(norms, i), clip_norm);
+        free(norms);
+    }
+    for (int k = 0; k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        struct task *t = &p->tasks[p->sched.n_actions + k];
+        *t = (struct task){.p = p, .stage = k, .micro = -1, .kind = TASK_OPTIMIZE};
+        struct gp_task_tag tag = tag_of(GP_TASK_OPTIMIZER, k, -1, "optimizer");
+        s->ops->enqueue(s->compute, task_run, t, &tag);
+    }
+    return sync_all(p, err);
+}
+
+gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, float *out, struct gp_error *err)
+{
+    p->eval_out = out;
+    p->opts = (struct gp_step_opts){.dropout_ratio = -1};
+    const struct gp_value *in = &p->g->values[p->input];
+    size_t in_bytes = (size_t)gp_shape_numel(&in->shape) * gp_dtype_size(in->dtype);
+    for (int k = 0; k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        struct task *t = &p->tasks[p->sched.n_actions + p->K + k];
+        *t = (struct task){.p = p, .stage = k, .micro = 0, .kind = TASK_EVAL};
+        if (k == 0) {
+            struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, 0, "load inputs");
+            s->ops->copy(s->compute, addr(p, s, p->input, 0), x, in_bytes, &tag);
+        } else {
+            s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[0]);
+        }
+        struct gp_task_tag tag = tag_of(GP_TASK_FORWARD, k, 0, "evaluate");
+        s->ops->enqueue(s->compute, task_run, t, &tag);
+        s->ops->event_record(s->fwd_done[0], s->compute);
+        if (k + 1 < p->K) issue_forward_copy(p, k, 0);
+    }
+    return sync_all(p, err);
+}
+
+gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err)
+{
+    for (int k = 0; k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        if (s->plan.home[value] != GP_HOME_STATIC) continue;
+        const struct gp_value *v = &p->g->values[value];
+        const real *src = (const real *)(s->static_block + s->plan.off[value]);
+        for (int64_t e = 0; e < gp_shape_numel(&v->shape); e++) out[e] = (float)src[e];
+        return GP_OK;
+    }
+    return gp_error_set(err, GP_ERR_INVALID, "value '%s' is not held by any stage",
+                        p->g->values[value].name);
+}
+
+int gp_pipeline_stages(const struct gp_pipeline *p) { return p->K; }
+
+void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_report *r)
+{
+    const struct stage *s = &p->stages[k];
+    memset(r, 0, sizeof *r);
+    r->first_layer = s->plan.first;
+    r->last_layer = s->plan.last;
+    r->device = s->device;
+    r->param_bytes = (int64_t)s->plan.param_bytes;
+    r->grad_bytes = (int64_t)s->plan.param_bytes;
+    r->optim_bytes = s->opt ? (int64_t)gp_optim_state_bytes(s->opt) : 0;
+    r->static_bytes = (int64_t)(s->plan.static_bytes - s->plan.param_bytes);
+    r->activation_bytes = (int64_t)(s->plan.box_bytes * (size_t)p->M + s->plan.local_bytes * (size_t)s->n_sets +
+                                    s->plan.grad_bytes + s->plan.inbox_bytes * (size_t)p->M);
+    r->activation_peak = s->peak + (int64_t)s->plan.inbox_bytes * p->M;
+    for (int q = 0; q < s->plan.n_frontier_in; q++) r->frontier_in_bytes += gp_value_bytes(&p->g->values[s->plan.frontier_in[q]]);
+    for (int q = 0; q < s->plan.n_frontier_out; q++) r->frontier_out_bytes += gp_value_bytes(&p->g->values[s->plan.frontier_out[q]]);
+    r->planned_bytes = r->param_bytes * 2 + r->optim_bytes + r->static_bytes + r->activation_bytes +
+                       (int64_t)align64(s->plan.scratch_bytes);
+}
+
+gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struct gp_error *err)
+{
+    if (!p->cfg.trace) return gp_error_set(err, GP_ERR_INVALID, "the timeline was not recorded");
+    struct gp_trace_stream streams[3 * 64];
+    int n = 0;
+    for (int k = 0; k < p->K && n + 3 <= (int)(sizeof streams / sizeof *streams); k++) {
+        struct stage *s = &p->stages[k];
+        struct gp_stream *list[3] = {s->compute, s->copy_next, s->copy_prev};
+        static const char *const names[3] = {"compute", "copy to next stage", "copy to previous stage"};
+        for (int q = 0; q < 3; q++) {
+            if (!list[q]) continue;
+            int count = 0;
+            const struct gp_trace_span *spans = s->ops->trace_spans(list[q], &count);
+            streams[n++] = (struct gp_trace_stream){.device = s->device, .device_name = s->ops->name,
+                                                    .stream_name = names[q], .spans = spans, .count = count};
+        }
+    }
+    return gp_trace_write(path, streams, n, err);
+}

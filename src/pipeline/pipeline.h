@@ -1,0 +1,90 @@
+/* The pipeline executor: a model's layer list cut into stages, one per
+ * device, trained GPipe-style on micro-batches with checkpointed
+ * recomputation, as torchgpipe does, with every dependency an event so the
+ * host never waits inside a step's forward and backward.
+ *
+ * Each stage owns its parameters, gradients and optimizer state on its
+ * device; a stage boundary moves the whole frontier at its cut (skip
+ * connections included) on a copy stream of its own. All memory is planned
+ * at creation from the static shapes; nothing is allocated while training. */
+#ifndef GP_PIPELINE_PIPELINE_H
+#define GP_PIPELINE_PIPELINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/device.h"
+#include "graph/graph.h"
+#include "pipeline/schedule.h"
+#include "train/optim.h"
+
+struct gp_pipeline;
+
+struct gp_pipeline_config {
+    const struct gp_graph *graph; /* loaded with batch = the micro-batch size */
+    int n_stages;
+    const int *balance;           /* layers per stage (sums to the layer count); NULL: even */
+    const struct gp_device_ops *const *device_ops; /* per stage */
+    const int *device_index;      /* per stage; stages may share a device */
+    int n_micro;                  /* micro-batches per mini-batch */
+    enum gp_checkpoint checkpoint;
+    struct gp_optim_config optim;
+    bool trace;                   /* record the timeline */
+};
+
+/* The loss of one micro-batch, called on the last stage's device after its
+ * forward: reads the graph's first output (float32, the micro-batch's rows),
+ * writes the loss gradient for it into dout and adds the loss terms' sum to
+ * *sum. */
+struct gp_loss_hook {
+    void *user;
+    gp_status (*fn)(void *user, int microbatch, const float *out, float *dout, double *sum,
+                    struct gp_error *err);
+};
+
+/* Per-step settings: the dropout key, and whether running statistics move. */
+struct gp_step_opts {
+    uint64_t seed, step;
+    double dropout_ratio;         /* < 0: the model's own */
+};
+
+gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pipeline **out,
+                             struct gp_error *err);
+void gp_pipeline_free(struct gp_pipeline *p);
+
+/* One mini-batch: x holds n_micro * micro-batch rows of the graph's data
+ * input (in its dtype). Runs every forward (with the loss) and backward of
+ * the schedule; parameter gradients are left accumulated for
+ * gp_pipeline_optimize. *loss_sum gets the sum the hook accumulated. */
+gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const struct gp_step_opts *o,
+                           const struct gp_loss_hook *loss, double *loss_sum, struct gp_error *err);
+
+/* Clips gradients to a global norm over all stages (when clip_norm > 0)
+ * and takes one optimizer step on every stage. */
+gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_norm,
+                               struct gp_error *err);
+
+/* Evaluation mode (running statistics, no dropout) on one micro-batch:
+ * x has micro-batch rows; out gets the graph's first output, float32. */
+gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, float *out, struct gp_error *err);
+
+/* The current value of a parameter or buffer, as float32. */
+gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err);
+
+struct gp_stage_report {
+    int first_layer, last_layer;  /* layers [first, last) */
+    int device;
+    int64_t param_bytes, grad_bytes, optim_bytes, static_bytes; /* static: constants, buffers */
+    int64_t activation_bytes;     /* planned: input frontiers, activation sets, gradients */
+    int64_t activation_peak;      /* the most in use at once, by the executor's accounting */
+    int64_t frontier_in_bytes, frontier_out_bytes; /* per micro-batch */
+    int64_t planned_bytes;        /* everything allocated for the stage */
+};
+
+int gp_pipeline_stages(const struct gp_pipeline *p);
+void gp_pipeline_report(const struct gp_pipeline *p, int stage, struct gp_stage_report *out);
+
+/* Writes the timeline of the last step as Chrome trace JSON. */
+gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struct gp_error *err);
+
+#endif
