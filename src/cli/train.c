@@ -67,6 +67,17 @@ static void help(FILE *f)
         "                        inferred: 1 for [N,C] and [N,C,H,W], last for [N,T,C])\n"
         "  --dropout R           override every Dropout ratio (0 turns dropout off)\n"
         "\n"
+        "pipeline:\n"
+        "  --devices LIST        one device per stage, e.g. cpu:0,cpu:1,cpu:2 (a CPU device\n"
+        "                        is a worker thread; stages may share one). Default cpu:0\n"
+        "  --balance LIST        layers per stage, e.g. 4,4,5 (the indices 'inspect'\n"
+        "                        prints); default: an even split by layer count\n"
+        "  --checkpoint MODE     always | except_last (default) | never: which\n"
+        "                        micro-batches drop their activations after forward and\n"
+        "                        recompute them before backward\n"
+        "  --trace FILE.json     the last step's timeline as Chrome trace events\n"
+        "                        (open in Perfetto or chrome://tracing)\n"
+        "\n"
         "output:\n"
         "  --save OUT.onnx       write the trained model (the input model with updated\n"
         "                        weights and BatchNorm statistics), atomically\n"
@@ -140,6 +151,22 @@ static void on_epoch(void *user, const struct gp_epoch_report *r)
     fflush(stdout);
 }
 
+static void on_memory(void *user, const struct gp_stage_memory_report *r)
+{
+    struct progress *p = user;
+    if (p->quiet) return;
+    char a[32], b[32], c[32], d[32], e[32];
+    if (r->stage == 0)
+        fprintf(stderr, "%-6s %-10s %-8s %12s %12s %12s %12s %12s\n", "stage", "layers", "device",
+                "parameters", "optimizer", "activations", "act. peak", "planned");
+    char layers[32];
+    snprintf(layers, sizeof layers, "%d-%d", r->first_layer, r->last_layer - 1);
+    fprintf(stderr, "%-6d %-10s cpu:%-4d %12s %12s %12s %12s %12s\n", r->stage, layers, r->device,
+            gp_cli_bytes(r->param_bytes, a, sizeof a), gp_cli_bytes(r->optim_bytes, b, sizeof b),
+            gp_cli_bytes(r->activation_bytes, c, sizeof c), gp_cli_bytes(r->activation_peak, d, sizeof d),
+            gp_cli_bytes(r->planned_bytes, e, sizeof e));
+}
+
 /* ---- options ---- */
 
 static bool parse_double(const char *opt, const char *text, double min, double *out)
@@ -151,6 +178,72 @@ static bool parse_double(const char *opt, const char *text, double min, double *
         return false;
     }
     *out = v;
+    return true;
+}
+
+/* "cpu:0,cpu:1" (or "cpu,cpu") into one device per stage. */
+static bool parse_devices(const char *list, struct gp_train_config *cfg)
+{
+    if (!list || !*list) {
+        gp_cli_usage("train", "--devices needs a list such as cpu:0,cpu:1");
+        return false;
+    }
+    int n = 0;
+    const char *p = list;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[64];
+        if (len == 0 || len >= sizeof item || n >= 64) {
+            gp_cli_usage("train", "--devices: bad list '%s'", list);
+            return false;
+        }
+        memcpy(item, p, len);
+        item[len] = '\0';
+        char *num = NULL;
+        if (!strncmp(item, "cpu", 3) && (item[3] == '\0' || item[3] == ':')) {
+            long idx = item[3] == ':' ? strtol(item + 4, &num, 10) : 0;
+            if ((item[3] == ':' && (*num || num == item + 4)) || idx < 0 || idx > 1023) {
+                gp_cli_usage("train", "--devices: bad device '%s'", item);
+                return false;
+            }
+            cfg->stage_device[n++] = (int)idx;
+        } else if (!strncmp(item, "cuda", 4) || (item[0] >= '0' && item[0] <= '9')) {
+            gp_cli_usage("train", "--devices: '%s' is a GPU; training on CUDA devices is not "
+                         "available in this version (use cpu:N)", item);
+            return false;
+        } else {
+            gp_cli_usage("train", "--devices: unknown device '%s' (cpu:N)", item);
+            return false;
+        }
+        p += len;
+        if (*p == ',') p++;
+    }
+    cfg->n_stages = n;
+    return true;
+}
+
+/* "4,4,5": layers per stage. */
+static bool parse_balance(const char *list, struct gp_train_config *cfg, int *count)
+{
+    int n = 0;
+    const char *p = list ? list : "";
+    while (*p) {
+        char *end = NULL;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 1000000 || n >= 64 || (*end && *end != ',')) {
+            gp_cli_usage("train", "--balance needs positive layer counts such as 4,4,5 (got '%s')",
+                         list ? list : "");
+            return false;
+        }
+        cfg->balance[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (!n) {
+        gp_cli_usage("train", "--balance needs positive layer counts such as 4,4,5");
+        return false;
+    }
+    *count = n;
     return true;
 }
 
@@ -184,6 +277,8 @@ int gp_cmd_train(int argc, char **argv)
     const char *data = NULL, *labels = NULL, *val_data = NULL, *val_labels = NULL;
     const char *metrics = NULL;
     int64_t synthetic = -1;
+    int n_balance = 0;
+    bool devices_set = false;
     bool quiet = false, lr_set = false, wd_set = false, batch_set = false, epochs_set = false,
          opt_set = false;
 
@@ -281,6 +376,21 @@ int gp_cmd_train(int argc, char **argv)
         } else if (!strcmp(a, "--dropout")) {
             if (!parse_double(a, TAKE(), 0, &cfg.dropout_ratio)) return GP_EXIT_USAGE;
             if (cfg.dropout_ratio >= 1) return gp_cli_usage("train", "--dropout must be below 1");
+        } else if (!strcmp(a, "--devices")) {
+            const char *list = TAKE();
+            if (!parse_devices(list, &cfg)) return GP_EXIT_USAGE;
+            devices_set = true;
+        } else if (!strcmp(a, "--balance")) {
+            const char *list = TAKE();
+            if (!parse_balance(list, &cfg, &n_balance)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--checkpoint")) {
+            const char *c = TAKE();
+            if (c && !strcmp(c, "always")) cfg.checkpoint = GP_CHECKPOINT_ALWAYS;
+            else if (c && !strcmp(c, "except_last")) cfg.checkpoint = GP_CHECKPOINT_EXCEPT_LAST;
+            else if (c && !strcmp(c, "never")) cfg.checkpoint = GP_CHECKPOINT_NEVER;
+            else return gp_cli_usage("train", "--checkpoint is always, except_last or never (got '%s')", c ? c : "");
+        } else if (!strcmp(a, "--trace")) {
+            cfg.trace_path = TAKE();
         } else if (!strcmp(a, "--save")) {
             cfg.save_path = TAKE();
         } else if (!strcmp(a, "--metrics")) {
@@ -299,6 +409,13 @@ int gp_cmd_train(int argc, char **argv)
 #undef TAKE
     }
     if (!cfg.model_path) return gp_cli_usage("train", "no model given");
+    if (n_balance && !devices_set) {
+        /* A balance alone runs its stages on one CPU device's worth of threads each. */
+        cfg.n_stages = n_balance;
+        for (int k = 0; k < n_balance; k++) cfg.stage_device[k] = k;
+    }
+    if (n_balance && n_balance != cfg.n_stages)
+        return gp_cli_usage("train", "--balance has %d stages but --devices has %d", n_balance, cfg.n_stages);
     if ((labels && !data) || (val_labels && !val_data))
         return gp_cli_usage("train", "labels given without their data");
     if (val_data && !data && synthetic < 0)
@@ -370,7 +487,8 @@ int gp_cmd_train(int argc, char **argv)
             goto done;
         }
     }
-    struct gp_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step, .on_epoch = on_epoch};
+    struct gp_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step,
+                                    .on_epoch = on_epoch, .on_memory = on_memory};
     gp_status st = gp_train(&cfg, &train, val_data ? &val : NULL, &cb, &err);
     if (prog.metrics) {
         /* The metrics file appears only whole: written beside, renamed at the end. */

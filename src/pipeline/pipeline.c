@@ -540,6 +540,11 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const struct gp
         }
         case GP_ACT_RECOMPUTE: {
             t->kind = TASK_RECOMPUTE;
+            /* Recomputation rewrites the shared activation set, which the
+             * copy stream may still be reading a forward's outputs from:
+             * wait until every forward copy of this stage is done (they run
+             * in order, so the last one's event covers them all). */
+            if (k + 1 < p->K) s->ops->stream_wait(s->compute, s->fwd_copied[p->M - 1]);
             struct gp_task_tag tag = tag_of(GP_TASK_RECOMPUTE, k, j, "recompute");
             s->ops->enqueue(s->compute, task_run, t, &tag);
             break;

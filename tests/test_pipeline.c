@@ -1,0 +1,255 @@
+/* The pipeline gives the result of one device whatever the stages,
+ * micro-batches and checkpoint mode; checkpointing trades memory as
+ * expected; stages really run at the same time. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixtures.h"
+#include "onnx/load.h"
+#include "train/trainer.h"
+#include "util/json_parse.h"
+
+#define STEPS 3
+
+static char tmp[256];
+
+struct run_result {
+    double loss[STEPS];
+    struct gp_graph saved;
+    int64_t peak[8], planned[8];
+    int stages;
+};
+
+static void on_step(void *user, const struct gp_step_report *r) { ((struct run_result *)user)->loss[r->step] = r->loss; }
+
+static void on_memory(void *user, const struct gp_stage_memory_report *m)
+{
+    struct run_result *res = user;
+    res->peak[m->stage] = m->activation_peak;
+    res->planned[m->stage] = m->activation_bytes;
+    res->stages = m->stage + 1;
+}
+
+/* Trains `fixture` STEPS steps on synthetic data (the same for every call)
+ * with K stages (an even split) and M micro-batches. */
+static void run(const char *fixture, int64_t batch, int K, int M, enum gp_checkpoint mode,
+                const char *trace, struct run_result *res)
+{
+    char model[4096], name[256], saved[512];
+    snprintf(name, sizeof name, "%s.onnx", fixture);
+    fixture_path(name, model, sizeof model);
+    struct gp_error err = {0};
+    struct gp_dataset ds;
+    if (gp_dataset_synthetic(model, batch * STEPS, 7, &ds, &err) != GP_OK) fail_msg("%s", err.msg);
+    struct gp_train_config cfg;
+    gp_train_config_defaults(&cfg);
+    cfg.model_path = model;
+    cfg.batch = batch;
+    cfg.chunks = M;
+    cfg.steps = STEPS;
+    cfg.shuffle = false;
+    cfg.lr = 0.05;
+    cfg.momentum = 0.9;
+    cfg.n_stages = K;
+    for (int k = 0; k < K; k++) cfg.stage_device[k] = k;
+    cfg.checkpoint = mode;
+    cfg.trace_path = trace;
+    snprintf(saved, sizeof saved, "%s/%s_%d_%d_%d.onnx", tmp, fixture, K, M, (int)mode);
+    cfg.save_path = saved;
+    struct gp_train_callbacks cb = {.user = res, .on_step = on_step, .on_memory = on_memory};
+    if (gp_train(&cfg, &ds, NULL, &cb, &err) != GP_OK)
+        fail_msg("%s K=%d M=%d %s: %s", fixture, K, M, gp_checkpoint_name(mode), err.msg);
+    gp_dataset_free(&ds);
+    if (gp_onnx_load(saved, 1, &res->saved, &err) != GP_OK) fail_msg("%s", err.msg);
+}
+
+/* Losses within relative 1e-4 and every parameter and buffer within
+ * 1e-4 max(1, |w|): float32 rounding from summing gradients in another
+ * order, nothing more. */
+static void assert_same(const char *what, const struct run_result *a, const struct run_result *b)
+{
+    for (int s = 0; s < STEPS; s++)
+        if (fabs(a->loss[s] - b->loss[s]) > 1e-4 * fabs(b->loss[s]))
+            fail_msg("%s: step %d loss %.9g, one device %.9g", what, s + 1, a->loss[s], b->loss[s]);
+    for (int v = 0; v < b->saved.n_values; v++) {
+        const struct gp_value *w = &b->saved.values[v];
+        if (!w->is_initializer || !gp_dtype_is_float(w->dtype)) continue;
+        const struct gp_tensor *x = a->saved.values[gp_graph_find_value(&a->saved, w->name)].constant;
+        for (int64_t i = 0; i < gp_shape_numel(&w->shape); i++) {
+            double p = gp_tensor_get_f64(x, i), q = gp_tensor_get_f64(w->constant, i);
+            if (fabs(p - q) > 1e-4 * fmax(1, fabs(q)))
+                fail_msg("%s: '%s'[%lld] is %.9g, one device %.9g", what, w->name, (long long)i, p, q);
+        }
+    }
+}
+
+static void check_invariance(const char *fixture, int64_t batch, const int *Ms, int nM, bool batchnorm)
+{
+    static const enum gp_checkpoint modes[3] = {GP_CHECKPOINT_NEVER, GP_CHECKPOINT_EXCEPT_LAST,
+                                                GP_CHECKPOINT_ALWAYS};
+    struct run_result one;
+    memset(&one, 0, sizeof one);
+    run(fixture, batch, 1, 1, GP_CHECKPOINT_EXCEPT_LAST, NULL, &one);
+    int runs = 0;
+    for (int mi = 0; mi < nM; mi++) {
+        int M = Ms[mi];
+        /* BatchNorm normalizes each micro-batch by its own statistics: the
+         * reference for M micro-batches is one stage with M micro-batches. */
+        struct run_result ref;
+        memset(&ref, 0, sizeof ref);
+        if (batchnorm) run(fixture, batch, 1, M, GP_CHECKPOINT_NEVER, NULL, &ref);
+        for (int K = 1; K <= 4; K++)
+            for (int c = 0; c < 3; c++) {
+                struct run_result r;
+                memset(&r, 0, sizeof r);
+                run(fixture, batch, K, M, modes[c], NULL, &r);
+                char what[160];
+                snprintf(what, sizeof what, "%s, %d stages x %d micro-batches, checkpoint %s", fixture,
+                         K, M, gp_checkpoint_name(modes[c]));
+                assert_same(what, &r, batchnorm ? &ref : &one);
+                gp_graph_free(&r.saved);
+                runs++;
+            }
+        if (batchnorm) gp_graph_free(&ref.saved);
+    }
+    printf("%s: %d pipeline runs match %s\n", fixture, runs,
+           batchnorm ? "one stage with the same micro-batches" : "one device, one batch");
+    gp_graph_free(&one.saved);
+}
+
+static void test_mlp(void **state)
+{
+    (void)state;
+    const int Ms[] = {1, 2, 3, 4, 6, 8};
+    check_invariance("mlp_op17", 24, Ms, 6, false);
+}
+
+/* Dropout stays on (ratio 0.1): masks are keyed by global element index,
+ * so every split draws the same ones. */
+static void test_gpt(void **state)
+{
+    (void)state;
+    const int Ms[] = {1, 2, 3, 4, 6, 8};
+    check_invariance("gpt_op17", 24, Ms, 6, false);
+}
+
+static void test_batchnorm_models(void **state)
+{
+    (void)state;
+    const int Ms[] = {2, 4, 8};
+    check_invariance("digits_cnn_op17", 16, Ms, 3, true);
+    check_invariance("resnet_op17", 16, Ms, 3, true);
+    check_invariance("unet_op17", 16, Ms, 3, true);
+}
+
+/* Peak activation memory by the executor's accounting: keeping every
+ * micro-batch costs more than recomputing. (except_last keeps only the last
+ * micro-batch, whose backward comes right after its forward, so its peak
+ * equals always's: one activation set in use at a time.) */
+static void test_checkpoint_memory(void **state)
+{
+    (void)state;
+    struct run_result r[3];
+    static const enum gp_checkpoint modes[3] = {GP_CHECKPOINT_ALWAYS, GP_CHECKPOINT_EXCEPT_LAST,
+                                                GP_CHECKPOINT_NEVER};
+    for (int c = 0; c < 3; c++) {
+        memset(&r[c], 0, sizeof r[c]);
+        run("unet_op17", 16, 2, 8, modes[c], NULL, &r[c]);
+    }
+    for (int k = 0; k < 2; k++) {
+        printf("stage %d peak activations: always %lld, except_last %lld, never %lld bytes\n", k,
+               (long long)r[0].peak[k], (long long)r[1].peak[k], (long long)r[2].peak[k]);
+        assert_true(r[0].peak[k] <= r[1].peak[k]);
+        assert_true(r[1].peak[k] < r[2].peak[k]);
+        /* never keeps 8 activation sets where the others keep 1. */
+        assert_true(r[2].peak[k] > 2 * r[1].peak[k] - r[1].peak[k] / 2);
+    }
+    for (int c = 0; c < 3; c++) gp_graph_free(&r[c].saved);
+}
+
+/* The trace of a 4-stage, 8-micro-batch step: every stage runs 8 forwards
+ * and 8 backwards, forwards on stage k start after stage k-1's for the same
+ * micro-batch (the fill-drain diagonal), and stages overlap in time. */
+static void test_trace_shows_pipelining(void **state)
+{
+    (void)state;
+    char trace[512];
+    snprintf(trace, sizeof trace, "%s/unet_trace.json", tmp);
+    struct run_result r;
+    memset(&r, 0, sizeof r);
+    run("unet_op17", 16, 4, 8, GP_CHECKPOINT_EXCEPT_LAST, trace, &r);
+    gp_graph_free(&r.saved);
+    struct gp_json_doc doc;
+    struct gp_error err = {0};
+    if (gp_json_parse_file(trace, &doc, &err) != GP_OK) fail_msg("%s", err.msg);
+    const struct gp_jvalue *ev = gp_jobject_get(doc.root, "traceEvents");
+    assert_non_null(ev);
+    double fwd_start[4][8], fwd_end[4][8];
+    int forwards[4] = {0}, backwards[4] = {0};
+    double busy_lo[4] = {1e300, 1e300, 1e300, 1e300}, busy_hi[4] = {0};
+    for (size_t i = 0; i < ev->count; i++) {
+        const struct gp_jvalue *e = &ev->items[i];
+        if (strcmp(gp_jobject_get(e, "ph")->str, "X") != 0) continue;
+        const char *cat = gp_jobject_get(e, "cat")->str;
+        const struct gp_jvalue *args = gp_jobject_get(e, "args");
+        int k = (int)gp_jobject_get(args, "stage")->i, j = (int)gp_jobject_get(args, "microbatch")->i;
+        double ts = gp_jobject_get(e, "ts")->num, dur = gp_jobject_get(e, "dur")->num;
+        if (strcmp(cat, "forward") == 0) {
+            forwards[k]++;
+            fwd_start[k][j] = ts;
+            fwd_end[k][j] = ts + dur;
+        } else if (strcmp(cat, "backward") == 0) {
+            backwards[k]++;
+        } else {
+            continue;
+        }
+        if (ts < busy_lo[k]) busy_lo[k] = ts;
+        if (ts + dur > busy_hi[k]) busy_hi[k] = ts + dur;
+    }
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(forwards[k], 8);
+        assert_int_equal(backwards[k], 8);
+        for (int j = 0; j < 8 && k > 0; j++) assert_true(fwd_start[k][j] >= fwd_end[k - 1][j]);
+    }
+    /* Stage 0 starts its second micro-batch before the last stage finished
+     * its first: the pipeline is full, not one stage at a time. */
+    assert_true(fwd_start[0][1] < fwd_end[3][0]);
+    /* Every pair of neighbouring stages is busy over overlapping windows. */
+    for (int k = 1; k < 4; k++) assert_true(busy_lo[k] < busy_hi[k - 1]);
+    printf("trace: 4 stages x 8 micro-batches, fill-drain order verified\n");
+    gp_json_doc_free(&doc);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return temp_dir(tmp, sizeof tmp) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mlp),
+        cmocka_unit_test(test_gpt),
+        cmocka_unit_test(test_batchnorm_models),
+        cmocka_unit_test(test_checkpoint_memory),
+        cmocka_unit_test(test_trace_shows_pipelining),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
