@@ -75,6 +75,9 @@ static void help(FILE *f)
         "  --checkpoint MODE     always | except_last (default) | never: which\n"
         "                        micro-batches drop their activations after forward and\n"
         "                        recompute them before backward\n"
+        "  --deferred-batch-norm update BatchNorm running statistics once per mini-batch\n"
+        "                        from all its micro-batches (as single-batch training\n"
+        "                        would); each micro-batch is still normalized by its own\n"
         "  --trace FILE.json     the last step's timeline as Chrome trace events\n"
         "                        (open in Perfetto or chrome://tracing)\n"
         "\n"
@@ -389,6 +392,8 @@ int gp_cmd_train(int argc, char **argv)
             else if (c && !strcmp(c, "except_last")) cfg.checkpoint = GP_CHECKPOINT_EXCEPT_LAST;
             else if (c && !strcmp(c, "never")) cfg.checkpoint = GP_CHECKPOINT_NEVER;
             else return gp_cli_usage("train", "--checkpoint is always, except_last or never (got '%s')", c ? c : "");
+        } else if (!strcmp(a, "--deferred-batch-norm")) {
+            cfg.deferred_batch_norm = true;
         } else if (!strcmp(a, "--trace")) {
             cfg.trace_path = TAKE();
         } else if (!strcmp(a, "--save")) {

@@ -29,6 +29,7 @@ struct stage {
     unsigned char *static_block, *param_grads, *boxes, *locals, *grads, *inboxes, *scratch;
     int n_sets;                    /* activation sets: one per micro-batch without checkpointing */
     struct gp_event **fwd_done, **fwd_copied, **bwd_done, **bwd_copied; /* per micro-batch */
+    double **bn_stats;             /* per layer of the stage: deferred BatchNorm sums, or NULL */
     struct gp_optim *opt;
     struct gp_param *params;
     int n_params;
@@ -126,6 +127,7 @@ static struct gp_cpu_ctx layer_ctx(struct gp_pipeline *p, struct stage *s, int l
         .step = p->opts.step,
         .sample_offset = (int64_t)j * p->micro,
         .dropout_ratio = p->opts.dropout_ratio,
+        .deferred_stats = s->bn_stats ? s->bn_stats[layer - s->plan.first] : NULL,
     };
 }
 
@@ -206,6 +208,13 @@ static gp_status task_run(void *arg, struct gp_error *err)
         s->live -= (int64_t)s->plan.grad_bytes + (int64_t)s->plan.local_bytes + (int64_t)s->plan.box_bytes;
         return GP_OK;
     case TASK_OPTIMIZE:
+        /* Deferred BatchNorm: the whole mini-batch's statistics, once. */
+        for (int i = s->plan.first; s->bn_stats && i < s->plan.last; i++) {
+            if (!s->bn_stats[i - s->plan.first]) continue;
+            const struct gp_node *n = &p->g->nodes[i];
+            gp_cpu_bn_commit_f32(p->g, n, addr(p, s, n->inputs[3], 0), addr(p, s, n->inputs[4], 0),
+                                 s->bn_stats[i - s->plan.first]);
+        }
         if (p->clip_coef < 1.0f) gp_scale_grads(s->params, s->n_params, p->clip_coef);
         if (s->opt) gp_optim_step(s->opt, p->lr);
         memset(s->param_grads, 0, s->plan.param_bytes);
@@ -250,6 +259,8 @@ void gp_pipeline_free(struct gp_pipeline *p)
             if (s->dev && first_user) ops->close(s->dev);
         }
         gp_optim_free(s->opt);
+        for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++) free(s->bn_stats[i]);
+        free(s->bn_stats);
         free(s->params);
         free(s->in);
         free(s->out);
@@ -344,6 +355,15 @@ static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last,
         };
     }
     if (s->n_params) GP_TRY(gp_optim_create(&p->cfg.optim, s->params, s->n_params, &s->opt, err));
+    if (p->cfg.deferred_batch_norm) {
+        s->bn_stats = calloc((size_t)(last - first) + 1, sizeof(double *));
+        if (!s->bn_stats) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        for (int i = first; i < last; i++) {
+            if (strcmp(g->nodes[i].op_type, "BatchNormalization") != 0) continue;
+            s->bn_stats[i - first] = calloc(gp_cpu_bn_stats_len_f32(g, &g->nodes[i]), sizeof(double));
+            if (!s->bn_stats[i - first]) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        }
+    }
     if (p->cfg.trace) {
         s->ops->trace_enable(s->compute, 1);
         if (s->copy_next) s->ops->trace_enable(s->copy_next, 1);

@@ -30,6 +30,9 @@ struct gp_pipeline_config {
     enum gp_checkpoint checkpoint;
     struct gp_optim_config optim;
     bool trace;                   /* record the timeline */
+    /* BatchNorm running statistics updated once per mini-batch from all its
+     * micro-batches (as one batch would), not once per micro-batch. */
+    bool deferred_batch_norm;
 };
 
 /* The loss of one micro-batch, called on the last stage's device after its

@@ -215,6 +215,7 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         .checkpoint = cfg->checkpoint,
         .optim = oc,
         .trace = cfg->trace_path != NULL,
+        .deferred_batch_norm = cfg->deferred_batch_norm,
     };
     GP_TRY(gp_pipeline_create(&pc, &s->pipe, err));
 

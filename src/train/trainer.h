@@ -46,6 +46,7 @@ struct gp_train_config {
     int stage_device[64];     /* CPU device index per stage */
     int balance[64];          /* layers per stage; all 0: an even split */
     enum gp_checkpoint checkpoint;
+    bool deferred_batch_norm; /* running statistics from the whole mini-batch */
     const char *trace_path;   /* Chrome trace of the last step; NULL: none */
 };
 

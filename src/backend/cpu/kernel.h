@@ -44,6 +44,11 @@ struct gp_cpu_ctx {
                               index, so any split into micro-batches draws the
                               same masks */
     double dropout_ratio;  /* < 0: the model's own ratios; otherwise overrides them */
+    /* Deferred batch normalization: when non-NULL (and update_state),
+     * BatchNormalization adds its batch's per-channel sums [C], sums of
+     * squares [C] and value count [1] here instead of updating its running
+     * statistics; gp_cpu_bn_commit applies them once per mini-batch. */
+    double *deferred_stats;
 };
 
 struct gp_cpu_kernel {
@@ -68,6 +73,13 @@ extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_conv)[];
 extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_pool)[];
 extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_norm)[];
 extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_misc)[]; /* Dropout, Resize, Softmax, reductions */
+
+/* Deferred batch normalization: doubles of statistics a BatchNormalization
+ * node accumulates (2C + 1), and the update of its running statistics from
+ * them (then cleared), as if the whole mini-batch had been one batch. */
+size_t GP_CPU(gp_cpu_bn_stats_len)(const struct gp_graph *g, const struct gp_node *node);
+void GP_CPU(gp_cpu_bn_commit)(const struct gp_graph *g, const struct gp_node *node, real *rmean,
+                              real *rvar, double *stats);
 
 /* Helpers shared by kernels. */
 static inline const struct gp_value *gp_cpu_in_value(const struct gp_cpu_ctx *c, int i)

@@ -109,12 +109,47 @@ static gp_status bn_forward(struct gp_cpu_ctx *ctx, struct gp_error *err)
         if (out_rvar) out_rvar[c] = new_var;
         if (out_mean) out_mean[c] = (real)m;
         if (out_var) out_var[c] = (real)var;
-        if (update) {
+        if (update && ctx->deferred_stats) {
+            double sum = 0, sumsq = 0;
+            for (int64_t n = 0; n < p.n; n++)
+                for (int64_t i = 0; i < p.s; i++) {
+                    double v = x[(n * p.c + c) * p.s + i];
+                    sum += v;
+                    sumsq += v * v;
+                }
+            ctx->deferred_stats[c] += sum;
+            ctx->deferred_stats[p.c + c] += sumsq;
+        } else if (update) {
             rmean[c] = new_mean;
             rvar[c] = new_var;
         }
     }
+    if (update && ctx->deferred_stats) ctx->deferred_stats[2 * p.c] += (double)p.count;
     return GP_OK;
+}
+
+size_t GP_CPU(gp_cpu_bn_stats_len)(const struct gp_graph *g, const struct gp_node *node)
+{
+    return 2 * (size_t)gp_node_input(g, node, 0)->shape.dims[1] + 1;
+}
+
+void GP_CPU(gp_cpu_bn_commit)(const struct gp_graph *g, const struct gp_node *node, real *rmean,
+                              real *rvar, double *stats)
+{
+    int64_t c_n = gp_node_input(g, node, 0)->shape.dims[1];
+    double count = stats[2 * c_n];
+    double momentum = gp_node_attr_float(node, "momentum", 0.9f);
+    if (count >= 2) {
+        for (int64_t c = 0; c < c_n; c++) {
+            double m = stats[c] / count;
+            double var = stats[c_n + c] / count - m * m;
+            if (var < 0) var = 0;
+            double unbiased = var * count / (count - 1);
+            rmean[c] = (real)(momentum * rmean[c] + (1 - momentum) * m);
+            rvar[c] = (real)(momentum * rvar[c] + (1 - momentum) * unbiased);
+        }
+    }
+    for (int64_t i = 0; i < 2 * c_n + 1; i++) stats[i] = 0;
 }
 
 /* dY like X (and the gradients of the optional [C] outputs) -> dX, dscale,
