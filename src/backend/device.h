@@ -40,8 +40,8 @@ struct gp_task_tag {
 };
 
 /* A task returns GP_OK or an error (with its message in err). After the
- * first failure a stream skips its remaining tasks; gp_device_ops.stream_error
- * reports it at synchronization. */
+ * first failure a stream skips its remaining tasks (still signalling its
+ * events, so no other stream waits forever); stream_synchronize returns it. */
 typedef gp_status (*gp_task_fn)(void *arg, struct gp_error *err);
 
 /* One executed task, for the timeline: start and end in microseconds on a

@@ -1,6 +1,7 @@
 #include "util/json_writer.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 void gp_json_init(struct gp_json *j, FILE *f, bool pretty)
 {
@@ -93,7 +94,11 @@ void gp_json_int(struct gp_json *j, int64_t v)
 void gp_json_double(struct gp_json *j, double v)
 {
     before_item(j);
-    if (isfinite(v)) fprintf(j->f, "%.17g", v);
+    /* The shortest of 15 or 17 significant digits that reads back exactly. */
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.15g", v);
+    if (isfinite(v) && strtod(buf, NULL) != v) snprintf(buf, sizeof buf, "%.17g", v);
+    if (isfinite(v)) fputs(buf, j->f);
     else fputs("null", j->f);
 }
 

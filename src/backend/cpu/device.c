@@ -17,9 +17,11 @@
  * the one before it. That only matters when an event is recorded again on
  * another stream while its previous record is still pending; then "completed
  * >= g" stays exact (generation g really was reached, not a later one on
- * another stream). It cannot deadlock: every item waits only on items that
- * were enqueued before it (a wait captures generations already recorded, and
- * a marker waits for the one recorded before it), so the waits form no cycle.
+ * another stream), at the price that the second stream pauses at its marker
+ * until the first record is reached (CUDA would not pause it). It cannot
+ * deadlock: every item waits only on items that were enqueued before it (a
+ * wait captures generations already recorded, and a marker waits for the one
+ * recorded before it), so the waits form no cycle.
  *
  * Errors: after a task fails, the worker skips the stream's remaining tasks
  * and copies but still runs its records and waits, so no stream waiting on
