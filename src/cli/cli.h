@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "util/error.h"
+
 #define GP_EXIT_OK 0
 #define GP_EXIT_FAIL 1
 #define GP_EXIT_USAGE 2
@@ -15,6 +17,17 @@ int gp_cmd_inspect(int argc, char **argv);
 int gp_cmd_devices(int argc, char **argv);
 int gp_cmd_train(int argc, char **argv);
 int gp_cmd_predict(int argc, char **argv);
+int gp_cmd_balance(int argc, char **argv);
+
+struct gp_profile;
+struct gp_balance_report;
+struct gp_balance_config;
+/* Profile (or load one) and balance: shared by balance and train. */
+gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
+                               const char *profile_in, const char *profile_out, bool quiet,
+                               struct gp_profile *prof, struct gp_balance_report *rep,
+                               struct gp_error *err);
+void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_report *r);
 
 /* "gpipe-onnx: error: ..." on stderr; returns GP_EXIT_FAIL. */
 int gp_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

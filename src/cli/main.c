@@ -20,6 +20,8 @@ static void usage(FILE *f)
           "                       shapes of every layer and the bytes crossing each cut\n"
           "  train MODEL.onnx     train on .npy data (or synthetic data) and save the\n"
           "                       trained model as ONNX\n"
+          "  balance MODEL.onnx   profile every layer and split the model across devices\n"
+          "                       by time or memory, with a report that explains it\n"
           "  predict MODEL.onnx   the model's outputs for the samples of a .npy file\n"
           "  devices              the CPU and GPUs this build can use\n"
           "\n"
@@ -48,6 +50,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "devices") == 0) return gp_cmd_devices(argc - 1, argv + 1);
     if (strcmp(cmd, "train") == 0) return gp_cmd_train(argc - 1, argv + 1);
     if (strcmp(cmd, "predict") == 0) return gp_cmd_predict(argc - 1, argv + 1);
+    if (strcmp(cmd, "balance") == 0) return gp_cmd_balance(argc - 1, argv + 1);
     fprintf(stderr, "gpipe-onnx: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return GP_EXIT_USAGE;

@@ -10,6 +10,7 @@
 #include "data/npy.h"
 #include "graph/graph.h"
 #include "onnx/load.h"
+#include "partitioner/balance.h"
 #include "train/trainer.h"
 
 static void help(FILE *f)
@@ -72,6 +73,8 @@ static void help(FILE *f)
         "                        is a worker thread; stages may share one). Default cpu:0\n"
         "  --balance LIST        layers per stage, e.g. 4,4,5 (the indices 'inspect'\n"
         "                        prints); default: an even split by layer count\n"
+        "  --balance time|memory profile every layer, split by the exact optimum of that\n"
+        "                        objective (as 'gpipe-onnx balance'), print the report\n"
         "  --checkpoint MODE     always | except_last (default) | never: which\n"
         "                        micro-batches drop their activations after forward and\n"
         "                        recompute them before backward\n"
@@ -281,6 +284,7 @@ int gp_cmd_train(int argc, char **argv)
     const char *metrics = NULL;
     int64_t synthetic = -1;
     int n_balance = 0;
+    const char *auto_balance = NULL;
     bool devices_set = false;
     bool quiet = false, lr_set = false, wd_set = false, batch_set = false, epochs_set = false,
          opt_set = false;
@@ -385,7 +389,8 @@ int gp_cmd_train(int argc, char **argv)
             devices_set = true;
         } else if (!strcmp(a, "--balance")) {
             const char *list = TAKE();
-            if (!parse_balance(list, &cfg, &n_balance)) return GP_EXIT_USAGE;
+            if (list && (!strcmp(list, "time") || !strcmp(list, "memory"))) auto_balance = list;
+            else if (!parse_balance(list, &cfg, &n_balance)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--checkpoint")) {
             const char *c = TAKE();
             if (c && !strcmp(c, "always")) cfg.checkpoint = GP_CHECKPOINT_ALWAYS;
@@ -478,6 +483,28 @@ int gp_cmd_train(int argc, char **argv)
             status = gp_cli_fail("%s", err.msg);
             goto done;
         }
+    }
+
+    if (auto_balance) {
+        struct gp_balance_config bc = {
+            .by = !strcmp(auto_balance, "time") ? GP_BALANCE_TIME : GP_BALANCE_MEMORY,
+            .n_stages = cfg.n_stages, .batch = cfg.batch, .n_micro = (int)cfg.chunks,
+            .checkpoint = cfg.checkpoint,
+            .optim_state_floats = cfg.optimizer == GP_OPT_ADAMW ? 2 : cfg.momentum > 0 ? 1 : 0};
+        struct gp_profile prof;
+        struct gp_balance_report rep;
+        if (cfg.batch % cfg.chunks) {
+            status = gp_cli_usage("train", "--chunks %lld does not divide --batch %lld",
+                                  (long long)cfg.chunks, (long long)cfg.batch);
+            goto done;
+        }
+        if (gp_cli_profile_and_balance(cfg.model_path, &bc, 5, NULL, NULL, quiet, &prof, &rep, &err) != GP_OK) {
+            status = gp_cli_fail("%s", err.msg);
+            goto done;
+        }
+        if (!quiet) gp_cli_print_balance(&prof, &rep);
+        gp_balance_counts(&rep.optimal, cfg.balance);
+        gp_profile_free(&prof);
     }
 
     struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet};

@@ -1,0 +1,255 @@
+#include "partitioner/profile.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/cpu/runner.h"
+#include "graph/layers.h"
+#include "util/json_parse.h"
+#include "util/json_writer.h"
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Bandwidth of a frontier-sized copy, as a stage boundary would do it. */
+static double measure_copy_gbps(void)
+{
+    size_t bytes = 16u << 20;
+    char *a = malloc(bytes), *b = malloc(bytes);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return 5.0;
+    }
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    double best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_ms();
+        memcpy(b, a, bytes);
+        double t = now_ms() - t0;
+        if (t < best) best = t;
+    }
+    volatile char sink = b[bytes - 1];
+    (void)sink;
+    free(a);
+    free(b);
+    return best > 0 ? (double)bytes / (best * 1e6) : 5.0;
+}
+
+gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int warmup, int repeats,
+                         void (*progress)(void *user, int done, int total), void *user,
+                         struct gp_profile *out, struct gp_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (repeats < 1) repeats = 1;
+    snprintf(out->model, sizeof out->model, "%s", model_name ? model_name : "");
+    snprintf(out->device, sizeof out->device, "cpu");
+    out->n_layers = g->n_nodes;
+    out->layers = calloc((size_t)g->n_nodes + 1, sizeof *out->layers);
+    double *samples = malloc(sizeof(double) * (size_t)repeats);
+    struct gp_layers l = {0};
+    struct gp_cpu_runner *r = NULL;
+    gp_status st = GP_OK;
+    if (!out->layers || !samples) {
+        st = gp_error_set(err, GP_ERR_NOMEM, "out of memory profiling");
+        goto done;
+    }
+    if ((st = gp_layers_build(g, &l, err)) != GP_OK) goto done;
+    if ((st = gp_cpu_runner_create_f32(g, false, &r, err)) != GP_OK) goto done;
+    int input = -1;
+    for (int i = 0; i < g->n_inputs; i++)
+        if (!g->values[g->inputs[i]].is_initializer) input = g->inputs[i];
+    out->micro_batch = input >= 0 ? g->values[input].shape.dims[0] : g->batch;
+    out->input_frontier_bytes = l.frontier_bytes[0];
+    /* Real-looking inputs: small floats, or token ids 0 (always in range). */
+    if (input >= 0 && gp_dtype_is_float(g->values[input].dtype)) {
+        float *x = gp_cpu_runner_data_f32(r, input);
+        for (int64_t i = 0; i < gp_shape_numel(&g->values[input].shape); i++) x[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
+    }
+    /* One whole pass fills every value with what that layer really sees;
+     * the outputs' gradients are set to ones so backward has real work. */
+    struct gp_run_opts ro = {.training = true, .update_state = false, .dropout_ratio = -1};
+    if ((st = gp_cpu_runner_forward_f32(r, &ro, 0, g->n_nodes, err)) != GP_OK) goto done;
+    gp_cpu_runner_zero_activation_grads_f32(r);
+    for (int k = 0; k < g->n_outputs; k++) {
+        float *dy = gp_cpu_runner_grad_f32(r, g->outputs[k]);
+        for (int64_t i = 0; dy && i < gp_shape_numel(&g->values[g->outputs[k]].shape); i++) dy[i] = 1.0f / 64;
+    }
+    if ((st = gp_cpu_runner_backward_f32(r, &ro, 0, g->n_nodes, err)) != GP_OK) goto done;
+
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        struct gp_layer_profile *lp = &out->layers[i];
+        snprintf(lp->op, sizeof lp->op, "%s", n->op_type);
+        for (int pass = 0; pass < 2; pass++) {
+            for (int rep = 0; rep < warmup + repeats; rep++) {
+                double t0 = now_ms();
+                st = pass == 0 ? gp_cpu_runner_forward_f32(r, &ro, i, i + 1, err)
+                               : gp_cpu_runner_backward_f32(r, &ro, i, i + 1, err);
+                if (st != GP_OK) goto done;
+                if (rep >= warmup) samples[rep - warmup] = now_ms() - t0;
+            }
+            if (pass == 0) lp->forward_ms = median(samples, repeats);
+            else lp->backward_ms = median(samples, repeats);
+        }
+        lp->param_bytes = l.layer_params[i] * 4;
+        for (int k = 0; k < n->n_outputs; k++)
+            if (n->outputs[k] >= 0) lp->activation_bytes += gp_value_bytes(&g->values[n->outputs[k]]);
+        const struct gp_cpu_kernel *kern = gp_cpu_kernel_for_f32(n);
+        if (kern && kern->saved_bytes) lp->activation_bytes += (int64_t)kern->saved_bytes(g, n);
+        lp->frontier_bytes = l.frontier_bytes[i + 1];
+        if (progress) progress(user, i + 1, g->n_nodes);
+    }
+    out->copy_gbps = measure_copy_gbps();
+done:
+    free(samples);
+    gp_cpu_runner_free_f32(r);
+    gp_layers_free(&l);
+    if (st != GP_OK) gp_profile_free(out);
+    return st;
+}
+
+gp_status gp_profile_save(const struct gp_profile *p, const char *path, struct gp_error *err)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return gp_error_set(err, GP_ERR_IO, "path too long: '%s'", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return gp_error_set(err, GP_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno));
+    struct gp_json j;
+    gp_json_init(&j, f, true);
+    gp_json_object_begin(&j);
+    gp_json_key(&j, "format");
+    gp_json_string(&j, "gpipe-onnx profile 1");
+    gp_json_key(&j, "model");
+    gp_json_string(&j, p->model);
+    gp_json_key(&j, "device");
+    gp_json_string(&j, p->device);
+    gp_json_key(&j, "micro_batch");
+    gp_json_int(&j, p->micro_batch);
+    gp_json_key(&j, "input_frontier_bytes");
+    gp_json_int(&j, p->input_frontier_bytes);
+    gp_json_key(&j, "copy_gbps");
+    gp_json_double(&j, p->copy_gbps);
+    gp_json_key(&j, "layers");
+    gp_json_array_begin(&j);
+    for (int i = 0; i < p->n_layers; i++) {
+        const struct gp_layer_profile *l = &p->layers[i];
+        gp_json_object_begin(&j);
+        gp_json_key(&j, "index");
+        gp_json_int(&j, i);
+        gp_json_key(&j, "op");
+        gp_json_string(&j, l->op);
+        gp_json_key(&j, "forward_ms");
+        gp_json_double(&j, l->forward_ms);
+        gp_json_key(&j, "backward_ms");
+        gp_json_double(&j, l->backward_ms);
+        gp_json_key(&j, "param_bytes");
+        gp_json_int(&j, l->param_bytes);
+        gp_json_key(&j, "activation_bytes");
+        gp_json_int(&j, l->activation_bytes);
+        gp_json_key(&j, "frontier_bytes");
+        gp_json_int(&j, l->frontier_bytes);
+        gp_json_object_end(&j);
+    }
+    gp_json_array_end(&j);
+    gp_json_object_end(&j);
+    gp_json_finish(&j);
+    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return gp_error_set(err, GP_ERR_IO, "cannot write '%s'", path);
+    }
+    return GP_OK;
+}
+
+static const struct gp_jvalue *field(const struct gp_jvalue *o, const char *key, enum gp_jtype t)
+{
+    const struct gp_jvalue *v = gp_jobject_get(o, key);
+    return v && v->type == t ? v : NULL;
+}
+
+gp_status gp_profile_load(const char *path, const struct gp_graph *g, struct gp_profile *out,
+                          struct gp_error *err)
+{
+    memset(out, 0, sizeof *out);
+    struct gp_json_doc doc;
+    GP_TRY(gp_json_parse_file(path, &doc, err));
+    gp_status st = GP_OK;
+    const struct gp_jvalue *root = doc.root, *layers = field(root, "layers", GP_JARRAY);
+    const struct gp_jvalue *fmt = field(root, "format", GP_JSTRING);
+    if (!fmt || strcmp(fmt->str, "gpipe-onnx profile 1") != 0 || !layers) {
+        st = gp_error_set(err, GP_ERR_PARSE, "%s: not a gpipe-onnx profile", path);
+        goto done;
+    }
+    if ((int)layers->count != g->n_nodes) {
+        st = gp_error_set(err, GP_ERR_INVALID, "%s: profiles %zu layers but the model has %d", path,
+                          layers->count, g->n_nodes);
+        goto done;
+    }
+    out->n_layers = g->n_nodes;
+    out->layers = calloc((size_t)g->n_nodes + 1, sizeof *out->layers);
+    if (!out->layers) {
+        st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    const struct gp_jvalue *v;
+    snprintf(out->model, sizeof out->model, "%s", (v = field(root, "model", GP_JSTRING)) ? v->str : "");
+    snprintf(out->device, sizeof out->device, "%s", (v = field(root, "device", GP_JSTRING)) ? v->str : "");
+    out->micro_batch = (v = field(root, "micro_batch", GP_JNUMBER)) ? v->i : 0;
+    out->input_frontier_bytes = (v = field(root, "input_frontier_bytes", GP_JNUMBER)) ? v->i : 0;
+    out->copy_gbps = (v = field(root, "copy_gbps", GP_JNUMBER)) ? v->num : 5.0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct gp_jvalue *l = &layers->items[i];
+        const struct gp_jvalue *op = field(l, "op", GP_JSTRING), *f = field(l, "forward_ms", GP_JNUMBER),
+                               *b = field(l, "backward_ms", GP_JNUMBER);
+        if (!op || !f || !b || f->num < 0 || b->num < 0) {
+            st = gp_error_set(err, GP_ERR_PARSE, "%s: layer %d lacks op, forward_ms or backward_ms", path, i);
+            goto done;
+        }
+        if (strcmp(op->str, g->nodes[i].op_type) != 0) {
+            st = gp_error_set(err, GP_ERR_INVALID, "%s: layer %d is %s in the profile but %s in the model",
+                              path, i, op->str, g->nodes[i].op_type);
+            goto done;
+        }
+        struct gp_layer_profile *lp = &out->layers[i];
+        snprintf(lp->op, sizeof lp->op, "%s", op->str);
+        lp->forward_ms = f->num;
+        lp->backward_ms = b->num;
+        lp->param_bytes = (v = field(l, "param_bytes", GP_JNUMBER)) ? v->i : 0;
+        lp->activation_bytes = (v = field(l, "activation_bytes", GP_JNUMBER)) ? v->i : 0;
+        lp->frontier_bytes = (v = field(l, "frontier_bytes", GP_JNUMBER)) ? v->i : 0;
+    }
+done:
+    gp_json_doc_free(&doc);
+    if (st != GP_OK) gp_profile_free(out);
+    return st;
+}
+
+void gp_profile_free(struct gp_profile *p)
+{
+    free(p->layers);
+    memset(p, 0, sizeof *p);
+}

@@ -1,0 +1,46 @@
+/* The per-layer profile the balancer splits by: each layer of the list run
+ * alone, forward and backward, with its real inputs (whatever its position:
+ * the whole model runs once first, so skip connections carry real values),
+ * on the target device type, at the real micro-batch size. */
+#ifndef GP_PARTITIONER_PROFILE_H
+#define GP_PARTITIONER_PROFILE_H
+
+#include <stdint.h>
+
+#include "graph/graph.h"
+#include "util/error.h"
+
+struct gp_layer_profile {
+    char op[32];
+    double forward_ms, backward_ms; /* medians over the timed repeats */
+    int64_t param_bytes;            /* parameters the layer owns (first reader) */
+    int64_t activation_bytes;       /* what it keeps for backward: outputs and saved state */
+    int64_t frontier_bytes;         /* at the cut after it, per micro-batch */
+};
+
+struct gp_profile {
+    char model[256];
+    char device[32];                /* "cpu" */
+    int64_t micro_batch;
+    int n_layers;
+    int64_t input_frontier_bytes;   /* at the cut before layer 0 */
+    double copy_gbps;               /* measured bandwidth of a frontier copy between devices */
+    struct gp_layer_profile *layers;
+};
+
+/* Profiles every layer of g (loaded at the micro-batch size) on the CPU:
+ * `warmup` untimed runs, then the median of `repeats`. `progress` (may be
+ * NULL) is called after each layer, for long models. */
+gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int warmup, int repeats,
+                         void (*progress)(void *user, int done, int total), void *user,
+                         struct gp_profile *out, struct gp_error *err);
+
+/* Saved as JSON so balancing is repeatable without the hardware; loading
+ * checks the layer count and ops against the model. */
+gp_status gp_profile_save(const struct gp_profile *p, const char *path, struct gp_error *err);
+gp_status gp_profile_load(const char *path, const struct gp_graph *g, struct gp_profile *out,
+                          struct gp_error *err);
+
+void gp_profile_free(struct gp_profile *p);
+
+#endif

@@ -1,0 +1,319 @@
+/* gpipe-onnx balance: profile each layer, split the layer list across
+ * devices by time or memory, and explain the split. Also the report that
+ * `train --balance time|memory` prints. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "onnx/load.h"
+#include "partitioner/balance.h"
+#include "util/json_writer.h"
+
+static void help(FILE *f)
+{
+    fputs("usage: gpipe-onnx balance MODEL.onnx --devices LIST [--by time|memory]\n"
+          "                          [--batch N] [--chunks M] [--checkpoint MODE]\n"
+          "                          [--optimizer sgd|adamw] [--momentum M] [--json FILE]\n"
+          "                          [--profile-out FILE | --profile-in FILE] [--repeats R]\n"
+          "\n"
+          "Profiles every layer (forward and backward, median of R timed runs after a\n"
+          "warm-up, with its real inputs at the micro-batch size N/M) on the devices' type,\n"
+          "then finds the contiguous split into one stage per device that minimizes the\n"
+          "slowest stage's time per micro-batch (forward, backward, recomputation when\n"
+          "checkpointed, and the frontier it receives) or the largest stage's memory\n"
+          "(parameters, gradients, optimizer state, activations in flight). The split is\n"
+          "exact. The report shows each stage's layers, time, memory and frontiers, the\n"
+          "imbalance, the predicted step time, throughput and bubble (K-1)/(M+K-1), a\n"
+          "suggested --chunks, and the even split and torchgpipe's heuristic beside it.\n"
+          "\n"
+          "options:\n"
+          "  --devices LIST      one device per stage, e.g. cpu:0,cpu:1\n"
+          "  --by time|memory    objective (default time)\n"
+          "  --batch N           mini-batch (default 32); --chunks M micro-batches (default 1)\n"
+          "  --checkpoint MODE   always | except_last (default) | never\n"
+          "  --optimizer sgd|adamw, --momentum M   optimizer state in the memory figures\n"
+          "  --json FILE         the report as JSON: 'stages' with first_layer, last_layer\n"
+          "                      (inclusive indices of the layer list 'inspect' prints),\n"
+          "                      time_ms, memory_bytes; 'predicted_step_ms'; 'balance'\n"
+          "  --profile-out FILE  save the profile; --profile-in FILE reuse one (no timing)\n"
+          "  --repeats R         timed runs per layer (default 5)\n"
+          "  -h, --help          this help\n",
+          f);
+}
+
+static void progress(void *user, int done, int total)
+{
+    bool tty = *(bool *)user;
+    if (tty) fprintf(stderr, "\rprofiling layer %d/%d", done, total);
+    if (tty && done == total) fputc('\n', stderr);
+}
+
+static const char *op_of(const struct gp_profile *p, int i) { return p->layers[i].op; }
+
+static void print_split(const char *name, const struct gp_profile *p, const struct gp_split_report *r,
+                        bool by_time)
+{
+    char a[32], b[32], c[32];
+    for (int s = 0; s < r->k; s++) {
+        const struct gp_stage_figures *f = &r->stages[s];
+        char range[32], ops[96];
+        snprintf(range, sizeof range, "%d-%d", f->first_layer, f->last_layer - 1);
+        snprintf(ops, sizeof ops, "%s .. %s", op_of(p, f->first_layer), op_of(p, f->last_layer - 1));
+        printf("%-10s %5d  %-9s %-38s %9.3f ms %10s %10s %10s\n", s ? "" : name, s, range, ops, f->time_ms,
+               gp_cli_bytes(f->memory_bytes, a, sizeof a), gp_cli_bytes(f->frontier_in_bytes, b, sizeof b),
+               gp_cli_bytes(f->frontier_out_bytes, c, sizeof c));
+    }
+    printf("%-10s imbalance %.3f (max/mean %s), predicted step %.2f ms, %.0f samples/s\n\n", "",
+           r->imbalance, by_time ? "time" : "memory", r->predicted_step_ms, r->throughput);
+}
+
+/* Bars of the optimal split's per-stage load: a picture of the balance. */
+static void print_bars(const struct gp_split_report *r, bool by_time)
+{
+    double max = 0;
+    for (int s = 0; s < r->k; s++) {
+        double v = by_time ? r->stages[s].time_ms : (double)r->stages[s].memory_bytes;
+        if (v > max) max = v;
+    }
+    printf("load per stage (%s):\n", by_time ? "time per micro-batch" : "memory");
+    for (int s = 0; s < r->k; s++) {
+        double v = by_time ? r->stages[s].time_ms : (double)r->stages[s].memory_bytes;
+        int width = max > 0 ? (int)(48.0 * v / max + 0.5) : 0;
+        printf("  stage %-3d |", s);
+        for (int i = 0; i < width; i++) fputs("#", stdout);
+        for (int i = width; i < 48; i++) fputs(" ", stdout);
+        if (by_time) printf("| %.3f ms\n", v);
+        else {
+            char a[32];
+            printf("| %s\n", gp_cli_bytes((int64_t)v, a, sizeof a));
+        }
+    }
+    printf("\n");
+}
+
+void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_report *r)
+{
+    bool by_time = r->cfg.by == GP_BALANCE_TIME;
+    double total_f = 0, total_b = 0;
+    for (int i = 0; i < p->n_layers; i++) {
+        total_f += p->layers[i].forward_ms;
+        total_b += p->layers[i].backward_ms;
+    }
+    printf("profile: %s on %s, micro-batch %lld, %d layers: forward %.3f ms, backward %.3f ms per "
+           "micro-batch; frontier copies at %.1f GB/s\n",
+           p->model, p->device, (long long)p->micro_batch, p->n_layers, total_f, total_b, p->copy_gbps);
+    /* The heaviest layers, which decide where the cuts can go. */
+    int top[5] = {-1, -1, -1, -1, -1};
+    for (int i = 0; i < p->n_layers; i++) {
+        double t = p->layers[i].forward_ms + p->layers[i].backward_ms;
+        for (int q = 0; q < 5; q++) {
+            if (top[q] < 0 || t > p->layers[top[q]].forward_ms + p->layers[top[q]].backward_ms) {
+                memmove(&top[q + 1], &top[q], sizeof(int) * (size_t)(4 - q));
+                top[q] = i;
+                break;
+            }
+        }
+    }
+    printf("heaviest layers:");
+    for (int q = 0; q < 5 && top[q] >= 0; q++)
+        printf(" %d %s (%.3f ms)%s", top[q], p->layers[top[q]].op,
+               p->layers[top[q]].forward_ms + p->layers[top[q]].backward_ms, q < 4 && top[q + 1] >= 0 ? "," : "");
+    printf("\n\nbalance by %s: %d stages, batch %lld in %d micro-batches, checkpoint %s\n\n",
+           by_time ? "time" : "memory", r->cfg.n_stages, (long long)r->cfg.batch, r->cfg.n_micro,
+           gp_checkpoint_name(r->cfg.checkpoint));
+    printf("%-10s %5s  %-9s %-38s %12s %10s %10s %10s\n", "split", "stage", "layers", "first .. last op",
+           "time/micro", "memory", "in", "out");
+    print_split("optimal", p, &r->optimal, by_time);
+    print_split("even", p, &r->even, by_time);
+    print_split("heuristic", p, &r->heuristic, by_time);
+    print_bars(&r->optimal, by_time);
+    printf("bubble %.1f%% with %d micro-batches; suggested --chunks %d\n", 100 * r->bubble, r->cfg.n_micro,
+           r->suggested_chunks);
+}
+
+static void json_split(struct gp_json *j, const struct gp_split_report *r)
+{
+    gp_json_key(j, "stages");
+    gp_json_array_begin(j);
+    for (int s = 0; s < r->k; s++) {
+        const struct gp_stage_figures *f = &r->stages[s];
+        gp_json_object_begin(j);
+        gp_json_key(j, "first_layer");
+        gp_json_int(j, f->first_layer);
+        gp_json_key(j, "last_layer");
+        gp_json_int(j, f->last_layer - 1);
+        gp_json_key(j, "time_ms");
+        gp_json_double(j, f->time_ms);
+        gp_json_key(j, "memory_bytes");
+        gp_json_int(j, f->memory_bytes);
+        gp_json_key(j, "frontier_in_bytes");
+        gp_json_int(j, f->frontier_in_bytes);
+        gp_json_key(j, "frontier_out_bytes");
+        gp_json_int(j, f->frontier_out_bytes);
+        gp_json_object_end(j);
+    }
+    gp_json_array_end(j);
+    gp_json_key(j, "balance");
+    gp_json_array_begin(j);
+    for (int s = 0; s < r->k; s++) gp_json_int(j, r->stages[s].last_layer - r->stages[s].first_layer);
+    gp_json_array_end(j);
+    gp_json_key(j, "imbalance");
+    gp_json_double(j, r->imbalance);
+    gp_json_key(j, "predicted_step_ms");
+    gp_json_double(j, r->predicted_step_ms);
+    gp_json_key(j, "throughput");
+    gp_json_double(j, r->throughput);
+}
+
+static gp_status write_json(const char *path, const struct gp_profile *p, const struct gp_balance_report *r,
+                            struct gp_error *err)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return gp_error_set(err, GP_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno));
+    struct gp_json j;
+    gp_json_init(&j, f, true);
+    gp_json_object_begin(&j);
+    gp_json_key(&j, "model");
+    gp_json_string(&j, p->model);
+    gp_json_key(&j, "device");
+    gp_json_string(&j, p->device);
+    gp_json_key(&j, "by");
+    gp_json_string(&j, r->cfg.by == GP_BALANCE_TIME ? "time" : "memory");
+    gp_json_key(&j, "batch");
+    gp_json_int(&j, r->cfg.batch);
+    gp_json_key(&j, "chunks");
+    gp_json_int(&j, r->cfg.n_micro);
+    gp_json_key(&j, "checkpoint");
+    gp_json_string(&j, gp_checkpoint_name(r->cfg.checkpoint));
+    json_split(&j, &r->optimal);
+    gp_json_key(&j, "bubble");
+    gp_json_double(&j, r->bubble);
+    gp_json_key(&j, "suggested_chunks");
+    gp_json_int(&j, r->suggested_chunks);
+    gp_json_key(&j, "even");
+    gp_json_object_begin(&j);
+    json_split(&j, &r->even);
+    gp_json_object_end(&j);
+    gp_json_key(&j, "heuristic");
+    gp_json_object_begin(&j);
+    json_split(&j, &r->heuristic);
+    gp_json_object_end(&j);
+    gp_json_object_end(&j);
+    gp_json_finish(&j);
+    bool ok = fflush(f) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return gp_error_set(err, GP_ERR_IO, "cannot write '%s'", path);
+    }
+    return GP_OK;
+}
+
+/* Profiles (or loads a profile) and balances; shared with train. */
+gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
+                                     const char *profile_in, const char *profile_out, bool quiet,
+                                     struct gp_profile *prof, struct gp_balance_report *rep,
+                                     struct gp_error *err)
+{
+    struct gp_graph g;
+    GP_TRY(gp_onnx_load(model, bc->batch / bc->n_micro, &g, err));
+    bool tty = !quiet && isatty(STDERR_FILENO);
+    gp_status st = profile_in ? gp_profile_load(profile_in, &g, prof, err)
+                              : gp_profile_cpu(&g, model, 2, repeats, quiet ? NULL : progress, &tty, prof, err);
+    gp_graph_free(&g);
+    GP_TRY(st);
+    if (profile_out) GP_TRY(gp_profile_save(prof, profile_out, err));
+    return gp_balance(prof, bc, rep, err);
+}
+
+int gp_cmd_balance(int argc, char **argv)
+{
+    const char *model = NULL, *json = NULL, *pin = NULL, *pout = NULL, *devices = NULL;
+    struct gp_balance_config bc = {.by = GP_BALANCE_TIME, .batch = 32, .n_micro = 1,
+                                   .checkpoint = GP_CHECKPOINT_EXCEPT_LAST};
+    int64_t repeats = 5;
+    bool adamw = false;
+    double momentum = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help(stdout);
+            return GP_EXIT_OK;
+        }
+        bool takes = !strcmp(a, "--devices") || !strcmp(a, "--by") || !strcmp(a, "--batch") ||
+                     !strcmp(a, "--chunks") || !strcmp(a, "--checkpoint") || !strcmp(a, "--json") ||
+                     !strcmp(a, "--profile-in") || !strcmp(a, "--profile-out") || !strcmp(a, "--repeats") ||
+                     !strcmp(a, "--optimizer") || !strcmp(a, "--momentum");
+        if (takes && !v) return gp_cli_usage("balance", "%s needs a value", a);
+        if (takes) i++;
+        if (!strcmp(a, "--devices")) {
+            devices = v;
+            int n = 1;
+            for (const char *p = v; *p; p++) n += *p == ',';
+            for (const char *p = v; *p; p++)
+                if (!strncmp(p, "cuda", 4) || (p == v && *p >= '0' && *p <= '9'))
+                    return gp_cli_usage("balance", "--devices: GPUs are not available in this version (use cpu:N)");
+            bc.n_stages = n;
+        } else if (!strcmp(a, "--by")) {
+            if (!strcmp(v, "time")) bc.by = GP_BALANCE_TIME;
+            else if (!strcmp(v, "memory")) bc.by = GP_BALANCE_MEMORY;
+            else return gp_cli_usage("balance", "--by is time or memory (got '%s')", v);
+        } else if (!strcmp(a, "--batch")) {
+            if (!gp_cli_parse_int("balance", a, v, 1, (int64_t)1 << 31, &bc.batch)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--chunks")) {
+            int64_t m;
+            if (!gp_cli_parse_int("balance", a, v, 1, 1 << 20, &m)) return GP_EXIT_USAGE;
+            bc.n_micro = (int)m;
+        } else if (!strcmp(a, "--checkpoint")) {
+            if (!strcmp(v, "always")) bc.checkpoint = GP_CHECKPOINT_ALWAYS;
+            else if (!strcmp(v, "except_last")) bc.checkpoint = GP_CHECKPOINT_EXCEPT_LAST;
+            else if (!strcmp(v, "never")) bc.checkpoint = GP_CHECKPOINT_NEVER;
+            else return gp_cli_usage("balance", "--checkpoint is always, except_last or never");
+        } else if (!strcmp(a, "--json")) {
+            json = v;
+        } else if (!strcmp(a, "--profile-in")) {
+            pin = v;
+        } else if (!strcmp(a, "--profile-out")) {
+            pout = v;
+        } else if (!strcmp(a, "--repeats")) {
+            if (!gp_cli_parse_int("balance", a, v, 1, 1000, &repeats)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--optimizer")) {
+            if (strcmp(v, "sgd") && strcmp(v, "adamw")) return gp_cli_usage("balance", "--optimizer is sgd or adamw");
+            adamw = !strcmp(v, "adamw");
+        } else if (!strcmp(a, "--momentum")) {
+            momentum = atof(v);
+        } else if (a[0] == '-' && a[1]) {
+            return gp_cli_usage("balance", "unknown option '%s'", a);
+        } else if (!model) {
+            model = a;
+        } else {
+            return gp_cli_usage("balance", "only one model (got '%s' and '%s')", model, a);
+        }
+    }
+    if (!model) return gp_cli_usage("balance", "no model given");
+    if (bc.n_stages < 1) return gp_cli_usage("balance", "--devices is required (one device per stage)");
+    if (bc.batch % bc.n_micro)
+        return gp_cli_usage("balance", "--chunks %d does not divide --batch %lld", bc.n_micro, (long long)bc.batch);
+    if (pin && pout) return gp_cli_usage("balance", "--profile-in and --profile-out exclude each other");
+    bc.optim_state_floats = adamw ? 2 : momentum > 0 ? 1 : 0;
+
+    struct gp_profile prof;
+    struct gp_balance_report rep;
+    struct gp_error err = {0};
+    if (gp_cli_profile_and_balance(model, &bc, (int)repeats, pin, pout, false, &prof, &rep, &err) != GP_OK)
+        return gp_cli_fail("%s", err.msg);
+    gp_cli_print_balance(&prof, &rep);
+    printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s --balance ", model,
+           (long long)bc.batch, bc.n_micro, devices);
+    for (int s = 0; s < rep.optimal.k; s++) printf("%s%d", s ? "," : "", rep.optimal.stages[s].last_layer - rep.optimal.stages[s].first_layer);
+    printf("\n");
+    int status = GP_EXIT_OK;
+    if (json && write_json(json, &prof, &rep, &err) != GP_OK) status = gp_cli_fail("%s", err.msg);
+    gp_profile_free(&prof);
+    return status;
+}
