@@ -374,22 +374,15 @@ done:
  *       stop if size(p) <= size(q) + 1, size(p) as of step (1);
  *   (3) move one layer into q from its neighbour h towards p; back to (1) if
  *       h == p, else to (2).
- * Block sizes are sums of the block's normalized weights from left to right,
- * as Python's sum() does, and the split indices follow Python's slice rules
- * (negative from the end, clamped to [0, n], an empty block when start >=
- * stop), so the same states and ties arise as in torchgpipe. */
+ * Block sizes are computed as Python computes them (see block_size), so the
+ * same states and ties arise as in torchgpipe. */
 
-static long py_index(long v, long n)
+/* Sum of the normalized weights of block i, left to right like Python's
+ * sum(); the cuts are within [0, n] (the moves stop otherwise), and a block
+ * whose start is not before its stop is empty, as a Python slice. */
+static double block_size(const double *norm, const long *splits, int i)
 {
-    if (v < 0) v += n;
-    if (v < 0) v = 0;
-    if (v > n) v = n;
-    return v;
-}
-
-static double block_size(const double *norm, const long *splits, int i, long n)
-{
-    long start = py_index(i > 0 ? splits[i - 1] : 0, n), stop = py_index(splits[i], n);
+    long start = i > 0 ? splits[i - 1] : 0, stop = splits[i];
     double sum = 0;
     for (long x = start; x < stop; x++) sum += norm[x];
     return sum;
@@ -416,12 +409,16 @@ gp_status gp_partition_heuristic(const struct gp_partition_problem *p, struct gp
     double size[GP_MAX_STAGES];
     for (int s = 0; s < k - 1; s++) splits[s] = (long)(n / k) * (s + 1);
     splits[k - 1] = n;
-    for (int s = 0; s < k; s++) size[s] = block_size(norm, splits, s, n);
+    for (int s = 0; s < k; s++) size[s] = block_size(norm, splits, s);
 
+    /* torchgpipe's loop does not always end: a cut can run past the end of
+     * the layer list and keep going (weights 0 0 0 0 2 1 0 in 5 blocks);
+     * from there its blocks no longer partition the layers. The moves stop
+     * there, or after max_moves (never seen: it ends within about n k / 2). */
     const long max_moves = 64L * (n + 1) * k;
     long moves = 0;
-    int converged = 0;
-    while (!converged && moves <= max_moves) {
+    int running = 1;
+    while (running) {
         int pp = 0;
         for (int s = 1; s < k; s++)
             if (size[s] >= size[pp]) pp = s;
@@ -430,34 +427,37 @@ gp_status gp_partition_heuristic(const struct gp_partition_problem *p, struct gp
             int q = 0;
             for (int s = 1; s < k; s++)
                 if (size[s] < size[q]) q = s;
-            if (max_size <= size[q] + 1) {
-                converged = 1;
+            if (max_size <= size[q] + 1 || ++moves > max_moves) {
+                running = 0;
                 break;
             }
-            if (++moves > max_moves) break;
-            int h;
+            int h, moved;
             if (pp < q) {
                 h = q - 1; /* the last layer of block q - 1 goes to q */
-                splits[h] -= 1;
+                moved = h;
             } else {
                 h = q + 1; /* the first layer of block q + 1 goes to q */
-                splits[q] += 1;
+                moved = q;
             }
-            size[q] = block_size(norm, splits, q, n);
-            size[h] = block_size(norm, splits, h, n);
+            splits[moved] += pp < q ? -1 : 1;
+            if (splits[moved] < 0 || splits[moved] > n) {
+                running = 0;
+                break;
+            }
+            size[q] = block_size(norm, splits, q);
+            size[h] = block_size(norm, splits, h);
             if (pp == h) break;
         }
     }
     free(norm);
-    if (!converged)
-        return gp_error_set(err, GP_ERR_UNSUPPORTED,
-                            "partition: the block partition heuristic did not converge after %ld moves", max_moves);
 
-    /* torchgpipe's blocks are sequence[splits[s-1]:splits[s]]. Make each
-     * non-empty with the least movement of the cuts: forward so that
-     * first[s] > first[s-1], then backward so that first[s] < first[s+1]. */
+    /* torchgpipe's blocks are sequence[splits[s-1]:splits[s]], which can be
+     * empty or overlap. Make each non-empty with the least movement of the
+     * cuts: forward so that first[s] > first[s-1], then backward so that
+     * first[s] < first[s+1]. */
     out->first[0] = 0;
-    for (int s = 1; s < k; s++) out->first[s] = (int)py_index(splits[s - 1], n);
+    for (int s = 1; s < k; s++)
+        out->first[s] = splits[s - 1] < 0 ? 0 : splits[s - 1] > n ? n : (int)splits[s - 1];
     out->first[k] = n;
     for (int s = 1; s < k; s++)
         if (out->first[s] <= out->first[s - 1]) out->first[s] = out->first[s - 1] + 1;

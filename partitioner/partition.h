@@ -70,11 +70,13 @@ gp_status gp_partition_even(const struct gp_partition_problem *p, struct gp_part
 /* torchgpipe's balance_by_time / balance_by_size split: the block partition
  * heuristic of torchgpipe/balance/blockpartition.py ("Block Partitions of
  * Sequences", Bárány and Grinberg), move for move, on the weights alone (it
- * knows no boundary costs; the result is evaluated with them). Where
- * torchgpipe would return an empty or overlapping block, which GPipe then
- * rejects, the offending cuts are moved the least to make every stage
- * non-empty. GP_ERR_UNSUPPORTED if it has not converged after 64 (n + 1) k
- * moves (never seen: it converges in about n k / 2). */
+ * knows no boundary costs; the result is evaluated with them). Two
+ * departures, where torchgpipe has no usable answer: its loop can run a cut
+ * past the end of the layer list and never stop (weights 0 0 0 0 2 1 0 in 5
+ * stages), so the moves stop when a cut leaves [0, n] (or after 64 (n + 1) k
+ * moves, never seen); and where its blocks come out empty or overlapping,
+ * which GPipe rejects, the cuts are moved the least to make every stage
+ * non-empty. */
 gp_status gp_partition_heuristic(const struct gp_partition_problem *p, struct gp_partition *out,
                                  struct gp_error *err);
 

@@ -1,6 +1,7 @@
 #include "partitioner/profile.h"
 
 #include <errno.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,21 +58,24 @@ static double measure_copy_gbps(void)
     return best > 0 ? (double)bytes / (best * 1e6) : 5.0;
 }
 
-gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int warmup, int repeats,
+gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int threads, int warmup,
+                         int repeats,
                          void (*progress)(void *user, int done, int total), void *user,
                          struct gp_profile *out, struct gp_error *err)
 {
     memset(out, 0, sizeof *out);
     if (repeats < 1) repeats = 1;
+    int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(threads > 0 ? threads : 1);
     snprintf(out->model, sizeof out->model, "%s", model_name ? model_name : "");
     snprintf(out->device, sizeof out->device, "cpu");
     out->n_layers = g->n_nodes;
     out->layers = calloc((size_t)g->n_nodes + 1, sizeof *out->layers);
-    double *samples = malloc(sizeof(double) * (size_t)repeats);
+    double *samples = NULL;
     struct gp_layers l = {0};
     struct gp_cpu_runner *r = NULL;
     gp_status st = GP_OK;
-    if (!out->layers || !samples) {
+    if (!out->layers) {
         st = gp_error_set(err, GP_ERR_NOMEM, "out of memory profiling");
         goto done;
     }
@@ -97,32 +101,56 @@ gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int w
         for (int64_t i = 0; dy && i < gp_shape_numel(&g->values[g->outputs[k]].shape); i++) dy[i] = 1.0f / 64;
     }
     if ((st = gp_cpu_runner_backward_f32(r, &ro, 0, g->n_nodes, err)) != GP_OK) goto done;
+    (void)samples;
 
-    for (int i = 0; i < g->n_nodes; i++) {
+    /* Layers are timed inside whole passes, forward in order and backward in
+     * reverse, so each sees the caches a stage's sequential run leaves it
+     * (a layer repeated alone would run hot and look faster than it is). */
+    double *fwd = malloc(sizeof(double) * (size_t)g->n_nodes * (size_t)repeats + 1);
+    double *bwd = malloc(sizeof(double) * (size_t)g->n_nodes * (size_t)repeats + 1);
+    if (!fwd || !bwd) {
+        free(fwd);
+        free(bwd);
+        st = gp_error_set(err, GP_ERR_NOMEM, "out of memory profiling");
+        goto done;
+    }
+    for (int rep = 0; rep < warmup + repeats && st == GP_OK; rep++) {
+        for (int i = 0; i < g->n_nodes && st == GP_OK; i++) {
+            double t0 = now_ms();
+            st = gp_cpu_runner_forward_f32(r, &ro, i, i + 1, err);
+            if (rep >= warmup) fwd[(size_t)i * (size_t)repeats + (size_t)(rep - warmup)] = now_ms() - t0;
+        }
+        gp_cpu_runner_zero_activation_grads_f32(r);
+        for (int k = 0; k < g->n_outputs; k++) {
+            float *dy = gp_cpu_runner_grad_f32(r, g->outputs[k]);
+            for (int64_t e = 0; dy && e < gp_shape_numel(&g->values[g->outputs[k]].shape); e++) dy[e] = 1.0f / 64;
+        }
+        for (int i = g->n_nodes - 1; i >= 0 && st == GP_OK; i--) {
+            double t0 = now_ms();
+            st = gp_cpu_runner_backward_f32(r, &ro, i, i + 1, err);
+            if (rep >= warmup) bwd[(size_t)i * (size_t)repeats + (size_t)(rep - warmup)] = now_ms() - t0;
+        }
+        if (progress) progress(user, rep + 1, warmup + repeats);
+    }
+    for (int i = 0; i < g->n_nodes && st == GP_OK; i++) {
         const struct gp_node *n = &g->nodes[i];
         struct gp_layer_profile *lp = &out->layers[i];
         snprintf(lp->op, sizeof lp->op, "%s", n->op_type);
-        for (int pass = 0; pass < 2; pass++) {
-            for (int rep = 0; rep < warmup + repeats; rep++) {
-                double t0 = now_ms();
-                st = pass == 0 ? gp_cpu_runner_forward_f32(r, &ro, i, i + 1, err)
-                               : gp_cpu_runner_backward_f32(r, &ro, i, i + 1, err);
-                if (st != GP_OK) goto done;
-                if (rep >= warmup) samples[rep - warmup] = now_ms() - t0;
-            }
-            if (pass == 0) lp->forward_ms = median(samples, repeats);
-            else lp->backward_ms = median(samples, repeats);
-        }
+        lp->forward_ms = median(fwd + (size_t)i * (size_t)repeats, repeats);
+        lp->backward_ms = median(bwd + (size_t)i * (size_t)repeats, repeats);
         lp->param_bytes = l.layer_params[i] * 4;
         for (int k = 0; k < n->n_outputs; k++)
             if (n->outputs[k] >= 0) lp->activation_bytes += gp_value_bytes(&g->values[n->outputs[k]]);
         const struct gp_cpu_kernel *kern = gp_cpu_kernel_for_f32(n);
         if (kern && kern->saved_bytes) lp->activation_bytes += (int64_t)kern->saved_bytes(g, n);
         lp->frontier_bytes = l.frontier_bytes[i + 1];
-        if (progress) progress(user, i + 1, g->n_nodes);
     }
+    free(fwd);
+    free(bwd);
+    if (st != GP_OK) goto done;
     out->copy_gbps = measure_copy_gbps();
 done:
+    omp_set_num_threads(saved_threads);
     free(samples);
     gp_cpu_runner_free_f32(r);
     gp_layers_free(&l);

@@ -29,9 +29,12 @@ struct gp_profile {
 };
 
 /* Profiles every layer of g (loaded at the micro-batch size) on the CPU:
- * `warmup` untimed runs, then the median of `repeats`. `progress` (may be
- * NULL) is called after each layer, for long models. */
-gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int warmup, int repeats,
+ * `warmup` untimed runs, then the median of `repeats`, with `threads`
+ * kernel threads: those a CPU device of the pipeline will have (the cores
+ * shared among the devices), or the times would not be the stage's.
+ * `progress` (may be NULL) is called after each pass over the model. */
+gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int threads, int warmup,
+                         int repeats,
                          void (*progress)(void *user, int done, int total), void *user,
                          struct gp_profile *out, struct gp_error *err);
 

@@ -47,7 +47,7 @@ static void help(FILE *f)
 static void progress(void *user, int done, int total)
 {
     bool tty = *(bool *)user;
-    if (tty) fprintf(stderr, "\rprofiling layer %d/%d", done, total);
+    if (tty) fprintf(stderr, "\rprofiling: pass %d/%d over the model", done, total);
     if (tty && done == total) fputc('\n', stderr);
 }
 
@@ -214,6 +214,13 @@ static gp_status write_json(const char *path, const struct gp_profile *p, const 
     return GP_OK;
 }
 
+/* What the pipeline gives each CPU device: the cores shared among them. */
+static int cpu_threads_per_device(int devices)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return cores / devices > 1 ? (int)(cores / devices) : 1;
+}
+
 /* Profiles (or loads a profile) and balances; shared with train. */
 gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
                                      const char *profile_in, const char *profile_out, bool quiet,
@@ -224,7 +231,8 @@ gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_
     GP_TRY(gp_onnx_load(model, bc->batch / bc->n_micro, &g, err));
     bool tty = !quiet && isatty(STDERR_FILENO);
     gp_status st = profile_in ? gp_profile_load(profile_in, &g, prof, err)
-                              : gp_profile_cpu(&g, model, 2, repeats, quiet ? NULL : progress, &tty, prof, err);
+                              : gp_profile_cpu(&g, model, cpu_threads_per_device(bc->n_stages), 2,
+                                               repeats, quiet ? NULL : progress, &tty, prof, err);
     gp_graph_free(&g);
     GP_TRY(st);
     if (profile_out) GP_TRY(gp_profile_save(prof, profile_out, err));
