@@ -103,6 +103,36 @@ grep -q "^epoch 1: train loss .* val accuracy" "$tmp/out.txt" || fail "no valida
 [ ! -e "$tmp/diverged.onnx" ] || fail "a diverged run left a saved model"
 "$bin" train --help | grep -q -- "--no-shuffle" || fail "train --help lacks --no-shuffle"
 
+# balance: the report, its JSON, and a saved profile that reproduces it.
+"$bin" balance "$m/unet_op17.onnx" --devices cpu:0,cpu:1,cpu:2 --batch 8 --chunks 4 \
+  --json "$tmp/balance.json" --profile-out "$tmp/profile.json" >"$tmp/out.txt" 2>"$tmp/err.txt" \
+  || fail "balance failed: $(cat "$tmp/err.txt")"
+grep -q "^optimal" "$tmp/out.txt" || fail "balance printed no optimal split"
+grep -q "^even" "$tmp/out.txt" || fail "balance printed no even split"
+grep -q "^heuristic" "$tmp/out.txt" || fail "balance printed no heuristic split"
+grep -q "bubble" "$tmp/out.txt" || fail "balance printed no bubble"
+"$py" - "$tmp/balance.json" <<'PY' || fail "balance JSON lacks fields"
+import json, sys
+d = json.load(open(sys.argv[1]))
+st = d["stages"]
+assert len(st) == 3 and st[0]["first_layer"] == 0
+for a, b in zip(st, st[1:]):
+    assert b["first_layer"] == a["last_layer"] + 1
+for s in st:
+    assert s["time_ms"] > 0 and s["memory_bytes"] > 0
+assert d["predicted_step_ms"] > 0 and sum(d["balance"]) == st[-1]["last_layer"] + 1
+PY
+"$bin" balance "$m/unet_op17.onnx" --devices cpu:0,cpu:1,cpu:2 --batch 8 --chunks 4 \
+  --profile-in "$tmp/profile.json" --json "$tmp/balance2.json" >/dev/null 2>&1 || fail "balance --profile-in failed"
+cmp -s "$tmp/balance.json" "$tmp/balance2.json" || fail "a saved profile does not reproduce its balance"
+expect_fail 2 "--devices is required" "$bin" balance "$m/unet_op17.onnx"
+expect_fail 2 "--by is time or memory" "$bin" balance "$m/unet_op17.onnx" --devices cpu:0 --by speed
+expect_fail 1 "profiles 23 layers but the model has" \
+  "$bin" balance "$m/gpt_op17.onnx" --devices cpu:0,cpu:1 --profile-in "$tmp/profile.json"
+"$bin" train "$m/unet_op17.onnx" --synthetic 32 --batch 8 --chunks 4 --devices cpu:0,cpu:1 \
+  --balance time --steps 2 >"$tmp/out.txt" 2>"$tmp/err.txt" || fail "train --balance time failed: $(cat "$tmp/err.txt")"
+grep -q "^optimal" "$tmp/out.txt" || fail "train --balance time printed no report"
+
 "$bin" --help | grep -q "inspect" || fail "--help lists no inspect"
 "$bin" inspect --help | grep -q -- "--batch" || fail "inspect --help lacks --batch"
 "$bin" devices --help | grep -q "devices" || fail "devices --help"
