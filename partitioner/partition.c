@@ -23,12 +23,15 @@
  * j <= reach_T(i)). T is feasible iff n is in R_k. One sweep per s keeps the
  * running maximum of reach_T(i) over i in R_{s-1}, i < j: O(n log n + k n).
  *
- * Feasibility is monotone in T (a larger T only widens the intervals), and
- * the optimal bottleneck B* is itself a computed stage cost, so B* is exactly
- * the smallest double T that is feasible. Costs are >= 0, and non-negative
- * doubles order as their bit patterns do, so a bisection on the bit patterns
- * between 0 and the even split's bottleneck (feasible by construction) finds
- * B* in at most 64 feasibility tests, with no tolerance anywhere.
+ * With B* the least bottleneck over all partitions, T is feasible iff
+ * T >= B* (an optimal partition fits under any T >= B*; a partition under T
+ * has bottleneck <= T). B* is a computed stage cost, hence a double, and so
+ * the smallest feasible double. Costs are >= 0, and non-negative doubles
+ * order as their bit patterns do, so a bisection on the bit patterns between
+ * 0 and the even split's bottleneck (feasible by construction) finds B* in at
+ * most 64 feasibility tests, with no tolerance anywhere. (This needs IEEE
+ * double arithmetic as C specifies it: no -ffast-math, no x87 excess
+ * precision.)
  *
  * Ties: a suffix DP under T = B*. H_s[i] is the least key of a split of
  * [i, n) into s stages of cost <= B*, the key being the sum of the boundary
