@@ -12,7 +12,10 @@ static double layer_time(const struct gp_profile *p, const struct gp_balance_con
                            ? (double)(c->n_micro - 1) / (double)c->n_micro
                            : 0.0;
     const struct gp_layer_profile *l = &p->layers[i];
-    return l->forward_ms + l->backward_ms + recompute * l->forward_ms;
+    /* Before each micro-batch's backward the executor clears the gradients
+     * of the stage's activations: about one memory pass over them. */
+    double clear_ms = (double)l->activation_bytes / (p->copy_gbps * 1e6);
+    return l->forward_ms + l->backward_ms + recompute * l->forward_ms + clear_ms;
 }
 
 /* Bytes layer i costs its stage: the parameter, its gradient and optimizer
