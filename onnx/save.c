@@ -13,6 +13,7 @@
 #include "onnx.pb-c.h"
 #include "onnx/external_data.h"
 #include "util/strmap.h"
+#include "util/atomic_file.h"
 
 /* protobuf's limit for one message, and the loader's (onnx/load.c). */
 #define GP_MAX_MODEL_BYTES ((size_t)2 << 30)
@@ -321,69 +322,20 @@ static void sink_append(ProtobufCBuffer *b, size_t len, const uint8_t *data)
 
 static gp_status write_atomic(const Onnx__ModelProto *mp, const char *path, struct gp_error *err)
 {
-    static atomic_uint counter;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 64);
     unsigned char *buf = malloc(1 << 20);
-    if (!tmp || !buf) {
-        free(tmp);
-        free(buf);
-        return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
-    }
-    int fd = -1;
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        snprintf(tmp, plen + 64, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1u));
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) {
-        gp_status st = gp_error_set(err, GP_ERR_IO, "cannot create a file next to '%s': %s", path,
-                                    strerror(errno));
-        free(tmp);
+    if (!buf) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    struct gp_atomic_file f;
+    gp_status st = gp_atomic_create(&f, path, err);
+    if (st != GP_OK) {
         free(buf);
         return st;
     }
-    struct file_sink sink = {.base = {.append = sink_append}, .fd = fd, .buf = buf, .cap = 1 << 20};
+    struct file_sink sink = {.base = {.append = sink_append}, .fd = f.fd, .buf = buf, .cap = 1 << 20};
     onnx__model_proto__pack_to_buffer(mp, &sink.base);
     sink_flush(&sink);
     free(buf);
-    const char *what = NULL;
-    int saved = 0;
-    if (sink.error) {
-        what = "write";
-        saved = sink.error;
-    } else if (fsync(fd) != 0) {
-        what = "fsync";
-        saved = errno;
-    }
-    if (close(fd) != 0 && !what) {
-        what = "close";
-        saved = errno;
-    }
-    if (!what && rename(tmp, path) != 0) {
-        what = "rename";
-        saved = errno;
-    }
-    if (what) {
-        unlink(tmp);
-        free(tmp);
-        return gp_error_set(err, GP_ERR_IO, "cannot write '%s': %s failed: %s", path, what,
-                            strerror(saved));
-    }
-    free(tmp);
-    /* Make the rename durable (best effort: the data is already safe). */
-    char *dir = strdup(path);
-    if (dir) {
-        char *slash = strrchr(dir, '/');
-        if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
-        int dfd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
-        free(dir);
-    }
-    return GP_OK;
+    f.write_errno = sink.error;
+    return gp_atomic_commit(&f, err);
 }
 
 /* ---- the whole save ---- */

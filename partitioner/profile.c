@@ -12,6 +12,7 @@
 #include "graph/layers.h"
 #include "util/json_parse.h"
 #include "util/json_writer.h"
+#include "util/atomic_file.h"
 
 static double now_ms(void)
 {
@@ -160,11 +161,13 @@ done:
 
 gp_status gp_profile_save(const struct gp_profile *p, const char *path, struct gp_error *err)
 {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return gp_error_set(err, GP_ERR_IO, "path too long: '%s'", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return gp_error_set(err, GP_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno));
+    struct gp_atomic_file file;
+    GP_TRY(gp_atomic_create(&file, path, err));
+    FILE *f = gp_atomic_stream(&file);
+    if (!f) {
+        gp_atomic_abort(&file);
+        return gp_error_set(err, GP_ERR_IO, "cannot write '%s'", path);
+    }
     struct gp_json j;
     gp_json_init(&j, f, true);
     gp_json_object_begin(&j);
@@ -204,13 +207,7 @@ gp_status gp_profile_save(const struct gp_profile *p, const char *path, struct g
     gp_json_array_end(&j);
     gp_json_object_end(&j);
     gp_json_finish(&j);
-    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return gp_error_set(err, GP_ERR_IO, "cannot write '%s'", path);
-    }
-    return GP_OK;
+    return gp_atomic_commit(&file, err);
 }
 
 static const struct gp_jvalue *field(const struct gp_jvalue *o, const char *key, enum gp_jtype t)

@@ -11,6 +11,7 @@
 #include "onnx/load.h"
 #include "partitioner/balance.h"
 #include "util/json_writer.h"
+#include "util/atomic_file.h"
 
 static void help(FILE *f)
 {
@@ -171,10 +172,13 @@ static void json_split(struct gp_json *j, const struct gp_split_report *r)
 static gp_status write_json(const char *path, const struct gp_profile *p, const struct gp_balance_report *r,
                             struct gp_error *err)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return gp_error_set(err, GP_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno));
+    struct gp_atomic_file file;
+    GP_TRY(gp_atomic_create(&file, path, err));
+    FILE *f = gp_atomic_stream(&file);
+    if (!f) {
+        gp_atomic_abort(&file);
+        return gp_error_set(err, GP_ERR_IO, "cannot write '%s'", path);
+    }
     struct gp_json j;
     gp_json_init(&j, f, true);
     gp_json_object_begin(&j);
@@ -205,13 +209,7 @@ static gp_status write_json(const char *path, const struct gp_profile *p, const 
     gp_json_object_end(&j);
     gp_json_object_end(&j);
     gp_json_finish(&j);
-    bool ok = fflush(f) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return gp_error_set(err, GP_ERR_IO, "cannot write '%s'", path);
-    }
-    return GP_OK;
+    return gp_atomic_commit(&file, err);
 }
 
 /* What the pipeline gives each CPU device: the cores shared among them. */

@@ -12,6 +12,7 @@
 #include "onnx/load.h"
 #include "partitioner/balance.h"
 #include "train/trainer.h"
+#include "util/atomic_file.h"
 
 static void help(FILE *f)
 {
@@ -508,29 +509,29 @@ int gp_cmd_train(int argc, char **argv)
     }
 
     struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet};
-    char *metrics_tmp = NULL;
+    /* The metrics file appears only whole: written beside, renamed at the end. */
+    struct gp_atomic_file metrics_file = {0};
     if (metrics) {
-        metrics_tmp = malloc(strlen(metrics) + 16);
-        sprintf(metrics_tmp, "%s.tmp", metrics);
-        prog.metrics = fopen(metrics_tmp, "w");
+        if (gp_atomic_create(&metrics_file, metrics, &err) != GP_OK) {
+            status = gp_cli_fail("%s", err.msg);
+            goto done;
+        }
+        prog.metrics = gp_atomic_stream(&metrics_file);
         if (!prog.metrics) {
-            status = gp_cli_fail("cannot write '%s'", metrics_tmp);
-            free(metrics_tmp);
+            gp_atomic_abort(&metrics_file);
+            status = gp_cli_fail("cannot write '%s'", metrics);
             goto done;
         }
     }
     struct gp_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step,
                                     .on_epoch = on_epoch, .on_memory = on_memory};
     gp_status st = gp_train(&cfg, &train, val_data ? &val : NULL, &cb, &err);
-    if (prog.metrics) {
-        /* The metrics file appears only whole: written beside, renamed at the end. */
-        bool ok = fclose(prog.metrics) == 0;
-        if (st == GP_OK && ok && rename(metrics_tmp, metrics) != 0) ok = false;
-        if (st != GP_OK || !ok) unlink(metrics_tmp);
-        if (st == GP_OK && !ok) status = gp_cli_fail("cannot write '%s'", metrics);
-        free(metrics_tmp);
-    }
     if (st != GP_OK) status = gp_cli_fail("%s", err.msg);
+    if (prog.metrics) {
+        struct gp_error merr = {0};
+        if (st != GP_OK) gp_atomic_abort(&metrics_file);
+        else if (gp_atomic_commit(&metrics_file, &merr) != GP_OK) status = gp_cli_fail("%s", merr.msg);
+    }
     else if (cfg.save_path && !quiet) fprintf(stderr, "saved %s\n", cfg.save_path);
 done:
     for (int k = 0; k < 4; k++) {

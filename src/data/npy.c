@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util/atomic_file.h"
+
 /* "\x93NUMPY", major, minor, then the header length: 2 bytes in 1.0, 4 bytes
  * in 2.0 and 3.0 (3.0 only allows utf-8 in the header, which we never need). */
 static const unsigned char npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
@@ -515,78 +517,15 @@ gp_status gp_npy_convert(struct gp_npy *a, enum gp_dtype to, struct gp_error *er
 
 /* ---- writing ---- */
 
-/* Writes a file atomically: a fresh temporary file next to `path` (so the
- * rename cannot cross file systems), filled by the caller's bytes, fsync'd,
- * then renamed over `path`. The temporary file is created with mode 0666
- * before the umask, like any file the user writes. */
-static gp_status write_all(int fd, const void *data, size_t n)
-{
-    const unsigned char *p = data;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return GP_ERR_IO;
-        p += w;
-        n -= (size_t)w;
-    }
-    return GP_OK;
-}
-
+/* The header and the data, written atomically (util/atomic_file.h). */
 static gp_status atomic_write(const char *path, const void *head, size_t head_len, const void *body,
                               size_t body_len, struct gp_error *err)
 {
-    static atomic_uint counter;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 64);
-    if (!tmp) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
-    int fd = -1;
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        snprintf(tmp, plen + 64, "%s.tmp.%ld.%u", path, (long)getpid(),
-                 atomic_fetch_add(&counter, 1u));
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) {
-        gp_status st = gp_error_set(err, GP_ERR_IO, "cannot create a file next to '%s': %s", path,
-                                    strerror(errno));
-        free(tmp);
-        return st;
-    }
-    const char *what = NULL;
-    if (write_all(fd, head, head_len) != GP_OK || write_all(fd, body, body_len) != GP_OK)
-        what = "write";
-    else if (fsync(fd) != 0)
-        what = "fsync";
-    int saved = errno;
-    if (close(fd) != 0 && !what) {
-        what = "close";
-        saved = errno;
-    }
-    if (!what && rename(tmp, path) != 0) {
-        what = "rename";
-        saved = errno;
-    }
-    if (what) {
-        unlink(tmp);
-        free(tmp);
-        return gp_error_set(err, GP_ERR_IO, "cannot write '%s': %s failed: %s", path, what,
-                            strerror(saved));
-    }
-    free(tmp);
-    /* Make the rename itself durable (best effort: some file systems refuse
-     * to fsync a directory, and the data is already safe). */
-    char *dir = strdup(path);
-    if (dir) {
-        char *slash = strrchr(dir, '/');
-        if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
-        int dfd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
-        free(dir);
-    }
-    return GP_OK;
+    struct gp_atomic_file f;
+    GP_TRY(gp_atomic_create(&f, path, err));
+    gp_atomic_write(&f, head, head_len);
+    gp_atomic_write(&f, body, body_len);
+    return gp_atomic_commit(&f, err);
 }
 
 gp_status gp_npy_write(const char *path, enum gp_dtype dtype, const struct gp_shape *shape,

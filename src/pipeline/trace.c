@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "util/json_writer.h"
+#include "util/atomic_file.h"
 
 const char *gp_trace_kind_name(enum gp_task_kind kind)
 {
@@ -156,56 +157,13 @@ static void write_trace(FILE *f, const struct gp_trace_stream *streams, int n)
 gp_status gp_trace_write(const char *path, const struct gp_trace_stream *streams, int n,
                          struct gp_error *err)
 {
-    static atomic_uint counter;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 64);
-    if (!tmp) return gp_error_set(err, GP_ERR_NOMEM, "out of memory writing '%s'", path);
-    /* Beside the target, so that the rename stays on one file system; mode
-     * 0666 before the umask, like any file the user writes. */
-    int fd = -1;
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        snprintf(tmp, plen + 64, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1u));
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) {
-        gp_status st = gp_error_set(err, GP_ERR_IO, "cannot create a file next to '%s': %s", path,
-                                    strerror(errno));
-        free(tmp);
-        return st;
-    }
-    FILE *f = fdopen(fd, "w");
+    struct gp_atomic_file file;
+    GP_TRY(gp_atomic_create(&file, path, err));
+    FILE *f = gp_atomic_stream(&file);
     if (!f) {
-        int saved = errno;
-        close(fd);
-        unlink(tmp);
-        free(tmp);
-        return gp_error_set(err, GP_ERR_IO, "cannot write '%s': %s", path, strerror(saved));
+        gp_atomic_abort(&file);
+        return gp_error_set(err, GP_ERR_IO, "cannot write '%s'", path);
     }
     write_trace(f, streams, n);
-    const char *what = NULL;
-    int saved = 0;
-    if (fflush(f) != 0 || ferror(f)) {
-        what = "write";
-        saved = errno;
-    } else if (fsync(fileno(f)) != 0) {
-        what = "fsync";
-        saved = errno;
-    }
-    if (fclose(f) != 0 && !what) {
-        what = "close";
-        saved = errno;
-    }
-    if (!what && rename(tmp, path) != 0) {
-        what = "rename";
-        saved = errno;
-    }
-    if (what) {
-        unlink(tmp);
-        free(tmp);
-        return gp_error_set(err, GP_ERR_IO, "cannot write '%s': %s failed: %s", path, what,
-                            saved ? strerror(saved) : "I/O error");
-    }
-    free(tmp);
-    return GP_OK;
+    return gp_atomic_commit(&file, err);
 }

@@ -1,0 +1,33 @@
+/* The CUDA backend of the device interface (backend/device.h).
+ *
+ * A device is one GPU; a stream is a non-blocking CUDA stream of it; an
+ * event is a CUDA event. enqueue runs the task at once on the calling host
+ * thread, with the stream's device current, and the task launches its
+ * kernels onto the stream that gp_cuda_current_stream() names while it runs.
+ * Copies are cudaMemcpyAsync with cudaMemcpyDefault, so one call moves bytes
+ * host<->device and device<->device, across GPUs too (unified addressing). */
+#ifndef GP_CUDA_DEVICE_H
+#define GP_CUDA_DEVICE_H
+
+#include <cuda_runtime_api.h>
+
+#include "backend/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+extern const struct gp_device_ops gp_cuda_device_ops;
+
+/* The stream of the task that enqueue is running on this host thread; NULL
+ * (CUDA's default stream, which no task should use) outside a task. Tasks
+ * launch every kernel and library call onto it. A later backend passes the
+ * stream to the task instead; until then this is the only way a task learns
+ * where its work goes. */
+cudaStream_t gp_cuda_current_stream(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
