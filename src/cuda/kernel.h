@@ -1,0 +1,71 @@
+/* CUDA kernels: forward and backward per op type, the CUDA twin of
+ * backend/cpu/kernel.h with the same conventions, so that a stage runs the
+ * same layer list on either backend and the CPU kernels are the reference
+ * the CUDA ones are tested against.
+ *
+ * Shapes live in the graph (static, axis 0 bound to the micro-batch); the
+ * context gives device pointers. Float tensors are float32 (TF32 only when
+ * ctx->tf32). Backward ACCUMULATES (+=) into every non-NULL din[k]; dout[k]
+ * NULL means a zero gradient. A kernel launches its work on ctx->stream and
+ * never synchronizes the host; it allocates nothing (scratch and saved state
+ * are planned, like the CPU backend's). */
+#ifndef GP_CUDA_KERNEL_H
+#define GP_CUDA_KERNEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "graph/graph.h"
+#include "ops/registry.h"
+
+struct gp_cuda_ctx {
+    const struct gp_graph *graph;
+    const struct gp_node *node;
+    void *const *in;       /* [node->n_inputs] device pointers; NULL for omitted inputs */
+    void *const *out;      /* [node->n_outputs] */
+    float *const *din;     /* gradients to accumulate into, or NULL */
+    float *const *dout;    /* incoming gradients, or NULL (zero) */
+    void *saved;           /* saved_bytes() of device memory per micro-batch */
+    void *scratch;         /* scratch_bytes() of device memory, contents undefined */
+    cudaStream_t stream;
+    void *cublas;          /* cublasHandle_t bound to `stream` (NULL until GEMMs exist) */
+    void *cudnn;           /* cudnnHandle_t bound to `stream` */
+    bool tf32;             /* allow TF32 tensor cores; default off: float32 semantics */
+    bool training, update_state;
+    uint64_t seed, step;   /* dropout key, as on the CPU (backend/cpu/rng.h) */
+    int64_t sample_offset;
+    double dropout_ratio;  /* < 0: the model's own */
+    double *deferred_stats; /* device memory; see backend/cpu/kernel.h */
+};
+
+struct gp_cuda_kernel {
+    const char *op_type;
+    size_t (*saved_bytes)(const struct gp_graph *g, const struct gp_node *node);   /* NULL: 0 */
+    size_t (*scratch_bytes)(const struct gp_graph *g, const struct gp_node *node); /* NULL: 0 */
+    gp_status (*forward)(struct gp_cuda_ctx *ctx, struct gp_error *err);
+    gp_status (*backward)(struct gp_cuda_ctx *ctx, struct gp_error *err); /* NULL: no gradient */
+};
+
+/* The kernel for a node (matched by op_type), or NULL. */
+const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node);
+
+/* Kernel tables, one per family file (src/cuda/<family>.cu), each ending
+ * with an entry whose op_type is NULL. */
+extern const struct gp_cuda_kernel gp_cuda_kernels_elementwise[];
+
+/* "node 'name' (Op): <call>: <CUDA error>" into err when a launch failed;
+ * GP_OK otherwise. Kernels call it after their launches. */
+gp_status gp_cuda_check_launch(const struct gp_cuda_ctx *c, const char *what, struct gp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
