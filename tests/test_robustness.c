@@ -68,6 +68,28 @@ static void test_random_bytes_and_bit_flips(void **state)
     free(data);
 }
 
+/* Inputs the fuzzer once found a crash or undefined behaviour with (kept
+ * in tests/data/fuzz/): each must load or fail with a message, and under
+ * the sanitizers neither may report anything. */
+static void test_fuzz_regressions(void **state)
+{
+    (void)state;
+    static const char *const files[] = {"slice_huge_step.onnx"};
+    const char *root = getenv("GP_SOURCE_ROOT");
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tests/data/fuzz/%s", root ? root : ".", files[i]);
+        size_t size;
+        unsigned char *data = read_whole(path, &size);
+        if (!data) fail_msg("cannot read %s", path);
+        struct gp_graph g;
+        struct gp_error err = {0};
+        if (gp_onnx_load_buffer(data, size, NULL, 2, &g, &err) == GP_OK) gp_graph_free(&g);
+        else assert_true(err.msg[0] != '\0');
+        free(data);
+    }
+}
+
 static void test_missing_file_and_folder(void **state)
 {
     (void)state;
@@ -444,6 +466,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_truncated_files),
         cmocka_unit_test(test_random_bytes_and_bit_flips),
+        cmocka_unit_test(test_fuzz_regressions),
         cmocka_unit_test(test_missing_file_and_folder),
         cmocka_unit_test(test_valid_hand_made_model),
         cmocka_unit_test(test_wrong_tensor_types),

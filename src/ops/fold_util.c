@@ -280,7 +280,9 @@ gp_status gp_slice_plan(struct gp_infer_ctx *ctx, const struct gp_shape *in,
             len = s > e ? (int64_t)((uint64_t)(s - e - 1) / back) + 1 : 0;
         }
         p->start[axis] = len > 0 ? s : 0;
-        p->step[axis] = step;
+        /* The step only matters between two taken elements: with one or
+         * none, a huge step would just overflow stride arithmetic. */
+        p->step[axis] = len > 1 ? step : 1;
         p->out.dims[axis] = len;
     }
     return GP_OK;
