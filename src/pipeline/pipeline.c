@@ -294,7 +294,7 @@ static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last,
     struct stage *s = &p->stages[k];
     s->ops = p->cfg.device_ops[k];
     s->device = p->cfg.device_index[k];
-    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, NULL, first, last, &s->plan, err));
+    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, first, last, &s->plan, err));
     for (int q = 0; q < k; q++)
         if (p->stages[q].ops == s->ops && p->stages[q].device == s->device) s->dev = p->stages[q].dev;
     if (!s->dev) GP_TRY(s->ops->open(s->device, &s->dev, err));

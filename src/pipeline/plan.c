@@ -37,7 +37,7 @@ void gp_plan_needs_grad(const struct gp_graph *g, bool *needs)
 }
 
 gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs_grad,
-                        const int *stage_of_layer, int first, int last, struct gp_stage_plan *p,
+                        int first, int last, struct gp_stage_plan *p,
                         struct gp_error *err)
 {
     memset(p, 0, sizeof *p);
@@ -137,7 +137,6 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         p->inbox_off[v] = p->inbox_bytes;
         p->inbox_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(real));
     }
-    (void)stage_of_layer;
     return GP_OK;
 }
 

@@ -36,7 +36,7 @@ struct gp_stage_plan {
  * gradients (gp_plan_needs_grad). Fails when a parameter or buffer is read
  * by layers of another stage too (it must live in one place). */
 gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs_grad,
-                        const int *stage_of_layer, int first, int last, struct gp_stage_plan *out,
+                        int first, int last, struct gp_stage_plan *out,
                         struct gp_error *err);
 void gp_plan_free(struct gp_stage_plan *p);
 
