@@ -50,8 +50,7 @@ fi
 # A wheel is a zip archive: Python's zipfile extracts it without unzip. Only
 # members under PREFIX are written, with the prefix stripped; a member whose
 # path would leave the destination is refused.
-"$PYTHON" - "$tmp/wheel/$WHEEL" "$PREFIX" "$tmp/node" <<'EOF' ||
-    die "extracting the node tests failed"
+if ! "$PYTHON" - "$tmp/wheel/$WHEEL" "$PREFIX" "$tmp/node" <<'EOF'
 import os, sys, zipfile
 wheel, prefix, out = sys.argv[1:]
 count = 0
@@ -71,6 +70,9 @@ if count == 0:
     sys.exit(f"no files under {prefix} in {wheel}")
 print(f"extracted {count} files")
 EOF
+then
+    die "extracting the node tests failed"
+fi
 n=$(find "$tmp/node" -mindepth 1 -maxdepth 1 -type d -name 'test_*' | wc -l)
 [ "$n" -gt 1000 ] || die "only $n test folders extracted; expected more than 1000"
 echo "onnx $ONNX_VERSION" > "$tmp/node/.complete"
