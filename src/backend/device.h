@@ -20,6 +20,7 @@
 struct gp_device;
 struct gp_stream;
 struct gp_event;
+struct gp_compute_ops; /* backend/compute.h */
 
 /* What a task is, for the timeline (Chrome trace) and messages. */
 enum gp_task_kind {
@@ -87,6 +88,10 @@ struct gp_device_ops {
     const struct gp_trace_span *(*trace_spans)(struct gp_stream *s, int *count);
     /* Threads a CPU device's kernels may use (OpenMP); no-op elsewhere. */
     void (*set_threads)(struct gp_device *dev, int threads);
+    /* Bytes the device could still allocate, for planning messages. */
+    size_t (*mem_available)(struct gp_device *dev);
+    /* The kernels and step operations that run on this backend's devices. */
+    const struct gp_compute_ops *compute;
 };
 
 extern const struct gp_device_ops gp_cpu_device_ops;

@@ -38,6 +38,8 @@ bool gp_cli_parse_int(const char *command, const char *option, const char *text,
                       int64_t max, int64_t *out);
 /* "1.5 KiB", "12.0 MiB"... into buf. */
 const char *gp_cli_bytes(int64_t bytes, char *buf, int size);
+/* GPUs this build can train on: 0 without CUDA or without a visible GPU. */
+int gp_cli_gpu_count(void);
 /* "30,592" into buf. */
 const char *gp_cli_count(int64_t n, char *buf, int size);
 

@@ -5,6 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef GP_HAVE_CUDA
+#include "cuda/device_query.h"
+#endif
+
 int gp_cli_fail(const char *fmt, ...)
 {
     va_list ap;
@@ -68,4 +72,16 @@ const char *gp_cli_count(int64_t n, char *buf, int size)
     }
     buf[o] = '\0';
     return buf;
+}
+
+int gp_cli_gpu_count(void)
+{
+#ifdef GP_HAVE_CUDA
+    struct gp_cuda_device devs[1];
+    struct gp_error err = {0};
+    int count = 0;
+    return gp_cuda_devices(devs, 1, &count, &err) == GP_OK ? count : 0;
+#else
+    return 0;
+#endif
 }

@@ -70,8 +70,13 @@ static void help(FILE *f)
         "  --dropout R           override every Dropout ratio (0 turns dropout off)\n"
         "\n"
         "pipeline:\n"
-        "  --devices LIST        one device per stage, e.g. cpu:0,cpu:1,cpu:2 (a CPU device\n"
-        "                        is a worker thread; stages may share one). Default cpu:0\n"
+        "  --devices LIST        one device per stage, e.g. cuda:0,cuda:1 (or 0,1) or\n"
+        "                        cpu:0,cpu:1,cpu:2 (a CPU device is a worker thread);\n"
+        "                        stages may share a device. Default: cuda:0 when a GPU\n"
+        "                        is visible, else cpu:0\n"
+        "  --tf32                let GPU matrix products and convolutions use TF32 tensor\n"
+        "                        cores (faster, ~1e-3 relative error); default off:\n"
+        "                        float32 arithmetic, as on the CPU\n"
         "  --balance LIST        layers per stage, e.g. 4,4,5 (the indices 'inspect'\n"
         "                        prints); default: an even split by layer count\n"
         "  --balance time|memory profile every layer, split by the exact optimum of that\n"
@@ -168,7 +173,9 @@ static void on_memory(void *user, const struct gp_stage_memory_report *r)
                 "parameters", "optimizer", "activations", "act. peak", "planned");
     char layers[32];
     snprintf(layers, sizeof layers, "%d-%d", r->first_layer, r->last_layer - 1);
-    fprintf(stderr, "%-6d %-10s cpu:%-4d %12s %12s %12s %12s %12s\n", r->stage, layers, r->device,
+    char device[32];
+    snprintf(device, sizeof device, "%s:%d", r->backend ? r->backend : "cpu", r->device);
+    fprintf(stderr, "%-6d %-10s %-8s %12s %12s %12s %12s %12s\n", r->stage, layers, device,
             gp_cli_bytes(r->param_bytes, a, sizeof a), gp_cli_bytes(r->optim_bytes, b, sizeof b),
             gp_cli_bytes(r->activation_bytes, c, sizeof c), gp_cli_bytes(r->activation_peak, d, sizeof d),
             gp_cli_bytes(r->planned_bytes, e, sizeof e));
@@ -188,11 +195,12 @@ static bool parse_double(const char *opt, const char *text, double min, double *
     return true;
 }
 
-/* "cpu:0,cpu:1" (or "cpu,cpu") into one device per stage. */
+/* "cpu:0,cpu:1" (or "cpu,cpu"), "cuda:0,cuda:1" (or "0,1", "cuda") into
+ * one device per stage. */
 static bool parse_devices(const char *list, struct gp_train_config *cfg)
 {
     if (!list || !*list) {
-        gp_cli_usage("train", "--devices needs a list such as cpu:0,cpu:1");
+        gp_cli_usage("train", "--devices needs a list such as cuda:0,cuda:1 or cpu:0,cpu:1");
         return false;
     }
     int n = 0;
@@ -207,22 +215,29 @@ static bool parse_devices(const char *list, struct gp_train_config *cfg)
         }
         memcpy(item, p, len);
         item[len] = '\0';
-        char *num = NULL;
+        /* "cpu[:N]", "cuda[:N]", or a bare GPU index "N". */
+        bool cuda = false;
+        const char *index = NULL;
         if (!strncmp(item, "cpu", 3) && (item[3] == '\0' || item[3] == ':')) {
-            long idx = item[3] == ':' ? strtol(item + 4, &num, 10) : 0;
-            if ((item[3] == ':' && (*num || num == item + 4)) || idx < 0 || idx > 1023) {
-                gp_cli_usage("train", "--devices: bad device '%s'", item);
-                return false;
-            }
-            cfg->stage_device[n++] = (int)idx;
-        } else if (!strncmp(item, "cuda", 4) || (item[0] >= '0' && item[0] <= '9')) {
-            gp_cli_usage("train", "--devices: '%s' is a GPU; training on CUDA devices is not "
-                         "available in this version (use cpu:N)", item);
-            return false;
+            index = item[3] == ':' ? item + 4 : "0";
+        } else if (!strncmp(item, "cuda", 4) && (item[4] == '\0' || item[4] == ':')) {
+            cuda = true;
+            index = item[4] == ':' ? item + 5 : "0";
+        } else if (item[0] >= '0' && item[0] <= '9') {
+            cuda = true;
+            index = item;
         } else {
-            gp_cli_usage("train", "--devices: unknown device '%s' (cpu:N)", item);
+            gp_cli_usage("train", "--devices: unknown device '%s' (cuda:N, N or cpu:N)", item);
             return false;
         }
+        char *num = NULL;
+        long idx = strtol(index, &num, 10);
+        if (*num || num == index || idx < 0 || idx > 1023) {
+            gp_cli_usage("train", "--devices: bad device '%s'", item);
+            return false;
+        }
+        cfg->stage_cuda[n] = cuda;
+        cfg->stage_device[n++] = (int)idx;
         p += len;
         if (*p == ',') p++;
     }
@@ -400,6 +415,8 @@ int gp_cmd_train(int argc, char **argv)
             else return gp_cli_usage("train", "--checkpoint is always, except_last or never (got '%s')", c ? c : "");
         } else if (!strcmp(a, "--deferred-batch-norm")) {
             cfg.deferred_batch_norm = true;
+        } else if (!strcmp(a, "--tf32")) {
+            cfg.tf32 = true;
         } else if (!strcmp(a, "--trace")) {
             cfg.trace_path = TAKE();
         } else if (!strcmp(a, "--save")) {
@@ -420,10 +437,16 @@ int gp_cmd_train(int argc, char **argv)
 #undef TAKE
     }
     if (!cfg.model_path) return gp_cli_usage("train", "no model given");
-    if (n_balance && !devices_set) {
-        /* A balance alone runs its stages on one CPU device's worth of threads each. */
-        cfg.n_stages = n_balance;
-        for (int k = 0; k < n_balance; k++) cfg.stage_device[k] = k;
+    if (!devices_set) {
+        /* The GPUs when there are any (stage k on GPU k modulo their number),
+         * else CPU devices: a balance alone runs each stage on a CPU device
+         * of its own (a worker thread with its share of the cores). */
+        int gpus = gp_cli_gpu_count();
+        cfg.n_stages = n_balance ? n_balance : 1;
+        for (int k = 0; k < cfg.n_stages; k++) {
+            cfg.stage_cuda[k] = gpus > 0;
+            cfg.stage_device[k] = gpus > 0 ? k % gpus : k;
+        }
     }
     if (n_balance && n_balance != cfg.n_stages)
         return gp_cli_usage("train", "--balance has %d stages but --devices has %d", n_balance, cfg.n_stages);
@@ -486,6 +509,13 @@ int gp_cmd_train(int argc, char **argv)
         }
     }
 
+    bool any_cuda = false;
+    for (int k = 0; k < cfg.n_stages; k++) any_cuda |= cfg.stage_cuda[k];
+    if (auto_balance && any_cuda && !strcmp(auto_balance, "time")) {
+        status = gp_cli_usage("train", "--balance time profiles layers on the CPU, which does not "
+                              "predict GPU stages: give --balance memory or a list of layer counts");
+        goto done;
+    }
     if (auto_balance) {
         struct gp_balance_config bc = {
             .by = !strcmp(auto_balance, "time") ? GP_BALANCE_TIME : GP_BALANCE_MEMORY,

@@ -288,6 +288,20 @@ static void cuda_set_threads(struct gp_device *dev, int threads)
     (void)threads;
 }
 
+/* Free device memory as the driver reports it; 0 when it cannot. */
+static size_t cuda_mem_available(struct gp_device *dev)
+{
+    size_t free_bytes = 0, total = 0;
+    if (cudaSetDevice(dev->index) != cudaSuccess || cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return free_bytes;
+}
+
+extern "C" cudaStream_t gp_cuda_stream_of(struct gp_stream *s) { return s->stream; }
+extern "C" int gp_cuda_device_index(struct gp_device *dev) { return dev->index; }
+
 /* ---- the timeline: references ---- */
 
 /* Caller holds ref_mu. */
@@ -713,4 +727,6 @@ extern "C" const struct gp_device_ops gp_cuda_device_ops = {
     cuda_trace_enable,
     cuda_trace_spans,
     cuda_set_threads,
+    cuda_mem_available,
+    NULL, /* WIRING: &gp_cuda_compute_ops */
 };

@@ -26,6 +26,13 @@ extern const struct gp_device_ops gp_cuda_device_ops;
  * where its work goes. */
 cudaStream_t gp_cuda_current_stream(void);
 
+/* The CUDA stream behind an interface stream, and a device's GPU index. */
+cudaStream_t gp_cuda_stream_of(struct gp_stream *s);
+int gp_cuda_device_index(struct gp_device *dev);
+
+/* The CUDA backend's compute ops (backend/compute.h; cuda/compute.cu). */
+extern const struct gp_compute_ops gp_cuda_compute_ops;
+
 #ifdef __cplusplus
 }
 #endif

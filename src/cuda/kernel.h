@@ -35,7 +35,7 @@ struct gp_cuda_ctx {
     void *saved;           /* saved_bytes() of device memory per micro-batch */
     void *scratch;         /* scratch_bytes() of device memory, contents undefined */
     cudaStream_t stream;
-    void *cublas;          /* cublasHandle_t bound to `stream` (NULL until GEMMs exist) */
+    void *cublas;          /* cublasHandle_t bound to `stream`, math mode set by tf32 */
     void *cudnn;           /* cudnnHandle_t bound to `stream` */
     bool tf32;             /* allow TF32 tensor cores; default off: float32 semantics */
     bool training, update_state;
@@ -59,6 +59,38 @@ const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node);
 /* Kernel tables, one per family file (src/cuda/<family>.cu), each ending
  * with an entry whose op_type is NULL. */
 extern const struct gp_cuda_kernel gp_cuda_kernels_elementwise[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_shape[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_matmul[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_conv[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_pool[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_norm[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_misc[]; /* Softmax, reductions, Dropout, Resize */
+
+/* Deferred batch normalization, twin of the CPU's gp_cpu_bn_stats_len /
+ * gp_cpu_bn_commit: doubles of statistics a BatchNormalization node
+ * accumulates in device memory (2C + 1), and the update of its running
+ * statistics (device float32) from them, launched on `stream`, which then
+ * clears them. */
+size_t gp_cuda_bn_stats_len(const struct gp_graph *g, const struct gp_node *node);
+gp_status gp_cuda_bn_commit(cudaStream_t stream, const struct gp_graph *g, const struct gp_node *node,
+                            float *rmean, float *rvar, double *stats, struct gp_error *err);
+
+/* "node 'name' (Op): message" into err; returns status. */
+gp_status gp_cuda_error(const struct gp_cuda_ctx *c, struct gp_error *err, gp_status status,
+                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* cuBLAS and cuDNN handles bound to `stream`, for the kernels' ctx: cuBLAS
+ * gets a workspace of its own (allocated here, once, so that it never
+ * allocates while a step runs) and the math mode `tf32` asks for (off:
+ * float32 semantics). Errors name the library call. */
+struct gp_cuda_libs {
+    void *cublas;           /* cublasHandle_t */
+    void *cudnn;            /* cudnnHandle_t */
+    void *cublas_workspace; /* device memory */
+};
+gp_status gp_cuda_libs_create(cudaStream_t stream, bool tf32, struct gp_cuda_libs *out,
+                              struct gp_error *err);
+void gp_cuda_libs_destroy(struct gp_cuda_libs *libs); /* zeroed: nothing to do */
 
 /* "node 'name' (Op): <call>: <CUDA error>" into err when a launch failed;
  * GP_OK otherwise. Kernels call it after their launches. */

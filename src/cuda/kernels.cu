@@ -1,7 +1,12 @@
 /* Kernel lookup and launch checks for the CUDA backend (cuda/kernel.h). */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 
 #include "cuda/kernel.h"
 
@@ -11,7 +16,9 @@ extern "C" {
 
 /* One table per family file, searched in order, as the CPU backend does. */
 static const struct gp_cuda_kernel *const tables[] = {
-    gp_cuda_kernels_elementwise,
+    gp_cuda_kernels_elementwise, gp_cuda_kernels_shape, gp_cuda_kernels_matmul,
+    gp_cuda_kernels_conv,        gp_cuda_kernels_pool,  gp_cuda_kernels_norm,
+    gp_cuda_kernels_misc,
 };
 
 extern "C" const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node)
@@ -33,4 +40,63 @@ extern "C" gp_status gp_cuda_check_launch(const struct gp_cuda_ctx *c, const cha
     if (e == cudaSuccess) return GP_OK;
     return gp_error_set(err, GP_ERR_DEVICE, "node '%s' (%s): %s: %s", c->node->name,
                         c->node->op_type, what, cudaGetErrorString(e));
+}
+
+extern "C" gp_status gp_cuda_error(const struct gp_cuda_ctx *c, struct gp_error *err, gp_status status,
+                                   const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return gp_error_set(err, status, "node '%s' (%s): %s", c->node->name, c->node->op_type, msg);
+}
+
+/* cuBLAS's workspace: what its documentation recommends for Hopper. */
+#define CUBLAS_WORKSPACE_BYTES (32u << 20)
+
+extern "C" gp_status gp_cuda_libs_create(cudaStream_t stream, bool tf32, struct gp_cuda_libs *out,
+                                         struct gp_error *err)
+{
+    memset(out, 0, sizeof *out);
+    cublasHandle_t h = NULL;
+    cublasStatus_t bs = cublasCreate(&h);
+    if (bs != CUBLAS_STATUS_SUCCESS)
+        return gp_error_set(err, GP_ERR_DEVICE, "cublasCreate: %s", cublasGetStatusString(bs));
+    out->cublas = h;
+    cudaError_t ce = cudaMalloc(&out->cublas_workspace, CUBLAS_WORKSPACE_BYTES);
+    if (ce != cudaSuccess) {
+        out->cublas_workspace = NULL;
+        gp_cuda_libs_destroy(out);
+        return gp_error_set(err, GP_ERR_NOMEM, "cuBLAS workspace (%u MiB): %s",
+                            CUBLAS_WORKSPACE_BYTES >> 20, cudaGetErrorString(ce));
+    }
+    if ((bs = cublasSetStream(h, stream)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = cublasSetWorkspace(h, out->cublas_workspace, CUBLAS_WORKSPACE_BYTES)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        (bs = cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH)) !=
+            CUBLAS_STATUS_SUCCESS) {
+        gp_cuda_libs_destroy(out);
+        return gp_error_set(err, GP_ERR_DEVICE, "cuBLAS setup: %s", cublasGetStatusString(bs));
+    }
+    cudnnHandle_t d = NULL;
+    cudnnStatus_t ds = cudnnCreate(&d);
+    if (ds == CUDNN_STATUS_SUCCESS) {
+        out->cudnn = d;
+        ds = cudnnSetStream(d, stream);
+    }
+    if (ds != CUDNN_STATUS_SUCCESS) {
+        gp_cuda_libs_destroy(out);
+        return gp_error_set(err, GP_ERR_DEVICE, "cuDNN setup: %s", cudnnGetErrorString(ds));
+    }
+    return GP_OK;
+}
+
+extern "C" void gp_cuda_libs_destroy(struct gp_cuda_libs *libs)
+{
+    if (libs->cudnn) cudnnDestroy((cudnnHandle_t)libs->cudnn);
+    if (libs->cublas) cublasDestroy((cublasHandle_t)libs->cublas);
+    if (libs->cublas_workspace) cudaFree(libs->cublas_workspace);
+    memset(libs, 0, sizeof *libs);
 }

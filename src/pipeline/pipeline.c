@@ -1,18 +1,21 @@
 /* The pipeline executor: plans every stage's memory, issues a step's
  * actions (from the schedule) onto the stages' streams with events between
- * them, and runs the CPU kernels inside the tasks. */
+ * them, and runs each stage's backend kernels (backend/compute.h) inside
+ * the tasks. The host touches device memory only through copies. */
 #include "pipeline/pipeline.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "backend/cpu/kernel.h"
+#include "backend/compute.h"
 #include "ops/registry.h"
 #include "pipeline/plan.h"
 #include "pipeline/trace.h"
 
-enum task_kind { TASK_FORWARD, TASK_RECOMPUTE, TASK_BACKWARD, TASK_OPTIMIZE, TASK_EVAL };
+enum task_kind { TASK_FORWARD, TASK_RECOMPUTE, TASK_BACKWARD, TASK_OPTIMIZE, TASK_NORMS, TASK_EVAL };
 
 struct task {
     struct gp_pipeline *p;
@@ -23,10 +26,18 @@ struct task {
 struct stage {
     struct gp_stage_plan plan;
     const struct gp_device_ops *ops;
+    const struct gp_compute_ops *cops;
+    void *cctx;                    /* the backend's per-stage context */
     struct gp_device *dev;
     int device;
     struct gp_stream *compute, *copy_next, *copy_prev;
     unsigned char *static_block, *param_grads, *boxes, *locals, *grads, *inboxes, *scratch;
+    /* Last stage: the mini-batch's targets (per micro-batch) and the loss
+     * sums the backend writes (doubles, per micro-batch). Every stage:
+     * its parameters' gradient norms (floats), for clipping. */
+    unsigned char *targets, *loss_sums, *norms;
+    unsigned char *inputs;         /* first stage: the mini-batch's data, as the host gave it */
+    unsigned char *optim_state;
     int n_sets;                    /* activation sets: one per micro-batch without checkpointing */
     struct gp_event **fwd_done, **fwd_copied, **bwd_done, **bwd_copied; /* per micro-batch */
     double **bn_stats;             /* per layer of the stage: deferred BatchNorm sums, or NULL */
@@ -35,9 +46,13 @@ struct stage {
     int n_params;
     /* Kernel argument arrays, reused: a stage's tasks run one at a time. */
     void **in, **out;
-    real **din, **dout;
+    float **din, **dout;
+    const float **param_grad_ptrs; /* per parameter, for norms */
+    int *param_values;             /* per parameter: its value id */
+    int64_t *param_numels;
     int width;
     int64_t live, peak;            /* activation bytes in use, and the most at once */
+    size_t optim_bytes_planned;
 };
 
 struct gp_pipeline {
@@ -51,13 +66,14 @@ struct gp_pipeline {
     struct stage *stages;
     struct gp_pipe_schedule sched;
     struct task *tasks;            /* one per action, then per-stage optimizer and eval tasks */
+    size_t target_bytes;           /* per micro-batch; 0 without targets */
+    size_t input_bytes;            /* per micro-batch */
     /* The step being run. */
-    const unsigned char *x;
     struct gp_step_opts opts;
-    const struct gp_loss_hook *loss;
-    double *loss_parts;            /* per micro-batch */
+    double denominator;
+    double *loss_parts;            /* per micro-batch, copied back from the last stage */
+    float *norms_host;             /* per parameter (all stages), copied back for clipping */
     bool eval;
-    float *eval_out;
     float clip_coef;
     double lr;
 };
@@ -78,11 +94,11 @@ static void *addr(struct gp_pipeline *p, struct stage *s, int v, int j)
     }
 }
 
-static real *grad_addr(struct stage *s, const struct gp_value *val, int v)
+static float *grad_addr(struct stage *s, const struct gp_value *val, int v)
 {
     if (s->plan.home[v] == GP_HOME_STATIC)
-        return val->kind == GP_VALUE_PARAMETER ? (real *)(s->param_grads + s->plan.off[v]) : NULL;
-    return s->plan.grad_off[v] == SIZE_MAX ? NULL : (real *)(s->grads + s->plan.grad_off[v]);
+        return val->kind == GP_VALUE_PARAMETER ? (float *)(s->param_grads + s->plan.off[v]) : NULL;
+    return s->plan.grad_off[v] == SIZE_MAX ? NULL : (float *)(s->grads + s->plan.grad_off[v]);
 }
 
 static bool nondiff(const struct gp_node *n, int k)
@@ -90,8 +106,8 @@ static bool nondiff(const struct gp_node *n, int k)
     return k < 32 && ((n->def->nondiff_inputs >> k) & 1);
 }
 
-static struct gp_cpu_ctx layer_ctx(struct gp_pipeline *p, struct stage *s, int layer, int j,
-                                   bool training, bool update_state, bool with_grads)
+static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, int layer, int j,
+                                       bool training, bool update_state, bool with_grads)
 {
     const struct gp_graph *g = p->g;
     const struct gp_node *n = &g->nodes[layer];
@@ -99,8 +115,8 @@ static struct gp_cpu_ctx layer_ctx(struct gp_pipeline *p, struct stage *s, int l
      * bias): the arrays are shared by the stage's layers, so clear them. */
     memset(s->in, 0, sizeof(void *) * (size_t)s->width);
     memset(s->out, 0, sizeof(void *) * (size_t)s->width);
-    memset(s->din, 0, sizeof(real *) * (size_t)s->width);
-    memset(s->dout, 0, sizeof(real *) * (size_t)s->width);
+    memset(s->din, 0, sizeof(float *) * (size_t)s->width);
+    memset(s->dout, 0, sizeof(float *) * (size_t)s->width);
     for (int k = 0; k < n->n_inputs; k++) {
         int v = n->inputs[k];
         s->in[k] = v >= 0 ? addr(p, s, v, j) : NULL;
@@ -112,7 +128,7 @@ static struct gp_cpu_ctx layer_ctx(struct gp_pipeline *p, struct stage *s, int l
         s->dout[k] = v >= 0 && with_grads ? grad_addr(s, &g->values[v], v) : NULL;
     }
     int set = s->n_sets > 1 ? j : 0;
-    return (struct gp_cpu_ctx){
+    return (struct gp_layer_call){
         .graph = g,
         .node = n,
         .in = s->in,
@@ -135,8 +151,8 @@ static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, bool
                              bool update_state, struct gp_error *err)
 {
     for (int i = s->plan.first; i < s->plan.last; i++) {
-        struct gp_cpu_ctx c = layer_ctx(p, s, i, j, training, update_state, false);
-        GP_TRY(gp_cpu_kernel_for_f32(c.node)->forward(&c, err));
+        struct gp_layer_call c = layer_call(p, s, i, j, training, update_state, false);
+        GP_TRY(s->cops->forward(s->cctx, &c, err));
     }
     return GP_OK;
 }
@@ -146,23 +162,23 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
     const struct gp_graph *g = p->g;
     /* The gradient set starts at zero for each micro-batch; the gradients
      * that arrived for the output frontier seed it. Kernels accumulate. */
-    memset(s->grads, 0, s->plan.grad_bytes);
+    GP_TRY(s->cops->zero(s->cctx, s->grads, s->plan.grad_bytes, err));
     const unsigned char *inbox = s->inboxes + (size_t)j * s->plan.inbox_bytes;
     for (int k = 0; k < s->plan.n_frontier_out; k++) {
         int v = s->plan.frontier_out[k];
         if (s->plan.inbox_off[v] == SIZE_MAX) continue;
-        real *dst = (real *)(s->grads + s->plan.grad_off[v]);
-        const real *src = (const real *)(inbox + s->plan.inbox_off[v]);
-        for (int64_t e = 0; e < gp_shape_numel(&g->values[v].shape); e++) dst[e] += src[e];
+        GP_TRY(s->cops->accumulate(s->cctx, (float *)(s->grads + s->plan.grad_off[v]),
+                                   (const float *)(inbox + s->plan.inbox_off[v]),
+                                   gp_shape_numel(&g->values[v].shape), err));
     }
     for (int i = s->plan.last - 1; i >= s->plan.first; i--) {
         const struct gp_node *n = &g->nodes[i];
-        struct gp_cpu_ctx c = layer_ctx(p, s, i, j, true, false, true);
+        struct gp_layer_call c = layer_call(p, s, i, j, true, false, true);
         bool any_in = false, any_out = false;
         for (int k = 0; k < n->n_inputs; k++) any_in |= s->din[k] != NULL;
         for (int k = 0; k < n->n_outputs; k++) any_out |= s->dout[k] != NULL;
         if (!any_in || !any_out) continue;
-        GP_TRY(gp_cpu_kernel_for_f32(n)->backward(&c, err));
+        GP_TRY(s->cops->backward(s->cctx, &c, err));
     }
     return GP_OK;
 }
@@ -188,8 +204,18 @@ static gp_status task_run(void *arg, struct gp_error *err)
                 return gp_error_set(err, GP_ERR_INVALID,
                                     "the output '%s' does not depend on any parameter: nothing to train",
                                     p->g->values[p->output].name);
-            p->loss_parts[j] = 0;
-            GP_TRY(p->loss->fn(p->loss->user, j, addr(p, s, p->output, j), dout, &p->loss_parts[j], err));
+            const struct gp_value *o = &p->g->values[p->output];
+            struct gp_loss_call lc = {
+                .spec = &p->cfg.loss,
+                .out_shape = &o->shape,
+                .out = addr(p, s, p->output, j),
+                .target = p->target_bytes ? s->targets + (size_t)j * p->target_bytes : NULL,
+                .dout = dout,
+                .denominator = p->denominator,
+                .loss_sum = (double *)s->loss_sums + j,
+                .scratch = s->scratch,
+            };
+            GP_TRY(s->cops->loss(s->cctx, &lc, err));
         }
         /* A checkpointed micro-batch keeps only its input frontier (box). */
         if (!kept) s->live -= (int64_t)s->plan.local_bytes;
@@ -212,20 +238,16 @@ static gp_status task_run(void *arg, struct gp_error *err)
         for (int i = s->plan.first; s->bn_stats && i < s->plan.last; i++) {
             if (!s->bn_stats[i - s->plan.first]) continue;
             const struct gp_node *n = &p->g->nodes[i];
-            gp_cpu_bn_commit_f32(p->g, n, addr(p, s, n->inputs[3], 0), addr(p, s, n->inputs[4], 0),
-                                 s->bn_stats[i - s->plan.first]);
+            GP_TRY(s->cops->bn_commit(s->cctx, p->g, n, addr(p, s, n->inputs[3], 0),
+                                      addr(p, s, n->inputs[4], 0), s->bn_stats[i - s->plan.first], err));
         }
-        if (p->clip_coef < 1.0f) gp_scale_grads(s->params, s->n_params, p->clip_coef);
-        if (s->opt) gp_optim_step(s->opt, p->lr);
-        memset(s->param_grads, 0, s->plan.param_bytes);
-        return GP_OK;
+        if (s->opt) GP_TRY(s->cops->optim_step(s->cctx, s->opt, p->lr, p->clip_coef, err));
+        return s->cops->zero(s->cctx, s->param_grads, s->plan.param_bytes, err);
+    case TASK_NORMS:
+        return s->cops->norms(s->cctx, s->param_grad_ptrs, s->param_numels, s->n_params,
+                              (float *)s->norms, err);
     case TASK_EVAL:
-        GP_TRY(run_forward(p, s, 0, false, false, err));
-        if (last) {
-            const struct gp_value *o = &p->g->values[p->output];
-            memcpy(p->eval_out, addr(p, s, p->output, 0), sizeof(float) * (size_t)gp_shape_numel(&o->shape));
-        }
-        return GP_OK;
+        return run_forward(p, s, 0, false, false, err);
     }
     return GP_OK;
 }
@@ -248,10 +270,14 @@ void gp_pipeline_free(struct gp_pipeline *p)
                     if (lists[e][j]) ops->event_destroy(lists[e][j]);
                 free(lists[e]);
             }
-            unsigned char *blocks[7] = {s->static_block, s->param_grads, s->boxes, s->locals,
-                                        s->grads, s->inboxes, s->scratch};
-            for (int b = 0; b < 7; b++)
+            if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
+            unsigned char *blocks[12] = {s->static_block, s->param_grads, s->boxes,       s->locals,
+                                         s->grads,        s->inboxes,     s->scratch,     s->targets,
+                                         s->loss_sums,    s->norms,       s->optim_state, s->inputs};
+            for (int b = 0; b < 12; b++)
                 if (blocks[b]) ops->free(s->dev, blocks[b]);
+            for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++)
+                if (s->bn_stats[i]) ops->free(s->dev, s->bn_stats[i]);
             /* Devices shared by several stages close with their first stage. */
             bool first_user = true;
             for (int q = 0; q < k; q++)
@@ -259,8 +285,10 @@ void gp_pipeline_free(struct gp_pipeline *p)
             if (s->dev && first_user) ops->close(s->dev);
         }
         gp_optim_free(s->opt);
-        for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++) free(s->bn_stats[i]);
         free(s->bn_stats);
+        free(s->param_grad_ptrs);
+        free(s->param_numels);
+        free(s->param_values);
         free(s->params);
         free(s->in);
         free(s->out);
@@ -274,6 +302,7 @@ void gp_pipeline_free(struct gp_pipeline *p)
     free(p->needs_grad);
     free(p->tasks);
     free(p->loss_parts);
+    free(p->norms_host);
     free(p);
 }
 
@@ -283,9 +312,91 @@ static gp_status alloc_block(struct stage *s, int k, const char *what, size_t by
     *out = s->ops->alloc(s->dev, bytes ? bytes : 64);
     if (!*out)
         return gp_error_set(err, GP_ERR_NOMEM,
-                            "stage %d (device %s:%d): out of memory allocating %zu bytes for %s",
-                            k, s->ops->name, s->device, bytes, what);
+                            "stage %d (device %s:%d): out of memory allocating %.1f MiB for %s",
+                            k, s->ops->name, s->device, (double)bytes / (1 << 20), what);
     return GP_OK;
+}
+
+/* The stage's device memory, all planned here: what each block holds and
+ * its bytes. Checked against what the device has free before anything is
+ * allocated, so a model that cannot fit says so with the whole account. */
+struct block_plan {
+    const char *what;
+    size_t bytes;
+    unsigned char **at;
+};
+
+static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct block_plan *b)
+{
+    bool last = k == p->K - 1;
+    size_t loss_scratch = last ? s->cops->loss_scratch_bytes(&p->g->values[p->output].shape) : 0;
+    size_t scratch = s->plan.scratch_bytes > loss_scratch ? s->plan.scratch_bytes : loss_scratch;
+    int n = 0;
+    b[n++] = (struct block_plan){"parameters and constants", s->plan.static_bytes, &s->static_block};
+    b[n++] = (struct block_plan){"parameter gradients", s->plan.param_bytes, &s->param_grads};
+    b[n++] = (struct block_plan){"optimizer state", s->optim_bytes_planned, &s->optim_state};
+    b[n++] = (struct block_plan){"input frontiers", s->plan.box_bytes * (size_t)p->M, &s->boxes};
+    b[n++] = (struct block_plan){"activations", s->plan.local_bytes * (size_t)s->n_sets, &s->locals};
+    b[n++] = (struct block_plan){"activation gradients", s->plan.grad_bytes, &s->grads};
+    b[n++] = (struct block_plan){"gradient inboxes", s->plan.inbox_bytes * (size_t)p->M, &s->inboxes};
+    b[n++] = (struct block_plan){"kernel workspace", scratch, &s->scratch};
+    b[n++] = (struct block_plan){"targets", last ? p->target_bytes * (size_t)p->M : 0, &s->targets};
+    b[n++] = (struct block_plan){"inputs", k == 0 ? p->input_bytes * (size_t)p->M : 0, &s->inputs};
+    b[n++] = (struct block_plan){"loss sums", last ? sizeof(double) * (size_t)p->M : 0, &s->loss_sums};
+    b[n++] = (struct block_plan){"gradient norms", sizeof(float) * (size_t)(s->n_params + 1), &s->norms};
+    return n;
+}
+
+static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
+{
+    struct block_plan b[16];
+    int n = stage_blocks(p, s, k, b);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += align64(b[i].bytes ? b[i].bytes : 64);
+    /* Stages sharing a device: the earlier ones' memory is already taken,
+     * so the device's free bytes are what this stage can have. */
+    size_t avail = s->ops->mem_available ? s->ops->mem_available(s->dev) : SIZE_MAX;
+    if (avail && total > avail) {
+        char account[1024];
+        size_t len = 0;
+        for (int i = 0; i < n && len < sizeof account; i++)
+            if (b[i].bytes)
+                len += (size_t)snprintf(account + len, sizeof account - len, "%s%s %.1f MiB",
+                                        len ? ", " : "", b[i].what, (double)b[i].bytes / (1 << 20));
+        return gp_error_set(err, GP_ERR_NOMEM,
+                            "stage %d (layers %d-%d) needs %.1f MiB on %s:%d but only %.1f MiB are free "
+                            "(%s): use more stages or devices, a smaller --batch, more --chunks, or "
+                            "--checkpoint always",
+                            k, s->plan.first, s->plan.last - 1, (double)total / (1 << 20), s->ops->name,
+                            s->device, (double)avail / (1 << 20), account);
+    }
+    for (int i = 0; i < n; i++) GP_TRY(alloc_block(s, k, b[i].what, b[i].bytes, b[i].at, err));
+    return GP_OK;
+}
+
+/* Static values start from the model (floats become float32), written on
+ * the host and copied to the device once. */
+static gp_status upload_static(struct gp_pipeline *p, struct stage *s, struct gp_error *err)
+{
+    const struct gp_graph *g = p->g;
+    if (!s->plan.static_bytes) return GP_OK;
+    unsigned char *host = calloc(1, s->plan.static_bytes);
+    if (!host) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    for (int v = 0; v < g->n_values; v++) {
+        if (s->plan.home[v] != GP_HOME_STATIC) continue;
+        const struct gp_value *val = &g->values[v];
+        void *dst = host + s->plan.off[v];
+        int64_t n = gp_shape_numel(&val->shape);
+        if (gp_dtype_is_float(val->dtype))
+            for (int64_t e = 0; e < n; e++) ((float *)dst)[e] = (float)gp_tensor_get_f64(val->constant, e);
+        else
+            memcpy(dst, val->constant->data, (size_t)n * gp_dtype_size(val->dtype));
+    }
+    struct gp_task_tag tag = {.kind = GP_TASK_COPY, .stage = -1, .microbatch = -1, .name = "load parameters"};
+    s->ops->copy(s->compute, s->static_block, host, s->plan.static_bytes, &tag);
+    gp_status st = s->ops->stream_synchronize(s->compute, err);
+    free(host);
+    return st;
 }
 
 static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last, struct gp_error *err)
@@ -293,8 +404,12 @@ static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last,
     const struct gp_graph *g = p->g;
     struct stage *s = &p->stages[k];
     s->ops = p->cfg.device_ops[k];
+    s->cops = s->ops->compute;
     s->device = p->cfg.device_index[k];
-    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, first, last, &s->plan, err));
+    if (!s->cops)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED, "the %s backend cannot run kernels in this build",
+                            s->ops->name);
+    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, s->ops->name, first, last, &s->plan, err));
     for (int q = 0; q < k; q++)
         if (p->stages[q].ops == s->ops && p->stages[q].device == s->device) s->dev = p->stages[q].dev;
     if (!s->dev) GP_TRY(s->ops->open(s->device, &s->dev, err));
@@ -309,25 +424,40 @@ static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last,
         snprintf(name, sizeof name, "copy s%d->s%d", k, k - 1);
         GP_TRY(s->ops->stream_create(s->dev, name, &s->copy_prev, err));
     }
+    GP_TRY(s->cops->context_create(s->dev, s->compute, p->cfg.tf32, &s->cctx, err));
     s->n_sets = p->cfg.checkpoint == GP_CHECKPOINT_NEVER ? p->M : 1;
-    GP_TRY(alloc_block(s, k, "constants and parameters", s->plan.static_bytes, &s->static_block, err));
-    GP_TRY(alloc_block(s, k, "parameter gradients", s->plan.param_bytes, &s->param_grads, err));
-    GP_TRY(alloc_block(s, k, "input frontiers", s->plan.box_bytes * (size_t)p->M, &s->boxes, err));
-    GP_TRY(alloc_block(s, k, "activations", s->plan.local_bytes * (size_t)s->n_sets, &s->locals, err));
-    GP_TRY(alloc_block(s, k, "activation gradients", s->plan.grad_bytes, &s->grads, err));
-    GP_TRY(alloc_block(s, k, "gradient inboxes", s->plan.inbox_bytes * (size_t)p->M, &s->inboxes, err));
-    GP_TRY(alloc_block(s, k, "kernel scratch", s->plan.scratch_bytes, &s->scratch, err));
-    /* Static values start from the model (floats become `real`). */
+
+    /* Parameters in value order, which is the model's initializer order:
+     * the order PyTorch's parameters() has, which gradient clipping's norm
+     * of norms depends on. Their addresses are set once memory exists. */
+    s->params = calloc((size_t)g->n_values + 1, sizeof *s->params);
+    s->param_values = calloc((size_t)g->n_values + 1, sizeof(int));
+    if (!s->params || !s->param_values) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     for (int v = 0; v < g->n_values; v++) {
-        if (s->plan.home[v] != GP_HOME_STATIC) continue;
-        const struct gp_value *val = &g->values[v];
-        void *dst = s->static_block + s->plan.off[v];
-        int64_t n = gp_shape_numel(&val->shape);
-        if (gp_dtype_is_float(val->dtype))
-            for (int64_t e = 0; e < n; e++) ((real *)dst)[e] = (real)gp_tensor_get_f64(val->constant, e);
-        else
-            memcpy(dst, val->constant->data, (size_t)n * gp_dtype_size(val->dtype));
+        if (s->plan.home[v] != GP_HOME_STATIC || g->values[v].kind != GP_VALUE_PARAMETER) continue;
+        s->param_values[s->n_params] = v;
+        s->params[s->n_params++] = (struct gp_param){
+            .name = g->values[v].name,
+            .numel = gp_shape_numel(&g->values[v].shape),
+        };
     }
+    s->optim_bytes_planned = s->n_params ? gp_optim_state_bytes_for(&p->cfg.optim, s->params, s->n_params) : 0;
+    GP_TRY(allocate_stage(p, s, k, err));
+    for (int i = 0; i < s->n_params; i++) {
+        s->params[i].data = (float *)(s->static_block + s->plan.off[s->param_values[i]]);
+        s->params[i].grad = (float *)(s->param_grads + s->plan.off[s->param_values[i]]);
+    }
+    s->param_grad_ptrs = calloc((size_t)s->n_params + 1, sizeof *s->param_grad_ptrs);
+    s->param_numels = calloc((size_t)s->n_params + 1, sizeof *s->param_numels);
+    if (!s->param_grad_ptrs || !s->param_numels) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < s->n_params; i++) {
+        s->param_grad_ptrs[i] = s->params[i].grad;
+        s->param_numels[i] = s->params[i].numel;
+    }
+    if (s->n_params)
+        GP_TRY(gp_optim_create_in(&p->cfg.optim, s->params, s->n_params, s->optim_state, &s->opt, err));
+    GP_TRY(upload_static(p, s, err));
+
     struct gp_event ***lists[4] = {&s->fwd_done, &s->fwd_copied, &s->bwd_done, &s->bwd_copied};
     for (int e = 0; e < 4; e++) {
         *lists[e] = calloc((size_t)p->M, sizeof(struct gp_event *));
@@ -337,31 +467,18 @@ static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last,
     s->width = (s->plan.max_inputs > s->plan.max_outputs ? s->plan.max_inputs : s->plan.max_outputs) + 1;
     s->in = calloc((size_t)s->width, sizeof(void *));
     s->out = calloc((size_t)s->width, sizeof(void *));
-    s->din = calloc((size_t)s->width, sizeof(real *));
-    s->dout = calloc((size_t)s->width, sizeof(real *));
-    s->params = calloc((size_t)g->n_values + 1, sizeof *s->params);
-    if (!s->in || !s->out || !s->din || !s->dout || !s->params)
-        return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
-    /* Parameters in value order, which is the model's initializer order:
-     * the order PyTorch's parameters() has, which gradient clipping's norm
-     * of norms depends on. */
-    for (int v = 0; v < g->n_values; v++) {
-        if (s->plan.home[v] != GP_HOME_STATIC || g->values[v].kind != GP_VALUE_PARAMETER) continue;
-        s->params[s->n_params++] = (struct gp_param){
-            .name = g->values[v].name,
-            .data = (float *)(s->static_block + s->plan.off[v]),
-            .grad = (float *)(s->param_grads + s->plan.off[v]),
-            .numel = gp_shape_numel(&g->values[v].shape),
-        };
-    }
-    if (s->n_params) GP_TRY(gp_optim_create(&p->cfg.optim, s->params, s->n_params, &s->opt, err));
+    s->din = calloc((size_t)s->width, sizeof(float *));
+    s->dout = calloc((size_t)s->width, sizeof(float *));
+    if (!s->in || !s->out || !s->din || !s->dout) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     if (p->cfg.deferred_batch_norm) {
         s->bn_stats = calloc((size_t)(last - first) + 1, sizeof(double *));
         if (!s->bn_stats) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
         for (int i = first; i < last; i++) {
             if (strcmp(g->nodes[i].op_type, "BatchNormalization") != 0) continue;
-            s->bn_stats[i - first] = calloc(gp_cpu_bn_stats_len_f32(g, &g->nodes[i]), sizeof(double));
-            if (!s->bn_stats[i - first]) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+            size_t bytes = sizeof(double) * s->cops->bn_stats_len(g, &g->nodes[i]);
+            s->bn_stats[i - first] = s->ops->alloc(s->dev, bytes);
+            if (!s->bn_stats[i - first])
+                return gp_error_set(err, GP_ERR_NOMEM, "stage %d: out of memory for BatchNorm statistics", k);
         }
     }
     if (p->cfg.trace) {
@@ -403,12 +520,18 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
         goto fail;
     }
     p->micro = g->values[p->input].shape.dims[0];
+    p->input_bytes = (size_t)gp_shape_numel(&g->values[p->input].shape) * gp_dtype_size(g->values[p->input].dtype);
     p->output = g->outputs[0];
     if ((st = gp_layers_build(g, &p->layers, err)) != GP_OK) goto fail;
     p->needs_grad = calloc((size_t)g->n_values + 1, sizeof(bool));
     p->stages = calloc((size_t)p->K, sizeof *p->stages);
     p->loss_parts = calloc((size_t)p->M, sizeof(double));
-    if (!p->needs_grad || !p->stages || !p->loss_parts) {
+    p->norms_host = calloc((size_t)g->n_values + 1, sizeof(float));
+    if (cfg->loss.target_dtype != GP_DTYPE_UNDEFINED)
+        p->target_bytes = (size_t)gp_shape_numel(&cfg->loss.target_shape) *
+                          (gp_dtype_is_float(cfg->loss.target_dtype) ? sizeof(float)
+                                                                     : gp_dtype_size(cfg->loss.target_dtype));
+    if (!p->needs_grad || !p->stages || !p->loss_parts || !p->norms_host) {
         st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -437,7 +560,7 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
         goto fail;
     }
     if ((st = gp_pipe_schedule_gpipe(p->K, p->M, cfg->checkpoint, &p->sched, err)) != GP_OK) goto fail;
-    p->tasks = calloc((size_t)p->sched.n_actions + 2 * (size_t)p->K + 1, sizeof *p->tasks);
+    p->tasks = calloc((size_t)p->sched.n_actions + 3 * (size_t)p->K + 1, sizeof *p->tasks);
     if (!p->tasks) {
         st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
         goto fail;
@@ -475,7 +598,7 @@ static void issue_forward_copy(struct gp_pipeline *p, int k, int j)
     for (int q = 0; q < s->plan.n_frontier_out; q++) {
         int v = s->plan.frontier_out[q];
         size_t bytes = (size_t)gp_shape_numel(&p->g->values[v].shape) *
-                       (gp_dtype_is_float(p->g->values[v].dtype) ? sizeof(real) : gp_dtype_size(p->g->values[v].dtype));
+                       (gp_dtype_is_float(p->g->values[v].dtype) ? sizeof(float) : gp_dtype_size(p->g->values[v].dtype));
         s->ops->copy(s->copy_next, addr(p, t, v, j), addr(p, s, v, j), bytes, &tag);
     }
     s->ops->event_record(s->fwd_copied[j], s->copy_next);
@@ -490,7 +613,7 @@ static void issue_backward_copy(struct gp_pipeline *p, int k, int j)
     for (int q = 0; q < s->plan.n_frontier_in; q++) {
         int v = s->plan.frontier_in[q];
         if (t->plan.inbox_off[v] == SIZE_MAX) continue;
-        size_t bytes = (size_t)gp_shape_numel(&p->g->values[v].shape) * sizeof(real);
+        size_t bytes = (size_t)gp_shape_numel(&p->g->values[v].shape) * sizeof(float);
         s->ops->copy(s->copy_prev, t->inboxes + (size_t)j * t->plan.inbox_bytes + t->plan.inbox_off[v],
                      s->grads + s->plan.grad_off[v], bytes, &tag);
     }
@@ -523,16 +646,24 @@ static void clear_traces(struct gp_pipeline *p)
     }
 }
 
-gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const struct gp_step_opts *o,
-                           const struct gp_loss_hook *loss, double *loss_sum, struct gp_error *err)
+gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *targets, const struct gp_step_opts *o,
+                           double denominator, double *loss_sum, struct gp_error *err)
 {
-    p->x = x;
     p->opts = *o;
-    p->loss = loss;
+    p->denominator = denominator;
     p->eval = false;
     clear_traces(p);
-    const struct gp_value *in = &p->g->values[p->input];
-    size_t in_bytes = (size_t)gp_shape_numel(&in->shape) * gp_dtype_size(in->dtype);
+    size_t in_bytes = p->input_bytes;
+    struct stage *fs = &p->stages[0], *ls = &p->stages[p->K - 1];
+    /* The mini-batch's data and targets reach the devices in one copy each,
+     * before any work of the step (pageable host memory may make a copy
+     * wait for its stream: here the streams are idle). */
+    struct gp_task_tag itag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
+    fs->ops->copy(fs->compute, fs->inputs, x, in_bytes * (size_t)p->M, &itag);
+    if (p->target_bytes) {
+        struct gp_task_tag ttag = tag_of(GP_TASK_COPY, p->K - 1, -1, "load targets");
+        ls->ops->copy(ls->compute, ls->targets, targets, p->target_bytes * (size_t)p->M, &ttag);
+    }
     for (int a = 0; a < p->sched.n_actions; a++) {
         const struct gp_action *act = &p->sched.actions[a];
         int k = act->stage, j = act->microbatch;
@@ -543,9 +674,9 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const struct gp
         case GP_ACT_FORWARD: {
             t->kind = TASK_FORWARD;
             if (k == 0) {
-                struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, j, "load inputs");
-                s->ops->copy(s->compute, addr(p, s, p->input, j),
-                             (const unsigned char *)x + (size_t)j * in_bytes, in_bytes, &tag);
+                struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, j, "input to its box");
+                s->ops->copy(s->compute, addr(p, s, p->input, j), s->inputs + (size_t)j * in_bytes, in_bytes,
+                             &tag);
             } else {
                 s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[j]);
             }
@@ -583,6 +714,9 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const struct gp
         }
         }
     }
+    /* The micro-batches' loss sums come back with the step's one wait. */
+    struct gp_task_tag tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
+    ls->ops->copy(ls->compute, p->loss_parts, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
     GP_TRY(sync_all(p, err));
     double sum = 0;
     for (int j = 0; j < p->M; j++) sum += p->loss_parts[j];
@@ -590,27 +724,44 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const struct gp
     return GP_OK;
 }
 
+/* clip_grad_norm_'s coefficient: the norm of the per-tensor norms, in the
+ * model's parameter order (value order), each computed on its stage. */
+static gp_status clip_coefficient(struct gp_pipeline *p, double clip_norm, float *coef, struct gp_error *err)
+{
+    int base = 0;
+    for (int k = 0; k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        struct task *t = &p->tasks[p->sched.n_actions + 2 * p->K + k];
+        *t = (struct task){.p = p, .stage = k, .micro = -1, .kind = TASK_NORMS};
+        struct gp_task_tag tag = tag_of(GP_TASK_OPTIMIZER, k, -1, "gradient norms");
+        s->ops->enqueue(s->compute, task_run, t, &tag);
+        struct gp_task_tag ctag = tag_of(GP_TASK_COPY, k, -1, "read gradient norms");
+        s->ops->copy(s->compute, p->norms_host + base, s->norms, sizeof(float) * (size_t)s->n_params, &ctag);
+        base += s->n_params;
+    }
+    GP_TRY(sync_all(p, err));
+    float *ordered = malloc(sizeof(float) * (size_t)(base + 1));
+    if (!ordered) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    int n = 0;
+    for (int v = 0; v < p->g->n_values; v++) {
+        int offset = 0;
+        for (int k = 0; k < p->K; k++) {
+            struct stage *s = &p->stages[k];
+            for (int i = 0; i < s->n_params; i++)
+                if (s->param_values[i] == v) ordered[n++] = p->norms_host[offset + i];
+            offset += s->n_params;
+        }
+    }
+    *coef = gp_clip_coef(gp_norm2_f32(ordered, n), clip_norm);
+    free(ordered);
+    return GP_OK;
+}
+
 gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_norm, struct gp_error *err)
 {
     p->lr = lr;
     p->clip_coef = 1.0f;
-    if (clip_norm > 0) {
-        /* Norm of the per-tensor norms, in the model's parameter order. */
-        int n = 0;
-        for (int k = 0; k < p->K; k++) n += p->stages[k].n_params;
-        float *norms = malloc(sizeof(float) * (size_t)(n + 1));
-        if (!norms) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
-        int i = 0;
-        for (int v = 0; v < p->g->n_values; v++)
-            for (int k = 0; k < p->K; k++) {
-                struct stage *s = &p->stages[k];
-                if (s->plan.home[v] != GP_HOME_STATIC || p->g->values[v].kind != GP_VALUE_PARAMETER) continue;
-                norms[i++] = gp_norm2_f32((const float *)(s->param_grads + s->plan.off[v]),
-                                          gp_shape_numel(&p->g->values[v].shape));
-            }
-        p->clip_coef = gp_clip_coef(gp_norm2_f32(norms, i), clip_norm);
-        free(norms);
-    }
+    if (clip_norm > 0) GP_TRY(clip_coefficient(p, clip_norm, &p->clip_coef, err));
     for (int k = 0; k < p->K; k++) {
         struct stage *s = &p->stages[k];
         struct task *t = &p->tasks[p->sched.n_actions + k];
@@ -623,10 +774,8 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
 
 gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, float *out, struct gp_error *err)
 {
-    p->eval_out = out;
     p->opts = (struct gp_step_opts){.dropout_ratio = -1};
-    const struct gp_value *in = &p->g->values[p->input];
-    size_t in_bytes = (size_t)gp_shape_numel(&in->shape) * gp_dtype_size(in->dtype);
+    size_t in_bytes = p->input_bytes;
     for (int k = 0; k < p->K; k++) {
         struct stage *s = &p->stages[k];
         struct task *t = &p->tasks[p->sched.n_actions + p->K + k];
@@ -640,7 +789,14 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, float *out, str
         struct gp_task_tag tag = tag_of(GP_TASK_FORWARD, k, 0, "evaluate");
         s->ops->enqueue(s->compute, task_run, t, &tag);
         s->ops->event_record(s->fwd_done[0], s->compute);
-        if (k + 1 < p->K) issue_forward_copy(p, k, 0);
+        if (k + 1 < p->K) {
+            issue_forward_copy(p, k, 0);
+        } else {
+            const struct gp_value *o = &p->g->values[p->output];
+            struct gp_task_tag ctag = tag_of(GP_TASK_COPY, k, 0, "read outputs");
+            s->ops->copy(s->compute, out, addr(p, s, p->output, 0),
+                         sizeof(float) * (size_t)gp_shape_numel(&o->shape), &ctag);
+        }
     }
     return sync_all(p, err);
 }
@@ -651,9 +807,13 @@ gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct 
         struct stage *s = &p->stages[k];
         if (s->plan.home[value] != GP_HOME_STATIC) continue;
         const struct gp_value *v = &p->g->values[value];
-        const real *src = (const real *)(s->static_block + s->plan.off[value]);
-        for (int64_t e = 0; e < gp_shape_numel(&v->shape); e++) out[e] = (float)src[e];
-        return GP_OK;
+        if (!gp_dtype_is_float(v->dtype))
+            return gp_error_set(err, GP_ERR_INVALID, "value '%s' is %s, not float", v->name,
+                                gp_dtype_name(v->dtype));
+        struct gp_task_tag tag = tag_of(GP_TASK_COPY, k, -1, "read parameter");
+        s->ops->copy(s->compute, out, s->static_block + s->plan.off[value],
+                     sizeof(float) * (size_t)gp_shape_numel(&v->shape), &tag);
+        return s->ops->stream_synchronize(s->compute, err);
     }
     return gp_error_set(err, GP_ERR_INVALID, "value '%s' is not held by any stage",
                         p->g->values[value].name);
@@ -668,6 +828,7 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     r->first_layer = s->plan.first;
     r->last_layer = s->plan.last;
     r->device = s->device;
+    r->backend = s->ops->name;
     r->param_bytes = (int64_t)s->plan.param_bytes;
     r->grad_bytes = (int64_t)s->plan.param_bytes;
     r->optim_bytes = s->opt ? (int64_t)gp_optim_state_bytes(s->opt) : 0;

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/compute.h"
 #include "backend/device.h"
 #include "graph/graph.h"
 #include "pipeline/schedule.h"
@@ -33,16 +34,8 @@ struct gp_pipeline_config {
     /* BatchNorm running statistics updated once per mini-batch from all its
      * micro-batches (as one batch would), not once per micro-batch. */
     bool deferred_batch_norm;
-};
-
-/* The loss of one micro-batch, called on the last stage's device after its
- * forward: reads the graph's first output (float32, the micro-batch's rows),
- * writes the loss gradient for it into dout and adds the loss terms' sum to
- * *sum. */
-struct gp_loss_hook {
-    void *user;
-    gp_status (*fn)(void *user, int microbatch, const float *out, float *dout, double *sum,
-                    struct gp_error *err);
+    struct gp_loss_spec loss;     /* on the graph's first output, on the last stage */
+    bool tf32;                    /* CUDA: TF32 tensor cores allowed (float32 semantics otherwise) */
 };
 
 /* Per-step settings: the dropout key, and whether running statistics move. */
@@ -56,11 +49,15 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
 void gp_pipeline_free(struct gp_pipeline *p);
 
 /* One mini-batch: x holds n_micro * micro-batch rows of the graph's data
- * input (in its dtype). Runs every forward (with the loss) and backward of
- * the schedule; parameter gradients are left accumulated for
- * gp_pipeline_optimize. *loss_sum gets the sum the hook accumulated. */
-gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const struct gp_step_opts *o,
-                           const struct gp_loss_hook *loss, double *loss_sum, struct gp_error *err);
+ * input (in its dtype), targets as many rows of the loss's targets (NULL
+ * for the output loss; labels already checked to be in range). Runs every
+ * forward (with the loss, its gradient scaled by 1/denominator) and
+ * backward of the schedule; parameter gradients are left accumulated for
+ * gp_pipeline_optimize. *loss_sum gets the sum of the loss terms. Both host
+ * buffers may be reused once this returns. */
+gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *targets,
+                           const struct gp_step_opts *o, double denominator, double *loss_sum,
+                           struct gp_error *err);
 
 /* Clips gradients to a global norm over all stages (when clip_norm > 0)
  * and takes one optimizer step on every stage. */
@@ -77,6 +74,7 @@ gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct 
 struct gp_stage_report {
     int first_layer, last_layer;  /* layers [first, last) */
     int device;
+    const char *backend;          /* "cpu", "cuda" */
     int64_t param_bytes, grad_bytes, optim_bytes, static_bytes; /* static: constants, buffers */
     int64_t activation_bytes;     /* planned: input frontiers, activation sets, gradients */
     int64_t activation_peak;      /* the most in use at once, by the executor's accounting */

@@ -3,15 +3,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cpu/kernel.h"
+#include <stdio.h>
+
+#include "backend/compute.h"
 #include "ops/registry.h"
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Bytes of a value on the CPU backend: floats as `real` (float). */
+/* Bytes of a value on a device: every float dtype is held as float32. */
 static size_t value_bytes(const struct gp_value *v)
 {
-    size_t e = gp_dtype_is_float(v->dtype) ? sizeof(real) : gp_dtype_size(v->dtype);
+    size_t e = gp_dtype_is_float(v->dtype) ? sizeof(float) : gp_dtype_size(v->dtype);
     return (size_t)gp_shape_numel(&v->shape) * e;
 }
 
@@ -36,11 +38,44 @@ void gp_plan_needs_grad(const struct gp_graph *g, bool *needs)
     }
 }
 
+/* Every layer of [first, last) needs a kernel of the backend, and one with
+ * a backward where gradients flow through it: all that lack one are named
+ * in one message. */
+static gp_status check_kernels(const struct gp_graph *g, const struct gp_compute_ops *ops,
+                               const char *backend, const bool *needs_grad, int first, int last,
+                               struct gp_error *err)
+{
+    char list[768] = "";
+    size_t len = 0;
+    int missing = 0;
+    const char *reported[32];
+    for (int i = first; i < last; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        bool trainable = false, found = ops->has_kernel(n, &trainable);
+        bool grads = false;
+        for (int k = 0; k < n->n_outputs; k++) grads |= n->outputs[k] >= 0 && needs_grad[n->outputs[k]];
+        if (found && (trainable || !grads)) continue;
+        /* One entry per op type, with the first node that has it. */
+        bool seen = false;
+        for (int r = 0; r < missing && r < 32; r++) seen |= strcmp(reported[r], n->op_type) == 0;
+        if (seen) continue;
+        if (missing < 32) reported[missing] = n->op_type;
+        missing++;
+        if (len < sizeof list - 1)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%s%s (layer %d, '%s')",
+                                    missing > 1 ? ", " : "", n->op_type, found ? " backward" : "", i,
+                                    n->name);
+    }
+    if (!missing) return GP_OK;
+    return gp_error_set(err, GP_ERR_UNSUPPORTED, "the %s backend has no kernel for %s", backend, list);
+}
+
 gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs_grad,
-                        int first, int last, struct gp_stage_plan *p,
-                        struct gp_error *err)
+                        const struct gp_compute_ops *ops, const char *backend, int first, int last,
+                        struct gp_stage_plan *p, struct gp_error *err)
 {
     memset(p, 0, sizeof *p);
+    GP_TRY(check_kernels(g, ops, backend, needs_grad, first, last, err));
     int nv = g->n_values;
     p->first = first;
     p->last = last;
@@ -113,11 +148,9 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     }
     for (int i = first; i < last; i++) {
         const struct gp_node *n = &g->nodes[i];
-        const struct gp_cpu_kernel *kern = gp_cpu_kernel_for_f32(n);
-        if (!kern) return gp_error_set(err, GP_ERR_UNSUPPORTED, "layer %d ('%s', %s) has no CPU kernel", i, n->name, n->op_type);
         p->saved_off[i - first] = p->local_bytes;
-        p->local_bytes += align64(kern->saved_bytes ? kern->saved_bytes(g, n) : 0);
-        size_t scratch = kern->scratch_bytes ? kern->scratch_bytes(g, n) : 0;
+        p->local_bytes += align64(ops->saved_bytes(g, n));
+        size_t scratch = ops->scratch_bytes(g, n);
         if (scratch > p->scratch_bytes) p->scratch_bytes = scratch;
         if (n->n_inputs > p->max_inputs) p->max_inputs = n->n_inputs;
         if (n->n_outputs > p->max_outputs) p->max_outputs = n->n_outputs;
@@ -128,14 +161,14 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     for (int v = 0; v < nv; v++) {
         if (!needs_grad[v] || (p->home[v] != GP_HOME_BOX && p->home[v] != GP_HOME_LOCAL)) continue;
         p->grad_off[v] = p->grad_bytes;
-        p->grad_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(real));
+        p->grad_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float));
     }
     /* Gradients arriving from the next stage for the output frontier. */
     for (int k = 0; k < p->n_frontier_out; k++) {
         int v = p->frontier_out[k];
         if (!needs_grad[v]) continue;
         p->inbox_off[v] = p->inbox_bytes;
-        p->inbox_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(real));
+        p->inbox_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float));
     }
     return GP_OK;
 }

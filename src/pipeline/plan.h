@@ -32,12 +32,16 @@ struct gp_stage_plan {
     int max_inputs, max_outputs;
 };
 
-/* Plans stage [first, last) of g. `needs_grad` marks values that carry
- * gradients (gp_plan_needs_grad). Fails when a parameter or buffer is read
- * by layers of another stage too (it must live in one place). */
+struct gp_compute_ops;
+
+/* Plans stage [first, last) of g for a backend's kernels (their saved and
+ * scratch bytes). `needs_grad` marks values that carry gradients
+ * (gp_plan_needs_grad). Fails naming every layer the backend has no kernel
+ * (or no backward) for, and when a parameter or buffer is read by layers of
+ * another stage too (it must live in one place). */
 gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs_grad,
-                        int first, int last, struct gp_stage_plan *out,
-                        struct gp_error *err);
+                        const struct gp_compute_ops *ops, const char *backend, int first, int last,
+                        struct gp_stage_plan *out, struct gp_error *err);
 void gp_plan_free(struct gp_stage_plan *p);
 
 /* Values that carry gradients: float parameters and every float output of

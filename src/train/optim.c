@@ -70,21 +70,33 @@ int gp_optim_state_floats(const struct gp_optim_config *c)
     return c->momentum != 0.0 ? 1 : 0;
 }
 
-gp_status gp_optim_create(const struct gp_optim_config *cfg, const struct gp_param *params,
-                          int n_params, struct gp_optim **out, struct gp_error *err)
+/* Floats of state per parameter kind, each slice rounded up to 16 floats
+ * (64 bytes), so every slice starts on a 64-byte boundary. */
+static size_t state_floats(const struct gp_param *params, int n_params)
+{
+    size_t floats = 0;
+    for (int i = 0; i < n_params; i++) floats += ((size_t)params[i].numel + 15) & ~(size_t)15;
+    return floats;
+}
+
+size_t gp_optim_state_bytes_for(const struct gp_optim_config *cfg, const struct gp_param *params,
+                                int n_params)
+{
+    return state_floats(params, n_params) * (size_t)gp_optim_state_floats(cfg) * sizeof(float);
+}
+
+static gp_status create(const struct gp_optim_config *cfg, const struct gp_param *params, int n_params,
+                        void *state, struct gp_optim **out, struct gp_error *err)
 {
     *out = NULL;
     GP_TRY(gp_optim_check(cfg, err));
     if (n_params < 0) return gp_error_set(err, GP_ERR_INVALID, "negative parameter count");
     int nstate = gp_optim_state_floats(cfg);
-    /* every slice starts on a 64-byte boundary */
-    size_t floats = 0;
-    for (int i = 0; i < n_params; i++) {
+    for (int i = 0; i < n_params; i++)
         if (params[i].numel < 0 || (params[i].numel > 0 && (!params[i].data || !params[i].grad)))
             return gp_error_set(err, GP_ERR_INVALID, "parameter '%s' has no data or gradient",
                                 params[i].name ? params[i].name : "?");
-        floats += ((size_t)params[i].numel + 15) & ~(size_t)15;
-    }
+    size_t floats = state_floats(params, n_params);
     struct gp_optim *opt = calloc(1, sizeof *opt);
     if (!opt) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     opt->cfg = *cfg;
@@ -93,13 +105,15 @@ gp_status gp_optim_create(const struct gp_optim_config *cfg, const struct gp_par
     for (int s = 0; s < 2; s++)
         opt->state[s] = calloc((size_t)(n_params ? n_params : 1), sizeof *opt->state[s]);
     opt->state_bytes = floats * (size_t)nstate * sizeof(float);
-    if (opt->state_bytes) opt->block = aligned_alloc(64, opt->state_bytes);
+    opt->owns_block = state == NULL;
+    if (state) opt->block = state;
+    else if (opt->state_bytes) opt->block = aligned_alloc(64, opt->state_bytes);
     if (!opt->params || !opt->state[0] || !opt->state[1] || (opt->state_bytes && !opt->block)) {
         gp_optim_free(opt);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory for optimizer state (%zu bytes)",
                             (size_t)(floats * (size_t)nstate * sizeof(float)));
     }
-    if (opt->block) memset(opt->block, 0, opt->state_bytes);
+    if (opt->block && opt->owns_block) memset(opt->block, 0, opt->state_bytes);
     memcpy(opt->params, params, sizeof *params * (size_t)n_params);
     float *cut = opt->block;
     for (int s = 0; s < nstate; s++)
@@ -111,10 +125,22 @@ gp_status gp_optim_create(const struct gp_optim_config *cfg, const struct gp_par
     return GP_OK;
 }
 
+gp_status gp_optim_create(const struct gp_optim_config *cfg, const struct gp_param *params,
+                          int n_params, struct gp_optim **out, struct gp_error *err)
+{
+    return create(cfg, params, n_params, NULL, out, err);
+}
+
+gp_status gp_optim_create_in(const struct gp_optim_config *cfg, const struct gp_param *params,
+                             int n_params, void *state, struct gp_optim **out, struct gp_error *err)
+{
+    return create(cfg, params, n_params, state, out, err);
+}
+
 void gp_optim_free(struct gp_optim *opt)
 {
     if (!opt) return;
-    free(opt->block);
+    if (opt->owns_block) free(opt->block);
     free(opt->params);
     free(opt->state[0]);
     free(opt->state[1]);

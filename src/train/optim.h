@@ -79,6 +79,7 @@ struct gp_optim {
     float **state[2];        /* per parameter: SGD momentum_buffer / AdamW exp_avg,
                                 exp_avg_sq; slices of one allocation */
     void *block;
+    bool owns_block;         /* false when the caller gave the state memory */
     size_t state_bytes;      /* bytes of that allocation */
     int64_t steps;           /* steps taken (PyTorch's state['step']) */
 };
@@ -88,6 +89,13 @@ struct gp_optim {
 gp_status gp_optim_create(const struct gp_optim_config *cfg, const struct gp_param *params,
                           int n_params, struct gp_optim **out, struct gp_error *err);
 void gp_optim_free(struct gp_optim *opt); /* NULL is fine */
+
+/* The same with the state in memory the caller owns (a device's, say):
+ * gp_optim_state_bytes_for() bytes, 64-byte aligned, already zeroed. */
+size_t gp_optim_state_bytes_for(const struct gp_optim_config *cfg, const struct gp_param *params,
+                                int n_params);
+gp_status gp_optim_create_in(const struct gp_optim_config *cfg, const struct gp_param *params,
+                             int n_params, void *state, struct gp_optim **out, struct gp_error *err);
 
 /* One optimizer.step() with learning rate `lr` (from a schedule, or cfg.lr). */
 void gp_optim_step(struct gp_optim *opt, double lr);

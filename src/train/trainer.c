@@ -7,6 +7,9 @@
 #include <time.h>
 
 #include "backend/device.h"
+#ifdef GP_HAVE_CUDA
+#include "cuda/device.h"
+#endif
 #include "pipeline/pipeline.h"
 #include "graph/graph.h"
 #include "onnx/load.h"
@@ -56,9 +59,6 @@ struct run {
     float *out;                 /* one micro-batch of outputs (validation) */
     float *scratch;             /* validation's unused loss gradient */
     int64_t *eval_rows;         /* one validation chunk's sample indices */
-    /* The loss hook's view of the current mini-batch. */
-    const struct gp_dataset *data;
-    double denominator;
 };
 
 static void run_free(struct run *s)
@@ -203,8 +203,20 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
     bool balanced = false;
     for (int k = 0; k < n_stages; k++) {
         ops[k] = &gp_cpu_device_ops;
+        if (cfg->stage_cuda[k]) {
+#ifdef GP_HAVE_CUDA
+            ops[k] = &gp_cuda_device_ops;
+#else
+            return gp_error_set(err, GP_ERR_UNSUPPORTED,
+                                "stage %d: this build has no CUDA backend (rebuild with CUDA, or use cpu:N)", k);
+#endif
+        }
         balanced |= cfg->balance[k] != 0;
     }
+    struct gp_loss_spec loss = {.kind = s->loss, .class_axis = s->class_axis,
+                                .ignore_index = GP_LOSS_IGNORE_INDEX,
+                                .target_dtype = s->loss == GP_LOSS_OUTPUT ? GP_DTYPE_UNDEFINED : train->y.dtype};
+    if (s->loss != GP_LOSS_OUTPUT) loss.target_shape = label_shape(train, s->micro);
     struct gp_pipeline_config pc = {
         .graph = &s->g,
         .n_stages = n_stages,
@@ -216,6 +228,8 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         .optim = oc,
         .trace = cfg->trace_path != NULL,
         .deferred_batch_norm = cfg->deferred_batch_norm,
+        .loss = loss,
+        .tf32 = cfg->tf32,
     };
     GP_TRY(gp_pipeline_create(&pc, &s->pipe, err));
 
@@ -259,8 +273,6 @@ static double lr_at(const struct gp_train_config *c, int64_t step, int64_t total
 
 /* Mean loss (and accuracy) over every sample of d, in evaluation mode. The
  * last chunk is padded by repeating a sample; padded rows are not counted. */
-/* Mean loss (and accuracy) over every sample of d, in evaluation mode. The
- * last chunk is padded by repeating a sample; padded rows are not counted. */
 static gp_status evaluate(struct run *s, const struct gp_dataset *d, double *loss, double *acc,
                           struct gp_error *err)
 {
@@ -287,14 +299,19 @@ static gp_status evaluate(struct run *s, const struct gp_dataset *d, double *los
     return GP_OK;
 }
 
-/* The pipeline's loss hook: micro-batch j's rows of the mini-batch's labels. */
-static gp_status micro_loss(void *user, int j, const float *out, float *dout, double *sum,
-                            struct gp_error *err)
+/* Class labels must lie in [0, C) or be ignored: checked here, on the host,
+ * so that no backend meets a label it cannot index with. */
+static gp_status check_labels(const struct run *s, const int64_t *labels, int64_t n, struct gp_error *err)
 {
-    struct run *s = user;
-    size_t label_row = s->data->y.dtype != GP_DTYPE_UNDEFINED ? gp_dataset_row_bytes(&s->data->y) : 0;
-    return apply_loss(s, s->data, out, (char *)s->labels + label_row * (size_t)(j * s->micro), s->micro,
-                      s->denominator, dout, sum, NULL, NULL, err);
+    if (s->loss != GP_LOSS_CROSS_ENTROPY) return GP_OK;
+    int64_t classes = s->g.values[s->output].shape.dims[s->class_axis];
+    for (int64_t i = 0; i < n; i++)
+        if (labels[i] != GP_LOSS_IGNORE_INDEX && (labels[i] < 0 || labels[i] >= classes))
+            return gp_error_set(err, GP_ERR_INVALID,
+                                "label %lld at position %lld of the batch is outside [0, %lld) (the model "
+                                "has %lld classes)",
+                                (long long)labels[i], (long long)i, (long long)classes, (long long)classes);
+    return GP_OK;
 }
 
 gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *train,
@@ -328,8 +345,6 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
     bool has_labels = train->y.dtype != GP_DTYPE_UNDEFINED;
     double start = now(), epoch_loss = 0;
     int64_t epoch = -1, epoch_steps = 0;
-    s.data = train;
-    struct gp_loss_hook hook = {.user = &s, .fn = micro_loss};
     for (int64_t step = 0; step < total && st == GP_OK; step++) {
         double t0 = now();
         int64_t e = step / per_epoch, in_epoch = step % per_epoch;
@@ -341,11 +356,14 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         if (has_labels) gp_dataset_gather(&train->y, s.order, train->n, first, cfg->batch, s.labels);
         gp_dataset_gather(&train->x, s.order, train->n, first, cfg->batch, s.x);
         double denominator = loss_terms(&s, train, s.labels, cfg->batch);
-        s.denominator = denominator;
+        if (has_labels &&
+            (st = check_labels(&s, s.labels, gp_shape_numel(&train->y.shape) / train->n * cfg->batch, err)) != GP_OK)
+            break;
         double step_loss = 0;
         struct gp_step_opts so = {.seed = cfg->seed, .step = (uint64_t)step,
                                   .dropout_ratio = cfg->dropout_ratio};
-        st = gp_pipeline_step(s.pipe, s.x, &so, &hook, &step_loss, err);
+        st = gp_pipeline_step(s.pipe, s.x, s.loss == GP_LOSS_OUTPUT ? NULL : s.labels, &so, denominator,
+                              &step_loss, err);
         if (st != GP_OK) break;
         step_loss /= denominator;
         if (!isfinite(step_loss)) {
@@ -413,7 +431,7 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
             gp_pipeline_report(s.pipe, k, &r);
             struct gp_stage_memory_report m = {
                 .stage = k, .first_layer = r.first_layer, .last_layer = r.last_layer,
-                .device = r.device, .param_bytes = r.param_bytes, .optim_bytes = r.optim_bytes,
+                .device = r.device, .backend = r.backend, .param_bytes = r.param_bytes, .optim_bytes = r.optim_bytes,
                 .activation_bytes = r.activation_bytes, .activation_peak = r.activation_peak,
                 .frontier_in_bytes = r.frontier_in_bytes, .planned_bytes = r.planned_bytes};
             cb->on_memory(cb->user, &m);

@@ -43,7 +43,9 @@ struct gp_train_config {
 
     /* The pipeline: stages on devices, cut by a balance (layers per stage). */
     int n_stages;             /* 1: one device */
-    int stage_device[64];     /* CPU device index per stage */
+    int stage_device[64];     /* device index per stage (of its backend) */
+    bool stage_cuda[64];      /* the stage runs on a CUDA GPU, not a CPU device */
+    bool tf32;                /* CUDA: TF32 tensor cores (float32 semantics otherwise) */
     int balance[64];          /* layers per stage; all 0: an even split */
     enum gp_checkpoint checkpoint;
     bool deferred_batch_norm; /* running statistics from the whole mini-batch */
@@ -53,6 +55,7 @@ struct gp_train_config {
 /* Per-stage memory, reported once the pipeline is planned and after training. */
 struct gp_stage_memory_report {
     int stage, first_layer, last_layer, device;
+    const char *backend;      /* "cpu", "cuda" */
     int64_t param_bytes, optim_bytes, activation_bytes, activation_peak, frontier_in_bytes,
         planned_bytes;
 };

@@ -33,12 +33,14 @@
  * so each worker calls omp_set_num_threads(n) before a task when n changed.
  * The default is 1: the executor knows how many devices share the cores and
  * sets it; a stage that silently took every core would fight the others. */
+#include "backend/compute.h"
 #include "backend/device.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -500,6 +502,15 @@ static const struct gp_trace_span *cpu_trace_spans(struct gp_stream *s, int *cou
     return p;
 }
 
+/* No limit known in advance: host memory is virtual and overcommitted (free
+ * pages exclude the page cache, which the kernel gives back), so the
+ * allocation itself is what tells. */
+static size_t cpu_mem_available(struct gp_device *dev)
+{
+    (void)dev;
+    return SIZE_MAX;
+}
+
 const struct gp_device_ops gp_cpu_device_ops = {
     .name = "cpu",
     .open = cpu_open,
@@ -518,4 +529,6 @@ const struct gp_device_ops gp_cpu_device_ops = {
     .trace_enable = cpu_trace_enable,
     .trace_spans = cpu_trace_spans,
     .set_threads = cpu_set_threads,
+    .mem_available = cpu_mem_available,
+    .compute = &gp_cpu_compute_ops,
 };

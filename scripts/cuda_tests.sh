@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs the CUDA test suite on a machine with a GPU: every tests/test_cuda_*
+# binary of a build, then (unless --no-sanitizer) each again under
+# compute-sanitizer's memcheck, which must report no errors. Prints one line
+# per test and a summary; exits non-zero when anything failed.
+#
+#   scripts/cuda_tests.sh [--no-sanitizer] [BUILD_DIR]   (default: build)
+#
+# The same binaries that `meson test -C build --suite cuda` runs; this script
+# exists for machines that have the binaries but not the build system.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+sanitize=1
+if [ "${1:-}" = "--no-sanitizer" ]; then sanitize=0; shift; fi
+build=${1:-build}
+export GP_SOURCE_ROOT=${GP_SOURCE_ROOT:-$PWD}
+export GP_BUILD_ROOT=${GP_BUILD_ROOT:-$PWD/$build}
+
+shopt -s nullglob
+tests=("$build"/tests/test_cuda_*)
+[ ${#tests[@]} -gt 0 ] || { echo "cuda_tests.sh: no test_cuda_* binaries in $build/tests (build with -Dcuda=enabled)" >&2; exit 2; }
+
+failed=0
+run() { # label, command...
+    local label=$1; shift
+    local log; log=$(mktemp)
+    local start=$SECONDS
+    "$@" >"$log" 2>&1
+    local rc=$?
+    local summary; summary=$(grep -E 'PASSED|FAILED|skipped|ERROR SUMMARY' "$log" | tail -1)
+    case $rc in
+        0) printf '%-44s ok      %4ds  %s\n' "$label" $((SECONDS - start)) "$summary" ;;
+        77) printf '%-44s skipped %4ds  %s\n' "$label" $((SECONDS - start)) "$summary" ;;
+        *) printf '%-44s FAILED  %4ds  (exit %d)\n' "$label" $((SECONDS - start)) "$rc"
+           sed 's/^/    /' "$log" | tail -40
+           failed=$((failed + 1)) ;;
+    esac
+    rm -f "$log"
+}
+
+for t in "${tests[@]}"; do run "$(basename "$t")" "$t"; done
+if [ $sanitize = 1 ]; then
+    if command -v compute-sanitizer >/dev/null 2>&1; then
+        # Leaks and memcheck errors both fail: --error-exitcode makes them count.
+        for t in "${tests[@]}"; do
+            run "$(basename "$t") (memcheck)" compute-sanitizer --tool memcheck --error-exitcode 99 \
+                --leak-check full "$t"
+        done
+    else
+        echo "compute-sanitizer not found: the memcheck pass was not run"
+        failed=$((failed + 1))
+    fi
+fi
+if [ $failed -eq 0 ]; then echo "cuda suite: all passed"; else echo "cuda suite: $failed FAILED"; fi
+[ $failed -eq 0 ]

@@ -1,0 +1,99 @@
+/* What a pipeline stage computes with, per backend: the layer kernels and
+ * the other work of a training step (buffer zeroing and accumulation, the
+ * loss, deferred BatchNorm statistics, the optimizer, gradient norms).
+ *
+ * The executor calls these only inside its tasks (gp_device_ops.enqueue),
+ * with pointers into the stage's device memory. On the CPU backend they run
+ * there and then; on CUDA they launch onto the task's stream and return, so
+ * a whole step is issued without the host waiting. Each backend's device
+ * ops point at their compute ops (gp_device_ops.compute). */
+#ifndef GP_BACKEND_COMPUTE_H
+#define GP_BACKEND_COMPUTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "graph/graph.h"
+#include "train/loss.h"
+#include "train/optim.h"
+#include "util/error.h"
+
+struct gp_device;
+struct gp_stream;
+
+/* One layer's call: the fields of the backends' kernel contexts
+ * (backend/cpu/kernel.h says what each means). */
+struct gp_layer_call {
+    const struct gp_graph *graph;
+    const struct gp_node *node;
+    void *const *in, *const *out;
+    float *const *din, *const *dout;
+    void *saved, *scratch;
+    bool training, update_state;
+    uint64_t seed, step;
+    int64_t sample_offset;
+    double dropout_ratio;
+    double *deferred_stats;
+};
+
+/* The training objective on the last stage's output. */
+struct gp_loss_spec {
+    enum gp_loss_kind kind;
+    int class_axis;          /* cross-entropy: resolved (not AUTO) */
+    int64_t ignore_index;
+    enum gp_dtype target_dtype; /* int64 labels, float32 targets, or UNDEFINED (output loss) */
+    struct gp_shape target_shape; /* per micro-batch */
+};
+
+/* One micro-batch's loss: dout written (=) with the gradient scaled by
+ * 1/denominator, the terms' sum written to *loss_sum (device memory). */
+struct gp_loss_call {
+    const struct gp_loss_spec *spec;
+    const struct gp_shape *out_shape;
+    const float *out;
+    const void *target;      /* NULL for the output loss */
+    float *dout;
+    double denominator;
+    double *loss_sum;
+    void *scratch;           /* loss_scratch_bytes() */
+};
+
+struct gp_compute_ops {
+    /* Per-stage state bound to the stage's compute stream (CUDA: cuBLAS and
+     * cuDNN handles in TF32 mode or not). */
+    gp_status (*context_create)(struct gp_device *dev, struct gp_stream *compute, bool tf32, void **ctx,
+                                struct gp_error *err);
+    void (*context_destroy)(void *ctx);
+
+    /* Kernel lookup: false when the backend has no kernel for the node;
+     * *trainable tells whether it has a backward. */
+    bool (*has_kernel)(const struct gp_node *node, bool *trainable);
+    size_t (*saved_bytes)(const struct gp_graph *g, const struct gp_node *node);
+    size_t (*scratch_bytes)(const struct gp_graph *g, const struct gp_node *node);
+    gp_status (*forward)(void *ctx, const struct gp_layer_call *c, struct gp_error *err);
+    gp_status (*backward)(void *ctx, const struct gp_layer_call *c, struct gp_error *err);
+
+    gp_status (*zero)(void *ctx, void *ptr, size_t bytes, struct gp_error *err);
+    gp_status (*accumulate)(void *ctx, float *dst, const float *src, int64_t n, struct gp_error *err);
+
+    size_t (*loss_scratch_bytes)(const struct gp_shape *out_shape);
+    gp_status (*loss)(void *ctx, const struct gp_loss_call *c, struct gp_error *err);
+
+    /* Deferred BatchNorm (backend/cpu/kernel.h). */
+    size_t (*bn_stats_len)(const struct gp_graph *g, const struct gp_node *node);
+    gp_status (*bn_commit)(void *ctx, const struct gp_graph *g, const struct gp_node *node, float *rmean,
+                           float *rvar, double *stats, struct gp_error *err);
+
+    /* One optimizer step over the stage's parameters (device pointers),
+     * gradients first scaled by clip_coef when it is below 1. */
+    gp_status (*optim_step)(void *ctx, struct gp_optim *opt, double lr, float clip_coef,
+                            struct gp_error *err);
+    /* out[k] (device memory) = the 2-norm of tensors[k], for clipping. */
+    gp_status (*norms)(void *ctx, const float *const *tensors, const int64_t *numels, int count, float *out,
+                       struct gp_error *err);
+};
+
+extern const struct gp_compute_ops gp_cpu_compute_ops;
+
+#endif

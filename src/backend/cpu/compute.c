@@ -1,0 +1,141 @@
+/* The CPU backend's compute ops (backend/compute.h): the float kernels and
+ * the training step's other work, run on the stage's worker thread. */
+#include "backend/compute.h"
+
+#include <string.h>
+
+#include "backend/cpu/kernel.h"
+
+static gp_status context_create(struct gp_device *dev, struct gp_stream *compute, bool tf32, void **ctx,
+                                struct gp_error *err)
+{
+    (void)dev, (void)compute, (void)tf32, (void)err;
+    *ctx = NULL; /* nothing to hold */
+    return GP_OK;
+}
+
+static void context_destroy(void *ctx) { (void)ctx; }
+
+static bool has_kernel(const struct gp_node *node, bool *trainable)
+{
+    const struct gp_cpu_kernel *k = gp_cpu_kernel_for_f32(node);
+    if (trainable) *trainable = k && k->backward;
+    return k != NULL;
+}
+
+static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
+{
+    const struct gp_cpu_kernel *k = gp_cpu_kernel_for_f32(node);
+    return k && k->saved_bytes ? k->saved_bytes(g, node) : 0;
+}
+
+static size_t scratch_bytes(const struct gp_graph *g, const struct gp_node *node)
+{
+    const struct gp_cpu_kernel *k = gp_cpu_kernel_for_f32(node);
+    return k && k->scratch_bytes ? k->scratch_bytes(g, node) : 0;
+}
+
+static struct gp_cpu_ctx cpu_ctx(const struct gp_layer_call *c)
+{
+    return (struct gp_cpu_ctx){
+        .graph = c->graph, .node = c->node, .in = c->in, .out = c->out, .din = c->din, .dout = c->dout,
+        .saved = c->saved, .scratch = c->scratch, .training = c->training,
+        .update_state = c->update_state, .seed = c->seed, .step = c->step,
+        .sample_offset = c->sample_offset, .dropout_ratio = c->dropout_ratio,
+        .deferred_stats = c->deferred_stats,
+    };
+}
+
+static gp_status forward(void *ctx, const struct gp_layer_call *c, struct gp_error *err)
+{
+    (void)ctx;
+    struct gp_cpu_ctx cc = cpu_ctx(c);
+    return gp_cpu_kernel_for_f32(c->node)->forward(&cc, err);
+}
+
+static gp_status backward(void *ctx, const struct gp_layer_call *c, struct gp_error *err)
+{
+    (void)ctx;
+    struct gp_cpu_ctx cc = cpu_ctx(c);
+    return gp_cpu_kernel_for_f32(c->node)->backward(&cc, err);
+}
+
+static gp_status zero(void *ctx, void *ptr, size_t bytes, struct gp_error *err)
+{
+    (void)ctx, (void)err;
+    memset(ptr, 0, bytes);
+    return GP_OK;
+}
+
+static gp_status accumulate(void *ctx, float *dst, const float *src, int64_t n, struct gp_error *err)
+{
+    (void)ctx, (void)err;
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+    return GP_OK;
+}
+
+static size_t loss_scratch_bytes(const struct gp_shape *out_shape)
+{
+    (void)out_shape;
+    return 0;
+}
+
+static gp_status loss(void *ctx, const struct gp_loss_call *c, struct gp_error *err)
+{
+    (void)ctx;
+    const struct gp_loss_spec *s = c->spec;
+    switch (s->kind) {
+    case GP_LOSS_CROSS_ENTROPY:
+        return gp_cross_entropy(c->out, c->out_shape, c->target, &s->target_shape, s->class_axis,
+                                s->ignore_index, c->denominator, c->dout, c->loss_sum, NULL, err);
+    case GP_LOSS_MSE:
+        return gp_mse_loss(c->out, c->target, c->out_shape, &s->target_shape, c->denominator, c->dout,
+                           c->loss_sum, err);
+    case GP_LOSS_OUTPUT:
+        return gp_output_loss(c->out, c->out_shape, c->denominator, c->dout, c->loss_sum, err);
+    }
+    return gp_error_set(err, GP_ERR_INVALID, "unknown loss kind %d", (int)s->kind);
+}
+
+static gp_status bn_commit(void *ctx, const struct gp_graph *g, const struct gp_node *node, float *rmean,
+                           float *rvar, double *stats, struct gp_error *err)
+{
+    (void)ctx, (void)err;
+    gp_cpu_bn_commit_f32(g, node, rmean, rvar, stats);
+    return GP_OK;
+}
+
+static gp_status optim_step(void *ctx, struct gp_optim *opt, double lr, float clip_coef,
+                            struct gp_error *err)
+{
+    (void)ctx, (void)err;
+    if (clip_coef < 1.0f) gp_scale_grads(opt->params, opt->n_params, clip_coef);
+    gp_optim_step(opt, lr);
+    return GP_OK;
+}
+
+static gp_status norms(void *ctx, const float *const *tensors, const int64_t *numels, int count, float *out,
+                       struct gp_error *err)
+{
+    (void)ctx, (void)err;
+    for (int k = 0; k < count; k++) out[k] = gp_norm2_f32(tensors[k], numels[k]);
+    return GP_OK;
+}
+
+const struct gp_compute_ops gp_cpu_compute_ops = {
+    .context_create = context_create,
+    .context_destroy = context_destroy,
+    .has_kernel = has_kernel,
+    .saved_bytes = saved_bytes,
+    .scratch_bytes = scratch_bytes,
+    .forward = forward,
+    .backward = backward,
+    .zero = zero,
+    .accumulate = accumulate,
+    .loss_scratch_bytes = loss_scratch_bytes,
+    .loss = loss,
+    .bn_stats_len = gp_cpu_bn_stats_len_f32,
+    .bn_commit = bn_commit,
+    .optim_step = optim_step,
+    .norms = norms,
+};

@@ -1,0 +1,163 @@
+/* The CUDA backend's compute ops (backend/compute.h): a stage's context is
+ * its cuBLAS and cuDNN handles bound to its compute stream; every operation
+ * launches onto the stream of the task that calls it and returns. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "cuda/device.h"
+#include "cuda/kernel.h"
+#include "cuda/train_kernels.h"
+
+extern "C" {
+#include "backend/compute.h"
+}
+
+struct stage_ctx {
+    cudaStream_t stream;
+    struct gp_cuda_libs libs;
+    bool tf32;
+};
+
+static gp_status context_create(struct gp_device *dev, struct gp_stream *compute, bool tf32, void **out,
+                                struct gp_error *err)
+{
+    *out = NULL;
+    cudaError_t e = cudaSetDevice(gp_cuda_device_index(dev));
+    if (e != cudaSuccess)
+        return gp_error_set(err, GP_ERR_DEVICE, "cuda:%d: cudaSetDevice: %s", gp_cuda_device_index(dev),
+                            cudaGetErrorString(e));
+    struct stage_ctx *c = (struct stage_ctx *)calloc(1, sizeof *c);
+    if (!c) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    c->stream = gp_cuda_stream_of(compute);
+    c->tf32 = tf32;
+    gp_status st = gp_cuda_libs_create(c->stream, tf32, &c->libs, err);
+    if (st != GP_OK) {
+        free(c);
+        gp_error_prefix(err, "cuda:%d: ", gp_cuda_device_index(dev));
+        return st;
+    }
+    *out = c;
+    return GP_OK;
+}
+
+static void context_destroy(void *ctx)
+{
+    struct stage_ctx *c = (struct stage_ctx *)ctx;
+    if (!c) return;
+    gp_cuda_libs_destroy(&c->libs);
+    free(c);
+}
+
+static bool has_kernel(const struct gp_node *node, bool *trainable)
+{
+    const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
+    if (trainable) *trainable = k && k->backward;
+    return k != NULL;
+}
+
+static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
+{
+    const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
+    return k && k->saved_bytes ? k->saved_bytes(g, node) : 0;
+}
+
+static size_t scratch_bytes(const struct gp_graph *g, const struct gp_node *node)
+{
+    const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
+    return k && k->scratch_bytes ? k->scratch_bytes(g, node) : 0;
+}
+
+static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_layer_call *c)
+{
+    struct gp_cuda_ctx k;
+    memset(&k, 0, sizeof k);
+    k.graph = c->graph;
+    k.node = c->node;
+    k.in = c->in;
+    k.out = c->out;
+    k.din = c->din;
+    k.dout = c->dout;
+    k.saved = c->saved;
+    k.scratch = c->scratch;
+    k.stream = s->stream;
+    k.cublas = s->libs.cublas;
+    k.cudnn = s->libs.cudnn;
+    k.tf32 = s->tf32;
+    k.training = c->training;
+    k.update_state = c->update_state;
+    k.seed = c->seed;
+    k.step = c->step;
+    k.sample_offset = c->sample_offset;
+    k.dropout_ratio = c->dropout_ratio;
+    k.deferred_stats = c->deferred_stats;
+    return k;
+}
+
+static gp_status forward(void *ctx, const struct gp_layer_call *c, struct gp_error *err)
+{
+    struct gp_cuda_ctx k = cuda_ctx((const struct stage_ctx *)ctx, c);
+    return gp_cuda_kernel_for(c->node)->forward(&k, err);
+}
+
+static gp_status backward(void *ctx, const struct gp_layer_call *c, struct gp_error *err)
+{
+    struct gp_cuda_ctx k = cuda_ctx((const struct stage_ctx *)ctx, c);
+    return gp_cuda_kernel_for(c->node)->backward(&k, err);
+}
+
+static gp_status zero(void *ctx, void *ptr, size_t bytes, struct gp_error *err)
+{
+    const struct stage_ctx *s = (const struct stage_ctx *)ctx;
+    cudaError_t e = cudaMemsetAsync(ptr, 0, bytes, s->stream);
+    if (e != cudaSuccess)
+        return gp_error_set(err, GP_ERR_DEVICE, "cudaMemsetAsync of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    return GP_OK;
+}
+
+static gp_status accumulate(void *ctx, float *dst, const float *src, int64_t n, struct gp_error *err)
+{
+    return gp_cuda_accumulate(((const struct stage_ctx *)ctx)->stream, dst, src, n, err);
+}
+
+static gp_status loss(void *ctx, const struct gp_loss_call *c, struct gp_error *err)
+{
+    cudaStream_t st = ((const struct stage_ctx *)ctx)->stream;
+    const struct gp_loss_spec *s = c->spec;
+    int64_t n = gp_shape_numel(c->out_shape);
+    switch (s->kind) {
+    case GP_LOSS_CROSS_ENTROPY:
+        return gp_cuda_cross_entropy(st, c->out, c->out_shape, s->class_axis, (const int64_t *)c->target,
+                                     s->ignore_index, c->denominator, c->dout, c->loss_sum, c->scratch, err);
+    case GP_LOSS_MSE:
+        return gp_cuda_mse_loss(st, c->out, (const float *)c->target, n, c->denominator, c->dout, c->loss_sum,
+                                c->scratch, err);
+    case GP_LOSS_OUTPUT:
+        return gp_cuda_output_loss(st, c->out, n, c->denominator, c->dout, c->loss_sum, c->scratch, err);
+    }
+    return gp_error_set(err, GP_ERR_INVALID, "unknown loss kind %d", (int)s->kind);
+}
+
+static gp_status bn_commit(void *ctx, const struct gp_graph *g, const struct gp_node *node, float *rmean,
+                           float *rvar, double *stats, struct gp_error *err)
+{
+    return gp_cuda_bn_commit(((const struct stage_ctx *)ctx)->stream, g, node, rmean, rvar, stats, err);
+}
+
+static gp_status optim_step(void *ctx, struct gp_optim *opt, double lr, float clip_coef,
+                            struct gp_error *err)
+{
+    return gp_cuda_optim_step(((const struct stage_ctx *)ctx)->stream, opt, lr, clip_coef, err);
+}
+
+static gp_status norms(void *ctx, const float *const *tensors, const int64_t *numels, int count, float *out,
+                       struct gp_error *err)
+{
+    return gp_cuda_norms(((const struct stage_ctx *)ctx)->stream, tensors, numels, count, out, err);
+}
+
+extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
+    context_create, context_destroy, has_kernel, saved_bytes, scratch_bytes, forward, backward, zero,
+    accumulate, gp_cuda_loss_scratch_bytes, loss, gp_cuda_bn_stats_len, bn_commit, optim_step, norms,
+};

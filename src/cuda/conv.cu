@@ -1,0 +1,820 @@
+/* CUDA kernels: the conv family, twin of backend/cpu/conv.c: Conv and
+ * ConvTranspose, forward and backward, through cuDNN.
+ *
+ * Both ops are one cuDNN convolution between an "image" (Conv's input,
+ * ConvTranspose's output) and "columns" (Conv's output, ConvTranspose's
+ * input), with the weight as the convolution's filter in either case
+ * (Conv's W [M, C/g, k...], ConvTranspose's W [C, M/g, k...]): Conv runs it
+ * forward, ConvTranspose as its data gradient. So
+ *   Conv           forward: cudnnConvolutionForward          (X -> Y)
+ *                  dX:      cudnnConvolutionBackwardData     (dY -> dX)
+ *                  dW:      cudnnConvolutionBackwardFilter   (X, dY)
+ *   ConvTranspose  forward: cudnnConvolutionBackwardData     (X -> Y)
+ *                  dX:      cudnnConvolutionForward          (dY -> dX)
+ *                  dW:      cudnnConvolutionBackwardFilter   (dY, X)
+ * and the bias and its gradient (a per-channel sum in double, one block per
+ * channel, a fixed order) are kernels of this file. Gradients accumulate
+ * (beta = 1).
+ *
+ * The window comes from gp_window_resolve, as in shape inference and the
+ * CPU kernel. cuDNN pads symmetrically; where the node's pads are not (or
+ * ConvTranspose's output_padding and output_shape ask for cells no tap
+ * reaches beyond what cuDNN allows), the image goes through a buffer in
+ * scratch: the padded input is copied there (zeros around), or the full
+ * transposed output is computed there and cropped. 1-D convolutions run as
+ * 2-D ones with a leading axis of 1; up to 3 spatial axes, as on the CPU.
+ *
+ * Algorithms: chosen once per geometry with cuDNN's heuristics
+ * (cudnnGet*Algorithm_v7): the first deterministic result that succeeds
+ * with a workspace of at most WS_CAP, in FMA math (float32 semantics) unless
+ * ctx->tf32. Choices live in a process-wide table under a mutex, keyed by
+ * the whole cuDNN problem, and scratch_bytes() makes them (with a handle of
+ * its own) so the executor plans the workspace; forward and backward find
+ * the same choice there. */
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cudnn.h>
+
+#include "cuda/kernel_util.cuh"
+
+extern "C" {
+#include "ops/window.h"
+}
+
+#define MAX_AXES 3
+#define WS_CAP ((size_t)256 << 20) /* workspace an algorithm may ask for */
+#define ALIGN 256
+#define MAX_PERF 32 /* results asked of cuDNN's heuristics */
+
+static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* ---- geometry ---- */
+
+/* The cuDNN problem of a node. Spatial axes are exactly `ns` (2 or 3; a 1-D
+ * conv gets a leading axis of size 1). The image buffer holds image cell
+ * i (per axis) at i + off; cells of it outside the image are zero padding
+ * (Conv) or cells cropped away (ConvTranspose). `direct`: the buffer is the
+ * image itself (every off 0, imgb == img). */
+struct conv_geom {
+    bool transpose;
+    int ns;
+    int64_t n, c, m, group;    /* batch, X channels, Y channels, groups */
+    int64_t img_ch, col_ch;    /* channels of the image and of the columns */
+    int64_t img[MAX_AXES], imgb[MAX_AXES], off[MAX_AXES], col[MAX_AXES];
+    int64_t k[MAX_AXES], s[MAX_AXES], d[MAX_AXES], q[MAX_AXES]; /* q: cuDNN's symmetric pads */
+    int64_t img_size, imgb_size, col_size;                     /* per plane */
+    bool direct;
+};
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_node *node,
+                                bool transpose, struct conv_geom *g, struct gp_error *err)
+{
+    memset(g, 0, sizeof *g);
+    const struct gp_value *x = gp_node_input(graph, node, 0), *w = gp_node_input(graph, node, 1);
+    const struct gp_value *b = gp_node_input(graph, node, 2);
+    /* gp_window_resolve only reads the node's attributes; its context type
+     * is the (mutable) inference one. */
+    struct gp_infer_ctx ic = {(struct gp_graph *)graph, (struct gp_node *)node, err};
+    struct gp_window win;
+    GP_TRY(gp_window_resolve(&ic, transpose ? GP_WINDOW_CONV_TRANSPOSE : GP_WINDOW_CONV, &x->shape,
+                             &w->shape.dims[2], &win));
+    if (win.n_spatial > MAX_AXES)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED,
+                            "node '%s' (%s): the CUDA backend convolves up to %d spatial axes, not %d",
+                            node->name, node->op_type, MAX_AXES, win.n_spatial);
+    if (x->dtype != GP_DTYPE_FLOAT32 || w->dtype != GP_DTYPE_FLOAT32 ||
+        (b && b->dtype != GP_DTYPE_FLOAT32))
+        return gp_error_set(err, GP_ERR_UNSUPPORTED,
+                            "node '%s' (%s): the CUDA backend convolves float32 tensors only",
+                            node->name, node->op_type);
+    g->transpose = transpose;
+    g->n = x->shape.dims[0];
+    g->c = x->shape.dims[1];
+    g->group = gp_node_attr_int(node, "group", 1);
+    int64_t mg = transpose ? w->shape.dims[1] : w->shape.dims[0] / g->group;
+    g->m = mg * g->group;
+    g->img_ch = transpose ? g->m : g->c;
+    g->col_ch = transpose ? g->c : g->m;
+    g->ns = win.n_spatial < 2 ? 2 : win.n_spatial;
+    int lead = g->ns - win.n_spatial;
+    g->img_size = g->imgb_size = g->col_size = 1;
+    g->direct = true;
+    for (int i = 0; i < g->ns; i++) {
+        int j = i - lead;
+        bool ax = j >= 0;
+        int64_t in = ax ? win.in[j] : 1, out = ax ? win.out[j] : 1;
+        int64_t k = ax ? win.kernel[j] : 1, s = ax ? win.stride[j] : 1, d = ax ? win.dilation[j] : 1;
+        int64_t pb = ax ? win.pad_begin[j] : 0, pe = ax ? win.pad_end[j] : 0;
+        int64_t ext = (k - 1) * d + 1;
+        g->k[i] = k;
+        g->s[i] = s;
+        g->d[i] = d;
+        if (!transpose) {
+            g->img[i] = in;
+            g->col[i] = out;
+            /* cuDNN's output with pads pb on both sides: when it is the
+             * node's, the end pads make no difference. */
+            int64_t span = in + 2 * pb - ext;
+            if (span >= 0 && span / s + 1 == out) {
+                g->q[i] = pb;
+                g->imgb[i] = in;
+                g->off[i] = 0;
+            } else { /* pad the input explicitly by what cuDNN's pads lack */
+                g->q[i] = min64(pb, pe);
+                g->imgb[i] = in + pb + pe - 2 * g->q[i];
+                g->off[i] = pb - g->q[i];
+            }
+        } else {
+            g->img[i] = out;
+            g->col[i] = in;
+            /* Taps reach the first F cells of the full output; the node's
+             * output is the full one from pb on. cuDNN's image with pads q
+             * is the full output from q on, of any size F - 2q + r with
+             * 0 <= r < stride (the r cells no tap reaches). */
+            int64_t f = s * (in - 1) + ext;
+            int64_t r = out - f + 2 * pb;
+            if (r >= 0 && r < s) {
+                g->q[i] = pb;
+                g->imgb[i] = out;
+                g->off[i] = 0;
+            } else {
+                int64_t q = min64(pb, pe);
+                if (f - 2 * q < 1) q = (f - 1) / 2;
+                g->q[i] = q;
+                g->imgb[i] = f - 2 * q;
+                g->off[i] = pb - q;
+            }
+        }
+        if (g->off[i] != 0 || g->imgb[i] != g->img[i]) g->direct = false;
+        g->img_size *= g->img[i];
+        g->imgb_size *= g->imgb[i];
+        g->col_size *= g->col[i];
+    }
+    /* cuDNN's legacy API takes int dimensions and strides. */
+    int64_t biggest = g->n * g->img_ch * (g->imgb_size > g->img_size ? g->imgb_size : g->img_size);
+    if (g->n * g->col_ch * g->col_size > biggest) biggest = g->n * g->col_ch * g->col_size;
+    if (gp_shape_numel(&w->shape) > biggest) biggest = gp_shape_numel(&w->shape);
+    if (biggest > INT_MAX)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED,
+                            "node '%s' (%s): a tensor of %lld elements exceeds cuDNN's int sizes",
+                            node->name, node->op_type, (long long)biggest);
+    return GP_OK;
+}
+
+/* Bytes of the image buffer (0 when direct). */
+static size_t buffer_bytes(const struct conv_geom *g)
+{
+    if (g->direct) return 0;
+    return align_up(sizeof(float) * (size_t)(g->n * g->img_ch * g->imgb_size));
+}
+
+/* ---- cuDNN descriptors ---- */
+
+struct dnn_err {
+    cudnnStatus_t st;
+    const char *call;
+};
+
+#define DNN_TRY(e, fn, ...)                                                                  \
+    do {                                                                                     \
+        cudnnStatus_t st_ = fn(__VA_ARGS__);                                                 \
+        if (st_ != CUDNN_STATUS_SUCCESS) {                                                   \
+            (e)->st = st_;                                                                   \
+            (e)->call = #fn;                                                                 \
+            return false;                                                                    \
+        }                                                                                    \
+    } while (0)
+
+struct descs {
+    cudnnTensorDescriptor_t img, col;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+};
+
+static void descs_destroy(struct descs *d)
+{
+    if (d->img) cudnnDestroyTensorDescriptor(d->img);
+    if (d->col) cudnnDestroyTensorDescriptor(d->col);
+    if (d->w) cudnnDestroyFilterDescriptor(d->w);
+    if (d->conv) cudnnDestroyConvolutionDescriptor(d->conv);
+    memset(d, 0, sizeof *d);
+}
+
+static bool set_tensor(cudnnTensorDescriptor_t t, int nd, int64_t n, int64_t ch, const int64_t *sp,
+                       struct dnn_err *e)
+{
+    int dims[MAX_AXES + 2], strides[MAX_AXES + 2];
+    dims[0] = (int)n;
+    dims[1] = (int)ch;
+    for (int i = 0; i < nd - 2; i++) dims[i + 2] = (int)sp[i];
+    strides[nd - 1] = 1;
+    for (int i = nd - 2; i >= 0; i--) strides[i] = strides[i + 1] * dims[i + 1];
+    DNN_TRY(e, cudnnSetTensorNdDescriptor, t, CUDNN_DATA_FLOAT, nd, dims, strides);
+    return true;
+}
+
+/* The descriptors of the node's problem; `math` for the convolution. The
+ * columns' shape is checked against cuDNN's own output shape. */
+static bool descs_create(const struct conv_geom *g, cudnnMathType_t math, struct descs *d,
+                         struct dnn_err *e)
+{
+    memset(d, 0, sizeof *d);
+    int nd = g->ns + 2;
+    DNN_TRY(e, cudnnCreateTensorDescriptor, &d->img);
+    DNN_TRY(e, cudnnCreateTensorDescriptor, &d->col);
+    DNN_TRY(e, cudnnCreateFilterDescriptor, &d->w);
+    DNN_TRY(e, cudnnCreateConvolutionDescriptor, &d->conv);
+    if (!set_tensor(d->img, nd, g->n, g->img_ch, g->imgb, e)) return false;
+    if (!set_tensor(d->col, nd, g->n, g->col_ch, g->col, e)) return false;
+    int wd[MAX_AXES + 2];
+    wd[0] = (int)g->col_ch;
+    wd[1] = (int)(g->img_ch / g->group);
+    for (int i = 0; i < g->ns; i++) wd[i + 2] = (int)g->k[i];
+    DNN_TRY(e, cudnnSetFilterNdDescriptor, d->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, nd, wd);
+    int pad[MAX_AXES], str[MAX_AXES], dil[MAX_AXES];
+    for (int i = 0; i < g->ns; i++) {
+        pad[i] = (int)g->q[i];
+        str[i] = (int)g->s[i];
+        dil[i] = (int)g->d[i];
+    }
+    DNN_TRY(e, cudnnSetConvolutionNdDescriptor, d->conv, g->ns, pad, str, dil,
+            CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
+    DNN_TRY(e, cudnnSetConvolutionGroupCount, d->conv, (int)g->group);
+    DNN_TRY(e, cudnnSetConvolutionMathType, d->conv, math);
+    int od[MAX_AXES + 2];
+    DNN_TRY(e, cudnnGetConvolutionNdForwardOutputDim, d->conv, d->img, d->w, nd, od);
+    bool same = od[0] == (int)g->n && od[1] == (int)g->col_ch;
+    for (int i = 0; i < g->ns; i++) same = same && od[i + 2] == (int)g->col[i];
+    if (!same) {
+        e->st = CUDNN_STATUS_BAD_PARAM;
+        e->call = "cudnnGetConvolutionNdForwardOutputDim (its output shape is not the node's)";
+        return false;
+    }
+    return true;
+}
+
+/* ---- algorithm choice, cached ---- */
+
+struct algo_key {
+    int ns, group, tf32;
+    int img[MAX_AXES + 2], col[MAX_AXES + 2], w[MAX_AXES + 2];
+    int q[MAX_AXES], s[MAX_AXES], d[MAX_AXES];
+};
+
+struct algo_choice {
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    cudnnMathType_t m_fwd, m_data, m_filter;
+    size_t ws_fwd, ws_data, ws_filter;
+};
+
+static void algo_key_init(const struct conv_geom *g, bool tf32, struct algo_key *k)
+{
+    memset(k, 0, sizeof *k); /* padding too: keys compare with memcmp */
+    k->ns = g->ns;
+    k->group = (int)g->group;
+    k->tf32 = tf32;
+    k->img[0] = k->col[0] = (int)g->n;
+    k->img[1] = (int)g->img_ch;
+    k->col[1] = (int)g->col_ch;
+    k->w[0] = (int)g->col_ch;
+    k->w[1] = (int)(g->img_ch / g->group);
+    for (int i = 0; i < g->ns; i++) {
+        k->img[i + 2] = (int)g->imgb[i];
+        k->col[i + 2] = (int)g->col[i];
+        k->w[i + 2] = (int)g->k[i];
+        k->q[i] = (int)g->q[i];
+        k->s[i] = (int)g->s[i];
+        k->d[i] = (int)g->d[i];
+    }
+}
+
+/* Whether a result's math type is allowed: without TF32 only FMA (or the
+ * default, which the descriptor's FMA setting then restricts); with it,
+ * anything but down-conversion to half precision. */
+static bool math_ok(cudnnMathType_t m, bool tf32)
+{
+    if (tf32) return m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    return m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+}
+
+static cudnnMathType_t base_math(bool tf32) { return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
+
+/* The math type a chosen result runs with. */
+static cudnnMathType_t exec_math(cudnnMathType_t m, bool tf32) { return tf32 ? m : CUDNN_FMA_MATH; }
+
+/* Picks among `n` heuristic results (best first) the first deterministic
+ * one that succeeds, whose math type is allowed and whose workspace (asked
+ * of cuDNN for that algorithm and math type) fits WS_CAP. `ws_of` returns
+ * false when cuDNN refuses the algorithm. */
+#define PICK(perf, count, tf32, conv, ws_of, out_algo, out_math, out_ws, found)                   \
+    do {                                                                                     \
+        found = false;                                                                       \
+        for (int i_ = 0; i_ < (count) && !found; i_++) {                                     \
+            if ((perf)[i_].status != CUDNN_STATUS_SUCCESS) continue;                         \
+            if ((perf)[i_].determinism != CUDNN_DETERMINISTIC) continue;                     \
+            if (!math_ok((perf)[i_].mathType, tf32)) continue;                               \
+            cudnnMathType_t m_ = exec_math((perf)[i_].mathType, tf32);                       \
+            if (cudnnSetConvolutionMathType(conv, m_) != CUDNN_STATUS_SUCCESS) continue;     \
+            size_t ws_ = 0;                                                                  \
+            if (!ws_of((perf)[i_].algo, &ws_)) continue;                                     \
+            if (ws_ < (perf)[i_].memory) ws_ = (perf)[i_].memory;                            \
+            if (ws_ > WS_CAP) continue;                                                      \
+            out_algo = (perf)[i_].algo;                                                      \
+            out_math = m_;                                                                   \
+            out_ws = ws_;                                                                    \
+            found = true;                                                                    \
+        }                                                                                    \
+    } while (0)
+
+/* Chooses the three algorithms of the problem with handle h. On failure
+ * *why says which step found nothing. */
+static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, bool tf32, struct algo_choice *ch,
+                         struct dnn_err *e, const char **why)
+{
+    struct descs d;
+    *why = NULL;
+    bool ok = descs_create(g, base_math(tf32), &d, e);
+    int count = 0;
+    bool found = false;
+    if (ok) {
+        cudnnConvolutionFwdAlgoPerf_t perf[MAX_PERF];
+        cudnnStatus_t st = cudnnGetConvolutionForwardAlgorithm_v7(h, d.img, d.w, d.conv, d.col, MAX_PERF,
+                                                                  &count, perf);
+        if (st != CUDNN_STATUS_SUCCESS) {
+            e->st = st, e->call = "cudnnGetConvolutionForwardAlgorithm_v7", ok = false;
+        } else {
+            auto ws_of = [&](cudnnConvolutionFwdAlgo_t a, size_t *ws) {
+                return cudnnGetConvolutionForwardWorkspaceSize(h, d.img, d.w, d.conv, d.col, a, ws) ==
+                       CUDNN_STATUS_SUCCESS;
+            };
+            PICK(perf, count, tf32, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, found);
+            if (!found) *why = "forward", ok = false;
+        }
+    }
+    if (ok) {
+        cudnnSetConvolutionMathType(d.conv, base_math(tf32));
+        cudnnConvolutionBwdDataAlgoPerf_t perf[MAX_PERF];
+        cudnnStatus_t st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.col, d.conv, d.img,
+                                                                       MAX_PERF, &count, perf);
+        if (st != CUDNN_STATUS_SUCCESS) {
+            e->st = st, e->call = "cudnnGetConvolutionBackwardDataAlgorithm_v7", ok = false;
+        } else {
+            auto ws_of = [&](cudnnConvolutionBwdDataAlgo_t a, size_t *ws) {
+                return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.col, d.conv, d.img, a,
+                                                                    ws) == CUDNN_STATUS_SUCCESS;
+            };
+            PICK(perf, count, tf32, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, found);
+            if (!found) *why = "backward data", ok = false;
+        }
+    }
+    if (ok) {
+        cudnnSetConvolutionMathType(d.conv, base_math(tf32));
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[MAX_PERF];
+        cudnnStatus_t st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.img, d.col, d.conv, d.w,
+                                                                         MAX_PERF, &count, perf);
+        if (st != CUDNN_STATUS_SUCCESS) {
+            e->st = st, e->call = "cudnnGetConvolutionBackwardFilterAlgorithm_v7", ok = false;
+        } else {
+            auto ws_of = [&](cudnnConvolutionBwdFilterAlgo_t a, size_t *ws) {
+                return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.img, d.col, d.conv, d.w, a,
+                                                                      ws) == CUDNN_STATUS_SUCCESS;
+            };
+            PICK(perf, count, tf32, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, found);
+            if (!found) *why = "backward filter", ok = false;
+        }
+    }
+    descs_destroy(&d);
+    return ok;
+}
+
+struct cache_entry {
+    struct algo_key key;
+    struct algo_choice ch;
+};
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct cache_entry *cache;
+static int cache_len, cache_cap;
+static cudnnHandle_t query_handle; /* scratch_bytes' own, created once, kept for the process */
+
+/* The choice for the problem, from the table or made now with `h` (NULL:
+ * the query handle, created on first use) and added to it. */
+static bool lookup_algos(cudnnHandle_t h, const struct conv_geom *g, bool tf32, struct algo_choice *ch,
+                         struct dnn_err *e, const char **why)
+{
+    struct algo_key key;
+    algo_key_init(g, tf32, &key);
+    *why = NULL;
+    pthread_mutex_lock(&cache_mu);
+    for (int i = 0; i < cache_len; i++)
+        if (memcmp(&cache[i].key, &key, sizeof key) == 0) {
+            *ch = cache[i].ch;
+            pthread_mutex_unlock(&cache_mu);
+            return true;
+        }
+    bool ok = true;
+    if (!h) {
+        if (!query_handle) {
+            cudnnStatus_t st = cudnnCreate(&query_handle);
+            if (st != CUDNN_STATUS_SUCCESS) {
+                query_handle = NULL;
+                e->st = st, e->call = "cudnnCreate", ok = false;
+            }
+        }
+        h = query_handle;
+    }
+    ok = ok && choose_algos(h, g, tf32, ch, e, why);
+    if (ok) {
+        if (cache_len == cache_cap) {
+            int cap = cache_cap ? 2 * cache_cap : 64;
+            struct cache_entry *grown = (struct cache_entry *)realloc(cache, sizeof *cache * (size_t)cap);
+            if (grown) cache = grown, cache_cap = cap;
+        }
+        if (cache_len < cache_cap) {
+            cache[cache_len].key = key;
+            cache[cache_len].ch = *ch;
+            cache_len++;
+        }
+    }
+    pthread_mutex_unlock(&cache_mu);
+    return ok;
+}
+
+static gp_status dnn_error(const struct gp_cuda_ctx *c, struct gp_error *err, const struct dnn_err *e,
+                           const char *what)
+{
+    return gp_cuda_error(c, err, GP_ERR_DEVICE, "%s: %s: %s", what, e->call ? e->call : "cuDNN",
+                         cudnnGetErrorString(e->st));
+}
+
+static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *g, struct algo_choice *ch,
+                           struct gp_error *err)
+{
+    struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
+    const char *why = NULL;
+    if (lookup_algos((cudnnHandle_t)c->cudnn, g, c->tf32, ch, &e, &why)) return GP_OK;
+    if (why)
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
+                             "cuDNN offers no deterministic %s algorithm with a workspace of at most "
+                             "%zu MiB for this convolution (%s math)",
+                             why, WS_CAP >> 20, c->tf32 ? "TF32" : "FMA");
+    return dnn_error(c, err, &e, "choosing algorithms");
+}
+
+/* Image buffer, then the workspace of the largest of the three algorithms,
+ * with and without TF32 (scratch_bytes cannot know which the run takes). */
+static size_t conv_scratch_common(const struct gp_graph *graph, const struct gp_node *node,
+                                  bool transpose)
+{
+    struct conv_geom g;
+    struct gp_error err;
+    memset(&err, 0, sizeof err);
+    if (conv_geom_init(graph, node, transpose, &g, &err) != GP_OK) return 0;
+    size_t ws = 0;
+    for (int tf32 = 0; tf32 < 2; tf32++) {
+        struct algo_choice ch;
+        struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
+        const char *why;
+        if (!lookup_algos(NULL, &g, tf32 != 0, &ch, &e, &why)) {
+            ws = WS_CAP; /* the run chooses again and reports what fails */
+            break;
+        }
+        size_t m = ch.ws_fwd;
+        if (ch.ws_data > m) m = ch.ws_data;
+        if (ch.ws_filter > m) m = ch.ws_filter;
+        if (m > ws) ws = m;
+    }
+    return buffer_bytes(&g) + ws;
+}
+
+static size_t conv_scratch(const struct gp_graph *g, const struct gp_node *node)
+{
+    return conv_scratch_common(g, node, false);
+}
+
+static size_t conv_transpose_scratch(const struct gp_graph *g, const struct gp_node *node)
+{
+    return conv_scratch_common(g, node, true);
+}
+
+/* ---- helper kernels ---- */
+
+/* The image and its buffer over 3 axes (fewer padded in front with 1). */
+struct pad_map {
+    int64_t planes;
+    int64_t img[3], imgb[3], off[3];
+    int64_t img_size, imgb_size;
+};
+
+static void pad_map_init(const struct conv_geom *g, struct pad_map *pm)
+{
+    int lead = 3 - g->ns;
+    pm->planes = g->n * g->img_ch;
+    for (int i = 0; i < 3; i++) {
+        int j = i - lead;
+        pm->img[i] = j >= 0 ? g->img[j] : 1;
+        pm->imgb[i] = j >= 0 ? g->imgb[j] : 1;
+        pm->off[i] = j >= 0 ? g->off[j] : 0;
+    }
+    pm->img_size = g->img_size;
+    pm->imgb_size = g->imgb_size;
+}
+
+/* buf [planes, imgb...] = src [planes, img...] placed at off, zeros around. */
+__global__ static void gather_kernel(const float *src, float *buf, struct pad_map pm)
+{
+    GP_GRID_STRIDE(e, pm.planes * pm.imgb_size)
+    {
+        int64_t pl = e / pm.imgb_size, r = e - pl * pm.imgb_size;
+        int64_t j2 = r % pm.imgb[2], j1 = (r / pm.imgb[2]) % pm.imgb[1], j0 = r / (pm.imgb[2] * pm.imgb[1]);
+        int64_t i0 = j0 - pm.off[0], i1 = j1 - pm.off[1], i2 = j2 - pm.off[2];
+        bool in = i0 >= 0 && i0 < pm.img[0] && i1 >= 0 && i1 < pm.img[1] && i2 >= 0 && i2 < pm.img[2];
+        buf[e] = in ? src[pl * pm.img_size + (i0 * pm.img[1] + i1) * pm.img[2] + i2] : 0.0f;
+    }
+}
+
+/* dst [planes, img...]: each cell from buf at its place (0 where buf has
+ * none), added to dst (`add`) or to the channel's bias (or 0). */
+__global__ static void place_kernel(const float *buf, float *dst, const float *bias, int64_t ch,
+                                    bool add, struct pad_map pm)
+{
+    GP_GRID_STRIDE(e, pm.planes * pm.img_size)
+    {
+        int64_t pl = e / pm.img_size, r = e - pl * pm.img_size;
+        int64_t i2 = r % pm.img[2], i1 = (r / pm.img[2]) % pm.img[1], i0 = r / (pm.img[2] * pm.img[1]);
+        int64_t j0 = i0 + pm.off[0], j1 = i1 + pm.off[1], j2 = i2 + pm.off[2];
+        float v = 0.0f;
+        if (j0 < pm.imgb[0] && j1 < pm.imgb[1] && j2 < pm.imgb[2])
+            v = buf[pl * pm.imgb_size + (j0 * pm.imgb[1] + j1) * pm.imgb[2] + j2];
+        float base = add ? dst[e] : bias ? bias[pl % ch] : 0.0f;
+        dst[e] = __fadd_rn(base, v);
+    }
+}
+
+/* y [planes, size] += bias [planes % ch]. */
+__global__ static void bias_add_kernel(float *y, const float *bias, int64_t ch, int64_t size, int64_t n)
+{
+    GP_GRID_STRIDE(e, n) y[e] = __fadd_rn(y[e], bias[(e / size) % ch]);
+}
+
+#define BIAS_THREADS 512
+
+/* dB [ch] += dY [N, ch, size] summed over N and the cells: one block per
+ * channel, partial sums in double, a tree in a fixed order. */
+__global__ static void bias_grad_kernel(float *db, const float *dy, int64_t n, int64_t ch, int64_t size)
+{
+    __shared__ double part[BIAS_THREADS];
+    int64_t c = blockIdx.x;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float *row = dy + (i * ch + c) * size;
+        for (int64_t t = threadIdx.x; t < size; t += BIAS_THREADS) s += (double)row[t];
+    }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int half = BIAS_THREADS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) db[c] = __fadd_rn(db[c], (float)part[0]);
+}
+
+static gp_status launch_gather(const struct gp_cuda_ctx *c, const struct conv_geom *g, const float *src,
+                               float *buf, struct gp_error *err)
+{
+    struct pad_map pm;
+    pad_map_init(g, &pm);
+    int64_t n = pm.planes * pm.imgb_size;
+    if (n == 0) return GP_OK;
+    gather_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(src, buf, pm);
+    return gp_cuda_check_launch(c, "image into its padded buffer", err);
+}
+
+static gp_status launch_place(const struct gp_cuda_ctx *c, const struct conv_geom *g, const float *buf,
+                              float *dst, const float *bias, bool add, struct gp_error *err)
+{
+    struct pad_map pm;
+    pad_map_init(g, &pm);
+    int64_t n = pm.planes * pm.img_size;
+    if (n == 0) return GP_OK;
+    place_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(buf, dst, bias, g->img_ch, add,
+                                                                            pm);
+    return gp_cuda_check_launch(c, "image out of its buffer", err);
+}
+
+static gp_status launch_bias_add(const struct gp_cuda_ctx *c, float *y, const float *bias, int64_t n,
+                                 int64_t ch, int64_t size, struct gp_error *err)
+{
+    int64_t total = n * ch * size;
+    if (!bias || total == 0) return GP_OK;
+    bias_add_kernel<<<gp_cuda_blocks_for(total), GP_CUDA_THREADS, 0, c->stream>>>(y, bias, ch, size, total);
+    return gp_cuda_check_launch(c, "bias", err);
+}
+
+static gp_status launch_bias_grad(const struct gp_cuda_ctx *c, float *db, const float *dy, int64_t n,
+                                  int64_t ch, int64_t size, struct gp_error *err)
+{
+    if (!db || ch == 0) return GP_OK;
+    if (ch > INT_MAX) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "too many channels for the bias");
+    bias_grad_kernel<<<(unsigned)ch, BIAS_THREADS, 0, c->stream>>>(db, dy, n, ch, size);
+    return gp_cuda_check_launch(c, "bias gradient", err);
+}
+
+/* ---- the three cuDNN calls ---- */
+
+/* Everything a call needs: geometry, algorithms, descriptors, buffers. */
+struct conv_run {
+    struct conv_geom g;
+    struct algo_choice ch;
+    struct descs d;
+    float *buf; /* image buffer (NULL when direct) */
+    void *ws;   /* workspace */
+};
+
+static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, struct conv_run *r,
+                           struct gp_error *err)
+{
+    memset(r, 0, sizeof *r);
+    GP_TRY(conv_geom_init(c->graph, c->node, transpose, &r->g, err));
+    GP_TRY(ctx_algos(c, &r->g, &r->ch, err));
+    struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
+    if (!descs_create(&r->g, base_math(c->tf32), &r->d, &e)) {
+        descs_destroy(&r->d);
+        return dnn_error(c, err, &e, "descriptors");
+    }
+    size_t bb = buffer_bytes(&r->g);
+    r->buf = bb ? (float *)c->scratch : NULL;
+    r->ws = (char *)c->scratch + bb;
+    return GP_OK;
+}
+
+static gp_status dnn_call(const struct gp_cuda_ctx *c, struct gp_error *err, cudnnStatus_t st,
+                          const char *call)
+{
+    if (st == CUDNN_STATUS_SUCCESS) return GP_OK;
+    return gp_cuda_error(c, err, GP_ERR_DEVICE, "%s: %s", call, cudnnGetErrorString(st));
+}
+
+/* col = conv(img, W) (+ col when beta is 1). */
+static gp_status run_forward(const struct gp_cuda_ctx *c, struct conv_run *r, const float *img,
+                             const float *w, float *col, float beta, struct gp_error *err)
+{
+    float one = 1.0f;
+    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_fwd),
+                    "cudnnSetConvolutionMathType"));
+    return dnn_call(c, err,
+                    cudnnConvolutionForward((cudnnHandle_t)c->cudnn, &one, r->d.img, img, r->d.w, w,
+                                            r->d.conv, r->ch.fwd, r->ws, r->ch.ws_fwd, &beta, r->d.col,
+                                            col),
+                    "cudnnConvolutionForward");
+}
+
+/* img = the data gradient of col through W (+ img when beta is 1). */
+static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const float *w,
+                          const float *col, float *img, float beta, struct gp_error *err)
+{
+    float one = 1.0f;
+    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_data),
+                    "cudnnSetConvolutionMathType"));
+    return dnn_call(c, err,
+                    cudnnConvolutionBackwardData((cudnnHandle_t)c->cudnn, &one, r->d.w, w, r->d.col, col,
+                                                 r->d.conv, r->ch.bwd_data, r->ws, r->ch.ws_data, &beta,
+                                                 r->d.img, img),
+                    "cudnnConvolutionBackwardData");
+}
+
+/* dW += the filter gradient of (img, col). */
+static gp_status run_filter(const struct gp_cuda_ctx *c, struct conv_run *r, const float *img,
+                            const float *col, float *dw, struct gp_error *err)
+{
+    float one = 1.0f;
+    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_filter),
+                    "cudnnSetConvolutionMathType"));
+    return dnn_call(c, err,
+                    cudnnConvolutionBackwardFilter((cudnnHandle_t)c->cudnn, &one, r->d.img, img, r->d.col,
+                                                   col, r->d.conv, r->ch.bwd_filter, r->ws,
+                                                   r->ch.ws_filter, &one, r->d.w, dw),
+                    "cudnnConvolutionBackwardFilter");
+}
+
+/* ---- Conv ---- */
+
+static gp_status conv_forward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
+{
+    const float *x = (const float *)c->in[0], *w = (const float *)c->in[1];
+    const float *bias = (const float *)c->in[2];
+    float *y = (float *)c->out[0];
+    const float *img = x;
+    if (!r->g.direct) {
+        GP_TRY(launch_gather(c, &r->g, x, r->buf, err));
+        img = r->buf;
+    }
+    GP_TRY(run_forward(c, r, img, w, y, 0.0f, err));
+    return launch_bias_add(c, y, bias, r->g.n, r->g.m, r->g.col_size, err);
+}
+
+static gp_status conv_backward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
+{
+    const float *x = (const float *)c->in[0], *w = (const float *)c->in[1], *dy = c->dout[0];
+    float *dx = c->din[0], *dw = c->din[1], *db = c->node->n_inputs > 2 ? c->din[2] : NULL;
+    if (dx) {
+        if (r->g.direct) {
+            GP_TRY(run_data(c, r, w, dy, dx, 1.0f, err));
+        } else {
+            GP_TRY(run_data(c, r, w, dy, r->buf, 0.0f, err));
+            GP_TRY(launch_place(c, &r->g, r->buf, dx, NULL, true, err));
+        }
+    }
+    if (dw) {
+        const float *img = x;
+        if (!r->g.direct) {
+            GP_TRY(launch_gather(c, &r->g, x, r->buf, err));
+            img = r->buf;
+        }
+        GP_TRY(run_filter(c, r, img, dy, dw, err));
+    }
+    return launch_bias_grad(c, db, dy, r->g.n, r->g.m, r->g.col_size, err);
+}
+
+/* ---- ConvTranspose ---- */
+
+static gp_status convt_forward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
+{
+    const float *x = (const float *)c->in[0], *w = (const float *)c->in[1];
+    const float *bias = (const float *)c->in[2];
+    float *y = (float *)c->out[0];
+    if (r->g.direct) {
+        GP_TRY(run_data(c, r, w, x, y, 0.0f, err));
+        return launch_bias_add(c, y, bias, r->g.n, r->g.m, r->g.img_size, err);
+    }
+    GP_TRY(run_data(c, r, w, x, r->buf, 0.0f, err));
+    return launch_place(c, &r->g, r->buf, y, bias, false, err);
+}
+
+static gp_status convt_backward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
+{
+    const float *x = (const float *)c->in[0], *w = (const float *)c->in[1], *dy = c->dout[0];
+    float *dx = c->din[0], *dw = c->din[1], *db = c->node->n_inputs > 2 ? c->din[2] : NULL;
+    if (dx || dw) {
+        const float *img = dy;
+        if (!r->g.direct) {
+            GP_TRY(launch_gather(c, &r->g, dy, r->buf, err));
+            img = r->buf;
+        }
+        if (dx) GP_TRY(run_forward(c, r, img, w, dx, 1.0f, err));
+        if (dw) GP_TRY(run_filter(c, r, img, x, dw, err));
+    }
+    return launch_bias_grad(c, db, dy, r->g.n, r->g.m, r->g.img_size, err);
+}
+
+/* ---- entry points ---- */
+
+typedef gp_status (*run_fn)(struct gp_cuda_ctx *, struct conv_run *, struct gp_error *);
+
+static gp_status with_run(struct gp_cuda_ctx *c, bool transpose, run_fn fn, struct gp_error *err)
+{
+    struct conv_geom g;
+    GP_TRY(conv_geom_init(c->graph, c->node, transpose, &g, err));
+    if (g.n == 0 || g.img_ch == 0 || g.col_ch == 0 || g.img_size == 0 || g.col_size == 0)
+        return GP_OK; /* an empty tensor: nothing for cuDNN to do */
+    struct conv_run r;
+    gp_status st = run_begin(c, transpose, &r, err);
+    if (st == GP_OK) st = fn(c, &r, err);
+    descs_destroy(&r.d);
+    return st;
+}
+
+static gp_status conv_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    return with_run(c, false, conv_forward_run, err);
+}
+
+static gp_status conv_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    if (!c->dout[0]) return GP_OK;
+    return with_run(c, false, conv_backward_run, err);
+}
+
+static gp_status conv_transpose_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    return with_run(c, true, convt_forward_run, err);
+}
+
+static gp_status conv_transpose_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    if (!c->dout[0]) return GP_OK;
+    return with_run(c, true, convt_backward_run, err);
+}
+
+extern "C" const struct gp_cuda_kernel gp_cuda_kernels_conv[] = {
+    {"Conv", NULL, conv_scratch, conv_forward, conv_backward},
+    {"ConvTranspose", NULL, conv_transpose_scratch, conv_transpose_forward, conv_transpose_backward},
+    {NULL, NULL, NULL, NULL, NULL},
+};

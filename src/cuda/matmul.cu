@@ -1,0 +1,521 @@
+/* CUDA kernels: the matmul family, twin of backend/cpu/matmul.c: Gemm and
+ * MatMul, forward and backward, through cuBLAS.
+ *
+ * Row-major products go to column-major cuBLAS by swapping the operands:
+ * C [m, n] = op(A) op(B), read column-major, is C^T = op(B)^T op(A)^T, so
+ * one call computes it with B first. Every product is float32 in, float32
+ * out, with CUBLAS_COMPUTE_32F (CUBLAS_COMPUTE_32F_FAST_TF32 when ctx->tf32).
+ * cuBLAS is deterministic run to run on one GPU model with the handle's own
+ * workspace and atomics off (its default); the sums cuBLAS forms are ordered
+ * differently from OpenBLAS's, so the two backends agree to float rounding,
+ * not bit for bit.
+ *
+ * Gradients accumulate (beta = 1 into din). A MatMul operand broadcast over
+ * batch axes gets the sum of the products of every batch entry that shares
+ * it: when one operand is a single matrix shared by a whole batch of the
+ * other (x [B, T, C] @ W [C, N]), the batch folds into the rows of one
+ * product, as on the CPU; otherwise each entry's product goes to scratch and
+ * a kernel adds them into the gradient in batch order (no atomics). */
+#include <limits.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+
+#include "cuda/kernel_util.cuh"
+
+/* ---- cuBLAS, row-major ---- */
+
+static gp_status blas_status(const struct gp_cuda_ctx *c, struct gp_error *err, cublasStatus_t s,
+                             const char *call, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS) return GP_OK;
+    return gp_cuda_error(c, err, GP_ERR_DEVICE, "%s (%s): %s", call, what, cublasGetStatusString(s));
+}
+
+static bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+/* A batch of row-major products C_i [m, n] = alpha * op(A_i) op(B_i) +
+ * beta * C_i, i < batch, each operand at base + i * its stride (elements;
+ * a stride of 0 shares one matrix). op(A) [m, k] is A, or A^T of A stored
+ * [k, m] when ta; likewise op(B) [k, n]. beta is 0 (overwrite) or 1
+ * (accumulate); C must be contiguous ([batch, m, n], ldc = n) when k == 0,
+ * which leaves beta * C. */
+static gp_status rm_gemm(const struct gp_cuda_ctx *c, struct gp_error *err, const char *what,
+                         bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, int64_t sa, const float *b, int64_t ldb,
+                         int64_t sb, float beta, float *cm, int64_t ldc, int64_t sc, int64_t batch)
+{
+    if (m == 0 || n == 0 || batch == 0) return GP_OK;
+    if (k == 0) {
+        if (beta != 0) return GP_OK;
+        if (ldc != n || (batch > 1 && sc != m * n))
+            return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%s: an empty product into a strided output",
+                                 what);
+        cudaError_t e = cudaMemsetAsync(cm, 0, sizeof(float) * (size_t)(batch * m * n), c->stream);
+        if (e != cudaSuccess)
+            return gp_cuda_error(c, err, GP_ERR_DEVICE, "%s: cudaMemsetAsync: %s", what,
+                                 cudaGetErrorString(e));
+        return GP_OK;
+    }
+    if (!fits_int(m) || !fits_int(n) || !fits_int(k) || !fits_int(lda) || !fits_int(ldb) ||
+        !fits_int(ldc) || !fits_int(batch))
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
+                             "%s: a matrix product of [%lld, %lld] x [%lld, %lld] (batch %lld) "
+                             "exceeds cuBLAS's int sizes",
+                             what, (long long)m, (long long)k, (long long)k, (long long)n,
+                             (long long)batch);
+    cublasHandle_t h = (cublasHandle_t)c->cublas;
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasComputeType_t ct = c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasStatus_t s;
+    if (batch == 1) {
+        s = cublasGemmEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, CUDA_R_32F, (int)ldb, a,
+                         CUDA_R_32F, (int)lda, &beta, cm, CUDA_R_32F, (int)ldc, ct,
+                         CUBLAS_GEMM_DEFAULT);
+        return blas_status(c, err, s, "cublasGemmEx", what);
+    }
+    s = cublasGemmStridedBatchedEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, CUDA_R_32F,
+                                   (int)ldb, (long long)sb, a, CUDA_R_32F, (int)lda, (long long)sa,
+                                   &beta, cm, CUDA_R_32F, (int)ldc, (long long)sc, (int)batch, ct,
+                                   CUBLAS_GEMM_DEFAULT);
+    return blas_status(c, err, s, "cublasGemmStridedBatchedEx", what);
+}
+
+static gp_status want_f32(const struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    for (int i = 0; i < c->node->n_inputs; i++) {
+        const struct gp_value *v = gp_cuda_in_value(c, i);
+        if (v && v->dtype != GP_DTYPE_FLOAT32)
+            return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
+                                 "the CUDA backend has no %s kernel for %s tensors (input %d)",
+                                 c->node->op_type, gp_dtype_name(v->dtype), i);
+    }
+    return GP_OK;
+}
+
+/* ---- Gemm ---- */
+
+/* Y [M, N] = alpha * A' B' + beta * C, as the CPU's gemm_plan reads it. */
+struct gemm_plan {
+    bool ta, tb;
+    int64_t m, n, k;
+    float alpha, beta;
+    int64_t c_row, c_col; /* C's strides over Y's rows and columns (0: broadcast) */
+};
+
+static void gemm_plan(const struct gp_cuda_ctx *c, struct gemm_plan *p)
+{
+    const struct gp_shape *sa = &gp_cuda_in_value(c, 0)->shape;
+    const struct gp_shape *sb = &gp_cuda_in_value(c, 1)->shape;
+    p->ta = gp_node_attr_int(c->node, "transA", 0) != 0;
+    p->tb = gp_node_attr_int(c->node, "transB", 0) != 0;
+    p->m = sa->dims[p->ta];
+    p->k = sa->dims[1 - p->ta];
+    p->n = sb->dims[1 - p->tb];
+    p->alpha = gp_node_attr_float(c->node, "alpha", 1.0f);
+    p->beta = gp_node_attr_float(c->node, "beta", 1.0f);
+    p->c_row = p->c_col = 0;
+    const struct gp_value *cv = gp_cuda_in_value(c, 2);
+    if (!cv) return;
+    const struct gp_shape *sc = &cv->shape;
+    if (sc->rank >= 1) p->c_col = sc->dims[sc->rank - 1] == 1 ? 0 : 1;
+    if (sc->rank == 2) p->c_row = sc->dims[0] == 1 ? 0 : sc->dims[1];
+}
+
+/* Y [m, n] = beta * C broadcast (C's strides c_row, c_col). */
+__global__ static void gemm_fill_c_kernel(float *y, const float *cm, float beta, int64_t m, int64_t n,
+                                          int64_t c_row, int64_t c_col)
+{
+    GP_GRID_STRIDE(e, m * n)
+    {
+        int64_t i = e / n, j = e - i * n;
+        y[e] = __fmul_rn(beta, cm[i * c_row + j * c_col]);
+    }
+}
+
+/* dC [m, n] += beta * dY: C not broadcast. */
+__global__ static void gemm_dc_full_kernel(float *dc, const float *dy, double beta, int64_t count)
+{
+    GP_GRID_STRIDE(e, count) dc[e] = __fadd_rn(dc[e], (float)(beta * (double)dy[e]));
+}
+
+#define COL_TILE 32 /* columns per block (one warp wide) */
+#define COL_ROWS 8  /* row groups per block */
+
+/* dC [n] += beta * the column sums of dY [m, n]: a block of 32 x 8 threads
+ * per 32 columns; thread (x, y) sums rows y, y + 8, ... in double, and the
+ * 8 partial sums of a column are added in a fixed order. */
+__global__ static void gemm_dc_cols_kernel(float *dc, const float *dy, double beta, int64_t m,
+                                           int64_t n)
+{
+    __shared__ double part[COL_ROWS][COL_TILE];
+    int64_t j = (int64_t)blockIdx.x * COL_TILE + threadIdx.x;
+    double s = 0;
+    if (j < n)
+        for (int64_t i = threadIdx.y; i < m; i += COL_ROWS) s += (double)dy[i * n + j];
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < n) {
+        double t = 0;
+        for (int r = 0; r < COL_ROWS; r++) t += part[r][threadIdx.x];
+        dc[j] = __fadd_rn(dc[j], (float)(beta * t));
+    }
+}
+
+/* dC [rows or 1, cols or 1] += beta * dY summed over the axes C is
+ * broadcast along: one block per entry of C, the threads striding over the
+ * entry's region of dY, a tree sum in double (a fixed order). */
+__global__ static void gemm_dc_block_kernel(float *dc, const float *dy, double beta, int64_t m,
+                                            int64_t n, int64_t c_row, int64_t c_col)
+{
+    __shared__ double part[GP_CUDA_THREADS];
+    int64_t cols = c_col ? n : 1;
+    int64_t e = blockIdx.x, ci = e / cols, cj = e - ci * cols;
+    int64_t i0 = c_row ? ci : 0, h = c_row ? 1 : m;
+    int64_t j0 = c_col ? cj : 0, w = c_col ? 1 : n;
+    double s = 0;
+    for (int64_t t = threadIdx.x; t < h * w; t += blockDim.x) {
+        int64_t i = i0 + t / w, j = j0 + t % w;
+        s += (double)dy[i * n + j];
+    }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        float *at = dc + ci * c_row + cj * c_col;
+        *at = __fadd_rn(*at, (float)(beta * part[0]));
+    }
+}
+
+static gp_status gemm_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    GP_TRY(want_f32(c, err));
+    struct gemm_plan p;
+    gemm_plan(c, &p);
+    const float *a = (const float *)c->in[0], *b = (const float *)c->in[1];
+    const float *cm = (const float *)c->in[2];
+    float *y = (float *)c->out[0];
+    if (p.m == 0 || p.n == 0) return GP_OK;
+    /* Like PyTorch's addmm (and the CPU kernel), beta == 0 ignores C. */
+    bool use_c = cm && p.beta != 0;
+    if (use_c) {
+        gemm_fill_c_kernel<<<gp_cuda_blocks_for(p.m * p.n), GP_CUDA_THREADS, 0, c->stream>>>(
+            y, cm, p.beta, p.m, p.n, p.c_row, p.c_col);
+        GP_TRY(gp_cuda_check_launch(c, "Gemm: beta * C", err));
+    }
+    return rm_gemm(c, err, "Gemm forward", p.ta, p.tb, p.m, p.n, p.k, p.alpha, a, p.ta ? p.m : p.k, 0,
+                   b, p.tb ? p.k : p.n, 0, use_c ? 1.0f : 0.0f, y, p.n, 0, 1);
+}
+
+/* dY [M, N] -> dA += alpha * dY B'^T (shaped like A), dB += alpha * A'^T dY
+ * (shaped like B), dC += beta * dY summed over C's broadcast axes. */
+static gp_status gemm_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    GP_TRY(want_f32(c, err));
+    struct gemm_plan p;
+    gemm_plan(c, &p);
+    const float *a = (const float *)c->in[0], *b = (const float *)c->in[1], *dy = c->dout[0];
+    float *da = c->din[0], *db = c->din[1], *dc = c->node->n_inputs > 2 ? c->din[2] : NULL;
+    if (!dy) return GP_OK;
+    int64_t lda = p.ta ? p.m : p.k, ldb = p.tb ? p.k : p.n;
+    if (da) {
+        if (!p.ta) /* dA [M, K] = dY [M, N] . B'^T */
+            GP_TRY(rm_gemm(c, err, "Gemm backward (A)", false, !p.tb, p.m, p.k, p.n, p.alpha, dy,
+                           p.n, 0, b, ldb, 0, 1.0f, da, p.k, 0, 1));
+        else /* dA [K, M] = B' [K, N] . dY^T */
+            GP_TRY(rm_gemm(c, err, "Gemm backward (A)", p.tb, true, p.k, p.m, p.n, p.alpha, b, ldb,
+                           0, dy, p.n, 0, 1.0f, da, p.m, 0, 1));
+    }
+    if (db) {
+        if (!p.tb) /* dB [K, N] = A'^T [K, M] . dY */
+            GP_TRY(rm_gemm(c, err, "Gemm backward (B)", !p.ta, false, p.k, p.n, p.m, p.alpha, a,
+                           lda, 0, dy, p.n, 0, 1.0f, db, p.n, 0, 1));
+        else /* dB [N, K] = dY^T [N, M] . A' */
+            GP_TRY(rm_gemm(c, err, "Gemm backward (B)", true, p.ta, p.n, p.k, p.m, p.alpha, dy, p.n,
+                           0, a, lda, 0, 1.0f, db, p.k, 0, 1));
+    }
+    if (dc && p.beta != 0 && p.m > 0 && p.n > 0) {
+        double beta = (double)p.beta;
+        if (p.c_row && p.c_col) {
+            gemm_dc_full_kernel<<<gp_cuda_blocks_for(p.m * p.n), GP_CUDA_THREADS, 0, c->stream>>>(
+                dc, dy, beta, p.m * p.n);
+        } else if (p.c_col) {
+            int64_t blocks = (p.n + COL_TILE - 1) / COL_TILE;
+            if (blocks > INT_MAX)
+                return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "Gemm: C has too many columns");
+            gemm_dc_cols_kernel<<<(unsigned)blocks, dim3(COL_TILE, COL_ROWS), 0, c->stream>>>(
+                dc, dy, beta, p.m, p.n);
+        } else {
+            int64_t entries = p.c_row ? p.m : 1;
+            if (entries > INT_MAX)
+                return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "Gemm: C has too many rows");
+            gemm_dc_block_kernel<<<(unsigned)entries, GP_CUDA_THREADS, 0, c->stream>>>(
+                dc, dy, beta, p.m, p.n, p.c_row, p.c_col);
+        }
+        GP_TRY(gp_cuda_check_launch(c, "Gemm backward (C)", err));
+    }
+    return GP_OK;
+}
+
+/* ---- MatMul ---- */
+
+/* A [..., M, K] x B [..., K, N] -> Y [..., M, N], the batch axes broadcast
+ * numpy-style; a 1-D A is [1, K] and a 1-D B [K, 1] (the CPU's plan). */
+struct matmul_plan {
+    int64_t m, n, k;
+    int nb;                    /* batch axes of Y */
+    int64_t dims[GP_MAX_RANK]; /* Y's batch dims */
+    /* Per batch axis, the stride in matrices of A, of B and of Y (0: A or B
+     * broadcast along it). */
+    int64_t sa[GP_MAX_RANK], sb[GP_MAX_RANK], sy[GP_MAX_RANK];
+    int64_t batch, na, nbm; /* matrices in Y, A, B */
+};
+
+static void matmul_plan(const struct gp_cuda_ctx *c, struct matmul_plan *p)
+{
+    const struct gp_shape *sa = &gp_cuda_in_value(c, 0)->shape;
+    const struct gp_shape *sb = &gp_cuda_in_value(c, 1)->shape;
+    memset(p, 0, sizeof *p);
+    p->m = sa->rank >= 2 ? sa->dims[sa->rank - 2] : 1;
+    p->k = sa->dims[sa->rank - 1];
+    p->n = sb->rank >= 2 ? sb->dims[sb->rank - 1] : 1;
+    int ba = sa->rank > 2 ? sa->rank - 2 : 0, bb = sb->rank > 2 ? sb->rank - 2 : 0;
+    p->nb = ba > bb ? ba : bb;
+    int64_t ma = 1, mb = 1;
+    p->batch = 1;
+    for (int i = p->nb - 1; i >= 0; i--) {
+        int ia = i - (p->nb - ba), ib = i - (p->nb - bb);
+        int64_t da = ia >= 0 ? sa->dims[ia] : 1, db = ib >= 0 ? sb->dims[ib] : 1;
+        p->dims[i] = da == 1 ? db : da;
+        p->sa[i] = da == 1 ? 0 : ma;
+        p->sb[i] = db == 1 ? 0 : mb;
+        p->sy[i] = p->batch;
+        ma *= da;
+        mb *= db;
+        p->batch *= p->dims[i];
+    }
+    p->na = ma;
+    p->nbm = mb;
+}
+
+/* The batch axes as launches: axes of size 1 dropped, neighbours merged
+ * where all three operands are contiguous across them; the innermost axis
+ * becomes one strided-batched call, the others a host loop. */
+struct batch_axes {
+    int n;
+    int64_t dims[GP_MAX_RANK];
+    int64_t s[3][GP_MAX_RANK]; /* strides in matrices of operand 0, 1 and the output */
+};
+
+static void batch_axes_init(struct batch_axes *ax, int nb, const int64_t *dims, const int64_t *s0,
+                            const int64_t *s1, const int64_t *s2)
+{
+    const int64_t *src[3] = {s0, s1, s2};
+    memset(ax, 0, sizeof *ax);
+    for (int i = 0; i < nb; i++) {
+        if (dims[i] == 1) continue;
+        int r = ax->n - 1;
+        bool merge = r >= 0;
+        for (int t = 0; merge && t < 3; t++) merge = ax->s[t][r] == src[t][i] * dims[i];
+        if (merge) {
+            ax->dims[r] *= dims[i];
+            for (int t = 0; t < 3; t++) ax->s[t][r] = src[t][i];
+            continue;
+        }
+        ax->dims[ax->n] = dims[i];
+        for (int t = 0; t < 3; t++) ax->s[t][ax->n] = src[t][i];
+        ax->n++;
+    }
+}
+
+/* out_i = op(X_i) op(Z_i) (+ out_i when beta is 1) for every batch entry i
+ * along `ax`: X_i at x + (its matrix offset) * mx, likewise Z and out. */
+static gp_status batched_gemm(const struct gp_cuda_ctx *c, struct gp_error *err, const char *what,
+                              const struct batch_axes *ax, bool tx, bool tz, int64_t m, int64_t n,
+                              int64_t k, const float *x, int64_t ldx, int64_t mx, const float *z,
+                              int64_t ldz, int64_t mz, float beta, float *out, int64_t mo)
+{
+    if (ax->n == 0)
+        return rm_gemm(c, err, what, tx, tz, m, n, k, 1.0f, x, ldx, 0, z, ldz, 0, beta, out, n, 0, 1);
+    int last = ax->n - 1;
+    int64_t outer = 1;
+    for (int i = 0; i < last; i++) outer *= ax->dims[i];
+    for (int64_t e = 0; e < outer; e++) {
+        int64_t off[3] = {0, 0, 0}, rem = e;
+        for (int i = last - 1; i >= 0; i--) {
+            int64_t idx = rem % ax->dims[i];
+            rem /= ax->dims[i];
+            for (int t = 0; t < 3; t++) off[t] += idx * ax->s[t][i];
+        }
+        GP_TRY(rm_gemm(c, err, what, tx, tz, m, n, k, 1.0f, x + off[0] * mx, ldx, ax->s[0][last] * mx,
+                       z + off[1] * mz, ldz, ax->s[1][last] * mz, beta, out + off[2] * mo, n,
+                       ax->s[2][last] * mo, ax->dims[last]));
+    }
+    return GP_OK;
+}
+
+static gp_status matmul_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    GP_TRY(want_f32(c, err));
+    struct matmul_plan p;
+    matmul_plan(c, &p);
+    const float *a = (const float *)c->in[0], *b = (const float *)c->in[1];
+    float *y = (float *)c->out[0];
+    if (p.nbm == 1 && p.na == p.batch) /* one B for a whole batch of A: the batch folds into rows */
+        return rm_gemm(c, err, "MatMul forward", false, false, p.batch * p.m, p.n, p.k, 1.0f, a, p.k,
+                       0, b, p.n, 0, 0.0f, y, p.n, 0, 1);
+    struct batch_axes ax;
+    batch_axes_init(&ax, p.nb, p.dims, p.sa, p.sb, p.sy);
+    return batched_gemm(c, err, "MatMul forward", &ax, false, false, p.m, p.n, p.k, a, p.k,
+                        p.m * p.k, b, p.n, p.k * p.n, 0.0f, y, p.m * p.n);
+}
+
+/* The reduction of per-entry products P [batch, mat] into an operand's
+ * gradient D [count, mat]: `kept` axes are the operand's own (stride in D's
+ * matrices and in P's), `red` those it was broadcast along (stride in P's). */
+struct red_plan {
+    int nk, nr;
+    int64_t kdims[GP_MAX_RANK], kd[GP_MAX_RANK], kp[GP_MAX_RANK];
+    int64_t rdims[GP_MAX_RANK], rp[GP_MAX_RANK];
+    int64_t count; /* D's matrices */
+};
+
+/* D [count, mat] += the sum of P's matrices that share each of D's, added
+ * one after another in batch order (the CPU's order of accumulation). */
+__global__ static void reduce_batch_kernel(float *D, const float *P, int64_t mat, struct red_plan rp)
+{
+    GP_GRID_STRIDE(e, rp.count * mat)
+    {
+        int64_t d = e / mat, r = e - d * mat, base = 0;
+        for (int q = 0; q < rp.nk; q++) base += ((d / rp.kd[q]) % rp.kdims[q]) * rp.kp[q];
+        int64_t idx[GP_MAX_RANK];
+        for (int q = 0; q < rp.nr; q++) idx[q] = 0;
+        float acc = D[e];
+        int64_t off = base;
+        for (int q = 0; q >= 0;) {
+            acc = __fadd_rn(acc, P[off * mat + r]);
+            /* Odometer over the reduced axes, the last one fastest. */
+            for (q = rp.nr - 1; q >= 0; q--) {
+                off += rp.rp[q];
+                if (++idx[q] < rp.rdims[q]) break;
+                off -= rp.rp[q] * rp.rdims[q];
+                idx[q] = 0;
+            }
+        }
+        D[e] = acc;
+    }
+}
+
+/* The reduction plan of an operand with batch strides `s` (0: broadcast). */
+static void red_plan_init(struct red_plan *rp, const struct matmul_plan *p, const int64_t *s,
+                          int64_t count)
+{
+    memset(rp, 0, sizeof *rp);
+    rp->count = count;
+    for (int i = 0; i < p->nb; i++) {
+        if (p->dims[i] == 1) continue;
+        if (s[i]) {
+            rp->kdims[rp->nk] = p->dims[i];
+            rp->kd[rp->nk] = s[i];
+            rp->kp[rp->nk] = p->sy[i];
+            rp->nk++;
+        } else {
+            rp->rdims[rp->nr] = p->dims[i];
+            rp->rp[rp->nr] = p->sy[i];
+            rp->nr++;
+        }
+    }
+}
+
+/* Scratch: the per-entry products of a broadcast operand's gradient. */
+static size_t matmul_scratch(const struct gp_graph *g, const struct gp_node *node)
+{
+    struct gp_cuda_ctx c;
+    memset(&c, 0, sizeof c);
+    c.graph = g;
+    c.node = node;
+    struct matmul_plan p;
+    matmul_plan(&c, &p);
+    if (p.nbm == 1 && p.na == p.batch) return 0;
+    int64_t need = 0;
+    if (p.na < p.batch) need = p.batch * p.m * p.k;
+    if (p.nbm < p.batch && p.batch * p.k * p.n > need) need = p.batch * p.k * p.n;
+    return sizeof(float) * (size_t)need;
+}
+
+/* dY [..., M, N] -> dA += dY B^T, dB += A^T dY, each summed over the batch
+ * entries that share the operand's matrix. */
+static gp_status matmul_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    GP_TRY(want_f32(c, err));
+    struct matmul_plan p;
+    matmul_plan(c, &p);
+    const float *a = (const float *)c->in[0], *b = (const float *)c->in[1], *dy = c->dout[0];
+    float *da = c->din[0], *db = c->din[1];
+    if (!dy) return GP_OK;
+    int64_t ma = p.m * p.k, mb = p.k * p.n, my = p.m * p.n;
+    if (p.nbm == 1 && p.na == p.batch) {
+        int64_t rows = p.batch * p.m;
+        if (da)
+            GP_TRY(rm_gemm(c, err, "MatMul backward (A)", false, true, rows, p.k, p.n, 1.0f, dy, p.n,
+                           0, b, p.n, 0, 1.0f, da, p.k, 0, 1));
+        /* The batch sum of A_i^T dY_i is one product over the rows. */
+        if (db)
+            GP_TRY(rm_gemm(c, err, "MatMul backward (B)", true, false, p.k, p.n, rows, 1.0f, a, p.k,
+                           0, dy, p.n, 0, 1.0f, db, p.n, 0, 1));
+        return GP_OK;
+    }
+    float *scratch = (float *)c->scratch;
+    if (da) {
+        /* dA_i = dY_i [m, n] . B_i^T [n, k]. */
+        if (p.na == p.batch) {
+            struct batch_axes ax;
+            batch_axes_init(&ax, p.nb, p.dims, p.sy, p.sb, p.sa);
+            GP_TRY(batched_gemm(c, err, "MatMul backward (A)", &ax, false, true, p.m, p.k, p.n, dy,
+                                p.n, my, b, p.n, mb, 1.0f, da, ma));
+        } else {
+            struct batch_axes ax;
+            batch_axes_init(&ax, p.nb, p.dims, p.sy, p.sb, p.sy);
+            GP_TRY(batched_gemm(c, err, "MatMul backward (A), per batch entry", &ax, false, true, p.m,
+                                p.k, p.n, dy, p.n, my, b, p.n, mb, 0.0f, scratch, ma));
+            struct red_plan rp;
+            red_plan_init(&rp, &p, p.sa, p.na);
+            if (p.na * ma > 0) {
+                reduce_batch_kernel<<<gp_cuda_blocks_for(p.na * ma), GP_CUDA_THREADS, 0, c->stream>>>(
+                    da, scratch, ma, rp);
+                GP_TRY(gp_cuda_check_launch(c, "MatMul backward (A): batch sum", err));
+            }
+        }
+    }
+    if (db) {
+        /* dB_i = A_i^T [k, m] . dY_i [m, n]. */
+        if (p.nbm == p.batch) {
+            struct batch_axes ax;
+            batch_axes_init(&ax, p.nb, p.dims, p.sa, p.sy, p.sb);
+            GP_TRY(batched_gemm(c, err, "MatMul backward (B)", &ax, true, false, p.k, p.n, p.m, a,
+                                p.k, ma, dy, p.n, my, 1.0f, db, mb));
+        } else {
+            struct batch_axes ax;
+            batch_axes_init(&ax, p.nb, p.dims, p.sa, p.sy, p.sy);
+            GP_TRY(batched_gemm(c, err, "MatMul backward (B), per batch entry", &ax, true, false, p.k,
+                                p.n, p.m, a, p.k, ma, dy, p.n, my, 0.0f, scratch, mb));
+            struct red_plan rp;
+            red_plan_init(&rp, &p, p.sb, p.nbm);
+            if (p.nbm * mb > 0) {
+                reduce_batch_kernel<<<gp_cuda_blocks_for(p.nbm * mb), GP_CUDA_THREADS, 0, c->stream>>>(
+                    db, scratch, mb, rp);
+                GP_TRY(gp_cuda_check_launch(c, "MatMul backward (B): batch sum", err));
+            }
+        }
+    }
+    return GP_OK;
+}
+
+extern "C" const struct gp_cuda_kernel gp_cuda_kernels_matmul[] = {
+    {"Gemm", NULL, NULL, gemm_forward, gemm_backward},
+    {"MatMul", NULL, matmul_scratch, matmul_forward, matmul_backward},
+    {NULL, NULL, NULL, NULL, NULL},
+};

@@ -1,0 +1,669 @@
+/* CUDA kernels: the pool family, twin of backend/cpu/pool.c: MaxPool,
+ * AveragePool, GlobalAveragePool and GlobalMaxPool, forward and backward.
+ *
+ * Own kernels, no cuDNN: each output cell is one thread that visits its
+ * window's taps in the CPU's order with the CPU's rules (the first maximum
+ * in scan order, a NaN winning; the same float sum and divisor), so forward
+ * results equal the CPU's bit for bit. Backward gathers rather than
+ * scatters: each input cell is one thread that visits the output cells
+ * whose windows hold it, in increasing order, and adds their contributions
+ * one after another, as the CPU's loop over output cells adds them; no
+ * atomics, and the same bits as the CPU. MaxPool's forward keeps each
+ * window's argmax (an int32 offset within the plane, -1 for a window
+ * without input cells) in saved memory for its backward. Global pools use
+ * a warp (small planes) or a block (large planes) per plane, partial sums
+ * in double and a fixed reduction order.
+ *
+ * Index arithmetic is the kernels' cost (the data is read once): windowed
+ * kernels are templates over the index type (int where every offset fits,
+ * which is nearly always, int64_t otherwise) and over whether any dilation
+ * exceeds 1 (without, a window's taps need no divisions).
+ *
+ * The window comes from gp_window_resolve, as in shape inference and the
+ * CPU kernel; up to 3 spatial axes, fewer padded in front with axes of 1. */
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "cuda/kernel_util.cuh"
+
+extern "C" {
+#include "ops/window.h"
+}
+
+#define MAX_AXES 3
+
+/* The window over exactly 3 spatial axes: output cell o's taps read input
+ * cells o * s - p + t * d, t < k; cells outside [0, in) are padding. */
+template <typename I> struct pool_plan {
+    I planes; /* N * C */
+    I in[MAX_AXES], out[MAX_AXES];
+    I k[MAX_AXES], s[MAX_AXES], d[MAX_AXES], p[MAX_AXES], pad_end[MAX_AXES];
+    I in_size, out_size;
+};
+
+/* The node's window in int64_t, and whether int indices suffice: every
+ * cell index of X and Y, and every tap position o * s - p + t * d (at most
+ * the padded input plus a window), far from INT_MAX. */
+static gp_status pool_plan_init(const struct gp_cuda_ctx *c, pool_plan<int64_t> *pp, bool *small,
+                                bool *dilated, struct gp_error *err)
+{
+    const struct gp_value *x = gp_cuda_in_value(c, 0);
+    struct gp_infer_ctx ic = {(struct gp_graph *)c->graph, (struct gp_node *)c->node, err};
+    struct gp_window w;
+    GP_TRY(gp_window_resolve(&ic, GP_WINDOW_POOL, &x->shape, NULL, &w));
+    if (w.n_spatial > MAX_AXES)
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
+                             "the CUDA backend pools over up to %d spatial axes, not %d", MAX_AXES,
+                             w.n_spatial);
+    if (x->dtype != GP_DTYPE_FLOAT32)
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "the CUDA backend pools float32 tensors, not %s",
+                             gp_dtype_name(x->dtype));
+    memset(pp, 0, sizeof *pp);
+    pp->planes = x->shape.dims[0] * x->shape.dims[1];
+    pp->in_size = pp->out_size = 1;
+    *dilated = false;
+    *small = true;
+    const int64_t lim = INT_MAX / 4;
+    int lead = MAX_AXES - w.n_spatial;
+    for (int i = 0; i < MAX_AXES; i++) {
+        int j = i - lead;
+        bool ax = j >= 0;
+        pp->in[i] = ax ? w.in[j] : 1;
+        pp->out[i] = ax ? w.out[j] : 1;
+        pp->k[i] = ax ? w.kernel[j] : 1;
+        pp->s[i] = ax ? w.stride[j] : 1;
+        pp->d[i] = ax ? w.dilation[j] : 1;
+        pp->p[i] = ax ? w.pad_begin[j] : 0;
+        pp->pad_end[i] = ax ? w.pad_end[j] : 0;
+        pp->in_size *= pp->in[i];
+        pp->out_size *= pp->out[i];
+        if (pp->d[i] != 1) *dilated = true;
+        int64_t extent = (pp->k[i] - 1) * pp->d[i] + 1;
+        if (pp->in[i] + pp->p[i] + pp->pad_end[i] + extent + pp->s[i] > lim) *small = false;
+    }
+    if (pp->planes * pp->in_size > lim || pp->planes * pp->out_size > lim) *small = false;
+    return GP_OK;
+}
+
+template <typename I> static pool_plan<I> plan_as(const pool_plan<int64_t> &p)
+{
+    pool_plan<I> q;
+    q.planes = (I)p.planes;
+    q.in_size = (I)p.in_size;
+    q.out_size = (I)p.out_size;
+    for (int i = 0; i < MAX_AXES; i++) {
+        q.in[i] = (I)p.in[i];
+        q.out[i] = (I)p.out[i];
+        q.k[i] = (I)p.k[i];
+        q.s[i] = (I)p.s[i];
+        q.d[i] = (I)p.d[i];
+        q.p[i] = (I)p.p[i];
+        q.pad_end[i] = (I)p.pad_end[i];
+    }
+    return q;
+}
+
+#define POOL_GRID_STRIDE(I, e, n)                                                                 \
+    for (I e = (I)(blockIdx.x * blockDim.x + threadIdx.x); e < (n); e += (I)(gridDim.x * blockDim.x))
+
+/* Along axis a, the taps of output cell o: the first inside the input
+ * (*t0), one past the last (*t1), and how many lie inside the padded input
+ * (*padded); the CPU's taps(). Without dilations the divisions by d are
+ * divisions by 1, left out. */
+template <typename I, bool DIL>
+__device__ static inline void taps(const pool_plan<I> &pp, int a, I o, I *t0, I *t1, I *padded)
+{
+    I start = o * pp.s[a] - pp.p[a], k = pp.k[a];
+    I lo, hi, hp;
+    if (DIL) {
+        I d = pp.d[a];
+        lo = start >= 0 ? 0 : (-start + d - 1) / d;
+        hi = pp.in[a] - start <= 0 ? 0 : (pp.in[a] - start + d - 1) / d;
+        hp = pp.in[a] + pp.pad_end[a] - start <= 0 ? 0 : (pp.in[a] + pp.pad_end[a] - start + d - 1) / d;
+    } else {
+        lo = start >= 0 ? 0 : -start;
+        hi = pp.in[a] - start <= 0 ? 0 : pp.in[a] - start;
+        hp = pp.in[a] + pp.pad_end[a] - start <= 0 ? 0 : pp.in[a] + pp.pad_end[a] - start;
+    }
+    if (hi > k) hi = k;
+    if (hp > k) hp = k;
+    if (lo > hi) lo = hi;
+    *t0 = lo;
+    *t1 = hi;
+    *padded = hp;
+}
+
+/* Cell r of a plane of dims n -> its coordinates. */
+template <typename I> __device__ static inline void coords(const I *n, I r, I *c)
+{
+    I q = r / n[2];
+    c[2] = r - q * n[2];
+    c[0] = q / n[1];
+    c[1] = q - c[0] * n[1];
+}
+
+/* Along axis a, the output cells whose windows may hold input cell i:
+ * [*lo, *hi] (inclusive; empty when lo > hi); with dilations each must be
+ * checked for a tap landing exactly on i. */
+template <typename I>
+__device__ static inline void holders(const pool_plan<I> &pp, int a, I i, I *lo, I *hi)
+{
+    I top = i + pp.p[a];                   /* o * s + t * d == top */
+    I low = top - (pp.k[a] - 1) * pp.d[a]; /* the last tap */
+    *lo = low <= 0 ? 0 : (low + pp.s[a] - 1) / pp.s[a];
+    I h = top / pp.s[a];
+    *hi = h < pp.out[a] - 1 ? h : pp.out[a] - 1;
+}
+
+/* Whether output cell o along axis a has a tap on input cell i (always,
+ * within holders' range, without dilations). */
+template <typename I, bool DIL>
+__device__ static inline bool tap_on(const pool_plan<I> &pp, int a, I o, I i)
+{
+    if (!DIL) return true;
+    I rem = i + pp.p[a] - o * pp.s[a];
+    return rem >= 0 && rem % pp.d[a] == 0 && rem / pp.d[a] < pp.k[a];
+}
+
+/* ---- MaxPool ---- */
+
+/* The offset within the plane of the first maximum of output cell o, NaN
+ * winning as in PyTorch; -1 when the window holds no input cell. */
+template <typename I, bool DIL>
+__device__ static inline I window_argmax(const pool_plan<I> &pp, const float *x, const I *o)
+{
+    I a[MAX_AXES], b[MAX_AXES], unused;
+    for (int i = 0; i < MAX_AXES; i++) taps<I, DIL>(pp, i, o[i], &a[i], &b[i], &unused);
+    I best = -1;
+    float max = -INFINITY;
+    for (I t0 = a[0]; t0 < b[0]; t0++) {
+        I i0 = o[0] * pp.s[0] - pp.p[0] + t0 * pp.d[0];
+        for (I t1 = a[1]; t1 < b[1]; t1++) {
+            I i1 = o[1] * pp.s[1] - pp.p[1] + t1 * pp.d[1];
+            I row = (i0 * pp.in[1] + i1) * pp.in[2] + o[2] * pp.s[2] - pp.p[2];
+            for (I t2 = a[2]; t2 < b[2]; t2++) {
+                I idx = row + t2 * pp.d[2];
+                float v = __ldg(x + idx);
+                if (best < 0) best = idx;
+                if (v > max || isnan(v)) {
+                    max = v;
+                    best = idx;
+                }
+            }
+        }
+    }
+    return best;
+}
+
+/* X -> Y, optional Indices (ONNX's offsets into the whole X, row-major or,
+ * with col_major, column-major over the spatial axes), optional argmax
+ * (saved, for backward). */
+template <typename I, bool DIL>
+__global__ static void maxpool_forward_kernel(pool_plan<I> pp, const float *__restrict__ x,
+                                              float *__restrict__ y, int64_t *__restrict__ ind,
+                                              int *__restrict__ arg, bool col_major)
+{
+    POOL_GRID_STRIDE(I, e, pp.planes * pp.out_size)
+    {
+        I pl = e / pp.out_size, o[MAX_AXES];
+        coords<I>(pp.out, e - pl * pp.out_size, o);
+        const float *xp = x + (int64_t)pl * pp.in_size;
+        I best = window_argmax<I, DIL>(pp, xp, o);
+        y[e] = best >= 0 ? xp[best] : -INFINITY;
+        if (arg) arg[e] = (int)best;
+        if (ind) {
+            int64_t v = -1;
+            if (best >= 0) {
+                int64_t b = best;
+                if (col_major) {
+                    I i[MAX_AXES];
+                    coords<I>(pp.in, best, i);
+                    b = ((int64_t)i[2] * pp.in[1] + i[1]) * pp.in[0] + i[0];
+                }
+                v = (int64_t)pl * pp.in_size + b;
+            }
+            ind[e] = v;
+        }
+    }
+}
+
+/* dX += dY at each window's maximum: each input cell sums, in increasing
+ * order, the dY of the windows whose saved argmax is that cell. */
+template <typename I>
+__global__ static void maxpool_backward_kernel(pool_plan<I> pp, const int *__restrict__ arg,
+                                               const float *__restrict__ dy, float *__restrict__ dx)
+{
+    POOL_GRID_STRIDE(I, e, pp.planes * pp.in_size)
+    {
+        I pl = e / pp.in_size, r = e - pl * pp.in_size, i[MAX_AXES];
+        coords<I>(pp.in, r, i);
+        I lo[MAX_AXES], hi[MAX_AXES];
+        for (int a = 0; a < MAX_AXES; a++) holders<I>(pp, a, i[a], &lo[a], &hi[a]);
+        const int *ap = arg + (int64_t)pl * pp.out_size;
+        const float *dyp = dy + (int64_t)pl * pp.out_size;
+        float acc = dx[e];
+        for (I o0 = lo[0]; o0 <= hi[0]; o0++)
+            for (I o1 = lo[1]; o1 <= hi[1]; o1++) {
+                I row = (o0 * pp.out[1] + o1) * pp.out[2];
+                for (I o2 = lo[2]; o2 <= hi[2]; o2++)
+                    if (__ldg(ap + row + o2) == (int)r) acc = __fadd_rn(acc, __ldg(dyp + row + o2));
+            }
+        dx[e] = acc;
+    }
+}
+
+static bool want_indices(const struct gp_cuda_ctx *c)
+{
+    return c->node->n_outputs > 1 && c->out[1] && gp_cuda_out_value(c, 1);
+}
+
+/* The argmax of every output cell, int32. */
+static size_t maxpool_saved(const struct gp_graph *g, const struct gp_node *node)
+{
+    const struct gp_value *x = gp_node_input(g, node, 0), *y = gp_node_output(g, node, 0);
+    if (!x || !y) return 0;
+    return sizeof(int) * (size_t)gp_shape_numel(&y->shape);
+}
+
+template <typename I>
+static void maxpool_forward_launch(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &p64, bool dilated,
+                                   int64_t *ind, bool col_major)
+{
+    pool_plan<I> pp = plan_as<I>(p64);
+    unsigned blocks = gp_cuda_blocks_for(p64.planes * p64.out_size);
+    const float *x = (const float *)c->in[0];
+    float *y = (float *)c->out[0];
+    int *arg = (int *)c->saved;
+    if (dilated)
+        maxpool_forward_kernel<I, true><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, ind, arg, col_major);
+    else
+        maxpool_forward_kernel<I, false><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, ind, arg, col_major);
+}
+
+static gp_status maxpool_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    pool_plan<int64_t> pp;
+    bool small, dilated;
+    GP_TRY(pool_plan_init(c, &pp, &small, &dilated, err));
+    if (pp.in_size > INT_MAX)
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "a plane of %lld cells exceeds int32 argmax offsets",
+                             (long long)pp.in_size);
+    if (pp.planes * pp.out_size == 0) return GP_OK;
+    int64_t *ind = want_indices(c) ? (int64_t *)c->out[1] : NULL;
+    bool col_major = gp_node_attr_int(c->node, "storage_order", 0) != 0;
+    if (small)
+        maxpool_forward_launch<int>(c, pp, dilated, ind, col_major);
+    else
+        maxpool_forward_launch<int64_t>(c, pp, dilated, ind, col_major);
+    return gp_cuda_check_launch(c, "MaxPool forward", err);
+}
+
+static gp_status maxpool_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    pool_plan<int64_t> pp;
+    bool small, dilated;
+    GP_TRY(pool_plan_init(c, &pp, &small, &dilated, err));
+    if (!c->dout[0] || !c->din[0]) return GP_OK;
+    if (!c->saved)
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "MaxPool backward needs the argmax saved by forward");
+    int64_t n = pp.planes * pp.in_size;
+    if (n == 0 || pp.out_size == 0) return GP_OK;
+    const int *arg = (const int *)c->saved;
+    if (small)
+        maxpool_backward_kernel<int><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(
+            plan_as<int>(pp), arg, c->dout[0], c->din[0]);
+    else
+        maxpool_backward_kernel<int64_t><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(
+            pp, arg, c->dout[0], c->din[0]);
+    return gp_cuda_check_launch(c, "MaxPool backward", err);
+}
+
+/* ---- AveragePool ---- */
+
+/* Along axis a, output cell o's share of its divisor: the taps inside the
+ * input, or with include_pad those inside the padded input. The divisor is
+ * the product over the axes (the CPU's avg_divisor). */
+template <typename I, bool DIL>
+__device__ static inline I div_factor(const pool_plan<I> &pp, int a, I o, bool include_pad)
+{
+    I t0, t1, padded;
+    taps<I, DIL>(pp, a, o, &t0, &t1, &padded);
+    return include_pad ? padded : t1 - t0;
+}
+
+template <typename I, bool DIL>
+__global__ static void avgpool_forward_kernel(pool_plan<I> pp, const float *__restrict__ x,
+                                              float *__restrict__ y, bool include_pad)
+{
+    POOL_GRID_STRIDE(I, e, pp.planes * pp.out_size)
+    {
+        I pl = e / pp.out_size, o[MAX_AXES];
+        coords<I>(pp.out, e - pl * pp.out_size, o);
+        const float *xp = x + (int64_t)pl * pp.in_size;
+        I a[MAX_AXES], b[MAX_AXES], padded[MAX_AXES];
+        for (int i = 0; i < MAX_AXES; i++) taps<I, DIL>(pp, i, o[i], &a[i], &b[i], &padded[i]);
+        float sum = 0.0f;
+        for (I t0 = a[0]; t0 < b[0]; t0++) {
+            I i0 = o[0] * pp.s[0] - pp.p[0] + t0 * pp.d[0];
+            for (I t1 = a[1]; t1 < b[1]; t1++) {
+                I i1 = o[1] * pp.s[1] - pp.p[1] + t1 * pp.d[1];
+                I row = (i0 * pp.in[1] + i1) * pp.in[2] + o[2] * pp.s[2] - pp.p[2];
+                for (I t2 = a[2]; t2 < b[2]; t2++) sum = __fadd_rn(sum, __ldg(xp + row + t2 * pp.d[2]));
+            }
+        }
+        int64_t div = 1;
+        for (int i = 0; i < MAX_AXES; i++) div *= include_pad ? padded[i] : b[i] - a[i];
+        y[e] = div > 0 ? __fdiv_rn(sum, (float)div) : 0.0f;
+    }
+}
+
+/* dX += dY / divisor over the windows holding each input cell, in
+ * increasing order of the window. */
+template <typename I, bool DIL>
+__global__ static void avgpool_backward_kernel(pool_plan<I> pp, const float *__restrict__ dy,
+                                               float *__restrict__ dx, bool include_pad)
+{
+    POOL_GRID_STRIDE(I, e, pp.planes * pp.in_size)
+    {
+        I pl = e / pp.in_size, i[MAX_AXES];
+        coords<I>(pp.in, e - pl * pp.in_size, i);
+        I lo[MAX_AXES], hi[MAX_AXES];
+        for (int a = 0; a < MAX_AXES; a++) holders<I>(pp, a, i[a], &lo[a], &hi[a]);
+        const float *dyp = dy + (int64_t)pl * pp.out_size;
+        float acc = dx[e];
+        for (I o0 = lo[0]; o0 <= hi[0]; o0++) {
+            if (!tap_on<I, DIL>(pp, 0, o0, i[0])) continue;
+            int64_t f0 = div_factor<I, DIL>(pp, 0, o0, include_pad);
+            for (I o1 = lo[1]; o1 <= hi[1]; o1++) {
+                if (!tap_on<I, DIL>(pp, 1, o1, i[1])) continue;
+                int64_t f1 = f0 * div_factor<I, DIL>(pp, 1, o1, include_pad);
+                I row = (o0 * pp.out[1] + o1) * pp.out[2];
+                for (I o2 = lo[2]; o2 <= hi[2]; o2++) {
+                    if (!tap_on<I, DIL>(pp, 2, o2, i[2])) continue;
+                    int64_t div = f1 * div_factor<I, DIL>(pp, 2, o2, include_pad);
+                    if (div <= 0) continue;
+                    acc = __fadd_rn(acc, __fdiv_rn(__ldg(dyp + row + o2), (float)div));
+                }
+            }
+        }
+        dx[e] = acc;
+    }
+}
+
+static bool include_pad_of(const struct gp_cuda_ctx *c)
+{
+    return gp_node_attr_int(c->node, "count_include_pad", 0) != 0;
+}
+
+template <typename I>
+static void avgpool_launch(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &p64, bool dilated,
+                           bool backward)
+{
+    pool_plan<I> pp = plan_as<I>(p64);
+    bool inc = include_pad_of(c);
+    if (!backward) {
+        unsigned blocks = gp_cuda_blocks_for(p64.planes * p64.out_size);
+        const float *x = (const float *)c->in[0];
+        float *y = (float *)c->out[0];
+        if (dilated)
+            avgpool_forward_kernel<I, true><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, inc);
+        else
+            avgpool_forward_kernel<I, false><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, inc);
+    } else {
+        unsigned blocks = gp_cuda_blocks_for(p64.planes * p64.in_size);
+        if (dilated)
+            avgpool_backward_kernel<I, true><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, c->dout[0],
+                                                                                     c->din[0], inc);
+        else
+            avgpool_backward_kernel<I, false><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, c->dout[0],
+                                                                                      c->din[0], inc);
+    }
+}
+
+static gp_status avgpool_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    pool_plan<int64_t> pp;
+    bool small, dilated;
+    GP_TRY(pool_plan_init(c, &pp, &small, &dilated, err));
+    if (pp.planes * pp.out_size == 0) return GP_OK;
+    if (small)
+        avgpool_launch<int>(c, pp, dilated, false);
+    else
+        avgpool_launch<int64_t>(c, pp, dilated, false);
+    return gp_cuda_check_launch(c, "AveragePool forward", err);
+}
+
+static gp_status avgpool_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    pool_plan<int64_t> pp;
+    bool small, dilated;
+    GP_TRY(pool_plan_init(c, &pp, &small, &dilated, err));
+    if (!c->dout[0] || !c->din[0]) return GP_OK;
+    if (pp.planes * pp.in_size == 0 || pp.out_size == 0) return GP_OK;
+    if (small)
+        avgpool_launch<int>(c, pp, dilated, true);
+    else
+        avgpool_launch<int64_t>(c, pp, dilated, true);
+    return gp_cuda_check_launch(c, "AveragePool backward", err);
+}
+
+/* ---- global pools ---- */
+
+/* Planes of at least this many cells get a block each; smaller ones a warp. */
+#define BLOCK_PLANE 4096
+#define WARPS_PER_BLOCK (GP_CUDA_THREADS / 32)
+
+static gp_status global_dims(const struct gp_cuda_ctx *c, int64_t *planes, int64_t *size,
+                             struct gp_error *err)
+{
+    const struct gp_value *x = gp_cuda_in_value(c, 0);
+    if (x->dtype != GP_DTYPE_FLOAT32)
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "the CUDA backend pools float32 tensors, not %s",
+                             gp_dtype_name(x->dtype));
+    const struct gp_shape *s = &x->shape;
+    *planes = s->dims[0] * s->dims[1];
+    *size = 1;
+    for (int i = 2; i < s->rank; i++) *size *= s->dims[i];
+    return GP_OK;
+}
+
+/* A plane's best cell by the CPU's plane_argmax rule, reduced over lanes:
+ * scanning in increasing order, a cell replaces the best when larger or NaN;
+ * so the best is the last NaN if any, else the first maximum (index -1:
+ * none yet). Combining two lanes' bests keeps that meaning. */
+struct best {
+    float v;
+    int64_t i;
+};
+
+__device__ static inline struct best best_step(struct best b, float v, int64_t i)
+{
+    if (b.i < 0) {
+        b.i = i;
+        b.v = v;
+    } else if (v > b.v || isnan(v)) {
+        b.v = v;
+        b.i = i;
+    }
+    return b;
+}
+
+__device__ static inline struct best best_merge(struct best a, struct best b)
+{
+    if (a.i < 0) return b;
+    if (b.i < 0) return a;
+    bool an = isnan(a.v), bn = isnan(b.v);
+    if (an || bn) {
+        if (an && bn) return a.i > b.i ? a : b;
+        return an ? a : b;
+    }
+    if (a.v != b.v) return a.v > b.v ? a : b;
+    return a.i < b.i ? a : b;
+}
+
+__device__ static inline double warp_sum(double s)
+{
+    for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+    return s;
+}
+
+__device__ static inline struct best warp_best(struct best b)
+{
+    for (int off = 16; off > 0; off /= 2) {
+        struct best o;
+        o.v = __shfl_down_sync(0xffffffffu, b.v, off);
+        o.i = __shfl_down_sync(0xffffffffu, b.i, off);
+        b = best_merge(b, o);
+    }
+    return b;
+}
+
+/* The plane's sum in double: a warp (lanes stride over the plane) or, with
+ * block, the whole block (then warps combine in order). Every thread of the
+ * group gets the result. */
+__device__ static inline double plane_sum(const float *xp, int64_t size, bool block)
+{
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int64_t start = block ? threadIdx.x : lane, step = block ? blockDim.x : 32;
+    double s = 0;
+    for (int64_t t = start; t < size; t += step) s += (double)xp[t];
+    s = warp_sum(s);
+    s = __shfl_sync(0xffffffffu, s, 0);
+    if (!block) return s;
+    __shared__ double part[WARPS_PER_BLOCK];
+    if (lane == 0) part[wid] = s;
+    __syncthreads();
+    double t = 0;
+    for (int w = 0; w < WARPS_PER_BLOCK; w++) t += part[w];
+    return t;
+}
+
+__device__ static inline struct best plane_best(const float *xp, int64_t size, bool block)
+{
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int64_t start = block ? threadIdx.x : lane, step = block ? blockDim.x : 32;
+    struct best b = {-INFINITY, -1};
+    for (int64_t t = start; t < size; t += step) b = best_step(b, xp[t], t);
+    b = warp_best(b);
+    b.v = __shfl_sync(0xffffffffu, b.v, 0);
+    b.i = __shfl_sync(0xffffffffu, b.i, 0);
+    if (!block) return b;
+    __shared__ struct best part[WARPS_PER_BLOCK];
+    if (lane == 0) part[wid] = b;
+    __syncthreads();
+    struct best r = part[0];
+    for (int w = 1; w < WARPS_PER_BLOCK; w++) r = best_merge(r, part[w]);
+    return r;
+}
+
+/* One plane per warp (block false) or per block (true); `plane` indexes
+ * the group. Warps beyond the last plane do nothing. */
+__device__ static inline int64_t group_plane(bool block)
+{
+    return block ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+}
+
+__global__ static void global_avg_forward_kernel(const float *x, float *y, int64_t planes, int64_t size,
+                                                 bool block)
+{
+    int64_t pl = group_plane(block);
+    if (pl >= planes) return;
+    double s = plane_sum(x + pl * size, size, block);
+    if ((threadIdx.x & (block ? blockDim.x - 1 : 31)) == 0) y[pl] = (float)(s / (double)size);
+}
+
+__global__ static void global_max_forward_kernel(const float *x, float *y, int64_t planes, int64_t size,
+                                                 bool block)
+{
+    int64_t pl = group_plane(block);
+    if (pl >= planes) return;
+    struct best b = plane_best(x + pl * size, size, block);
+    if ((threadIdx.x & (block ? blockDim.x - 1 : 31)) == 0) y[pl] = b.i >= 0 ? b.v : -INFINITY;
+}
+
+__global__ static void global_max_backward_kernel(const float *x, const float *dy, float *dx,
+                                                  int64_t planes, int64_t size, bool block)
+{
+    int64_t pl = group_plane(block);
+    if (pl >= planes) return;
+    struct best b = plane_best(x + pl * size, size, block);
+    if ((threadIdx.x & (block ? blockDim.x - 1 : 31)) == 0 && b.i >= 0) {
+        float *at = dx + pl * size + b.i;
+        *at = __fadd_rn(*at, dy[pl]);
+    }
+}
+
+/* dX [planes, size] += dY [planes] / size. */
+__global__ static void global_avg_backward_kernel(const float *dy, float *dx, int64_t planes, int64_t size)
+{
+    GP_GRID_STRIDE(e, planes * size) dx[e] = __fadd_rn(dx[e], __fdiv_rn(dy[e / size], (float)size));
+}
+
+/* Grid for one plane per warp or per block. */
+static gp_status global_grid(const struct gp_cuda_ctx *c, int64_t planes, int64_t size, bool *block,
+                             unsigned *blocks, struct gp_error *err)
+{
+    *block = size >= BLOCK_PLANE;
+    int64_t b = *block ? planes : (planes + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK;
+    if (b > INT_MAX) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "too many planes (%lld)", (long long)planes);
+    *blocks = (unsigned)b;
+    return GP_OK;
+}
+
+static gp_status global_avg_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    int64_t planes, size;
+    GP_TRY(global_dims(c, &planes, &size, err));
+    if (planes == 0) return GP_OK;
+    bool block = false;
+    unsigned blocks = 0;
+    GP_TRY(global_grid(c, planes, size, &block, &blocks, err));
+    global_avg_forward_kernel<<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+        (const float *)c->in[0], (float *)c->out[0], planes, size, block);
+    return gp_cuda_check_launch(c, "GlobalAveragePool forward", err);
+}
+
+static gp_status global_avg_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    int64_t planes, size;
+    GP_TRY(global_dims(c, &planes, &size, err));
+    if (!c->dout[0] || !c->din[0] || planes * size == 0) return GP_OK;
+    global_avg_backward_kernel<<<gp_cuda_blocks_for(planes * size), GP_CUDA_THREADS, 0, c->stream>>>(
+        c->dout[0], c->din[0], planes, size);
+    return gp_cuda_check_launch(c, "GlobalAveragePool backward", err);
+}
+
+static gp_status global_max_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    int64_t planes, size;
+    GP_TRY(global_dims(c, &planes, &size, err));
+    if (planes == 0) return GP_OK;
+    bool block = false;
+    unsigned blocks = 0;
+    GP_TRY(global_grid(c, planes, size, &block, &blocks, err));
+    global_max_forward_kernel<<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+        (const float *)c->in[0], (float *)c->out[0], planes, size, block);
+    return gp_cuda_check_launch(c, "GlobalMaxPool forward", err);
+}
+
+static gp_status global_max_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    int64_t planes, size;
+    GP_TRY(global_dims(c, &planes, &size, err));
+    if (!c->dout[0] || !c->din[0] || planes == 0) return GP_OK;
+    bool block = false;
+    unsigned blocks = 0;
+    GP_TRY(global_grid(c, planes, size, &block, &blocks, err));
+    global_max_backward_kernel<<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+        (const float *)c->in[0], c->dout[0], c->din[0], planes, size, block);
+    return gp_cuda_check_launch(c, "GlobalMaxPool backward", err);
+}
+
+extern "C" const struct gp_cuda_kernel gp_cuda_kernels_pool[] = {
+    {"MaxPool", maxpool_saved, NULL, maxpool_forward, maxpool_backward},
+    {"AveragePool", NULL, NULL, avgpool_forward, avgpool_backward},
+    {"GlobalAveragePool", NULL, NULL, global_avg_forward, global_avg_backward},
+    {"GlobalMaxPool", NULL, NULL, global_max_forward, global_max_backward},
+    {NULL, NULL, NULL, NULL, NULL},
+};

@@ -1,0 +1,315 @@
+/* The CPU-against-CUDA comparison of one node (op_compare.h). */
+#include "op_compare.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cpu/kernel.h"
+#include "cuda/kernel.h"
+
+#define MAX_IO OP_COMPARE_MAX_INPUTS
+
+static int n_cases;
+static char op_types[64][32];
+static int n_op_types;
+
+int op_compare_cases(void) { return n_cases; }
+int op_compare_op_types(void) { return n_op_types; }
+
+static void note_op(const char *op)
+{
+    for (int i = 0; i < n_op_types; i++)
+        if (strcmp(op_types[i], op) == 0) return;
+    if (n_op_types < 64) snprintf(op_types[n_op_types++], sizeof op_types[0], "%s", op);
+}
+
+void op_compare_require_device(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        printf("skipped: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
+        exit(77);
+    }
+}
+
+/* xorshift, fixed seed: a failure reproduces; every case draws fresh values. */
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static float uniform(float lo, float hi)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return lo + (hi - lo) * (float)((rng_state >> 40) * (1.0 / 16777216.0));
+}
+
+static void cuda_ok(cudaError_t e, const char *label, const char *what)
+{
+    if (e != cudaSuccess) fail_msg("%s: %s: %s", label, what, cudaGetErrorString(e));
+}
+
+static size_t esize(enum gp_dtype dt)
+{
+    return gp_dtype_is_float(dt) ? sizeof(float) : gp_dtype_size(dt);
+}
+
+static void *dev_alloc(size_t bytes, const char *label)
+{
+    void *d = NULL;
+    cuda_ok(cudaMalloc(&d, bytes ? bytes : 16), label, "cudaMalloc");
+    return d;
+}
+
+static void *dev_copy_of(const void *h, size_t bytes, const char *label)
+{
+    void *d = dev_alloc(bytes, label);
+    if (bytes) cuda_ok(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), label, "upload");
+    return d;
+}
+
+static void *host_copy_of(const void *d, size_t bytes, const char *label)
+{
+    void *h = malloc(bytes ? bytes : 16);
+    assert_non_null(h);
+    if (bytes) cuda_ok(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), label, "download");
+    return h;
+}
+
+static float *random_floats(int64_t n, float lo, float hi)
+{
+    float *a = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    assert_non_null(a);
+    for (int64_t i = 0; i < n; i++) a[i] = uniform(lo, hi);
+    return a;
+}
+
+/* Host data for input k: given, the initializer's, or random floats. */
+static void *input_data(const struct gp_graph *g, const struct gp_value *v, const struct op_compare *o,
+                        int k, float lo, float hi)
+{
+    int64_t n = gp_shape_numel(&v->shape);
+    size_t bytes = (size_t)n * esize(v->dtype);
+    void *h = malloc(bytes ? bytes : 16);
+    assert_non_null(h);
+    if (k < MAX_IO && o->inputs[k]) {
+        memcpy(h, o->inputs[k], bytes);
+    } else if (v->constant) {
+        if (gp_dtype_is_float(v->dtype))
+            for (int64_t e = 0; e < n; e++) ((float *)h)[e] = (float)gp_tensor_get_f64(v->constant, e);
+        else
+            memcpy(h, v->constant->data, bytes);
+    } else if (gp_dtype_is_float(v->dtype)) {
+        for (int64_t e = 0; e < n; e++) ((float *)h)[e] = uniform(lo, hi);
+    } else {
+        fail_msg("%s: input %d ('%s') is %s and not an initializer: give its data", o->label, k, v->name,
+                 gp_dtype_name(v->dtype));
+    }
+    (void)g;
+    return h;
+}
+
+static void compare_floats(const char *label, const char *tensor, int index, const float *gpu,
+                           const float *cpu, int64_t n, double rel, double abs_tol)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float gv = gpu[i], cv = cpu[i];
+        if ((isnan(cv) && isnan(gv)) || gv == cv) continue; /* equal infinities too */
+        double diff = fabs((double)gv - (double)cv);
+        if (!(diff <= rel * fabs((double)cv) + abs_tol))
+            fail_msg("%s: %s %d, element %lld of %lld: cuda %.9g, cpu %.9g (difference %.3g)", label, tensor,
+                     index, (long long)i, (long long)n, (double)gv, (double)cv, diff);
+    }
+}
+
+static void compare_exact(const char *label, const char *tensor, int index, const void *gpu,
+                          const void *cpu, int64_t n, size_t es)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp((const char *)gpu + i * es, (const char *)cpu + i * es, es) != 0)
+            fail_msg("%s: %s %d, element %lld of %lld differs (integer output)", label, tensor, index,
+                     (long long)i, (long long)n);
+}
+
+static bool nondiff(const struct gp_node *n, int k)
+{
+    return k < 32 && ((n->def->nondiff_inputs >> k) & 1);
+}
+
+void op_compare_node(const struct gp_graph *g, int node_index, const struct op_compare *o)
+{
+    const struct gp_node *node = &g->nodes[node_index];
+    const char *label = o->label ? o->label : node->op_type;
+    double rel = o->rel_tol > 0 ? o->rel_tol : 1e-5, abs_tol = o->abs_tol > 0 ? o->abs_tol : 1e-6;
+    float lo = o->lo, hi = o->hi;
+    if (lo == 0 && hi == 0) lo = -2, hi = 2;
+    int ni = node->n_inputs, no = node->n_outputs;
+    if (ni > MAX_IO || no > MAX_IO) fail_msg("%s: too many inputs or outputs for the harness", label);
+
+    const struct gp_cpu_kernel *ck = gp_cpu_kernel_for_f32(node);
+    const struct gp_cuda_kernel *gk = gp_cuda_kernel_for(node);
+    if (!ck) fail_msg("%s: no CPU kernel for %s", label, node->op_type);
+    if (!gk) fail_msg("%s: no CUDA kernel for %s", label, node->op_type);
+    bool backward = !o->forward_only && ck->backward;
+    if (backward && !gk->backward) fail_msg("%s: the CUDA kernel has no backward", label);
+
+    /* Host data, shared by both sides. */
+    void *hx[MAX_IO] = {0};
+    int64_t nx[MAX_IO] = {0}, ny[MAX_IO] = {0};
+    for (int k = 0; k < ni; k++) {
+        if (node->inputs[k] < 0) continue;
+        const struct gp_value *v = &g->values[node->inputs[k]];
+        nx[k] = gp_shape_numel(&v->shape);
+        hx[k] = input_data(g, v, o, k, lo, hi);
+    }
+    float *hdy[MAX_IO] = {0}, *hd0[MAX_IO] = {0};
+    bool want_dx[MAX_IO] = {0};
+    for (int k = 0; k < no; k++) {
+        if (node->outputs[k] < 0) continue;
+        const struct gp_value *v = &g->values[node->outputs[k]];
+        ny[k] = gp_shape_numel(&v->shape);
+        if (gp_dtype_is_float(v->dtype)) hdy[k] = random_floats(ny[k], -1, 1);
+    }
+    for (int k = 0; k < ni; k++) {
+        if (node->inputs[k] < 0) continue;
+        const struct gp_value *v = &g->values[node->inputs[k]];
+        want_dx[k] = backward && gp_dtype_is_float(v->dtype) && !nondiff(node, k);
+        if (want_dx[k]) hd0[k] = random_floats(nx[k], -1, 1);
+    }
+    uint64_t seed = 1234, step = 7;
+    int64_t sample_offset = 3;
+
+    /* ---- CPU ---- */
+    void *cin[MAX_IO + 1] = {0}, *cout[MAX_IO + 1] = {0};
+    real *cdin[MAX_IO + 1] = {0}, *cdout[MAX_IO + 1] = {0};
+    for (int k = 0; k < ni; k++) {
+        cin[k] = hx[k];
+        if (want_dx[k]) {
+            cdin[k] = malloc(sizeof(float) * (size_t)(nx[k] ? nx[k] : 1));
+            assert_non_null(cdin[k]);
+            memcpy(cdin[k], hd0[k], sizeof(float) * (size_t)nx[k]);
+        }
+    }
+    for (int k = 0; k < no; k++) {
+        if (node->outputs[k] < 0) continue;
+        const struct gp_value *v = &g->values[node->outputs[k]];
+        cout[k] = calloc((size_t)(ny[k] ? ny[k] : 1), esize(v->dtype));
+        assert_non_null(cout[k]);
+        if (hdy[k]) {
+            cdout[k] = malloc(sizeof(float) * (size_t)(ny[k] ? ny[k] : 1));
+            assert_non_null(cdout[k]);
+            memcpy(cdout[k], hdy[k], sizeof(float) * (size_t)ny[k]);
+        }
+    }
+    size_t c_saved = ck->saved_bytes ? ck->saved_bytes(g, node) : 0;
+    size_t c_scratch = ck->scratch_bytes ? ck->scratch_bytes(g, node) : 0;
+    void *csaved = calloc(1, c_saved + 64), *cscratch = calloc(1, c_scratch + 64);
+    assert_non_null(csaved);
+    assert_non_null(cscratch);
+    struct gp_cpu_ctx cc = {.graph = g, .node = node, .in = cin, .out = cout, .din = cdin, .dout = cdout,
+                            .saved = csaved, .scratch = cscratch, .training = !o->eval,
+                            .update_state = !o->eval, .seed = seed, .step = step,
+                            .sample_offset = sample_offset, .dropout_ratio = -1};
+    struct gp_error err = {0};
+    /* Running statistics move on forward: each side starts from the same
+     * initializer data (its own copy). */
+    if (ck->forward(&cc, &err) != GP_OK) fail_msg("%s: CPU forward: %s", label, err.msg);
+    if (backward && ck->backward(&cc, &err) != GP_OK) fail_msg("%s: CPU backward: %s", label, err.msg);
+
+    /* ---- CUDA ---- */
+    cudaStream_t stream;
+    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), label, "cudaStreamCreate");
+    struct gp_cuda_libs libs;
+    if (gp_cuda_libs_create(stream, o->tf32, &libs, &err) != GP_OK) fail_msg("%s: %s", label, err.msg);
+    void *gin[MAX_IO + 1] = {0}, *gout[MAX_IO + 1] = {0};
+    float *gdin[MAX_IO + 1] = {0}, *gdout[MAX_IO + 1] = {0};
+    for (int k = 0; k < ni; k++) {
+        if (node->inputs[k] < 0) continue;
+        const struct gp_value *v = &g->values[node->inputs[k]];
+        gin[k] = dev_copy_of(hx[k], (size_t)nx[k] * esize(v->dtype), label);
+        if (want_dx[k]) gdin[k] = dev_copy_of(hd0[k], sizeof(float) * (size_t)nx[k], label);
+    }
+    for (int k = 0; k < no; k++) {
+        if (node->outputs[k] < 0) continue;
+        const struct gp_value *v = &g->values[node->outputs[k]];
+        size_t bytes = (size_t)ny[k] * esize(v->dtype);
+        gout[k] = dev_alloc(bytes, label);
+        /* Poison: NaN for floats, 0xa5 bytes for integers. */
+        cuda_ok(cudaMemset(gout[k], gp_dtype_is_float(v->dtype) ? 0xff : 0xa5, bytes ? bytes : 16), label,
+                "cudaMemset");
+        if (hdy[k]) gdout[k] = dev_copy_of(hdy[k], sizeof(float) * (size_t)ny[k], label);
+    }
+    size_t g_saved = gk->saved_bytes ? gk->saved_bytes(g, node) : 0;
+    size_t g_scratch = gk->scratch_bytes ? gk->scratch_bytes(g, node) : 0;
+    void *gsaved = dev_alloc(g_saved + 64, label), *gscratch = dev_alloc(g_scratch + 64, label);
+    cuda_ok(cudaMemset(gscratch, 0xff, g_scratch + 64), label, "cudaMemset"); /* undefined contents */
+    struct gp_cuda_ctx gc = {.graph = g, .node = node, .in = gin, .out = gout, .din = gdin, .dout = gdout,
+                             .saved = gsaved, .scratch = gscratch, .stream = stream,
+                             .cublas = libs.cublas, .cudnn = libs.cudnn, .tf32 = o->tf32,
+                             .training = !o->eval, .update_state = !o->eval, .seed = seed, .step = step,
+                             .sample_offset = sample_offset, .dropout_ratio = -1};
+    if (gk->forward(&gc, &err) != GP_OK) fail_msg("%s: CUDA forward: %s", label, err.msg);
+    cuda_ok(cudaStreamSynchronize(stream), label, "CUDA forward");
+    if (backward) {
+        if (gk->backward(&gc, &err) != GP_OK) fail_msg("%s: CUDA backward: %s", label, err.msg);
+        cuda_ok(cudaStreamSynchronize(stream), label, "CUDA backward");
+    }
+
+    /* ---- compare ---- */
+    for (int k = 0; k < no; k++) {
+        if (node->outputs[k] < 0) continue;
+        const struct gp_value *v = &g->values[node->outputs[k]];
+        void *h = host_copy_of(gout[k], (size_t)ny[k] * esize(v->dtype), label);
+        if (gp_dtype_is_float(v->dtype))
+            compare_floats(label, "output", k, h, cout[k], ny[k], rel, abs_tol);
+        else
+            compare_exact(label, "output", k, h, cout[k], ny[k], esize(v->dtype));
+        free(h);
+    }
+    for (int k = 0; k < ni; k++) {
+        if (!want_dx[k]) continue;
+        float *h = host_copy_of(gdin[k], sizeof(float) * (size_t)nx[k], label);
+        compare_floats(label, "gradient of input", k, h, cdin[k], nx[k], rel, abs_tol);
+        free(h);
+    }
+    /* Inputs a kernel updates in place (running statistics) end equal too. */
+    for (int k = 0; k < ni; k++) {
+        if (node->inputs[k] < 0) continue;
+        const struct gp_value *v = &g->values[node->inputs[k]];
+        if (!gp_dtype_is_float(v->dtype)) continue;
+        float *h = host_copy_of(gin[k], sizeof(float) * (size_t)nx[k], label);
+        compare_floats(label, "input (after the step)", k, h, hx[k], nx[k], rel, abs_tol);
+        free(h);
+    }
+
+    gp_cuda_libs_destroy(&libs);
+    cudaStreamDestroy(stream);
+    for (int k = 0; k < MAX_IO; k++) {
+        cudaFree(gin[k]);
+        cudaFree(gdin[k]);
+        cudaFree(gout[k]);
+        cudaFree(gdout[k]);
+        free(hx[k]);
+        free(hdy[k]);
+        free(hd0[k]);
+        free(cdin[k]);
+        free(cout[k]);
+        free(cdout[k]);
+    }
+    cudaFree(gsaved);
+    cudaFree(gscratch);
+    free(csaved);
+    free(cscratch);
+    n_cases++;
+    note_op(node->op_type);
+}

@@ -1,0 +1,47 @@
+/* One node of a finalized graph run through the CPU float kernel (the
+ * reference) and the CUDA kernel from the same inputs, and every output and
+ * input gradient compared element by element: the harness every CUDA op test
+ * shares.
+ *
+ * Inputs: float tensors draw fresh uniform values in [lo, hi) unless the
+ * caller gives data (o->inputs[k]); initializers (parameters, constants)
+ * use their data in the graph; integer and bool inputs must be initializers
+ * or given. Backward starts from random output gradients and from random
+ * input gradients on both sides, so it also checks that CUDA accumulates
+ * (+=). Saved and scratch memory are each kernel's own sizes; the CUDA
+ * output is poisoned with NaN first, so an unwritten element fails.
+ *
+ * Tolerance: |cuda - cpu| <= rel_tol |cpu| + abs_tol (defaults 1e-5 and
+ * 1e-6); integer outputs must match exactly. */
+#ifndef GP_TESTS_CUDA_OP_COMPARE_H
+#define GP_TESTS_CUDA_OP_COMPARE_H
+
+#include <stdbool.h>
+
+#include "graph/graph.h"
+
+#define OP_COMPARE_MAX_INPUTS 16
+
+struct op_compare {
+    const char *label;                          /* case name for failure messages */
+    const void *inputs[OP_COMPARE_MAX_INPUTS];  /* host data per node input, or NULL */
+    float lo, hi;                               /* random range; both 0: [-2, 2) */
+    bool eval;                                  /* training = false (running statistics, no dropout) */
+    bool forward_only;                          /* skip backward (ops without a gradient) */
+    bool tf32;                                  /* the CUDA side may use TF32 */
+    double rel_tol, abs_tol;                    /* 0: the defaults */
+};
+
+/* Compares node `node` of g on both backends; fails the cmocka test (naming
+ * label, tensor and element) on a mismatch or error. */
+void op_compare_node(const struct gp_graph *g, int node, const struct op_compare *o);
+
+/* Cases compared so far and distinct op types seen, for a test's summary
+ * line: "PASSED, <ops> ops (<cases> cases against the CPU kernels)". */
+int op_compare_cases(void);
+int op_compare_op_types(void);
+
+/* Exits 77 (skip) with a message when no CUDA device is visible. */
+void op_compare_require_device(void);
+
+#endif

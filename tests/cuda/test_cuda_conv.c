@@ -1,0 +1,391 @@
+/* CUDA conv and pool kernels (src/cuda/conv.cu: Conv, ConvTranspose;
+ * src/cuda/pool.cu: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool)
+ * against the CPU kernels: outputs and every input gradient, with
+ * accumulation into existing gradients, through op_compare_node.
+ *
+ * Convolutions: cuDNN's algorithms add terms in other orders than the
+ * CPU's im2col + BLAS, so the absolute tolerance scales with the longest
+ * sum of a case (Cg * kernel forward, N * output cells for the weight's
+ * gradient). Pools: the CUDA kernels visit the CPU's taps in the CPU's
+ * order, so they get the default (tight) tolerance, and MaxPool's ties and
+ * NaNs must route gradients to the same cells. TF32 stays off. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernel_graph.h"
+#include "op_compare.h"
+
+#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define S(...) ((const char *const[]){__VA_ARGS__})
+
+static double tol_for(int64_t len)
+{
+    return 1e-6 + 4e-7 * (double)len;
+}
+
+/* Set by the TF32 tests: cuBLAS / cuDNN may round operands to TF32 (10
+ * mantissa bits), so errors grow like the square root of a sum's length
+ * times 2^-11 of its terms. */
+static bool tf32_mode;
+
+static struct op_compare compare_opts(const char *label, int64_t len)
+{
+    if (tf32_mode)
+        return (struct op_compare){.label = label, .tf32 = true, .rel_tol = 1e-2,
+                                   .abs_tol = 5e-3 * sqrt((double)len)};
+    return (struct op_compare){.label = label, .abs_tol = tol_for(len), .rel_tol = 2e-5};
+}
+
+/* ---- Conv and ConvTranspose ---- */
+
+struct conv_case {
+    const char *label;
+    const char *op;
+    int rank;
+    int64_t x[5], w[5];
+    bool bias;
+    int64_t group; /* 0: attribute absent */
+    int64_t strides[3], dilations[3], output_padding[3], output_shape[3]; /* [0] 0: absent */
+    bool has_pads;
+    int64_t pads[6];
+    const char *auto_pad;
+    int64_t opset; /* 0: 13 */
+};
+
+static void run_conv(const struct conv_case *c)
+{
+    struct gp_graph g;
+    begin(&g, c->opset ? c->opset : 13);
+    int ns = c->rank - 2;
+    bool transpose = strcmp(c->op, "ConvTranspose") == 0;
+    int64_t m = transpose ? c->w[1] * (c->group ? c->group : 1) : c->w[0];
+    input(&g, "x", c->rank, c->x);
+    input(&g, "w", c->rank, c->w);
+    if (c->bias) input(&g, "b", 1, &m);
+    int n = node(&g, c->op, c->bias ? 3 : 2, S("x", "w", "b"), 1, S("y"));
+    if (c->group) attr_i(&g, n, "group", c->group);
+    if (c->strides[0]) attr_ints(&g, n, "strides", ns, c->strides);
+    if (c->dilations[0]) attr_ints(&g, n, "dilations", ns, c->dilations);
+    if (c->output_padding[0]) attr_ints(&g, n, "output_padding", ns, c->output_padding);
+    if (c->output_shape[0]) attr_ints(&g, n, "output_shape", ns, c->output_shape);
+    if (c->has_pads) attr_ints(&g, n, "pads", 2 * ns, c->pads);
+    if (c->auto_pad) attr_s(&g, n, "auto_pad", c->auto_pad);
+    finalize_ok(&g);
+    /* Longest sums: forward over a group's channels and the kernel (and for
+     * ConvTranspose, the taps landing on a cell); weight and bias
+     * gradients over the batch and the columns' cells. */
+    int64_t ksize = 1, xcells = 1, ycells = 1;
+    const struct gp_shape *ys = &g.values[g.nodes[0].outputs[0]].shape;
+    for (int i = 2; i < c->rank; i++) {
+        ksize *= c->w[i];
+        xcells *= c->x[i];
+        ycells *= ys->dims[i];
+    }
+    int64_t len = (transpose ? c->x[1] : c->w[1]) * ksize;
+    int64_t cells = c->x[0] * (transpose ? xcells : ycells);
+    if (cells > len) len = cells;
+    char label[200];
+    snprintf(label, sizeof label, "%s: %s%s", c->op, c->label, tf32_mode ? " (TF32)" : "");
+    struct op_compare o = compare_opts(label, len);
+    op_compare_node(&g, 0, &o);
+    gp_graph_free(&g);
+}
+
+static const struct conv_case conv_cases[] = {
+    /* The CPU tests' reference cases. */
+    {"2-D, stride 2, asymmetric pads, dilation 2, groups 2, bias", "Conv", 4, {2, 4, 6, 7},
+     {6, 2, 3, 2}, true, 2, {2, 2}, {2, 2}, {0}, {0}, true, {1, 0, 2, 1}, NULL, 0},
+    {"1-D, stride 2, pads (2, 1)", "Conv", 3, {2, 3, 9}, {4, 3, 3}, false, 0, {2}, {0}, {0}, {0},
+     true, {2, 1}, NULL, 0},
+    {"depthwise, SAME_UPPER, stride 2", "Conv", 4, {1, 3, 5, 5}, {3, 1, 2, 2}, true, 3, {2, 2},
+     {0}, {0}, {0}, false, {0}, "SAME_UPPER", 0},
+    {"3-D, asymmetric pads", "Conv", 5, {1, 2, 4, 4, 3}, {2, 2, 2, 2, 2}, false, 0, {0}, {0}, {0},
+     {0}, true, {1, 0, 1, 1, 1, 0}, NULL, 0},
+    /* 1x1, SAME_LOWER, depthwise multiplier, dilated 1-D. */
+    {"1x1, groups 2, bias", "Conv", 4, {2, 4, 3, 3}, {6, 2, 1, 1}, true, 2, {0}, {0}, {0}, {0},
+     false, {0}, NULL, 0},
+    {"1x1, stride 2", "Conv", 4, {1, 3, 5, 4}, {2, 3, 1, 1}, true, 0, {2, 2}, {0}, {0}, {0},
+     false, {0}, NULL, 0},
+    {"SAME_LOWER, stride 2", "Conv", 4, {1, 2, 6, 5}, {3, 2, 3, 3}, true, 0, {2, 2}, {0}, {0},
+     {0}, false, {0}, "SAME_LOWER", 0},
+    {"depthwise multiplier 2, pads 1", "Conv", 4, {1, 2, 5, 5}, {4, 1, 3, 3}, false, 2, {0}, {0},
+     {0}, {0}, true, {1, 1, 1, 1}, NULL, 0},
+    {"1-D, dilation 3, pads (0, 3)", "Conv", 3, {2, 2, 7}, {2, 2, 2}, true, 0, {1}, {3}, {0}, {0},
+     true, {0, 3}, NULL, 0},
+    {"3-D, stride 2, dilation (1, 2, 1), bias", "Conv", 5, {2, 3, 7, 8, 6}, {4, 3, 3, 2, 3}, true,
+     0, {2, 1, 2}, {1, 2, 1}, {0}, {0}, true, {1, 0, 1, 1, 1, 0}, NULL, 0},
+    /* Sizes of real networks. */
+    {"ResNet stem: 7x7, stride 2, pads 3", "Conv", 4, {2, 3, 112, 112}, {64, 3, 7, 7}, false, 0,
+     {2, 2}, {0}, {0}, {0}, true, {3, 3, 3, 3}, NULL, 0},
+    {"3x3 64 -> 64, pads 1, bias", "Conv", 4, {2, 64, 14, 14}, {64, 64, 3, 3}, true, 0, {0}, {0},
+     {0}, {0}, true, {1, 1, 1, 1}, NULL, 0},
+    {"3x3 stride 2 downsampling, 32 -> 48", "Conv", 4, {3, 32, 15, 15}, {48, 32, 3, 3}, false, 0,
+     {2, 2}, {0}, {0}, {0}, true, {1, 1, 1, 1}, NULL, 0},
+    {"1x1 projection, stride 2, 64 -> 128", "Conv", 4, {2, 64, 14, 14}, {128, 64, 1, 1}, false, 0,
+     {2, 2}, {0}, {0}, {0}, false, {0}, NULL, 0},
+    {"1x1 pointwise, 96 -> 40, bias", "Conv", 4, {4, 96, 9, 9}, {40, 96, 1, 1}, true, 0, {0}, {0},
+     {0}, {0}, false, {0}, NULL, 0},
+    {"depthwise 3x3, 32 channels", "Conv", 4, {2, 32, 17, 17}, {32, 1, 3, 3}, true, 32, {0}, {0},
+     {0}, {0}, true, {1, 1, 1, 1}, NULL, 0},
+    {"depthwise 5x5 stride 2, SAME_UPPER", "Conv", 4, {2, 24, 16, 16}, {24, 1, 5, 5}, false, 24,
+     {2, 2}, {0}, {0}, {0}, false, {0}, "SAME_UPPER", 0},
+    {"odd sizes, kernel 3x2, stride (2, 1), groups 3", "Conv", 4, {3, 6, 13, 11}, {9, 2, 3, 2},
+     true, 3, {2, 1}, {0}, {0}, {0}, true, {1, 0, 1, 0}, NULL, 0},
+    {"asymmetric pads larger at the end, stride 2", "Conv", 4, {2, 5, 10, 9}, {7, 5, 3, 3}, true,
+     0, {2, 2}, {0}, {0}, {0}, true, {0, 1, 2, 2}, NULL, 0},
+    {"VALID, dilation 2", "Conv", 4, {2, 4, 12, 12}, {8, 4, 3, 3}, false, 0, {0}, {2, 2}, {0},
+     {0}, true, {1, 1, 1, 1}, "VALID", 0},
+    {"1-D, 40 channels, kernel 5, pads 2", "Conv", 3, {4, 40, 100}, {48, 40, 5}, true, 0, {0}, {0},
+     {0}, {0}, true, {2, 2}, NULL, 0},
+};
+
+static const struct conv_case convt_cases[] = {
+    /* The CPU tests' cases. */
+    {"groups 2, stride 2, pads 1, output_padding (1, 0), dilation (1, 2), bias", "ConvTranspose",
+     4, {1, 4, 2, 2}, {4, 3, 3, 3}, true, 2, {2, 2}, {1, 2}, {1, 0}, {0}, true, {1, 0, 1, 0}, NULL,
+     0},
+    {"1-D, stride 3, pads 1, output_padding 2", "ConvTranspose", 3, {2, 2, 4}, {2, 3, 3}, false, 0,
+     {3}, {0}, {2}, {0}, true, {1, 1}, NULL, 0},
+    {"stride (2, 3), asymmetric pads", "ConvTranspose", 4, {1, 2, 3, 3}, {2, 2, 3, 2}, true, 0,
+     {2, 3}, {0}, {0}, {0}, true, {0, 1, 2, 0}, NULL, 0},
+    {"output_shape (7, 8), beyond the full output", "ConvTranspose", 4, {1, 2, 3, 3},
+     {2, 1, 3, 3}, true, 0, {2, 2}, {0}, {0}, {7, 8}, false, {0}, NULL, 0},
+    {"1x1, groups 2", "ConvTranspose", 4, {2, 4, 3, 3}, {4, 2, 1, 1}, true, 2, {0}, {0}, {0}, {0},
+     false, {0}, NULL, 0},
+    {"3-D, stride (2, 1, 2), asymmetric pads", "ConvTranspose", 5, {1, 2, 2, 3, 2},
+     {2, 2, 2, 2, 3}, false, 0, {2, 1, 2}, {0}, {0}, {0}, true, {0, 1, 0, 1, 0, 1}, NULL, 0},
+    {"SAME_UPPER, stride 2 (opset 11)", "ConvTranspose", 4, {1, 2, 3, 2}, {2, 3, 3, 3}, true, 0,
+     {2, 2}, {0}, {0}, {0}, false, {0}, "SAME_UPPER", 11},
+    {"SAME_LOWER, stride 2 (opset 11)", "ConvTranspose", 4, {2, 3, 4, 5}, {3, 2, 3, 3}, false, 0,
+     {2, 2}, {0}, {0}, {0}, false, {0}, "SAME_LOWER", 11},
+    /* Decoders. */
+    {"stride 2, kernel 4, pads 1 (DCGAN)", "ConvTranspose", 4, {2, 16, 8, 8}, {16, 8, 4, 4}, true,
+     0, {2, 2}, {0}, {0}, {0}, true, {1, 1, 1, 1}, NULL, 0},
+    {"stride 2, kernel 3, pads 1, output_padding 1", "ConvTranspose", 4, {2, 8, 9, 9},
+     {8, 6, 3, 3}, true, 0, {2, 2}, {0}, {1, 1}, {0}, true, {1, 1, 1, 1}, NULL, 0},
+    {"stride 2, kernel 2 (U-Net up), 32 -> 16", "ConvTranspose", 4, {2, 32, 12, 12},
+     {32, 16, 2, 2}, true, 0, {2, 2}, {0}, {0}, {0}, false, {0}, NULL, 0},
+    {"groups 4, stride 2, kernel 3, output_padding 1, pads (1, 0, 0, 1)", "ConvTranspose", 4,
+     {2, 8, 5, 6}, {8, 3, 3, 3}, true, 4, {2, 2}, {0}, {1, 1}, {0}, true, {1, 0, 0, 1}, NULL, 0},
+    {"stride 1, dilation 2, output_padding 1 (below the dilation)", "ConvTranspose", 4,
+     {1, 3, 5, 5}, {3, 2, 3, 3}, true, 0, {1, 1}, {2, 2}, {1, 1}, {0}, false, {0}, NULL, 0},
+};
+
+static void test_conv(void **state)
+{
+    (void)state;
+    for (int k = 0; k < N_OF(conv_cases); k++) run_conv(&conv_cases[k]);
+}
+
+static void test_conv_transpose(void **state)
+{
+    (void)state;
+    for (int k = 0; k < N_OF(convt_cases); k++) run_conv(&convt_cases[k]);
+}
+
+/* TF32 allowed: cuDNN's algorithm choice and math type in that mode. */
+static void test_conv_tf32(void **state)
+{
+    (void)state;
+    tf32_mode = true;
+    run_conv(&conv_cases[0]);  /* asymmetric pads: the padded buffer */
+    run_conv(&conv_cases[11]); /* 3x3 64 -> 64 */
+    run_conv(&conv_cases[10]); /* the ResNet stem */
+    run_conv(&convt_cases[9]); /* output_padding */
+    tf32_mode = false;
+}
+
+/* ---- pools ---- */
+
+struct pool_case {
+    const char *label;
+    const char *op;
+    int rank;
+    int64_t x[5];
+    int64_t kernel[3];     /* [0] 0: absent (global pools) */
+    int64_t strides[3], dilations[3]; /* [0] 0: absent */
+    bool has_pads;
+    int64_t pads[6];
+    const char *auto_pad;
+    int ceil_mode, count_include_pad, storage_order; /* -1: absent */
+    bool indices; /* MaxPool's second output */
+    int64_t opset; /* 0: 12, or 19 for AveragePool */
+    int data;      /* 0: random; 1: ties (values in {0, 1, 2}); 2: ties with NaNs (not -inf: the harness
+                    * compares equal infinities as a mismatch) */
+};
+
+static void run_pool(const struct pool_case *c)
+{
+    struct gp_graph g;
+    bool is_avg = strcmp(c->op, "AveragePool") == 0;
+    begin(&g, c->opset ? c->opset : is_avg ? 19 : 12);
+    int ns = c->rank - 2;
+    input(&g, "x", c->rank, c->x);
+    int n = node(&g, c->op, 1, S("x"), c->indices ? 2 : 1, S("y", "ind"));
+    if (c->kernel[0]) attr_ints(&g, n, "kernel_shape", ns, c->kernel);
+    if (c->strides[0]) attr_ints(&g, n, "strides", ns, c->strides);
+    if (c->dilations[0]) attr_ints(&g, n, "dilations", ns, c->dilations);
+    if (c->has_pads) attr_ints(&g, n, "pads", 2 * ns, c->pads);
+    if (c->auto_pad) attr_s(&g, n, "auto_pad", c->auto_pad);
+    if (c->ceil_mode >= 0) attr_i(&g, n, "ceil_mode", c->ceil_mode);
+    if (c->count_include_pad >= 0) attr_i(&g, n, "count_include_pad", c->count_include_pad);
+    if (c->storage_order >= 0) attr_i(&g, n, "storage_order", c->storage_order);
+    finalize_ok(&g);
+    int64_t numel = 1;
+    for (int i = 0; i < c->rank; i++) numel *= c->x[i];
+    float *data = NULL;
+    struct op_compare o = {.label = NULL};
+    char label[200];
+    snprintf(label, sizeof label, "%s: %s", c->op, c->label);
+    o.label = label;
+    if (c->data) {
+        data = malloc(sizeof(float) * (size_t)numel);
+        assert_non_null(data);
+        uint32_t s = 12345;
+        for (int64_t i = 0; i < numel; i++) {
+            s = s * 1664525u + 1013904223u;
+            uint32_t r = s >> 24;
+            data[i] = (float)(r % 3);
+            if (c->data == 2 && r % 17 == 0) data[i] = NAN;
+        }
+        o.inputs[0] = data;
+    }
+    /* Global averages sum in double on both sides, in different orders. */
+    if (strcmp(c->op, "GlobalAveragePool") == 0) o.rel_tol = 1e-6;
+    op_compare_node(&g, 0, &o);
+    free(data);
+    gp_graph_free(&g);
+}
+
+#define NOATTR -1, -1, -1
+
+static const struct pool_case pool_cases[] = {
+    /* MaxPool. */
+    {"2x2 stride 2", "MaxPool", 4, {2, 3, 8, 8}, {2, 2}, {2, 2}, {0}, false, {0}, NULL, NOATTR,
+     false, 0, 0},
+    {"2x2 stride 2, Indices", "MaxPool", 4, {2, 3, 8, 9}, {2, 2}, {2, 2}, {0}, false, {0}, NULL,
+     NOATTR, true, 0, 0},
+    {"3x3 stride 2 pads 1 (ResNet), large enough that the grid loops", "MaxPool", 4,
+     {4, 64, 66, 66}, {3, 3}, {2, 2}, {0}, true, {1, 1, 1, 1}, NULL, NOATTR, false, 0, 0},
+    {"3x3 stride 2 ceil_mode, odd sizes", "MaxPool", 4, {2, 3, 9, 10}, {3, 3}, {2, 2}, {0}, false,
+     {0}, NULL, 1, -1, -1, true, 0, 0},
+    {"ceil_mode, pads 1, stride 3", "MaxPool", 4, {1, 2, 10, 11}, {3, 2}, {3, 3}, {0}, true,
+     {1, 1, 1, 0}, NULL, 1, -1, -1, true, 0, 0},
+    {"dilations 2, pads 1", "MaxPool", 4, {2, 2, 9, 8}, {2, 3}, {1, 2}, {2, 2}, true,
+     {1, 1, 1, 1}, NULL, NOATTR, true, 0, 0},
+    {"dilations 3, ceil_mode", "MaxPool", 4, {1, 3, 11, 10}, {2, 2}, {2, 3}, {3, 2}, false, {0},
+     NULL, 1, -1, -1, true, 0, 0},
+    {"storage_order 1, Indices", "MaxPool", 4, {2, 3, 7, 5}, {2, 3}, {1, 2}, {0}, true,
+     {1, 0, 0, 1}, NULL, -1, -1, 1, true, 0, 0},
+    {"asymmetric pads (0, 1, 1, 0)", "MaxPool", 4, {2, 4, 6, 7}, {2, 2}, {2, 2}, {0}, true,
+     {0, 1, 1, 0}, NULL, NOATTR, false, 0, 0},
+    {"SAME_UPPER, stride 2", "MaxPool", 4, {2, 3, 7, 8}, {3, 3}, {2, 2}, {0}, false, {0},
+     "SAME_UPPER", NOATTR, true, 0, 0},
+    {"SAME_LOWER, stride 1", "MaxPool", 4, {2, 3, 6, 5}, {2, 3}, {0}, {0}, false, {0},
+     "SAME_LOWER", NOATTR, false, 0, 0},
+    {"1-D, kernel 3, stride 2, pads 1", "MaxPool", 3, {3, 4, 25}, {3}, {2}, {0}, true, {1, 1},
+     NULL, NOATTR, true, 0, 0},
+    {"3-D, kernel 2x3x2, stride 2, storage_order 1", "MaxPool", 5, {2, 2, 6, 7, 5}, {2, 3, 2},
+     {2, 2, 2}, {0}, true, {0, 1, 0, 1, 1, 1}, NULL, -1, -1, 1, true, 0, 0},
+    {"opset 8, Indices", "MaxPool", 4, {1, 2, 6, 6}, {2, 2}, {2, 2}, {0}, false, {0}, NULL, -1, -1,
+     0, true, 8, 0},
+    {"opset 1", "MaxPool", 4, {1, 2, 6, 6}, {3, 3}, {0}, {0}, true, {1, 1, 1, 1}, NULL, NOATTR,
+     false, 1, 0},
+    /* Ties: overlapping windows whose maximum repeats; the first in scan
+     * order must win, forward (Indices) and backward. */
+    {"ties, 3x3 stride 1 pads 1", "MaxPool", 4, {2, 3, 9, 9}, {3, 3}, {1, 1}, {0}, true,
+     {1, 1, 1, 1}, NULL, NOATTR, true, 0, 1},
+    {"ties, 3x3 stride 2, storage_order 1", "MaxPool", 4, {2, 3, 11, 8}, {3, 3}, {2, 2}, {0},
+     false, {0}, NULL, -1, -1, 1, true, 0, 1},
+    {"ties, dilations 2, ceil_mode", "MaxPool", 4, {1, 4, 10, 9}, {3, 2}, {2, 2}, {2, 2}, true,
+     {1, 0, 1, 1}, NULL, 1, -1, -1, true, 0, 1},
+    {"ties with NaNs", "MaxPool", 4, {2, 3, 12, 12}, {3, 3}, {2, 2}, {0}, true,
+     {1, 1, 1, 1}, NULL, NOATTR, true, 0, 2},
+    {"1-D ties with NaNs, kernel 4 stride 1", "MaxPool", 3, {2, 3, 40}, {4}, {1}, {0},
+     false, {0}, NULL, NOATTR, true, 0, 2},
+    /* AveragePool. */
+    {"2x2 stride 2", "AveragePool", 4, {2, 3, 8, 8}, {2, 2}, {2, 2}, {0}, false, {0}, NULL,
+     NOATTR, false, 0, 0},
+    {"3x3 stride 1 pads 1, count_include_pad 0", "AveragePool", 4, {2, 3, 7, 9}, {3, 3}, {1, 1},
+     {0}, true, {1, 1, 1, 1}, NULL, -1, 0, -1, false, 0, 0},
+    {"3x3 stride 1 pads 1, count_include_pad 1", "AveragePool", 4, {2, 3, 7, 9}, {3, 3}, {1, 1},
+     {0}, true, {1, 1, 1, 1}, NULL, -1, 1, -1, false, 0, 0},
+    {"ceil_mode, count_include_pad 1, asymmetric pads", "AveragePool", 4, {2, 2, 10, 9}, {3, 3},
+     {2, 2}, {0}, true, {1, 0, 0, 1}, NULL, 1, 1, -1, false, 0, 0},
+    {"ceil_mode, count_include_pad 0", "AveragePool", 4, {2, 2, 10, 9}, {3, 3}, {2, 2}, {0}, true,
+     {1, 0, 0, 1}, NULL, 1, 0, -1, false, 0, 0},
+    {"dilations 2, pads 2, count_include_pad 1", "AveragePool", 4, {2, 3, 11, 10}, {3, 2},
+     {1, 2}, {2, 2}, true, {2, 1, 2, 1}, NULL, 0, 1, -1, false, 0, 0},
+    {"dilations (2, 3), ceil_mode", "AveragePool", 4, {1, 3, 12, 13}, {2, 2}, {3, 2}, {2, 3},
+     false, {0}, NULL, 1, 0, -1, false, 0, 0},
+    {"SAME_UPPER stride 2, count_include_pad 1", "AveragePool", 4, {2, 3, 7, 8}, {3, 3}, {2, 2},
+     {0}, false, {0}, "SAME_UPPER", -1, 1, -1, false, 0, 0},
+    {"1-D", "AveragePool", 3, {3, 4, 31}, {4}, {3}, {0}, true, {2, 1}, NULL, -1, 0, -1, false, 0,
+     0},
+    {"3-D, count_include_pad 1", "AveragePool", 5, {2, 2, 6, 7, 5}, {3, 2, 2}, {2, 2, 1}, {0}, true,
+     {1, 0, 1, 1, 0, 1}, NULL, -1, 1, -1, false, 0, 0},
+    {"7x7 global-like, large", "AveragePool", 4, {8, 160, 28, 28}, {7, 7}, {7, 7}, {0}, false, {0},
+     NULL, NOATTR, false, 0, 0},
+    {"3x3 stride 1 pads 1, large enough that the grid loops", "AveragePool", 4, {4, 64, 66, 66},
+     {3, 3}, {1, 1}, {0}, true, {1, 1, 1, 1}, NULL, -1, 0, -1, false, 0, 0},
+    {"opset 7", "AveragePool", 4, {1, 2, 6, 6}, {3, 3}, {2, 2}, {0}, true, {1, 1, 1, 1}, NULL, -1,
+     1, -1, false, 7, 0},
+    /* Global pools. */
+    {"small planes", "GlobalAveragePool", 4, {2, 3, 5, 7}, {0}, {0}, {0}, false, {0}, NULL, NOATTR,
+     false, 1, 0},
+    {"many small planes (ResNet head)", "GlobalAveragePool", 4, {8, 512, 7, 7}, {0}, {0}, {0}, false,
+     {0}, NULL, NOATTR, false, 1, 0},
+    {"large planes (a block each)", "GlobalAveragePool", 4, {2, 5, 80, 81}, {0}, {0}, {0}, false,
+     {0}, NULL, NOATTR, false, 1, 0},
+    {"1-D", "GlobalAveragePool", 3, {3, 4, 9}, {0}, {0}, {0}, false, {0}, NULL, NOATTR, false, 1,
+     0},
+    {"3-D", "GlobalAveragePool", 5, {2, 3, 4, 5, 6}, {0}, {0}, {0}, false, {0}, NULL, NOATTR, false,
+     1, 0},
+    {"small planes", "GlobalMaxPool", 4, {2, 3, 5, 7}, {0}, {0}, {0}, false, {0}, NULL, NOATTR,
+     false, 1, 0},
+    {"many small planes", "GlobalMaxPool", 4, {8, 512, 7, 7}, {0}, {0}, {0}, false, {0}, NULL,
+     NOATTR, false, 1, 0},
+    {"large planes (a block each)", "GlobalMaxPool", 4, {2, 5, 80, 81}, {0}, {0}, {0}, false, {0},
+     NULL, NOATTR, false, 1, 0},
+    {"ties", "GlobalMaxPool", 4, {4, 6, 9, 11}, {0}, {0}, {0}, false, {0}, NULL, NOATTR, false, 1,
+     1},
+    {"ties with NaNs", "GlobalMaxPool", 4, {4, 6, 9, 11}, {0}, {0}, {0}, false, {0}, NULL,
+     NOATTR, false, 1, 2},
+    {"large planes, ties with NaNs", "GlobalMaxPool", 4, {2, 3, 70, 70}, {0}, {0}, {0},
+     false, {0}, NULL, NOATTR, false, 1, 2},
+    {"large planes, ties", "GlobalMaxPool", 4, {2, 3, 70, 70}, {0}, {0}, {0}, false, {0}, NULL,
+     NOATTR, false, 1, 1},
+    {"3-D", "GlobalMaxPool", 5, {2, 3, 4, 5, 6}, {0}, {0}, {0}, false, {0}, NULL, NOATTR, false, 1,
+     0},
+};
+
+static void test_pools(void **state)
+{
+    (void)state;
+    for (int k = 0; k < N_OF(pool_cases); k++) run_pool(&pool_cases[k]);
+}
+
+int main(void)
+{
+    op_compare_require_device();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv),
+        cmocka_unit_test(test_conv_transpose),
+        cmocka_unit_test(test_conv_tf32),
+        cmocka_unit_test(test_pools),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (failed == 0)
+        printf("cuda_conv: PASSED, %d ops (%d cases against the CPU kernels)\n", op_compare_op_types(),
+               op_compare_cases());
+    return failed ? 1 : 0;
+}

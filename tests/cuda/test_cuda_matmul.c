@@ -1,0 +1,230 @@
+/* CUDA matmul kernels (src/cuda/matmul.cu: Gemm, MatMul) against the CPU
+ * kernels: outputs and every input gradient, with accumulation into
+ * existing gradients, through op_compare_node.
+ *
+ * cuBLAS and OpenBLAS add a product's terms in different orders, so
+ * results agree to float rounding, which grows with the length of the sums:
+ * each case's absolute tolerance scales with its longest reduction (the
+ * inner dimension forward, M or N backward, times the batch entries a
+ * broadcast operand's gradient sums). TF32 stays off. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernel_graph.h"
+#include "op_compare.h"
+
+#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define S(...) ((const char *const[]){__VA_ARGS__})
+
+/* The absolute tolerance of sums of `len` products of inputs in [-2, 2)
+ * and gradients in [-1, 1): rounding grows about linearly with the length
+ * of a sequential float sum. */
+static double tol_for(int64_t len)
+{
+    return 1e-6 + 4e-7 * (double)len;
+}
+
+/* Set by the TF32 tests: cuBLAS / cuDNN may round operands to TF32 (10
+ * mantissa bits), so errors grow like the square root of a sum's length
+ * times 2^-11 of its terms. */
+static bool tf32_mode;
+
+static struct op_compare compare_opts(const char *label, int64_t len)
+{
+    if (tf32_mode)
+        return (struct op_compare){.label = label, .tf32 = true, .rel_tol = 1e-2,
+                                   .abs_tol = 5e-3 * sqrt((double)len)};
+    return (struct op_compare){.label = label, .abs_tol = tol_for(len), .rel_tol = 2e-5};
+}
+
+static int64_t max3(int64_t a, int64_t b, int64_t c)
+{
+    int64_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+/* ---- Gemm ---- */
+
+struct gemm_case {
+    int ta, tb;
+    int c_rank; /* -1: no C; 0: a scalar constant */
+    int64_t c[2];
+    float alpha, beta;
+    int64_t m, k, n;
+};
+
+static void run_gemm(const struct gemm_case *c)
+{
+    struct gp_graph g;
+    begin(&g, c->c_rank < 0 ? 13 : 7);
+    int64_t a[2] = {c->ta ? c->k : c->m, c->ta ? c->m : c->k};
+    int64_t b[2] = {c->tb ? c->n : c->k, c->tb ? c->k : c->n};
+    input(&g, "a", 2, a);
+    input(&g, "b", 2, b);
+    if (c->c_rank > 0) input(&g, "c", c->c_rank, c->c);
+    if (c->c_rank == 0) { /* a scalar cannot be a graph input (no batch axis) */
+        struct gp_error err = {0};
+        struct gp_shape s = {.rank = 0};
+        if (gp_graph_add_const_f32(&g, "c", &s, (const float[]){0.375f}, &err) != GP_OK)
+            fail_msg("%s", err.msg);
+    }
+    int n = node(&g, "Gemm", c->c_rank < 0 ? 2 : 3, S("a", "b", "c"), 1, S("y"));
+    if (c->ta) attr_i(&g, n, "transA", 1);
+    if (c->tb) attr_i(&g, n, "transB", 1);
+    if (c->alpha != 1) attr_f(&g, n, "alpha", c->alpha);
+    if (c->beta != 1) attr_f(&g, n, "beta", c->beta);
+    finalize_ok(&g);
+    char label[160];
+    snprintf(label, sizeof label, "Gemm %lldx%lldx%lld transA=%d transB=%d C rank %d [%lld,%lld] "
+             "alpha=%g beta=%g%s", (long long)c->m, (long long)c->k, (long long)c->n, c->ta, c->tb,
+             c->c_rank, (long long)c->c[0], (long long)c->c[1], c->alpha, c->beta,
+             tf32_mode ? " (TF32)" : "");
+    /* The longest sums: K forward, N (dA), M (dB), M * N (a scalar dC). */
+    int64_t len = max3(c->k, c->n, c->m);
+    struct op_compare o = compare_opts(label, len);
+    op_compare_node(&g, 0, &o);
+    gp_graph_free(&g);
+}
+
+/* Every transpose combination with every shape of C that broadcasts. */
+static void test_gemm_small(void **state)
+{
+    (void)state;
+    static const struct {
+        int rank;
+        int64_t dims[2];
+    } cs[] = {{-1, {0}}, {0, {0}}, {1, {5}}, {1, {1}}, {2, {1, 5}}, {2, {3, 1}}, {2, {3, 5}},
+              {2, {1, 1}}};
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int k = 0; k < N_OF(cs); k++) {
+                struct gemm_case c = {ta, tb, cs[k].rank, {cs[k].dims[0], cs[k].dims[1]}, 0.7f, -1.3f,
+                                      3, 4, 5};
+                run_gemm(&c);
+            }
+}
+
+/* Sizes that are neither powers of two nor small, every transpose and the
+ * common shapes of C; alpha and beta of 1 and others, beta 0 (C ignored). */
+static void test_gemm_large(void **state)
+{
+    (void)state;
+    static const struct {
+        int rank;
+        int64_t dims[2];
+    } cs[] = {{-1, {0}}, {0, {0}}, {1, {77}}, {2, {1, 77}}, {2, {257, 77}}, {2, {257, 1}}};
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int k = 0; k < N_OF(cs); k++) {
+                struct gemm_case c = {ta, tb, cs[k].rank, {cs[k].dims[0], cs[k].dims[1]}, 1.0f, 1.0f,
+                                      257, 130, 77};
+                run_gemm(&c);
+            }
+    struct gemm_case more[] = {
+        {0, 1, 1, {77}, 0.5f, 2.0f, 257, 130, 77},
+        {1, 0, 2, {257, 77}, -1.5f, 0.25f, 257, 130, 77},
+        {0, 0, 2, {257, 77}, 1.0f, 0.0f, 257, 130, 77}, /* beta 0: no C at all */
+        {0, 1, 1, {1000}, 1.0f, 1.0f, 64, 512, 1000},   /* a classifier head */
+        {0, 1, 1, {33}, 1.0f, 1.0f, 1, 2049, 33},       /* one row */
+        {1, 1, 0, {0}, 2.0f, -0.5f, 300, 7, 1},         /* one column, scalar C */
+    };
+    for (int i = 0; i < N_OF(more); i++) run_gemm(&more[i]);
+}
+
+/* ---- MatMul ---- */
+
+static void run_matmul(int ra, const int64_t *a, int rb, const int64_t *b)
+{
+    struct gp_graph g;
+    begin(&g, 13);
+    input(&g, "a", ra, a);
+    input(&g, "b", rb, b);
+    node(&g, "MatMul", 2, S("a", "b"), 1, S("y"));
+    finalize_ok(&g);
+    char label[200], sa[80] = "", sb[80] = "";
+    int64_t batch = 1, m = ra >= 2 ? a[ra - 2] : 1, k = a[ra - 1], n = rb >= 2 ? b[rb - 1] : 1;
+    for (int i = 0; i < ra; i++)
+        snprintf(sa + strlen(sa), sizeof sa - strlen(sa), "%s%lld", i ? "," : "", (long long)a[i]);
+    for (int i = 0; i < rb; i++)
+        snprintf(sb + strlen(sb), sizeof sb - strlen(sb), "%s%lld", i ? "," : "", (long long)b[i]);
+    snprintf(label, sizeof label, "MatMul [%s] x [%s]%s", sa, sb, tf32_mode ? " (TF32)" : "");
+    const struct gp_shape *y = &g.values[g.nodes[0].outputs[0]].shape;
+    batch = gp_shape_numel(y) / (m * n > 0 ? m * n : 1);
+    /* A broadcast operand's gradient sums over up to the whole batch. */
+    int64_t len = max3(k, n * batch, m * batch);
+    struct op_compare o = compare_opts(label, len);
+    op_compare_node(&g, 0, &o);
+    gp_graph_free(&g);
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    static const struct {
+        int ra, rb;
+        int64_t a[5], b[5];
+    } cases[] = {
+        /* 2-D, small and large. */
+        {2, 2, {3, 4}, {4, 5}},
+        {2, 2, {257, 130}, {130, 77}},
+        /* 1-D operands. */
+        {1, 2, {130}, {130, 77}},
+        {2, 1, {257, 130}, {130}},
+        {1, 1, {130}, {130}},
+        {1, 3, {4}, {2, 4, 3}},
+        {3, 1, {2, 3, 4}, {4}},
+        /* A batch against one matrix (folded into rows), both ways. */
+        {3, 2, {2, 3, 4}, {4, 5}},
+        {4, 2, {2, 3, 4, 5}, {5, 6}},
+        {3, 2, {8, 65, 96}, {96, 80}},
+        {2, 3, {3, 4}, {2, 4, 5}},
+        {2, 3, {65, 96}, {8, 96, 80}},
+        /* Batches on both sides, equal and broadcast. */
+        {3, 3, {4, 33, 17}, {4, 17, 29}},
+        {4, 4, {2, 3, 16, 8}, {2, 3, 8, 16}},
+        {4, 3, {2, 1, 4, 5}, {3, 5, 6}},
+        {4, 3, {2, 1, 3, 4}, {3, 4, 2}},
+        {3, 3, {1, 3, 4}, {2, 4, 5}},
+        {4, 4, {2, 2, 3, 4}, {2, 1, 4, 2}},
+        {4, 4, {5, 1, 7, 9}, {1, 6, 9, 11}},
+        {5, 3, {2, 3, 1, 5, 7}, {4, 7, 3}},
+    };
+    for (int k = 0; k < N_OF(cases); k++)
+        run_matmul(cases[k].ra, cases[k].a, cases[k].rb, cases[k].b);
+}
+
+/* TF32 allowed: the compute type and math mode of that path run. */
+static void test_tf32(void **state)
+{
+    (void)state;
+    tf32_mode = true;
+    struct gemm_case g1 = {0, 1, 1, {77}, 1.0f, 1.0f, 257, 130, 77};
+    run_gemm(&g1);
+    run_matmul(4, (const int64_t[]){2, 1, 40, 64}, 3, (const int64_t[]){3, 64, 33});
+    run_matmul(3, (const int64_t[]){8, 65, 96}, 2, (const int64_t[]){96, 80});
+    tf32_mode = false;
+}
+
+int main(void)
+{
+    op_compare_require_device();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm_small),
+        cmocka_unit_test(test_gemm_large),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_tf32),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (failed == 0)
+        printf("cuda_matmul: PASSED, %d ops (%d cases against the CPU kernels)\n", op_compare_op_types(),
+               op_compare_cases());
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,384 @@
+/* The CUDA norm kernels (cuda/norm.cu) against the CPU float kernels, the
+ * reference: BatchNormalization, InstanceNormalization and
+ * LayerNormalization, one-node graphs through op_compare (forward outputs,
+ * every input gradient, and the running statistics BatchNormalization
+ * updates in place), in training and in evaluation.
+ *
+ * BatchNormalization: opsets 7, 9, 14, 15 with every output count (the
+ * optional outputs' gradients flow back through the batch statistics),
+ * epsilon and momentum attributes, inputs of rank 2 (one value per
+ * channel and sample: the flat elementwise path) to 5, shapes with several
+ * chunks per channel and with more planes than a grid's y dimension. The
+ * deferred statistics (ctx->deferred_stats) are checked by hand over two
+ * micro-batches and a recomputation, then gp_cuda_bn_commit against
+ * gp_cpu_bn_commit_f32.
+ *
+ * LayerNormalization: every axis, with and without B, the optional Mean
+ * and InvStdDev outputs, Scale and B broadcast from fewer axes (the CPU's
+ * float sums in its own order), GPT-2's [batch, tokens, 768], and more
+ * rows than the parameter gradients have blocks; rows short enough to live
+ * in registers and longer ones (the generic kernels).
+ *
+ * Without a CUDA device the test prints why and exits 77 (a skip). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cpu/kernel.h"
+#include "cuda/kernel.h"
+#include "cuda/op_compare.h"
+#include "kernel_graph.h"
+
+#define S(...) ((const char *const[]){__VA_ARGS__})
+
+/* ---- BatchNormalization ---- */
+
+struct bn_case {
+    const char *label;
+    int64_t opset;
+    int rank;
+    int64_t x[5];
+    int n_outputs;      /* Y, running mean, running var, saved mean, saved var */
+    bool training_mode; /* the attribute (14+) */
+    float eps, momentum; /* 0: absent */
+};
+
+/* X, scale "s" and B "b" graph inputs (random); running mean "m" and var
+ * "v" initializers (var positive). */
+static void build_bn(struct gp_graph *g, const struct bn_case *c)
+{
+    begin(g, c->opset);
+    int64_t ch = c->x[1];
+    input(g, "x", c->rank, c->x);
+    input(g, "s", 1, &ch);
+    input(g, "b", 1, &ch);
+    float *m = malloc(sizeof(float) * (size_t)ch), *v = malloc(sizeof(float) * (size_t)ch);
+    assert_non_null(m);
+    assert_non_null(v);
+    for (int64_t i = 0; i < ch; i++) {
+        m[i] = 0.1f * (float)(i % 7) - 0.3f;
+        v[i] = 0.5f + 0.25f * (float)(i % 5);
+    }
+    const_f32(g, "m", ch, m);
+    const_f32(g, "v", ch, v);
+    free(m);
+    free(v);
+    int n = node(g, "BatchNormalization", 5, S("x", "s", "b", "m", "v"), c->n_outputs,
+                 S("y", "rm", "rv", "sm", "sv"));
+    if (c->training_mode) attr_i(g, n, "training_mode", 1);
+    if (c->eps) attr_f(g, n, "epsilon", c->eps);
+    if (c->momentum) attr_f(g, n, "momentum", c->momentum);
+    finalize_ok(g);
+}
+
+static void test_bn(void **state)
+{
+    (void)state;
+    static const struct bn_case cases[] = {
+        {"BN-15 [4,3,5,7]", 15, 4, {4, 3, 5, 7}, 1, false, 0, 0},
+        {"BN-15 3 outputs", 15, 4, {4, 3, 5, 7}, 3, true, 1e-3f, 0.8f},
+        {"BN-14 3 outputs", 14, 4, {3, 2, 2, 3}, 3, true, 0, 0},
+        {"BN-9 5 outputs", 9, 4, {2, 3, 3, 2}, 5, false, 1e-3f, 0.8f},
+        {"BN-9 rank 3", 9, 3, {2, 4, 5}, 5, false, 0, 0.7f},
+        {"BN-7 5 outputs", 7, 4, {3, 2, 2, 3}, 5, false, 0, 0},
+        {"BN-15 rank 2", 15, 2, {37, 5}, 1, false, 0, 0},
+        {"BN-15 rank 5", 15, 5, {2, 2, 2, 3, 2}, 3, true, 1e-2f, 0.5f},
+        /* Several chunks per channel, planes of 1600 cells. */
+        {"BN-15 [8,16,40,40]", 15, 4, {8, 16, 40, 40}, 3, true, 0, 0},
+        /* Rank 2 with 1.28M values: the flat loops wrap. */
+        {"BN-15 [20000,64]", 15, 2, {20000, 64}, 1, false, 0, 0},
+        /* 66000 planes of 128 cells: more than a grid's y dimension. */
+        {"BN-15 [600,110,128]", 15, 3, {600, 110, 128}, 1, false, 0, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        for (int eval = 0; eval < 2; eval++) {
+            struct gp_graph g;
+            build_bn(&g, &cases[k]);
+            char label[128];
+            snprintf(label, sizeof label, "%s, %s", cases[k].label, eval ? "evaluation" : "training");
+            op_compare_node(&g, 0, &(struct op_compare){.label = label, .eval = eval});
+            gp_graph_free(&g);
+        }
+    }
+}
+
+/* Training with one value per channel is refused, naming the node, before
+ * anything is launched (no device memory needed). */
+static void test_bn_one_value(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    struct bn_case c = {"one value", 15, 2, {1, 3}, 1, false, 0, 0};
+    build_bn(&g, &c);
+    const struct gp_cuda_kernel *k = gp_cuda_kernel_for(&g.nodes[0]);
+    assert_non_null(k);
+    void *in[5] = {0}, *out[1] = {0};
+    struct gp_cuda_ctx ctx = {.graph = &g, .node = &g.nodes[0], .in = in, .out = out,
+                              .training = true, .update_state = true, .dropout_ratio = -1};
+    struct gp_error err = {0};
+    assert_int_equal(k->forward(&ctx, &err), GP_ERR_SHAPE);
+    assert_non_null(strstr(err.msg, "n0"));
+    gp_graph_free(&g);
+}
+
+static void cuda_ok(cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess) fail_msg("deferred statistics: %s: %s", what, cudaGetErrorString(e));
+}
+
+static void *dev_upload(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    cuda_ok(cudaMalloc(&d, bytes ? bytes : 16), "cudaMalloc");
+    if (h && bytes) cuda_ok(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), "upload");
+    else cuda_ok(cudaMemset(d, 0, bytes ? bytes : 16), "cudaMemset");
+    return d;
+}
+
+static void download(void *h, const void *d, size_t bytes)
+{
+    cuda_ok(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), "download");
+}
+
+static void expect_close(const char *what, const float *gpu, const float *cpu, int64_t n, double rel,
+                         double abs_tol)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)gpu[i] - (double)cpu[i]);
+        if (!(d <= rel * fabs((double)cpu[i]) + abs_tol))
+            fail_msg("deferred statistics: %s, element %lld: cuda %.9g, cpu %.9g", what, (long long)i,
+                     (double)gpu[i], (double)cpu[i]);
+    }
+}
+
+static float rnd(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return (float)((*s >> 40) * (1.0 / 16777216.0)) * 4.0f - 1.0f;
+}
+
+/* Two micro-batches of [3, 4, 5, 6] with deferred statistics (and a
+ * recomputation of the first with update_state false, which adds nothing):
+ * the same Y on both backends, running statistics untouched, the same
+ * sums; then the commit on both, which updates the running statistics the
+ * same way and clears the sums. */
+static void test_bn_deferred(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    struct bn_case c = {"deferred", 15, 4, {3, 4, 5, 6}, 1, false, 0, 0.85f};
+    build_bn(&g, &c);
+    const struct gp_node *nd = &g.nodes[0];
+    const struct gp_cpu_kernel *ck = gp_cpu_kernel_for_f32(nd);
+    const struct gp_cuda_kernel *gk = gp_cuda_kernel_for(nd);
+    assert_non_null(ck);
+    assert_non_null(gk);
+    enum { N = 3, C = 4, SP = 30, NX = N * C * SP };
+    size_t len = gp_cuda_bn_stats_len(&g, nd);
+    assert_int_equal(len, gp_cpu_bn_stats_len_f32(&g, nd));
+    assert_int_equal(len, 2 * C + 1);
+
+    uint64_t seed = 0x1234567ull;
+    static float x[2][NX], y_cpu[NX], y_gpu[NX];
+    float scale[C], bias[C], rm0[C], rv0[C], rm_cpu[C], rv_cpu[C], rm_gpu[C], rv_gpu[C];
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < NX; i++) x[b][i] = rnd(&seed) * 3.0f + (float)b;
+    for (int i = 0; i < C; i++) {
+        scale[i] = rnd(&seed);
+        bias[i] = rnd(&seed);
+        rm0[i] = rm_cpu[i] = 0.1f * (float)i;
+        rv0[i] = rv_cpu[i] = 1.0f + 0.5f * (float)i;
+    }
+    double stats_cpu[2 * C + 1] = {0}, stats_gpu[2 * C + 1];
+
+    cudaStream_t stream;
+    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    float *dx = dev_upload(x[0], sizeof x[0]), *ds = dev_upload(scale, sizeof scale);
+    float *db = dev_upload(bias, sizeof bias), *drm = dev_upload(rm0, sizeof rm0);
+    float *drv = dev_upload(rv0, sizeof rv0), *dy = dev_upload(NULL, sizeof y_gpu);
+    double *dstats = dev_upload(stats_cpu, sizeof stats_cpu);
+    void *dsaved = dev_upload(NULL, gk->saved_bytes(&g, nd) + 64);
+    void *dscratch = dev_upload(NULL, gk->scratch_bytes(&g, nd) + 64);
+    void *csaved = calloc(1, ck->saved_bytes(&g, nd) + 64);
+    assert_non_null(csaved);
+
+    for (int pass = 0; pass < 3; pass++) {
+        int b = pass == 2 ? 0 : pass; /* pass 2 recomputes micro-batch 0 */
+        bool update = pass < 2;
+        void *cin[5] = {x[b], scale, bias, rm_cpu, rv_cpu}, *cout[1] = {y_cpu};
+        struct gp_cpu_ctx cc = {.graph = &g, .node = nd, .in = cin, .out = cout, .saved = csaved,
+                                .training = true, .update_state = update, .dropout_ratio = -1,
+                                .deferred_stats = stats_cpu};
+        struct gp_error err = {0};
+        if (ck->forward(&cc, &err) != GP_OK) fail_msg("CPU forward: %s", err.msg);
+        cuda_ok(cudaMemcpy(dx, x[b], sizeof x[b], cudaMemcpyHostToDevice), "upload x");
+        void *gin[5] = {dx, ds, db, drm, drv}, *gout[1] = {dy};
+        struct gp_cuda_ctx gc = {.graph = &g, .node = nd, .in = gin, .out = gout, .saved = dsaved,
+                                 .scratch = dscratch, .stream = stream, .training = true,
+                                 .update_state = update, .dropout_ratio = -1,
+                                 .deferred_stats = dstats};
+        if (gk->forward(&gc, &err) != GP_OK) fail_msg("CUDA forward: %s", err.msg);
+        cuda_ok(cudaStreamSynchronize(stream), "forward");
+        download(y_gpu, dy, sizeof y_gpu);
+        expect_close("Y", y_gpu, y_cpu, NX, 1e-5, 1e-6);
+        download(rm_gpu, drm, sizeof rm_gpu);
+        download(rv_gpu, drv, sizeof rv_gpu);
+        for (int i = 0; i < C; i++)
+            if (rm_gpu[i] != rm0[i] || rv_gpu[i] != rv0[i] || rm_cpu[i] != rm0[i] || rv_cpu[i] != rv0[i])
+                fail_msg("deferred statistics: running statistics changed in forward (channel %d)", i);
+        download(stats_gpu, dstats, sizeof stats_gpu);
+        for (int i = 0; i < 2 * C + 1; i++)
+            if (!(fabs(stats_gpu[i] - stats_cpu[i]) <= 1e-10 * fabs(stats_cpu[i]) + 1e-9))
+                fail_msg("deferred statistics: pass %d, sum %d: cuda %.17g, cpu %.17g", pass, i,
+                         stats_gpu[i], stats_cpu[i]);
+    }
+    assert_true(stats_cpu[2 * C] == 2.0 * N * SP);
+
+    struct gp_error err = {0};
+    gp_cpu_bn_commit_f32(&g, nd, rm_cpu, rv_cpu, stats_cpu);
+    if (gp_cuda_bn_commit(stream, &g, nd, drm, drv, dstats, &err) != GP_OK)
+        fail_msg("gp_cuda_bn_commit: %s", err.msg);
+    cuda_ok(cudaStreamSynchronize(stream), "commit");
+    download(rm_gpu, drm, sizeof rm_gpu);
+    download(rv_gpu, drv, sizeof rv_gpu);
+    download(stats_gpu, dstats, sizeof stats_gpu);
+    expect_close("committed running mean", rm_gpu, rm_cpu, C, 1e-6, 1e-7);
+    expect_close("committed running var", rv_gpu, rv_cpu, C, 1e-6, 1e-7);
+    for (int i = 0; i < C; i++)
+        if (rm_cpu[i] == rm0[i] || rv_cpu[i] == rv0[i]) fail_msg("deferred statistics: commit changed nothing");
+    for (int i = 0; i < 2 * C + 1; i++)
+        if (stats_gpu[i] != 0 || stats_cpu[i] != 0) fail_msg("deferred statistics: sum %d not cleared", i);
+
+    /* A commit of nothing (count 0) leaves the running statistics alone. */
+    if (gp_cuda_bn_commit(stream, &g, nd, drm, drv, dstats, &err) != GP_OK)
+        fail_msg("gp_cuda_bn_commit: %s", err.msg);
+    cuda_ok(cudaStreamSynchronize(stream), "empty commit");
+    float rm2[C];
+    download(rm2, drm, sizeof rm2);
+    assert_memory_equal(rm2, rm_gpu, sizeof rm2);
+
+    cudaFree(dx);
+    cudaFree(ds);
+    cudaFree(db);
+    cudaFree(drm);
+    cudaFree(drv);
+    cudaFree(dy);
+    cudaFree(dstats);
+    cudaFree(dsaved);
+    cudaFree(dscratch);
+    free(csaved);
+    cudaStreamDestroy(stream);
+    gp_graph_free(&g);
+}
+
+/* ---- InstanceNormalization ---- */
+
+static void test_instance_norm(void **state)
+{
+    (void)state;
+    static const struct {
+        int rank;
+        int64_t x[5];
+        float eps;
+    } cases[] = {
+        {3, {2, 3, 5}, 0},
+        {4, {2, 2, 3, 2}, 1e-3f},
+        {5, {1, 3, 2, 2, 2}, 0},
+        {4, {3, 5, 17, 19}, 0},
+        {4, {4, 8, 64, 65}, 0}, /* planes of 4160: 512 threads */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        for (int eval = 0; eval < 2; eval++) {
+            struct gp_graph g;
+            begin(&g, 13);
+            input(&g, "x", cases[k].rank, cases[k].x);
+            input(&g, "s", 1, &cases[k].x[1]);
+            input(&g, "b", 1, &cases[k].x[1]);
+            int n = node(&g, "InstanceNormalization", 3, S("x", "s", "b"), 1, S("y"));
+            if (cases[k].eps) attr_f(&g, n, "epsilon", cases[k].eps);
+            finalize_ok(&g);
+            char label[96];
+            snprintf(label, sizeof label, "InstanceNormalization case %zu%s", k, eval ? " (eval)" : "");
+            op_compare_node(&g, 0, &(struct op_compare){.label = label, .eval = eval});
+            gp_graph_free(&g);
+        }
+    }
+}
+
+/* ---- LayerNormalization ---- */
+
+struct ln_case {
+    const char *label;
+    int rank;
+    int64_t x[4];
+    bool has_axis;
+    int64_t axis;
+    int srank, brank; /* brank -1: no B */
+    int64_t s[4], b[4];
+    int n_outputs; /* Y, Mean, InvStdDev */
+};
+
+static void test_layer_norm(void **state)
+{
+    (void)state;
+    static const struct ln_case cases[] = {
+        {"axis -2, all outputs", 3, {2, 3, 4}, true, -2, 2, 2, {3, 4}, {3, 4}, 3},
+        {"default axis", 3, {2, 3, 4}, false, 0, 1, 1, {4}, {4}, 1},
+        {"no B", 3, {2, 3, 5}, true, -1, 1, -1, {5}, {0}, 3},
+        {"axis 0", 3, {2, 3, 4}, true, 0, 3, 3, {2, 3, 4}, {2, 3, 4}, 2},
+        {"axis 1 rank 4", 4, {2, 3, 4, 5}, true, 1, 3, 3, {3, 4, 5}, {3, 4, 5}, 3},
+        {"Scale broadcast [4] over [3, 4]", 3, {2, 3, 4}, true, -2, 1, 2, {4}, {3, 4}, 3},
+        {"B broadcast [3, 1] over [3, 4]", 3, {5, 3, 4}, true, 1, 2, 2, {3, 4}, {3, 1}, 1},
+        {"both broadcast, no B", 4, {3, 2, 5, 6}, true, 1, 3, -1, {2, 1, 6}, {0}, 3},
+        {"Scale [1, 768] over [5, 768]", 3, {2, 5, 768}, true, -2, 2, 2, {1, 768}, {5, 768}, 1},
+        {"GPT-2 [8, 33, 768]", 3, {8, 33, 768}, true, -1, 1, 1, {768}, {768}, 1},
+        {"4200 rows of 40", 2, {4200, 40}, true, -1, 1, 1, {40}, {40}, 1},
+        /* Rows longer than the register path's 2048: the generic kernels. */
+        {"wide rows [3, 5000]", 2, {3, 5000}, true, 1, 1, 1, {5000}, {5000}, 3},
+        {"wide rows [70, 2500]", 2, {70, 2500}, true, -1, 1, -1, {2500}, {0}, 1},
+        {"wide, Scale broadcast [1000] over [3, 1000]", 3, {2, 3, 1000}, true, 1, 1, 2, {1000},
+         {3, 1000}, 3},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const struct ln_case *c = &cases[k];
+        struct gp_graph g;
+        begin(&g, 17);
+        input(&g, "x", c->rank, c->x);
+        input(&g, "s", c->srank, c->s);
+        if (c->brank >= 0) input(&g, "b", c->brank, c->b);
+        int n = node(&g, "LayerNormalization", c->brank >= 0 ? 3 : 2, S("x", "s", "b"), c->n_outputs,
+                     S("y", "mean", "invstd"));
+        if (c->has_axis) attr_i(&g, n, "axis", c->axis);
+        finalize_ok(&g);
+        op_compare_node(&g, 0, &(struct op_compare){.label = c->label});
+        gp_graph_free(&g);
+    }
+}
+
+int main(void)
+{
+    op_compare_require_device();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bn),
+        cmocka_unit_test(test_bn_one_value),
+        cmocka_unit_test(test_bn_deferred),
+        cmocka_unit_test(test_instance_norm),
+        cmocka_unit_test(test_layer_norm),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (failed == 0)
+        printf("cuda_norm: PASSED, %d ops (%d cases against the CPU kernels)\n", op_compare_op_types(),
+               op_compare_cases());
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,652 @@
+/* The CUDA shape kernels (cuda/shape.cu) against the CPU float kernels, the
+ * reference: one-node graphs through op_compare (every output, every input
+ * gradient, gradients accumulated onto random starting values).
+ *
+ * Covered: Reshape, Flatten, Squeeze and Unsqueeze (attribute and input
+ * axes); Transpose (the tile path [2,3,65,67] (0,1,3,2), the row path
+ * (0,2,1,3), the general gather (3,2,1,0), the default perm, a batch axis
+ * between the tiled ones, int64 / bool / int32 elements); Concat and Split
+ * along every axis (Split-11 attribute, Split-13 input, Split-18
+ * num_outputs, even); Slice (Slice-1 attributes, Slice-10 without axes,
+ * Slice-13 negative steps on every axis, INT64_MIN ends); Gather (an
+ * embedding [50, 16] with [4, 33] indices with repeats and negative ones,
+ * int32 indices, axes 1 and -1, a scalar index, int64 data, runs long
+ * enough to take the two-level path, GPT-2's [50304, 768] table); Tile;
+ * Trilu (upper, lower, k from input, none); Pad (constant with a value,
+ * reflect, edge, wrap, crops, Pad-2 attributes, Pad-18 axes, int64 data);
+ * and the shape producers that loading folds (Shape, Size,
+ * ConstantOfShape, Range), run from the folded node. Several shapes hold
+ * more than 2^20 elements so that the grid-stride loops go round.
+ *
+ * Without a CUDA device the test prints why and exits 77 (a skip). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/op_compare.h"
+#include "kernel_graph.h"
+
+#define S(...) ((const char *const[]){__VA_ARGS__})
+#define I64(...) ((const int64_t[]){__VA_ARGS__})
+
+/* ---- graph helpers ---- */
+
+static void input_t(struct gp_graph *g, const char *name, enum gp_dtype dt, int rank, const int64_t *dims)
+{
+    struct gp_error err = {0};
+    struct gp_shape s = {.rank = rank};
+    for (int i = 0; i < rank; i++) s.dims[i] = dims[i];
+    if (gp_graph_add_input(g, name, dt, &s, &err) != GP_OK) fail_msg("%s", err.msg);
+}
+
+static void ci64(struct gp_graph *g, const char *name, int rank, const int64_t *dims, const int64_t *v)
+{
+    struct gp_error err = {0};
+    struct gp_shape s = {.rank = rank};
+    for (int i = 0; i < rank; i++) s.dims[i] = dims[i];
+    if (gp_graph_add_const_i64(g, name, &s, v, &err) != GP_OK) fail_msg("%s", err.msg);
+}
+
+static void cf32(struct gp_graph *g, const char *name, int rank, const int64_t *dims, const float *v)
+{
+    struct gp_error err = {0};
+    struct gp_shape s = {.rank = rank};
+    for (int i = 0; i < rank; i++) s.dims[i] = dims[i];
+    if (gp_graph_add_const_f32(g, name, &s, v, &err) != GP_OK) fail_msg("%s", err.msg);
+}
+
+/* Finalizes g, which must keep exactly the node under test, and compares it. */
+static void compare(struct gp_graph *g, struct op_compare o)
+{
+    finalize_ok(g);
+    if (g->n_nodes != 1) fail_msg("%s: the graph has %d nodes after loading, not 1", o.label, g->n_nodes);
+    op_compare_node(g, 0, &o);
+    gp_graph_free(g);
+}
+
+/* Deterministic data for integer inputs. */
+static uint64_t lcg = 88172645463325252ull;
+
+static uint64_t next_u64(void)
+{
+    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return lcg >> 11;
+}
+
+static double next_unit(void) { return (double)(next_u64() >> 11) * (1.0 / 9007199254740992.0); }
+
+static int64_t *ints64(int64_t n, int64_t lo, int64_t hi)
+{
+    int64_t *v = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++) v[i] = lo + (int64_t)(next_u64() % (uint64_t)(hi - lo + 1));
+    return v;
+}
+
+static int32_t *ints32(int64_t n, int32_t lo, int32_t hi)
+{
+    int32_t *v = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++) v[i] = lo + (int32_t)(next_u64() % (uint64_t)(hi - lo + 1));
+    return v;
+}
+
+static uint8_t *bools(int64_t n)
+{
+    uint8_t *v = malloc((size_t)(n ? n : 1));
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++) v[i] = (uint8_t)(next_u64() & 1);
+    return v;
+}
+
+static int64_t numel(int rank, const int64_t *dims)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) n *= dims[i];
+    return n;
+}
+
+/* ---- Reshape, Flatten, Squeeze, Unsqueeze ---- */
+
+static void test_copies(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+
+    begin(&g, 14);
+    input(&g, "x", 3, I64(2, 3, 4));
+    ci64(&g, "shape", 1, I64(3), I64(4, 1, 6));
+    node(&g, "Reshape", 2, S("x", "shape"), 1, S("y"));
+    compare(&g, (struct op_compare){.label = "Reshape [2,3,4] -> [4,1,6]"});
+
+    begin(&g, 14);
+    input(&g, "x", 2, I64(4201, 1001)); /* float4 and a tail: the add loop goes round */
+    ci64(&g, "shape", 1, I64(2), I64(1001, 4201));
+    node(&g, "Reshape", 2, S("x", "shape"), 1, S("y"));
+    compare(&g, (struct op_compare){.label = "Reshape [4201,1001]"});
+
+    begin(&g, 14);
+    input_t(&g, "x", GP_DTYPE_INT64, 2, I64(3, 5));
+    ci64(&g, "shape", 1, I64(1), I64(15));
+    node(&g, "Reshape", 2, S("x", "shape"), 1, S("y"));
+    int64_t *xi = ints64(15, INT64_MIN / 2, INT64_MAX / 2);
+    compare(&g, (struct op_compare){.label = "Reshape int64", .inputs = {xi}});
+    free(xi);
+
+    begin(&g, 13);
+    input(&g, "x", 4, I64(2, 3, 4, 5));
+    attr_i(&g, node(&g, "Flatten", 1, S("x"), 1, S("y")), "axis", 2);
+    compare(&g, (struct op_compare){.label = "Flatten axis 2"});
+
+    begin(&g, 13);
+    input(&g, "x", 3, I64(2, 3, 4));
+    node(&g, "Flatten", 1, S("x"), 1, S("y"));
+    compare(&g, (struct op_compare){.label = "Flatten default axis"});
+
+    begin(&g, 13);
+    input(&g, "x", 4, I64(2, 1, 3, 1));
+    ci64(&g, "axes", 1, I64(2), I64(1, -1));
+    node(&g, "Squeeze", 2, S("x", "axes"), 1, S("y"));
+    compare(&g, (struct op_compare){.label = "Squeeze-13 axes input"});
+
+    begin(&g, 11);
+    input(&g, "x", 3, I64(2, 1, 3));
+    attr_ints(&g, node(&g, "Squeeze", 1, S("x"), 1, S("y")), "axes", 1, I64(1));
+    compare(&g, (struct op_compare){.label = "Squeeze-11 axes attribute"});
+
+    begin(&g, 13);
+    input(&g, "x", 2, I64(2, 3));
+    ci64(&g, "axes", 1, I64(2), I64(0, -1));
+    node(&g, "Unsqueeze", 2, S("x", "axes"), 1, S("y"));
+    compare(&g, (struct op_compare){.label = "Unsqueeze-13 axes input"});
+
+    begin(&g, 11);
+    input(&g, "x", 2, I64(2, 3));
+    attr_ints(&g, node(&g, "Unsqueeze", 1, S("x"), 1, S("y")), "axes", 1, I64(1));
+    compare(&g, (struct op_compare){.label = "Unsqueeze-11 axes attribute"});
+}
+
+/* ---- Transpose ---- */
+
+static void transpose_case(const char *label, enum gp_dtype dt, int rank, const int64_t *dims,
+                           const int64_t *perm)
+{
+    struct gp_graph g;
+    begin(&g, 13);
+    input_t(&g, "x", dt, rank, dims);
+    int n = node(&g, "Transpose", 1, S("x"), 1, S("y"));
+    if (perm) attr_ints(&g, n, "perm", rank, perm);
+    int64_t count = numel(rank, dims);
+    void *data = NULL;
+    if (dt == GP_DTYPE_INT64) data = ints64(count, -1000000, 1000000);
+    else if (dt == GP_DTYPE_INT32) data = ints32(count, -100000, 100000);
+    else if (dt == GP_DTYPE_BOOL) data = bools(count);
+    compare(&g, (struct op_compare){.label = label, .inputs = {data}});
+    free(data);
+}
+
+static void test_transpose(void **state)
+{
+    (void)state;
+    transpose_case("Transpose [2,3,65,67] (0,1,3,2): tiles", GP_DTYPE_FLOAT32, 4, I64(2, 3, 65, 67),
+                   I64(0, 1, 3, 2));
+    transpose_case("Transpose [2,3,65,67] (0,2,1,3): rows", GP_DTYPE_FLOAT32, 4, I64(2, 3, 65, 67),
+                   I64(0, 2, 1, 3));
+    transpose_case("Transpose [2,3,65,67] (3,2,1,0): gather", GP_DTYPE_FLOAT32, 4, I64(2, 3, 65, 67),
+                   I64(3, 2, 1, 0));
+    transpose_case("Transpose [3,4,5] default perm", GP_DTYPE_FLOAT32, 3, I64(3, 4, 5), NULL);
+    transpose_case("Transpose [40,3,50] (2,1,0): tiles around a batch axis", GP_DTYPE_FLOAT32, 3,
+                   I64(40, 3, 50), I64(2, 1, 0));
+    transpose_case("Transpose [5,17,33] (1,2,0)", GP_DTYPE_FLOAT32, 3, I64(5, 17, 33), I64(1, 2, 0));
+    transpose_case("Transpose int64 [2,33,40] (0,2,1)", GP_DTYPE_INT64, 3, I64(2, 33, 40), I64(0, 2, 1));
+    transpose_case("Transpose bool [2,40,33] (0,2,1)", GP_DTYPE_BOOL, 3, I64(2, 40, 33), I64(0, 2, 1));
+    transpose_case("Transpose int32 [3,17,19] (2,0,1)", GP_DTYPE_INT32, 3, I64(3, 17, 19), I64(2, 0, 1));
+    transpose_case("Transpose [4,64,65,67] (0,1,3,2)", GP_DTYPE_FLOAT32, 4, I64(4, 64, 65, 67),
+                   I64(0, 1, 3, 2));
+    transpose_case("Transpose [4,64,65,67] (1,0,2,3)", GP_DTYPE_FLOAT32, 4, I64(4, 64, 65, 67),
+                   I64(1, 0, 2, 3));
+    transpose_case("Transpose [8,12,128,64] (0,2,1,3): heads", GP_DTYPE_FLOAT32, 4, I64(8, 12, 128, 64),
+                   I64(0, 2, 1, 3));
+}
+
+/* ---- Concat, Split ---- */
+
+static void test_concat(void **state)
+{
+    (void)state;
+    for (int axis = -1; axis < 3; axis++) {
+        struct gp_graph g;
+        begin(&g, 13);
+        int a = axis < 0 ? 2 : axis;
+        for (int k = 0; k < 3; k++) {
+            int64_t d[3] = {2, 3, 5};
+            d[a] = k + 1 + (a == 2 ? 3 : 0);
+            input(&g, k == 0 ? "a" : k == 1 ? "b" : "c", 3, d);
+        }
+        attr_i(&g, node(&g, "Concat", 3, S("a", "b", "c"), 1, S("y")), "axis", axis);
+        char label[64];
+        snprintf(label, sizeof label, "Concat axis %d", axis);
+        compare(&g, (struct op_compare){.label = label});
+    }
+    struct gp_graph g;
+    begin(&g, 13);
+    input(&g, "a", 2, I64(8, 64));
+    input(&g, "b", 2, I64(8, 128));
+    attr_i(&g, node(&g, "Concat", 2, S("a", "b"), 1, S("y")), "axis", 1);
+    compare(&g, (struct op_compare){.label = "Concat aligned rows"});
+
+    begin(&g, 13);
+    input(&g, "a", 2, I64(1000, 300));
+    input(&g, "b", 2, I64(1000, 701));
+    input(&g, "c", 2, I64(1000, 101));
+    attr_i(&g, node(&g, "Concat", 3, S("a", "b", "c"), 1, S("y")), "axis", 1);
+    compare(&g, (struct op_compare){.label = "Concat [1000, 1102]"});
+
+    begin(&g, 13);
+    input_t(&g, "a", GP_DTYPE_INT64, 2, I64(3, 2));
+    input_t(&g, "b", GP_DTYPE_INT64, 2, I64(3, 5));
+    attr_i(&g, node(&g, "Concat", 2, S("a", "b"), 1, S("y")), "axis", 1);
+    int64_t *ia = ints64(6, -50, 50), *ib = ints64(15, -50, 50);
+    compare(&g, (struct op_compare){.label = "Concat int64", .inputs = {ia, ib}});
+    free(ia);
+    free(ib);
+}
+
+static void test_split(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+
+    begin(&g, 11);
+    input(&g, "x", 3, I64(2, 6, 5));
+    int n = node(&g, "Split", 1, S("x"), 3, S("y0", "y1", "y2"));
+    attr_i(&g, n, "axis", 1);
+    attr_ints(&g, n, "split", 3, I64(1, 2, 3));
+    compare(&g, (struct op_compare){.label = "Split-11 split attribute, axis 1"});
+
+    begin(&g, 13);
+    input(&g, "x", 3, I64(3, 4, 7));
+    ci64(&g, "split", 1, I64(2), I64(5, 2));
+    attr_i(&g, node(&g, "Split", 2, S("x", "split"), 2, S("y0", "y1")), "axis", -1);
+    compare(&g, (struct op_compare){.label = "Split-13 split input, axis -1"});
+
+    begin(&g, 18);
+    input(&g, "x", 2, I64(2, 7));
+    n = node(&g, "Split", 1, S("x"), 3, S("y0", "y1", "y2"));
+    attr_i(&g, n, "axis", 1);
+    attr_i(&g, n, "num_outputs", 3);
+    compare(&g, (struct op_compare){.label = "Split-18 num_outputs 3 of 7"});
+
+    begin(&g, 13);
+    input(&g, "x", 2, I64(4, 5));
+    node(&g, "Split", 1, S("x"), 2, S("y0", "y1"));
+    compare(&g, (struct op_compare){.label = "Split-13 even, axis 0"});
+
+    begin(&g, 13);
+    input(&g, "x", 2, I64(2200, 1000));
+    node(&g, "Split", 1, S("x"), 2, S("y0", "y1"));
+    compare(&g, (struct op_compare){.label = "Split [2200, 1000] axis 0"});
+
+    begin(&g, 13);
+    input(&g, "x", 2, I64(1100, 1001));
+    ci64(&g, "split", 1, I64(2), I64(400, 601));
+    attr_i(&g, node(&g, "Split", 2, S("x", "split"), 2, S("y0", "y1")), "axis", 1);
+    compare(&g, (struct op_compare){.label = "Split [1100, 1001] axis 1"});
+
+    begin(&g, 13);
+    input_t(&g, "x", GP_DTYPE_INT64, 2, I64(3, 6));
+    attr_i(&g, node(&g, "Split", 1, S("x"), 2, S("y0", "y1")), "axis", 1);
+    int64_t *xi = ints64(18, -9, 9);
+    compare(&g, (struct op_compare){.label = "Split int64", .inputs = {xi}});
+    free(xi);
+}
+
+/* ---- Slice ---- */
+
+static void slice13(const char *label, int rank, const int64_t *dims, int n, const int64_t *starts,
+                    const int64_t *ends, const int64_t *axes, const int64_t *steps)
+{
+    struct gp_graph g;
+    begin(&g, 13);
+    input(&g, "x", rank, dims);
+    ci64(&g, "starts", 1, I64(n), starts);
+    ci64(&g, "ends", 1, I64(n), ends);
+    int ni = 3;
+    if (axes) ci64(&g, "axes", 1, I64(n), axes), ni = 4;
+    if (steps) ci64(&g, "steps", 1, I64(n), steps), ni = 5;
+    node(&g, "Slice", ni, S("x", "starts", "ends", axes ? "axes" : "", "steps"), 1, S("y"));
+    compare(&g, (struct op_compare){.label = label});
+}
+
+static void test_slice(void **state)
+{
+    (void)state;
+    slice13("Slice x[3:-5:-1, 0:6:2]", 2, I64(4, 6), 2, I64(3, 0), I64(-5, 6), I64(0, 1), I64(-1, 2));
+    slice13("Slice x[::-2, 5:0:-3], axes backwards", 2, I64(4, 6), 2, I64(5, -1), I64(0, INT64_MIN),
+            I64(1, 0), I64(-3, -2));
+    slice13("Slice last axis reversed", 3, I64(3, 5, 7), 1, I64(-1), I64(-100), I64(2), I64(-1));
+    slice13("Slice no axes, no steps", 2, I64(4, 6), 2, I64(1, 0), I64(3, 5), NULL, NULL);
+    slice13("Slice [1200, 1001] rows 1..999", 2, I64(1200, 1001), 2, I64(0, 1), I64(1200, 1000),
+            I64(0, 1), I64(1, 1));
+    slice13("Slice [3, 1024, 768] aligned columns", 3, I64(3, 1024, 768), 1, I64(256), I64(512), I64(2),
+            I64(1));
+    slice13("Slice [6, 7, 9] every axis negative", 3, I64(6, 7, 9), 3, I64(-1, 5, 8), I64(0, -100, 1),
+            I64(0, 1, 2), I64(-2, -3, -4));
+
+    struct gp_graph g;
+    begin(&g, 9);
+    input(&g, "x", 2, I64(4, 6));
+    int n = node(&g, "Slice", 1, S("x"), 1, S("y"));
+    attr_ints(&g, n, "starts", 1, I64(1));
+    attr_ints(&g, n, "ends", 1, I64(100));
+    attr_ints(&g, n, "axes", 1, I64(1));
+    compare(&g, (struct op_compare){.label = "Slice-1 attributes"});
+
+    begin(&g, 13);
+    input_t(&g, "x", GP_DTYPE_INT64, 2, I64(4, 6));
+    ci64(&g, "starts", 1, I64(1), I64(4));
+    ci64(&g, "ends", 1, I64(1), I64(0));
+    ci64(&g, "axes", 1, I64(1), I64(1));
+    ci64(&g, "steps", 1, I64(1), I64(-2));
+    node(&g, "Slice", 5, S("x", "starts", "ends", "axes", "steps"), 1, S("y"));
+    int64_t *xi = ints64(24, -99, 99);
+    compare(&g, (struct op_compare){.label = "Slice int64", .inputs = {xi}});
+    free(xi);
+}
+
+/* ---- Gather ---- */
+
+static void gather_case(const char *label, int rank, const int64_t *dims, int axis, enum gp_dtype it,
+                        int irank, const int64_t *idims, const void *idx, double abs_tol)
+{
+    struct gp_graph g;
+    begin(&g, 13);
+    input(&g, "x", rank, dims);
+    input_t(&g, "i", it, irank, idims);
+    int n = node(&g, "Gather", 2, S("x", "i"), 1, S("y"));
+    if (axis) attr_i(&g, n, "axis", axis);
+    compare(&g, (struct op_compare){.label = label, .inputs = {NULL, idx}, .abs_tol = abs_tol});
+}
+
+/* Indices in [-dim, dim) skewed toward small ids (a word-frequency-like
+ * distribution): id = floor(dim u^power), negated (counted from the end)
+ * one time in five. */
+static int64_t *skewed(int64_t n, int64_t dim, double power)
+{
+    int64_t *v = malloc(sizeof(int64_t) * (size_t)n);
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k = (int64_t)((double)dim * pow(next_unit(), power));
+        if (k >= dim) k = dim - 1;
+        v[i] = next_u64() % 5 == 0 ? k - dim : k;
+    }
+    return v;
+}
+
+static void test_gather(void **state)
+{
+    (void)state;
+    /* The embedding: [50, 16] table, [4, 33] indices with repeats. */
+    int64_t *i64 = ints64(132, -50, 49);
+    for (int k = 0; k < 20; k++) i64[k * 6] = 7; /* one row read 20 times */
+    i64[1] = -43;                                /* = 7, counted from the end */
+    gather_case("Gather embedding [50,16] by [4,33] int64", 2, I64(50, 16), 0, GP_DTYPE_INT64, 2,
+                I64(4, 33), i64, 0);
+    free(i64);
+    int32_t *i32 = ints32(132, -50, 49);
+    gather_case("Gather embedding [50,16] by [4,33] int32", 2, I64(50, 16), 0, GP_DTYPE_INT32, 2,
+                I64(4, 33), i32, 0);
+    free(i32);
+
+    i64 = ints64(33, -50, 49);
+    gather_case("Gather axis 1 [5,50,7] by [3,11]", 3, I64(5, 50, 7), 1, GP_DTYPE_INT64, 2, I64(3, 11),
+                i64, 0);
+    free(i64);
+    i32 = ints32(10, -9, 8);
+    gather_case("Gather axis -1 [4,6,9] by [10] int32", 3, I64(4, 6, 9), -1, GP_DTYPE_INT32, 1, I64(10),
+                i32, 0);
+    free(i32);
+    i64 = ints64(12, -3, 2);
+    gather_case("Gather axis 0 [3,5] by [2,6]: every row many times", 2, I64(3, 5), 0, GP_DTYPE_INT64, 2,
+                I64(2, 6), i64, 0);
+    free(i64);
+
+    /* A scalar index (an initializer): the axis goes away. */
+    struct gp_graph g;
+    begin(&g, 13);
+    input(&g, "x", 2, I64(7, 5));
+    ci64(&g, "i", 0, NULL, I64(-2));
+    attr_i(&g, node(&g, "Gather", 2, S("x", "i"), 1, S("y")), "axis", 1);
+    compare(&g, (struct op_compare){.label = "Gather scalar index, axis 1"});
+
+    /* int64 data. */
+    begin(&g, 13);
+    input_t(&g, "x", GP_DTYPE_INT64, 2, I64(6, 3));
+    input_t(&g, "i", GP_DTYPE_INT64, 1, I64(8));
+    node(&g, "Gather", 2, S("x", "i"), 1, S("y"));
+    int64_t *xi = ints64(18, -1000, 1000);
+    i64 = ints64(8, -6, 5);
+    compare(&g, (struct op_compare){.label = "Gather int64 data", .inputs = {xi, i64}});
+    free(xi);
+    free(i64);
+
+    /* Runs longer than a piece (two-level sums) and two radix passes: the
+     * CPU adds up to ~3000 terms in float in order, the GPU in double, so
+     * the absolute tolerance allows for the CPU's rounding. */
+    i64 = skewed(8 * 2048, 5000, 6.0);
+    gather_case("Gather [5000,64] by [8,2048], long runs", 2, I64(5000, 64), 0, GP_DTYPE_INT64, 2,
+                I64(8, 2048), i64, 2e-4);
+    free(i64);
+    i64 = skewed(3 * 700, 300, 3.0);
+    gather_case("Gather axis 1 [4,300,5] by [3,700], long runs", 3, I64(4, 300, 5), 1, GP_DTYPE_INT64, 2,
+                I64(3, 700), i64, 1e-4);
+    free(i64);
+
+    /* GPT-2's token embedding: [50304, 768] by [8, 1024]. */
+    i64 = skewed(8 * 1024, 50304, 4.0);
+    gather_case("Gather GPT-2 [50304,768] by [8,1024]", 2, I64(50304, 768), 0, GP_DTYPE_INT64, 2,
+                I64(8, 1024), i64, 1e-4);
+    free(i64);
+}
+
+/* ---- Tile, Trilu ---- */
+
+static void tile_case(const char *label, enum gp_dtype dt, int rank, const int64_t *dims, const int64_t *rep)
+{
+    struct gp_graph g;
+    begin(&g, 13);
+    input_t(&g, "x", dt, rank, dims);
+    ci64(&g, "rep", 1, I64(rank), rep);
+    node(&g, "Tile", 2, S("x", "rep"), 1, S("y"));
+    void *data = dt == GP_DTYPE_INT64 ? ints64(numel(rank, dims), -99, 99) : NULL;
+    compare(&g, (struct op_compare){.label = label, .inputs = {data}});
+    free(data);
+}
+
+static void test_tile(void **state)
+{
+    (void)state;
+    tile_case("Tile [2,3] by (2,2)", GP_DTYPE_FLOAT32, 2, I64(2, 3), I64(2, 2));
+    tile_case("Tile [2,1,3] by (1,3,2)", GP_DTYPE_FLOAT32, 3, I64(2, 1, 3), I64(1, 3, 2));
+    tile_case("Tile [5] by (3)", GP_DTYPE_FLOAT32, 1, I64(5), I64(3));
+    tile_case("Tile int64 [3,2] by (2,3)", GP_DTYPE_INT64, 2, I64(3, 2), I64(2, 3));
+    tile_case("Tile [64,130,33] by (1,1,5)", GP_DTYPE_FLOAT32, 3, I64(64, 130, 33), I64(1, 1, 5));
+}
+
+static void trilu_case(const char *label, enum gp_dtype dt, int rank, const int64_t *dims, bool upper,
+                       bool has_k, int64_t k)
+{
+    struct gp_graph g;
+    begin(&g, 14);
+    input_t(&g, "x", dt, rank, dims);
+    if (has_k) ci64(&g, "k", 0, NULL, &k);
+    int n = node(&g, "Trilu", has_k ? 2 : 1, S("x", "k"), 1, S("y"));
+    attr_i(&g, n, "upper", upper);
+    void *data = dt == GP_DTYPE_INT64 ? ints64(numel(rank, dims), -99, 99) : NULL;
+    compare(&g, (struct op_compare){.label = label, .inputs = {data}});
+    free(data);
+}
+
+static void test_trilu(void **state)
+{
+    (void)state;
+    trilu_case("Trilu upper k=1 [3,4]", GP_DTYPE_FLOAT32, 2, I64(3, 4), true, true, 1);
+    trilu_case("Trilu lower k=-1 [3,4]", GP_DTYPE_FLOAT32, 2, I64(3, 4), false, true, -1);
+    trilu_case("Trilu upper, no k [4,3]", GP_DTYPE_FLOAT32, 2, I64(4, 3), true, false, 0);
+    trilu_case("Trilu lower k=2 [2,3,5,7]", GP_DTYPE_FLOAT32, 4, I64(2, 3, 5, 7), false, true, 2);
+    trilu_case("Trilu int64 upper k=0 [3,5]", GP_DTYPE_INT64, 2, I64(3, 5), true, true, 0);
+    trilu_case("Trilu [3,700,600] upper k=-3", GP_DTYPE_FLOAT32, 3, I64(3, 700, 600), true, true, -3);
+}
+
+/* ---- Pad ---- */
+
+/* Pad-11 (Pad-19 for wrap): pads as a constant input, an optional value. */
+static void pad_case(const char *label, int rank, const int64_t *dims, const char *mode, const int64_t *pads,
+                     bool with_value)
+{
+    struct gp_graph g;
+    begin(&g, strcmp(mode, "wrap") == 0 ? 19 : 13);
+    input(&g, "x", rank, dims);
+    ci64(&g, "pads", 1, I64(2 * rank), pads);
+    int n;
+    if (with_value) {
+        cf32(&g, "v", 0, NULL, (const float[]){-1.5f});
+        n = node(&g, "Pad", 3, S("x", "pads", "v"), 1, S("y"));
+    } else {
+        n = node(&g, "Pad", 2, S("x", "pads"), 1, S("y"));
+    }
+    attr_s(&g, n, "mode", mode);
+    compare(&g, (struct op_compare){.label = label});
+}
+
+static void test_pad(void **state)
+{
+    (void)state;
+    pad_case("Pad constant with value", 2, I64(2, 3), "constant", I64(0, 2, 0, 1), true);
+    pad_case("Pad reflect", 2, I64(2, 3), "reflect", I64(1, 2, 1, 2), false);
+    pad_case("Pad edge", 2, I64(2, 3), "edge", I64(1, 0, 0, 3), false);
+    pad_case("Pad wrap", 2, I64(2, 3), "wrap", I64(0, 3, 1, 2), false);
+    pad_case("Pad constant crop and pad", 2, I64(2, 3), "constant", I64(0, -1, 0, 1), false);
+    pad_case("Pad edge of a one-wide axis", 2, I64(3, 1), "edge", I64(0, 2, 1, 3), false);
+    pad_case("Pad reflect with a crop", 2, I64(3, 4), "reflect", I64(0, -1, 2, 2), false);
+    pad_case("Pad wrap with a crop", 2, I64(3, 4), "wrap", I64(0, -1, 1, 2), false);
+    pad_case("Pad edge crop both ends", 2, I64(4, 6), "edge", I64(-1, 2, 2, -2), false);
+    pad_case("Pad reflect [4,8,180,181]", 4, I64(4, 8, 180, 181), "reflect", I64(0, 0, 2, 1, 0, 0, 3, 2),
+             false);
+    pad_case("Pad edge [2,3,33,35] all axes", 4, I64(2, 3, 33, 35), "edge", I64(1, 0, 2, 3, 0, 1, 3, 2),
+             false);
+
+    struct gp_graph g;
+    begin(&g, 9);
+    input(&g, "x", 4, I64(2, 3, 4, 5));
+    int n = node(&g, "Pad", 1, S("x"), 1, S("y"));
+    attr_ints(&g, n, "pads", 8, I64(0, 0, 1, 2, 0, 0, 2, 0));
+    attr_f(&g, n, "value", 0.5f);
+    compare(&g, (struct op_compare){.label = "Pad-2 attributes with value"});
+
+    begin(&g, 18);
+    input(&g, "x", 3, I64(2, 3, 4));
+    ci64(&g, "pads", 1, I64(2), I64(1, 2));
+    ci64(&g, "axes", 1, I64(1), I64(-1));
+    attr_s(&g, node(&g, "Pad", 4, S("x", "pads", "", "axes"), 1, S("y")), "mode", "reflect");
+    compare(&g, (struct op_compare){.label = "Pad-18 axes"});
+
+    begin(&g, 13);
+    input_t(&g, "x", GP_DTYPE_INT64, 2, I64(3, 4));
+    ci64(&g, "pads", 1, I64(4), I64(1, 0, 0, 2));
+    ci64(&g, "v", 0, NULL, I64(-7));
+    node(&g, "Pad", 3, S("x", "pads", "v"), 1, S("y"));
+    int64_t *xi = ints64(12, -99, 99);
+    compare(&g, (struct op_compare){.label = "Pad int64 constant value", .inputs = {xi}});
+    free(xi);
+}
+
+/* ---- Shape, Size, ConstantOfShape, Range: folded at load; compared from
+ * the folded node (the harness only reads the node list and the values). */
+
+static void compare_folded(struct gp_graph *g, const char *label)
+{
+    finalize_ok(g);
+    if (g->n_folded != 1) fail_msg("%s: %d folded nodes, not 1", label, g->n_folded);
+    struct gp_graph view = *g;
+    view.nodes = g->folded;
+    view.n_nodes = g->n_folded;
+    op_compare_node(&view, 0, &(struct op_compare){.label = label, .forward_only = true});
+    gp_graph_free(g);
+}
+
+static void test_shape_producers(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    begin(&g, 15);
+    input(&g, "x", 3, I64(2, 3, 4));
+    attr_i(&g, node(&g, "Shape", 1, S("x"), 1, S("y")), "start", -2);
+    compare_folded(&g, "Shape start -2");
+
+    begin(&g, 13);
+    input(&g, "x", 3, I64(2, 3, 4));
+    node(&g, "Shape", 1, S("x"), 1, S("y"));
+    compare_folded(&g, "Shape");
+
+    begin(&g, 13);
+    input(&g, "x", 3, I64(2, 3, 4));
+    node(&g, "Size", 1, S("x"), 1, S("y"));
+    compare_folded(&g, "Size");
+
+    begin(&g, 13);
+    input(&g, "x", 1, I64(1));
+    ci64(&g, "s", 1, I64(2), I64(2, 3));
+    int n = node(&g, "ConstantOfShape", 1, S("s"), 1, S("y"));
+    struct gp_attr *a = attr(&g, n, "value", GP_ATTR_TENSOR);
+    struct gp_shape one = {.rank = 1, .dims = {1}};
+    a->t = gp_graph_new_tensor(&g, GP_DTYPE_INT32, &one);
+    assert_non_null(a->t);
+    ((int32_t *)a->t->data)[0] = -7;
+    compare_folded(&g, "ConstantOfShape int32 -7");
+
+    begin(&g, 13);
+    input(&g, "x", 1, I64(1));
+    ci64(&g, "s", 1, I64(2), I64(3, 5));
+    node(&g, "ConstantOfShape", 1, S("s"), 1, S("y"));
+    compare_folded(&g, "ConstantOfShape default");
+
+    begin(&g, 13);
+    input(&g, "x", 1, I64(1));
+    cf32(&g, "start", 0, NULL, (const float[]){1});
+    cf32(&g, "limit", 0, NULL, (const float[]){2});
+    cf32(&g, "delta", 0, NULL, (const float[]){0.25f});
+    node(&g, "Range", 3, S("start", "limit", "delta"), 1, S("y"));
+    compare_folded(&g, "Range float");
+
+    begin(&g, 13);
+    input(&g, "x", 1, I64(1));
+    ci64(&g, "start", 0, NULL, I64(10));
+    ci64(&g, "limit", 0, NULL, I64(3));
+    ci64(&g, "delta", 0, NULL, I64(-3));
+    node(&g, "Range", 3, S("start", "limit", "delta"), 1, S("y"));
+    compare_folded(&g, "Range int64");
+}
+
+int main(void)
+{
+    op_compare_require_device();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_copies),  cmocka_unit_test(test_transpose), cmocka_unit_test(test_concat),
+        cmocka_unit_test(test_split),   cmocka_unit_test(test_slice),     cmocka_unit_test(test_gather),
+        cmocka_unit_test(test_tile),    cmocka_unit_test(test_trilu),     cmocka_unit_test(test_pad),
+        cmocka_unit_test(test_shape_producers),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (failed == 0)
+        printf("cuda_shape: PASSED, %d ops (%d cases against the CPU kernels)\n", op_compare_op_types(),
+               op_compare_cases());
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,247 @@
+/* Training on the GPU gives the CPU's result: every fixture trained a few
+ * steps on cuda:0 and on the CPU from the same weights and data, the losses
+ * and the saved weights compared; the same with micro-batches and every
+ * checkpoint mode, with several stages sharing the GPU, and with gradient
+ * clipping and AdamW. A stage that cannot fit says so before allocating.
+ *
+ * Tolerance: losses within relative 1e-4, weights within 1e-4 max(1, |w|)
+ * (the CPU test of the pipeline uses the same): the two backends sum in
+ * different orders, so float32 rounding differs, and a few steps of SGD
+ * carry it forward without amplifying it.
+ *
+ * Without a CUDA device the test prints why and exits 77 (a skip). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "fixtures.h"
+#include "onnx/load.h"
+#include "train/trainer.h"
+
+#define STEPS 3
+
+static char tmp[256];
+static int n_runs;
+
+struct result {
+    double loss[STEPS];
+    struct gp_graph saved;
+    int64_t planned;
+};
+
+static void on_step(void *user, const struct gp_step_report *r) { ((struct result *)user)->loss[r->step] = r->loss; }
+
+static void on_memory(void *user, const struct gp_stage_memory_report *m)
+{
+    ((struct result *)user)->planned += m->planned_bytes;
+}
+
+struct setup {
+    const char *fixture;
+    int64_t batch;
+    int chunks, stages;
+    bool cuda;
+    enum gp_checkpoint checkpoint;
+    bool adamw;
+    double clip;
+};
+
+static gp_status train(const struct setup *s, struct result *res, struct gp_error *err)
+{
+    char model[4096], name[256], saved[512];
+    snprintf(name, sizeof name, "%s.onnx", s->fixture);
+    fixture_path(name, model, sizeof model);
+    struct gp_dataset ds;
+    if (gp_dataset_synthetic(model, s->batch * STEPS, 11, &ds, err) != GP_OK) fail_msg("%s", err->msg);
+    struct gp_train_config cfg;
+    gp_train_config_defaults(&cfg);
+    cfg.model_path = model;
+    cfg.batch = s->batch;
+    cfg.chunks = s->chunks;
+    cfg.steps = STEPS;
+    cfg.shuffle = false;
+    cfg.optimizer = s->adamw ? GP_OPT_ADAMW : GP_OPT_SGD;
+    cfg.lr = s->adamw ? 1e-3 : 0.05;
+    cfg.momentum = s->adamw ? 0 : 0.9;
+    cfg.weight_decay = s->adamw ? 0.01 : 0;
+    cfg.clip_norm = s->clip;
+    cfg.n_stages = s->stages;
+    for (int k = 0; k < s->stages; k++) {
+        cfg.stage_cuda[k] = s->cuda;
+        cfg.stage_device[k] = s->cuda ? 0 : k;
+    }
+    cfg.checkpoint = s->checkpoint;
+    snprintf(saved, sizeof saved, "%s/%s_%d.onnx", tmp, s->fixture, n_runs++);
+    cfg.save_path = saved;
+    struct gp_train_callbacks cb = {.user = res, .on_step = on_step, .on_memory = on_memory};
+    gp_status st = gp_train(&cfg, &ds, NULL, &cb, err);
+    gp_dataset_free(&ds);
+    if (st == GP_OK && gp_onnx_load(saved, 1, &res->saved, err) != GP_OK) fail_msg("%s", err->msg);
+    return st;
+}
+
+static void compare(const char *what, const struct result *gpu, const struct result *cpu)
+{
+    for (int s = 0; s < STEPS; s++)
+        if (!(fabs(gpu->loss[s] - cpu->loss[s]) <= 1e-4 * fabs(cpu->loss[s])))
+            fail_msg("%s: step %d loss %.9g on the GPU, %.9g on the CPU", what, s + 1, gpu->loss[s],
+                     cpu->loss[s]);
+    double worst = 0;
+    for (int v = 0; v < cpu->saved.n_values; v++) {
+        const struct gp_value *w = &cpu->saved.values[v];
+        if (!w->is_initializer || !gp_dtype_is_float(w->dtype)) continue;
+        const struct gp_tensor *x = gpu->saved.values[gp_graph_find_value(&gpu->saved, w->name)].constant;
+        for (int64_t i = 0; i < gp_shape_numel(&w->shape); i++) {
+            double p = gp_tensor_get_f64(x, i), q = gp_tensor_get_f64(w->constant, i);
+            double rel = fabs(p - q) / fmax(1, fabs(q));
+            if (!(rel <= 1e-4))
+                fail_msg("%s: '%s'[%lld] is %.9g on the GPU, %.9g on the CPU", what, w->name, (long long)i,
+                         p, q);
+            if (rel > worst) worst = rel;
+        }
+    }
+    printf("%-58s losses %.6f %.6f %.6f, worst weight difference %.1e\n", what, gpu->loss[0], gpu->loss[1],
+           gpu->loss[2], worst);
+}
+
+static void check(struct setup s)
+{
+    struct result cpu, gpu;
+    memset(&cpu, 0, sizeof cpu);
+    memset(&gpu, 0, sizeof gpu);
+    struct gp_error err = {0};
+    s.cuda = false;
+    int stages = s.stages;
+    s.stages = 1;
+    if (train(&s, &cpu, &err) != GP_OK) fail_msg("%s on the CPU: %s", s.fixture, err.msg);
+    s.cuda = true;
+    s.stages = stages;
+    if (train(&s, &gpu, &err) != GP_OK) fail_msg("%s on the GPU: %s", s.fixture, err.msg);
+    char what[160];
+    snprintf(what, sizeof what, "%s, %d stage%s x %d micro-batch%s, %s%s%s", s.fixture, s.stages,
+             s.stages > 1 ? "s" : "", s.chunks, s.chunks > 1 ? "es" : "", gp_checkpoint_name(s.checkpoint),
+             s.adamw ? ", AdamW" : "", s.clip > 0 ? ", clipped" : "");
+    compare(what, &gpu, &cpu);
+    gp_graph_free(&cpu.saved);
+    gp_graph_free(&gpu.saved);
+}
+
+static void test_fixtures(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        int64_t batch;
+    } fixtures[] = {
+        {"mlp_op17", 16},        {"mlp_torch2_op17", 16}, {"digits_cnn_op17", 16}, {"resnet_op17", 8},
+        {"unet_op17", 4},        {"gpt_op17", 8},         {"gpt_torch2_op17", 8},  {"mlp_op13", 16},
+        {"resnet_op13", 8},      {"unet_op13", 4},        {"gpt_op13", 8},
+    };
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++)
+        check((struct setup){.fixture = fixtures[f].name, .batch = fixtures[f].batch, .chunks = 1,
+                             .stages = 1, .checkpoint = GP_CHECKPOINT_NEVER});
+}
+
+/* Micro-batches with each checkpoint mode (recomputation on the GPU), and
+ * stages sharing the GPU: copies between them on the GPU's streams. */
+static void test_pipeline_modes(void **state)
+{
+    (void)state;
+    static const enum gp_checkpoint modes[3] = {GP_CHECKPOINT_NEVER, GP_CHECKPOINT_EXCEPT_LAST,
+                                                GP_CHECKPOINT_ALWAYS};
+    static const char *const fixtures[] = {"gpt_op17", "unet_op17"};
+    for (int f = 0; f < 2; f++)
+        for (int c = 0; c < 3; c++)
+            for (int stages = 1; stages <= 3; stages += 2)
+                check((struct setup){.fixture = fixtures[f], .batch = 8, .chunks = 4, .stages = stages,
+                                     .checkpoint = modes[c]});
+}
+
+static void test_optimizers(void **state)
+{
+    (void)state;
+    check((struct setup){.fixture = "gpt_op17", .batch = 8, .chunks = 2, .stages = 1,
+                         .checkpoint = GP_CHECKPOINT_EXCEPT_LAST, .adamw = true, .clip = 0.5});
+    check((struct setup){.fixture = "resnet_op17", .batch = 8, .chunks = 2, .stages = 2,
+                         .checkpoint = GP_CHECKPOINT_EXCEPT_LAST, .clip = 0.1});
+}
+
+/* With the GPU's memory taken but for less than the model needs, the
+ * planner refuses before allocating, naming the stage and both figures. */
+static void test_out_of_memory(void **state)
+{
+    (void)state;
+    struct setup s = {.fixture = "unet_op17", .batch = 32, .chunks = 1, .stages = 1, .cuda = true,
+                      .checkpoint = GP_CHECKPOINT_NEVER};
+    struct result r;
+    memset(&r, 0, sizeof r);
+    struct gp_error err = {0};
+    if (train(&s, &r, &err) != GP_OK) fail_msg("%s", err.msg);
+    gp_graph_free(&r.saved);
+    size_t free_bytes = 0, total = 0;
+    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) fail_msg("cudaMemGetInfo failed");
+    /* Leave the libraries' workspaces (cuBLAS 32 MiB, cuDNN's handle) and
+     * half of what the stage needs. */
+    size_t leave = (size_t)(64u << 20) + (size_t)r.planned / 2;
+    void *hog = NULL;
+    if (free_bytes <= leave || cudaMalloc(&hog, free_bytes - leave) != cudaSuccess)
+        fail_msg("could not take the GPU's memory");
+    memset(&r, 0, sizeof r);
+    gp_status st = train(&s, &r, &err);
+    cudaFree(hog);
+    assert_int_equal(st, GP_ERR_NOMEM);
+    printf("out of memory: %s\n", err.msg);
+    if (!strstr(err.msg, "stage 0") || !strstr(err.msg, "MiB are free") || !strstr(err.msg, "activations"))
+        fail_msg("the message lacks the stage, the bytes or the account: '%s'", err.msg);
+}
+
+/* A device index that does not exist is a clear error, not a crash. */
+static void test_bad_device(void **state)
+{
+    (void)state;
+    char model[4096];
+    fixture_path("mlp_op17.onnx", model, sizeof model);
+    struct gp_error err = {0};
+    struct gp_dataset ds;
+    if (gp_dataset_synthetic(model, 16, 1, &ds, &err) != GP_OK) fail_msg("%s", err.msg);
+    struct gp_train_config cfg;
+    gp_train_config_defaults(&cfg);
+    cfg.model_path = model;
+    cfg.batch = 16;
+    cfg.steps = 1;
+    cfg.stage_cuda[0] = true;
+    cfg.stage_device[0] = 999;
+    assert_int_not_equal(gp_train(&cfg, &ds, NULL, NULL, &err), GP_OK);
+    if (!strstr(err.msg, "cuda:999")) fail_msg("message does not name the device: '%s'", err.msg);
+    gp_dataset_free(&ds);
+}
+
+int main(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        printf("skipped: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
+        return 77;
+    }
+    temp_dir(tmp, sizeof tmp);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_device),
+        cmocka_unit_test(test_fixtures),
+        cmocka_unit_test(test_pipeline_modes),
+        cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_out_of_memory),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    printf("cuda_train: %s, %d training runs compared\n", failed ? "FAILED" : "PASSED", n_runs);
+    return failed ? 1 : 0;
+}

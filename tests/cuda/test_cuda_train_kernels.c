@@ -1,0 +1,761 @@
+/* CUDA training kernels (cuda/train_kernels.h) against their CPU twins:
+ *   losses     gp_cross_entropy (class axis 1 strided and contiguous, the
+ *              last axis up to GPT-2's 50304 classes, ignored labels, an
+ *              ignore index inside [0, C), NaN / inf / -inf logits, loss
+ *              only), gp_mse_loss, gp_output_loss: gradients to 1e-6
+ *              relative (mse's and the output loss's bit for bit), losses
+ *              to 1e-9 relative;
+ *   optimizer  gp_optim_step after gp_scale_grads: SGD (plain, momentum,
+ *              dampening, nesterov, weight decay) and AdamW (torch 1.13 and
+ *              2.x arithmetic, both lerp branches, with and without weight
+ *              decay), 3 steps with changing lr, with clip_coef 1 and < 1,
+ *              over enough tensors to need several launches, aligned and
+ *              misaligned:
+ *              parameters, state and (clipped) gradients BIT-IDENTICAL;
+ *   buffers    gp_cuda_accumulate (bit for bit), gp_cuda_norms (1e-6
+ *              relative against double and against gp_norm2_f32).
+ * Sizes are odd and large enough that the grid-stride loops wrap.
+ *
+ * Without a CUDA device the test prints why and exits 77 (a skip). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/train_kernels.h"
+#include "train/loss.h"
+#include "train/optim.h"
+
+static int n_cases;
+
+#define CK(call)                                                                                \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess)                                                                  \
+            fail_msg("%s:%d: %s: %s (%s)", __FILE__, __LINE__, #call, cudaGetErrorString(e_),   \
+                     cudaGetErrorName(e_));                                                     \
+    } while (0)
+
+/* `call` fills the caller's `err` */
+#define GP(call)                                                                                \
+    do {                                                                                        \
+        gp_status st_ = (call);                                                                 \
+        if (st_ != GP_OK) fail_msg("%s:%d: %s: %s", __FILE__, __LINE__, #call, err.msg);       \
+    } while (0)
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rng_next(void)
+{
+    uint64_t x = rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return rng_state = x;
+}
+
+static float uniform(void) /* [0, 1) */
+{
+    return (float)(rng_next() >> 40) * (1.0f / 16777216.0f);
+}
+
+static float normalish(void) /* mean 0, sd ~1 */
+{
+    return (uniform() + uniform() + uniform() + uniform() - 2.0f) * 1.7320508f;
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) fail_msg("out of host memory (%zu bytes)", bytes);
+    return p;
+}
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    CK(cudaMalloc(&p, bytes ? bytes : 16));
+    return p;
+}
+
+static void *dev_copy(const void *host, size_t bytes)
+{
+    void *p = dev_alloc(bytes);
+    if (bytes) CK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+    return p;
+}
+
+static void to_host(void *host, const void *dev, size_t bytes)
+{
+    if (bytes) CK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+}
+
+static cudaStream_t new_stream(void)
+{
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+}
+
+static void sync_stream(cudaStream_t s, const char *what)
+{
+    cudaError_t e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess)
+        fail_msg("%s: the kernels failed on the device: %s (%s)", what, cudaGetErrorString(e),
+                 cudaGetErrorName(e));
+}
+
+static bool close_rel(double got, double want, double rel, double abs_floor)
+{
+    if (isnan(want) || isnan(got)) return isnan(want) && isnan(got);
+    if (isinf(want) || isinf(got)) return got == want;
+    return fabs(got - want) <= rel * fabs(want) + abs_floor;
+}
+
+/* Gradients: every element close (NaN where the CPU has NaN). */
+static void compare_floats(const char *label, const float *got, const float *want, int64_t n, double rel,
+                           double abs_floor)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!close_rel(got[i], want[i], rel, abs_floor))
+            fail_msg("%s: element %lld: CUDA %.9g (%a), CPU %.9g (%a), relative tolerance %g", label,
+                     (long long)i, (double)got[i], (double)got[i], (double)want[i], (double)want[i], rel);
+}
+
+static void compare_bits(const char *label, const float *got, const float *want, int64_t n)
+{
+    if (memcmp(got, want, sizeof(float) * (size_t)n) == 0) return;
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+            fail_msg("%s: element %lld of %lld differs: CUDA %.9g (%a), CPU %.9g (%a)", label, (long long)i,
+                     (long long)n, (double)got[i], (double)got[i], (double)want[i], (double)want[i]);
+}
+
+static struct gp_shape make_shape(int rank, const int64_t *dims)
+{
+    struct gp_shape s = {.rank = rank};
+    for (int i = 0; i < rank; i++) s.dims[i] = dims[i];
+    return s;
+}
+
+/* ---- cross-entropy ---- */
+
+enum special { SP_NONE, SP_INF_LOGITS, SP_NONFINITE };
+
+struct ce_case {
+    const char *label;
+    int rank;
+    int64_t dims[5];
+    int axis;
+    int64_t ignore_index;
+    double ignore_frac;
+    float spread; /* logits ~ spread * normal */
+    int misalign; /* floats to shift logits and gradient by (scalar path) */
+    bool loss_only;
+    enum special special;
+};
+
+static void run_ce(const struct ce_case *k)
+{
+    struct gp_shape shape = make_shape(k->rank, k->dims);
+    struct gp_shape lshape = {.rank = k->rank - 1};
+    for (int i = 0, j = 0; i < k->rank; i++)
+        if (i != k->axis) lshape.dims[j++] = k->dims[i];
+    const int64_t n = gp_shape_numel(&shape), C = k->dims[k->axis], rows = n / C;
+    int64_t S = 1;
+    for (int i = k->axis + 1; i < k->rank; i++) S *= k->dims[i];
+
+    float *x = xmalloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) x[i] = k->spread * normalish();
+    int64_t *y = xmalloc(sizeof(int64_t) * (size_t)(rows ? rows : 1));
+    for (int64_t r = 0; r < rows; r++) {
+        y[r] = (int64_t)(rng_next() % (uint64_t)C);
+        if (uniform() < k->ignore_frac) y[r] = k->ignore_index;
+    }
+    /* a row of very large logits: log-sum-exp must subtract the maximum */
+    if (rows > 2) {
+        int64_t r = 1, o = r / S, i = r % S;
+        for (int64_t c = 0; c < C; c++) x[o * C * S + c * S + i] += 85.0f;
+        if (y[r] == k->ignore_index) y[r] = 0;
+    }
+    if (k->special != SP_NONE) {
+        /* row 0: some -inf logits; row 2: all -inf (NaN); row 3: a +inf (NaN);
+         * row 4: a NaN; row 5: ignored with a NaN (zero gradient) */
+        for (int64_t r = 0; r < rows && r < 6; r++) {
+            int64_t o = r / S, i = r % S;
+            float *xr = x + o * C * S + i;
+            y[r] = r == 5 ? k->ignore_index : (r == 0 ? 1 : 0);
+            switch (r) {
+            case 0:
+                for (int64_t c = 2; c < C; c += 3) xr[c * S] = -INFINITY;
+                break;
+            case 2:
+                if (k->special == SP_NONFINITE)
+                    for (int64_t c = 0; c < C; c++) xr[c * S] = -INFINITY;
+                break;
+            case 3:
+                if (k->special == SP_NONFINITE) xr[(C / 2) * S] = INFINITY;
+                break;
+            case 4:
+            case 5:
+                if (k->special == SP_NONFINITE) xr[(C - 1) * S] = NAN;
+                break;
+            default: break;
+            }
+        }
+    }
+    const int64_t terms = gp_loss_count_targets(y, rows, k->ignore_index);
+    const double den = terms > 0 ? (double)terms * 1.5 : 1.0;
+
+    float *want_g = xmalloc(sizeof(float) * (size_t)n);
+    double want_loss = 0;
+    int64_t want_terms = 0;
+    struct gp_error err = {0};
+    GP(gp_cross_entropy(x, &shape, y, &lshape, k->axis, k->ignore_index, den, want_g, &want_loss, &want_terms,
+                        &err));
+    assert_int_equal(want_terms, terms);
+
+    cudaStream_t st = new_stream();
+    const int mis = k->misalign;
+    float *dx = dev_alloc(sizeof(float) * (size_t)(n + mis));
+    CK(cudaMemcpy(dx + mis, x, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
+    int64_t *dy = dev_copy(y, sizeof(int64_t) * (size_t)rows);
+    float *dg = dev_alloc(sizeof(float) * (size_t)(n + mis));
+    CK(cudaMemset(dg, 0xff, sizeof(float) * (size_t)(n + mis))); /* NaN: every element must be written */
+    double *dloss = dev_alloc(sizeof(double));
+    void *scratch = dev_alloc(gp_cuda_loss_scratch_bytes(&shape));
+    GP(gp_cuda_cross_entropy(st, dx + mis, &shape, k->axis, dy, k->ignore_index, den,
+                             k->loss_only ? NULL : dg + mis, dloss, scratch, &err));
+    sync_stream(st, k->label);
+    /* twice: the same loss, bit for bit (fixed-order sums) */
+    double loss1 = 0, loss2 = 0;
+    to_host(&loss1, dloss, sizeof loss1);
+    GP(gp_cuda_cross_entropy(st, dx + mis, &shape, k->axis, dy, k->ignore_index, den,
+                             k->loss_only ? NULL : dg + mis, dloss, scratch, &err));
+    sync_stream(st, k->label);
+    to_host(&loss2, dloss, sizeof loss2);
+    if (memcmp(&loss1, &loss2, sizeof loss1) != 0 && !(isnan(loss1) && isnan(loss2)))
+        fail_msg("%s: the loss differs between two runs: %.17g and %.17g", k->label, loss1, loss2);
+
+    if (!close_rel(loss1, want_loss, 1e-9, 0))
+        fail_msg("%s: loss sum CUDA %.17g, CPU %.17g (relative difference %.3g)", k->label, loss1, want_loss,
+                 fabs(loss1 - want_loss) / fabs(want_loss));
+    float *got_g = xmalloc(sizeof(float) * (size_t)n);
+    if (k->loss_only) {
+        to_host(got_g, dg + mis, sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++)
+            if (!isnan(got_g[i])) fail_msg("%s: loss only, yet gradient element %lld was written", k->label,
+                                           (long long)i);
+    } else {
+        to_host(got_g, dg + mis, sizeof(float) * (size_t)n);
+        char what[200];
+        snprintf(what, sizeof what, "%s: dlogits", k->label);
+        compare_floats(what, got_g, want_g, n, 1e-6, 1e-37);
+    }
+    n_cases++;
+
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+    CK(cudaFree(dg));
+    CK(cudaFree(dloss));
+    CK(cudaFree(scratch));
+    CK(cudaStreamDestroy(st));
+    free(x);
+    free(y);
+    free(want_g);
+    free(got_g);
+}
+
+static void test_cross_entropy(void **state)
+{
+    (void)state;
+    static const struct ce_case cases[] = {
+        {"[8,10] axis 1", 2, {8, 10}, 1, GP_LOSS_IGNORE_INDEX, 0.2, 2.0f, 0, false, SP_NONE},
+        {"[4,7,5,3] axis 1 (strided, thread per row)", 4, {4, 7, 5, 3}, 1, GP_LOSS_IGNORE_INDEX, 0.2, 3.0f, 0,
+         false, SP_NONE},
+        {"[2,9,50304] last axis (GPT-2 vocabulary)", 3, {2, 9, 50304}, 2, GP_LOSS_IGNORE_INDEX, 0.2, 4.0f, 0,
+         false, SP_NONE},
+        {"[2,9,50304] last axis, misaligned (scalar loads)", 3, {2, 9, 50304}, 2, GP_LOSS_IGNORE_INDEX, 0.1,
+         4.0f, 1, false, SP_NONE},
+        {"[2,300,5] axis 1 (strided, block per row)", 3, {2, 300, 5}, 1, GP_LOSS_IGNORE_INDEX, 0.2, 2.0f, 0,
+         false, SP_NONE},
+        {"[5000,12] axis 1 (more rows than blocks)", 2, {5000, 12}, 1, GP_LOSS_IGNORE_INDEX, 0.2, 2.0f, 0, false,
+         SP_NONE},
+        {"[3,5,1001] last axis (odd class count)", 3, {3, 5, 1001}, 2, GP_LOSS_IGNORE_INDEX, 0.2, 2.0f, 0, false,
+         SP_NONE},
+        {"[1000] axis 0 (one sample)", 1, {1000}, 0, GP_LOSS_IGNORE_INDEX, 0.0, 2.0f, 0, false, SP_NONE},
+        {"[2,3,600,1000] axis 1 (1.2M rows: the grid wraps)", 4, {2, 3, 600, 1000}, 1, GP_LOSS_IGNORE_INDEX, 0.1,
+         2.0f, 0, false, SP_NONE},
+        {"[6,40,40] axis 1, ignore_index 3 (a class)", 3, {6, 40, 40}, 1, 3, 0.0, 2.0f, 0, false, SP_NONE},
+        {"[64,2048] axis 1, loss only", 2, {64, 2048}, 1, GP_LOSS_IGNORE_INDEX, 0.2, 2.0f, 0, true, SP_NONE},
+        {"[2,8,300] axis 1, all ignored", 3, {2, 8, 300}, 1, GP_LOSS_IGNORE_INDEX, 1.0, 2.0f, 0, false,
+         SP_NONE},
+        {"[7,36] axis 1, -inf logits", 2, {7, 36}, 1, GP_LOSS_IGNORE_INDEX, 0.0, 2.0f, 0, false,
+         SP_INF_LOGITS},
+        {"[2,33,3] axis 1 strided, -inf logits", 3, {2, 33, 3}, 1, GP_LOSS_IGNORE_INDEX, 0.0, 2.0f, 0, false,
+         SP_INF_LOGITS},
+        {"[7,36] axis 1, NaN/inf logits (vector loads)", 2, {7, 36}, 1, GP_LOSS_IGNORE_INDEX, 0.0, 2.0f, 0,
+         false, SP_NONFINITE},
+        {"[7,33] axis 1, NaN/inf logits (scalar loads)", 2, {7, 33}, 1, GP_LOSS_IGNORE_INDEX, 0.0, 2.0f, 0,
+         false, SP_NONFINITE},
+        {"[2,33,3] axis 1 strided, NaN/inf logits", 3, {2, 33, 3}, 1, GP_LOSS_IGNORE_INDEX, 0.0, 2.0f, 0, false,
+         SP_NONFINITE},
+        {"[1,600,7] axis 1 strided block per row, NaN/inf logits", 3, {1, 600, 7}, 1, GP_LOSS_IGNORE_INDEX, 0.0,
+         2.0f, 0, false, SP_NONFINITE},
+        {"[0,10] axis 1 (empty)", 2, {0, 10}, 1, GP_LOSS_IGNORE_INDEX, 0.0, 2.0f, 0, false, SP_NONE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_ce(&cases[i]);
+
+    /* refusals */
+    struct gp_error err = {0};
+    struct gp_shape s = make_shape(2, (const int64_t[]){4, 5});
+    assert_int_equal(gp_cuda_cross_entropy(NULL, NULL, &s, 2, NULL, -100, 1.0, NULL, (double *)16, (void *)16,
+                                           &err),
+                     GP_ERR_INVALID);
+    err = (struct gp_error){0};
+    assert_int_equal(gp_cuda_cross_entropy(NULL, NULL, &s, 1, NULL, -100, 0.0, NULL, (double *)16, (void *)16,
+                                           &err),
+                     GP_ERR_INVALID);
+}
+
+/* ---- mse and output loss ---- */
+
+static void run_mse(int64_t n, int mis, bool loss_only)
+{
+    char label[120];
+    snprintf(label, sizeof label, "mse n=%lld misalign=%d%s", (long long)n, mis, loss_only ? " loss only" : "");
+    float *p = xmalloc(sizeof(float) * (size_t)n), *t = xmalloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        p[i] = normalish();
+        t[i] = normalish() * 0.5f;
+    }
+    const double den = (double)n * 3.0 + 7.0;
+    struct gp_shape shape = make_shape(1, (const int64_t[]){n});
+    float *want = xmalloc(sizeof(float) * (size_t)n);
+    double want_loss = 0;
+    struct gp_error err = {0};
+    GP(gp_mse_loss(p, t, &shape, &shape, den, want, &want_loss, &err));
+
+    cudaStream_t st = new_stream();
+    float *dp = dev_alloc(sizeof(float) * (size_t)(n + 1)), *dt = dev_alloc(sizeof(float) * (size_t)(n + 1));
+    float *dg = dev_alloc(sizeof(float) * (size_t)(n + 1));
+    CK(cudaMemcpy(dp + mis, p, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dt, t, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dg, 0xff, sizeof(float) * (size_t)(n + 1)));
+    double *dloss = dev_alloc(sizeof(double));
+    void *scratch = dev_alloc(gp_cuda_loss_scratch_bytes(&shape));
+    GP(gp_cuda_mse_loss(st, dp + mis, dt, n, den, loss_only ? NULL : dg + mis, dloss, scratch, &err));
+    sync_stream(st, label);
+    double loss = 0;
+    to_host(&loss, dloss, sizeof loss);
+    if (!close_rel(loss, want_loss, 1e-9, 0))
+        fail_msg("%s: loss sum CUDA %.17g, CPU %.17g", label, loss, want_loss);
+    float *got = xmalloc(sizeof(float) * (size_t)n);
+    to_host(got, dg + mis, sizeof(float) * (size_t)n);
+    if (loss_only) {
+        for (int64_t i = 0; i < n; i++)
+            if (!isnan(got[i])) fail_msg("%s: gradient element %lld was written", label, (long long)i);
+    } else {
+        compare_bits(label, got, want, n);
+    }
+    n_cases++;
+    CK(cudaFree(dp));
+    CK(cudaFree(dt));
+    CK(cudaFree(dg));
+    CK(cudaFree(dloss));
+    CK(cudaFree(scratch));
+    CK(cudaStreamDestroy(st));
+    free(p);
+    free(t);
+    free(want);
+    free(got);
+}
+
+static void test_mse(void **state)
+{
+    (void)state;
+    run_mse(1, 0, false);
+    run_mse(7, 0, false);
+    run_mse(4099, 1, false);
+    run_mse(5000003, 0, false); /* float4 grid wraps */
+    run_mse(1100001, 1, false); /* scalar grid wraps */
+    run_mse(1000, 0, true);
+    run_mse(0, 0, false);
+}
+
+static void run_output_loss(int64_t n, int mis, bool loss_only)
+{
+    char label[120];
+    snprintf(label, sizeof label, "output loss n=%lld misalign=%d%s", (long long)n, mis,
+             loss_only ? " loss only" : "");
+    float *o = xmalloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) o[i] = uniform() + 0.25f * normalish();
+    const double den = (double)n * 2.0 + 3.0;
+    struct gp_shape shape = make_shape(2, (const int64_t[]){1, n});
+    float *want = xmalloc(sizeof(float) * (size_t)n);
+    double want_loss = 0;
+    struct gp_error err = {0};
+    GP(gp_output_loss(o, &shape, den, want, &want_loss, &err));
+    double abs_sum = 0;
+    for (int64_t i = 0; i < n; i++) abs_sum += fabs(o[i]);
+
+    cudaStream_t st = new_stream();
+    float *dout = dev_alloc(sizeof(float) * (size_t)(n + 1)), *dg = dev_alloc(sizeof(float) * (size_t)(n + 1));
+    CK(cudaMemcpy(dout + mis, o, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dg, 0xff, sizeof(float) * (size_t)(n + 1)));
+    double *dloss = dev_alloc(sizeof(double));
+    void *scratch = dev_alloc(gp_cuda_loss_scratch_bytes(&shape));
+    GP(gp_cuda_output_loss(st, dout + mis, n, den, loss_only ? NULL : dg + mis, dloss, scratch, &err));
+    sync_stream(st, label);
+    double loss = 0;
+    to_host(&loss, dloss, sizeof loss);
+    /* terms of both signs: the tolerance is relative to the sum of |terms| */
+    if (!(fabs(loss - want_loss) <= 1e-12 * abs_sum))
+        fail_msg("%s: loss sum CUDA %.17g, CPU %.17g (sum of |terms| %.17g)", label, loss, want_loss, abs_sum);
+    float *got = xmalloc(sizeof(float) * (size_t)n);
+    to_host(got, dg + mis, sizeof(float) * (size_t)n);
+    if (loss_only) {
+        for (int64_t i = 0; i < n; i++)
+            if (!isnan(got[i])) fail_msg("%s: gradient element %lld was written", label, (long long)i);
+    } else {
+        compare_bits(label, got, want, n);
+    }
+    n_cases++;
+    CK(cudaFree(dout));
+    CK(cudaFree(dg));
+    CK(cudaFree(dloss));
+    CK(cudaFree(scratch));
+    CK(cudaStreamDestroy(st));
+    free(o);
+    free(want);
+    free(got);
+}
+
+static void test_output_loss(void **state)
+{
+    (void)state;
+    run_output_loss(1, 0, false);
+    run_output_loss(1234567, 0, false);
+    run_output_loss(4194307, 0, false); /* float4 grid wraps */
+    run_output_loss(1234567, 1, false);
+    run_output_loss(999, 0, true);
+}
+
+/* ---- optimizers ---- */
+
+struct opt_case {
+    const char *label;
+    struct gp_optim_config cfg;
+};
+
+/* Parameter sizes: many small tensors (more than one launch's list of 64),
+ * empty ones, tensors of many chunks (16384 elements), a chunk long and
+ * just over. Tensor MISALIGNED's pointers are 4 bytes off 16 (scalar path). */
+#define N_PARAMS 150
+#define MISALIGNED 5
+static int64_t param_sizes[N_PARAMS];
+
+static int64_t p_off[N_PARAMS + 1], p_total;
+static float *p0, *g[3]; /* initial parameters, the gradients of the 3 steps */
+
+static void make_data(void)
+{
+    static const int64_t small[] = {1, 3, 64, 1000, 4097, 7, 12, 256, 513, 2};
+    for (int i = 0; i < N_PARAMS; i++) param_sizes[i] = small[i % 10] + i;
+    param_sizes[47] = 3 * 65536 - 5;
+    param_sizes[50] = 16384;
+    param_sizes[51] = 16385;
+    param_sizes[52] = 0;
+    param_sizes[53] = 65536;
+    param_sizes[63] = 2359296; /* ResNet-50's largest convolution */
+    param_sizes[64] = 0;
+    param_sizes[MISALIGNED] = 70001;
+    param_sizes[60] = 3000017;
+    param_sizes[130] = 1048573;
+    p_total = 0;
+    for (int i = 0; i < N_PARAMS; i++) {
+        p_off[i] = p_total;
+        p_total += (param_sizes[i] + 16) & ~(int64_t)15; /* room to misalign */
+    }
+    p_off[N_PARAMS] = p_total;
+    p0 = xmalloc(sizeof(float) * (size_t)p_total);
+    for (int64_t i = 0; i < p_total; i++) p0[i] = 0.5f * normalish();
+    p0[3] = 0.0f;
+    static const float gscale[3] = {0.1f, 1.0f, 3.0f};
+    for (int s = 0; s < 3; s++) {
+        g[s] = xmalloc(sizeof(float) * (size_t)p_total);
+        for (int64_t i = 0; i < p_total; i++) g[s][i] = gscale[s] * normalish();
+        g[s][5] = 0.0f;
+        g[s][7] = -50.0f * g[s][7];
+        g[s][p_off[60] + 1000] = 0.0f;
+    }
+}
+
+static void run_optim(const struct opt_case *k, float clip)
+{
+    char label[200];
+    snprintf(label, sizeof label, "%s, clip_coef %g", k->label, (double)clip);
+    const int np = N_PARAMS;
+    const double lrs[3] = {k->cfg.lr, k->cfg.lr, k->cfg.lr / 2};
+
+    /* the CPU */
+    float *hp = xmalloc(sizeof(float) * (size_t)p_total), *hg = xmalloc(sizeof(float) * (size_t)p_total);
+    memcpy(hp, p0, sizeof(float) * (size_t)p_total);
+    struct gp_param hparams[N_PARAMS];
+    for (int i = 0; i < np; i++) {
+        int64_t o = p_off[i] + (i == MISALIGNED ? 1 : 0);
+        hparams[i] = (struct gp_param){.name = "p", .data = hp + o, .grad = hg + o, .numel = param_sizes[i]};
+    }
+    struct gp_optim *hopt = NULL;
+    struct gp_error err = {0};
+    GP(gp_optim_create(&k->cfg, hparams, np, &hopt, &err));
+
+    /* the GPU */
+    cudaStream_t st = new_stream();
+    float *dp = dev_copy(p0, sizeof(float) * (size_t)p_total);
+    float *dg = dev_alloc(sizeof(float) * (size_t)p_total);
+    struct gp_param dparams[N_PARAMS];
+    for (int i = 0; i < np; i++) {
+        int64_t o = p_off[i] + (i == MISALIGNED ? 1 : 0);
+        dparams[i] = (struct gp_param){.name = "p", .data = dp + o, .grad = dg + o, .numel = param_sizes[i]};
+    }
+    size_t state_bytes = gp_optim_state_bytes_for(&k->cfg, dparams, np);
+    void *dstate = dev_alloc(state_bytes);
+    if (state_bytes) CK(cudaMemset(dstate, 0, state_bytes));
+    struct gp_optim *dopt = NULL;
+    GP(gp_optim_create_in(&k->cfg, dparams, np, dstate, &dopt, &err));
+
+    for (int s = 0; s < 3; s++) {
+        memcpy(hg, g[s], sizeof(float) * (size_t)p_total);
+        if (clip < 1.0f) gp_scale_grads(hparams, np, clip);
+        gp_optim_step(hopt, lrs[s]);
+
+        CK(cudaMemcpy(dg, g[s], sizeof(float) * (size_t)p_total, cudaMemcpyHostToDevice));
+        GP(gp_cuda_optim_step(st, dopt, lrs[s], clip, &err));
+        sync_stream(st, label);
+    }
+    assert_int_equal(dopt->steps, hopt->steps);
+
+    float *got = xmalloc(sizeof(float) * (size_t)p_total);
+    char what[300];
+    to_host(got, dp, sizeof(float) * (size_t)p_total);
+    for (int i = 0; i < np; i++) {
+        snprintf(what, sizeof what, "%s: parameter %d (%lld elements) after 3 steps", label, i,
+                 (long long)param_sizes[i]);
+        compare_bits(what, got + (hparams[i].data - hp), hparams[i].data, param_sizes[i]);
+    }
+    to_host(got, dg, sizeof(float) * (size_t)p_total);
+    for (int i = 0; i < np; i++) {
+        snprintf(what, sizeof what, "%s: gradient %d (clipped in place)", label, i);
+        compare_bits(what, got + (hparams[i].grad - hg), hparams[i].grad, param_sizes[i]);
+    }
+    int nstate = gp_optim_state_floats(&k->cfg);
+    if (state_bytes) {
+        assert_int_equal(state_bytes, gp_optim_state_bytes(hopt));
+        float *gs = xmalloc(state_bytes);
+        to_host(gs, dstate, state_bytes);
+        for (int sidx = 0; sidx < nstate; sidx++)
+            for (int i = 0; i < np; i++) {
+                snprintf(what, sizeof what, "%s: state %d of parameter %d", label, sidx, i);
+                compare_bits(what, gs + (dopt->state[sidx][i] - (float *)dstate),
+                             hopt->state[sidx][i], param_sizes[i]);
+            }
+        free(gs);
+    }
+    n_cases++;
+
+    gp_optim_free(hopt);
+    gp_optim_free(dopt);
+    CK(cudaFree(dp));
+    CK(cudaFree(dg));
+    CK(cudaFree(dstate));
+    CK(cudaStreamDestroy(st));
+    free(hp);
+    free(hg);
+    free(got);
+}
+
+static void test_optimizers(void **state)
+{
+    (void)state;
+    make_data();
+    struct opt_case cases[10];
+    int nc = 0;
+    cases[nc++] = (struct opt_case){"SGD plain", gp_sgd_defaults(0.1)};
+    struct gp_optim_config c = gp_sgd_defaults(0.05);
+    c.momentum = 0.9;
+    cases[nc++] = (struct opt_case){"SGD momentum 0.9", c};
+    c = gp_sgd_defaults(0.05);
+    c.momentum = 0.8;
+    c.dampening = 0.3;
+    c.weight_decay = 1e-3;
+    cases[nc++] = (struct opt_case){"SGD momentum 0.8, dampening 0.3, weight decay 1e-3", c};
+    c = gp_sgd_defaults(0.02);
+    c.momentum = 0.9;
+    c.nesterov = true;
+    c.weight_decay = 5e-4;
+    cases[nc++] = (struct opt_case){"SGD nesterov 0.9, weight decay 5e-4", c};
+    c = gp_sgd_defaults(0.1);
+    c.weight_decay = 1e-2;
+    cases[nc++] = (struct opt_case){"SGD weight decay only", c};
+    cases[nc++] = (struct opt_case){"AdamW torch 1.13 defaults", gp_adamw_defaults(1e-3)};
+    c = gp_adamw_defaults(3e-3);
+    c.weight_decay = 0.0;
+    c.beta1 = 0.8;
+    c.beta2 = 0.95;
+    c.eps = 1e-6;
+    cases[nc++] = (struct opt_case){"AdamW torch 1.13, no weight decay, betas (0.8, 0.95)", c};
+    c = gp_adamw_defaults(1e-3);
+    c.arith = GP_TORCH_2;
+    cases[nc++] = (struct opt_case){"AdamW torch 2 (lerp, |1-beta1| < 0.5)", c};
+    c = gp_adamw_defaults(2e-3);
+    c.arith = GP_TORCH_2;
+    c.beta1 = 0.3;
+    c.weight_decay = 0.1;
+    cases[nc++] = (struct opt_case){"AdamW torch 2 (lerp, |1-beta1| >= 0.5), weight decay 0.1", c};
+    for (int i = 0; i < nc; i++) {
+        run_optim(&cases[i], 1.0f);
+        run_optim(&cases[i], 0.37f);
+    }
+    free(p0);
+    for (int s = 0; s < 3; s++) free(g[s]);
+}
+
+/* ---- buffers ---- */
+
+static void run_accumulate(int64_t n, int mis_dst, int mis_src)
+{
+    char label[120];
+    snprintf(label, sizeof label, "accumulate n=%lld misalign %d/%d", (long long)n, mis_dst, mis_src);
+    float *d = xmalloc(sizeof(float) * (size_t)n), *s = xmalloc(sizeof(float) * (size_t)n);
+    float *want = xmalloc(sizeof(float) * (size_t)n), *got = xmalloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        d[i] = normalish();
+        s[i] = 1e-3f * normalish();
+        want[i] = d[i] + s[i];
+    }
+    cudaStream_t st = new_stream();
+    float *dd = dev_alloc(sizeof(float) * (size_t)(n + 1)), *ds = dev_alloc(sizeof(float) * (size_t)(n + 1));
+    CK(cudaMemcpy(dd + mis_dst, d, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ds + mis_src, s, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
+    struct gp_error err = {0};
+    GP(gp_cuda_accumulate(st, dd + mis_dst, ds + mis_src, n, &err));
+    sync_stream(st, label);
+    to_host(got, dd + mis_dst, sizeof(float) * (size_t)n);
+    compare_bits(label, got, want, n);
+    n_cases++;
+    CK(cudaFree(dd));
+    CK(cudaFree(ds));
+    CK(cudaStreamDestroy(st));
+    free(d);
+    free(s);
+    free(want);
+    free(got);
+}
+
+static void test_accumulate(void **state)
+{
+    (void)state;
+    run_accumulate(1, 0, 0);
+    run_accumulate(3000001, 0, 0);
+    run_accumulate(5000003, 0, 0); /* float4 grid wraps */
+    run_accumulate(3000001, 1, 0);
+    run_accumulate(3000001, 0, 1);
+    struct gp_error err = {0};
+    assert_int_equal(gp_cuda_accumulate(NULL, NULL, NULL, 0, &err), GP_OK);
+}
+
+static void test_norms(void **state)
+{
+    (void)state;
+    enum { COUNT = 230 }; /* more than one launch's list */
+    int64_t sizes[COUNT];
+    for (int k = 0; k < COUNT; k++) sizes[k] = 1 + (k * 37) % 300;
+    sizes[0] = 0;
+    sizes[1] = 1;
+    sizes[2] = 7;
+    sizes[3] = 8;
+    sizes[4] = 65537;
+    sizes[5] = (1 << 20) + 3;
+    sizes[6] = 5000000;
+    sizes[200] = 99999;
+    const int misaligned = 7; /* its pointer is 4 bytes off 16 */
+    int64_t off[COUNT], total = 0;
+    for (int k = 0; k < COUNT; k++) {
+        off[k] = total + (k == misaligned);
+        total += (sizes[k] + 16) & ~(int64_t)15;
+    }
+    float *h = xmalloc(sizeof(float) * (size_t)total);
+    for (int64_t i = 0; i < total; i++) h[i] = normalish() * (1.0f + (float)(i % 5));
+    float *dh = dev_copy(h, sizeof(float) * (size_t)total);
+    const float *ptrs[COUNT];
+    for (int k = 0; k < COUNT; k++) ptrs[k] = dh + off[k];
+    float *dout = dev_alloc(sizeof(float) * COUNT);
+    cudaStream_t st = new_stream();
+    struct gp_error err = {0};
+    GP(gp_cuda_norms(st, ptrs, sizes, COUNT, dout, &err));
+    sync_stream(st, "norms");
+    float got[COUNT];
+    to_host(got, dout, sizeof got);
+    for (int k = 0; k < COUNT; k++) {
+        const float *x = h + off[k];
+        double s = 0;
+        for (int64_t i = 0; i < sizes[k]; i++) s += (double)x[i] * (double)x[i];
+        const double exact = sqrt(s);
+        const float cpu = gp_norm2_f32(x, sizes[k]);
+        if (!close_rel(got[k], exact, 1e-6, 0))
+            fail_msg("norm of tensor %d (%lld elements): CUDA %.9g, double reference %.17g", k,
+                     (long long)sizes[k], (double)got[k], exact);
+        /* the CPU's float32 lanes drift from the exact norm as n grows */
+        const double rel = sizes[k] <= 100000 ? 1e-6 : 1e-3;
+        if (!close_rel(got[k], cpu, rel, 0))
+            fail_msg("norm of tensor %d (%lld elements): CUDA %.9g, gp_norm2_f32 %.9g", k, (long long)sizes[k],
+                     (double)got[k], (double)cpu);
+    }
+    n_cases++;
+    assert_int_equal(gp_cuda_norms(st, ptrs, sizes, 0, dout, &err), GP_OK);
+    CK(cudaFree(dh));
+    CK(cudaFree(dout));
+    CK(cudaStreamDestroy(st));
+    free(h);
+}
+
+int main(void)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        printf("cuda_train_kernels: skipped: cudaGetDeviceCount failed: %s (%s)\n", cudaGetErrorString(e),
+               cudaGetErrorName(e));
+        return 77;
+    }
+    if (count == 0) {
+        printf("cuda_train_kernels: skipped: no CUDA device\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_mse),
+        cmocka_unit_test(test_output_loss),   cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_accumulate),    cmocka_unit_test(test_norms),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (failed) {
+        printf("cuda_train_kernels: FAILED, %d test(s) failed (%d cases passed)\n", failed, n_cases);
+        return 1;
+    }
+    printf("cuda_train_kernels: PASSED, 6 tests (%d cases against the CPU functions: cross-entropy, mse, "
+           "output loss, SGD/AdamW steps bit for bit, accumulate, norms)\n",
+           n_cases);
+    return 0;
+}
