@@ -61,9 +61,11 @@ struct gp_loss_call {
 
 struct gp_compute_ops {
     /* Per-stage state bound to the stage's compute stream (CUDA: cuBLAS and
-     * cuDNN handles in TF32 mode or not). */
-    gp_status (*context_create)(struct gp_device *dev, struct gp_stream *compute, bool tf32, void **ctx,
-                                struct gp_error *err);
+     * cuDNN handles in TF32 mode or not), with `workspace`: context_bytes of
+     * the stage's planned device memory for the libraries. */
+    size_t context_bytes;
+    gp_status (*context_create)(struct gp_device *dev, struct gp_stream *compute, bool tf32, void *workspace,
+                                void **ctx, struct gp_error *err);
     void (*context_destroy)(void *ctx);
 
     /* Kernel lookup: false when the backend has no kernel for the node;

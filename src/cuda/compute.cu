@@ -20,8 +20,8 @@ struct stage_ctx {
     bool tf32;
 };
 
-static gp_status context_create(struct gp_device *dev, struct gp_stream *compute, bool tf32, void **out,
-                                struct gp_error *err)
+static gp_status context_create(struct gp_device *dev, struct gp_stream *compute, bool tf32, void *workspace,
+                                void **out, struct gp_error *err)
 {
     *out = NULL;
     cudaError_t e = cudaSetDevice(gp_cuda_device_index(dev));
@@ -32,7 +32,7 @@ static gp_status context_create(struct gp_device *dev, struct gp_stream *compute
     if (!c) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     c->stream = gp_cuda_stream_of(compute);
     c->tf32 = tf32;
-    gp_status st = gp_cuda_libs_create(c->stream, tf32, &c->libs, err);
+    gp_status st = gp_cuda_libs_create(c->stream, tf32, workspace, &c->libs, err);
     if (st != GP_OK) {
         free(c);
         gp_error_prefix(err, "cuda:%d: ", gp_cuda_device_index(dev));
@@ -158,6 +158,6 @@ static gp_status norms(void *ctx, const float *const *tensors, const int64_t *nu
 }
 
 extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
-    context_create, context_destroy, has_kernel, saved_bytes, scratch_bytes, forward, backward, zero,
+    GP_CUDA_LIBS_WORKSPACE_BYTES, context_create, context_destroy, has_kernel, saved_bytes, scratch_bytes, forward, backward, zero,
     accumulate, gp_cuda_loss_scratch_bytes, loss, gp_cuda_bn_stats_len, bn_commit, optim_step, norms,
 };

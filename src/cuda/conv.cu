@@ -309,6 +309,29 @@ static cudnnMathType_t base_math(bool tf32) { return tf32 ? CUDNN_DEFAULT_MATH :
 /* The math type a chosen result runs with. */
 static cudnnMathType_t exec_math(cudnnMathType_t m, bool tf32) { return tf32 ? m : CUDNN_FMA_MATH; }
 
+/* Algorithms that compute a float32 convolution as float32 arithmetic
+ * would. FFT and Winograd transform the problem and lose precision (errors
+ * near 1e-4 relative, enough to move weights visibly after a few steps), so
+ * without TF32, where the promise is float32 semantics, they are not used. */
+static bool precise(cudnnConvolutionFwdAlgo_t a)
+{
+    return a != CUDNN_CONVOLUTION_FWD_ALGO_FFT && a != CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING &&
+           a != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD && a != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+
+static bool precise(cudnnConvolutionBwdDataAlgo_t a)
+{
+    return a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT && a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING &&
+           a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD &&
+           a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+
+static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
+{
+    return a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT && a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING &&
+           a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
 /* Picks among `n` heuristic results (best first) the first deterministic
  * one that succeeds, whose math type is allowed and whose workspace (asked
  * of cuDNN for that algorithm and math type) fits WS_CAP. `ws_of` returns
@@ -319,6 +342,7 @@ static cudnnMathType_t exec_math(cudnnMathType_t m, bool tf32) { return tf32 ? m
         for (int i_ = 0; i_ < (count) && !found; i_++) {                                     \
             if ((perf)[i_].status != CUDNN_STATUS_SUCCESS) continue;                         \
             if ((perf)[i_].determinism != CUDNN_DETERMINISTIC) continue;                     \
+            if (!(tf32) && !precise((perf)[i_].algo)) continue;                              \
             if (!math_ok((perf)[i_].mathType, tf32)) continue;                               \
             cudnnMathType_t m_ = exec_math((perf)[i_].mathType, tf32);                       \
             if (cudnnSetConvolutionMathType(conv, m_) != CUDNN_STATUS_SUCCESS) continue;     \

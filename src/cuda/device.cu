@@ -728,5 +728,5 @@ extern "C" const struct gp_device_ops gp_cuda_device_ops = {
     cuda_trace_spans,
     cuda_set_threads,
     cuda_mem_available,
-    NULL, /* WIRING: &gp_cuda_compute_ops */
+    &gp_cuda_compute_ops,
 };

@@ -22,12 +22,15 @@
  * operands serves every broadcasting op; forward kernels take a functor
  * (the op) and the plan. The gradient of a broadcast input is the sum of
  * its terms over the axes it was broadcast along, in double in row-major
- * order as on the CPU: one thread per input element when each sums few
- * terms; otherwise (a bias of a large activation) the terms are cut into
- * fixed chunks, summed in double by one thread per (element, chunk) into
- * scratch, and the chunks added in order: deterministic, and the same sum
- * to double rounding. Loops are grid-stride over int64 indices (32-bit
- * index arithmetic where the tensor fits); nothing uses atomics.
+ * order as on the CPU: an input that is not broadcast gets its one term
+ * per element through the forward kernels' indexing; one thread per input
+ * element sums when each has few terms; otherwise (a bias of a large
+ * activation) the terms are cut into fixed chunks, summed in double by one
+ * thread per (element, chunk) into scratch, and a warp per element adds
+ * the chunks in a fixed order: deterministic, and the CPU's sum to double
+ * rounding. Forward kernels take a block per row of the last axis when it
+ * is long (no per-element division), else grid-stride loops with 32-bit
+ * index arithmetic where the tensor fits; nothing uses atomics.
  *
  * Differences from the CPU kernels: integer Div and Mod by zero fail on the
  * CPU, which reads the divisor first; the divisor is device data here, so
@@ -273,17 +276,58 @@ __device__ static inline float unary_grad(const struct uparams &p, float x, floa
     }
 }
 
+/* Grid-stride loops that keep ILP independent elements in flight per
+ * thread (each pass loads them all, then computes and stores): coalesced,
+ * and latency hidden even for long formulas. */
+#define ILP 4
+#define GRID_STRIDE_ILP(i0, st, n)                                                   \
+    for (int64_t st = (int64_t)gridDim.x * blockDim.x,                               \
+                 i0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;                \
+         i0 < (n); i0 += ILP * st)
+
+static unsigned blocks_ilp(int64_t n) { return blocks_for((n + ILP - 1) / ILP); }
+
 /* X [n] -> Y [n]. */
 __global__ static void unary_forward_kernel(struct uparams p, const float *X, float *Y, int64_t n)
 {
-    GRID_STRIDE(i, n) Y[i] = unary_f(p, X[i]);
+    GRID_STRIDE_ILP(i0, st, n)
+    {
+        float x[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; u++) x[u] = i0 + u * st < n ? X[i0 + u * st] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < ILP; u++)
+            if (i0 + u * st < n) Y[i0 + u * st] = unary_f(p, x[u]);
+    }
 }
 
-/* dX [n] += dY [n] * f'(X); X, Y the forward input and output. */
+/* dX [n] += dY [n] * f'(X); X, Y the forward input and output (Y NULL
+ * where the gradient does not read it). */
 __global__ static void unary_backward_kernel(struct uparams p, const float *X, const float *Y,
                                              const float *dY, float *dX, int64_t n)
 {
-    GRID_STRIDE(i, n) dX[i] = __fadd_rn(dX[i], unary_grad(p, X[i], Y[i], dY[i]));
+    GRID_STRIDE_ILP(i0, st, n)
+    {
+        float x[ILP], y[ILP], dy[ILP], dx[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; u++) {
+            int64_t i = i0 + u * st;
+            bool in = i < n;
+            x[u] = in ? X[i] : 0.0f;
+            y[u] = in && Y ? Y[i] : 0.0f;
+            dy[u] = in ? dY[i] : 0.0f;
+            dx[u] = in ? dX[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; u++)
+            if (i0 + u * st < n) dX[i0 + u * st] = __fadd_rn(dx[u], unary_grad(p, x[u], y[u], dy[u]));
+    }
+}
+
+/* The ops whose gradient reads the forward output. */
+static bool grad_reads_y(enum uop op)
+{
+    return op == U_SIGMOID || op == U_TANH || op == U_SQRT || op == U_EXP || op == U_RECIP;
 }
 
 /* Integer and bool inputs: element by element through int64, wrapping like
@@ -323,7 +367,7 @@ static gp_status unary_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     }
     if (op == U_NOT) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "floating-point input");
     if (n == 0) return GP_OK;
-    unary_forward_kernel<<<blocks_for(n), THREADS, 0, c->stream>>>(
+    unary_forward_kernel<<<blocks_ilp(n), THREADS, 0, c->stream>>>(
         uparams_of(c->node, op), (const float *)c->in[0], (float *)c->out[0], n);
     return gp_cuda_check_launch(c, "unary forward", err);
 }
@@ -338,9 +382,9 @@ static gp_status unary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (op == U_FLOOR || op == U_CEIL || op == U_ROUND || op == U_SIGN) return GP_OK;
     int64_t n = gp_shape_numel(&in_value(c, 0)->shape);
     if (n == 0) return GP_OK;
-    unary_backward_kernel<<<blocks_for(n), THREADS, 0, c->stream>>>(
-        uparams_of(c->node, op), (const float *)c->in[0], (const float *)c->out[0], c->dout[0],
-        c->din[0], n);
+    unary_backward_kernel<<<blocks_ilp(n), THREADS, 0, c->stream>>>(
+        uparams_of(c->node, op), (const float *)c->in[0],
+        grad_reads_y(op) ? (const float *)c->out[0] : NULL, c->dout[0], c->din[0], n);
     return gp_cuda_check_launch(c, "unary backward", err);
 }
 
@@ -540,18 +584,36 @@ static void plan_node(const struct gp_cuda_ctx *c, int first, int n, struct bpla
 }
 
 /* Every output element i with its operands' offsets o[0..3]: f(i, o).
- * MODE 0: every operand is contiguous and unbroadcast (offset i); 1: index
- * arithmetic in 32 bits; 2: in 64. */
+ * MODE 0: one axis, offsets i * stride (0 or 1): no division; 1: rows of
+ * the last axis, a block per row, the row's offsets decoded once (bias
+ * adds); 2: index arithmetic per element in 32 bits; 3: in 64. */
 template <class F, int MODE>
 __global__ static void bcast_kernel(struct bplan p, F f)
 {
     if (MODE == 0) {
         GRID_STRIDE(i, p.numel)
         {
-            int64_t o[BP_MAX] = {i, i, i, i};
+            int64_t o[BP_MAX];
+            for (int k = 0; k < BP_MAX; k++) o[k] = i * p.st[k][0];
             f(i, o);
         }
     } else if (MODE == 1) {
+        int last = p.rank - 1;
+        int64_t inner = p.dims[last], rows = p.numel / inner;
+        for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+            int64_t base[BP_MAX] = {0, 0, 0, 0}, rem = row;
+            for (int d = last - 1; d >= 0; d--) {
+                int64_t x = rem % p.dims[d];
+                rem /= p.dims[d];
+                for (int k = 0; k < BP_MAX; k++) base[k] += x * p.st[k][d];
+            }
+            for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
+                int64_t o[BP_MAX];
+                for (int k = 0; k < BP_MAX; k++) o[k] = base[k] + j * p.st[k][last];
+                f(row * inner + j, o);
+            }
+        }
+    } else if (MODE == 2) {
         uint32_t n = (uint32_t)p.numel;
         for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
             int64_t o[BP_MAX] = {0, 0, 0, 0};
@@ -577,17 +639,26 @@ __global__ static void bcast_kernel(struct bplan p, F f)
     }
 }
 
+#define ROW_MIN 128 /* a last axis at least this long runs a block per row */
+
 template <class F>
 static gp_status launch_bcast(const struct gp_cuda_ctx *c, const struct bplan *p, F f, const char *what,
                               struct gp_error *err)
 {
     if (p->numel == 0) return GP_OK;
-    bool same = p->rank == 1;
-    for (int k = 0; same && k < p->n; k++) same = p->st[k][0] == 1;
     unsigned b = blocks_for(p->numel);
-    if (same) bcast_kernel<F, 0><<<b, THREADS, 0, c->stream>>>(*p, f);
-    else if (p->numel <= INT32_MAX) bcast_kernel<F, 1><<<b, THREADS, 0, c->stream>>>(*p, f);
-    else bcast_kernel<F, 2><<<b, THREADS, 0, c->stream>>>(*p, f);
+    int64_t inner = p->dims[p->rank - 1];
+    if (p->rank == 1) {
+        bcast_kernel<F, 0><<<b, THREADS, 0, c->stream>>>(*p, f);
+    } else if (inner >= ROW_MIN) {
+        int64_t rows = p->numel / inner;
+        unsigned grid = (unsigned)(rows < 32768 ? rows : 32768);
+        bcast_kernel<F, 1><<<grid, THREADS, 0, c->stream>>>(*p, f);
+    } else if (p->numel <= INT32_MAX) {
+        bcast_kernel<F, 2><<<b, THREADS, 0, c->stream>>>(*p, f);
+    } else {
+        bcast_kernel<F, 3><<<b, THREADS, 0, c->stream>>>(*p, f);
+    }
     return gp_cuda_check_launch(c, what, err);
 }
 
@@ -649,8 +720,16 @@ __device__ static inline void kept_offsets(const struct bplan &p, const struct b
         int d = s.kept[q];
         int64_t x = rem % p.dims[d];
         rem /= p.dims[d];
+#pragma unroll
         for (int k = 0; k < BP_MAX; k++) off[k] += x * p.st[k][d];
     }
+}
+
+/* off[t] with t known only at run time, without forcing off[] into local
+ * memory. */
+__device__ static inline int64_t pick(const int64_t *off, int t)
+{
+    return t == 0 ? off[0] : t == 1 ? off[1] : t == 2 ? off[2] : off[3];
 }
 
 /* Sum of term(off) over reduced positions [m0, m1) in row-major order. */
@@ -658,6 +737,22 @@ template <class Term>
 __device__ static inline double sum_terms(const struct bplan &p, const struct bsplit &s, const Term &term,
                                           int64_t *off, int64_t m0, int64_t m1)
 {
+    if (s.nr == 1) { /* one reduced axis (after merging): a constant step */
+        int d = s.red[0];
+        int64_t step[BP_MAX];
+#pragma unroll
+        for (int k = 0; k < BP_MAX; k++) {
+            step[k] = p.st[k][d];
+            off[k] += m0 * step[k];
+        }
+        double acc = 0;
+        for (int64_t m = m0; m < m1; m++) {
+            acc += (double)term(off);
+#pragma unroll
+            for (int k = 0; k < BP_MAX; k++) off[k] += step[k];
+        }
+        return acc;
+    }
     int64_t idx[GP_MAX_RANK], rem = m0;
     for (int q = s.nr - 1; q >= 0; q--) {
         int d = s.red[q];
@@ -688,7 +783,7 @@ __global__ static void reduce_kernel(struct bplan p, struct bsplit s, int t, Ter
     {
         int64_t off[BP_MAX];
         kept_offsets(p, s, e, off);
-        int64_t at = off[t];
+        int64_t at = pick(off, t);
         double acc = sum_terms(p, s, term, off, 0, s.nred);
         dst[at] = __fadd_rn(dst[at], (float)acc);
     }
@@ -699,10 +794,19 @@ __global__ static void reduce_kernel(struct bplan p, struct bsplit s, int t, Ter
 template <class Term>
 __global__ static void reduce_same_kernel(int64_t n, Term term, float *dst)
 {
-    GRID_STRIDE(e, n)
+    GRID_STRIDE_ILP(e0, st, n)
     {
-        int64_t off[BP_MAX] = {e, e, e, e};
-        dst[e] = __fadd_rn(dst[e], term(off));
+        float v[ILP], d[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; u++) {
+            int64_t e = e0 + u * st;
+            int64_t off[BP_MAX] = {e, e, e, e};
+            v[u] = e < n ? term(off) : 0.0f;
+            d[u] = e < n ? dst[e] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; u++)
+            if (e0 + u * st < n) dst[e0 + u * st] = __fadd_rn(d[u], v[u]);
     }
 }
 
@@ -721,19 +825,43 @@ __global__ static void reduce_part_kernel(struct bplan p, struct bsplit s, Term 
     }
 }
 
-/* Stage 2: dst[e] += the chunks' sums, in order. */
+/* Stage 2: dst[e] += the chunks' sums, a warp per element: lane l sums
+ * chunks l, l + 32, ... in order, then a fixed shuffle tree adds the
+ * lanes (deterministic). */
 __global__ static void reduce_finish_kernel(struct bplan p, struct bsplit s, int t, int64_t n_chunks,
                                             const double *part, float *dst)
 {
-    GRID_STRIDE(e, s.ne)
-    {
-        int64_t off[BP_MAX];
-        kept_offsets(p, s, e, off);
+    int lane = threadIdx.x & 31;
+    int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t e = w0; e < s.ne; e += nw) {
         double acc = 0;
-        for (int64_t ch = 0; ch < n_chunks; ch++) acc += part[ch * s.ne + e];
-        dst[off[t]] = __fadd_rn(dst[off[t]], (float)acc);
+        for (int64_t ch = lane; ch < n_chunks; ch += 32) acc += part[ch * s.ne + e];
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) {
+            int64_t off[BP_MAX];
+            kept_offsets(p, s, e, off);
+            int64_t at = pick(off, t);
+            dst[at] = __fadd_rn(dst[at], (float)acc);
+        }
     }
 }
+
+/* Operand t not broadcast at all: each of its elements gets one term
+ * (the CPU's sum of one term in double rounds back to it), computed over
+ * the output with the forward kernels' index arithmetic. */
+template <class Term>
+struct add_term_op {
+    Term term;
+    int t;
+    float *dst;
+    __device__ void operator()(int64_t i, const int64_t *o) const
+    {
+        (void)i;
+        int64_t at = pick(o, t);
+        dst[at] = __fadd_rn(dst[at], term(o));
+    }
+};
 
 /* dst (operand t's gradient) += term summed over the axes t was broadcast
  * along; `part` is reduce_scratch(p, t) bytes of scratch. */
@@ -748,8 +876,15 @@ static gp_status reduce_into(const struct gp_cuda_ctx *c, const struct bplan *p,
     bool same = p->rank == 1;
     for (int k = 0; same && k < p->n; k++) same = p->st[k][0] == 1;
     if (same) {
-        reduce_same_kernel<Term><<<blocks_for(p->numel), THREADS, 0, c->stream>>>(p->numel, term, dst);
+        reduce_same_kernel<Term><<<blocks_ilp(p->numel), THREADS, 0, c->stream>>>(p->numel, term, dst);
         return gp_cuda_check_launch(c, what, err);
+    }
+    if (s.nred == 1) {
+        add_term_op<Term> f;
+        f.term = term;
+        f.t = t;
+        f.dst = dst;
+        return launch_bcast(c, p, f, what, err);
     }
     reduce_chunks(s.ne, s.nred, &chunk, &nch);
     if (nch <= 1) {
@@ -760,8 +895,8 @@ static gp_status reduce_into(const struct gp_cuda_ctx *c, const struct bplan *p,
     reduce_part_kernel<Term><<<blocks_for(s.ne * nch), THREADS, 0, c->stream>>>(*p, s, term, chunk, nch,
                                                                                (double *)part);
     GP_TRY(gp_cuda_check_launch(c, what, err));
-    reduce_finish_kernel<<<blocks_for(s.ne), THREADS, 0, c->stream>>>(*p, s, t, nch, (const double *)part,
-                                                                     dst);
+    reduce_finish_kernel<<<blocks_for(s.ne * 32), THREADS, 0, c->stream>>>(*p, s, t, nch,
+                                                                          (const double *)part, dst);
     return gp_cuda_check_launch(c, what, err);
 }
 

@@ -80,15 +80,18 @@ gp_status gp_cuda_error(const struct gp_cuda_ctx *c, struct gp_error *err, gp_st
                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* cuBLAS and cuDNN handles bound to `stream`, for the kernels' ctx: cuBLAS
- * gets a workspace of its own (allocated here, once, so that it never
- * allocates while a step runs) and the math mode `tf32` asks for (off:
- * float32 semantics). Errors name the library call. */
+ * gets a workspace of its own, so that it never allocates while a step
+ * runs (`workspace`: GP_CUDA_LIBS_WORKSPACE_BYTES of device memory the
+ * caller planned; NULL: allocated here), and the math mode `tf32` asks for
+ * (off: float32 semantics). Errors name the library call. */
+#define GP_CUDA_LIBS_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's recommendation for Hopper */
 struct gp_cuda_libs {
     void *cublas;           /* cublasHandle_t */
     void *cudnn;            /* cudnnHandle_t */
     void *cublas_workspace; /* device memory */
+    bool owns_workspace;
 };
-gp_status gp_cuda_libs_create(cudaStream_t stream, bool tf32, struct gp_cuda_libs *out,
+gp_status gp_cuda_libs_create(cudaStream_t stream, bool tf32, void *workspace, struct gp_cuda_libs *out,
                               struct gp_error *err);
 void gp_cuda_libs_destroy(struct gp_cuda_libs *libs); /* zeroed: nothing to do */
 

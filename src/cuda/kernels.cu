@@ -53,11 +53,8 @@ extern "C" gp_status gp_cuda_error(const struct gp_cuda_ctx *c, struct gp_error 
     return gp_error_set(err, status, "node '%s' (%s): %s", c->node->name, c->node->op_type, msg);
 }
 
-/* cuBLAS's workspace: what its documentation recommends for Hopper. */
-#define CUBLAS_WORKSPACE_BYTES (32u << 20)
-
-extern "C" gp_status gp_cuda_libs_create(cudaStream_t stream, bool tf32, struct gp_cuda_libs *out,
-                                         struct gp_error *err)
+extern "C" gp_status gp_cuda_libs_create(cudaStream_t stream, bool tf32, void *workspace,
+                                         struct gp_cuda_libs *out, struct gp_error *err)
 {
     memset(out, 0, sizeof *out);
     cublasHandle_t h = NULL;
@@ -65,15 +62,19 @@ extern "C" gp_status gp_cuda_libs_create(cudaStream_t stream, bool tf32, struct 
     if (bs != CUBLAS_STATUS_SUCCESS)
         return gp_error_set(err, GP_ERR_DEVICE, "cublasCreate: %s", cublasGetStatusString(bs));
     out->cublas = h;
-    cudaError_t ce = cudaMalloc(&out->cublas_workspace, CUBLAS_WORKSPACE_BYTES);
-    if (ce != cudaSuccess) {
-        out->cublas_workspace = NULL;
-        gp_cuda_libs_destroy(out);
-        return gp_error_set(err, GP_ERR_NOMEM, "cuBLAS workspace (%u MiB): %s",
-                            CUBLAS_WORKSPACE_BYTES >> 20, cudaGetErrorString(ce));
+    out->cublas_workspace = workspace;
+    if (!workspace) {
+        cudaError_t ce = cudaMalloc(&out->cublas_workspace, GP_CUDA_LIBS_WORKSPACE_BYTES);
+        if (ce != cudaSuccess) {
+            out->cublas_workspace = NULL;
+            gp_cuda_libs_destroy(out);
+            return gp_error_set(err, GP_ERR_NOMEM, "cuBLAS workspace (%zu MiB): %s",
+                                GP_CUDA_LIBS_WORKSPACE_BYTES >> 20, cudaGetErrorString(ce));
+        }
+        out->owns_workspace = true;
     }
     if ((bs = cublasSetStream(h, stream)) != CUBLAS_STATUS_SUCCESS ||
-        (bs = cublasSetWorkspace(h, out->cublas_workspace, CUBLAS_WORKSPACE_BYTES)) !=
+        (bs = cublasSetWorkspace(h, out->cublas_workspace, GP_CUDA_LIBS_WORKSPACE_BYTES)) !=
             CUBLAS_STATUS_SUCCESS ||
         (bs = cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH)) !=
             CUBLAS_STATUS_SUCCESS) {
@@ -97,6 +98,6 @@ extern "C" void gp_cuda_libs_destroy(struct gp_cuda_libs *libs)
 {
     if (libs->cudnn) cudnnDestroy((cudnnHandle_t)libs->cudnn);
     if (libs->cublas) cublasDestroy((cublasHandle_t)libs->cublas);
-    if (libs->cublas_workspace) cudaFree(libs->cublas_workspace);
+    if (libs->cublas_workspace && libs->owns_workspace) cudaFree(libs->cublas_workspace);
     memset(libs, 0, sizeof *libs);
 }

@@ -122,6 +122,14 @@ __device__ static inline void store_f64(void *p, int dt, int64_t i, double v)
     }
 }
 
+/* a / b for a, b >= 0: 32-bit division when both fit (a fraction of the
+ * 64-bit one's instructions), which index decompositions nearly always
+ * allow. */
+__device__ static inline int64_t fdiv(int64_t a, int64_t b)
+{
+    return ((a | b) >> 32) == 0 ? (int64_t)((uint32_t)a / (uint32_t)b) : a / b;
+}
+
 /* Sum over the block (blockDim.x a multiple of 32) in a fixed order;
  * every thread gets it. sh: 32 doubles of shared memory. */
 __device__ static double block_sum(double v, double *sh)
@@ -268,11 +276,9 @@ __global__ static void softmax_rows_kernel(const float *X, float *Y, int64_t row
 
 #define WARP_ROW_MAX 1024 /* rows up to this length: one warp each */
 
-/* One warp per row (stride 1, rows of at most WARP_ROW_MAX = 32 * 32):
- * lane l keeps elements l, l + 32, ... in registers, so the row is read
- * once. */
-#define WARP_VPT 32
-
+/* One warp per row (stride 1, short rows): three passes over the row, the
+ * second and third from L1. (Keeping the row in registers, fully unrolled,
+ * measured 3x slower on an H200.) */
 __global__ static void softmax_warp_kernel(const float *X, float *Y, int64_t rows, int64_t len,
                                            bool log_out)
 {
@@ -281,36 +287,19 @@ __global__ static void softmax_warp_kernel(const float *X, float *Y, int64_t row
          r += (int64_t)gridDim.x * wpb) {
         const float *x = X + r * len;
         float *y = Y + r * len;
-        float v[WARP_VPT];
         float m = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < WARP_VPT; k++) {
-            int64_t j = lane + 32 * k;
-            v[k] = j < len ? x[j] : 0.0f;
-            if (j < len) m = max_nan(m, v[k]);
-        }
+        for (int64_t j = lane; j < len; j += 32) m = max_nan(m, x[j]);
         for (int o = 16; o > 0; o >>= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
         if (m == -INFINITY) m = 0;
         double s = 0;
-#pragma unroll
-        for (int k = 0; k < WARP_VPT; k++) {
-            if (lane + 32 * k < len) {
-                float e = expf(FSUB(v[k], m));
-                s = DADD(s, (double)e);
-                if (!log_out) v[k] = e;
-            }
-        }
+        for (int64_t j = lane; j < len; j += 32) s = DADD(s, (double)expf(FSUB(x[j], m)));
         s = warp_sum(s);
         if (log_out) {
             float ls = (float)log(s);
-#pragma unroll
-            for (int k = 0; k < WARP_VPT; k++)
-                if (lane + 32 * k < len) y[lane + 32 * k] = FSUB(FSUB(v[k], m), ls);
+            for (int64_t j = lane; j < len; j += 32) y[j] = FSUB(FSUB(x[j], m), ls);
         } else {
             float inv = (float)(1.0 / s);
-#pragma unroll
-            for (int k = 0; k < WARP_VPT; k++)
-                if (lane + 32 * k < len) y[lane + 32 * k] = FMUL(v[k], inv);
+            for (int64_t j = lane; j < len; j += 32) y[j] = FMUL(expf(FSUB(x[j], m)), inv);
         }
     }
 }
@@ -438,21 +427,10 @@ __global__ static void softmax_bwd_warp_kernel(const float *Y, const float *dY, 
          r += (int64_t)gridDim.x * wpb) {
         const float *y = Y + r * len, *dy = dY + r * len;
         float *dx = dX + r * len;
-        float yv[WARP_VPT], gv[WARP_VPT];
         double dot = 0;
-#pragma unroll
-        for (int k = 0; k < WARP_VPT; k++) {
-            int64_t j = lane + 32 * k;
-            yv[k] = j < len ? y[j] : 0.0f;
-            gv[k] = j < len ? dy[j] : 0.0f;
-            if (j < len) dot = DADD(dot, (double)sm_dot_term(log_out, yv[k], gv[k]));
-        }
+        for (int64_t j = lane; j < len; j += 32) dot = DADD(dot, (double)sm_dot_term(log_out, y[j], dy[j]));
         float d = (float)warp_sum(dot);
-#pragma unroll
-        for (int k = 0; k < WARP_VPT; k++) {
-            int64_t j = lane + 32 * k;
-            if (j < len) dx[j] = FADD(dx[j], sm_dx(log_out, yv[k], gv[k], d));
-        }
+        for (int64_t j = lane; j < len; j += 32) dx[j] = FADD(dx[j], sm_dx(log_out, y[j], dy[j], d));
     }
 }
 
@@ -809,8 +787,9 @@ __global__ static void reduce_bwd_kernel(struct rplan p, int kind, const float *
     GP_GRID_STRIDE(i, n) {
         int64_t rem = i, cell = 0;
         for (int d = p.rank - 1; d >= 0; d--) {
-            cell += rem % p.dims[d] * p.cst[d];
-            rem /= p.dims[d];
+            int64_t q = fdiv(rem, p.dims[d]);
+            cell += (rem - q * p.dims[d]) * p.cst[d];
+            rem = q;
         }
         float x = X[i], dy = dY[cell], y = Y[cell], g;
         switch (kind) {
@@ -1379,16 +1358,21 @@ __global__ static void rs_ranges_init_kernel(struct rs_plan p)
     }
 }
 
+/* Generic kernels, one thread per element, any rank and lead. */
+
 /* Output element o: nearest copies its source (float32 here), linear sums
- * its corners' weighted values in double, corner by corner as the CPU. */
+ * its corners' weighted values in double, corner by corner as the CPU
+ * (corner k: bit d - lead picks axis d's high neighbour; the weight is the
+ * product over the axes in order; corners of weight 0 skipped). */
 __global__ static void rs_forward_f32_kernel(struct rs_plan p, const float *X, float *Y, int64_t n)
 {
     int corners = p.linear ? 1 << (p.rank - p.lead) : 1;
     GP_GRID_STRIDE(o, n) {
         int64_t idx[GP_MAX_RANK], rem = o, base = 0;
         for (int d = p.rank - 1; d >= 0; d--) {
-            idx[d] = rem % p.ydims[d];
-            rem /= p.ydims[d];
+            int64_t q = fdiv(rem, p.ydims[d]);
+            idx[d] = rem - q * p.ydims[d];
+            rem = q;
             if (d < p.lead) base += idx[d] * p.xst[d];
         }
         double acc = 0;
@@ -1424,8 +1408,8 @@ __global__ static void rs_forward_copy_kernel(struct rs_plan p, const T *X, T *Y
     GP_GRID_STRIDE(o, n) {
         int64_t rem = o, src = 0;
         for (int d = p.rank - 1; d >= 0 && src >= 0; d--) {
-            int64_t id = rem % p.ydims[d];
-            rem /= p.ydims[d];
+            int64_t q = fdiv(rem, p.ydims[d]), id = rem - q * p.ydims[d];
+            rem = q;
             int64_t i = d < p.lead ? id : p.i0[d][id];
             src = i < 0 ? -1 : src + i * p.xst[d];
         }
@@ -1436,53 +1420,253 @@ __global__ static void rs_forward_copy_kernel(struct rs_plan p, const T *X, T *Y
 
 /* Input element i gathers w * dY[o] over the outputs o and corners that
  * read it, in the CPU's order (o row-major, corners ascending), adding in
- * float straight into dX[i] as the CPU's scatter does. */
-__global__ static void rs_backward_kernel(struct rs_plan p, const float *dY, float *dX, int64_t n)
+ * float straight into dX[i] as the CPU's scatter does. Per table axis the
+ * outputs reading position xi[d] are first..last, filtered by the tables
+ * (a corner counts where every axis's neighbour is xi[d]). */
+__device__ static void rs_gather(const struct rs_plan &p, const float *dY, float *dX, int64_t i)
 {
     int corners = p.linear ? 1 << (p.rank - p.lead) : 1;
-    GP_GRID_STRIDE(i, n) {
-        int64_t xi[GP_MAX_RANK], rem = i, base = 0;
-        for (int d = p.rank - 1; d >= 0; d--) {
-            xi[d] = rem % p.xdims[d];
-            rem /= p.xdims[d];
-            if (d < p.lead) base += xi[d] * p.yst[d];
-        }
-        int64_t lo[GP_MAX_RANK], hi[GP_MAX_RANK], oi[GP_MAX_RANK];
-        bool any = true;
-        for (int d = p.lead; d < p.rank; d++) {
-            lo[d] = p.first[d][xi[d]];
-            hi[d] = p.last[d][xi[d]];
-            oi[d] = lo[d];
-            if (lo[d] > hi[d]) any = false;
-        }
-        if (!any) continue;
-        float acc = dX[i];
-        for (;;) {
-            int64_t off = base;
-            for (int d = p.lead; d < p.rank; d++) off += oi[d] * p.yst[d];
-            for (int k = 0; k < corners; k++) {
-                float w = 1.0f;
-                bool match = true;
-                for (int d = p.lead; d < p.rank; d++) {
-                    bool h = (k >> (d - p.lead)) & 1;
-                    if ((h ? p.i1[d][oi[d]] : p.i0[d][oi[d]]) != xi[d]) {
-                        match = false;
-                        break;
-                    }
-                    w = FMUL(w, h ? p.w1[d][oi[d]] : p.w0[d][oi[d]]);
-                }
-                if (!match || w == 0) continue;
-                acc = FADD(acc, FMUL(w, dY[off]));
-            }
-            int d = p.rank - 1;
-            for (; d >= p.lead; d--) {
-                if (++oi[d] <= hi[d]) break;
-                oi[d] = lo[d];
-            }
-            if (d < p.lead) break;
-        }
-        dX[i] = acc;
+    int64_t xi[GP_MAX_RANK], rem = i, base = 0;
+    for (int d = p.rank - 1; d >= 0; d--) {
+        int64_t q = fdiv(rem, p.xdims[d]);
+        xi[d] = rem - q * p.xdims[d];
+        rem = q;
+        if (d < p.lead) base += xi[d] * p.yst[d];
     }
+    int64_t lo[GP_MAX_RANK], hi[GP_MAX_RANK], oi[GP_MAX_RANK];
+    for (int d = p.lead; d < p.rank; d++) {
+        lo[d] = p.first[d][xi[d]];
+        hi[d] = p.last[d][xi[d]];
+        oi[d] = lo[d];
+        if (lo[d] > hi[d]) return;
+    }
+    float acc = dX[i];
+    for (;;) {
+        int64_t off = base;
+        for (int d = p.lead; d < p.rank; d++) off += oi[d] * p.yst[d];
+        for (int k = 0; k < corners; k++) {
+            float w = 1.0f;
+            bool match = true;
+            for (int d = p.lead; d < p.rank; d++) {
+                bool h = (k >> (d - p.lead)) & 1;
+                if ((h ? p.i1[d][oi[d]] : p.i0[d][oi[d]]) != xi[d]) {
+                    match = false;
+                    break;
+                }
+                w = FMUL(w, h ? p.w1[d][oi[d]] : p.w0[d][oi[d]]);
+            }
+            if (!match || w == 0) continue;
+            acc = FADD(acc, FMUL(w, dY[off]));
+        }
+        int d = p.rank - 1;
+        for (; d >= p.lead; d--) {
+            if (++oi[d] <= hi[d]) break;
+            oi[d] = lo[d];
+        }
+        if (d < p.lead) break;
+    }
+    dX[i] = acc;
+}
+
+__global__ static void rs_backward_kernel(struct rs_plan p, const float *dY, float *dX, int64_t n)
+{
+    GP_GRID_STRIDE(i, n) rs_gather(p, dY, dX, i);
+}
+
+/* Row kernels (float32, lead < rank): a block takes a batch of rows of the
+ * last axis. What the axes before the last contribute is the same along a
+ * row, so it is worked out once per row (in parallel over the batch) into
+ * shared memory, and every element then costs a look-up in the last
+ * axis's table: the generic kernels spend most of their time on per-element
+ * index arithmetic. */
+#define RS_ROW_OUTER 64     /* corners over the axes before the last (2^6) */
+#define RS_FWD_ENTRIES 256  /* (row, corner) entries of a forward batch */
+
+/* Forward: entry (row, ko) for each corner ko over the table axes before
+ * the last: the row's source offset (-1: extrapolated) and the product of
+ * those axes' weights in axis order, so that the last axis's weight
+ * multiplies in last, as in the CPU's product. */
+__global__ static void rs_forward_rows_kernel(struct rs_plan p, const float *X, float *Y, int64_t rows)
+{
+    __shared__ int64_t sh_src[RS_FWD_ENTRIES];
+    __shared__ float sh_w[RS_FWD_ENTRIES];
+    int last = p.rank - 1, m = p.rank - p.lead;
+    int outer = p.linear ? 1 << (m - 1) : 1, corners = p.linear ? 1 << m : 1;
+    int64_t batch = RS_FWD_ENTRIES / outer, ylast = p.ydims[last];
+    const int64_t *i0l = p.i0[last], *i1l = p.i1[last];
+    const float *w0l = p.w0[last], *w1l = p.w1[last];
+    for (int64_t row0 = blockIdx.x * batch; row0 < rows; row0 += (int64_t)gridDim.x * batch) {
+        int64_t nr = rows - row0 < batch ? rows - row0 : batch;
+        __syncthreads(); /* the previous batch's entries are read */
+        for (int t = threadIdx.x; t < nr * outer; t += blockDim.x) {
+            int ko = t % outer;
+            int64_t rem = row0 + t / outer, src = 0, ids[GP_MAX_RANK];
+            bool ext = false;
+            for (int d = last - 1; d >= 0; d--) {
+                int64_t q = fdiv(rem, p.ydims[d]);
+                ids[d] = rem - q * p.ydims[d];
+                rem = q;
+            }
+            float w = 1.0f;
+            for (int d = 0; d < last; d++) {
+                if (d < p.lead) {
+                    src += ids[d] * p.xst[d];
+                } else {
+                    bool h = (ko >> (d - p.lead)) & 1;
+                    int64_t i = h ? p.i1[d][ids[d]] : p.i0[d][ids[d]];
+                    if (i < 0) ext = true;
+                    src += i * p.xst[d];
+                    w = FMUL(w, h ? p.w1[d][ids[d]] : p.w0[d][ids[d]]);
+                }
+            }
+            sh_src[t] = ext ? -1 : src;
+            sh_w[t] = w;
+        }
+        __syncthreads();
+        for (int64_t e = threadIdx.x; e < nr * ylast; e += blockDim.x) {
+            int64_t r = fdiv(e, ylast), ow = e - r * ylast;
+            const int64_t *ss = sh_src + r * outer;
+            const float *sw = sh_w + r * outer;
+            float *y = Y + (row0 + r) * ylast + ow;
+            int64_t i0 = i0l[ow];
+            if (ss[0] < 0 || i0 < 0) {
+                *y = p.extrapolation;
+                continue;
+            }
+            if (!p.linear) {
+                *y = X[ss[0] + i0];
+                continue;
+            }
+            int64_t i1 = i1l[ow];
+            float a0 = w0l[ow], a1 = w1l[ow];
+            double acc = 0;
+            for (int k = 0; k < corners; k++) {
+                int ko = k & (outer - 1);
+                bool h = k >> (m - 1);
+                float w = FMUL(sw[ko], h ? a1 : a0);
+                if (w == 0) continue;
+                acc = DADD(acc, DMUL((double)w, (double)X[ss[ko] + (h ? i1 : i0)]));
+            }
+            *y = (float)acc;
+        }
+    }
+}
+
+/* Backward, per input row: the outputs reading it, over the table axes
+ * before the last, are a product of ranges; their combinations in
+ * row-major order ("combos", each an output row offset) and, per combo,
+ * the corners ko whose neighbours on those axes are this row's positions
+ * (the product of their weights; NaN marks a corner that does not read
+ * the row) go to shared memory, one thread per row of the batch. Each
+ * element then gathers in the CPU's order: combos, the last axis's outputs
+ * in its range, corners (the last axis's bit is the high one). A row with
+ * more combos or entries than fit falls back to rs_gather. */
+#define RS_BWD_ROWS 32
+#define RS_BWD_COMBOS 16
+#define RS_BWD_ENTRIES 64
+
+__global__ static void rs_backward_rows_kernel(struct rs_plan p, const float *dY, float *dX, int64_t rows)
+{
+    __shared__ int64_t sh_off[RS_BWD_ROWS][RS_BWD_COMBOS];
+    __shared__ int sh_first[RS_BWD_ROWS][RS_BWD_COMBOS + 1];
+    __shared__ float sh_w[RS_BWD_ROWS][RS_BWD_ENTRIES];
+    __shared__ int sh_n[RS_BWD_ROWS]; /* combos, or -1: fall back */
+    int last = p.rank - 1, m = p.rank - p.lead;
+    int outer = p.linear ? 1 << (m - 1) : 1;
+    int64_t xlast = p.xdims[last];
+    const int64_t *i0l = p.i0[last], *i1l = p.i1[last];
+    const float *w0l = p.w0[last], *w1l = p.w1[last];
+    const int64_t *fl = p.first[last], *ll = p.last[last];
+    for (int64_t row0 = blockIdx.x * (int64_t)RS_BWD_ROWS; row0 < rows;
+         row0 += (int64_t)gridDim.x * RS_BWD_ROWS) {
+        int64_t nr = rows - row0 < RS_BWD_ROWS ? rows - row0 : RS_BWD_ROWS;
+        __syncthreads();
+        if (threadIdx.x < nr) {
+            int rr = threadIdx.x;
+            int64_t rem = row0 + rr, base = 0, xi[GP_MAX_RANK], lo[GP_MAX_RANK], hi[GP_MAX_RANK],
+                    oi[GP_MAX_RANK];
+            for (int d = last - 1; d >= 0; d--) {
+                int64_t q = fdiv(rem, p.xdims[d]);
+                xi[d] = rem - q * p.xdims[d];
+                rem = q;
+                if (d < p.lead) base += xi[d] * p.yst[d];
+            }
+            int n = 0, e = 0;
+            bool empty = false;
+            for (int d = p.lead; d < last; d++) {
+                lo[d] = oi[d] = p.first[d][xi[d]];
+                hi[d] = p.last[d][xi[d]];
+                if (lo[d] > hi[d]) empty = true;
+            }
+            while (!empty) {
+                if (n == RS_BWD_COMBOS || e + outer > RS_BWD_ENTRIES) {
+                    n = -1;
+                    break;
+                }
+                int64_t off = base;
+                for (int d = p.lead; d < last; d++) off += oi[d] * p.yst[d];
+                sh_off[rr][n] = off;
+                sh_first[rr][n] = e;
+                for (int ko = 0; ko < outer; ko++) {
+                    float w = 1.0f;
+                    bool match = true;
+                    for (int d = p.lead; d < last && match; d++) {
+                        bool h = (ko >> (d - p.lead)) & 1;
+                        if ((h ? p.i1[d][oi[d]] : p.i0[d][oi[d]]) != xi[d]) match = false;
+                        else w = FMUL(w, h ? p.w1[d][oi[d]] : p.w0[d][oi[d]]);
+                    }
+                    sh_w[rr][e++] = match ? w : NAN;
+                }
+                n++;
+                int d = last - 1;
+                for (; d >= p.lead; d--) {
+                    if (++oi[d] <= hi[d]) break;
+                    oi[d] = lo[d];
+                }
+                if (d < p.lead) break;
+            }
+            if (n >= 0) sh_first[rr][n] = e;
+            sh_n[rr] = n;
+        }
+        __syncthreads();
+        for (int64_t el = threadIdx.x; el < nr * xlast; el += blockDim.x) {
+            int64_t r = fdiv(el, xlast), xw = el - r * xlast, i = (row0 + r) * xlast + xw;
+            int n = sh_n[r];
+            if (n < 0) {
+                rs_gather(p, dY, dX, i);
+                continue;
+            }
+            int64_t lo = fl[xw], hi = ll[xw];
+            if (lo > hi || n == 0) continue;
+            float acc = dX[i];
+            for (int c = 0; c < n; c++) {
+                const float *dy = dY + sh_off[r][c];
+                int e0 = sh_first[r][c], e1 = sh_first[r][c + 1];
+                for (int64_t ow = lo; ow <= hi; ow++) {
+                    for (int h = 0; h < (p.linear ? 2 : 1); h++) {
+                        if ((h ? i1l[ow] : i0l[ow]) != xw) continue;
+                        float wl = h ? w1l[ow] : w0l[ow];
+                        for (int e = e0; e < e1; e++) {
+                            float wo = sh_w[r][e];
+                            if (wo != wo) continue;
+                            float w = FMUL(wo, wl);
+                            if (w == 0) continue;
+                            acc = FADD(acc, FMUL(w, dy[ow]));
+                        }
+                    }
+                }
+            }
+            dX[i] = acc;
+        }
+    }
+}
+
+/* The row kernels take a resized axis (lead < rank) and at most
+ * RS_ROW_OUTER corners over the axes before the last. */
+static bool rs_rows_ok(const struct rs_plan &p)
+{
+    int m = p.rank - p.lead;
+    return m >= 1 && (!p.linear || (1 << (m - 1)) <= RS_ROW_OUTER);
 }
 
 /* X [D0..] -> Y [O0..]. */
@@ -1503,7 +1687,12 @@ static gp_status resize_forward(struct gp_cuda_ctx *c, struct gp_error *err)
         GP_TRY(gp_cuda_check_launch(c, "resize tables", err));
     }
     unsigned g = gp_cuda_blocks_for(n);
-    if (dt == GP_DTYPE_FLOAT32) {
+    if (dt == GP_DTYPE_FLOAT32 && rs_rows_ok(p)) {
+        int64_t ylast = p.ydims[p.rank - 1];
+        int64_t rows = n / ylast, batch = RS_FWD_ENTRIES / (p.linear ? 1 << (p.rank - p.lead - 1) : 1);
+        rs_forward_rows_kernel<<<capped_grid((rows + batch - 1) / batch, 1 << 20), GP_CUDA_THREADS, 0,
+                                 c->stream>>>(p, (const float *)c->in[0], (float *)c->out[0], rows);
+    } else if (dt == GP_DTYPE_FLOAT32) {
         rs_forward_f32_kernel<<<g, GP_CUDA_THREADS, 0, c->stream>>>(p, (const float *)c->in[0],
                                                                     (float *)c->out[0], n);
     } else {
@@ -1552,7 +1741,14 @@ static gp_status resize_backward(struct gp_cuda_ctx *c, struct gp_error *err)
         rs_tables_kernel<<<gp_cuda_blocks_for(p.tab_total), GP_CUDA_THREADS, 0, c->stream>>>(p, true);
         GP_TRY(gp_cuda_check_launch(c, "resize backward (tables)", err));
     }
-    rs_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(p, dY, dX, n);
+    if (rs_rows_ok(p)) {
+        int64_t xlast = p.xdims[p.rank - 1];
+        int64_t rows = n / xlast;
+        rs_backward_rows_kernel<<<capped_grid((rows + RS_BWD_ROWS - 1) / RS_BWD_ROWS, 1 << 20),
+                                  GP_CUDA_THREADS, 0, c->stream>>>(p, dY, dX, rows);
+    } else {
+        rs_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(p, dY, dX, n);
+    }
     return gp_cuda_check_launch(c, "resize backward", err);
 }
 

@@ -16,9 +16,11 @@
  * and finishes the statistics (saved mean / inverse std, the optional
  * outputs, the running statistics or the deferred sums), and an elementwise
  * pass applies them. Backward mirrors it. InstanceNormalization and
- * LayerNormalization use one block per plane / row; LayerNormalization's
- * parameter gradients sum over rows in fixed chunks (partials in scratch,
- * then one thread per column adds them in order).
+ * LayerNormalization use one block per plane / row; rows of LayerNorm up
+ * to 4096 values (backward: 2048) stay in registers, so a row is read
+ * once. LayerNormalization's parameter gradients sum over rows in a fixed
+ * number of blocks / chunks (partials in scratch, then added per column in
+ * a fixed order).
  *
  * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
  * where a product feeds a sum the operations are spelled with the _rn
@@ -55,6 +57,19 @@ __device__ static double block_sum(double v, double *sh)
     }
     __syncthreads();
     return sh[0];
+}
+
+/* a / b for a, b >= 0: 32-bit division when both fit. */
+__device__ static inline int64_t fdiv(int64_t a, int64_t b)
+{
+    return ((a | b) >> 32) == 0 ? (int64_t)((uint32_t)a / (uint32_t)b) : a / b;
+}
+
+/* The channel of element i of [N, C, S]. */
+__device__ static inline int64_t chan_of(int64_t i, int64_t s, int64_t c)
+{
+    int64_t q = fdiv(i, s);
+    return q - fdiv(q, c) * c;
 }
 
 static gp_status want_f32(const struct gp_cuda_ctx *c, int i, struct gp_error *err)
@@ -258,7 +273,7 @@ __global__ static void bn_apply_flat_kernel(struct bn_plan p, const float *x, co
                                             const float *invstd, float *y)
 {
     GP_GRID_STRIDE(i, p.n * p.c * p.s) {
-        int64_t c = i / p.s % p.c;
+        int64_t c = chan_of(i, p.s, p.c);
         float alpha = FMUL(invstd[c], scale[c]), beta = FSUB(bias[c], FMUL(mean[c], alpha));
         y[i] = FADD(FMUL(x[i], alpha), beta);
     }
@@ -449,7 +464,7 @@ __global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, const float *x, 
                                               const double *coef, float *dx)
 {
     GP_GRID_STRIDE(i, p.n * p.c * p.s) {
-        int64_t c = i / p.s % p.c;
+        int64_t c = chan_of(i, p.s, p.c);
         const double *k = coef + 5 * c;
         double xc = (double)FSUB(x[i], mean[c]), xhat = DMUL(xc, (double)invstd[c]);
         double g = dy ? (double)dy[i] : 0.0;
@@ -464,7 +479,7 @@ __global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, const float *dy, 
                                              const float *invstd, float *dx)
 {
     GP_GRID_STRIDE(i, p.n * p.c * p.s) {
-        int64_t c = i / p.s % p.c;
+        int64_t c = chan_of(i, p.s, p.c);
         dx[i] = FADD(dx[i], FMUL(dy[i], FMUL(scale[c], invstd[c])));
     }
 }
@@ -685,11 +700,11 @@ struct ln_plan {
     int64_t sstride[GP_MAX_RANK], bstride[GP_MAX_RANK]; /* Scale's, B's strides over it */
     bool sfull, bfull;
     int64_t chunks; /* row chunks of the parameter-gradient partial sums */
-    /* Rows of at most LN_REG_COLS: a block keeps its row in registers
-     * (reg_threads threads, LN_VPT values each) and backward adds the
-     * parameter gradients' terms of its rows (blocks: reg_blocks) in
-     * registers too. */
-    bool reg;
+    /* Rows of at most LN_REG_COLS (backward: LN_REG_BWD_COLS): a block
+     * keeps its row in registers (reg_threads threads, LN_VPT values each)
+     * and backward adds the parameter gradients' terms of its rows
+     * (blocks: reg_blocks) in registers too. */
+    bool reg, reg_bwd;
     int reg_threads;
     int64_t reg_blocks;
 };
@@ -714,7 +729,8 @@ static bool ln_strides(const struct gp_value *v, const struct ln_plan *p, int64_
 #define LN_MAX_CHUNKS 128
 #define LN_MAX_PARTIALS (4 << 20) /* doubles of partials at most (32 MiB) */
 #define LN_VPT 8                  /* values per thread of a row kept in registers */
-#define LN_REG_COLS 2048          /* rows up to this length: in registers */
+#define LN_REG_COLS 4096          /* rows up to this length: in registers */
+#define LN_REG_BWD_COLS 2048      /* backward (512 threads of 118 registers ran slower) */
 #define LN_REG_BLOCKS 1024        /* blocks of the register backward (fixed: partials) */
 #define LN_FIN_LANES 32           /* partials each column's final sum splits over */
 
@@ -739,7 +755,8 @@ static void ln_plan_of(const struct gp_graph *g, const struct gp_node *node, str
     while (ch > 1 && 2 * ch * p->cols > LN_MAX_PARTIALS) ch /= 2;
     p->chunks = ch < 1 ? 1 : ch;
     p->reg = p->cols <= LN_REG_COLS;
-    p->reg_threads = p->cols <= 256 ? 32 : p->cols <= 1024 ? 128 : 256;
+    p->reg_bwd = p->cols <= LN_REG_BWD_COLS;
+    p->reg_threads = p->cols <= 256 ? 32 : p->cols <= 1024 ? 128 : p->cols <= 2048 ? 256 : 512;
     p->reg_blocks = p->rows < LN_REG_BLOCKS ? (p->rows < 1 ? 1 : p->rows) : LN_REG_BLOCKS;
 }
 
@@ -770,7 +787,7 @@ static size_t ln_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
     struct ln_plan p;
     ln_plan_of(g, node, &p);
-    return 2 * sizeof(double) * (size_t)((p.reg ? p.reg_blocks : p.chunks) * p.cols);
+    return 2 * sizeof(double) * (size_t)((p.reg_bwd ? p.reg_blocks : p.chunks) * p.cols);
 }
 
 /* Rows of at most LN_REG_COLS: the row is read once into registers (thread
@@ -1122,7 +1139,7 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     float *dbias = ctx->node->n_inputs > 2 ? ctx->din[2] : NULL;
     const float *d_mean = opt_dout(ctx, 1), *d_inv = opt_dout(ctx, 2);
     bool params = dy && (dscale || dbias);
-    if (p.reg && (dx || (params && p.sfull && p.bfull))) {
+    if (p.reg_bwd && (dx || (params && p.sfull && p.bfull))) {
         bool fused = params && p.sfull && p.bfull;
         double *pss = fused ? (double *)ctx->scratch : NULL;
         double *psb = fused ? pss + p.reg_blocks * p.cols : NULL;

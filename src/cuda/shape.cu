@@ -639,20 +639,23 @@ static gp_status gather_forward(struct gp_cuda_ctx *c, struct gp_error *err)
  * 3. pieces: each run cut into ceil(len / GATHER_PIECE) pieces; exclusive
  *    scans give each key's first piece, its first partial (keys of more
  *    than one piece only) and its index among multi-piece keys.
- * 4. one thread per (r, piece, column): a single-piece key adds its
- *    positions into dData in position order (the CPU's float additions);
- *    a piece of a longer run sums in double into its partial.
- * 5. one thread per (r, multi-piece key, column): dData += the partials,
- *    in order, in double. */
+ * 4. a warp per (r, piece), lanes over columns: a single-piece key adds
+ *    its positions into dData in position order (the CPU's float
+ *    additions); a piece of a longer run sums in double into its partial.
+ * 5. a warp per (r, multi-piece key): dData += the partials, in order, in
+ *    double.
+ * Every step is a fixed function of the indices: the result is the same
+ * from run to run. */
 #define GATHER_PIECE 32
-#define GATHER_ITEMS 8
+#define GATHER_ITEMS 2
 #define GATHER_TILE (GP_CUDA_THREADS * GATHER_ITEMS)
-#define SCAN_THREADS 1024
+#define SCAN_BLOCK 1024   /* threads of a scan block, elements per block */
+#define SCAN_SMALL 16384  /* up to this many: a single-block scan */
 
 struct gather_layout {
     int64_t q, dim, ntiles, npc_max, mk_max, mp_max;
     int passes;
-    size_t keys[2], vals[2], hist, seg_lo, seg_hi, piece_start, mp_start, mk_start, piece_key,
+    size_t keys[2], vals[2], hist, bsum, seg_lo, seg_hi, piece_start, mp_start, mk_start, piece_key,
         mkey, partial, total;
 };
 
@@ -678,7 +681,9 @@ static void gather_layout_of(const struct gather_plan *p, struct gather_layout *
     TAKE(keys[1], qi);
     TAKE(vals[0], qi);
     TAKE(vals[1], qi);
-    TAKE(hist, (size_t)(256 * l->ntiles) * sizeof(int32_t));
+    TAKE(hist, (size_t)(256 * l->ntiles + 1) * sizeof(int32_t));
+    int64_t most = 256 * l->ntiles > dim ? 256 * l->ntiles : dim;
+    TAKE(bsum, (size_t)(3 * ((most + SCAN_BLOCK - 1) / SCAN_BLOCK + 1)) * sizeof(int32_t));
     TAKE(seg_lo, di);
     TAKE(seg_hi, di);
     TAKE(piece_start, di);
@@ -760,20 +765,93 @@ __device__ static int32_t block_exclusive_sum(int32_t v, int32_t *total)
     return excl;
 }
 
-/* a [n] -> exclusive prefix sums, in place; one block, each thread a
- * contiguous chunk. */
-__global__ static void scan_kernel(int32_t *a, int64_t n)
+/* Exclusive prefix sums of K int32 arrays a[k] [n + 1], in place, with
+ * the totals in a[k][n]. Up to SCAN_SMALL elements: one block, each
+ * thread a contiguous chunk. More: per block of SCAN_BLOCK elements its
+ * sums (coalesced), one block scans those, each block rescans its own. */
+
+template <int K> struct scan_arrays {
+    int32_t *a[K];
+};
+
+template <int K>
+__global__ static void scan_small_kernel(struct scan_arrays<K> s, int64_t n)
 {
     int64_t chunk = (n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * chunk;
     int64_t hi = lo + chunk < n ? lo + chunk : n;
-    int32_t s = 0;
-    for (int64_t i = lo; i < hi; i++) s += a[i];
-    int32_t total, run = block_exclusive_sum(s, &total);
-    for (int64_t i = lo; i < hi; i++) {
-        int32_t t = a[i];
-        a[i] = run;
-        run += t;
+    for (int k = 0; k < K; k++) {
+        int32_t *a = s.a[k], sum = 0, total;
+        for (int64_t i = lo; i < hi; i++) sum += a[i];
+        int32_t run = block_exclusive_sum(sum, &total);
+        for (int64_t i = lo; i < hi; i++) {
+            int32_t t = a[i];
+            a[i] = run;
+            run += t;
+        }
+        if (threadIdx.x == 0) a[n] = total;
     }
+}
+
+template <int K>
+__global__ static void scan_up_kernel(struct scan_arrays<K> s, int64_t n, int64_t nb, int32_t *bsum)
+{
+    for (int64_t b = blockIdx.x; b < nb; b += gridDim.x) {
+        int64_t i = b * SCAN_BLOCK + threadIdx.x;
+        for (int k = 0; k < K; k++) {
+            int32_t total;
+            block_exclusive_sum(i < n ? s.a[k][i] : 0, &total);
+            if (threadIdx.x == 0) bsum[k * nb + b] = total;
+        }
+    }
+}
+
+template <int K>
+__global__ static void scan_mid_kernel(struct scan_arrays<K> s, int64_t n, int64_t nb, int32_t *bsum)
+{
+    int64_t chunk = (nb + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * chunk;
+    int64_t hi = lo + chunk < nb ? lo + chunk : nb;
+    for (int k = 0; k < K; k++) {
+        int32_t *a = bsum + k * nb, sum = 0, total;
+        for (int64_t i = lo; i < hi; i++) sum += a[i];
+        int32_t run = block_exclusive_sum(sum, &total);
+        for (int64_t i = lo; i < hi; i++) {
+            int32_t t = a[i];
+            a[i] = run;
+            run += t;
+        }
+        if (threadIdx.x == 0) s.a[k][n] = total;
+    }
+}
+
+template <int K>
+__global__ static void scan_down_kernel(struct scan_arrays<K> s, int64_t n, int64_t nb, const int32_t *bsum)
+{
+    for (int64_t b = blockIdx.x; b < nb; b += gridDim.x) {
+        int64_t i = b * SCAN_BLOCK + threadIdx.x;
+        for (int k = 0; k < K; k++) {
+            int32_t total, v = i < n ? s.a[k][i] : 0;
+            int32_t excl = block_exclusive_sum(v, &total);
+            if (i < n) s.a[k][i] = excl + bsum[k * nb + b];
+        }
+    }
+}
+
+template <int K>
+static gp_status scan_run(const struct gp_cuda_ctx *c, struct scan_arrays<K> a, int64_t n, int32_t *bsum,
+                          const char *what, struct gp_error *err)
+{
+    if (n <= SCAN_SMALL) {
+        scan_small_kernel<K><<<1, SCAN_BLOCK, 0, c->stream>>>(a, n);
+        return gp_cuda_check_launch(c, what, err);
+    }
+    int64_t nb = (n + SCAN_BLOCK - 1) / SCAN_BLOCK;
+    unsigned grid = (unsigned)(nb < 65535 ? nb : 65535);
+    scan_up_kernel<K><<<grid, SCAN_BLOCK, 0, c->stream>>>(a, n, nb, bsum);
+    GP_TRY(gp_cuda_check_launch(c, what, err));
+    scan_mid_kernel<K><<<1, SCAN_BLOCK, 0, c->stream>>>(a, n, nb, bsum);
+    GP_TRY(gp_cuda_check_launch(c, what, err));
+    scan_down_kernel<K><<<grid, SCAN_BLOCK, 0, c->stream>>>(a, n, nb, bsum);
+    return gp_cuda_check_launch(c, what, err);
 }
 
 /* Stable scatter of one pass: a tile's keys go, in position order, to
@@ -836,37 +914,18 @@ __device__ static inline int32_t pieces_of(int32_t len)
     return (len + GATHER_PIECE - 1) / GATHER_PIECE;
 }
 
-/* Exclusive scans over the keys of: pieces, partials (pieces of keys with
- * more than one) and multi-piece keys; entry dim holds the totals. */
-__global__ static void gather_piece_scan_kernel(const int32_t *seg_lo, const int32_t *seg_hi, int64_t dim,
-                                                int32_t *piece_start, int32_t *mp_start, int32_t *mk_start)
+/* Per key: its pieces, its partials (pieces of a key of more than one)
+ * and whether it has several pieces; scanned next into first piece,
+ * first partial and index among multi-piece keys. */
+__global__ static void gather_piece_counts_kernel(const int32_t *seg_lo, const int32_t *seg_hi, int64_t dim,
+                                                  int32_t *piece_start, int32_t *mp_start, int32_t *mk_start)
 {
-    int64_t chunk = (dim + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * chunk;
-    int64_t hi = lo + chunk < dim ? lo + chunk : dim;
-    int32_t sp = 0, sm = 0, sk = 0;
-    for (int64_t v = lo; v < hi; v++) {
+    GP_GRID_STRIDE(v, dim)
+    {
         int32_t pc = pieces_of(seg_hi[v] - seg_lo[v]);
-        sp += pc;
-        sm += pc > 1 ? pc : 0;
-        sk += pc > 1;
-    }
-    int32_t tp, tm, tk;
-    int32_t rp = block_exclusive_sum(sp, &tp);
-    int32_t rm = block_exclusive_sum(sm, &tm);
-    int32_t rk = block_exclusive_sum(sk, &tk);
-    for (int64_t v = lo; v < hi; v++) {
-        int32_t pc = pieces_of(seg_hi[v] - seg_lo[v]);
-        piece_start[v] = rp;
-        mp_start[v] = rm;
-        mk_start[v] = rk;
-        rp += pc;
-        rm += pc > 1 ? pc : 0;
-        rk += pc > 1;
-    }
-    if (threadIdx.x == 0) {
-        piece_start[dim] = tp;
-        mp_start[dim] = tm;
-        mk_start[dim] = tk;
+        piece_start[v] = pc;
+        mp_start[v] = pc > 1 ? pc : 0;
+        mk_start[v] = pc > 1;
     }
 }
 
@@ -891,44 +950,100 @@ struct gather_bwd {
     int64_t pre, dim, q, post, mp_max;
 };
 
+/* A warp per (r, piece, 32 * GATHER_COLS columns): each lane takes
+ * GATHER_COLS columns, so that that many loads are in flight. */
+#define GATHER_COLS 4
+
 __global__ static void gather_piece_kernel(struct gather_bwd b)
 {
-    int64_t npc = b.piece_start[b.dim], n = b.pre * npc * b.post;
-    GP_GRID_STRIDE(t, n)
-    {
-        int64_t col = t % b.post, rest = t / b.post, piece = rest % npc, r = rest / npc;
+    int lane = threadIdx.x & 31;
+    int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    int64_t nch = (b.post + 32 * GATHER_COLS - 1) / (32 * GATHER_COLS);
+    int64_t npc = b.piece_start[b.dim], rows = b.pre * npc * nch;
+    for (int64_t w = w0; w < rows; w += nw) {
+        int64_t chunk = w % nch, rest = w / nch, piece = rest % npc, r = rest / npc;
         int32_t v = b.piece_key[piece];
         int32_t ps = b.piece_start[v], pc = b.piece_start[v + 1] - ps, k = (int32_t)piece - ps;
         int64_t lo = (int64_t)b.seg_lo[v] + (int64_t)k * GATHER_PIECE;
         int64_t hi = lo + GATHER_PIECE < b.seg_hi[v] ? lo + GATHER_PIECE : b.seg_hi[v];
-        const float *dy = b.dy + r * b.q * b.post + col;
-        if (pc == 1) {
-            float *d = b.dx + (r * b.dim + v) * b.post + col;
-            float acc = *d;
-            for (int64_t i = lo; i < hi; i++) acc = __fadd_rn(acc, dy[(int64_t)b.pos[i] * b.post]);
-            *d = acc;
-        } else {
-            double acc = 0;
-            for (int64_t i = lo; i < hi; i++) acc += (double)dy[(int64_t)b.pos[i] * b.post];
-            b.partial[(r * b.mp_max + b.mp_start[v] + k) * b.post + col] = acc;
+        const float *dy = b.dy + r * b.q * b.post;
+        float *dx = b.dx + (r * b.dim + v) * b.post;
+        double *part = b.partial + (r * b.mp_max + b.mp_start[v] + k) * b.post;
+        int64_t c0 = chunk * 32 * GATHER_COLS + lane;
+        {
+            if (pc == 1) { /* the CPU's float additions, in position order */
+                float acc[GATHER_COLS];
+#pragma unroll
+                for (int u = 0; u < GATHER_COLS; u++) {
+                    int64_t col = c0 + 32 * u;
+                    acc[u] = col < b.post ? dx[col] : 0.0f;
+                }
+#pragma unroll 4
+                for (int64_t i = lo; i < hi; i++) {
+                    const float *row = dy + (int64_t)b.pos[i] * b.post;
+#pragma unroll
+                    for (int u = 0; u < GATHER_COLS; u++) {
+                        int64_t col = c0 + 32 * u;
+                        if (col < b.post) acc[u] = __fadd_rn(acc[u], row[col]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < GATHER_COLS; u++) {
+                    int64_t col = c0 + 32 * u;
+                    if (col < b.post) dx[col] = acc[u];
+                }
+            } else {
+                double acc[GATHER_COLS] = {0, 0, 0, 0};
+#pragma unroll 4
+                for (int64_t i = lo; i < hi; i++) {
+                    const float *row = dy + (int64_t)b.pos[i] * b.post;
+#pragma unroll
+                    for (int u = 0; u < GATHER_COLS; u++) {
+                        int64_t col = c0 + 32 * u;
+                        if (col < b.post) acc[u] += (double)row[col];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < GATHER_COLS; u++) {
+                    int64_t col = c0 + 32 * u;
+                    if (col < b.post) part[col] = acc[u];
+                }
+            }
         }
     }
 }
 
+/* A warp per (r, multi-piece key, 32 columns): dData += its partials, in
+ * order. */
 __global__ static void gather_reduce_kernel(struct gather_bwd b)
 {
-    int64_t nmk = b.mk_start[b.dim], n = b.pre * nmk * b.post;
-    GP_GRID_STRIDE(t, n)
-    {
-        int64_t col = t % b.post, rest = t / b.post, m = rest % nmk, r = rest / nmk;
+    int lane = threadIdx.x & 31;
+    int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    int64_t nch = (b.post + 31) / 32;
+    int64_t nmk = b.mk_start[b.dim], rows = b.pre * nmk * nch;
+    for (int64_t w = w0; w < rows; w += nw) {
+        int64_t chunk = w % nch, rest = w / nch, m = rest % nmk, r = rest / nmk;
         int32_t v = b.mkey[m];
         int32_t pc = b.piece_start[v + 1] - b.piece_start[v];
-        const double *part = b.partial + (r * b.mp_max + b.mp_start[v]) * b.post + col;
-        float *d = b.dx + (r * b.dim + v) * b.post + col;
-        double acc = (double)*d;
-        for (int32_t k = 0; k < pc; k++) acc += part[(int64_t)k * b.post];
-        *d = (float)acc;
+        const double *part = b.partial + (r * b.mp_max + b.mp_start[v]) * b.post;
+        float *dx = b.dx + (r * b.dim + v) * b.post;
+        int64_t col = chunk * 32 + lane;
+        if (col < b.post) {
+            double acc = (double)dx[col];
+#pragma unroll 4
+            for (int32_t k = 0; k < pc; k++) acc += part[(int64_t)k * b.post + col];
+            dx[col] = (float)acc;
+        }
     }
+}
+
+/* Blocks for one warp per row, rows at most `rows`. */
+static unsigned warp_blocks(int64_t rows)
+{
+    int64_t b = (rows * 32 + GP_CUDA_THREADS - 1) / GP_CUDA_THREADS;
+    return (unsigned)(b < 1 ? 1 : b > 16384 ? 16384 : b);
 }
 
 static gp_status gather_backward(struct gp_cuda_ctx *c, struct gp_error *err)
@@ -946,7 +1061,7 @@ static gp_status gather_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     char *s = (char *)c->scratch;
     uint32_t *keys[2] = {(uint32_t *)(s + l.keys[0]), (uint32_t *)(s + l.keys[1])};
     int32_t *vals[2] = {(int32_t *)(s + l.vals[0]), (int32_t *)(s + l.vals[1])};
-    int32_t *hist = (int32_t *)(s + l.hist);
+    int32_t *hist = (int32_t *)(s + l.hist), *bsum = (int32_t *)(s + l.bsum);
     cudaStream_t st = c->stream;
 
     unsigned qb = gp_cuda_blocks_for(p.q);
@@ -962,8 +1077,9 @@ static gp_status gather_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     for (int pass = 0; pass < l.passes; pass++, cur ^= 1) {
         radix_hist_kernel<<<tb, GP_CUDA_THREADS, 0, st>>>(keys[cur], p.q, 8 * pass, l.ntiles, hist);
         GP_TRY(gp_cuda_check_launch(c, "Gather backward: radix histogram", err));
-        scan_kernel<<<1, SCAN_THREADS, 0, st>>>(hist, 256 * l.ntiles);
-        GP_TRY(gp_cuda_check_launch(c, "Gather backward: radix scan", err));
+        struct scan_arrays<1> ha;
+        ha.a[0] = hist;
+        GP_TRY(scan_run(c, ha, 256 * l.ntiles, bsum, "Gather backward: radix scan", err));
         radix_scatter_kernel<<<tb, GP_CUDA_THREADS, 0, st>>>(keys[cur], vals[cur], p.q, 8 * pass,
                                                              l.ntiles, hist, keys[cur ^ 1], vals[cur ^ 1]);
         GP_TRY(gp_cuda_check_launch(c, "Gather backward: radix scatter", err));
@@ -993,15 +1109,21 @@ static gp_status gather_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     gather_bounds_kernel<<<qb, GP_CUDA_THREADS, 0, st>>>(keys[cur], p.q, p.dim, (int32_t *)b.seg_lo,
                                                          (int32_t *)b.seg_hi);
     GP_TRY(gp_cuda_check_launch(c, "Gather backward: runs", err));
-    gather_piece_scan_kernel<<<1, SCAN_THREADS, 0, st>>>(b.seg_lo, b.seg_hi, p.dim, (int32_t *)b.piece_start,
-                                                         (int32_t *)b.mp_start, (int32_t *)b.mk_start);
-    GP_TRY(gp_cuda_check_launch(c, "Gather backward: piece scan", err));
+    gather_piece_counts_kernel<<<gp_cuda_blocks_for(p.dim), GP_CUDA_THREADS, 0, st>>>(
+        b.seg_lo, b.seg_hi, p.dim, (int32_t *)b.piece_start, (int32_t *)b.mp_start, (int32_t *)b.mk_start);
+    GP_TRY(gp_cuda_check_launch(c, "Gather backward: piece counts", err));
+    struct scan_arrays<3> pa;
+    pa.a[0] = (int32_t *)b.piece_start;
+    pa.a[1] = (int32_t *)b.mp_start;
+    pa.a[2] = (int32_t *)b.mk_start;
+    GP_TRY(scan_run(c, pa, p.dim, bsum, "Gather backward: piece scan", err));
     gather_piece_keys_kernel<<<gp_cuda_blocks_for(p.dim), GP_CUDA_THREADS, 0, st>>>(
         b.seg_lo, b.seg_hi, p.dim, b.piece_start, b.mk_start, (int32_t *)b.piece_key, (int32_t *)b.mkey);
     GP_TRY(gp_cuda_check_launch(c, "Gather backward: piece keys", err));
-    gather_piece_kernel<<<gp_cuda_blocks_for(p.pre * l.npc_max * p.post), GP_CUDA_THREADS, 0, st>>>(b);
+    int64_t wide = (p.post + 32 * GATHER_COLS - 1) / (32 * GATHER_COLS), narrow = (p.post + 31) / 32;
+    gather_piece_kernel<<<warp_blocks(p.pre * l.npc_max * wide), GP_CUDA_THREADS, 0, st>>>(b);
     GP_TRY(gp_cuda_check_launch(c, "Gather backward: pieces", err));
-    gather_reduce_kernel<<<gp_cuda_blocks_for(p.pre * l.mk_max * p.post), GP_CUDA_THREADS, 0, st>>>(b);
+    gather_reduce_kernel<<<warp_blocks(p.pre * l.mk_max * narrow), GP_CUDA_THREADS, 0, st>>>(b);
     return gp_cuda_check_launch(c, "Gather backward: long runs", err);
 }
 

@@ -13,11 +13,13 @@
  * scale * (pred - target). Only the order of the double sums differs from
  * the CPU's (so losses agree to ~1e-15 relative, gradients to an ulp).
  *   Cross-entropy along a contiguous class axis ([N, C] or [N, T, C]; rows
- *   of up to GPT-2's 50304 classes) runs one block per row, float4 loads
- *   when the row allows: pass 1 folds max and sum of exponentials online
- *   (each thread a running (max, sum) rescaled when its max grows, merged in
- *   a fixed tree), pass 2 writes the gradient, so logits are read twice and
- *   the gradient written once. Along a strided class axis ([N, C, H, W]) one
+ *   of up to GPT-2's 50304 classes) runs one block of up to 256 threads per
+ *   row, float4 loads when the row allows, the next group of loads in
+ *   flight while a group's exponentials are computed: pass 1 folds max and
+ *   sum of exponentials online (each thread a running (max, sum), rescaled
+ *   at most once per group of 8 elements, merged in a fixed tree), pass 2
+ *   writes the gradient, so logits are read twice (the second time mostly
+ *   from L2) and the gradient written once. Along a strided class axis ([N, C, H, W]) one
  *   thread takes a row (neighbouring threads read neighbouring pixels, so
  *   loads coalesce) and follows the CPU's three loops exactly; few rows with
  *   many classes go to the block-per-row kernel with a stride instead.
@@ -36,11 +38,15 @@
  * approximates, so parameters and state are bit-identical to the CPU build's
  * (gcc -std=c11 does not contract either; its fmaf is exact). The scalars
  * (bias corrections, decay factors) are computed on the host in double
- * exactly as optim.c computes them.
+ * exactly as optim.c computes them. With clip_coef below 1 (or NaN, which
+ * gp_clip_coef can return) the gradient is first multiplied by it in float32,
+ * gp_scale_grads' operation, and the clipped gradient is stored back, as
+ * clip_grad_norm_ leaves it; clip_coef >= 1 leaves gradients untouched.
  *
- * Norms: one thread block cluster (Hopper) of NORM_CLUSTER blocks per tensor,
- * double sums in a fixed order, so large tensors are read by several
- * multiprocessors without scratch memory.
+ * Norms: `tensors` and `numels` are host arrays (of device pointers), `out`
+ * device memory. One thread block cluster (Hopper) of NORM_CLUSTER blocks
+ * per tensor, double sums in a fixed order, so large tensors are read by
+ * several multiprocessors without scratch memory.
  *
  * No function synchronizes or allocates; every launch is checked and a
  * failure names the function and the kernel. */

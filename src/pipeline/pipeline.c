@@ -37,6 +37,7 @@ struct stage {
      * its parameters' gradient norms (floats), for clipping. */
     unsigned char *targets, *loss_sums, *norms;
     unsigned char *inputs;         /* first stage: the mini-batch's data, as the host gave it */
+    unsigned char *libs;           /* the backend's library workspace (cuBLAS) */
     unsigned char *optim_state;
     int n_sets;                    /* activation sets: one per micro-batch without checkpointing */
     struct gp_event **fwd_done, **fwd_copied, **bwd_done, **bwd_copied; /* per micro-batch */
@@ -271,10 +272,11 @@ void gp_pipeline_free(struct gp_pipeline *p)
                 free(lists[e]);
             }
             if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
-            unsigned char *blocks[12] = {s->static_block, s->param_grads, s->boxes,       s->locals,
+            unsigned char *blocks[13] = {s->static_block, s->param_grads, s->boxes,       s->locals,
                                          s->grads,        s->inboxes,     s->scratch,     s->targets,
-                                         s->loss_sums,    s->norms,       s->optim_state, s->inputs};
-            for (int b = 0; b < 12; b++)
+                                         s->loss_sums,    s->norms,       s->optim_state, s->inputs,
+                                         s->libs};
+            for (int b = 0; b < 13; b++)
                 if (blocks[b]) ops->free(s->dev, blocks[b]);
             for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++)
                 if (s->bn_stats[i]) ops->free(s->dev, s->bn_stats[i]);
@@ -340,6 +342,7 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"activation gradients", s->plan.grad_bytes, &s->grads};
     b[n++] = (struct block_plan){"gradient inboxes", s->plan.inbox_bytes * (size_t)p->M, &s->inboxes};
     b[n++] = (struct block_plan){"kernel workspace", scratch, &s->scratch};
+    b[n++] = (struct block_plan){"library workspace", s->cops->context_bytes, &s->libs};
     b[n++] = (struct block_plan){"targets", last ? p->target_bytes * (size_t)p->M : 0, &s->targets};
     b[n++] = (struct block_plan){"inputs", k == 0 ? p->input_bytes * (size_t)p->M : 0, &s->inputs};
     b[n++] = (struct block_plan){"loss sums", last ? sizeof(double) * (size_t)p->M : 0, &s->loss_sums};
@@ -424,7 +427,6 @@ static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last,
         snprintf(name, sizeof name, "copy s%d->s%d", k, k - 1);
         GP_TRY(s->ops->stream_create(s->dev, name, &s->copy_prev, err));
     }
-    GP_TRY(s->cops->context_create(s->dev, s->compute, p->cfg.tf32, &s->cctx, err));
     s->n_sets = p->cfg.checkpoint == GP_CHECKPOINT_NEVER ? p->M : 1;
 
     /* Parameters in value order, which is the model's initializer order:
@@ -443,6 +445,7 @@ static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last,
     }
     s->optim_bytes_planned = s->n_params ? gp_optim_state_bytes_for(&p->cfg.optim, s->params, s->n_params) : 0;
     GP_TRY(allocate_stage(p, s, k, err));
+    GP_TRY(s->cops->context_create(s->dev, s->compute, p->cfg.tf32, s->libs, &s->cctx, err));
     for (int i = 0; i < s->n_params; i++) {
         s->params[i].data = (float *)(s->static_block + s->plan.off[s->param_values[i]]);
         s->params[i].grad = (float *)(s->param_grads + s->plan.off[s->param_values[i]]);

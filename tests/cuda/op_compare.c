@@ -111,6 +111,14 @@ static void *input_data(const struct gp_graph *g, const struct gp_value *v, cons
             memcpy(h, v->constant->data, bytes);
     } else if (gp_dtype_is_float(v->dtype)) {
         for (int64_t e = 0; e < n; e++) ((float *)h)[e] = uniform(lo, hi);
+    } else if (o->index_bound > 0 && v->dtype == GP_DTYPE_BOOL) {
+        for (int64_t e = 0; e < n; e++) ((uint8_t *)h)[e] = uniform(0, 1) < 0.5f;
+    } else if (o->index_bound > 0 && (v->dtype == GP_DTYPE_INT64 || v->dtype == GP_DTYPE_INT32)) {
+        for (int64_t e = 0; e < n; e++) {
+            int64_t x = (int64_t)uniform(0, (float)o->index_bound);
+            if (v->dtype == GP_DTYPE_INT64) ((int64_t *)h)[e] = x;
+            else ((int32_t *)h)[e] = (int32_t)x;
+        }
     } else {
         fail_msg("%s: input %d ('%s') is %s and not an initializer: give its data", o->label, k, v->name,
                  gp_dtype_name(v->dtype));
@@ -193,7 +201,15 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     void *cin[MAX_IO + 1] = {0}, *cout[MAX_IO + 1] = {0};
     real *cdin[MAX_IO + 1] = {0}, *cdout[MAX_IO + 1] = {0};
     for (int k = 0; k < ni; k++) {
-        cin[k] = hx[k];
+        /* The CPU's own copy: a kernel may update an input in place
+         * (running statistics), and CUDA must start from the same data. */
+        if (hx[k]) {
+            const struct gp_value *v = &g->values[node->inputs[k]];
+            size_t bytes = (size_t)nx[k] * esize(v->dtype);
+            cin[k] = malloc(bytes ? bytes : 16);
+            assert_non_null(cin[k]);
+            memcpy(cin[k], hx[k], bytes);
+        }
         if (want_dx[k]) {
             cdin[k] = malloc(sizeof(float) * (size_t)(nx[k] ? nx[k] : 1));
             assert_non_null(cdin[k]);
@@ -230,7 +246,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     cudaStream_t stream;
     cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), label, "cudaStreamCreate");
     struct gp_cuda_libs libs;
-    if (gp_cuda_libs_create(stream, o->tf32, &libs, &err) != GP_OK) fail_msg("%s: %s", label, err.msg);
+    if (gp_cuda_libs_create(stream, o->tf32, NULL, &libs, &err) != GP_OK) fail_msg("%s: %s", label, err.msg);
     void *gin[MAX_IO + 1] = {0}, *gout[MAX_IO + 1] = {0};
     float *gdin[MAX_IO + 1] = {0}, *gdout[MAX_IO + 1] = {0};
     for (int k = 0; k < ni; k++) {
@@ -288,7 +304,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         const struct gp_value *v = &g->values[node->inputs[k]];
         if (!gp_dtype_is_float(v->dtype)) continue;
         float *h = host_copy_of(gin[k], sizeof(float) * (size_t)nx[k], label);
-        compare_floats(label, "input (after the step)", k, h, hx[k], nx[k], rel, abs_tol);
+        compare_floats(label, "input (after the step)", k, h, cin[k], nx[k], rel, abs_tol);
         free(h);
     }
 
@@ -303,6 +319,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         free(hdy[k]);
         free(hd0[k]);
         free(cdin[k]);
+        free(cin[k]);
         free(cout[k]);
         free(cdout[k]);
     }

@@ -6,7 +6,7 @@
  * Inputs: float tensors draw fresh uniform values in [lo, hi) unless the
  * caller gives data (o->inputs[k]); initializers (parameters, constants)
  * use their data in the graph; integer and bool inputs must be initializers
- * or given. Backward starts from random output gradients and from random
+ * or given (or, with index_bound, drawn). Backward starts from random output gradients and from random
  * input gradients on both sides, so it also checks that CUDA accumulates
  * (+=). Saved and scratch memory are each kernel's own sizes; the CUDA
  * output is poisoned with NaN first, so an unwritten element fails.
@@ -30,6 +30,7 @@ struct op_compare {
     bool forward_only;                          /* skip backward (ops without a gradient) */
     bool tf32;                                  /* the CUDA side may use TF32 */
     double rel_tol, abs_tol;                    /* 0: the defaults */
+    int64_t index_bound;                        /* > 0: integer inputs without data draw from [0, bound) */
 };
 
 /* Compares node `node` of g on both backends; fails the cmocka test (naming

@@ -381,10 +381,10 @@ struct rs_case {
     const char *op; /* NULL: Resize */
     int opset;
     int rank;
-    int64_t x[5];
+    int64_t x[8];
     const char *mode, *coords, *nearest; /* NULL: absent */
     int n_scales;
-    float scales[5];
+    float scales[8];
     int n_sizes;
     int64_t sizes[5];
     int n_axes;
@@ -411,7 +411,7 @@ static void resize_case(const struct rs_case *c)
     } else {
         int r2 = 2 * (c->n_axes ? c->n_axes : c->rank);
         if (c->roi) {
-            float roi[10];
+            float roi[16];
             /* starts then ends: the outer axes whole, the inner ones cropped past the edges. */
             for (int k = 0; k < r2 / 2; k++) {
                 bool inner = k >= r2 / 2 - 2;
@@ -491,6 +491,15 @@ static void test_resize(void **state)
         {"Upsample-9 linear", "Upsample", 9, X4, "linear", NULL, NULL, 4, {1, 1, 2, 2}},
         {"Resize-10 nearest", NULL, 10, X4, "nearest", NULL, NULL, 4, {1, 1, 3, 0.5f}},
         {"trilinear 5-D", NULL, 13, 5, {1, 2, 3, 4, 5}, "linear", NULL, NULL, 5, {1, 1, 2, 1.5f, 0.5f}},
+        /* 40x along H: more output rows read an input row than the row
+         * kernel's backward holds (its per-element fallback). */
+        {"linear 40x along H", NULL, 13, 4, {1, 2, 3, 4}, "linear", "align_corners", NULL, 4,
+         {1, 1, 40, 1}},
+        /* 8 resized axes: 128 corners before the last, the generic kernels. */
+        {"linear over 8 axes", NULL, 13, 8, {2, 2, 2, 2, 2, 2, 2, 3}, "linear", NULL, NULL, 8,
+         {1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 2}},
+        {"nearest over 8 axes", NULL, 13, 8, {2, 2, 2, 2, 2, 2, 2, 3}, "nearest", NULL, NULL, 8,
+         {1.5f, 2, 1.5f, 0.5f, 1.5f, 1.5f, 1.5f, 2}},
         {"large nearest 2x", NULL, 13, 4, {4, 16, 64, 64}, "nearest", "asymmetric", "floor", 4,
          {1, 1, 2, 2}},
         {"large linear 2x", NULL, 13, 4, {4, 16, 64, 64}, "linear", "half_pixel", NULL, 4, {1, 1, 2, 2}},

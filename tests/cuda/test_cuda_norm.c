@@ -344,11 +344,13 @@ static void test_layer_norm(void **state)
         {"Scale [1, 768] over [5, 768]", 3, {2, 5, 768}, true, -2, 2, 2, {1, 768}, {5, 768}, 1},
         {"GPT-2 [8, 33, 768]", 3, {8, 33, 768}, true, -1, 1, 1, {768}, {768}, 1},
         {"4200 rows of 40", 2, {4200, 40}, true, -1, 1, 1, {40}, {40}, 1},
-        /* Rows longer than the register path's 2048: the generic kernels. */
+        /* Rows of 2048 to 4096: forward in registers (512 threads), backward
+         * generic; longer rows: the generic kernels both ways. */
+        {"rows of 2500", 2, {70, 2500}, true, -1, 1, -1, {2500}, {0}, 1},
         {"wide rows [3, 5000]", 2, {3, 5000}, true, 1, 1, 1, {5000}, {5000}, 3},
-        {"wide rows [70, 2500]", 2, {70, 2500}, true, -1, 1, -1, {2500}, {0}, 1},
-        {"wide, Scale broadcast [1000] over [3, 1000]", 3, {2, 3, 1000}, true, 1, 1, 2, {1000},
-         {3, 1000}, 3},
+        {"wide rows [130, 4500]", 2, {130, 4500}, true, -1, 1, 1, {4500}, {4500}, 1},
+        {"wide, Scale broadcast [1000] over [5, 1000]", 3, {2, 5, 1000}, true, 1, 1, 2, {1000},
+         {5, 1000}, 3},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         const struct ln_case *c = &cases[k];

@@ -6,10 +6,10 @@
 
 #include "backend/cpu/kernel.h"
 
-static gp_status context_create(struct gp_device *dev, struct gp_stream *compute, bool tf32, void **ctx,
-                                struct gp_error *err)
+static gp_status context_create(struct gp_device *dev, struct gp_stream *compute, bool tf32, void *workspace,
+                                void **ctx, struct gp_error *err)
 {
-    (void)dev, (void)compute, (void)tf32, (void)err;
+    (void)dev, (void)compute, (void)tf32, (void)workspace, (void)err;
     *ctx = NULL; /* nothing to hold */
     return GP_OK;
 }
@@ -123,6 +123,7 @@ static gp_status norms(void *ctx, const float *const *tensors, const int64_t *nu
 }
 
 const struct gp_compute_ops gp_cpu_compute_ops = {
+    .context_bytes = 0,
     .context_create = context_create,
     .context_destroy = context_destroy,
     .has_kernel = has_kernel,
