@@ -25,8 +25,9 @@
  * 2-D ones with a leading axis of 1; up to 3 spatial axes, as on the CPU.
  *
  * Algorithms: chosen once per geometry with cuDNN's heuristics
- * (cudnnGet*Algorithm_v7): the first deterministic result that succeeds
- * with a workspace of at most WS_CAP, in FMA math (float32 semantics) unless
+ * (cudnnGet*Algorithm_v7): the first result that succeeds with a workspace
+ * of at most WS_CAP, deterministic and (without TF32) free of FFT and
+ * Winograd if there is one, in FMA math (float32 semantics) unless
  * ctx->tf32. Choices live in a process-wide table under a mutex, keyed by
  * the whole cuDNN problem, and scratch_bytes() makes them (with a handle of
  * its own) so the executor plans the workspace; forward and backward find
@@ -332,17 +333,18 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
            a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
-/* Picks among `n` heuristic results (best first) the first deterministic
- * one that succeeds, whose math type is allowed and whose workspace (asked
- * of cuDNN for that algorithm and math type) fits WS_CAP. `ws_of` returns
- * false when cuDNN refuses the algorithm. */
-#define PICK(perf, count, tf32, conv, ws_of, out_algo, out_math, out_ws, found)                   \
+/* Picks among `n` heuristic results (best first) the first one that
+ * succeeds, meets `level` (0: deterministic and precise, 1: precise, 2: any;
+ * precision matters only without TF32), whose math type is allowed and
+ * whose workspace (asked of cuDNN for that algorithm and math type) fits
+ * WS_CAP. `ws_of` returns false when cuDNN refuses the algorithm. */
+#define PICK_LEVEL(perf, count, tf32, level, conv, ws_of, out_algo, out_math, out_ws, found)     \
     do {                                                                                     \
         found = false;                                                                       \
         for (int i_ = 0; i_ < (count) && !found; i_++) {                                     \
             if ((perf)[i_].status != CUDNN_STATUS_SUCCESS) continue;                         \
-            if ((perf)[i_].determinism != CUDNN_DETERMINISTIC) continue;                     \
-            if (!(tf32) && !precise((perf)[i_].algo)) continue;                              \
+            if ((level) < 1 && (perf)[i_].determinism != CUDNN_DETERMINISTIC) continue;      \
+            if ((level) < 2 && !(tf32) && !precise((perf)[i_].algo)) continue;               \
             if (!math_ok((perf)[i_].mathType, tf32)) continue;                               \
             cudnnMathType_t m_ = exec_math((perf)[i_].mathType, tf32);                       \
             if (cudnnSetConvolutionMathType(conv, m_) != CUDNN_STATUS_SUCCESS) continue;     \
@@ -355,6 +357,17 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
             out_ws = ws_;                                                                    \
             found = true;                                                                    \
         }                                                                                    \
+    } while (0)
+
+/* Preference order: deterministic and precise; precise (cuDNN's atomics
+ * make the last bits vary run to run); anything that runs. Most shapes stop
+ * at the first; the later ones keep a convolution that has no such
+ * algorithm training rather than failing. */
+#define PICK(perf, count, tf32, conv, ws_of, out_algo, out_math, out_ws, found)                   \
+    do {                                                                                     \
+        found = false;                                                                       \
+        for (int level_ = 0; level_ < 3 && !found; level_++)                                 \
+            PICK_LEVEL(perf, count, tf32, level_, conv, ws_of, out_algo, out_math, out_ws, found); \
     } while (0)
 
 /* Chooses the three algorithms of the problem with handle h. On failure
@@ -486,7 +499,7 @@ static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *
     if (lookup_algos((cudnnHandle_t)c->cudnn, g, c->tf32, ch, &e, &why)) return GP_OK;
     if (why)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
-                             "cuDNN offers no deterministic %s algorithm with a workspace of at most "
+                             "cuDNN offers no %s algorithm with a workspace of at most "
                              "%zu MiB for this convolution (%s math)",
                              why, WS_CAP >> 20, c->tf32 ? "TF32" : "FMA");
     return dnn_error(c, err, &e, "choosing algorithms");

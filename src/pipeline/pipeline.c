@@ -158,12 +158,24 @@ static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, bool
     return GP_OK;
 }
 
+/* Zeroes the gradient regions born at backward time t (plan.h). */
+static gp_status zero_born(struct gp_pipeline *p, struct stage *s, int t, struct gp_error *err)
+{
+    for (int q = s->plan.born_start[t]; q < s->plan.born_start[t + 1]; q++) {
+        int v = s->plan.born[q];
+        GP_TRY(s->cops->zero(s->cctx, s->grads + s->plan.grad_off[v],
+                             sizeof(float) * (size_t)gp_shape_numel(&p->g->values[v].shape), err));
+    }
+    return GP_OK;
+}
+
 static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, struct gp_error *err)
 {
     const struct gp_graph *g = p->g;
-    /* The gradient set starts at zero for each micro-batch; the gradients
-     * that arrived for the output frontier seed it. Kernels accumulate. */
-    GP_TRY(s->cops->zero(s->cctx, s->grads, s->plan.grad_bytes, err));
+    /* Gradient regions start at zero when their value's gradient begins
+     * (the set is shared over time: plan.c); the gradients that arrived for
+     * the output frontier seed theirs. Kernels accumulate. */
+    GP_TRY(zero_born(p, s, 0, err));
     const unsigned char *inbox = s->inboxes + (size_t)j * s->plan.inbox_bytes;
     for (int k = 0; k < s->plan.n_frontier_out; k++) {
         int v = s->plan.frontier_out[k];
@@ -173,6 +185,7 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
                                    gp_shape_numel(&g->values[v].shape), err));
     }
     for (int i = s->plan.last - 1; i >= s->plan.first; i--) {
+        GP_TRY(zero_born(p, s, s->plan.last - i, err));
         const struct gp_node *n = &g->nodes[i];
         struct gp_layer_call c = layer_call(p, s, i, j, true, false, true);
         bool any_in = false, any_out = false;

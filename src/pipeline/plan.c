@@ -1,5 +1,6 @@
 #include "pipeline/plan.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,6 +69,116 @@ static gp_status check_kernels(const struct gp_graph *g, const struct gp_compute
     }
     if (!missing) return GP_OK;
     return gp_error_set(err, GP_ERR_UNSUPPORTED, "the %s backend has no kernel for %s", backend, list);
+}
+
+/* ---- the gradient set ----
+ * A value's gradient is needed from the backward of its last consumer in
+ * the stage (the first to add into it; or from the start of the backward,
+ * for an output-frontier value whose gradient arrives from the next stage)
+ * until the backward of its producer has read it; an input-frontier value's
+ * gradient lives to the end (it is sent to the previous stage). Offsets are
+ * given greedily in backward order, first fit among the gaps between the
+ * regions still alive, so the set takes about the largest number of bytes
+ * alive at once rather than the sum over all values. A region is zeroed
+ * when its value is born (gp_stage_plan.born), since kernels accumulate. */
+
+struct region {
+    size_t off, size;
+    int until; /* layer whose backward ends it; INT_MIN: the end of the backward */
+};
+
+static size_t first_fit(const struct region *live, int n_live, size_t size)
+{
+    /* live is sorted by offset. */
+    size_t at = 0;
+    for (int r = 0; r < n_live; r++) {
+        if (live[r].off >= at + size) return at;
+        if (live[r].off + live[r].size > at) at = live[r].off + live[r].size;
+    }
+    return at;
+}
+
+static void insert_sorted(struct region *live, int *n_live, struct region r)
+{
+    int i = *n_live;
+    while (i > 0 && live[i - 1].off > r.off) {
+        live[i] = live[i - 1];
+        i--;
+    }
+    live[i] = r;
+    (*n_live)++;
+}
+
+static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad, struct gp_stage_plan *p,
+                                const bool *inbox, struct gp_error *err)
+{
+    int nv = g->n_values, first = p->first, last = p->last, nl = last - first;
+    int *birth = malloc(sizeof(int) * ((size_t)nv + 1)); /* layer (or last: the start) */
+    struct region *live = malloc(sizeof *live * ((size_t)nv + 1));
+    p->born_start = calloc((size_t)nl + 2, sizeof(int));
+    p->born = malloc(sizeof(int) * ((size_t)nv + 1));
+    if (!birth || !live || !p->born_start || !p->born) {
+        free(birth);
+        free(live);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    }
+    for (int v = 0; v < nv; v++) birth[v] = INT_MIN;
+    for (int v = 0; v < nv; v++) {
+        if (!needs_grad[v] || (p->home[v] != GP_HOME_BOX && p->home[v] != GP_HOME_LOCAL)) continue;
+        int b = inbox[v] ? last : INT_MIN;
+        for (int i = first; i < last && !inbox[v]; i++) {
+            const struct gp_node *n = &g->nodes[i];
+            for (int k = 0; k < n->n_inputs; k++)
+                if (n->inputs[k] == v && i > b) b = i;
+        }
+        /* Read by no layer of the stage and not arriving: born (zero) at
+         * its producer, which reads it as an absent gradient. */
+        if (b == INT_MIN) b = g->values[v].producer >= first ? g->values[v].producer : first;
+        birth[v] = b;
+    }
+    /* Births grouped by time: index t = last - b (0: the start, then the
+     * layers from last - 1 down to first). */
+    for (int v = 0; v < nv; v++)
+        if (birth[v] != INT_MIN) p->born_start[last - birth[v] + 1]++;
+    for (int t = 0; t <= nl; t++) p->born_start[t + 1] += p->born_start[t];
+    int *fill = calloc((size_t)nl + 2, sizeof(int));
+    if (!fill) {
+        free(birth);
+        free(live);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    }
+    for (int v = 0; v < nv; v++)
+        if (birth[v] != INT_MIN) {
+            int t = last - birth[v];
+            p->born[p->born_start[t] + fill[t]++] = v;
+        }
+    free(fill);
+
+    int n_live = 0;
+    p->grad_bytes = 0;
+    for (int t = 0; t <= nl; t++) {
+        int layer = last - t; /* t = 0: the start (layer == last) */
+        for (int q = p->born_start[t]; q < p->born_start[t + 1]; q++) {
+            int v = p->born[q];
+            size_t size = align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float));
+            int producer = g->values[v].producer;
+            struct region r = {.off = first_fit(live, n_live, size), .size = size,
+                               .until = p->home[v] == GP_HOME_BOX || producer < first ? INT_MIN : producer};
+            p->grad_off[v] = r.off;
+            if (r.off + size > p->grad_bytes) p->grad_bytes = r.off + size;
+            insert_sorted(live, &n_live, r);
+        }
+        /* After this layer's backward its outputs' gradients are done. */
+        if (layer < last) {
+            int kept = 0;
+            for (int r = 0; r < n_live; r++)
+                if (live[r].until != layer) live[kept++] = live[r];
+            n_live = kept;
+        }
+    }
+    free(birth);
+    free(live);
+    return GP_OK;
 }
 
 gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs_grad,
@@ -155,21 +266,22 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         if (n->n_inputs > p->max_inputs) p->max_inputs = n->n_inputs;
         if (n->n_outputs > p->max_outputs) p->max_outputs = n->n_outputs;
     }
-    /* One gradient set, reused by every micro-batch's backward: the stage's
-     * values and its input frontier that carry gradients (parameters keep
-     * theirs in the static gradient block, at their static offsets). */
-    for (int v = 0; v < nv; v++) {
-        if (!needs_grad[v] || (p->home[v] != GP_HOME_BOX && p->home[v] != GP_HOME_LOCAL)) continue;
-        p->grad_off[v] = p->grad_bytes;
-        p->grad_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float));
-    }
     /* Gradients arriving from the next stage for the output frontier. */
+    bool *inbox = calloc((size_t)nv + 1, sizeof(bool));
+    if (!inbox) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     for (int k = 0; k < p->n_frontier_out; k++) {
         int v = p->frontier_out[k];
         if (!needs_grad[v]) continue;
+        inbox[v] = true;
         p->inbox_off[v] = p->inbox_bytes;
         p->inbox_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float));
     }
+    /* One gradient set, reused by every micro-batch's backward, for the
+     * stage's values and its input frontier that carry gradients
+     * (parameters keep theirs in the static gradient block). */
+    gp_status st = plan_gradients(g, needs_grad, p, inbox, err);
+    free(inbox);
+    if (st != GP_OK) return st;
     return GP_OK;
 }
 
@@ -182,5 +294,7 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->saved_off);
     free(p->frontier_in);
     free(p->frontier_out);
+    free(p->born_start);
+    free(p->born);
     memset(p, 0, sizeof *p);
 }

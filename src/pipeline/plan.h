@@ -30,6 +30,10 @@ struct gp_stage_plan {
     int *frontier_in, n_frontier_in;   /* value ids at cut `first` */
     int *frontier_out, n_frontier_out; /* value ids at cut `last` */
     int max_inputs, max_outputs;
+    /* Gradient regions to zero as the backward reaches them, by time t
+     * (0: the start of the backward, t >= 1: before layer last - t):
+     * born[born_start[t] .. born_start[t + 1]) are value ids. */
+    int *born_start, *born;
 };
 
 struct gp_compute_ops;
