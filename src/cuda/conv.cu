@@ -24,8 +24,10 @@
  * transposed output is computed there and cropped. 1-D convolutions run as
  * 2-D ones with a leading axis of 1; up to 3 spatial axes, as on the CPU.
  *
- * Algorithms: chosen once per geometry with cuDNN's heuristics
- * (cudnnGet*Algorithm_v7): the first result that succeeds with a workspace
+ * Algorithms: chosen once per geometry, by cuDNN's measurements
+ * (cudnnFind*Algorithm, as PyTorch's cudnn.benchmark does; its heuristics,
+ * cudnnGet*Algorithm_v7, where measuring fails): the fastest result that
+ * succeeds with a workspace
  * of at most WS_CAP, deterministic and (without TF32) free of FFT and
  * Winograd if there is one, in FMA math (float32 semantics) unless
  * ctx->tf32. Choices live in a process-wide table under a mutex, keyed by
@@ -382,49 +384,68 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, bool tf32, 
     bool found = false;
     if (ok) {
         cudnnConvolutionFwdAlgoPerf_t perf[MAX_PERF];
-        cudnnStatus_t st = cudnnGetConvolutionForwardAlgorithm_v7(h, d.img, d.w, d.conv, d.col, MAX_PERF,
-                                                                  &count, perf);
-        if (st != CUDNN_STATUS_SUCCESS) {
-            e->st = st, e->call = "cudnnGetConvolutionForwardAlgorithm_v7", ok = false;
-        } else {
-            auto ws_of = [&](cudnnConvolutionFwdAlgo_t a, size_t *ws) {
-                return cudnnGetConvolutionForwardWorkspaceSize(h, d.img, d.w, d.conv, d.col, a, ws) ==
-                       CUDNN_STATUS_SUCCESS;
-            };
+        auto ws_of = [&](cudnnConvolutionFwdAlgo_t a, size_t *ws) {
+            return cudnnGetConvolutionForwardWorkspaceSize(h, d.img, d.w, d.conv, d.col, a, ws) ==
+                   CUDNN_STATUS_SUCCESS;
+        };
+        /* Measured first (fastest first), then the heuristics' ranking. */
+        if (cudnnFindConvolutionForwardAlgorithm(h, d.img, d.w, d.conv, d.col, MAX_PERF, &count, perf) ==
+            CUDNN_STATUS_SUCCESS)
             PICK(perf, count, tf32, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, found);
-            if (!found) *why = "forward", ok = false;
+        if (!found) {
+            cudnnSetConvolutionMathType(d.conv, base_math(tf32));
+            cudnnStatus_t st = cudnnGetConvolutionForwardAlgorithm_v7(h, d.img, d.w, d.conv, d.col, MAX_PERF,
+                                                                      &count, perf);
+            if (st != CUDNN_STATUS_SUCCESS) {
+                e->st = st, e->call = "cudnnGetConvolutionForwardAlgorithm_v7", ok = false;
+            } else {
+                PICK(perf, count, tf32, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, found);
+                if (!found) *why = "forward", ok = false;
+            }
         }
     }
     if (ok) {
         cudnnSetConvolutionMathType(d.conv, base_math(tf32));
         cudnnConvolutionBwdDataAlgoPerf_t perf[MAX_PERF];
-        cudnnStatus_t st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.col, d.conv, d.img,
-                                                                       MAX_PERF, &count, perf);
-        if (st != CUDNN_STATUS_SUCCESS) {
-            e->st = st, e->call = "cudnnGetConvolutionBackwardDataAlgorithm_v7", ok = false;
-        } else {
-            auto ws_of = [&](cudnnConvolutionBwdDataAlgo_t a, size_t *ws) {
-                return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.col, d.conv, d.img, a,
-                                                                    ws) == CUDNN_STATUS_SUCCESS;
-            };
+        auto ws_of = [&](cudnnConvolutionBwdDataAlgo_t a, size_t *ws) {
+            return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.col, d.conv, d.img, a, ws) ==
+                   CUDNN_STATUS_SUCCESS;
+        };
+        if (cudnnFindConvolutionBackwardDataAlgorithm(h, d.w, d.col, d.conv, d.img, MAX_PERF, &count, perf) ==
+            CUDNN_STATUS_SUCCESS)
             PICK(perf, count, tf32, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, found);
-            if (!found) *why = "backward data", ok = false;
+        if (!found) {
+            cudnnSetConvolutionMathType(d.conv, base_math(tf32));
+            cudnnStatus_t st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.col, d.conv, d.img,
+                                                                           MAX_PERF, &count, perf);
+            if (st != CUDNN_STATUS_SUCCESS) {
+                e->st = st, e->call = "cudnnGetConvolutionBackwardDataAlgorithm_v7", ok = false;
+            } else {
+                PICK(perf, count, tf32, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, found);
+                if (!found) *why = "backward data", ok = false;
+            }
         }
     }
     if (ok) {
         cudnnSetConvolutionMathType(d.conv, base_math(tf32));
         cudnnConvolutionBwdFilterAlgoPerf_t perf[MAX_PERF];
-        cudnnStatus_t st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.img, d.col, d.conv, d.w,
-                                                                         MAX_PERF, &count, perf);
-        if (st != CUDNN_STATUS_SUCCESS) {
-            e->st = st, e->call = "cudnnGetConvolutionBackwardFilterAlgorithm_v7", ok = false;
-        } else {
-            auto ws_of = [&](cudnnConvolutionBwdFilterAlgo_t a, size_t *ws) {
-                return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.img, d.col, d.conv, d.w, a,
-                                                                      ws) == CUDNN_STATUS_SUCCESS;
-            };
+        auto ws_of = [&](cudnnConvolutionBwdFilterAlgo_t a, size_t *ws) {
+            return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.img, d.col, d.conv, d.w, a, ws) ==
+                   CUDNN_STATUS_SUCCESS;
+        };
+        if (cudnnFindConvolutionBackwardFilterAlgorithm(h, d.img, d.col, d.conv, d.w, MAX_PERF, &count, perf) ==
+            CUDNN_STATUS_SUCCESS)
             PICK(perf, count, tf32, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, found);
-            if (!found) *why = "backward filter", ok = false;
+        if (!found) {
+            cudnnSetConvolutionMathType(d.conv, base_math(tf32));
+            cudnnStatus_t st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.img, d.col, d.conv, d.w,
+                                                                             MAX_PERF, &count, perf);
+            if (st != CUDNN_STATUS_SUCCESS) {
+                e->st = st, e->call = "cudnnGetConvolutionBackwardFilterAlgorithm_v7", ok = false;
+            } else {
+                PICK(perf, count, tf32, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, found);
+                if (!found) *why = "backward filter", ok = false;
+            }
         }
     }
     descs_destroy(&d);
