@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/compute.h"
 #include "backend/cpu/runner.h"
 #include "graph/layers.h"
 #include "util/json_parse.h"
@@ -27,7 +28,7 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static double median(double *v, int n)
+double gp_profile_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -59,6 +60,24 @@ static double measure_copy_gbps(void)
     return best > 0 ? (double)bytes / (best * 1e6) : 5.0;
 }
 
+void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
+                           size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
+                           struct gp_profile *out)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        struct gp_layer_profile *lp = &out->layers[i];
+        snprintf(lp->op, sizeof lp->op, "%s", n->op_type);
+        lp->param_bytes = l->layer_params[i] * 4;
+        lp->activation_bytes = 0;
+        for (int k = 0; k < n->n_outputs; k++)
+            if (n->outputs[k] >= 0) lp->activation_bytes += gp_value_bytes(&g->values[n->outputs[k]]);
+        lp->activation_bytes += (int64_t)saved_bytes(g, n);
+        lp->frontier_bytes = l->frontier_bytes[i + 1];
+    }
+    out->input_frontier_bytes = l->frontier_bytes[0];
+}
+
 gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int threads, int warmup,
                          int repeats,
                          void (*progress)(void *user, int done, int total), void *user,
@@ -86,7 +105,6 @@ gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int t
     for (int i = 0; i < g->n_inputs; i++)
         if (!g->values[g->inputs[i]].is_initializer) input = g->inputs[i];
     out->micro_batch = input >= 0 ? g->values[input].shape.dims[0] : g->batch;
-    out->input_frontier_bytes = l.frontier_bytes[0];
     /* Real-looking inputs: small floats, or token ids 0 (always in range). */
     if (input >= 0 && gp_dtype_is_float(g->values[input].dtype)) {
         float *x = gp_cpu_runner_data_f32(r, input);
@@ -133,18 +151,10 @@ gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int t
         }
         if (progress) progress(user, rep + 1, warmup + repeats);
     }
+    gp_profile_fill_bytes(g, &l, gp_cpu_compute_ops.saved_bytes, out);
     for (int i = 0; i < g->n_nodes && st == GP_OK; i++) {
-        const struct gp_node *n = &g->nodes[i];
-        struct gp_layer_profile *lp = &out->layers[i];
-        snprintf(lp->op, sizeof lp->op, "%s", n->op_type);
-        lp->forward_ms = median(fwd + (size_t)i * (size_t)repeats, repeats);
-        lp->backward_ms = median(bwd + (size_t)i * (size_t)repeats, repeats);
-        lp->param_bytes = l.layer_params[i] * 4;
-        for (int k = 0; k < n->n_outputs; k++)
-            if (n->outputs[k] >= 0) lp->activation_bytes += gp_value_bytes(&g->values[n->outputs[k]]);
-        const struct gp_cpu_kernel *kern = gp_cpu_kernel_for_f32(n);
-        if (kern && kern->saved_bytes) lp->activation_bytes += (int64_t)kern->saved_bytes(g, n);
-        lp->frontier_bytes = l.frontier_bytes[i + 1];
+        out->layers[i].forward_ms = gp_profile_median(fwd + (size_t)i * (size_t)repeats, repeats);
+        out->layers[i].backward_ms = gp_profile_median(bwd + (size_t)i * (size_t)repeats, repeats);
     }
     free(fwd);
     free(bwd);

@@ -44,6 +44,26 @@ gp_status gp_profile_save(const struct gp_profile *p, const char *path, struct g
 gp_status gp_profile_load(const char *path, const struct gp_graph *g, struct gp_profile *out,
                           struct gp_error *err);
 
+/* The same measured on a device of a backend (CUDA: the GPU itself): the
+ * model as one pipeline stage on device `index`, every layer's forward and
+ * backward timed inside whole training steps with the device waited for
+ * after each layer. copy_gbps is measured from device `index` to device
+ * `peer` (the same device when peer < 0). */
+struct gp_device_ops;
+gp_status gp_profile_device(const struct gp_graph *g, const char *model_name, const struct gp_device_ops *ops,
+                            int index, int peer, int warmup, int repeats,
+                            void (*progress)(void *user, int done, int total), void *user,
+                            struct gp_profile *out, struct gp_error *err);
+
 void gp_profile_free(struct gp_profile *p);
+
+/* For profilers: each layer's op and bytes (parameters, what it keeps with
+ * saved_bytes its kernels' saved state, frontier), and the median of v[n]
+ * (v is reordered). */
+struct gp_layers;
+void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
+                           size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
+                           struct gp_profile *out);
+double gp_profile_median(double *v, int n);
 
 #endif

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/device.h"
 #include "fixtures.h"
 #include "onnx/load.h"
 #include "partitioner/balance.h"
@@ -165,9 +166,51 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* The device profiler (run here on a CPU device: the same code profiles a
+ * GPU) gives every layer a time and the same byte counts as the CPU
+ * profiler, and its profile balances. */
+static void test_device_profiler(void **state)
+{
+    (void)state;
+    char model[4096];
+    fixture_path("gpt_op17.onnx", model, sizeof model);
+    struct gp_graph g;
+    struct gp_error err = {0};
+    if (gp_onnx_load(model, 4, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+    struct gp_profile dev, cpu;
+    if (gp_profile_device(&g, model, &gp_cpu_device_ops, 0, 1, 1, 3, NULL, NULL, &dev, &err) != GP_OK)
+        fail_msg("%s", err.msg);
+    if (gp_profile_cpu(&g, model, 1, 1, 2, NULL, NULL, &cpu, &err) != GP_OK) fail_msg("%s", err.msg);
+    assert_int_equal(dev.n_layers, g.n_nodes);
+    assert_int_equal(dev.micro_batch, 4);
+    assert_string_equal(dev.device, "cpu");
+    assert_true(dev.copy_gbps > 0);
+    double total = 0;
+    for (int i = 0; i < g.n_nodes; i++) {
+        assert_string_equal(dev.layers[i].op, g.nodes[i].op_type);
+        assert_true(dev.layers[i].forward_ms >= 0 && dev.layers[i].backward_ms >= 0);
+        total += dev.layers[i].forward_ms + dev.layers[i].backward_ms;
+        assert_int_equal(dev.layers[i].param_bytes, cpu.layers[i].param_bytes);
+        assert_int_equal(dev.layers[i].activation_bytes, cpu.layers[i].activation_bytes);
+        assert_int_equal(dev.layers[i].frontier_bytes, cpu.layers[i].frontier_bytes);
+    }
+    assert_true(total > 0);
+    struct gp_balance_config bc = {.by = GP_BALANCE_TIME, .n_stages = 3, .batch = 4, .n_micro = 1,
+                                   .checkpoint = GP_CHECKPOINT_NEVER};
+    struct gp_balance_report rep;
+    if (gp_balance(&dev, &bc, &rep, &err) != GP_OK) fail_msg("%s", err.msg);
+    assert_int_equal(rep.optimal.k, 3);
+    printf("device profiler: %d layers, %.3f ms per micro-batch, copies %.1f GB/s\n", dev.n_layers, total,
+           dev.copy_gbps);
+    gp_profile_free(&dev);
+    gp_profile_free(&cpu);
+    gp_graph_free(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device_profiler),
         cmocka_unit_test(test_resnet),
         cmocka_unit_test(test_gpt),
     };

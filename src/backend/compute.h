@@ -91,6 +91,8 @@ struct gp_compute_ops {
      * gradients first scaled by clip_coef when it is below 1. */
     gp_status (*optim_step)(void *ctx, struct gp_optim *opt, double lr, float clip_coef,
                             struct gp_error *err);
+    /* Waits until the work launched so far has run (profiling only). */
+    gp_status (*synchronize)(void *ctx, struct gp_error *err);
     /* out[k] (device memory) = the 2-norm of tensors[k], for clipping. */
     gp_status (*norms)(void *ctx, const float *const *tensors, const int64_t *numels, int count, float *out,
                        struct gp_error *err);

@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#ifdef GP_HAVE_CUDA
+#include "cuda/device.h"
+#endif
 #include "onnx/load.h"
 #include "partitioner/balance.h"
 #include "util/json_writer.h"
@@ -31,7 +34,11 @@ static void help(FILE *f)
           "suggested --chunks, and the even split and torchgpipe's heuristic beside it.\n"
           "\n"
           "options:\n"
-          "  --devices LIST      one device per stage, e.g. cpu:0,cpu:1\n"
+          "  --devices LIST      one device per stage, e.g. cuda:0,cuda:1 (or 0,1) or\n"
+          "                      cpu:0,cpu:1. With GPUs the layers are timed on the first\n"
+          "                      one, inside training steps of the model as one stage\n"
+          "                      (which must fit on it), and copies between the first two\n"
+          "                      GPUs; on the CPU, with each device's share of the cores\n"
           "  --by time|memory    objective (default time)\n"
           "  --batch N           mini-batch (default 32); --chunks M micro-batches (default 1)\n"
           "  --checkpoint MODE   always | except_last (default) | never\n"
@@ -221,16 +228,38 @@ static int cpu_threads_per_device(int devices)
 
 /* Profiles (or loads a profile) and balances; shared with train. */
 gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
-                                     const char *profile_in, const char *profile_out, bool quiet,
-                                     struct gp_profile *prof, struct gp_balance_report *rep,
-                                     struct gp_error *err)
+                                     const bool *cuda, const int *device, const char *profile_in,
+                                     const char *profile_out, bool quiet, struct gp_profile *prof,
+                                     struct gp_balance_report *rep, struct gp_error *err)
 {
+    int gpu = -1, peer = -1;
+    for (int k = 0; k < bc->n_stages; k++) {
+        if (!cuda[k]) continue;
+        if (gpu < 0) gpu = device[k];
+        else if (peer < 0 && device[k] != gpu) peer = device[k];
+    }
+#ifndef GP_HAVE_CUDA
+    if (gpu >= 0)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED, "this build has no CUDA backend: cannot profile on cuda:%d",
+                            gpu);
+#endif
     struct gp_graph g;
     GP_TRY(gp_onnx_load(model, bc->batch / bc->n_micro, &g, err));
     bool tty = !quiet && isatty(STDERR_FILENO);
-    gp_status st = profile_in ? gp_profile_load(profile_in, &g, prof, err)
-                              : gp_profile_cpu(&g, model, cpu_threads_per_device(bc->n_stages), 2,
-                                               repeats, quiet ? NULL : progress, &tty, prof, err);
+    gp_status st;
+    if (profile_in) {
+        st = gp_profile_load(profile_in, &g, prof, err);
+    } else if (gpu >= 0) {
+#ifdef GP_HAVE_CUDA
+        st = gp_profile_device(&g, model, &gp_cuda_device_ops, gpu, peer, 3, repeats,
+                               quiet ? NULL : progress, &tty, prof, err);
+#else
+        st = GP_ERR_UNSUPPORTED;
+#endif
+    } else {
+        st = gp_profile_cpu(&g, model, cpu_threads_per_device(bc->n_stages), 2, repeats,
+                            quiet ? NULL : progress, &tty, prof, err);
+    }
     gp_graph_free(&g);
     GP_TRY(st);
     if (profile_out) GP_TRY(gp_profile_save(prof, profile_out, err));
@@ -243,6 +272,8 @@ int gp_cmd_balance(int argc, char **argv)
     struct gp_balance_config bc = {.by = GP_BALANCE_TIME, .batch = 32, .n_micro = 1,
                                    .checkpoint = GP_CHECKPOINT_EXCEPT_LAST};
     int64_t repeats = 5;
+    bool cuda[GP_CLI_MAX_DEVICES] = {0};
+    int device[GP_CLI_MAX_DEVICES] = {0};
     bool adamw = false;
     double momentum = 0;
     for (int i = 1; i < argc; i++) {
@@ -259,12 +290,7 @@ int gp_cmd_balance(int argc, char **argv)
         if (takes) i++;
         if (!strcmp(a, "--devices")) {
             devices = v;
-            int n = 1;
-            for (const char *p = v; *p; p++) n += *p == ',';
-            for (const char *p = v; *p; p++)
-                if (!strncmp(p, "cuda", 4) || (p == v && *p >= '0' && *p <= '9'))
-                    return gp_cli_usage("balance", "--devices: GPUs are not available in this version (use cpu:N)");
-            bc.n_stages = n;
+            if (!gp_cli_parse_devices("balance", v, &bc.n_stages, cuda, device)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--by")) {
             if (!strcmp(v, "time")) bc.by = GP_BALANCE_TIME;
             else if (!strcmp(v, "memory")) bc.by = GP_BALANCE_MEMORY;
@@ -311,7 +337,8 @@ int gp_cmd_balance(int argc, char **argv)
     struct gp_profile prof;
     struct gp_balance_report rep;
     struct gp_error err = {0};
-    if (gp_cli_profile_and_balance(model, &bc, (int)repeats, pin, pout, false, &prof, &rep, &err) != GP_OK)
+    if (gp_cli_profile_and_balance(model, &bc, (int)repeats, cuda, device, pin, pout, false, &prof, &rep,
+                                   &err) != GP_OK)
         return gp_cli_fail("%s", err.msg);
     gp_cli_print_balance(&prof, &rep);
     printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s --balance ", model,

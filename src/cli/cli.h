@@ -23,10 +23,12 @@ struct gp_profile;
 struct gp_balance_report;
 struct gp_balance_config;
 /* Profile (or load one) and balance: shared by balance and train. */
+/* Profiles on the stages' device type: the first GPU of the list when
+ * there is one (copies timed to the next distinct GPU), else the CPU. */
 gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
-                               const char *profile_in, const char *profile_out, bool quiet,
-                               struct gp_profile *prof, struct gp_balance_report *rep,
-                               struct gp_error *err);
+                               const bool *cuda, const int *device, const char *profile_in,
+                               const char *profile_out, bool quiet, struct gp_profile *prof,
+                               struct gp_balance_report *rep, struct gp_error *err);
 void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_report *r);
 
 /* "gpipe-onnx: error: ..." on stderr; returns GP_EXIT_FAIL. */
@@ -38,6 +40,11 @@ bool gp_cli_parse_int(const char *command, const char *option, const char *text,
                       int64_t max, int64_t *out);
 /* "1.5 KiB", "12.0 MiB"... into buf. */
 const char *gp_cli_bytes(int64_t bytes, char *buf, int size);
+/* "cuda:0,cuda:1" (or "0,1", "cuda"), "cpu:0,cpu:1" (or "cpu,cpu"): one
+ * device per stage into cuda[] and index[] (GP_CLI_MAX_DEVICES at most);
+ * false with a usage message naming `command`. */
+#define GP_CLI_MAX_DEVICES 64
+bool gp_cli_parse_devices(const char *command, const char *list, int *n, bool *cuda, int *index);
 /* GPUs this build can train on: 0 without CUDA or without a visible GPU. */
 int gp_cli_gpu_count(void);
 /* "30,592" into buf. */

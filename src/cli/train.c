@@ -195,56 +195,6 @@ static bool parse_double(const char *opt, const char *text, double min, double *
     return true;
 }
 
-/* "cpu:0,cpu:1" (or "cpu,cpu"), "cuda:0,cuda:1" (or "0,1", "cuda") into
- * one device per stage. */
-static bool parse_devices(const char *list, struct gp_train_config *cfg)
-{
-    if (!list || !*list) {
-        gp_cli_usage("train", "--devices needs a list such as cuda:0,cuda:1 or cpu:0,cpu:1");
-        return false;
-    }
-    int n = 0;
-    const char *p = list;
-    while (*p) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        char item[64];
-        if (len == 0 || len >= sizeof item || n >= 64) {
-            gp_cli_usage("train", "--devices: bad list '%s'", list);
-            return false;
-        }
-        memcpy(item, p, len);
-        item[len] = '\0';
-        /* "cpu[:N]", "cuda[:N]", or a bare GPU index "N". */
-        bool cuda = false;
-        const char *index = NULL;
-        if (!strncmp(item, "cpu", 3) && (item[3] == '\0' || item[3] == ':')) {
-            index = item[3] == ':' ? item + 4 : "0";
-        } else if (!strncmp(item, "cuda", 4) && (item[4] == '\0' || item[4] == ':')) {
-            cuda = true;
-            index = item[4] == ':' ? item + 5 : "0";
-        } else if (item[0] >= '0' && item[0] <= '9') {
-            cuda = true;
-            index = item;
-        } else {
-            gp_cli_usage("train", "--devices: unknown device '%s' (cuda:N, N or cpu:N)", item);
-            return false;
-        }
-        char *num = NULL;
-        long idx = strtol(index, &num, 10);
-        if (*num || num == index || idx < 0 || idx > 1023) {
-            gp_cli_usage("train", "--devices: bad device '%s'", item);
-            return false;
-        }
-        cfg->stage_cuda[n] = cuda;
-        cfg->stage_device[n++] = (int)idx;
-        p += len;
-        if (*p == ',') p++;
-    }
-    cfg->n_stages = n;
-    return true;
-}
-
 /* "4,4,5": layers per stage. */
 static bool parse_balance(const char *list, struct gp_train_config *cfg, int *count)
 {
@@ -401,7 +351,8 @@ int gp_cmd_train(int argc, char **argv)
             if (cfg.dropout_ratio >= 1) return gp_cli_usage("train", "--dropout must be below 1");
         } else if (!strcmp(a, "--devices")) {
             const char *list = TAKE();
-            if (!parse_devices(list, &cfg)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_devices("train", list, &cfg.n_stages, cfg.stage_cuda, cfg.stage_device))
+                return GP_EXIT_USAGE;
             devices_set = true;
         } else if (!strcmp(a, "--balance")) {
             const char *list = TAKE();
@@ -509,13 +460,6 @@ int gp_cmd_train(int argc, char **argv)
         }
     }
 
-    bool any_cuda = false;
-    for (int k = 0; k < cfg.n_stages; k++) any_cuda |= cfg.stage_cuda[k];
-    if (auto_balance && any_cuda && !strcmp(auto_balance, "time")) {
-        status = gp_cli_usage("train", "--balance time profiles layers on the CPU, which does not "
-                              "predict GPU stages: give --balance memory or a list of layer counts");
-        goto done;
-    }
     if (auto_balance) {
         struct gp_balance_config bc = {
             .by = !strcmp(auto_balance, "time") ? GP_BALANCE_TIME : GP_BALANCE_MEMORY,
@@ -529,7 +473,8 @@ int gp_cmd_train(int argc, char **argv)
                                   (long long)cfg.chunks, (long long)cfg.batch);
             goto done;
         }
-        if (gp_cli_profile_and_balance(cfg.model_path, &bc, 5, NULL, NULL, quiet, &prof, &rep, &err) != GP_OK) {
+        if (gp_cli_profile_and_balance(cfg.model_path, &bc, 5, cfg.stage_cuda, cfg.stage_device, NULL, NULL, quiet,
+                                       &prof, &rep, &err) != GP_OK) {
             status = gp_cli_fail("%s", err.msg);
             goto done;
         }

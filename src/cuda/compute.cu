@@ -151,6 +151,14 @@ static gp_status optim_step(void *ctx, struct gp_optim *opt, double lr, float cl
     return gp_cuda_optim_step(((const struct stage_ctx *)ctx)->stream, opt, lr, clip_coef, err);
 }
 
+static gp_status synchronize(void *ctx, struct gp_error *err)
+{
+    cudaError_t e = cudaStreamSynchronize(((const struct stage_ctx *)ctx)->stream);
+    if (e != cudaSuccess)
+        return gp_error_set(err, GP_ERR_DEVICE, "cudaStreamSynchronize: %s", cudaGetErrorString(e));
+    return GP_OK;
+}
+
 static gp_status norms(void *ctx, const float *const *tensors, const int64_t *numels, int count, float *out,
                        struct gp_error *err)
 {
@@ -159,5 +167,5 @@ static gp_status norms(void *ctx, const float *const *tensors, const int64_t *nu
 
 extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     GP_CUDA_LIBS_WORKSPACE_BYTES, context_create, context_destroy, has_kernel, saved_bytes, scratch_bytes, forward, backward, zero,
-    accumulate, gp_cuda_loss_scratch_bytes, loss, gp_cuda_bn_stats_len, bn_commit, optim_step, norms,
+    accumulate, gp_cuda_loss_scratch_bytes, loss, gp_cuda_bn_stats_len, bn_commit, optim_step, synchronize, norms,
 };

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/compute.h"
@@ -53,6 +54,7 @@ struct stage {
     int64_t *param_numels;
     int width;
     int64_t live, peak;            /* activation bytes in use, and the most at once */
+    double *fwd_ms, *bwd_ms;       /* time_layers: per layer of the stage, summed over a step */
     size_t optim_bytes_planned;
 };
 
@@ -148,12 +150,34 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
     };
 }
 
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return 1e3 * (double)t.tv_sec + 1e-6 * (double)t.tv_nsec;
+}
+
+/* Adds the time since *t0 (after the device finished) to *acc. */
+static gp_status lap(struct stage *s, double *t0, double *acc, struct gp_error *err)
+{
+    GP_TRY(s->cops->synchronize(s->cctx, err));
+    double t = now_ms();
+    *acc += t - *t0;
+    *t0 = t;
+    return GP_OK;
+}
+
 static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, bool training,
                              bool update_state, struct gp_error *err)
 {
+    /* Timing counts first forwards only (update_state), not recomputations. */
+    bool timed = p->cfg.time_layers && update_state;
+    double t0 = timed ? now_ms() : 0;
+    if (timed) GP_TRY(lap(s, &t0, &(double){0}, err));
     for (int i = s->plan.first; i < s->plan.last; i++) {
         struct gp_layer_call c = layer_call(p, s, i, j, training, update_state, false);
         GP_TRY(s->cops->forward(s->cctx, &c, err));
+        if (timed) GP_TRY(lap(s, &t0, &s->fwd_ms[i - s->plan.first], err));
     }
     return GP_OK;
 }
@@ -184,7 +208,11 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
                                    (const float *)(inbox + s->plan.inbox_off[v]),
                                    gp_shape_numel(&g->values[v].shape), err));
     }
+    bool timed = p->cfg.time_layers;
+    double t0 = timed ? now_ms() : 0;
+    if (timed) GP_TRY(lap(s, &t0, &(double){0}, err));
     for (int i = s->plan.last - 1; i >= s->plan.first; i--) {
+        if (timed && i + 1 < s->plan.last) GP_TRY(lap(s, &t0, &s->bwd_ms[i + 1 - s->plan.first], err));
         GP_TRY(zero_born(p, s, s->plan.last - i, err));
         const struct gp_node *n = &g->nodes[i];
         struct gp_layer_call c = layer_call(p, s, i, j, true, false, true);
@@ -194,6 +222,7 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
         if (!any_in || !any_out) continue;
         GP_TRY(s->cops->backward(s->cctx, &c, err));
     }
+    if (timed) GP_TRY(lap(s, &t0, &s->bwd_ms[0], err));
     return GP_OK;
 }
 
@@ -304,6 +333,8 @@ void gp_pipeline_free(struct gp_pipeline *p)
         free(s->param_grad_ptrs);
         free(s->param_numels);
         free(s->param_values);
+        free(s->fwd_ms);
+        free(s->bwd_ms);
         free(s->params);
         free(s->in);
         free(s->out);
@@ -480,6 +511,9 @@ static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last,
         if (!*lists[e]) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
         for (int j = 0; j < p->M; j++) GP_TRY(s->ops->event_create(s->dev, &(*lists[e])[j], err));
     }
+    s->fwd_ms = calloc((size_t)(last - first) + 1, sizeof(double));
+    s->bwd_ms = calloc((size_t)(last - first) + 1, sizeof(double));
+    if (!s->fwd_ms || !s->bwd_ms) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     s->width = (s->plan.max_inputs > s->plan.max_outputs ? s->plan.max_inputs : s->plan.max_outputs) + 1;
     s->in = calloc((size_t)s->width, sizeof(void *));
     s->out = calloc((size_t)s->width, sizeof(void *));
@@ -669,6 +703,11 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
     p->denominator = denominator;
     p->eval = false;
     clear_traces(p);
+    for (int k = 0; p->cfg.time_layers && k < p->K; k++) {
+        struct stage *st = &p->stages[k];
+        memset(st->fwd_ms, 0, sizeof(double) * (size_t)(st->plan.last - st->plan.first));
+        memset(st->bwd_ms, 0, sizeof(double) * (size_t)(st->plan.last - st->plan.first));
+    }
     size_t in_bytes = p->input_bytes;
     struct stage *fs = &p->stages[0], *ls = &p->stages[p->K - 1];
     /* The mini-batch's data and targets reach the devices in one copy each,
@@ -836,6 +875,17 @@ gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct 
 }
 
 int gp_pipeline_stages(const struct gp_pipeline *p) { return p->K; }
+
+void gp_pipeline_layer_times(const struct gp_pipeline *p, double *fwd_ms, double *bwd_ms)
+{
+    for (int k = 0; k < p->K; k++) {
+        const struct stage *s = &p->stages[k];
+        for (int i = s->plan.first; i < s->plan.last; i++) {
+            fwd_ms[i] = s->fwd_ms[i - s->plan.first] / p->M;
+            bwd_ms[i] = s->bwd_ms[i - s->plan.first] / p->M;
+        }
+    }
+}
 
 void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_report *r)
 {

@@ -36,6 +36,10 @@ struct gp_pipeline_config {
     bool deferred_batch_norm;
     struct gp_loss_spec loss;     /* on the graph's first output, on the last stage */
     bool tf32;                    /* CUDA: TF32 tensor cores allowed (float32 semantics otherwise) */
+    /* Profiling: every layer's forward and backward timed on its own (the
+     * device waited for after each), for gp_pipeline_layer_times. Slows
+     * the step; the balancer's profiler uses it. */
+    bool time_layers;
 };
 
 /* Per-step settings: the dropout key, and whether running statistics move. */
@@ -83,6 +87,11 @@ struct gp_stage_report {
 };
 
 int gp_pipeline_stages(const struct gp_pipeline *p);
+
+/* With time_layers: each layer's forward and backward milliseconds in the
+ * last step, per micro-batch (the first forward, not a recomputation),
+ * into fwd_ms[n_layers] and bwd_ms[n_layers]. */
+void gp_pipeline_layer_times(const struct gp_pipeline *p, double *fwd_ms, double *bwd_ms);
 void gp_pipeline_report(const struct gp_pipeline *p, int stage, struct gp_stage_report *out);
 
 /* Writes the timeline of the last step as Chrome trace JSON. */

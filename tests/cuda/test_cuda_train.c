@@ -23,8 +23,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda/device.h"
 #include "fixtures.h"
 #include "onnx/load.h"
+#include "partitioner/balance.h"
 #include "train/trainer.h"
 
 #define STEPS 3
@@ -225,6 +227,34 @@ static void test_bad_device(void **state)
     gp_dataset_free(&ds);
 }
 
+/* The balancer's profile measured on the GPU: every layer timed, copies
+ * measured, a split found. */
+static void test_gpu_profile(void **state)
+{
+    (void)state;
+    char model[4096];
+    fixture_path("unet_op17.onnx", model, sizeof model);
+    struct gp_graph g;
+    struct gp_error err = {0};
+    if (gp_onnx_load(model, 8, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+    struct gp_profile prof;
+    if (gp_profile_device(&g, model, &gp_cuda_device_ops, 0, -1, 2, 3, NULL, NULL, &prof, &err) != GP_OK)
+        fail_msg("%s", err.msg);
+    double total = 0;
+    for (int i = 0; i < prof.n_layers; i++) total += prof.layers[i].forward_ms + prof.layers[i].backward_ms;
+    assert_string_equal(prof.device, "cuda");
+    assert_true(total > 0 && prof.copy_gbps > 0);
+    struct gp_balance_config bc = {.by = GP_BALANCE_TIME, .n_stages = 2, .batch = 8, .n_micro = 1,
+                                   .checkpoint = GP_CHECKPOINT_NEVER};
+    struct gp_balance_report rep;
+    if (gp_balance(&prof, &bc, &rep, &err) != GP_OK) fail_msg("%s", err.msg);
+    printf("GPU profile of unet_op17 (micro-batch 8): %d layers, %.3f ms, copies %.0f GB/s, split %d|%d\n",
+           prof.n_layers, total, prof.copy_gbps, rep.optimal.stages[0].last_layer - rep.optimal.stages[0].first_layer,
+           rep.optimal.stages[1].last_layer - rep.optimal.stages[1].first_layer);
+    gp_profile_free(&prof);
+    gp_graph_free(&g);
+}
+
 int main(void)
 {
     int n = 0;
@@ -239,6 +269,7 @@ int main(void)
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_pipeline_modes),
         cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_gpu_profile),
         cmocka_unit_test(test_out_of_memory),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -114,6 +114,12 @@ static gp_status optim_step(void *ctx, struct gp_optim *opt, double lr, float cl
     return GP_OK;
 }
 
+static gp_status synchronize(void *ctx, struct gp_error *err)
+{
+    (void)ctx, (void)err; /* CPU kernels have finished when they return */
+    return GP_OK;
+}
+
 static gp_status norms(void *ctx, const float *const *tensors, const int64_t *numels, int count, float *out,
                        struct gp_error *err)
 {
@@ -138,5 +144,6 @@ const struct gp_compute_ops gp_cpu_compute_ops = {
     .bn_stats_len = gp_cpu_bn_stats_len_f32,
     .bn_commit = bn_commit,
     .optim_step = optim_step,
+    .synchronize = synchronize,
     .norms = norms,
 };
