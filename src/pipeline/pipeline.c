@@ -357,9 +357,8 @@ static gp_status alloc_block(struct stage *s, int k, const char *what, size_t by
 {
     *out = s->ops->alloc(s->dev, bytes ? bytes : 64);
     if (!*out)
-        return gp_error_set(err, GP_ERR_NOMEM,
-                            "stage %d (device %s:%d): out of memory allocating %.1f MiB for %s",
-                            k, s->ops->name, s->device, (double)bytes / (1 << 20), what);
+        return gp_error_set(err, GP_ERR_NOMEM, "%s:%d: out of memory allocating %.1f MiB for %s (stage %d)",
+                            s->ops->name, s->device, (double)bytes / (1 << 20), what, k);
     return GP_OK;
 }
 
@@ -411,10 +410,10 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
                 len += (size_t)snprintf(account + len, sizeof account - len, "%s%s %.1f MiB",
                                         len ? ", " : "", b[i].what, (double)b[i].bytes / (1 << 20));
         return gp_error_set(err, GP_ERR_NOMEM,
-                            "stage %d (layers %d-%d) needs %.1f MiB on %s:%d but only %.1f MiB are free "
-                            "(%s): use more stages or devices, a smaller --batch, more --chunks, or "
-                            "--checkpoint always",
-                            k, s->plan.first, s->plan.last - 1, (double)total / (1 << 20), s->ops->name,
+                            "layers %d-%d need %.1f MiB on %s:%d but only %.1f MiB are free (%s): use "
+                            "more stages or devices, a smaller --batch, more --chunks, or --checkpoint "
+                            "always",
+                            s->plan.first, s->plan.last - 1, (double)total / (1 << 20), s->ops->name,
                             s->device, (double)avail / (1 << 20), account);
     }
     for (int i = 0; i < n; i++) GP_TRY(alloc_block(s, k, b[i].what, b[i].bytes, b[i].at, err));
@@ -528,7 +527,8 @@ static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last,
             size_t bytes = sizeof(double) * s->cops->bn_stats_len(g, &g->nodes[i]);
             s->bn_stats[i - first] = s->ops->alloc(s->dev, bytes);
             if (!s->bn_stats[i - first])
-                return gp_error_set(err, GP_ERR_NOMEM, "stage %d: out of memory for BatchNorm statistics", k);
+                return gp_error_set(err, GP_ERR_NOMEM, "%s:%d: out of memory for BatchNorm statistics",
+                                    s->ops->name, s->device);
         }
     }
     if (p->cfg.trace) {

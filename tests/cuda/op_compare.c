@@ -128,8 +128,14 @@ static void *input_data(const struct gp_graph *g, const struct gp_value *v, cons
 }
 
 static void compare_floats(const char *label, const char *tensor, int index, const float *gpu,
-                           const float *cpu, int64_t n, double rel, double abs_tol)
+                           const float *cpu, int64_t n, double rel, double abs_tol, bool scaled)
 {
+    if (scaled) {
+        double big = 1;
+        for (int64_t i = 0; i < n; i++)
+            if (fabs((double)cpu[i]) > big && isfinite(cpu[i])) big = fabs((double)cpu[i]);
+        abs_tol *= big;
+    }
     for (int64_t i = 0; i < n; i++) {
         float gv = gpu[i], cv = cpu[i];
         if ((isnan(cv) && isnan(gv)) || gv == cv) continue; /* equal infinities too */
@@ -287,7 +293,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         const struct gp_value *v = &g->values[node->outputs[k]];
         void *h = host_copy_of(gout[k], (size_t)ny[k] * esize(v->dtype), label);
         if (gp_dtype_is_float(v->dtype))
-            compare_floats(label, "output", k, h, cout[k], ny[k], rel, abs_tol);
+            compare_floats(label, "output", k, h, cout[k], ny[k], rel, abs_tol, o->scale_abs_tol);
         else
             compare_exact(label, "output", k, h, cout[k], ny[k], esize(v->dtype));
         free(h);
@@ -295,7 +301,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     for (int k = 0; k < ni; k++) {
         if (!want_dx[k]) continue;
         float *h = host_copy_of(gdin[k], sizeof(float) * (size_t)nx[k], label);
-        compare_floats(label, "gradient of input", k, h, cdin[k], nx[k], rel, abs_tol);
+        compare_floats(label, "gradient of input", k, h, cdin[k], nx[k], rel, abs_tol, o->scale_abs_tol);
         free(h);
     }
     /* Inputs a kernel updates in place (running statistics) end equal too. */
@@ -304,7 +310,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         const struct gp_value *v = &g->values[node->inputs[k]];
         if (!gp_dtype_is_float(v->dtype)) continue;
         float *h = host_copy_of(gin[k], sizeof(float) * (size_t)nx[k], label);
-        compare_floats(label, "input (after the step)", k, h, cin[k], nx[k], rel, abs_tol);
+        compare_floats(label, "input (after the step)", k, h, cin[k], nx[k], rel, abs_tol, o->scale_abs_tol);
         free(h);
     }
 

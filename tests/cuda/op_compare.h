@@ -31,6 +31,8 @@ struct op_compare {
     bool tf32;                                  /* the CUDA side may use TF32 */
     double rel_tol, abs_tol;                    /* 0: the defaults */
     int64_t index_bound;                        /* > 0: integer inputs without data draw from [0, bound) */
+    bool scale_abs_tol;                         /* abs_tol times the tensor's largest |cpu| (at least 1):
+                                                   for long sums whose terms cancel */
 };
 
 /* Compares node `node` of g on both backends; fails the cmocka test (naming

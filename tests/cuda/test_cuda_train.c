@@ -227,6 +227,51 @@ static void test_bad_device(void **state)
     gp_dataset_free(&ds);
 }
 
+static void on_epoch(void *user, const struct gp_epoch_report *r)
+{
+    double *out = user;
+    out[0] = r->val_loss;
+    out[1] = r->val_accuracy;
+}
+
+/* Validation (evaluation mode: running statistics, no dropout) gives the
+ * CPU's loss and accuracy. */
+static void test_validation(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"digits_cnn_op17", "resnet_op17", "gpt_op17"};
+    for (int f = 0; f < 3; f++) {
+        char model[4096], name[256];
+        snprintf(name, sizeof name, "%s.onnx", fixtures[f]);
+        fixture_path(name, model, sizeof model);
+        double val[2][2];
+        for (int gpu = 0; gpu < 2; gpu++) {
+            struct gp_error err = {0};
+            struct gp_dataset train, held;
+            if (gp_dataset_synthetic(model, 32, 5, &train, &err) != GP_OK ||
+                gp_dataset_synthetic(model, 21, 6, &held, &err) != GP_OK)
+                fail_msg("%s", err.msg);
+            struct gp_train_config cfg;
+            gp_train_config_defaults(&cfg);
+            cfg.model_path = model;
+            cfg.batch = 8;
+            cfg.epochs = 1;
+            cfg.shuffle = false;
+            cfg.lr = 0.05;
+            cfg.stage_cuda[0] = gpu;
+            struct gp_train_callbacks cb = {.user = val[gpu], .on_epoch = on_epoch};
+            if (gp_train(&cfg, &train, &held, &cb, &err) != GP_OK)
+                fail_msg("%s on the %s: %s", fixtures[f], gpu ? "GPU" : "CPU", err.msg);
+            gp_dataset_free(&train);
+            gp_dataset_free(&held);
+        }
+        if (!(fabs(val[1][0] - val[0][0]) <= 1e-4 * fabs(val[0][0])) || val[1][1] != val[0][1])
+            fail_msg("%s: validation loss %.9g accuracy %.4f on the GPU, %.9g %.4f on the CPU", fixtures[f],
+                     val[1][0], val[1][1], val[0][0], val[0][1]);
+        printf("%-20s validation loss %.6f, accuracy %.4f on both\n", fixtures[f], val[1][0], val[1][1]);
+    }
+}
+
 /* The balancer's profile measured on the GPU: every layer timed, copies
  * measured, a split found. */
 static void test_gpu_profile(void **state)
@@ -269,6 +314,7 @@ int main(void)
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_pipeline_modes),
         cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_validation),
         cmocka_unit_test(test_gpu_profile),
         cmocka_unit_test(test_out_of_memory),
     };
