@@ -77,80 +77,6 @@ static gp_status cuda_call(const struct gp_cuda_ctx *c, cudaError_t e, const cha
     return gp_cuda_error(c, err, GP_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
 }
 
-/* ---- element access by dtype (the CPU's gp_cpu_load/store_*) ---- */
-
-/* Element i as int64: floats truncate toward zero and saturate, NaN gives
- * 0, uint64 wraps. dt is uniform across the grid: no divergence. */
-__device__ static inline int64_t ld_i64(const void *p, int dt, int64_t i)
-{
-    switch (dt) {
-    case GP_DTYPE_UINT8: return ((const uint8_t *)p)[i];
-    case GP_DTYPE_BOOL: return ((const uint8_t *)p)[i] != 0;
-    case GP_DTYPE_INT8: return ((const int8_t *)p)[i];
-    case GP_DTYPE_UINT16: return ((const uint16_t *)p)[i];
-    case GP_DTYPE_INT16: return ((const int16_t *)p)[i];
-    case GP_DTYPE_INT32: return ((const int32_t *)p)[i];
-    case GP_DTYPE_UINT32: return ((const uint32_t *)p)[i];
-    case GP_DTYPE_INT64: return ((const int64_t *)p)[i];
-    case GP_DTYPE_UINT64: return (int64_t)((const uint64_t *)p)[i];
-    default: {
-        double v = (double)((const float *)p)[i];
-        if (v != v) return 0;
-        if (v >= 9.2233720368547758e18) return INT64_MAX;
-        if (v <= -9.2233720368547758e18) return INT64_MIN;
-        return (int64_t)v;
-    }
-    }
-}
-
-__device__ static inline bool dt_is_float(int dt)
-{
-    return dt == GP_DTYPE_FLOAT32 || dt == GP_DTYPE_FLOAT16 || dt == GP_DTYPE_FLOAT64 ||
-           dt == GP_DTYPE_BFLOAT16;
-}
-
-__device__ static inline double ld_f64(const void *p, int dt, int64_t i)
-{
-    if (dt_is_float(dt)) return (double)((const float *)p)[i];
-    if (dt == GP_DTYPE_UINT64) return (double)((const uint64_t *)p)[i];
-    return (double)ld_i64(p, dt, i);
-}
-
-/* Narrower integers wrap as a C cast does; bool stores v != 0. */
-__device__ static inline void st_i64(void *p, int dt, int64_t i, int64_t v)
-{
-    switch (dt) {
-    case GP_DTYPE_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; return;
-    case GP_DTYPE_BOOL: ((uint8_t *)p)[i] = v != 0; return;
-    case GP_DTYPE_INT8: ((int8_t *)p)[i] = (int8_t)v; return;
-    case GP_DTYPE_UINT16: ((uint16_t *)p)[i] = (uint16_t)v; return;
-    case GP_DTYPE_INT16: ((int16_t *)p)[i] = (int16_t)v; return;
-    case GP_DTYPE_INT32: ((int32_t *)p)[i] = (int32_t)v; return;
-    case GP_DTYPE_UINT32: ((uint32_t *)p)[i] = (uint32_t)v; return;
-    case GP_DTYPE_INT64: ((int64_t *)p)[i] = v; return;
-    case GP_DTYPE_UINT64: ((uint64_t *)p)[i] = (uint64_t)v; return;
-    default: ((float *)p)[i] = (float)v; return;
-    }
-}
-
-/* Floats into integers truncate toward zero and saturate (NaN: 0). */
-__device__ static inline void st_f64(void *p, int dt, int64_t i, double v)
-{
-    if (dt_is_float(dt)) {
-        ((float *)p)[i] = (float)v;
-    } else if (dt == GP_DTYPE_BOOL) {
-        ((uint8_t *)p)[i] = v != 0;
-    } else if (dt == GP_DTYPE_UINT64 && v >= 9.2233720368547758e18) {
-        ((uint64_t *)p)[i] = v >= 1.8446744073709552e19 ? UINT64_MAX : (uint64_t)v;
-    } else {
-        int64_t iv = v != v ? 0
-                     : v >= 9.2233720368547758e18 ? INT64_MAX
-                     : v <= -9.2233720368547758e18 ? INT64_MIN
-                                                  : (int64_t)v;
-        st_i64(p, dt, i, iv);
-    }
-}
-
 /* ---- unary ---- */
 
 enum uop {
@@ -336,16 +262,16 @@ __global__ static void unary_int_kernel(int op, int dt, bool unsig, const void *
 {
     GRID_STRIDE(i, n)
     {
-        int64_t x = ld_i64(X, dt, i), y;
+        int64_t x = gp_dev_load_i64(X, dt, i), y;
         switch (op) {
         case U_RELU: y = unsig || x > 0 ? x : 0; break;
         case U_NEG: y = (int64_t)(0 - (uint64_t)x); break;
         case U_ABS: y = unsig || x >= 0 ? x : (int64_t)(0 - (uint64_t)x); break;
         case U_SIGN: y = unsig ? x != 0 : (x > 0) - (x < 0); break;
         case U_NOT: y = !x; break;
-        default: st_f64(Y, dt, i, erf(ld_f64(X, dt, i))); continue; /* U_ERF */
+        default: gp_dev_store_f64(Y, dt, i, erf(gp_dev_load_f64(X, dt, i))); continue; /* U_ERF */
         }
-        st_i64(Y, dt, i, y);
+        gp_dev_store_i64(Y, dt, i, y);
     }
 }
 
@@ -410,16 +336,16 @@ __global__ static void clip_int_kernel(const void *X, void *Y, int dt, int64_t n
     bool u64 = dt == GP_DTYPE_UINT64;
     GRID_STRIDE(i, n)
     {
-        int64_t v = ld_i64(X, dt, i);
+        int64_t v = gp_dev_load_i64(X, dt, i);
         if (lop) {
-            int64_t lo = ld_i64(lop, dt, 0);
+            int64_t lo = gp_dev_load_i64(lop, dt, 0);
             if (u64 ? (uint64_t)v < (uint64_t)lo : v < lo) v = lo;
         }
         if (hip) {
-            int64_t hi = ld_i64(hip, dt, 0);
+            int64_t hi = gp_dev_load_i64(hip, dt, 0);
             if (u64 ? (uint64_t)v > (uint64_t)hi : v > hi) v = hi;
         }
-        st_i64(Y, dt, i, v);
+        gp_dev_store_i64(Y, dt, i, v);
     }
 }
 
@@ -477,9 +403,9 @@ static gp_status clip_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 __global__ static void cast_kernel(const void *X, int from, void *Y, int to, bool via_f64, int64_t n)
 {
     if (via_f64) {
-        GRID_STRIDE(i, n) st_f64(Y, to, i, ld_f64(X, from, i));
+        GRID_STRIDE(i, n) gp_dev_store_f64(Y, to, i, gp_dev_load_f64(X, from, i));
     } else {
-        GRID_STRIDE(i, n) st_i64(Y, to, i, ld_i64(X, from, i));
+        GRID_STRIDE(i, n) gp_dev_store_i64(Y, to, i, gp_dev_load_i64(X, from, i));
     }
 }
 
@@ -929,7 +855,7 @@ struct fbin_op {
     {
         float a = A[o[0]];
         if (!b_float) { /* Pow with an integer exponent */
-            Y[i] = powf(a, (float)ld_f64(B, bt, o[1]));
+            Y[i] = powf(a, (float)gp_dev_load_f64(B, bt, o[1]));
             return;
         }
         float b = ((const float *)B)[o[1]];
@@ -969,10 +895,10 @@ struct ibin_op {
     __device__ void operator()(int64_t i, const int64_t *o) const
     {
         if (pow_float) { /* integer base, float exponent */
-            st_f64(Y, yt, i, pow(ld_f64(A, at, o[0]), ld_f64(B, bt, o[1])));
+            gp_dev_store_f64(Y, yt, i, pow(gp_dev_load_f64(A, at, o[0]), gp_dev_load_f64(B, bt, o[1])));
             return;
         }
-        int64_t x = ld_i64(A, at, o[0]), y = ld_i64(B, bt, o[1]), r;
+        int64_t x = gp_dev_load_i64(A, at, o[0]), y = gp_dev_load_i64(B, bt, o[1]), r;
         uint64_t ux = (uint64_t)x, uy = (uint64_t)y;
         switch (op) {
         case B_ADD: r = (int64_t)(ux + uy); break;
@@ -1003,7 +929,7 @@ struct ibin_op {
         case B_OR: r = x || y; break;
         default: r = !x != !y; break;
         }
-        st_i64(Y, yt, i, r);
+        gp_dev_store_i64(Y, yt, i, r);
     }
 };
 
@@ -1066,7 +992,7 @@ struct bin_term {
                     float b = B[o[1]];
                     return b == 0 ? 0.0f : dy * b * powf(A[o[0]], b - 1);
                 }
-                double e = ld_f64(Bi, bt, o[1]);
+                double e = gp_dev_load_f64(Bi, bt, o[1]);
                 return dy * (e == 0 ? 0.0f : (float)e * powf(A[o[0]], (float)(e - 1)));
             } else {
                 float a = A[o[0]], b = B[o[1]];
@@ -1156,16 +1082,16 @@ struct ivar_op {
     void *Y;
     __device__ void operator()(int64_t i, const int64_t *o) const
     {
-        int64_t v = ld_i64(X, dt, o[0]);
+        int64_t v = gp_dev_load_i64(X, dt, o[0]);
         if (k == 0) {
-            st_i64(Y, dt, i, v);
+            gp_dev_store_i64(Y, dt, i, v);
             return;
         }
-        int64_t cur = ld_i64(Y, dt, i);
+        int64_t cur = gp_dev_load_i64(Y, dt, i);
         bool u64 = dt == GP_DTYPE_UINT64;
         bool gt = u64 ? (uint64_t)v > (uint64_t)cur : v > cur;
         bool lt = u64 ? (uint64_t)v < (uint64_t)cur : v < cur;
-        if (op == V_MAX ? gt : lt) st_i64(Y, dt, i, v);
+        if (op == V_MAX ? gt : lt) gp_dev_store_i64(Y, dt, i, v);
     }
 };
 

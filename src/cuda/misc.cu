@@ -63,65 +63,6 @@ static gp_status want_f32(const struct gp_cuda_ctx *c, int i, struct gp_error *e
                          i, gp_dtype_name(v->dtype));
 }
 
-/* Integer and bool elements as int64 (the CPU's gp_cpu_load_i64 for the
- * integer types; float32 truncates toward zero and saturates). */
-__device__ static inline int64_t load_i64(const void *p, int dt, int64_t i)
-{
-    switch (dt) {
-    case GP_DTYPE_UINT8: return ((const uint8_t *)p)[i];
-    case GP_DTYPE_BOOL: return ((const uint8_t *)p)[i] != 0;
-    case GP_DTYPE_INT8: return ((const int8_t *)p)[i];
-    case GP_DTYPE_UINT16: return ((const uint16_t *)p)[i];
-    case GP_DTYPE_INT16: return ((const int16_t *)p)[i];
-    case GP_DTYPE_INT32: return ((const int32_t *)p)[i];
-    case GP_DTYPE_UINT32: return ((const uint32_t *)p)[i];
-    case GP_DTYPE_INT64: return ((const int64_t *)p)[i];
-    case GP_DTYPE_UINT64: return (int64_t)((const uint64_t *)p)[i];
-    default: {
-        double v = (double)((const float *)p)[i];
-        if (v != v) return 0;
-        if (v >= 9.2233720368547758e18) return INT64_MAX;
-        if (v <= -9.2233720368547758e18) return INT64_MIN;
-        return (int64_t)v;
-    }
-    }
-}
-
-__device__ static inline void store_i64(void *p, int dt, int64_t i, int64_t v)
-{
-    switch (dt) {
-    case GP_DTYPE_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; return;
-    case GP_DTYPE_BOOL: ((uint8_t *)p)[i] = v != 0; return;
-    case GP_DTYPE_INT8: ((int8_t *)p)[i] = (int8_t)v; return;
-    case GP_DTYPE_UINT16: ((uint16_t *)p)[i] = (uint16_t)v; return;
-    case GP_DTYPE_INT16: ((int16_t *)p)[i] = (int16_t)v; return;
-    case GP_DTYPE_INT32: ((int32_t *)p)[i] = (int32_t)v; return;
-    case GP_DTYPE_UINT32: ((uint32_t *)p)[i] = (uint32_t)v; return;
-    case GP_DTYPE_INT64: ((int64_t *)p)[i] = v; return;
-    case GP_DTYPE_UINT64: ((uint64_t *)p)[i] = (uint64_t)v; return;
-    default: ((float *)p)[i] = (float)v; return;
-    }
-}
-
-/* The CPU's gp_cpu_store_f64: floats into integers truncate toward zero
- * and saturate (NaN gives 0), bool stores v != 0. */
-__device__ static inline void store_f64(void *p, int dt, int64_t i, double v)
-{
-    if (dt == GP_DTYPE_FLOAT32) {
-        ((float *)p)[i] = (float)v;
-    } else if (dt == GP_DTYPE_BOOL) {
-        ((uint8_t *)p)[i] = v != 0;
-    } else if (dt == GP_DTYPE_UINT64 && v >= 9.2233720368547758e18) {
-        ((uint64_t *)p)[i] = v >= 1.8446744073709552e19 ? UINT64_MAX : (uint64_t)v;
-    } else {
-        int64_t iv = v != v ? 0
-                     : v >= 9.2233720368547758e18 ? INT64_MAX
-                     : v <= -9.2233720368547758e18 ? INT64_MIN
-                                                  : (int64_t)v;
-        store_i64(p, dt, i, iv);
-    }
-}
-
 /* a / b for a, b >= 0: 32-bit division when both fit (a fraction of the
  * 64-bit one's instructions), which index decompositions nearly always
  * allow. */
@@ -331,7 +272,6 @@ static bool aligned16(const void *p)
 {
     return ((uintptr_t)p & 15) == 0;
 }
-
 
 static unsigned row_block_threads(int64_t len)
 {
@@ -695,7 +635,7 @@ __global__ static void reduce_int_kernel(struct rplan p, int kind, int dt, const
         int64_t best = 0;
         bool first = true;
         do {
-            int64_t v = load_i64(X, dt, off);
+            int64_t v = gp_dev_load_i64(X, dt, off);
             switch (kind) {
             case R_MAX: if (first || v > best) best = v; break;
             case R_MIN: if (first || v < best) best = v; break;
@@ -708,7 +648,7 @@ __global__ static void reduce_int_kernel(struct rplan p, int kind, int dt, const
         int64_t out = kind == R_MAX || kind == R_MIN ? best : (int64_t)acc;
         if (kind == R_MEAN) out = p.count ? out / p.count : 0;
         if (kind == R_L2) out = (int64_t)sqrt((double)out);
-        store_i64(Y, dt, cell, out);
+        gp_dev_store_i64(Y, dt, cell, out);
     }
 }
 
@@ -858,7 +798,7 @@ __global__ static void arg_thread_kernel(struct argplan a, const void *X, int64_
                 better = x != x || (a.is_max ? x > y : x < y);
                 equal = x == y;
             } else {
-                int64_t x = load_i64(X, a.dt, ia), y = load_i64(X, a.dt, ib);
+                int64_t x = gp_dev_load_i64(X, a.dt, ia), y = gp_dev_load_i64(X, a.dt, ib);
                 better = a.is_max ? x > y : x < y;
                 equal = x == y;
             }
@@ -903,7 +843,7 @@ __global__ static void arg_warp_kernel(struct argplan a, const void *X, int64_t 
             struct argc cand;
             cand.idx = j;
             if (a.fp) cand.v = ((const float *)X)[base + j], cand.iv = 0;
-            else cand.iv = load_i64(X, a.dt, base + j), cand.v = 0;
+            else cand.iv = gp_dev_load_i64(X, a.dt, base + j), cand.v = 0;
             best = arg_pick(a, best, cand);
         }
         for (int o = 16; o > 0; o >>= 1) {
@@ -1413,7 +1353,7 @@ __global__ static void rs_forward_copy_kernel(struct rs_plan p, const T *X, T *Y
             int64_t i = d < p.lead ? id : p.i0[d][id];
             src = i < 0 ? -1 : src + i * p.xst[d];
         }
-        if (src < 0) store_f64(Y, dt, o, (double)p.extrapolation);
+        if (src < 0) gp_dev_store_f64(Y, dt, o, (double)p.extrapolation);
         else Y[o] = X[src];
     }
 }

@@ -1605,63 +1605,17 @@ static gp_status constant_of_shape_forward(struct gp_cuda_ctx *c, struct gp_erro
     return gp_cuda_check_launch(c, "ConstantOfShape forward", err);
 }
 
-/* Scalars on the device, loaded as the CPU's gp_cpu_load_f64 / _i64. */
-__device__ static int64_t dev_load_i64(const void *p, int dt)
-{
-    switch (dt) {
-    case GP_DTYPE_UINT8: return *(const uint8_t *)p;
-    case GP_DTYPE_BOOL: return *(const uint8_t *)p != 0;
-    case GP_DTYPE_INT8: return *(const int8_t *)p;
-    case GP_DTYPE_UINT16: return *(const uint16_t *)p;
-    case GP_DTYPE_INT16: return *(const int16_t *)p;
-    case GP_DTYPE_INT32: return *(const int32_t *)p;
-    case GP_DTYPE_UINT32: return *(const uint32_t *)p;
-    case GP_DTYPE_INT64: return *(const int64_t *)p;
-    case GP_DTYPE_UINT64: return (int64_t)*(const uint64_t *)p;
-    default: {
-        double v = (double)*(const float *)p;
-        if (v != v) return 0;
-        if (v >= 9.2233720368547758e18) return INT64_MAX;
-        if (v <= -9.2233720368547758e18) return INT64_MIN;
-        return (int64_t)v;
-    }
-    }
-}
-
-__device__ static double dev_load_f64(const void *p, int dt, bool is_float)
-{
-    if (is_float) return (double)*(const float *)p;
-    if (dt == GP_DTYPE_UINT64) return (double)*(const uint64_t *)p;
-    return (double)dev_load_i64(p, dt);
-}
-
-__device__ static void dev_store_i64(void *p, int dt, int64_t i, int64_t v)
-{
-    switch (dt) {
-    case GP_DTYPE_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; return;
-    case GP_DTYPE_BOOL: ((uint8_t *)p)[i] = v != 0; return;
-    case GP_DTYPE_INT8: ((int8_t *)p)[i] = (int8_t)v; return;
-    case GP_DTYPE_UINT16: ((uint16_t *)p)[i] = (uint16_t)v; return;
-    case GP_DTYPE_INT16: ((int16_t *)p)[i] = (int16_t)v; return;
-    case GP_DTYPE_INT32: ((int32_t *)p)[i] = (int32_t)v; return;
-    case GP_DTYPE_UINT32: ((uint32_t *)p)[i] = (uint32_t)v; return;
-    case GP_DTYPE_INT64: ((int64_t *)p)[i] = v; return;
-    case GP_DTYPE_UINT64: ((uint64_t *)p)[i] = (uint64_t)v; return;
-    default: ((float *)p)[i] = (float)v; return;
-    }
-}
-
 /* Y [n] = start + i * delta: in double for floats, wrapping int64
  * arithmetic for integers; n is the output's static length. */
 __global__ static void range_kernel(const void *start, const void *delta, void *y, int dt, bool is_float,
                                     int64_t n)
 {
     if (is_float) {
-        double s = dev_load_f64(start, dt, true), d = dev_load_f64(delta, dt, true);
+        double s = gp_dev_load_f64(start, dt, 0), d = gp_dev_load_f64(delta, dt, 0);
         GP_GRID_STRIDE(i, n)((float *)y)[i] = (float)__dadd_rn(s, __dmul_rn((double)i, d));
     } else {
-        uint64_t s = (uint64_t)dev_load_i64(start, dt), d = (uint64_t)dev_load_i64(delta, dt);
-        GP_GRID_STRIDE(i, n) dev_store_i64(y, dt, i, (int64_t)(s + (uint64_t)i * d));
+        uint64_t s = (uint64_t)gp_dev_load_i64(start, dt, 0), d = (uint64_t)gp_dev_load_i64(delta, dt, 0);
+        GP_GRID_STRIDE(i, n) gp_dev_store_i64(y, dt, i, (int64_t)(s + (uint64_t)i * d));
     }
 }
 
