@@ -50,6 +50,8 @@
 #include "cuda/device.h"
 
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+#include <nvtx3/nvToolsExtCudaRt.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -540,6 +542,9 @@ static gp_status cuda_stream_create(struct gp_device *dev, const char *name, str
         return dev_check(err, e, dev->index, call);
     }
     pthread_mutex_init(&s->mu, NULL);
+    char label[96];
+    snprintf(label, sizeof label, "cuda:%d %s", dev->index, s->name);
+    nvtxNameCudaStreamA(s->stream, label);
     *out = s;
     return GP_OK;
 }
@@ -566,6 +571,21 @@ static void cuda_stream_destroy(struct gp_stream *s)
     free(s);
 }
 
+/* An NVTX range per task and copy, named like the trace's spans ("forward
+ * s1 mb3"), so Nsight Systems shows the schedule on the host timeline
+ * beside the kernels it launched. NVTX costs nothing without a profiler. */
+static void nvtx_push(const struct gp_task_tag *t)
+{
+    char label[96];
+    if (t->stage >= 0 && t->microbatch >= 0)
+        snprintf(label, sizeof label, "%s s%d mb%d", t->name ? t->name : "task", t->stage, t->microbatch);
+    else if (t->stage >= 0)
+        snprintf(label, sizeof label, "%s s%d", t->name ? t->name : "task", t->stage);
+    else
+        snprintf(label, sizeof label, "%s", t->name ? t->name : "task");
+    nvtxRangePushA(label);
+}
+
 static void cuda_enqueue(struct gp_stream *s, gp_task_fn fn, void *arg, const struct gp_task_tag *tag)
 {
     struct gp_task_tag t = tag ? *tag : gp_task_tag{GP_TASK_OTHER, -1, -1, "task"};
@@ -578,7 +598,9 @@ static void cuda_enqueue(struct gp_stream *s, gp_task_fn fn, void *arg, const st
     err.msg[0] = '\0';
     cudaStream_t outer = tl_current_stream; /* a task may enqueue onto other streams */
     tl_current_stream = s->stream;
+    nvtx_push(&t);
     gp_status st = fn(arg, &err);
+    nvtxRangePop();
     tl_current_stream = outer;
 
     const char *name = t.name ? t.name : "?";
@@ -616,6 +638,7 @@ static void cuda_copy(struct gp_stream *s, void *dst, const void *src, size_t by
     if (stream_failed(s)) return;
     if (!stream_check(s, cudaSetDevice(s->dev->index), "cudaSetDevice")) return;
     int span = span_begin(s, &t);
+    nvtx_push(&t);
     if (bytes) {
         cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->stream);
         if (e != cudaSuccess) {
@@ -625,6 +648,7 @@ static void cuda_copy(struct gp_stream *s, void *dst, const void *src, size_t by
             stream_check(s, e, call);
         }
     }
+    nvtxRangePop();
     span_end(s, span);
 }
 
