@@ -27,6 +27,7 @@ struct gp_stream;
 struct gp_layer_call {
     const struct gp_graph *graph;
     const struct gp_node *node;
+    const void *kernel;      /* kernel_for(node), looked up once by the caller */
     void *const *in, *const *out;
     float *const *din, *const *dout;
     void *saved, *scratch;
@@ -71,6 +72,9 @@ struct gp_compute_ops {
     /* Kernel lookup: false when the backend has no kernel for the node;
      * *trainable tells whether it has a backward. */
     bool (*has_kernel)(const struct gp_node *node, bool *trainable);
+    /* The backend's kernel for the node (opaque), for gp_layer_call.kernel:
+     * looked up once per layer rather than on every call. */
+    const void *(*kernel_for)(const struct gp_node *node);
     size_t (*saved_bytes)(const struct gp_graph *g, const struct gp_node *node);
     size_t (*scratch_bytes)(const struct gp_graph *g, const struct gp_node *node);
     gp_status (*forward)(void *ctx, const struct gp_layer_call *c, struct gp_error *err);

@@ -57,6 +57,8 @@ static bool has_kernel(const struct gp_node *node, bool *trainable)
     return k != NULL;
 }
 
+static const void *kernel_for(const struct gp_node *node) { return gp_cuda_kernel_for(node); }
+
 static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
 {
     const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
@@ -98,13 +100,13 @@ static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_la
 static gp_status forward(void *ctx, const struct gp_layer_call *c, struct gp_error *err)
 {
     struct gp_cuda_ctx k = cuda_ctx((const struct stage_ctx *)ctx, c);
-    return gp_cuda_kernel_for(c->node)->forward(&k, err);
+    return ((const struct gp_cuda_kernel *)c->kernel)->forward(&k, err);
 }
 
 static gp_status backward(void *ctx, const struct gp_layer_call *c, struct gp_error *err)
 {
     struct gp_cuda_ctx k = cuda_ctx((const struct stage_ctx *)ctx, c);
-    return gp_cuda_kernel_for(c->node)->backward(&k, err);
+    return ((const struct gp_cuda_kernel *)c->kernel)->backward(&k, err);
 }
 
 static gp_status zero(void *ctx, void *ptr, size_t bytes, struct gp_error *err)
@@ -166,6 +168,22 @@ static gp_status norms(void *ctx, const float *const *tensors, const int64_t *nu
 }
 
 extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
-    GP_CUDA_LIBS_WORKSPACE_BYTES, context_create, context_destroy, has_kernel, saved_bytes, scratch_bytes, forward, backward, zero,
-    accumulate, gp_cuda_loss_scratch_bytes, loss, gp_cuda_bn_stats_len, bn_commit, optim_step, synchronize, norms,
+    GP_CUDA_LIBS_WORKSPACE_BYTES,
+    context_create,
+    context_destroy,
+    has_kernel,
+    kernel_for,
+    saved_bytes,
+    scratch_bytes,
+    forward,
+    backward,
+    zero,
+    accumulate,
+    gp_cuda_loss_scratch_bytes,
+    loss,
+    gp_cuda_bn_stats_len,
+    bn_commit,
+    optim_step,
+    synchronize,
+    norms,
 };

@@ -55,6 +55,7 @@ struct stage {
     int width;
     int64_t live, peak;            /* activation bytes in use, and the most at once */
     double *fwd_ms, *bwd_ms;       /* time_layers: per layer of the stage, summed over a step */
+    const void **kernels;          /* per layer of the stage: the backend's kernel */
     size_t optim_bytes_planned;
 };
 
@@ -134,6 +135,7 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
     return (struct gp_layer_call){
         .graph = g,
         .node = n,
+        .kernel = s->kernels[layer - s->plan.first],
         .in = s->in,
         .out = s->out,
         .din = s->din,
@@ -335,6 +337,7 @@ void gp_pipeline_free(struct gp_pipeline *p)
         free(s->param_values);
         free(s->fwd_ms);
         free(s->bwd_ms);
+        free(s->kernels);
         free(s->params);
         free(s->in);
         free(s->out);
@@ -510,6 +513,9 @@ static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last,
         if (!*lists[e]) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
         for (int j = 0; j < p->M; j++) GP_TRY(s->ops->event_create(s->dev, &(*lists[e])[j], err));
     }
+    s->kernels = calloc((size_t)(last - first) + 1, sizeof *s->kernels);
+    if (!s->kernels) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    for (int i = first; i < last; i++) s->kernels[i - first] = s->cops->kernel_for(&g->nodes[i]);
     s->fwd_ms = calloc((size_t)(last - first) + 1, sizeof(double));
     s->bwd_ms = calloc((size_t)(last - first) + 1, sizeof(double));
     if (!s->fwd_ms || !s->bwd_ms) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");

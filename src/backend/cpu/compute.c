@@ -23,6 +23,8 @@ static bool has_kernel(const struct gp_node *node, bool *trainable)
     return k != NULL;
 }
 
+static const void *kernel_for(const struct gp_node *node) { return gp_cpu_kernel_for_f32(node); }
+
 static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
 {
     const struct gp_cpu_kernel *k = gp_cpu_kernel_for_f32(node);
@@ -50,14 +52,14 @@ static gp_status forward(void *ctx, const struct gp_layer_call *c, struct gp_err
 {
     (void)ctx;
     struct gp_cpu_ctx cc = cpu_ctx(c);
-    return gp_cpu_kernel_for_f32(c->node)->forward(&cc, err);
+    return ((const struct gp_cpu_kernel *)c->kernel)->forward(&cc, err);
 }
 
 static gp_status backward(void *ctx, const struct gp_layer_call *c, struct gp_error *err)
 {
     (void)ctx;
     struct gp_cpu_ctx cc = cpu_ctx(c);
-    return gp_cpu_kernel_for_f32(c->node)->backward(&cc, err);
+    return ((const struct gp_cpu_kernel *)c->kernel)->backward(&cc, err);
 }
 
 static gp_status zero(void *ctx, void *ptr, size_t bytes, struct gp_error *err)
@@ -133,6 +135,7 @@ const struct gp_compute_ops gp_cpu_compute_ops = {
     .context_create = context_create,
     .context_destroy = context_destroy,
     .has_kernel = has_kernel,
+    .kernel_for = kernel_for,
     .saved_bytes = saved_bytes,
     .scratch_bytes = scratch_bytes,
     .forward = forward,
