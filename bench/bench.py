@@ -21,8 +21,6 @@ import os
 import platform
 import shlex
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,45 +28,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-LOSS = {"resnet50": "cross-entropy", "gpt2": "cross-entropy", "unet": "output"}
-MODELS = ("resnet50", "gpt2", "unet")
-PRECISIONS = ("fp32", "tf32")
-
-
-def log(msg):
-    print("[bench %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
-
-
-def last_line(text, default=""):
-    lines = [l.strip() for l in (text or "").splitlines() if l.strip()]
-    return lines[-1] if lines else default
-
-
-def error_line(stderr, default=""):
-    """The error message in a gpipe-onnx's stderr: its last line, skipping the
-    "(see 'gpipe-onnx train --help')" hint that follows usage errors, without the
-    "gpipe-onnx train: " prefix."""
-    lines = [l.strip() for l in (stderr or "").splitlines() if l.strip()]
-    lines = [l for l in lines if not (l.startswith("(see ") and l.endswith(")"))]
-    if not lines:
-        return default
-    line = lines[-1]
-    for prefix in ("gpipe-onnx train: ", "gpipe-onnx: ", "error: "):
-        if line.startswith(prefix):
-            line = line[len(prefix):]
-    return line
-
-
-def summarize(batch, times):
-    """Median samples/s from per-step seconds, plus the mean over the window."""
-    times = [t for t in times if t > 0]
-    if not times:
-        return None
-    med = statistics.median(times)
-    return {"samples_per_s": batch / med, "median_step_s": med,
-            "mean_samples_per_s": batch * len(times) / sum(times),
-            "min_step_s": min(times), "max_step_s": max(times), "timed_steps": len(times),
-            "step_s": [round(t, 6) for t in times]}
+# Shared with pipeline.py.
+from common import (LOSS, MODELS, PRECISIONS, device_name, export,  # noqa: E402
+                    fmt_rate, gpipe_run, last_line, log, run, summarize)
 
 
 # --------------------------------------------------------------------------
@@ -167,37 +129,6 @@ def torch_worker(argv):
 # --------------------------------------------------------------------------
 # The driver
 # --------------------------------------------------------------------------
-def run(cmd, timeout, cwd=None):
-    """(returncode or None on timeout, stdout, stderr, seconds)"""
-    t0 = time.time()
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           universal_newlines=True, timeout=timeout, cwd=cwd)
-        return p.returncode, p.stdout, p.stderr, time.time() - t0
-    except subprocess.TimeoutExpired as e:
-        def text(b):
-            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
-        return None, text(e.stdout), text(e.stderr), time.time() - t0
-
-
-def export(args, name, path):
-    if args.reuse_onnx and os.path.exists(path):
-        log("%s: reusing %s" % (name, path))
-        return {"path": path, "reused": True}, None
-    cmd = [sys.executable, os.path.join(HERE, "export.py"), name, path, "--json",
-           "--lr", repr(args.lr)] + (["--tiny"] if args.tiny else [])
-    log("%s: exporting to ONNX" % name)
-    rc, out, err, secs = run(cmd, args.timeout)
-    if rc is None:
-        return None, "export failed: timed out after %.0f s" % secs
-    if rc != 0:
-        return None, "export failed: " + last_line(err, "exit status %d" % rc)
-    info = json.loads(last_line(out))
-    log("%s: exported in %.0f s (%d parameters, %.0f MB)" % (
-        name, secs, info["parameters"], info.get("bytes", 0) / 1e6))
-    return info, None
-
-
 def torch_side(args, name, precision, batch):
     cmd = [sys.executable, os.path.abspath(__file__), "_torch", "--model", name,
            "--precision", precision, "--device", args.device, "--batch", str(batch),
@@ -227,8 +158,6 @@ def torch_side(args, name, precision, batch):
 
 def gpipe_side(args, name, precision, batch, onnx_path, workdir):
     metrics = os.path.join(workdir, "%s-%s.metrics.jsonl" % (name, precision))
-    if os.path.exists(metrics):
-        os.remove(metrics)
     total = args.warmup + args.steps
     cmd = [args.gpipe, "train", onnx_path,
            "--synthetic", str(2 * batch), "--batch", str(batch), "--steps", str(total),
@@ -242,68 +171,16 @@ def gpipe_side(args, name, precision, batch, onnx_path, workdir):
     cmd += shlex.split(args.gpipe_args)
     log("%s %s: gpipe-onnx, batch %d, %d+%d steps: %s" % (
         name, precision, batch, args.warmup, args.steps, " ".join(shlex.quote(c) for c in cmd)))
-    rc, out, err, secs = run(cmd, args.timeout)
+    res, err = gpipe_run(cmd, metrics, args.timeout, args.warmup, batch)
     if args.gpipe_verbose and err:
         sys.stdout.write(err)
         sys.stdout.flush()
-    res = {"command": cmd, "run_s": round(secs, 1)}
-    if rc is None:
-        res["error"] = "gpipe-onnx timed out after %.0f s" % secs
+    if res.get("error"):
         return res
-    if rc != 0:
-        res["error"] = "gpipe-onnx failed: " + error_line(err, "exit status %d" % rc)
-        res["stderr_tail"] = err[-4000:]
-        return res
-    steps = []
-    try:
-        with open(metrics) as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    rec = json.loads(line)
-                    if "samples_per_s" in rec:
-                        steps.append(rec)
-    except (OSError, ValueError) as e:
-        res["error"] = "gpipe-onnx metrics unreadable: %s" % e
-        return res
-    timed = [r for r in steps if r["step"] > args.warmup]
-    # The metrics give samples/s per step (batch / the step's wall time, host work
-    # included); the step's time is batch / samples_per_s.
-    times = [batch / r["samples_per_s"] for r in timed if r["samples_per_s"] > 0]
-    s = summarize(batch, times)
-    if s is None:
-        res["error"] = "gpipe-onnx: no timed steps in the metrics (%d steps recorded)" % len(steps)
-        return res
-    res.update(s)
-    res["first_loss"] = steps[0]["loss"]
-    res["last_loss"] = steps[-1]["loss"]
     log("%s %s: gpipe-onnx %.1f samples/s (median step %.4f s, loss %.4f -> %.4f)" % (
         name, precision, res["samples_per_s"], res["median_step_s"], res["first_loss"],
         res["last_loss"]))
     return res
-
-
-def device_name(args):
-    if args.device == "cpu":
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        return "CPU: %s (%d cores)" % (line.split(":", 1)[1].strip(), os.cpu_count())
-        except OSError:
-            pass
-        return "CPU: %s" % (platform.processor() or platform.machine())
-    rc, out, err, _ = run([sys.executable, "-c",
-                           "import torch; print(torch.cuda.get_device_name(0))"], 120)
-    return last_line(out) if rc == 0 else "unknown (%s)" % last_line(err)
-
-
-def fmt_rate(side):
-    if side is None:
-        return "not run"
-    if side.get("error"):
-        return side["error"].replace("|", "\\|")
-    return "%.1f" % side["samples_per_s"]
 
 
 def write_outputs(args, header, rows):

@@ -33,6 +33,7 @@ struct gp_layer_call {
     void *saved, *scratch;
     bool training, update_state;
     uint64_t seed, step;
+    const uint64_t *step_dev; /* device memory holding the step, or NULL (CUDA graphs) */
     int64_t sample_offset;
     double dropout_ratio;
     double *deferred_stats;

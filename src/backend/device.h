@@ -21,6 +21,7 @@ struct gp_device;
 struct gp_stream;
 struct gp_event;
 struct gp_compute_ops; /* backend/compute.h */
+struct gp_step_graph;  /* a captured, instantiated graph of work */
 
 /* What a task is, for the timeline (Chrome trace) and messages. */
 enum gp_task_kind {
@@ -92,6 +93,21 @@ struct gp_device_ops {
     size_t (*mem_available)(struct gp_device *dev);
     /* The kernels and step operations that run on this backend's devices. */
     const struct gp_compute_ops *compute;
+
+    /* Graphs (CUDA graphs; NULL where the backend has none): between
+     * capture_begin and capture_end, what is enqueued on `origin`, and on
+     * every stream made to wait for an event recorded there, is recorded
+     * rather than run (every such stream must be joined back to origin
+     * before the end); graph_launch replays it on a stream. Tasks run their
+     * host code once, at capture: only what they enqueue is replayed. */
+    gp_status (*capture_begin)(struct gp_stream *origin, struct gp_error *err);
+    gp_status (*capture_end)(struct gp_stream *origin, struct gp_step_graph **out, struct gp_error *err);
+    void (*graph_launch)(struct gp_step_graph *graph, struct gp_stream *s);
+    void (*graph_destroy)(struct gp_step_graph *graph);
+    /* Page-locked host memory: copies from and to it run in stream order
+     * (and can be captured). NULL where the backend has none. */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *ptr);
 };
 
 extern const struct gp_device_ops gp_cpu_device_ops;

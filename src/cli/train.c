@@ -74,6 +74,8 @@ static void help(FILE *f)
         "                        cpu:0,cpu:1,cpu:2 (a CPU device is a worker thread);\n"
         "                        stages may share a device. Default: cuda:0 when a GPU\n"
         "                        is visible, else cpu:0\n"
+        "  --cuda-graph on|off   capture each training step (every stage, micro-batch and\n"
+        "                        copy) as one CUDA graph and replay it (default off)\n"
         "  --tf32                let GPU matrix products and convolutions use TF32 tensor\n"
         "                        cores (faster, ~1e-3 relative error); default off:\n"
         "                        float32 arithmetic, as on the CPU\n"
@@ -179,6 +181,12 @@ static void on_memory(void *user, const struct gp_stage_memory_report *r)
             gp_cli_bytes(r->param_bytes, a, sizeof a), gp_cli_bytes(r->optim_bytes, b, sizeof b),
             gp_cli_bytes(r->activation_bytes, c, sizeof c), gp_cli_bytes(r->activation_peak, d, sizeof d),
             gp_cli_bytes(r->planned_bytes, e, sizeof e));
+}
+
+static void on_note(void *user, const char *message)
+{
+    struct progress *p = user;
+    if (!p->quiet) fprintf(stderr, "%snote: %s\n", p->tty ? "\n" : "", message);
 }
 
 /* ---- options ---- */
@@ -368,6 +376,11 @@ int gp_cmd_train(int argc, char **argv)
             cfg.deferred_batch_norm = true;
         } else if (!strcmp(a, "--tf32")) {
             cfg.tf32 = true;
+        } else if (!strcmp(a, "--cuda-graph")) {
+            const char *mode = TAKE();
+            if (!mode || (strcmp(mode, "on") && strcmp(mode, "off")))
+                return gp_cli_usage("train", "--cuda-graph is on or off");
+            cfg.cuda_graph = !strcmp(mode, "on");
         } else if (!strcmp(a, "--trace")) {
             cfg.trace_path = TAKE();
         } else if (!strcmp(a, "--save")) {
@@ -499,7 +512,7 @@ int gp_cmd_train(int argc, char **argv)
         }
     }
     struct gp_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step,
-                                    .on_epoch = on_epoch, .on_memory = on_memory};
+                                    .on_epoch = on_epoch, .on_memory = on_memory, .on_note = on_note};
     gp_status st = gp_train(&cfg, &train, val_data ? &val : NULL, &cb, &err);
     if (st != GP_OK) status = gp_cli_fail("%s", err.msg);
     if (prog.metrics) {

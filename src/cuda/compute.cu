@@ -91,6 +91,7 @@ static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_la
     k.update_state = c->update_state;
     k.seed = c->seed;
     k.step = c->step;
+    k.step_dev = c->step_dev;
     k.sample_offset = c->sample_offset;
     k.dropout_ratio = c->dropout_ratio;
     k.deferred_stats = c->deferred_stats;

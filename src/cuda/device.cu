@@ -733,6 +733,98 @@ static void cuda_stream_wait(struct gp_stream *s, struct gp_event *e)
 }
 
 /* Positional: CUDA C++17 has no designated initializers. */
+/* ---- graphs ---- */
+
+struct gp_step_graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    int device;
+};
+
+/* Thread-local capture: CUDA calls of other host threads are not affected,
+ * and a task that tried something uncapturable (a synchronization, an
+ * allocation) fails the capture rather than the process. */
+static gp_status cuda_capture_begin(struct gp_stream *s, struct gp_error *err)
+{
+    GP_TRY(dev_check(err, cudaSetDevice(s->dev->index), s->dev->index, "cudaSetDevice"));
+    return dev_check(err, cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal), s->dev->index,
+                     "cudaStreamBeginCapture");
+}
+
+/* Ends the capture whatever happened inside it (the stream must leave
+ * capture mode to be usable again), then instantiates the graph. A task
+ * that failed while capturing fails the capture, with its message. */
+static gp_status cuda_capture_end(struct gp_stream *s, struct gp_step_graph **out, struct gp_error *err)
+{
+    *out = NULL;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaSetDevice(s->dev->index);
+    cudaError_t end = cudaStreamEndCapture(s->stream, &graph);
+    (void)cudaGetLastError();
+    pthread_mutex_lock(&s->mu);
+    bool failed = s->failed;
+    if (failed) {
+        gp_error_set(err, s->err.status, "while capturing: %s", s->err.msg);
+        s->failed = false;
+        gp_error_clear(&s->err);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (failed || e != cudaSuccess || end != cudaSuccess) {
+        if (graph) cudaGraphDestroy(graph);
+        if (failed) return err->status;
+        return dev_check(err, e != cudaSuccess ? e : end, s->dev->index, "cudaStreamEndCapture");
+    }
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    if (e != cudaSuccess) {
+        cudaGraphDestroy(graph);
+        return dev_check(err, e, s->dev->index, "cudaGraphInstantiate");
+    }
+    struct gp_step_graph *g = (struct gp_step_graph *)calloc(1, sizeof *g);
+    if (!g) {
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    }
+    g->graph = graph;
+    g->exec = exec;
+    g->device = s->dev->index;
+    *out = g;
+    return GP_OK;
+}
+
+static void cuda_graph_launch(struct gp_step_graph *g, struct gp_stream *s)
+{
+    if (stream_failed(s)) return;
+    if (!stream_check(s, cudaSetDevice(s->dev->index), "cudaSetDevice")) return;
+    stream_check(s, cudaGraphLaunch(g->exec, s->stream), "cudaGraphLaunch");
+}
+
+static void cuda_graph_destroy(struct gp_step_graph *g)
+{
+    if (!g) return;
+    if (cudaSetDevice(g->device) != cudaSuccess) (void)cudaGetLastError();
+    if (cudaGraphExecDestroy(g->exec) != cudaSuccess) (void)cudaGetLastError();
+    if (cudaGraphDestroy(g->graph) != cudaSuccess) (void)cudaGetLastError();
+    free(g);
+}
+
+/* Pinned, portable (every device's copies see it as pinned); NULL on failure. */
+static void *cuda_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(void *p)
+{
+    if (p && cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
 extern "C" const struct gp_device_ops gp_cuda_device_ops = {
     "cuda",
     cuda_open,
@@ -753,4 +845,10 @@ extern "C" const struct gp_device_ops gp_cuda_device_ops = {
     cuda_set_threads,
     cuda_mem_available,
     &gp_cuda_compute_ops,
+    cuda_capture_begin,
+    cuda_capture_end,
+    cuda_graph_launch,
+    cuda_graph_destroy,
+    cuda_host_alloc,
+    cuda_host_free,
 };

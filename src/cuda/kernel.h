@@ -40,6 +40,8 @@ struct gp_cuda_ctx {
     bool tf32;             /* allow TF32 tensor cores; default off: float32 semantics */
     bool training, update_state;
     uint64_t seed, step;   /* dropout key, as on the CPU (backend/cpu/rng.h) */
+    const uint64_t *step_dev; /* when non-NULL, the step is read from here (device memory), so a
+                                 replayed CUDA graph draws each step's masks */
     int64_t sample_offset;
     double dropout_ratio;  /* < 0: the model's own */
     double *deferred_stats; /* device memory; see backend/cpu/kernel.h */

@@ -901,6 +901,7 @@ struct dropout {
     bool mode;               /* when mode_dev is NULL */
     const uint8_t *mode_dev; /* bool scalar on the device, or NULL */
     uint64_t seed, step;
+    const uint64_t *step_dev; /* the step in device memory (replayed CUDA graphs), or NULL */
     uint32_t node;
     int64_t first; /* global index of element 0 */
 };
@@ -941,6 +942,7 @@ static gp_status dropout_of(const struct gp_cuda_ctx *c, struct gp_error *err, s
                                                       : gp_shape_numel(xs);
     d->seed = c->seed;
     d->step = c->step;
+    d->step_dev = c->step_dev;
     d->node = (uint32_t)n->source_index;
     d->first = c->sample_offset * per_sample;
     return GP_OK;
@@ -961,8 +963,9 @@ __global__ static void dropout_forward_kernel(struct dropout d, const float *X, 
 {
     float ratio, scale;
     bool active = dropout_setup(d, &ratio, &scale);
+    const uint64_t step = d.step_dev ? *d.step_dev : d.step;
     GP_GRID_STRIDE(i, n) {
-        bool keep = !active || gp_rng_uniform(d.seed, d.step, d.node, (uint64_t)(d.first + i)) >= ratio;
+        bool keep = !active || gp_rng_uniform(d.seed, step, d.node, (uint64_t)(d.first + i)) >= ratio;
         float x = X[i];
         Y[i] = !active ? x : keep ? FMUL(x, scale) : 0.0f;
         if (mask && mask_bool) ((uint8_t *)mask)[i] = keep;
@@ -974,11 +977,11 @@ __global__ static void dropout_backward_kernel(struct dropout d, const float *dY
 {
     float ratio, scale;
     bool active = dropout_setup(d, &ratio, &scale);
+    const uint64_t step = d.step_dev ? *d.step_dev : d.step;
     GP_GRID_STRIDE(i, n) {
         float g = dY[i];
         if (active)
-            g = gp_rng_uniform(d.seed, d.step, d.node, (uint64_t)(d.first + i)) >= ratio ? FMUL(g, scale)
-                                                                                         : 0.0f;
+            g = gp_rng_uniform(d.seed, step, d.node, (uint64_t)(d.first + i)) >= ratio ? FMUL(g, scale) : 0.0f;
         dX[i] = FADD(dX[i], g);
     }
 }

@@ -38,6 +38,7 @@ struct stage {
      * its parameters' gradient norms (floats), for clipping. */
     unsigned char *targets, *loss_sums, *norms;
     unsigned char *inputs;         /* first stage: the mini-batch's data, as the host gave it */
+    unsigned char *step_dev;       /* the step number (uint64) the dropout masks are keyed by, for graphs */
     unsigned char *libs;           /* the backend's library workspace (cuBLAS) */
     unsigned char *optim_state;
     int n_sets;                    /* activation sets: one per micro-batch without checkpointing */
@@ -76,6 +77,21 @@ struct gp_pipeline {
     struct gp_step_opts opts;
     double denominator;
     double *loss_parts;            /* per micro-batch, copied back from the last stage */
+    int64_t steps_done;
+    /* CUDA graphs (cfg.cuda_graph): the captured step, the events that fork
+     * every stream from the first stage's compute stream and join them back,
+     * pinned staging for what changes between replays, and what the graph
+     * baked in. */
+    bool graph_ok;
+    struct gp_step_graph *graph;
+    struct gp_event *fork, **joins;
+    int n_joins;
+    void *x_host, *t_host;
+    double *loss_host;
+    uint64_t *step_host;
+    uint64_t graph_seed;
+    double graph_ratio, graph_denominator;
+    char graph_note[2304];
     float *norms_host;             /* per parameter (all stages), copied back for clipping */
     bool eval;
     float clip_coef;
@@ -146,6 +162,7 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
         .update_state = update_state,
         .seed = p->opts.seed,
         .step = p->opts.step,
+        .step_dev = p->graph_ok ? (const uint64_t *)s->step_dev : NULL,
         .sample_offset = (int64_t)j * p->micro,
         .dropout_ratio = p->opts.dropout_ratio,
         .deferred_stats = s->bn_stats ? s->bn_stats[layer - s->plan.first] : NULL,
@@ -302,6 +319,20 @@ static gp_status task_run(void *arg, struct gp_error *err)
 void gp_pipeline_free(struct gp_pipeline *p)
 {
     if (!p) return;
+    if (p->stages && p->K > 0 && p->stages[0].ops) {
+        const struct gp_device_ops *ops = p->stages[0].ops;
+        if (p->graph) ops->graph_destroy(p->graph);
+        if (ops->host_free) {
+            ops->host_free(p->x_host);
+            ops->host_free(p->t_host);
+            ops->host_free(p->loss_host);
+            ops->host_free(p->step_host);
+        }
+        if (p->fork) ops->event_destroy(p->fork);
+    }
+    for (int i = 0; p->joins && i < p->n_joins; i++)
+        if (p->joins[i]) p->stages[0].ops->event_destroy(p->joins[i]);
+    free(p->joins);
     for (int k = 0; p->stages && k < p->K; k++) {
         struct stage *s = &p->stages[k];
         const struct gp_device_ops *ops = s->ops;
@@ -316,11 +347,11 @@ void gp_pipeline_free(struct gp_pipeline *p)
                 free(lists[e]);
             }
             if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
-            unsigned char *blocks[13] = {s->static_block, s->param_grads, s->boxes,       s->locals,
+            unsigned char *blocks[14] = {s->static_block, s->param_grads, s->boxes,       s->locals,
                                          s->grads,        s->inboxes,     s->scratch,     s->targets,
                                          s->loss_sums,    s->norms,       s->optim_state, s->inputs,
-                                         s->libs};
-            for (int b = 0; b < 13; b++)
+                                         s->libs,         s->step_dev};
+            for (int b = 0; b < 14; b++)
                 if (blocks[b]) ops->free(s->dev, blocks[b]);
             for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++)
                 if (s->bn_stats[i]) ops->free(s->dev, s->bn_stats[i]);
@@ -391,6 +422,7 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"library workspace", s->cops->context_bytes, &s->libs};
     b[n++] = (struct block_plan){"targets", last ? p->target_bytes * (size_t)p->M : 0, &s->targets};
     b[n++] = (struct block_plan){"inputs", k == 0 ? p->input_bytes * (size_t)p->M : 0, &s->inputs};
+    b[n++] = (struct block_plan){"step number", sizeof(uint64_t), &s->step_dev};
     b[n++] = (struct block_plan){"loss sums", last ? sizeof(double) * (size_t)p->M : 0, &s->loss_sums};
     b[n++] = (struct block_plan){"gradient norms", sizeof(float) * (size_t)(s->n_params + 1), &s->norms};
     return n;
@@ -545,6 +577,43 @@ static gp_status create_stage(struct gp_pipeline *p, int k, int first, int last,
     return GP_OK;
 }
 
+/* CUDA graphs where every stage's backend can capture and nothing needs
+ * the host inside the step (timelines, layer timing): pinned staging and
+ * the fork and join events. Without them the pipeline runs eagerly and
+ * graph_note says why. */
+static gp_status setup_graphs(struct gp_pipeline *p, struct gp_error *err)
+{
+    if (!p->cfg.cuda_graph) return GP_OK;
+    const char *why = NULL;
+    for (int k = 0; k < p->K && !why; k++)
+        if (!p->stages[k].ops->capture_begin || !p->stages[k].ops->host_alloc)
+            why = "a stage's backend has no graphs";
+    if (!why && p->cfg.trace) why = "--trace records each step as it runs";
+    if (!why && p->cfg.time_layers) why = "layer timing waits for each layer";
+    if (why) {
+        snprintf(p->graph_note, sizeof p->graph_note, "CUDA graphs are off: %s", why);
+        return GP_OK;
+    }
+    const struct gp_device_ops *ops = p->stages[0].ops;
+    p->x_host = ops->host_alloc(p->input_bytes * (size_t)p->M);
+    p->t_host = p->target_bytes ? ops->host_alloc(p->target_bytes * (size_t)p->M) : NULL;
+    p->loss_host = ops->host_alloc(sizeof(double) * (size_t)p->M);
+    p->step_host = ops->host_alloc(sizeof(uint64_t));
+    if (!p->x_host || (p->target_bytes && !p->t_host) || !p->loss_host || !p->step_host)
+        return gp_error_set(err, GP_ERR_NOMEM, "out of pinned host memory for the CUDA graph's staging");
+    GP_TRY(ops->event_create(p->stages[0].dev, &p->fork, err));
+    p->joins = calloc((size_t)(3 * p->K), sizeof *p->joins);
+    if (!p->joins) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        struct gp_stream *list[3] = {s->compute, s->copy_next, s->copy_prev};
+        for (int q = 0; q < 3; q++)
+            if (list[q]) GP_TRY(s->ops->event_create(s->dev, &p->joins[p->n_joins++], err));
+    }
+    p->graph_ok = true;
+    return GP_OK;
+}
+
 gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pipeline **out,
                              struct gp_error *err)
 {
@@ -621,6 +690,7 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
         st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    if ((st = setup_graphs(p, err)) != GP_OK) goto fail;
     /* OpenMP threads per device: the cores shared among the devices. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int devices = 0;
@@ -702,29 +772,11 @@ static void clear_traces(struct gp_pipeline *p)
     }
 }
 
-gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *targets, const struct gp_step_opts *o,
-                           double denominator, double *loss_sum, struct gp_error *err)
+/* Every action of the schedule, in order, onto the stages' streams: the
+ * step's whole forward and backward, with an event for each dependency. */
+static void issue_actions(struct gp_pipeline *p)
 {
-    p->opts = *o;
-    p->denominator = denominator;
-    p->eval = false;
-    clear_traces(p);
-    for (int k = 0; p->cfg.time_layers && k < p->K; k++) {
-        struct stage *st = &p->stages[k];
-        memset(st->fwd_ms, 0, sizeof(double) * (size_t)(st->plan.last - st->plan.first));
-        memset(st->bwd_ms, 0, sizeof(double) * (size_t)(st->plan.last - st->plan.first));
-    }
     size_t in_bytes = p->input_bytes;
-    struct stage *fs = &p->stages[0], *ls = &p->stages[p->K - 1];
-    /* The mini-batch's data and targets reach the devices in one copy each,
-     * before any work of the step (pageable host memory may make a copy
-     * wait for its stream: here the streams are idle). */
-    struct gp_task_tag itag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
-    fs->ops->copy(fs->compute, fs->inputs, x, in_bytes * (size_t)p->M, &itag);
-    if (p->target_bytes) {
-        struct gp_task_tag ttag = tag_of(GP_TASK_COPY, p->K - 1, -1, "load targets");
-        ls->ops->copy(ls->compute, ls->targets, targets, p->target_bytes * (size_t)p->M, &ttag);
-    }
     for (int a = 0; a < p->sched.n_actions; a++) {
         const struct gp_action *act = &p->sched.actions[a];
         int k = act->stage, j = act->microbatch;
@@ -775,15 +827,155 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
         }
         }
     }
-    /* The micro-batches' loss sums come back with the step's one wait. */
-    struct gp_task_tag tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
-    ls->ops->copy(ls->compute, p->loss_parts, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
-    GP_TRY(sync_all(p, err));
+}
+
+/* Every stream of every stage but `origin`, for joining a capture. */
+static int all_streams(struct gp_pipeline *p, struct gp_stream **out, struct stage **owner)
+{
+    int n = 0;
+    for (int k = 0; k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        struct gp_stream *list[3] = {s->compute, s->copy_next, s->copy_prev};
+        for (int q = 0; q < 3; q++)
+            if (list[q]) owner[n] = s, out[n++] = list[q];
+    }
+    return n;
+}
+
+/* Records the step's actions as one graph: every stream joins the capture
+ * from the first stage's compute stream (the origin) and joins back at the
+ * end. On failure the streams are left usable and the reason is kept. */
+static gp_status capture_step(struct gp_pipeline *p, struct gp_error *err)
+{
+    struct stage *fs = &p->stages[0];
+    struct gp_stream **streams = malloc(sizeof *streams * (size_t)(3 * p->K));
+    struct stage **owner = malloc(sizeof *owner * (size_t)(3 * p->K));
+    if (!streams || !owner) {
+        free(streams);
+        free(owner);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    }
+    int n = all_streams(p, streams, owner);
+    gp_status st = fs->ops->capture_begin(fs->compute, err);
+    if (st != GP_OK) {
+        free(streams);
+        free(owner);
+        return st;
+    }
+    fs->ops->event_record(p->fork, fs->compute);
+    for (int i = 0; i < n; i++)
+        if (streams[i] != fs->compute) owner[i]->ops->stream_wait(streams[i], p->fork);
+    issue_actions(p);
+    for (int i = 0; i < n; i++) {
+        if (streams[i] == fs->compute) continue;
+        owner[i]->ops->event_record(p->joins[i], streams[i]);
+        fs->ops->stream_wait(fs->compute, p->joins[i]);
+    }
+    st = fs->ops->capture_end(fs->compute, &p->graph, err);
+    if (st != GP_OK) {
+        /* Clear what the failed capture left on the streams. */
+        struct gp_error ignored = {0};
+        for (int i = 0; i < n; i++) (void)owner[i]->ops->stream_synchronize(streams[i], &ignored);
+    }
+    free(streams);
+    free(owner);
+    if (st != GP_OK) return st;
+    p->graph_seed = p->opts.seed;
+    p->graph_ratio = p->opts.dropout_ratio;
+    p->graph_denominator = p->denominator;
+    return GP_OK;
+}
+
+/* The step as a replayed graph: the batch, its targets and the step number
+ * copied from pinned staging into the fixed device buffers the graph reads,
+ * the graph launched on the origin stream, the losses copied back. What the
+ * graph bakes in (the dropout seed and ratio, the loss's denominator) makes
+ * a new capture when it changes. false when the graph could not be made
+ * (p->graph_note says why): the caller runs the step eagerly. */
+static bool step_graph(struct gp_pipeline *p, const void *x, const void *targets, gp_status *st,
+                       struct gp_error *err)
+{
+    struct stage *fs = &p->stages[0], *ls = &p->stages[p->K - 1];
+    const struct gp_device_ops *ops = fs->ops;
+    memcpy(p->x_host, x, p->input_bytes * (size_t)p->M);
+    if (p->target_bytes) memcpy(p->t_host, targets, p->target_bytes * (size_t)p->M);
+    *p->step_host = p->opts.step;
+    struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
+    ops->copy(fs->compute, fs->inputs, p->x_host, p->input_bytes * (size_t)p->M, &tag);
+    if (p->target_bytes) ops->copy(fs->compute, ls->targets, p->t_host, p->target_bytes * (size_t)p->M, &tag);
+    for (int k = 0; k < p->K; k++) ops->copy(fs->compute, p->stages[k].step_dev, p->step_host, sizeof(uint64_t), &tag);
+    if (p->graph && (p->graph_seed != p->opts.seed || p->graph_ratio != p->opts.dropout_ratio ||
+                     p->graph_denominator != p->denominator)) {
+        ops->graph_destroy(p->graph);
+        p->graph = NULL;
+    }
+    if (!p->graph) {
+        struct gp_error cerr = {0};
+        if (capture_step(p, &cerr) != GP_OK) {
+            snprintf(p->graph_note, sizeof p->graph_note, "the step could not be captured as a CUDA graph (%s): "
+                     "running it eagerly", cerr.msg);
+            p->graph_ok = false;
+            return false;
+        }
+    }
+    ops->graph_launch(p->graph, fs->compute);
+    tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
+    ops->copy(fs->compute, p->loss_host, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
+    *st = sync_all(p, err);
+    if (*st == GP_OK) memcpy(p->loss_parts, p->loss_host, sizeof(double) * (size_t)p->M);
+    return true;
+}
+
+gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *targets, const struct gp_step_opts *o,
+                           double denominator, double *loss_sum, struct gp_error *err)
+{
+    p->opts = *o;
+    p->denominator = denominator;
+    p->eval = false;
+    clear_traces(p);
+    for (int k = 0; p->cfg.time_layers && k < p->K; k++) {
+        struct stage *st = &p->stages[k];
+        memset(st->fwd_ms, 0, sizeof(double) * (size_t)(st->plan.last - st->plan.first));
+        memset(st->bwd_ms, 0, sizeof(double) * (size_t)(st->plan.last - st->plan.first));
+    }
+    gp_status st = GP_OK;
+    /* The first step runs eagerly: lazy initializations (library handles'
+     * first calls, events) happen outside the capture. */
+    bool graphed = p->graph_ok && p->steps_done > 0 && step_graph(p, x, targets, &st, err);
+    if (!graphed) {
+        struct stage *fs = &p->stages[0], *ls = &p->stages[p->K - 1];
+        /* The mini-batch's data and targets reach the devices in one copy
+         * each, before any work of the step (pageable host memory may make
+         * a copy wait for its stream: here the streams are idle). */
+        struct gp_task_tag itag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
+        fs->ops->copy(fs->compute, fs->inputs, x, p->input_bytes * (size_t)p->M, &itag);
+        if (p->target_bytes) {
+            struct gp_task_tag ttag = tag_of(GP_TASK_COPY, p->K - 1, -1, "load targets");
+            ls->ops->copy(ls->compute, ls->targets, targets, p->target_bytes * (size_t)p->M, &ttag);
+        }
+        if (p->graph_ok)
+            for (int k = 0; k < p->K; k++) {
+                *p->step_host = p->opts.step;
+                struct stage *s = &p->stages[k];
+                s->ops->copy(s->compute, s->step_dev, p->step_host, sizeof(uint64_t), &itag);
+            }
+        issue_actions(p);
+        /* The micro-batches' loss sums come back with the step's one wait. */
+        struct gp_task_tag tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
+        ls->ops->copy(ls->compute, p->loss_parts, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
+        st = sync_all(p, err);
+    }
+    GP_TRY(st);
+    p->steps_done++;
     double sum = 0;
     for (int j = 0; j < p->M; j++) sum += p->loss_parts[j];
     *loss_sum = sum;
     return GP_OK;
 }
+
+const char *gp_pipeline_graph_note(const struct gp_pipeline *p) { return p->graph_note[0] ? p->graph_note : NULL; }
+
+bool gp_pipeline_graphed(const struct gp_pipeline *p) { return p->graph != NULL; }
 
 /* clip_grad_norm_'s coefficient: the norm of the per-tensor norms, in the
  * model's parameter order (value order), each computed on its stage. */

@@ -40,6 +40,11 @@ struct gp_pipeline_config {
      * device waited for after each), for gp_pipeline_layer_times. Slows
      * the step; the balancer's profiler uses it. */
     bool time_layers;
+    /* CUDA: capture the step (every stage's forward and backward, copies,
+     * losses) as one CUDA graph at the second step and replay it after,
+     * capturing again when what it baked in changes. Ignored (with a note)
+     * where a backend cannot, or with trace or time_layers. */
+    bool cuda_graph;
 };
 
 /* Per-step settings: the dropout key, and whether running statistics move. */
@@ -62,6 +67,11 @@ void gp_pipeline_free(struct gp_pipeline *p);
 gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *targets,
                            const struct gp_step_opts *o, double denominator, double *loss_sum,
                            struct gp_error *err);
+
+/* Why the step is not a CUDA graph although cuda_graph asked for one, or
+ * NULL; whether the last step ran as one. */
+const char *gp_pipeline_graph_note(const struct gp_pipeline *p);
+bool gp_pipeline_graphed(const struct gp_pipeline *p);
 
 /* Clips gradients to a global norm over all stages (when clip_norm > 0)
  * and takes one optimizer step on every stage. */

@@ -230,6 +230,7 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         .deferred_batch_norm = cfg->deferred_batch_norm,
         .loss = loss,
         .tf32 = cfg->tf32,
+        .cuda_graph = cfg->cuda_graph,
     };
     GP_TRY(gp_pipeline_create(&pc, &s->pipe, err));
 
@@ -366,6 +367,8 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                               &step_loss, err);
         if (st != GP_OK) break;
         step_loss /= denominator;
+        if (step == 1 && cb && cb->on_note && gp_pipeline_graph_note(s.pipe))
+            cb->on_note(cb->user, gp_pipeline_graph_note(s.pipe));
         if (!isfinite(step_loss)) {
             st = gp_error_set(err, GP_ERR_INVALID,
                               "the loss became %g at step %lld: lower --lr or use --clip-norm",

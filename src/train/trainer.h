@@ -46,6 +46,7 @@ struct gp_train_config {
     int stage_device[64];     /* device index per stage (of its backend) */
     bool stage_cuda[64];      /* the stage runs on a CUDA GPU, not a CPU device */
     bool tf32;                /* CUDA: TF32 tensor cores (float32 semantics otherwise) */
+    bool cuda_graph;          /* CUDA: replay each step as a captured graph */
     int balance[64];          /* layers per stage; all 0: an even split */
     enum gp_checkpoint checkpoint;
     bool deferred_batch_norm; /* running statistics from the whole mini-batch */
@@ -86,6 +87,9 @@ struct gp_train_callbacks {
     void (*on_epoch)(void *user, const struct gp_epoch_report *r);
     /* After training: one call per stage with its planned and peak memory. */
     void (*on_memory)(void *user, const struct gp_stage_memory_report *r);
+    /* Something the user asked for that training does otherwise (a CUDA
+     * graph that could not be made, say), once. */
+    void (*on_note)(void *user, const char *message);
 };
 
 /* Trains the model on `train`, validating on `val` (may be NULL) after each

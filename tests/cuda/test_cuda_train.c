@@ -33,6 +33,7 @@
 
 static char tmp[256];
 static int n_runs;
+static char *graph_note; /* set: training's notes are kept here */
 
 struct result {
     double loss[STEPS];
@@ -47,6 +48,13 @@ static void on_memory(void *user, const struct gp_stage_memory_report *m)
     ((struct result *)user)->planned += m->planned_bytes;
 }
 
+/* Notes go to graph_note (the callbacks' user is the result). */
+static void on_note_graph(void *user, const char *message)
+{
+    (void)user;
+    if (graph_note) snprintf(graph_note, 1024, "%s", message);
+}
+
 struct setup {
     const char *fixture;
     int64_t batch;
@@ -55,6 +63,8 @@ struct setup {
     enum gp_checkpoint checkpoint;
     bool adamw;
     double clip;
+    bool graph;  /* replay the step as a CUDA graph */
+    bool spread; /* stage k on GPU k modulo the GPUs visible */
 };
 
 static gp_status train(const struct setup *s, struct result *res, struct gp_error *err)
@@ -77,14 +87,19 @@ static gp_status train(const struct setup *s, struct result *res, struct gp_erro
     cfg.weight_decay = s->adamw ? 0.01 : 0;
     cfg.clip_norm = s->clip;
     cfg.n_stages = s->stages;
+    int gpus = 1;
+    if (s->cuda && cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 1;
     for (int k = 0; k < s->stages; k++) {
         cfg.stage_cuda[k] = s->cuda;
-        cfg.stage_device[k] = s->cuda ? 0 : k;
+        /* Several stages share the GPU unless spread is asked for. */
+        cfg.stage_device[k] = s->cuda ? (s->spread ? k % gpus : 0) : k;
     }
     cfg.checkpoint = s->checkpoint;
+    cfg.cuda_graph = s->graph;
     snprintf(saved, sizeof saved, "%s/%s_%d.onnx", tmp, s->fixture, n_runs++);
     cfg.save_path = saved;
     struct gp_train_callbacks cb = {.user = res, .on_step = on_step, .on_memory = on_memory};
+    if (graph_note) cb.on_note = on_note_graph;
     gp_status st = gp_train(&cfg, &ds, NULL, &cb, err);
     gp_dataset_free(&ds);
     if (st == GP_OK && gp_onnx_load(saved, 1, &res->saved, err) != GP_OK) fail_msg("%s", err->msg);
@@ -154,7 +169,8 @@ static void test_fixtures(void **state)
 }
 
 /* Micro-batches with each checkpoint mode (recomputation on the GPU), and
- * stages sharing the GPU: copies between them on the GPU's streams. */
+ * three stages over the GPUs (0, 1, 0 with two; all on one otherwise):
+ * frontiers moved by peer copies, or between stages sharing a GPU. */
 static void test_pipeline_modes(void **state)
 {
     (void)state;
@@ -165,7 +181,7 @@ static void test_pipeline_modes(void **state)
         for (int c = 0; c < 3; c++)
             for (int stages = 1; stages <= 3; stages += 2)
                 check((struct setup){.fixture = fixtures[f], .batch = 8, .chunks = 4, .stages = stages,
-                                     .checkpoint = modes[c]});
+                                     .checkpoint = modes[c], .spread = true});
 }
 
 static void test_optimizers(void **state)
@@ -204,6 +220,51 @@ static void test_out_of_memory(void **state)
     printf("out of memory: %s\n", err.msg);
     if (!strstr(err.msg, "stage 0") || !strstr(err.msg, "MiB are free") || !strstr(err.msg, "activations"))
         fail_msg("the message lacks the stage, the bytes or the account: '%s'", err.msg);
+}
+
+/* Replaying the captured step gives exactly the eager step's results (the
+ * same kernels on the same data; dropout masks follow the step number the
+ * graph reads from device memory), with stages sharing the GPU and across
+ * GPUs when there are two. */
+static void test_graph_replay(void **state)
+{
+    (void)state;
+    int gpus = 0;
+    cudaGetDeviceCount(&gpus);
+    static const char *const fixtures[] = {"gpt_op17", "unet_op17", "resnet_op17"};
+    for (int f = 0; f < 3; f++)
+        for (int stages = 1; stages <= 2; stages++) {
+            struct result eager, graph;
+            memset(&eager, 0, sizeof eager);
+            memset(&graph, 0, sizeof graph);
+            struct setup s = {.fixture = fixtures[f], .batch = 8, .chunks = 4, .stages = stages, .cuda = true,
+                              .checkpoint = GP_CHECKPOINT_EXCEPT_LAST, .spread = true};
+            struct gp_error err = {0};
+            if (train(&s, &eager, &err) != GP_OK) fail_msg("%s eager: %s", s.fixture, err.msg);
+            s.graph = true;
+            char note[1024] = "";
+            graph_note = note;
+            if (train(&s, &graph, &err) != GP_OK) fail_msg("%s graph: %s", s.fixture, err.msg);
+            graph_note = NULL;
+            if (note[0]) fail_msg("%s: no graph: %s", s.fixture, note);
+            for (int k = 0; k < STEPS; k++)
+                if (graph.loss[k] != eager.loss[k])
+                    fail_msg("%s, %d stages: step %d loss %.9g replayed, %.9g eager", s.fixture, stages, k + 1,
+                             graph.loss[k], eager.loss[k]);
+            for (int v = 0; v < eager.saved.n_values; v++) {
+                const struct gp_value *w = &eager.saved.values[v];
+                if (!w->is_initializer || !gp_dtype_is_float(w->dtype)) continue;
+                const struct gp_tensor *x = graph.saved.values[gp_graph_find_value(&graph.saved, w->name)].constant;
+                for (int64_t i = 0; i < gp_shape_numel(&w->shape); i++)
+                    if (gp_tensor_get_f64(x, i) != gp_tensor_get_f64(w->constant, i))
+                        fail_msg("%s, %d stages: '%s'[%lld] differs between replay and eager", s.fixture,
+                                 stages, w->name, (long long)i);
+            }
+            printf("%-12s %d stage%s on %s: replayed steps equal eager ones bit for bit\n", s.fixture, stages,
+                   stages > 1 ? "s" : " ", stages > 1 && gpus > 1 ? "2 GPUs" : "1 GPU");
+            gp_graph_free(&eager.saved);
+            gp_graph_free(&graph.saved);
+        }
 }
 
 /* A device index that does not exist is a clear error, not a crash. */
@@ -315,6 +376,7 @@ int main(void)
         cmocka_unit_test(test_pipeline_modes),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_gpu_profile),
         cmocka_unit_test(test_out_of_memory),
     };
