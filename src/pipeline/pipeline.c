@@ -953,12 +953,11 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
             struct gp_task_tag ttag = tag_of(GP_TASK_COPY, p->K - 1, -1, "load targets");
             ls->ops->copy(ls->compute, ls->targets, targets, p->target_bytes * (size_t)p->M, &ttag);
         }
-        if (p->graph_ok)
-            for (int k = 0; k < p->K; k++) {
-                *p->step_host = p->opts.step;
-                struct stage *s = &p->stages[k];
-                s->ops->copy(s->compute, s->step_dev, p->step_host, sizeof(uint64_t), &itag);
-            }
+        /* With graphs on, kernels read the step from the device: set it. */
+        if (p->graph_ok) *p->step_host = p->opts.step;
+        for (int k = 0; p->graph_ok && k < p->K; k++)
+            p->stages[k].ops->copy(p->stages[k].compute, p->stages[k].step_dev, p->step_host, sizeof(uint64_t),
+                                   &itag);
         issue_actions(p);
         /* The micro-batches' loss sums come back with the step's one wait. */
         struct gp_task_tag tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
