@@ -1,0 +1,114 @@
+/* Stage planning's gradient set: regions are shared over time, never while
+ * both are alive. For every fixture, cut into 1 to 3 stages, each value's
+ * gradient lifetime is derived here from the graph alone (from the
+ * backward of its last consumer in the stage, or the start for gradients
+ * that arrive from the next stage, to its producer's backward, or the end
+ * for the stage's input frontier), and any two values whose lifetimes meet
+ * must have disjoint bytes. The set must also be smaller than one region
+ * per value on the models with many layers, or sharing does nothing. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backend/compute.h"
+#include "fixtures.h"
+#include "graph/layers.h"
+#include "onnx/load.h"
+#include "pipeline/plan.h"
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static void check_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs, int first, int last,
+                        size_t *set_bytes, size_t *sum_bytes)
+{
+    struct gp_stage_plan p;
+    struct gp_error err = {0};
+    if (gp_plan_stage(g, l, needs, &gp_cpu_compute_ops, "cpu", first, last, &p, &err) != GP_OK)
+        fail_msg("%s", err.msg);
+    int nv = g->n_values;
+    /* Lifetimes in backward time: t = 0 the start, t = last - i the backward of layer i. */
+    int *from = malloc(sizeof(int) * (size_t)(nv + 1)), *to = malloc(sizeof(int) * (size_t)(nv + 1));
+    assert_non_null(from);
+    assert_non_null(to);
+    bool *inbox = calloc((size_t)nv + 1, sizeof(bool));
+    assert_non_null(inbox);
+    for (int k = 0; k < p.n_frontier_out; k++) inbox[p.frontier_out[k]] = needs[p.frontier_out[k]];
+    *set_bytes = p.grad_bytes;
+    *sum_bytes = 0;
+    for (int v = 0; v < nv; v++) {
+        from[v] = INT_MIN;
+        if (p.grad_off[v] == SIZE_MAX) continue;
+        int producer = g->values[v].producer;
+        int last_use = INT_MIN;
+        for (int i = first; i < last; i++)
+            for (int k = 0; k < g->nodes[i].n_inputs; k++)
+                if (g->nodes[i].inputs[k] == v && i > last_use) last_use = i;
+        from[v] = inbox[v] ? 0 : last_use != INT_MIN ? last - last_use : last - producer;
+        to[v] = producer < first ? last - first + 1 : last - producer;
+        assert_true(from[v] <= to[v]);
+        size_t size = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[v].shape));
+        assert_true(p.grad_off[v] + size <= p.grad_bytes);
+        *sum_bytes += size;
+    }
+    for (int a = 0; a < nv; a++) {
+        if (from[a] == INT_MIN) continue;
+        size_t sa = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[a].shape));
+        for (int b = a + 1; b < nv; b++) {
+            if (from[b] == INT_MIN || to[a] < from[b] || to[b] < from[a]) continue;
+            size_t sb = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[b].shape));
+            if (p.grad_off[a] < p.grad_off[b] + sb && p.grad_off[b] < p.grad_off[a] + sa)
+                fail_msg("layers %d-%d: the gradients of '%s' and '%s' are alive together but overlap", first,
+                         last - 1, g->values[a].name, g->values[b].name);
+        }
+    }
+    free(from);
+    free(to);
+    free(inbox);
+    gp_plan_free(&p);
+}
+
+static void test_gradient_lifetimes(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"mlp_op17", "digits_cnn_op17", "resnet_op17", "unet_op17", "gpt_op17",
+                                           "gpt_torch2_op17"};
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        char name[256], path[4096];
+        snprintf(name, sizeof name, "%s.onnx", fixtures[f]);
+        fixture_path(name, path, sizeof path);
+        struct gp_graph g;
+        struct gp_layers l;
+        struct gp_error err = {0};
+        if (gp_onnx_load(path, 4, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+        if (gp_layers_build(&g, &l, &err) != GP_OK) fail_msg("%s", err.msg);
+        bool *needs = calloc((size_t)g.n_values + 1, sizeof(bool));
+        assert_non_null(needs);
+        gp_plan_needs_grad(&g, needs);
+        size_t whole_set = 0, whole_sum = 0;
+        for (int k = 1; k <= 3; k++)
+            for (int s = 0; s < k; s++) {
+                int first = g.n_nodes * s / k, last = g.n_nodes * (s + 1) / k;
+                size_t set, sum;
+                check_stage(&g, &l, needs, first, last, &set, &sum);
+                if (k == 1) whole_set = set, whole_sum = sum;
+            }
+        printf("%-16s gradient set %8zu bytes, %8zu without sharing\n", fixtures[f], whole_set, whole_sum);
+        if (g.n_nodes >= 20 && !(whole_set < whole_sum))
+            fail_msg("%s: the gradient set shares nothing (%zu bytes)", fixtures[f], whole_set);
+        free(needs);
+        gp_layers_free(&l);
+        gp_graph_free(&g);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gradient_lifetimes)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
