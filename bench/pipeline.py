@@ -1,0 +1,918 @@
+#!/usr/bin/env python3
+"""Pipeline throughput: gpipe-onnx on 1 and K GPUs against PyTorch's own GPipe
+(torch.distributed.pipelining, ScheduleGPipe) on the same models and the same split.
+
+    python3 bench/pipeline.py --gpipe build/src/gpipe-onnx \\
+        [--models resnet50,unet,gpt2] [--m 1,4,8,32] [--gpus 2] [--precision fp32] \\
+        [--warmup 3] [--steps 6] [--deadline SECONDS] [--trace-dir DIR] \\
+        [--out pipeline.json] [--markdown pipeline.md]
+
+    CPU smoke test (tiny models, gpipe-onnx's CPU devices cpu:0,cpu:1):
+    /usr/bin/python3 bench/pipeline.py --device cpu --tiny --gpipe build-cpu/src/gpipe-onnx
+
+For every model, the layer split over the K GPUs is computed once (`gpipe-onnx balance
+--by time`, at --balance-chunks micro-batches, checkpoint never) and used for every M;
+the PyTorch model (models.py, cut into units by stages.py) is split at the unit boundary
+whose parameter count before it is nearest to gpipe-onnx's. For every M (micro-batches
+per mini-batch) that divides the batch: gpipe-onnx on one GPU and on K GPUs, each with
+--checkpoint never and always, and PyTorch's pipeline (one process per GPU, NCCL). See
+bench/README.md ("Pipelines").
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import socket
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from common import (LOSS, MODELS, NO_MULTICAST_ENV, PRECISIONS, export, gpipe_run,  # noqa: E402
+                    gpipe_version, last_line, log, md_cell, quote, run, set_log_prefix,
+                    summarize)
+
+# Mini-batches of the pipeline runs: larger than bench.py's, so that micro-batches
+# are not tiny at M = 32 (ResNet-50 16, U-Net 4, GPT-2 1 sample per micro-batch).
+PIPE_BATCH = {"resnet50": 512, "unet": 128, "gpt2": 32}
+PIPE_BATCH_TINY = {"resnet50": 16, "unet": 16, "gpt2": 16}
+DEFAULT_M = "1,4,8,32"
+
+
+def pipelining_missing():
+    """None when torch.distributed.pipelining can be imported, else the reason."""
+    import torch
+    try:
+        import torch.distributed.pipelining  # noqa: F401
+        return None
+    except Exception:  # ImportError, or a broken distributed build
+        return "not available (torch %s has no torch.distributed.pipelining)" % torch.__version__
+
+
+# ==========================================================================
+# PyTorch side: `pipeline.py _torch ...` spawns one process per stage (rank), each
+# prints nothing but rank 0, which prints "START m" and "RESULT {json}" per M.
+# ==========================================================================
+def _torch_args(argv):
+    ap = argparse.ArgumentParser(prog="pipeline.py _torch")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--ms", required=True, help="micro-batch counts, comma-separated")
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--cuts", required=True, help="unit indices where parts 1.. start")
+    ap.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--warmup", type=int, required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--lr", type=float, required=True)
+    ap.add_argument("--momentum", type=float, required=True)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--pg-timeout", type=float, default=600)
+    return ap.parse_args(argv)
+
+
+def torch_launcher(argv):
+    a = _torch_args(argv)
+    ms = [int(m) for m in a.ms.split(",")]
+    os.environ.update(NO_MULTICAST_ENV)
+    missing = pipelining_missing()
+    if missing:
+        for m in ms:
+            print("RESULT " + json.dumps({"m": m, "error": missing}), flush=True)
+        return
+    import torch
+    import torch.multiprocessing as mp
+    world = len(a.cuts.split(",")) + 1
+    if a.device == "cuda" and torch.cuda.device_count() < world:
+        raise SystemExit("needs %d GPUs, %d visible" % (world, torch.cuda.device_count()))
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    # A rank that raises exits non-zero; spawn then ends the others (no hang in a recv).
+    mp.spawn(_torch_rank, args=(world, argv), nprocs=world, join=True)
+
+
+def _torch_rank(rank, world, argv):
+    a = _torch_args(argv)
+    os.environ.update(NO_MULTICAST_ENV)
+    import gc
+    import inspect
+    import warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    import models as bm
+    import stages
+
+    cuda = a.device == "cuda"
+    tf32 = a.precision == "tf32"
+    if cuda:
+        dev = torch.device("cuda", rank)
+        torch.cuda.set_device(dev)
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    else:
+        dev = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=a.pg_timeout))
+    if "input_args" in inspect.signature(PipelineStage.__init__).parameters and \
+            inspect.signature(PipelineStage.__init__).parameters["input_args"].default is \
+            inspect.Parameter.empty:
+        raise SystemExit("torch %s's PipelineStage has no runtime shape inference (needs torch >= 2.6)"
+                         % torch.__version__)
+    step_kw = {}
+    if "return_outputs" in inspect.signature(ScheduleGPipe.step).parameters:
+        step_kw["return_outputs"] = False      # no merged logits on the last stage
+
+    cuts = [int(c) for c in a.cuts.split(",")]
+    model = bm.build(a.model, a.tiny)          # the same seed on every rank
+    part = stages.split(a.model, model, cuts)[rank].to(dev).train()
+    del model
+    gc.collect()
+    n_params = sum(p.numel() for p in part.parameters())
+    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
+
+    def loss_fn(out, y):
+        return bm.loss(a.model, out, y)
+
+    for m in [int(x) for x in a.ms.split(",")]:
+        if rank == 0:
+            print("START %d" % m, flush=True)
+        try:
+            x, y = bm.make_batch(a.model, a.batch, a.tiny, dev)
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(dev)
+            stage = PipelineStage(part, rank, world, dev)
+            sched = ScheduleGPipe(stage, n_microbatches=m, loss_fn=loss_fn)
+            opt = torch.optim.SGD(part.parameters(), lr=a.lr, momentum=a.momentum)
+            losses = []
+
+            def step():
+                del losses[:]
+                if rank == 0:
+                    sched.step(x, **step_kw)
+                elif rank == world - 1:
+                    sched.step(target=y, losses=losses, **step_kw)
+                else:
+                    sched.step(**step_kw)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            t0 = time.perf_counter()
+            for _ in range(a.warmup):
+                step()
+            sync()
+            dist.barrier()
+            warm_s = time.perf_counter() - t0
+            times = []
+            t_start = time.perf_counter()
+            for _ in range(a.steps):
+                t0 = time.perf_counter()
+                step()
+                sync()
+                times.append(time.perf_counter() - t0)
+            dist.barrier()
+            wall = time.perf_counter() - t_start
+            mine = {
+                "rank": rank, "times": times, "parameters": n_params,
+                "units": part.names[0] + ".." + part.names[-1],
+                "max_memory_allocated": torch.cuda.max_memory_allocated(dev) if cuda else None,
+                "max_memory_reserved": torch.cuda.max_memory_reserved(dev) if cuda else None,
+                "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
+                "loss": (float(sum(float(l) for l in losses) / len(losses)) if losses else None),
+            }
+            ranks = [None] * world
+            dist.all_gather_object(ranks, mine)
+            if rank == 0:
+                # A step's time: the slowest rank's, the step's end measured after a
+                # device synchronization on each rank.
+                per_step = [max(r["times"][i] for r in ranks) for i in range(a.steps)]
+                res = summarize(a.batch, per_step) or {}
+                loss = [r["loss"] for r in ranks if r["loss"] is not None]
+                res.update({
+                    "m": m, "micro_batch": a.batch // m,
+                    "wall_samples_per_s": a.batch * a.steps / wall if wall > 0 else None,
+                    "warmup_s": round(warm_s, 2),
+                    "last_loss": loss[0] if loss else None,
+                    "per_rank": [{"rank": r["rank"], "units": r["units"],
+                                  "parameters": r["parameters"],
+                                  "median_step_s": sorted(r["times"])[len(r["times"]) // 2],
+                                  "max_memory_allocated": r["max_memory_allocated"],
+                                  "max_memory_reserved": r["max_memory_reserved"],
+                                  "device_name": r["device_name"]} for r in ranks],
+                    "torch": torch.__version__,
+                    "scale_grads": getattr(sched, "scale_grads", None),
+                })
+                if cuda:
+                    res["allow_tf32"] = [torch.backends.cuda.matmul.allow_tf32,
+                                         torch.backends.cudnn.allow_tf32]
+                print("RESULT " + json.dumps(res), flush=True)
+            del sched, stage, opt, x, y
+            part.zero_grad(set_to_none=True)
+            gc.collect()
+        except Exception as e:
+            msg = "%s: %s" % (type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else "")
+            print("ERROR %d rank %d %s" % (m, rank, msg), flush=True)
+            sys.stdout.flush()
+            os._exit(3)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ==========================================================================
+# The driver
+# ==========================================================================
+class Deadline(object):
+    def __init__(self, seconds):
+        self.t_end = time.time() + seconds if seconds else None
+
+    def left(self):
+        return None if self.t_end is None else self.t_end - time.time()
+
+    def timeout(self, wanted):
+        """A run's time limit: `wanted`, cut to what is left; None when nothing is."""
+        left = self.left()
+        if left is None:
+            return wanted
+        if left < 15:
+            return None
+        return min(wanted, left - 5)
+
+
+SKIPPED = "skipped: --deadline reached"
+
+
+def fmt_bytes(n):
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return "%.1f %s" % (n / scale, unit)
+    return "%d B" % n
+
+
+_UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40}
+_STAGE_ROW = re.compile(r"^\s*(\d+)\s+(\d+)-(\d+)\s+(\S+)\s+" +
+                        r"\s+".join([r"([\d.]+)\s+(B|KiB|MiB|GiB|TiB)"] * 5) + r"\s*$")
+
+
+def parse_stage_memory(stderr):
+    """gpipe-onnx train's stage memory report (stderr, without --quiet): a header
+    'stage layers device parameters optimizer activations act. peak planned', then one
+    row per stage. Returns [{stage, first_layer, last_layer, device, parameters,
+    optimizer, activations, act_peak, planned}] in bytes (rounded as printed)."""
+    rows, seen_header = [], False
+    for line in (stderr or "").splitlines():
+        if line.startswith("stage") and "planned" in line and "act. peak" in line:
+            seen_header, rows = True, []
+            continue
+        if not seen_header:
+            continue
+        mt = _STAGE_ROW.match(line)
+        if not mt:
+            continue
+        g = mt.groups()
+        vals = [float(g[4 + 2 * i]) * _UNITS[g[5 + 2 * i]] for i in range(5)]
+        rows.append({"stage": int(g[0]), "first_layer": int(g[1]), "last_layer": int(g[2]),
+                     "device": g[3], "parameters": int(vals[0]), "optimizer": int(vals[1]),
+                     "activations": int(vals[2]), "act_peak": int(vals[3]), "planned": int(vals[4])})
+    return rows
+
+
+def per_device(rows, key):
+    """Sum of `key` over the stages of each device, in order of first appearance."""
+    out = {}
+    for r in rows:
+        out[r["device"]] = out.get(r["device"], 0) + r[key]
+    return out
+
+
+class Bench(object):
+    def __init__(self, args):
+        self.args = args
+        self.deadline = Deadline(args.deadline)
+        self.rows = []
+        self.splits = {}
+        self.header = {}
+        self.cpu = args.device == "cpu"
+        kind = "cpu" if self.cpu else "cuda"
+        self.dev1 = "%s:0" % kind
+        self.devk = ",".join("%s:%d" % (kind, i) for i in range(args.gpus))
+        self.word = "dev" if self.cpu else "GPU"
+
+    # ---- gpipe-onnx --------------------------------------------------------
+    def gpipe_tool(self, what, cmd, timeout):
+        """inspect / balance: (rc, stdout, stderr) or raises RuntimeError."""
+        t = self.deadline.timeout(timeout)
+        if t is None:
+            raise RuntimeError(SKIPPED)
+        rc, out, err, secs = run(cmd, t)
+        if rc is None:
+            raise RuntimeError("gpipe-onnx %s timed out after %.0f s" % (what, secs))
+        if rc != 0:
+            from common import error_line
+            raise RuntimeError("gpipe-onnx %s failed: %s" % (what, error_line(err, "exit status %d" % rc)))
+        return out, err, secs
+
+    def inspect(self, onnx_path):
+        out, _, secs = self.gpipe_tool("inspect", [self.args.gpipe, "inspect", onnx_path, "--json"],
+                                       self.args.timeout)
+        doc = json.loads(out)
+        return [{"index": l["index"], "op": l["op"], "name": l.get("name", ""),
+                 "params": int(l.get("params") or 0)} for l in doc["layers"]], secs
+
+    def balance(self, name, onnx_path, batch, ms, workdir):
+        """The layers per stage for the K-GPU runs: --split, else `gpipe-onnx balance
+        --by time` at --balance-chunks, else an even split. (list, description)"""
+        a = self.args
+        if name in a.split_map:
+            return a.split_map[name], {"method": "--split"}
+        chunks = a.balance_chunks if batch % a.balance_chunks == 0 else max(ms)
+        path = os.path.join(workdir, "%s.balance.json" % name)
+        cmd = [a.gpipe, "balance", onnx_path, "--devices", self.devk, "--by", "time",
+               "--batch", str(batch), "--chunks", str(chunks), "--checkpoint", "never",
+               "--optimizer", "sgd", "--momentum", repr(a.momentum), "--json", path]
+        log("%s: gpipe-onnx balance: %s" % (name, quote(cmd)))
+        try:
+            out, _, secs = self.gpipe_tool("balance", cmd, a.timeout)
+            with open(path) as f:
+                doc = json.load(f)
+            bal = [int(v) for v in doc["balance"]]
+            desc = {"method": "gpipe-onnx balance --by time", "chunks": chunks,
+                    "checkpoint": "never", "command": cmd, "seconds": round(secs, 1),
+                    "predicted_step_ms": doc.get("predicted_step_ms"),
+                    "imbalance": doc.get("imbalance"),
+                    "stage_time_ms": [s.get("time_ms") for s in doc.get("stages", [])],
+                    "even": (doc.get("even") or {}).get("balance")}
+            return bal, desc
+        except (RuntimeError, OSError, ValueError, KeyError) as e:
+            return None, {"method": "even", "balance_error": str(e)}
+
+    def gpipe_train(self, name, onnx_path, batch, m, devices, checkpoint, balance, precision,
+                    workdir, trace=None):
+        a = self.args
+        k = len(devices.split(","))
+        tag = "%s-%s-m%d-%s-%s" % (name, precision, m, "k%d" % k, checkpoint)
+        metrics = os.path.join(workdir, tag + ".metrics.jsonl")
+        cmd = [a.gpipe, "train", onnx_path,
+               "--synthetic", str(2 * batch), "--batch", str(batch),
+               "--steps", str(a.warmup + a.steps), "--devices", devices, "--chunks", str(m),
+               "--checkpoint", checkpoint,
+               "--optimizer", "sgd", "--lr", repr(a.lr), "--momentum", repr(a.momentum),
+               "--loss", LOSS[name], "--metrics", metrics]
+        if balance and k > 1:
+            cmd += ["--balance", ",".join(str(b) for b in balance)]
+        if precision == "tf32":
+            cmd.append("--tf32")
+        if trace:
+            cmd += ["--trace", trace]
+        cmd += shlex.split(a.gpipe_args)
+        label = "%s %s M=%d: gpipe-onnx %d %s%s, checkpoint %s" % (
+            name, precision, m, k, self.word, "s" if k > 1 else "", checkpoint)
+        t = self.deadline.timeout(a.timeout)
+        if t is None:
+            return {"error": SKIPPED}
+        log("%s: %s" % (label, quote(cmd)))
+        res, err = gpipe_run(cmd, metrics, t, a.warmup, batch)
+        mem = parse_stage_memory(err)
+        if mem:
+            res["stages"] = mem
+            res["planned_per_device"] = per_device(mem, "planned")
+            res["act_peak_per_device"] = per_device(mem, "act_peak")
+        if trace and not res.get("error"):
+            res["trace"] = trace
+        if res.get("error"):
+            log("%s: %s" % (label, res["error"]))
+        else:
+            log("%s: %.1f samples/s (median step %.4f s, loss %.4f -> %.4f; planned %s)" % (
+                label, res["samples_per_s"], res["median_step_s"], res["first_loss"],
+                res["last_loss"], ", ".join(fmt_bytes(v) for v in res.get("planned_per_device", {}).values())))
+        return res
+
+    # ---- PyTorch -----------------------------------------------------------
+    def torch_side(self, name, precision, batch, ms, cuts):
+        """{m: result} for PyTorch's pipeline; one launch for all Ms, relaunched after
+        the M it failed at."""
+        a = self.args
+        out = {}
+        if a.no_torch:
+            return {m: None for m in ms}
+        if cuts is None:
+            return {m: {"error": "PyTorch: no split"} for m in ms}
+        missing = pipelining_missing()
+        if missing:
+            log("%s %s: PyTorch pipelining %s" % (name, precision, missing))
+            return {m: {"error": missing} for m in ms}
+        pending = list(ms)
+        while pending:
+            t = self.deadline.timeout(a.timeout * len(pending))
+            if t is None:
+                for m in pending:
+                    out[m] = {"error": SKIPPED}
+                break
+            cmd = [sys.executable, os.path.abspath(__file__), "_torch", "--model", name,
+                   "--ms", ",".join(str(m) for m in pending), "--batch", str(batch),
+                   "--cuts", ",".join(str(c) for c in cuts), "--precision", precision,
+                   "--device", a.device, "--warmup", str(a.warmup), "--steps", str(a.steps),
+                   "--lr", repr(a.lr), "--momentum", repr(a.momentum),
+                   "--pg-timeout", repr(float(max(60, a.timeout)))]
+            cmd += ["--tiny"] if a.tiny else []
+            log("%s %s: PyTorch pipelining (ScheduleGPipe, %d processes) M=%s, %d+%d steps" % (
+                name, precision, len(cuts) + 1, ",".join(str(m) for m in pending), a.warmup, a.steps))
+            rc, sout, serr, secs = run(cmd, t)
+            started, errors = [], {}
+            for line in sout.splitlines():
+                if line.startswith("RESULT "):
+                    r = json.loads(line[len("RESULT "):])
+                    out[r["m"]] = r
+                    if not r.get("error"):
+                        log("%s %s M=%d: PyTorch %.1f samples/s (median step %.4f s, max allocated %s)" % (
+                            name, precision, r["m"], r["samples_per_s"], r["median_step_s"],
+                            ", ".join(fmt_bytes(p["max_memory_allocated"]) for p in r["per_rank"])))
+                elif line.startswith("START "):
+                    started.append(int(line.split()[1]))
+                elif line.startswith("ERROR "):
+                    parts = line.split(" ", 4)
+                    errors.setdefault(int(parts[1]), "rank %s: %s" % (parts[3], parts[4] if len(parts) > 4 else ""))
+            pending = [m for m in pending if m not in out]
+            if not pending:
+                break
+            if rc is None:
+                why = "PyTorch timed out after %.0f s" % secs
+            else:
+                why = "PyTorch failed: " + (
+                    errors.get(started[-1]) if started and started[-1] in errors else
+                    last_line(_drop_tracebacks(serr), "exit status %s" % rc))
+            failed = [m for m in pending if m in started] or pending[:1]
+            if not started:
+                failed = pending        # it failed before any M: all would
+            for m in failed:
+                out[m] = {"error": why, "stderr_tail": serr[-3000:]}
+                log("%s %s M=%d: %s" % (name, precision, m, why))
+            pending = [m for m in pending if m not in out]
+        return out
+
+    # ---- one model -----------------------------------------------------------
+    def model(self, name, workdir):
+        a = self.args
+        batch = a.batch_map[name]
+        ms = [m for m in a.ms if batch % m == 0]
+        skipped_ms = [m for m in a.ms if batch % m != 0]
+        split = {"batch": batch, "skipped_m": skipped_ms}
+        self.splits[name] = split
+        for m in skipped_ms:
+            log("%s: M=%d skipped (does not divide the batch %d)" % (name, m, batch))
+        rows = []
+        for precision in a.precisions:
+            for m in ms:
+                row = {"model": name, "precision": precision, "batch": batch, "m": m,
+                       "micro_batch": batch // m}
+                rows.append(row)
+                self.rows.append(row)
+
+        def fail_all(msg):
+            for row in rows:
+                for key in ("gpipe_1_never", "gpipe_k_never", "gpipe_1_always", "gpipe_k_always"):
+                    row.setdefault(key, {"error": msg})
+                row.setdefault("torch", {"error": msg})
+            self.write()
+
+        onnx_path = os.path.join(workdir, "%s%s.onnx" % (name, "-tiny" if a.tiny else ""))
+        layers = None
+        if a.gpipe:
+            t = self.deadline.timeout(a.timeout)
+            if t is None:
+                return fail_all(SKIPPED)
+            info, err = export(a, name, onnx_path, timeout=t)
+            if err:
+                return fail_all(err)
+            split["onnx"] = info
+            try:
+                layers, secs = self.inspect(onnx_path)
+            except RuntimeError as e:
+                return fail_all(str(e))
+            split["layers"] = len(layers)
+            bal, desc = self.balance(name, onnx_path, batch, ms, workdir)
+            if bal is None:
+                n, k = len(layers), a.gpus
+                bal = [n // k + (1 if i < n % k else 0) for i in range(k)]
+                log("%s: balance failed (%s); even split %s" % (name, desc["balance_error"], bal))
+            split.update(desc)
+            split["balance"] = bal
+        elif name in a.split_map:
+            split["balance"] = a.split_map[name]
+        cuts = self.map_split(name, split, layers)
+        self.write()
+
+        trace_m = max(ms) if ms else None
+        for precision in a.precisions:
+            prow = [r for r in rows if r["precision"] == precision]
+            for row in prow:
+                m = row["m"]
+                if not a.gpipe:
+                    for key in ("gpipe_1_never", "gpipe_k_never", "gpipe_1_always", "gpipe_k_always"):
+                        row[key] = None
+                    continue
+                trace = None
+                if a.trace_dir and name == "unet" and m == trace_m and precision == a.precisions[0]:
+                    trace = os.path.join(os.path.abspath(a.trace_dir), "unet_trace.json")
+                bal = split["balance"]
+                row["gpipe_k_never"] = self.gpipe_train(name, onnx_path, batch, m, self.devk, "never",
+                                                        bal, precision, workdir, trace)
+                self.write()
+                row["gpipe_1_never"] = self.gpipe_train(name, onnx_path, batch, m, self.dev1, "never",
+                                                        None, precision, workdir)
+                self.write()
+                if "k" in a.ckpt_runs:
+                    row["gpipe_k_always"] = self.gpipe_train(name, onnx_path, batch, m, self.devk,
+                                                             "always", bal, precision, workdir)
+                    self.write()
+                if "1" in a.ckpt_runs:
+                    row["gpipe_1_always"] = self.gpipe_train(name, onnx_path, batch, m, self.dev1,
+                                                             "always", None, precision, workdir)
+                    self.write()
+            res = self.torch_side(name, precision, batch, [r["m"] for r in prow],
+                                  [c["unit_index"] for c in cuts] if cuts else None)
+            for row in prow:
+                row["torch"] = res.get(row["m"])
+            self.write()
+
+    def map_split(self, name, split, layers):
+        """PyTorch's cut points for gpipe-onnx's split: for each stage boundary, the unit
+        boundary (stages.py) whose parameter count before it is nearest to the parameters
+        of gpipe-onnx's layers before the boundary."""
+        a = self.args
+        bal = split.get("balance")
+        if not bal or len(bal) < 2:
+            return None
+        try:
+            import models as bm
+            import stages
+            counts = stages.unit_params(name, bm.build(name, a.tiny))
+        except Exception as e:
+            split["torch_split_error"] = "%s: %s" % (type(e).__name__, e)
+            return None
+        starts = []
+        s = 0
+        for b in bal[:-1]:
+            s += b
+            starts.append(s)
+        if layers:
+            prefix = [sum(l["params"] for l in layers[:st]) for st in starts]
+        else:   # no layer list (no --gpipe): an even split by parameters
+            total = sum(c for _, c in counts)
+            prefix = [total * (i + 1) // len(bal) for i in range(len(bal) - 1)]
+        chosen = stages.choose_cuts(counts, prefix)
+        total = sum(c for _, c in counts)
+        cuts = []
+        for st, p, (j, q) in zip(starts, prefix, chosen):
+            c = {"gpipe_first_layer": st, "gpipe_params_before": p,
+                 "unit_index": j, "unit": counts[j][0], "unit_before": counts[j - 1][0],
+                 "torch_params_before": q}
+            if layers and st < len(layers):
+                c["gpipe_layer"] = "%s %s" % (layers[st]["op"], layers[st]["name"])
+            cuts.append(c)
+        split["torch_cuts"] = cuts
+        split["torch_units"] = len(counts)
+        split["parameters"] = total
+        desc = "; ".join("stage %d starts at unit %s (after %s): %s parameters before it, "
+                         "gpipe-onnx %s" % (i + 1, c["unit"], c["unit_before"],
+                                            "{:,}".format(c["torch_params_before"]),
+                                            "{:,}".format(c["gpipe_params_before"]))
+                         for i, c in enumerate(cuts))
+        log("%s: gpipe-onnx balance %s; PyTorch split: %s" % (name, bal, desc))
+        return cuts
+
+    # ---- output --------------------------------------------------------------
+    def write(self):
+        a = self.args
+        doc = dict(self.header)
+        doc["splits"] = self.splits
+        doc["results"] = self.rows
+        if a.out:
+            with open(a.out + ".tmp", "w") as f:
+                json.dump(doc, f, indent=1)
+            os.replace(a.out + ".tmp", a.out)
+        if a.markdown:
+            with open(a.markdown + ".tmp", "w") as f:
+                f.write("\n".join(self.markdown()) + "\n")
+            os.replace(a.markdown + ".tmp", a.markdown)
+
+    def markdown(self):
+        a, h = self.args, self.header
+        K = a.gpus
+        lines = [
+            "## gpipe-onnx pipelines vs PyTorch pipelining (ScheduleGPipe), %d %ss" % (K, self.word),
+            "",
+            "- devices: %s" % h.get("device"),
+            "- date: %s" % h.get("date"),
+            "- torch %s; gpipe-onnx --version: %s" % (h.get("torch"), h.get("gpipe_version")),
+            "- command: `%s`" % h.get("command"),
+            "- method: SGD (lr %g, momentum %g), synthetic data; %d warm-up steps, then the median "
+            "samples/s of %d timed steps (gpipe-onnx: its per-step metrics; PyTorch: "
+            "synchronize + perf_counter per step, the slowest rank's). gpipe-onnx on %s (1) and "
+            "%s (K) with the split below for every M; PyTorch one process per %s (%s), "
+            "ScheduleGPipe, the same M, split at the nearest module boundary. Ideal speed-up "
+            "K*M/(M+K-1); efficiency = speed-up / ideal; checkpoint overhead = step time with "
+            "--checkpoint always / never - 1." % (
+                a.lr, a.momentum, a.warmup, a.steps, self.dev1, self.devk, self.word,
+                "gloo" if self.cpu else "NCCL"),
+        ]
+        for name in a.models:
+            sp = self.splits.get(name)
+            if sp is None:
+                continue
+            for precision in a.precisions:
+                rows = [r for r in self.rows if r["model"] == name and r["precision"] == precision]
+                lines += ["", "### %s, %s, batch %d" % (name, precision, sp["batch"]), ""]
+                lines += self.split_lines(name, sp)
+                lines += [
+                    "",
+                    "| M | micro-batch | gpipe-onnx 1 %s samples/s | gpipe-onnx %d %ss samples/s | "
+                    "speed-up | ideal | efficiency | PyTorch pipelining samples/s | gpipe-onnx / PyTorch | "
+                    "checkpoint overhead 1 %s | checkpoint overhead %d %ss | "
+                    "gpipe-onnx memory per %s (planned; act. peak) | PyTorch memory per %s (max allocated) |"
+                    % (self.word, K, self.word, self.word, K, self.word, self.word, self.word),
+                    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+                ]
+                for r in rows:
+                    lines.append(self.table_row(r))
+                if sp.get("skipped_m"):
+                    lines.append("")
+                    lines.append("M = %s skipped: does not divide the batch." %
+                                 ", ".join(str(m) for m in sp["skipped_m"]))
+        return lines
+
+    def split_lines(self, name, sp):
+        out = []
+        bal = sp.get("balance")
+        if bal:
+            ranges, s = [], 0
+            for b in bal:
+                ranges.append("%d-%d" % (s, s + b - 1))
+                s += b
+            how = sp.get("method", "")
+            if how.startswith("gpipe-onnx balance"):
+                how += " at %d micro-batches, checkpoint never" % sp.get("chunks", 0)
+            elif sp.get("balance_error"):
+                how = "even split (balance failed: %s)" % sp["balance_error"]
+            out.append("- gpipe-onnx split (%s): `--balance %s`, layers %s of %s" % (
+                md_cell(how), ",".join(str(b) for b in bal), " \\| ".join(ranges), sp.get("layers", "?")))
+        for i, c in enumerate(sp.get("torch_cuts") or []):
+            out.append("- stage %d: gpipe-onnx from layer %d (%s, %s parameters before); PyTorch from "
+                       "unit `%s` (after `%s`, %s parameters before)" % (
+                           i + 1, c["gpipe_first_layer"], md_cell(c.get("gpipe_layer", "?")),
+                           "{:,}".format(c["gpipe_params_before"]), c["unit"], c["unit_before"],
+                           "{:,}".format(c["torch_params_before"])))
+        if sp.get("torch_split_error"):
+            out.append("- PyTorch split: %s" % md_cell(sp["torch_split_error"]))
+        return out
+
+    def table_row(self, r):
+        K = self.args.gpus
+
+        def ok(side):
+            return side is not None and not side.get("error")
+
+        def rate(side):
+            if side is None:
+                return "not run"
+            if side.get("error"):
+                return md_cell(side["error"])
+            return "%.1f" % side["samples_per_s"]
+
+        g1, gk = r.get("gpipe_1_never"), r.get("gpipe_k_never")
+        a1, ak = r.get("gpipe_1_always"), r.get("gpipe_k_always")
+        t = r.get("torch")
+        m = r["m"]
+        ideal = K * m / float(m + K - 1)
+        speed = eff = ratio = "-"
+        if ok(g1) and ok(gk):
+            sp = gk["samples_per_s"] / g1["samples_per_s"]
+            speed, eff = "%.2fx" % sp, "%.0f%%" % (100 * sp / ideal)
+        if ok(gk) and ok(t):
+            ratio = "%.2fx" % (gk["samples_per_s"] / t["samples_per_s"])
+
+        def overhead(never, always):
+            if always is None:
+                return "not run"
+            if always.get("error"):
+                return md_cell(always["error"])
+            if not ok(never):
+                return "-"
+            return "%+.1f%%" % (100.0 * (never["samples_per_s"] / always["samples_per_s"] - 1))
+
+        def gmem(side, label):
+            if not ok(side) or not side.get("stages"):
+                return None
+            planned = side["planned_per_device"]
+            peak = side["act_peak_per_device"]
+            return "%s: %s; %s" % (label, " / ".join(fmt_bytes(v) for v in planned.values()),
+                                   " / ".join(fmt_bytes(v) for v in peak.values()))
+
+        mem = [x for x in (gmem(gk, "never"), gmem(ak, "always"), gmem(g1, "1 %s" % self.word))
+               if x]
+        tmem = "-"
+        if ok(t) and t.get("per_rank"):
+            if t["per_rank"][0].get("max_memory_allocated") is None:
+                tmem = "n/a on CPU"
+            else:
+                tmem = " / ".join(fmt_bytes(p["max_memory_allocated"]) for p in t["per_rank"])
+        return "| %d | %d | %s | %s | %s | %.2fx | %s | %s | %s | %s | %s | %s | %s |" % (
+            m, r["micro_batch"], rate(g1), rate(gk), speed, ideal, eff, rate(t), ratio,
+            overhead(g1, a1), overhead(gk, ak), "<br>".join(mem) or "-", tmem)
+
+
+def device_names(args):
+    if args.device == "cpu":
+        from common import device_name
+        return "%s; gpipe-onnx CPU devices cpu:0..cpu:%d (worker threads)" % (
+            device_name(args), args.gpus - 1)
+    rc, out, err, _ = run([sys.executable, "-c",
+                           "import torch\n"
+                           "n = torch.cuda.device_count()\n"
+                           "print('; '.join('cuda:%d %s' % (i, torch.cuda.get_device_name(i)) for i in range(n)))"],
+                          120)
+    return last_line(out) if rc == 0 else "unknown (%s)" % last_line(err)
+
+
+def _drop_tracebacks(text):
+    """The last meaningful line of a crashed spawn's stderr: skip warnings' noise."""
+    lines = [l for l in (text or "").splitlines() if l.strip() and not l.startswith(" ")]
+    return "\n".join(lines)
+
+
+def parse_map(ap, text, flag, convert):
+    out = {}
+    for item in (text or "").split(";" if flag == "--split" else ","):
+        if not item.strip():
+            continue
+        k, _, v = item.partition("=")
+        k = k.strip()
+        if k not in MODELS:
+            ap.error("%s: unknown model in '%s'" % (flag, item))
+        try:
+            out[k] = convert(v)
+        except ValueError:
+            ap.error("%s: cannot read '%s'" % (flag, item))
+    return out
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "_torch":
+        return torch_launcher(sys.argv[2:])
+    set_log_prefix("pipeline")
+    ap = argparse.ArgumentParser(
+        description="Pipeline throughput: gpipe-onnx on 1 and K GPUs, and PyTorch's "
+                    "torch.distributed.pipelining (ScheduleGPipe) on the same split.")
+    ap.add_argument("--gpipe", default=None, help="the gpipe-onnx binary (without it: PyTorch only, even split)")
+    ap.add_argument("--models", default="resnet50,unet,gpt2", help="comma-separated (default: all three)")
+    ap.add_argument("--m", default=DEFAULT_M,
+                    help="micro-batch counts M (default %s; an M that does not divide the batch is skipped)" % DEFAULT_M)
+    ap.add_argument("--gpus", type=int, default=2, help="K, the pipeline's GPUs/stages (default 2)")
+    ap.add_argument("--batch", default=None,
+                    help="mini-batch per model, e.g. resnet50=256,gpt2=16 (default resnet50=512, unet=128, gpt2=32; 16 with --tiny)")
+    ap.add_argument("--precision", default="fp32", help="fp32, tf32 or fp32,tf32 (default fp32)")
+    ap.add_argument("--tf32", action="store_true", help="the same as --precision tf32")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up steps per run (default 3; 1 with --tiny)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default 6; 3 with --tiny)")
+    ap.add_argument("--lr", type=float, default=0.01, help="SGD learning rate, both sides (0.01)")
+    ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, both sides (0.9)")
+    ap.add_argument("--balance-chunks", type=int, default=8,
+                    help="micro-batches at which gpipe-onnx balance profiles (default 8)")
+    ap.add_argument("--split", default=None,
+                    help="layers per stage instead of balancing, e.g. 'unet=150,146;gpt2=100,99'")
+    ap.add_argument("--ckpt-runs", default="1,k",
+                    help="which gpipe-onnx configurations also run with --checkpoint always: "
+                         "'1,k' (default), 'k', '1' or 'none'")
+    ap.add_argument("--gpipe-args", default="", help="extra gpipe-onnx train flags")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cuda (default), or cpu: gpipe-onnx on cpu:0..cpu:K-1, PyTorch with gloo")
+    ap.add_argument("--tiny", action="store_true", help="tiny models (CPU smoke test)")
+    ap.add_argument("--timeout", type=float, default=300,
+                    help="seconds per export / gpipe-onnx run / PyTorch M (default 300)")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="stop starting runs after this many seconds; later cells read '%s'" % SKIPPED)
+    ap.add_argument("--trace-dir", default=None,
+                    help="write the U-Net's K-GPU run at the largest M's timeline to DIR/unet_trace.json")
+    ap.add_argument("--onnx-dir", default=None, help="keep the exported models here (default: a temp dir)")
+    ap.add_argument("--reuse-onnx", action="store_true", help="reuse models already in --onnx-dir")
+    ap.add_argument("--out", default=None, help="results as JSON")
+    ap.add_argument("--markdown", default=None, help="results as Markdown")
+    args = ap.parse_args()
+
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in args.models:
+        if m not in MODELS:
+            ap.error("unknown model '%s' (resnet50, gpt2, unet)" % m)
+    args.precisions = ["tf32"] if args.tf32 else [p.strip() for p in args.precision.split(",") if p.strip()]
+    for p in args.precisions:
+        if p not in PRECISIONS:
+            ap.error("unknown precision '%s' (fp32, tf32)" % p)
+    if args.device == "cpu" and "tf32" in args.precisions:
+        ap.error("tf32 needs GPUs")
+    try:
+        args.ms = sorted(set(int(x) for x in args.m.split(",") if x.strip()))
+    except ValueError:
+        ap.error("--m wants numbers such as 1,4,8,32")
+    if not args.ms or min(args.ms) < 1:
+        ap.error("--m wants positive numbers")
+    if args.gpus < 2:
+        ap.error("--gpus must be at least 2")
+    if args.warmup is None:
+        args.warmup = 1 if args.tiny else 3
+    if args.steps is None:
+        args.steps = 3 if args.tiny else 6
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be >= 1 and --warmup >= 0")
+    args.ckpt_runs = set(x.strip().lower() for x in args.ckpt_runs.split(",")) - {"none", ""}
+    if not args.ckpt_runs <= {"1", "k"}:
+        ap.error("--ckpt-runs wants 1, k, 1,k or none")
+    args.batch_map = dict(PIPE_BATCH_TINY if args.tiny else PIPE_BATCH)
+    for k, v in parse_map(ap, args.batch, "--batch", int).items():
+        if v < 1:
+            ap.error("--batch wants positive sizes")
+        args.batch_map[k] = v
+    args.split_map = parse_map(ap, args.split, "--split",
+                               lambda v: [int(x) for x in v.split(",")])
+    for k, v in args.split_map.items():
+        if len(v) != args.gpus or min(v) < 1:
+            ap.error("--split %s: %d positive layer counts needed" % (k, args.gpus))
+    if args.gpipe:
+        args.gpipe = os.path.abspath(args.gpipe)
+        if not os.access(args.gpipe, os.X_OK):
+            ap.error("--gpipe %s is not an executable" % args.gpipe)
+    if args.onnx_dir is None and args.reuse_onnx:
+        ap.error("--reuse-onnx needs --onnx-dir")
+    if args.trace_dir:
+        os.makedirs(args.trace_dir, exist_ok=True)
+
+    os.environ.update(NO_MULTICAST_ENV)      # every process started from here inherits it
+    bench = Bench(args)
+    import torch
+    bench.header = {
+        "device": device_names(args),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "torch_pipelining": pipelining_missing() or "available",
+        "python": platform.python_version(),
+        "gpipe_version": gpipe_version(args.gpipe) if args.gpipe else "not run",
+        "command": quote([sys.executable] + sys.argv),
+        "config": {"gpus": args.gpus, "ms": args.ms, "batch": args.batch_map,
+                   "precisions": args.precisions, "warmup": args.warmup, "steps": args.steps,
+                   "lr": args.lr, "momentum": args.momentum, "balance_chunks": args.balance_chunks,
+                   "ckpt_runs": sorted(args.ckpt_runs), "tiny": args.tiny, "device": args.device,
+                   "gpipe_args": args.gpipe_args, "timeout": args.timeout,
+                   "deadline": args.deadline, "env": NO_MULTICAST_ENV},
+    }
+    log("devices %s; torch %s (pipelining: %s); gpipe-onnx %s" % (
+        bench.header["device"], bench.header["torch"], bench.header["torch_pipelining"],
+        bench.header["gpipe_version"]))
+
+    tmp = None
+    workdir = args.onnx_dir
+    if workdir:
+        os.makedirs(workdir, exist_ok=True)
+    else:
+        tmp = workdir = tempfile.mkdtemp(prefix="gpipe-pipeline-")
+    t_all = time.time()
+    try:
+        for name in args.models:
+            try:
+                bench.model(name, workdir)
+            except Exception as e:       # a bug in one model's flow must not end the run
+                import traceback
+                traceback.print_exc()
+                msg = "harness error: %s: %s" % (type(e).__name__, e)
+                for r in bench.rows:
+                    if r["model"] == name:
+                        for key in ("gpipe_1_never", "gpipe_k_never", "gpipe_1_always",
+                                    "gpipe_k_always", "torch"):
+                            r.setdefault(key, {"error": msg})
+                bench.splits.setdefault(name, {"batch": args.batch_map[name], "error": msg})
+            bench.write()
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    bench.header["total_s"] = round(time.time() - t_all)
+    bench.write()
+    log("done in %.0f s" % (time.time() - t_all))
+    print("")
+    print("\n".join(bench.markdown()), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+/* The training step as one CUDA graph: captured at the second step (the
+ * first runs eagerly, so lazy initializations stay outside), every stream
+ * forked from the first stage's compute stream and joined back to it, and
+ * replayed after with what changes between steps (the batch, its targets,
+ * the step number the dropout masks are keyed by) copied from pinned
+ * staging into the fixed device buffers the graph reads. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/internal.h"
+
+/* CUDA graphs where every stage's backend can capture and nothing needs
+ * the host inside the step (timelines, layer timing): pinned staging and
+ * the fork and join events. Without them the pipeline runs eagerly and
+ * graph_note says why. */
+gp_status gp_pipe_setup_graphs(struct gp_pipeline *p, struct gp_error *err)
+{
+    if (!p->cfg.cuda_graph) return GP_OK;
+    const char *why = NULL;
+    for (int k = 0; k < p->K && !why; k++)
+        if (!p->stages[k].ops->capture_begin || !p->stages[k].ops->host_alloc)
+            why = "a stage's backend has no graphs";
+    if (!why && p->cfg.trace) why = "--trace records each step as it runs";
+    if (!why && p->cfg.time_layers) why = "layer timing waits for each layer";
+    if (why) {
+        snprintf(p->graph_note, sizeof p->graph_note, "CUDA graphs are off: %s", why);
+        return GP_OK;
+    }
+    const struct gp_device_ops *ops = p->stages[0].ops;
+    p->x_host = ops->host_alloc(p->input_bytes * (size_t)p->M);
+    p->t_host = p->target_bytes ? ops->host_alloc(p->target_bytes * (size_t)p->M) : NULL;
+    p->loss_host = ops->host_alloc(sizeof(double) * (size_t)p->M);
+    p->step_host = ops->host_alloc(sizeof(uint64_t));
+    if (!p->x_host || (p->target_bytes && !p->t_host) || !p->loss_host || !p->step_host)
+        return gp_error_set(err, GP_ERR_NOMEM, "out of pinned host memory for the CUDA graph's staging");
+    GP_TRY(ops->event_create(p->stages[0].dev, &p->fork, err));
+    p->joins = calloc((size_t)(3 * p->K), sizeof *p->joins);
+    if (!p->joins) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        struct gp_stream *list[3] = {s->compute, s->copy_next, s->copy_prev};
+        for (int q = 0; q < 3; q++)
+            if (list[q]) GP_TRY(s->ops->event_create(s->dev, &p->joins[p->n_joins++], err));
+    }
+    p->graph_ok = true;
+    return GP_OK;
+}
+
+/* Every stream of every stage but `origin`, for joining a capture. */
+static int all_streams(struct gp_pipeline *p, struct gp_stream **out, struct stage **owner)
+{
+    int n = 0;
+    for (int k = 0; k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        struct gp_stream *list[3] = {s->compute, s->copy_next, s->copy_prev};
+        for (int q = 0; q < 3; q++)
+            if (list[q]) owner[n] = s, out[n++] = list[q];
+    }
+    return n;
+}
+
+/* Records the step's actions as one graph: every stream joins the capture
+ * from the first stage's compute stream (the origin) and joins back at the
+ * end. On failure the streams are left usable and the reason is kept. */
+static gp_status capture_step(struct gp_pipeline *p, struct gp_error *err)
+{
+    struct stage *fs = &p->stages[0];
+    struct gp_stream **streams = malloc(sizeof *streams * (size_t)(3 * p->K));
+    struct stage **owner = malloc(sizeof *owner * (size_t)(3 * p->K));
+    if (!streams || !owner) {
+        free(streams);
+        free(owner);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    }
+    int n = all_streams(p, streams, owner);
+    gp_status st = fs->ops->capture_begin(fs->compute, err);
+    if (st != GP_OK) {
+        free(streams);
+        free(owner);
+        return st;
+    }
+    fs->ops->event_record(p->fork, fs->compute);
+    for (int i = 0; i < n; i++)
+        if (streams[i] != fs->compute) owner[i]->ops->stream_wait(streams[i], p->fork);
+    gp_pipe_issue_actions(p);
+    for (int i = 0; i < n; i++) {
+        if (streams[i] == fs->compute) continue;
+        owner[i]->ops->event_record(p->joins[i], streams[i]);
+        fs->ops->stream_wait(fs->compute, p->joins[i]);
+    }
+    st = fs->ops->capture_end(fs->compute, &p->graph, err);
+    if (st != GP_OK) {
+        /* Clear what the failed capture left on the streams. */
+        struct gp_error ignored = {0};
+        for (int i = 0; i < n; i++) (void)owner[i]->ops->stream_synchronize(streams[i], &ignored);
+    }
+    free(streams);
+    free(owner);
+    if (st != GP_OK) return st;
+    p->graph_seed = p->opts.seed;
+    p->graph_ratio = p->opts.dropout_ratio;
+    p->graph_denominator = p->denominator;
+    return GP_OK;
+}
+
+/* The step as a replayed graph: the batch, its targets and the step number
+ * copied from pinned staging into the fixed device buffers the graph reads,
+ * the graph launched on the origin stream, the losses copied back. What the
+ * graph bakes in (the dropout seed and ratio, the loss's denominator) makes
+ * a new capture when it changes. false when the graph could not be made
+ * (p->graph_note says why): the caller runs the step eagerly. */
+bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *targets, gp_status *st,
+                        struct gp_error *err)
+{
+    struct stage *fs = &p->stages[0], *ls = &p->stages[p->K - 1];
+    const struct gp_device_ops *ops = fs->ops;
+    memcpy(p->x_host, x, p->input_bytes * (size_t)p->M);
+    if (p->target_bytes) memcpy(p->t_host, targets, p->target_bytes * (size_t)p->M);
+    *p->step_host = p->opts.step;
+    struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
+    ops->copy(fs->compute, fs->inputs, p->x_host, p->input_bytes * (size_t)p->M, &tag);
+    if (p->target_bytes) ops->copy(fs->compute, ls->targets, p->t_host, p->target_bytes * (size_t)p->M, &tag);
+    for (int k = 0; k < p->K; k++) ops->copy(fs->compute, p->stages[k].step_dev, p->step_host, sizeof(uint64_t), &tag);
+    if (p->graph && (p->graph_seed != p->opts.seed || p->graph_ratio != p->opts.dropout_ratio ||
+                     p->graph_denominator != p->denominator)) {
+        ops->graph_destroy(p->graph);
+        p->graph = NULL;
+    }
+    if (!p->graph) {
+        struct gp_error cerr = {0};
+        if (capture_step(p, &cerr) != GP_OK) {
+            snprintf(p->graph_note, sizeof p->graph_note, "the step could not be captured as a CUDA graph (%s): "
+                     "running it eagerly", cerr.msg);
+            p->graph_ok = false;
+            return false;
+        }
+    }
+    ops->graph_launch(p->graph, fs->compute);
+    tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
+    ops->copy(fs->compute, p->loss_host, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
+    *st = gp_pipe_sync_all(p, err);
+    if (*st == GP_OK) memcpy(p->loss_parts, p->loss_host, sizeof(double) * (size_t)p->M);
+    return true;
+}
+
+void gp_pipe_free_graphs(struct gp_pipeline *p)
+{
+    if (p->stages && p->K > 0 && p->stages[0].ops) {
+        const struct gp_device_ops *ops = p->stages[0].ops;
+        if (p->graph) ops->graph_destroy(p->graph);
+        if (ops->host_free) {
+            ops->host_free(p->x_host);
+            ops->host_free(p->t_host);
+            ops->host_free(p->loss_host);
+            ops->host_free(p->step_host);
+        }
+        if (p->fork) ops->event_destroy(p->fork);
+    }
+    for (int i = 0; p->joins && i < p->n_joins; i++)
+        if (p->joins[i]) p->stages[0].ops->event_destroy(p->joins[i]);
+    free(p->joins);
+}

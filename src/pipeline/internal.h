@@ -1,0 +1,151 @@
+/* The pipeline executor's internals, shared by its files: the stage and
+ * pipeline structures, where a value lives, and the functions one part
+ * calls in another.
+ *   stage.c     a stage's plan, device memory, streams, events, optimizer
+ *   tasks.c     what runs inside a task: layers forward and backward, the
+ *               loss, the optimizer step
+ *   graph.c     the step captured as one CUDA graph and replayed
+ *   pipeline.c  creation, and issuing steps, evaluation and reads */
+#ifndef GP_PIPELINE_INTERNAL_H
+#define GP_PIPELINE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/compute.h"
+#include "graph/layers.h"
+#include "ops/registry.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/plan.h"
+
+enum task_kind { TASK_FORWARD, TASK_RECOMPUTE, TASK_BACKWARD, TASK_OPTIMIZE, TASK_NORMS, TASK_EVAL };
+
+struct task {
+    struct gp_pipeline *p;
+    int stage, micro;
+    enum task_kind kind;
+};
+
+struct stage {
+    struct gp_stage_plan plan;
+    const struct gp_device_ops *ops;
+    const struct gp_compute_ops *cops;
+    void *cctx;                    /* the backend's per-stage context */
+    struct gp_device *dev;
+    int device;
+    struct gp_stream *compute, *copy_next, *copy_prev;
+    unsigned char *static_block, *param_grads, *boxes, *locals, *grads, *inboxes, *scratch;
+    /* Last stage: the mini-batch's targets (per micro-batch) and the loss
+     * sums the backend writes (doubles, per micro-batch). Every stage:
+     * its parameters' gradient norms (floats), for clipping. */
+    unsigned char *targets, *loss_sums, *norms;
+    unsigned char *inputs;         /* first stage: the mini-batch's data, as the host gave it */
+    unsigned char *step_dev;       /* the step number (uint64) the dropout masks are keyed by, for graphs */
+    unsigned char *libs;           /* the backend's library workspace (cuBLAS) */
+    unsigned char *optim_state;
+    int n_sets;                    /* activation sets: one per micro-batch without checkpointing */
+    struct gp_event **fwd_done, **fwd_copied, **bwd_done, **bwd_copied; /* per micro-batch */
+    double **bn_stats;             /* per layer of the stage: deferred BatchNorm sums, or NULL */
+    struct gp_optim *opt;
+    struct gp_param *params;
+    int n_params;
+    /* Kernel argument arrays, reused: a stage's tasks run one at a time. */
+    void **in, **out;
+    float **din, **dout;
+    const float **param_grad_ptrs; /* per parameter, for norms */
+    int *param_values;             /* per parameter: its value id */
+    int64_t *param_numels;
+    int width;
+    int64_t live, peak;            /* activation bytes in use, and the most at once */
+    double *fwd_ms, *bwd_ms;       /* time_layers: per layer of the stage, summed over a step */
+    const void **kernels;          /* per layer of the stage: the backend's kernel */
+    size_t optim_bytes_planned;
+};
+
+struct gp_pipeline {
+    struct gp_pipeline_config cfg;
+    const struct gp_graph *g;
+    struct gp_layers layers;
+    bool *needs_grad;
+    int K, M;
+    int64_t micro;                 /* rows per micro-batch */
+    int input, output;             /* the data input and the loss's output */
+    struct stage *stages;
+    struct gp_pipe_schedule sched;
+    struct task *tasks;            /* one per action, then per-stage optimizer and eval tasks */
+    size_t target_bytes;           /* per micro-batch; 0 without targets */
+    size_t input_bytes;            /* per micro-batch */
+    /* The step being run. */
+    struct gp_step_opts opts;
+    double denominator;
+    double *loss_parts;            /* per micro-batch, copied back from the last stage */
+    int64_t steps_done;
+    /* CUDA graphs (cfg.cuda_graph): the captured step, the events that fork
+     * every stream from the first stage's compute stream and join them back,
+     * pinned staging for what changes between replays, and what the graph
+     * baked in. */
+    bool graph_ok;
+    struct gp_step_graph *graph;
+    struct gp_event *fork, **joins;
+    int n_joins;
+    void *x_host, *t_host;
+    double *loss_host;
+    uint64_t *step_host;
+    uint64_t graph_seed;
+    double graph_ratio, graph_denominator;
+    char graph_note[2304];
+    float *norms_host;             /* per parameter (all stages), copied back for clipping */
+    bool eval;
+    float clip_coef;
+    double lr;
+};
+
+static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Address of value v on stage s for micro-batch j. */
+static inline void *addr(struct gp_pipeline *p, struct stage *s, int v, int j)
+{
+    switch (s->plan.home[v]) {
+    case GP_HOME_STATIC: return s->static_block + s->plan.off[v];
+    case GP_HOME_BOX: return s->boxes + (size_t)j * s->plan.box_bytes + s->plan.off[v];
+    case GP_HOME_LOCAL: {
+        int set = s->n_sets > 1 ? j : 0;
+        return s->locals + (size_t)set * s->plan.local_bytes + s->plan.off[v];
+    }
+    default: (void)p; return NULL;
+    }
+}
+
+static inline float *grad_addr(struct stage *s, const struct gp_value *val, int v)
+{
+    if (s->plan.home[v] == GP_HOME_STATIC)
+        return val->kind == GP_VALUE_PARAMETER ? (float *)(s->param_grads + s->plan.off[v]) : NULL;
+    return s->plan.grad_off[v] == SIZE_MAX ? NULL : (float *)(s->grads + s->plan.grad_off[v]);
+}
+
+static inline struct gp_task_tag tag_of(enum gp_task_kind kind, int stage, int micro, const char *name)
+{
+    return (struct gp_task_tag){.kind = kind, .stage = stage, .microbatch = micro, .name = name};
+}
+
+/* tasks.c: a task of the step (struct task as its argument). */
+gp_status gp_pipe_task_run(void *arg, struct gp_error *err);
+
+/* stage.c: stage k of layers [first, last), and every stage's release. */
+gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last, struct gp_error *err);
+void gp_pipe_free_stages(struct gp_pipeline *p);
+
+/* graph.c: set up at creation (a note when graphs are off); a step run as a
+ * replayed graph (false: it must run eagerly, *st is untouched); release. */
+gp_status gp_pipe_setup_graphs(struct gp_pipeline *p, struct gp_error *err);
+bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *targets, gp_status *st,
+                        struct gp_error *err);
+void gp_pipe_free_graphs(struct gp_pipeline *p);
+
+/* pipeline.c: every action of the schedule onto the streams; waiting for
+ * every stream (the first error). */
+void gp_pipe_issue_actions(struct gp_pipeline *p);
+gp_status gp_pipe_sync_all(struct gp_pipeline *p, struct gp_error *err);
+
+#endif

@@ -1,0 +1,253 @@
+/* A pipeline stage: its plan (which values it holds where), its device
+ * memory planned once and checked against what the device has free before
+ * anything is allocated, its streams and events, its parameters (uploaded
+ * once) and optimizer, and their release. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/internal.h"
+
+static gp_status alloc_block(struct stage *s, int k, const char *what, size_t bytes,
+                             unsigned char **out, struct gp_error *err)
+{
+    *out = s->ops->alloc(s->dev, bytes ? bytes : 64);
+    if (!*out)
+        return gp_error_set(err, GP_ERR_NOMEM, "%s:%d: out of memory allocating %.1f MiB for %s (stage %d)",
+                            s->ops->name, s->device, (double)bytes / (1 << 20), what, k);
+    return GP_OK;
+}
+
+/* The stage's device memory, all planned here: what each block holds and
+ * its bytes. Checked against what the device has free before anything is
+ * allocated, so a model that cannot fit says so with the whole account. */
+struct block_plan {
+    const char *what;
+    size_t bytes;
+    unsigned char **at;
+};
+
+static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct block_plan *b)
+{
+    bool last = k == p->K - 1;
+    size_t loss_scratch = last ? s->cops->loss_scratch_bytes(&p->g->values[p->output].shape) : 0;
+    size_t scratch = s->plan.scratch_bytes > loss_scratch ? s->plan.scratch_bytes : loss_scratch;
+    int n = 0;
+    b[n++] = (struct block_plan){"parameters and constants", s->plan.static_bytes, &s->static_block};
+    b[n++] = (struct block_plan){"parameter gradients", s->plan.param_bytes, &s->param_grads};
+    b[n++] = (struct block_plan){"optimizer state", s->optim_bytes_planned, &s->optim_state};
+    b[n++] = (struct block_plan){"input frontiers", s->plan.box_bytes * (size_t)p->M, &s->boxes};
+    b[n++] = (struct block_plan){"activations", s->plan.local_bytes * (size_t)s->n_sets, &s->locals};
+    b[n++] = (struct block_plan){"activation gradients", s->plan.grad_bytes, &s->grads};
+    b[n++] = (struct block_plan){"gradient inboxes", s->plan.inbox_bytes * (size_t)p->M, &s->inboxes};
+    b[n++] = (struct block_plan){"kernel workspace", scratch, &s->scratch};
+    b[n++] = (struct block_plan){"library workspace", s->cops->context_bytes, &s->libs};
+    b[n++] = (struct block_plan){"targets", last ? p->target_bytes * (size_t)p->M : 0, &s->targets};
+    b[n++] = (struct block_plan){"inputs", k == 0 ? p->input_bytes * (size_t)p->M : 0, &s->inputs};
+    b[n++] = (struct block_plan){"step number", sizeof(uint64_t), &s->step_dev};
+    b[n++] = (struct block_plan){"loss sums", last ? sizeof(double) * (size_t)p->M : 0, &s->loss_sums};
+    b[n++] = (struct block_plan){"gradient norms", sizeof(float) * (size_t)(s->n_params + 1), &s->norms};
+    return n;
+}
+
+static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
+{
+    struct block_plan b[16];
+    int n = stage_blocks(p, s, k, b);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += align64(b[i].bytes ? b[i].bytes : 64);
+    /* Stages sharing a device: the earlier ones' memory is already taken,
+     * so the device's free bytes are what this stage can have. */
+    size_t avail = s->ops->mem_available ? s->ops->mem_available(s->dev) : SIZE_MAX;
+    if (avail && total > avail) {
+        char account[1024];
+        size_t len = 0;
+        for (int i = 0; i < n && len < sizeof account; i++)
+            if (b[i].bytes)
+                len += (size_t)snprintf(account + len, sizeof account - len, "%s%s %.1f MiB",
+                                        len ? ", " : "", b[i].what, (double)b[i].bytes / (1 << 20));
+        return gp_error_set(err, GP_ERR_NOMEM,
+                            "layers %d-%d need %.1f MiB on %s:%d but only %.1f MiB are free (%s): use "
+                            "more stages or devices, a smaller --batch, more --chunks, or --checkpoint "
+                            "always",
+                            s->plan.first, s->plan.last - 1, (double)total / (1 << 20), s->ops->name,
+                            s->device, (double)avail / (1 << 20), account);
+    }
+    for (int i = 0; i < n; i++) GP_TRY(alloc_block(s, k, b[i].what, b[i].bytes, b[i].at, err));
+    return GP_OK;
+}
+
+/* Static values start from the model (floats become float32), written on
+ * the host and copied to the device once. */
+static gp_status upload_static(struct gp_pipeline *p, struct stage *s, struct gp_error *err)
+{
+    const struct gp_graph *g = p->g;
+    if (!s->plan.static_bytes) return GP_OK;
+    unsigned char *host = calloc(1, s->plan.static_bytes);
+    if (!host) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    for (int v = 0; v < g->n_values; v++) {
+        if (s->plan.home[v] != GP_HOME_STATIC) continue;
+        const struct gp_value *val = &g->values[v];
+        void *dst = host + s->plan.off[v];
+        int64_t n = gp_shape_numel(&val->shape);
+        if (gp_dtype_is_float(val->dtype))
+            for (int64_t e = 0; e < n; e++) ((float *)dst)[e] = (float)gp_tensor_get_f64(val->constant, e);
+        else
+            memcpy(dst, val->constant->data, (size_t)n * gp_dtype_size(val->dtype));
+    }
+    struct gp_task_tag tag = {.kind = GP_TASK_COPY, .stage = -1, .microbatch = -1, .name = "load parameters"};
+    s->ops->copy(s->compute, s->static_block, host, s->plan.static_bytes, &tag);
+    gp_status st = s->ops->stream_synchronize(s->compute, err);
+    free(host);
+    return st;
+}
+
+gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last, struct gp_error *err)
+{
+    const struct gp_graph *g = p->g;
+    struct stage *s = &p->stages[k];
+    s->ops = p->cfg.device_ops[k];
+    s->cops = s->ops->compute;
+    s->device = p->cfg.device_index[k];
+    if (!s->cops)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED, "the %s backend cannot run kernels in this build",
+                            s->ops->name);
+    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, s->ops->name, first, last, &s->plan, err));
+    for (int q = 0; q < k; q++)
+        if (p->stages[q].ops == s->ops && p->stages[q].device == s->device) s->dev = p->stages[q].dev;
+    if (!s->dev) GP_TRY(s->ops->open(s->device, &s->dev, err));
+    char name[64];
+    snprintf(name, sizeof name, "compute s%d", k);
+    GP_TRY(s->ops->stream_create(s->dev, name, &s->compute, err));
+    if (k + 1 < p->K) {
+        snprintf(name, sizeof name, "copy s%d->s%d", k, k + 1);
+        GP_TRY(s->ops->stream_create(s->dev, name, &s->copy_next, err));
+    }
+    if (k > 0) {
+        snprintf(name, sizeof name, "copy s%d->s%d", k, k - 1);
+        GP_TRY(s->ops->stream_create(s->dev, name, &s->copy_prev, err));
+    }
+    s->n_sets = p->cfg.checkpoint == GP_CHECKPOINT_NEVER ? p->M : 1;
+
+    /* Parameters in value order, which is the model's initializer order:
+     * the order PyTorch's parameters() has, which gradient clipping's norm
+     * of norms depends on. Their addresses are set once memory exists. */
+    s->params = calloc((size_t)g->n_values + 1, sizeof *s->params);
+    s->param_values = calloc((size_t)g->n_values + 1, sizeof(int));
+    if (!s->params || !s->param_values) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    for (int v = 0; v < g->n_values; v++) {
+        if (s->plan.home[v] != GP_HOME_STATIC || g->values[v].kind != GP_VALUE_PARAMETER) continue;
+        s->param_values[s->n_params] = v;
+        s->params[s->n_params++] = (struct gp_param){
+            .name = g->values[v].name,
+            .numel = gp_shape_numel(&g->values[v].shape),
+        };
+    }
+    s->optim_bytes_planned = s->n_params ? gp_optim_state_bytes_for(&p->cfg.optim, s->params, s->n_params) : 0;
+    GP_TRY(allocate_stage(p, s, k, err));
+    GP_TRY(s->cops->context_create(s->dev, s->compute, p->cfg.tf32, s->libs, &s->cctx, err));
+    for (int i = 0; i < s->n_params; i++) {
+        s->params[i].data = (float *)(s->static_block + s->plan.off[s->param_values[i]]);
+        s->params[i].grad = (float *)(s->param_grads + s->plan.off[s->param_values[i]]);
+    }
+    s->param_grad_ptrs = calloc((size_t)s->n_params + 1, sizeof *s->param_grad_ptrs);
+    s->param_numels = calloc((size_t)s->n_params + 1, sizeof *s->param_numels);
+    if (!s->param_grad_ptrs || !s->param_numels) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < s->n_params; i++) {
+        s->param_grad_ptrs[i] = s->params[i].grad;
+        s->param_numels[i] = s->params[i].numel;
+    }
+    if (s->n_params)
+        GP_TRY(gp_optim_create_in(&p->cfg.optim, s->params, s->n_params, s->optim_state, &s->opt, err));
+    GP_TRY(upload_static(p, s, err));
+
+    struct gp_event ***lists[4] = {&s->fwd_done, &s->fwd_copied, &s->bwd_done, &s->bwd_copied};
+    for (int e = 0; e < 4; e++) {
+        *lists[e] = calloc((size_t)p->M, sizeof(struct gp_event *));
+        if (!*lists[e]) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        for (int j = 0; j < p->M; j++) GP_TRY(s->ops->event_create(s->dev, &(*lists[e])[j], err));
+    }
+    s->kernels = calloc((size_t)(last - first) + 1, sizeof *s->kernels);
+    if (!s->kernels) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    for (int i = first; i < last; i++) s->kernels[i - first] = s->cops->kernel_for(&g->nodes[i]);
+    s->fwd_ms = calloc((size_t)(last - first) + 1, sizeof(double));
+    s->bwd_ms = calloc((size_t)(last - first) + 1, sizeof(double));
+    if (!s->fwd_ms || !s->bwd_ms) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    s->width = (s->plan.max_inputs > s->plan.max_outputs ? s->plan.max_inputs : s->plan.max_outputs) + 1;
+    s->in = calloc((size_t)s->width, sizeof(void *));
+    s->out = calloc((size_t)s->width, sizeof(void *));
+    s->din = calloc((size_t)s->width, sizeof(float *));
+    s->dout = calloc((size_t)s->width, sizeof(float *));
+    if (!s->in || !s->out || !s->din || !s->dout) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    if (p->cfg.deferred_batch_norm) {
+        s->bn_stats = calloc((size_t)(last - first) + 1, sizeof(double *));
+        if (!s->bn_stats) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        for (int i = first; i < last; i++) {
+            if (strcmp(g->nodes[i].op_type, "BatchNormalization") != 0) continue;
+            size_t bytes = sizeof(double) * s->cops->bn_stats_len(g, &g->nodes[i]);
+            s->bn_stats[i - first] = s->ops->alloc(s->dev, bytes);
+            if (!s->bn_stats[i - first])
+                return gp_error_set(err, GP_ERR_NOMEM, "%s:%d: out of memory for BatchNorm statistics",
+                                    s->ops->name, s->device);
+        }
+    }
+    if (p->cfg.trace) {
+        s->ops->trace_enable(s->compute, 1);
+        if (s->copy_next) s->ops->trace_enable(s->copy_next, 1);
+        if (s->copy_prev) s->ops->trace_enable(s->copy_prev, 1);
+    }
+    return GP_OK;
+}
+
+void gp_pipe_free_stages(struct gp_pipeline *p)
+{
+    for (int k = 0; p->stages && k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        const struct gp_device_ops *ops = s->ops;
+        if (ops) {
+            if (s->compute) ops->stream_destroy(s->compute);
+            if (s->copy_next) ops->stream_destroy(s->copy_next);
+            if (s->copy_prev) ops->stream_destroy(s->copy_prev);
+            struct gp_event **lists[4] = {s->fwd_done, s->fwd_copied, s->bwd_done, s->bwd_copied};
+            for (int e = 0; e < 4; e++) {
+                for (int j = 0; lists[e] && j < p->M; j++)
+                    if (lists[e][j]) ops->event_destroy(lists[e][j]);
+                free(lists[e]);
+            }
+            if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
+            unsigned char *blocks[14] = {s->static_block, s->param_grads, s->boxes,       s->locals,
+                                         s->grads,        s->inboxes,     s->scratch,     s->targets,
+                                         s->loss_sums,    s->norms,       s->optim_state, s->inputs,
+                                         s->libs,         s->step_dev};
+            for (int b = 0; b < 14; b++)
+                if (blocks[b]) ops->free(s->dev, blocks[b]);
+            for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++)
+                if (s->bn_stats[i]) ops->free(s->dev, s->bn_stats[i]);
+        }
+        gp_optim_free(s->opt);
+        free(s->bn_stats);
+        free(s->param_grad_ptrs);
+        free(s->param_numels);
+        free(s->param_values);
+        free(s->fwd_ms);
+        free(s->bwd_ms);
+        free(s->kernels);
+        free(s->params);
+        free(s->in);
+        free(s->out);
+        free(s->din);
+        free(s->dout);
+        gp_plan_free(&s->plan);
+    }
+    /* Devices close once every stage's memory on them is freed; a device
+     * shared by several stages closes once. */
+    for (int k = 0; p->stages && k < p->K; k++) {
+        struct stage *s = &p->stages[k];
+        bool first_user = true;
+        for (int q = 0; q < k; q++)
+            if (p->stages[q].dev == s->dev) first_user = false;
+        if (s->ops && s->dev && first_user) s->ops->close(s->dev);
+    }
+    free(p->stages);
+}

@@ -1,0 +1,207 @@
+/* What runs inside the pipeline's tasks: a stage's layers forward (the
+ * loss after the last stage's) and backward for one micro-batch,
+ * recomputation, and the optimizer step, through the stage backend's
+ * compute ops. With layer timing on, each layer is waited for and timed. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pipeline/internal.h"
+
+static bool nondiff(const struct gp_node *n, int k)
+{
+    return k < 32 && ((n->def->nondiff_inputs >> k) & 1);
+}
+
+static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, int layer, int j,
+                                       bool training, bool update_state, bool with_grads)
+{
+    const struct gp_graph *g = p->g;
+    const struct gp_node *n = &g->nodes[layer];
+    /* Kernels may look one past their node's inputs (an omitted optional
+     * bias): the arrays are shared by the stage's layers, so clear them. */
+    memset(s->in, 0, sizeof(void *) * (size_t)s->width);
+    memset(s->out, 0, sizeof(void *) * (size_t)s->width);
+    memset(s->din, 0, sizeof(float *) * (size_t)s->width);
+    memset(s->dout, 0, sizeof(float *) * (size_t)s->width);
+    for (int k = 0; k < n->n_inputs; k++) {
+        int v = n->inputs[k];
+        s->in[k] = v >= 0 ? addr(p, s, v, j) : NULL;
+        s->din[k] = v >= 0 && with_grads && !nondiff(n, k) ? grad_addr(s, &g->values[v], v) : NULL;
+    }
+    for (int k = 0; k < n->n_outputs; k++) {
+        int v = n->outputs[k];
+        s->out[k] = v >= 0 ? addr(p, s, v, j) : NULL;
+        s->dout[k] = v >= 0 && with_grads ? grad_addr(s, &g->values[v], v) : NULL;
+    }
+    int set = s->n_sets > 1 ? j : 0;
+    return (struct gp_layer_call){
+        .graph = g,
+        .node = n,
+        .kernel = s->kernels[layer - s->plan.first],
+        .in = s->in,
+        .out = s->out,
+        .din = s->din,
+        .dout = s->dout,
+        .saved = s->locals + (size_t)set * s->plan.local_bytes + s->plan.saved_off[layer - s->plan.first],
+        .scratch = s->scratch,
+        .training = training,
+        .update_state = update_state,
+        .seed = p->opts.seed,
+        .step = p->opts.step,
+        .step_dev = p->graph_ok ? (const uint64_t *)s->step_dev : NULL,
+        .sample_offset = (int64_t)j * p->micro,
+        .dropout_ratio = p->opts.dropout_ratio,
+        .deferred_stats = s->bn_stats ? s->bn_stats[layer - s->plan.first] : NULL,
+    };
+}
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return 1e3 * (double)t.tv_sec + 1e-6 * (double)t.tv_nsec;
+}
+
+/* Adds the time since *t0 (after the device finished) to *acc. */
+static gp_status lap(struct stage *s, double *t0, double *acc, struct gp_error *err)
+{
+    GP_TRY(s->cops->synchronize(s->cctx, err));
+    double t = now_ms();
+    *acc += t - *t0;
+    *t0 = t;
+    return GP_OK;
+}
+
+static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, bool training,
+                             bool update_state, struct gp_error *err)
+{
+    /* Timing counts first forwards only (update_state), not recomputations. */
+    bool timed = p->cfg.time_layers && update_state;
+    double t0 = timed ? now_ms() : 0;
+    if (timed) GP_TRY(lap(s, &t0, &(double){0}, err));
+    for (int i = s->plan.first; i < s->plan.last; i++) {
+        struct gp_layer_call c = layer_call(p, s, i, j, training, update_state, false);
+        GP_TRY(s->cops->forward(s->cctx, &c, err));
+        if (timed) GP_TRY(lap(s, &t0, &s->fwd_ms[i - s->plan.first], err));
+    }
+    return GP_OK;
+}
+
+/* Zeroes the gradient regions born at backward time t (plan.h). */
+static gp_status zero_born(struct gp_pipeline *p, struct stage *s, int t, struct gp_error *err)
+{
+    for (int q = s->plan.born_start[t]; q < s->plan.born_start[t + 1]; q++) {
+        int v = s->plan.born[q];
+        GP_TRY(s->cops->zero(s->cctx, s->grads + s->plan.grad_off[v],
+                             sizeof(float) * (size_t)gp_shape_numel(&p->g->values[v].shape), err));
+    }
+    return GP_OK;
+}
+
+static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, struct gp_error *err)
+{
+    const struct gp_graph *g = p->g;
+    /* Gradient regions start at zero when their value's gradient begins
+     * (the set is shared over time: plan.c); the gradients that arrived for
+     * the output frontier seed theirs. Kernels accumulate. */
+    GP_TRY(zero_born(p, s, 0, err));
+    const unsigned char *inbox = s->inboxes + (size_t)j * s->plan.inbox_bytes;
+    for (int k = 0; k < s->plan.n_frontier_out; k++) {
+        int v = s->plan.frontier_out[k];
+        if (s->plan.inbox_off[v] == SIZE_MAX) continue;
+        GP_TRY(s->cops->accumulate(s->cctx, (float *)(s->grads + s->plan.grad_off[v]),
+                                   (const float *)(inbox + s->plan.inbox_off[v]),
+                                   gp_shape_numel(&g->values[v].shape), err));
+    }
+    bool timed = p->cfg.time_layers;
+    double t0 = timed ? now_ms() : 0;
+    if (timed) GP_TRY(lap(s, &t0, &(double){0}, err));
+    for (int i = s->plan.last - 1; i >= s->plan.first; i--) {
+        if (timed && i + 1 < s->plan.last) GP_TRY(lap(s, &t0, &s->bwd_ms[i + 1 - s->plan.first], err));
+        GP_TRY(zero_born(p, s, s->plan.last - i, err));
+        const struct gp_node *n = &g->nodes[i];
+        struct gp_layer_call c = layer_call(p, s, i, j, true, false, true);
+        bool any_in = false, any_out = false;
+        for (int k = 0; k < n->n_inputs; k++) any_in |= s->din[k] != NULL;
+        for (int k = 0; k < n->n_outputs; k++) any_out |= s->dout[k] != NULL;
+        if (!any_in || !any_out) continue;
+        GP_TRY(s->cops->backward(s->cctx, &c, err));
+    }
+    if (timed) GP_TRY(lap(s, &t0, &s->bwd_ms[0], err));
+    return GP_OK;
+}
+
+gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
+{
+    struct task *t = arg;
+    struct gp_pipeline *p = t->p;
+    struct stage *s = &p->stages[t->stage];
+    int j = t->micro;
+    bool last = t->stage == p->K - 1;
+    switch (t->kind) {
+    case TASK_FORWARD: {
+        bool kept = !gp_checkpointed(p->cfg.checkpoint, j, p->M);
+        s->live += (int64_t)s->plan.box_bytes + (int64_t)s->plan.local_bytes;
+        if (s->live > s->peak) s->peak = s->live;
+        GP_TRY(run_forward(p, s, j, true, true, err));
+        if (last) {
+            void *dout = s->plan.inbox_off[p->output] == SIZE_MAX
+                             ? NULL
+                             : s->inboxes + (size_t)j * s->plan.inbox_bytes + s->plan.inbox_off[p->output];
+            if (!dout)
+                return gp_error_set(err, GP_ERR_INVALID,
+                                    "the output '%s' does not depend on any parameter: nothing to train",
+                                    p->g->values[p->output].name);
+            const struct gp_value *o = &p->g->values[p->output];
+            struct gp_loss_call lc = {
+                .spec = &p->cfg.loss,
+                .out_shape = &o->shape,
+                .out = addr(p, s, p->output, j),
+                .target = p->target_bytes ? s->targets + (size_t)j * p->target_bytes : NULL,
+                .dout = dout,
+                .denominator = p->denominator,
+                .loss_sum = (double *)s->loss_sums + j,
+                .scratch = s->scratch,
+            };
+            GP_TRY(s->cops->loss(s->cctx, &lc, err));
+        }
+        /* A checkpointed micro-batch keeps only its input frontier (box). */
+        if (!kept) s->live -= (int64_t)s->plan.local_bytes;
+        return GP_OK;
+    }
+    case TASK_RECOMPUTE:
+        s->live += (int64_t)s->plan.local_bytes;
+        if (s->live > s->peak) s->peak = s->live;
+        /* Same dropout key, running statistics untouched: the recomputed
+         * activations are the ones the first forward made. */
+        return run_forward(p, s, j, true, false, err);
+    case TASK_BACKWARD:
+        s->live += (int64_t)s->plan.grad_bytes;
+        if (s->live > s->peak) s->peak = s->live;
+        GP_TRY(run_backward(p, s, j, err));
+        s->live -= (int64_t)s->plan.grad_bytes + (int64_t)s->plan.local_bytes + (int64_t)s->plan.box_bytes;
+        return GP_OK;
+    case TASK_OPTIMIZE:
+        /* Deferred BatchNorm: the whole mini-batch's statistics, once. */
+        for (int i = s->plan.first; s->bn_stats && i < s->plan.last; i++) {
+            if (!s->bn_stats[i - s->plan.first]) continue;
+            const struct gp_node *n = &p->g->nodes[i];
+            GP_TRY(s->cops->bn_commit(s->cctx, p->g, n, addr(p, s, n->inputs[3], 0),
+                                      addr(p, s, n->inputs[4], 0), s->bn_stats[i - s->plan.first], err));
+        }
+        if (s->opt) GP_TRY(s->cops->optim_step(s->cctx, s->opt, p->lr, p->clip_coef, err));
+        return s->cops->zero(s->cctx, s->param_grads, s->plan.param_bytes, err);
+    case TASK_NORMS:
+        return s->cops->norms(s->cctx, s->param_grad_ptrs, s->param_numels, s->n_params,
+                              (float *)s->norms, err);
+    case TASK_EVAL:
+        return run_forward(p, s, 0, false, false, err);
+    }
+    return GP_OK;
+}
+
+/* ---- creation ---- */
+
