@@ -184,3 +184,46 @@ def fmt_rate(side):
 def md_cell(text):
     """Text made safe for a Markdown table cell."""
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def run_stream(cmd, timeout, on_line=None, env=None):
+    """Like run(), for a command that starts processes of its own (torch.multiprocessing):
+    it runs in a new session, its stdout lines are handed to on_line(line) as they come,
+    and on timeout the whole process group is killed (no rank is left holding a GPU).
+    (returncode or None on timeout, stdout, stderr, seconds)"""
+    import signal
+    import threading
+    t0 = time.time()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         universal_newlines=True, env=env, start_new_session=True)
+    out, err = [], []
+
+    def pump(stream, acc, cb):
+        for line in stream:
+            acc.append(line)
+            if cb:
+                try:
+                    cb(line.rstrip("\n"))
+                except Exception:
+                    pass
+        stream.close()
+
+    threads = [threading.Thread(target=pump, args=(p.stdout, out, on_line)),
+               threading.Thread(target=pump, args=(p.stderr, err, None))]
+    for t in threads:
+        t.daemon = True
+        t.start()
+    rc = None
+    try:
+        rc = p.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        rc = None
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)     # the launcher's children too
+        except OSError:
+            pass
+        p.wait()
+        for t in threads:
+            t.join(10)
+    return rc, "".join(out), "".join(err), time.time() - t0

@@ -13,7 +13,8 @@
 For every model, the layer split over the K GPUs is computed once (`gpipe-onnx balance
 --by time`, at --balance-chunks micro-batches, checkpoint never) and used for every M;
 the PyTorch model (models.py, cut into units by stages.py) is split at the unit boundary
-whose parameter count before it is nearest to gpipe-onnx's. For every M (micro-batches
+nearest to gpipe-onnx's in its layer list (units located by their parameters' names;
+by parameter count when the names do not match). For every M (micro-batches
 per mini-batch) that divides the batch: gpipe-onnx on one GPU and on K GPUs, each with
 --checkpoint never and always, and PyTorch's pipeline (one process per GPU, NCCL). See
 bench/README.md ("Pipelines").
@@ -34,9 +35,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import (LOSS, MODELS, NO_MULTICAST_ENV, PRECISIONS, export, gpipe_run,  # noqa: E402
-                    gpipe_version, last_line, log, md_cell, quote, run, set_log_prefix,
-                    summarize)
+from common import (LOSS, MODELS, NO_MULTICAST_ENV, PRECISIONS, error_line, export,  # noqa: E402
+                    gpipe_run, gpipe_version, last_line, log, md_cell, quote, run, run_stream,
+                    set_log_prefix, summarize)
 
 # Mini-batches of the pipeline runs: larger than bench.py's, so that micro-batches
 # are not tiny at M = 32 (ResNet-50 16, U-Net 4, GPT-2 1 sample per micro-batch).
@@ -146,11 +147,17 @@ def _torch_rank(rank, world, argv):
     def loss_fn(out, y):
         return bm.loss(a.model, out, y)
 
+    warmup = max(1, a.warmup)       # the first step infers the stages' shapes
+    fail_m = os.environ.get("PIPELINE_TEST_FAIL")     # "M:RANK", the harness's own test
     for m in [int(x) for x in a.ms.split(",")]:
         if rank == 0:
             print("START %d" % m, flush=True)
         try:
-            x, y = bm.make_batch(a.model, a.batch, a.tiny, dev)
+            if fail_m == "%d:%d" % (m, rank):
+                raise RuntimeError("PIPELINE_TEST_FAIL at M=%d on rank %d" % (m, rank))
+            x, y = bm.make_batch(a.model, a.batch, a.tiny)
+            x = x.to(dev) if rank == 0 else None             # only the first stage reads it
+            y = y.to(dev) if rank == world - 1 else None     # only the last the target
             if cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(dev)
@@ -171,7 +178,7 @@ def _torch_rank(rank, world, argv):
                 opt.zero_grad(set_to_none=True)
 
             t0 = time.perf_counter()
-            for _ in range(a.warmup):
+            for _ in range(warmup):
                 step()
             sync()
             dist.barrier()
@@ -204,7 +211,7 @@ def _torch_rank(rank, world, argv):
                 res.update({
                     "m": m, "micro_batch": a.batch // m,
                     "wall_samples_per_s": a.batch * a.steps / wall if wall > 0 else None,
-                    "warmup_s": round(warm_s, 2),
+                    "warmup_steps": warmup, "warmup_s": round(warm_s, 2),
                     "last_loss": loss[0] if loss else None,
                     "per_rank": [{"rank": r["rank"], "units": r["units"],
                                   "parameters": r["parameters"],
@@ -219,7 +226,7 @@ def _torch_rank(rank, world, argv):
                     res["allow_tf32"] = [torch.backends.cuda.matmul.allow_tf32,
                                          torch.backends.cudnn.allow_tf32]
                 print("RESULT " + json.dumps(res), flush=True)
-            del sched, stage, opt, x, y
+            sched = stage = opt = x = y = None
             part.zero_grad(set_to_none=True)
             gc.collect()
         except Exception as e:
@@ -322,7 +329,6 @@ class Bench(object):
         if rc is None:
             raise RuntimeError("gpipe-onnx %s timed out after %.0f s" % (what, secs))
         if rc != 0:
-            from common import error_line
             raise RuntimeError("gpipe-onnx %s failed: %s" % (what, error_line(err, "exit status %d" % rc)))
         return out, err, secs
 
@@ -331,7 +337,8 @@ class Bench(object):
                                        self.args.timeout)
         doc = json.loads(out)
         return [{"index": l["index"], "op": l["op"], "name": l.get("name", ""),
-                 "params": int(l.get("params") or 0)} for l in doc["layers"]], secs
+                 "params": int(l.get("params") or 0), "inputs": l.get("inputs") or []}
+                for l in doc["layers"]], secs
 
     def balance(self, name, onnx_path, batch, ms, workdir):
         """The layers per stage for the K-GPU runs: --split, else `gpipe-onnx balance
@@ -431,21 +438,25 @@ class Bench(object):
             cmd += ["--tiny"] if a.tiny else []
             log("%s %s: PyTorch pipelining (ScheduleGPipe, %d processes) M=%s, %d+%d steps" % (
                 name, precision, len(cuts) + 1, ",".join(str(m) for m in pending), a.warmup, a.steps))
-            rc, sout, serr, secs = run(cmd, t)
             started, errors = [], {}
-            for line in sout.splitlines():
+
+            def on_line(line):
                 if line.startswith("RESULT "):
                     r = json.loads(line[len("RESULT "):])
                     out[r["m"]] = r
                     if not r.get("error"):
-                        log("%s %s M=%d: PyTorch %.1f samples/s (median step %.4f s, max allocated %s)" % (
+                        log("%s %s M=%d: PyTorch %.1f samples/s (median step %.4f s; max allocated %s)" % (
                             name, precision, r["m"], r["samples_per_s"], r["median_step_s"],
-                            ", ".join(fmt_bytes(p["max_memory_allocated"]) for p in r["per_rank"])))
+                            ", ".join(fmt_bytes(q["max_memory_allocated"]) for q in r["per_rank"])))
                 elif line.startswith("START "):
                     started.append(int(line.split()[1]))
+                    log("%s %s M=%d: PyTorch running" % (name, precision, started[-1]))
                 elif line.startswith("ERROR "):
                     parts = line.split(" ", 4)
-                    errors.setdefault(int(parts[1]), "rank %s: %s" % (parts[3], parts[4] if len(parts) > 4 else ""))
+                    errors.setdefault(int(parts[1]), "rank %s: %s" % (
+                        parts[3], parts[4] if len(parts) > 4 else ""))
+
+            rc, sout, serr, secs = run_stream(cmd, t, on_line)
             pending = [m for m in pending if m not in out]
             if not pending:
                 break
@@ -483,6 +494,7 @@ class Bench(object):
                 self.rows.append(row)
 
         def fail_all(msg):
+            split["error"] = msg
             for row in rows:
                 for key in ("gpipe_1_never", "gpipe_k_never", "gpipe_1_always", "gpipe_k_always"):
                     row.setdefault(key, {"error": msg})
@@ -516,7 +528,10 @@ class Bench(object):
         cuts = self.map_split(name, split, layers)
         self.write()
 
+        # Order: the throughput runs (checkpoint never) of every M, then PyTorch, then
+        # the checkpointed runs, so that a --deadline cuts the least important last.
         trace_m = max(ms) if ms else None
+        bal = split.get("balance")
         for precision in a.precisions:
             prow = [r for r in rows if r["precision"] == precision]
             for row in prow:
@@ -528,13 +543,21 @@ class Bench(object):
                 trace = None
                 if a.trace_dir and name == "unet" and m == trace_m and precision == a.precisions[0]:
                     trace = os.path.join(os.path.abspath(a.trace_dir), "unet_trace.json")
-                bal = split["balance"]
                 row["gpipe_k_never"] = self.gpipe_train(name, onnx_path, batch, m, self.devk, "never",
                                                         bal, precision, workdir, trace)
                 self.write()
                 row["gpipe_1_never"] = self.gpipe_train(name, onnx_path, batch, m, self.dev1, "never",
                                                         None, precision, workdir)
                 self.write()
+            res = self.torch_side(name, precision, batch, [r["m"] for r in prow],
+                                  [c["unit_index"] for c in cuts] if cuts else None)
+            for row in prow:
+                row["torch"] = res.get(row["m"])
+            self.write()
+            if not a.gpipe:
+                continue
+            for row in prow:
+                m = row["m"]
                 if "k" in a.ckpt_runs:
                     row["gpipe_k_always"] = self.gpipe_train(name, onnx_path, batch, m, self.devk,
                                                              "always", bal, precision, workdir)
@@ -543,16 +566,14 @@ class Bench(object):
                     row["gpipe_1_always"] = self.gpipe_train(name, onnx_path, batch, m, self.dev1,
                                                              "always", None, precision, workdir)
                     self.write()
-            res = self.torch_side(name, precision, batch, [r["m"] for r in prow],
-                                  [c["unit_index"] for c in cuts] if cuts else None)
-            for row in prow:
-                row["torch"] = res.get(row["m"])
-            self.write()
 
     def map_split(self, name, split, layers):
-        """PyTorch's cut points for gpipe-onnx's split: for each stage boundary, the unit
-        boundary (stages.py) whose parameter count before it is nearest to the parameters
-        of gpipe-onnx's layers before the boundary."""
+        """PyTorch's cut points (unit indices, stages.py) for gpipe-onnx's split. Each
+        unit's first layer in gpipe-onnx's layer list is the first layer that reads one
+        of its parameters (ONNX initializers keep PyTorch's names); a stage boundary at
+        layer L maps to the unit boundary whose first layer is nearest to L. Without the
+        names (or without a layer list), by parameter count: the unit boundary whose
+        parameters before it are nearest to those of gpipe-onnx's layers before L."""
         a = self.args
         bal = split.get("balance")
         if not bal or len(bal) < 2:
@@ -560,39 +581,66 @@ class Bench(object):
         try:
             import models as bm
             import stages
-            counts = stages.unit_params(name, bm.build(name, a.tiny))
+            model = bm.build(name, a.tiny)
+            counts = stages.unit_params(name, model)
+            pnames = stages.unit_param_names(name, model, "net." if name == "unet" else "")
+            del model
         except Exception as e:
             split["torch_split_error"] = "%s: %s" % (type(e).__name__, e)
             return None
-        starts = []
-        s = 0
+        n = len(counts)
+        cum = [0]
+        for _, c in counts:
+            cum.append(cum[-1] + c)
+        starts, s = [], 0
         for b in bal[:-1]:
             s += b
             starts.append(s)
         if layers:
             prefix = [sum(l["params"] for l in layers[:st]) for st in starts]
         else:   # no layer list (no --gpipe): an even split by parameters
-            total = sum(c for _, c in counts)
-            prefix = [total * (i + 1) // len(bal) for i in range(len(bal) - 1)]
-        chosen = stages.choose_cuts(counts, prefix)
-        total = sum(c for _, c in counts)
+            prefix = [cum[-1] * (i + 1) // len(bal) for i in range(len(bal) - 1)]
+        first = None
+        if layers:
+            reader = {}
+            for l in layers:
+                for v in l.get("inputs") or []:
+                    reader.setdefault(v, l["index"])
+            first = []
+            for _, ns in pnames:
+                idx = [reader[v] for v in ns if v in reader]
+                first.append(min(idx) if idx else None)
+            if None in first or first != sorted(first):
+                first = None
+        if first is not None:
+            chosen = stages.choose_cuts(first + [len(layers)], starts)
+            method = "nearest unit start in gpipe-onnx's layer list (by parameter names)"
+        else:
+            chosen = stages.choose_cuts(cum, prefix)
+            method = "nearest parameter count"
         cuts = []
-        for st, p, (j, q) in zip(starts, prefix, chosen):
+        for st, p, j in zip(starts, prefix, chosen):
             c = {"gpipe_first_layer": st, "gpipe_params_before": p,
                  "unit_index": j, "unit": counts[j][0], "unit_before": counts[j - 1][0],
-                 "torch_params_before": q}
+                 "torch_params_before": cum[j]}
+            if first is not None:
+                c["unit_first_layer"] = first[j]
             if layers and st < len(layers):
                 c["gpipe_layer"] = "%s %s" % (layers[st]["op"], layers[st]["name"])
             cuts.append(c)
         split["torch_cuts"] = cuts
-        split["torch_units"] = len(counts)
-        split["parameters"] = total
-        desc = "; ".join("stage %d starts at unit %s (after %s): %s parameters before it, "
-                         "gpipe-onnx %s" % (i + 1, c["unit"], c["unit_before"],
-                                            "{:,}".format(c["torch_params_before"]),
-                                            "{:,}".format(c["gpipe_params_before"]))
+        split["torch_split_method"] = method
+        split["torch_units"] = n
+        split["parameters"] = cum[-1]
+        desc = "; ".join("stage %d starts at unit %s%s (%s parameters before it; gpipe-onnx: "
+                         "layer %d, %s)" % (
+                             i + 1, c["unit"],
+                             ", layer %d" % c["unit_first_layer"] if "unit_first_layer" in c else "",
+                             "{:,}".format(c["torch_params_before"]), c["gpipe_first_layer"],
+                             "{:,}".format(c["gpipe_params_before"]))
                          for i, c in enumerate(cuts))
-        log("%s: gpipe-onnx balance %s; PyTorch split: %s" % (name, bal, desc))
+        log("%s: gpipe-onnx --balance %s; PyTorch split by %s: %s" % (
+            name, ",".join(str(b) for b in bal), method, desc))
         return cuts
 
     # ---- output --------------------------------------------------------------
@@ -649,6 +697,12 @@ class Bench(object):
                 ]
                 for r in rows:
                     lines.append(self.table_row(r))
+                for r in rows:
+                    tr = (r.get("gpipe_k_never") or {}).get("trace")
+                    if tr:
+                        lines += ["", "Timeline of the last step of the %d-%s run at M = %d "
+                                  "(`--trace`, recorded in every step of that run): `%s`" % (
+                                      K, self.word, r["m"], tr)]
                 if sp.get("skipped_m"):
                     lines.append("")
                     lines.append("M = %s skipped: does not divide the batch." %
@@ -666,16 +720,22 @@ class Bench(object):
             how = sp.get("method", "")
             if how.startswith("gpipe-onnx balance"):
                 how += " at %d micro-batches, checkpoint never" % sp.get("chunks", 0)
+                if sp.get("predicted_step_ms"):
+                    how += "; predicted step %.1f ms" % sp["predicted_step_ms"]
             elif sp.get("balance_error"):
                 how = "even split (balance failed: %s)" % sp["balance_error"]
             out.append("- gpipe-onnx split (%s): `--balance %s`, layers %s of %s" % (
                 md_cell(how), ",".join(str(b) for b in bal), " \\| ".join(ranges), sp.get("layers", "?")))
         for i, c in enumerate(sp.get("torch_cuts") or []):
             out.append("- stage %d: gpipe-onnx from layer %d (%s, %s parameters before); PyTorch from "
-                       "unit `%s` (after `%s`, %s parameters before)" % (
+                       "unit `%s`%s (after `%s`, %s parameters before; %s)" % (
                            i + 1, c["gpipe_first_layer"], md_cell(c.get("gpipe_layer", "?")),
-                           "{:,}".format(c["gpipe_params_before"]), c["unit"], c["unit_before"],
-                           "{:,}".format(c["torch_params_before"])))
+                           "{:,}".format(c["gpipe_params_before"]), c["unit"],
+                           " (its first layer: %d)" % c["unit_first_layer"] if "unit_first_layer" in c else "",
+                           c["unit_before"], "{:,}".format(c["torch_params_before"]),
+                           sp.get("torch_split_method", "")))
+        if sp.get("error"):
+            out.append("- %s" % md_cell(sp["error"]))
         if sp.get("torch_split_error"):
             out.append("- PyTorch split: %s" % md_cell(sp["torch_split_error"]))
         return out
@@ -719,8 +779,8 @@ class Bench(object):
                 return None
             planned = side["planned_per_device"]
             peak = side["act_peak_per_device"]
-            return "%s: %s; %s" % (label, " / ".join(fmt_bytes(v) for v in planned.values()),
-                                   " / ".join(fmt_bytes(v) for v in peak.values()))
+            return "%s: %s (act. peak %s)" % (label, ", ".join(fmt_bytes(v) for v in planned.values()),
+                                              ", ".join(fmt_bytes(v) for v in peak.values()))
 
         mem = [x for x in (gmem(gk, "never"), gmem(ak, "always"), gmem(g1, "1 %s" % self.word))
                if x]
@@ -729,7 +789,7 @@ class Bench(object):
             if t["per_rank"][0].get("max_memory_allocated") is None:
                 tmem = "n/a on CPU"
             else:
-                tmem = " / ".join(fmt_bytes(p["max_memory_allocated"]) for p in t["per_rank"])
+                tmem = ", ".join(fmt_bytes(p["max_memory_allocated"]) for p in t["per_rank"])
         return "| %d | %d | %s | %s | %s | %.2fx | %s | %s | %s | %s | %s | %s | %s |" % (
             m, r["micro_batch"], rate(g1), rate(gk), speed, ideal, eff, rate(t), ratio,
             overhead(g1, a1), overhead(gk, ak), "<br>".join(mem) or "-", tmem)
@@ -793,7 +853,7 @@ def main():
     ap.add_argument("--balance-chunks", type=int, default=8,
                     help="micro-batches at which gpipe-onnx balance profiles (default 8)")
     ap.add_argument("--split", default=None,
-                    help="layers per stage instead of balancing, e.g. 'unet=150,146;gpt2=100,99'")
+                    help="layers per stage instead of balancing, e.g. 'unet=150,88;resnet50=100,61'")
     ap.add_argument("--ckpt-runs", default="1,k",
                     help="which gpipe-onnx configurations also run with --checkpoint always: "
                          "'1,k' (default), 'k', '1' or 'none'")

@@ -186,21 +186,27 @@ def unit_params(name, model):
     return [(n, sum(p.numel() for p in u.parameters())) for n, u in units(name, model)]
 
 
-def choose_cuts(unit_counts, target_prefix_params):
-    """For each target (the parameters of gpipe-onnx's stages before a cut, cumulative),
-    the unit boundary whose cumulative parameter count is nearest, keeping the parts
-    non-empty and in order. Returns [(unit index, cumulative params there)]."""
-    cum = [0]
-    for _, c in unit_counts:
-        cum.append(cum[-1] + c)
-    n = len(unit_counts)
-    K = len(target_prefix_params) + 1
+def unit_param_names(name, model, prefix=""):
+    """[(unit name, [qualified parameter names])] in execution order; `prefix` is put
+    before every name (export.py exports the U-Net wrapped, as 'net.')."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [(n, [prefix + names[id(p)] for p in u.parameters()]) for n, u in units(name, model)]
+
+
+def choose_cuts(values, targets):
+    """Cut points for len(targets)+1 parts of n units: values[j] (j = 0..n) is the
+    position of the boundary before unit j in some measure (cumulative parameters,
+    the layer index of the unit's first layer in gpipe-onnx's list); for each target
+    position, the boundary j in 1..n-1 nearest to it, keeping the parts non-empty and
+    in order. Returns [j]."""
+    n = len(values) - 1
+    K = len(targets) + 1
     cuts = []
     lo = 1
-    for s, target in enumerate(target_prefix_params):
+    for s, target in enumerate(targets):
         hi = n - (K - 1 - s)                       # leave a unit for every later part
-        best = min(range(lo, hi + 1), key=lambda j: (abs(cum[j] - target), j))
-        cuts.append((best, cum[best]))
+        best = min(range(lo, hi + 1), key=lambda j: (abs(values[j] - target), j))
+        cuts.append(best)
         lo = best + 1
     return cuts
 
