@@ -48,7 +48,8 @@ gp_status gp_pipe_setup_graphs(struct gp_pipeline *p, struct gp_error *err)
     return GP_OK;
 }
 
-/* Every stream of every stage but `origin`, for joining a capture. */
+/* Every stream of every stage (with its stage), for forking a capture out
+ * of the origin and joining it back. */
 static int all_streams(struct gp_pipeline *p, struct gp_stream **out, struct stage **owner)
 {
     int n = 0;
