@@ -33,7 +33,10 @@ run() { # label, command...
         0) printf '%-44s ok      %4ds  %s\n' "$label" $((SECONDS - start)) "$summary" ;;
         77) printf '%-44s skipped %4ds  %s\n' "$label" $((SECONDS - start)) "$summary" ;;
         *) printf '%-44s FAILED  %4ds  (exit %d)\n' "$label" $((SECONDS - start)) "$rc"
-           sed 's/^/    /' "$log" | tail -40
+           # What failed (every mismatch and error line), then how it ended.
+           grep -E 'MISMATCH|ERROR|FAILED|error' "$log" | head -60 | sed 's/^/    /'
+           echo "    ..."
+           tail -15 "$log" | sed 's/^/    /'
            failed=$((failed + 1)) ;;
     esac
     rm -f "$log"
