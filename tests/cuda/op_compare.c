@@ -54,7 +54,7 @@ static float uniform(float lo, float hi)
     return lo + (hi - lo) * (float)((rng_state >> 40) * (1.0 / 16777216.0));
 }
 
-static void cuda_ok(cudaError_t e, const char *label, const char *what)
+void op_cuda_ok(cudaError_t e, const char *label, const char *what)
 {
     if (e != cudaSuccess) fail_msg("%s: %s: %s", label, what, cudaGetErrorString(e));
 }
@@ -64,17 +64,17 @@ static size_t esize(enum gp_dtype dt)
     return gp_dtype_is_float(dt) ? sizeof(float) : gp_dtype_size(dt);
 }
 
-static void *dev_alloc(size_t bytes, const char *label)
+void *op_dev_alloc(size_t bytes, const char *label)
 {
     void *d = NULL;
-    cuda_ok(cudaMalloc(&d, bytes ? bytes : 16), label, "cudaMalloc");
+    op_cuda_ok(cudaMalloc(&d, bytes ? bytes : 16), label, "cudaMalloc");
     return d;
 }
 
-static void *dev_copy_of(const void *h, size_t bytes, const char *label)
+void *op_dev_copy_of(const void *h, size_t bytes, const char *label)
 {
-    void *d = dev_alloc(bytes, label);
-    if (bytes) cuda_ok(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), label, "upload");
+    void *d = op_dev_alloc(bytes, label);
+    if (bytes) op_cuda_ok(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), label, "upload");
     return d;
 }
 
@@ -82,7 +82,7 @@ static void *host_copy_of(const void *d, size_t bytes, const char *label)
 {
     void *h = malloc(bytes ? bytes : 16);
     assert_non_null(h);
-    if (bytes) cuda_ok(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), label, "download");
+    if (bytes) op_cuda_ok(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), label, "download");
     return h;
 }
 
@@ -250,7 +250,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
 
     /* ---- CUDA ---- */
     cudaStream_t stream;
-    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), label, "cudaStreamCreate");
+    op_cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), label, "cudaStreamCreate");
     struct gp_cuda_libs libs;
     if (gp_cuda_libs_create(stream, o->tf32, NULL, &libs, &err) != GP_OK) fail_msg("%s: %s", label, err.msg);
     void *gin[MAX_IO + 1] = {0}, *gout[MAX_IO + 1] = {0};
@@ -258,33 +258,33 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     for (int k = 0; k < ni; k++) {
         if (node->inputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->inputs[k]];
-        gin[k] = dev_copy_of(hx[k], (size_t)nx[k] * esize(v->dtype), label);
-        if (want_dx[k]) gdin[k] = dev_copy_of(hd0[k], sizeof(float) * (size_t)nx[k], label);
+        gin[k] = op_dev_copy_of(hx[k], (size_t)nx[k] * esize(v->dtype), label);
+        if (want_dx[k]) gdin[k] = op_dev_copy_of(hd0[k], sizeof(float) * (size_t)nx[k], label);
     }
     for (int k = 0; k < no; k++) {
         if (node->outputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->outputs[k]];
         size_t bytes = (size_t)ny[k] * esize(v->dtype);
-        gout[k] = dev_alloc(bytes, label);
+        gout[k] = op_dev_alloc(bytes, label);
         /* Poison: NaN for floats, 0xa5 bytes for integers. */
-        cuda_ok(cudaMemset(gout[k], gp_dtype_is_float(v->dtype) ? 0xff : 0xa5, bytes ? bytes : 16), label,
+        op_cuda_ok(cudaMemset(gout[k], gp_dtype_is_float(v->dtype) ? 0xff : 0xa5, bytes ? bytes : 16), label,
                 "cudaMemset");
-        if (hdy[k]) gdout[k] = dev_copy_of(hdy[k], sizeof(float) * (size_t)ny[k], label);
+        if (hdy[k]) gdout[k] = op_dev_copy_of(hdy[k], sizeof(float) * (size_t)ny[k], label);
     }
     size_t g_saved = gk->saved_bytes ? gk->saved_bytes(g, node) : 0;
     size_t g_scratch = gk->scratch_bytes ? gk->scratch_bytes(g, node) : 0;
-    void *gsaved = dev_alloc(g_saved + 64, label), *gscratch = dev_alloc(g_scratch + 64, label);
-    cuda_ok(cudaMemset(gscratch, 0xff, g_scratch + 64), label, "cudaMemset"); /* undefined contents */
+    void *gsaved = op_dev_alloc(g_saved + 64, label), *gscratch = op_dev_alloc(g_scratch + 64, label);
+    op_cuda_ok(cudaMemset(gscratch, 0xff, g_scratch + 64), label, "cudaMemset"); /* undefined contents */
     struct gp_cuda_ctx gc = {.graph = g, .node = node, .in = gin, .out = gout, .din = gdin, .dout = gdout,
                              .saved = gsaved, .scratch = gscratch, .stream = stream,
                              .cublas = libs.cublas, .cudnn = libs.cudnn, .tf32 = o->tf32,
                              .training = !o->eval, .update_state = !o->eval, .seed = seed, .step = step,
                              .sample_offset = sample_offset, .dropout_ratio = -1};
     if (gk->forward(&gc, &err) != GP_OK) fail_msg("%s: CUDA forward: %s", label, err.msg);
-    cuda_ok(cudaStreamSynchronize(stream), label, "CUDA forward");
+    op_cuda_ok(cudaStreamSynchronize(stream), label, "CUDA forward");
     if (backward) {
         if (gk->backward(&gc, &err) != GP_OK) fail_msg("%s: CUDA backward: %s", label, err.msg);
-        cuda_ok(cudaStreamSynchronize(stream), label, "CUDA backward");
+        op_cuda_ok(cudaStreamSynchronize(stream), label, "CUDA backward");
     }
 
     /* ---- compare ---- */

@@ -44,6 +44,13 @@ void op_compare_node(const struct gp_graph *g, int node, const struct op_compare
 int op_compare_cases(void);
 int op_compare_op_types(void);
 
+/* For tests that drive a kernel by hand: fail naming label and call on a
+ * CUDA error; device memory (freed with cudaFree), or a copy of host data. */
+#include <cuda_runtime_api.h>
+void op_cuda_ok(cudaError_t e, const char *label, const char *what);
+void *op_dev_alloc(size_t bytes, const char *label);
+void *op_dev_copy_of(const void *h, size_t bytes, const char *label);
+
 /* Exits 77 (skip) with a message when no CUDA device is visible. */
 void op_compare_require_device(void);
 

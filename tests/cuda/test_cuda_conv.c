@@ -22,28 +22,14 @@
 #include <string.h>
 
 #include "kernel_graph.h"
+#include "cuda_test_util.h"
 #include "op_compare.h"
 
-#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
-#define S(...) ((const char *const[]){__VA_ARGS__})
-
-static double tol_for(int64_t len)
-{
-    return 1e-6 + 4e-7 * (double)len;
-}
 
 /* Set by the TF32 tests: cuBLAS / cuDNN may round operands to TF32 (10
  * mantissa bits), so errors grow like the square root of a sum's length
  * times 2^-11 of its terms. */
 static bool tf32_mode;
-
-static struct op_compare compare_opts(const char *label, int64_t len)
-{
-    if (tf32_mode)
-        return (struct op_compare){.label = label, .tf32 = true, .rel_tol = 1e-2,
-                                   .abs_tol = 5e-3 * sqrt((double)len)};
-    return (struct op_compare){.label = label, .abs_tol = tol_for(len), .rel_tol = 2e-5};
-}
 
 /* ---- Conv and ConvTranspose ---- */
 
@@ -95,7 +81,7 @@ static void run_conv(const struct conv_case *c)
     if (cells > len) len = cells;
     char label[200];
     snprintf(label, sizeof label, "%s: %s%s", c->op, c->label, tf32_mode ? " (TF32)" : "");
-    struct op_compare o = compare_opts(label, len);
+    struct op_compare o = sum_compare(label, len, tf32_mode);
     op_compare_node(&g, 0, &o);
     gp_graph_free(&g);
 }

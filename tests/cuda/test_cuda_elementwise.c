@@ -25,27 +25,22 @@
  *
  * Without a CUDA device the test prints why and exits 77 (a skip). */
 
-/* The shared harness, compiled into this test (tests/meson.build gives
- * this program test_kernels.cu, not op_compare.c). */
-#include "op_compare.c"
+#include <stdio.h>
+#include <string.h>
 
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_test_util.h"
+#include "cuda/kernel.h"
+#include "cuda/op_compare.h"
 #include "kernel_graph.h"
 
 /* test_kernels.cu: a launch with zero blocks, left unchecked. */
 void gp_test_bad_launch(cudaStream_t s);
 
-#define S(...) ((const char *const[]){__VA_ARGS__})
 #define I64(...) ((const int64_t[]){__VA_ARGS__})
 
 /* ---- data ---- */
-
-static uint64_t lcg = 0x853c49e6748fea9bull;
-
-static uint64_t next_u64(void)
-{
-    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
-    return lcg >> 11;
-}
 
 static float randf(float lo, float hi)
 {
@@ -69,30 +64,6 @@ static float *grid_floats(int64_t n, float lo, int levels)
     return v;
 }
 
-static int64_t *ints64(int64_t n, int64_t lo, int64_t hi)
-{
-    int64_t *v = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    assert_non_null(v);
-    for (int64_t i = 0; i < n; i++) v[i] = lo + (int64_t)(next_u64() % (uint64_t)(hi - lo + 1));
-    return v;
-}
-
-static int32_t *ints32(int64_t n, int32_t lo, int32_t hi)
-{
-    int32_t *v = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    assert_non_null(v);
-    for (int64_t i = 0; i < n; i++) v[i] = lo + (int32_t)(next_u64() % (uint64_t)(hi - lo + 1));
-    return v;
-}
-
-static uint8_t *bools(int64_t n)
-{
-    uint8_t *v = malloc((size_t)(n ? n : 1));
-    assert_non_null(v);
-    for (int64_t i = 0; i < n; i++) v[i] = (uint8_t)(next_u64() % 3 == 0);
-    return v;
-}
-
 /* n elements of dtype dt, random: floats in [lo, hi), integers in
  * [lo, hi], bools. */
 static void *data_of(enum gp_dtype dt, int64_t n, float lo, float hi)
@@ -100,7 +71,7 @@ static void *data_of(enum gp_dtype dt, int64_t n, float lo, float hi)
     switch (dt) {
     case GP_DTYPE_INT64: return ints64(n, (int64_t)lo, (int64_t)hi);
     case GP_DTYPE_INT32: return ints32(n, (int32_t)lo, (int32_t)hi);
-    case GP_DTYPE_BOOL: return bools(n);
+    case GP_DTYPE_BOOL: return bools(n, 3);
     default: return floats(n, lo, hi);
     }
 }
@@ -311,7 +282,7 @@ static void test_unary_int(void **state)
     begin(&g, 13);
     input_t(&g, "x", GP_DTYPE_BOOL, SH(2, 300, 7));
     node(&g, "Not", 1, S("x"), 1, S("y"));
-    uint8_t *b = bools(2100);
+    uint8_t *b = bools(2100, 3);
     compare(&g, (struct op_compare){.label = "Not", .inputs = {b}, .forward_only = true});
     free(b);
 }
@@ -592,7 +563,7 @@ static void test_binary_int(void **state)
     free(fb);
     static const char *const logic[] = {"And", "Or", "Xor", "Equal"};
     for (size_t k = 0; k < sizeof logic / sizeof *logic; k++) {
-        uint8_t *a = bools(24), *b = bools(12);
+        uint8_t *a = bools(24, 3), *b = bools(12, 3);
         bin_run(logic[k], k == 3 ? 19 : 7, GP_DTYPE_BOOL, SH(3, 2, 3, 4), a, GP_DTYPE_BOOL, SH(2, 3, 4), b, -1,
                 true, 0, 0);
         free(a);
@@ -651,7 +622,7 @@ static void where_run(enum gp_dtype dt, struct tshape cs, struct tshape xs, stru
     input_t(&g, "x", dt, xs);
     input_t(&g, "y", dt, ys);
     node(&g, "Where", 3, S("c", "x", "y"), 1, S("o"));
-    uint8_t *c = bools(numel_sh(cs));
+    uint8_t *c = bools(numel_sh(cs), 3);
     void *x = dt == GP_DTYPE_FLOAT32 ? NULL : data_of(dt, numel_sh(xs), -9, 9);
     void *y = dt == GP_DTYPE_FLOAT32 ? NULL : data_of(dt, numel_sh(ys), -9, 9);
     char label[160], s1[64], s2[64], s3[64];
@@ -726,13 +697,13 @@ static void test_null_gradients(void **state)
         uint8_t cond[24];
         for (int i = 0; i < 24; i++) x[i] = randf(-1, 1), d0[i] = randf(-1, 1), ones[i] = 1.0f, cond[i] = 1;
         for (int i = 0; i < 4; i++) b4[i] = 5.0f, db0[i] = randf(-1, 1); /* b wins every Max */
-        float *dx = dev_copy_of(x, sizeof x, ops[o]), *dd = dev_copy_of(d0, sizeof d0, ops[o]);
-        float *dy = dev_copy_of(x, sizeof x, ops[o]), *dones = dev_copy_of(ones, sizeof ones, ops[o]);
-        float *dxb = dev_copy_of(b4, sizeof b4, ops[o]), *ddb = dev_copy_of(db0, sizeof db0, ops[o]);
-        void *dcond = dev_copy_of(cond, sizeof cond, ops[o]);
-        void *scratch = dev_alloc(4096, ops[o]);
+        float *dx = op_dev_copy_of(x, sizeof x, ops[o]), *dd = op_dev_copy_of(d0, sizeof d0, ops[o]);
+        float *dy = op_dev_copy_of(x, sizeof x, ops[o]), *dones = op_dev_copy_of(ones, sizeof ones, ops[o]);
+        float *dxb = op_dev_copy_of(b4, sizeof b4, ops[o]), *ddb = op_dev_copy_of(db0, sizeof db0, ops[o]);
+        void *dcond = op_dev_copy_of(cond, sizeof cond, ops[o]);
+        void *scratch = op_dev_alloc(4096, ops[o]);
         cudaStream_t stream;
-        cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), ops[o], "cudaStreamCreate");
+        op_cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), ops[o], "cudaStreamCreate");
         bool where = strcmp(ops[o], "Where") == 0;
         void *in[3] = {where ? dcond : (void *)dx, where ? (void *)dx : (void *)dxb, dxb};
         void *out[1] = {dy};
@@ -742,9 +713,9 @@ static void test_null_gradients(void **state)
         struct gp_error err = {0};
         if (gk->forward(&c, &err) != GP_OK) fail_msg("%s: forward: %s", ops[o], err.msg);
         if (gk->backward(&c, &err) != GP_OK) fail_msg("%s: backward, dout NULL: %s", ops[o], err.msg);
-        cuda_ok(cudaStreamSynchronize(stream), ops[o], "backward");
+        op_cuda_ok(cudaStreamSynchronize(stream), ops[o], "backward");
         float h[24];
-        cuda_ok(cudaMemcpy(h, dd, sizeof h, cudaMemcpyDeviceToHost), ops[o], "download");
+        op_cuda_ok(cudaMemcpy(h, dd, sizeof h, cudaMemcpyDeviceToHost), ops[o], "download");
         for (int i = 0; i < 24; i++)
             if (h[i] != d0[i])
                 fail_msg("%s: dout NULL changed a gradient, element %d: %.9g, was %.9g", ops[o], i, (double)h[i],
@@ -757,8 +728,8 @@ static void test_null_gradients(void **state)
             c.din = din2;
             c.dout = dout2;
             if (gk->backward(&c, &err) != GP_OK) fail_msg("%s: backward, din[0] NULL: %s", ops[o], err.msg);
-            cuda_ok(cudaStreamSynchronize(stream), ops[o], "backward");
-            cuda_ok(cudaMemcpy(h, ddb, sizeof(float) * 4, cudaMemcpyDeviceToHost), ops[o], "download");
+            op_cuda_ok(cudaStreamSynchronize(stream), ops[o], "backward");
+            op_cuda_ok(cudaMemcpy(h, ddb, sizeof(float) * 4, cudaMemcpyDeviceToHost), ops[o], "download");
             for (int i = 0; i < 4; i++) {
                 float want = db0[i] + (where ? 0.0f : 6.0f);
                 if (fabsf(h[i] - want) > 1e-5f)

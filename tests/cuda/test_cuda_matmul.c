@@ -19,31 +19,14 @@
 #include <string.h>
 
 #include "kernel_graph.h"
+#include "cuda_test_util.h"
 #include "op_compare.h"
 
-#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
-#define S(...) ((const char *const[]){__VA_ARGS__})
-
-/* The absolute tolerance of sums of `len` products of inputs in [-2, 2)
- * and gradients in [-1, 1): rounding grows about linearly with the length
- * of a sequential float sum. */
-static double tol_for(int64_t len)
-{
-    return 1e-6 + 4e-7 * (double)len;
-}
 
 /* Set by the TF32 tests: cuBLAS / cuDNN may round operands to TF32 (10
  * mantissa bits), so errors grow like the square root of a sum's length
  * times 2^-11 of its terms. */
 static bool tf32_mode;
-
-static struct op_compare compare_opts(const char *label, int64_t len)
-{
-    if (tf32_mode)
-        return (struct op_compare){.label = label, .tf32 = true, .rel_tol = 1e-2,
-                                   .abs_tol = 5e-3 * sqrt((double)len)};
-    return (struct op_compare){.label = label, .abs_tol = tol_for(len), .rel_tol = 2e-5};
-}
 
 static int64_t max3(int64_t a, int64_t b, int64_t c)
 {
@@ -89,7 +72,7 @@ static void run_gemm(const struct gemm_case *c)
              tf32_mode ? " (TF32)" : "");
     /* The longest sums: K forward, N (dA), M (dB), M * N (a scalar dC). */
     int64_t len = max3(c->k, c->n, c->m);
-    struct op_compare o = compare_opts(label, len);
+    struct op_compare o = sum_compare(label, len, tf32_mode);
     op_compare_node(&g, 0, &o);
     gp_graph_free(&g);
 }
@@ -160,7 +143,7 @@ static void run_matmul(int ra, const int64_t *a, int rb, const int64_t *b)
     batch = gp_shape_numel(y) / (m * n > 0 ? m * n : 1);
     /* A broadcast operand's gradient sums over up to the whole batch. */
     int64_t len = max3(k, n * batch, m * batch);
-    struct op_compare o = compare_opts(label, len);
+    struct op_compare o = sum_compare(label, len, tf32_mode);
     op_compare_node(&g, 0, &o);
     gp_graph_free(&g);
 }

@@ -29,10 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda_test_util.h"
 #include "cuda/op_compare.h"
 #include "kernel_graph.h"
 
-#define S(...) ((const char *const[]){__VA_ARGS__})
 #define I64(...) ((const int64_t[]){__VA_ARGS__})
 #define F32(...) ((const float[]){__VA_ARGS__})
 

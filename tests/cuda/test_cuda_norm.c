@@ -35,10 +35,10 @@
 
 #include "backend/cpu/kernel.h"
 #include "cuda/kernel.h"
+#include "cuda/cuda_test_util.h"
 #include "cuda/op_compare.h"
 #include "kernel_graph.h"
 
-#define S(...) ((const char *const[]){__VA_ARGS__})
 
 /* ---- BatchNormalization ---- */
 

@@ -30,10 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda_test_util.h"
 #include "cuda/op_compare.h"
 #include "kernel_graph.h"
 
-#define S(...) ((const char *const[]){__VA_ARGS__})
 #define I64(...) ((const int64_t[]){__VA_ARGS__})
 
 /* ---- graph helpers ---- */
@@ -69,41 +69,6 @@ static void compare(struct gp_graph *g, struct op_compare o)
     if (g->n_nodes != 1) fail_msg("%s: the graph has %d nodes after loading, not 1", o.label, g->n_nodes);
     op_compare_node(g, 0, &o);
     gp_graph_free(g);
-}
-
-/* Deterministic data for integer inputs. */
-static uint64_t lcg = 88172645463325252ull;
-
-static uint64_t next_u64(void)
-{
-    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
-    return lcg >> 11;
-}
-
-static double next_unit(void) { return (double)(next_u64() >> 11) * (1.0 / 9007199254740992.0); }
-
-static int64_t *ints64(int64_t n, int64_t lo, int64_t hi)
-{
-    int64_t *v = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    assert_non_null(v);
-    for (int64_t i = 0; i < n; i++) v[i] = lo + (int64_t)(next_u64() % (uint64_t)(hi - lo + 1));
-    return v;
-}
-
-static int32_t *ints32(int64_t n, int32_t lo, int32_t hi)
-{
-    int32_t *v = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    assert_non_null(v);
-    for (int64_t i = 0; i < n; i++) v[i] = lo + (int32_t)(next_u64() % (uint64_t)(hi - lo + 1));
-    return v;
-}
-
-static uint8_t *bools(int64_t n)
-{
-    uint8_t *v = malloc((size_t)(n ? n : 1));
-    assert_non_null(v);
-    for (int64_t i = 0; i < n; i++) v[i] = (uint8_t)(next_u64() & 1);
-    return v;
 }
 
 static int64_t numel(int rank, const int64_t *dims)
@@ -187,7 +152,7 @@ static void transpose_case(const char *label, enum gp_dtype dt, int rank, const 
     void *data = NULL;
     if (dt == GP_DTYPE_INT64) data = ints64(count, -1000000, 1000000);
     else if (dt == GP_DTYPE_INT32) data = ints32(count, -100000, 100000);
-    else if (dt == GP_DTYPE_BOOL) data = bools(count);
+    else if (dt == GP_DTYPE_BOOL) data = bools(count, 2);
     compare(&g, (struct op_compare){.label = label, .inputs = {data}});
     free(data);
 }
