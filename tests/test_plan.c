@@ -20,6 +20,8 @@
 #include "fixtures.h"
 #include "graph/layers.h"
 #include "onnx/load.h"
+#include "ops/backward_reads.h"
+#include "ops/registry.h"
 #include "pipeline/plan.h"
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -64,6 +66,42 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
             size_t sb = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[b].shape));
             if (p.grad_off[a] < p.grad_off[b] + sb && p.grad_off[b] < p.grad_off[a] + sa)
                 fail_msg("layers %d-%d: the gradients of '%s' and '%s' are alive together but overlap", first,
+                         last - 1, g->values[a].name, g->values[b].name);
+        }
+    }
+    /* The forward arena: values alive together (from their producer's
+     * forward to their last reader's) never share bytes, and none of them
+     * is read by a backward or leaves the stage. */
+    for (int a = 0; a < nv; a++) {
+        if (p.home[a] != GP_HOME_ARENA) continue;
+        int pa = g->values[a].producer, ea = pa;
+        for (int i = first; i < last; i++)
+            for (int k = 0; k < g->nodes[i].n_inputs; k++)
+                if (g->nodes[i].inputs[k] == a) {
+                    if (i > ea) ea = i;
+                    const struct gp_node *n = &g->nodes[i];
+                    uint32_t din = 0, in = 0, out = 0;
+                    for (int q = 0; q < n->n_inputs && q < 32; q++)
+                        if (n->inputs[q] >= 0 && needs[n->inputs[q]] && !((n->def->nondiff_inputs >> q) & 1))
+                            din |= 1u << q;
+                    gp_backward_reads(n, din, &in, &out);
+                    if (k < 32 && ((in >> k) & 1) && needs[g->nodes[i].outputs[0]])
+                        fail_msg("'%s' is in the arena but layer %d's backward may read it", g->values[a].name, i);
+                }
+        for (int k = 0; k < p.n_frontier_out; k++)
+            if (p.frontier_out[k] == a) fail_msg("'%s' leaves the stage but is in the arena", g->values[a].name);
+        size_t sa = align64(gp_value_bytes(&g->values[a]));
+        assert_true(p.off[a] + sa <= p.arena_bytes);
+        for (int b = a + 1; b < nv; b++) {
+            if (p.home[b] != GP_HOME_ARENA) continue;
+            int pb = g->values[b].producer, eb = pb;
+            for (int i = first; i < last; i++)
+                for (int k = 0; k < g->nodes[i].n_inputs; k++)
+                    if (g->nodes[i].inputs[k] == b && i > eb) eb = i;
+            if (ea < pb || eb < pa) continue;
+            size_t sb = align64(gp_value_bytes(&g->values[b]));
+            if (p.off[a] < p.off[b] + sb && p.off[b] < p.off[a] + sa)
+                fail_msg("layers %d-%d: '%s' and '%s' are alive together in the arena but overlap", first,
                          last - 1, g->values[a].name, g->values[b].name);
         }
     }

@@ -43,6 +43,7 @@ struct stage {
     unsigned char *inputs;         /* first stage: the mini-batch's data, as the host gave it */
     unsigned char *step_dev;       /* the step number (uint64) the dropout masks are keyed by, for graphs */
     unsigned char *libs;           /* the backend's library workspace (cuBLAS) */
+    unsigned char *arena;          /* forward-only activations, shared by the micro-batches */
     unsigned char *optim_state;
     int n_sets;                    /* activation sets: one per micro-batch without checkpointing */
     struct gp_event **fwd_done, **fwd_copied, **bwd_done, **bwd_copied; /* per micro-batch */
@@ -109,6 +110,7 @@ static inline void *addr(struct gp_pipeline *p, struct stage *s, int v, int j)
     switch (s->plan.home[v]) {
     case GP_HOME_STATIC: return s->static_block + s->plan.off[v];
     case GP_HOME_BOX: return s->boxes + (size_t)j * s->plan.box_bytes + s->plan.off[v];
+    case GP_HOME_ARENA: return s->arena + s->plan.off[v];
     case GP_HOME_LOCAL: {
         int set = s->n_sets > 1 ? j : 0;
         return s->locals + (size_t)set * s->plan.local_bytes + s->plan.off[v];

@@ -408,8 +408,8 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     r->optim_bytes = s->opt ? (int64_t)gp_optim_state_bytes(s->opt) : 0;
     r->static_bytes = (int64_t)(s->plan.static_bytes - s->plan.param_bytes);
     r->activation_bytes = (int64_t)(s->plan.box_bytes * (size_t)p->M + s->plan.local_bytes * (size_t)s->n_sets +
-                                    s->plan.grad_bytes + s->plan.inbox_bytes * (size_t)p->M);
-    r->activation_peak = s->peak + (int64_t)s->plan.inbox_bytes * p->M;
+                                    s->plan.arena_bytes + s->plan.grad_bytes + s->plan.inbox_bytes * (size_t)p->M);
+    r->activation_peak = s->peak + (int64_t)(s->plan.inbox_bytes * (size_t)p->M + s->plan.arena_bytes);
     for (int q = 0; q < s->plan.n_frontier_in; q++) r->frontier_in_bytes += gp_value_bytes(&p->g->values[s->plan.frontier_in[q]]);
     for (int q = 0; q < s->plan.n_frontier_out; q++) r->frontier_out_bytes += gp_value_bytes(&p->g->values[s->plan.frontier_out[q]]);
     r->planned_bytes = r->param_bytes * 2 + r->optim_bytes + r->static_bytes + r->activation_bytes +

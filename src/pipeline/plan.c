@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "backend/compute.h"
+#include "ops/backward_reads.h"
 #include "ops/registry.h"
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -124,7 +125,9 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
     }
     for (int v = 0; v < nv; v++) birth[v] = INT_MIN;
     for (int v = 0; v < nv; v++) {
-        if (!needs_grad[v] || (p->home[v] != GP_HOME_BOX && p->home[v] != GP_HOME_LOCAL)) continue;
+        if (!needs_grad[v] || (p->home[v] != GP_HOME_BOX && p->home[v] != GP_HOME_LOCAL &&
+                               p->home[v] != GP_HOME_ARENA))
+            continue;
         int b = inbox[v] ? last : INT_MIN;
         for (int i = first; i < last && !inbox[v]; i++) {
             const struct gp_node *n = &g->nodes[i];
@@ -177,6 +180,81 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
         }
     }
     free(birth);
+    free(live);
+    return GP_OK;
+}
+
+/* ---- forward-only activations ----
+ * A value the stage makes that no backward reads (gp_backward_reads), that
+ * is not in the output frontier (copied to the next stage) and not a graph
+ * output, is needed only until its last reader's forward: such values share
+ * one arena, offsets given first fit in forward order (a layer's outputs
+ * are placed before its inputs that end there are released), so the arena
+ * takes about the largest number of bytes alive at once. Every micro-batch
+ * reuses it: nothing in it outlives its forward. */
+static bool nondiff_input(const struct gp_node *n, int k)
+{
+    return k < 32 && ((n->def->nondiff_inputs >> k) & 1);
+}
+
+static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, struct gp_stage_plan *p,
+                            struct gp_error *err)
+{
+    int nv = g->n_values, first = p->first, last = p->last;
+    bool *kept = calloc((size_t)nv + 1, sizeof(bool));
+    int *last_read = malloc(sizeof(int) * ((size_t)nv + 1));
+    struct region *live = malloc(sizeof *live * ((size_t)nv + 1));
+    if (!kept || !last_read || !live) {
+        free(kept);
+        free(last_read);
+        free(live);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    }
+    for (int v = 0; v < nv; v++) last_read[v] = INT_MIN;
+    for (int k = 0; k < p->n_frontier_out; k++) kept[p->frontier_out[k]] = true;
+    for (int k = 0; k < g->n_outputs; k++) kept[g->outputs[k]] = true;
+    for (int i = first; i < last; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        /* A layer runs its backward only when a gradient flows in and one
+         * is wanted out of it (tasks.c): otherwise it reads nothing. */
+        uint32_t din = 0;
+        bool flows = false;
+        for (int k = 0; k < n->n_inputs && k < 32; k++)
+            if (n->inputs[k] >= 0 && needs_grad[n->inputs[k]] && !nondiff_input(n, k)) din |= 1u << k;
+        for (int k = 0; k < n->n_outputs; k++) flows |= n->outputs[k] >= 0 && needs_grad[n->outputs[k]];
+        uint32_t reads_in = 0, reads_out = 0;
+        if (din && flows) gp_backward_reads(n, din, &reads_in, &reads_out);
+        for (int k = 0; k < n->n_inputs; k++) {
+            int v = n->inputs[k];
+            if (v < 0) continue;
+            if (k >= 32 || (reads_in >> k) & 1) kept[v] = true;
+            if (i > last_read[v]) last_read[v] = i;
+        }
+        for (int k = 0; k < n->n_outputs; k++)
+            if (n->outputs[k] >= 0 && (k >= 32 || (reads_out >> k) & 1)) kept[n->outputs[k]] = true;
+    }
+    int n_live = 0;
+    p->arena_bytes = 0;
+    for (int i = first; i < last; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_outputs; k++) {
+            int v = n->outputs[k];
+            if (v < 0 || p->home[v] != GP_HOME_LOCAL || kept[v]) continue;
+            p->home[v] = GP_HOME_ARENA;
+            size_t size = align64(value_bytes(&g->values[v]));
+            struct region r = {.off = first_fit(live, n_live, size), .size = size,
+                               .until = last_read[v] >= i ? last_read[v] : i};
+            p->off[v] = r.off;
+            if (r.off + size > p->arena_bytes) p->arena_bytes = r.off + size;
+            insert_sorted(live, &n_live, r);
+        }
+        int kept_n = 0;
+        for (int r = 0; r < n_live; r++)
+            if (live[r].until != i) live[kept_n++] = live[r];
+        n_live = kept_n;
+    }
+    free(kept);
+    free(last_read);
     free(live);
     return GP_OK;
 }
@@ -248,6 +326,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
             p->static_bytes += align64(value_bytes(&g->values[v]));
             if (param) p->param_bytes = p->static_bytes;
         }
+    GP_TRY(plan_arena(g, needs_grad, p, err));
     for (int v = 0; v < nv; v++) {
         if (p->home[v] == GP_HOME_BOX) {
             p->off[v] = p->box_bytes;

@@ -16,6 +16,7 @@ enum gp_home {
     GP_HOME_STATIC, /* parameters, buffers, constants: one copy */
     GP_HOME_BOX,    /* the input frontier: one box per micro-batch */
     GP_HOME_LOCAL,  /* made by this stage: one activation set per kept micro-batch */
+    GP_HOME_ARENA,  /* made by this stage and read by no backward: the forward's arena */
 };
 
 struct gp_stage_plan {
@@ -26,7 +27,7 @@ struct gp_stage_plan {
     size_t *inbox_off;        /* per value: offset in a gradient inbox, SIZE_MAX: none */
     size_t *saved_off;        /* per layer of the stage: offset of its saved state in a set */
     size_t static_bytes, param_bytes, box_bytes, local_bytes, grad_bytes, inbox_bytes,
-        scratch_bytes;
+        scratch_bytes, arena_bytes;
     int *frontier_in, n_frontier_in;   /* value ids at cut `first` */
     int *frontier_out, n_frontier_out; /* value ids at cut `last` */
     int max_inputs, max_outputs;

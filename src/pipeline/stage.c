@@ -39,6 +39,7 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"optimizer state", s->optim_bytes_planned, &s->optim_state};
     b[n++] = (struct block_plan){"input frontiers", s->plan.box_bytes * (size_t)p->M, &s->boxes};
     b[n++] = (struct block_plan){"activations", s->plan.local_bytes * (size_t)s->n_sets, &s->locals};
+    b[n++] = (struct block_plan){"forward-only activations", s->plan.arena_bytes, &s->arena};
     b[n++] = (struct block_plan){"activation gradients", s->plan.grad_bytes, &s->grads};
     b[n++] = (struct block_plan){"gradient inboxes", s->plan.inbox_bytes * (size_t)p->M, &s->inboxes};
     b[n++] = (struct block_plan){"kernel workspace", scratch, &s->scratch};
@@ -216,11 +217,11 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
                 free(lists[e]);
             }
             if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
-            unsigned char *blocks[14] = {s->static_block, s->param_grads, s->boxes,       s->locals,
+            unsigned char *blocks[15] = {s->static_block, s->param_grads, s->boxes,       s->locals,
                                          s->grads,        s->inboxes,     s->scratch,     s->targets,
                                          s->loss_sums,    s->norms,       s->optim_state, s->inputs,
-                                         s->libs,         s->step_dev};
-            for (int b = 0; b < 14; b++)
+                                         s->libs,         s->step_dev,    s->arena};
+            for (int b = 0; b < 15; b++)
                 if (blocks[b]) ops->free(s->dev, blocks[b]);
             for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++)
                 if (s->bn_stats[i]) ops->free(s->dev, s->bn_stats[i]);

@@ -1,0 +1,63 @@
+/* gp_backward_reads: the table, checked against both backends' backward
+ * kernels (backend/cpu/, cuda/): each entry says what they read. */
+#include "ops/backward_reads.h"
+
+#include <string.h>
+
+#define ALL 0xffffffffu
+#define BIT(k) (1u << (k))
+
+static bool is(const struct gp_node *n, const char *const *names)
+{
+    for (; *names; names++)
+        if (strcmp(n->op_type, *names) == 0) return true;
+    return false;
+}
+
+void gp_backward_reads(const struct gp_node *n, uint32_t din, uint32_t *in, uint32_t *out)
+{
+    *in = ALL;
+    *out = ALL;
+    if (*n->domain && strcmp(n->domain, "ai.onnx") != 0) return;
+    /* Data movement and sums: the gradient is routed by shapes and
+     * attributes; the shape-like inputs after the data (Reshape's shape,
+     * Slice's starts, Gather's indices, Resize's scales, Dropout's ratio)
+     * are read. */
+    static const char *const route[] = {"Identity", "Reshape",  "Flatten", "Squeeze", "Unsqueeze", "Transpose",
+                                        "Concat",   "Split",    "Slice",   "Gather",  "Expand",    "Tile",
+                                        "Pad",      "Cast",     "CastLike", "Dropout", "Resize",   "Upsample",
+                                        "GlobalAveragePool", "AveragePool", "Add", "Sub", NULL};
+    if (is(n, route)) {
+        /* Concat's and Add's inputs are all data: none is read. */
+        bool all_data = strcmp(n->op_type, "Concat") == 0 || strcmp(n->op_type, "Add") == 0 ||
+                        strcmp(n->op_type, "Sub") == 0;
+        *in = all_data ? 0 : ALL & ~BIT(0);
+        *out = 0;
+        return;
+    }
+    /* Softmax' gradient is a function of its output alone. */
+    if (strcmp(n->op_type, "Softmax") == 0 || strcmp(n->op_type, "LogSoftmax") == 0) {
+        *in = 0;
+        *out = BIT(0);
+        return;
+    }
+    /* Where routes by the condition. */
+    if (strcmp(n->op_type, "Where") == 0) {
+        *in = BIT(0);
+        *out = 0;
+        return;
+    }
+    /* Products: each factor's gradient needs the other factor; a quotient's
+     * divisor gradient needs both. */
+    if (strcmp(n->op_type, "Mul") == 0 || strcmp(n->op_type, "MatMul") == 0 ||
+        strcmp(n->op_type, "Gemm") == 0) {
+        *in = ((din & BIT(0)) ? BIT(1) : 0) | ((din & BIT(1)) ? BIT(0) : 0);
+        *out = 0;
+        return;
+    }
+    if (strcmp(n->op_type, "Div") == 0) {
+        *in = ((din & BIT(0)) ? BIT(1) : 0) | ((din & BIT(1)) ? BIT(0) | BIT(1) : 0);
+        *out = 0;
+        return;
+    }
+}
