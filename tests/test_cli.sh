@@ -133,6 +133,24 @@ expect_fail 1 "profiles 23 layers but the model has" \
   --balance time --steps 2 >"$tmp/out.txt" 2>"$tmp/err.txt" || fail "train --balance time failed: $(cat "$tmp/err.txt")"
 grep -q "^optimal" "$tmp/out.txt" || fail "train --balance time printed no report"
 
+# Token ids outside the embedding table are refused before training, naming
+# the sample (written as .npy with the standard library only).
+"$py" - "$tmp/tokens.npy" "$tmp/next.npy" <<'PY'
+import struct, sys
+def save(path, values, shape):
+    header = "{'descr': '<i8', 'fortran_order': False, 'shape': (%d, %d), }" % shape
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        f.write(struct.pack("<%dq" % len(values), *values))
+tokens = [3] * 128
+tokens[5 * 16 + 7] = 99999
+save(sys.argv[1], tokens, (8, 16))
+save(sys.argv[2], [0] * 128, (8, 16))
+PY
+expect_fail 1 "index 99999 in sample 5 (position 7)" \
+  "$bin" train "$m/gpt_op17.onnx" --data "$tmp/tokens.npy" --labels "$tmp/next.npy" --batch 2 --steps 1 --devices cpu:0
+
 "$bin" --help | grep -q "inspect" || fail "--help lists no inspect"
 "$bin" inspect --help | grep -q -- "--batch" || fail "inspect --help lacks --batch"
 "$bin" devices --help | grep -q "devices" || fail "devices --help"

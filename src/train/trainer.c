@@ -136,6 +136,40 @@ static double loss_terms(const struct run *s, const struct gp_dataset *d, const 
     return 1;
 }
 
+/* Integer data that index a table directly (token ids into an embedding:
+ * a Gather whose indices are the data input) must lie in the table, as
+ * ONNX's Gather asks ([-rows, rows)). Checked once over the whole dataset
+ * here, so a bad id is an error naming the sample, not a kernel's silent
+ * zeros on a GPU or a failure in the middle of a step. */
+static gp_status check_indices(const struct run *s, const struct gp_dataset *d, const char *which,
+                               struct gp_error *err)
+{
+    const struct gp_graph *g = &s->g;
+    enum gp_dtype dt = d->x.dtype;
+    if (dt != GP_DTYPE_INT64 && dt != GP_DTYPE_INT32) return GP_OK;
+    int64_t per = d->n > 0 ? gp_shape_numel(&d->x.shape) / d->n : 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        if (strcmp(n->op_type, "Gather") != 0 || n->n_inputs < 2 || n->inputs[1] != s->input) continue;
+        const struct gp_shape *table = &g->values[n->inputs[0]].shape;
+        int64_t axis = gp_node_attr_int(n, "axis", 0);
+        if (axis < 0) axis += table->rank;
+        if (axis < 0 || axis >= table->rank) continue;
+        int64_t rows = table->dims[axis];
+        for (int64_t e = 0; e < gp_shape_numel(&d->x.shape); e++) {
+            int64_t v = dt == GP_DTYPE_INT64 ? ((const int64_t *)d->x.data)[e] : ((const int32_t *)d->x.data)[e];
+            if (v < -rows || v >= rows)
+                return gp_error_set(err, GP_ERR_INVALID,
+                                    "%s data: index %lld in sample %lld (position %lld) is outside [-%lld, %lld): "
+                                    "layer %d ('%s') gathers from a table of %lld rows",
+                                    which, (long long)v, (long long)(per ? e / per : 0),
+                                    (long long)(per ? e % per : e), (long long)rows, (long long)rows, i, n->name,
+                                    (long long)rows);
+        }
+    }
+    return GP_OK;
+}
+
 static gp_status setup(struct run *s, const struct gp_train_config *cfg,
                        const struct gp_dataset *train, struct gp_error *err)
 {
@@ -185,6 +219,8 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
                                 gp_shape_format(&ts, b, sizeof b));
         }
     }
+
+    GP_TRY(check_indices(s, train, "training", err));
 
     struct gp_optim_config oc = {
         .kind = cfg->optimizer == GP_OPT_ADAMW ? GP_OPTIM_ADAMW : GP_OPTIM_SGD,
@@ -322,6 +358,7 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
     struct run s;
     memset(&s, 0, sizeof s);
     gp_status st = setup(&s, cfg, train, err);
+    if (st == GP_OK && val) st = check_indices(&s, val, "validation", err);
     if (st != GP_OK) {
         run_free(&s);
         return st;
