@@ -44,6 +44,9 @@ struct stage {
     unsigned char *step_dev;       /* the step number (uint64) the dropout masks are keyed by, for graphs */
     unsigned char *libs;           /* the backend's library workspace (cuBLAS) */
     unsigned char *arena;          /* forward-only activations, shared by the micro-batches */
+    unsigned char *step_block, *step_grads; /* values made once per step, and their gradients */
+    bool once_valid;               /* the once-per-step layers have run for this step (or evaluation) */
+    int backwards_done;            /* micro-batches' backwards of this step so far */
     unsigned char *optim_state;
     int n_sets;                    /* activation sets: one per micro-batch without checkpointing */
     struct gp_event **fwd_done, **fwd_copied, **bwd_done, **bwd_copied; /* per micro-batch */
@@ -111,6 +114,7 @@ static inline void *addr(struct gp_pipeline *p, struct stage *s, int v, int j)
     case GP_HOME_STATIC: return s->static_block + s->plan.off[v];
     case GP_HOME_BOX: return s->boxes + (size_t)j * s->plan.box_bytes + s->plan.off[v];
     case GP_HOME_ARENA: return s->arena + s->plan.off[v];
+    case GP_HOME_STEP: return s->step_block + s->plan.off[v];
     case GP_HOME_LOCAL: {
         int set = s->n_sets > 1 ? j : 0;
         return s->locals + (size_t)set * s->plan.local_bytes + s->plan.off[v];
@@ -123,6 +127,7 @@ static inline float *grad_addr(struct stage *s, const struct gp_value *val, int 
 {
     if (s->plan.home[v] == GP_HOME_STATIC)
         return val->kind == GP_VALUE_PARAMETER ? (float *)(s->param_grads + s->plan.off[v]) : NULL;
+    if (s->plan.home[v] == GP_HOME_STEP) return (float *)(s->step_grads + s->plan.off[v]);
     return s->plan.grad_off[v] == SIZE_MAX ? NULL : (float *)(s->grads + s->plan.grad_off[v]);
 }
 

@@ -244,6 +244,10 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
     p->denominator = denominator;
     p->eval = false;
     clear_traces(p);
+    for (int k = 0; k < p->K; k++) {
+        p->stages[k].once_valid = false;
+        p->stages[k].backwards_done = 0;
+    }
     for (int k = 0; p->cfg.time_layers && k < p->K; k++) {
         struct stage *st = &p->stages[k];
         memset(st->fwd_ms, 0, sizeof(double) * (size_t)(st->plan.last - st->plan.first));
@@ -339,6 +343,7 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, float *out, str
 {
     p->opts = (struct gp_step_opts){.dropout_ratio = -1};
     size_t in_bytes = p->input_bytes;
+    for (int k = 0; k < p->K; k++) p->stages[k].once_valid = false;
     for (int k = 0; k < p->K; k++) {
         struct stage *s = &p->stages[k];
         struct task *t = &p->tasks[p->sched.n_actions + p->K + k];
@@ -406,7 +411,7 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     r->param_bytes = (int64_t)s->plan.param_bytes;
     r->grad_bytes = (int64_t)s->plan.param_bytes;
     r->optim_bytes = s->opt ? (int64_t)gp_optim_state_bytes(s->opt) : 0;
-    r->static_bytes = (int64_t)(s->plan.static_bytes - s->plan.param_bytes);
+    r->static_bytes = (int64_t)(s->plan.static_bytes - s->plan.param_bytes + 2 * s->plan.step_bytes);
     r->activation_bytes = (int64_t)(s->plan.box_bytes * (size_t)p->M + s->plan.local_bytes * (size_t)s->n_sets +
                                     s->plan.arena_bytes + s->plan.grad_bytes + s->plan.inbox_bytes * (size_t)p->M);
     r->activation_peak = s->peak + (int64_t)(s->plan.inbox_bytes * (size_t)p->M + s->plan.arena_bytes);

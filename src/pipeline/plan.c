@@ -259,6 +259,47 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, st
     return GP_OK;
 }
 
+/* ---- layers computed once per step ----
+ * A layer whose every input is static (or made by such a layer), that keeps
+ * no saved state, does not depend on training mode or the dropout key, and
+ * whose outputs stay in the stage (not the frontier, not a graph output)
+ * computes the same values for every micro-batch: its outputs get one home
+ * per step (with a gradient that accumulates over the micro-batches, as a
+ * parameter's does). Exporters make such layers of every Linear weight's
+ * transpose, so this saves two transposes of every weight per micro-batch. */
+static gp_status plan_once(const struct gp_graph *g, const struct gp_compute_ops *ops, struct gp_stage_plan *p,
+                           struct gp_error *err)
+{
+    int first = p->first, last = p->last;
+    p->once = calloc((size_t)(last - first) + 1, sizeof(bool));
+    if (!p->once) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    bool *leaves = calloc((size_t)g->n_values + 1, sizeof(bool));
+    if (!leaves) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    for (int k = 0; k < p->n_frontier_out; k++) leaves[p->frontier_out[k]] = true;
+    for (int k = 0; k < g->n_outputs; k++) leaves[g->outputs[k]] = true;
+    for (int i = first; i < last; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        bool ok = ops->saved_bytes(g, n) == 0 && strcmp(n->op_type, "Dropout") != 0 &&
+                  strcmp(n->op_type, "BatchNormalization") != 0 && n->n_outputs > 0;
+        for (int k = 0; ok && k < n->n_inputs; k++) {
+            int v = n->inputs[k];
+            ok = v < 0 || p->home[v] == GP_HOME_STATIC || p->home[v] == GP_HOME_STEP;
+        }
+        for (int k = 0; ok && k < n->n_outputs; k++) ok = n->outputs[k] < 0 || !leaves[n->outputs[k]];
+        if (!ok) continue;
+        p->once[i - first] = true;
+        for (int k = 0; k < n->n_outputs; k++) {
+            int v = n->outputs[k];
+            if (v < 0) continue;
+            p->home[v] = GP_HOME_STEP;
+            p->off[v] = p->step_bytes;
+            p->step_bytes += align64(value_bytes(&g->values[v]));
+        }
+    }
+    free(leaves);
+    return GP_OK;
+}
+
 gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs_grad,
                         const struct gp_compute_ops *ops, const char *backend, int first, int last,
                         struct gp_stage_plan *p, struct gp_error *err)
@@ -326,6 +367,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
             p->static_bytes += align64(value_bytes(&g->values[v]));
             if (param) p->param_bytes = p->static_bytes;
         }
+    GP_TRY(plan_once(g, ops, p, err));
     GP_TRY(plan_arena(g, needs_grad, p, err));
     for (int v = 0; v < nv; v++) {
         if (p->home[v] == GP_HOME_BOX) {
@@ -375,5 +417,6 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->frontier_out);
     free(p->born_start);
     free(p->born);
+    free(p->once);
     memset(p, 0, sizeof *p);
 }

@@ -17,6 +17,7 @@ enum gp_home {
     GP_HOME_BOX,    /* the input frontier: one box per micro-batch */
     GP_HOME_LOCAL,  /* made by this stage: one activation set per kept micro-batch */
     GP_HOME_ARENA,  /* made by this stage and read by no backward: the forward's arena */
+    GP_HOME_STEP,   /* made from static values only: once per step, not per micro-batch */
 };
 
 struct gp_stage_plan {
@@ -27,7 +28,11 @@ struct gp_stage_plan {
     size_t *inbox_off;        /* per value: offset in a gradient inbox, SIZE_MAX: none */
     size_t *saved_off;        /* per layer of the stage: offset of its saved state in a set */
     size_t static_bytes, param_bytes, box_bytes, local_bytes, grad_bytes, inbox_bytes,
-        scratch_bytes, arena_bytes;
+        scratch_bytes, arena_bytes, step_bytes;
+    /* Per layer of the stage: true when it reads static values only (a
+     * weight's Transpose, positions' embedding): it runs forward once per
+     * step and backward once, after the step's last micro-batch. */
+    bool *once;
     int *frontier_in, n_frontier_in;   /* value ids at cut `first` */
     int *frontier_out, n_frontier_out; /* value ids at cut `last` */
     int max_inputs, max_outputs;

@@ -40,6 +40,8 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"input frontiers", s->plan.box_bytes * (size_t)p->M, &s->boxes};
     b[n++] = (struct block_plan){"activations", s->plan.local_bytes * (size_t)s->n_sets, &s->locals};
     b[n++] = (struct block_plan){"forward-only activations", s->plan.arena_bytes, &s->arena};
+    b[n++] = (struct block_plan){"values made once per step", s->plan.step_bytes, &s->step_block};
+    b[n++] = (struct block_plan){"their gradients", s->plan.step_bytes, &s->step_grads};
     b[n++] = (struct block_plan){"activation gradients", s->plan.grad_bytes, &s->grads};
     b[n++] = (struct block_plan){"gradient inboxes", s->plan.inbox_bytes * (size_t)p->M, &s->inboxes};
     b[n++] = (struct block_plan){"kernel workspace", scratch, &s->scratch};
@@ -54,7 +56,7 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
 
 static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
 {
-    struct block_plan b[16];
+    struct block_plan b[24];
     int n = stage_blocks(p, s, k, b);
     size_t total = 0;
     for (int i = 0; i < n; i++) total += align64(b[i].bytes ? b[i].bytes : 64);
@@ -217,11 +219,12 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
                 free(lists[e]);
             }
             if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
-            unsigned char *blocks[15] = {s->static_block, s->param_grads, s->boxes,       s->locals,
+            unsigned char *blocks[17] = {s->static_block, s->param_grads, s->boxes,       s->locals,
                                          s->grads,        s->inboxes,     s->scratch,     s->targets,
                                          s->loss_sums,    s->norms,       s->optim_state, s->inputs,
-                                         s->libs,         s->step_dev,    s->arena};
-            for (int b = 0; b < 15; b++)
+                                         s->libs,         s->step_dev,    s->arena,       s->step_block,
+                                         s->step_grads};
+            for (int b = 0; b < 17; b++)
                 if (blocks[b]) ops->free(s->dev, blocks[b]);
             for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++)
                 if (s->bn_stats[i]) ops->free(s->dev, s->bn_stats[i]);

@@ -82,7 +82,11 @@ static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, bool
     bool timed = p->cfg.time_layers && update_state;
     double t0 = timed ? now_ms() : 0;
     if (timed) GP_TRY(lap(s, &t0, &(double){0}, err));
+    /* Layers of static values only run in the step's first forward here. */
+    bool once = !s->once_valid;
+    s->once_valid = true;
     for (int i = s->plan.first; i < s->plan.last; i++) {
+        if (s->plan.once[i - s->plan.first] && !once) continue;
         struct gp_layer_call c = layer_call(p, s, i, j, training, update_state, false);
         GP_TRY(s->cops->forward(s->cctx, &c, err));
         if (timed) GP_TRY(lap(s, &t0, &s->fwd_ms[i - s->plan.first], err));
@@ -97,6 +101,22 @@ static gp_status zero_born(struct gp_pipeline *p, struct stage *s, int t, struct
         int v = s->plan.born[q];
         GP_TRY(s->cops->zero(s->cctx, s->grads + s->plan.grad_off[v],
                              sizeof(float) * (size_t)gp_shape_numel(&p->g->values[v].shape), err));
+    }
+    return GP_OK;
+}
+
+/* The once-per-step layers' backward, after the step's last micro-batch:
+ * their outputs' gradients have accumulated over every micro-batch. */
+static gp_status run_once_backward(struct gp_pipeline *p, struct stage *s, struct gp_error *err)
+{
+    for (int i = s->plan.last - 1; i >= s->plan.first; i--) {
+        if (!s->plan.once[i - s->plan.first]) continue;
+        const struct gp_node *n = &p->g->nodes[i];
+        struct gp_layer_call c = layer_call(p, s, i, 0, true, false, true);
+        bool any_in = false, any_out = false;
+        for (int k = 0; k < n->n_inputs; k++) any_in |= s->din[k] != NULL;
+        for (int k = 0; k < n->n_outputs; k++) any_out |= s->dout[k] != NULL;
+        if (any_in && any_out) GP_TRY(s->cops->backward(s->cctx, &c, err));
     }
     return GP_OK;
 }
@@ -122,6 +142,7 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
     for (int i = s->plan.last - 1; i >= s->plan.first; i--) {
         if (timed && i + 1 < s->plan.last) GP_TRY(lap(s, &t0, &s->bwd_ms[i + 1 - s->plan.first], err));
         GP_TRY(zero_born(p, s, s->plan.last - i, err));
+        if (s->plan.once[i - s->plan.first]) continue;
         const struct gp_node *n = &g->nodes[i];
         struct gp_layer_call c = layer_call(p, s, i, j, true, false, true);
         bool any_in = false, any_out = false;
@@ -182,6 +203,7 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         s->live += (int64_t)s->plan.grad_bytes;
         if (s->live > s->peak) s->peak = s->live;
         GP_TRY(run_backward(p, s, j, err));
+        if (++s->backwards_done == p->M) GP_TRY(run_once_backward(p, s, err));
         s->live -= (int64_t)s->plan.grad_bytes + (int64_t)s->plan.local_bytes + (int64_t)s->plan.box_bytes;
         return GP_OK;
     case TASK_OPTIMIZE:
@@ -193,6 +215,7 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
                                       addr(p, s, n->inputs[4], 0), s->bn_stats[i - s->plan.first], err));
         }
         if (s->opt) GP_TRY(s->cops->optim_step(s->cctx, s->opt, p->lr, p->clip_coef, err));
+        if (s->plan.step_bytes) GP_TRY(s->cops->zero(s->cctx, s->step_grads, s->plan.step_bytes, err));
         return s->cops->zero(s->cctx, s->param_grads, s->plan.param_bytes, err);
     case TASK_NORMS:
         return s->cops->norms(s->cctx, s->param_grad_ptrs, s->param_numels, s->n_params,
