@@ -74,7 +74,7 @@ static void test_random_bytes_and_bit_flips(void **state)
 static void test_fuzz_regressions(void **state)
 {
     (void)state;
-    static const char *const files[] = {"slice_huge_step.onnx"};
+    static const char *const files[] = {"slice_huge_step.onnx", "range_huge_length.onnx"};
     const char *root = getenv("GP_SOURCE_ROOT");
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         char path[4096];

@@ -75,10 +75,24 @@ void gp_set_out(struct gp_infer_ctx *ctx, int i, enum gp_dtype dtype, const stru
     v->has_shape = true;
 }
 
+/* No real model folds a constant anywhere near this (GPT-2's largest
+ * initializer is 155 MB): a larger one comes from a malformed model (a
+ * Range or ConstantOfShape of absurd length) and is refused, not allocated. */
+#define GP_MAX_FOLDED_BYTES ((int64_t)1 << 32)
+
 struct gp_tensor *gp_fold_out(struct gp_infer_ctx *ctx, int i)
 {
     struct gp_value *v = gp_out(ctx, i);
     if (!v) return NULL;
+    int64_t n = gp_shape_numel(&v->shape), es = (int64_t)gp_dtype_size(v->dtype);
+    if (n < 0 || (es > 0 && n > GP_MAX_FOLDED_BYTES / es)) {
+        char s[160];
+        gp_op_error(ctx, GP_ERR_UNSUPPORTED, "the constant '%s' it makes at load time, %s %s, would take more "
+                    "than %lld GiB",
+                    v->name, gp_dtype_name(v->dtype), gp_shape_format(&v->shape, s, sizeof s),
+                    (long long)(GP_MAX_FOLDED_BYTES >> 30));
+        return NULL;
+    }
     v->constant = gp_graph_new_tensor(ctx->graph, v->dtype, &v->shape);
     if (!v->constant)
         gp_op_error(ctx, GP_ERR_NOMEM, "cannot allocate the folded constant '%s'", v->name);
