@@ -70,13 +70,6 @@ static size_t esize_of(enum gp_dtype dt)
     return is_float(dt) ? sizeof(float) : gp_dtype_size(dt);
 }
 
-static gp_status cuda_call(const struct gp_cuda_ctx *c, cudaError_t e, const char *what,
-                           struct gp_error *err)
-{
-    if (e == cudaSuccess) return GP_OK;
-    return gp_cuda_error(c, err, GP_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
-}
-
 /* ---- unary ---- */
 
 enum uop {
@@ -416,7 +409,7 @@ static gp_status cast_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (n == 0) return GP_OK;
     if (esize_of(from) == esize_of(to) && (from == to || (is_float(from) && is_float(to)))) {
         if (c->out[0] == c->in[0]) return GP_OK;
-        return cuda_call(c, cudaMemcpyAsync(c->out[0], c->in[0], (size_t)n * esize_of(to),
+        return gp_cuda_call(c, cudaMemcpyAsync(c->out[0], c->in[0], (size_t)n * esize_of(to),
                                             cudaMemcpyDeviceToDevice, c->stream),
                          "cudaMemcpyAsync", err);
     }
@@ -449,7 +442,7 @@ static gp_status identity_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     const struct gp_value *x = in_value(c, 0);
     size_t bytes = (size_t)gp_shape_numel(&x->shape) * esize_of(x->dtype);
     if (bytes == 0 || c->out[0] == c->in[0]) return GP_OK;
-    return cuda_call(c, cudaMemcpyAsync(c->out[0], c->in[0], bytes, cudaMemcpyDeviceToDevice, c->stream),
+    return gp_cuda_call(c, cudaMemcpyAsync(c->out[0], c->in[0], bytes, cudaMemcpyDeviceToDevice, c->stream),
                      "cudaMemcpyAsync", err);
 }
 
@@ -1191,7 +1184,7 @@ static gp_status variadic_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (op == V_MAX || op == V_MIN) {
         int64_t m = gp_shape_numel(&out_value(c, 0)->shape);
         if (m == 0) return GP_OK;
-        GP_TRY(cuda_call(c, cudaMemsetAsync(win, 0xff, (size_t)m * sizeof(int32_t), c->stream),
+        GP_TRY(gp_cuda_call(c, cudaMemsetAsync(win, 0xff, (size_t)m * sizeof(int32_t), c->stream),
                          "cudaMemsetAsync", err)); /* -1 everywhere */
         for (int k = 0; k < n; k++) {
             plan_node(c, k, 1, &p);

@@ -113,4 +113,49 @@ __device__ static inline void gp_dev_store_f64(void *p, int dt, int64_t i, doubl
     }
 }
 
+/* ---- host helpers ---- */
+
+/* A CUDA runtime call's error, naming the node and the call. */
+static inline gp_status gp_cuda_call(const struct gp_cuda_ctx *c, cudaError_t e, const char *what,
+                                     struct gp_error *err)
+{
+    if (e == cudaSuccess) return GP_OK;
+    return gp_cuda_error(c, err, GP_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
+}
+
+/* Input i (when present) must be float32: the CUDA kernels' float type. */
+static inline gp_status gp_cuda_want_f32(const struct gp_cuda_ctx *c, int i, struct gp_error *err)
+{
+    const struct gp_value *v = gp_cuda_in_value(c, i);
+    if (!v || v->dtype == GP_DTYPE_FLOAT32) return GP_OK;
+    return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "input %d is %s; the CUDA kernel takes float32", i,
+                         gp_dtype_name(v->dtype));
+}
+
+/* n blocks, at least 1 and at most cap. */
+static inline unsigned gp_cuda_capped_grid(int64_t n, int64_t cap)
+{
+    return (unsigned)(n < 1 ? 1 : n > cap ? cap : n);
+}
+
+/* The sum of v over the block, in double, in a fixed order (warp
+ * shuffles, then the warps' sums in warp order): the same result run to
+ * run. sh holds blockDim.x / 32 doubles of shared memory; every thread of
+ * the block must call it, and gets the sum. */
+__device__ static inline double gp_dev_block_sum(double v, double *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_down_sync(0xffffffffu, v, o));
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = lane < nw ? sh[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_down_sync(0xffffffffu, v, o));
+        if (lane == 0) sh[0] = v;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
 #endif

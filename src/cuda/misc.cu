@@ -40,11 +40,6 @@ extern "C" {
 
 /* ---- shared helpers ---- */
 
-static unsigned capped_grid(int64_t n, int64_t cap)
-{
-    return (unsigned)(n < 1 ? 1 : n > cap ? cap : n);
-}
-
 static struct gp_infer_ctx infer_ctx(const struct gp_graph *g, const struct gp_node *node,
                                      struct gp_error *err)
 {
@@ -55,38 +50,12 @@ static struct gp_infer_ctx infer_ctx(const struct gp_graph *g, const struct gp_n
     return ic;
 }
 
-static gp_status want_f32(const struct gp_cuda_ctx *c, int i, struct gp_error *err)
-{
-    const struct gp_value *v = gp_cuda_in_value(c, i);
-    if (!v || v->dtype == GP_DTYPE_FLOAT32) return GP_OK;
-    return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "input %d is %s; the CUDA kernel takes float32",
-                         i, gp_dtype_name(v->dtype));
-}
-
 /* a / b for a, b >= 0: 32-bit division when both fit (a fraction of the
  * 64-bit one's instructions), which index decompositions nearly always
  * allow. */
 __device__ static inline int64_t fdiv(int64_t a, int64_t b)
 {
     return ((a | b) >> 32) == 0 ? (int64_t)((uint32_t)a / (uint32_t)b) : a / b;
-}
-
-/* Sum over the block (blockDim.x a multiple of 32) in a fixed order;
- * every thread gets it. sh: 32 doubles of shared memory. */
-__device__ static double block_sum(double v, double *sh)
-{
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) v = DADD(v, __shfl_down_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    if (w == 0) {
-        v = lane < nw ? sh[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) v = DADD(v, __shfl_down_sync(0xffffffffu, v, o));
-        if (lane == 0) sh[0] = v;
-    }
-    __syncthreads();
-    return sh[0];
 }
 
 __device__ static inline double warp_sum(double v)
@@ -177,7 +146,7 @@ __global__ static void softmax_rows_kernel(const float *X, float *Y, int64_t row
             for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
                 s = DADD(s, (double)expf(FSUB(x[j], m)));
         }
-        s = block_sum(s, sh);
+        s = gp_dev_block_sum(s, sh);
         if (log_out) {
             float ls = (float)log(s);
             if (VEC) {
@@ -281,7 +250,7 @@ static unsigned row_block_threads(int64_t len)
 /* X [..] -> Y [..]: exp(x - max) / sum, or (x - max) - log(sum). */
 static gp_status softmax_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    GP_TRY(want_f32(c, 0, err));
+    GP_TRY(gp_cuda_want_f32(c, 0, err));
     struct vecs v;
     GP_TRY(softmax_vecs(c, err, &v));
     if (v.count == 0 || v.len == 0) return GP_OK;
@@ -293,10 +262,10 @@ static gp_status softmax_forward(struct gp_cuda_ctx *c, struct gp_error *err)
                                                                                              log_out);
     } else if (v.len <= WARP_ROW_MAX) {
         int64_t blocks = (v.count + 7) / 8;
-        softmax_warp_kernel<<<capped_grid(blocks, 1 << 20), 256, 0, c->stream>>>(X, Y, v.count, v.len,
+        softmax_warp_kernel<<<gp_cuda_capped_grid(blocks, 1 << 20), 256, 0, c->stream>>>(X, Y, v.count, v.len,
                                                                                 log_out);
     } else {
-        unsigned t = row_block_threads(v.len), g = capped_grid(v.count, 1 << 20);
+        unsigned t = row_block_threads(v.len), g = gp_cuda_capped_grid(v.count, 1 << 20);
         if (v.len % 4 == 0 && aligned16(X) && aligned16(Y))
             softmax_rows_kernel<true><<<g, t, 0, c->stream>>>(X, Y, v.count, v.len, log_out);
         else
@@ -340,7 +309,7 @@ __global__ static void softmax_bwd_rows_kernel(const float *Y, const float *dY, 
             for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
                 dot = DADD(dot, (double)sm_dot_term(log_out, y[j], dy[j]));
         }
-        float d = (float)block_sum(dot, sh);
+        float d = (float)gp_dev_block_sum(dot, sh);
         if (VEC) {
             const float4 *y4 = (const float4 *)y, *dy4 = (const float4 *)dy;
             float4 *dx4 = (float4 *)dx;
@@ -393,7 +362,7 @@ static gp_status softmax_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     const float *Y = (const float *)c->out[0], *dY = c->dout[0];
     float *dX = c->din[0];
     if (!dY || !dX) return GP_OK;
-    GP_TRY(want_f32(c, 0, err));
+    GP_TRY(gp_cuda_want_f32(c, 0, err));
     struct vecs v;
     GP_TRY(softmax_vecs(c, err, &v));
     if (v.count == 0 || v.len == 0) return GP_OK;
@@ -403,10 +372,10 @@ static gp_status softmax_backward(struct gp_cuda_ctx *c, struct gp_error *err)
             v, Y, dY, dX, log_out);
     } else if (v.len <= WARP_ROW_MAX) {
         int64_t blocks = (v.count + 7) / 8;
-        softmax_bwd_warp_kernel<<<capped_grid(blocks, 1 << 20), 256, 0, c->stream>>>(Y, dY, dX, v.count,
+        softmax_bwd_warp_kernel<<<gp_cuda_capped_grid(blocks, 1 << 20), 256, 0, c->stream>>>(Y, dY, dX, v.count,
                                                                                     v.len, log_out);
     } else {
-        unsigned t = row_block_threads(v.len), g = capped_grid(v.count, 1 << 20);
+        unsigned t = row_block_threads(v.len), g = gp_cuda_capped_grid(v.count, 1 << 20);
         if (v.len % 4 == 0 && aligned16(Y) && aligned16(dY) && aligned16(dX))
             softmax_bwd_rows_kernel<true><<<g, t, 0, c->stream>>>(Y, dY, dX, v.count, v.len, log_out);
         else
@@ -668,11 +637,11 @@ static void launch_reduce(const struct rplan &p, int kind, const float *X, const
         reduce_thread_kernel<<<gp_cuda_blocks_for(p.cells), GP_CUDA_THREADS, 0, s>>>(p, kind, X, Y_in,
                                                                                    Y, aux);
     } else if (p.count <= 2048) {
-        reduce_group_kernel<true><<<capped_grid((p.cells + 7) / 8, 1 << 20), 256, 0, s>>>(p, kind, X, Y_in,
+        reduce_group_kernel<true><<<gp_cuda_capped_grid((p.cells + 7) / 8, 1 << 20), 256, 0, s>>>(p, kind, X, Y_in,
                                                                                          Y, aux);
     } else {
         unsigned t = p.count >= 65536 ? 512 : 256;
-        reduce_group_kernel<false><<<capped_grid(p.cells, 1 << 20), t, 0, s>>>(p, kind, X, Y_in, Y, aux);
+        reduce_group_kernel<false><<<gp_cuda_capped_grid(p.cells, 1 << 20), t, 0, s>>>(p, kind, X, Y_in, Y, aux);
     }
 }
 
@@ -754,7 +723,7 @@ static gp_status reduce_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     const float *X = (const float *)c->in[0], *Y = (const float *)c->out[0], *dY = c->dout[0];
     float *dX = c->din[0];
     if (!dY || !dX) return GP_OK;
-    GP_TRY(want_f32(c, 0, err));
+    GP_TRY(gp_cuda_want_f32(c, 0, err));
     struct rplan p;
     GP_TRY(reduce_plan(c->graph, c->node, err, &p));
     enum rkind kind = rkind_of(c->node->op_type);
@@ -881,7 +850,7 @@ static gp_status arg_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (slots == 0) return GP_OK;
     int64_t *Y = (int64_t *)c->out[0];
     if (a.inner == 1 && a.dim >= 64)
-        arg_warp_kernel<<<capped_grid((slots + 7) / 8, 1 << 20), 256, 0, c->stream>>>(a, c->in[0], Y);
+        arg_warp_kernel<<<gp_cuda_capped_grid((slots + 7) / 8, 1 << 20), 256, 0, c->stream>>>(a, c->in[0], Y);
     else
         arg_thread_kernel<<<gp_cuda_blocks_for(slots), GP_CUDA_THREADS, 0, c->stream>>>(a, c->in[0], Y);
     return gp_cuda_check_launch(c, a.is_max ? "ArgMax" : "ArgMin", err);
@@ -989,7 +958,7 @@ __global__ static void dropout_backward_kernel(struct dropout d, const float *dY
 /* X [N, ..] -> Y, optional mask (float in opset 7, bool since 10). */
 static gp_status dropout_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    GP_TRY(want_f32(c, 0, err));
+    GP_TRY(gp_cuda_want_f32(c, 0, err));
     struct dropout d;
     GP_TRY(dropout_of(c, err, &d));
     int64_t n = gp_shape_numel(&gp_cuda_in_value(c, 0)->shape);
@@ -1013,7 +982,7 @@ static gp_status dropout_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     const float *dY = c->dout[0];
     float *dX = c->din[0];
     if (!dY || !dX) return GP_OK;
-    GP_TRY(want_f32(c, 0, err));
+    GP_TRY(gp_cuda_want_f32(c, 0, err));
     struct dropout d;
     GP_TRY(dropout_of(c, err, &d));
     int64_t n = gp_shape_numel(&gp_cuda_in_value(c, 0)->shape);
@@ -1633,7 +1602,7 @@ static gp_status resize_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (dt == GP_DTYPE_FLOAT32 && rs_rows_ok(p)) {
         int64_t ylast = p.ydims[p.rank - 1];
         int64_t rows = n / ylast, batch = RS_FWD_ENTRIES / (p.linear ? 1 << (p.rank - p.lead - 1) : 1);
-        rs_forward_rows_kernel<<<capped_grid((rows + batch - 1) / batch, 1 << 20), GP_CUDA_THREADS, 0,
+        rs_forward_rows_kernel<<<gp_cuda_capped_grid((rows + batch - 1) / batch, 1 << 20), GP_CUDA_THREADS, 0,
                                  c->stream>>>(p, (const float *)c->in[0], (float *)c->out[0], rows);
     } else if (dt == GP_DTYPE_FLOAT32) {
         rs_forward_f32_kernel<<<g, GP_CUDA_THREADS, 0, c->stream>>>(p, (const float *)c->in[0],
@@ -1670,7 +1639,7 @@ static gp_status resize_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     float *dX = c->din[0];
     const float *dY = c->dout[0];
     if (!dX || !dY) return GP_OK;
-    GP_TRY(want_f32(c, 0, err));
+    GP_TRY(gp_cuda_want_f32(c, 0, err));
     struct rs_plan p;
     GP_TRY(resize_plan(c, err, &p));
     int64_t n = gp_shape_numel(&gp_cuda_in_value(c, 0)->shape);
@@ -1687,7 +1656,7 @@ static gp_status resize_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (rs_rows_ok(p)) {
         int64_t xlast = p.xdims[p.rank - 1];
         int64_t rows = n / xlast;
-        rs_backward_rows_kernel<<<capped_grid((rows + RS_BWD_ROWS - 1) / RS_BWD_ROWS, 1 << 20),
+        rs_backward_rows_kernel<<<gp_cuda_capped_grid((rows + RS_BWD_ROWS - 1) / RS_BWD_ROWS, 1 << 20),
                                   GP_CUDA_THREADS, 0, c->stream>>>(p, dY, dX, rows);
     } else {
         rs_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(p, dY, dX, n);

@@ -40,25 +40,6 @@
 
 /* ---- shared helpers ---- */
 
-/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024), in a
- * fixed order: shuffle tree within each warp, then the warps' sums by warp
- * 0. Every thread gets the total. sh: 32 doubles of shared memory. */
-__device__ static double block_sum(double v, double *sh)
-{
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) v = DADD(v, __shfl_down_sync(0xffffffffu, v, o));
-    __syncthreads(); /* sh may still be read by a previous call */
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    if (w == 0) {
-        v = lane < nw ? sh[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) v = DADD(v, __shfl_down_sync(0xffffffffu, v, o));
-        if (lane == 0) sh[0] = v;
-    }
-    __syncthreads();
-    return sh[0];
-}
-
 /* a / b for a, b >= 0: 32-bit division when both fit. */
 __device__ static inline int64_t fdiv(int64_t a, int64_t b)
 {
@@ -70,19 +51,6 @@ __device__ static inline int64_t chan_of(int64_t i, int64_t s, int64_t c)
 {
     int64_t q = fdiv(i, s);
     return q - fdiv(q, c) * c;
-}
-
-static gp_status want_f32(const struct gp_cuda_ctx *c, int i, struct gp_error *err)
-{
-    const struct gp_value *v = gp_cuda_in_value(c, i);
-    if (!v || v->dtype == GP_DTYPE_FLOAT32) return GP_OK;
-    return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "input %d is %s; the CUDA kernel takes float32",
-                         i, gp_dtype_name(v->dtype));
-}
-
-static unsigned capped_grid(int64_t n, int64_t cap)
-{
-    return (unsigned)(n < 1 ? 1 : n > cap ? cap : n);
 }
 
 /* ---- BatchNormalization ---- */
@@ -165,8 +133,8 @@ __global__ static void bn_sums_kernel(struct bn_plan p, const float *x, double *
         s = DADD(s, v);
         q = DADD(q, DMUL(v, v));
     });
-    s = block_sum(s, sh);
-    q = block_sum(q, sh);
+    s = gp_dev_block_sum(s, sh);
+    q = gp_dev_block_sum(q, sh);
     if (threadIdx.x == 0) psum[c * p.p + k] = s, psq_raw[c * p.p + k] = q;
 }
 
@@ -193,7 +161,7 @@ __global__ static void bn_sq_kernel(struct bn_plan p, const float *x, const doub
         double d = DSUB((double)x[off], m);
         q = DADD(q, DMUL(d, d));
     });
-    q = block_sum(q, sh);
+    q = gp_dev_block_sum(q, sh);
     if (threadIdx.x == 0) psq[c * p.p + k] = q;
 }
 
@@ -284,7 +252,7 @@ static void bn_elementwise_grid(const struct bn_plan &p, dim3 *grid, bool *plane
     *planes = p.s >= 128;
     if (*planes) {
         int64_t bx = (p.s + GP_CUDA_THREADS - 1) / GP_CUDA_THREADS;
-        *grid = dim3(capped_grid(bx, 64), capped_grid(p.n * p.c, 65535), 1);
+        *grid = dim3(gp_cuda_capped_grid(bx, 64), gp_cuda_capped_grid(p.n * p.c, 65535), 1);
     } else {
         *grid = dim3(gp_cuda_blocks_for(p.n * p.c * p.s), 1, 1);
     }
@@ -308,7 +276,7 @@ static const float *opt_dout(const struct gp_cuda_ctx *c, int i)
  * ctx->deferred_stats; evaluation uses the running statistics. */
 static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
-    for (int i = 0; i < 5; i++) GP_TRY(want_f32(ctx, i, err));
+    for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
     struct bn_plan p;
     bn_plan_of(ctx->graph, ctx->node, &p);
     if (ctx->training && p.count < 2)
@@ -415,8 +383,8 @@ __global__ static void bn_bwd_sums_kernel(struct bn_plan p, const float *x, cons
         s = DADD(s, (double)g);
         sx = DADD(sx, DMUL((double)g, (double)FMUL(FSUB(x[off], m), is)));
     });
-    s = block_sum(s, sh);
-    sx = block_sum(sx, sh);
+    s = gp_dev_block_sum(s, sh);
+    sx = gp_dev_block_sum(sx, sh);
     if (threadIdx.x == 0) pdy[c * p.p + k] = s, pdyx[c * p.p + k] = sx;
 }
 
@@ -491,7 +459,7 @@ __global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, const float *dy, 
  * dx = dy scale invstd. */
 static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
-    for (int i = 0; i < 5; i++) GP_TRY(want_f32(ctx, i, err));
+    for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
     struct bn_plan p;
     bn_plan_of(ctx->graph, ctx->node, &p);
     if (p.c == 0) return GP_OK;
@@ -580,14 +548,14 @@ __device__ static void block_moments(const float *v, int64_t n, double *sh, doub
 {
     double s = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s = DADD(s, (double)v[i]);
-    s = block_sum(s, sh);
+    s = gp_dev_block_sum(s, sh);
     double m = n > 0 ? s / (double)n : 0.0;
     double q = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         double d = DSUB((double)v[i], m);
         q = DADD(q, DMUL(d, d));
     }
-    q = block_sum(q, sh);
+    q = gp_dev_block_sum(q, sh);
     *mean = m;
     *var = n > 0 ? q / (double)n : 0.0;
 }
@@ -610,12 +578,12 @@ __global__ static void in_forward_kernel(struct in_plan p, const float *x, const
 
 static gp_status in_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
-    for (int i = 0; i < 3; i++) GP_TRY(want_f32(ctx, i, err));
+    for (int i = 0; i < 3; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
     struct in_plan p;
     in_plan_of(ctx, &p);
     if (p.n * p.c == 0) return GP_OK;
     float *mean = (float *)ctx->saved, *invstd = mean + p.n * p.c;
-    in_forward_kernel<<<capped_grid(p.n * p.c, 1 << 20), row_threads(p.s), 0, ctx->stream>>>(
+    in_forward_kernel<<<gp_cuda_capped_grid(p.n * p.c, 1 << 20), row_threads(p.s), 0, ctx->stream>>>(
         p, (const float *)ctx->in[0], (const float *)ctx->in[1], (const float *)ctx->in[2],
         (float *)ctx->out[0], mean, invstd);
     return gp_cuda_check_launch(ctx, "InstanceNormalization forward", err);
@@ -636,8 +604,8 @@ __global__ static void in_bwd_plane_kernel(struct in_plan p, const float *x, con
             s = DADD(s, (double)dys[i]);
             sx = DADD(sx, DMUL((double)dys[i], (double)FMUL(FSUB(xs[i], m), is)));
         }
-        s = block_sum(s, sh);
-        sx = block_sum(sx, sh);
+        s = gp_dev_block_sum(s, sh);
+        sx = gp_dev_block_sum(sx, sh);
         if (threadIdx.x == 0) sums[2 * pl] = s, sums[2 * pl + 1] = sx;
         if (!dx) continue;
         double a = DMUL((double)scale[pl % p.c], (double)is), mdy = s / (double)p.s;
@@ -670,7 +638,7 @@ __global__ static void in_bwd_params_kernel(struct in_plan p, const double *sums
 
 static gp_status in_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
-    for (int i = 0; i < 3; i++) GP_TRY(want_f32(ctx, i, err));
+    for (int i = 0; i < 3; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
     struct in_plan p;
     in_plan_of(ctx, &p);
     const float *dy = ctx->dout[0];
@@ -678,7 +646,7 @@ static gp_status in_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     if (!dy || p.n * p.c == 0 || (!dx && !dscale && !dbias)) return GP_OK;
     const float *mean = (const float *)ctx->saved, *invstd = mean + p.n * p.c;
     double *sums = (double *)ctx->scratch;
-    in_bwd_plane_kernel<<<capped_grid(p.n * p.c, 1 << 20), row_threads(p.s), 0, ctx->stream>>>(
+    in_bwd_plane_kernel<<<gp_cuda_capped_grid(p.n * p.c, 1 << 20), row_threads(p.s), 0, ctx->stream>>>(
         p, (const float *)ctx->in[0], (const float *)ctx->in[1], dy, mean, invstd, sums, dx);
     GP_TRY(gp_cuda_check_launch(ctx, "InstanceNormalization backward", err));
     if (!dscale && !dbias) return GP_OK;
@@ -809,7 +777,7 @@ __global__ static void ln_forward_reg_kernel(struct ln_plan p, const float *x, c
             v[k] = j < p.cols ? xs[j] : 0.0f;
             if (j < p.cols) s = DADD(s, (double)v[k]);
         }
-        s = block_sum(s, sh);
+        s = gp_dev_block_sum(s, sh);
         double m = s / (double)p.cols, q = 0;
 #pragma unroll
         for (int k = 0; k < LN_VPT; k++) {
@@ -819,7 +787,7 @@ __global__ static void ln_forward_reg_kernel(struct ln_plan p, const float *x, c
                 q = DADD(q, DMUL(d, d));
             }
         }
-        q = block_sum(q, sh);
+        q = gp_dev_block_sum(q, sh);
         double var = q / (double)p.cols;
         float mr = (float)m, is = (float)(1.0 / sqrt(DADD(var, p.eps)));
         if (threadIdx.x == 0) {
@@ -866,18 +834,18 @@ __global__ static void ln_forward_kernel(struct ln_plan p, const float *x, const
 /* X, Scale, optional B -> Y like X; optional Mean and InvStdDev per row. */
 static gp_status ln_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
-    for (int i = 0; i < ctx->node->n_inputs && i < 3; i++) GP_TRY(want_f32(ctx, i, err));
+    for (int i = 0; i < ctx->node->n_inputs && i < 3; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
     struct ln_plan p;
     ln_plan_of(ctx->graph, ctx->node, &p);
     if (p.rows == 0) return GP_OK;
     float *mean = (float *)ctx->saved, *invstd = mean + p.rows;
     const float *bias = ctx->node->n_inputs > 2 ? (const float *)ctx->in[2] : NULL;
     if (p.reg)
-        ln_forward_reg_kernel<<<capped_grid(p.rows, 1 << 20), p.reg_threads, 0, ctx->stream>>>(
+        ln_forward_reg_kernel<<<gp_cuda_capped_grid(p.rows, 1 << 20), p.reg_threads, 0, ctx->stream>>>(
             p, (const float *)ctx->in[0], (const float *)ctx->in[1], bias, (float *)ctx->out[0], mean,
             invstd, opt_out(ctx, 1), opt_out(ctx, 2));
     else
-        ln_forward_kernel<<<capped_grid(p.rows, 1 << 20), row_threads(p.cols), 0, ctx->stream>>>(
+        ln_forward_kernel<<<gp_cuda_capped_grid(p.rows, 1 << 20), row_threads(p.cols), 0, ctx->stream>>>(
             p, (const float *)ctx->in[0], (const float *)ctx->in[1], bias, (float *)ctx->out[0], mean,
             invstd, opt_out(ctx, 1), opt_out(ctx, 2));
     return gp_cuda_check_launch(ctx, "LayerNormalization forward", err);
@@ -902,8 +870,8 @@ __global__ static void ln_bwd_dx_kernel(struct ln_plan p, const float *x, const 
                 sg = DADD(sg, g);
                 sgx = DADD(sgx, DMUL(g, (double)FMUL(FSUB(xs[j], m), is)));
             }
-            sg = block_sum(sg, sh);
-            sgx = block_sum(sgx, sh);
+            sg = gp_dev_block_sum(sg, sh);
+            sgx = gp_dev_block_sum(sgx, sh);
         }
         double n = (double)p.cols, mg = sg / n, mgx = sgx / n;
         double cm = d_mean ? (double)d_mean[r] / n : 0.0;
@@ -1056,8 +1024,8 @@ __global__ static void ln_bwd_reg_kernel(struct ln_plan p, const float *x, const
                         sgx = DADD(sgx, DMUL(g, (double)FMUL(FSUB(xv[k], m), is)));
                     }
                 }
-                sg = block_sum(sg, sh);
-                sgx = block_sum(sgx, sh);
+                sg = gp_dev_block_sum(sg, sh);
+                sgx = gp_dev_block_sum(sgx, sh);
             }
             double n = (double)p.cols, mg = sg / n, mgx = sgx / n;
             double cm = d_mean ? (double)d_mean[r] / n : 0.0;
@@ -1128,7 +1096,7 @@ __global__ static void ln_bwd_reg_final_kernel(struct ln_plan p, const double *p
 
 static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
-    for (int i = 0; i < ctx->node->n_inputs && i < 3; i++) GP_TRY(want_f32(ctx, i, err));
+    for (int i = 0; i < ctx->node->n_inputs && i < 3; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
     struct ln_plan p;
     ln_plan_of(ctx->graph, ctx->node, &p);
     if (p.rows == 0 || p.cols == 0) return GP_OK;
@@ -1143,7 +1111,7 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
         bool fused = params && p.sfull && p.bfull;
         double *pss = fused ? (double *)ctx->scratch : NULL;
         double *psb = fused ? pss + p.reg_blocks * p.cols : NULL;
-        unsigned grid = fused ? (unsigned)p.reg_blocks : capped_grid(p.rows, 1 << 20);
+        unsigned grid = fused ? (unsigned)p.reg_blocks : gp_cuda_capped_grid(p.rows, 1 << 20);
         ln_bwd_reg_kernel<<<grid, p.reg_threads, 0, ctx->stream>>>(p, x, scale, dy, mean, invstd, d_mean,
                                                                    d_inv, dx, pss, psb);
         GP_TRY(gp_cuda_check_launch(ctx, "LayerNormalization backward", err));
@@ -1156,7 +1124,7 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
         dx = NULL; /* done */
     }
     if (dx) {
-        ln_bwd_dx_kernel<<<capped_grid(p.rows, 1 << 20), row_threads(p.cols), 0, ctx->stream>>>(
+        ln_bwd_dx_kernel<<<gp_cuda_capped_grid(p.rows, 1 << 20), row_threads(p.cols), 0, ctx->stream>>>(
             p, x, scale, dy, mean, invstd, d_mean, d_inv, dx);
         GP_TRY(gp_cuda_check_launch(ctx, "LayerNormalization backward dx", err));
     }

@@ -87,13 +87,6 @@ static gp_status check_es(const struct gp_cuda_ctx *c, size_t es, struct gp_erro
     return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "elements of %zu bytes", es);
 }
 
-static gp_status cuda_call(const struct gp_cuda_ctx *c, cudaError_t e, const char *what,
-                           struct gp_error *err)
-{
-    if (e == cudaSuccess) return GP_OK;
-    return gp_cuda_error(c, err, GP_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
-}
-
 /* An element of `es` bytes, moved as one load and store. */
 template <int ES> struct elem_of;
 template <> struct elem_of<1> { typedef uint8_t T; };
@@ -309,7 +302,7 @@ static gp_status view_run(const struct gp_cuda_ctx *c, struct gp_error *err, voi
     int last = v.rank - 1;
     if (!add && v.rank == 1 && v.dst_st[0] == 1 && v.src_st[0] == 1) {
         if (dst == src && dst_base == src_base) return GP_OK;
-        return cuda_call(c,
+        return gp_cuda_call(c,
                          cudaMemcpyAsync((char *)dst + v.dst_base * (int64_t)es,
                                          (const char *)src + v.src_base * (int64_t)es,
                                          (size_t)v.n * es, cudaMemcpyDeviceToDevice, s),
@@ -381,7 +374,7 @@ static gp_status copy_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     size_t bytes = (size_t)gp_shape_numel(in_shape(c, 0)) * in_esize(c, 0);
     if (bytes == 0 || c->out[0] == c->in[0]) return GP_OK;
-    return cuda_call(c, cudaMemcpyAsync(c->out[0], c->in[0], bytes, cudaMemcpyDeviceToDevice, c->stream),
+    return gp_cuda_call(c, cudaMemcpyAsync(c->out[0], c->in[0], bytes, cudaMemcpyDeviceToDevice, c->stream),
                      "cudaMemcpyAsync", err);
 }
 
@@ -1104,8 +1097,8 @@ static gp_status gather_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     b.mp_max = l.mp_max;
 
     size_t di = (size_t)p.dim * sizeof(int32_t);
-    GP_TRY(cuda_call(c, cudaMemsetAsync((void *)b.seg_lo, 0, di, st), "Gather backward: cudaMemsetAsync", err));
-    GP_TRY(cuda_call(c, cudaMemsetAsync((void *)b.seg_hi, 0, di, st), "Gather backward: cudaMemsetAsync", err));
+    GP_TRY(gp_cuda_call(c, cudaMemsetAsync((void *)b.seg_lo, 0, di, st), "Gather backward: cudaMemsetAsync", err));
+    GP_TRY(gp_cuda_call(c, cudaMemsetAsync((void *)b.seg_hi, 0, di, st), "Gather backward: cudaMemsetAsync", err));
     gather_bounds_kernel<<<qb, GP_CUDA_THREADS, 0, st>>>(keys[cur], p.q, p.dim, (int32_t *)b.seg_lo,
                                                          (int32_t *)b.seg_hi);
     GP_TRY(gp_cuda_check_launch(c, "Gather backward: runs", err));
