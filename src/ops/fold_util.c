@@ -287,3 +287,26 @@ gp_status gp_slice_plan(struct gp_infer_ctx *ctx, const struct gp_shape *in,
     }
     return GP_OK;
 }
+
+gp_status gp_transpose_view(struct gp_infer_ctx *ctx, const struct gp_shape *in, int64_t *x_st)
+{
+    int perm[GP_MAX_RANK];
+    GP_TRY(gp_transpose_perm(ctx, in->rank, perm));
+    int64_t st[GP_MAX_RANK];
+    gp_shape_strides(in, st);
+    for (int d = 0; d < in->rank; d++) x_st[d] = st[perm[d]];
+    return GP_OK;
+}
+
+gp_status gp_slice_view(struct gp_infer_ctx *ctx, const struct gp_shape *in, int64_t *x_st, int64_t *base)
+{
+    struct gp_slice_plan p;
+    GP_TRY(gp_slice_plan(ctx, in, &p));
+    gp_shape_strides(in, x_st);
+    *base = 0;
+    for (int d = 0; d < in->rank; d++) {
+        *base += p.start[d] * x_st[d];
+        x_st[d] *= p.step[d];
+    }
+    return GP_OK;
+}

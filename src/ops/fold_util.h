@@ -89,4 +89,11 @@ struct gp_slice_plan {
 gp_status gp_slice_plan(struct gp_infer_ctx *ctx, const struct gp_shape *in,
                         struct gp_slice_plan *p);
 
+/* The strided views that Transpose and Slice read their input through,
+ * shared by the backends' kernels and folding: output position i on axis d
+ * reads input offset base + sum_d i_d * x_st[d] (strides may be negative).
+ * Transpose's base is 0. */
+gp_status gp_transpose_view(struct gp_infer_ctx *ctx, const struct gp_shape *in, int64_t *x_st);
+gp_status gp_slice_view(struct gp_infer_ctx *ctx, const struct gp_shape *in, int64_t *x_st, int64_t *base);
+
 #endif

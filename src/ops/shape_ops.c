@@ -210,11 +210,8 @@ static gp_status fold_transpose(struct gp_infer_ctx *ctx)
     const struct gp_tensor *x = gp_in(ctx, 0)->constant;
     struct gp_tensor *o = gp_fold_out(ctx, 0);
     if (!o) return GP_ERR_NOMEM;
-    int perm[GP_MAX_RANK];
-    GP_TRY(gp_transpose_perm(ctx, x->shape.rank, perm));
-    int64_t in_strides[GP_MAX_RANK], strides[GP_MAX_RANK];
-    gp_shape_strides(&x->shape, in_strides);
-    for (int d = 0; d < o->shape.rank; d++) strides[d] = in_strides[perm[d]];
+    int64_t strides[GP_MAX_RANK];
+    GP_TRY(gp_transpose_view(ctx, &x->shape, strides));
     gp_copy_strided(o->data, x->data, gp_dtype_size(x->dtype), &o->shape, strides, 0);
     return GP_OK;
 }
@@ -418,16 +415,10 @@ static gp_status infer_slice(struct gp_infer_ctx *ctx)
 static gp_status fold_slice(struct gp_infer_ctx *ctx)
 {
     const struct gp_tensor *x = gp_in(ctx, 0)->constant;
-    struct gp_slice_plan p;
-    GP_TRY(gp_slice_plan(ctx, &x->shape, &p));
+    int64_t strides[GP_MAX_RANK], base = 0;
+    GP_TRY(gp_slice_view(ctx, &x->shape, strides, &base));
     struct gp_tensor *o = gp_fold_out(ctx, 0);
     if (!o) return GP_ERR_NOMEM;
-    int64_t strides[GP_MAX_RANK], base = 0;
-    gp_shape_strides(&x->shape, strides);
-    for (int d = 0; d < x->shape.rank; d++) {
-        base += p.start[d] * strides[d];
-        strides[d] *= p.step[d];
-    }
     gp_copy_strided(o->data, x->data, gp_dtype_size(x->dtype), &o->shape, strides, base);
     return GP_OK;
 }

@@ -96,13 +96,7 @@ static gp_status copy_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 static gp_status transpose_view(struct gp_cpu_ctx *c, struct gp_error *err, int64_t *x_st)
 {
     struct gp_infer_ctx ic = gp_cpu_infer_ctx(c, err);
-    const struct gp_shape *xs = gp_cpu_in_shape(c, 0);
-    int perm[GP_MAX_RANK];
-    GP_TRY(gp_transpose_perm(&ic, xs->rank, perm));
-    int64_t st[GP_MAX_RANK];
-    contiguous(xs, st);
-    for (int d = 0; d < xs->rank; d++) x_st[d] = st[perm[d]];
-    return GP_OK;
+    return gp_transpose_view(&ic, gp_cpu_in_shape(c, 0), x_st);
 }
 
 static gp_status transpose_forward(struct gp_cpu_ctx *c, struct gp_error *err)
@@ -205,20 +199,10 @@ static gp_status split_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 
 /* X [..] -> Y [plan.out]: output position i on axis d reads input position
  * start[d] + i * step[d] (steps may be negative). */
-static gp_status slice_view(struct gp_cpu_ctx *c, struct gp_error *err, int64_t *x_st,
-                            int64_t *base)
+static gp_status slice_view(struct gp_cpu_ctx *c, struct gp_error *err, int64_t *x_st, int64_t *base)
 {
     struct gp_infer_ctx ic = gp_cpu_infer_ctx(c, err);
-    const struct gp_shape *xs = gp_cpu_in_shape(c, 0);
-    struct gp_slice_plan p;
-    GP_TRY(gp_slice_plan(&ic, xs, &p));
-    contiguous(xs, x_st);
-    *base = 0;
-    for (int d = 0; d < xs->rank; d++) {
-        *base += p.start[d] * x_st[d];
-        x_st[d] *= p.step[d];
-    }
-    return GP_OK;
+    return gp_slice_view(&ic, gp_cpu_in_shape(c, 0), x_st, base);
 }
 
 static gp_status slice_forward(struct gp_cpu_ctx *c, struct gp_error *err)
