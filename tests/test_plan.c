@@ -70,6 +70,20 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
                          last - 1, g->values[a].name, g->values[b].name);
         }
     }
+    /* Every gradient region is cleared when born: it lies inside one of
+     * the merged ranges of its birth time, and the ranges stay in the set. */
+    for (int t = 0; t <= last - first; t++) {
+        for (int q = p.zero_start[t]; q < p.zero_start[t + 1]; q++)
+            assert_true(p.zeros[q].off + p.zeros[q].bytes <= p.grad_bytes);
+        for (int q = p.born_start[t]; q < p.born_start[t + 1]; q++) {
+            int v = p.born[q];
+            size_t size = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[v].shape));
+            bool covered = false;
+            for (int r = p.zero_start[t]; r < p.zero_start[t + 1]; r++)
+                covered |= p.zeros[r].off <= p.grad_off[v] && p.grad_off[v] + size <= p.zeros[r].off + p.zeros[r].bytes;
+            if (!covered) fail_msg("the gradient of '%s' is not cleared when born", g->values[v].name);
+        }
+    }
     /* The forward arena: values alive together (from their producer's
      * forward to their last reader's) never share bytes, and none of them
      * is read by a backward or leaves the stage. */

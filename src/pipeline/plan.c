@@ -179,6 +179,39 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
             n_live = kept;
         }
     }
+    /* What to zero at each time, as byte ranges: the regions born together
+     * sorted by offset, touching ones merged, so the step issues one clear
+     * per range rather than one per value. */
+    p->zero_start = calloc((size_t)nl + 2, sizeof(int));
+    p->zeros = malloc(sizeof *p->zeros * ((size_t)p->born_start[nl + 1] + 1));
+    if (!p->zero_start || !p->zeros) {
+        free(birth);
+        free(live);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    }
+    int nz = 0;
+    for (int t = 0; t <= nl; t++) {
+        p->zero_start[t] = nz;
+        int n = 0;
+        for (int q = p->born_start[t]; q < p->born_start[t + 1]; q++) {
+            int v = p->born[q];
+            live[n++] = (struct region){.off = p->grad_off[v],
+                                        .size = align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float))};
+        }
+        for (int i = 1; i < n; i++) /* insertion sort: few regions per time */
+            for (int k = i; k > 0 && live[k - 1].off > live[k].off; k--) {
+                struct region tmp = live[k];
+                live[k] = live[k - 1];
+                live[k - 1] = tmp;
+            }
+        for (int i = 0; i < n; i++) {
+            if (nz > p->zero_start[t] && p->zeros[nz - 1].off + p->zeros[nz - 1].bytes == live[i].off)
+                p->zeros[nz - 1].bytes += live[i].size;
+            else
+                p->zeros[nz++] = (struct gp_byte_range){live[i].off, live[i].size};
+        }
+    }
+    p->zero_start[nl + 1] = nz;
     free(birth);
     free(live);
     return GP_OK;
@@ -417,6 +450,8 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->frontier_out);
     free(p->born_start);
     free(p->born);
+    free(p->zero_start);
+    free(p->zeros);
     free(p->once);
     memset(p, 0, sizeof *p);
 }

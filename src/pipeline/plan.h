@@ -40,6 +40,12 @@ struct gp_stage_plan {
      * (0: the start of the backward, t >= 1: before layer last - t):
      * born[born_start[t] .. born_start[t + 1]) are value ids. */
     int *born_start, *born;
+    /* The same as merged byte ranges of the gradient set, for clearing:
+     * zeros[zero_start[t] .. zero_start[t + 1]). */
+    int *zero_start;
+    struct gp_byte_range {
+        size_t off, bytes;
+    } *zeros;
 };
 
 struct gp_compute_ops;

@@ -95,13 +95,10 @@ static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, bool
 }
 
 /* Zeroes the gradient regions born at backward time t (plan.h). */
-static gp_status zero_born(struct gp_pipeline *p, struct stage *s, int t, struct gp_error *err)
+static gp_status zero_born(struct stage *s, int t, struct gp_error *err)
 {
-    for (int q = s->plan.born_start[t]; q < s->plan.born_start[t + 1]; q++) {
-        int v = s->plan.born[q];
-        GP_TRY(s->cops->zero(s->cctx, s->grads + s->plan.grad_off[v],
-                             sizeof(float) * (size_t)gp_shape_numel(&p->g->values[v].shape), err));
-    }
+    for (int q = s->plan.zero_start[t]; q < s->plan.zero_start[t + 1]; q++)
+        GP_TRY(s->cops->zero(s->cctx, s->grads + s->plan.zeros[q].off, s->plan.zeros[q].bytes, err));
     return GP_OK;
 }
 
@@ -127,7 +124,7 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
     /* Gradient regions start at zero when their value's gradient begins
      * (the set is shared over time: plan.c); the gradients that arrived for
      * the output frontier seed theirs. Kernels accumulate. */
-    GP_TRY(zero_born(p, s, 0, err));
+    GP_TRY(zero_born(s, 0, err));
     const unsigned char *inbox = s->inboxes + (size_t)j * s->plan.inbox_bytes;
     for (int k = 0; k < s->plan.n_frontier_out; k++) {
         int v = s->plan.frontier_out[k];
@@ -141,7 +138,7 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
     if (timed) GP_TRY(lap(s, &t0, &(double){0}, err));
     for (int i = s->plan.last - 1; i >= s->plan.first; i--) {
         if (timed && i + 1 < s->plan.last) GP_TRY(lap(s, &t0, &s->bwd_ms[i + 1 - s->plan.first], err));
-        GP_TRY(zero_born(p, s, s->plan.last - i, err));
+        GP_TRY(zero_born(s, s->plan.last - i, err));
         if (s->plan.once[i - s->plan.first]) continue;
         const struct gp_node *n = &g->nodes[i];
         struct gp_layer_call c = layer_call(p, s, i, j, true, false, true);
