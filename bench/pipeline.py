@@ -351,6 +351,8 @@ class Bench(object):
         cmd = [a.gpipe, "balance", onnx_path, "--devices", self.devk, "--by", "time",
                "--batch", str(batch), "--chunks", str(chunks), "--checkpoint", "never",
                "--optimizer", "sgd", "--momentum", repr(a.momentum), "--json", path]
+        if a.trace_dir:  # the per-layer profile too: where each model's time goes
+            cmd += ["--profile-out", os.path.join(os.path.abspath(a.trace_dir), "%s_profile.json" % name)]
         log("%s: gpipe-onnx balance: %s" % (name, quote(cmd)))
         try:
             out, _, secs = self.gpipe_tool("balance", cmd, a.timeout)
@@ -867,7 +869,8 @@ def main():
     ap.add_argument("--deadline", type=float, default=None,
                     help="stop starting runs after this many seconds; later cells read '%s'" % SKIPPED)
     ap.add_argument("--trace-dir", default=None,
-                    help="write the U-Net's K-GPU run at the largest M's timeline to DIR/unet_trace.json")
+                    help="write the U-Net's K-GPU run at the largest M's timeline to DIR/unet_trace.json "
+                         "and each model's per-layer profile (from balancing) to DIR/<model>_profile.json")
     ap.add_argument("--onnx-dir", default=None, help="keep the exported models here (default: a temp dir)")
     ap.add_argument("--reuse-onnx", action="store_true", help="reuse models already in --onnx-dir")
     ap.add_argument("--out", default=None, help="results as JSON")

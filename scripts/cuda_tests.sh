@@ -6,6 +6,8 @@
 #
 #   scripts/cuda_tests.sh [--no-sanitizer] [BUILD_DIR]   (default: build)
 #
+# With CUDA_TEST_LOGS=DIR, each test's whole output is kept in DIR/<test>.log.
+#
 # The same binaries that `meson test -C build --suite cuda` runs; this script
 # exists for machines that have the binaries but not the build system.
 set -uo pipefail
@@ -39,7 +41,11 @@ run() { # label, command...
            tail -15 "$log" | sed 's/^/    /'
            failed=$((failed + 1)) ;;
     esac
-    rm -f "$log"
+    if [ -n "${CUDA_TEST_LOGS:-}" ]; then
+        mkdir -p "$CUDA_TEST_LOGS" && mv "$log" "$CUDA_TEST_LOGS/${label// /_}.log"
+    else
+        rm -f "$log"
+    fi
 }
 
 for t in "${tests[@]}"; do run "$(basename "$t")" "$t"; done

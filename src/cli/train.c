@@ -75,7 +75,8 @@ static void help(FILE *f)
         "                        stages may share a device. Default: cuda:0 when a GPU\n"
         "                        is visible, else cpu:0\n"
         "  --cuda-graph on|off   capture each training step (every stage, micro-batch and\n"
-        "                        copy) as one CUDA graph and replay it (default off)\n"
+        "                        copy) as one CUDA graph and replay it; default: on when\n"
+        "                        every stage is on a GPU and --trace is not given\n"
         "  --tf32                let GPU matrix products and convolutions use TF32 tensor\n"
         "                        cores (faster, ~1e-3 relative error); default off:\n"
         "                        float32 arithmetic, as on the CPU\n"
@@ -380,7 +381,7 @@ int gp_cmd_train(int argc, char **argv)
             const char *mode = TAKE();
             if (!mode || (strcmp(mode, "on") && strcmp(mode, "off")))
                 return gp_cli_usage("train", "--cuda-graph is on or off");
-            cfg.cuda_graph = !strcmp(mode, "on");
+            cfg.cuda_graph = !strcmp(mode, "on") ? GP_CUDA_GRAPH_ON : GP_CUDA_GRAPH_OFF;
         } else if (!strcmp(a, "--trace")) {
             cfg.trace_path = TAKE();
         } else if (!strcmp(a, "--save")) {

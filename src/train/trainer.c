@@ -249,6 +249,11 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         }
         balanced |= cfg->balance[k] != 0;
     }
+    /* Graphs by default where they can be: every stage on a GPU, no trace. */
+    bool all_cuda = true;
+    for (int k = 0; k < n_stages; k++) all_cuda &= cfg->stage_cuda[k];
+    bool use_graph = cfg->cuda_graph == GP_CUDA_GRAPH_ON ||
+                     (cfg->cuda_graph == GP_CUDA_GRAPH_AUTO && all_cuda && !cfg->trace_path);
     struct gp_loss_spec loss = {.kind = s->loss, .class_axis = s->class_axis,
                                 .ignore_index = GP_LOSS_IGNORE_INDEX,
                                 .target_dtype = s->loss == GP_LOSS_OUTPUT ? GP_DTYPE_UNDEFINED : train->y.dtype};
@@ -266,7 +271,7 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         .deferred_batch_norm = cfg->deferred_batch_norm,
         .loss = loss,
         .tf32 = cfg->tf32,
-        .cuda_graph = cfg->cuda_graph,
+        .cuda_graph = use_graph,
     };
     GP_TRY(gp_pipeline_create(&pc, &s->pipe, err));
 

@@ -16,6 +16,12 @@
 enum gp_optimizer_kind { GP_OPT_SGD, GP_OPT_ADAMW };
 enum gp_schedule_kind { GP_SCHED_CONSTANT, GP_SCHED_STEP, GP_SCHED_COSINE };
 
+/* Whether training steps are replayed as CUDA graphs. AUTO (the default):
+ * when every stage is on a GPU and no --trace asks for each step's own
+ * timeline; ON: the same, with a note saying why when it cannot be; OFF:
+ * every step issued eagerly. */
+enum gp_cuda_graph_mode { GP_CUDA_GRAPH_AUTO, GP_CUDA_GRAPH_ON, GP_CUDA_GRAPH_OFF };
+
 struct gp_train_config {
     const char *model_path;
     int64_t batch;            /* mini-batch size */
@@ -46,7 +52,7 @@ struct gp_train_config {
     int stage_device[64];     /* device index per stage (of its backend) */
     bool stage_cuda[64];      /* the stage runs on a CUDA GPU, not a CPU device */
     bool tf32;                /* CUDA: TF32 tensor cores (float32 semantics otherwise) */
-    bool cuda_graph;          /* CUDA: replay each step as a captured graph */
+    enum gp_cuda_graph_mode cuda_graph; /* replay each step as a captured CUDA graph */
     int balance[64];          /* layers per stage; all 0: an even split */
     enum gp_checkpoint checkpoint;
     bool deferred_batch_norm; /* running statistics from the whole mini-batch */
