@@ -80,6 +80,10 @@ static void help(FILE *f)
         "  --tf32                let GPU matrix products and convolutions use TF32 tensor\n"
         "                        cores (faster, ~1e-3 relative error); default off:\n"
         "                        float32 arithmetic, as on the CPU\n"
+        "  --fast-conv           GPU convolutions by cuDNN's fastest algorithms, as\n"
+        "                        PyTorch's cudnn.benchmark (non-deterministic ones,\n"
+        "                        Winograd, FFT too): faster, the last bits vary run to\n"
+        "                        run. Default: the fastest deterministic, precise ones\n"
         "  --balance LIST        layers per stage, e.g. 4,4,5 (the indices 'inspect'\n"
         "                        prints); default: an even split by layer count\n"
         "  --balance time|memory profile every layer, split by the exact optimum of that\n"
@@ -377,6 +381,8 @@ int gp_cmd_train(int argc, char **argv)
             cfg.deferred_batch_norm = true;
         } else if (!strcmp(a, "--tf32")) {
             cfg.tf32 = true;
+        } else if (!strcmp(a, "--fast-conv")) {
+            cfg.fast_conv = true;
         } else if (!strcmp(a, "--cuda-graph")) {
             const char *mode = TAKE();
             if (!mode || (strcmp(mode, "on") && strcmp(mode, "off")))

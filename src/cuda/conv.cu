@@ -29,8 +29,9 @@
  * cudnnGet*Algorithm_v7, where measuring fails): the fastest result that
  * succeeds with a workspace
  * of at most WS_CAP, deterministic and (without TF32) free of FFT and
- * Winograd if there is one, in FMA math (float32 semantics) unless
- * ctx->tf32. Choices live in a process-wide table under a mutex, keyed by
+ * Winograd if there is one (the EXACT policy of gp_cuda_set_conv_policy;
+ * FASTEST takes the fastest that runs), in FMA math (float32 semantics)
+ * unless ctx->tf32. Choices live in a process-wide table under a mutex, keyed by
  * the whole cuDNN problem, and scratch_bytes() makes them (with a handle of
  * its own) so the executor plans the workspace; forward and backward find
  * the same choice there. */
@@ -41,6 +42,7 @@
 
 #include <cudnn.h>
 
+#include "cuda/device.h"
 #include "cuda/kernel_util.cuh"
 
 extern "C" {
@@ -263,8 +265,13 @@ static bool descs_create(const struct conv_geom *g, cudnnMathType_t math, struct
 
 /* ---- algorithm choice, cached ---- */
 
+/* Read when choosing (under cache_mu) and in the key; set by the CLI. */
+static enum gp_cuda_conv_policy conv_policy = GP_CUDA_CONV_EXACT;
+
+extern "C" void gp_cuda_set_conv_policy(enum gp_cuda_conv_policy policy) { conv_policy = policy; }
+
 struct algo_key {
-    int ns, group, tf32;
+    int ns, group, tf32, fastest;
     int img[MAX_AXES + 2], col[MAX_AXES + 2], w[MAX_AXES + 2];
     int q[MAX_AXES], s[MAX_AXES], d[MAX_AXES];
 };
@@ -283,6 +290,7 @@ static void algo_key_init(const struct conv_geom *g, bool tf32, struct algo_key 
     k->ns = g->ns;
     k->group = (int)g->group;
     k->tf32 = tf32;
+    k->fastest = conv_policy == GP_CUDA_CONV_FASTEST;
     k->img[0] = k->col[0] = (int)g->n;
     k->img[1] = (int)g->img_ch;
     k->col[1] = (int)g->col_ch;
@@ -368,7 +376,8 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
 #define PICK(perf, count, tf32, conv, ws_of, out_algo, out_math, out_ws, found)                   \
     do {                                                                                     \
         found = false;                                                                       \
-        for (int level_ = 0; level_ < 3 && !found; level_++)                                 \
+        int first_ = conv_policy == GP_CUDA_CONV_FASTEST ? 2 : 0;                            \
+        for (int level_ = first_; level_ < 3 && !found; level_++)                            \
             PICK_LEVEL(perf, count, tf32, level_, conv, ws_of, out_algo, out_math, out_ws, found); \
     } while (0)
 
@@ -460,10 +469,10 @@ struct cache_entry {
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct cache_entry *cache;
 static int cache_len, cache_cap;
-static cudnnHandle_t query_handle; /* scratch_bytes' own, created once, kept for the process */
 
 /* The choice for the problem, from the table or made now with `h` (NULL:
- * the query handle, created on first use) and added to it. */
+ * a handle of its own, created for the choice and destroyed after it, so
+ * that nothing outlives the stages) and added to it. */
 static bool lookup_algos(cudnnHandle_t h, const struct conv_geom *g, bool tf32, struct algo_choice *ch,
                          struct dnn_err *e, const char **why)
 {
@@ -478,17 +487,14 @@ static bool lookup_algos(cudnnHandle_t h, const struct conv_geom *g, bool tf32, 
             return true;
         }
     bool ok = true;
+    cudnnHandle_t own = NULL;
     if (!h) {
-        if (!query_handle) {
-            cudnnStatus_t st = cudnnCreate(&query_handle);
-            if (st != CUDNN_STATUS_SUCCESS) {
-                query_handle = NULL;
-                e->st = st, e->call = "cudnnCreate", ok = false;
-            }
-        }
-        h = query_handle;
+        cudnnStatus_t st = cudnnCreate(&own);
+        if (st != CUDNN_STATUS_SUCCESS) own = NULL, e->st = st, e->call = "cudnnCreate", ok = false;
+        h = own;
     }
     ok = ok && choose_algos(h, g, tf32, ch, e, why);
+    if (own) cudnnDestroy(own);
     if (ok) {
         if (cache_len == cache_cap) {
             int cap = cache_cap ? 2 * cache_cap : 64;

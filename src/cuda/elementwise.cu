@@ -507,7 +507,7 @@ static void plan_node(const struct gp_cuda_ctx *c, int first, int n, struct bpla
  * the last axis, a block per row, the row's offsets decoded once (bias
  * adds); 2: index arithmetic per element in 32 bits; 3: in 64. */
 template <class F, int MODE>
-__global__ static void bcast_kernel(struct bplan p, F f)
+__global__ static void bcast_kernel(struct bplan p, F f, int64_t parts)
 {
     if (MODE == 0) {
         GRID_STRIDE(i, p.numel)
@@ -517,16 +517,19 @@ __global__ static void bcast_kernel(struct bplan p, F f)
             f(i, o);
         }
     } else if (MODE == 1) {
+        /* `parts` blocks share a row (parts > 1 when there are few long
+         * rows, e.g. attention scores [B*heads, T*T] against a mask). */
         int last = p.rank - 1;
         int64_t inner = p.dims[last], rows = p.numel / inner;
-        for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        for (int64_t rb = blockIdx.x; rb < rows * parts; rb += gridDim.x) {
+            int64_t row = rb / parts, part = rb % parts;
             int64_t base[BP_MAX] = {0, 0, 0, 0}, rem = row;
             for (int d = last - 1; d >= 0; d--) {
                 int64_t x = rem % p.dims[d];
                 rem /= p.dims[d];
                 for (int k = 0; k < BP_MAX; k++) base[k] += x * p.st[k][d];
             }
-            for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
+            for (int64_t j = part * blockDim.x + threadIdx.x; j < inner; j += parts * blockDim.x) {
                 int64_t o[BP_MAX];
                 for (int k = 0; k < BP_MAX; k++) o[k] = base[k] + j * p.st[k][last];
                 f(row * inner + j, o);
@@ -558,7 +561,8 @@ __global__ static void bcast_kernel(struct bplan p, F f)
     }
 }
 
-#define ROW_MIN 128 /* a last axis at least this long runs a block per row */
+#define ROW_MIN 128     /* a last axis at least this long runs blocks along rows */
+#define ROW_BLOCKS 2048 /* blocks that fill an H200 (132 SMs) several times over */
 
 template <class F>
 static gp_status launch_bcast(const struct gp_cuda_ctx *c, const struct bplan *p, F f, const char *what,
@@ -568,15 +572,23 @@ static gp_status launch_bcast(const struct gp_cuda_ctx *c, const struct bplan *p
     unsigned b = blocks_for(p->numel);
     int64_t inner = p->dims[p->rank - 1];
     if (p->rank == 1) {
-        bcast_kernel<F, 0><<<b, THREADS, 0, c->stream>>>(*p, f);
+        bcast_kernel<F, 0><<<b, THREADS, 0, c->stream>>>(*p, f, 1);
     } else if (inner >= ROW_MIN) {
-        int64_t rows = p->numel / inner;
-        unsigned grid = (unsigned)(rows < 32768 ? rows : 32768);
-        bcast_kernel<F, 1><<<grid, THREADS, 0, c->stream>>>(*p, f);
+        /* At least ROW_BLOCKS blocks: long rows are split between blocks
+         * (each block at least a full pass of its threads). */
+        int64_t rows = p->numel / inner, parts = 1;
+        if (rows < ROW_BLOCKS) {
+            parts = (ROW_BLOCKS + rows - 1) / rows;
+            int64_t most = (inner + THREADS - 1) / THREADS;
+            if (parts > most) parts = most;
+        }
+        int64_t work = rows * parts;
+        unsigned grid = (unsigned)(work < 32768 ? work : 32768);
+        bcast_kernel<F, 1><<<grid, THREADS, 0, c->stream>>>(*p, f, parts);
     } else if (p->numel <= INT32_MAX) {
-        bcast_kernel<F, 2><<<b, THREADS, 0, c->stream>>>(*p, f);
+        bcast_kernel<F, 2><<<b, THREADS, 0, c->stream>>>(*p, f, 1);
     } else {
-        bcast_kernel<F, 3><<<b, THREADS, 0, c->stream>>>(*p, f);
+        bcast_kernel<F, 3><<<b, THREADS, 0, c->stream>>>(*p, f, 1);
     }
     return gp_cuda_check_launch(c, what, err);
 }

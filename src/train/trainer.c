@@ -249,6 +249,9 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         }
         balanced |= cfg->balance[k] != 0;
     }
+#ifdef GP_HAVE_CUDA
+    gp_cuda_set_conv_policy(cfg->fast_conv ? GP_CUDA_CONV_FASTEST : GP_CUDA_CONV_EXACT);
+#endif
     /* Graphs by default where they can be: every stage on a GPU, no trace. */
     bool all_cuda = true;
     for (int k = 0; k < n_stages; k++) all_cuda &= cfg->stage_cuda[k];

@@ -52,6 +52,8 @@ struct gp_train_config {
     int stage_device[64];     /* device index per stage (of its backend) */
     bool stage_cuda[64];      /* the stage runs on a CUDA GPU, not a CPU device */
     bool tf32;                /* CUDA: TF32 tensor cores (float32 semantics otherwise) */
+    bool fast_conv;           /* CUDA: cuDNN's fastest convolution algorithms, even
+                                 non-deterministic ones (default: deterministic) */
     enum gp_cuda_graph_mode cuda_graph; /* replay each step as a captured CUDA graph */
     int balance[64];          /* layers per stage; all 0: an even split */
     enum gp_checkpoint checkpoint;

@@ -655,6 +655,8 @@ static void test_where_expand(void **state)
     where_run(GP_DTYPE_FLOAT32, SH(3, 2, 1, 4), SH(3, 2, 3, 4), SH(2, 3, 1));
     where_run(GP_DTYPE_FLOAT32, SH(3, 2, 3, 4), SH(0, 0), SH(1, 4));
     where_run(GP_DTYPE_FLOAT32, SH(2, 1, 1001), SH(2, 1100, 1), SH(2, 1100, 1001));
+    /* The attention mask: few long rows, split between blocks. */
+    where_run(GP_DTYPE_FLOAT32, SH(4, 1, 1, 96, 96), SH(4, 2, 3, 96, 96), SH(0, 0));
     where_run(GP_DTYPE_INT64, SH(2, 3, 4), SH(2, 3, 4), SH(1, 1));
     where_run(GP_DTYPE_BOOL, SH(2, 3, 4), SH(1, 4), SH(2, 3, 4));
     where_run(GP_DTYPE_INT32, SH(1, 5), SH(2, 3, 5), SH(1, 5));
