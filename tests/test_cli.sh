@@ -34,7 +34,7 @@ rows, name = int(sys.argv[2]), sys.argv[3]
 layers = doc["layers"]
 assert isinstance(doc["parameters"], int) and doc["parameters"] > 0, "parameters"
 assert len(layers) == rows, f"{len(layers)} layers in JSON, {rows} rows in the table"
-assert len(layers) + doc["folded_nodes"] == doc["source_nodes"], "node accounting"
+assert len(layers) + doc["folded_nodes"] + doc["fused_nodes"] == doc["source_nodes"], "node accounting"
 for i, l in enumerate(layers):
     for key in ("index", "op", "name", "output_shapes", "params", "frontier_bytes"):
         assert key in l, f"layer {i} lacks {key}"

@@ -247,6 +247,56 @@ static void test_float_constant_arithmetic_folds_into_scales(void **state)
     gp_graph_free(&g);
 }
 
+/* The exact GELU as exporters write it below opset 20; `keep_erf`: the
+ * Erf's output is also a graph output. */
+static void gelu_chain(struct gp_graph *g, bool keep_erf)
+{
+    struct gp_error err = {0};
+    init(g, 2);
+    input(g, "x", 2, (int64_t[]){1, 8});
+    /* Constant nodes, as the exporter writes them (initializers would be
+     * trainable parameters, which never fuse). */
+    const float c[3] = {1.41421353816986083984f, 1.0f, 0.5f};
+    const char *const names[3] = {"sqrt2", "one", "half"};
+    for (int k = 0; k < 3; k++) {
+        int n = node(g, "Constant", names[k], 0, NULL, 1, &names[k]);
+        struct gp_attr *a = gp_graph_add_attr(g, n, "value_float", GP_ATTR_FLOAT, 1, &err);
+        if (!a) fail_msg("%s", err.msg);
+        a->f = c[k];
+    }
+    node(g, "Relu", "/pre/Relu", 1, S("x"), 1, S("h"));
+    node(g, "Div", "/mlp/act/Div", 2, S("h", "sqrt2"), 1, S("d"));
+    node(g, "Erf", "/mlp/act/Erf", 1, S("d"), 1, S("e"));
+    node(g, "Add", "/mlp/act/Add", 2, S("one", "e"), 1, S("a")); /* either order */
+    node(g, "Mul", "/mlp/act/Mul", 2, S("a", "h"), 1, S("m"));
+    node(g, "Mul", "/mlp/act/Mul_1", 2, S("m", "half"), 1, S("y"));
+    output(g, "y");
+    if (keep_erf) output(g, "e");
+    if (gp_graph_finalize(g, &err) != GP_OK) fail_msg("%s", err.msg);
+}
+
+static void test_gelu_chain_fuses(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    gelu_chain(&g, false);
+    assert_int_equal(g.n_nodes, 2);
+    assert_string_equal(g.nodes[1].op_type, "Gelu");
+    assert_string_equal(g.nodes[1].name, "/mlp/act/Gelu");
+    assert_int_equal(g.nodes[1].n_inputs, 1);
+    assert_string_equal(g.values[g.nodes[1].inputs[0]].name, "h");
+    assert_string_equal(g.values[g.nodes[1].outputs[0]].name, "y");
+    assert_int_equal(g.values[g.nodes[1].outputs[0]].producer, 1);
+    assert_int_equal(g.n_fused, 4);
+    assert_int_equal(g.n_nodes + g.n_folded + g.n_fused, g.n_source_nodes);
+    gp_graph_free(&g);
+    /* An intermediate read elsewhere keeps the chain as it is. */
+    gelu_chain(&g, true);
+    assert_int_equal(g.n_nodes, 6);
+    assert_int_equal(g.n_fused, 0);
+    gp_graph_free(&g);
+}
+
 /* x -> a -> b -> c(a, b) -> d: the value a crosses the cuts before b and c. */
 static void test_frontier_by_hand(void **state)
 {
@@ -291,6 +341,7 @@ int main(void)
         cmocka_unit_test(test_scalar_input_refused),
         cmocka_unit_test(test_trainability),
         cmocka_unit_test(test_frontier_by_hand),
+        cmocka_unit_test(test_gelu_chain_fuses),
         cmocka_unit_test(test_float_constant_arithmetic_folds_into_scales),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -84,7 +84,7 @@ static void test_every_fixture_matches_manifest(void **state)
         assert_int_equal(g.ir_version, gp_jobject_get(rec, "ir_version")->i);
         assert_string_equal(g.producer_version, gp_jobject_get(rec, "producer_version")->str);
         assert_int_equal(g.n_source_nodes, gp_jobject_get(rec, "node_count")->i);
-        assert_int_equal(g.n_nodes + g.n_folded, g.n_source_nodes);
+        assert_int_equal(g.n_nodes + g.n_folded + g.n_fused, g.n_source_nodes);
 
         const struct gp_jvalue *b3 = gp_jobject_get(rec, "batch3");
         check_shapes(&g, file, gp_jobject_get(b3, "input_shapes"));

@@ -128,6 +128,8 @@ static void print_json(const struct gp_graph *g, const struct gp_layers *l, cons
     gp_json_int(&j, g->n_source_nodes);
     gp_json_key(&j, "folded_nodes");
     gp_json_int(&j, g->n_folded);
+    gp_json_key(&j, "fused_nodes");
+    gp_json_int(&j, g->n_fused);
     struct op_tally *t = calloc((size_t)g->n_folded + 1, sizeof *t);
     int nt = t ? tally_folded(g, t) : 0;
     gp_json_key(&j, "folded_ops");
@@ -234,8 +236,10 @@ static void print_table(const struct gp_graph *g, const struct gp_layers *l, con
     if (n_buffers)
         printf("%-12s %s in %d tensors (%s): state without gradients\n", "buffers",
                gp_cli_count(elems, a, sizeof a), n_buffers, gp_cli_bytes(bytes, b, sizeof b));
-    printf("%-12s %d in the file, %d folded at load time, %d layers\n", "nodes",
-           g->n_source_nodes, g->n_folded, g->n_nodes);
+    printf("%-12s %d in the file, %d folded at load time, ", "nodes", g->n_source_nodes, g->n_folded);
+    if (g->n_fused)
+        printf("%d fused into %d (exported GELU chains into Gelu), ", g->n_fused + g->n_fusions, g->n_fusions);
+    printf("%d layers\n", g->n_nodes);
     struct op_tally *t = calloc((size_t)g->n_folded + 1, sizeof *t);
     int nt = t ? tally_folded(g, t) : 0;
     if (nt) {

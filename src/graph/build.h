@@ -51,4 +51,9 @@ gp_status gp_graph_add_const_i64(struct gp_graph *g, const char *name, const str
  * static IR described in graph/graph.h. */
 gp_status gp_graph_finalize(struct gp_graph *g, struct gp_error *err);
 
+/* Replaces op chains that exporters spell out by the single op computing
+ * the same (today: the exact GELU below opset 20 -> Gelu); graph/fuse.c.
+ * gp_graph_finalize's last step. */
+gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err);
+
 #endif

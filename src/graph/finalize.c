@@ -568,6 +568,7 @@ gp_status gp_graph_finalize(struct gp_graph *g, struct gp_error *err)
         }
     }
     st = compact(g, folded, err);
+    if (st == GP_OK) st = gp_graph_fuse(g, err);
 done:
     free_uses(&u);
     free(folded);

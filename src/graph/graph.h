@@ -114,6 +114,8 @@ struct gp_graph {
     int n_source_nodes;        /* nodes in the file */
     int n_folded;              /* nodes folded into constants at load time */
     struct gp_node *folded;    /* those nodes, in order, for reports */
+    int n_fused;               /* nodes merged away by fusion (graph/fuse.c) */
+    int n_fusions;             /* the single ops they became (each also one of the nodes) */
 
     int n_inputs, n_outputs;
     int *inputs, *outputs;     /* value indices */
