@@ -247,6 +247,17 @@ static void test_float_constant_arithmetic_folds_into_scales(void **state)
     gp_graph_free(&g);
 }
 
+/* A Constant node making the float scalar `name`, as exporters write
+ * constants (an initializer would be a trainable parameter, never fused). */
+static void konst(struct gp_graph *g, const char *name, float value)
+{
+    struct gp_error err = {0};
+    int n = node(g, "Constant", name, 0, NULL, 1, (const char *const[]){name});
+    struct gp_attr *a = gp_graph_add_attr(g, n, "value_float", GP_ATTR_FLOAT, 1, &err);
+    if (!a) fail_msg("%s", err.msg);
+    a->f = value;
+}
+
 /* The exact GELU as exporters write it below opset 20; `keep_erf`: the
  * Erf's output is also a graph output. */
 static void gelu_chain(struct gp_graph *g, bool keep_erf)
@@ -254,16 +265,9 @@ static void gelu_chain(struct gp_graph *g, bool keep_erf)
     struct gp_error err = {0};
     init(g, 2);
     input(g, "x", 2, (int64_t[]){1, 8});
-    /* Constant nodes, as the exporter writes them (initializers would be
-     * trainable parameters, which never fuse). */
-    const float c[3] = {1.41421353816986083984f, 1.0f, 0.5f};
-    const char *const names[3] = {"sqrt2", "one", "half"};
-    for (int k = 0; k < 3; k++) {
-        int n = node(g, "Constant", names[k], 0, NULL, 1, &names[k]);
-        struct gp_attr *a = gp_graph_add_attr(g, n, "value_float", GP_ATTR_FLOAT, 1, &err);
-        if (!a) fail_msg("%s", err.msg);
-        a->f = c[k];
-    }
+    konst(g, "sqrt2", 1.41421353816986083984f);
+    konst(g, "one", 1.0f);
+    konst(g, "half", 0.5f);
     node(g, "Relu", "/pre/Relu", 1, S("x"), 1, S("h"));
     node(g, "Div", "/mlp/act/Div", 2, S("h", "sqrt2"), 1, S("d"));
     node(g, "Erf", "/mlp/act/Erf", 1, S("d"), 1, S("e"));
@@ -295,6 +299,55 @@ static void test_gelu_chain_fuses(void **state)
     assert_int_equal(g.n_nodes, 6);
     assert_int_equal(g.n_fused, 0);
     gp_graph_free(&g);
+}
+
+/* The tanh form in its two exported spellings: Hugging Face's gelu_new
+ * (0.5 x first, x^3 by Pow) and torch's symbolic (x^3 as x (x x), the 0.5
+ * last); both become one Gelu with approximate="tanh". */
+static void test_tanh_gelu_chains_fuse(void **state)
+{
+    (void)state;
+    for (int form = 0; form < 2; form++) {
+        struct gp_graph g;
+        struct gp_error err = {0};
+        init(&g, 2);
+        input(&g, "x", 2, (int64_t[]){1, 8});
+        konst(&g, "half", 0.5f);
+        konst(&g, "three", 3.0f);
+        konst(&g, "kappa", 0.044715f);
+        konst(&g, "beta", 0.7978845608028654f);
+        konst(&g, "one", 1.0f);
+        node(&g, "Relu", "/pre/Relu", 1, S("x"), 1, S("h"));
+        if (form == 0) {
+            node(&g, "Mul", "/act/Mul", 2, S("half", "h"), 1, S("a"));
+            node(&g, "Pow", "/act/Pow", 2, S("h", "three"), 1, S("cube"));
+        } else {
+            node(&g, "Mul", "/act/Mul_sq", 2, S("h", "h"), 1, S("sq"));
+            node(&g, "Mul", "/act/Mul_cube", 2, S("h", "sq"), 1, S("cube"));
+        }
+        node(&g, "Mul", "/act/Mul_k", 2, S("kappa", "cube"), 1, S("q"));
+        node(&g, "Add", "/act/Add", 2, S("h", "q"), 1, S("r"));
+        node(&g, "Mul", "/act/Mul_b", 2, S("beta", "r"), 1, S("s"));
+        node(&g, "Tanh", "/act/Tanh", 1, S("s"), 1, S("t"));
+        node(&g, "Add", "/act/Add_1", 2, S("one", "t"), 1, S("u"));
+        if (form == 0) {
+            node(&g, "Mul", "/act/Mul_out", 2, S("a", "u"), 1, S("y"));
+        } else {
+            node(&g, "Mul", "/act/Mul_x", 2, S("h", "u"), 1, S("m"));
+            node(&g, "Mul", "/act/Mul_out", 2, S("half", "m"), 1, S("y"));
+        }
+        output(&g, "y");
+        if (gp_graph_finalize(&g, &err) != GP_OK) fail_msg("%s", err.msg);
+        assert_int_equal(g.n_nodes, 2);
+        const struct gp_node *n = &g.nodes[1];
+        assert_string_equal(n->op_type, "Gelu");
+        assert_string_equal(n->name, "/act/Gelu");
+        assert_string_equal(gp_node_attr_string(n, "approximate", "none"), "tanh");
+        assert_string_equal(g.values[n->inputs[0]].name, "h");
+        assert_string_equal(g.values[n->outputs[0]].name, "y");
+        assert_int_equal(g.n_nodes + g.n_folded + g.n_fused, g.n_source_nodes);
+        gp_graph_free(&g);
+    }
 }
 
 /* x -> a -> b -> c(a, b) -> d: the value a crosses the cuts before b and c. */
@@ -342,6 +395,7 @@ int main(void)
         cmocka_unit_test(test_trainability),
         cmocka_unit_test(test_frontier_by_hand),
         cmocka_unit_test(test_gelu_chain_fuses),
+        cmocka_unit_test(test_tanh_gelu_chains_fuse),
         cmocka_unit_test(test_float_constant_arithmetic_folds_into_scales),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

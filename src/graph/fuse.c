@@ -1,10 +1,15 @@
 /* Fusion of op chains that exporters spell out into the one op that does
  * the same, after folding (graph/build.h, gp_graph_finalize's last step).
  *
- * Today one chain: the exact GELU that PyTorch's F.gelu / nn.GELU becomes
- * below opset 20,
- *     y = Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5)
- * (either operand order of the commutative ops), which becomes Gelu(x).
+ * Today GELU, which exporters below opset 20 spell out:
+ *   exact (PyTorch's F.gelu / nn.GELU):
+ *     y = Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5)          -> Gelu(x)
+ *   tanh form (F.gelu(approximate='tanh'), Hugging Face's gelu_new):
+ *     t = Tanh(Mul(sqrt(2/pi), Add(x, Mul(0.044715, x^3))))
+ *     y = Mul(Mul(x, 0.5), Add(t, 1)) or Mul(Mul(x, Add(t, 1)), 0.5)
+ *     with x^3 as Pow(x, 3), Mul(x, Mul(x, x)) or Mul(Mul(x, x), x)
+ *                                                  -> Gelu(x, approximate="tanh")
+ * (any operand order of the commutative ops).
  * Five layers forward and five backward, each a pass over the [batch,
  * tokens, 4 * width] activation and four of them keeping that activation
  * for backward, become one layer that keeps only x. Gelu computes PyTorch's
@@ -13,7 +18,7 @@
  *
  * A chain fuses only when each of its intermediate values has one consumer
  * (the next op of the chain) and is not a graph output, x is float32, and
- * the constants are the scalars above. The saved model is unaffected: it is
+ * the constants are the scalars above (constants, not parameters). The saved model is unaffected: it is
  * written from the original file (onnx/save.c), not from this IR. */
 #include "graph/build.h"
 
@@ -60,9 +65,16 @@ static int other_operand(const struct gp_node *n, int a)
     return -2;
 }
 
-/* The chain starting at the Div node d, as node indices div, erf, add,
- * mul, half; false when it is not a GELU. */
-static bool match_gelu(const struct gp_graph *g, const int *uses, const int *user, int d, int chain[5])
+/* A matched chain: its nodes (the last one, which makes y, becomes the
+ * Gelu), its input x, and which form. */
+struct chain {
+    int nodes[12], n;
+    int x;
+    bool tanh;
+};
+
+/* The exact form, starting at the Div node d. */
+static bool match_gelu(const struct gp_graph *g, const int *uses, const int *user, int d, struct chain *c)
 {
     const struct gp_node *div = &g->nodes[d];
     if (!is_op(div, "Div") || div->n_inputs != 2 || div->n_outputs != 1) return false;
@@ -84,18 +96,124 @@ static bool match_gelu(const struct gp_graph *g, const int *uses, const int *use
         return false;
     const struct gp_value *xv = &g->values[x], *yv = &g->values[g->nodes[h].outputs[0]];
     if (!gp_shape_equal(&xv->shape, &yv->shape) || yv->dtype != GP_DTYPE_FLOAT32) return false;
-    chain[0] = d, chain[1] = e, chain[2] = a, chain[3] = m, chain[4] = h;
+    *c = (struct chain){.nodes = {d, e, a, m, h}, .n = 5, .x = x};
     return true;
 }
 
-/* "<folder of the Div's name>/Gelu" (the exporter's module path), or
- * "Gelu_<index>" for names without one. */
-static const char *gelu_name(struct gp_graph *g, const struct gp_node *div, int index)
+/* The node making value v when it is op `op` with one output, whose output
+ * only `consumer` reads (and no graph output); -1 otherwise. */
+static int producer_for(const struct gp_graph *g, const int *uses, const int *user, int v, const char *op,
+                        int consumer)
+{
+    if (v < 0) return -1;
+    int p = g->values[v].producer;
+    if (p < 0 || !is_op(&g->nodes[p], op) || g->nodes[p].n_outputs != 1) return -1;
+    return sole_consumer(g, uses, user, v) == consumer ? p : -1;
+}
+
+/* Binary node p as (constant ~= k) op other: the other operand, or -1. */
+static int with_const(const struct gp_graph *g, int p, double k)
+{
+    const struct gp_node *n = &g->nodes[p];
+    if (n->n_inputs != 2) return -1;
+    for (int s = 0; s < 2; s++)
+        if (near(scalar_const(g, n->inputs[s]), k)) return n->inputs[1 - s];
+    return -1;
+}
+
+/* x^3 made for `consumer` as Pow(x, 3), Mul(x, Mul(x, x)) or Mul(Mul(x, x), x):
+ * x, with the nodes appended to c; -1 otherwise. */
+static int match_cube(const struct gp_graph *g, const int *uses, const int *user, int v, int consumer,
+                      struct chain *c)
+{
+    int p = producer_for(g, uses, user, v, "Pow", consumer);
+    if (p >= 0) {
+        const struct gp_node *n = &g->nodes[p];
+        if (n->n_inputs != 2 || !near(scalar_const(g, n->inputs[1]), 3.0)) return -1;
+        c->nodes[c->n++] = p;
+        return n->inputs[0];
+    }
+    p = producer_for(g, uses, user, v, "Mul", consumer);
+    if (p < 0) return -1;
+    const struct gp_node *n = &g->nodes[p];
+    for (int s = 0; s < 2; s++) {
+        int sq = producer_for(g, uses, user, n->inputs[s], "Mul", p);
+        int x = n->inputs[1 - s];
+        if (sq >= 0 && g->nodes[sq].inputs[0] == x && g->nodes[sq].inputs[1] == x) {
+            c->nodes[c->n++] = sq;
+            c->nodes[c->n++] = p;
+            return x;
+        }
+    }
+    return -1;
+}
+
+/* The tanh form, starting at the Tanh node t. */
+static bool match_gelu_tanh(const struct gp_graph *g, const int *uses, const int *user, int t, struct chain *c)
+{
+    const struct gp_node *tn = &g->nodes[t];
+    if (!is_op(tn, "Tanh") || tn->n_inputs != 1 || tn->n_outputs != 1) return false;
+    *c = (struct chain){.n = 0, .tanh = true};
+    int sp = producer_for(g, uses, user, tn->inputs[0], "Mul", t);
+    int r = sp >= 0 ? with_const(g, sp, 0.7978845608028654) : -1;
+    int rp = producer_for(g, uses, user, r, "Add", sp);
+    if (rp < 0 || g->nodes[rp].n_inputs != 2) return false;
+    int x = -1;
+    for (int s = 0; s < 2 && x < 0; s++) {
+        int qp = producer_for(g, uses, user, g->nodes[rp].inputs[s], "Mul", rp);
+        int cube = qp >= 0 ? with_const(g, qp, 0.044715) : -1;
+        if (cube < 0) continue;
+        int n0 = c->n;
+        int cx = match_cube(g, uses, user, cube, qp, c);
+        if (cx >= 0 && cx == g->nodes[rp].inputs[1 - s]) {
+            c->nodes[c->n++] = qp;
+            x = cx;
+        } else {
+            c->n = n0;
+        }
+    }
+    if (x < 0 || g->values[x].dtype != GP_DTYPE_FLOAT32) return false;
+    c->nodes[c->n++] = rp;
+    c->nodes[c->n++] = sp;
+    c->nodes[c->n++] = t;
+    int u = sole_consumer(g, uses, user, tn->outputs[0]); /* Add(t, 1) */
+    if (u < 0 || !is_op(&g->nodes[u], "Add") || !near(scalar_const(g, other_operand(&g->nodes[u], tn->outputs[0])), 1.0))
+        return false;
+    c->nodes[c->n++] = u;
+    int w = sole_consumer(g, uses, user, g->nodes[u].outputs[0]);
+    if (w < 0 || !is_op(&g->nodes[w], "Mul")) return false;
+    int o = other_operand(&g->nodes[w], g->nodes[u].outputs[0]);
+    int last = -1;
+    if (o == x) { /* Mul(Mul(x, Add(t, 1)), 0.5) */
+        int h = sole_consumer(g, uses, user, g->nodes[w].outputs[0]);
+        if (h < 0 || !is_op(&g->nodes[h], "Mul") ||
+            !near(scalar_const(g, other_operand(&g->nodes[h], g->nodes[w].outputs[0])), 0.5))
+            return false;
+        c->nodes[c->n++] = w;
+        last = h;
+    } else { /* Mul(Mul(x, 0.5), Add(t, 1)) */
+        int a = producer_for(g, uses, user, o, "Mul", w);
+        if (a < 0 || with_const(g, a, 0.5) != x) return false;
+        c->nodes[c->n++] = a;
+        last = w;
+    }
+    c->nodes[c->n++] = last;
+    const struct gp_value *yv = &g->values[g->nodes[last].outputs[0]];
+    if (g->nodes[last].n_outputs != 1 || !gp_shape_equal(&g->values[x].shape, &yv->shape) ||
+        yv->dtype != GP_DTYPE_FLOAT32)
+        return false;
+    c->x = x;
+    return true;
+}
+
+/* "<folder of the first node's name>/Gelu" (the exporter's module path),
+ * or "Gelu_<index>" for names without one. */
+static const char *gelu_name(struct gp_graph *g, const struct gp_node *first, int index)
 {
     char buf[512];
-    const char *slash = strrchr(div->name, '/');
-    if (slash && slash - div->name < 400)
-        snprintf(buf, sizeof buf, "%.*s/Gelu", (int)(slash - div->name), div->name);
+    const char *slash = strrchr(first->name, '/');
+    if (slash && slash - first->name < 400)
+        snprintf(buf, sizeof buf, "%.*s/Gelu", (int)(slash - first->name), first->name);
     else
         snprintf(buf, sizeof buf, "Gelu_%d", index);
     return gp_arena_strdup(&g->arena, buf);
@@ -109,7 +227,8 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
     int *user = malloc(sizeof(int) * ((size_t)g->n_values + 1));
     bool *drop = calloc((size_t)g->n_nodes + 1, sizeof(bool));
     int *input = gp_arena_alloc(&g->arena, sizeof(int) * ((size_t)g->n_nodes + 1));
-    if (!uses || !user || !drop || !input) {
+    struct gp_attr *tanh_attr = gp_arena_alloc(&g->arena, sizeof *tanh_attr);
+    if (!uses || !user || !drop || !input || !tanh_attr) {
         free(uses);
         free(user);
         free(drop);
@@ -120,25 +239,33 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
             int v = g->nodes[i].inputs[k];
             if (v >= 0) uses[v]++, user[v] = i;
         }
+    *tanh_attr = (struct gp_attr){.name = "approximate", .type = GP_ATTR_STRING, .s = "tanh"};
     int fused = 0;
     for (int i = 0; gelu && i < g->n_nodes; i++) {
-        int chain[5];
-        if (drop[i] || !match_gelu(g, uses, user, i, chain)) continue;
-        /* The last Mul becomes Gelu(x); the other four go, their outputs
+        struct chain c;
+        if (drop[i] || !(match_gelu(g, uses, user, i, &c) || match_gelu_tanh(g, uses, user, i, &c))) continue;
+        bool taken = false;
+        for (int k = 0; k < c.n; k++) taken |= drop[c.nodes[k]];
+        if (taken) continue;
+        /* The node making y (the chain's last, after all the others in
+         * topological order) becomes Gelu(x); the others go, their outputs
          * left without producer or consumer. */
-        struct gp_node *last = &g->nodes[chain[4]];
-        input[fused] = g->nodes[chain[0]].inputs[0];
-        last->name = gelu_name(g, &g->nodes[chain[0]], fused);
+        int first = c.nodes[0];
+        for (int k = 1; k < c.n; k++)
+            if (c.nodes[k] < first) first = c.nodes[k];
+        struct gp_node *last = &g->nodes[c.nodes[c.n - 1]];
+        input[fused] = c.x;
+        last->name = gelu_name(g, &g->nodes[first], fused);
         last->op_type = "Gelu";
         last->domain = "";
         last->def = gelu;
         last->n_inputs = 1;
         last->inputs = &input[fused];
-        last->n_attrs = 0;
-        last->attrs = NULL;
-        for (int k = 0; k < 4; k++) {
-            drop[chain[k]] = true;
-            g->values[g->nodes[chain[k]].outputs[0]].producer = -1;
+        last->n_attrs = c.tanh ? 1 : 0;
+        last->attrs = c.tanh ? tanh_attr : NULL;
+        for (int k = 0; k < c.n - 1; k++) {
+            drop[c.nodes[k]] = true;
+            g->values[g->nodes[c.nodes[k]].outputs[0]].producer = -1;
         }
         fused++;
     }
