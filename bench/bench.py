@@ -156,8 +156,10 @@ def torch_side(args, name, precision, batch):
     return res
 
 
-def gpipe_side(args, name, precision, batch, onnx_path, workdir):
-    metrics = os.path.join(workdir, "%s-%s.metrics.jsonl" % (name, precision))
+def gpipe_side(args, name, precision, batch, onnx_path, workdir, variant=None):
+    """One gpipe-onnx run; `variant` = (label, extra args) for a --gpipe-variant."""
+    tag = "%s-%s%s" % (name, precision, "-" + variant[0] if variant else "")
+    metrics = os.path.join(workdir, "%s.metrics.jsonl" % "".join(c if c.isalnum() or c in "-_" else "_" for c in tag))
     total = args.warmup + args.steps
     cmd = [args.gpipe, "train", onnx_path,
            "--synthetic", str(2 * batch), "--batch", str(batch), "--steps", str(total),
@@ -169,18 +171,47 @@ def gpipe_side(args, name, precision, batch, onnx_path, workdir):
     if not args.gpipe_verbose:
         cmd.append("--quiet")
     cmd += shlex.split(args.gpipe_args)
-    log("%s %s: gpipe-onnx, batch %d, %d+%d steps: %s" % (
-        name, precision, batch, args.warmup, args.steps, " ".join(shlex.quote(c) for c in cmd)))
+    if variant:
+        cmd += shlex.split(variant[1])
+    what = "gpipe-onnx" + (" [%s]" % variant[0] if variant else "")
+    log("%s %s: %s, batch %d, %d+%d steps: %s" % (
+        name, precision, what, batch, args.warmup, args.steps, " ".join(shlex.quote(c) for c in cmd)))
     res, err = gpipe_run(cmd, metrics, args.timeout, args.warmup, batch)
     if args.gpipe_verbose and err:
         sys.stdout.write(err)
         sys.stdout.flush()
     if res.get("error"):
         return res
-    log("%s %s: gpipe-onnx %.1f samples/s (median step %.4f s, loss %.4f -> %.4f)" % (
-        name, precision, res["samples_per_s"], res["median_step_s"], res["first_loss"],
+    log("%s %s: %s %.1f samples/s (median step %.4f s, loss %.4f -> %.4f)" % (
+        name, precision, what, res["samples_per_s"], res["median_step_s"], res["first_loss"],
         res["last_loss"]))
     return res
+
+
+def ratio_of(t, g):
+    if t and g and not t.get("error") and not g.get("error"):
+        return "%.2fx" % (g["samples_per_s"] / t["samples_per_s"])
+    return "-"
+
+
+def table_lines(args, rows):
+    """The results table: PyTorch, gpipe-onnx, and a column pair per --gpipe-variant."""
+    labels = [v[0] for v in args.variants]
+    head = "| model | precision | batch | PyTorch eager samples/s | gpipe-onnx samples/s | ratio |"
+    rule = "|---|---|---:|---:|---:|---:|"
+    for label in labels:
+        head += " gpipe-onnx %s samples/s | ratio |" % label
+        rule += "---:|---:|"
+    lines = [head, rule]
+    for r in rows:
+        t, g = r.get("torch"), r.get("gpipe")
+        line = "| %s | %s | %d | %s | %s | %s |" % (
+            r["model"], r["precision"], r["batch"], fmt_rate(t), fmt_rate(g), ratio_of(t, g))
+        for label in labels:
+            v = (r.get("variants") or {}).get(label)
+            line += " %s | %s |" % (fmt_rate(v), ratio_of(t, v))
+        lines.append(line)
+    return lines
 
 
 def write_outputs(args, header, rows):
@@ -204,16 +235,8 @@ def write_outputs(args, header, rows):
                 args.lr, args.momentum, args.warmup, args.steps,
                 "CUDA events" if args.device == "cuda" else "perf_counter"),
             "",
-            "| model | precision | batch | PyTorch eager samples/s | gpipe-onnx samples/s | ratio |",
-            "|---|---|---:|---:|---:|---:|",
-        ]
-        for r in rows:
-            t, g = r.get("torch"), r.get("gpipe")
-            ratio = "-"
-            if t and g and not t.get("error") and not g.get("error"):
-                ratio = "%.2fx" % (g["samples_per_s"] / t["samples_per_s"])
-            lines.append("| %s | %s | %d | %s | %s | %s |" % (
-                r["model"], r["precision"], r["batch"], fmt_rate(t), fmt_rate(g), ratio))
+        ] + ["- variant %s: gpipe-onnx with `%s`" % v for v in args.variants] + (
+            [""] if args.variants else []) + table_lines(args, rows)
         with open(args.markdown + ".tmp", "w") as f:
             f.write("\n".join(lines) + "\n")
         os.replace(args.markdown + ".tmp", args.markdown)
@@ -237,6 +260,9 @@ def main():
     ap.add_argument("--gpipe", default=None, help="the gpipe-onnx binary (without it: PyTorch only)")
     ap.add_argument("--gpipe-devices", default=None, help="gpipe-onnx --devices (default cuda:0; cpu:0 with --device cpu)")
     ap.add_argument("--gpipe-args", default="", help="extra gpipe-onnx train flags, e.g. '--chunks 4'")
+    ap.add_argument("--gpipe-variant", action="append", default=[], metavar="LABEL=ARGS",
+                    help="also run gpipe-onnx with these extra flags, in a column of its own, "
+                         "e.g. 'fast-conv=--fast-conv' (repeatable)")
     ap.add_argument("--gpipe-verbose", action="store_true", help="no --quiet; echo gpipe-onnx's progress")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
     ap.add_argument("--torch-sdpa", action="store_true",
@@ -274,6 +300,12 @@ def main():
             ap.error("--gpipe %s is not an executable" % args.gpipe)
     if args.onnx_dir is None and args.reuse_onnx:
         ap.error("--reuse-onnx needs --onnx-dir")
+    args.variants = []
+    for item in args.gpipe_variant:
+        label, sep, extra = item.partition("=")
+        if not sep or not label.strip() or not extra.strip():
+            ap.error("--gpipe-variant wants LABEL=ARGS, e.g. 'fast-conv=--fast-conv' (got '%s')" % item)
+        args.variants.append((label.strip(), extra.strip()))
 
     import models as bm
     batches = {m: bm.config(m, args.tiny)["batch"] for m in MODELS}
@@ -300,6 +332,7 @@ def main():
         "config": {"warmup": args.warmup, "steps": args.steps, "lr": args.lr,
                    "momentum": args.momentum, "tiny": args.tiny, "device": args.device,
                    "gpipe_devices": args.gpipe_devices, "gpipe_args": args.gpipe_args,
+                   "gpipe_variants": dict(args.variants),
                    "torch_sdpa": args.torch_sdpa},
     }
     log("device %s, torch %s, gpipe-onnx %s" % (header["device"], header["torch"], gpipe_version))
@@ -335,6 +368,12 @@ def main():
                 else:
                     row["gpipe"] = gpipe_side(args, name, precision, batch, onnx_path, workdir)
                     row["onnx"] = info
+                    write_outputs(args, header, rows)
+                    row["variants"] = {}
+                    for v in args.variants:
+                        row["variants"][v[0]] = gpipe_side(args, name, precision, batch, onnx_path,
+                                                           workdir, v)
+                        write_outputs(args, header, rows)
                 write_outputs(args, header, rows)
     finally:
         if tmp:
@@ -343,15 +382,7 @@ def main():
     log("done in %.0f s" % (time.time() - t_all))
     # The table, also on stdout.
     print("")
-    print("| model | precision | batch | PyTorch eager samples/s | gpipe-onnx samples/s | ratio |")
-    print("|---|---|---:|---:|---:|---:|")
-    for r in rows:
-        t, g = r.get("torch"), r.get("gpipe")
-        ratio = "-"
-        if t and g and not t.get("error") and not g.get("error"):
-            ratio = "%.2fx" % (g["samples_per_s"] / t["samples_per_s"])
-        print("| %s | %s | %d | %s | %s | %s |" % (r["model"], r["precision"], r["batch"],
-                                                fmt_rate(t), fmt_rate(g), ratio), flush=True)
+    print("\n".join(table_lines(args, rows)), flush=True)
 
 
 if __name__ == "__main__":
