@@ -111,6 +111,7 @@ grep -q "^optimal" "$tmp/out.txt" || fail "balance printed no optimal split"
 grep -q "^even" "$tmp/out.txt" || fail "balance printed no even split"
 grep -q "^heuristic" "$tmp/out.txt" || fail "balance printed no heuristic split"
 grep -q "bubble" "$tmp/out.txt" || fail "balance printed no bubble"
+grep -qE "^time by op: [A-Za-z]+ x[0-9]+ [0-9.]+% " "$tmp/out.txt" || fail "balance printed no time by op"
 "$py" - "$tmp/balance.json" <<'PY' || fail "balance JSON lacks fields"
 import json, sys
 d = json.load(open(sys.argv[1]))

@@ -102,6 +102,42 @@ static void print_bars(const struct gp_split_report *r, bool by_time)
     printf("\n");
 }
 
+/* Where the time goes: forward + backward time summed per op type, the
+ * largest shares first (the first thing to read before optimizing). */
+static void print_time_by_op(const struct gp_profile *p, double total)
+{
+    if (!(total > 0) || p->n_layers == 0) return;
+    struct op_time {
+        const char *op;
+        double fwd, bwd;
+        int n;
+    } *ops = calloc((size_t)p->n_layers, sizeof *ops);
+    if (!ops) return;
+    int n_ops = 0;
+    for (int i = 0; i < p->n_layers; i++) {
+        int k = 0;
+        while (k < n_ops && strcmp(ops[k].op, p->layers[i].op) != 0) k++;
+        if (k == n_ops) ops[n_ops++].op = p->layers[i].op;
+        ops[k].fwd += p->layers[i].forward_ms;
+        ops[k].bwd += p->layers[i].backward_ms;
+        ops[k].n++;
+    }
+    /* Largest share first (insertion sort: a model has few op types). */
+    for (int a = 1; a < n_ops; a++)
+        for (int b = a; b > 0 && ops[b].fwd + ops[b].bwd > ops[b - 1].fwd + ops[b - 1].bwd; b--) {
+            struct op_time t = ops[b];
+            ops[b] = ops[b - 1];
+            ops[b - 1] = t;
+        }
+    printf("time by op:");
+    for (int k = 0; k < n_ops && k < 6; k++)
+        printf("%s %s x%d %.1f%% (%.3f + %.3f ms)", k ? "," : "", ops[k].op, ops[k].n,
+               100 * (ops[k].fwd + ops[k].bwd) / total, ops[k].fwd, ops[k].bwd);
+    if (n_ops > 6) printf(", %d other op%s", n_ops - 6, n_ops - 6 > 1 ? "s" : "");
+    printf("\n");
+    free(ops);
+}
+
 void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_report *r)
 {
     bool by_time = r->cfg.by == GP_BALANCE_TIME;
@@ -129,7 +165,9 @@ void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_re
     for (int q = 0; q < 5 && top[q] >= 0; q++)
         printf(" %d %s (%.3f ms)%s", top[q], p->layers[top[q]].op,
                p->layers[top[q]].forward_ms + p->layers[top[q]].backward_ms, q < 4 && top[q + 1] >= 0 ? "," : "");
-    printf("\n\nbalance by %s: %d stages, batch %lld in %d micro-batches, checkpoint %s\n\n",
+    printf("\n");
+    print_time_by_op(p, total_f + total_b);
+    printf("\nbalance by %s: %d stages, batch %lld in %d micro-batches, checkpoint %s\n\n",
            by_time ? "time" : "memory", r->cfg.n_stages, (long long)r->cfg.batch, r->cfg.n_micro,
            gp_checkpoint_name(r->cfg.checkpoint));
     printf("%-10s %5s  %-9s %-38s %12s %10s %10s %10s\n", "split", "stage", "layers", "first .. last op",
