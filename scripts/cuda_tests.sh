@@ -20,7 +20,11 @@ export GP_SOURCE_ROOT=${GP_SOURCE_ROOT:-$PWD}
 export GP_BUILD_ROOT=${GP_BUILD_ROOT:-$PWD/$build}
 
 shopt -s nullglob
-tests=("$build"/tests/test_cuda_*)
+# Test binaries only: a build tree also holds the test_cuda_*.p object folders.
+tests=()
+for t in "$build"/tests/test_cuda_*; do
+    [ -f "$t" ] && [ -x "$t" ] && tests+=("$t")
+done
 [ ${#tests[@]} -gt 0 ] || { echo "cuda_tests.sh: no test_cuda_* binaries in $build/tests (build with -Dcuda=enabled)" >&2; exit 2; }
 
 failed=0

@@ -9,7 +9,7 @@
 
 #include "cli/cli.h"
 #ifdef GP_HAVE_CUDA
-#include "cuda/device.h"
+#include "backend/cuda/device.h"
 #endif
 #include "onnx/load.h"
 #include "partitioner/balance.h"

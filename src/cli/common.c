@@ -7,7 +7,7 @@
 #include <string.h>
 
 #ifdef GP_HAVE_CUDA
-#include "cuda/device_query.h"
+#include "backend/cuda/device_query.h"
 #endif
 
 int gp_cli_fail(const char *fmt, ...)

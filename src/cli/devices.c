@@ -5,7 +5,7 @@
 
 #include "cli/cli.h"
 #ifdef GP_HAVE_CUDA
-#include "cuda/device_query.h"
+#include "backend/cuda/device_query.h"
 #endif
 
 static void help(FILE *f)

@@ -8,7 +8,7 @@
 
 #include "backend/device.h"
 #ifdef GP_HAVE_CUDA
-#include "cuda/device.h"
+#include "backend/cuda/device.h"
 #endif
 #include "pipeline/pipeline.h"
 #include "graph/graph.h"

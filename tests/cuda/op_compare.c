@@ -15,7 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cpu/kernel.h"
-#include "cuda/kernel.h"
+#include "backend/cuda/kernel.h"
 
 #define MAX_IO OP_COMPARE_MAX_INPUTS
 

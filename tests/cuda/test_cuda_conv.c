@@ -1,5 +1,5 @@
-/* CUDA conv and pool kernels (src/cuda/conv.cu: Conv, ConvTranspose;
- * src/cuda/pool.cu: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool)
+/* CUDA conv and pool kernels (src/backend/cuda/conv.cu: Conv, ConvTranspose;
+ * src/backend/cuda/pool.cu: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool)
  * against the CPU kernels: outputs and every input gradient, with
  * accumulation into existing gradients, through op_compare_node.
  *

@@ -24,7 +24,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/device.h"
-#include "cuda/device.h"
+#include "backend/cuda/device.h"
 
 /* test_kernels.cu */
 cudaError_t gp_test_add_one(float *x, size_t n, long long spin, cudaStream_t s);

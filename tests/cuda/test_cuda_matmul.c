@@ -1,4 +1,4 @@
-/* CUDA matmul kernels (src/cuda/matmul.cu: Gemm, MatMul) against the CPU
+/* CUDA matmul kernels (src/backend/cuda/matmul.cu: Gemm, MatMul) against the CPU
  * kernels: outputs and every input gradient, with accumulation into
  * existing gradients, through op_compare_node.
  *

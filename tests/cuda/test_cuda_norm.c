@@ -34,7 +34,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cpu/kernel.h"
-#include "cuda/kernel.h"
+#include "backend/cuda/kernel.h"
 #include "cuda/cuda_test_util.h"
 #include "cuda/op_compare.h"
 #include "kernel_graph.h"

@@ -29,7 +29,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/device.h"
+#include "backend/cuda/device.h"
 #include "data/npy.h"
 #include "fixtures.h"
 #include "onnx/load.h"

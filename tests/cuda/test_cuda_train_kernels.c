@@ -31,7 +31,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/train_kernels.h"
+#include "backend/cuda/train_kernels.h"
 #include "train/loss.h"
 #include "train/optim.h"
 

@@ -8,7 +8,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
-#include "cuda/kernel.h"
+#include "backend/cuda/kernel.h"
 
 extern "C" {
 #include "util/error.h"

@@ -6,9 +6,9 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/device.h"
-#include "cuda/kernel.h"
-#include "cuda/train_kernels.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/kernel.h"
+#include "backend/cuda/train_kernels.h"
 
 extern "C" {
 #include "backend/compute.h"

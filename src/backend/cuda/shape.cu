@@ -42,8 +42,8 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/kernel.h"
-#include "cuda/kernel_util.cuh"
+#include "backend/cuda/kernel.h"
+#include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
 #include "ops/fold_util.h"

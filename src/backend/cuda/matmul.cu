@@ -21,7 +21,7 @@
 
 #include <cublas_v2.h>
 
-#include "cuda/kernel_util.cuh"
+#include "backend/cuda/kernel_util.cuh"
 
 /* ---- cuBLAS, row-major ---- */
 

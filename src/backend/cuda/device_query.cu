@@ -1,4 +1,4 @@
-#include "cuda/device_query.h"
+#include "backend/cuda/device_query.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>

@@ -47,7 +47,7 @@
  *
  * Host memory in copies: pageable host memory is read or written when copy
  * is called (CUDA stages it then); pinned memory moves in stream order. */
-#include "cuda/device.h"
+#include "backend/cuda/device.h"
 
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>

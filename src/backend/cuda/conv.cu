@@ -42,8 +42,8 @@
 
 #include <cudnn.h>
 
-#include "cuda/device.h"
-#include "cuda/kernel_util.cuh"
+#include "backend/cuda/device.h"
+#include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
 #include "ops/window.h"

@@ -24,7 +24,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cuda/kernel_util.cuh"
+#include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
 #include "ops/fold_util.h"

@@ -1,4 +1,4 @@
-/* Helpers shared by the CUDA kernel family files (src/cuda/<family>.cu):
+/* Helpers shared by the CUDA kernel family files (src/backend/cuda/<family>.cu):
  * launch geometry, grid-stride loops, error messages naming the node. */
 #ifndef GP_CUDA_KERNEL_UTIL_CUH
 #define GP_CUDA_KERNEL_UTIL_CUH
@@ -7,7 +7,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/kernel.h"
+#include "backend/cuda/kernel.h"
 
 extern "C" {
 #include "util/error.h"

@@ -29,7 +29,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cuda/kernel_util.cuh"
+#include "backend/cuda/kernel_util.cuh"
 
 #define FADD __fadd_rn
 #define FSUB __fsub_rn

@@ -57,8 +57,8 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include "cuda/kernel_util.cuh"
-#include "cuda/train_kernels.h"
+#include "backend/cuda/kernel_util.cuh"
+#include "backend/cuda/train_kernels.h"
 
 namespace cg = cooperative_groups;
 

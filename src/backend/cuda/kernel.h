@@ -58,7 +58,7 @@ struct gp_cuda_kernel {
 /* The kernel for a node (matched by op_type), or NULL. */
 const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node);
 
-/* Kernel tables, one per family file (src/cuda/<family>.cu), each ending
+/* Kernel tables, one per family file (src/backend/cuda/<family>.cu), each ending
  * with an entry whose op_type is NULL. */
 extern const struct gp_cuda_kernel gp_cuda_kernels_elementwise[];
 extern const struct gp_cuda_kernel gp_cuda_kernels_shape[];
