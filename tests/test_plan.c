@@ -32,7 +32,7 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
 {
     struct gp_stage_plan p;
     struct gp_error err = {0};
-    if (gp_plan_stage(g, l, needs, &gp_cpu_compute_ops, "cpu", first, last, &p, &err) != GP_OK)
+    if (gp_plan_stage(g, l, needs, &gp_cpu_compute_ops, &(struct gp_compute_options){0}, "cpu", first, last, &p, &err) != GP_OK)
         fail_msg("%s", err.msg);
     int nv = g->n_values;
     /* Lifetimes in backward time: t = 0 the start, t = last - i the backward of layer i. */

@@ -22,6 +22,27 @@
 struct gp_device;
 struct gp_stream;
 
+/* The arithmetic a stage trains in (README, "Precision"):
+ *   FP32  float32 everywhere (the reference: CPU and GPU agree to rounding);
+ *   TF32  float32 storage, matrix products and convolutions on TF32 tensor cores;
+ *   BF16  as PyTorch's autocast: float32 parameters, their gradients and the
+ *         optimizer state; activations, activation gradients and frontiers
+ *         stored in bfloat16; matrix products and convolutions read a bfloat16
+ *         copy of their weights and accumulate in float32; every other op
+ *         computes in float32 from bfloat16 inputs and rounds its outputs (round
+ *         to nearest even) once. */
+enum gp_precision { GP_PRECISION_FP32, GP_PRECISION_TF32, GP_PRECISION_BF16 };
+const char *gp_precision_name(enum gp_precision p); /* "fp32", "tf32", "bf16" */
+/* "fp32" | "tf32" | "bf16" (also "float32", "bfloat16"); false otherwise. */
+bool gp_precision_parse(const char *s, enum gp_precision *out);
+
+/* What a stage's compute context is set up for. */
+struct gp_compute_options {
+    enum gp_precision precision;
+    bool fast_conv; /* convolutions may use the fastest, non-deterministic algorithms
+                       (as cudnn.benchmark picks); default: deterministic ones */
+};
+
 /* One layer's call: the fields of the backends' kernel contexts
  * (backend/cpu/kernel.h says what each means). */
 struct gp_layer_call {
@@ -30,6 +51,12 @@ struct gp_layer_call {
     const void *kernel;      /* kernel_for(node), looked up once by the caller */
     void *const *in, *const *out;
     float *const *din, *const *dout;
+    /* Storage types of the tensors behind in/out/din/dout: a float tensor is
+     * GP_DTYPE_FLOAT32 or GP_DTYPE_BFLOAT16 (then its pointer above points at
+     * bfloat16 data, whatever its C type says); others their own dtype. NULL:
+     * every float tensor is float32. Only kernels that say they read bfloat16
+     * (kernel_bf16) see bfloat16 here: backend/mixed_call.h stages the rest. */
+    const enum gp_dtype *in_dt, *out_dt, *din_dt, *dout_dt;
     void *saved, *scratch;
     bool training, update_state;
     uint64_t seed, step;
@@ -63,11 +90,13 @@ struct gp_loss_call {
 
 struct gp_compute_ops {
     /* Per-stage state bound to the stage's compute stream (CUDA: cuBLAS and
-     * cuDNN handles in TF32 mode or not), with `workspace`: context_bytes of
-     * the stage's planned device memory for the libraries. */
+     * cuDNN handles in the math mode the precision asks for), with
+     * `workspace`: context_bytes of the stage's planned device memory for
+     * the libraries. */
     size_t context_bytes;
-    gp_status (*context_create)(struct gp_device *dev, struct gp_stream *compute, bool tf32, void *workspace,
-                                void **ctx, struct gp_error *err);
+    gp_status (*context_create)(struct gp_device *dev, struct gp_stream *compute,
+                                const struct gp_compute_options *opts, void *workspace, void **ctx,
+                                struct gp_error *err);
     void (*context_destroy)(void *ctx);
 
     /* Kernel lookup: false when the backend has no kernel for the node;
@@ -76,13 +105,22 @@ struct gp_compute_ops {
     /* The backend's kernel for the node (opaque), for gp_layer_call.kernel:
      * looked up once per layer rather than on every call. */
     const void *(*kernel_for)(const struct gp_node *node);
+    /* True when that kernel reads and writes bfloat16 storage itself (the
+     * call's *_dt arrays); the others get float32 copies (mixed_call.h). */
+    bool (*kernel_bf16)(const void *kernel);
     size_t (*saved_bytes)(const struct gp_graph *g, const struct gp_node *node);
-    size_t (*scratch_bytes)(const struct gp_graph *g, const struct gp_node *node);
+    /* The kernel's workspace with the stage's options (a convolution's
+     * algorithm, and so its workspace, depends on precision and policy). */
+    size_t (*scratch_bytes)(const struct gp_graph *g, const struct gp_node *node,
+                            const struct gp_compute_options *opts);
     gp_status (*forward)(void *ctx, const struct gp_layer_call *c, struct gp_error *err);
     gp_status (*backward)(void *ctx, const struct gp_layer_call *c, struct gp_error *err);
 
     gp_status (*zero)(void *ctx, void *ptr, size_t bytes, struct gp_error *err);
-    gp_status (*accumulate)(void *ctx, float *dst, const float *src, int64_t n, struct gp_error *err);
+    /* dst = src (accumulate: dst += src), n elements of float32 or bfloat16
+     * each; arithmetic in float32, a bfloat16 result rounded to nearest even. */
+    gp_status (*convert)(void *ctx, void *dst, enum gp_dtype dst_type, const void *src, enum gp_dtype src_type,
+                         int64_t n, bool accumulate, struct gp_error *err);
 
     size_t (*loss_scratch_bytes)(const struct gp_shape *out_shape);
     gp_status (*loss)(void *ctx, const struct gp_loss_call *c, struct gp_error *err);

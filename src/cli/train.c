@@ -77,9 +77,13 @@ static void help(FILE *f)
         "  --cuda-graph on|off   capture each training step (every stage, micro-batch and\n"
         "                        copy) as one CUDA graph and replay it; default: on when\n"
         "                        every stage is on a GPU and --trace is not given\n"
-        "  --tf32                let GPU matrix products and convolutions use TF32 tensor\n"
-        "                        cores (faster, ~1e-3 relative error); default off:\n"
-        "                        float32 arithmetic, as on the CPU\n"
+        "  --precision P         fp32 (default: float32 arithmetic, the CPU's results),\n"
+        "                        tf32 (GPU matrix products and convolutions on TF32\n"
+        "                        tensor cores, ~1e-3 relative error) or bf16 (as\n"
+        "                        PyTorch's autocast: float32 weights, gradients and\n"
+        "                        optimizer state; bfloat16 activations, activation\n"
+        "                        gradients and frontiers; README: Precision)\n"
+        "  --tf32                the same as --precision tf32\n"
         "  --fast-conv           GPU convolutions by cuDNN's fastest algorithms, as\n"
         "                        PyTorch's cudnn.benchmark (non-deterministic ones,\n"
         "                        Winograd, FFT too): faster, the last bits vary run to\n"
@@ -380,7 +384,11 @@ int gp_cmd_train(int argc, char **argv)
         } else if (!strcmp(a, "--deferred-batch-norm")) {
             cfg.deferred_batch_norm = true;
         } else if (!strcmp(a, "--tf32")) {
-            cfg.tf32 = true;
+            cfg.precision = GP_PRECISION_TF32;
+        } else if (!strcmp(a, "--precision")) {
+            const char *name = TAKE();
+            if (!name || !gp_precision_parse(name, &cfg.precision))
+                return gp_cli_usage("train", "--precision takes fp32, tf32 or bf16, not '%s'", name ? name : "");
         } else if (!strcmp(a, "--fast-conv")) {
             cfg.fast_conv = true;
         } else if (!strcmp(a, "--cuda-graph")) {

@@ -45,6 +45,8 @@ struct stage {
     unsigned char *libs;           /* the backend's library workspace (cuBLAS) */
     unsigned char *arena;          /* forward-only activations, shared by the micro-batches */
     unsigned char *step_block, *step_grads; /* values made once per step, and their gradients */
+    unsigned char *shadows;        /* bf16: bfloat16 copies of the weights matrix products read */
+    unsigned char *staging;        /* bf16: float32 copies for kernels that compute in float32 */
     bool once_valid;               /* the once-per-step layers have run for this step (or evaluation) */
     int backwards_done;            /* micro-batches' backwards of this step so far */
     unsigned char *optim_state;
@@ -57,6 +59,7 @@ struct stage {
     /* Kernel argument arrays, reused: a stage's tasks run one at a time. */
     void **in, **out;
     float **din, **dout;
+    enum gp_dtype *dts;            /* the call's storage types: in, out, din, dout, width each */
     const float **param_grad_ptrs; /* per parameter, for norms */
     int *param_values;             /* per parameter: its value id */
     int64_t *param_numels;
@@ -80,6 +83,7 @@ struct gp_pipeline {
     struct task *tasks;            /* one per action, then per-stage optimizer and eval tasks */
     size_t target_bytes;           /* per micro-batch; 0 without targets */
     size_t input_bytes;            /* per micro-batch */
+    bool convert_input;            /* the first stage's box stores another type than the data (bf16) */
     /* The step being run. */
     struct gp_step_opts opts;
     double denominator;
@@ -127,7 +131,7 @@ static inline float *grad_addr(struct stage *s, const struct gp_value *val, int 
 {
     if (s->plan.home[v] == GP_HOME_STATIC)
         return val->kind == GP_VALUE_PARAMETER ? (float *)(s->param_grads + s->plan.off[v]) : NULL;
-    if (s->plan.home[v] == GP_HOME_STEP) return (float *)(s->step_grads + s->plan.off[v]);
+    if (s->plan.home[v] == GP_HOME_STEP) return (float *)(s->step_grads + s->plan.step_grad_off[v]);
     return s->plan.grad_off[v] == SIZE_MAX ? NULL : (float *)(s->grads + s->plan.grad_off[v]);
 }
 

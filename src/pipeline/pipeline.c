@@ -97,6 +97,9 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
                           g->n_nodes);
         goto fail;
     }
+    /* bf16: float32 data is rounded into a bfloat16 box by the first forward. */
+    p->convert_input = g->values[p->input].dtype == GP_DTYPE_FLOAT32 &&
+                       p->stages[0].plan.dt[p->input] != GP_DTYPE_FLOAT32;
     if ((st = gp_pipe_schedule_gpipe(p->K, p->M, cfg->checkpoint, &p->sched, err)) != GP_OK) goto fail;
     p->tasks = calloc((size_t)p->sched.n_actions + 3 * (size_t)p->K + 1, sizeof *p->tasks);
     if (!p->tasks) {
@@ -131,8 +134,7 @@ static void issue_forward_copy(struct gp_pipeline *p, int k, int j)
     s->ops->stream_wait(s->copy_next, s->fwd_done[j]);
     for (int q = 0; q < s->plan.n_frontier_out; q++) {
         int v = s->plan.frontier_out[q];
-        size_t bytes = (size_t)gp_shape_numel(&p->g->values[v].shape) *
-                       (gp_dtype_is_float(p->g->values[v].dtype) ? sizeof(float) : gp_dtype_size(p->g->values[v].dtype));
+        size_t bytes = gp_plan_value_bytes(p->g, &s->plan, v);
         s->ops->copy(s->copy_next, addr(p, t, v, j), addr(p, s, v, j), bytes, &tag);
     }
     s->ops->event_record(s->fwd_copied[j], s->copy_next);
@@ -147,7 +149,7 @@ static void issue_backward_copy(struct gp_pipeline *p, int k, int j)
     for (int q = 0; q < s->plan.n_frontier_in; q++) {
         int v = s->plan.frontier_in[q];
         if (t->plan.inbox_off[v] == SIZE_MAX) continue;
-        size_t bytes = (size_t)gp_shape_numel(&p->g->values[v].shape) * sizeof(float);
+        size_t bytes = gp_plan_value_bytes(p->g, &s->plan, v); /* a gradient is stored as its value */
         s->ops->copy(s->copy_prev, t->inboxes + (size_t)j * t->plan.inbox_bytes + t->plan.inbox_off[v],
                      s->grads + s->plan.grad_off[v], bytes, &tag);
     }
@@ -194,11 +196,11 @@ void gp_pipe_issue_actions(struct gp_pipeline *p)
         switch (act->kind) {
         case GP_ACT_FORWARD: {
             t->kind = TASK_FORWARD;
-            if (k == 0) {
+            if (k == 0 && !p->convert_input) {
                 struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, j, "input to its box");
                 s->ops->copy(s->compute, addr(p, s, p->input, j), s->inputs + (size_t)j * in_bytes, in_bytes,
                              &tag);
-            } else {
+            } else if (k > 0) {
                 s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[j]);
             }
             /* A shared activation set is overwritten only after the previous
@@ -350,7 +352,7 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, float *out, str
         *t = (struct task){.p = p, .stage = k, .micro = 0, .kind = TASK_EVAL};
         if (k == 0) {
             struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, 0, "load inputs");
-            s->ops->copy(s->compute, addr(p, s, p->input, 0), x, in_bytes, &tag);
+            s->ops->copy(s->compute, p->convert_input ? s->inputs : addr(p, s, p->input, 0), x, in_bytes, &tag);
         } else {
             s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[0]);
         }
@@ -362,7 +364,9 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, float *out, str
         } else {
             const struct gp_value *o = &p->g->values[p->output];
             struct gp_task_tag ctag = tag_of(GP_TASK_COPY, k, 0, "read outputs");
-            s->ops->copy(s->compute, out, addr(p, s, p->output, 0),
+            /* A bfloat16 output was widened into the staging area by the task. */
+            bool wide = s->plan.dt[p->output] == GP_DTYPE_FLOAT32;
+            s->ops->copy(s->compute, out, wide ? addr(p, s, p->output, 0) : s->staging,
                          sizeof(float) * (size_t)gp_shape_numel(&o->shape), &ctag);
         }
     }
@@ -411,14 +415,18 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     r->param_bytes = (int64_t)s->plan.param_bytes;
     r->grad_bytes = (int64_t)s->plan.param_bytes;
     r->optim_bytes = s->opt ? (int64_t)gp_optim_state_bytes(s->opt) : 0;
-    r->static_bytes = (int64_t)(s->plan.static_bytes - s->plan.param_bytes + 2 * s->plan.step_bytes);
+    r->static_bytes = (int64_t)(s->plan.static_bytes - s->plan.param_bytes + s->plan.step_bytes +
+                                s->plan.step_grad_bytes + s->plan.shadow_bytes);
     r->activation_bytes = (int64_t)(s->plan.box_bytes * (size_t)p->M + s->plan.local_bytes * (size_t)s->n_sets +
                                     s->plan.arena_bytes + s->plan.grad_bytes + s->plan.inbox_bytes * (size_t)p->M);
     r->activation_peak = s->peak + (int64_t)(s->plan.inbox_bytes * (size_t)p->M + s->plan.arena_bytes);
-    for (int q = 0; q < s->plan.n_frontier_in; q++) r->frontier_in_bytes += gp_value_bytes(&p->g->values[s->plan.frontier_in[q]]);
-    for (int q = 0; q < s->plan.n_frontier_out; q++) r->frontier_out_bytes += gp_value_bytes(&p->g->values[s->plan.frontier_out[q]]);
+    for (int q = 0; q < s->plan.n_frontier_in; q++)
+        r->frontier_in_bytes += (int64_t)gp_plan_value_bytes(p->g, &s->plan, s->plan.frontier_in[q]);
+    for (int q = 0; q < s->plan.n_frontier_out; q++)
+        r->frontier_out_bytes += (int64_t)gp_plan_value_bytes(p->g, &s->plan, s->plan.frontier_out[q]);
+    r->workspace_bytes = (int64_t)(align64(s->plan.scratch_bytes) + align64(s->plan.staging_bytes));
     r->planned_bytes = r->param_bytes * 2 + r->optim_bytes + r->static_bytes + r->activation_bytes +
-                       (int64_t)align64(s->plan.scratch_bytes);
+                       r->workspace_bytes;
 }
 
 gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struct gp_error *err)

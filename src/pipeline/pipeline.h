@@ -35,7 +35,9 @@ struct gp_pipeline_config {
      * micro-batches (as one batch would), not once per micro-batch. */
     bool deferred_batch_norm;
     struct gp_loss_spec loss;     /* on the graph's first output, on the last stage */
-    bool tf32;                    /* CUDA: TF32 tensor cores allowed (float32 semantics otherwise) */
+    /* Precision (fp32, tf32, bf16: backend/compute.h) and the convolution
+     * algorithm policy, for every stage. */
+    struct gp_compute_options compute;
     /* Profiling: every layer's forward and backward timed on its own (the
      * device waited for after each), for gp_pipeline_layer_times. Slows
      * the step; the balancer's profiler uses it. */
@@ -93,6 +95,7 @@ struct gp_stage_report {
     int64_t activation_bytes;     /* planned: input frontiers, activation sets, gradients */
     int64_t activation_peak;      /* the most in use at once, by the executor's accounting */
     int64_t frontier_in_bytes, frontier_out_bytes; /* per micro-batch */
+    int64_t workspace_bytes;      /* kernel workspace and bf16's float32 staging */
     int64_t planned_bytes;        /* everything allocated for the stage */
 };
 

@@ -7,16 +7,55 @@
 #include <stdio.h>
 
 #include "backend/compute.h"
+#include "backend/mixed_call.h"
 #include "ops/backward_reads.h"
 #include "ops/registry.h"
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Bytes of a value on a device: every float dtype is held as float32. */
-static size_t value_bytes(const struct gp_value *v)
+/* Bytes of a value on the stage: float dtypes are held as float32 or, for
+ * activations in bf16, bfloat16 (plan->dt). */
+size_t gp_plan_value_bytes(const struct gp_graph *g, const struct gp_stage_plan *p, int v)
 {
-    size_t e = gp_dtype_is_float(v->dtype) ? sizeof(float) : gp_dtype_size(v->dtype);
-    return (size_t)gp_shape_numel(&v->shape) * e;
+    return (size_t)gp_shape_numel(&g->values[v].shape) * gp_dtype_size(p->dt[v]);
+}
+
+/* Its gradient's bytes in the gradient set and inboxes (the value's storage type). */
+static size_t grad_bytes_of(const struct gp_graph *g, const struct gp_stage_plan *p, int v)
+{
+    return gp_plan_value_bytes(g, p, v);
+}
+
+bool gp_plan_autocast_op(const struct gp_node *n)
+{
+    static const char *const ops[] = {"MatMul", "Gemm", "Conv", "ConvTranspose"};
+    if (*n->domain && strcmp(n->domain, "ai.onnx") != 0) return false;
+    for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
+        if (strcmp(n->op_type, ops[i]) == 0) return true;
+    return false;
+}
+
+void gp_plan_call_types(const struct gp_graph *g, const struct gp_stage_plan *p, const struct gp_node *n,
+                        enum gp_dtype *in_dt, enum gp_dtype *out_dt, enum gp_dtype *din_dt,
+                        enum gp_dtype *dout_dt, uint32_t *shadowed)
+{
+    (void)g;
+    *shadowed = 0;
+    for (int k = 0; k < n->n_inputs; k++) {
+        int v = n->inputs[k];
+        enum gp_dtype t = v >= 0 ? p->dt[v] : GP_DTYPE_FLOAT32;
+        bool shadow = v >= 0 && p->shadow_off[v] != SIZE_MAX && gp_plan_autocast_op(n);
+        if (shadow && k < 32) *shadowed |= 1u << k;
+        in_dt[k] = shadow ? GP_DTYPE_BFLOAT16 : t;
+        bool f32_grad = v < 0 || p->home[v] == GP_HOME_STATIC || p->home[v] == GP_HOME_STEP;
+        din_dt[k] = f32_grad ? GP_DTYPE_FLOAT32 : t;
+    }
+    for (int k = 0; k < n->n_outputs; k++) {
+        int v = n->outputs[k];
+        enum gp_dtype t = v >= 0 ? p->dt[v] : GP_DTYPE_FLOAT32;
+        out_dt[k] = t;
+        dout_dt[k] = v >= 0 && p->home[v] == GP_HOME_STEP ? GP_DTYPE_FLOAT32 : t;
+    }
 }
 
 static bool nondiff(const struct gp_node *n, int k)
@@ -163,7 +202,7 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
         int layer = last - t; /* t = 0: the start (layer == last) */
         for (int q = p->born_start[t]; q < p->born_start[t + 1]; q++) {
             int v = p->born[q];
-            size_t size = align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float));
+            size_t size = align64(grad_bytes_of(g, p, v));
             int producer = g->values[v].producer;
             struct region r = {.off = first_fit(live, n_live, size), .size = size,
                                .until = p->home[v] == GP_HOME_BOX || producer < first ? INT_MIN : producer};
@@ -195,8 +234,7 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
         int n = 0;
         for (int q = p->born_start[t]; q < p->born_start[t + 1]; q++) {
             int v = p->born[q];
-            live[n++] = (struct region){.off = p->grad_off[v],
-                                        .size = align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float))};
+            live[n++] = (struct region){.off = p->grad_off[v], .size = align64(grad_bytes_of(g, p, v))};
         }
         for (int i = 1; i < n; i++) /* insertion sort: few regions per time */
             for (int k = i; k > 0 && live[k - 1].off > live[k].off; k--) {
@@ -274,7 +312,7 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, st
             int v = n->outputs[k];
             if (v < 0 || p->home[v] != GP_HOME_LOCAL || kept[v]) continue;
             p->home[v] = GP_HOME_ARENA;
-            size_t size = align64(value_bytes(&g->values[v]));
+            size_t size = align64(gp_plan_value_bytes(g, p, v));
             struct region r = {.off = first_fit(live, n_live, size), .size = size,
                                .until = last_read[v] >= i ? last_read[v] : i};
             p->off[v] = r.off;
@@ -326,18 +364,59 @@ static gp_status plan_once(const struct gp_graph *g, const struct gp_compute_ops
             if (v < 0) continue;
             p->home[v] = GP_HOME_STEP;
             p->off[v] = p->step_bytes;
-            p->step_bytes += align64(value_bytes(&g->values[v]));
+            p->step_bytes += align64(gp_plan_value_bytes(g, p, v));
+            /* Its gradient sums over the micro-batches, like a parameter's: float32. */
+            p->step_grad_off[v] = p->step_grad_bytes;
+            p->step_grad_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float));
         }
     }
     free(leaves);
     return GP_OK;
 }
 
+/* ---- float32 staging ----
+ * The most any layer call of the stage needs for float32 copies of its
+ * bfloat16 tensors (kernels that compute in float32), forward or
+ * backward, and the loss on the last stage's output (nothing in fp32 and
+ * tf32). */
+static gp_status plan_staging(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
+                              struct gp_stage_plan *p, struct gp_error *err)
+{
+    p->staging_bytes = 0;
+    if (p->precision != GP_PRECISION_BF16) return GP_OK;
+    int width = (p->max_inputs > p->max_outputs ? p->max_inputs : p->max_outputs) + 1;
+    enum gp_dtype *t = malloc(sizeof *t * 4 * (size_t)width);
+    if (!t) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    enum gp_dtype *in_dt = t, *out_dt = t + width, *din_dt = t + 2 * width, *dout_dt = t + 3 * width;
+    for (int i = p->first; i < p->last; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        uint32_t shadowed, din = 0;
+        gp_plan_call_types(g, p, n, in_dt, out_dt, din_dt, dout_dt, &shadowed);
+        for (int k = 0; k < n->n_inputs && k < 32; k++)
+            if (n->inputs[k] >= 0 && needs_grad[n->inputs[k]] && !nondiff(n, k)) din |= 1u << k;
+        const void *kernel = ops->kernel_for(n);
+        size_t f = gp_mixed_staging_bytes(ops, kernel, g, n, in_dt, out_dt, NULL, NULL, false, 0);
+        size_t b = din ? gp_mixed_staging_bytes(ops, kernel, g, n, in_dt, out_dt, din_dt, dout_dt, true, din) : 0;
+        if (f > p->staging_bytes) p->staging_bytes = f;
+        if (b > p->staging_bytes) p->staging_bytes = b;
+    }
+    free(t);
+    for (int k = 0; k < g->n_outputs; k++) {
+        int v = g->outputs[k];
+        if (p->home[v] != GP_HOME_LOCAL && p->home[v] != GP_HOME_BOX) continue;
+        size_t l = gp_mixed_loss_staging_bytes(&g->values[v].shape, p->dt[v], p->dt[v]);
+        if (l > p->staging_bytes) p->staging_bytes = l;
+    }
+    return GP_OK;
+}
+
 gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs_grad,
-                        const struct gp_compute_ops *ops, const char *backend, int first, int last,
-                        struct gp_stage_plan *p, struct gp_error *err)
+                        const struct gp_compute_ops *ops, const struct gp_compute_options *opts,
+                        const char *backend, int first, int last, struct gp_stage_plan *p,
+                        struct gp_error *err)
 {
     memset(p, 0, sizeof *p);
+    p->precision = opts->precision;
     GP_TRY(check_kernels(g, ops, backend, needs_grad, first, last, err));
     int nv = g->n_values;
     p->first = first;
@@ -349,10 +428,14 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     p->saved_off = calloc((size_t)(last - first) + 1, sizeof(size_t));
     p->frontier_in = malloc(sizeof(int) * ((size_t)nv + 1));
     p->frontier_out = malloc(sizeof(int) * ((size_t)nv + 1));
+    p->dt = calloc((size_t)nv + 1, sizeof *p->dt);
+    p->shadow_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
+    p->step_grad_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
     if (!p->home || !p->off || !p->grad_off || !p->inbox_off || !p->saved_off || !p->frontier_in ||
-        !p->frontier_out)
+        !p->frontier_out || !p->dt || !p->shadow_off || !p->step_grad_off)
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
-    for (int v = 0; v < nv; v++) p->grad_off[v] = p->inbox_off[v] = SIZE_MAX;
+    for (int v = 0; v < nv; v++)
+        p->grad_off[v] = p->inbox_off[v] = p->shadow_off[v] = p->step_grad_off[v] = SIZE_MAX;
     p->n_frontier_in = gp_layers_frontier(l, g, first, p->frontier_in);
     p->n_frontier_out = gp_layers_frontier(l, g, last, p->frontier_out);
 
@@ -389,6 +472,29 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         }
     }
 
+    /* Storage types: in bf16 every float activation (what the stage
+     * receives or makes) is bfloat16; static values stay float32, with a
+     * bfloat16 shadow where a matrix product or convolution reads them. */
+    bool bf16 = opts->precision == GP_PRECISION_BF16;
+    for (int v = 0; v < nv; v++) {
+        const struct gp_value *val = &g->values[v];
+        bool fl = gp_dtype_is_float(val->dtype);
+        bool act = p->home[v] != GP_HOME_NONE && p->home[v] != GP_HOME_STATIC;
+        p->dt[v] = !fl ? val->dtype : bf16 && act ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+    }
+    for (int i = first; bf16 && i < last; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        if (!gp_plan_autocast_op(n)) continue;
+        for (int k = 0; k < n->n_inputs; k++) {
+            int v = n->inputs[k];
+            if (v < 0 || p->home[v] != GP_HOME_STATIC || p->dt[v] != GP_DTYPE_FLOAT32 ||
+                p->shadow_off[v] != SIZE_MAX)
+                continue;
+            p->shadow_off[v] = p->shadow_bytes;
+            p->shadow_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(uint16_t));
+        }
+    }
+
     /* Offsets: static values (parameters first, so their gradients can
      * mirror them), boxes, local sets with each layer's saved state. */
     for (int pass = 0; pass < 2; pass++)
@@ -397,7 +503,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
             bool param = g->values[v].kind == GP_VALUE_PARAMETER;
             if (param != (pass == 0)) continue;
             p->off[v] = p->static_bytes;
-            p->static_bytes += align64(value_bytes(&g->values[v]));
+            p->static_bytes += align64(gp_plan_value_bytes(g, p, v));
             if (param) p->param_bytes = p->static_bytes;
         }
     GP_TRY(plan_once(g, ops, p, err));
@@ -405,17 +511,17 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     for (int v = 0; v < nv; v++) {
         if (p->home[v] == GP_HOME_BOX) {
             p->off[v] = p->box_bytes;
-            p->box_bytes += align64(value_bytes(&g->values[v]));
+            p->box_bytes += align64(gp_plan_value_bytes(g, p, v));
         } else if (p->home[v] == GP_HOME_LOCAL) {
             p->off[v] = p->local_bytes;
-            p->local_bytes += align64(value_bytes(&g->values[v]));
+            p->local_bytes += align64(gp_plan_value_bytes(g, p, v));
         }
     }
     for (int i = first; i < last; i++) {
         const struct gp_node *n = &g->nodes[i];
         p->saved_off[i - first] = p->local_bytes;
         p->local_bytes += align64(ops->saved_bytes(g, n));
-        size_t scratch = ops->scratch_bytes(g, n);
+        size_t scratch = ops->scratch_bytes(g, n, opts);
         if (scratch > p->scratch_bytes) p->scratch_bytes = scratch;
         if (n->n_inputs > p->max_inputs) p->max_inputs = n->n_inputs;
         if (n->n_outputs > p->max_outputs) p->max_outputs = n->n_outputs;
@@ -428,7 +534,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         if (!needs_grad[v]) continue;
         inbox[v] = true;
         p->inbox_off[v] = p->inbox_bytes;
-        p->inbox_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float));
+        p->inbox_bytes += align64(grad_bytes_of(g, p, v));
     }
     /* One gradient set, reused by every micro-batch's backward, for the
      * stage's values and its input frontier that carry gradients
@@ -436,7 +542,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     gp_status st = plan_gradients(g, needs_grad, p, inbox, err);
     free(inbox);
     if (st != GP_OK) return st;
-    return GP_OK;
+    return plan_staging(g, needs_grad, ops, p, err);
 }
 
 void gp_plan_free(struct gp_stage_plan *p)
@@ -453,5 +559,8 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->zero_start);
     free(p->zeros);
     free(p->once);
+    free(p->dt);
+    free(p->shadow_off);
+    free(p->step_grad_off);
     memset(p, 0, sizeof *p);
 }

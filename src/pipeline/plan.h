@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "graph/graph.h"
+#include "backend/compute.h"
 #include "graph/layers.h"
 
 /* Where a value lives on a stage. */
@@ -22,7 +23,25 @@ enum gp_home {
 
 struct gp_stage_plan {
     int first, last;          /* layers [first, last) */
+    enum gp_precision precision;
     enum gp_home *home;       /* per value */
+    /* Per value: how the stage stores it and its gradient. Float values are
+     * GP_DTYPE_FLOAT32, or GP_DTYPE_BFLOAT16 for activations (boxes, sets,
+     * arena, once-per-step values) in bf16 precision; others their dtype.
+     * Parameters' and once-per-step values' gradients are float32 always. */
+    enum gp_dtype *dt;
+    /* Per value: offset of its bfloat16 copy in the shadow block, or
+     * SIZE_MAX. In bf16, every float static value (weights, biases,
+     * constants) that a matrix product or convolution reads has one,
+     * refreshed from the float32 master once per step; those layers read
+     * it instead of the master. */
+    size_t *shadow_off;
+    size_t shadow_bytes;
+    size_t *step_grad_off;    /* per once-per-step value: its gradient's offset */
+    size_t step_grad_bytes;
+    /* Float32 copies for kernels that compute in float32 on bfloat16 values
+     * (backend/mixed_call.h): the most any layer call or the loss needs. */
+    size_t staging_bytes;
     size_t *off;              /* per value: offset in its home's block */
     size_t *grad_off;         /* per value: offset in the gradient set, SIZE_MAX: none */
     size_t *inbox_off;        /* per value: offset in a gradient inbox, SIZE_MAX: none */
@@ -56,8 +75,26 @@ struct gp_compute_ops;
  * (or no backward) for, and when a parameter or buffer is read by layers of
  * another stage too (it must live in one place). */
 gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs_grad,
-                        const struct gp_compute_ops *ops, const char *backend, int first, int last,
-                        struct gp_stage_plan *out, struct gp_error *err);
+                        const struct gp_compute_ops *ops, const struct gp_compute_options *opts,
+                        const char *backend, int first, int last, struct gp_stage_plan *out,
+                        struct gp_error *err);
+
+/* The storage types of a layer's call (gp_layer_call's in_dt ... dout_dt,
+ * each [node->n_inputs] or [node->n_outputs]): a value read through its
+ * bfloat16 shadow is bfloat16, a parameter's or once-per-step value's
+ * gradient float32, the rest as plan->dt says. *shadowed (bit k) tells
+ * which inputs the layer reads through a shadow. */
+void gp_plan_call_types(const struct gp_graph *g, const struct gp_stage_plan *p, const struct gp_node *n,
+                        enum gp_dtype *in_dt, enum gp_dtype *out_dt, enum gp_dtype *din_dt,
+                        enum gp_dtype *dout_dt, uint32_t *shadowed);
+
+/* Stored bytes of value v on the stage (its storage type). */
+size_t gp_plan_value_bytes(const struct gp_graph *g, const struct gp_stage_plan *p, int v);
+
+/* Whether a node type reads bfloat16 copies of its weights in bf16
+ * precision (autocast's lower-precision list: matrix products and
+ * convolutions). */
+bool gp_plan_autocast_op(const struct gp_node *n);
 void gp_plan_free(struct gp_stage_plan *p);
 
 /* Values that carry gradients: float parameters and every float output of

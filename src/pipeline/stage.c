@@ -41,7 +41,9 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"activations", s->plan.local_bytes * (size_t)s->n_sets, &s->locals};
     b[n++] = (struct block_plan){"forward-only activations", s->plan.arena_bytes, &s->arena};
     b[n++] = (struct block_plan){"values made once per step", s->plan.step_bytes, &s->step_block};
-    b[n++] = (struct block_plan){"their gradients", s->plan.step_bytes, &s->step_grads};
+    b[n++] = (struct block_plan){"their gradients", s->plan.step_grad_bytes, &s->step_grads};
+    b[n++] = (struct block_plan){"bfloat16 weight copies", s->plan.shadow_bytes, &s->shadows};
+    b[n++] = (struct block_plan){"float32 staging", s->plan.staging_bytes, &s->staging};
     b[n++] = (struct block_plan){"activation gradients", s->plan.grad_bytes, &s->grads};
     b[n++] = (struct block_plan){"gradient inboxes", s->plan.inbox_bytes * (size_t)p->M, &s->inboxes};
     b[n++] = (struct block_plan){"kernel workspace", scratch, &s->scratch};
@@ -116,7 +118,8 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
     if (!s->cops)
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "the %s backend cannot run kernels in this build",
                             s->ops->name);
-    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, s->ops->name, first, last, &s->plan, err));
+    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, &p->cfg.compute, s->ops->name, first, last,
+                         &s->plan, err));
     for (int q = 0; q < k; q++)
         if (p->stages[q].ops == s->ops && p->stages[q].device == s->device) s->dev = p->stages[q].dev;
     if (!s->dev) GP_TRY(s->ops->open(s->device, &s->dev, err));
@@ -149,7 +152,7 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
     }
     s->optim_bytes_planned = s->n_params ? gp_optim_state_bytes_for(&p->cfg.optim, s->params, s->n_params) : 0;
     GP_TRY(allocate_stage(p, s, k, err));
-    GP_TRY(s->cops->context_create(s->dev, s->compute, p->cfg.tf32, s->libs, &s->cctx, err));
+    GP_TRY(s->cops->context_create(s->dev, s->compute, &p->cfg.compute, s->libs, &s->cctx, err));
     for (int i = 0; i < s->n_params; i++) {
         s->params[i].data = (float *)(s->static_block + s->plan.off[s->param_values[i]]);
         s->params[i].grad = (float *)(s->param_grads + s->plan.off[s->param_values[i]]);
@@ -178,6 +181,8 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
     s->bwd_ms = calloc((size_t)(last - first) + 1, sizeof(double));
     if (!s->fwd_ms || !s->bwd_ms) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     s->width = (s->plan.max_inputs > s->plan.max_outputs ? s->plan.max_inputs : s->plan.max_outputs) + 1;
+    s->dts = calloc(4 * (size_t)s->width, sizeof *s->dts);
+    if (!s->dts) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     s->in = calloc((size_t)s->width, sizeof(void *));
     s->out = calloc((size_t)s->width, sizeof(void *));
     s->din = calloc((size_t)s->width, sizeof(float *));
@@ -219,12 +224,12 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
                 free(lists[e]);
             }
             if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
-            unsigned char *blocks[17] = {s->static_block, s->param_grads, s->boxes,       s->locals,
+            unsigned char *blocks[19] = {s->static_block, s->param_grads, s->boxes,       s->locals,
                                          s->grads,        s->inboxes,     s->scratch,     s->targets,
                                          s->loss_sums,    s->norms,       s->optim_state, s->inputs,
                                          s->libs,         s->step_dev,    s->arena,       s->step_block,
-                                         s->step_grads};
-            for (int b = 0; b < 17; b++)
+                                         s->step_grads,   s->shadows,     s->staging};
+            for (int b = 0; b < 19; b++)
                 if (blocks[b]) ops->free(s->dev, blocks[b]);
             for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++)
                 if (s->bn_stats[i]) ops->free(s->dev, s->bn_stats[i]);
@@ -238,6 +243,7 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
         free(s->bwd_ms);
         free(s->kernels);
         free(s->params);
+        free(s->dts);
         free(s->in);
         free(s->out);
         free(s->din);

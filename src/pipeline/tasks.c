@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/mixed_call.h"
 #include "pipeline/internal.h"
 
 static bool nondiff(const struct gp_node *n, int k)
@@ -26,9 +27,17 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
     memset(s->out, 0, sizeof(void *) * (size_t)s->width);
     memset(s->din, 0, sizeof(float *) * (size_t)s->width);
     memset(s->dout, 0, sizeof(float *) * (size_t)s->width);
+    /* Storage types (bf16 precision): a matrix product or convolution
+     * reads its weights' bfloat16 shadows. */
+    int w = s->width;
+    enum gp_dtype *in_dt = s->dts, *out_dt = s->dts + w, *din_dt = s->dts + 2 * w, *dout_dt = s->dts + 3 * w;
+    bool mixed = s->plan.precision == GP_PRECISION_BF16;
+    uint32_t shadowed = 0;
+    if (mixed) gp_plan_call_types(g, &s->plan, n, in_dt, out_dt, din_dt, dout_dt, &shadowed);
     for (int k = 0; k < n->n_inputs; k++) {
         int v = n->inputs[k];
-        s->in[k] = v >= 0 ? addr(p, s, v, j) : NULL;
+        bool shadow = k < 32 && ((shadowed >> k) & 1);
+        s->in[k] = v < 0 ? NULL : shadow ? s->shadows + s->plan.shadow_off[v] : addr(p, s, v, j);
         s->din[k] = v >= 0 && with_grads && !nondiff(n, k) ? grad_addr(s, &g->values[v], v) : NULL;
     }
     for (int k = 0; k < n->n_outputs; k++) {
@@ -45,6 +54,10 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
         .out = s->out,
         .din = s->din,
         .dout = s->dout,
+        .in_dt = mixed ? in_dt : NULL,
+        .out_dt = mixed ? out_dt : NULL,
+        .din_dt = mixed ? din_dt : NULL,
+        .dout_dt = mixed ? dout_dt : NULL,
         .saved = s->locals + (size_t)set * s->plan.local_bytes + s->plan.saved_off[layer - s->plan.first],
         .scratch = s->scratch,
         .training = training,
@@ -75,6 +88,30 @@ static gp_status lap(struct stage *s, double *t0, double *acc, struct gp_error *
     return GP_OK;
 }
 
+/* bf16: the weights' bfloat16 copies from their float32 masters, once per
+ * step (before its first forward, after the last optimizer step). */
+static gp_status refresh_shadows(struct gp_pipeline *p, struct stage *s, struct gp_error *err)
+{
+    const struct gp_graph *g = p->g;
+    for (int v = 0; v < g->n_values; v++) {
+        if (s->plan.shadow_off[v] == SIZE_MAX) continue;
+        GP_TRY(s->cops->convert(s->cctx, s->shadows + s->plan.shadow_off[v], GP_DTYPE_BFLOAT16,
+                                s->static_block + s->plan.off[v], GP_DTYPE_FLOAT32,
+                                gp_shape_numel(&g->values[v].shape), false, err));
+    }
+    return GP_OK;
+}
+
+/* The first stage's data input, when its box stores another type than the
+ * host gave (bf16: float32 data into a bfloat16 box). */
+static gp_status load_input(struct gp_pipeline *p, struct stage *s, int j, struct gp_error *err)
+{
+    const struct gp_value *x = &p->g->values[p->input];
+    return s->cops->convert(s->cctx, addr(p, s, p->input, j), s->plan.dt[p->input],
+                            s->inputs + (size_t)j * p->input_bytes, GP_DTYPE_FLOAT32, gp_shape_numel(&x->shape),
+                            false, err);
+}
+
 static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, bool training,
                              bool update_state, struct gp_error *err)
 {
@@ -85,10 +122,12 @@ static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, bool
     /* Layers of static values only run in the step's first forward here. */
     bool once = !s->once_valid;
     s->once_valid = true;
+    if (once && s->plan.shadow_bytes) GP_TRY(refresh_shadows(p, s, err));
+    if (s == &p->stages[0] && p->convert_input) GP_TRY(load_input(p, s, j, err));
     for (int i = s->plan.first; i < s->plan.last; i++) {
         if (s->plan.once[i - s->plan.first] && !once) continue;
         struct gp_layer_call c = layer_call(p, s, i, j, training, update_state, false);
-        GP_TRY(s->cops->forward(s->cctx, &c, err));
+        GP_TRY(gp_mixed_forward(s->cops, s->cctx, &c, s->staging, err));
         if (timed) GP_TRY(lap(s, &t0, &s->fwd_ms[i - s->plan.first], err));
     }
     return GP_OK;
@@ -113,7 +152,7 @@ static gp_status run_once_backward(struct gp_pipeline *p, struct stage *s, struc
         bool any_in = false, any_out = false;
         for (int k = 0; k < n->n_inputs; k++) any_in |= s->din[k] != NULL;
         for (int k = 0; k < n->n_outputs; k++) any_out |= s->dout[k] != NULL;
-        if (any_in && any_out) GP_TRY(s->cops->backward(s->cctx, &c, err));
+        if (any_in && any_out) GP_TRY(gp_mixed_backward(s->cops, s->cctx, &c, s->staging, err));
     }
     return GP_OK;
 }
@@ -129,9 +168,8 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
     for (int k = 0; k < s->plan.n_frontier_out; k++) {
         int v = s->plan.frontier_out[k];
         if (s->plan.inbox_off[v] == SIZE_MAX) continue;
-        GP_TRY(s->cops->accumulate(s->cctx, (float *)(s->grads + s->plan.grad_off[v]),
-                                   (const float *)(inbox + s->plan.inbox_off[v]),
-                                   gp_shape_numel(&g->values[v].shape), err));
+        GP_TRY(s->cops->convert(s->cctx, s->grads + s->plan.grad_off[v], s->plan.dt[v], inbox + s->plan.inbox_off[v],
+                                s->plan.dt[v], gp_shape_numel(&g->values[v].shape), true, err));
     }
     bool timed = p->cfg.time_layers;
     double t0 = timed ? now_ms() : 0;
@@ -146,7 +184,7 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
         for (int k = 0; k < n->n_inputs; k++) any_in |= s->din[k] != NULL;
         for (int k = 0; k < n->n_outputs; k++) any_out |= s->dout[k] != NULL;
         if (!any_in || !any_out) continue;
-        GP_TRY(s->cops->backward(s->cctx, &c, err));
+        GP_TRY(gp_mixed_backward(s->cops, s->cctx, &c, s->staging, err));
     }
     if (timed) GP_TRY(lap(s, &t0, &s->bwd_ms[0], err));
     return GP_OK;
@@ -184,7 +222,8 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
                 .loss_sum = (double *)s->loss_sums + j,
                 .scratch = s->scratch,
             };
-            GP_TRY(s->cops->loss(s->cctx, &lc, err));
+            enum gp_dtype odt = s->plan.dt[p->output];
+            GP_TRY(gp_mixed_loss(s->cops, s->cctx, &lc, odt, odt, s->staging, err));
         }
         /* A checkpointed micro-batch keeps only its input frontier (box). */
         if (!kept) s->live -= (int64_t)s->plan.local_bytes;
@@ -212,13 +251,18 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
                                       addr(p, s, n->inputs[4], 0), s->bn_stats[i - s->plan.first], err));
         }
         if (s->opt) GP_TRY(s->cops->optim_step(s->cctx, s->opt, p->lr, p->clip_coef, err));
-        if (s->plan.step_bytes) GP_TRY(s->cops->zero(s->cctx, s->step_grads, s->plan.step_bytes, err));
+        if (s->plan.step_grad_bytes) GP_TRY(s->cops->zero(s->cctx, s->step_grads, s->plan.step_grad_bytes, err));
         return s->cops->zero(s->cctx, s->param_grads, s->plan.param_bytes, err);
     case TASK_NORMS:
         return s->cops->norms(s->cctx, s->param_grad_ptrs, s->param_numels, s->n_params,
                               (float *)s->norms, err);
-    case TASK_EVAL:
-        return run_forward(p, s, 0, false, false, err);
+    case TASK_EVAL: {
+        GP_TRY(run_forward(p, s, 0, false, false, err));
+        /* A bfloat16 output is read back as float32, from the staging area. */
+        if (!last || s->plan.dt[p->output] == GP_DTYPE_FLOAT32) return GP_OK;
+        return s->cops->convert(s->cctx, s->staging, GP_DTYPE_FLOAT32, addr(p, s, p->output, 0), GP_DTYPE_BFLOAT16,
+                                gp_shape_numel(&p->g->values[p->output].shape), false, err);
+    }
     }
     return GP_OK;
 }

@@ -6,10 +6,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/backends.h"
 #include "backend/device.h"
-#ifdef GP_HAVE_CUDA
-#include "backend/cuda/device.h"
-#endif
 #include "pipeline/pipeline.h"
 #include "graph/graph.h"
 #include "onnx/load.h"
@@ -239,19 +237,11 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
     bool balanced = false;
     for (int k = 0; k < n_stages; k++) {
         ops[k] = &gp_cpu_device_ops;
-        if (cfg->stage_cuda[k]) {
-#ifdef GP_HAVE_CUDA
-            ops[k] = &gp_cuda_device_ops;
-#else
+        if (cfg->stage_cuda[k] && !(ops[k] = gp_backend_find("cuda")))
             return gp_error_set(err, GP_ERR_UNSUPPORTED,
                                 "stage %d: this build has no CUDA backend (rebuild with CUDA, or use cpu:N)", k);
-#endif
-        }
         balanced |= cfg->balance[k] != 0;
     }
-#ifdef GP_HAVE_CUDA
-    gp_cuda_set_conv_policy(cfg->fast_conv ? GP_CUDA_CONV_FASTEST : GP_CUDA_CONV_EXACT);
-#endif
     /* Graphs by default where they can be: every stage on a GPU, no trace. */
     bool all_cuda = true;
     for (int k = 0; k < n_stages; k++) all_cuda &= cfg->stage_cuda[k];
@@ -273,7 +263,7 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         .trace = cfg->trace_path != NULL,
         .deferred_batch_norm = cfg->deferred_batch_norm,
         .loss = loss,
-        .tf32 = cfg->tf32,
+        .compute = {.precision = cfg->precision, .fast_conv = cfg->fast_conv},
         .cuda_graph = use_graph,
     };
     GP_TRY(gp_pipeline_create(&pc, &s->pipe, err));

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/compute.h"
 #include "data/dataset.h"
 #include "pipeline/schedule.h"
 #include "train/loss.h"
@@ -51,7 +52,7 @@ struct gp_train_config {
     int n_stages;             /* 1: one device */
     int stage_device[64];     /* device index per stage (of its backend) */
     bool stage_cuda[64];      /* the stage runs on a CUDA GPU, not a CPU device */
-    bool tf32;                /* CUDA: TF32 tensor cores (float32 semantics otherwise) */
+    enum gp_precision precision; /* fp32 (default), tf32, bf16 (backend/compute.h) */
     bool fast_conv;           /* CUDA: cuDNN's fastest convolution algorithms, even
                                  non-deterministic ones (default: deterministic) */
     enum gp_cuda_graph_mode cuda_graph; /* replay each step as a captured CUDA graph */

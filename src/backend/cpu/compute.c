@@ -6,10 +6,11 @@
 
 #include "backend/cpu/kernel.h"
 
-static gp_status context_create(struct gp_device *dev, struct gp_stream *compute, bool tf32, void *workspace,
-                                void **ctx, struct gp_error *err)
+static gp_status context_create(struct gp_device *dev, struct gp_stream *compute,
+                                const struct gp_compute_options *opts, void *workspace, void **ctx,
+                                struct gp_error *err)
 {
-    (void)dev, (void)compute, (void)tf32, (void)workspace, (void)err;
+    (void)dev, (void)compute, (void)opts, (void)workspace, (void)err;
     *ctx = NULL; /* nothing to hold */
     return GP_OK;
 }
@@ -31,8 +32,17 @@ static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
     return k && k->saved_bytes ? k->saved_bytes(g, node) : 0;
 }
 
-static size_t scratch_bytes(const struct gp_graph *g, const struct gp_node *node)
+/* Every CPU kernel computes in float32 on float32 copies (mixed_call.h). */
+static bool kernel_bf16(const void *kernel)
 {
+    (void)kernel;
+    return false;
+}
+
+static size_t scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
+                            const struct gp_compute_options *opts)
+{
+    (void)opts;
     const struct gp_cpu_kernel *k = gp_cpu_kernel_for_f32(node);
     return k && k->scratch_bytes ? k->scratch_bytes(g, node) : 0;
 }
@@ -69,10 +79,27 @@ static gp_status zero(void *ctx, void *ptr, size_t bytes, struct gp_error *err)
     return GP_OK;
 }
 
-static gp_status accumulate(void *ctx, float *dst, const float *src, int64_t n, struct gp_error *err)
+static gp_status convert(void *ctx, void *dst, enum gp_dtype dst_type, const void *src, enum gp_dtype src_type,
+                         int64_t n, bool accumulate, struct gp_error *err)
 {
-    (void)ctx, (void)err;
-    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+    (void)ctx;
+    bool f32_in = src_type == GP_DTYPE_FLOAT32, f32_out = dst_type == GP_DTYPE_FLOAT32;
+    if ((!f32_in && src_type != GP_DTYPE_BFLOAT16) || (!f32_out && dst_type != GP_DTYPE_BFLOAT16))
+        return gp_error_set(err, GP_ERR_UNSUPPORTED, "convert: %s to %s", gp_dtype_name(src_type),
+                            gp_dtype_name(dst_type));
+    const float *fs = src;
+    const uint16_t *bs = src;
+    float *fd = dst;
+    uint16_t *bd = dst;
+    /* Same arithmetic as the CUDA kernel: float32 sum, one rounding. */
+    for (int64_t i = 0; i < n; i++) {
+        float x = f32_in ? fs[i] : gp_bf16_to_float(bs[i]);
+        if (accumulate) x = (f32_out ? fd[i] : gp_bf16_to_float(bd[i])) + x;
+        if (f32_out)
+            fd[i] = x;
+        else
+            bd[i] = gp_float_to_bf16(x);
+    }
     return GP_OK;
 }
 
@@ -137,11 +164,12 @@ const struct gp_compute_ops gp_cpu_compute_ops = {
     .has_kernel = has_kernel,
     .kernel_for = kernel_for,
     .saved_bytes = saved_bytes,
+    .kernel_bf16 = kernel_bf16,
     .scratch_bytes = scratch_bytes,
     .forward = forward,
     .backward = backward,
     .zero = zero,
-    .accumulate = accumulate,
+    .convert = convert,
     .loss_scratch_bytes = loss_scratch_bytes,
     .loss = loss,
     .bn_stats_len = gp_cpu_bn_stats_len_f32,

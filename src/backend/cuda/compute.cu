@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/convert.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/kernel.h"
 #include "backend/cuda/train_kernels.h"
@@ -17,12 +18,17 @@ extern "C" {
 struct stage_ctx {
     cudaStream_t stream;
     struct gp_cuda_libs libs;
-    bool tf32;
+    bool tf32, fast_conv;
 };
 
-static gp_status context_create(struct gp_device *dev, struct gp_stream *compute, bool tf32, void *workspace,
-                                void **out, struct gp_error *err)
+static gp_status context_create(struct gp_device *dev, struct gp_stream *compute,
+                                const struct gp_compute_options *opts, void *workspace, void **out,
+                                struct gp_error *err)
 {
+    /* TF32 for what stays float32 in the tf32 precision; bf16's matrix
+     * products and convolutions run in bfloat16 with float32 accumulation
+     * and leave no float32 product behind. */
+    bool tf32 = opts->precision == GP_PRECISION_TF32;
     *out = NULL;
     cudaError_t e = cudaSetDevice(gp_cuda_device_index(dev));
     if (e != cudaSuccess)
@@ -32,6 +38,7 @@ static gp_status context_create(struct gp_device *dev, struct gp_stream *compute
     if (!c) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     c->stream = gp_cuda_stream_of(compute);
     c->tf32 = tf32;
+    c->fast_conv = opts->fast_conv;
     gp_status st = gp_cuda_libs_create(c->stream, tf32, workspace, &c->libs, err);
     if (st != GP_OK) {
         free(c);
@@ -65,8 +72,12 @@ static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
     return k && k->saved_bytes ? k->saved_bytes(g, node) : 0;
 }
 
-static size_t scratch_bytes(const struct gp_graph *g, const struct gp_node *node)
+static bool kernel_bf16(const void *kernel) { return kernel && ((const struct gp_cuda_kernel *)kernel)->bf16; }
+
+static size_t scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
+                            const struct gp_compute_options *opts)
 {
+    (void)opts;
     const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
     return k && k->scratch_bytes ? k->scratch_bytes(g, node) : 0;
 }
@@ -81,12 +92,17 @@ static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_la
     k.out = c->out;
     k.din = c->din;
     k.dout = c->dout;
+    k.in_dt = c->in_dt;
+    k.out_dt = c->out_dt;
+    k.din_dt = c->din_dt;
+    k.dout_dt = c->dout_dt;
     k.saved = c->saved;
     k.scratch = c->scratch;
     k.stream = s->stream;
     k.cublas = s->libs.cublas;
     k.cudnn = s->libs.cudnn;
     k.tf32 = s->tf32;
+    k.fast_conv = s->fast_conv;
     k.training = c->training;
     k.update_state = c->update_state;
     k.seed = c->seed;
@@ -119,9 +135,11 @@ static gp_status zero(void *ctx, void *ptr, size_t bytes, struct gp_error *err)
     return GP_OK;
 }
 
-static gp_status accumulate(void *ctx, float *dst, const float *src, int64_t n, struct gp_error *err)
+static gp_status convert(void *ctx, void *dst, enum gp_dtype dst_type, const void *src, enum gp_dtype src_type,
+                         int64_t n, bool accumulate, struct gp_error *err)
 {
-    return gp_cuda_accumulate(((const struct stage_ctx *)ctx)->stream, dst, src, n, err);
+    return gp_cuda_convert(((const struct stage_ctx *)ctx)->stream, dst, dst_type, src, src_type, n, accumulate,
+                           err);
 }
 
 static gp_status loss(void *ctx, const struct gp_loss_call *c, struct gp_error *err)
@@ -174,12 +192,13 @@ extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     context_destroy,
     has_kernel,
     kernel_for,
+    kernel_bf16,
     saved_bytes,
     scratch_bytes,
     forward,
     backward,
     zero,
-    accumulate,
+    convert,
     gp_cuda_loss_scratch_bytes,
     loss,
     gp_cuda_bn_stats_len,

@@ -32,12 +32,18 @@ struct gp_cuda_ctx {
     void *const *out;      /* [node->n_outputs] */
     float *const *din;     /* gradients to accumulate into, or NULL */
     float *const *dout;    /* incoming gradients, or NULL (zero) */
+    /* Storage types of in/out/din/dout (backend/compute.h, gp_layer_call):
+     * GP_DTYPE_FLOAT32 or GP_DTYPE_BFLOAT16 for float tensors. Non-NULL and
+     * holding bfloat16 only for a kernel whose table entry sets `bf16`; the
+     * others always see float32. */
+    const enum gp_dtype *in_dt, *out_dt, *din_dt, *dout_dt;
     void *saved;           /* saved_bytes() of device memory per micro-batch */
     void *scratch;         /* scratch_bytes() of device memory, contents undefined */
     cudaStream_t stream;
     void *cublas;          /* cublasHandle_t bound to `stream`, math mode set by tf32 */
     void *cudnn;           /* cudnnHandle_t bound to `stream` */
     bool tf32;             /* allow TF32 tensor cores; default off: float32 semantics */
+    bool fast_conv;        /* convolutions may take the fastest, non-deterministic algorithms */
     bool training, update_state;
     uint64_t seed, step;   /* dropout key, as on the CPU (backend/cpu/rng.h) */
     const uint64_t *step_dev; /* when non-NULL, the step is read from here (device memory), so a
@@ -53,6 +59,9 @@ struct gp_cuda_kernel {
     size_t (*scratch_bytes)(const struct gp_graph *g, const struct gp_node *node); /* NULL: 0 */
     gp_status (*forward)(struct gp_cuda_ctx *ctx, struct gp_error *err);
     gp_status (*backward)(struct gp_cuda_ctx *ctx, struct gp_error *err); /* NULL: no gradient */
+    /* Reads and writes bfloat16 storage itself (ctx->*_dt), with float32
+     * arithmetic inside; false: the executor hands it float32 copies. */
+    bool bf16;
 };
 
 /* The kernel for a node (matched by op_type), or NULL. */

@@ -1,0 +1,213 @@
+/* Layer calls with bfloat16 storage for float32 kernels (mixed_call.h). */
+#include "backend/mixed_call.h"
+
+#include <string.h>
+
+#include "ops/backward_reads.h"
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static bool is_bf16(const enum gp_dtype *dt, int k) { return dt && dt[k] == GP_DTYPE_BFLOAT16; }
+
+static int64_t numel_of(const struct gp_graph *g, int v) { return gp_shape_numel(&g->values[v].shape); }
+
+/* What a backward reads of the node's inputs and outputs, given the input
+ * gradients it writes. */
+static void backward_reads(const struct gp_node *node, uint32_t din_wanted, uint32_t *reads_in,
+                           uint32_t *reads_out)
+{
+    *reads_in = *reads_out = 0;
+    gp_backward_reads(node, din_wanted, reads_in, reads_out);
+}
+
+static bool bit(uint32_t mask, int k) { return k >= 32 || ((mask >> k) & 1); }
+
+size_t gp_mixed_staging_bytes(const struct gp_compute_ops *ops, const void *kernel, const struct gp_graph *g,
+                              const struct gp_node *node, const enum gp_dtype *in_dt,
+                              const enum gp_dtype *out_dt, const enum gp_dtype *din_dt,
+                              const enum gp_dtype *dout_dt, bool backward, uint32_t din_wanted)
+{
+    if (ops->kernel_bf16 && kernel && ops->kernel_bf16(kernel)) return 0;
+    uint32_t reads_in = ~0u, reads_out = ~0u;
+    if (backward) backward_reads(node, din_wanted, &reads_in, &reads_out);
+    size_t bytes = 0;
+    /* One copy per distinct value (a node may read a value twice). */
+    for (int k = 0; k < node->n_inputs; k++) {
+        int v = node->inputs[k];
+        if (v < 0) continue;
+        bool seen = false;
+        for (int q = 0; q < k; q++) seen |= node->inputs[q] == v;
+        if (seen) continue;
+        size_t one = align64((size_t)numel_of(g, v) * sizeof(float));
+        if (is_bf16(in_dt, k) && bit(reads_in, k)) bytes += one;
+        if (backward && bit(din_wanted, k) && is_bf16(din_dt, k)) bytes += one;
+    }
+    for (int k = 0; k < node->n_outputs; k++) {
+        int v = node->outputs[k];
+        if (v < 0) continue;
+        size_t one = align64((size_t)numel_of(g, v) * sizeof(float));
+        if (is_bf16(out_dt, k) && bit(reads_out, k)) bytes += one;
+        if (backward && is_bf16(dout_dt, k)) bytes += one;
+    }
+    return bytes;
+}
+
+/* The staging area handed out in order; a pointer staged twice (a value a
+ * node reads twice) gets one copy. */
+#define MAX_STAGED 64
+struct stager {
+    unsigned char *next;
+    int n;
+    const void *orig[MAX_STAGED];
+    float *copy[MAX_STAGED];
+};
+
+static float *find_staged(const struct stager *s, const void *orig)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->orig[i] == orig) return s->copy[i];
+    return NULL;
+}
+
+/* A float32 copy of the bfloat16 tensor at orig (widened when `load`). */
+static gp_status stage_one(const struct gp_compute_ops *ops, void *ctx, struct stager *s, const void *orig,
+                           int64_t n, bool load, float **out, struct gp_error *err)
+{
+    float *have = find_staged(s, orig);
+    if (have) {
+        *out = have;
+        return GP_OK;
+    }
+    if (s->n == MAX_STAGED) return gp_error_set(err, GP_ERR_UNSUPPORTED, "more than %d staged tensors", MAX_STAGED);
+    float *copy = (float *)s->next;
+    s->next += align64((size_t)n * sizeof(float));
+    s->orig[s->n] = orig;
+    s->copy[s->n++] = copy;
+    if (load) GP_TRY(ops->convert(ctx, copy, GP_DTYPE_FLOAT32, orig, GP_DTYPE_BFLOAT16, n, false, err));
+    *out = copy;
+    return GP_OK;
+}
+
+/* Rounds the float32 copies back into their bfloat16 homes. */
+static gp_status store_back(const struct gp_compute_ops *ops, void *ctx, const struct gp_graph *g,
+                            const int *values, int count, void *const *orig, float *const *copies,
+                            const enum gp_dtype *dt, struct gp_error *err)
+{
+    for (int k = 0; k < count; k++) {
+        if (!orig[k] || !is_bf16(dt, k) || copies[k] == orig[k]) continue;
+        bool done = false; /* a tensor given twice is written back once */
+        for (int q = 0; q < k; q++) done |= orig[q] == orig[k];
+        if (done) continue;
+        GP_TRY(ops->convert(ctx, (void *)orig[k], GP_DTYPE_BFLOAT16, copies[k], GP_DTYPE_FLOAT32,
+                            numel_of(g, values[k]), false, err));
+    }
+    return GP_OK;
+}
+
+#define MAX_ARGS 64
+
+static gp_status too_wide(const struct gp_node *n, struct gp_error *err)
+{
+    return gp_error_set(err, GP_ERR_UNSUPPORTED, "node '%s' (%s): more than %d inputs or outputs in bf16",
+                        n->name, n->op_type, MAX_ARGS);
+}
+
+static bool direct(const struct gp_compute_ops *ops, const struct gp_layer_call *c)
+{
+    if (!c->in_dt && !c->out_dt && !c->din_dt && !c->dout_dt) return true;
+    return ops->kernel_bf16 && ops->kernel_bf16(c->kernel);
+}
+
+gp_status gp_mixed_forward(const struct gp_compute_ops *ops, void *ctx, const struct gp_layer_call *c,
+                           void *staging, struct gp_error *err)
+{
+    if (direct(ops, c)) return ops->forward(ctx, c, err);
+    const struct gp_node *n = c->node;
+    if (n->n_inputs > MAX_ARGS || n->n_outputs > MAX_ARGS) return too_wide(n, err);
+    struct stager s = {.next = staging};
+    void *in[MAX_ARGS + 1] = {0}, *out[MAX_ARGS + 1] = {0};
+    for (int k = 0; k < n->n_inputs; k++) {
+        in[k] = c->in[k];
+        if (c->in[k] && is_bf16(c->in_dt, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->in[k], numel_of(c->graph, n->inputs[k]), true, (float **)&in[k], err));
+    }
+    for (int k = 0; k < n->n_outputs; k++) {
+        out[k] = c->out[k];
+        if (c->out[k] && is_bf16(c->out_dt, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->out[k], numel_of(c->graph, n->outputs[k]), false, (float **)&out[k],
+                             err));
+    }
+    struct gp_layer_call f = *c;
+    f.in = in;
+    f.out = out;
+    f.in_dt = f.out_dt = f.din_dt = f.dout_dt = NULL;
+    GP_TRY(ops->forward(ctx, &f, err));
+    return store_back(ops, ctx, c->graph, n->outputs, n->n_outputs, c->out, (float *const *)out, c->out_dt, err);
+}
+
+gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const struct gp_layer_call *c,
+                            void *staging, struct gp_error *err)
+{
+    if (direct(ops, c)) return ops->backward(ctx, c, err);
+    const struct gp_node *n = c->node;
+    if (n->n_inputs > MAX_ARGS || n->n_outputs > MAX_ARGS) return too_wide(n, err);
+    uint32_t din_wanted = 0;
+    for (int k = 0; k < n->n_inputs && k < 32; k++)
+        if (c->din[k]) din_wanted |= 1u << k;
+    uint32_t reads_in, reads_out;
+    backward_reads(n, din_wanted, &reads_in, &reads_out);
+    struct stager s = {.next = staging};
+    void *in[MAX_ARGS + 1] = {0}, *out[MAX_ARGS + 1] = {0};
+    float *din[MAX_ARGS + 1] = {0}, *dout[MAX_ARGS + 1] = {0};
+    const struct gp_graph *g = c->graph;
+    /* What the backward does not read stays where it is (unread; the
+     * executor may already have reused that memory). */
+    for (int k = 0; k < n->n_inputs; k++) {
+        in[k] = c->in[k];
+        if (c->in[k] && is_bf16(c->in_dt, k) && bit(reads_in, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->in[k], numel_of(g, n->inputs[k]), true, (float **)&in[k], err));
+        din[k] = c->din[k];
+        if (c->din[k] && is_bf16(c->din_dt, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->din[k], numel_of(g, n->inputs[k]), true, &din[k], err));
+    }
+    for (int k = 0; k < n->n_outputs; k++) {
+        out[k] = c->out[k];
+        if (c->out[k] && is_bf16(c->out_dt, k) && bit(reads_out, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->out[k], numel_of(g, n->outputs[k]), true, (float **)&out[k], err));
+        dout[k] = c->dout[k];
+        if (c->dout[k] && is_bf16(c->dout_dt, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->dout[k], numel_of(g, n->outputs[k]), true, &dout[k], err));
+    }
+    struct gp_layer_call b = *c;
+    b.in = in;
+    b.out = out;
+    b.din = din;
+    b.dout = dout;
+    b.in_dt = b.out_dt = b.din_dt = b.dout_dt = NULL;
+    GP_TRY(ops->backward(ctx, &b, err));
+    return store_back(ops, ctx, g, n->inputs, n->n_inputs, (void *const *)c->din, din, c->din_dt, err);
+}
+
+size_t gp_mixed_loss_staging_bytes(const struct gp_shape *out_shape, enum gp_dtype out_dt, enum gp_dtype dout_dt)
+{
+    size_t one = align64((size_t)gp_shape_numel(out_shape) * sizeof(float));
+    return (out_dt == GP_DTYPE_BFLOAT16 ? one : 0) + (dout_dt == GP_DTYPE_BFLOAT16 ? one : 0);
+}
+
+gp_status gp_mixed_loss(const struct gp_compute_ops *ops, void *ctx, const struct gp_loss_call *c,
+                        enum gp_dtype out_dt, enum gp_dtype dout_dt, void *staging, struct gp_error *err)
+{
+    int64_t n = gp_shape_numel(c->out_shape);
+    struct gp_loss_call l = *c;
+    unsigned char *next = staging;
+    if (out_dt == GP_DTYPE_BFLOAT16) {
+        l.out = (const float *)next;
+        next += align64((size_t)n * sizeof(float));
+        GP_TRY(ops->convert(ctx, (void *)l.out, GP_DTYPE_FLOAT32, c->out, GP_DTYPE_BFLOAT16, n, false, err));
+    }
+    if (dout_dt == GP_DTYPE_BFLOAT16) l.dout = (float *)next;
+    GP_TRY(ops->loss(ctx, &l, err));
+    if (dout_dt == GP_DTYPE_BFLOAT16)
+        GP_TRY(ops->convert(ctx, c->dout, GP_DTYPE_BFLOAT16, l.dout, GP_DTYPE_FLOAT32, n, false, err));
+    return GP_OK;
+}

@@ -1,0 +1,50 @@
+/* Layer calls with bfloat16 storage for kernels that compute in float32.
+ *
+ * In bf16 precision (backend/compute.h) a layer's float tensors may be
+ * stored as bfloat16. A kernel that reads and writes bfloat16 itself
+ * (gp_compute_ops.kernel_bf16) is called directly. Any other kernel gets
+ * float32 copies: each bfloat16 input (and, in backward, each bfloat16
+ * output it reads and each incoming gradient) is widened into a staging
+ * area (exact), the kernel runs in float32, and each bfloat16 output is
+ * rounded back once (to nearest even); a bfloat16 input gradient is widened,
+ * accumulated into by the kernel, and rounded back. The result is the
+ * kernel's float32 arithmetic on bfloat16 values with one rounding per
+ * stored tensor: what a fused bfloat16 kernel computes, at the cost of the
+ * copies. The CPU backend runs every kernel this way: it is the reference
+ * the CUDA kernels are compared with in bf16.
+ *
+ * Backend-neutral: it uses only the compute ops' convert. */
+#ifndef GP_BACKEND_MIXED_CALL_H
+#define GP_BACKEND_MIXED_CALL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/compute.h"
+
+/* Staging bytes the call needs (0 when nothing is bfloat16 or the kernel
+ * reads bfloat16 itself): forward, or backward with the input gradients
+ * `din_wanted` (bit k: din[k] present). The *_dt arrays are as in
+ * gp_layer_call (din_dt and dout_dt may be NULL for forward). */
+size_t gp_mixed_staging_bytes(const struct gp_compute_ops *ops, const void *kernel, const struct gp_graph *g,
+                              const struct gp_node *node, const enum gp_dtype *in_dt,
+                              const enum gp_dtype *out_dt, const enum gp_dtype *din_dt,
+                              const enum gp_dtype *dout_dt, bool backward, uint32_t din_wanted);
+
+/* The layer's forward or backward through ops, staged where needed into
+ * `staging` (at least gp_mixed_staging_bytes; may be NULL when that is 0). */
+gp_status gp_mixed_forward(const struct gp_compute_ops *ops, void *ctx, const struct gp_layer_call *c,
+                           void *staging, struct gp_error *err);
+gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const struct gp_layer_call *c,
+                            void *staging, struct gp_error *err);
+
+/* The loss on a bfloat16 output and into a bfloat16 gradient: out_dt and
+ * dout_dt say how c->out and c->dout are stored; float32 copies staged
+ * as above (staging: gp_mixed_loss_staging_bytes). */
+size_t gp_mixed_loss_staging_bytes(const struct gp_shape *out_shape, enum gp_dtype out_dt,
+                                   enum gp_dtype dout_dt);
+gp_status gp_mixed_loss(const struct gp_compute_ops *ops, void *ctx, const struct gp_loss_call *c,
+                        enum gp_dtype out_dt, enum gp_dtype dout_dt, void *staging, struct gp_error *err);
+
+#endif
