@@ -42,6 +42,7 @@ static void on_memory(void *user, const struct gp_stage_memory_report *m)
  * with K stages (an even split) and M micro-batches. */
 static double lr = 0.05;
 static bool deferred_bn = false;
+static enum gp_precision precision = GP_PRECISION_FP32;
 
 static void run(const char *fixture, int64_t batch, int K, int M, enum gp_checkpoint mode,
                 const char *trace, struct run_result *res)
@@ -61,12 +62,14 @@ static void run(const char *fixture, int64_t batch, int K, int M, enum gp_checkp
     cfg.shuffle = false;
     cfg.lr = lr;
     cfg.deferred_batch_norm = deferred_bn;
+    cfg.precision = precision;
     cfg.momentum = 0.9;
     cfg.n_stages = K;
     for (int k = 0; k < K; k++) cfg.stage_device[k] = k;
     cfg.checkpoint = mode;
     cfg.trace_path = trace;
-    snprintf(saved, sizeof saved, "%s/%s_%d_%d_%d.onnx", tmp, fixture, K, M, (int)mode);
+    snprintf(saved, sizeof saved, "%s/%s_%d_%d_%d_%s.onnx", tmp, fixture, K, M, (int)mode,
+             gp_precision_name(precision));
     cfg.save_path = saved;
     struct gp_train_callbacks cb = {.user = res, .on_step = on_step, .on_memory = on_memory};
     if (gp_train(&cfg, &ds, NULL, &cb, &err) != GP_OK)
@@ -152,6 +155,86 @@ static void test_batchnorm_models(void **state)
     check_invariance("digits_cnn_op17", 16, Ms, 3, true);
     check_invariance("resnet_op17", 16, Ms, 3, true);
     check_invariance("unet_op17", 16, Ms, 3, true);
+}
+
+/* Bit for bit: the same losses and every weight identical. */
+static void assert_identical(const char *what, const struct run_result *a, const struct run_result *b)
+{
+    for (int s = 0; s < STEPS; s++)
+        if (a->loss[s] != b->loss[s])
+            fail_msg("%s: step %d loss %.9g, one stage %.9g", what, s + 1, a->loss[s], b->loss[s]);
+    for (int v = 0; v < b->saved.n_values; v++) {
+        const struct gp_value *w = &b->saved.values[v];
+        if (!w->is_initializer || !gp_dtype_is_float(w->dtype)) continue;
+        const struct gp_tensor *x = a->saved.values[gp_graph_find_value(&a->saved, w->name)].constant;
+        if (x->nbytes != w->constant->nbytes || memcmp(x->data, w->constant->data, x->nbytes) != 0)
+            fail_msg("%s: '%s' differs from one stage's", what, w->name);
+    }
+}
+
+/* bf16: stages and checkpoint modes change nothing, bit for bit (the same
+ * kernels on the same micro-batches in the same order: frontiers travel
+ * in bfloat16 exactly as they are stored); the same holds for fp32. Micro-
+ * batches change the order parameter gradients are summed in, in either
+ * precision, so each M is compared with one stage at that M. */
+static void test_bf16_invariance(void **state)
+{
+    (void)state;
+    static const enum gp_checkpoint modes[3] = {GP_CHECKPOINT_NEVER, GP_CHECKPOINT_EXCEPT_LAST,
+                                                GP_CHECKPOINT_ALWAYS};
+    static const char *const fixtures[] = {"gpt_op17", "resnet_op17", "unet_op17", "digits_cnn_op17"};
+    precision = GP_PRECISION_BF16;
+    int runs = 0;
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        const int Ms[] = {1, 4};
+        for (int mi = 0; mi < 2; mi++) {
+            struct run_result ref;
+            memset(&ref, 0, sizeof ref);
+            run(fixtures[f], 16, 1, Ms[mi], GP_CHECKPOINT_NEVER, NULL, &ref);
+            for (int K = 1; K <= 3; K++)
+                for (int c = 0; c < 3; c++) {
+                    if (K == 1 && c == 0) continue;
+                    struct run_result r;
+                    memset(&r, 0, sizeof r);
+                    run(fixtures[f], 16, K, Ms[mi], modes[c], NULL, &r);
+                    char what[160];
+                    snprintf(what, sizeof what, "bf16 %s, %d stages x %d micro-batches, checkpoint %s",
+                             fixtures[f], K, Ms[mi], gp_checkpoint_name(modes[c]));
+                    assert_identical(what, &r, &ref);
+                    gp_graph_free(&r.saved);
+                    runs++;
+                }
+            gp_graph_free(&ref.saved);
+        }
+    }
+    precision = GP_PRECISION_FP32;
+    printf("bf16: %d pipeline runs identical to one stage, bit for bit\n", runs);
+}
+
+/* bf16 halves what activations take: the planned activation memory
+ * (frontier boxes, activation sets, arena, gradients, inboxes) of a bf16
+ * run is at most 55% of the fp32 run's, stage by stage. */
+static void test_bf16_memory(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"gpt_op17", "resnet_op17", "unet_op17"};
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        struct run_result r[2];
+        for (int b = 0; b < 2; b++) {
+            memset(&r[b], 0, sizeof r[b]);
+            precision = b ? GP_PRECISION_BF16 : GP_PRECISION_FP32;
+            run(fixtures[f], 16, 2, 4, GP_CHECKPOINT_NEVER, NULL, &r[b]);
+        }
+        precision = GP_PRECISION_FP32;
+        for (int k = 0; k < r[0].stages; k++) {
+            printf("%s stage %d activations: fp32 %lld (peak %lld), bf16 %lld (peak %lld) bytes: %.1f%%\n",
+                   fixtures[f], k, (long long)r[0].planned[k], (long long)r[0].peak[k], (long long)r[1].planned[k],
+                   (long long)r[1].peak[k], 100.0 * (double)r[1].planned[k] / (double)r[0].planned[k]);
+            assert_true((double)r[1].planned[k] <= 0.55 * (double)r[0].planned[k]);
+            assert_true((double)r[1].peak[k] <= 0.55 * (double)r[0].peak[k]);
+        }
+        for (int b = 0; b < 2; b++) gp_graph_free(&r[b].saved);
+    }
 }
 
 /* Peak activation memory by the executor's accounting: keeping every
@@ -303,6 +386,8 @@ int main(void)
         cmocka_unit_test(test_gpt),
         cmocka_unit_test(test_batchnorm_models),
         cmocka_unit_test(test_checkpoint_memory),
+        cmocka_unit_test(test_bf16_invariance),
+        cmocka_unit_test(test_bf16_memory),
         cmocka_unit_test(test_trace_shows_pipelining),
         cmocka_unit_test(test_deferred_batch_norm),
     };
