@@ -1,6 +1,6 @@
 #!/bin/sh
 # Regenerate every fixture in models/: ONNX exports, digits dataset, reference
-# training runs, manifest.
+# training runs (float32 and bf16 autocast), manifest.
 #
 #   TORCH_PY   interpreter with torch 1.13, sklearn, numpy, onnx
 #              (default: /usr/bin/python3, Debian's python3-torch)
@@ -34,6 +34,9 @@ fi
 
 echo "== PyTorch reference training runs ($TORCH_PY)"
 "$TORCH_PY" make_reference.py
+
+echo "== PyTorch bf16 autocast reference runs ($TORCH_PY)"
+"$TORCH_PY" make_reference_bf16.py
 
 echo "== manifest ($ORT_PY)"
 "$ORT_PY" record_manifest.py
