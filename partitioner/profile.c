@@ -60,10 +60,28 @@ static double measure_copy_gbps(void)
     return best > 0 ? (double)bytes / (best * 1e6) : 5.0;
 }
 
+/* Bytes of an activation as a stage stores it in that precision. */
+static int64_t stored_bytes(const struct gp_value *v, enum gp_precision precision)
+{
+    if (precision == GP_PRECISION_BF16 && gp_dtype_is_float(v->dtype)) return gp_shape_numel(&v->shape) * 2;
+    return gp_value_bytes(v);
+}
+
+static int64_t cut_bytes(const struct gp_graph *g, const struct gp_layers *l, int cut, enum gp_precision precision,
+                         int *ids)
+{
+    int n = gp_layers_frontier(l, g, cut, ids);
+    int64_t bytes = 0;
+    for (int q = 0; q < n; q++) bytes += stored_bytes(&g->values[ids[q]], precision);
+    return bytes;
+}
+
 void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
                            size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
-                           struct gp_profile *out)
+                           enum gp_precision precision, struct gp_profile *out)
 {
+    snprintf(out->precision, sizeof out->precision, "%s", gp_precision_name(precision));
+    int *ids = malloc(sizeof(int) * ((size_t)g->n_values + 1));
     for (int i = 0; i < g->n_nodes; i++) {
         const struct gp_node *n = &g->nodes[i];
         struct gp_layer_profile *lp = &out->layers[i];
@@ -71,11 +89,12 @@ void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
         lp->param_bytes = l->layer_params[i] * 4;
         lp->activation_bytes = 0;
         for (int k = 0; k < n->n_outputs; k++)
-            if (n->outputs[k] >= 0) lp->activation_bytes += gp_value_bytes(&g->values[n->outputs[k]]);
+            if (n->outputs[k] >= 0) lp->activation_bytes += stored_bytes(&g->values[n->outputs[k]], precision);
         lp->activation_bytes += (int64_t)saved_bytes(g, n);
-        lp->frontier_bytes = l->frontier_bytes[i + 1];
+        lp->frontier_bytes = ids ? cut_bytes(g, l, i + 1, precision, ids) : l->frontier_bytes[i + 1];
     }
-    out->input_frontier_bytes = l->frontier_bytes[0];
+    out->input_frontier_bytes = ids ? cut_bytes(g, l, 0, precision, ids) : l->frontier_bytes[0];
+    free(ids);
 }
 
 gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int threads, int warmup,
@@ -151,7 +170,7 @@ gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int t
         }
         if (progress) progress(user, rep + 1, warmup + repeats);
     }
-    gp_profile_fill_bytes(g, &l, gp_cpu_compute_ops.saved_bytes, out);
+    gp_profile_fill_bytes(g, &l, gp_cpu_compute_ops.saved_bytes, GP_PRECISION_FP32, out);
     for (int i = 0; i < g->n_nodes && st == GP_OK; i++) {
         out->layers[i].forward_ms = gp_profile_median(fwd + (size_t)i * (size_t)repeats, repeats);
         out->layers[i].backward_ms = gp_profile_median(bwd + (size_t)i * (size_t)repeats, repeats);
@@ -187,6 +206,8 @@ gp_status gp_profile_save(const struct gp_profile *p, const char *path, struct g
     gp_json_string(&j, p->model);
     gp_json_key(&j, "device");
     gp_json_string(&j, p->device);
+    gp_json_key(&j, "precision");
+    gp_json_string(&j, p->precision[0] ? p->precision : "fp32");
     gp_json_key(&j, "micro_batch");
     gp_json_int(&j, p->micro_batch);
     gp_json_key(&j, "input_frontier_bytes");
@@ -253,6 +274,9 @@ gp_status gp_profile_load(const char *path, const struct gp_graph *g, struct gp_
     const struct gp_jvalue *v;
     snprintf(out->model, sizeof out->model, "%s", (v = field(root, "model", GP_JSTRING)) ? v->str : "");
     snprintf(out->device, sizeof out->device, "%s", (v = field(root, "device", GP_JSTRING)) ? v->str : "");
+    /* Profiles written before precisions existed were float32. */
+    snprintf(out->precision, sizeof out->precision, "%s",
+             (v = field(root, "precision", GP_JSTRING)) ? v->str : "fp32");
     out->micro_batch = (v = field(root, "micro_batch", GP_JNUMBER)) ? v->i : 0;
     out->input_frontier_bytes = (v = field(root, "input_frontier_bytes", GP_JNUMBER)) ? v->i : 0;
     out->copy_gbps = (v = field(root, "copy_gbps", GP_JNUMBER)) ? v->num : 5.0;

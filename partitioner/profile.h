@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "backend/compute.h"
 #include "graph/graph.h"
 #include "util/error.h"
 
@@ -21,6 +22,7 @@ struct gp_layer_profile {
 struct gp_profile {
     char model[256];
     char device[32];                /* "cpu" */
+    char precision[8];              /* "fp32", "tf32", "bf16": what times and bytes were measured in */
     int64_t micro_batch;
     int n_layers;
     int64_t input_frontier_bytes;   /* at the cut before layer 0 */
@@ -51,19 +53,20 @@ gp_status gp_profile_load(const char *path, const struct gp_graph *g, struct gp_
  * `peer` (the same device when peer < 0). */
 struct gp_device_ops;
 gp_status gp_profile_device(const struct gp_graph *g, const char *model_name, const struct gp_device_ops *ops,
-                            int index, int peer, int warmup, int repeats,
+                            int index, int peer, enum gp_precision precision, int warmup, int repeats,
                             void (*progress)(void *user, int done, int total), void *user,
                             struct gp_profile *out, struct gp_error *err);
 
 void gp_profile_free(struct gp_profile *p);
 
 /* For profilers: each layer's op and bytes (parameters, what it keeps with
- * saved_bytes its kernels' saved state, frontier), and the median of v[n]
- * (v is reordered). */
+ * saved_bytes its kernels' saved state, frontier) as stored in `precision`
+ * (bf16: float activations and frontiers take 2 bytes an element), and the
+ * median of v[n] (v is reordered). */
 struct gp_layers;
 void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
                            size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
-                           struct gp_profile *out);
+                           enum gp_precision precision, struct gp_profile *out);
 double gp_profile_median(double *v, int n);
 
 #endif

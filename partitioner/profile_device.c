@@ -55,7 +55,7 @@ done:
 }
 
 gp_status gp_profile_device(const struct gp_graph *g, const char *model_name, const struct gp_device_ops *ops,
-                            int index, int peer, int warmup, int repeats,
+                            int index, int peer, enum gp_precision precision, int warmup, int repeats,
                             void (*progress)(void *user, int done, int total), void *user,
                             struct gp_profile *out, struct gp_error *err)
 {
@@ -94,7 +94,7 @@ gp_status gp_profile_device(const struct gp_graph *g, const char *model_name, co
         for (int64_t i = 0; i < gp_shape_numel(&in->shape); i++)
             ((float *)x)[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
     if ((st = gp_layers_build(g, &l, err)) != GP_OK) goto done;
-    gp_profile_fill_bytes(g, &l, ops->compute->saved_bytes, out);
+    gp_profile_fill_bytes(g, &l, ops->compute->saved_bytes, precision, out);
 
     /* One stage, one micro-batch, everything kept: each layer's forward and
      * backward once per step, as a stage without recomputation runs them.
@@ -112,6 +112,7 @@ gp_status gp_profile_device(const struct gp_graph *g, const char *model_name, co
         .optim = gp_sgd_defaults(0.0),
         .loss = {.kind = GP_LOSS_OUTPUT, .target_dtype = GP_DTYPE_UNDEFINED},
         .time_layers = true,
+        .compute = {.precision = precision},
     };
     if ((st = gp_pipeline_create(&pc, &pipe, err)) != GP_OK) goto done;
     double denominator = (double)gp_shape_numel(&g->values[g->outputs[0]].shape);

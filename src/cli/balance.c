@@ -7,10 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/backends.h"
 #include "cli/cli.h"
-#ifdef GP_HAVE_CUDA
-#include "backend/cuda/device.h"
-#endif
 #include "onnx/load.h"
 #include "partitioner/balance.h"
 #include "util/json_writer.h"
@@ -22,6 +20,7 @@ static void help(FILE *f)
           "                          [--batch N] [--chunks M] [--checkpoint MODE]\n"
           "                          [--optimizer sgd|adamw] [--momentum M] [--json FILE]\n"
           "                          [--profile-out FILE | --profile-in FILE] [--repeats R]\n"
+          "                          [--precision fp32|tf32|bf16]\n"
           "\n"
           "Profiles every layer (forward and backward, median of R timed runs after a\n"
           "warm-up, with its real inputs at the micro-batch size N/M) on the devices' type,\n"
@@ -43,6 +42,8 @@ static void help(FILE *f)
           "  --batch N           mini-batch (default 32); --chunks M micro-batches (default 1)\n"
           "  --checkpoint MODE   always | except_last (default) | never\n"
           "  --optimizer sgd|adamw, --momentum M   optimizer state in the memory figures\n"
+          "  --precision P       fp32 (default), tf32, bf16: layers timed, activations and\n"
+          "                      frontiers counted as training in P runs and stores them\n"
           "  --json FILE         the report as JSON: 'stages' with first_layer, last_layer\n"
           "                      (inclusive indices of the layer list 'inspect' prints),\n"
           "                      time_ms, memory_bytes; 'predicted_step_ms'; 'balance'\n"
@@ -266,7 +267,8 @@ static int cpu_threads_per_device(int devices)
 
 /* Profiles (or loads a profile) and balances; shared with train. */
 gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
-                                     const bool *cuda, const int *device, const char *profile_in,
+                                     const bool *cuda, const int *device, enum gp_precision precision,
+                                     const char *profile_in,
                                      const char *profile_out, bool quiet, struct gp_profile *prof,
                                      struct gp_balance_report *rep, struct gp_error *err)
 {
@@ -276,24 +278,29 @@ gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_
         if (gpu < 0) gpu = device[k];
         else if (peer < 0 && device[k] != gpu) peer = device[k];
     }
-#ifndef GP_HAVE_CUDA
-    if (gpu >= 0)
+    const struct gp_device_ops *gpu_ops = gp_backend_find("cuda");
+    if (gpu >= 0 && !gpu_ops)
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "this build has no CUDA backend: cannot profile on cuda:%d",
                             gpu);
-#endif
     struct gp_graph g;
     GP_TRY(gp_onnx_load(model, bc->batch / bc->n_micro, &g, err));
     bool tty = !quiet && isatty(STDERR_FILENO);
     gp_status st;
     if (profile_in) {
         st = gp_profile_load(profile_in, &g, prof, err);
+        if (st == GP_OK && strcmp(prof->precision, gp_precision_name(precision)) != 0) {
+            st = gp_error_set(err, GP_ERR_INVALID, "%s was profiled in %s, not %s: profile again with --precision %s",
+                              profile_in, prof->precision, gp_precision_name(precision), gp_precision_name(precision));
+            gp_profile_free(prof);
+        }
     } else if (gpu >= 0) {
-#ifdef GP_HAVE_CUDA
-        st = gp_profile_device(&g, model, &gp_cuda_device_ops, gpu, peer, 3, repeats,
+        st = gp_profile_device(&g, model, gpu_ops, gpu, peer, precision, 3, repeats, quiet ? NULL : progress, &tty,
+                               prof, err);
+    } else if (precision == GP_PRECISION_BF16) {
+        /* The CPU's bf16 runs its kernels on staged float32 copies: timed as
+         * a stage runs them, through the executor. */
+        st = gp_profile_device(&g, model, &gp_cpu_device_ops, 0, bc->n_stages > 1 ? 1 : -1, precision, 2, repeats,
                                quiet ? NULL : progress, &tty, prof, err);
-#else
-        st = GP_ERR_UNSUPPORTED;
-#endif
     } else {
         st = gp_profile_cpu(&g, model, cpu_threads_per_device(bc->n_stages), 2, repeats,
                             quiet ? NULL : progress, &tty, prof, err);
@@ -314,6 +321,7 @@ int gp_cmd_balance(int argc, char **argv)
     int device[GP_CLI_MAX_DEVICES] = {0};
     bool adamw = false;
     double momentum = 0;
+    enum gp_precision precision = GP_PRECISION_FP32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -323,7 +331,7 @@ int gp_cmd_balance(int argc, char **argv)
         bool takes = !strcmp(a, "--devices") || !strcmp(a, "--by") || !strcmp(a, "--batch") ||
                      !strcmp(a, "--chunks") || !strcmp(a, "--checkpoint") || !strcmp(a, "--json") ||
                      !strcmp(a, "--profile-in") || !strcmp(a, "--profile-out") || !strcmp(a, "--repeats") ||
-                     !strcmp(a, "--optimizer") || !strcmp(a, "--momentum");
+                     !strcmp(a, "--optimizer") || !strcmp(a, "--momentum") || !strcmp(a, "--precision");
         if (takes && !v) return gp_cli_usage("balance", "%s needs a value", a);
         if (takes) i++;
         if (!strcmp(a, "--devices")) {
@@ -355,6 +363,9 @@ int gp_cmd_balance(int argc, char **argv)
         } else if (!strcmp(a, "--optimizer")) {
             if (strcmp(v, "sgd") && strcmp(v, "adamw")) return gp_cli_usage("balance", "--optimizer is sgd or adamw");
             adamw = !strcmp(v, "adamw");
+        } else if (!strcmp(a, "--precision")) {
+            if (!gp_precision_parse(v, &precision))
+                return gp_cli_usage("balance", "--precision takes fp32, tf32 or bf16, not '%s'", v);
         } else if (!strcmp(a, "--momentum")) {
             momentum = atof(v);
         } else if (a[0] == '-' && a[1]) {
@@ -375,8 +386,8 @@ int gp_cmd_balance(int argc, char **argv)
     struct gp_profile prof;
     struct gp_balance_report rep;
     struct gp_error err = {0};
-    if (gp_cli_profile_and_balance(model, &bc, (int)repeats, cuda, device, pin, pout, false, &prof, &rep,
-                                   &err) != GP_OK)
+    if (gp_cli_profile_and_balance(model, &bc, (int)repeats, cuda, device, precision, pin, pout, false, &prof,
+                                   &rep, &err) != GP_OK)
         return gp_cli_fail("%s", err.msg);
     gp_cli_print_balance(&prof, &rep);
     printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s --balance ", model,

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/compute.h"
 #include "util/error.h"
 
 #define GP_EXIT_OK 0
@@ -26,7 +27,8 @@ struct gp_balance_config;
 /* Profiles on the stages' device type: the first GPU of the list when
  * there is one (copies timed to the next distinct GPU), else the CPU. */
 gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
-                               const bool *cuda, const int *device, const char *profile_in,
+                               const bool *cuda, const int *device, enum gp_precision precision,
+                               const char *profile_in,
                                const char *profile_out, bool quiet, struct gp_profile *prof,
                                struct gp_balance_report *rep, struct gp_error *err);
 void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_report *r);

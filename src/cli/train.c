@@ -501,8 +501,8 @@ int gp_cmd_train(int argc, char **argv)
                                   (long long)cfg.chunks, (long long)cfg.batch);
             goto done;
         }
-        if (gp_cli_profile_and_balance(cfg.model_path, &bc, 5, cfg.stage_cuda, cfg.stage_device, NULL, NULL, quiet,
-                                       &prof, &rep, &err) != GP_OK) {
+        if (gp_cli_profile_and_balance(cfg.model_path, &bc, 5, cfg.stage_cuda, cfg.stage_device, cfg.precision, NULL,
+                                       NULL, quiet, &prof, &rep, &err) != GP_OK) {
             status = gp_cli_fail("%s", err.msg);
             goto done;
         }

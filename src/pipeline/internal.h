@@ -105,6 +105,7 @@ struct gp_pipeline {
     char graph_note[2304];
     float *norms_host;             /* per parameter (all stages), copied back for clipping */
     bool eval;
+    bool eval_batch_stats;         /* evaluation with BatchNorm's batch statistics (predict --mode train) */
     float clip_coef;
     double lr;
 };

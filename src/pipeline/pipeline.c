@@ -341,9 +341,12 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
     return gp_pipe_sync_all(p, err);
 }
 
-gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, float *out, struct gp_error *err)
+gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stats, float *out,
+                           struct gp_error *err)
 {
-    p->opts = (struct gp_step_opts){.dropout_ratio = -1};
+    /* Batch statistics come with training mode: dropout is then turned off by its ratio. */
+    p->opts = (struct gp_step_opts){.dropout_ratio = batch_stats ? 0 : -1};
+    p->eval_batch_stats = batch_stats;
     size_t in_bytes = p->input_bytes;
     for (int k = 0; k < p->K; k++) p->stages[k].once_valid = false;
     for (int k = 0; k < p->K; k++) {

@@ -80,9 +80,12 @@ bool gp_pipeline_graphed(const struct gp_pipeline *p);
 gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_norm,
                                struct gp_error *err);
 
-/* Evaluation mode (running statistics, no dropout) on one micro-batch:
- * x has micro-batch rows; out gets the graph's first output, float32. */
-gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, float *out, struct gp_error *err);
+/* Evaluation (no dropout) on one micro-batch: x has micro-batch rows; out
+ * gets the graph's first output, float32. `batch_stats`: BatchNorm
+ * normalizes by the micro-batch's own statistics (running ones otherwise,
+ * never updated here). */
+gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stats, float *out,
+                           struct gp_error *err);
 
 /* The current value of a parameter or buffer, as float32. */
 gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err);

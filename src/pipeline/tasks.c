@@ -257,7 +257,7 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         return s->cops->norms(s->cctx, s->param_grad_ptrs, s->param_numels, s->n_params,
                               (float *)s->norms, err);
     case TASK_EVAL: {
-        GP_TRY(run_forward(p, s, 0, false, false, err));
+        GP_TRY(run_forward(p, s, 0, p->eval_batch_stats, false, err));
         /* A bfloat16 output is read back as float32, from the staging area. */
         if (!last || s->plan.dt[p->output] == GP_DTYPE_FLOAT32) return GP_OK;
         return s->cops->convert(s->cctx, s->staging, GP_DTYPE_FLOAT32, addr(p, s, p->output, 0), GP_DTYPE_BFLOAT16,

@@ -5,15 +5,25 @@
 
 #include <stdbool.h>
 
+#include "backend/compute.h"
+#include "backend/device.h"
 #include "data/dataset.h"
 #include "util/error.h"
 
-/* `training`: batch statistics instead of running ones (each batch of
- * `batch` samples normalized by its own), dropout still off.
- * The first graph output for every sample of `data` (in float32), in order;
+struct gp_predict_options {
+    int64_t batch;               /* samples per forward pass */
+    /* Batch statistics instead of running ones (each batch of `batch`
+     * samples normalized by its own), dropout still off. */
+    bool training;
+    enum gp_precision precision;
+    const struct gp_device_ops *device_ops; /* the backend (backend/backends.h) */
+    int device_index;
+};
+
+/* The first graph output for every sample of `data` (in float32), in order;
  * the last batch is padded internally and the padding dropped. *out gets a
  * malloc'd tensor the caller frees with free(out->data). */
-gp_status gp_predict(const char *model_path, const struct gp_dataset *data, int64_t batch,
-                     bool training, struct gp_tensor *out, struct gp_error *err);
+gp_status gp_predict(const char *model_path, const struct gp_dataset *data, const struct gp_predict_options *o,
+                     struct gp_tensor *out, struct gp_error *err);
 
 #endif

@@ -319,7 +319,7 @@ static gp_status evaluate(struct run *s, const struct gp_dataset *d, double *los
         for (int64_t k = 0; k < s->micro; k++) idx[k] = i + (k < rows ? k : rows - 1);
         gp_dataset_gather(&d->x, idx, s->micro, 0, s->micro, s->x);
         if (d->y.dtype != GP_DTYPE_UNDEFINED) gp_dataset_gather(&d->y, idx, s->micro, 0, s->micro, s->labels);
-        GP_TRY(gp_pipeline_eval(s->pipe, s->x, s->out, err));
+        GP_TRY(gp_pipeline_eval(s->pipe, s->x, false, s->out, err));
         double part = 0, n_terms = loss_terms(s, d, s->labels, rows);
         int64_t hit = 0, seen = 0;
         GP_TRY(apply_loss(s, d, s->out, s->labels, rows, 1.0, NULL, &part,
