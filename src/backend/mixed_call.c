@@ -22,12 +22,38 @@ static void backward_reads(const struct gp_node *node, uint32_t din_wanted, uint
 
 static bool bit(uint32_t mask, int k) { return k >= 32 || ((mask >> k) & 1); }
 
+/* No float tensor stored as float32 among the inputs, outputs and incoming
+ * gradients (input gradients may be float32: a parameter's). */
+static bool all_bf16(const struct gp_node *n, const enum gp_dtype *in_dt, const enum gp_dtype *out_dt,
+                     const enum gp_dtype *dout_dt, bool backward)
+{
+    for (int k = 0; k < n->n_inputs; k++)
+        if (n->inputs[k] >= 0 && in_dt && in_dt[k] == GP_DTYPE_FLOAT32) return false;
+    for (int k = 0; k < n->n_outputs; k++) {
+        if (n->outputs[k] < 0) continue;
+        if (out_dt && out_dt[k] == GP_DTYPE_FLOAT32) return false;
+        if (backward && dout_dt && dout_dt[k] == GP_DTYPE_FLOAT32) return false;
+    }
+    return true;
+}
+
+/* A kernel that reads bfloat16 is called as it is when its tensors are
+ * bfloat16 throughout (the matrix products and convolutions of a bf16
+ * stage); a mix (a once-per-step product whose gradient is float32) goes
+ * through float32 copies like any other kernel. */
+static bool native(const struct gp_compute_ops *ops, const void *kernel, const struct gp_node *n,
+                   const enum gp_dtype *in_dt, const enum gp_dtype *out_dt, const enum gp_dtype *dout_dt,
+                   bool backward)
+{
+    return ops->kernel_bf16 && kernel && ops->kernel_bf16(kernel) && all_bf16(n, in_dt, out_dt, dout_dt, backward);
+}
+
 size_t gp_mixed_staging_bytes(const struct gp_compute_ops *ops, const void *kernel, const struct gp_graph *g,
                               const struct gp_node *node, const enum gp_dtype *in_dt,
                               const enum gp_dtype *out_dt, const enum gp_dtype *din_dt,
                               const enum gp_dtype *dout_dt, bool backward, uint32_t din_wanted)
 {
-    if (ops->kernel_bf16 && kernel && ops->kernel_bf16(kernel)) return 0;
+    if (native(ops, kernel, node, in_dt, out_dt, dout_dt, backward)) return 0;
     uint32_t reads_in = ~0u, reads_out = ~0u;
     if (backward) backward_reads(node, din_wanted, &reads_in, &reads_out);
     size_t bytes = 0;
@@ -112,16 +138,16 @@ static gp_status too_wide(const struct gp_node *n, struct gp_error *err)
                         n->name, n->op_type, MAX_ARGS);
 }
 
-static bool direct(const struct gp_compute_ops *ops, const struct gp_layer_call *c)
+static bool direct(const struct gp_compute_ops *ops, const struct gp_layer_call *c, bool backward)
 {
     if (!c->in_dt && !c->out_dt && !c->din_dt && !c->dout_dt) return true;
-    return ops->kernel_bf16 && ops->kernel_bf16(c->kernel);
+    return native(ops, c->kernel, c->node, c->in_dt, c->out_dt, c->dout_dt, backward);
 }
 
 gp_status gp_mixed_forward(const struct gp_compute_ops *ops, void *ctx, const struct gp_layer_call *c,
                            void *staging, struct gp_error *err)
 {
-    if (direct(ops, c)) return ops->forward(ctx, c, err);
+    if (direct(ops, c, false)) return ops->forward(ctx, c, err);
     const struct gp_node *n = c->node;
     if (n->n_inputs > MAX_ARGS || n->n_outputs > MAX_ARGS) return too_wide(n, err);
     struct stager s = {.next = staging};
@@ -148,7 +174,7 @@ gp_status gp_mixed_forward(const struct gp_compute_ops *ops, void *ctx, const st
 gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const struct gp_layer_call *c,
                             void *staging, struct gp_error *err)
 {
-    if (direct(ops, c)) return ops->backward(ctx, c, err);
+    if (direct(ops, c, true)) return ops->backward(ctx, c, err);
     const struct gp_node *n = c->node;
     if (n->n_inputs > MAX_ARGS || n->n_outputs > MAX_ARGS) return too_wide(n, err);
     uint32_t din_wanted = 0;

@@ -74,12 +74,12 @@ static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
 
 static bool kernel_bf16(const void *kernel) { return kernel && ((const struct gp_cuda_kernel *)kernel)->bf16; }
 
+/* A convolution's workspace is its algorithm's for exactly this precision
+ * and policy; other kernels' do not depend on them. */
 static size_t scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
                             const struct gp_compute_options *opts)
 {
-    (void)opts;
-    const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
-    return k && k->scratch_bytes ? k->scratch_bytes(g, node) : 0;
+    return gp_cuda_conv_scratch_bytes(g, node, opts);
 }
 
 static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_layer_call *c)
