@@ -1,7 +1,8 @@
-/* CPU kernels of the elementwise family: forward values against PyTorch
- * 1.13 (literals below; float32), gradients against finite differences in
- * double precision, gradients at kinks and ties against PyTorch's autograd,
- * and the float build against the double build. */
+/* CPU kernels of the elementwise and binary families
+ * (src/backend/cpu/elementwise.c, binary.c): forward values against
+ * PyTorch 1.13 (literals below; float32), gradients against finite
+ * differences in double precision, gradients at kinks and ties against
+ * PyTorch's autograd, and the float build against the double build. */
 #include "cpu_kernel_test.h"
 
 #include "backend/cpu/kernel.h"

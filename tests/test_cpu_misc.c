@@ -1,10 +1,12 @@
-/* CPU kernels of the misc family: Softmax/LogSoftmax, reductions,
- * ArgMax/ArgMin, Dropout, Resize and Upsample. Forward values against
- * PyTorch 1.13 and ONNX's reference resize (onnx 1.12's backend test
- * generator), literals below; gradients against finite differences in
- * double precision and, at ties, zeros and many-to-one scatters, against
- * PyTorch's autograd; the float build against the double build; Dropout's
- * mask statistics and its invariance to the micro-batch split. */
+/* CPU kernels of the softmax, reduce, dropout and resize families
+ * (src/backend/cpu/softmax.c, reduce.c, dropout.c, resize.c):
+ * Softmax/LogSoftmax, reductions, ArgMax/ArgMin, Dropout, Resize and
+ * Upsample. Forward values against PyTorch 1.13 and ONNX's reference
+ * resize (onnx 1.12's backend test generator), literals below; gradients
+ * against finite differences in double precision and, at ties, zeros and
+ * many-to-one scatters, against PyTorch's autograd; the float build against
+ * the double build; Dropout's mask statistics and its invariance to the
+ * micro-batch split. */
 #include "cpu_kernel_test.h"
 
 #include "backend/cpu/rng.h"

@@ -1,8 +1,9 @@
-/* CPU kernels of the pool and norm families (src/backend/cpu/pool.c,
- * norm.c): forward against PyTorch, backward against finite differences in
- * double precision, the float build against the double one, BatchNorm's
- * running statistics after a training step, and results bit-identical
- * whatever the number of threads.
+/* CPU kernels of the pool and normalization families
+ * (src/backend/cpu/pool.c, batch_norm.c, instance_norm.c, layer_norm.c):
+ * forward against PyTorch, backward against finite differences in double
+ * precision, the float build against the double one, BatchNorm's running
+ * statistics after a training step, and results bit-identical whatever the
+ * number of threads.
  *
  * Inputs of the forward cases are the pattern p(i) = ((i * a + b) % m - off)
  * / scale, exact in float (and full of ties, which MaxPool must break

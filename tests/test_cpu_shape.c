@@ -1,8 +1,9 @@
-/* CPU kernels of the shape family: forward values against numpy / PyTorch
- * 1.13 (literals below), gradients against finite differences in double
- * precision and, where several outputs read one input (Pad's reflect and
- * edge modes, Gather's repeated indices), against PyTorch's autograd; and
- * the float build against the double build. */
+/* CPU kernels of the shape, gather and pad families
+ * (src/backend/cpu/shape.c, gather.c, pad.c): forward values against
+ * numpy / PyTorch 1.13 (literals below), gradients against finite
+ * differences in double precision and, where several outputs read one
+ * input (Pad's reflect and edge modes, Gather's repeated indices), against
+ * PyTorch's autograd; and the float build against the double build. */
 #include "cpu_kernel_test.h"
 
 #include "backend/cpu/kernel.h"

@@ -1,7 +1,7 @@
-/* The CUDA elementwise kernels (cuda/elementwise.cu) against the CPU float
- * kernels, the reference: one-node graphs through op_compare (every
- * output, every input gradient, gradients accumulated onto random
- * starting values).
+/* The CUDA elementwise and binary kernels (cuda/elementwise.cu, binary.cu)
+ * against the CPU float kernels, the reference: one-node graphs through
+ * op_compare (every output, every input gradient, gradients accumulated
+ * onto random starting values).
  *
  * Covered: every unary op (float; Relu/Neg/Abs/Sign/Erf on int64 and
  * int32, Not on bool; Gelu in both modes, Elu / LeakyRelu / HardSigmoid

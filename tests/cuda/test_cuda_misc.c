@@ -1,4 +1,5 @@
-/* The CUDA misc kernels (cuda/misc.cu) against the CPU float kernels, the
+/* The CUDA softmax, reduce, dropout and resize kernels (cuda/softmax.cu,
+ * reduce.cu, dropout.cu, resize.cu) against the CPU float kernels, the
  * reference, through op_compare: forward outputs and every input gradient.
  *
  * Softmax / LogSoftmax: opset 13 (one axis) and 11 (flattened rows), every

@@ -1,8 +1,9 @@
-/* The CUDA norm kernels (cuda/norm.cu) against the CPU float kernels, the
- * reference: BatchNormalization, InstanceNormalization and
- * LayerNormalization, one-node graphs through op_compare (forward outputs,
- * every input gradient, and the running statistics BatchNormalization
- * updates in place), in training and in evaluation.
+/* The CUDA normalization kernels (cuda/batch_norm.cu, instance_norm.cu,
+ * layer_norm.cu) against the CPU float kernels, the reference:
+ * BatchNormalization, InstanceNormalization and LayerNormalization,
+ * one-node graphs through op_compare (forward outputs, every input
+ * gradient, and the running statistics BatchNormalization updates in
+ * place), in training and in evaluation.
  *
  * BatchNormalization: opsets 7, 9, 14, 15 with every output count (the
  * optional outputs' gradients flow back through the batch statistics),

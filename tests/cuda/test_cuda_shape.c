@@ -1,6 +1,7 @@
-/* The CUDA shape kernels (cuda/shape.cu) against the CPU float kernels, the
- * reference: one-node graphs through op_compare (every output, every input
- * gradient, gradients accumulated onto random starting values).
+/* The CUDA shape, gather and pad kernels (cuda/shape.cu, gather.cu, pad.cu)
+ * against the CPU float kernels, the reference: one-node graphs through
+ * op_compare (every output, every input gradient, gradients accumulated
+ * onto random starting values).
  *
  * Covered: Reshape, Flatten, Squeeze and Unsqueeze (attribute and input
  * axes); Transpose (the tile path [2,3,65,67] (0,1,3,2), the row path

@@ -1,4 +1,5 @@
-/* CUDA training kernels (cuda/train_kernels.h) against their CPU twins:
+/* CUDA training kernels (cuda/train_kernels.h; loss.cu, optim.cu) against
+ * their CPU twins:
  *   losses     gp_cross_entropy (class axis 1 strided and contiguous, the
  *              last axis up to GPT-2's 50304 classes, ignored labels, an
  *              ignore index inside [0, C), NaN / inf / -inf logits, loss

@@ -1,6 +1,6 @@
-/* CPU kernels: the broadcasting elementwise ops. Binary arithmetic,
- * comparisons and logic, variadic Max/Min/Sum/Mean, Where and Expand, all
- * with numpy (multidirectional) broadcasting.
+/* CPU kernels: the binary family, the broadcasting elementwise ops. Binary
+ * arithmetic, comparisons and logic, variadic Max/Min/Sum/Mean, Where and
+ * Expand, all with numpy (multidirectional) broadcasting.
  *
  * Forward walks the output in rows and splits independent output elements
  * across threads. The gradient of a broadcast input is the sum of the
@@ -11,7 +11,6 @@
 #include <string.h>
 #include <tgmath.h>
 
-#include "backend/cpu/binary.h"
 #include "backend/cpu/kernel_util.h"
 #include "ops/fold_util.h"
 
@@ -222,7 +221,7 @@ static gp_status binary_forward_int(struct gp_cpu_ctx *c, enum bop op, const str
 }
 
 /* A [..], B [..] -> Y [broadcast of both]; comparisons and logic give bool. */
-gp_status GP_CPU(gp_cpu_binary_forward)(struct gp_cpu_ctx *c, struct gp_error *err)
+static gp_status binary_forward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     enum bop op = bop_of(c->node->op_type);
     if (op == B_NONE) return gp_cpu_error(c, err, GP_ERR_UNSUPPORTED, "not a binary op");
@@ -260,7 +259,7 @@ static inline real pow_int_term(real a, double e)
 }
 
 /* dA = sum over broadcast axes of dY * dY/dA; likewise dB. */
-gp_status GP_CPU(gp_cpu_binary_backward)(struct gp_cpu_ctx *c, struct gp_error *err)
+static gp_status binary_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     enum bop op = bop_of(c->node->op_type);
     const real *A = c->in[0], *B = c->in[1], *Y = c->out[0], *dY = c->dout[0];
@@ -314,7 +313,7 @@ static enum vop vop_of(const char *op_type)
 }
 
 /* Max/Min backward keeps, per output element, which input it came from. */
-size_t GP_CPU(gp_cpu_variadic_scratch)(const struct gp_graph *g, const struct gp_node *node)
+static size_t variadic_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
     const struct gp_value *y = gp_node_output(g, node, 0);
     return (size_t)gp_shape_numel(&y->shape) * sizeof(int32_t);
@@ -323,7 +322,7 @@ size_t GP_CPU(gp_cpu_variadic_scratch)(const struct gp_graph *g, const struct gp
 /* X0..Xn-1 [..] -> Y [broadcast of all]. Inputs fold in one at a time, so
  * Y[i] sees them in input order: Max/Min keep the first of equal values and
  * any NaN; Sum adds left to right. */
-gp_status GP_CPU(gp_cpu_variadic_forward)(struct gp_cpu_ctx *c, struct gp_error *err)
+static gp_status variadic_forward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     (void)err;
     enum vop op = vop_of(c->node->op_type);
@@ -373,7 +372,7 @@ gp_status GP_CPU(gp_cpu_variadic_forward)(struct gp_cpu_ctx *c, struct gp_error 
 
 /* Sum: dXk = dY reduced to Xk's shape; Mean: dY / n. Max/Min: dY goes to
  * the input that was selected, the first of equal ones. */
-gp_status GP_CPU(gp_cpu_variadic_backward)(struct gp_cpu_ctx *c, struct gp_error *err)
+static gp_status variadic_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     (void)err;
     enum vop op = vop_of(c->node->op_type);
@@ -411,7 +410,7 @@ gp_status GP_CPU(gp_cpu_variadic_backward)(struct gp_cpu_ctx *c, struct gp_error
 
 /* C [..] bool, X [..], Y [..] -> Out [broadcast of the three] = C ? X : Y,
  * for any dtype of X and Y. */
-gp_status GP_CPU(gp_cpu_where_forward)(struct gp_cpu_ctx *c, struct gp_error *err)
+static gp_status where_forward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     (void)err;
     struct bplan p;
@@ -432,7 +431,7 @@ gp_status GP_CPU(gp_cpu_where_forward)(struct gp_cpu_ctx *c, struct gp_error *er
 }
 
 /* dX = dOut where C, dY = dOut elsewhere, each reduced to its shape. */
-gp_status GP_CPU(gp_cpu_where_backward)(struct gp_cpu_ctx *c, struct gp_error *err)
+static gp_status where_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     (void)err;
     const real *dO = c->dout[0];
@@ -448,7 +447,7 @@ gp_status GP_CPU(gp_cpu_where_backward)(struct gp_cpu_ctx *c, struct gp_error *e
 /* ---- Expand ---- */
 
 /* X [..] -> Y [broadcast of X's shape and the constant target], any dtype. */
-gp_status GP_CPU(gp_cpu_expand_forward)(struct gp_cpu_ctx *c, struct gp_error *err)
+static gp_status expand_forward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     (void)err;
     struct bplan p;
@@ -468,7 +467,7 @@ gp_status GP_CPU(gp_cpu_expand_forward)(struct gp_cpu_ctx *c, struct gp_error *e
 }
 
 /* dX = dY summed over the expanded axes. */
-gp_status GP_CPU(gp_cpu_expand_backward)(struct gp_cpu_ctx *c, struct gp_error *err)
+static gp_status expand_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     (void)err;
     const real *dY = c->dout[0];
@@ -478,3 +477,32 @@ gp_status GP_CPU(gp_cpu_expand_backward)(struct gp_cpu_ctx *c, struct gp_error *
     BCAST_REDUCE(&p, 0, c->din[0], dY[o1]);
     return GP_OK;
 }
+
+/* ---- the table ---- */
+
+#define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL}
+
+const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_binary)[] = {
+    {"Add", NULL, NULL, binary_forward, binary_backward},
+    {"Sub", NULL, NULL, binary_forward, binary_backward},
+    {"Mul", NULL, NULL, binary_forward, binary_backward},
+    {"Div", NULL, NULL, binary_forward, binary_backward},
+    {"Pow", NULL, NULL, binary_forward, binary_backward},
+    NO_GRAD("Mod", binary_forward),
+    NO_GRAD("Equal", binary_forward),
+    NO_GRAD("Less", binary_forward),
+    NO_GRAD("LessOrEqual", binary_forward),
+    NO_GRAD("Greater", binary_forward),
+    NO_GRAD("GreaterOrEqual", binary_forward),
+    NO_GRAD("And", binary_forward),
+    NO_GRAD("Or", binary_forward),
+    NO_GRAD("Xor", binary_forward),
+
+    {"Max", NULL, variadic_scratch, variadic_forward, variadic_backward},
+    {"Min", NULL, variadic_scratch, variadic_forward, variadic_backward},
+    {"Sum", NULL, NULL, variadic_forward, variadic_backward},
+    {"Mean", NULL, NULL, variadic_forward, variadic_backward},
+    {"Where", NULL, NULL, where_forward, where_backward},
+    {"Expand", NULL, NULL, expand_forward, expand_backward},
+    {0},
+};

@@ -11,7 +11,6 @@
 #include <string.h>
 #include <tgmath.h>
 
-#include "backend/cpu/binary.h"
 #include "backend/cpu/kernel_util.h"
 
 #define R(x) ((real)(x))
@@ -309,30 +308,6 @@ const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_elementwise)[] = {
     /* Zero gradient; the op layer marks their input non-differentiable. */
     UNARY("Floor"), UNARY("Ceil"), UNARY("Round"), UNARY("Sign"),
     NO_GRAD("Not", unary_forward),
-
-    {"Add", NULL, NULL, GP_CPU(gp_cpu_binary_forward), GP_CPU(gp_cpu_binary_backward)},
-    {"Sub", NULL, NULL, GP_CPU(gp_cpu_binary_forward), GP_CPU(gp_cpu_binary_backward)},
-    {"Mul", NULL, NULL, GP_CPU(gp_cpu_binary_forward), GP_CPU(gp_cpu_binary_backward)},
-    {"Div", NULL, NULL, GP_CPU(gp_cpu_binary_forward), GP_CPU(gp_cpu_binary_backward)},
-    {"Pow", NULL, NULL, GP_CPU(gp_cpu_binary_forward), GP_CPU(gp_cpu_binary_backward)},
-    NO_GRAD("Mod", GP_CPU(gp_cpu_binary_forward)),
-    NO_GRAD("Equal", GP_CPU(gp_cpu_binary_forward)),
-    NO_GRAD("Less", GP_CPU(gp_cpu_binary_forward)),
-    NO_GRAD("LessOrEqual", GP_CPU(gp_cpu_binary_forward)),
-    NO_GRAD("Greater", GP_CPU(gp_cpu_binary_forward)),
-    NO_GRAD("GreaterOrEqual", GP_CPU(gp_cpu_binary_forward)),
-    NO_GRAD("And", GP_CPU(gp_cpu_binary_forward)),
-    NO_GRAD("Or", GP_CPU(gp_cpu_binary_forward)),
-    NO_GRAD("Xor", GP_CPU(gp_cpu_binary_forward)),
-
-    {"Max", NULL, GP_CPU(gp_cpu_variadic_scratch), GP_CPU(gp_cpu_variadic_forward),
-     GP_CPU(gp_cpu_variadic_backward)},
-    {"Min", NULL, GP_CPU(gp_cpu_variadic_scratch), GP_CPU(gp_cpu_variadic_forward),
-     GP_CPU(gp_cpu_variadic_backward)},
-    {"Sum", NULL, NULL, GP_CPU(gp_cpu_variadic_forward), GP_CPU(gp_cpu_variadic_backward)},
-    {"Mean", NULL, NULL, GP_CPU(gp_cpu_variadic_forward), GP_CPU(gp_cpu_variadic_backward)},
-    {"Where", NULL, NULL, GP_CPU(gp_cpu_where_forward), GP_CPU(gp_cpu_where_backward)},
-    {"Expand", NULL, NULL, GP_CPU(gp_cpu_expand_forward), GP_CPU(gp_cpu_expand_backward)},
 
     {"Clip", NULL, NULL, clip_forward, clip_backward},
     {"Cast", NULL, NULL, cast_forward, cast_backward},

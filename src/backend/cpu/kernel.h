@@ -65,14 +65,27 @@ struct gp_cpu_kernel {
  * node->def->since_version itself where versions differ), or NULL. */
 const struct gp_cpu_kernel *GP_CPU(gp_cpu_kernel_for)(const struct gp_node *node);
 
-/* Kernel tables, one per family file, terminated by an entry with op_type NULL. */
+/* Kernel tables, one per family file (src/backend/cpu/<family>.c, twin of
+ * src/backend/cuda/<family>.cu), terminated by an entry with op_type NULL.
+ * elementwise: unary ops, Clip, Cast, Identity; binary: the broadcasting
+ * ops (binary, variadic Max/Min/Sum/Mean, Where, Expand); shape: Reshape,
+ * Transpose, Concat, Split, Slice, Tile, Trilu and the shape producers;
+ * reduce: the reductions and ArgMax/ArgMin; resize: Resize, Upsample. */
 extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_elementwise)[];
+extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_binary)[];
 extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_shape)[];
+extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_gather)[];
+extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_pad)[];
 extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_matmul)[];
 extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_conv)[];
 extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_pool)[];
-extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_norm)[];
-extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_misc)[]; /* Dropout, Resize, Softmax, reductions */
+extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_batch_norm)[];
+extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_instance_norm)[];
+extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_layer_norm)[];
+extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_softmax)[];
+extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_reduce)[];
+extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_dropout)[];
+extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_resize)[];
 
 /* Deferred batch normalization: doubles of statistics a BatchNormalization
  * node accumulates (2C + 1), and the update of its running statistics from

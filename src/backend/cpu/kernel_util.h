@@ -1,6 +1,7 @@
-/* Helpers shared by the CPU kernel files (elementwise, shape, misc and their
- * parts): element access for tensors of any dtype, the op layer's plan
- * helpers called from a kernel, and when a loop is worth threads.
+/* Helpers shared by the CPU kernel family files (src/backend/cpu/<family>.c):
+ * element access for tensors of any dtype, the op layer's plan helpers
+ * called from a kernel, when a loop is worth threads, and the two-pass
+ * moments of the normalizations.
  *
  * Buffers on the CPU hold `real` for every float dtype and the dtype's own
  * C type otherwise (bool as uint8), as runner.c lays them out. */
@@ -110,6 +111,27 @@ static inline const struct gp_shape *gp_cpu_in_shape(const struct gp_cpu_ctx *c,
 static inline const struct gp_shape *gp_cpu_out_shape(const struct gp_cpu_ctx *c, int i)
 {
     return &gp_cpu_out_value(c, i)->shape;
+}
+
+/* Bytes per element of the node's input i (shape, gather, pad). */
+static inline size_t gp_cpu_in_esize(const struct gp_cpu_ctx *c, int i)
+{
+    return gp_cpu_esize(gp_cpu_in_value(c, i)->dtype);
+}
+
+/* Mean and biased variance of v [n], two passes in double (instance and
+ * layer normalization). */
+static inline void gp_cpu_moments(const real *v, int64_t n, double *mean, double *var)
+{
+    double s = 0, q = 0;
+    for (int64_t i = 0; i < n; i++) s += v[i];
+    double m = n > 0 ? s / (double)n : 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = v[i] - m;
+        q += d * d;
+    }
+    *mean = m;
+    *var = n > 0 ? q / (double)n : 0;
 }
 
 #endif

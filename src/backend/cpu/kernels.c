@@ -7,12 +7,20 @@
 
 static const struct gp_cpu_kernel *const tables[] = {
     GP_CPU(gp_cpu_kernels_elementwise),
+    GP_CPU(gp_cpu_kernels_binary),
     GP_CPU(gp_cpu_kernels_shape),
+    GP_CPU(gp_cpu_kernels_gather),
+    GP_CPU(gp_cpu_kernels_pad),
     GP_CPU(gp_cpu_kernels_matmul),
     GP_CPU(gp_cpu_kernels_conv),
     GP_CPU(gp_cpu_kernels_pool),
-    GP_CPU(gp_cpu_kernels_norm),
-    GP_CPU(gp_cpu_kernels_misc),
+    GP_CPU(gp_cpu_kernels_batch_norm),
+    GP_CPU(gp_cpu_kernels_instance_norm),
+    GP_CPU(gp_cpu_kernels_layer_norm),
+    GP_CPU(gp_cpu_kernels_softmax),
+    GP_CPU(gp_cpu_kernels_reduce),
+    GP_CPU(gp_cpu_kernels_dropout),
+    GP_CPU(gp_cpu_kernels_resize),
 };
 
 const struct gp_cpu_kernel *GP_CPU(gp_cpu_kernel_for)(const struct gp_node *node)

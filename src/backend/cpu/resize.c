@@ -19,7 +19,6 @@
 #include <tgmath.h>
 
 #include "backend/cpu/kernel_util.h"
-#include "backend/cpu/resize.h"
 #include "ops/fold_util.h"
 
 enum coords {
@@ -51,7 +50,7 @@ struct resize_plan {
 };
 
 /* Tables for every axis of the output: 2 int64 and 2 real per position. */
-size_t GP_CPU(gp_cpu_resize_scratch)(const struct gp_graph *g, const struct gp_node *node)
+static size_t resize_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
     const struct gp_value *y = gp_node_output(g, node, 0);
     size_t n = 0;
@@ -262,7 +261,7 @@ static int64_t outer_slices(const struct resize_plan *p, const struct gp_shape *
 
 /* X [D0..] -> Y [O0..]: nearest copies its source (any dtype); linear sums
  * its corners' weighted values (float). */
-gp_status GP_CPU(gp_cpu_resize_forward)(struct gp_cpu_ctx *c, struct gp_error *err)
+static gp_status resize_forward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     struct resize_plan p;
     GP_TRY(resize_plan(c, err, &p));
@@ -303,7 +302,7 @@ gp_status GP_CPU(gp_cpu_resize_forward)(struct gp_cpu_ctx *c, struct gp_error *e
 }
 
 /* dX[source] += weight * dY[o] for every source of every output element. */
-gp_status GP_CPU(gp_cpu_resize_backward)(struct gp_cpu_ctx *c, struct gp_error *err)
+static gp_status resize_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     real *dX = c->din[0];
     const real *dY = c->dout[0];
@@ -318,3 +317,11 @@ gp_status GP_CPU(gp_cpu_resize_backward)(struct gp_cpu_ctx *c, struct gp_error *
         RESIZE_SLICE(&p, xs, ys, x_st, s, if (src >= 0) dX[src] += w * dY[o]);
     return GP_OK;
 }
+
+/* ---- the table ---- */
+
+const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_resize)[] = {
+    {"Resize", NULL, resize_scratch, resize_forward, resize_backward},
+    {"Upsample", NULL, resize_scratch, resize_forward, resize_backward},
+    {0},
+};

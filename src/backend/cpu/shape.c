@@ -1,7 +1,7 @@
 /* CPU kernels: the shape family. Reshape, Flatten, Squeeze, Unsqueeze,
- * Transpose, Concat, Split, Slice, Gather, Tile, Trilu, Pad, and the shape
- * producers (Shape, Size, ConstantOfShape, Range) that loading normally
- * folds away.
+ * Transpose, Concat, Split, Slice, Tile, Trilu, and the shape producers
+ * (Shape, Size, ConstantOfShape, Range) that loading normally folds away.
+ * Gather is in gather.c, Pad in pad.c.
  *
  * Forward moves elements by their size, so every dtype works. Transpose,
  * Concat, Split and Slice move each element once between two strided views
@@ -60,11 +60,6 @@ static void copy_view(void *dst, const int64_t *dst_st, int64_t dst_base, const 
 
 static void contiguous(const struct gp_shape *s, int64_t *st) { gp_shape_strides(s, st); }
 
-static size_t in_esize(const struct gp_cpu_ctx *c, int i)
-{
-    return gp_cpu_esize(gp_cpu_in_value(c, i)->dtype);
-}
-
 /* dst [n] += src [n]. */
 static void add_into(real *dst, const real *src, int64_t n)
 {
@@ -78,7 +73,7 @@ static void add_into(real *dst, const real *src, int64_t n)
 static gp_status copy_forward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     (void)err;
-    memcpy(c->out[0], c->in[0], (size_t)gp_shape_numel(gp_cpu_in_shape(c, 0)) * in_esize(c, 0));
+    memcpy(c->out[0], c->in[0], (size_t)gp_shape_numel(gp_cpu_in_shape(c, 0)) * gp_cpu_in_esize(c, 0));
     return GP_OK;
 }
 
@@ -105,7 +100,7 @@ static gp_status transpose_forward(struct gp_cpu_ctx *c, struct gp_error *err)
     GP_TRY(transpose_view(c, err, x_st));
     const struct gp_shape *ys = gp_cpu_out_shape(c, 0);
     contiguous(ys, y_st);
-    copy_view(c->out[0], y_st, 0, c->in[0], x_st, 0, ys, in_esize(c, 0), false);
+    copy_view(c->out[0], y_st, 0, c->in[0], x_st, 0, ys, gp_cpu_in_esize(c, 0), false);
     return GP_OK;
 }
 
@@ -136,7 +131,7 @@ static gp_status concat_run(struct gp_cpu_ctx *c, struct gp_error *err, bool bac
         const struct gp_shape *xs = gp_cpu_in_shape(c, k);
         contiguous(xs, x_st);
         if (!backward)
-            copy_view(c->out[0], y_st, at * y_st[axis], c->in[k], x_st, 0, xs, in_esize(c, k), false);
+            copy_view(c->out[0], y_st, at * y_st[axis], c->in[k], x_st, 0, xs, gp_cpu_in_esize(c, k), false);
         else if (c->din[k] && c->dout[0])
             copy_view(c->din[k], x_st, 0, c->dout[0], y_st, at * y_st[axis], xs, sizeof(real), true);
         at += xs->dims[axis];
@@ -178,7 +173,7 @@ static gp_status split_run(struct gp_cpu_ctx *c, struct gp_error *err, bool back
         ys.dims[axis] = sizes[k];
         contiguous(&ys, y_st);
         if (!backward)
-            copy_view(c->out[k], y_st, 0, c->in[0], x_st, at * x_st[axis], &ys, in_esize(c, 0), false);
+            copy_view(c->out[k], y_st, 0, c->in[0], x_st, at * x_st[axis], &ys, gp_cpu_in_esize(c, 0), false);
         else if (c->din[0] && c->dout[k])
             copy_view(c->din[0], x_st, at * x_st[axis], c->dout[k], y_st, 0, &ys, sizeof(real), true);
     }
@@ -211,7 +206,7 @@ static gp_status slice_forward(struct gp_cpu_ctx *c, struct gp_error *err)
     GP_TRY(slice_view(c, err, x_st, &base));
     const struct gp_shape *ys = gp_cpu_out_shape(c, 0);
     contiguous(ys, y_st);
-    copy_view(c->out[0], y_st, 0, c->in[0], x_st, base, ys, in_esize(c, 0), false);
+    copy_view(c->out[0], y_st, 0, c->in[0], x_st, base, ys, gp_cpu_in_esize(c, 0), false);
     return GP_OK;
 }
 
@@ -226,88 +221,6 @@ static gp_status slice_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     return GP_OK;
 }
 
-/* ---- Gather ---- */
-
-/* data [pre, dim, post] (axis in the middle), indices [q] (any shape,
- * int64 or int32, negative counting from the end) -> [pre, q, post]. */
-struct gather_plan {
-    int axis;
-    int64_t pre, dim, post, q;
-    enum gp_dtype idx_type;
-};
-
-static gp_status gather_plan(struct gp_cpu_ctx *c, struct gp_error *err, struct gather_plan *p)
-{
-    struct gp_infer_ctx ic = gp_cpu_infer_ctx(c, err);
-    const struct gp_shape *xs = gp_cpu_in_shape(c, 0);
-    GP_TRY(gp_norm_axis(&ic, gp_node_attr_int(c->node, "axis", 0), xs->rank, &p->axis));
-    p->pre = p->post = 1;
-    for (int d = 0; d < p->axis; d++) p->pre *= xs->dims[d];
-    for (int d = p->axis + 1; d < xs->rank; d++) p->post *= xs->dims[d];
-    p->dim = xs->dims[p->axis];
-    p->q = gp_shape_numel(gp_cpu_in_shape(c, 1));
-    p->idx_type = gp_cpu_in_value(c, 1)->dtype;
-    /* Indices come from data at run time: every one is checked before any
-     * element moves. */
-    for (int64_t j = 0; j < p->q; j++) {
-        int64_t k = gp_cpu_load_i64(c->in[1], p->idx_type, j);
-        if (k < -p->dim || k >= p->dim)
-            return gp_cpu_error(c, err, GP_ERR_INVALID,
-                                "index %lld (element %lld of indices '%s') is out of range for "
-                                "axis %d of size %lld",
-                                (long long)k, (long long)j, gp_cpu_in_value(c, 1)->name, p->axis,
-                                (long long)p->dim);
-    }
-    return GP_OK;
-}
-
-static inline int64_t gather_index(const struct gp_cpu_ctx *c, const struct gather_plan *p,
-                                   int64_t j)
-{
-    int64_t k = gp_cpu_load_i64(c->in[1], p->idx_type, j);
-    return k < 0 ? k + p->dim : k;
-}
-
-static gp_status gather_forward(struct gp_cpu_ctx *c, struct gp_error *err)
-{
-    struct gather_plan p;
-    GP_TRY(gather_plan(c, err, &p));
-    size_t row = (size_t)p.post * in_esize(c, 0);
-    const char *x = c->in[0];
-    char *y = c->out[0];
-    int64_t tasks = p.pre * p.q;
-#pragma omp parallel for if (tasks * p.post > GP_CPU_PAR_MIN) schedule(static)
-    for (int64_t t = 0; t < tasks; t++) {
-        int64_t r = t / p.q, j = t % p.q;
-        memcpy(y + (size_t)t * row, x + (size_t)(r * p.dim + gather_index(c, &p, j)) * row, row);
-    }
-    return GP_OK;
-}
-
-/* dData[r, idx[j], :] += dY[r, j, :]: repeated indices (an embedding's
- * common tokens) add up. Threads split (r, block of columns); each adds the
- * indices in order, so sums do not depend on the thread count. */
-static gp_status gather_backward(struct gp_cpu_ctx *c, struct gp_error *err)
-{
-    real *dx = c->din[0];
-    const real *dy = c->dout[0];
-    if (!dx || !dy) return GP_OK;
-    struct gather_plan p;
-    GP_TRY(gather_plan(c, err, &p));
-    enum { COLS = 256 };
-    int64_t nblk = (p.post + COLS - 1) / COLS, tasks = p.pre * nblk;
-#pragma omp parallel for if (p.pre * p.q * p.post > GP_CPU_PAR_MIN) schedule(static)
-    for (int64_t t = 0; t < tasks; t++) {
-        int64_t r = t / nblk, c0 = t % nblk * COLS, c1 = c0 + COLS < p.post ? c0 + COLS : p.post;
-        for (int64_t j = 0; j < p.q; j++) {
-            real *d = dx + (r * p.dim + gather_index(c, &p, j)) * p.post;
-            const real *s = dy + (r * p.q + j) * p.post;
-            for (int64_t col = c0; col < c1; col++) d[col] += s[col];
-        }
-    }
-    return GP_OK;
-}
-
 /* ---- Tile ---- */
 
 /* X [D0..] -> Y [D0 * rep0, ..]: Y[idx] = X[idx mod D] per axis. */
@@ -317,7 +230,7 @@ static gp_status tile_forward(struct gp_cpu_ctx *c, struct gp_error *err)
     const struct gp_shape *xs = gp_cpu_in_shape(c, 0), *ys = gp_cpu_out_shape(c, 0);
     int r = xs->rank;
     int64_t x_st[GP_MAX_RANK], n = gp_shape_numel(ys);
-    size_t es = in_esize(c, 0);
+    size_t es = gp_cpu_in_esize(c, 0);
     contiguous(xs, x_st);
     if (n == 0) return GP_OK;
     if (r == 0) {
@@ -403,7 +316,7 @@ static gp_status trilu_run(struct gp_cpu_ctx *c, struct gp_error *err, bool back
             if (trilu_keep(i, rc, cols, k, upper)) dx[i] += dy[i];
         return GP_OK;
     }
-    size_t es = in_esize(c, 0);
+    size_t es = gp_cpu_in_esize(c, 0);
     const char *x = c->in[0];
     char *y = c->out[0];
 #pragma omp parallel for if (n > GP_CPU_PAR_MIN)
@@ -485,137 +398,6 @@ static gp_status range_forward(struct gp_cpu_ctx *c, struct gp_error *err)
     return GP_OK;
 }
 
-/* ---- Pad ---- */
-
-/* Pad: X [D0..] -> Y [D0 + b0 + e0, ..] (negative pads crop). Per axis d,
- * output position o reads input position map[d][o] = o - b[d], brought
- * back inside by the mode (edge: clamp; reflect: mirror without repeating
- * the border; wrap: modulo), or -1 for the constant. The maps live in
- * scratch: sum of the output's dimensions int64s. */
-enum pad_mode { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE, PAD_WRAP };
-
-static size_t pad_scratch(const struct gp_graph *g, const struct gp_node *node)
-{
-    const struct gp_value *y = gp_node_output(g, node, 0);
-    size_t n = 0;
-    for (int d = 0; d < y->shape.rank; d++) n += (size_t)y->shape.dims[d];
-    return n * sizeof(int64_t);
-}
-
-struct pad_plan {
-    int64_t *map[GP_MAX_RANK];
-    int lead;       /* leading axes neither padded nor cropped */
-    real value;     /* constant mode's fill (float data) */
-    enum pad_mode mode;
-};
-
-static gp_status pad_plan(struct gp_cpu_ctx *c, struct gp_error *err, struct pad_plan *p)
-{
-    struct gp_infer_ctx ic = gp_cpu_infer_ctx(c, err);
-    const struct gp_shape *xs = gp_cpu_in_shape(c, 0), *ys = gp_cpu_out_shape(c, 0);
-    int version = c->node->def->since_version, r = xs->rank;
-    const char *mode = gp_node_attr_string(c->node, "mode", "constant");
-    p->mode = !strcmp(mode, "reflect") ? PAD_REFLECT : !strcmp(mode, "edge") ? PAD_EDGE
-              : !strcmp(mode, "wrap") ? PAD_WRAP : PAD_CONSTANT;
-    int64_t pads[2 * GP_MAX_RANK], begin[GP_MAX_RANK] = {0};
-    int n_pads = 0, axes[GP_MAX_RANK], n_axes = r;
-    for (int d = 0; d < r; d++) axes[d] = d;
-    if (version < 11) {
-        const int64_t *v;
-        n_pads = (int)gp_node_attr_ints(c->node, "pads", &v);
-        for (int k = 0; k < n_pads; k++) pads[k] = v[k];
-        p->value = (real)gp_node_attr_float(c->node, "value", 0.0f);
-    } else {
-        GP_TRY(gp_const_ints(&ic, 1, "pads", pads, 2 * GP_MAX_RANK, &n_pads));
-        p->value = c->node->n_inputs > 2 && c->in[2] && gp_dtype_is_float(gp_cpu_in_value(c, 2)->dtype)
-                       ? *(const real *)c->in[2] : 0;
-        if (version >= 18 && c->node->n_inputs > 3 && c->in[3]) {
-            int64_t ax[GP_MAX_RANK];
-            GP_TRY(gp_const_ints(&ic, 3, "axes", ax, GP_MAX_RANK, &n_axes));
-            for (int k = 0; k < n_axes; k++) GP_TRY(gp_norm_axis(&ic, ax[k], r, &axes[k]));
-        }
-    }
-    for (int k = 0; k < n_axes; k++) begin[axes[k]] = pads[k];
-    int64_t *next = c->scratch;
-    p->lead = r;
-    for (int d = 0; d < r; d++) {
-        int64_t in = xs->dims[d];
-        p->map[d] = next;
-        next += ys->dims[d];
-        if ((begin[d] != 0 || ys->dims[d] != in) && p->lead == r) p->lead = d;
-        for (int64_t o = 0; o < ys->dims[d]; o++) {
-            int64_t i = o - begin[d];
-            if (i < 0 || i >= in) {
-                switch (p->mode) {
-                case PAD_CONSTANT: i = -1; break;
-                case PAD_EDGE: i = i < 0 ? 0 : in - 1; break;
-                case PAD_REFLECT: i = i < 0 ? -i : 2 * (in - 1) - i; break;
-                case PAD_WRAP: i = ((i % in) + in) % in; break;
-                }
-            }
-            p->map[d][o] = i;
-        }
-    }
-    return GP_OK;
-}
-
-/* Runs over the output in row-major order; threads split the slices of the
- * leading unpadded axes, which map one to one onto the input, so the
- * backward's accumulation into the input (several outputs may read one
- * input cell under edge/reflect/wrap) happens in a fixed order. */
-static gp_status pad_run(struct gp_cpu_ctx *c, struct gp_error *err, bool backward)
-{
-    if (backward && (!c->din[0] || !c->dout[0])) return GP_OK;
-    struct pad_plan p;
-    GP_TRY(pad_plan(c, err, &p));
-    const struct gp_shape *xs = gp_cpu_in_shape(c, 0), *ys = gp_cpu_out_shape(c, 0);
-    int r = xs->rank;
-    int64_t x_st[GP_MAX_RANK], n = gp_shape_numel(ys), outer = 1, slice = 1;
-    contiguous(xs, x_st);
-    for (int d = 0; d < p.lead; d++) outer *= ys->dims[d];
-    for (int d = p.lead; d < r; d++) slice *= ys->dims[d];
-    if (n == 0) return GP_OK;
-    size_t es = in_esize(c, 0);
-    enum gp_dtype dt = gp_cpu_in_value(c, 0)->dtype;
-    const void *fill = c->node->n_inputs > 2 ? c->in[2] : NULL; /* non-float constant_value */
-#pragma omp parallel for if (n > GP_CPU_PAR_MIN) schedule(static)
-    for (int64_t s = 0; s < outer; s++) {
-        int64_t base = 0, rem = s, idx[GP_MAX_RANK] = {0};
-        for (int d = p.lead - 1; d >= 0; d--) {
-            base += rem % ys->dims[d] * x_st[d];
-            rem /= ys->dims[d];
-        }
-        for (int64_t e = 0; e < slice; e++) {
-            int64_t o = s * slice + e, src = base;
-            for (int d = p.lead; d < r && src >= 0; d++)
-                src = p.map[d][idx[d]] < 0 ? -1 : src + p.map[d][idx[d]] * x_st[d];
-            if (backward) {
-                if (src >= 0) c->din[0][src] += c->dout[0][o];
-            } else if (src >= 0) {
-                memcpy((char *)c->out[0] + o * (int64_t)es, (const char *)c->in[0] + src * (int64_t)es, es);
-            } else if (gp_dtype_is_float(dt)) {
-                ((real *)c->out[0])[o] = p.value;
-            } else if (fill) {
-                memcpy((char *)c->out[0] + o * (int64_t)es, fill, es);
-            } else {
-                memset((char *)c->out[0] + o * (int64_t)es, 0, es);
-            }
-            for (int d = r - 1; d >= p.lead && ++idx[d] == ys->dims[d]; d--) idx[d] = 0;
-        }
-    }
-    return GP_OK;
-}
-
-static gp_status pad_forward(struct gp_cpu_ctx *c, struct gp_error *err)
-{
-    return pad_run(c, err, false);
-}
-
-static gp_status pad_backward(struct gp_cpu_ctx *c, struct gp_error *err)
-{
-    return pad_run(c, err, true);
-}
-
 /* ---- the table ---- */
 
 #define COPY(op) {op, NULL, NULL, copy_forward, copy_backward}
@@ -627,10 +409,8 @@ const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_shape)[] = {
     {"Concat", NULL, NULL, concat_forward, concat_backward},
     {"Split", NULL, split_scratch, split_forward, split_backward},
     {"Slice", NULL, NULL, slice_forward, slice_backward},
-    {"Gather", NULL, NULL, gather_forward, gather_backward},
     {"Tile", NULL, NULL, tile_forward, tile_backward},
     {"Trilu", NULL, NULL, trilu_forward, trilu_backward},
-    {"Pad", NULL, pad_scratch, pad_forward, pad_backward},
     NO_GRAD("Shape", shape_forward),
     NO_GRAD("Size", size_forward),
     NO_GRAD("ConstantOfShape", constant_of_shape_forward),

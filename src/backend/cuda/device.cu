@@ -1,4 +1,6 @@
-/* The CUDA backend of the device interface (backend/device.h, cuda/device.h).
+/* The CUDA backend of the device interface (backend/device.h, cuda/device.h),
+ * with its internals in device_internal.h and the timeline (tracing) in
+ * device_trace.cu.
  *
  * A device is a GPU index; opening it enables peer access to every other
  * visible GPU that can take it, so that copies between stages go over
@@ -26,20 +28,6 @@
  * remembers which device recorded it last; stream_wait waits for that one,
  * which is exactly "the latest record as of this call".
  *
- * The timeline: while tracing is on, each task and copy is bracketed by two
- * timing events on its stream (reused from one trace start to the next).
- * trace_spans waits for them and converts them to microseconds of the host's
- * CLOCK_MONOTONIC, the clock the CPU backend uses: each device has a
- * reference event, recorded on an idle stream and waited for, whose host
- * time is read at that moment; a span is that host time plus the GPU time
- * elapsed since the reference. Streams of one device that share a reference
- * line up exactly; across devices, and across references, they agree within
- * the few microseconds the host takes to see an event complete.
- * cudaEventElapsedTime returns float milliseconds, whose resolution decays
- * with the distance from the reference (6 us after 100 s), so a trace start
- * that finds its device's reference older than REF_REFRESH_S makes a new
- * one; streams keep the reference they started with until their next start.
- *
  * Memory: cudaMalloc (256-byte aligned, above the interface's 64), zeroed on
  * a stream of its own and waited for, so that the zeros are in place before
  * any non-blocking stream touches the memory. Allocation happens before the
@@ -47,7 +35,7 @@
  *
  * Host memory in copies: pageable host memory is read or written when copy
  * is called (CUDA stages it then); pinned memory moves in stream order. */
-#include "backend/cuda/device.h"
+#include "backend/cuda/device_internal.h"
 
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -57,140 +45,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#define MAX_DEVICES 64    /* an event's per-device slots; far above one host's GPUs */
-#define SPANS_INITIAL 256
-#define REF_REFRESH_S 10.0
 
 static thread_local cudaStream_t tl_current_stream = NULL;
 
 extern "C" cudaStream_t gp_cuda_current_stream(void) { return tl_current_stream; }
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
-struct gp_device {
-    int index;
-};
-
-/* A time reference of one device: a completed timing event and the host
- * time at which it completed. Streams that trace hold a reference to it. */
-struct time_ref {
-    cudaEvent_t event;
-    double host_us;
-    int users;     /* streams whose current trace uses it */
-    bool current;  /* still the one new trace starts on its device take */
-};
-
-static pthread_mutex_t ref_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct time_ref *device_ref[MAX_DEVICES];
-
-/* One traced task or copy: two timing events on its stream. */
-struct span_rec {
-    struct gp_task_tag tag;
-    cudaEvent_t t0, t1;
-    bool done; /* both events recorded */
-};
-
-/* Arrays handed out by trace_spans; kept until the next trace start (the
- * interface promises they stay valid that long). */
-struct span_out {
-    struct span_out *prev;
-    struct gp_trace_span *spans; /* points just past this header */
-};
-
-struct gp_stream {
-    struct gp_device *dev;
-    char name[64];
-    cudaStream_t stream;
-
-    pthread_mutex_t mu;  /* guards everything below */
-    bool failed;         /* skip tasks and copies until synchronize */
-    struct gp_error err; /* the first failure, while failed */
-
-    bool trace_on;
-    struct time_ref *ref; /* the reference of the current trace; NULL before the first */
-    struct span_rec *recs;
-    int n_recs, cap_recs;
-    int n_made;           /* recs[0..n_made) own created events, reused across trace starts */
-    struct span_out *outs;
-};
 
 struct gp_event {
     pthread_mutex_t mu;
     int last;                      /* the device that recorded it last; -1: never */
     cudaEvent_t ev[MAX_DEVICES];   /* made on the first record on each device */
 };
-
-/* ---- errors ---- */
-
-/* Fills err with "<where>: <call>: <CUDA's name> (<CUDA's text>)". CUDA
- * remembers a failed call as the thread's last error; it is cleared here,
- * where it was reported, so that the check after the next task does not
- * blame that task for it. */
-static gp_status cuda_error(struct gp_error *err, cudaError_t e, const char *where, const char *call)
-{
-    (void)cudaGetLastError();
-    return gp_error_set(err, GP_ERR_DEVICE, "%s: %s: %s (%s)", where, call, cudaGetErrorName(e),
-                        cudaGetErrorString(e));
-}
-
-static gp_status dev_check(struct gp_error *err, cudaError_t e, int index, const char *call)
-{
-    if (e == cudaSuccess) return GP_OK;
-    char where[32];
-    snprintf(where, sizeof where, "cuda:%d", index);
-    return cuda_error(err, e, where, call);
-}
-
-/* Caller holds s->mu. Keeps the first failure only. */
-static void fail_locked(struct gp_stream *s, const struct gp_error *err)
-{
-    if (s->failed) return;
-    s->failed = true;
-    s->err = *err;
-}
-
-static void fail(struct gp_stream *s, const struct gp_error *err)
-{
-    pthread_mutex_lock(&s->mu);
-    fail_locked(s, err);
-    pthread_mutex_unlock(&s->mu);
-}
-
-/* Formats the failure of a CUDA call made for stream s; `call` may carry
- * what it was about ("cudaMemcpyAsync of 4096 bytes for 'send'"). */
-static void stream_error(struct gp_error *out, struct gp_stream *s, cudaError_t e, const char *call)
-{
-    char where[128];
-    snprintf(where, sizeof where, "stream '%s' of cuda:%d", s->name, s->dev->index);
-    out->status = GP_OK;
-    out->msg[0] = '\0';
-    cuda_error(out, e, where, call);
-}
-
-/* Records a failed CUDA call on the stream; true when e is success. */
-static bool stream_check(struct gp_stream *s, cudaError_t e, const char *call)
-{
-    if (e == cudaSuccess) return true;
-    struct gp_error err;
-    stream_error(&err, s, e, call);
-    fail(s, &err);
-    return false;
-}
-
-static bool stream_failed(struct gp_stream *s)
-{
-    pthread_mutex_lock(&s->mu);
-    bool f = s->failed;
-    pthread_mutex_unlock(&s->mu);
-    return f;
-}
 
 /* ---- devices and memory ---- */
 
@@ -304,223 +168,6 @@ static size_t cuda_mem_available(struct gp_device *dev)
 extern "C" cudaStream_t gp_cuda_stream_of(struct gp_stream *s) { return s->stream; }
 extern "C" int gp_cuda_device_index(struct gp_device *dev) { return dev->index; }
 
-/* ---- the timeline: references ---- */
-
-/* Caller holds ref_mu. */
-static void ref_release_locked(struct time_ref *r)
-{
-    if (!r) return;
-    r->users--;
-    if (r->users == 0 && !r->current) {
-        (void)cudaEventDestroy(r->event);
-        free(r);
-    }
-}
-
-/* The reference a trace start on stream s takes: the device's current one,
- * or a new one when there is none or it is older than REF_REFRESH_S. */
-static struct time_ref *ref_acquire(struct gp_stream *s, struct gp_error *err)
-{
-    int d = s->dev->index;
-    pthread_mutex_lock(&ref_mu);
-    struct time_ref *r = device_ref[d];
-    if (!r || now_us() - r->host_us > REF_REFRESH_S * 1e6) {
-        struct time_ref *nr = (struct time_ref *)calloc(1, sizeof *nr);
-        cudaStream_t idle = NULL;
-        cudaError_t e = cudaSuccess;
-        const char *call = "";
-        if (!nr) {
-            pthread_mutex_unlock(&ref_mu);
-            gp_error_set(err, GP_ERR_NOMEM, "stream '%s' of cuda:%d: out of memory starting a trace",
-                         s->name, d);
-            return NULL;
-        }
-        /* On a stream of its own, the event completes as soon as it is
-         * recorded; the host time read right after the wait is its time. */
-        if ((e = cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking)) != cudaSuccess)
-            call = "cudaStreamCreateWithFlags (trace reference)";
-        else if ((e = cudaEventCreate(&nr->event)) != cudaSuccess)
-            call = "cudaEventCreate (trace reference)";
-        else if ((e = cudaEventRecord(nr->event, idle)) != cudaSuccess)
-            call = "cudaEventRecord (trace reference)";
-        else if ((e = cudaEventSynchronize(nr->event)) != cudaSuccess)
-            call = "cudaEventSynchronize (trace reference)";
-        nr->host_us = now_us();
-        if (idle) (void)cudaStreamDestroy(idle);
-        if (e != cudaSuccess) {
-            if (nr->event) (void)cudaEventDestroy(nr->event);
-            free(nr);
-            pthread_mutex_unlock(&ref_mu);
-            stream_error(err, s, e, call);
-            return NULL;
-        }
-        if (r) {
-            r->current = false;
-            if (r->users == 0) {
-                (void)cudaEventDestroy(r->event);
-                free(r);
-            }
-        }
-        nr->current = true;
-        device_ref[d] = r = nr;
-    }
-    r->users++;
-    pthread_mutex_unlock(&ref_mu);
-    return r;
-}
-
-/* ---- the timeline: spans ---- */
-
-static void free_outs(struct gp_stream *s)
-{
-    for (struct span_out *o = s->outs, *prev; o; o = prev) {
-        prev = o->prev;
-        free(o);
-    }
-    s->outs = NULL;
-}
-
-/* Opens a span: returns its index with its start event recorded, or -1 when
- * not tracing. The stream's device is current. A span that finds no host
- * memory is dropped (the timeline is a diagnostic); a CUDA failure fails the
- * stream, since the device is in trouble anyway. */
-static int span_begin(struct gp_stream *s, const struct gp_task_tag *tag)
-{
-    pthread_mutex_lock(&s->mu);
-    int idx = -1;
-    if (!s->trace_on) goto out;
-    if (s->n_recs == s->cap_recs) {
-        int ncap = s->cap_recs ? s->cap_recs * 2 : SPANS_INITIAL;
-        struct span_rec *r = (struct span_rec *)realloc(s->recs, (size_t)ncap * sizeof *r);
-        if (!r) goto out;
-        s->recs = r;
-        s->cap_recs = ncap;
-    }
-    {
-        struct span_rec *r = &s->recs[s->n_recs];
-        struct gp_error err;
-        if (s->n_recs == s->n_made) {
-            cudaError_t e = cudaEventCreate(&r->t0);
-            if (e == cudaSuccess) {
-                e = cudaEventCreate(&r->t1);
-                if (e != cudaSuccess) (void)cudaEventDestroy(r->t0);
-            }
-            if (e != cudaSuccess) {
-                stream_error(&err, s, e, "cudaEventCreate (trace)");
-                fail_locked(s, &err);
-                goto out;
-            }
-            s->n_made++;
-        }
-        cudaError_t e = cudaEventRecord(r->t0, s->stream);
-        if (e != cudaSuccess) {
-            stream_error(&err, s, e, "cudaEventRecord (trace start)");
-            fail_locked(s, &err);
-            goto out;
-        }
-        r->tag = *tag;
-        r->done = false;
-        idx = s->n_recs++;
-    }
-out:
-    pthread_mutex_unlock(&s->mu);
-    return idx;
-}
-
-static void span_end(struct gp_stream *s, int idx)
-{
-    if (idx < 0) return;
-    pthread_mutex_lock(&s->mu);
-    /* A trace restarted by the task itself leaves nothing to close. */
-    if (idx < s->n_recs) {
-        cudaError_t e = cudaEventRecord(s->recs[idx].t1, s->stream);
-        if (e == cudaSuccess) {
-            s->recs[idx].done = true;
-        } else {
-            struct gp_error err;
-            stream_error(&err, s, e, "cudaEventRecord (trace end)");
-            fail_locked(s, &err);
-        }
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-static void cuda_trace_enable(struct gp_stream *s, int enabled)
-{
-    if (!enabled) {
-        pthread_mutex_lock(&s->mu);
-        s->trace_on = false;
-        pthread_mutex_unlock(&s->mu);
-        return;
-    }
-    if (!stream_check(s, cudaSetDevice(s->dev->index), "cudaSetDevice")) return;
-    struct gp_error err;
-    err.status = GP_OK;
-    err.msg[0] = '\0';
-    struct time_ref *r = ref_acquire(s, &err);
-    if (!r) {
-        fail(s, &err);
-        return;
-    }
-    pthread_mutex_lock(&s->mu);
-    pthread_mutex_lock(&ref_mu);
-    ref_release_locked(s->ref);
-    pthread_mutex_unlock(&ref_mu);
-    s->ref = r;
-    s->n_recs = 0;
-    free_outs(s);
-    s->trace_on = true;
-    pthread_mutex_unlock(&s->mu);
-}
-
-/* Waits for the spans' end events (not for the rest of the stream). A CUDA
- * failure here fails the stream and returns the spans converted so far. */
-static const struct gp_trace_span *cuda_trace_spans(struct gp_stream *s, int *count)
-{
-    *count = 0;
-    pthread_mutex_lock(&s->mu);
-    if (s->n_recs == 0 || !s->ref) {
-        const struct gp_trace_span *p = s->outs ? s->outs->spans : NULL;
-        pthread_mutex_unlock(&s->mu);
-        return p;
-    }
-    struct span_out *o =
-        (struct span_out *)malloc(sizeof *o + (size_t)s->n_recs * sizeof(struct gp_trace_span));
-    if (!o) {
-        pthread_mutex_unlock(&s->mu);
-        return NULL;
-    }
-    o->spans = (struct gp_trace_span *)(o + 1);
-    int n = 0;
-    for (int i = 0; i < s->n_recs; i++) {
-        const struct span_rec *r = &s->recs[i];
-        if (!r->done) continue;
-        float ms0 = 0, ms1 = 0;
-        cudaError_t e = cudaEventSynchronize(r->t1);
-        const char *call = "cudaEventSynchronize (trace)";
-        if (e == cudaSuccess) {
-            call = "cudaEventElapsedTime (trace)";
-            e = cudaEventElapsedTime(&ms0, s->ref->event, r->t0);
-            if (e == cudaSuccess) e = cudaEventElapsedTime(&ms1, s->ref->event, r->t1);
-        }
-        if (e != cudaSuccess) {
-            struct gp_error err;
-            stream_error(&err, s, e, call);
-            fail_locked(s, &err);
-            break;
-        }
-        o->spans[n].tag = r->tag;
-        o->spans[n].start_us = s->ref->host_us + (double)ms0 * 1e3;
-        o->spans[n].end_us = s->ref->host_us + (double)ms1 * 1e3;
-        n++;
-    }
-    o->prev = s->outs;
-    s->outs = o;
-    *count = n;
-    pthread_mutex_unlock(&s->mu);
-    return o->spans;
-}
-
 /* ---- streams ---- */
 
 static gp_status cuda_stream_create(struct gp_device *dev, const char *name, struct gp_stream **out,
@@ -562,11 +209,7 @@ static void cuda_stream_destroy(struct gp_stream *s)
         (void)cudaEventDestroy(s->recs[i].t1);
     }
     if (cudaStreamDestroy(s->stream) != cudaSuccess) (void)cudaGetLastError();
-    pthread_mutex_lock(&ref_mu);
-    ref_release_locked(s->ref);
-    pthread_mutex_unlock(&ref_mu);
-    free(s->recs);
-    free_outs(s);
+    gp_cuda_trace_release(s);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
@@ -591,7 +234,7 @@ static void cuda_enqueue(struct gp_stream *s, gp_task_fn fn, void *arg, const st
     struct gp_task_tag t = tag ? *tag : gp_task_tag{GP_TASK_OTHER, -1, -1, "task"};
     if (stream_failed(s)) return;
     if (!stream_check(s, cudaSetDevice(s->dev->index), "cudaSetDevice")) return;
-    int span = span_begin(s, &t);
+    int span = gp_cuda_span_begin(s, &t);
 
     struct gp_error err;
     err.status = GP_OK;
@@ -623,7 +266,7 @@ static void cuda_enqueue(struct gp_stream *s, gp_task_fn fn, void *arg, const st
     }
     if (span >= 0) {
         /* The task may have switched devices; the end event needs this one. */
-        if (stream_check(s, cudaSetDevice(s->dev->index), "cudaSetDevice")) span_end(s, span);
+        if (stream_check(s, cudaSetDevice(s->dev->index), "cudaSetDevice")) gp_cuda_span_end(s, span);
     }
     if (st != GP_OK) {
         err.status = st;
@@ -637,7 +280,7 @@ static void cuda_copy(struct gp_stream *s, void *dst, const void *src, size_t by
     struct gp_task_tag t = tag ? *tag : gp_task_tag{GP_TASK_COPY, -1, -1, "copy"};
     if (stream_failed(s)) return;
     if (!stream_check(s, cudaSetDevice(s->dev->index), "cudaSetDevice")) return;
-    int span = span_begin(s, &t);
+    int span = gp_cuda_span_begin(s, &t);
     nvtx_push(&t);
     if (bytes) {
         cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->stream);
@@ -649,7 +292,7 @@ static void cuda_copy(struct gp_stream *s, void *dst, const void *src, size_t by
         }
     }
     nvtxRangePop();
-    span_end(s, span);
+    gp_cuda_span_end(s, span);
 }
 
 /* Blocks until the stream's work is done. An asynchronous fault of that work
@@ -840,8 +483,8 @@ extern "C" const struct gp_device_ops gp_cuda_device_ops = {
     cuda_event_record,
     cuda_stream_wait,
     cuda_stream_synchronize,
-    cuda_trace_enable,
-    cuda_trace_spans,
+    gp_cuda_trace_enable,
+    gp_cuda_trace_spans,
     cuda_set_threads,
     cuda_mem_available,
     &gp_cuda_compute_ops,

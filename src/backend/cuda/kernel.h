@@ -67,15 +67,24 @@ struct gp_cuda_kernel {
 /* The kernel for a node (matched by op_type), or NULL. */
 const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node);
 
-/* Kernel tables, one per family file (src/backend/cuda/<family>.cu), each ending
- * with an entry whose op_type is NULL. */
+/* Kernel tables, one per family file (src/backend/cuda/<family>.cu, twin of
+ * src/backend/cpu/<family>.c, whose kernel.h says what each family holds),
+ * each ending with an entry whose op_type is NULL. */
 extern const struct gp_cuda_kernel gp_cuda_kernels_elementwise[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_binary[];
 extern const struct gp_cuda_kernel gp_cuda_kernels_shape[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_gather[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_pad[];
 extern const struct gp_cuda_kernel gp_cuda_kernels_matmul[];
 extern const struct gp_cuda_kernel gp_cuda_kernels_conv[];
 extern const struct gp_cuda_kernel gp_cuda_kernels_pool[];
-extern const struct gp_cuda_kernel gp_cuda_kernels_norm[];
-extern const struct gp_cuda_kernel gp_cuda_kernels_misc[]; /* Softmax, reductions, Dropout, Resize */
+extern const struct gp_cuda_kernel gp_cuda_kernels_batch_norm[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_instance_norm[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_layer_norm[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_softmax[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_reduce[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_dropout[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_resize[];
 
 /* Deferred batch normalization, twin of the CPU's gp_cpu_bn_stats_len /
  * gp_cpu_bn_commit: doubles of statistics a BatchNormalization node

@@ -16,9 +16,21 @@ extern "C" {
 
 /* One table per family file, searched in order, as the CPU backend does. */
 static const struct gp_cuda_kernel *const tables[] = {
-    gp_cuda_kernels_elementwise, gp_cuda_kernels_shape, gp_cuda_kernels_matmul,
-    gp_cuda_kernels_conv,        gp_cuda_kernels_pool,  gp_cuda_kernels_norm,
-    gp_cuda_kernels_misc,
+    gp_cuda_kernels_elementwise,
+    gp_cuda_kernels_binary,
+    gp_cuda_kernels_shape,
+    gp_cuda_kernels_gather,
+    gp_cuda_kernels_pad,
+    gp_cuda_kernels_matmul,
+    gp_cuda_kernels_conv,
+    gp_cuda_kernels_pool,
+    gp_cuda_kernels_batch_norm,
+    gp_cuda_kernels_instance_norm,
+    gp_cuda_kernels_layer_norm,
+    gp_cuda_kernels_softmax,
+    gp_cuda_kernels_reduce,
+    gp_cuda_kernels_dropout,
+    gp_cuda_kernels_resize,
 };
 
 extern "C" const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node)

@@ -1,12 +1,12 @@
 /* CUDA kernels: the shape family, twin of backend/cpu/shape.c. Reshape,
- * Flatten, Squeeze, Unsqueeze, Transpose, Concat, Split, Slice, Gather,
- * Tile, Trilu, Pad, and the shape producers (Shape, Size, ConstantOfShape,
- * Range) that loading normally folds away.
+ * Flatten, Squeeze, Unsqueeze, Transpose, Concat, Split, Slice, Tile,
+ * Trilu, and the shape producers (Shape, Size, ConstantOfShape, Range) that
+ * loading normally folds away. Gather is in gather.cu, Pad in pad.cu.
  *
  * Forward moves elements by their size, so every dtype works (float
  * tensors are float32 on the device, as plan.c lays them out). Plans
- * (permutations, split sizes, slice starts and steps, pads) come from the
- * op layer's helpers, exactly as on the CPU, so both backends and shape
+ * (permutations, split sizes, slice starts and steps) come from the op
+ * layer's helpers, exactly as on the CPU, so both backends and shape
  * inference agree by construction.
  *
  * Strided views: Transpose, Concat, Split and Slice move each element once
@@ -23,21 +23,7 @@
  *     axes Transpose, coalesced on both sides),
  *   - a general strided gather otherwise.
  *
- * Gather's backward is deterministic without float atomics: the indices
- * are sorted stably by value (an LSD radix sort in 8-bit digits, positions
- * as payload), each value's run of positions is cut into pieces of
- * GATHER_PIECE; a run of one piece (nearly every row of an embedding) is
- * added into its table row in position order starting from the row's
- * value, exactly the CPU's sequence of float additions; a longer run sums
- * its pieces in double, then adds the pieces in order. Pad's backward has
- * each input element walk the output cells that read it (per axis a range,
- * a progression or at most three mirror images) in row-major order, again
- * the CPU's sequence of additions.
- *
- * Differences from the CPU kernels: the CPU fails on a Gather index out of
- * range; here indices are device data that the host cannot read without a
- * synchronize, so an out-of-range index gathers zeros and gets no gradient.
- * Trilu's k and Pad's constant value are read on the device. */
+ * Differences from the CPU kernels: Trilu's k is read on the device. */
 #include <string.h>
 
 #include <cuda_runtime.h>
@@ -50,42 +36,6 @@ extern "C" {
 }
 
 /* ---- small helpers ---- */
-
-static struct gp_infer_ctx infer_ctx(const struct gp_cuda_ctx *c, struct gp_error *err)
-{
-    struct gp_infer_ctx ic;
-    ic.graph = (struct gp_graph *)c->graph;
-    ic.node = (struct gp_node *)c->node;
-    ic.err = err;
-    return ic;
-}
-
-/* Bytes per element on the device: float dtypes are float32. */
-static size_t esize_of(enum gp_dtype dt)
-{
-    return gp_dtype_is_float(dt) ? sizeof(float) : gp_dtype_size(dt);
-}
-
-static size_t in_esize(const struct gp_cuda_ctx *c, int i)
-{
-    return esize_of(gp_cuda_in_value(c, i)->dtype);
-}
-
-static const struct gp_shape *in_shape(const struct gp_cuda_ctx *c, int i)
-{
-    return &gp_cuda_in_value(c, i)->shape;
-}
-
-static const struct gp_shape *out_shape(const struct gp_cuda_ctx *c, int i)
-{
-    return &gp_cuda_out_value(c, i)->shape;
-}
-
-static gp_status check_es(const struct gp_cuda_ctx *c, size_t es, struct gp_error *err)
-{
-    if (es == 1 || es == 2 || es == 4 || es == 8) return GP_OK;
-    return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "elements of %zu bytes", es);
-}
 
 /* An element of `es` bytes, moved as one load and store. */
 template <int ES> struct elem_of;
@@ -295,7 +245,7 @@ static gp_status view_run(const struct gp_cuda_ctx *c, struct gp_error *err, voi
     struct view v;
     view_init(&v, shape, dst_st, dst_base, src_st, src_base);
     if (v.n == 0) return GP_OK;
-    GP_TRY(check_es(c, es, err));
+    GP_TRY(gp_cuda_check_esize(c, es, err));
     if (add && es != sizeof(float))
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%s: gradient of a non-float tensor", what);
     cudaStream_t s = c->stream;
@@ -372,7 +322,7 @@ static void contiguous(const struct gp_shape *s, int64_t *st) { gp_shape_strides
  * on the stream (none when the executor aliased the buffers). */
 static gp_status copy_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    size_t bytes = (size_t)gp_shape_numel(in_shape(c, 0)) * in_esize(c, 0);
+    size_t bytes = (size_t)gp_shape_numel(gp_cuda_in_shape(c, 0)) * gp_cuda_in_esize(c, 0);
     if (bytes == 0 || c->out[0] == c->in[0]) return GP_OK;
     return gp_cuda_call(c, cudaMemcpyAsync(c->out[0], c->in[0], bytes, cudaMemcpyDeviceToDevice, c->stream),
                      "cudaMemcpyAsync", err);
@@ -381,7 +331,7 @@ static gp_status copy_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 static gp_status copy_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     if (!c->din[0] || !c->dout[0]) return GP_OK;
-    return add_into(c, c->din[0], c->dout[0], gp_shape_numel(in_shape(c, 0)), "copy backward", err);
+    return add_into(c, c->din[0], c->dout[0], gp_shape_numel(gp_cuda_in_shape(c, 0)), "copy backward", err);
 }
 
 /* ---- Transpose ---- */
@@ -389,17 +339,17 @@ static gp_status copy_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 /* Output axis d walks input axis perm[d]: x_st[d] = input stride of perm[d]. */
 static gp_status transpose_view(struct gp_cuda_ctx *c, struct gp_error *err, int64_t *x_st)
 {
-    struct gp_infer_ctx ic = infer_ctx(c, err);
-    return gp_transpose_view(&ic, in_shape(c, 0), x_st);
+    struct gp_infer_ctx ic = gp_cuda_infer_ctx(c->graph, c->node, err);
+    return gp_transpose_view(&ic, gp_cuda_in_shape(c, 0), x_st);
 }
 
 static gp_status transpose_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     int64_t x_st[GP_MAX_RANK], y_st[GP_MAX_RANK];
     GP_TRY(transpose_view(c, err, x_st));
-    const struct gp_shape *ys = out_shape(c, 0);
+    const struct gp_shape *ys = gp_cuda_out_shape(c, 0);
     contiguous(ys, y_st);
-    return view_run(c, err, c->out[0], y_st, 0, c->in[0], x_st, 0, ys, in_esize(c, 0), false,
+    return view_run(c, err, c->out[0], y_st, 0, c->in[0], x_st, 0, ys, gp_cuda_in_esize(c, 0), false,
                     "Transpose forward");
 }
 
@@ -408,7 +358,7 @@ static gp_status transpose_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (!c->din[0] || !c->dout[0]) return GP_OK;
     int64_t x_st[GP_MAX_RANK], y_st[GP_MAX_RANK];
     GP_TRY(transpose_view(c, err, x_st));
-    const struct gp_shape *ys = out_shape(c, 0);
+    const struct gp_shape *ys = gp_cuda_out_shape(c, 0);
     contiguous(ys, y_st);
     return view_run(c, err, c->din[0], x_st, 0, c->dout[0], y_st, 0, ys, sizeof(float), true,
                     "Transpose backward");
@@ -419,18 +369,18 @@ static gp_status transpose_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 /* Input k is the view of Y starting at its offset along the axis. */
 static gp_status concat_run(struct gp_cuda_ctx *c, struct gp_error *err, bool backward)
 {
-    struct gp_infer_ctx ic = infer_ctx(c, err);
-    const struct gp_shape *ys = out_shape(c, 0);
+    struct gp_infer_ctx ic = gp_cuda_infer_ctx(c->graph, c->node, err);
+    const struct gp_shape *ys = gp_cuda_out_shape(c, 0);
     int axis;
     GP_TRY(gp_norm_axis(&ic, gp_node_attr_int(c->node, "axis", 0), ys->rank, &axis));
     int64_t y_st[GP_MAX_RANK], x_st[GP_MAX_RANK], at = 0;
     contiguous(ys, y_st);
     for (int k = 0; k < c->node->n_inputs; k++) {
-        const struct gp_shape *xs = in_shape(c, k);
+        const struct gp_shape *xs = gp_cuda_in_shape(c, k);
         contiguous(xs, x_st);
         if (!backward)
             GP_TRY(view_run(c, err, c->out[0], y_st, at * y_st[axis], c->in[k], x_st, 0, xs,
-                            in_esize(c, k), false, "Concat forward"));
+                            gp_cuda_in_esize(c, k), false, "Concat forward"));
         else if (c->din[k] && c->dout[0])
             GP_TRY(view_run(c, err, c->din[k], x_st, 0, c->dout[0], y_st, at * y_st[axis], xs,
                             sizeof(float), true, "Concat backward"));
@@ -455,8 +405,8 @@ static gp_status concat_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 
 static gp_status split_run(struct gp_cuda_ctx *c, struct gp_error *err, bool backward)
 {
-    struct gp_infer_ctx ic = infer_ctx(c, err);
-    const struct gp_shape *xs = in_shape(c, 0);
+    struct gp_infer_ctx ic = gp_cuda_infer_ctx(c->graph, c->node, err);
+    const struct gp_shape *xs = gp_cuda_in_shape(c, 0);
     if (c->node->n_outputs > SPLIT_MAX)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%d outputs; at most %d are supported",
                              c->node->n_outputs, SPLIT_MAX);
@@ -473,7 +423,7 @@ static gp_status split_run(struct gp_cuda_ctx *c, struct gp_error *err, bool bac
         contiguous(&ys, y_st);
         if (!backward)
             GP_TRY(view_run(c, err, c->out[k], y_st, 0, c->in[0], x_st, at * x_st[axis], &ys,
-                            in_esize(c, 0), false, "Split forward"));
+                            gp_cuda_in_esize(c, 0), false, "Split forward"));
         else if (c->din[0] && c->dout[k])
             GP_TRY(view_run(c, err, c->din[0], x_st, at * x_st[axis], c->dout[k], y_st, 0, &ys,
                             sizeof(float), true, "Split backward"));
@@ -497,17 +447,17 @@ static gp_status split_backward(struct gp_cuda_ctx *c, struct gp_error *err)
  * (steps may be negative: the strides are). */
 static gp_status slice_view(struct gp_cuda_ctx *c, struct gp_error *err, int64_t *x_st, int64_t *base)
 {
-    struct gp_infer_ctx ic = infer_ctx(c, err);
-    return gp_slice_view(&ic, in_shape(c, 0), x_st, base);
+    struct gp_infer_ctx ic = gp_cuda_infer_ctx(c->graph, c->node, err);
+    return gp_slice_view(&ic, gp_cuda_in_shape(c, 0), x_st, base);
 }
 
 static gp_status slice_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     int64_t x_st[GP_MAX_RANK], y_st[GP_MAX_RANK], base;
     GP_TRY(slice_view(c, err, x_st, &base));
-    const struct gp_shape *ys = out_shape(c, 0);
+    const struct gp_shape *ys = gp_cuda_out_shape(c, 0);
     contiguous(ys, y_st);
-    return view_run(c, err, c->out[0], y_st, 0, c->in[0], x_st, base, ys, in_esize(c, 0), false,
+    return view_run(c, err, c->out[0], y_st, 0, c->in[0], x_st, base, ys, gp_cuda_in_esize(c, 0), false,
                     "Slice forward");
 }
 
@@ -516,593 +466,10 @@ static gp_status slice_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (!c->din[0] || !c->dout[0]) return GP_OK;
     int64_t x_st[GP_MAX_RANK], y_st[GP_MAX_RANK], base;
     GP_TRY(slice_view(c, err, x_st, &base));
-    const struct gp_shape *ys = out_shape(c, 0);
+    const struct gp_shape *ys = gp_cuda_out_shape(c, 0);
     contiguous(ys, y_st);
     return view_run(c, err, c->din[0], x_st, base, c->dout[0], y_st, 0, ys, sizeof(float), true,
                     "Slice backward");
-}
-
-/* ---- Gather ---- */
-
-/* data [pre, dim, post] (axis in the middle), indices [q] (any shape,
- * int64 or int32, negative counting from the end) -> [pre, q, post]. */
-struct gather_plan {
-    int axis;
-    int64_t pre, dim, post, q;
-    enum gp_dtype idx_type;
-};
-
-static gp_status gather_plan_of(const struct gp_graph *g, const struct gp_node *node,
-                                struct gp_error *err, struct gather_plan *p)
-{
-    struct gp_infer_ctx ic;
-    ic.graph = (struct gp_graph *)g;
-    ic.node = (struct gp_node *)node;
-    ic.err = err;
-    const struct gp_shape *xs = &gp_node_input(g, node, 0)->shape;
-    GP_TRY(gp_norm_axis(&ic, gp_node_attr_int(node, "axis", 0), xs->rank, &p->axis));
-    p->pre = p->post = 1;
-    for (int d = 0; d < p->axis; d++) p->pre *= xs->dims[d];
-    for (int d = p->axis + 1; d < xs->rank; d++) p->post *= xs->dims[d];
-    p->dim = xs->dims[p->axis];
-    const struct gp_value *iv = gp_node_input(g, node, 1);
-    p->q = gp_shape_numel(&iv->shape);
-    p->idx_type = iv->dtype;
-    if (p->idx_type != GP_DTYPE_INT64 && p->idx_type != GP_DTYPE_INT32)
-        return gp_error_set(err, GP_ERR_UNSUPPORTED, "node '%s' (%s): %s indices", node->name,
-                            node->op_type, gp_dtype_name(p->idx_type));
-    return GP_OK;
-}
-
-template <typename I>
-__device__ static inline int64_t gather_index(const I *idx, int64_t j, int64_t dim)
-{
-    int64_t k = (int64_t)idx[j];
-    return k < 0 ? k + dim : k;
-}
-
-/* Y [pre, q, post units] = X [pre, k(j), post units]; zeros where an index
- * is out of range. */
-template <typename T, typename I>
-__global__ static void gather_kernel(const T *x, const I *idx, T *y, int64_t dim, int64_t q,
-                                     int64_t post, int64_t n)
-{
-    GP_GRID_STRIDE(t, n)
-    {
-        int64_t col = t % post, rest = t / post, j = rest % q, r = rest / q;
-        int64_t k = gather_index(idx, j, dim);
-        T z{};
-        y[t] = k >= 0 && k < dim ? x[(r * dim + k) * post + col] : z;
-    }
-}
-
-template <typename T>
-static void launch_gather(const struct gather_plan *p, int64_t post_units, const void *x,
-                          const void *idx, void *y, cudaStream_t s)
-{
-    int64_t n = p->pre * p->q * post_units;
-    if (p->idx_type == GP_DTYPE_INT64)
-        gather_kernel<T, int64_t><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, s>>>(
-            (const T *)x, (const int64_t *)idx, (T *)y, p->dim, p->q, post_units, n);
-    else
-        gather_kernel<T, int32_t><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, s>>>(
-            (const T *)x, (const int32_t *)idx, (T *)y, p->dim, p->q, post_units, n);
-}
-
-static gp_status gather_forward(struct gp_cuda_ctx *c, struct gp_error *err)
-{
-    struct gather_plan p;
-    GP_TRY(gather_plan_of(c->graph, c->node, err, &p));
-    size_t es = in_esize(c, 0);
-    GP_TRY(check_es(c, es, err));
-    if (p.pre * p.q * p.post == 0) return GP_OK;
-    size_t row = (size_t)p.post * es;
-    bool al16 = (uintptr_t)c->in[0] % 16 == 0 && (uintptr_t)c->out[0] % 16 == 0;
-    bool al8 = (uintptr_t)c->in[0] % 8 == 0 && (uintptr_t)c->out[0] % 8 == 0;
-    if (row % 16 == 0 && al16) launch_gather<uint4>(&p, (int64_t)(row / 16), c->in[0], c->in[1], c->out[0], c->stream);
-    else if (row % 8 == 0 && al8) launch_gather<unsigned long long>(&p, (int64_t)(row / 8), c->in[0], c->in[1], c->out[0], c->stream);
-    else if (row % 4 == 0) launch_gather<uint32_t>(&p, (int64_t)(row / 4), c->in[0], c->in[1], c->out[0], c->stream);
-    else if (row % 2 == 0) launch_gather<uint16_t>(&p, (int64_t)(row / 2), c->in[0], c->in[1], c->out[0], c->stream);
-    else launch_gather<uint8_t>(&p, (int64_t)row, c->in[0], c->in[1], c->out[0], c->stream);
-    return gp_cuda_check_launch(c, "Gather forward", err);
-}
-
-/* Backward: dData[r, k(j), :] += dY[r, j, :], deterministic.
- *
- * 1. keys[j] = k(j) (out of range: dim, sorted last and skipped), vals[j] = j;
- *    sorted stably by key in 8-bit LSD radix passes (per pass: a histogram
- *    per tile of GATHER_TILE positions, one exclusive scan of the
- *    digit-major histograms, a stable scatter).
- * 2. seg_lo[v], seg_hi[v]: the run of key v in the sorted order.
- * 3. pieces: each run cut into ceil(len / GATHER_PIECE) pieces; exclusive
- *    scans give each key's first piece, its first partial (keys of more
- *    than one piece only) and its index among multi-piece keys.
- * 4. a warp per (r, piece), lanes over columns: a single-piece key adds
- *    its positions into dData in position order (the CPU's float
- *    additions); a piece of a longer run sums in double into its partial.
- * 5. a warp per (r, multi-piece key): dData += the partials, in order, in
- *    double.
- * Every step is a fixed function of the indices: the result is the same
- * from run to run. */
-#define GATHER_PIECE 32
-#define GATHER_ITEMS 2
-#define GATHER_TILE (GP_CUDA_THREADS * GATHER_ITEMS)
-#define SCAN_BLOCK 1024   /* threads of a scan block, elements per block */
-#define SCAN_SMALL 16384  /* up to this many: a single-block scan */
-
-struct gather_layout {
-    int64_t q, dim, ntiles, npc_max, mk_max, mp_max;
-    int passes;
-    size_t keys[2], vals[2], hist, bsum, seg_lo, seg_hi, piece_start, mp_start, mk_start, piece_key,
-        mkey, partial, total;
-};
-
-static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
-
-static void gather_layout_of(const struct gather_plan *p, struct gather_layout *l)
-{
-    memset(l, 0, sizeof *l);
-    int64_t q = p->q, dim = p->dim;
-    l->q = q;
-    l->dim = dim;
-    l->ntiles = (q + GATHER_TILE - 1) / GATHER_TILE;
-    int bits = 0;
-    while (bits < 62 && ((int64_t)1 << bits) <= dim) bits++; /* keys 0..dim (dim: out of range) */
-    l->passes = (bits + 7) / 8;
-    if (l->passes < 1) l->passes = 1;
-    l->npc_max = (q < dim ? q : dim) + q / GATHER_PIECE + 1;
-    l->mk_max = q / (GATHER_PIECE + 1) + 1;
-    l->mp_max = 2 * (q / GATHER_PIECE) + 1;
-    size_t at = 0, qi = (size_t)q * sizeof(int32_t), di = (size_t)(dim + 1) * sizeof(int32_t);
-#define TAKE(field, bytes) (l->field = at, at = align256(at + (bytes)))
-    TAKE(keys[0], qi);
-    TAKE(keys[1], qi);
-    TAKE(vals[0], qi);
-    TAKE(vals[1], qi);
-    TAKE(hist, (size_t)(256 * l->ntiles + 1) * sizeof(int32_t));
-    int64_t most = 256 * l->ntiles > dim ? 256 * l->ntiles : dim;
-    TAKE(bsum, (size_t)(3 * ((most + SCAN_BLOCK - 1) / SCAN_BLOCK + 1)) * sizeof(int32_t));
-    TAKE(seg_lo, di);
-    TAKE(seg_hi, di);
-    TAKE(piece_start, di);
-    TAKE(mp_start, di);
-    TAKE(mk_start, di);
-    TAKE(piece_key, (size_t)l->npc_max * sizeof(int32_t));
-    TAKE(mkey, (size_t)l->mk_max * sizeof(int32_t));
-    TAKE(partial, (size_t)(p->pre * l->mp_max * p->post) * sizeof(double));
-#undef TAKE
-    l->total = at;
-}
-
-static size_t gather_scratch(const struct gp_graph *g, const struct gp_node *node)
-{
-    struct gather_plan p;
-    struct gp_error err;
-    memset(&err, 0, sizeof err);
-    if (gather_plan_of(g, node, &err, &p) != GP_OK) return 0;
-    struct gather_layout l;
-    gather_layout_of(&p, &l);
-    return l.total;
-}
-
-template <typename I>
-__global__ static void gather_keys_kernel(const I *idx, int64_t q, int64_t dim, uint32_t *keys,
-                                          int32_t *vals)
-{
-    GP_GRID_STRIDE(j, q)
-    {
-        int64_t k = gather_index(idx, j, dim);
-        keys[j] = (uint32_t)(k >= 0 && k < dim ? k : dim);
-        vals[j] = (int32_t)j;
-    }
-}
-
-/* hist[digit * ntiles + tile]: how many keys of the tile have the digit. */
-__global__ static void radix_hist_kernel(const uint32_t *keys, int64_t q, int shift, int64_t ntiles,
-                                         int32_t *hist)
-{
-    __shared__ int32_t cnt[256];
-    for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-        cnt[threadIdx.x] = 0;
-        __syncthreads();
-        for (int it = 0; it < GATHER_ITEMS; it++) {
-            int64_t i = tile * GATHER_TILE + (int64_t)it * GP_CUDA_THREADS + threadIdx.x;
-            if (i < q) atomicAdd(&cnt[(keys[i] >> shift) & 255], 1); /* integer: exact */
-        }
-        __syncthreads();
-        hist[(int64_t)threadIdx.x * ntiles + tile] = cnt[threadIdx.x];
-        __syncthreads();
-    }
-}
-
-/* Exclusive prefix sum of v over the block (blockDim.x a multiple of 32, at
- * most 1024); *total gets the block's sum. */
-__device__ static int32_t block_exclusive_sum(int32_t v, int32_t *total)
-{
-    __shared__ int32_t warp_sums[32];
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int32_t x = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        int32_t y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[w] = x;
-    __syncthreads();
-    if (w == 0) {
-        int32_t s = lane < nw ? warp_sums[lane] : 0;
-        for (int o = 1; o < 32; o <<= 1) {
-            int32_t y = __shfl_up_sync(0xffffffffu, s, o);
-            if (lane >= o) s += y;
-        }
-        warp_sums[lane] = s;
-    }
-    __syncthreads();
-    int32_t excl = x - v + (w > 0 ? warp_sums[w - 1] : 0);
-    *total = warp_sums[nw - 1];
-    __syncthreads();
-    return excl;
-}
-
-/* Exclusive prefix sums of K int32 arrays a[k] [n + 1], in place, with
- * the totals in a[k][n]. Up to SCAN_SMALL elements: one block, each
- * thread a contiguous chunk. More: per block of SCAN_BLOCK elements its
- * sums (coalesced), one block scans those, each block rescans its own. */
-
-template <int K> struct scan_arrays {
-    int32_t *a[K];
-};
-
-template <int K>
-__global__ static void scan_small_kernel(struct scan_arrays<K> s, int64_t n)
-{
-    int64_t chunk = (n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * chunk;
-    int64_t hi = lo + chunk < n ? lo + chunk : n;
-    for (int k = 0; k < K; k++) {
-        int32_t *a = s.a[k], sum = 0, total;
-        for (int64_t i = lo; i < hi; i++) sum += a[i];
-        int32_t run = block_exclusive_sum(sum, &total);
-        for (int64_t i = lo; i < hi; i++) {
-            int32_t t = a[i];
-            a[i] = run;
-            run += t;
-        }
-        if (threadIdx.x == 0) a[n] = total;
-    }
-}
-
-template <int K>
-__global__ static void scan_up_kernel(struct scan_arrays<K> s, int64_t n, int64_t nb, int32_t *bsum)
-{
-    for (int64_t b = blockIdx.x; b < nb; b += gridDim.x) {
-        int64_t i = b * SCAN_BLOCK + threadIdx.x;
-        for (int k = 0; k < K; k++) {
-            int32_t total;
-            block_exclusive_sum(i < n ? s.a[k][i] : 0, &total);
-            if (threadIdx.x == 0) bsum[k * nb + b] = total;
-        }
-    }
-}
-
-template <int K>
-__global__ static void scan_mid_kernel(struct scan_arrays<K> s, int64_t n, int64_t nb, int32_t *bsum)
-{
-    int64_t chunk = (nb + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * chunk;
-    int64_t hi = lo + chunk < nb ? lo + chunk : nb;
-    for (int k = 0; k < K; k++) {
-        int32_t *a = bsum + k * nb, sum = 0, total;
-        for (int64_t i = lo; i < hi; i++) sum += a[i];
-        int32_t run = block_exclusive_sum(sum, &total);
-        for (int64_t i = lo; i < hi; i++) {
-            int32_t t = a[i];
-            a[i] = run;
-            run += t;
-        }
-        if (threadIdx.x == 0) s.a[k][n] = total;
-    }
-}
-
-template <int K>
-__global__ static void scan_down_kernel(struct scan_arrays<K> s, int64_t n, int64_t nb, const int32_t *bsum)
-{
-    for (int64_t b = blockIdx.x; b < nb; b += gridDim.x) {
-        int64_t i = b * SCAN_BLOCK + threadIdx.x;
-        for (int k = 0; k < K; k++) {
-            int32_t total, v = i < n ? s.a[k][i] : 0;
-            int32_t excl = block_exclusive_sum(v, &total);
-            if (i < n) s.a[k][i] = excl + bsum[k * nb + b];
-        }
-    }
-}
-
-template <int K>
-static gp_status scan_run(const struct gp_cuda_ctx *c, struct scan_arrays<K> a, int64_t n, int32_t *bsum,
-                          const char *what, struct gp_error *err)
-{
-    if (n <= SCAN_SMALL) {
-        scan_small_kernel<K><<<1, SCAN_BLOCK, 0, c->stream>>>(a, n);
-        return gp_cuda_check_launch(c, what, err);
-    }
-    int64_t nb = (n + SCAN_BLOCK - 1) / SCAN_BLOCK;
-    unsigned grid = (unsigned)(nb < 65535 ? nb : 65535);
-    scan_up_kernel<K><<<grid, SCAN_BLOCK, 0, c->stream>>>(a, n, nb, bsum);
-    GP_TRY(gp_cuda_check_launch(c, what, err));
-    scan_mid_kernel<K><<<1, SCAN_BLOCK, 0, c->stream>>>(a, n, nb, bsum);
-    GP_TRY(gp_cuda_check_launch(c, what, err));
-    scan_down_kernel<K><<<grid, SCAN_BLOCK, 0, c->stream>>>(a, n, nb, bsum);
-    return gp_cuda_check_launch(c, what, err);
-}
-
-/* Stable scatter of one pass: a tile's keys go, in position order, to
- * hist (scanned) [digit, tile] onwards. Each round of 256 keys ranks them
- * within their warp (__match_any_sync) and across warps (per-warp counts). */
-__global__ static void radix_scatter_kernel(const uint32_t *keys_in, const int32_t *vals_in, int64_t q,
-                                            int shift, int64_t ntiles, const int32_t *hist,
-                                            uint32_t *keys_out, int32_t *vals_out)
-{
-    __shared__ int32_t base[256];
-    __shared__ int32_t wcnt[GP_CUDA_THREADS / 32][256];
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-        base[tid] = hist[(int64_t)tid * ntiles + tile];
-        for (int it = 0; it < GATHER_ITEMS; it++) {
-            for (int w = 0; w < GP_CUDA_THREADS / 32; w++) wcnt[w][tid] = 0;
-            __syncthreads();
-            int64_t i = tile * GATHER_TILE + (int64_t)it * GP_CUDA_THREADS + tid;
-            bool valid = i < q;
-            uint32_t key = valid ? keys_in[i] : 0;
-            int32_t val = valid ? vals_in[i] : 0;
-            int digit = valid ? (int)((key >> shift) & 255) : 256;
-            unsigned peers = __match_any_sync(0xffffffffu, digit);
-            int rank = __popc(peers & ((1u << lane) - 1));
-            if (valid && lane == __ffs(peers) - 1) wcnt[warp][digit] = __popc(peers);
-            __syncthreads();
-            int32_t run = base[tid];
-            for (int w = 0; w < GP_CUDA_THREADS / 32; w++) {
-                int32_t t = wcnt[w][tid];
-                wcnt[w][tid] = run;
-                run += t;
-            }
-            base[tid] = run;
-            __syncthreads();
-            if (valid) {
-                int32_t dst = wcnt[warp][digit] + rank;
-                keys_out[dst] = key;
-                vals_out[dst] = val;
-            }
-            __syncthreads();
-        }
-    }
-}
-
-/* The run [seg_lo[v], seg_hi[v]) of each key v < dim in the sorted keys. */
-__global__ static void gather_bounds_kernel(const uint32_t *sk, int64_t q, int64_t dim, int32_t *seg_lo,
-                                            int32_t *seg_hi)
-{
-    GP_GRID_STRIDE(i, q)
-    {
-        uint32_t v = sk[i];
-        if ((int64_t)v >= dim) continue;
-        if (i == 0 || sk[i - 1] != v) seg_lo[v] = (int32_t)i;
-        if (i == q - 1 || sk[i + 1] != v) seg_hi[v] = (int32_t)(i + 1);
-    }
-}
-
-__device__ static inline int32_t pieces_of(int32_t len)
-{
-    return (len + GATHER_PIECE - 1) / GATHER_PIECE;
-}
-
-/* Per key: its pieces, its partials (pieces of a key of more than one)
- * and whether it has several pieces; scanned next into first piece,
- * first partial and index among multi-piece keys. */
-__global__ static void gather_piece_counts_kernel(const int32_t *seg_lo, const int32_t *seg_hi, int64_t dim,
-                                                  int32_t *piece_start, int32_t *mp_start, int32_t *mk_start)
-{
-    GP_GRID_STRIDE(v, dim)
-    {
-        int32_t pc = pieces_of(seg_hi[v] - seg_lo[v]);
-        piece_start[v] = pc;
-        mp_start[v] = pc > 1 ? pc : 0;
-        mk_start[v] = pc > 1;
-    }
-}
-
-/* piece_key[piece] = its key; mkey[m] = the m-th multi-piece key. */
-__global__ static void gather_piece_keys_kernel(const int32_t *seg_lo, const int32_t *seg_hi, int64_t dim,
-                                                const int32_t *piece_start, const int32_t *mk_start,
-                                                int32_t *piece_key, int32_t *mkey)
-{
-    GP_GRID_STRIDE(v, dim)
-    {
-        int32_t pc = pieces_of(seg_hi[v] - seg_lo[v]), ps = piece_start[v];
-        for (int32_t k = 0; k < pc; k++) piece_key[ps + k] = (int32_t)v;
-        if (pc > 1) mkey[mk_start[v]] = (int32_t)v;
-    }
-}
-
-struct gather_bwd {
-    const float *dy;
-    float *dx;
-    const int32_t *pos, *seg_lo, *seg_hi, *piece_start, *mp_start, *mk_start, *piece_key, *mkey;
-    double *partial;
-    int64_t pre, dim, q, post, mp_max;
-};
-
-/* A warp per (r, piece, 32 * GATHER_COLS columns): each lane takes
- * GATHER_COLS columns, so that that many loads are in flight. */
-#define GATHER_COLS 4
-
-__global__ static void gather_piece_kernel(struct gather_bwd b)
-{
-    int lane = threadIdx.x & 31;
-    int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
-    int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
-    int64_t nch = (b.post + 32 * GATHER_COLS - 1) / (32 * GATHER_COLS);
-    int64_t npc = b.piece_start[b.dim], rows = b.pre * npc * nch;
-    for (int64_t w = w0; w < rows; w += nw) {
-        int64_t chunk = w % nch, rest = w / nch, piece = rest % npc, r = rest / npc;
-        int32_t v = b.piece_key[piece];
-        int32_t ps = b.piece_start[v], pc = b.piece_start[v + 1] - ps, k = (int32_t)piece - ps;
-        int64_t lo = (int64_t)b.seg_lo[v] + (int64_t)k * GATHER_PIECE;
-        int64_t hi = lo + GATHER_PIECE < b.seg_hi[v] ? lo + GATHER_PIECE : b.seg_hi[v];
-        const float *dy = b.dy + r * b.q * b.post;
-        float *dx = b.dx + (r * b.dim + v) * b.post;
-        double *part = b.partial + (r * b.mp_max + b.mp_start[v] + k) * b.post;
-        int64_t c0 = chunk * 32 * GATHER_COLS + lane;
-        {
-            if (pc == 1) { /* the CPU's float additions, in position order */
-                float acc[GATHER_COLS];
-#pragma unroll
-                for (int u = 0; u < GATHER_COLS; u++) {
-                    int64_t col = c0 + 32 * u;
-                    acc[u] = col < b.post ? dx[col] : 0.0f;
-                }
-#pragma unroll 4
-                for (int64_t i = lo; i < hi; i++) {
-                    const float *row = dy + (int64_t)b.pos[i] * b.post;
-#pragma unroll
-                    for (int u = 0; u < GATHER_COLS; u++) {
-                        int64_t col = c0 + 32 * u;
-                        if (col < b.post) acc[u] = __fadd_rn(acc[u], row[col]);
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < GATHER_COLS; u++) {
-                    int64_t col = c0 + 32 * u;
-                    if (col < b.post) dx[col] = acc[u];
-                }
-            } else {
-                double acc[GATHER_COLS] = {0, 0, 0, 0};
-#pragma unroll 4
-                for (int64_t i = lo; i < hi; i++) {
-                    const float *row = dy + (int64_t)b.pos[i] * b.post;
-#pragma unroll
-                    for (int u = 0; u < GATHER_COLS; u++) {
-                        int64_t col = c0 + 32 * u;
-                        if (col < b.post) acc[u] += (double)row[col];
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < GATHER_COLS; u++) {
-                    int64_t col = c0 + 32 * u;
-                    if (col < b.post) part[col] = acc[u];
-                }
-            }
-        }
-    }
-}
-
-/* A warp per (r, multi-piece key, 32 columns): dData += its partials, in
- * order. */
-__global__ static void gather_reduce_kernel(struct gather_bwd b)
-{
-    int lane = threadIdx.x & 31;
-    int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
-    int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
-    int64_t nch = (b.post + 31) / 32;
-    int64_t nmk = b.mk_start[b.dim], rows = b.pre * nmk * nch;
-    for (int64_t w = w0; w < rows; w += nw) {
-        int64_t chunk = w % nch, rest = w / nch, m = rest % nmk, r = rest / nmk;
-        int32_t v = b.mkey[m];
-        int32_t pc = b.piece_start[v + 1] - b.piece_start[v];
-        const double *part = b.partial + (r * b.mp_max + b.mp_start[v]) * b.post;
-        float *dx = b.dx + (r * b.dim + v) * b.post;
-        int64_t col = chunk * 32 + lane;
-        if (col < b.post) {
-            double acc = (double)dx[col];
-#pragma unroll 4
-            for (int32_t k = 0; k < pc; k++) acc += part[(int64_t)k * b.post + col];
-            dx[col] = (float)acc;
-        }
-    }
-}
-
-/* Blocks for one warp per row, rows at most `rows`. */
-static unsigned warp_blocks(int64_t rows)
-{
-    int64_t b = (rows * 32 + GP_CUDA_THREADS - 1) / GP_CUDA_THREADS;
-    return (unsigned)(b < 1 ? 1 : b > 16384 ? 16384 : b);
-}
-
-static gp_status gather_backward(struct gp_cuda_ctx *c, struct gp_error *err)
-{
-    if (!c->din[0] || !c->dout[0]) return GP_OK;
-    struct gather_plan p;
-    GP_TRY(gather_plan_of(c->graph, c->node, err, &p));
-    if (p.q == 0 || p.pre * p.post == 0) return GP_OK;
-    if (p.q >= INT32_MAX || p.dim >= INT32_MAX)
-        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
-                             "backward over %lld indices into an axis of %lld: at most 2^31 - 1 each",
-                             (long long)p.q, (long long)p.dim);
-    struct gather_layout l;
-    gather_layout_of(&p, &l);
-    char *s = (char *)c->scratch;
-    uint32_t *keys[2] = {(uint32_t *)(s + l.keys[0]), (uint32_t *)(s + l.keys[1])};
-    int32_t *vals[2] = {(int32_t *)(s + l.vals[0]), (int32_t *)(s + l.vals[1])};
-    int32_t *hist = (int32_t *)(s + l.hist), *bsum = (int32_t *)(s + l.bsum);
-    cudaStream_t st = c->stream;
-
-    unsigned qb = gp_cuda_blocks_for(p.q);
-    if (p.idx_type == GP_DTYPE_INT64)
-        gather_keys_kernel<int64_t><<<qb, GP_CUDA_THREADS, 0, st>>>((const int64_t *)c->in[1], p.q, p.dim,
-                                                                     keys[0], vals[0]);
-    else
-        gather_keys_kernel<int32_t><<<qb, GP_CUDA_THREADS, 0, st>>>((const int32_t *)c->in[1], p.q, p.dim,
-                                                                     keys[0], vals[0]);
-    GP_TRY(gp_cuda_check_launch(c, "Gather backward: keys", err));
-    unsigned tb = (unsigned)(l.ntiles < 65535 ? l.ntiles : 65535);
-    int cur = 0;
-    for (int pass = 0; pass < l.passes; pass++, cur ^= 1) {
-        radix_hist_kernel<<<tb, GP_CUDA_THREADS, 0, st>>>(keys[cur], p.q, 8 * pass, l.ntiles, hist);
-        GP_TRY(gp_cuda_check_launch(c, "Gather backward: radix histogram", err));
-        struct scan_arrays<1> ha;
-        ha.a[0] = hist;
-        GP_TRY(scan_run(c, ha, 256 * l.ntiles, bsum, "Gather backward: radix scan", err));
-        radix_scatter_kernel<<<tb, GP_CUDA_THREADS, 0, st>>>(keys[cur], vals[cur], p.q, 8 * pass,
-                                                             l.ntiles, hist, keys[cur ^ 1], vals[cur ^ 1]);
-        GP_TRY(gp_cuda_check_launch(c, "Gather backward: radix scatter", err));
-    }
-
-    struct gather_bwd b;
-    b.dy = c->dout[0];
-    b.dx = c->din[0];
-    b.pos = vals[cur];
-    b.seg_lo = (int32_t *)(s + l.seg_lo);
-    b.seg_hi = (int32_t *)(s + l.seg_hi);
-    b.piece_start = (int32_t *)(s + l.piece_start);
-    b.mp_start = (int32_t *)(s + l.mp_start);
-    b.mk_start = (int32_t *)(s + l.mk_start);
-    b.piece_key = (int32_t *)(s + l.piece_key);
-    b.mkey = (int32_t *)(s + l.mkey);
-    b.partial = (double *)(s + l.partial);
-    b.pre = p.pre;
-    b.dim = p.dim;
-    b.q = p.q;
-    b.post = p.post;
-    b.mp_max = l.mp_max;
-
-    size_t di = (size_t)p.dim * sizeof(int32_t);
-    GP_TRY(gp_cuda_call(c, cudaMemsetAsync((void *)b.seg_lo, 0, di, st), "Gather backward: cudaMemsetAsync", err));
-    GP_TRY(gp_cuda_call(c, cudaMemsetAsync((void *)b.seg_hi, 0, di, st), "Gather backward: cudaMemsetAsync", err));
-    gather_bounds_kernel<<<qb, GP_CUDA_THREADS, 0, st>>>(keys[cur], p.q, p.dim, (int32_t *)b.seg_lo,
-                                                         (int32_t *)b.seg_hi);
-    GP_TRY(gp_cuda_check_launch(c, "Gather backward: runs", err));
-    gather_piece_counts_kernel<<<gp_cuda_blocks_for(p.dim), GP_CUDA_THREADS, 0, st>>>(
-        b.seg_lo, b.seg_hi, p.dim, (int32_t *)b.piece_start, (int32_t *)b.mp_start, (int32_t *)b.mk_start);
-    GP_TRY(gp_cuda_check_launch(c, "Gather backward: piece counts", err));
-    struct scan_arrays<3> pa;
-    pa.a[0] = (int32_t *)b.piece_start;
-    pa.a[1] = (int32_t *)b.mp_start;
-    pa.a[2] = (int32_t *)b.mk_start;
-    GP_TRY(scan_run(c, pa, p.dim, bsum, "Gather backward: piece scan", err));
-    gather_piece_keys_kernel<<<gp_cuda_blocks_for(p.dim), GP_CUDA_THREADS, 0, st>>>(
-        b.seg_lo, b.seg_hi, p.dim, b.piece_start, b.mk_start, (int32_t *)b.piece_key, (int32_t *)b.mkey);
-    GP_TRY(gp_cuda_check_launch(c, "Gather backward: piece keys", err));
-    int64_t wide = (p.post + 32 * GATHER_COLS - 1) / (32 * GATHER_COLS), narrow = (p.post + 31) / 32;
-    gather_piece_kernel<<<warp_blocks(p.pre * l.npc_max * wide), GP_CUDA_THREADS, 0, st>>>(b);
-    GP_TRY(gp_cuda_check_launch(c, "Gather backward: pieces", err));
-    gather_reduce_kernel<<<warp_blocks(p.pre * l.mk_max * narrow), GP_CUDA_THREADS, 0, st>>>(b);
-    return gp_cuda_check_launch(c, "Gather backward: long runs", err);
 }
 
 /* ---- Tile ---- */
@@ -1115,7 +482,7 @@ struct tile_plan {
 
 static void tile_plan_of(const struct gp_cuda_ctx *c, struct tile_plan *p)
 {
-    const struct gp_shape *xs = in_shape(c, 0), *ys = out_shape(c, 0);
+    const struct gp_shape *xs = gp_cuda_in_shape(c, 0), *ys = gp_cuda_out_shape(c, 0);
     memset(p, 0, sizeof *p);
     p->rank = xs->rank;
     contiguous(xs, p->x_st);
@@ -1148,9 +515,9 @@ static gp_status tile_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     struct tile_plan p;
     tile_plan_of(c, &p);
-    int64_t n = gp_shape_numel(out_shape(c, 0));
-    size_t es = in_esize(c, 0);
-    GP_TRY(check_es(c, es, err));
+    int64_t n = gp_shape_numel(gp_cuda_out_shape(c, 0));
+    size_t es = gp_cuda_in_esize(c, 0);
+    GP_TRY(gp_cuda_check_esize(c, es, err));
     if (n == 0) return GP_OK;
     unsigned b = gp_cuda_blocks_for(n);
     switch (es) {
@@ -1190,7 +557,7 @@ static gp_status tile_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (!c->din[0] || !c->dout[0]) return GP_OK;
     struct tile_plan p;
     tile_plan_of(c, &p);
-    int64_t n = gp_shape_numel(in_shape(c, 0));
+    int64_t n = gp_shape_numel(gp_cuda_in_shape(c, 0));
     if (n == 0) return GP_OK;
     tile_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(p, c->dout[0], c->din[0], n);
     return gp_cuda_check_launch(c, "Tile backward", err);
@@ -1231,7 +598,7 @@ __global__ static void trilu_backward_kernel(const float *dy, float *dx, int64_t
 
 static gp_status trilu_run(struct gp_cuda_ctx *c, struct gp_error *err, bool backward)
 {
-    const struct gp_shape *xs = in_shape(c, 0);
+    const struct gp_shape *xs = gp_cuda_in_shape(c, 0);
     if (xs->rank < 2) return gp_cuda_error(c, err, GP_ERR_INVALID, "input of rank %d", xs->rank);
     int64_t n = gp_shape_numel(xs), cols = xs->dims[xs->rank - 1];
     int64_t rc = cols * xs->dims[xs->rank - 2];
@@ -1248,8 +615,8 @@ static gp_status trilu_run(struct gp_cuda_ctx *c, struct gp_error *err, bool bac
         trilu_backward_kernel<<<b, GP_CUDA_THREADS, 0, s>>>(c->dout[0], c->din[0], n, rc, cols, kp, upper);
         return gp_cuda_check_launch(c, "Trilu backward", err);
     }
-    size_t es = in_esize(c, 0);
-    GP_TRY(check_es(c, es, err));
+    size_t es = gp_cuda_in_esize(c, 0);
+    GP_TRY(gp_cuda_check_esize(c, es, err));
     switch (es) {
     case 1: trilu_forward_kernel<uint8_t><<<b, GP_CUDA_THREADS, 0, s>>>((const uint8_t *)c->in[0], (uint8_t *)c->out[0], n, rc, cols, kp, upper); break;
     case 2: trilu_forward_kernel<uint16_t><<<b, GP_CUDA_THREADS, 0, s>>>((const uint16_t *)c->in[0], (uint16_t *)c->out[0], n, rc, cols, kp, upper); break;
@@ -1269,213 +636,6 @@ static gp_status trilu_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     return trilu_run(c, err, true);
 }
 
-/* ---- Pad ---- */
-
-/* Per axis d, output position o reads input position o - begin[d],
- * brought back inside by the mode (edge: clamp; reflect: mirror without
- * repeating the border; wrap: modulo), or the constant: the CPU's maps,
- * computed on the fly. */
-enum pad_mode { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE, PAD_WRAP };
-
-struct pad_plan {
-    int rank, mode;
-    int64_t xd[GP_MAX_RANK], yd[GP_MAX_RANK], begin[GP_MAX_RANK], x_st[GP_MAX_RANK], y_st[GP_MAX_RANK];
-};
-
-/* Constant fill: *fillp when given (device memory), else the bits of fillv. */
-struct pad_fill {
-    const void *fillp;
-    unsigned long long fillv;
-};
-
-static gp_status pad_plan_of(struct gp_cuda_ctx *c, struct gp_error *err, struct pad_plan *p,
-                             struct pad_fill *f)
-{
-    struct gp_infer_ctx ic = infer_ctx(c, err);
-    const struct gp_shape *xs = in_shape(c, 0), *ys = out_shape(c, 0);
-    int version = c->node->def->since_version, r = xs->rank;
-    const char *mode = gp_node_attr_string(c->node, "mode", "constant");
-    memset(p, 0, sizeof *p);
-    memset(f, 0, sizeof *f);
-    p->rank = r;
-    p->mode = !strcmp(mode, "reflect") ? PAD_REFLECT : !strcmp(mode, "edge") ? PAD_EDGE
-              : !strcmp(mode, "wrap") ? PAD_WRAP : PAD_CONSTANT;
-    int64_t pads[2 * GP_MAX_RANK];
-    int n_pads = 0, axes[GP_MAX_RANK], n_axes = r;
-    for (int d = 0; d < r; d++) axes[d] = d;
-    enum gp_dtype dt = gp_cuda_in_value(c, 0)->dtype;
-    if (version < 11) {
-        const int64_t *v;
-        n_pads = (int)gp_node_attr_ints(c->node, "pads", &v);
-        for (int k = 0; k < n_pads && k < 2 * GP_MAX_RANK; k++) pads[k] = v[k];
-        float value = gp_node_attr_float(c->node, "value", 0.0f);
-        uint32_t bits;
-        memcpy(&bits, &value, sizeof bits);
-        if (gp_dtype_is_float(dt)) f->fillv = bits;
-    } else {
-        GP_TRY(gp_const_ints(&ic, 1, "pads", pads, 2 * GP_MAX_RANK, &n_pads));
-        bool has_value = c->node->n_inputs > 2 && c->in[2];
-        if (gp_dtype_is_float(dt)) {
-            if (has_value && gp_dtype_is_float(gp_cuda_in_value(c, 2)->dtype)) f->fillp = c->in[2];
-        } else if (has_value) {
-            f->fillp = c->in[2];
-        }
-        if (version >= 18 && c->node->n_inputs > 3 && c->in[3]) {
-            int64_t ax[GP_MAX_RANK];
-            GP_TRY(gp_const_ints(&ic, 3, "axes", ax, GP_MAX_RANK, &n_axes));
-            for (int k = 0; k < n_axes; k++) GP_TRY(gp_norm_axis(&ic, ax[k], r, &axes[k]));
-        }
-    }
-    if (n_pads < n_axes)
-        return gp_cuda_error(c, err, GP_ERR_INVALID, "%d pads for %d axes", n_pads, n_axes);
-    for (int k = 0; k < n_axes; k++) p->begin[axes[k]] = pads[k];
-    contiguous(xs, p->x_st);
-    contiguous(ys, p->y_st);
-    for (int d = 0; d < r; d++) {
-        p->xd[d] = xs->dims[d];
-        p->yd[d] = ys->dims[d];
-    }
-    return GP_OK;
-}
-
-template <typename T>
-__global__ static void pad_forward_kernel(struct pad_plan p, struct pad_fill f, const T *x, T *y, int64_t n)
-{
-    T fill;
-    if (f.fillp) fill = *(const T *)f.fillp;
-    else memcpy(&fill, &f.fillv, sizeof fill); /* the low bytes: little-endian */
-    GP_GRID_STRIDE(o, n)
-    {
-        int64_t rem = o, src = 0;
-        bool inside = true;
-        for (int d = p.rank - 1; d >= 0; d--) {
-            int64_t od = rem % p.yd[d], in = p.xd[d];
-            rem /= p.yd[d];
-            int64_t i = od - p.begin[d];
-            if (i < 0 || i >= in) {
-                switch (p.mode) {
-                case PAD_CONSTANT: inside = false; break;
-                case PAD_EDGE: i = i < 0 ? 0 : in - 1; break;
-                case PAD_REFLECT: i = i < 0 ? -i : 2 * (in - 1) - i; break;
-                default: i = ((i % in) + in) % in; break;
-                }
-            }
-            src += i * p.x_st[d];
-        }
-        y[o] = inside ? x[src] : fill;
-    }
-}
-
-/* The output positions along one axis that read input position i, in
- * increasing order: n of them, at first + k * step, or pts[k] (reflect). */
-struct preimage {
-    int64_t n, first, step, pts[3];
-    bool list;
-};
-
-__device__ static inline void pad_preimage(int mode, int64_t i, int64_t b, int64_t in, int64_t out,
-                                           struct preimage *pi)
-{
-    pi->list = false;
-    pi->step = 1;
-    switch (mode) {
-    case PAD_CONSTANT:
-        pi->first = i + b;
-        pi->n = pi->first >= 0 && pi->first < out;
-        break;
-    case PAD_EDGE: {
-        int64_t lo = i == 0 ? 0 : i + b, hi = i == in - 1 ? out - 1 : i + b;
-        if (lo < 0) lo = 0;
-        if (hi > out - 1) hi = out - 1;
-        pi->first = lo;
-        pi->n = hi >= lo ? hi - lo + 1 : 0;
-        break;
-    }
-    case PAD_WRAP: {
-        int64_t o0 = ((i + b) % in + in) % in;
-        pi->first = o0;
-        pi->step = in;
-        pi->n = o0 < out ? (out - 1 - o0) / in + 1 : 0;
-        break;
-    }
-    default: { /* reflect: b - i (left mirror), b + i, b + 2 (in - 1) - i (right mirror) */
-        pi->list = true;
-        pi->n = 0;
-        int64_t c0 = b - i, c1 = b + i, c2 = b + 2 * (in - 1) - i;
-        if (i > 0 && c0 >= 0 && c0 < out) pi->pts[pi->n++] = c0;
-        if (c1 >= 0 && c1 < out) pi->pts[pi->n++] = c1;
-        if (2 * (in - 1) - i >= in && c2 >= 0 && c2 < out) pi->pts[pi->n++] = c2;
-        break;
-    }
-    }
-}
-
-/* dX[e] += dY[o] over every o that reads e, in increasing o: the CPU adds
- * them into dX in that order. */
-__global__ static void pad_backward_kernel(struct pad_plan p, const float *dy, float *dx, int64_t n)
-{
-    GP_GRID_STRIDE(e, n)
-    {
-        struct preimage pi[GP_MAX_RANK];
-        int64_t rem = e, k[GP_MAX_RANK];
-        bool any = true;
-        for (int d = p.rank - 1; d >= 0; d--) {
-            int64_t i = rem % p.xd[d];
-            rem /= p.xd[d];
-            pad_preimage(p.mode, i, p.begin[d], p.xd[d], p.yd[d], &pi[d]);
-            if (pi[d].n == 0) any = false;
-            k[d] = 0;
-        }
-        if (!any) continue;
-        float acc = dx[e];
-        for (;;) {
-            int64_t o = 0;
-            for (int d = 0; d < p.rank; d++)
-                o += (pi[d].list ? pi[d].pts[k[d]] : pi[d].first + k[d] * pi[d].step) * p.y_st[d];
-            acc = __fadd_rn(acc, dy[o]);
-            int d = p.rank - 1;
-            for (; d >= 0 && ++k[d] == pi[d].n; d--) k[d] = 0;
-            if (d < 0) break;
-        }
-        dx[e] = acc;
-    }
-}
-
-static gp_status pad_forward(struct gp_cuda_ctx *c, struct gp_error *err)
-{
-    struct pad_plan p;
-    struct pad_fill f;
-    GP_TRY(pad_plan_of(c, err, &p, &f));
-    int64_t n = gp_shape_numel(out_shape(c, 0));
-    size_t es = in_esize(c, 0);
-    GP_TRY(check_es(c, es, err));
-    if (n == 0) return GP_OK;
-    if (gp_shape_numel(in_shape(c, 0)) == 0 && p.mode != PAD_CONSTANT)
-        return gp_cuda_error(c, err, GP_ERR_INVALID, "%s padding of an empty tensor",
-                             gp_node_attr_string(c->node, "mode", "constant"));
-    unsigned b = gp_cuda_blocks_for(n);
-    cudaStream_t s = c->stream;
-    switch (es) {
-    case 1: pad_forward_kernel<uint8_t><<<b, GP_CUDA_THREADS, 0, s>>>(p, f, (const uint8_t *)c->in[0], (uint8_t *)c->out[0], n); break;
-    case 2: pad_forward_kernel<uint16_t><<<b, GP_CUDA_THREADS, 0, s>>>(p, f, (const uint16_t *)c->in[0], (uint16_t *)c->out[0], n); break;
-    case 4: pad_forward_kernel<uint32_t><<<b, GP_CUDA_THREADS, 0, s>>>(p, f, (const uint32_t *)c->in[0], (uint32_t *)c->out[0], n); break;
-    default: pad_forward_kernel<unsigned long long><<<b, GP_CUDA_THREADS, 0, s>>>(p, f, (const unsigned long long *)c->in[0], (unsigned long long *)c->out[0], n); break;
-    }
-    return gp_cuda_check_launch(c, "Pad forward", err);
-}
-
-static gp_status pad_backward(struct gp_cuda_ctx *c, struct gp_error *err)
-{
-    if (!c->din[0] || !c->dout[0]) return GP_OK;
-    struct pad_plan p;
-    struct pad_fill f;
-    GP_TRY(pad_plan_of(c, err, &p, &f));
-    int64_t n = gp_shape_numel(in_shape(c, 0));
-    if (n == 0 || gp_shape_numel(out_shape(c, 0)) == 0) return GP_OK;
-    pad_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(p, c->dout[0], c->din[0], n);
-    return gp_cuda_check_launch(c, "Pad backward", err);
-}
-
 /* ---- Shape, Size, ConstantOfShape, Range ---- */
 
 /* Up to 8 int64 values (static on the host) written by a kernel: kernel
@@ -1493,7 +653,7 @@ __global__ static void write_small_kernel(struct small_i64 s, int64_t *y)
 /* X -> int64 [end - start]: X's static dimensions (Shape-15's window). */
 static gp_status shape_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    const struct gp_shape *xs = in_shape(c, 0);
+    const struct gp_shape *xs = gp_cuda_in_shape(c, 0);
     int64_t r = xs->rank, s = gp_node_attr_int(c->node, "start", 0);
     int64_t e = gp_node_attr_int(c->node, "end", r);
     if (s < 0) s += r;
@@ -1513,7 +673,7 @@ static gp_status size_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     struct small_i64 v;
     memset(&v, 0, sizeof v);
     v.n = 1;
-    v.v[0] = gp_shape_numel(in_shape(c, 0));
+    v.v[0] = gp_shape_numel(gp_cuda_in_shape(c, 0));
     write_small_kernel<<<1, 32, 0, c->stream>>>(v, (int64_t *)c->out[0]);
     return gp_cuda_check_launch(c, "Size forward", err);
 }
@@ -1565,8 +725,8 @@ static gp_status constant_of_shape_forward(struct gp_cuda_ctx *c, struct gp_erro
 {
     const struct gp_value *y = gp_cuda_out_value(c, 0);
     int64_t n = gp_shape_numel(&y->shape);
-    size_t es = esize_of(y->dtype);
-    GP_TRY(check_es(c, es, err));
+    size_t es = gp_cuda_esize(y->dtype);
+    GP_TRY(gp_cuda_check_esize(c, es, err));
     const struct gp_attr *a = gp_node_attr(c->node, "value");
     unsigned long long bits = 0;
     if (!a || !a->t) host_store_f64(&bits, y->dtype, 0);
@@ -1618,10 +778,8 @@ extern "C" const struct gp_cuda_kernel gp_cuda_kernels_shape[] = {
     {"Concat", NULL, NULL, concat_forward, concat_backward},
     {"Split", NULL, NULL, split_forward, split_backward},
     {"Slice", NULL, NULL, slice_forward, slice_backward},
-    {"Gather", NULL, gather_scratch, gather_forward, gather_backward},
     {"Tile", NULL, NULL, tile_forward, tile_backward},
     {"Trilu", NULL, NULL, trilu_forward, trilu_backward},
-    {"Pad", NULL, NULL, pad_forward, pad_backward},
     NO_GRAD("Shape", shape_forward),
     NO_GRAD("Size", size_forward),
     NO_GRAD("ConstantOfShape", constant_of_shape_forward),

@@ -1,7 +1,8 @@
 /* Device-side pieces of a training step that are not layers: the losses
- * (twins of train/loss.h), the optimizer updates (twins of train/optim.h,
- * same float32 operation order), and the small buffer operations the
- * executor needs (zero, accumulate, norms for gradient clipping).
+ * (cuda/loss.cu, twins of train/loss.h), the optimizer updates
+ * (cuda/optim.cu, twins of train/optim.h, same float32 operation order),
+ * and the small buffer operations the executor needs (zero, accumulate,
+ * norms for gradient clipping; cuda/optim.cu).
  *
  * Every function launches onto `stream` and returns without waiting; none
  * allocates: scratch is planned by the caller from the *_scratch_bytes

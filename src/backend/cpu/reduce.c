@@ -1,106 +1,13 @@
-/* CPU kernels: the misc family. Softmax and LogSoftmax, the reductions
- * (ReduceSum, Mean, Max, Min, Prod, SumSquare, L2), ArgMax/ArgMin and
- * Dropout here; Resize and Upsample in resize.c.
+/* CPU kernels: the reductions (ReduceSum, Mean, Max, Min, Prod, SumSquare,
+ * L2), forward and backward, and ArgMax/ArgMin.
  *
- * Every kernel splits independent outputs (a softmax vector, a reduced
- * cell) across threads and sums within one output in a fixed order, so
- * results do not depend on the thread count. Sums accumulate in double. */
+ * Threads split the output cells and each sums within its cell in a fixed
+ * order, in double, so results do not depend on the thread count. */
 #include <string.h>
 #include <tgmath.h>
 
 #include "backend/cpu/kernel_util.h"
-#include "backend/cpu/resize.h"
-#include "backend/cpu/rng.h"
 #include "ops/fold_util.h"
-
-/* ---- Softmax, LogSoftmax ---- */
-
-/* The input as `count` vectors of `len` elements `stride` apart: vector v
- * starts at (v / stride) * len * stride + v % stride. Before opset 13 the
- * input is the matrix [D0*..*D(axis-1), D(axis)*..] and each row one
- * vector (stride 1); since 13 the vectors run along `axis` alone. */
-struct vecs {
-    int64_t count, len, stride;
-};
-
-static gp_status softmax_vecs(struct gp_cpu_ctx *c, struct gp_error *err, struct vecs *v)
-{
-    struct gp_infer_ctx ic = gp_cpu_infer_ctx(c, err);
-    const struct gp_shape *xs = gp_cpu_in_shape(c, 0);
-    bool coerce = c->node->def->since_version < 13;
-    int axis;
-    GP_TRY(gp_norm_axis(&ic, gp_node_attr_int(c->node, "axis", coerce ? 1 : -1), xs->rank, &axis));
-    int64_t outer = 1, inner = 1;
-    for (int d = 0; d < axis; d++) outer *= xs->dims[d];
-    for (int d = axis + 1; d < xs->rank; d++) inner *= xs->dims[d];
-    if (coerce) *v = (struct vecs){outer, xs->dims[axis] * inner, 1};
-    else *v = (struct vecs){outer * inner, xs->dims[axis], inner};
-    return GP_OK;
-}
-
-static inline int64_t vec_start(const struct vecs *v, int64_t k)
-{
-    return k / v->stride * v->len * v->stride + k % v->stride;
-}
-
-/* X [..] -> Y [..]: exp(x - max) / sum, or x - max - log(sum) for
- * LogSoftmax, per vector. */
-static gp_status softmax_forward(struct gp_cpu_ctx *c, struct gp_error *err)
-{
-    struct vecs v;
-    GP_TRY(softmax_vecs(c, err, &v));
-    bool log_out = strcmp(c->node->op_type, "LogSoftmax") == 0;
-    const real *X = c->in[0];
-    real *Y = c->out[0];
-#pragma omp parallel for if (v.count * v.len > GP_CPU_PAR_MIN) schedule(static)
-    for (int64_t k = 0; k < v.count; k++) {
-        const real *x = X + vec_start(&v, k);
-        real *y = Y + vec_start(&v, k);
-        int64_t s = v.stride;
-        real m = -INFINITY;
-        for (int64_t j = 0; j < v.len; j++)
-            if (x[j * s] > m || x[j * s] != x[j * s]) m = x[j * s];
-        if (m == -INFINITY) m = 0; /* all -inf: keeps exp finite (NaN, as PyTorch gives) */
-        double sum = 0;
-        for (int64_t j = 0; j < v.len; j++) {
-            real e = exp(x[j * s] - m);
-            if (!log_out) y[j * s] = e;
-            sum += e;
-        }
-        if (log_out) { /* (x - max) - log(sum): exact where x - max is, for large x */
-            real ls = (real)log(sum);
-            for (int64_t j = 0; j < v.len; j++) y[j * s] = (x[j * s] - m) - ls;
-        } else {
-            real inv = (real)(1 / sum);
-            for (int64_t j = 0; j < v.len; j++) y[j * s] *= inv;
-        }
-    }
-    return GP_OK;
-}
-
-/* Softmax: dX = Y * (dY - sum(dY * Y)); LogSoftmax: dX = dY - exp(Y) *
- * sum(dY), per vector. */
-static gp_status softmax_backward(struct gp_cpu_ctx *c, struct gp_error *err)
-{
-    const real *Y = c->out[0], *dY = c->dout[0];
-    real *dX = c->din[0];
-    if (!dY || !dX) return GP_OK;
-    struct vecs v;
-    GP_TRY(softmax_vecs(c, err, &v));
-    bool log_out = strcmp(c->node->op_type, "LogSoftmax") == 0;
-#pragma omp parallel for if (v.count * v.len > GP_CPU_PAR_MIN) schedule(static)
-    for (int64_t k = 0; k < v.count; k++) {
-        int64_t o = vec_start(&v, k), s = v.stride;
-        const real *y = Y + o, *dy = dY + o;
-        real *dx = dX + o;
-        double dot = 0;
-        for (int64_t j = 0; j < v.len; j++) dot += log_out ? dy[j * s] : dy[j * s] * y[j * s];
-        real d = (real)dot;
-        for (int64_t j = 0; j < v.len; j++)
-            dx[j * s] += log_out ? dy[j * s] - exp(y[j * s]) * d : y[j * s] * (dy[j * s] - d);
-    }
-    return GP_OK;
-}
 
 /* ---- reductions ---- */
 
@@ -352,102 +259,14 @@ static gp_status arg_forward(struct gp_cpu_ctx *c, struct gp_error *err)
     return GP_OK;
 }
 
-/* ---- Dropout ---- */
-
-/* Dropout: X [N, ..] -> Y [N, ..] and an optional mask like X (X's float
- * type in opset 7, bool since 10). Active when the run trains and the node
- * is in training mode: Dropout-12+ reads that from its training_mode input
- * when given (exporters write a constant true), and otherwise follows the
- * run. The ratio is the run's override when set, else the node's (an
- * attribute before 12, the constant input 1 since).
- *
- * Element i is kept iff gp_rng_uniform(seed, step, node, g) >= ratio, where
- * g = sample_offset * (elements per sample) + i is its index in the whole
- * mini-batch, so every split into micro-batches, and every recomputation,
- * draws the same mask; backward draws it again instead of saving it. Kept
- * elements scale by 1 / (1 - ratio). */
-struct dropout {
-    bool active;
-    float ratio; /* compared in float in both builds, so they keep the same elements */
-    real scale;
-    int64_t first; /* global index of element 0 */
-    uint32_t node;
-};
-
-static struct dropout dropout_of(const struct gp_cpu_ctx *c)
-{
-    const struct gp_node *n = c->node;
-    int version = n->def->since_version;
-    double ratio = c->dropout_ratio >= 0 ? c->dropout_ratio
-                   : version < 12 ? gp_node_attr_float(n, "ratio", 0.5f)
-                   : n->n_inputs > 1 && c->in[1] ? (double)*(const real *)c->in[1] : 0.5;
-    bool mode = version < 12 || n->n_inputs < 3 || !c->in[2] || *(const uint8_t *)c->in[2];
-    const struct gp_shape *xs = gp_cpu_in_shape(c, 0);
-    int64_t per_sample = xs->rank > 0 && xs->dims[0] ? gp_shape_numel(xs) / xs->dims[0]
-                                                      : gp_shape_numel(xs);
-    struct dropout d = {
-        .active = c->training && mode && ratio > 0,
-        .ratio = (float)ratio,
-        .scale = (real)(1.0 / (1.0 - ratio)),
-        .first = c->sample_offset * per_sample,
-        .node = (uint32_t)n->source_index,
-    };
-    return d;
-}
-
-static inline bool dropout_keep(const struct gp_cpu_ctx *c, const struct dropout *d, int64_t i)
-{
-    return gp_rng_uniform(c->seed, c->step, d->node, (uint64_t)(d->first + i)) >= d->ratio;
-}
-
-static gp_status dropout_forward(struct gp_cpu_ctx *c, struct gp_error *err)
-{
-    (void)err;
-    struct dropout d = dropout_of(c);
-    int64_t n = gp_shape_numel(gp_cpu_in_shape(c, 0));
-    const real *X = c->in[0];
-    real *Y = c->out[0];
-    void *mask = c->node->n_outputs > 1 ? c->out[1] : NULL;
-    enum gp_dtype mt = mask ? gp_cpu_out_value(c, 1)->dtype : GP_DTYPE_BOOL;
-#pragma omp parallel for if (n > GP_CPU_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        bool keep = !d.active || dropout_keep(c, &d, i);
-        Y[i] = !d.active ? X[i] : keep ? X[i] * d.scale : 0;
-        if (mask && mt == GP_DTYPE_BOOL) ((uint8_t *)mask)[i] = keep;
-        else if (mask) ((real *)mask)[i] = keep;
-    }
-    return GP_OK;
-}
-
-static gp_status dropout_backward(struct gp_cpu_ctx *c, struct gp_error *err)
-{
-    (void)err;
-    const real *dY = c->dout[0];
-    real *dX = c->din[0];
-    if (!dY || !dX) return GP_OK;
-    struct dropout d = dropout_of(c);
-    int64_t n = gp_shape_numel(gp_cpu_in_shape(c, 0));
-#pragma omp parallel for if (n > GP_CPU_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        dX[i] += !d.active ? dY[i] : dropout_keep(c, &d, i) ? dY[i] * d.scale : 0;
-    return GP_OK;
-}
-
 /* ---- the table ---- */
 
 #define REDUCE(op) {op, NULL, NULL, reduce_forward, reduce_backward}
 
-const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_misc)[] = {
-    {"Softmax", NULL, NULL, softmax_forward, softmax_backward},
-    {"LogSoftmax", NULL, NULL, softmax_forward, softmax_backward},
+const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_reduce)[] = {
     REDUCE("ReduceSum"), REDUCE("ReduceMean"), REDUCE("ReduceMax"), REDUCE("ReduceMin"),
     REDUCE("ReduceProd"), REDUCE("ReduceSumSquare"), REDUCE("ReduceL2"),
     {"ArgMax", NULL, NULL, arg_forward, NULL},
     {"ArgMin", NULL, NULL, arg_forward, NULL},
-    {"Dropout", NULL, NULL, dropout_forward, dropout_backward},
-    {"Resize", NULL, GP_CPU(gp_cpu_resize_scratch), GP_CPU(gp_cpu_resize_forward),
-     GP_CPU(gp_cpu_resize_backward)},
-    {"Upsample", NULL, GP_CPU(gp_cpu_resize_scratch), GP_CPU(gp_cpu_resize_forward),
-     GP_CPU(gp_cpu_resize_backward)},
     {0},
 };

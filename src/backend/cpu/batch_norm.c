@@ -1,0 +1,221 @@
+/* CPU kernels: BatchNormalization, forward and backward, with PyTorch's
+ * formulas: biased variance, epsilon inside the square root,
+ * y = (x - mean) * invstd * scale + bias. Also the deferred update of its
+ * running statistics (gp_cpu_bn_stats_len, gp_cpu_bn_commit).
+ *
+ * Statistics and parameter gradients are sums over many elements: each is
+ * accumulated in double by one thread, in a fixed order, and added to its
+ * gradient buffer once. The parallel loops split channels, so results do
+ * not depend on the thread count. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/kernel_util.h"
+
+/* ---- BatchNormalization ---- */
+
+/* X [N, C, D...] (no spatial axes allowed): statistics per channel over N
+ * and the spatial axes. */
+struct bn_plan {
+    int64_t n, c, s;   /* batch, channels, spatial cells per plane */
+    int64_t count;     /* N * S: values per channel */
+    double eps, momentum;
+    int version;
+};
+
+static void bn_plan(const struct gp_cpu_ctx *ctx, struct bn_plan *p)
+{
+    const struct gp_shape *x = &gp_cpu_in_value(ctx, 0)->shape;
+    p->n = x->dims[0];
+    p->c = x->dims[1];
+    p->s = 1;
+    for (int i = 2; i < x->rank; i++) p->s *= x->dims[i];
+    p->count = p->n * p->s;
+    p->eps = gp_node_attr_float(ctx->node, "epsilon", 1e-5f);
+    p->momentum = gp_node_attr_float(ctx->node, "momentum", 0.9f);
+    p->version = ctx->node->def ? ctx->node->def->since_version : 15;
+}
+
+/* ctx->saved: the mean [C] and inverse standard deviation [C] that
+ * normalized the forward (the batch's in training, the running ones in
+ * evaluation). */
+static size_t bn_saved(const struct gp_graph *g, const struct gp_node *node)
+{
+    return 2 * sizeof(real) * (size_t)gp_node_input(g, node, 0)->shape.dims[1];
+}
+
+/* Inputs X [N, C, D...], scale [C], B [C], mean [C], var [C] -> Y like X.
+ * Optional outputs, all [C]: running mean and running var as updated by
+ * this batch (every version), and in opsets 7 and 9 the batch's mean and
+ * biased variance. Training uses the batch's statistics and, when
+ * ctx->update_state, updates mean and var IN PLACE as PyTorch does:
+ * running = momentum * running + (1 - momentum) * batch, with ONNX's
+ * momentum (PyTorch's 1 - momentum) and the unbiased batch variance for the
+ * running variance. Evaluation uses the running statistics. */
+static gp_status bn_forward(struct gp_cpu_ctx *ctx, struct gp_error *err)
+{
+    struct bn_plan p;
+    bn_plan(ctx, &p);
+    const real *x = ctx->in[0], *scale = ctx->in[1], *bias = ctx->in[2];
+    real *rmean = ctx->in[3], *rvar = ctx->in[4], *y = ctx->out[0];
+    real *out_rmean = ctx->node->n_outputs > 1 ? ctx->out[1] : NULL;
+    real *out_rvar = ctx->node->n_outputs > 2 ? ctx->out[2] : NULL;
+    real *out_mean = ctx->node->n_outputs > 3 ? ctx->out[3] : NULL;
+    real *out_var = ctx->node->n_outputs > 4 ? ctx->out[4] : NULL;
+    real *mean = ctx->saved, *invstd = mean + p.c;
+    if (ctx->training && p.count < 2)
+        return gp_cpu_error(ctx, err, GP_ERR_SHAPE,
+                            "training needs more than one value per channel to estimate the "
+                            "variance (input [%lld, %lld, ...]; PyTorch refuses this too)",
+                            (long long)p.n, (long long)p.c);
+    bool training = ctx->training, update = ctx->training && ctx->update_state;
+#pragma omp parallel for if (p.n * p.c * p.s > GP_CPU_PAR_MIN)
+    for (int64_t c = 0; c < p.c; c++) {
+        double m, var;
+        if (training) {
+            double sum = 0, sq = 0;
+            for (int64_t n = 0; n < p.n; n++)
+                for (int64_t i = 0; i < p.s; i++) sum += x[(n * p.c + c) * p.s + i];
+            m = sum / (double)p.count;
+            for (int64_t n = 0; n < p.n; n++)
+                for (int64_t i = 0; i < p.s; i++) {
+                    double d = x[(n * p.c + c) * p.s + i] - m;
+                    sq += d * d;
+                }
+            var = sq / (double)p.count;
+        } else {
+            m = rmean[c];
+            var = rvar[c];
+        }
+        real is = (real)(1.0 / sqrt(var + p.eps));
+        mean[c] = (real)m;
+        invstd[c] = is;
+        /* PyTorch's transform: y = x * alpha + beta. */
+        real alpha = is * scale[c], beta = bias[c] - mean[c] * alpha;
+        for (int64_t n = 0; n < p.n; n++) {
+            const real *xs = x + (n * p.c + c) * p.s;
+            real *ys = y + (n * p.c + c) * p.s;
+            for (int64_t i = 0; i < p.s; i++) ys[i] = xs[i] * alpha + beta;
+        }
+        real new_mean = rmean[c], new_var = rvar[c];
+        if (training) {
+            double unbiased = var * (double)p.count / (double)(p.count - 1);
+            new_mean = (real)(p.momentum * rmean[c] + (1 - p.momentum) * m);
+            new_var = (real)(p.momentum * rvar[c] + (1 - p.momentum) * unbiased);
+        }
+        if (out_rmean) out_rmean[c] = new_mean;
+        if (out_rvar) out_rvar[c] = new_var;
+        if (out_mean) out_mean[c] = (real)m;
+        if (out_var) out_var[c] = (real)var;
+        if (update && ctx->deferred_stats) {
+            double sum = 0, sumsq = 0;
+            for (int64_t n = 0; n < p.n; n++)
+                for (int64_t i = 0; i < p.s; i++) {
+                    double v = x[(n * p.c + c) * p.s + i];
+                    sum += v;
+                    sumsq += v * v;
+                }
+            ctx->deferred_stats[c] += sum;
+            ctx->deferred_stats[p.c + c] += sumsq;
+        } else if (update) {
+            rmean[c] = new_mean;
+            rvar[c] = new_var;
+        }
+    }
+    if (update && ctx->deferred_stats) ctx->deferred_stats[2 * p.c] += (double)p.count;
+    return GP_OK;
+}
+
+size_t GP_CPU(gp_cpu_bn_stats_len)(const struct gp_graph *g, const struct gp_node *node)
+{
+    return 2 * (size_t)gp_node_input(g, node, 0)->shape.dims[1] + 1;
+}
+
+void GP_CPU(gp_cpu_bn_commit)(const struct gp_graph *g, const struct gp_node *node, real *rmean,
+                              real *rvar, double *stats)
+{
+    int64_t c_n = gp_node_input(g, node, 0)->shape.dims[1];
+    double count = stats[2 * c_n];
+    double momentum = gp_node_attr_float(node, "momentum", 0.9f);
+    if (count >= 2) {
+        for (int64_t c = 0; c < c_n; c++) {
+            double m = stats[c] / count;
+            double var = stats[c_n + c] / count - m * m;
+            if (var < 0) var = 0;
+            double unbiased = var * count / (count - 1);
+            rmean[c] = (real)(momentum * rmean[c] + (1 - momentum) * m);
+            rvar[c] = (real)(momentum * rvar[c] + (1 - momentum) * unbiased);
+        }
+    }
+    for (int64_t i = 0; i < 2 * c_n + 1; i++) stats[i] = 0;
+}
+
+/* dY like X (and the gradients of the optional [C] outputs) -> dX, dscale,
+ * dB. In training the batch statistics depend on X: with xhat = (x - mean)
+ * * invstd and sums over the channel's count values,
+ *   dx = scale * invstd * (dy - sum(dy) / count - xhat * sum(dy xhat) / count)
+ * plus what flows back through the statistics' own outputs. In evaluation
+ * dx = dy * scale * invstd. */
+static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
+{
+    (void)err;
+    struct bn_plan p;
+    bn_plan(ctx, &p);
+    const real *x = ctx->in[0], *scale = ctx->in[1], *dy = ctx->dout[0];
+    const real *mean = ctx->saved, *invstd = mean + p.c;
+    real *dx = ctx->din[0], *dscale = ctx->din[1], *dbias = ctx->din[2];
+    const real *d_rmean = ctx->node->n_outputs > 1 ? ctx->dout[1] : NULL;
+    const real *d_rvar = ctx->node->n_outputs > 2 ? ctx->dout[2] : NULL;
+    const real *d_mean = ctx->node->n_outputs > 3 ? ctx->dout[3] : NULL;
+    const real *d_var = ctx->node->n_outputs > 4 ? ctx->dout[4] : NULL;
+    bool training = ctx->training;
+#pragma omp parallel for if (p.n * p.c * p.s > GP_CPU_PAR_MIN)
+    for (int64_t c = 0; c < p.c; c++) {
+        double sum_dy = 0, sum_dy_xhat = 0;
+        real m = mean[c], is = invstd[c];
+        if (dy)
+            for (int64_t n = 0; n < p.n; n++)
+                for (int64_t i = 0; i < p.s; i++) {
+                    int64_t k = (n * p.c + c) * p.s + i;
+                    sum_dy += dy[k];
+                    sum_dy_xhat += (double)dy[k] * ((x[k] - m) * is);
+                }
+        if (dscale) dscale[c] += (real)sum_dy_xhat;
+        if (dbias) dbias[c] += (real)sum_dy;
+        if (!dx) continue;
+        if (!training) {
+            if (!dy) continue;
+            real k = scale[c] * is;
+            for (int64_t n = 0; n < p.n; n++) {
+                int64_t o = (n * p.c + c) * p.s;
+                for (int64_t i = 0; i < p.s; i++) dx[o + i] += dy[o + i] * k;
+            }
+            continue;
+        }
+        /* The statistics' outputs: d/dx of the batch mean is 1 / count, of
+         * the biased variance 2 (x - mean) / count; the running ones weigh
+         * them by (1 - momentum), the variance also by count / (count - 1). */
+        double g_mean = 0, g_var = 0;
+        if (d_rmean) g_mean += (1 - p.momentum) * d_rmean[c];
+        if (d_mean) g_mean += d_mean[c];
+        if (d_rvar) g_var += (1 - p.momentum) * (double)p.count / (double)(p.count - 1) * d_rvar[c];
+        if (d_var) g_var += d_var[c];
+        double a = (double)scale[c] * is, mdy = sum_dy / (double)p.count;
+        double mdyx = sum_dy_xhat / (double)p.count;
+        double cm = g_mean / (double)p.count, cv = 2 * g_var / (double)p.count;
+        for (int64_t n = 0; n < p.n; n++)
+            for (int64_t i = 0; i < p.s; i++) {
+                int64_t k = (n * p.c + c) * p.s + i;
+                double xc = x[k] - m, xhat = xc * is, g = dy ? dy[k] : 0;
+                dx[k] += (real)(a * (g - mdy - xhat * mdyx) + cm + cv * xc);
+            }
+    }
+    return GP_OK;
+}
+
+/* ---- the table ---- */
+
+const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_batch_norm)[] = {
+    {"BatchNormalization", bn_saved, NULL, bn_forward, bn_backward},
+    {0},
+};

@@ -1,0 +1,482 @@
+/* CUDA kernels: BatchNormalization, twin of backend/cpu/batch_norm.c,
+ * forward and backward, with the CPU's (PyTorch's) formulas: biased
+ * variance, epsilon inside the square root, y = (x - mean) * invstd *
+ * scale + bias; and the deferred update of the running statistics
+ * (gp_cuda_bn_stats_len, gp_cuda_bn_commit).
+ *
+ * Statistics are accumulated in double, as the CPU does: the mean first,
+ * then the sum of squared deviations from it (two passes), so the float
+ * results agree with the CPU's to an ulp. Every reduction runs in a fixed
+ * order (per-thread strided sums, then a shuffle/shared-memory tree of a
+ * fixed block size, then partial sums added in chunk order), so results are
+ * identical run to run; no atomics anywhere.
+ *
+ * Each channel's N * S values are split into P chunks (a function of the
+ * shape only): a grid of C x P blocks writes per-chunk partial sums to
+ * scratch, one thread per channel adds them in chunk order and finishes
+ * the statistics (saved mean / inverse std, the optional outputs, the
+ * running statistics or the deferred sums), and an elementwise pass
+ * applies them. Backward mirrors it.
+ *
+ * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
+ * where a product feeds a sum the operations are spelled with the _rn
+ * intrinsics (never contracted), in float and in double, in the CPU's order
+ * of operations. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cuda/kernel_util.cuh"
+
+/* ---- BatchNormalization ---- */
+
+/* The channel of element i of [N, C, S]. */
+__device__ static inline int64_t chan_of(int64_t i, int64_t s, int64_t c)
+{
+    int64_t q = gp_dev_fdiv(i, s);
+    return q - gp_dev_fdiv(q, c) * c;
+}
+
+/* X [N, C, D...]: statistics per channel over N and the spatial cells S.
+ * Each channel's count = N * S values, in (n, i) order, split into P
+ * chunks of L values (the last one shorter). */
+struct bn_plan {
+    int64_t n, c, s, count;
+    int64_t p, l; /* chunks per channel, values per chunk */
+    double eps, momentum;
+};
+
+#define BN_THREADS 256
+#define BN_MAX_CHUNKS 64
+
+static void bn_plan_of(const struct gp_graph *g, const struct gp_node *node, struct bn_plan *p)
+{
+    const struct gp_shape *x = &gp_node_input(g, node, 0)->shape;
+    p->n = x->dims[0];
+    p->c = x->rank > 1 ? x->dims[1] : 1;
+    p->s = 1;
+    for (int i = 2; i < x->rank; i++) p->s *= x->dims[i];
+    p->count = p->n * p->s;
+    /* About 2048 blocks in all, at least 2048 values per chunk. */
+    int64_t chunks = (2048 + p->c - 1) / (p->c > 0 ? p->c : 1);
+    int64_t by_size = (p->count + 2047) / 2048;
+    if (chunks > by_size) chunks = by_size;
+    if (chunks > BN_MAX_CHUNKS) chunks = BN_MAX_CHUNKS;
+    if (chunks < 1) chunks = 1;
+    p->l = (p->count + chunks - 1) / chunks;
+    if (p->l < 1) p->l = 1;
+    p->p = (p->count + p->l - 1) / p->l;
+    if (p->p < 1) p->p = 1;
+    p->eps = gp_node_attr_float(node, "epsilon", 1e-5f);
+    p->momentum = gp_node_attr_float(node, "momentum", 0.9f);
+}
+
+/* ctx->saved: the mean [C] and inverse standard deviation [C] (float) that
+ * normalized the forward, as on the CPU. */
+static size_t bn_saved(const struct gp_graph *g, const struct gp_node *node)
+{
+    return 2 * sizeof(float) * (size_t)gp_node_input(g, node, 0)->shape.dims[1];
+}
+
+/* Scratch (doubles): forward partials psum, psq_raw, psq [C * P] each;
+ * backward partials [2 C P] and per-channel coefficients [5 C]. */
+static size_t bn_scratch(const struct gp_graph *g, const struct gp_node *node)
+{
+    struct bn_plan p;
+    bn_plan_of(g, node, &p);
+    return sizeof(double) * (size_t)(3 * p.c * p.p + 5 * p.c);
+}
+
+/* Walks values j0, j0 + step, ... < j1 of channel c: offset (n C + c) S + i
+ * for j = n S + i, kept incrementally (no division per value). */
+#define BN_CHUNK_LOOP(p, c, j0, j1, off, ...)                                          \
+    do {                                                                              \
+        int64_t j_ = (j0) + threadIdx.x, step_ = blockDim.x;                          \
+        int64_t n_ = j_ / (p).s, i_ = j_ - n_ * (p).s;                                \
+        int64_t dn_ = step_ / (p).s, di_ = step_ - dn_ * (p).s;                       \
+        for (; j_ < (j1); j_ += step_) {                                              \
+            int64_t off = (n_ * (p).c + (c)) * (p).s + i_;                            \
+            __VA_ARGS__;                                                              \
+            i_ += di_;                                                                \
+            n_ += dn_;                                                                \
+            if (i_ >= (p).s) i_ -= (p).s, n_++;                                       \
+        }                                                                             \
+    } while (0)
+
+/* Block (c, k): chunk k of channel c: sum and sum of squares of x. */
+__global__ static void bn_sums_kernel(struct bn_plan p, const float *x, double *psum, double *psq_raw)
+{
+    __shared__ double sh[32];
+    int64_t c = blockIdx.x, k = blockIdx.y;
+    int64_t j0 = k * p.l, j1 = j0 + p.l < p.count ? j0 + p.l : p.count;
+    double s = 0, q = 0;
+    BN_CHUNK_LOOP(p, c, j0, j1, off, {
+        double v = x[off];
+        s = DADD(s, v);
+        q = DADD(q, DMUL(v, v));
+    });
+    s = gp_dev_block_sum(s, sh);
+    q = gp_dev_block_sum(q, sh);
+    if (threadIdx.x == 0) psum[c * p.p + k] = s, psq_raw[c * p.p + k] = q;
+}
+
+/* The channel's mean: its chunks' sums added in chunk order. */
+__device__ static double bn_channel_mean(const struct bn_plan &p, const double *psum, int64_t c)
+{
+    double s = 0;
+    for (int64_t k = 0; k < p.p; k++) s = DADD(s, psum[c * p.p + k]);
+    return s / (double)p.count;
+}
+
+/* Block (c, k): sum over chunk k of (x - mean)^2, mean the channel's. */
+__global__ static void bn_sq_kernel(struct bn_plan p, const float *x, const double *psum, double *psq)
+{
+    __shared__ double sh[32];
+    __shared__ double mean_sh;
+    int64_t c = blockIdx.x, k = blockIdx.y;
+    if (threadIdx.x == 0) mean_sh = bn_channel_mean(p, psum, c);
+    __syncthreads();
+    double m = mean_sh;
+    int64_t j0 = k * p.l, j1 = j0 + p.l < p.count ? j0 + p.l : p.count;
+    double q = 0;
+    BN_CHUNK_LOOP(p, c, j0, j1, off, {
+        double d = DSUB((double)x[off], m);
+        q = DADD(q, DMUL(d, d));
+    });
+    q = gp_dev_block_sum(q, sh);
+    if (threadIdx.x == 0) psq[c * p.p + k] = q;
+}
+
+struct bn_outs {
+    float *rmean, *rvar;                   /* inputs 3 and 4, updated in place */
+    float *out_rmean, *out_rvar, *out_mean, *out_var;
+    float *mean, *invstd;                  /* saved */
+    double *deferred;
+};
+
+/* One thread per channel: the statistics (the batch's in training, the
+ * running ones in evaluation), saved mean and inverse std, the optional
+ * outputs, and the running statistics (in place) or the deferred sums. */
+__global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool update,
+                                        const double *psum, const double *psq_raw,
+                                        const double *psq, struct bn_outs o)
+{
+    GP_GRID_STRIDE(c, p.c) {
+        double m, var, sum = 0, sumsq = 0;
+        if (training) {
+            double q = 0;
+            for (int64_t k = 0; k < p.p; k++) {
+                sum = DADD(sum, psum[c * p.p + k]);
+                sumsq = DADD(sumsq, psq_raw[c * p.p + k]);
+                q = DADD(q, psq[c * p.p + k]);
+            }
+            m = sum / (double)p.count;
+            var = q / (double)p.count;
+        } else {
+            m = o.rmean[c];
+            var = o.rvar[c];
+        }
+        float is = (float)(1.0 / sqrt(DADD(var, p.eps)));
+        o.mean[c] = (float)m;
+        o.invstd[c] = is;
+        float rm = o.rmean[c], rv = o.rvar[c], new_mean = rm, new_var = rv;
+        if (training) {
+            double unbiased = DMUL(var, (double)p.count) / (double)(p.count - 1);
+            new_mean = (float)DADD(DMUL(p.momentum, (double)rm), DMUL(DSUB(1.0, p.momentum), m));
+            new_var = (float)DADD(DMUL(p.momentum, (double)rv), DMUL(DSUB(1.0, p.momentum), unbiased));
+        }
+        if (o.out_rmean) o.out_rmean[c] = new_mean;
+        if (o.out_rvar) o.out_rvar[c] = new_var;
+        if (o.out_mean) o.out_mean[c] = (float)m;
+        if (o.out_var) o.out_var[c] = (float)var;
+        if (update && o.deferred) {
+            o.deferred[c] = DADD(o.deferred[c], sum);
+            o.deferred[p.c + c] = DADD(o.deferred[p.c + c], sumsq);
+            if (c == 0) o.deferred[2 * p.c] = DADD(o.deferred[2 * p.c], (double)p.count);
+        } else if (update) {
+            o.rmean[c] = new_mean;
+            o.rvar[c] = new_var;
+        }
+    }
+}
+
+/* y = x * alpha + beta, alpha = invstd * scale, beta = bias - mean * alpha
+ * (PyTorch's transform, as the CPU computes it). Planes of S >= 128 cells:
+ * blocks over (cells, planes); smaller: one flat grid-stride loop. */
+__global__ static void bn_apply_planes_kernel(struct bn_plan p, const float *x, const float *scale,
+                                              const float *bias, const float *mean,
+                                              const float *invstd, float *y)
+{
+    for (int64_t pl = blockIdx.y; pl < p.n * p.c; pl += gridDim.y) {
+        int64_t c = pl % p.c;
+        float alpha = FMUL(invstd[c], scale[c]), beta = FSUB(bias[c], FMUL(mean[c], alpha));
+        const float *xs = x + pl * p.s;
+        float *ys = y + pl * p.s;
+        for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < p.s;
+             i += (int64_t)gridDim.x * blockDim.x)
+            ys[i] = FADD(FMUL(xs[i], alpha), beta);
+    }
+}
+
+__global__ static void bn_apply_flat_kernel(struct bn_plan p, const float *x, const float *scale,
+                                            const float *bias, const float *mean,
+                                            const float *invstd, float *y)
+{
+    GP_GRID_STRIDE(i, p.n * p.c * p.s) {
+        int64_t c = chan_of(i, p.s, p.c);
+        float alpha = FMUL(invstd[c], scale[c]), beta = FSUB(bias[c], FMUL(mean[c], alpha));
+        y[i] = FADD(FMUL(x[i], alpha), beta);
+    }
+}
+
+static void bn_elementwise_grid(const struct bn_plan &p, dim3 *grid, bool *planes)
+{
+    *planes = p.s >= 128;
+    if (*planes) {
+        int64_t bx = (p.s + GP_CUDA_THREADS - 1) / GP_CUDA_THREADS;
+        *grid = dim3(gp_cuda_capped_grid(bx, 64), gp_cuda_capped_grid(p.n * p.c, 65535), 1);
+    } else {
+        *grid = dim3(gp_cuda_blocks_for(p.n * p.c * p.s), 1, 1);
+    }
+}
+
+/* Inputs X [N, C, D...], scale [C], B [C], mean [C], var [C] -> Y like X;
+ * optional outputs [C]: running mean and var as updated by this batch, and
+ * (opsets 7, 9) the batch's mean and biased variance. Training updates the
+ * running statistics in place (ctx->update_state) with ONNX's momentum and
+ * the unbiased batch variance, or adds the batch's sums to
+ * ctx->deferred_stats; evaluation uses the running statistics. */
+static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
+{
+    for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
+    struct bn_plan p;
+    bn_plan_of(ctx->graph, ctx->node, &p);
+    if (ctx->training && p.count < 2)
+        return gp_cuda_error(ctx, err, GP_ERR_SHAPE,
+                             "training needs more than one value per channel to estimate the "
+                             "variance (input [%lld, %lld, ...]; PyTorch refuses this too)",
+                             (long long)p.n, (long long)p.c);
+    if (p.c == 0) return GP_OK;
+    bool training = ctx->training, update = ctx->training && ctx->update_state;
+    const float *x = (const float *)ctx->in[0];
+    double *psum = (double *)ctx->scratch, *psq_raw = psum + p.c * p.p, *psq = psq_raw + p.c * p.p;
+    if (training) {
+        dim3 grid((unsigned)p.c, (unsigned)p.p, 1);
+        bn_sums_kernel<<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, psum, psq_raw);
+        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization sums", err));
+        bn_sq_kernel<<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, psum, psq);
+        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization variance", err));
+    }
+    struct bn_outs o;
+    o.rmean = (float *)ctx->in[3];
+    o.rvar = (float *)ctx->in[4];
+    o.out_rmean = gp_cuda_opt_out(ctx, 1);
+    o.out_rvar = gp_cuda_opt_out(ctx, 2);
+    o.out_mean = gp_cuda_opt_out(ctx, 3);
+    o.out_var = gp_cuda_opt_out(ctx, 4);
+    o.mean = (float *)ctx->saved;
+    o.invstd = o.mean + p.c;
+    o.deferred = ctx->deferred_stats;
+    bn_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(
+        p, training, update, psum, psq_raw, psq, o);
+    GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics", err));
+    if (p.n * p.s == 0) return GP_OK;
+    dim3 grid;
+    bool planes;
+    bn_elementwise_grid(p, &grid, &planes);
+    const float *scale = (const float *)ctx->in[1], *bias = (const float *)ctx->in[2];
+    if (planes)
+        bn_apply_planes_kernel<<<grid, GP_CUDA_THREADS, 0, ctx->stream>>>(
+            p, x, scale, bias, o.mean, o.invstd, (float *)ctx->out[0]);
+    else
+        bn_apply_flat_kernel<<<grid, GP_CUDA_THREADS, 0, ctx->stream>>>(
+            p, x, scale, bias, o.mean, o.invstd, (float *)ctx->out[0]);
+    return gp_cuda_check_launch(ctx, "BatchNormalization normalize", err);
+}
+
+/* Deferred statistics: 2C + 1 doubles, as on the CPU. */
+extern "C" size_t gp_cuda_bn_stats_len(const struct gp_graph *g, const struct gp_node *node)
+{
+    return 2 * (size_t)gp_node_input(g, node, 0)->shape.dims[1] + 1;
+}
+
+__global__ static void bn_commit_kernel(int64_t c_n, double momentum, float *rmean, float *rvar,
+                                        const double *stats)
+{
+    double count = stats[2 * c_n];
+    if (count < 2) return;
+    GP_GRID_STRIDE(c, c_n) {
+        double m = stats[c] / count;
+        double var = DSUB(stats[c_n + c] / count, DMUL(m, m));
+        if (var < 0) var = 0;
+        double unbiased = DMUL(var, count) / DSUB(count, 1.0);
+        rmean[c] = (float)DADD(DMUL(momentum, (double)rmean[c]), DMUL(DSUB(1.0, momentum), m));
+        rvar[c] = (float)DADD(DMUL(momentum, (double)rvar[c]), DMUL(DSUB(1.0, momentum), unbiased));
+    }
+}
+
+/* The running statistics from the mini-batch's accumulated sums (when it
+ * counted at least 2 values per channel), then the sums cleared. */
+extern "C" gp_status gp_cuda_bn_commit(cudaStream_t stream, const struct gp_graph *g,
+                                       const struct gp_node *node, float *rmean, float *rvar,
+                                       double *stats, struct gp_error *err)
+{
+    int64_t c_n = gp_node_input(g, node, 0)->shape.dims[1];
+    double momentum = gp_node_attr_float(node, "momentum", 0.9f);
+    if (c_n > 0) {
+        bn_commit_kernel<<<gp_cuda_blocks_for(c_n), GP_CUDA_THREADS, 0, stream>>>(c_n, momentum, rmean,
+                                                                                  rvar, stats);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess)
+            return gp_error_set(err, GP_ERR_DEVICE, "node '%s' (%s): deferred statistics commit: %s",
+                                node->name, node->op_type, cudaGetErrorString(e));
+    }
+    cudaError_t e = cudaMemsetAsync(stats, 0, sizeof(double) * (size_t)(2 * c_n + 1), stream);
+    if (e != cudaSuccess)
+        return gp_error_set(err, GP_ERR_DEVICE,
+                            "node '%s' (%s): clearing the deferred statistics (cudaMemsetAsync): %s",
+                            node->name, node->op_type, cudaGetErrorString(e));
+    return GP_OK;
+}
+
+/* Block (c, k): sums over chunk k of dy and dy * xhat, xhat = (x - mean) *
+ * invstd in float as on the CPU. */
+__global__ static void bn_bwd_sums_kernel(struct bn_plan p, const float *x, const float *dy,
+                                          const float *mean, const float *invstd, double *pdy,
+                                          double *pdyx)
+{
+    __shared__ double sh[32];
+    int64_t c = blockIdx.x, k = blockIdx.y;
+    int64_t j0 = k * p.l, j1 = j0 + p.l < p.count ? j0 + p.l : p.count;
+    float m = mean[c], is = invstd[c];
+    double s = 0, sx = 0;
+    BN_CHUNK_LOOP(p, c, j0, j1, off, {
+        float g = dy[off];
+        s = DADD(s, (double)g);
+        sx = DADD(sx, DMUL((double)g, (double)FMUL(FSUB(x[off], m), is)));
+    });
+    s = gp_dev_block_sum(s, sh);
+    sx = gp_dev_block_sum(sx, sh);
+    if (threadIdx.x == 0) pdy[c * p.p + k] = s, pdyx[c * p.p + k] = sx;
+}
+
+struct bn_grads {
+    const float *scale, *invstd;
+    const float *d_rmean, *d_rvar, *d_mean, *d_var;
+    float *dscale, *dbias;
+    double *coef; /* [5 C]: a, mdy, mdyx, cm, cv per channel */
+};
+
+/* One thread per channel: the parameter gradients and dx's coefficients. */
+__global__ static void bn_bwd_finish_kernel(struct bn_plan p, bool have_dy, const double *pdy,
+                                            const double *pdyx, struct bn_grads g)
+{
+    GP_GRID_STRIDE(c, p.c) {
+        double sum_dy = 0, sum_dy_xhat = 0;
+        if (have_dy)
+            for (int64_t k = 0; k < p.p; k++) {
+                sum_dy = DADD(sum_dy, pdy[c * p.p + k]);
+                sum_dy_xhat = DADD(sum_dy_xhat, pdyx[c * p.p + k]);
+            }
+        if (g.dscale) g.dscale[c] = FADD(g.dscale[c], (float)sum_dy_xhat);
+        if (g.dbias) g.dbias[c] = FADD(g.dbias[c], (float)sum_dy);
+        if (!g.coef) continue;
+        double one_m = DSUB(1.0, p.momentum), count = (double)p.count;
+        double g_mean = 0, g_var = 0;
+        if (g.d_rmean) g_mean = DADD(g_mean, DMUL(one_m, (double)g.d_rmean[c]));
+        if (g.d_mean) g_mean = DADD(g_mean, (double)g.d_mean[c]);
+        if (g.d_rvar)
+            g_var = DADD(g_var, DMUL(DMUL(one_m, count) / (double)(p.count - 1), (double)g.d_rvar[c]));
+        if (g.d_var) g_var = DADD(g_var, (double)g.d_var[c]);
+        double *k = g.coef + 5 * c;
+        k[0] = DMUL((double)g.scale[c], (double)g.invstd[c]);
+        k[1] = sum_dy / count;
+        k[2] = sum_dy_xhat / count;
+        k[3] = g_mean / count;
+        k[4] = DMUL(2.0, g_var) / count;
+    }
+}
+
+/* Training: dx += a (dy - mdy - xhat mdyx) + cm + cv (x - mean), in
+ * double, xc = x - mean in float as on the CPU. */
+__global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, const float *x, const float *dy,
+                                              const float *mean, const float *invstd,
+                                              const double *coef, float *dx)
+{
+    GP_GRID_STRIDE(i, p.n * p.c * p.s) {
+        int64_t c = chan_of(i, p.s, p.c);
+        const double *k = coef + 5 * c;
+        double xc = (double)FSUB(x[i], mean[c]), xhat = DMUL(xc, (double)invstd[c]);
+        double g = dy ? (double)dy[i] : 0.0;
+        double v = DMUL(k[0], DSUB(DSUB(g, k[1]), DMUL(xhat, k[2])));
+        v = DADD(DADD(v, k[3]), DMUL(k[4], xc));
+        dx[i] = FADD(dx[i], (float)v);
+    }
+}
+
+/* Evaluation: dx += dy * (scale * invstd). */
+__global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, const float *dy, const float *scale,
+                                             const float *invstd, float *dx)
+{
+    GP_GRID_STRIDE(i, p.n * p.c * p.s) {
+        int64_t c = chan_of(i, p.s, p.c);
+        dx[i] = FADD(dx[i], FMUL(dy[i], FMUL(scale[c], invstd[c])));
+    }
+}
+
+/* dY (and the gradients of the optional [C] outputs) -> dX, dscale, dB, as
+ * on the CPU: in training the batch statistics depend on X,
+ *   dx = scale invstd (dy - sum(dy) / count - xhat sum(dy xhat) / count)
+ * plus what flows back through the statistics' outputs; in evaluation
+ * dx = dy scale invstd. */
+static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
+{
+    for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
+    struct bn_plan p;
+    bn_plan_of(ctx->graph, ctx->node, &p);
+    if (p.c == 0) return GP_OK;
+    const float *x = (const float *)ctx->in[0], *dy = ctx->dout[0];
+    const float *mean = (const float *)ctx->saved, *invstd = mean + p.c;
+    float *dx = ctx->din[0];
+    double *pdy = (double *)ctx->scratch, *pdyx = pdy + p.c * p.p, *coef = pdyx + p.c * p.p;
+    bool have_dy = dy && p.count > 0;
+    if (have_dy && (ctx->din[1] || ctx->din[2] || (dx && ctx->training))) {
+        dim3 grid((unsigned)p.c, (unsigned)p.p, 1);
+        bn_bwd_sums_kernel<<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, dy, mean, invstd, pdy, pdyx);
+        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward sums", err));
+    } else {
+        have_dy = false;
+    }
+    struct bn_grads g;
+    g.scale = (const float *)ctx->in[1];
+    g.invstd = invstd;
+    g.d_rmean = gp_cuda_opt_dout(ctx, 1);
+    g.d_rvar = gp_cuda_opt_dout(ctx, 2);
+    g.d_mean = gp_cuda_opt_dout(ctx, 3);
+    g.d_var = gp_cuda_opt_dout(ctx, 4);
+    g.dscale = ctx->din[1];
+    g.dbias = ctx->din[2];
+    g.coef = dx && ctx->training ? coef : NULL;
+    if (g.dscale || g.dbias || g.coef) {
+        bn_bwd_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(
+            p, have_dy, pdy, pdyx, g);
+        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward statistics", err));
+    }
+    int64_t n = p.n * p.c * p.s;
+    if (!dx || n == 0) return GP_OK;
+    if (ctx->training) {
+        bn_bwd_dx_train_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, ctx->stream>>>(
+            p, x, dy, mean, invstd, coef, dx);
+    } else {
+        if (!dy) return GP_OK;
+        bn_bwd_dx_eval_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, ctx->stream>>>(
+            p, dy, g.scale, invstd, dx);
+    }
+    return gp_cuda_check_launch(ctx, "BatchNormalization backward dx", err);
+}
+
+/* ---- the table ---- */
+
+extern "C" const struct gp_cuda_kernel gp_cuda_kernels_batch_norm[] = {
+    {"BatchNormalization", bn_saved, bn_scratch, bn_forward, bn_backward},
+    {NULL, NULL, NULL, NULL, NULL},
+};

@@ -1,0 +1,573 @@
+/* CUDA kernels: the binary family, twin of backend/cpu/binary.c: the
+ * broadcasting ops (binary arithmetic, comparisons and logic, variadic
+ * Max/Min/Sum/Mean, Where, Expand), on the plans and reductions of
+ * broadcast.cuh. Same formulas as the CPU kernels, term for term, so that
+ * the two agree to a few ulps.
+ *
+ * Types: float tensors are float32 on the device; integer and bool tensors
+ * keep their types, and the ops the CPU runs on them (integer arithmetic,
+ * comparisons, logic, Max/Min, Where, Expand) do the same here through the
+ * same int64 / double conversions.
+ *
+ * Rounding: every += into din and every product that feeds a sum is
+ * spelled with __fmul_rn / __fadd_rn, which nvcc never contracts into an
+ * FMA (the CPU build does not contract either).
+ *
+ * Differences from the CPU kernels: integer Div and Mod by zero fail on the
+ * CPU, which reads the divisor first; the divisor is device data here, so
+ * such an element gives 0. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "backend/cuda/broadcast.cuh"
+#include "backend/cuda/kernel.h"
+#include "backend/cuda/kernel_util.cuh"
+
+extern "C" {
+#include "ops/fold_util.h"
+}
+
+/* ---- binary ---- */
+
+enum bop { B_ADD, B_SUB, B_MUL, B_DIV, B_POW, B_MOD, B_EQ, B_LT, B_LE, B_GT, B_GE,
+           B_AND, B_OR, B_XOR, B_NONE };
+
+static enum bop bop_of(const char *op_type)
+{
+    static const char *const names[] = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Equal",
+                                        "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+                                        "And", "Or", "Xor"};
+    for (int k = 0; k < B_NONE; k++)
+        if (strcmp(names[k], op_type) == 0) return (enum bop)k;
+    return B_NONE;
+}
+
+/* Float A and B (B of any type for Pow: then it is an integer exponent). */
+struct fbin_op {
+    int op, bt;
+    bool b_float;
+    const float *A;
+    const void *B;
+    float *Y;
+    uint8_t *Q;
+    __device__ void operator()(int64_t i, const int64_t *o) const
+    {
+        float a = A[o[0]];
+        if (!b_float) { /* Pow with an integer exponent */
+            Y[i] = powf(a, (float)gp_dev_load_f64(B, bt, o[1]));
+            return;
+        }
+        float b = ((const float *)B)[o[1]];
+        switch (op) {
+        case B_ADD: Y[i] = a + b; break;
+        case B_SUB: Y[i] = a - b; break;
+        case B_MUL: Y[i] = a * b; break;
+        case B_DIV: Y[i] = a / b; break;
+        case B_MOD: Y[i] = fmodf(a, b); break; /* fmod=1 for floats */
+        case B_POW: Y[i] = powf(a, b); break;
+        case B_EQ: Q[i] = a == b; break;
+        case B_LT: Q[i] = a < b; break;
+        case B_LE: Q[i] = a <= b; break;
+        case B_GT: Q[i] = a > b; break;
+        default: Q[i] = a >= b; break;
+        }
+    }
+};
+
+__device__ static inline int64_t ipow(int64_t b, int64_t e)
+{
+    if (e < 0) return b == 1 ? 1 : b == -1 ? (e & 1 ? -1 : 1) : 0;
+    uint64_t r = 1, ub = (uint64_t)b;
+    for (; e; e >>= 1, ub *= ub)
+        if (e & 1) r *= ub;
+    return (int64_t)r;
+}
+
+/* Integer (and bool) semantics, as the CPU's int_op: arithmetic wraps, Div
+ * truncates toward zero, Mod takes the divisor's sign unless fmod; uint64
+ * compares and divides unsigned. A zero divisor gives 0 (the CPU fails). */
+struct ibin_op {
+    int op, at, bt, yt;
+    bool c_fmod, u64, pow_float;
+    const void *A, *B;
+    void *Y;
+    __device__ void operator()(int64_t i, const int64_t *o) const
+    {
+        if (pow_float) { /* integer base, float exponent */
+            gp_dev_store_f64(Y, yt, i, pow(gp_dev_load_f64(A, at, o[0]), gp_dev_load_f64(B, bt, o[1])));
+            return;
+        }
+        int64_t x = gp_dev_load_i64(A, at, o[0]), y = gp_dev_load_i64(B, bt, o[1]), r;
+        uint64_t ux = (uint64_t)x, uy = (uint64_t)y;
+        switch (op) {
+        case B_ADD: r = (int64_t)(ux + uy); break;
+        case B_SUB: r = (int64_t)(ux - uy); break;
+        case B_MUL: r = (int64_t)(ux * uy); break;
+        case B_DIV:
+            if (y == 0) r = 0;
+            else if (u64) r = (int64_t)(ux / uy);
+            else r = x == INT64_MIN && y == -1 ? INT64_MIN : x / y;
+            break;
+        case B_MOD:
+            if (y == 0) {
+                r = 0;
+            } else if (u64) {
+                r = (int64_t)(ux % uy);
+            } else {
+                r = y == -1 ? 0 : x % y;
+                if (!c_fmod && r != 0 && (r < 0) != (y < 0)) r += y;
+            }
+            break;
+        case B_POW: r = ipow(x, y); break;
+        case B_EQ: r = x == y; break;
+        case B_LT: r = u64 ? ux < uy : x < y; break;
+        case B_LE: r = u64 ? ux <= uy : x <= y; break;
+        case B_GT: r = u64 ? ux > uy : x > y; break;
+        case B_GE: r = u64 ? ux >= uy : x >= y; break;
+        case B_AND: r = x && y; break;
+        case B_OR: r = x || y; break;
+        default: r = !x != !y; break;
+        }
+        gp_dev_store_i64(Y, yt, i, r);
+    }
+};
+
+/* A [..], B [..] -> Y [broadcast of both]; comparisons and logic give bool. */
+static gp_status binary_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    enum bop op = bop_of(c->node->op_type);
+    if (op == B_NONE) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "not a binary op");
+    struct bplan p;
+    plan_node(c, 0, 2, &p);
+    enum gp_dtype at = gp_cuda_in_value(c, 0)->dtype, bt = gp_cuda_in_value(c, 1)->dtype;
+    enum gp_dtype yt = gp_cuda_out_value(c, 0)->dtype;
+    if (!gp_dtype_is_float(at)) {
+        struct ibin_op f;
+        f.op = op;
+        f.at = (int)at;
+        f.bt = (int)bt;
+        f.yt = (int)yt;
+        f.c_fmod = gp_node_attr_int(c->node, "fmod", 0) != 0;
+        f.u64 = at == GP_DTYPE_UINT64;
+        f.pow_float = op == B_POW && gp_dtype_is_float(bt);
+        f.A = c->in[0];
+        f.B = c->in[1];
+        f.Y = c->out[0];
+        return launch_bcast(c, &p, f, "binary forward (integer)", err);
+    }
+    if (op >= B_AND) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "floating-point inputs");
+    if (!gp_dtype_is_float(bt) && op != B_POW)
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "float input 0 with %s input 1",
+                             gp_dtype_name(bt));
+    struct fbin_op f;
+    f.op = op;
+    f.bt = (int)bt;
+    f.b_float = gp_dtype_is_float(bt);
+    f.A = (const float *)c->in[0];
+    f.B = c->in[1];
+    f.Y = (float *)c->out[0];
+    f.Q = (uint8_t *)c->out[0];
+    return launch_bcast(c, &p, f, "binary forward", err);
+}
+
+/* The term that output position (o0, o1, o2) contributes to input t's
+ * gradient, in float as the CPU computes it (PyTorch's formulas: pow's
+ * gradients are 0 where B == 0, resp. where A == 0 and B >= 0). */
+struct bin_term {
+    int op, t, bt;
+    bool b_float;
+    const float *A, *B, *Y, *dY;
+    const void *Bi;
+    __device__ float operator()(const int64_t *o) const
+    {
+        float dy = dY[o[2]];
+        switch (op) {
+        case B_ADD: return dy;
+        case B_SUB: return t == 0 ? dy : -dy;
+        case B_MUL: return t == 0 ? dy * B[o[1]] : dy * A[o[0]];
+        case B_DIV: return t == 0 ? dy / B[o[1]] : -dy * A[o[0]] / (B[o[1]] * B[o[1]]);
+        default: /* B_POW */
+            if (t == 0) {
+                if (b_float) {
+                    float b = B[o[1]];
+                    return b == 0 ? 0.0f : dy * b * powf(A[o[0]], b - 1);
+                }
+                double e = gp_dev_load_f64(Bi, bt, o[1]);
+                return dy * (e == 0 ? 0.0f : (float)e * powf(A[o[0]], (float)(e - 1)));
+            } else {
+                float a = A[o[0]], b = B[o[1]];
+                return a == 0 && b >= 0 ? 0.0f : dy * Y[o[2]] * logf(a);
+            }
+        }
+    }
+};
+
+static size_t binary_scratch(const struct gp_graph *g, const struct gp_node *node)
+{
+    struct bplan p;
+    plan_graph(g, node, 0, 2, &p);
+    size_t a = reduce_scratch(&p, 0), b = reduce_scratch(&p, 1);
+    return a > b ? a : b;
+}
+
+/* dA = sum over A's broadcast axes of dY * dY/dA; likewise dB. */
+static gp_status binary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    enum bop op = bop_of(c->node->op_type);
+    if (op > B_POW) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "this op has no gradient");
+    if (!c->dout[0]) return GP_OK;
+    struct bplan p;
+    plan_node(c, 0, 2, &p);
+    enum gp_dtype bt = gp_cuda_in_value(c, 1)->dtype;
+    for (int t = 0; t < 2; t++) {
+        if (!c->din[t]) continue;
+        if (t == 1 && !gp_dtype_is_float(bt)) continue; /* an integer exponent has no gradient */
+        struct bin_term term;
+        term.op = op;
+        term.t = t;
+        term.bt = (int)bt;
+        term.b_float = gp_dtype_is_float(bt);
+        term.A = (const float *)c->in[0];
+        term.B = (const float *)c->in[1];
+        term.Bi = c->in[1];
+        term.Y = (const float *)c->out[0];
+        term.dY = c->dout[0];
+        GP_TRY(reduce_into(c, &p, t, term, c->din[t], c->scratch,
+                           t == 0 ? "binary backward (input 0)" : "binary backward (input 1)", err));
+    }
+    return GP_OK;
+}
+
+/* ---- variadic: Max, Min, Sum, Mean ---- */
+
+enum vop { V_MAX, V_MIN, V_SUM, V_MEAN };
+
+static enum vop vop_of(const char *op_type)
+{
+    return strcmp(op_type, "Max") == 0 ? V_MAX : strcmp(op_type, "Min") == 0 ? V_MIN
+           : strcmp(op_type, "Sum") == 0 ? V_SUM : V_MEAN;
+}
+
+/* Folds input k into Y (operands: X_k, Y): k == 0 copies; Max/Min keep
+ * the first of equal values and any NaN; Sum adds; Mean's last fold
+ * divides by n (the CPU's separate pass rounds the same). */
+struct fvar_op {
+    int op, k;
+    float div; /* > 0: divide by it after adding */
+    const float *X;
+    float *Y;
+    __device__ void operator()(int64_t i, const int64_t *o) const
+    {
+        float x = X[o[0]];
+        if (k == 0) {
+            Y[i] = div > 0 ? x / div : x;
+            return;
+        }
+        float y = Y[i];
+        switch (op) {
+        case V_MAX: if (x > y || (x != x && y == y)) Y[i] = x; break;
+        case V_MIN: if (x < y || (x != x && y == y)) Y[i] = x; break;
+        default: {
+            float s = y + x;
+            Y[i] = div > 0 ? s / div : s;
+            break;
+        }
+        }
+    }
+};
+
+struct ivar_op {
+    int op, k, dt;
+    const void *X;
+    void *Y;
+    __device__ void operator()(int64_t i, const int64_t *o) const
+    {
+        int64_t v = gp_dev_load_i64(X, dt, o[0]);
+        if (k == 0) {
+            gp_dev_store_i64(Y, dt, i, v);
+            return;
+        }
+        int64_t cur = gp_dev_load_i64(Y, dt, i);
+        bool u64 = dt == GP_DTYPE_UINT64;
+        bool gt = u64 ? (uint64_t)v > (uint64_t)cur : v > cur;
+        bool lt = u64 ? (uint64_t)v < (uint64_t)cur : v < cur;
+        if (op == V_MAX ? gt : lt) gp_dev_store_i64(Y, dt, i, v);
+    }
+};
+
+/* win[i] = the first input whose value equals Y[i] (or is NaN when Y is):
+ * exactly the one the forward pass kept. */
+struct win_op {
+    int k;
+    const float *X, *Y;
+    int32_t *win;
+    __device__ void operator()(int64_t i, const int64_t *o) const
+    {
+        float x = X[o[0]], y = Y[i];
+        if (win[i] < 0 && (x == y || (x != x && y != y))) win[i] = k;
+    }
+};
+
+struct var_term {
+    int op, k;
+    float nf;
+    const float *dY;
+    const int32_t *win;
+    __device__ float operator()(const int64_t *o) const
+    {
+        float dy = dY[o[1]];
+        switch (op) {
+        case V_SUM: return dy;
+        case V_MEAN: return dy / nf;
+        default: return win[o[1]] == k ? dy : 0.0f;
+        }
+    }
+};
+
+/* Max/Min: the winners [numel(Y)] int32, then the reduction's partials. */
+static size_t variadic_win_bytes(const struct gp_graph *g, const struct gp_node *node)
+{
+    enum vop op = vop_of(node->op_type);
+    if (op != V_MAX && op != V_MIN) return 0;
+    return gp_cuda_align256((size_t)gp_shape_numel(&gp_node_output(g, node, 0)->shape) *
+                            sizeof(int32_t));
+}
+
+static size_t variadic_scratch(const struct gp_graph *g, const struct gp_node *node)
+{
+    size_t most = 0;
+    for (int k = 0; k < node->n_inputs; k++) {
+        struct bplan p;
+        plan_graph(g, node, k, 1, &p);
+        size_t s = reduce_scratch(&p, 0);
+        if (s > most) most = s;
+    }
+    return variadic_win_bytes(g, node) + most;
+}
+
+static gp_status variadic_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    enum vop op = vop_of(c->node->op_type);
+    enum gp_dtype dt = gp_cuda_out_value(c, 0)->dtype;
+    int n = c->node->n_inputs;
+    struct bplan p;
+    if (!gp_dtype_is_float(dt)) {
+        if (op != V_MAX && op != V_MIN)
+            return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%s inputs", gp_dtype_name(dt));
+        for (int k = 0; k < n; k++) {
+            plan_node(c, k, 1, &p);
+            struct ivar_op f;
+            f.op = op;
+            f.k = k;
+            f.dt = (int)dt;
+            f.X = c->in[k];
+            f.Y = c->out[0];
+            GP_TRY(launch_bcast(c, &p, f, "variadic forward (integer)", err));
+        }
+        return GP_OK;
+    }
+    for (int k = 0; k < n; k++) {
+        plan_node(c, k, 1, &p);
+        struct fvar_op f;
+        f.op = op;
+        f.k = k;
+        f.div = op == V_MEAN && k == n - 1 && n > 1 ? (float)n : 0.0f;
+        f.X = (const float *)c->in[k];
+        f.Y = (float *)c->out[0];
+        GP_TRY(launch_bcast(c, &p, f, "variadic forward", err));
+    }
+    return GP_OK;
+}
+
+/* Sum: dXk = dY reduced to Xk's shape; Mean: dY / n. Max/Min: dY goes to
+ * the input that was selected, the first of equal ones. */
+static gp_status variadic_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    enum vop op = vop_of(c->node->op_type);
+    int n = c->node->n_inputs;
+    if (!c->dout[0]) return GP_OK;
+    struct bplan p;
+    int32_t *win = (int32_t *)c->scratch;
+    char *part = (char *)c->scratch + variadic_win_bytes(c->graph, c->node);
+    if (op == V_MAX || op == V_MIN) {
+        int64_t m = gp_shape_numel(&gp_cuda_out_value(c, 0)->shape);
+        if (m == 0) return GP_OK;
+        GP_TRY(gp_cuda_call(c, cudaMemsetAsync(win, 0xff, (size_t)m * sizeof(int32_t), c->stream),
+                         "cudaMemsetAsync", err)); /* -1 everywhere */
+        for (int k = 0; k < n; k++) {
+            plan_node(c, k, 1, &p);
+            struct win_op f;
+            f.k = k;
+            f.X = (const float *)c->in[k];
+            f.Y = (const float *)c->out[0];
+            f.win = win;
+            GP_TRY(launch_bcast(c, &p, f, "variadic backward: winners", err));
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        if (!c->din[k]) continue;
+        plan_node(c, k, 1, &p);
+        struct var_term term;
+        term.op = op;
+        term.k = k;
+        term.nf = (float)n;
+        term.dY = c->dout[0];
+        term.win = win;
+        GP_TRY(reduce_into(c, &p, 0, term, c->din[k], part, "variadic backward", err));
+    }
+    return GP_OK;
+}
+
+/* ---- Where, Expand ---- */
+
+/* Out = C ? X : Y for any dtype (moved as elements of T). */
+template <typename T>
+struct where_op {
+    const uint8_t *C;
+    const T *X, *Y;
+    T *O;
+    __device__ void operator()(int64_t i, const int64_t *o) const { O[i] = C[o[0]] ? X[o[1]] : Y[o[2]]; }
+};
+
+template <typename T>
+static gp_status where_launch(struct gp_cuda_ctx *c, const struct bplan *p, struct gp_error *err)
+{
+    where_op<T> f;
+    f.C = (const uint8_t *)c->in[0];
+    f.X = (const T *)c->in[1];
+    f.Y = (const T *)c->in[2];
+    f.O = (T *)c->out[0];
+    return launch_bcast(c, p, f, "Where forward", err);
+}
+
+static gp_status where_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    struct bplan p;
+    plan_node(c, 0, 3, &p);
+    switch (gp_cuda_esize(gp_cuda_out_value(c, 0)->dtype)) {
+    case 1: return where_launch<uint8_t>(c, &p, err);
+    case 2: return where_launch<uint16_t>(c, &p, err);
+    case 4: return where_launch<uint32_t>(c, &p, err);
+    case 8: return where_launch<unsigned long long>(c, &p, err);
+    default: return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%s values",
+                                  gp_dtype_name(gp_cuda_out_value(c, 0)->dtype));
+    }
+}
+
+struct where_term {
+    bool x_side;
+    const uint8_t *C;
+    const float *dO;
+    __device__ float operator()(const int64_t *o) const
+    {
+        bool c = C[o[0]] != 0;
+        return c == x_side ? dO[o[3]] : 0.0f;
+    }
+};
+
+static size_t where_scratch(const struct gp_graph *g, const struct gp_node *node)
+{
+    struct bplan p;
+    plan_graph(g, node, 0, 3, &p);
+    size_t a = reduce_scratch(&p, 1), b = reduce_scratch(&p, 2);
+    return a > b ? a : b;
+}
+
+/* dX = dOut where C, dY = dOut elsewhere, each reduced to its shape. */
+static gp_status where_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    if (!c->dout[0]) return GP_OK;
+    struct bplan p;
+    plan_node(c, 0, 3, &p);
+    for (int t = 1; t <= 2; t++) {
+        if (!c->din[t]) continue;
+        struct where_term term;
+        term.x_side = t == 1;
+        term.C = (const uint8_t *)c->in[0];
+        term.dO = c->dout[0];
+        GP_TRY(reduce_into(c, &p, t, term, c->din[t], c->scratch,
+                           t == 1 ? "Where backward (X)" : "Where backward (Y)", err));
+    }
+    return GP_OK;
+}
+
+template <typename T>
+struct expand_op {
+    const T *X;
+    T *Y;
+    __device__ void operator()(int64_t i, const int64_t *o) const { Y[i] = X[o[0]]; }
+};
+
+template <typename T>
+static gp_status expand_launch(struct gp_cuda_ctx *c, const struct bplan *p, struct gp_error *err)
+{
+    expand_op<T> f;
+    f.X = (const T *)c->in[0];
+    f.Y = (T *)c->out[0];
+    return launch_bcast(c, p, f, "Expand forward", err);
+}
+
+/* X [..] -> Y [broadcast of X's shape and the constant target], any dtype. */
+static gp_status expand_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    struct bplan p;
+    plan_node(c, 0, 1, &p);
+    switch (gp_cuda_esize(gp_cuda_out_value(c, 0)->dtype)) {
+    case 1: return expand_launch<uint8_t>(c, &p, err);
+    case 2: return expand_launch<uint16_t>(c, &p, err);
+    case 4: return expand_launch<uint32_t>(c, &p, err);
+    case 8: return expand_launch<unsigned long long>(c, &p, err);
+    default: return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%s values",
+                                  gp_dtype_name(gp_cuda_out_value(c, 0)->dtype));
+    }
+}
+
+struct expand_term {
+    const float *dY;
+    __device__ float operator()(const int64_t *o) const { return dY[o[1]]; }
+};
+
+static size_t expand_scratch(const struct gp_graph *g, const struct gp_node *node)
+{
+    struct bplan p;
+    plan_graph(g, node, 0, 1, &p);
+    return reduce_scratch(&p, 0);
+}
+
+/* dX = dY summed over the expanded axes. */
+static gp_status expand_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    if (!c->dout[0] || !c->din[0]) return GP_OK;
+    struct bplan p;
+    plan_node(c, 0, 1, &p);
+    struct expand_term term;
+    term.dY = c->dout[0];
+    return reduce_into(c, &p, 0, term, c->din[0], c->scratch, "Expand backward", err);
+}
+
+/* ---- the table ---- */
+
+#define BINARY(op) {op, NULL, binary_scratch, binary_forward, binary_backward}
+#define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL}
+#define VARIADIC(op) {op, NULL, variadic_scratch, variadic_forward, variadic_backward}
+
+extern "C" const struct gp_cuda_kernel gp_cuda_kernels_binary[] = {
+    BINARY("Add"), BINARY("Sub"), BINARY("Mul"), BINARY("Div"), BINARY("Pow"),
+    NO_GRAD("Mod", binary_forward),
+    NO_GRAD("Equal", binary_forward),
+    NO_GRAD("Less", binary_forward),
+    NO_GRAD("LessOrEqual", binary_forward),
+    NO_GRAD("Greater", binary_forward),
+    NO_GRAD("GreaterOrEqual", binary_forward),
+    NO_GRAD("And", binary_forward),
+    NO_GRAD("Or", binary_forward),
+    NO_GRAD("Xor", binary_forward),
+
+    VARIADIC("Max"), VARIADIC("Min"), VARIADIC("Sum"), VARIADIC("Mean"),
+    {"Where", NULL, where_scratch, where_forward, where_backward},
+    {"Expand", NULL, expand_scratch, expand_forward, expand_backward},
+    {NULL, NULL, NULL, NULL, NULL},
+};

@@ -1,0 +1,151 @@
+/* CUDA kernels: Dropout, twin of backend/cpu/dropout.c. It draws the CPU's
+ * mask: the counter-based Philox of backend/cpu/rng.h, compiled for the
+ * device too, keyed by seed, step, the node's source_index and the
+ * element's global index in the mini-batch. Backward draws it again. */
+#include <string.h>
+
+#include "backend/cuda/kernel_util.cuh"
+
+#include "backend/cpu/rng.h"
+
+/* ---- Dropout ---- */
+
+/* What decides the mask, as the CPU's dropout_of: the run's ratio when set,
+ * else the node's (attribute before opset 12, the constant input since -
+ * the loader requires it constant - or 0.5 when absent); training_mode from
+ * input 2 (12+) when given, else the run's. A constant training_mode is
+ * read here, a computed one (device memory) by the kernel itself, so
+ * nothing waits for the device. */
+struct dropout {
+    bool training;
+    double ratio;
+    bool mode;               /* when mode_dev is NULL */
+    const uint8_t *mode_dev; /* bool scalar on the device, or NULL */
+    uint64_t seed, step;
+    const uint64_t *step_dev; /* the step in device memory (replayed CUDA graphs), or NULL */
+    uint32_t node;
+    int64_t first; /* global index of element 0 */
+};
+
+/* Input i's first element from its constant data (floats as the CPU's
+ * buffer holds them: rounded to float32), or false when not constant. */
+static bool const_scalar(const struct gp_cuda_ctx *c, int i, double *v)
+{
+    const struct gp_value *val = gp_cuda_in_value(c, i);
+    if (!val || !val->constant || gp_shape_numel(&val->constant->shape) < 1) return false;
+    double x = gp_tensor_get_f64(val->constant, 0);
+    *v = gp_dtype_is_float(val->dtype) ? (double)(float)x : x;
+    return true;
+}
+
+static gp_status dropout_of(const struct gp_cuda_ctx *c, struct gp_error *err, struct dropout *d)
+{
+    const struct gp_node *n = c->node;
+    int version = n->def->since_version;
+    memset(d, 0, sizeof *d);
+    d->training = c->training;
+    d->ratio = 0.5;
+    d->mode = true;
+    if (c->dropout_ratio >= 0) {
+        d->ratio = c->dropout_ratio;
+    } else if (version < 12) {
+        d->ratio = gp_node_attr_float(n, "ratio", 0.5f);
+    } else if (n->n_inputs > 1 && c->in[1] && !const_scalar(c, 1, &d->ratio)) {
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "the ratio (input 1) is not a constant");
+    }
+    if (version >= 12 && n->n_inputs >= 3 && c->in[2]) {
+        double m;
+        if (const_scalar(c, 2, &m)) d->mode = m != 0;
+        else d->mode_dev = (const uint8_t *)c->in[2];
+    }
+    const struct gp_shape *xs = &gp_cuda_in_value(c, 0)->shape;
+    int64_t per_sample = xs->rank > 0 && xs->dims[0] ? gp_shape_numel(xs) / xs->dims[0]
+                                                      : gp_shape_numel(xs);
+    d->seed = c->seed;
+    d->step = c->step;
+    d->step_dev = c->step_dev;
+    d->node = (uint32_t)n->source_index;
+    d->first = c->sample_offset * per_sample;
+    return GP_OK;
+}
+
+/* The per-thread decision: active, the ratio as float (the comparison is
+ * in float on both backends) and the scale 1 / (1 - ratio). */
+__device__ static inline bool dropout_setup(const struct dropout &d, float *ratio, float *scale)
+{
+    bool mode = d.mode_dev ? *d.mode_dev != 0 : d.mode;
+    *ratio = (float)d.ratio;
+    *scale = (float)(1.0 / (1.0 - d.ratio));
+    return d.training && mode && d.ratio > 0;
+}
+
+__global__ static void dropout_forward_kernel(struct dropout d, const float *X, float *Y,
+                                              void *mask, bool mask_bool, int64_t n)
+{
+    float ratio, scale;
+    bool active = dropout_setup(d, &ratio, &scale);
+    const uint64_t step = d.step_dev ? *d.step_dev : d.step;
+    GP_GRID_STRIDE(i, n) {
+        bool keep = !active || gp_rng_uniform(d.seed, step, d.node, (uint64_t)(d.first + i)) >= ratio;
+        float x = X[i];
+        Y[i] = !active ? x : keep ? FMUL(x, scale) : 0.0f;
+        if (mask && mask_bool) ((uint8_t *)mask)[i] = keep;
+        else if (mask) ((float *)mask)[i] = keep ? 1.0f : 0.0f;
+    }
+}
+
+__global__ static void dropout_backward_kernel(struct dropout d, const float *dY, float *dX, int64_t n)
+{
+    float ratio, scale;
+    bool active = dropout_setup(d, &ratio, &scale);
+    const uint64_t step = d.step_dev ? *d.step_dev : d.step;
+    GP_GRID_STRIDE(i, n) {
+        float g = dY[i];
+        if (active)
+            g = gp_rng_uniform(d.seed, step, d.node, (uint64_t)(d.first + i)) >= ratio ? FMUL(g, scale) : 0.0f;
+        dX[i] = FADD(dX[i], g);
+    }
+}
+
+/* X [N, ..] -> Y, optional mask (float in opset 7, bool since 10). */
+static gp_status dropout_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    GP_TRY(gp_cuda_want_f32(c, 0, err));
+    struct dropout d;
+    GP_TRY(dropout_of(c, err, &d));
+    int64_t n = gp_shape_numel(&gp_cuda_in_value(c, 0)->shape);
+    if (n == 0) return GP_OK;
+    void *mask = c->node->n_outputs > 1 ? c->out[1] : NULL;
+    bool mask_bool = true;
+    if (mask) {
+        enum gp_dtype mt = gp_cuda_out_value(c, 1)->dtype;
+        if (mt != GP_DTYPE_BOOL && mt != GP_DTYPE_FLOAT32)
+            return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "a mask of type %s", gp_dtype_name(mt));
+        mask_bool = mt == GP_DTYPE_BOOL;
+    }
+    dropout_forward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(
+        d, (const float *)c->in[0], (float *)c->out[0], mask, mask_bool, n);
+    return gp_cuda_check_launch(c, "Dropout forward", err);
+}
+
+/* dX += dY * mask * scale, the mask drawn again from the same key. */
+static gp_status dropout_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    const float *dY = c->dout[0];
+    float *dX = c->din[0];
+    if (!dY || !dX) return GP_OK;
+    GP_TRY(gp_cuda_want_f32(c, 0, err));
+    struct dropout d;
+    GP_TRY(dropout_of(c, err, &d));
+    int64_t n = gp_shape_numel(&gp_cuda_in_value(c, 0)->shape);
+    if (n == 0) return GP_OK;
+    dropout_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(d, dY, dX, n);
+    return gp_cuda_check_launch(c, "Dropout backward", err);
+}
+
+/* ---- the table ---- */
+
+extern "C" const struct gp_cuda_kernel gp_cuda_kernels_dropout[] = {
+    {"Dropout", NULL, NULL, dropout_forward, dropout_backward},
+    {NULL, NULL, NULL, NULL, NULL},
+};
