@@ -33,6 +33,11 @@ struct layer_io {
 /* Inputs for layer `layer` of g: floats uniform in [-2, 2), integer data
  * below index_bound, initializers as the model has them. Fixed seed. */
 void layer_run_inputs(const struct gp_graph *g, int layer, int64_t index_bound, struct layer_io *io);
+/* The same, with element i of a graph input `name` from gen when it gives
+ * a number (not NAN): the op tests' generators (indices, positive-only). */
+void layer_run_inputs_gen(const struct gp_graph *g, int layer, int64_t index_bound,
+                          double (*gen)(const char *name, int64_t i, void *user), void *user,
+                          struct layer_io *io);
 
 /* Runs it on device `index` of ops in precision p: fills io->out and
  * io->din (float32 on the host, bfloat16 results widened). Fails the test
@@ -52,7 +57,8 @@ double layer_compare(const char *label, const char *tensor, int index, const flo
                      double rel, double flips);
 
 /* Compares every float output and input gradient of two runs (a against
- * the reference b), integers exactly. Returns the worst relative distance. */
+ * the reference b); integer outputs (argmax, comparisons, casts) exactly
+ * but for the same share of flips. Returns the worst relative distance. */
 double layer_compare_all(const struct gp_graph *g, int layer, const char *label, const struct layer_io *a,
                          const struct layer_io *b, double rel, double flips);
 

@@ -6,12 +6,14 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #undef GP_CPU
 #define GP_CPU_DOUBLE
 #include "backend/cpu/runner.h"
+#include "layer_run.h"
 #undef GP_CPU_DOUBLE
 
 /* The float build's entry points (runner.h above declared the double ones). */
@@ -145,6 +147,30 @@ void op_gradcheck(const struct gp_graph *g, const struct op_check_opts *o)
     for (int k = 0; k < g->n_outputs; k++) free(w[k]);
     free(w);
     gp_cpu_runner_free_f64(r);
+    op_bf16_vs_f32(g, o);
+}
+
+/* bf16 rounds every stored tensor to 8 significant bits (2^-9 relative) and
+ * a sum of products carries about 2^-8 of its scale: an element agrees within
+ * 3% of (|fp32| + rms); 0.5% of a tensor's elements (plus one) may not, where
+ * a rounded input crossed a kink, a tie or an integer (ReLU at 0, argmax,
+ * Floor, a divisor near 0). */
+void op_bf16_vs_f32(const struct gp_graph *g, const struct op_check_opts *o)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        char label[256];
+        snprintf(label, sizeof label, "bf16 against fp32: layer %d '%s' (%s)", i, g->nodes[i].name,
+                 g->nodes[i].op_type);
+        struct layer_io fp32, bf16;
+        layer_run_inputs_gen(g, i, 2, o->gen, o->user, &fp32);
+        layer_run(&gp_cpu_device_ops, 0, GP_PRECISION_FP32, g, i, label, &fp32);
+        bf16 = fp32;
+        for (int k = 0; k < LAYER_RUN_MAX_IO; k++) bf16.out[k] = NULL, bf16.din[k] = NULL;
+        layer_run(&gp_cpu_device_ops, 0, GP_PRECISION_BF16, g, i, label, &bf16);
+        layer_compare_all(g, i, label, &bf16, &fp32, 0.03, 0.005);
+        layer_run_free_results(g, i, &bf16);
+        layer_run_free(g, i, &fp32);
+    }
 }
 
 void op_forward_f32_vs_f64(const struct gp_graph *g, const struct op_check_opts *o)

@@ -2,7 +2,10 @@
  *  - op_gradcheck: backward against central finite differences, both in
  *    double precision (the double build of the kernels), for every float
  *    graph input and parameter;
- *  - op_forward_f32_vs_f64: the float build against the double build.
+ *  - op_forward_f32_vs_f64: the float build against the double build;
+ *  - op_bf16_vs_f32: every layer in bf16 against fp32 (the executor's way:
+ *    bfloat16 storage, float32 kernels on staged copies), which op_gradcheck
+ *    runs too, so every op case is also a bf16 case.
  * Failures go through cmocka with the value, element and both numbers. */
 #ifndef GP_TESTS_OP_CHECK_H
 #define GP_TESTS_OP_CHECK_H
@@ -25,6 +28,7 @@ struct op_check_opts {
 };
 
 void op_gradcheck(const struct gp_graph *g, const struct op_check_opts *o);
+void op_bf16_vs_f32(const struct gp_graph *g, const struct op_check_opts *o);
 /* Runs forward in float and double on the same inputs; outputs must agree
  * within `tol` relative (0 means 1e-5). */
 void op_forward_f32_vs_f64(const struct gp_graph *g, const struct op_check_opts *o);
