@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A model trained and saved by gpipe-onnx loads in onnxruntime and gives the
 # outputs of our own forward pass: in evaluation mode (trained weights and
-# BatchNorm running statistics) and in training mode (batch statistics).
+# BatchNorm running statistics) and in training mode (batch statistics), also
+# when it was trained in bf16 (the saved weights are the float32 masters).
 # Skips (77) without the Python environment of scripts/python_env.sh.
 set -euo pipefail
 bin="$1"
@@ -18,6 +19,10 @@ m="$root/models"
 # digits: one epoch of AdamW (the default recipe) then evaluation mode.
 "$bin" train "$m/digits_cnn_op17.onnx" --epochs 1 --quiet --save "$tmp/digits.onnx" >/dev/null
 "$bin" predict "$tmp/digits.onnx" --data "$m/digits_val_x.npy" --output "$tmp/digits_ours.npy"
+# digits trained in bf16: the saved model holds the float32 master weights,
+# which onnxruntime runs as any float32 model.
+"$bin" train "$m/digits_cnn_op17.onnx" --epochs 1 --precision bf16 --quiet --save "$tmp/digits_bf16.onnx" >/dev/null
+"$bin" predict "$tmp/digits_bf16.onnx" --data "$m/digits_val_x.npy" --output "$tmp/digits_bf16_ours.npy"
 # resnet: 8 SGD steps with BatchNorm, then training mode over one batch of 16.
 "$bin" train "$m/resnet_op17.onnx" --data "$m/reference/resnet_op17/data.npy" \
     --labels "$m/reference/resnet_op17/labels.npy" --batch 8 --steps 8 --lr 0.05 \
@@ -65,6 +70,8 @@ def check(model, x, ours, what):
 
 x = np.load(f"{models}/digits_val_x.npy")
 check(inference_copy(f"{tmp}/digits.onnx"), x, np.load(f"{tmp}/digits_ours.npy"), "digits, eval mode")
+check(inference_copy(f"{tmp}/digits_bf16.onnx"), x, np.load(f"{tmp}/digits_bf16_ours.npy"),
+      "digits trained in bf16, eval mode")
 x = np.load(f"{tmp}/resnet_x.npy")
 check(f"{tmp}/resnet.onnx", x, np.load(f"{tmp}/resnet_ours.npy"), "resnet, training mode")
 PY
