@@ -367,12 +367,12 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         char summary[512];
         snprintf(summary, sizeof summary,
                  "training %s: %lld samples, batch %lld (%lld micro-batch%s of %lld), %lld steps "
-                 "(%lld per epoch, last %lld samples of each epoch dropped), %s, %lld parameters, "
+                 "(%lld per epoch, last %lld samples of each epoch dropped), %s, %s, %lld parameters, "
                  "%.1f MiB planned (%d stage%s, checkpoint %s)",
                  cfg->model_path, (long long)train->n, (long long)cfg->batch, (long long)cfg->chunks,
                  cfg->chunks == 1 ? "" : "es", (long long)s.micro, (long long)total,
                  (long long)per_epoch, (long long)(train->n % cfg->batch),
-                 cfg->optimizer == GP_OPT_ADAMW ? "AdamW" : "SGD",
+                 cfg->optimizer == GP_OPT_ADAMW ? "AdamW" : "SGD", gp_precision_name(cfg->precision),
                  (long long)gp_graph_param_count(&s.g), planned_mib(&s), gp_pipeline_stages(s.pipe),
                  gp_pipeline_stages(s.pipe) == 1 ? "" : "s", gp_checkpoint_name(cfg->checkpoint));
         cb->on_start(cb->user, total, per_epoch, summary);
