@@ -182,12 +182,12 @@ static void test_bf16_invariance(void **state)
     (void)state;
     static const enum gp_checkpoint modes[3] = {GP_CHECKPOINT_NEVER, GP_CHECKPOINT_EXCEPT_LAST,
                                                 GP_CHECKPOINT_ALWAYS};
-    static const char *const fixtures[] = {"gpt_op17", "resnet_op17", "unet_op17", "digits_cnn_op17"};
+    static const char *const fixtures[] = {"gpt_op17", "resnet_op17", "unet_op17"};
     precision = GP_PRECISION_BF16;
     int runs = 0;
     for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
-        const int Ms[] = {1, 4};
-        for (int mi = 0; mi < 2; mi++) {
+        const int Ms[] = {4};
+        for (int mi = 0; mi < 1; mi++) {
             struct run_result ref;
             memset(&ref, 0, sizeof ref);
             run(fixtures[f], 16, 1, Ms[mi], GP_CHECKPOINT_NEVER, NULL, &ref);
