@@ -97,6 +97,30 @@ expect_fail 1 "cannot open" "$bin" train "$m/mlp_op17.onnx" --data "$tmp/missing
   --val-data "$m/digits_val_x.npy" --val-labels "$m/digits_val_y.npy" --steps 5 --quiet >"$tmp/out.txt" \
   || fail "digits training failed"
 grep -q "^epoch 1: train loss .* val accuracy" "$tmp/out.txt" || fail "no validation line: $(cat "$tmp/out.txt")"
+# Outputs are checked before training, data for non-finite values: each is
+# refused at once with what is wrong, and nothing is reported saved.
+expect_fail 1 "cannot create a file next to '/proc/nope/x.onnx'" \
+  "$bin" train "$m/digits_cnn_op17.onnx" --save /proc/nope/x.onnx
+expect_fail 1 "it is a folder" "$bin" train "$m/mlp_op17.onnx" --synthetic 16 --batch 8 --steps 1 --trace "$tmp"
+expect_fail 1 "cannot create a file next to" \
+  "$bin" train "$m/mlp_op17.onnx" --synthetic 16 --batch 8 --steps 1 --metrics /proc/nope/m.jsonl
+"$bin" train "$m/digits_cnn_op17.onnx" --save /proc/nope/x.onnx 2>&1 | grep -q "^step\|^saved" \
+  && fail "an unwritable --save trained or said saved"
+"$py" - "$tmp/nan_x.npy" "$tmp/nan_y.npy" <<'PY'
+import struct, sys
+def save(path, fmt, descr, values, shape):
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        f.write(struct.pack("<%d%s" % (len(values), fmt), *values))
+x = [0.5] * (16 * 32)
+x[5 * 32 + 26] = float("nan")
+save(sys.argv[1], "f", "<f4", x, "(16, 32)")
+save(sys.argv[2], "q", "<i8", [0] * 16, "(16,)")
+PY
+expect_fail 1 "nan_x.npy: sample 5 holds NaN (element 26 of the sample)" \
+  "$bin" train "$m/mlp_op17.onnx" --data "$tmp/nan_x.npy" --labels "$tmp/nan_y.npy" --batch 8 --steps 1
 # A failed run writes no model.
 "$bin" train "$m/mlp_op17.onnx" --synthetic 8 --batch 8 --lr 1e30 --steps 3 --save "$tmp/diverged.onnx" \
   --quiet >/dev/null 2>&1

@@ -463,6 +463,13 @@ int gp_cmd_train(int argc, char **argv)
         status = gp_cli_usage("train", "no training data: give --data (and --labels) or --synthetic");
         goto done;
     }
+    /* Outputs are checked before anything long (balancing, loading, training). */
+    const char *outputs[3] = {cfg.save_path, cfg.trace_path, metrics};
+    for (int k = 0; k < 3; k++)
+        if (outputs[k] && gp_atomic_check(outputs[k], &err) != GP_OK) {
+            status = gp_cli_fail("%s", err.msg);
+            goto done;
+        }
     if (!lr_set) cfg.lr = cfg.optimizer == GP_OPT_ADAMW ? 1e-3 : 0.01;
     if (!wd_set) cfg.weight_decay = cfg.optimizer == GP_OPT_ADAMW ? 0.01 : 0.0;
 
@@ -482,7 +489,9 @@ int gp_cmd_train(int argc, char **argv)
             }
         if (gp_dataset_from_arrays(cfg.model_path, &arrays[0], labels ? &arrays[1] : NULL, &train, &err) != GP_OK ||
             (val_data && gp_dataset_from_arrays(cfg.model_path, &arrays[2], val_labels ? &arrays[3] : NULL,
-                                                &val, &err) != GP_OK)) {
+                                                &val, &err) != GP_OK) ||
+            gp_dataset_check_finite(&train, data, labels, &err) != GP_OK ||
+            (val_data && gp_dataset_check_finite(&val, val_data, val_labels, &err) != GP_OK)) {
             status = gp_cli_fail("%s", err.msg);
             goto done;
         }
@@ -535,7 +544,8 @@ int gp_cmd_train(int argc, char **argv)
         if (st != GP_OK) gp_atomic_abort(&metrics_file);
         else if (gp_atomic_commit(&metrics_file, &merr) != GP_OK) status = gp_cli_fail("%s", merr.msg);
     }
-    else if (cfg.save_path && !quiet) fprintf(stderr, "saved %s\n", cfg.save_path);
+    /* Only what was written is reported saved. */
+    if (st == GP_OK && status == GP_EXIT_OK && cfg.save_path && !quiet) fprintf(stderr, "saved %s\n", cfg.save_path);
 done:
     for (int k = 0; k < 4; k++) {
         gp_npy_free(&arrays[k]);

@@ -1,5 +1,7 @@
 #include "data/dataset.h"
 
+#include <math.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,4 +49,27 @@ void gp_dataset_free(struct gp_dataset *d)
     free(d->owned_x);
     free(d->owned_y);
     memset(d, 0, sizeof *d);
+}
+
+static gp_status check_finite(const struct gp_tensor *t, int64_t n, const char *name, struct gp_error *err)
+{
+    if (!gp_dtype_is_float(t->dtype)) return GP_OK;
+    int64_t total = gp_shape_numel(&t->shape), per = n > 0 ? total / n : 0;
+    for (int64_t e = 0; e < total; e++) {
+        double v = gp_tensor_get_f64(t, e);
+        if (isfinite(v)) continue;
+        return gp_error_set(err, GP_ERR_INVALID,
+                            "%s: sample %lld holds %s (element %lld of the sample): the data must be finite",
+                            name, (long long)(per ? e / per : 0), isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf",
+                            (long long)(per ? e % per : e));
+    }
+    return GP_OK;
+}
+
+gp_status gp_dataset_check_finite(const struct gp_dataset *d, const char *x_name, const char *y_name,
+                                  struct gp_error *err)
+{
+    GP_TRY(check_finite(&d->x, d->n, x_name, err));
+    if (d->y.dtype != GP_DTYPE_UNDEFINED) GP_TRY(check_finite(&d->y, d->n, y_name, err));
+    return GP_OK;
 }

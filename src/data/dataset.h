@@ -33,6 +33,12 @@ size_t gp_dataset_row_bytes(const struct gp_tensor *t);
 
 void gp_dataset_free(struct gp_dataset *d);
 
+/* Refuses non-finite floats (NaN, infinities) in the inputs or targets,
+ * before training rather than as a diverged loss: the message names
+ * `x_name` or `y_name` (the files), the sample and its element. */
+gp_status gp_dataset_check_finite(const struct gp_dataset *d, const char *x_name, const char *y_name,
+                                  struct gp_error *err);
+
 struct gp_npy;
 
 /* A dataset for the model at model_path from arrays read from .npy files:

@@ -13,6 +13,7 @@
 #include "onnx/load.h"
 #include "onnx/save.h"
 #include "train/optim.h"
+#include "util/atomic_file.h"
 
 void gp_train_config_defaults(struct gp_train_config *c)
 {
@@ -353,6 +354,12 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                    const struct gp_dataset *val, const struct gp_train_callbacks *cb,
                    struct gp_error *err)
 {
+    /* Before any long work: the outputs can be written, the data are finite. */
+    const char *outputs[2] = {cfg->save_path, cfg->trace_path};
+    for (int k = 0; k < 2; k++)
+        if (outputs[k]) GP_TRY(gp_atomic_check(outputs[k], err));
+    GP_TRY(gp_dataset_check_finite(train, "training data", "training targets", err));
+    if (val) GP_TRY(gp_dataset_check_finite(val, "validation data", "validation targets", err));
     struct run s;
     memset(&s, 0, sizeof s);
     gp_status st = setup(&s, cfg, train, err);
@@ -405,8 +412,10 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         if (step == 1 && cb && cb->on_note && gp_pipeline_graph_note(s.pipe))
             cb->on_note(cb->user, gp_pipeline_graph_note(s.pipe));
         if (!isfinite(step_loss)) {
+            /* The data were checked finite (CLI), so the weights diverged. */
             st = gp_error_set(err, GP_ERR_INVALID,
-                              "the loss became %g at step %lld: lower --lr or use --clip-norm",
+                              "the loss became %g at step %lld: the training diverged; lower --lr or use "
+                              "--clip-norm",
                               step_loss, (long long)step + 1);
             break;
         }

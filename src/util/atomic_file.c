@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 gp_status gp_atomic_create(struct gp_atomic_file *a, const char *path, struct gp_error *err)
@@ -110,5 +111,16 @@ gp_status gp_atomic_commit(struct gp_atomic_file *a, struct gp_error *err)
         }
         free(dir);
     }
+    return GP_OK;
+}
+
+gp_status gp_atomic_check(const char *path, struct gp_error *err)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return gp_error_set(err, GP_ERR_IO, "cannot write '%s': it is a folder", path);
+    struct gp_atomic_file a;
+    GP_TRY(gp_atomic_create(&a, path, err));
+    gp_atomic_abort(&a);
     return GP_OK;
 }

@@ -32,4 +32,9 @@ gp_status gp_atomic_commit(struct gp_atomic_file *a, struct gp_error *err);
 /* Gives up: closes and removes the temporary file. */
 void gp_atomic_abort(struct gp_atomic_file *a);
 
+/* Whether `path` can be written this way, checked before long work starts:
+ * not a folder, and a temporary file can be made beside it (and is removed
+ * again). Errors name the path and the reason. */
+gp_status gp_atomic_check(const char *path, struct gp_error *err);
+
 #endif
