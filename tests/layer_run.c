@@ -401,3 +401,28 @@ double layer_compare_all(const struct gp_graph *g, int layer, const char *label,
     }
     return worst;
 }
+
+double layer_run_compare_graph(const struct gp_graph *g, const char *name, int64_t index_bound,
+                               double (*gen)(const char *name, int64_t i, void *user), void *user,
+                               const struct gp_device_ops *ops_a, enum gp_precision a,
+                               const struct gp_device_ops *ops_b, enum gp_precision b, double rel, double flips,
+                               int *worst_layer)
+{
+    double worst = 0;
+    *worst_layer = -1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        char label[256];
+        snprintf(label, sizeof label, "%s, layer %d '%s' (%s)", name, i, g->nodes[i].name, g->nodes[i].op_type);
+        struct layer_io ref, run;
+        layer_run_inputs_gen(g, i, index_bound, gen, user, &ref);
+        layer_run(ops_b, 0, b, g, i, label, &ref);
+        run = ref; /* the same inputs; results of its own */
+        for (int k = 0; k < MAX_IO; k++) run.out[k] = NULL, run.din[k] = NULL;
+        layer_run(ops_a, 0, a, g, i, label, &run);
+        double w = layer_compare_all(g, i, label, &run, &ref, rel, flips);
+        if (w > worst) worst = w, *worst_layer = i;
+        layer_run_free_results(g, i, &run);
+        layer_run_free(g, i, &ref);
+    }
+    return worst;
+}

@@ -62,4 +62,14 @@ double layer_compare(const char *label, const char *tensor, int index, const flo
 double layer_compare_all(const struct gp_graph *g, int layer, const char *label, const struct layer_io *a,
                          const struct layer_io *b, double rel, double flips);
 
+/* Every layer of g, from the same inputs (layer_run_inputs_gen), run on
+ * ops_a in precision a and on the reference ops_b in precision b, compared
+ * with layer_compare_all; labels start with `name`. Returns the worst
+ * relative distance, and its layer in *worst_layer (-1 when all equal). */
+double layer_run_compare_graph(const struct gp_graph *g, const char *name, int64_t index_bound,
+                               double (*gen)(const char *name, int64_t i, void *user), void *user,
+                               const struct gp_device_ops *ops_a, enum gp_precision a,
+                               const struct gp_device_ops *ops_b, enum gp_precision b, double rel, double flips,
+                               int *worst_layer);
+
 #endif

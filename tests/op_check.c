@@ -157,20 +157,9 @@ void op_gradcheck(const struct gp_graph *g, const struct op_check_opts *o)
  * Floor, a divisor near 0). */
 void op_bf16_vs_f32(const struct gp_graph *g, const struct op_check_opts *o)
 {
-    for (int i = 0; i < g->n_nodes; i++) {
-        char label[256];
-        snprintf(label, sizeof label, "bf16 against fp32: layer %d '%s' (%s)", i, g->nodes[i].name,
-                 g->nodes[i].op_type);
-        struct layer_io fp32, bf16;
-        layer_run_inputs_gen(g, i, 2, o->gen, o->user, &fp32);
-        layer_run(&gp_cpu_device_ops, 0, GP_PRECISION_FP32, g, i, label, &fp32);
-        bf16 = fp32;
-        for (int k = 0; k < LAYER_RUN_MAX_IO; k++) bf16.out[k] = NULL, bf16.din[k] = NULL;
-        layer_run(&gp_cpu_device_ops, 0, GP_PRECISION_BF16, g, i, label, &bf16);
-        layer_compare_all(g, i, label, &bf16, &fp32, 0.03, 0.005);
-        layer_run_free_results(g, i, &bf16);
-        layer_run_free(g, i, &fp32);
-    }
+    int worst_layer;
+    layer_run_compare_graph(g, "bf16 against fp32", 2, o->gen, o->user, &gp_cpu_device_ops, GP_PRECISION_BF16,
+                            &gp_cpu_device_ops, GP_PRECISION_FP32, 0.03, 0.005, &worst_layer);
 }
 
 void op_forward_f32_vs_f64(const struct gp_graph *g, const struct op_check_opts *o)

@@ -32,23 +32,11 @@ static void check_fixture(const char *name, int64_t batch)
     struct gp_graph g;
     struct gp_error err = {0};
     if (gp_onnx_load(path, batch, &g, &err) != GP_OK) fail_msg("%s: %s", name, err.msg);
-    double worst = 0;
-    int worst_layer = -1;
-    for (int i = 0; i < g.n_nodes; i++) {
-        char label[256];
-        snprintf(label, sizeof label, "%s (batch %lld), layer %d '%s' (%s)", name, (long long)batch, i,
-                 g.nodes[i].name, g.nodes[i].op_type);
-        struct layer_io fp32, bf16;
-        layer_run_inputs(&g, i, 16, &fp32);
-        layer_run(&gp_cpu_device_ops, 0, GP_PRECISION_FP32, &g, i, label, &fp32);
-        bf16 = fp32; /* the same inputs; results of its own */
-        for (int k = 0; k < LAYER_RUN_MAX_IO; k++) bf16.out[k] = NULL, bf16.din[k] = NULL;
-        layer_run(&gp_cpu_device_ops, 0, GP_PRECISION_BF16, &g, i, label, &bf16);
-        double w = layer_compare_all(&g, i, label, &bf16, &fp32, REL, FLIPS);
-        if (w > worst) worst = w, worst_layer = i;
-        layer_run_free_results(&g, i, &bf16);
-        layer_run_free(&g, i, &fp32);
-    }
+    char label[256];
+    snprintf(label, sizeof label, "%s (batch %lld)", name, (long long)batch);
+    int worst_layer;
+    double worst = layer_run_compare_graph(&g, label, 16, NULL, NULL, &gp_cpu_device_ops, GP_PRECISION_BF16,
+                                           &gp_cpu_device_ops, GP_PRECISION_FP32, REL, FLIPS, &worst_layer);
     printf("%-20s batch %-3lld %3d layers: bf16 within %.2g of fp32 (worst: layer %d, %s)\n", name,
            (long long)batch, g.n_nodes, worst, worst_layer, worst_layer >= 0 ? g.nodes[worst_layer].op_type : "-");
     gp_graph_free(&g);

@@ -1,6 +1,7 @@
 #include "data/dataset.h"
 
 #include <math.h>
+#include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -66,9 +67,11 @@ static gp_status check_finite(const struct gp_tensor *t, int64_t n, const char *
     return GP_OK;
 }
 
-gp_status gp_dataset_check_finite(const struct gp_dataset *d, const char *x_name, const char *y_name,
-                                  struct gp_error *err)
+gp_status gp_dataset_check_finite(const struct gp_dataset *d, const char *what, struct gp_error *err)
 {
+    char x_name[256], y_name[256];
+    snprintf(x_name, sizeof x_name, "%s%s", d->x_source ? d->x_source : what, d->x_source ? "" : " data");
+    snprintf(y_name, sizeof y_name, "%s%s", d->y_source ? d->y_source : what, d->y_source ? "" : " targets");
     GP_TRY(check_finite(&d->x, d->n, x_name, err));
     if (d->y.dtype != GP_DTYPE_UNDEFINED) GP_TRY(check_finite(&d->y, d->n, y_name, err));
     return GP_OK;

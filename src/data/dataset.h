@@ -14,6 +14,7 @@ struct gp_dataset {
     struct gp_tensor y;   /* [n, ...] labels (int64) or targets (float32); dtype UNDEFINED when absent */
     int64_t n;
     void *owned_x, *owned_y; /* buffers this dataset frees */
+    const char *x_source, *y_source; /* where x and y came from (files), for messages; NULL: unnamed */
 };
 
 /* Sample order for one epoch: 0..n-1, or a Fisher-Yates shuffle driven by
@@ -34,10 +35,10 @@ size_t gp_dataset_row_bytes(const struct gp_tensor *t);
 void gp_dataset_free(struct gp_dataset *d);
 
 /* Refuses non-finite floats (NaN, infinities) in the inputs or targets,
- * before training rather than as a diverged loss: the message names
- * `x_name` or `y_name` (the files), the sample and its element. */
-gp_status gp_dataset_check_finite(const struct gp_dataset *d, const char *x_name, const char *y_name,
-                                  struct gp_error *err);
+ * before training rather than as a diverged loss: the message names the
+ * source (x_source / y_source, else `what` data / targets), the sample and
+ * its element. */
+gp_status gp_dataset_check_finite(const struct gp_dataset *d, const char *what, struct gp_error *err);
 
 struct gp_npy;
 

@@ -59,7 +59,6 @@ struct stage {
     /* Kernel argument arrays, reused: a stage's tasks run one at a time. */
     void **in, **out;
     float **din, **dout;
-    enum gp_dtype *dts;            /* the call's storage types: in, out, din, dout, width each */
     const float **param_grad_ptrs; /* per parameter, for norms */
     int *param_values;             /* per parameter: its value id */
     int64_t *param_numels;

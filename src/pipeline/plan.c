@@ -14,17 +14,13 @@
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 /* Bytes of a value on the stage: float dtypes are held as float32 or, for
- * activations in bf16, bfloat16 (plan->dt). */
+ * activations in bf16, bfloat16 (plan->dt). An activation's gradient (in the
+ * gradient set, the inboxes) is stored as the value is. */
 size_t gp_plan_value_bytes(const struct gp_graph *g, const struct gp_stage_plan *p, int v)
 {
     return (size_t)gp_shape_numel(&g->values[v].shape) * gp_dtype_size(p->dt[v]);
 }
 
-/* Its gradient's bytes in the gradient set and inboxes (the value's storage type). */
-static size_t grad_bytes_of(const struct gp_graph *g, const struct gp_stage_plan *p, int v)
-{
-    return gp_plan_value_bytes(g, p, v);
-}
 
 bool gp_plan_autocast_op(const struct gp_node *n)
 {
@@ -35,11 +31,10 @@ bool gp_plan_autocast_op(const struct gp_node *n)
     return false;
 }
 
-void gp_plan_call_types(const struct gp_graph *g, const struct gp_stage_plan *p, const struct gp_node *n,
-                        enum gp_dtype *in_dt, enum gp_dtype *out_dt, enum gp_dtype *din_dt,
-                        enum gp_dtype *dout_dt, uint32_t *shadowed)
+/* A layer's call types (gp_stage_plan.call_dt). */
+static void call_types(const struct gp_stage_plan *p, const struct gp_node *n, enum gp_dtype *in_dt,
+                       enum gp_dtype *out_dt, enum gp_dtype *din_dt, enum gp_dtype *dout_dt, uint32_t *shadowed)
 {
-    (void)g;
     *shadowed = 0;
     for (int k = 0; k < n->n_inputs; k++) {
         int v = n->inputs[k];
@@ -202,7 +197,7 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
         int layer = last - t; /* t = 0: the start (layer == last) */
         for (int q = p->born_start[t]; q < p->born_start[t + 1]; q++) {
             int v = p->born[q];
-            size_t size = align64(grad_bytes_of(g, p, v));
+            size_t size = align64(gp_plan_value_bytes(g, p, v));
             int producer = g->values[v].producer;
             struct region r = {.off = first_fit(live, n_live, size), .size = size,
                                .until = p->home[v] == GP_HOME_BOX || producer < first ? INT_MIN : producer};
@@ -234,7 +229,7 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
         int n = 0;
         for (int q = p->born_start[t]; q < p->born_start[t + 1]; q++) {
             int v = p->born[q];
-            live[n++] = (struct region){.off = p->grad_off[v], .size = align64(grad_bytes_of(g, p, v))};
+            live[n++] = (struct region){.off = p->grad_off[v], .size = align64(gp_plan_value_bytes(g, p, v))};
         }
         for (int i = 1; i < n; i++) /* insertion sort: few regions per time */
             for (int k = i; k > 0 && live[k - 1].off > live[k].off; k--) {
@@ -374,24 +369,34 @@ static gp_status plan_once(const struct gp_graph *g, const struct gp_compute_ops
     return GP_OK;
 }
 
-/* ---- float32 staging ----
- * The most any layer call of the stage needs for float32 copies of its
- * bfloat16 tensors (kernels that compute in float32), forward or
- * backward, and the loss on the last stage's output (nothing in fp32 and
- * tf32). */
-static gp_status plan_staging(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
-                              struct gp_stage_plan *p, struct gp_error *err)
+/* ---- bf16 calls and their float32 staging ----
+ * Every layer's call types, planned once (the step only reads them), and the
+ * most any call of the stage needs for float32 copies of its bfloat16
+ * tensors (kernels that compute in float32), forward or backward, and the
+ * loss on the last stage's output (nothing in fp32 and tf32). */
+static gp_status plan_calls(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
+                            struct gp_stage_plan *p, struct gp_error *err)
 {
     p->staging_bytes = 0;
     if (p->precision != GP_PRECISION_BF16) return GP_OK;
-    int width = (p->max_inputs > p->max_outputs ? p->max_inputs : p->max_outputs) + 1;
-    enum gp_dtype *t = malloc(sizeof *t * 4 * (size_t)width);
-    if (!t) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
-    enum gp_dtype *in_dt = t, *out_dt = t + width, *din_dt = t + 2 * width, *dout_dt = t + 3 * width;
+    int nl = p->last - p->first;
+    size_t total = 0;
+    p->call_dt_off = malloc(sizeof(size_t) * ((size_t)nl + 1));
+    p->call_shadowed = calloc((size_t)nl + 1, sizeof(uint32_t));
+    if (!p->call_dt_off || !p->call_shadowed) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    for (int i = p->first; i < p->last; i++) {
+        p->call_dt_off[i - p->first] = total;
+        total += 2 * (size_t)(g->nodes[i].n_inputs + g->nodes[i].n_outputs + 2);
+    }
+    p->call_dt = malloc(sizeof *p->call_dt * (total + 1));
+    if (!p->call_dt) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    for (size_t e = 0; e < total; e++) p->call_dt[e] = GP_DTYPE_FLOAT32;
     for (int i = p->first; i < p->last; i++) {
         const struct gp_node *n = &g->nodes[i];
-        uint32_t shadowed, din = 0;
-        gp_plan_call_types(g, p, n, in_dt, out_dt, din_dt, dout_dt, &shadowed);
+        enum gp_dtype *in_dt = p->call_dt + p->call_dt_off[i - p->first], *out_dt = in_dt + n->n_inputs + 1;
+        enum gp_dtype *din_dt = out_dt + n->n_outputs + 1, *dout_dt = din_dt + n->n_inputs + 1;
+        uint32_t din = 0;
+        call_types(p, n, in_dt, out_dt, din_dt, dout_dt, &p->call_shadowed[i - p->first]);
         for (int k = 0; k < n->n_inputs && k < 32; k++)
             if (n->inputs[k] >= 0 && needs_grad[n->inputs[k]] && !nondiff(n, k)) din |= 1u << k;
         const void *kernel = ops->kernel_for(n);
@@ -400,7 +405,6 @@ static gp_status plan_staging(const struct gp_graph *g, const bool *needs_grad, 
         if (f > p->staging_bytes) p->staging_bytes = f;
         if (b > p->staging_bytes) p->staging_bytes = b;
     }
-    free(t);
     for (int k = 0; k < g->n_outputs; k++) {
         int v = g->outputs[k];
         if (p->home[v] != GP_HOME_LOCAL && p->home[v] != GP_HOME_BOX) continue;
@@ -431,8 +435,9 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     p->dt = calloc((size_t)nv + 1, sizeof *p->dt);
     p->shadow_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
     p->step_grad_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
+    p->shadowed = malloc(sizeof(int) * ((size_t)nv + 1));
     if (!p->home || !p->off || !p->grad_off || !p->inbox_off || !p->saved_off || !p->frontier_in ||
-        !p->frontier_out || !p->dt || !p->shadow_off || !p->step_grad_off)
+        !p->frontier_out || !p->dt || !p->shadow_off || !p->step_grad_off || !p->shadowed)
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     for (int v = 0; v < nv; v++)
         p->grad_off[v] = p->inbox_off[v] = p->shadow_off[v] = p->step_grad_off[v] = SIZE_MAX;
@@ -492,6 +497,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
                 continue;
             p->shadow_off[v] = p->shadow_bytes;
             p->shadow_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(uint16_t));
+            p->shadowed[p->n_shadowed++] = v;
         }
     }
 
@@ -534,7 +540,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         if (!needs_grad[v]) continue;
         inbox[v] = true;
         p->inbox_off[v] = p->inbox_bytes;
-        p->inbox_bytes += align64(grad_bytes_of(g, p, v));
+        p->inbox_bytes += align64(gp_plan_value_bytes(g, p, v));
     }
     /* One gradient set, reused by every micro-batch's backward, for the
      * stage's values and its input frontier that carry gradients
@@ -542,7 +548,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     gp_status st = plan_gradients(g, needs_grad, p, inbox, err);
     free(inbox);
     if (st != GP_OK) return st;
-    return plan_staging(g, needs_grad, ops, p, err);
+    return plan_calls(g, needs_grad, ops, p, err);
 }
 
 void gp_plan_free(struct gp_stage_plan *p)
@@ -562,5 +568,9 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->dt);
     free(p->shadow_off);
     free(p->step_grad_off);
+    free(p->shadowed);
+    free(p->call_dt);
+    free(p->call_dt_off);
+    free(p->call_shadowed);
     memset(p, 0, sizeof *p);
 }

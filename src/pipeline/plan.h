@@ -37,6 +37,19 @@ struct gp_stage_plan {
      * it instead of the master. */
     size_t *shadow_off;
     size_t shadow_bytes;
+    int *shadowed, n_shadowed; /* the value ids that have a shadow */
+    /* bf16: per layer of the stage, its call's storage types (gp_layer_call's
+     * in_dt, out_dt, din_dt and dout_dt, in that order, n_inputs + 1,
+     * n_outputs + 1, n_inputs + 1 and n_outputs + 1 long: kernels may look one
+     * past their inputs, at an omitted optional one, which reads float32) at
+     * call_dt + call_dt_off[layer - first],
+     * and which of its inputs it reads through a shadow (bit k); NULL in fp32
+     * and tf32, where every float tensor is float32. A value read through its
+     * shadow is bfloat16, a parameter's or once-per-step value's gradient
+     * float32, the rest as dt says. */
+    enum gp_dtype *call_dt;
+    size_t *call_dt_off;
+    uint32_t *call_shadowed;
     size_t *step_grad_off;    /* per once-per-step value: its gradient's offset */
     size_t step_grad_bytes;
     /* Float32 copies for kernels that compute in float32 on bfloat16 values
@@ -78,15 +91,6 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
                         const struct gp_compute_ops *ops, const struct gp_compute_options *opts,
                         const char *backend, int first, int last, struct gp_stage_plan *out,
                         struct gp_error *err);
-
-/* The storage types of a layer's call (gp_layer_call's in_dt ... dout_dt,
- * each [node->n_inputs] or [node->n_outputs]): a value read through its
- * bfloat16 shadow is bfloat16, a parameter's or once-per-step value's
- * gradient float32, the rest as plan->dt says. *shadowed (bit k) tells
- * which inputs the layer reads through a shadow. */
-void gp_plan_call_types(const struct gp_graph *g, const struct gp_stage_plan *p, const struct gp_node *n,
-                        enum gp_dtype *in_dt, enum gp_dtype *out_dt, enum gp_dtype *din_dt,
-                        enum gp_dtype *dout_dt, uint32_t *shadowed);
 
 /* Stored bytes of value v on the stage (its storage type). */
 size_t gp_plan_value_bytes(const struct gp_graph *g, const struct gp_stage_plan *p, int v);

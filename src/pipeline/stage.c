@@ -181,8 +181,6 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
     s->bwd_ms = calloc((size_t)(last - first) + 1, sizeof(double));
     if (!s->fwd_ms || !s->bwd_ms) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     s->width = (s->plan.max_inputs > s->plan.max_outputs ? s->plan.max_inputs : s->plan.max_outputs) + 1;
-    s->dts = calloc(4 * (size_t)s->width, sizeof *s->dts);
-    if (!s->dts) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     s->in = calloc((size_t)s->width, sizeof(void *));
     s->out = calloc((size_t)s->width, sizeof(void *));
     s->din = calloc((size_t)s->width, sizeof(float *));
@@ -243,7 +241,6 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
         free(s->bwd_ms);
         free(s->kernels);
         free(s->params);
-        free(s->dts);
         free(s->in);
         free(s->out);
         free(s->din);

@@ -27,13 +27,13 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
     memset(s->out, 0, sizeof(void *) * (size_t)s->width);
     memset(s->din, 0, sizeof(float *) * (size_t)s->width);
     memset(s->dout, 0, sizeof(float *) * (size_t)s->width);
-    /* Storage types (bf16 precision): a matrix product or convolution
+    /* Storage types (bf16, as planned): a matrix product or convolution
      * reads its weights' bfloat16 shadows. */
-    int w = s->width;
-    enum gp_dtype *in_dt = s->dts, *out_dt = s->dts + w, *din_dt = s->dts + 2 * w, *dout_dt = s->dts + 3 * w;
-    bool mixed = s->plan.precision == GP_PRECISION_BF16;
-    uint32_t shadowed = 0;
-    if (mixed) gp_plan_call_types(g, &s->plan, n, in_dt, out_dt, din_dt, dout_dt, &shadowed);
+    const enum gp_dtype *in_dt = s->plan.call_dt ? s->plan.call_dt + s->plan.call_dt_off[layer - s->plan.first] : NULL;
+    const enum gp_dtype *out_dt = in_dt ? in_dt + n->n_inputs + 1 : NULL;
+    const enum gp_dtype *din_dt = in_dt ? out_dt + n->n_outputs + 1 : NULL;
+    const enum gp_dtype *dout_dt = in_dt ? din_dt + n->n_inputs + 1 : NULL;
+    uint32_t shadowed = in_dt ? s->plan.call_shadowed[layer - s->plan.first] : 0;
     for (int k = 0; k < n->n_inputs; k++) {
         int v = n->inputs[k];
         bool shadow = k < 32 && ((shadowed >> k) & 1);
@@ -54,10 +54,10 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
         .out = s->out,
         .din = s->din,
         .dout = s->dout,
-        .in_dt = mixed ? in_dt : NULL,
-        .out_dt = mixed ? out_dt : NULL,
-        .din_dt = mixed ? din_dt : NULL,
-        .dout_dt = mixed ? dout_dt : NULL,
+        .in_dt = in_dt,
+        .out_dt = out_dt,
+        .din_dt = din_dt,
+        .dout_dt = dout_dt,
         .saved = s->locals + (size_t)set * s->plan.local_bytes + s->plan.saved_off[layer - s->plan.first],
         .scratch = s->scratch,
         .training = training,
@@ -93,8 +93,8 @@ static gp_status lap(struct stage *s, double *t0, double *acc, struct gp_error *
 static gp_status refresh_shadows(struct gp_pipeline *p, struct stage *s, struct gp_error *err)
 {
     const struct gp_graph *g = p->g;
-    for (int v = 0; v < g->n_values; v++) {
-        if (s->plan.shadow_off[v] == SIZE_MAX) continue;
+    for (int q = 0; q < s->plan.n_shadowed; q++) {
+        int v = s->plan.shadowed[q];
         GP_TRY(s->cops->convert(s->cctx, s->shadows + s->plan.shadow_off[v], GP_DTYPE_BFLOAT16,
                                 s->static_block + s->plan.off[v], GP_DTYPE_FLOAT32,
                                 gp_shape_numel(&g->values[v].shape), false, err));

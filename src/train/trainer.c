@@ -358,8 +358,8 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
     const char *outputs[2] = {cfg->save_path, cfg->trace_path};
     for (int k = 0; k < 2; k++)
         if (outputs[k]) GP_TRY(gp_atomic_check(outputs[k], err));
-    GP_TRY(gp_dataset_check_finite(train, "training data", "training targets", err));
-    if (val) GP_TRY(gp_dataset_check_finite(val, "validation data", "validation targets", err));
+    GP_TRY(gp_dataset_check_finite(train, "training", err));
+    if (val) GP_TRY(gp_dataset_check_finite(val, "validation", err));
     struct run s;
     memset(&s, 0, sizeof s);
     gp_status st = setup(&s, cfg, train, err);

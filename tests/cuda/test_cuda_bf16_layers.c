@@ -40,23 +40,11 @@ static void check_fixture(const char *name, int64_t batch)
     struct gp_graph g;
     struct gp_error err = {0};
     if (gp_onnx_load(path, batch, &g, &err) != GP_OK) fail_msg("%s: %s", name, err.msg);
-    double worst = 0;
-    int worst_layer = -1;
-    for (int i = 0; i < g.n_nodes; i++) {
-        char label[256];
-        snprintf(label, sizeof label, "%s (batch %lld), layer %d '%s' (%s)", name, (long long)batch, i,
-                 g.nodes[i].name, g.nodes[i].op_type);
-        struct layer_io cpu, gpu;
-        layer_run_inputs(&g, i, 16, &cpu);
-        layer_run(&gp_cpu_device_ops, 0, GP_PRECISION_BF16, &g, i, label, &cpu);
-        gpu = cpu;
-        for (int k = 0; k < LAYER_RUN_MAX_IO; k++) gpu.out[k] = NULL, gpu.din[k] = NULL;
-        layer_run(&gp_cuda_device_ops, 0, GP_PRECISION_BF16, &g, i, label, &gpu);
-        double w = layer_compare_all(&g, i, label, &gpu, &cpu, REL, FLIPS);
-        if (w > worst) worst = w, worst_layer = i;
-        layer_run_free_results(&g, i, &gpu);
-        layer_run_free(&g, i, &cpu);
-    }
+    char label[256];
+    snprintf(label, sizeof label, "%s (batch %lld)", name, (long long)batch);
+    int worst_layer;
+    double worst = layer_run_compare_graph(&g, label, 16, NULL, NULL, &gp_cuda_device_ops, GP_PRECISION_BF16,
+                                           &gp_cpu_device_ops, GP_PRECISION_BF16, REL, FLIPS, &worst_layer);
     printf("%-20s batch %-3lld %3d layers: cuda bf16 within %.2g of cpu bf16 (worst: layer %d, %s)\n", name,
            (long long)batch, g.n_nodes, worst, worst_layer, worst_layer >= 0 ? g.nodes[worst_layer].op_type : "-");
     gp_graph_free(&g);
