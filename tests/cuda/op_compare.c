@@ -14,8 +14,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/compute.h"
 #include "backend/cpu/kernel.h"
 #include "backend/cuda/kernel.h"
+#include "graph/tensor.h"
 
 #define MAX_IO OP_COMPARE_MAX_INPUTS
 
@@ -127,14 +129,64 @@ static void *input_data(const struct gp_graph *g, const struct gp_value *v, cons
     return h;
 }
 
+/* ---- bfloat16 on the host (graph/tensor.h's conversions, to nearest even) ---- */
+
+static float round_bf16(float v) { return gp_bf16_to_float(gp_float_to_bf16(v)); }
+
+static void round_all_bf16(float *a, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) a[i] = round_bf16(a[i]);
+}
+
+static bool bit(uint32_t mask, int k) { return k < 32 && ((mask >> k) & 1); }
+
+/* Device memory holding n floats as bfloat16 (b16) or float32. */
+static void *upload_floats(const float *h, int64_t n, bool b16, const char *label)
+{
+    if (!b16) return op_dev_copy_of(h, sizeof(float) * (size_t)n, label);
+    uint16_t *t = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+    assert_non_null(t);
+    for (int64_t i = 0; i < n; i++) t[i] = gp_float_to_bf16(h[i]);
+    void *d = op_dev_copy_of(t, sizeof(uint16_t) * (size_t)n, label);
+    free(t);
+    return d;
+}
+
+/* n floats stored on the device as bfloat16 (b16) or float32, widened. */
+static float *download_floats(const void *d, int64_t n, bool b16, const char *label)
+{
+    float *h = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    assert_non_null(h);
+    if (!b16) {
+        if (n) op_cuda_ok(cudaMemcpy(h, d, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost), label, "download");
+        return h;
+    }
+    uint16_t *t = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+    assert_non_null(t);
+    if (n) op_cuda_ok(cudaMemcpy(t, d, sizeof(uint16_t) * (size_t)n, cudaMemcpyDeviceToHost), label, "download");
+    for (int64_t i = 0; i < n; i++) h[i] = gp_bf16_to_float(t[i]);
+    free(t);
+    return h;
+}
+
+/* A tensor's tolerance: |gpu - cpu| <= rel |cpu| + rms_rel rms(cpu) + abs_tol
+ * (rms_rel 0 outside bf16). */
 static void compare_floats(const char *label, const char *tensor, int index, const float *gpu,
-                           const float *cpu, int64_t n, double rel, double abs_tol, bool scaled)
+                           const float *cpu, int64_t n, double rel, double abs_tol, bool scaled,
+                           double rms_rel)
 {
     if (scaled) {
         double big = 1;
         for (int64_t i = 0; i < n; i++)
             if (fabs((double)cpu[i]) > big && isfinite(cpu[i])) big = fabs((double)cpu[i]);
         abs_tol *= big;
+    }
+    if (rms_rel > 0) {
+        double ss = 0;
+        int64_t count = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (isfinite(cpu[i])) ss += (double)cpu[i] * (double)cpu[i], count++;
+        abs_tol += rms_rel * (count ? sqrt(ss / (double)count) : 0.0);
     }
     for (int64_t i = 0; i < n; i++) {
         float gv = gpu[i], cv = cpu[i];
@@ -165,6 +217,10 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     const struct gp_node *node = &g->nodes[node_index];
     const char *label = o->label ? o->label : node->op_type;
     double rel = o->rel_tol > 0 ? o->rel_tol : 1e-5, abs_tol = o->abs_tol > 0 ? o->abs_tol : 1e-6;
+    bool b16 = o->bf16;
+    /* bf16 bounds (op_compare.h): of |ref| and of rms(ref), for bfloat16 and
+     * for float32 tensors. */
+    const double r_bf16 = 1.0 / 128 + 1.0 / 512, rms_bf16 = 1.0 / 128, r_f32 = 1.0 / 256;
     float lo = o->lo, hi = o->hi;
     if (lo == 0 && hi == 0) lo = -2, hi = 2;
     int ni = node->n_inputs, no = node->n_outputs;
@@ -176,15 +232,26 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     if (!gk) fail_msg("%s: no CUDA kernel for %s", label, node->op_type);
     bool backward = !o->forward_only && ck->backward;
     if (backward && !gk->backward) fail_msg("%s: the CUDA kernel has no backward", label);
+    if (b16 && !gk->bf16) fail_msg("%s: the CUDA kernel does not read bfloat16", label);
 
     /* Host data, shared by both sides. */
     void *hx[MAX_IO] = {0};
     int64_t nx[MAX_IO] = {0}, ny[MAX_IO] = {0};
+    /* Storage on the CUDA side (bf16: op_compare.h), and what is bfloat16. */
+    enum gp_dtype in_dt[MAX_IO + 1], out_dt[MAX_IO + 1], din_dt[MAX_IO + 1], dout_dt[MAX_IO + 1];
+    bool x16[MAX_IO] = {0}, y16[MAX_IO] = {0}, dx16[MAX_IO] = {0};
+    for (int k = 0; k <= MAX_IO; k++) in_dt[k] = out_dt[k] = din_dt[k] = dout_dt[k] = GP_DTYPE_FLOAT32;
     for (int k = 0; k < ni; k++) {
         if (node->inputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->inputs[k]];
         nx[k] = gp_shape_numel(&v->shape);
         hx[k] = input_data(g, v, o, k, lo, hi);
+        bool fl = gp_dtype_is_float(v->dtype);
+        x16[k] = b16 && fl && !bit(o->f32_inputs, k);
+        dx16[k] = b16 && fl && !bit(o->params, k);
+        in_dt[k] = !fl ? v->dtype : x16[k] ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+        din_dt[k] = dx16[k] ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+        if (b16 && fl) round_all_bf16(hx[k], nx[k]);
     }
     float *hdy[MAX_IO] = {0}, *hd0[MAX_IO] = {0};
     bool want_dx[MAX_IO] = {0};
@@ -192,13 +259,19 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         if (node->outputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->outputs[k]];
         ny[k] = gp_shape_numel(&v->shape);
-        if (gp_dtype_is_float(v->dtype)) hdy[k] = random_floats(ny[k], -1, 1);
+        bool fl = gp_dtype_is_float(v->dtype);
+        y16[k] = b16 && fl && !bit(o->f32_outputs, k);
+        out_dt[k] = !fl ? v->dtype : y16[k] ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+        dout_dt[k] = b16 && fl ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+        if (fl) hdy[k] = random_floats(ny[k], -1, 1);
+        if (b16 && fl) round_all_bf16(hdy[k], ny[k]);
     }
     for (int k = 0; k < ni; k++) {
         if (node->inputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->inputs[k]];
         want_dx[k] = backward && gp_dtype_is_float(v->dtype) && !nondiff(node, k);
         if (want_dx[k]) hd0[k] = random_floats(nx[k], -1, 1);
+        if (want_dx[k] && dx16[k]) round_all_bf16(hd0[k], nx[k]);
     }
     uint64_t seed = 1234, step = 7;
     int64_t sample_offset = 3;
@@ -258,26 +331,37 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     for (int k = 0; k < ni; k++) {
         if (node->inputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->inputs[k]];
-        gin[k] = op_dev_copy_of(hx[k], (size_t)nx[k] * esize(v->dtype), label);
-        if (want_dx[k]) gdin[k] = op_dev_copy_of(hd0[k], sizeof(float) * (size_t)nx[k], label);
+        if (gp_dtype_is_float(v->dtype))
+            gin[k] = upload_floats(hx[k], nx[k], x16[k], label);
+        else
+            gin[k] = op_dev_copy_of(hx[k], (size_t)nx[k] * esize(v->dtype), label);
+        if (want_dx[k]) gdin[k] = upload_floats(hd0[k], nx[k], dx16[k], label);
     }
     for (int k = 0; k < no; k++) {
         if (node->outputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->outputs[k]];
-        size_t bytes = (size_t)ny[k] * esize(v->dtype);
+        size_t bytes = (size_t)ny[k] * (y16[k] ? sizeof(uint16_t) : esize(v->dtype));
         gout[k] = op_dev_alloc(bytes, label);
-        /* Poison: NaN for floats, 0xa5 bytes for integers. */
+        /* Poison: NaN for floats (float32 and bfloat16), 0xa5 bytes for integers. */
         op_cuda_ok(cudaMemset(gout[k], gp_dtype_is_float(v->dtype) ? 0xff : 0xa5, bytes ? bytes : 16), label,
                 "cudaMemset");
-        if (hdy[k]) gdout[k] = op_dev_copy_of(hdy[k], sizeof(float) * (size_t)ny[k], label);
+        if (hdy[k]) gdout[k] = upload_floats(hdy[k], ny[k], b16, label);
     }
+    /* The workspace the planner gives the node in this mode (convolutions:
+     * exactly the mode's; other kernels their scratch_bytes). */
+    struct gp_compute_options copts = {
+        .precision = b16 ? GP_PRECISION_BF16 : o->tf32 ? GP_PRECISION_TF32 : GP_PRECISION_FP32,
+        .fast_conv = o->fast_conv};
     size_t g_saved = gk->saved_bytes ? gk->saved_bytes(g, node) : 0;
-    size_t g_scratch = gk->scratch_bytes ? gk->scratch_bytes(g, node) : 0;
+    size_t g_scratch = gp_cuda_conv_scratch_bytes(g, node, &copts);
     void *gsaved = op_dev_alloc(g_saved + 64, label), *gscratch = op_dev_alloc(g_scratch + 64, label);
     op_cuda_ok(cudaMemset(gscratch, 0xff, g_scratch + 64), label, "cudaMemset"); /* undefined contents */
     struct gp_cuda_ctx gc = {.graph = g, .node = node, .in = gin, .out = gout, .din = gdin, .dout = gdout,
+                             .in_dt = b16 ? in_dt : NULL, .out_dt = b16 ? out_dt : NULL,
+                             .din_dt = b16 ? din_dt : NULL, .dout_dt = b16 ? dout_dt : NULL,
                              .saved = gsaved, .scratch = gscratch, .stream = stream,
                              .cublas = libs.cublas, .cudnn = libs.cudnn, .tf32 = o->tf32,
+                             .fast_conv = o->fast_conv,
                              .training = !o->eval, .update_state = !o->eval, .seed = seed, .step = step,
                              .sample_offset = sample_offset, .dropout_ratio = -1};
     if (gk->forward(&gc, &err) != GP_OK) fail_msg("%s: CUDA forward: %s", label, err.msg);
@@ -288,20 +372,35 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     }
 
     /* ---- compare ---- */
+    /* bf16: the reference is the CPU's float result rounded where the CUDA
+     * side stores bfloat16, within r (|ref| + rms(ref)) + abs_tol. */
     for (int k = 0; k < no; k++) {
         if (node->outputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->outputs[k]];
-        void *h = host_copy_of(gout[k], (size_t)ny[k] * esize(v->dtype), label);
-        if (gp_dtype_is_float(v->dtype))
-            compare_floats(label, "output", k, h, cout[k], ny[k], rel, abs_tol, o->scale_abs_tol);
-        else
+        if (gp_dtype_is_float(v->dtype)) {
+            float *h = download_floats(gout[k], ny[k], y16[k], label);
+            if (y16[k]) round_all_bf16(cout[k], ny[k]);
+            if (b16)
+                compare_floats(label, "output", k, h, cout[k], ny[k], y16[k] ? r_bf16 : r_f32, abs_tol,
+                               o->scale_abs_tol, y16[k] ? rms_bf16 : r_f32);
+            else
+                compare_floats(label, "output", k, h, cout[k], ny[k], rel, abs_tol, o->scale_abs_tol, 0);
+            free(h);
+        } else {
+            void *h = host_copy_of(gout[k], (size_t)ny[k] * esize(v->dtype), label);
             compare_exact(label, "output", k, h, cout[k], ny[k], esize(v->dtype));
-        free(h);
+            free(h);
+        }
     }
     for (int k = 0; k < ni; k++) {
         if (!want_dx[k]) continue;
-        float *h = host_copy_of(gdin[k], sizeof(float) * (size_t)nx[k], label);
-        compare_floats(label, "gradient of input", k, h, cdin[k], nx[k], rel, abs_tol, o->scale_abs_tol);
+        float *h = download_floats(gdin[k], nx[k], dx16[k], label);
+        if (dx16[k]) round_all_bf16(cdin[k], nx[k]);
+        if (b16)
+            compare_floats(label, "gradient of input", k, h, cdin[k], nx[k], dx16[k] ? r_bf16 : r_f32, abs_tol,
+                           o->scale_abs_tol, dx16[k] ? rms_bf16 : r_f32);
+        else
+            compare_floats(label, "gradient of input", k, h, cdin[k], nx[k], rel, abs_tol, o->scale_abs_tol, 0);
         free(h);
     }
     /* Inputs a kernel updates in place (running statistics) end equal too. */
@@ -309,8 +408,14 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         if (node->inputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->inputs[k]];
         if (!gp_dtype_is_float(v->dtype)) continue;
-        float *h = host_copy_of(gin[k], sizeof(float) * (size_t)nx[k], label);
-        compare_floats(label, "input (after the step)", k, h, cin[k], nx[k], rel, abs_tol, o->scale_abs_tol);
+        float *h = download_floats(gin[k], nx[k], x16[k], label);
+        if (x16[k]) round_all_bf16(cin[k], nx[k]);
+        if (b16)
+            compare_floats(label, "input (after the step)", k, h, cin[k], nx[k], x16[k] ? r_bf16 : r_f32,
+                           abs_tol, o->scale_abs_tol, x16[k] ? rms_bf16 : r_f32);
+        else
+            compare_floats(label, "input (after the step)", k, h, cin[k], nx[k], rel, abs_tol, o->scale_abs_tol,
+                           0);
         free(h);
     }
 

@@ -12,11 +12,34 @@
  * output is poisoned with NaN first, so an unwritten element fails.
  *
  * Tolerance: |cuda - cpu| <= rel_tol |cpu| + abs_tol (defaults 1e-5 and
- * 1e-6); integer outputs must match exactly. */
+ * 1e-6); integer outputs must match exactly.
+ *
+ * bfloat16 (bf16, for kernels that read it themselves, gp_cuda_kernel.bf16):
+ * the CUDA side gets the storage types of the BF16 precision
+ * (backend/compute.h): float inputs, outputs and output gradients in
+ * bfloat16, input gradients too except those of `params` (float32, as a
+ * parameter's); f32_inputs and f32_outputs keep those in float32 (a bias
+ * parameter read directly). Every float input, every output gradient and
+ * every bfloat16 gradient's initial value is rounded to bfloat16 on the
+ * host, so both sides start from the same numbers; the reference is the
+ * CPU float kernel on them, its results rounded to bfloat16 (to nearest
+ * even) where the CUDA side stores bfloat16. Tolerance, bfloat16 tensors:
+ *   |cuda - ref| <= (2^-7 + 2^-9) |ref| + 2^-7 rms(ref) + abs_tol:
+ * one bfloat16 step (at most 2^-7 relative) where the two sides' float32
+ * results fall on either side of a rounding boundary, plus the rounding of
+ * an intermediate where a kernel stores one (cuDNN's output before its
+ * bias, a gradient computed into a buffer before it is added: at most
+ * 2^-9 of it, so of |ref| plus the added term, which rms(ref) bounds), the
+ * rms term also covering elements whose sums cancel; float32 tensors:
+ *   |cuda - ref| <= 2^-8 (|ref| + rms(ref)) + abs_tol
+ * (a convolution's float32 weight gradient is rounded to bfloat16 once
+ * before it is added); abs_tol is the caller's slack for float32 sums of K
+ * terms added in other orders (sum_tol(K)). rel_tol is not used. */
 #ifndef GP_TESTS_CUDA_OP_COMPARE_H
 #define GP_TESTS_CUDA_OP_COMPARE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "graph/graph.h"
 
@@ -33,6 +56,11 @@ struct op_compare {
     int64_t index_bound;                        /* > 0: integer inputs without data draw from [0, bound) */
     bool scale_abs_tol;                         /* abs_tol times the tensor's largest |cpu| (at least 1):
                                                    for long sums whose terms cancel */
+    bool fast_conv;                             /* the CUDA side may take the fastest convolution
+                                                   algorithms (ctx->fast_conv) */
+    bool bf16;                                  /* bfloat16 storage on the CUDA side (above) */
+    uint32_t params;                            /* bf16: inputs (bit k) whose gradients are float32 */
+    uint32_t f32_inputs, f32_outputs;           /* bf16: inputs, outputs (bit k) stored as float32 */
 };
 
 /* Compares node `node` of g on both backends; fails the cmocka test (naming

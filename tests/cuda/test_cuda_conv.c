@@ -8,7 +8,16 @@
  * sum of a case (Cg * kernel forward, N * output cells for the weight's
  * gradient). Pools: the CUDA kernels visit the CPU's taps in the CPU's
  * order, so they get the default (tight) tolerance, and MaxPool's ties and
- * NaNs must route gradients to the same cells. TF32 stays off. */
+ * NaNs must route gradients to the same cells. TF32 stays off.
+ *
+ * bf16: Conv and ConvTranspose read and write bfloat16 themselves (cuDNN's
+ * bfloat16 configuration, float32 compute); op_compare_node runs the CPU
+ * float kernel on bfloat16-rounded data and rounds its results where the
+ * CUDA side stores bfloat16: |d| <= (2^-7 + 2^-9) |ref| + 2^-7 rms(ref) +
+ * sum_tol(K) for bfloat16 tensors (Y, dX; W, B and their gradients when
+ * they are activations), 2^-8 (|ref| + rms(ref)) + sum_tol(K) for float32
+ * ones (the parameters' dW and dB: dW passes through bfloat16 once), K the
+ * longest sum as for float32 (op_compare.h). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -21,6 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/compute.h"
+#include "backend/cuda/kernel.h"
 #include "kernel_graph.h"
 #include "cuda_test_util.h"
 #include "op_compare.h"
@@ -30,6 +41,13 @@
  * mantissa bits), so errors grow like the square root of a sum's length
  * times 2^-11 of its terms. */
 static bool tf32_mode;
+
+/* Set by the bf16 tests: bfloat16 storage, with W and the bias as
+ * parameters (float32 gradients) unless `activations`, the bias read as
+ * float32 when `bias_f32`, and the fast_conv policy when `fast`. */
+static struct {
+    bool on, activations, bias_f32, fast;
+} bf16_mode;
 
 /* ---- Conv and ConvTranspose ---- */
 
@@ -79,9 +97,16 @@ static void run_conv(const struct conv_case *c)
     int64_t len = (transpose ? c->x[1] : c->w[1]) * ksize;
     int64_t cells = c->x[0] * (transpose ? xcells : ycells);
     if (cells > len) len = cells;
-    char label[200];
-    snprintf(label, sizeof label, "%s: %s%s", c->op, c->label, tf32_mode ? " (TF32)" : "");
+    char label[260];
+    snprintf(label, sizeof label, "%s: %s%s%s%s%s%s", c->op, c->label, tf32_mode ? " (TF32)" : "",
+             bf16_mode.on ? " (bf16" : "", bf16_mode.on && bf16_mode.activations ? ", W and B activations" : "",
+             bf16_mode.on && bf16_mode.bias_f32 && c->bias ? ", B float32" : "",
+             bf16_mode.on ? (bf16_mode.fast ? ", fast_conv)" : ")") : "");
     struct op_compare o = sum_compare(label, len, tf32_mode);
+    if (bf16_mode.on)
+        o = (struct op_compare){.label = label, .bf16 = true, .abs_tol = sum_tol(len),
+                                .params = bf16_mode.activations ? 0u : 6u, /* W (1), B (2) */
+                                .f32_inputs = bf16_mode.bias_f32 ? 4u : 0u, .fast_conv = bf16_mode.fast};
     op_compare_node(&g, 0, &o);
     gp_graph_free(&g);
 }
@@ -188,6 +213,114 @@ static void test_conv_tf32(void **state)
     run_conv(&conv_cases[10]); /* the ResNet stem */
     run_conv(&convt_cases[9]); /* output_padding */
     tf32_mode = false;
+}
+
+/* bfloat16: every Conv case, W and B parameters, the bias read as its
+ * bfloat16 copy and (every other case) as float32. */
+static void test_conv_bf16(void **state)
+{
+    (void)state;
+    bf16_mode.on = true;
+    for (int k = 0; k < N_OF(conv_cases); k++) {
+        bf16_mode.bias_f32 = k % 2 == 1;
+        run_conv(&conv_cases[k]);
+    }
+    memset(&bf16_mode, 0, sizeof bf16_mode);
+}
+
+static void test_conv_transpose_bf16(void **state)
+{
+    (void)state;
+    bf16_mode.on = true;
+    for (int k = 0; k < N_OF(convt_cases); k++) {
+        bf16_mode.bias_f32 = k % 2 == 0;
+        run_conv(&convt_cases[k]);
+    }
+    memset(&bf16_mode, 0, sizeof bf16_mode);
+}
+
+/* bfloat16 with W and B activations (bfloat16 gradients: cuDNN accumulates
+ * dW itself, dB rounds once), and with the fast_conv policy. */
+static void test_conv_bf16_modes(void **state)
+{
+    (void)state;
+    bf16_mode.on = true;
+    bf16_mode.activations = true;
+    run_conv(&conv_cases[0]);  /* the padded buffer */
+    run_conv(&conv_cases[11]); /* 3x3 64 -> 64, bias */
+    run_conv(&convt_cases[0]); /* output_padding, groups: the transposed buffer */
+    run_conv(&convt_cases[10]);
+    bf16_mode.activations = false;
+    bf16_mode.fast = true;
+    run_conv(&conv_cases[0]);
+    run_conv(&conv_cases[10]); /* the ResNet stem */
+    run_conv(&conv_cases[11]);
+    run_conv(&convt_cases[9]);
+    memset(&bf16_mode, 0, sizeof bf16_mode);
+}
+
+/* gp_cuda_conv_scratch_bytes: each mode's workspace within the table's
+ * scratch_bytes (the most of any mode), bf16's holding the bfloat16 dW
+ * buffer, and other nodes given their kernel's scratch_bytes. */
+static void test_conv_scratch_modes(void **state)
+{
+    (void)state;
+    const struct conv_case *cases[] = {&conv_cases[0], &conv_cases[10], &conv_cases[11], &convt_cases[0],
+                                       &convt_cases[3]};
+    static const enum gp_precision precisions[] = {GP_PRECISION_FP32, GP_PRECISION_TF32, GP_PRECISION_BF16};
+    for (int i = 0; i < N_OF(cases); i++) {
+        const struct conv_case *c = cases[i];
+        struct gp_graph g;
+        begin(&g, c->opset ? c->opset : 13);
+        int ns = c->rank - 2;
+        bool transpose = strcmp(c->op, "ConvTranspose") == 0;
+        int64_t m = transpose ? c->w[1] * (c->group ? c->group : 1) : c->w[0];
+        input(&g, "x", c->rank, c->x);
+        input(&g, "w", c->rank, c->w);
+        if (c->bias) input(&g, "b", 1, &m);
+        int n = node(&g, c->op, c->bias ? 3 : 2, S("x", "w", "b"), 1, S("y"));
+        if (c->group) attr_i(&g, n, "group", c->group);
+        if (c->strides[0]) attr_ints(&g, n, "strides", ns, c->strides);
+        if (c->dilations[0]) attr_ints(&g, n, "dilations", ns, c->dilations);
+        if (c->output_padding[0]) attr_ints(&g, n, "output_padding", ns, c->output_padding);
+        if (c->output_shape[0]) attr_ints(&g, n, "output_shape", ns, c->output_shape);
+        if (c->has_pads) attr_ints(&g, n, "pads", 2 * ns, c->pads);
+        if (c->auto_pad) attr_s(&g, n, "auto_pad", c->auto_pad);
+        finalize_ok(&g);
+        const struct gp_node *nd = &g.nodes[0];
+        const struct gp_cuda_kernel *k = gp_cuda_kernel_for(nd);
+        assert_non_null(k);
+        assert_non_null(k->scratch_bytes);
+        size_t most = k->scratch_bytes(&g, nd);
+        int64_t wn = 1;
+        for (int a = 0; a < c->rank; a++) wn *= c->w[a];
+        for (int p = 0; p < N_OF(precisions); p++)
+            for (int fast = 0; fast < 2; fast++) {
+                struct gp_compute_options o = {.precision = precisions[p], .fast_conv = fast != 0};
+                size_t s = gp_cuda_conv_scratch_bytes(&g, nd, &o);
+                if (s > most)
+                    fail_msg("%s: %s: %s%s needs %zu bytes, more than scratch_bytes' %zu", c->op, c->label,
+                             gp_precision_name(o.precision), fast ? " fast_conv" : "", s, most);
+                if (o.precision == GP_PRECISION_BF16 && s < sizeof(uint16_t) * (size_t)wn)
+                    fail_msg("%s: %s: bf16 scratch %zu has no room for dW's bfloat16 buffer (%lld elements)",
+                             c->op, c->label, s, (long long)wn);
+            }
+        gp_graph_free(&g);
+    }
+    /* Not a convolution: the kernel's own scratch_bytes. */
+    struct gp_graph g;
+    begin(&g, 13);
+    input(&g, "a", 3, (const int64_t[]){1, 3, 4});
+    input(&g, "b", 3, (const int64_t[]){2, 4, 5});
+    node(&g, "MatMul", 2, S("a", "b"), 1, S("y"));
+    finalize_ok(&g);
+    const struct gp_cuda_kernel *k = gp_cuda_kernel_for(&g.nodes[0]);
+    assert_non_null(k);
+    struct gp_compute_options o = {.precision = GP_PRECISION_BF16};
+    size_t own = k->scratch_bytes ? k->scratch_bytes(&g, &g.nodes[0]) : 0;
+    assert_true(own > 0); /* a broadcast operand: per-entry products */
+    assert_int_equal(gp_cuda_conv_scratch_bytes(&g, &g.nodes[0], &o), own);
+    gp_graph_free(&g);
 }
 
 /* ---- pools ---- */
@@ -367,6 +500,10 @@ int main(void)
         cmocka_unit_test(test_conv),
         cmocka_unit_test(test_conv_transpose),
         cmocka_unit_test(test_conv_tf32),
+        cmocka_unit_test(test_conv_bf16),
+        cmocka_unit_test(test_conv_transpose_bf16),
+        cmocka_unit_test(test_conv_bf16_modes),
+        cmocka_unit_test(test_conv_scratch_modes),
         cmocka_unit_test(test_pools),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,12 +25,12 @@ static gp_status context_create(struct gp_device *dev, struct gp_stream *compute
                                 const struct gp_compute_options *opts, void *workspace, void **out,
                                 struct gp_error *err)
 {
-    /* TF32 in tf32, and in bf16: there the matrix products and convolutions
-     * run on float32 copies of bfloat16 values (8 significant bits), which
-     * TF32's 10-bit inputs hold exactly, so TF32 tensor cores give float32
-     * accumulation of exact products, as a bfloat16 GEMM does. */
+    /* TF32 in tf32, and in bf16 for what bf16 still runs on float32 copies
+     * (a mixed-type call staged by the executor): those copies hold
+     * bfloat16 values (8 significant bits), which TF32's 10-bit inputs hold
+     * exactly, so TF32 gives float32 accumulation of exact products, as a
+     * bfloat16 GEMM does. */
     bool tf32 = opts->precision == GP_PRECISION_TF32 || opts->precision == GP_PRECISION_BF16;
-    gp_cuda_set_conv_policy(opts->fast_conv ? GP_CUDA_CONV_FASTEST : GP_CUDA_CONV_EXACT);
     *out = NULL;
     cudaError_t e = cudaSetDevice(gp_cuda_device_index(dev));
     if (e != cudaSuccess)
@@ -76,15 +76,12 @@ static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
 
 static bool kernel_bf16(const void *kernel) { return kernel && ((const struct gp_cuda_kernel *)kernel)->bf16; }
 
-/* Convolutions choose their algorithms (and so their workspace) by the
- * process-wide policy in cuda/conv.cu: it is set from the stage's options
- * here, before planning asks, and again when the stage's context is made. */
+/* A convolution's workspace is its algorithm's for exactly this precision
+ * and policy; other kernels' do not depend on them. */
 static size_t scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
                             const struct gp_compute_options *opts)
 {
-    gp_cuda_set_conv_policy(opts->fast_conv ? GP_CUDA_CONV_FASTEST : GP_CUDA_CONV_EXACT);
-    const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
-    return k && k->scratch_bytes ? k->scratch_bytes(g, node) : 0;
+    return gp_cuda_conv_scratch_bytes(g, node, opts);
 }
 
 static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_layer_call *c)

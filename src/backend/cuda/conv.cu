@@ -24,17 +24,27 @@
  * transposed output is computed there and cropped. 1-D convolutions run as
  * 2-D ones with a leading axis of 1; up to 3 spatial axes, as on the CPU.
  *
- * Algorithms: chosen once per geometry, by cuDNN's measurements
+ * Storage (ctx->*_dt): float32, or bfloat16 (the BF16 precision of
+ * backend/compute.h) for X, W (the executor's bfloat16 copy), Y and the
+ * activation gradients dX, dY alike, in cuDNN's bfloat16 configuration
+ * (bfloat16 tensors and filter, float32 compute type). The bias is either,
+ * and so are dB and dW; cuDNN's filter gradient has the filter's type, so a
+ * float32 dW (a parameter's) is computed into a bfloat16 buffer in scratch
+ * and added to dW there (which is what autocast's cast of the weight does
+ * to its gradient in PyTorch).
+ *
+ * Algorithms: chosen once per geometry and mode, by cuDNN's measurements
  * (cudnnFind*Algorithm, as PyTorch's cudnn.benchmark does; its heuristics,
  * cudnnGet*Algorithm_v7, where measuring fails): the fastest result that
- * succeeds with a workspace
- * of at most WS_CAP, deterministic and (without TF32) free of FFT and
- * Winograd if there is one (the EXACT policy of gp_cuda_set_conv_policy;
- * FASTEST takes the fastest that runs), in FMA math (float32 semantics)
- * unless ctx->tf32. Choices live in a process-wide table under a mutex, keyed by
- * the whole cuDNN problem, and scratch_bytes() makes them (with a handle of
- * its own) so the executor plans the workspace; forward and backward find
- * the same choice there. */
+ * succeeds with a workspace of at most WS_CAP, deterministic and (in
+ * float32 without TF32) free of FFT and Winograd if there is one; with
+ * ctx->fast_conv, the fastest that runs. The math is FMA (float32
+ * semantics) for float32, TF32 tensor cores when ctx->tf32, and tensor
+ * cores for bfloat16. Choices live in a process-wide table under a mutex,
+ * keyed by the whole cuDNN problem and the mode (storage, TF32, fast_conv);
+ * gp_cuda_conv_scratch_bytes makes them for the stage's options (with a
+ * handle of its own) so the executor plans the workspace, and forward and
+ * backward find the same choice there. */
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -42,10 +52,11 @@
 
 #include <cudnn.h>
 
-#include "backend/cuda/device.h"
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
+#include "backend/compute.h"
 #include "ops/window.h"
 }
 
@@ -171,11 +182,57 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
     return GP_OK;
 }
 
+/* ---- mode ---- */
+
+/* What a convolution runs in: the storage of X, W, Y and their gradients,
+ * TF32 (float32 storage only) and the fast_conv policy. */
+struct conv_mode {
+    bool bf16, tf32, fast;
+};
+
+static struct conv_mode ctx_mode(const struct gp_cuda_ctx *c)
+{
+    struct conv_mode m;
+    m.bf16 = gp_cuda_is_bf16(c->in_dt, 0);
+    m.tf32 = !m.bf16 && c->tf32;
+    m.fast = c->fast_conv;
+    return m;
+}
+
+static struct conv_mode options_mode(const struct gp_compute_options *o)
+{
+    struct conv_mode m;
+    m.bf16 = o->precision == GP_PRECISION_BF16;
+    m.tf32 = o->precision == GP_PRECISION_TF32;
+    m.fast = o->fast_conv;
+    return m;
+}
+
+static const char *math_name(struct conv_mode m)
+{
+    return m.bf16 ? "bfloat16 tensor-op" : m.tf32 ? "TF32" : "FMA";
+}
+
 /* Bytes of the image buffer (0 when direct). */
-static size_t buffer_bytes(const struct conv_geom *g)
+static size_t buffer_bytes(const struct conv_geom *g, bool bf16)
 {
     if (g->direct) return 0;
-    return align_up(sizeof(float) * (size_t)(g->n * g->img_ch * g->imgb_size));
+    return align_up(gp_cuda_float_size(bf16) * (size_t)(g->n * g->img_ch * g->imgb_size));
+}
+
+/* The filter's elements (W's, for either op). */
+static int64_t filter_numel(const struct conv_geom *g)
+{
+    int64_t n = g->col_ch * (g->img_ch / g->group);
+    for (int i = 0; i < g->ns; i++) n *= g->k[i];
+    return n;
+}
+
+/* Bytes of the bfloat16 buffer a float32 dW is computed into (bfloat16
+ * storage only). */
+static size_t dw_buffer_bytes(const struct conv_geom *g, bool bf16)
+{
+    return bf16 ? align_up(sizeof(__nv_bfloat16) * (size_t)filter_numel(g)) : 0;
 }
 
 /* ---- cuDNN descriptors ---- */
@@ -210,8 +267,8 @@ static void descs_destroy(struct descs *d)
     memset(d, 0, sizeof *d);
 }
 
-static bool set_tensor(cudnnTensorDescriptor_t t, int nd, int64_t n, int64_t ch, const int64_t *sp,
-                       struct dnn_err *e)
+static bool set_tensor(cudnnTensorDescriptor_t t, cudnnDataType_t dt, int nd, int64_t n, int64_t ch,
+                       const int64_t *sp, struct dnn_err *e)
 {
     int dims[MAX_AXES + 2], strides[MAX_AXES + 2];
     dims[0] = (int)n;
@@ -219,28 +276,31 @@ static bool set_tensor(cudnnTensorDescriptor_t t, int nd, int64_t n, int64_t ch,
     for (int i = 0; i < nd - 2; i++) dims[i + 2] = (int)sp[i];
     strides[nd - 1] = 1;
     for (int i = nd - 2; i >= 0; i--) strides[i] = strides[i + 1] * dims[i + 1];
-    DNN_TRY(e, cudnnSetTensorNdDescriptor, t, CUDNN_DATA_FLOAT, nd, dims, strides);
+    DNN_TRY(e, cudnnSetTensorNdDescriptor, t, dt, nd, dims, strides);
     return true;
 }
 
-/* The descriptors of the node's problem; `math` for the convolution. The
- * columns' shape is checked against cuDNN's own output shape. */
-static bool descs_create(const struct conv_geom *g, cudnnMathType_t math, struct descs *d,
+/* The descriptors of the node's problem in storage `bf16` (tensors and
+ * filter; the compute type is float32 either way); `math` for the
+ * convolution. The columns' shape is checked against cuDNN's own output
+ * shape. */
+static bool descs_create(const struct conv_geom *g, bool bf16, cudnnMathType_t math, struct descs *d,
                          struct dnn_err *e)
 {
     memset(d, 0, sizeof *d);
     int nd = g->ns + 2;
+    cudnnDataType_t dt = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     DNN_TRY(e, cudnnCreateTensorDescriptor, &d->img);
     DNN_TRY(e, cudnnCreateTensorDescriptor, &d->col);
     DNN_TRY(e, cudnnCreateFilterDescriptor, &d->w);
     DNN_TRY(e, cudnnCreateConvolutionDescriptor, &d->conv);
-    if (!set_tensor(d->img, nd, g->n, g->img_ch, g->imgb, e)) return false;
-    if (!set_tensor(d->col, nd, g->n, g->col_ch, g->col, e)) return false;
+    if (!set_tensor(d->img, dt, nd, g->n, g->img_ch, g->imgb, e)) return false;
+    if (!set_tensor(d->col, dt, nd, g->n, g->col_ch, g->col, e)) return false;
     int wd[MAX_AXES + 2];
     wd[0] = (int)g->col_ch;
     wd[1] = (int)(g->img_ch / g->group);
     for (int i = 0; i < g->ns; i++) wd[i + 2] = (int)g->k[i];
-    DNN_TRY(e, cudnnSetFilterNdDescriptor, d->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, nd, wd);
+    DNN_TRY(e, cudnnSetFilterNdDescriptor, d->w, dt, CUDNN_TENSOR_NCHW, nd, wd);
     int pad[MAX_AXES], str[MAX_AXES], dil[MAX_AXES];
     for (int i = 0; i < g->ns; i++) {
         pad[i] = (int)g->q[i];
@@ -265,13 +325,8 @@ static bool descs_create(const struct conv_geom *g, cudnnMathType_t math, struct
 
 /* ---- algorithm choice, cached ---- */
 
-/* Read when choosing (under cache_mu) and in the key; set by the CLI. */
-static enum gp_cuda_conv_policy conv_policy = GP_CUDA_CONV_EXACT;
-
-extern "C" void gp_cuda_set_conv_policy(enum gp_cuda_conv_policy policy) { conv_policy = policy; }
-
 struct algo_key {
-    int ns, group, tf32, fastest;
+    int ns, group, bf16, tf32, fastest;
     int img[MAX_AXES + 2], col[MAX_AXES + 2], w[MAX_AXES + 2];
     int q[MAX_AXES], s[MAX_AXES], d[MAX_AXES];
 };
@@ -284,13 +339,14 @@ struct algo_choice {
     size_t ws_fwd, ws_data, ws_filter;
 };
 
-static void algo_key_init(const struct conv_geom *g, bool tf32, struct algo_key *k)
+static void algo_key_init(const struct conv_geom *g, struct conv_mode mode, struct algo_key *k)
 {
     memset(k, 0, sizeof *k); /* padding too: keys compare with memcmp */
     k->ns = g->ns;
     k->group = (int)g->group;
-    k->tf32 = tf32;
-    k->fastest = conv_policy == GP_CUDA_CONV_FASTEST;
+    k->bf16 = mode.bf16;
+    k->tf32 = mode.tf32;
+    k->fastest = mode.fast;
     k->img[0] = k->col[0] = (int)g->n;
     k->img[1] = (int)g->img_ch;
     k->col[1] = (int)g->col_ch;
@@ -306,19 +362,29 @@ static void algo_key_init(const struct conv_geom *g, bool tf32, struct algo_key 
     }
 }
 
-/* Whether a result's math type is allowed: without TF32 only FMA (or the
- * default, which the descriptor's FMA setting then restricts); with it,
- * anything but down-conversion to half precision. */
-static bool math_ok(cudnnMathType_t m, bool tf32)
+/* Tensor cores allowed: TF32 for float32 storage with ctx->tf32, and
+ * always for bfloat16 storage, which has no float32 semantics to keep. */
+static bool tensor_ops(struct conv_mode m) { return m.tf32 || m.bf16; }
+
+/* Whether a result's math type is allowed: without tensor cores only FMA
+ * (or the default, which the descriptor's FMA setting then restricts);
+ * with them, anything but down-conversion to half precision. */
+static bool math_ok(cudnnMathType_t m, struct conv_mode mode)
 {
-    if (tf32) return m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    if (tensor_ops(mode)) return m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
     return m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
 }
 
-static cudnnMathType_t base_math(bool tf32) { return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
+static cudnnMathType_t base_math(struct conv_mode m)
+{
+    return m.bf16 ? CUDNN_TENSOR_OP_MATH : m.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
 
 /* The math type a chosen result runs with. */
-static cudnnMathType_t exec_math(cudnnMathType_t m, bool tf32) { return tf32 ? m : CUDNN_FMA_MATH; }
+static cudnnMathType_t exec_math(cudnnMathType_t m, struct conv_mode mode)
+{
+    return tensor_ops(mode) ? m : CUDNN_FMA_MATH;
+}
 
 /* Algorithms that compute a float32 convolution as float32 arithmetic
  * would. FFT and Winograd transform the problem and lose precision (errors
@@ -343,20 +409,22 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
            a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
+
 /* Picks among `n` heuristic results (best first) the first one that
  * succeeds, meets `level` (0: deterministic and precise, 1: precise, 2: any;
- * precision matters only without TF32), whose math type is allowed and
- * whose workspace (asked of cuDNN for that algorithm and math type) fits
- * WS_CAP. `ws_of` returns false when cuDNN refuses the algorithm. */
-#define PICK_LEVEL(perf, count, tf32, level, conv, ws_of, out_algo, out_math, out_ws, found)     \
+ * precision matters only without tensor cores, where the promise is
+ * float32 semantics), whose math type is allowed and whose workspace
+ * (asked of cuDNN for that algorithm and math type) fits WS_CAP. `ws_of`
+ * returns false when cuDNN refuses the algorithm. */
+#define PICK_LEVEL(perf, count, mode, level, conv, ws_of, out_algo, out_math, out_ws, found)     \
     do {                                                                                     \
         found = false;                                                                       \
         for (int i_ = 0; i_ < (count) && !found; i_++) {                                     \
             if ((perf)[i_].status != CUDNN_STATUS_SUCCESS) continue;                         \
             if ((level) < 1 && (perf)[i_].determinism != CUDNN_DETERMINISTIC) continue;      \
-            if ((level) < 2 && !(tf32) && !precise((perf)[i_].algo)) continue;               \
-            if (!math_ok((perf)[i_].mathType, tf32)) continue;                               \
-            cudnnMathType_t m_ = exec_math((perf)[i_].mathType, tf32);                       \
+            if ((level) < 2 && !tensor_ops(mode) && !precise((perf)[i_].algo)) continue;     \
+            if (!math_ok((perf)[i_].mathType, mode)) continue;                               \
+            cudnnMathType_t m_ = exec_math((perf)[i_].mathType, mode);                       \
             if (cudnnSetConvolutionMathType(conv, m_) != CUDNN_STATUS_SUCCESS) continue;     \
             size_t ws_ = 0;                                                                  \
             if (!ws_of((perf)[i_].algo, &ws_)) continue;                                     \
@@ -372,23 +440,23 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
 /* Preference order: deterministic and precise; precise (cuDNN's atomics
  * make the last bits vary run to run); anything that runs. Most shapes stop
  * at the first; the later ones keep a convolution that has no such
- * algorithm training rather than failing. */
-#define PICK(perf, count, tf32, conv, ws_of, out_algo, out_math, out_ws, found)                   \
+ * algorithm training rather than failing. fast_conv starts at the last. */
+#define PICK(perf, count, mode, conv, ws_of, out_algo, out_math, out_ws, found)                   \
     do {                                                                                     \
         found = false;                                                                       \
-        int first_ = conv_policy == GP_CUDA_CONV_FASTEST ? 2 : 0;                            \
+        int first_ = (mode).fast ? 2 : 0;                                                    \
         for (int level_ = first_; level_ < 3 && !found; level_++)                            \
-            PICK_LEVEL(perf, count, tf32, level_, conv, ws_of, out_algo, out_math, out_ws, found); \
+            PICK_LEVEL(perf, count, mode, level_, conv, ws_of, out_algo, out_math, out_ws, found); \
     } while (0)
 
 /* Chooses the three algorithms of the problem with handle h. On failure
  * *why says which step found nothing. */
-static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, bool tf32, struct algo_choice *ch,
-                         struct dnn_err *e, const char **why)
+static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
+                         struct algo_choice *ch, struct dnn_err *e, const char **why)
 {
     struct descs d;
     *why = NULL;
-    bool ok = descs_create(g, base_math(tf32), &d, e);
+    bool ok = descs_create(g, mode.bf16, base_math(mode), &d, e);
     int count = 0;
     bool found = false;
     if (ok) {
@@ -400,21 +468,21 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, bool tf32, 
         /* Measured first (fastest first), then the heuristics' ranking. */
         if (cudnnFindConvolutionForwardAlgorithm(h, d.img, d.w, d.conv, d.col, MAX_PERF, &count, perf) ==
             CUDNN_STATUS_SUCCESS)
-            PICK(perf, count, tf32, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, found);
+            PICK(perf, count, mode, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, found);
         if (!found) {
-            cudnnSetConvolutionMathType(d.conv, base_math(tf32));
+            cudnnSetConvolutionMathType(d.conv, base_math(mode));
             cudnnStatus_t st = cudnnGetConvolutionForwardAlgorithm_v7(h, d.img, d.w, d.conv, d.col, MAX_PERF,
                                                                       &count, perf);
             if (st != CUDNN_STATUS_SUCCESS) {
                 e->st = st, e->call = "cudnnGetConvolutionForwardAlgorithm_v7", ok = false;
             } else {
-                PICK(perf, count, tf32, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, found);
+                PICK(perf, count, mode, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, found);
                 if (!found) *why = "forward", ok = false;
             }
         }
     }
     if (ok) {
-        cudnnSetConvolutionMathType(d.conv, base_math(tf32));
+        cudnnSetConvolutionMathType(d.conv, base_math(mode));
         cudnnConvolutionBwdDataAlgoPerf_t perf[MAX_PERF];
         auto ws_of = [&](cudnnConvolutionBwdDataAlgo_t a, size_t *ws) {
             return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.col, d.conv, d.img, a, ws) ==
@@ -422,21 +490,21 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, bool tf32, 
         };
         if (cudnnFindConvolutionBackwardDataAlgorithm(h, d.w, d.col, d.conv, d.img, MAX_PERF, &count, perf) ==
             CUDNN_STATUS_SUCCESS)
-            PICK(perf, count, tf32, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, found);
+            PICK(perf, count, mode, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, found);
         if (!found) {
-            cudnnSetConvolutionMathType(d.conv, base_math(tf32));
+            cudnnSetConvolutionMathType(d.conv, base_math(mode));
             cudnnStatus_t st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.col, d.conv, d.img,
                                                                            MAX_PERF, &count, perf);
             if (st != CUDNN_STATUS_SUCCESS) {
                 e->st = st, e->call = "cudnnGetConvolutionBackwardDataAlgorithm_v7", ok = false;
             } else {
-                PICK(perf, count, tf32, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, found);
+                PICK(perf, count, mode, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, found);
                 if (!found) *why = "backward data", ok = false;
             }
         }
     }
     if (ok) {
-        cudnnSetConvolutionMathType(d.conv, base_math(tf32));
+        cudnnSetConvolutionMathType(d.conv, base_math(mode));
         cudnnConvolutionBwdFilterAlgoPerf_t perf[MAX_PERF];
         auto ws_of = [&](cudnnConvolutionBwdFilterAlgo_t a, size_t *ws) {
             return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.img, d.col, d.conv, d.w, a, ws) ==
@@ -444,15 +512,15 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, bool tf32, 
         };
         if (cudnnFindConvolutionBackwardFilterAlgorithm(h, d.img, d.col, d.conv, d.w, MAX_PERF, &count, perf) ==
             CUDNN_STATUS_SUCCESS)
-            PICK(perf, count, tf32, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, found);
+            PICK(perf, count, mode, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, found);
         if (!found) {
-            cudnnSetConvolutionMathType(d.conv, base_math(tf32));
+            cudnnSetConvolutionMathType(d.conv, base_math(mode));
             cudnnStatus_t st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.img, d.col, d.conv, d.w,
                                                                              MAX_PERF, &count, perf);
             if (st != CUDNN_STATUS_SUCCESS) {
                 e->st = st, e->call = "cudnnGetConvolutionBackwardFilterAlgorithm_v7", ok = false;
             } else {
-                PICK(perf, count, tf32, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, found);
+                PICK(perf, count, mode, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, found);
                 if (!found) *why = "backward filter", ok = false;
             }
         }
@@ -470,14 +538,14 @@ static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct cache_entry *cache;
 static int cache_len, cache_cap;
 
-/* The choice for the problem, from the table or made now with `h` (NULL:
- * a handle of its own, created for the choice and destroyed after it, so
- * that nothing outlives the stages) and added to it. */
-static bool lookup_algos(cudnnHandle_t h, const struct conv_geom *g, bool tf32, struct algo_choice *ch,
-                         struct dnn_err *e, const char **why)
+/* The choice for the problem in `mode`, from the table or made now with
+ * `h` (NULL: a handle of its own, created for the choice and destroyed
+ * after it, so that nothing outlives the stages) and added to it. */
+static bool lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
+                         struct algo_choice *ch, struct dnn_err *e, const char **why)
 {
     struct algo_key key;
-    algo_key_init(g, tf32, &key);
+    algo_key_init(g, mode, &key);
     *why = NULL;
     pthread_mutex_lock(&cache_mu);
     for (int i = 0; i < cache_len; i++)
@@ -493,7 +561,7 @@ static bool lookup_algos(cudnnHandle_t h, const struct conv_geom *g, bool tf32, 
         if (st != CUDNN_STATUS_SUCCESS) own = NULL, e->st = st, e->call = "cudnnCreate", ok = false;
         h = own;
     }
-    ok = ok && choose_algos(h, g, tf32, ch, e, why);
+    ok = ok && choose_algos(h, g, mode, ch, e, why);
     if (own) cudnnDestroy(own);
     if (ok) {
         if (cache_len == cache_cap) {
@@ -518,22 +586,40 @@ static gp_status dnn_error(const struct gp_cuda_ctx *c, struct gp_error *err, co
                          cudnnGetErrorString(e->st));
 }
 
-static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *g, struct algo_choice *ch,
-                           struct gp_error *err)
+static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *g, struct conv_mode mode,
+                           struct algo_choice *ch, struct gp_error *err)
 {
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
     const char *why = NULL;
-    if (lookup_algos((cudnnHandle_t)c->cudnn, g, c->tf32, ch, &e, &why)) return GP_OK;
+    if (lookup_algos((cudnnHandle_t)c->cudnn, g, mode, ch, &e, &why)) return GP_OK;
     if (why)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
                              "cuDNN offers no %s algorithm with a workspace of at most "
                              "%zu MiB for this convolution (%s math)",
-                             why, WS_CAP >> 20, c->tf32 ? "TF32" : "FMA");
+                             why, WS_CAP >> 20, math_name(mode));
     return dnn_error(c, err, &e, "choosing algorithms");
 }
 
-/* Image buffer, then the workspace of the largest of the three algorithms,
- * with and without TF32 (scratch_bytes cannot know which the run takes). */
+/* ---- scratch ---- */
+
+/* Scratch in `mode`: the image buffer, a float32 dW's bfloat16 buffer,
+ * then the workspace of the largest of the three algorithms. */
+static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode)
+{
+    struct algo_choice ch;
+    struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
+    const char *why;
+    size_t ws = WS_CAP; /* when nothing is found: the run chooses again and reports what fails */
+    if (lookup_algos(NULL, g, mode, &ch, &e, &why)) {
+        ws = ch.ws_fwd;
+        if (ch.ws_data > ws) ws = ch.ws_data;
+        if (ch.ws_filter > ws) ws = ch.ws_filter;
+    }
+    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + ws;
+}
+
+/* The table's scratch_bytes, for callers that do not say the mode: the
+ * most any precision and policy can take. */
 static size_t conv_scratch_common(const struct gp_graph *graph, const struct gp_node *node,
                                   bool transpose)
 {
@@ -541,21 +627,18 @@ static size_t conv_scratch_common(const struct gp_graph *graph, const struct gp_
     struct gp_error err;
     memset(&err, 0, sizeof err);
     if (conv_geom_init(graph, node, transpose, &g, &err) != GP_OK) return 0;
-    size_t ws = 0;
-    for (int tf32 = 0; tf32 < 2; tf32++) {
-        struct algo_choice ch;
-        struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
-        const char *why;
-        if (!lookup_algos(NULL, &g, tf32 != 0, &ch, &e, &why)) {
-            ws = WS_CAP; /* the run chooses again and reports what fails */
-            break;
+    static const enum gp_precision precisions[] = {GP_PRECISION_FP32, GP_PRECISION_TF32, GP_PRECISION_BF16};
+    size_t most = 0;
+    for (int p = 0; p < 3; p++)
+        for (int fast = 0; fast < 2; fast++) {
+            struct gp_compute_options o;
+            memset(&o, 0, sizeof o);
+            o.precision = precisions[p];
+            o.fast_conv = fast != 0;
+            size_t s = mode_scratch(&g, options_mode(&o));
+            if (s > most) most = s;
         }
-        size_t m = ch.ws_fwd;
-        if (ch.ws_data > m) m = ch.ws_data;
-        if (ch.ws_filter > m) m = ch.ws_filter;
-        if (m > ws) ws = m;
-    }
-    return buffer_bytes(&g) + ws;
+    return most;
 }
 
 static size_t conv_scratch(const struct gp_graph *g, const struct gp_node *node)
@@ -569,6 +652,8 @@ static size_t conv_transpose_scratch(const struct gp_graph *g, const struct gp_n
 }
 
 /* ---- helper kernels ---- */
+
+typedef __nv_bfloat16 bf16_t;
 
 /* The image and its buffer over 3 axes (fewer padded in front with 1). */
 struct pad_map {
@@ -591,8 +676,10 @@ static void pad_map_init(const struct conv_geom *g, struct pad_map *pm)
     pm->imgb_size = g->imgb_size;
 }
 
-/* buf [planes, imgb...] = src [planes, img...] placed at off, zeros around. */
-__global__ static void gather_kernel(const float *src, float *buf, struct pad_map pm)
+/* buf [planes, imgb...] = src [planes, img...] placed at off, zeros around
+ * (T: the convolution's storage). */
+template <typename T>
+__global__ static void gather_kernel(const T *src, T *buf, struct pad_map pm)
 {
     GP_GRID_STRIDE(e, pm.planes * pm.imgb_size)
     {
@@ -600,14 +687,16 @@ __global__ static void gather_kernel(const float *src, float *buf, struct pad_ma
         int64_t j2 = r % pm.imgb[2], j1 = (r / pm.imgb[2]) % pm.imgb[1], j0 = r / (pm.imgb[2] * pm.imgb[1]);
         int64_t i0 = j0 - pm.off[0], i1 = j1 - pm.off[1], i2 = j2 - pm.off[2];
         bool in = i0 >= 0 && i0 < pm.img[0] && i1 >= 0 && i1 < pm.img[1] && i2 >= 0 && i2 < pm.img[2];
-        buf[e] = in ? src[pl * pm.img_size + (i0 * pm.img[1] + i1) * pm.img[2] + i2] : 0.0f;
+        buf[e] = in ? src[pl * pm.img_size + (i0 * pm.img[1] + i1) * pm.img[2] + i2] : T(0.0f);
     }
 }
 
 /* dst [planes, img...]: each cell from buf at its place (0 where buf has
- * none), added to dst (`add`) or to the channel's bias (or 0). */
-__global__ static void place_kernel(const float *buf, float *dst, const float *bias, int64_t ch,
-                                    bool add, struct pad_map pm)
+ * none), added to dst (`add`) or to the channel's bias (or 0); float32
+ * arithmetic, one rounding into a bfloat16 dst. */
+template <typename T, typename TB>
+__global__ static void place_kernel(const T *buf, T *dst, const TB *bias, int64_t ch, bool add,
+                                    struct pad_map pm)
 {
     GP_GRID_STRIDE(e, pm.planes * pm.img_size)
     {
@@ -616,30 +705,32 @@ __global__ static void place_kernel(const float *buf, float *dst, const float *b
         int64_t j0 = i0 + pm.off[0], j1 = i1 + pm.off[1], j2 = i2 + pm.off[2];
         float v = 0.0f;
         if (j0 < pm.imgb[0] && j1 < pm.imgb[1] && j2 < pm.imgb[2])
-            v = buf[pl * pm.imgb_size + (j0 * pm.imgb[1] + j1) * pm.imgb[2] + j2];
-        float base = add ? dst[e] : bias ? bias[pl % ch] : 0.0f;
-        dst[e] = __fadd_rn(base, v);
+            v = gp_load(buf + pl * pm.imgb_size + (j0 * pm.imgb[1] + j1) * pm.imgb[2] + j2);
+        float base = add ? gp_load(dst + e) : bias ? gp_load(bias + pl % ch) : 0.0f;
+        gp_store(dst + e, __fadd_rn(base, v));
     }
 }
 
 /* y [planes, size] += bias [planes % ch]. */
-__global__ static void bias_add_kernel(float *y, const float *bias, int64_t ch, int64_t size, int64_t n)
+template <typename T, typename TB>
+__global__ static void bias_add_kernel(T *y, const TB *bias, int64_t ch, int64_t size, int64_t n)
 {
-    GP_GRID_STRIDE(e, n) y[e] = __fadd_rn(y[e], bias[(e / size) % ch]);
+    GP_GRID_STRIDE(e, n) gp_store(y + e, __fadd_rn(gp_load(y + e), gp_load(bias + (e / size) % ch)));
 }
 
 #define BIAS_THREADS 512
 
 /* dB [ch] += dY [N, ch, size] summed over N and the cells: one block per
  * channel, partial sums in double, a tree in a fixed order. */
-__global__ static void bias_grad_kernel(float *db, const float *dy, int64_t n, int64_t ch, int64_t size)
+template <typename TB, typename TD>
+__global__ static void bias_grad_kernel(TB *db, const TD *dy, int64_t n, int64_t ch, int64_t size)
 {
     __shared__ double part[BIAS_THREADS];
     int64_t c = blockIdx.x;
     double s = 0;
     for (int64_t i = 0; i < n; i++) {
-        const float *row = dy + (i * ch + c) * size;
-        for (int64_t t = threadIdx.x; t < size; t += BIAS_THREADS) s += (double)row[t];
+        const TD *row = dy + (i * ch + c) * size;
+        for (int64_t t = threadIdx.x; t < size; t += BIAS_THREADS) s += (double)gp_load(row + t);
     }
     part[threadIdx.x] = s;
     __syncthreads();
@@ -647,75 +738,152 @@ __global__ static void bias_grad_kernel(float *db, const float *dy, int64_t n, i
         if ((int)threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
         __syncthreads();
     }
-    if (threadIdx.x == 0) db[c] = __fadd_rn(db[c], (float)part[0]);
+    if (threadIdx.x == 0) gp_store(db + c, __fadd_rn(gp_load(db + c), (float)part[0]));
 }
 
-static gp_status launch_gather(const struct gp_cuda_ctx *c, const struct conv_geom *g, const float *src,
-                               float *buf, struct gp_error *err)
+/* dst [n] (float32) += src [n] (bfloat16): a float32 dW from its buffer. */
+__global__ static void add_bf16_kernel(float *dst, const bf16_t *src, int64_t n)
+{
+    GP_GRID_STRIDE(e, n) dst[e] = __fadd_rn(dst[e], gp_load(src + e));
+}
+
+/* Launchers: `bf16` is the convolution's storage, the bias and its
+ * gradient say theirs. */
+static gp_status launch_gather(const struct gp_cuda_ctx *c, const struct conv_geom *g, bool bf16,
+                               const void *src, void *buf, struct gp_error *err)
 {
     struct pad_map pm;
     pad_map_init(g, &pm);
     int64_t n = pm.planes * pm.imgb_size;
     if (n == 0) return GP_OK;
-    gather_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(src, buf, pm);
+    unsigned blocks = gp_cuda_blocks_for(n);
+    if (bf16)
+        gather_kernel<bf16_t><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>((const bf16_t *)src, (bf16_t *)buf, pm);
+    else
+        gather_kernel<float><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>((const float *)src, (float *)buf, pm);
     return gp_cuda_check_launch(c, "image into its padded buffer", err);
 }
 
-static gp_status launch_place(const struct gp_cuda_ctx *c, const struct conv_geom *g, const float *buf,
-                              float *dst, const float *bias, bool add, struct gp_error *err)
+template <typename T, typename TB>
+static void place(const struct gp_cuda_ctx *c, const struct conv_geom *g, const struct pad_map *pm,
+                  const void *buf, void *dst, const void *bias, bool add)
+{
+    place_kernel<T, TB><<<gp_cuda_blocks_for(pm->planes * pm->img_size), GP_CUDA_THREADS, 0, c->stream>>>(
+        (const T *)buf, (T *)dst, (const TB *)bias, g->img_ch, add, *pm);
+}
+
+static gp_status launch_place(const struct gp_cuda_ctx *c, const struct conv_geom *g, bool bf16,
+                              const void *buf, void *dst, const void *bias, bool bias_bf16, bool add,
+                              struct gp_error *err)
 {
     struct pad_map pm;
     pad_map_init(g, &pm);
     int64_t n = pm.planes * pm.img_size;
     if (n == 0) return GP_OK;
-    place_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(buf, dst, bias, g->img_ch, add,
-                                                                            pm);
+    if (bf16 && bias_bf16) place<bf16_t, bf16_t>(c, g, &pm, buf, dst, bias, add);
+    else if (bf16) place<bf16_t, float>(c, g, &pm, buf, dst, bias, add);
+    else if (bias_bf16) place<float, bf16_t>(c, g, &pm, buf, dst, bias, add);
+    else place<float, float>(c, g, &pm, buf, dst, bias, add);
     return gp_cuda_check_launch(c, "image out of its buffer", err);
 }
 
-static gp_status launch_bias_add(const struct gp_cuda_ctx *c, float *y, const float *bias, int64_t n,
-                                 int64_t ch, int64_t size, struct gp_error *err)
+template <typename T, typename TB>
+static void bias_add(const struct gp_cuda_ctx *c, void *y, const void *bias, int64_t ch, int64_t size,
+                     int64_t total)
+{
+    bias_add_kernel<T, TB><<<gp_cuda_blocks_for(total), GP_CUDA_THREADS, 0, c->stream>>>(
+        (T *)y, (const TB *)bias, ch, size, total);
+}
+
+static gp_status launch_bias_add(const struct gp_cuda_ctx *c, bool bf16, void *y, const void *bias,
+                                 bool bias_bf16, int64_t n, int64_t ch, int64_t size, struct gp_error *err)
 {
     int64_t total = n * ch * size;
     if (!bias || total == 0) return GP_OK;
-    bias_add_kernel<<<gp_cuda_blocks_for(total), GP_CUDA_THREADS, 0, c->stream>>>(y, bias, ch, size, total);
+    if (bf16 && bias_bf16) bias_add<bf16_t, bf16_t>(c, y, bias, ch, size, total);
+    else if (bf16) bias_add<bf16_t, float>(c, y, bias, ch, size, total);
+    else if (bias_bf16) bias_add<float, bf16_t>(c, y, bias, ch, size, total);
+    else bias_add<float, float>(c, y, bias, ch, size, total);
     return gp_cuda_check_launch(c, "bias", err);
 }
 
-static gp_status launch_bias_grad(const struct gp_cuda_ctx *c, float *db, const float *dy, int64_t n,
-                                  int64_t ch, int64_t size, struct gp_error *err)
+template <typename TB, typename TD>
+static void bias_grad(const struct gp_cuda_ctx *c, void *db, const void *dy, int64_t n, int64_t ch,
+                      int64_t size)
+{
+    bias_grad_kernel<TB, TD><<<(unsigned)ch, BIAS_THREADS, 0, c->stream>>>((TB *)db, (const TD *)dy, n, ch,
+                                                                           size);
+}
+
+static gp_status launch_bias_grad(const struct gp_cuda_ctx *c, void *db, bool db_bf16, const void *dy,
+                                  bool dy_bf16, int64_t n, int64_t ch, int64_t size, struct gp_error *err)
 {
     if (!db || ch == 0) return GP_OK;
     if (ch > INT_MAX) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "too many channels for the bias");
-    bias_grad_kernel<<<(unsigned)ch, BIAS_THREADS, 0, c->stream>>>(db, dy, n, ch, size);
+    if (db_bf16 && dy_bf16) bias_grad<bf16_t, bf16_t>(c, db, dy, n, ch, size);
+    else if (db_bf16) bias_grad<bf16_t, float>(c, db, dy, n, ch, size);
+    else if (dy_bf16) bias_grad<float, bf16_t>(c, db, dy, n, ch, size);
+    else bias_grad<float, float>(c, db, dy, n, ch, size);
     return gp_cuda_check_launch(c, "bias gradient", err);
 }
 
 /* ---- the three cuDNN calls ---- */
 
-/* Everything a call needs: geometry, algorithms, descriptors, buffers. */
+/* Everything a call needs: geometry, mode, algorithms, descriptors,
+ * buffers. */
 struct conv_run {
     struct conv_geom g;
+    struct conv_mode mode;
     struct algo_choice ch;
     struct descs d;
-    float *buf; /* image buffer (NULL when direct) */
-    void *ws;   /* workspace */
+    void *buf;   /* image buffer (NULL when direct) */
+    bf16_t *dwbuf; /* a float32 dW's bfloat16 buffer (bfloat16 storage only) */
+    void *ws;    /* workspace */
 };
 
-static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, struct conv_run *r,
+static const char *dt_name(bool bf16) { return bf16 ? "bfloat16" : "float32"; }
+
+/* X, W, Y (forward) or dY, dX (backward) must share one storage: cuDNN's
+ * configurations have one type for tensors and filter. */
+static gp_status check_storage(const struct gp_cuda_ctx *c, bool bf16, bool backward, struct gp_error *err)
+{
+    const char *what = NULL;
+    bool other = bf16;
+    if (gp_cuda_is_bf16(c->in_dt, 1) != bf16) {
+        what = "W", other = !bf16;
+    } else if (!backward && gp_cuda_is_bf16(c->out_dt, 0) != bf16) {
+        what = "Y", other = !bf16;
+    } else if (backward && gp_cuda_is_bf16(c->dout_dt, 0) != bf16) {
+        what = "dY", other = !bf16;
+    } else if (backward && c->din[0] && gp_cuda_is_bf16(c->din_dt, 0) != bf16) {
+        what = "dX", other = !bf16;
+    } else if (backward && c->din[1] && !bf16 && gp_cuda_is_bf16(c->din_dt, 1)) {
+        what = "dW", other = true;
+    }
+    if (!what) return GP_OK;
+    return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
+                         "X is stored as %s and %s as %s: cuDNN convolves tensors of one storage type",
+                         dt_name(bf16), what, dt_name(other));
+}
+
+static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool backward, struct conv_run *r,
                            struct gp_error *err)
 {
     memset(r, 0, sizeof *r);
     GP_TRY(conv_geom_init(c->graph, c->node, transpose, &r->g, err));
-    GP_TRY(ctx_algos(c, &r->g, &r->ch, err));
+    r->mode = ctx_mode(c);
+    GP_TRY(check_storage(c, r->mode.bf16, backward, err));
+    GP_TRY(ctx_algos(c, &r->g, r->mode, &r->ch, err));
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
-    if (!descs_create(&r->g, base_math(c->tf32), &r->d, &e)) {
+    if (!descs_create(&r->g, r->mode.bf16, base_math(r->mode), &r->d, &e)) {
         descs_destroy(&r->d);
         return dnn_error(c, err, &e, "descriptors");
     }
-    size_t bb = buffer_bytes(&r->g);
-    r->buf = bb ? (float *)c->scratch : NULL;
-    r->ws = (char *)c->scratch + bb;
+    /* Scratch: image buffer, dW buffer, workspace (mode_scratch). */
+    size_t bb = buffer_bytes(&r->g, r->mode.bf16), wb = dw_buffer_bytes(&r->g, r->mode.bf16);
+    r->buf = bb ? c->scratch : NULL;
+    r->dwbuf = wb ? (bf16_t *)((char *)c->scratch + bb) : NULL;
+    r->ws = (char *)c->scratch + bb + wb;
     return GP_OK;
 }
 
@@ -727,8 +895,8 @@ static gp_status dnn_call(const struct gp_cuda_ctx *c, struct gp_error *err, cud
 }
 
 /* col = conv(img, W) (+ col when beta is 1). */
-static gp_status run_forward(const struct gp_cuda_ctx *c, struct conv_run *r, const float *img,
-                             const float *w, float *col, float beta, struct gp_error *err)
+static gp_status run_forward(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img,
+                             const void *w, void *col, float beta, struct gp_error *err)
 {
     float one = 1.0f;
     GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_fwd),
@@ -741,8 +909,8 @@ static gp_status run_forward(const struct gp_cuda_ctx *c, struct conv_run *r, co
 }
 
 /* img = the data gradient of col through W (+ img when beta is 1). */
-static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const float *w,
-                          const float *col, float *img, float beta, struct gp_error *err)
+static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const void *w,
+                          const void *col, void *img, float beta, struct gp_error *err)
 {
     float one = 1.0f;
     GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_data),
@@ -754,9 +922,10 @@ static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const
                     "cudnnConvolutionBackwardData");
 }
 
-/* dW += the filter gradient of (img, col). */
-static gp_status run_filter(const struct gp_cuda_ctx *c, struct conv_run *r, const float *img,
-                            const float *col, float *dw, struct gp_error *err)
+/* dw = the filter gradient of (img, col) (+ dw when beta is 1), dw in the
+ * filter's storage. */
+static gp_status run_filter_call(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img,
+                                 const void *col, void *dw, float beta, struct gp_error *err)
 {
     float one = 1.0f;
     GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_filter),
@@ -764,92 +933,115 @@ static gp_status run_filter(const struct gp_cuda_ctx *c, struct conv_run *r, con
     return dnn_call(c, err,
                     cudnnConvolutionBackwardFilter((cudnnHandle_t)c->cudnn, &one, r->d.img, img, r->d.col,
                                                    col, r->d.conv, r->ch.bwd_filter, r->ws,
-                                                   r->ch.ws_filter, &one, r->d.w, dw),
+                                                   r->ch.ws_filter, &beta, r->d.w, dw),
                     "cudnnConvolutionBackwardFilter");
+}
+
+/* dW (c->din[1]) += the filter gradient of (img, col): directly when dW
+ * has the filter's storage; a float32 dW of a bfloat16 convolution through
+ * the bfloat16 buffer (overwritten, then added in float32). */
+static gp_status run_filter(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img,
+                            const void *col, struct gp_error *err)
+{
+    void *dw = c->din[1];
+    if (!r->mode.bf16 || gp_cuda_is_bf16(c->din_dt, 1)) return run_filter_call(c, r, img, col, dw, 1.0f, err);
+    GP_TRY(run_filter_call(c, r, img, col, r->dwbuf, 0.0f, err));
+    int64_t n = filter_numel(&r->g);
+    add_bf16_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>((float *)dw, r->dwbuf, n);
+    return gp_cuda_check_launch(c, "weight gradient from its bfloat16 buffer", err);
 }
 
 /* ---- Conv ---- */
 
 static gp_status conv_forward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
 {
-    const float *x = (const float *)c->in[0], *w = (const float *)c->in[1];
-    const float *bias = (const float *)c->in[2];
-    float *y = (float *)c->out[0];
-    const float *img = x;
+    bool b16 = r->mode.bf16;
+    const void *x = c->in[0], *w = c->in[1];
+    const void *bias = c->node->n_inputs > 2 ? c->in[2] : NULL;
+    void *y = c->out[0];
+    const void *img = x;
     if (!r->g.direct) {
-        GP_TRY(launch_gather(c, &r->g, x, r->buf, err));
+        GP_TRY(launch_gather(c, &r->g, b16, x, r->buf, err));
         img = r->buf;
     }
     GP_TRY(run_forward(c, r, img, w, y, 0.0f, err));
-    return launch_bias_add(c, y, bias, r->g.n, r->g.m, r->g.col_size, err);
+    return launch_bias_add(c, b16, y, bias, bias && gp_cuda_is_bf16(c->in_dt, 2), r->g.n, r->g.m,
+                           r->g.col_size, err);
 }
 
 static gp_status conv_backward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
 {
-    const float *x = (const float *)c->in[0], *w = (const float *)c->in[1], *dy = c->dout[0];
-    float *dx = c->din[0], *dw = c->din[1], *db = c->node->n_inputs > 2 ? c->din[2] : NULL;
+    bool b16 = r->mode.bf16;
+    const void *x = c->in[0], *w = c->in[1], *dy = c->dout[0];
+    void *dx = c->din[0], *dw = c->din[1], *db = c->node->n_inputs > 2 ? c->din[2] : NULL;
     if (dx) {
         if (r->g.direct) {
             GP_TRY(run_data(c, r, w, dy, dx, 1.0f, err));
         } else {
             GP_TRY(run_data(c, r, w, dy, r->buf, 0.0f, err));
-            GP_TRY(launch_place(c, &r->g, r->buf, dx, NULL, true, err));
+            GP_TRY(launch_place(c, &r->g, b16, r->buf, dx, NULL, false, true, err));
         }
     }
     if (dw) {
-        const float *img = x;
+        const void *img = x;
         if (!r->g.direct) {
-            GP_TRY(launch_gather(c, &r->g, x, r->buf, err));
+            GP_TRY(launch_gather(c, &r->g, b16, x, r->buf, err));
             img = r->buf;
         }
-        GP_TRY(run_filter(c, r, img, dy, dw, err));
+        GP_TRY(run_filter(c, r, img, dy, err));
     }
-    return launch_bias_grad(c, db, dy, r->g.n, r->g.m, r->g.col_size, err);
+    return launch_bias_grad(c, db, db && gp_cuda_is_bf16(c->din_dt, 2), dy, b16, r->g.n, r->g.m,
+                            r->g.col_size, err);
 }
 
 /* ---- ConvTranspose ---- */
 
 static gp_status convt_forward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
 {
-    const float *x = (const float *)c->in[0], *w = (const float *)c->in[1];
-    const float *bias = (const float *)c->in[2];
-    float *y = (float *)c->out[0];
+    bool b16 = r->mode.bf16;
+    const void *x = c->in[0], *w = c->in[1];
+    const void *bias = c->node->n_inputs > 2 ? c->in[2] : NULL;
+    bool bias_b16 = bias && gp_cuda_is_bf16(c->in_dt, 2);
+    void *y = c->out[0];
     if (r->g.direct) {
         GP_TRY(run_data(c, r, w, x, y, 0.0f, err));
-        return launch_bias_add(c, y, bias, r->g.n, r->g.m, r->g.img_size, err);
+        return launch_bias_add(c, b16, y, bias, bias_b16, r->g.n, r->g.m, r->g.img_size, err);
     }
     GP_TRY(run_data(c, r, w, x, r->buf, 0.0f, err));
-    return launch_place(c, &r->g, r->buf, y, bias, false, err);
+    return launch_place(c, &r->g, b16, r->buf, y, bias, bias_b16, false, err);
 }
 
 static gp_status convt_backward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
 {
-    const float *x = (const float *)c->in[0], *w = (const float *)c->in[1], *dy = c->dout[0];
-    float *dx = c->din[0], *dw = c->din[1], *db = c->node->n_inputs > 2 ? c->din[2] : NULL;
+    bool b16 = r->mode.bf16;
+    const void *x = c->in[0], *w = c->in[1], *dy = c->dout[0];
+    void *dx = c->din[0], *dw = c->din[1], *db = c->node->n_inputs > 2 ? c->din[2] : NULL;
     if (dx || dw) {
-        const float *img = dy;
+        const void *img = dy;
         if (!r->g.direct) {
-            GP_TRY(launch_gather(c, &r->g, dy, r->buf, err));
+            GP_TRY(launch_gather(c, &r->g, b16, dy, r->buf, err));
             img = r->buf;
         }
         if (dx) GP_TRY(run_forward(c, r, img, w, dx, 1.0f, err));
-        if (dw) GP_TRY(run_filter(c, r, img, x, dw, err));
+        if (dw) GP_TRY(run_filter(c, r, img, x, err));
     }
-    return launch_bias_grad(c, db, dy, r->g.n, r->g.m, r->g.img_size, err);
+    return launch_bias_grad(c, db, db && gp_cuda_is_bf16(c->din_dt, 2), dy, b16, r->g.n, r->g.m,
+                            r->g.img_size, err);
 }
 
 /* ---- entry points ---- */
 
 typedef gp_status (*run_fn)(struct gp_cuda_ctx *, struct conv_run *, struct gp_error *);
 
-static gp_status with_run(struct gp_cuda_ctx *c, bool transpose, run_fn fn, struct gp_error *err)
+static gp_status with_run(struct gp_cuda_ctx *c, bool transpose, bool backward, run_fn fn,
+                          struct gp_error *err)
 {
     struct conv_geom g;
     GP_TRY(conv_geom_init(c->graph, c->node, transpose, &g, err));
     if (g.n == 0 || g.img_ch == 0 || g.col_ch == 0 || g.img_size == 0 || g.col_size == 0)
         return GP_OK; /* an empty tensor: nothing for cuDNN to do */
     struct conv_run r;
-    gp_status st = run_begin(c, transpose, &r, err);
+    gp_status st = run_begin(c, transpose, backward, &r, err);
     if (st == GP_OK) st = fn(c, &r, err);
     descs_destroy(&r.d);
     return st;
@@ -857,28 +1049,42 @@ static gp_status with_run(struct gp_cuda_ctx *c, bool transpose, run_fn fn, stru
 
 static gp_status conv_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    return with_run(c, false, conv_forward_run, err);
+    return with_run(c, false, false, conv_forward_run, err);
 }
 
 static gp_status conv_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     if (!c->dout[0]) return GP_OK;
-    return with_run(c, false, conv_backward_run, err);
+    return with_run(c, false, true, conv_backward_run, err);
 }
 
 static gp_status conv_transpose_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    return with_run(c, true, convt_forward_run, err);
+    return with_run(c, true, false, convt_forward_run, err);
 }
 
 static gp_status conv_transpose_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     if (!c->dout[0]) return GP_OK;
-    return with_run(c, true, convt_backward_run, err);
+    return with_run(c, true, true, convt_backward_run, err);
 }
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_conv[] = {
-    {"Conv", NULL, conv_scratch, conv_forward, conv_backward},
-    {"ConvTranspose", NULL, conv_transpose_scratch, conv_transpose_forward, conv_transpose_backward},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"Conv", NULL, conv_scratch, conv_forward, conv_backward, true},
+    {"ConvTranspose", NULL, conv_transpose_scratch, conv_transpose_forward, conv_transpose_backward, true},
+    {NULL, NULL, NULL, NULL, NULL, false},
 };
+
+extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
+                                             const struct gp_compute_options *opts)
+{
+    const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
+    if (!k) return 0;
+    bool transpose = k->forward == conv_transpose_forward;
+    if (k->forward != conv_forward && !transpose) return k->scratch_bytes ? k->scratch_bytes(g, node) : 0;
+    struct conv_geom geom;
+    struct gp_error err;
+    memset(&err, 0, sizeof err);
+    if (conv_geom_init(g, node, transpose, &geom, &err) != GP_OK) return 0; /* the run reports it */
+    return mode_scratch(&geom, options_mode(opts));
+}

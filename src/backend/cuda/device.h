@@ -30,17 +30,6 @@ cudaStream_t gp_cuda_current_stream(void);
 cudaStream_t gp_cuda_stream_of(struct gp_stream *s);
 int gp_cuda_device_index(struct gp_device *dev);
 
-/* How convolution algorithms are chosen, for the whole process (cuDNN's
- * choices are kept in one table keyed by the problem and this policy).
- * EXACT (the default): the fastest deterministic one and, without TF32,
- * none of FFT or Winograd, whose rounding exceeds float32 direct
- * summation's: the same bits every run, CPU-like error. FASTEST: whatever
- * cuDNN measures fastest, as PyTorch's cudnn.benchmark chooses (atomics
- * make the last bits vary run to run). Set before any stage is created
- * (cuda/conv.cu). */
-enum gp_cuda_conv_policy { GP_CUDA_CONV_EXACT, GP_CUDA_CONV_FASTEST };
-void gp_cuda_set_conv_policy(enum gp_cuda_conv_policy policy);
-
 /* The CUDA backend's compute ops (backend/compute.h; cuda/compute.cu). */
 extern const struct gp_compute_ops gp_cuda_compute_ops;
 

@@ -67,6 +67,15 @@ struct gp_cuda_kernel {
 /* The kernel for a node (matched by op_type), or NULL. */
 const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node);
 
+/* The workspace a Conv or ConvTranspose node takes with a stage's options
+ * (its algorithms, and so their workspace, depend on the precision and on
+ * fast_conv; cuda/conv.cu), for the planner: exactly that mode's, where the
+ * kernel's scratch_bytes is the most of any mode. Other nodes: their
+ * kernel's scratch_bytes. */
+struct gp_compute_options;
+size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
+                                  const struct gp_compute_options *opts);
+
 /* Kernel tables, one per family file (src/backend/cuda/<family>.cu, twin of
  * src/backend/cpu/<family>.c, whose kernel.h says what each family holds),
  * each ending with an entry whose op_type is NULL. */

@@ -3,24 +3,37 @@
  *
  * Row-major products go to column-major cuBLAS by swapping the operands:
  * C [m, n] = op(A) op(B), read column-major, is C^T = op(B)^T op(A)^T, so
- * one call computes it with B first. Every product is float32 in, float32
- * out, with CUBLAS_COMPUTE_32F (CUBLAS_COMPUTE_32F_FAST_TF32 when ctx->tf32).
- * cuBLAS is deterministic run to run on one GPU model with the handle's own
- * workspace and atomics off (its default); the sums cuBLAS forms are ordered
- * differently from OpenBLAS's, so the two backends agree to float rounding,
- * not bit for bit.
+ * one call computes it with B first. A float32 product is float32 in,
+ * float32 out, with CUBLAS_COMPUTE_32F (CUBLAS_COMPUTE_32F_FAST_TF32 when
+ * ctx->tf32). cuBLAS is deterministic run to run on one GPU model with the
+ * handle's own workspace and atomics off (its default); the sums cuBLAS
+ * forms are ordered differently from OpenBLAS's, so the two backends agree
+ * to float rounding, not bit for bit.
  *
  * Gradients accumulate (beta = 1 into din). A MatMul operand broadcast over
  * batch axes gets the sum of the products of every batch entry that shares
  * it: when one operand is a single matrix shared by a whole batch of the
  * other (x [B, T, C] @ W [C, N]), the batch folds into the rows of one
  * product, as on the CPU; otherwise each entry's product goes to scratch and
- * a kernel adds them into the gradient in batch order (no atomics). */
+ * a kernel adds them into the gradient in batch order (no atomics).
+ *
+ * bfloat16 storage (ctx->*_dt, the BF16 precision of backend/compute.h):
+ * both operands of a product are bfloat16 (cuBLAS multiplies no mixed
+ * pairs), C is bfloat16 (activations and their gradients) or float32 (a
+ * parameter's gradient), always with CUBLAS_COMPUTE_32F: float32 products
+ * and sums; a bfloat16 C that is accumulated into (beta 1) is read, added
+ * to in float32 and rounded once, with reduced-precision split-K reductions
+ * disallowed, so nothing else is rounded to bfloat16 on the way. Gemm's C
+ * (bfloat16, or a float32 parameter) is copied into Y and cuBLAS adds
+ * alpha A' B' to beta times it, as PyTorch's addmm does; per-entry products
+ * of a broadcast MatMul operand stay float32 in scratch until their sum.
+ * The bias kernels read either storage and compute in float32. */
 #include <limits.h>
 #include <string.h>
 
 #include <cublas_v2.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
 
 /* ---- cuBLAS, row-major ---- */
@@ -34,16 +47,42 @@ static gp_status blas_status(const struct gp_cuda_ctx *c, struct gp_error *err, 
 
 static bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
+/* The storage of a product: both operands one type (cuBLAS multiplies no
+ * mixed pairs), C its own. CUDA_R_32F throughout, or bfloat16 operands
+ * with a bfloat16 or float32 C. */
+struct mm_types {
+    cudaDataType_t ab, c;
+};
+
+static size_t type_size(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
+
+/* The types of a product of operands x and z into out (each stored as
+ * bfloat16 or not), or an error for a combination cuBLAS lacks. */
+static gp_status mm_types_of(const struct gp_cuda_ctx *c, struct gp_error *err, const char *what,
+                             bool x_bf16, bool z_bf16, bool out_bf16, struct mm_types *t)
+{
+    if (x_bf16 != z_bf16 || (out_bf16 && !x_bf16))
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
+                             "%s: operands stored as %s and %s into %s: cuBLAS multiplies two "
+                             "bfloat16 or two float32 operands (and float32 ones into float32)",
+                             what, x_bf16 ? "bfloat16" : "float32", z_bf16 ? "bfloat16" : "float32",
+                             out_bf16 ? "bfloat16" : "float32");
+    t->ab = x_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    t->c = out_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    return GP_OK;
+}
+
 /* A batch of row-major products C_i [m, n] = alpha * op(A_i) op(B_i) +
  * beta * C_i, i < batch, each operand at base + i * its stride (elements;
- * a stride of 0 shares one matrix). op(A) [m, k] is A, or A^T of A stored
- * [k, m] when ta; likewise op(B) [k, n]. beta is 0 (overwrite) or 1
- * (accumulate); C must be contiguous ([batch, m, n], ldc = n) when k == 0,
- * which leaves beta * C. */
+ * a stride of 0 shares one matrix), stored as `t` says. op(A) [m, k] is A,
+ * or A^T of A stored [k, m] when ta; likewise op(B) [k, n]. beta is 0
+ * (overwrite) or 1 (accumulate), or any value with bfloat16 operands (Gemm's
+ * beta * C); C must be contiguous ([batch, m, n], ldc = n) when k == 0,
+ * which leaves beta * C (beta 0 or 1 then). */
 static gp_status rm_gemm(const struct gp_cuda_ctx *c, struct gp_error *err, const char *what,
-                         bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                         const float *a, int64_t lda, int64_t sa, const float *b, int64_t ldb,
-                         int64_t sb, float beta, float *cm, int64_t ldc, int64_t sc, int64_t batch)
+                         const struct mm_types *t, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                         float alpha, const void *a, int64_t lda, int64_t sa, const void *b, int64_t ldb,
+                         int64_t sb, float beta, void *cm, int64_t ldc, int64_t sc, int64_t batch)
 {
     if (m == 0 || n == 0 || batch == 0) return GP_OK;
     if (k == 0) {
@@ -51,7 +90,7 @@ static gp_status rm_gemm(const struct gp_cuda_ctx *c, struct gp_error *err, cons
         if (ldc != n || (batch > 1 && sc != m * n))
             return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%s: an empty product into a strided output",
                                  what);
-        cudaError_t e = cudaMemsetAsync(cm, 0, sizeof(float) * (size_t)(batch * m * n), c->stream);
+        cudaError_t e = cudaMemsetAsync(cm, 0, type_size(t->c) * (size_t)(batch * m * n), c->stream);
         if (e != cudaSuccess)
             return gp_cuda_error(c, err, GP_ERR_DEVICE, "%s: cudaMemsetAsync: %s", what,
                                  cudaGetErrorString(e));
@@ -66,19 +105,36 @@ static gp_status rm_gemm(const struct gp_cuda_ctx *c, struct gp_error *err, cons
                              (long long)batch);
     cublasHandle_t h = (cublasHandle_t)c->cublas;
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasComputeType_t ct = c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    cublasStatus_t s;
-    if (batch == 1) {
-        s = cublasGemmEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, CUDA_R_32F, (int)ldb, a,
-                         CUDA_R_32F, (int)lda, &beta, cm, CUDA_R_32F, (int)ldc, ct,
-                         CUBLAS_GEMM_DEFAULT);
-        return blas_status(c, err, s, "cublasGemmEx", what);
+    bool bf16 = t->ab == CUDA_R_16BF;
+    cublasComputeType_t ct = !bf16 && c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    /* A bfloat16 C: split-K partial sums stay float32 (the handle's mode
+     * is restored after the call). */
+    cublasMath_t mode = CUBLAS_DEFAULT_MATH;
+    bool set_mode = t->c == CUDA_R_16BF;
+    if (set_mode) {
+        cublasStatus_t ms = cublasGetMathMode(h, &mode);
+        if (ms == CUBLAS_STATUS_SUCCESS)
+            ms = cublasSetMathMode(h, (cublasMath_t)(mode | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+        if (ms != CUBLAS_STATUS_SUCCESS) return blas_status(c, err, ms, "cublasSetMathMode", what);
     }
-    s = cublasGemmStridedBatchedEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, CUDA_R_32F,
-                                   (int)ldb, (long long)sb, a, CUDA_R_32F, (int)lda, (long long)sa,
-                                   &beta, cm, CUDA_R_32F, (int)ldc, (long long)sc, (int)batch, ct,
-                                   CUBLAS_GEMM_DEFAULT);
-    return blas_status(c, err, s, "cublasGemmStridedBatchedEx", what);
+    cublasStatus_t s;
+    const char *call;
+    if (batch == 1) {
+        call = "cublasGemmEx";
+        s = cublasGemmEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, t->ab, (int)ldb, a, t->ab,
+                         (int)lda, &beta, cm, t->c, (int)ldc, ct, CUBLAS_GEMM_DEFAULT);
+    } else {
+        call = "cublasGemmStridedBatchedEx";
+        s = cublasGemmStridedBatchedEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, t->ab, (int)ldb,
+                                       (long long)sb, a, t->ab, (int)lda, (long long)sa, &beta, cm, t->c,
+                                       (int)ldc, (long long)sc, (int)batch, ct, CUBLAS_GEMM_DEFAULT);
+    }
+    if (set_mode) {
+        cublasStatus_t ms = cublasSetMathMode(h, mode);
+        if (s == CUBLAS_STATUS_SUCCESS && ms != CUBLAS_STATUS_SUCCESS)
+            return blas_status(c, err, ms, "cublasSetMathMode", what);
+    }
+    return blas_status(c, err, s, call, what);
 }
 
 static gp_status want_f32(const struct gp_cuda_ctx *c, struct gp_error *err)
@@ -122,7 +178,8 @@ static void gemm_plan(const struct gp_cuda_ctx *c, struct gemm_plan *p)
     if (sc->rank == 2) p->c_row = sc->dims[0] == 1 ? 0 : sc->dims[1];
 }
 
-/* Y [m, n] = beta * C broadcast (C's strides c_row, c_col). */
+/* Y [m, n] = beta * C broadcast (C's strides c_row, c_col): the float32
+ * path, which then adds alpha * A' B' with beta 1. */
 __global__ static void gemm_fill_c_kernel(float *y, const float *cm, float beta, int64_t m, int64_t n,
                                           int64_t c_row, int64_t c_col)
 {
@@ -133,10 +190,26 @@ __global__ static void gemm_fill_c_kernel(float *y, const float *cm, float beta,
     }
 }
 
-/* dC [m, n] += beta * dY: C not broadcast. */
-__global__ static void gemm_dc_full_kernel(float *dc, const float *dy, double beta, int64_t count)
+/* Y [m, n] = scale * C broadcast, in Y's storage (rounded once when that
+ * is bfloat16): the bfloat16 path, where cuBLAS then reads Y with Gemm's
+ * beta, as PyTorch's addmm does (scale is 1, or beta when K is 0 and there
+ * is no product to add). */
+template <typename TY, typename TC>
+__global__ static void gemm_copy_c_kernel(TY *y, const TC *cm, float scale, int64_t m, int64_t n,
+                                          int64_t c_row, int64_t c_col)
 {
-    GP_GRID_STRIDE(e, count) dc[e] = __fadd_rn(dc[e], (float)(beta * (double)dy[e]));
+    GP_GRID_STRIDE(e, m * n)
+    {
+        int64_t i = e / n, j = e - i * n;
+        gp_store(y + e, __fmul_rn(scale, gp_load(cm + i * c_row + j * c_col)));
+    }
+}
+
+/* dC [m, n] += beta * dY: C not broadcast. */
+template <typename TC, typename TD>
+__global__ static void gemm_dc_full_kernel(TC *dc, const TD *dy, double beta, int64_t count)
+{
+    GP_GRID_STRIDE(e, count) gp_store(dc + e, __fadd_rn(gp_load(dc + e), (float)(beta * (double)gp_load(dy + e))));
 }
 
 #define COL_TILE 32 /* columns per block (one warp wide) */
@@ -145,28 +218,29 @@ __global__ static void gemm_dc_full_kernel(float *dc, const float *dy, double be
 /* dC [n] += beta * the column sums of dY [m, n]: a block of 32 x 8 threads
  * per 32 columns; thread (x, y) sums rows y, y + 8, ... in double, and the
  * 8 partial sums of a column are added in a fixed order. */
-__global__ static void gemm_dc_cols_kernel(float *dc, const float *dy, double beta, int64_t m,
-                                           int64_t n)
+template <typename TC, typename TD>
+__global__ static void gemm_dc_cols_kernel(TC *dc, const TD *dy, double beta, int64_t m, int64_t n)
 {
     __shared__ double part[COL_ROWS][COL_TILE];
     int64_t j = (int64_t)blockIdx.x * COL_TILE + threadIdx.x;
     double s = 0;
     if (j < n)
-        for (int64_t i = threadIdx.y; i < m; i += COL_ROWS) s += (double)dy[i * n + j];
+        for (int64_t i = threadIdx.y; i < m; i += COL_ROWS) s += (double)gp_load(dy + i * n + j);
     part[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && j < n) {
         double t = 0;
         for (int r = 0; r < COL_ROWS; r++) t += part[r][threadIdx.x];
-        dc[j] = __fadd_rn(dc[j], (float)(beta * t));
+        gp_store(dc + j, __fadd_rn(gp_load(dc + j), (float)(beta * t)));
     }
 }
 
 /* dC [rows or 1, cols or 1] += beta * dY summed over the axes C is
  * broadcast along: one block per entry of C, the threads striding over the
  * entry's region of dY, a tree sum in double (a fixed order). */
-__global__ static void gemm_dc_block_kernel(float *dc, const float *dy, double beta, int64_t m,
-                                            int64_t n, int64_t c_row, int64_t c_col)
+template <typename TC, typename TD>
+__global__ static void gemm_dc_block_kernel(TC *dc, const TD *dy, double beta, int64_t m, int64_t n,
+                                            int64_t c_row, int64_t c_col)
 {
     __shared__ double part[GP_CUDA_THREADS];
     int64_t cols = c_col ? n : 1;
@@ -176,7 +250,7 @@ __global__ static void gemm_dc_block_kernel(float *dc, const float *dy, double b
     double s = 0;
     for (int64_t t = threadIdx.x; t < h * w; t += blockDim.x) {
         int64_t i = i0 + t / w, j = j0 + t % w;
-        s += (double)dy[i * n + j];
+        s += (double)gp_load(dy + i * n + j);
     }
     part[threadIdx.x] = s;
     __syncthreads();
@@ -185,9 +259,20 @@ __global__ static void gemm_dc_block_kernel(float *dc, const float *dy, double b
         __syncthreads();
     }
     if (threadIdx.x == 0) {
-        float *at = dc + ci * c_row + cj * c_col;
-        *at = __fadd_rn(*at, (float)(beta * part[0]));
+        TC *at = dc + ci * c_row + cj * c_col;
+        gp_store(at, __fadd_rn(gp_load(at), (float)(beta * part[0])));
     }
+}
+
+typedef __nv_bfloat16 bf16_t;
+
+/* Y = scale * C broadcast, for each pair of storage types. */
+template <typename TY, typename TC>
+static void launch_copy_c(const struct gp_cuda_ctx *c, const struct gemm_plan *p, void *y, const void *cm,
+                          float scale)
+{
+    gemm_copy_c_kernel<TY, TC><<<gp_cuda_blocks_for(p->m * p->n), GP_CUDA_THREADS, 0, c->stream>>>(
+        (TY *)y, (const TC *)cm, scale, p->m, p->n, p->c_row, p->c_col);
 }
 
 static gp_status gemm_forward(struct gp_cuda_ctx *c, struct gp_error *err)
@@ -195,19 +280,59 @@ static gp_status gemm_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(want_f32(c, err));
     struct gemm_plan p;
     gemm_plan(c, &p);
-    const float *a = (const float *)c->in[0], *b = (const float *)c->in[1];
-    const float *cm = (const float *)c->in[2];
-    float *y = (float *)c->out[0];
+    const void *a = c->in[0], *b = c->in[1];
+    const void *cm = c->node->n_inputs > 2 ? c->in[2] : NULL;
+    void *y = c->out[0];
     if (p.m == 0 || p.n == 0) return GP_OK;
+    struct mm_types t;
+    GP_TRY(mm_types_of(c, err, "Gemm forward", gp_cuda_is_bf16(c->in_dt, 0), gp_cuda_is_bf16(c->in_dt, 1),
+                       gp_cuda_is_bf16(c->out_dt, 0), &t));
     /* Like PyTorch's addmm (and the CPU kernel), beta == 0 ignores C. */
     bool use_c = cm && p.beta != 0;
-    if (use_c) {
+    float beta = 0.0f;
+    if (use_c && t.ab == CUDA_R_32F) {
         gemm_fill_c_kernel<<<gp_cuda_blocks_for(p.m * p.n), GP_CUDA_THREADS, 0, c->stream>>>(
-            y, cm, p.beta, p.m, p.n, p.c_row, p.c_col);
+            (float *)y, (const float *)cm, p.beta, p.m, p.n, p.c_row, p.c_col);
         GP_TRY(gp_cuda_check_launch(c, "Gemm: beta * C", err));
+        beta = 1.0f;
+    } else if (use_c) {
+        /* C (a bfloat16 activation or shadow, or a float32 parameter) into
+         * Y, which cuBLAS reads with beta: one rounding of the sum. */
+        float scale = p.k == 0 ? p.beta : 1.0f;
+        bool yb = t.c == CUDA_R_16BF, cb = gp_cuda_is_bf16(c->in_dt, 2);
+        if (yb && cb) launch_copy_c<bf16_t, bf16_t>(c, &p, y, cm, scale);
+        else if (yb) launch_copy_c<bf16_t, float>(c, &p, y, cm, scale);
+        else if (cb) launch_copy_c<float, bf16_t>(c, &p, y, cm, scale);
+        else launch_copy_c<float, float>(c, &p, y, cm, scale);
+        GP_TRY(gp_cuda_check_launch(c, "Gemm: C", err));
+        beta = p.k == 0 ? 1.0f : p.beta;
     }
-    return rm_gemm(c, err, "Gemm forward", p.ta, p.tb, p.m, p.n, p.k, p.alpha, a, p.ta ? p.m : p.k, 0,
-                   b, p.tb ? p.k : p.n, 0, use_c ? 1.0f : 0.0f, y, p.n, 0, 1);
+    return rm_gemm(c, err, "Gemm forward", &t, p.ta, p.tb, p.m, p.n, p.k, p.alpha, a, p.ta ? p.m : p.k,
+                   0, b, p.tb ? p.k : p.n, 0, beta, y, p.n, 0, 1);
+}
+
+/* dC += beta * dY summed over C's broadcast axes, dY and dC in the storage
+ * types TD and TC. */
+template <typename TC, typename TD>
+static gp_status gemm_dc(const struct gp_cuda_ctx *c, const struct gemm_plan *p, TC *dc, const TD *dy,
+                         struct gp_error *err)
+{
+    double beta = (double)p->beta;
+    if (p->c_row && p->c_col) {
+        gemm_dc_full_kernel<TC, TD><<<gp_cuda_blocks_for(p->m * p->n), GP_CUDA_THREADS, 0, c->stream>>>(
+            dc, dy, beta, p->m * p->n);
+    } else if (p->c_col) {
+        int64_t blocks = (p->n + COL_TILE - 1) / COL_TILE;
+        if (blocks > INT_MAX) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "Gemm: C has too many columns");
+        gemm_dc_cols_kernel<TC, TD><<<(unsigned)blocks, dim3(COL_TILE, COL_ROWS), 0, c->stream>>>(
+            dc, dy, beta, p->m, p->n);
+    } else {
+        int64_t entries = p->c_row ? p->m : 1;
+        if (entries > INT_MAX) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "Gemm: C has too many rows");
+        gemm_dc_block_kernel<TC, TD><<<(unsigned)entries, GP_CUDA_THREADS, 0, c->stream>>>(
+            dc, dy, beta, p->m, p->n, p->c_row, p->c_col);
+    }
+    return gp_cuda_check_launch(c, "Gemm backward (C)", err);
 }
 
 /* dY [M, N] -> dA += alpha * dY B'^T (shaped like A), dB += alpha * A'^T dY
@@ -217,45 +342,38 @@ static gp_status gemm_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(want_f32(c, err));
     struct gemm_plan p;
     gemm_plan(c, &p);
-    const float *a = (const float *)c->in[0], *b = (const float *)c->in[1], *dy = c->dout[0];
-    float *da = c->din[0], *db = c->din[1], *dc = c->node->n_inputs > 2 ? c->din[2] : NULL;
+    const void *a = c->in[0], *b = c->in[1], *dy = c->dout[0];
+    void *da = c->din[0], *db = c->din[1], *dc = c->node->n_inputs > 2 ? c->din[2] : NULL;
     if (!dy) return GP_OK;
+    bool ab = gp_cuda_is_bf16(c->in_dt, 0), bb = gp_cuda_is_bf16(c->in_dt, 1);
+    bool yb = gp_cuda_is_bf16(c->dout_dt, 0);
     int64_t lda = p.ta ? p.m : p.k, ldb = p.tb ? p.k : p.n;
     if (da) {
+        struct mm_types t;
+        GP_TRY(mm_types_of(c, err, "Gemm backward (A)", yb, bb, gp_cuda_is_bf16(c->din_dt, 0), &t));
         if (!p.ta) /* dA [M, K] = dY [M, N] . B'^T */
-            GP_TRY(rm_gemm(c, err, "Gemm backward (A)", false, !p.tb, p.m, p.k, p.n, p.alpha, dy,
+            GP_TRY(rm_gemm(c, err, "Gemm backward (A)", &t, false, !p.tb, p.m, p.k, p.n, p.alpha, dy,
                            p.n, 0, b, ldb, 0, 1.0f, da, p.k, 0, 1));
         else /* dA [K, M] = B' [K, N] . dY^T */
-            GP_TRY(rm_gemm(c, err, "Gemm backward (A)", p.tb, true, p.k, p.m, p.n, p.alpha, b, ldb,
+            GP_TRY(rm_gemm(c, err, "Gemm backward (A)", &t, p.tb, true, p.k, p.m, p.n, p.alpha, b, ldb,
                            0, dy, p.n, 0, 1.0f, da, p.m, 0, 1));
     }
     if (db) {
+        struct mm_types t;
+        GP_TRY(mm_types_of(c, err, "Gemm backward (B)", ab, yb, gp_cuda_is_bf16(c->din_dt, 1), &t));
         if (!p.tb) /* dB [K, N] = A'^T [K, M] . dY */
-            GP_TRY(rm_gemm(c, err, "Gemm backward (B)", !p.ta, false, p.k, p.n, p.m, p.alpha, a,
+            GP_TRY(rm_gemm(c, err, "Gemm backward (B)", &t, !p.ta, false, p.k, p.n, p.m, p.alpha, a,
                            lda, 0, dy, p.n, 0, 1.0f, db, p.n, 0, 1));
         else /* dB [N, K] = dY^T [N, M] . A' */
-            GP_TRY(rm_gemm(c, err, "Gemm backward (B)", true, p.ta, p.n, p.k, p.m, p.alpha, dy, p.n,
+            GP_TRY(rm_gemm(c, err, "Gemm backward (B)", &t, true, p.ta, p.n, p.k, p.m, p.alpha, dy, p.n,
                            0, a, lda, 0, 1.0f, db, p.k, 0, 1));
     }
     if (dc && p.beta != 0 && p.m > 0 && p.n > 0) {
-        double beta = (double)p.beta;
-        if (p.c_row && p.c_col) {
-            gemm_dc_full_kernel<<<gp_cuda_blocks_for(p.m * p.n), GP_CUDA_THREADS, 0, c->stream>>>(
-                dc, dy, beta, p.m * p.n);
-        } else if (p.c_col) {
-            int64_t blocks = (p.n + COL_TILE - 1) / COL_TILE;
-            if (blocks > INT_MAX)
-                return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "Gemm: C has too many columns");
-            gemm_dc_cols_kernel<<<(unsigned)blocks, dim3(COL_TILE, COL_ROWS), 0, c->stream>>>(
-                dc, dy, beta, p.m, p.n);
-        } else {
-            int64_t entries = p.c_row ? p.m : 1;
-            if (entries > INT_MAX)
-                return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "Gemm: C has too many rows");
-            gemm_dc_block_kernel<<<(unsigned)entries, GP_CUDA_THREADS, 0, c->stream>>>(
-                dc, dy, beta, p.m, p.n, p.c_row, p.c_col);
-        }
-        GP_TRY(gp_cuda_check_launch(c, "Gemm backward (C)", err));
+        bool cb = gp_cuda_is_bf16(c->din_dt, 2);
+        if (!cb && !yb) return gemm_dc(c, &p, (float *)dc, (const float *)dy, err);
+        if (!cb) return gemm_dc(c, &p, (float *)dc, (const bf16_t *)dy, err);
+        if (!yb) return gemm_dc(c, &p, (bf16_t *)dc, (const float *)dy, err);
+        return gemm_dc(c, &p, (bf16_t *)dc, (const bf16_t *)dy, err);
     }
     return GP_OK;
 }
@@ -332,14 +450,16 @@ static void batch_axes_init(struct batch_axes *ax, int nb, const int64_t *dims, 
 }
 
 /* out_i = op(X_i) op(Z_i) (+ out_i when beta is 1) for every batch entry i
- * along `ax`: X_i at x + (its matrix offset) * mx, likewise Z and out. */
+ * along `ax`: X_i at x + (its matrix offset) * mx elements, likewise Z and
+ * out, stored as `t` says. */
 static gp_status batched_gemm(const struct gp_cuda_ctx *c, struct gp_error *err, const char *what,
-                              const struct batch_axes *ax, bool tx, bool tz, int64_t m, int64_t n,
-                              int64_t k, const float *x, int64_t ldx, int64_t mx, const float *z,
-                              int64_t ldz, int64_t mz, float beta, float *out, int64_t mo)
+                              const struct mm_types *t, const struct batch_axes *ax, bool tx, bool tz,
+                              int64_t m, int64_t n, int64_t k, const void *x, int64_t ldx, int64_t mx,
+                              const void *z, int64_t ldz, int64_t mz, float beta, void *out, int64_t mo)
 {
     if (ax->n == 0)
-        return rm_gemm(c, err, what, tx, tz, m, n, k, 1.0f, x, ldx, 0, z, ldz, 0, beta, out, n, 0, 1);
+        return rm_gemm(c, err, what, t, tx, tz, m, n, k, 1.0f, x, ldx, 0, z, ldz, 0, beta, out, n, 0, 1);
+    size_t ex = type_size(t->ab), eo = type_size(t->c);
     int last = ax->n - 1;
     int64_t outer = 1;
     for (int i = 0; i < last; i++) outer *= ax->dims[i];
@@ -350,9 +470,9 @@ static gp_status batched_gemm(const struct gp_cuda_ctx *c, struct gp_error *err,
             rem /= ax->dims[i];
             for (int t = 0; t < 3; t++) off[t] += idx * ax->s[t][i];
         }
-        GP_TRY(rm_gemm(c, err, what, tx, tz, m, n, k, 1.0f, x + off[0] * mx, ldx, ax->s[0][last] * mx,
-                       z + off[1] * mz, ldz, ax->s[1][last] * mz, beta, out + off[2] * mo, n,
-                       ax->s[2][last] * mo, ax->dims[last]));
+        GP_TRY(rm_gemm(c, err, what, t, tx, tz, m, n, k, 1.0f, (const char *)x + off[0] * mx * ex, ldx,
+                       ax->s[0][last] * mx, (const char *)z + off[1] * mz * ex, ldz, ax->s[1][last] * mz,
+                       beta, (char *)out + off[2] * mo * eo, n, ax->s[2][last] * mo, ax->dims[last]));
     }
     return GP_OK;
 }
@@ -362,14 +482,17 @@ static gp_status matmul_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(want_f32(c, err));
     struct matmul_plan p;
     matmul_plan(c, &p);
-    const float *a = (const float *)c->in[0], *b = (const float *)c->in[1];
-    float *y = (float *)c->out[0];
+    const void *a = c->in[0], *b = c->in[1];
+    void *y = c->out[0];
+    struct mm_types t;
+    GP_TRY(mm_types_of(c, err, "MatMul forward", gp_cuda_is_bf16(c->in_dt, 0), gp_cuda_is_bf16(c->in_dt, 1),
+                       gp_cuda_is_bf16(c->out_dt, 0), &t));
     if (p.nbm == 1 && p.na == p.batch) /* one B for a whole batch of A: the batch folds into rows */
-        return rm_gemm(c, err, "MatMul forward", false, false, p.batch * p.m, p.n, p.k, 1.0f, a, p.k,
+        return rm_gemm(c, err, "MatMul forward", &t, false, false, p.batch * p.m, p.n, p.k, 1.0f, a, p.k,
                        0, b, p.n, 0, 0.0f, y, p.n, 0, 1);
     struct batch_axes ax;
     batch_axes_init(&ax, p.nb, p.dims, p.sa, p.sb, p.sy);
-    return batched_gemm(c, err, "MatMul forward", &ax, false, false, p.m, p.n, p.k, a, p.k,
+    return batched_gemm(c, err, "MatMul forward", &t, &ax, false, false, p.m, p.n, p.k, a, p.k,
                         p.m * p.k, b, p.n, p.k * p.n, 0.0f, y, p.m * p.n);
 }
 
@@ -384,8 +507,10 @@ struct red_plan {
 };
 
 /* D [count, mat] += the sum of P's matrices that share each of D's, added
- * one after another in batch order (the CPU's order of accumulation). */
-__global__ static void reduce_batch_kernel(float *D, const float *P, int64_t mat, struct red_plan rp)
+ * one after another in batch order (the CPU's order of accumulation); P
+ * float32, D in storage TD (a bfloat16 D rounded once, at the end). */
+template <typename TD>
+__global__ static void reduce_batch_kernel(TD *D, const float *P, int64_t mat, struct red_plan rp)
 {
     GP_GRID_STRIDE(e, rp.count * mat)
     {
@@ -393,7 +518,7 @@ __global__ static void reduce_batch_kernel(float *D, const float *P, int64_t mat
         for (int q = 0; q < rp.nk; q++) base += ((d / rp.kd[q]) % rp.kdims[q]) * rp.kp[q];
         int64_t idx[GP_MAX_RANK];
         for (int q = 0; q < rp.nr; q++) idx[q] = 0;
-        float acc = D[e];
+        float acc = gp_load(D + e);
         int64_t off = base;
         for (int q = 0; q >= 0;) {
             acc = __fadd_rn(acc, P[off * mat + r]);
@@ -405,8 +530,21 @@ __global__ static void reduce_batch_kernel(float *D, const float *P, int64_t mat
                 idx[q] = 0;
             }
         }
-        D[e] = acc;
+        gp_store(D + e, acc);
     }
+}
+
+/* D += the batch sums of P (reduce_batch_kernel) in D's storage. */
+static gp_status launch_reduce(const struct gp_cuda_ctx *c, void *D, bool d_bf16, const float *P, int64_t mat,
+                               const struct red_plan *rp, const char *what, struct gp_error *err)
+{
+    if (rp->count * mat <= 0) return GP_OK;
+    unsigned blocks = gp_cuda_blocks_for(rp->count * mat);
+    if (d_bf16)
+        reduce_batch_kernel<bf16_t><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>((bf16_t *)D, P, mat, *rp);
+    else
+        reduce_batch_kernel<float><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>((float *)D, P, mat, *rp);
+    return gp_cuda_check_launch(c, what, err);
 }
 
 /* The reduction plan of an operand with batch strides `s` (0: broadcast). */
@@ -430,7 +568,8 @@ static void red_plan_init(struct red_plan *rp, const struct matmul_plan *p, cons
     }
 }
 
-/* Scratch: the per-entry products of a broadcast operand's gradient. */
+/* Scratch: the per-entry products of a broadcast operand's gradient
+ * (float32 in either storage, so the batch sum rounds once). */
 static size_t matmul_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
     struct gp_cuda_ctx c;
@@ -453,18 +592,24 @@ static gp_status matmul_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(want_f32(c, err));
     struct matmul_plan p;
     matmul_plan(c, &p);
-    const float *a = (const float *)c->in[0], *b = (const float *)c->in[1], *dy = c->dout[0];
-    float *da = c->din[0], *db = c->din[1];
+    const void *a = c->in[0], *b = c->in[1], *dy = c->dout[0];
+    void *da = c->din[0], *db = c->din[1];
     if (!dy) return GP_OK;
+    bool ab = gp_cuda_is_bf16(c->in_dt, 0), bb = gp_cuda_is_bf16(c->in_dt, 1);
+    bool yb = gp_cuda_is_bf16(c->dout_dt, 0);
+    bool dab = gp_cuda_is_bf16(c->din_dt, 0), dbb = gp_cuda_is_bf16(c->din_dt, 1);
+    struct mm_types ta, tb; /* dA's product (dY, B) and dB's (A, dY) */
+    if (da) GP_TRY(mm_types_of(c, err, "MatMul backward (A)", yb, bb, dab, &ta));
+    if (db) GP_TRY(mm_types_of(c, err, "MatMul backward (B)", ab, yb, dbb, &tb));
     int64_t ma = p.m * p.k, mb = p.k * p.n, my = p.m * p.n;
     if (p.nbm == 1 && p.na == p.batch) {
         int64_t rows = p.batch * p.m;
         if (da)
-            GP_TRY(rm_gemm(c, err, "MatMul backward (A)", false, true, rows, p.k, p.n, 1.0f, dy, p.n,
+            GP_TRY(rm_gemm(c, err, "MatMul backward (A)", &ta, false, true, rows, p.k, p.n, 1.0f, dy, p.n,
                            0, b, p.n, 0, 1.0f, da, p.k, 0, 1));
         /* The batch sum of A_i^T dY_i is one product over the rows. */
         if (db)
-            GP_TRY(rm_gemm(c, err, "MatMul backward (B)", true, false, p.k, p.n, rows, 1.0f, a, p.k,
+            GP_TRY(rm_gemm(c, err, "MatMul backward (B)", &tb, true, false, p.k, p.n, rows, 1.0f, a, p.k,
                            0, dy, p.n, 0, 1.0f, db, p.n, 0, 1));
         return GP_OK;
     }
@@ -474,20 +619,17 @@ static gp_status matmul_backward(struct gp_cuda_ctx *c, struct gp_error *err)
         if (p.na == p.batch) {
             struct batch_axes ax;
             batch_axes_init(&ax, p.nb, p.dims, p.sy, p.sb, p.sa);
-            GP_TRY(batched_gemm(c, err, "MatMul backward (A)", &ax, false, true, p.m, p.k, p.n, dy,
+            GP_TRY(batched_gemm(c, err, "MatMul backward (A)", &ta, &ax, false, true, p.m, p.k, p.n, dy,
                                 p.n, my, b, p.n, mb, 1.0f, da, ma));
         } else {
             struct batch_axes ax;
             batch_axes_init(&ax, p.nb, p.dims, p.sy, p.sb, p.sy);
-            GP_TRY(batched_gemm(c, err, "MatMul backward (A), per batch entry", &ax, false, true, p.m,
+            struct mm_types ts = {ta.ab, CUDA_R_32F};
+            GP_TRY(batched_gemm(c, err, "MatMul backward (A), per batch entry", &ts, &ax, false, true, p.m,
                                 p.k, p.n, dy, p.n, my, b, p.n, mb, 0.0f, scratch, ma));
             struct red_plan rp;
             red_plan_init(&rp, &p, p.sa, p.na);
-            if (p.na * ma > 0) {
-                reduce_batch_kernel<<<gp_cuda_blocks_for(p.na * ma), GP_CUDA_THREADS, 0, c->stream>>>(
-                    da, scratch, ma, rp);
-                GP_TRY(gp_cuda_check_launch(c, "MatMul backward (A): batch sum", err));
-            }
+            GP_TRY(launch_reduce(c, da, dab, scratch, ma, &rp, "MatMul backward (A): batch sum", err));
         }
     }
     if (db) {
@@ -495,27 +637,24 @@ static gp_status matmul_backward(struct gp_cuda_ctx *c, struct gp_error *err)
         if (p.nbm == p.batch) {
             struct batch_axes ax;
             batch_axes_init(&ax, p.nb, p.dims, p.sa, p.sy, p.sb);
-            GP_TRY(batched_gemm(c, err, "MatMul backward (B)", &ax, true, false, p.k, p.n, p.m, a,
+            GP_TRY(batched_gemm(c, err, "MatMul backward (B)", &tb, &ax, true, false, p.k, p.n, p.m, a,
                                 p.k, ma, dy, p.n, my, 1.0f, db, mb));
         } else {
             struct batch_axes ax;
             batch_axes_init(&ax, p.nb, p.dims, p.sa, p.sy, p.sy);
-            GP_TRY(batched_gemm(c, err, "MatMul backward (B), per batch entry", &ax, true, false, p.k,
+            struct mm_types ts = {tb.ab, CUDA_R_32F};
+            GP_TRY(batched_gemm(c, err, "MatMul backward (B), per batch entry", &ts, &ax, true, false, p.k,
                                 p.n, p.m, a, p.k, ma, dy, p.n, my, 0.0f, scratch, mb));
             struct red_plan rp;
             red_plan_init(&rp, &p, p.sb, p.nbm);
-            if (p.nbm * mb > 0) {
-                reduce_batch_kernel<<<gp_cuda_blocks_for(p.nbm * mb), GP_CUDA_THREADS, 0, c->stream>>>(
-                    db, scratch, mb, rp);
-                GP_TRY(gp_cuda_check_launch(c, "MatMul backward (B): batch sum", err));
-            }
+            GP_TRY(launch_reduce(c, db, dbb, scratch, mb, &rp, "MatMul backward (B): batch sum", err));
         }
     }
     return GP_OK;
 }
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_matmul[] = {
-    {"Gemm", NULL, NULL, gemm_forward, gemm_backward},
-    {"MatMul", NULL, matmul_scratch, matmul_forward, matmul_backward},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"Gemm", NULL, NULL, gemm_forward, gemm_backward, true},
+    {"MatMul", NULL, matmul_scratch, matmul_forward, matmul_backward, true},
+    {NULL, NULL, NULL, NULL, NULL, false},
 };
