@@ -88,6 +88,20 @@ struct gp_loss_call {
     void *scratch;           /* loss_scratch_bytes() */
 };
 
+/* How a kernel meets bfloat16 storage (gp_compute_ops.kernel_bf16). */
+enum gp_bf16_calls {
+    /* float32 only: bfloat16 tensors reach it through float32 copies
+     * (backend/mixed_call.h) */
+    GP_BF16_STAGED = 0,
+    /* reads and writes bfloat16 itself when every float input, output and
+     * incoming gradient is bfloat16 (input gradients may be float32: a
+     * parameter's); a mix is staged (the matrix products and convolutions) */
+    GP_BF16_UNIFORM,
+    /* reads and writes each float tensor as its *_dt entry says, any mix of
+     * bfloat16 activations and float32 parameters */
+    GP_BF16_ANY,
+};
+
 struct gp_compute_ops {
     /* Per-stage state bound to the stage's compute stream (CUDA: cuBLAS and
      * cuDNN handles in the math mode the precision asks for), with
@@ -105,9 +119,8 @@ struct gp_compute_ops {
     /* The backend's kernel for the node (opaque), for gp_layer_call.kernel:
      * looked up once per layer rather than on every call. */
     const void *(*kernel_for)(const struct gp_node *node);
-    /* True when that kernel reads and writes bfloat16 storage itself (the
-     * call's *_dt arrays); the others get float32 copies (mixed_call.h). */
-    bool (*kernel_bf16)(const void *kernel);
+    /* How that kernel meets bfloat16 storage (the call's *_dt arrays). */
+    enum gp_bf16_calls (*kernel_bf16)(const void *kernel);
     size_t (*saved_bytes)(const struct gp_graph *g, const struct gp_node *node);
     /* The kernel's workspace with the stage's options (a convolution's
      * algorithm, and so its workspace, depends on precision and policy). */

@@ -37,15 +37,30 @@ static bool all_bf16(const struct gp_node *n, const enum gp_dtype *in_dt, const 
     return true;
 }
 
-/* A kernel that reads bfloat16 is called as it is when its tensors are
- * bfloat16 throughout (the matrix products and convolutions of a bf16
- * stage); a mix (a once-per-step product whose gradient is float32) goes
- * through float32 copies like any other kernel. */
+/* A value the node reads twice: its two input gradients are one tensor,
+ * which a float32 copy accumulates into once and rounds once; a kernel
+ * accumulating into bfloat16 directly would round after each term. */
+static bool reads_twice(const struct gp_node *n)
+{
+    for (int k = 0; k < n->n_inputs; k++)
+        for (int q = 0; q < k; q++)
+            if (n->inputs[k] >= 0 && n->inputs[q] == n->inputs[k]) return true;
+    return false;
+}
+
+/* Whether the kernel is called as it is. GP_BF16_ANY: always (each tensor
+ * read as its type says), except for a node that reads a value twice in
+ * backward; GP_BF16_UNIFORM: when its tensors are bfloat16 throughout (the
+ * matrix products and convolutions of a bf16 stage), while a mix (a
+ * once-per-step product whose gradient is float32) goes through float32
+ * copies like any other kernel. */
 static bool native(const struct gp_compute_ops *ops, const void *kernel, const struct gp_node *n,
                    const enum gp_dtype *in_dt, const enum gp_dtype *out_dt, const enum gp_dtype *dout_dt,
                    bool backward)
 {
-    return ops->kernel_bf16 && kernel && ops->kernel_bf16(kernel) && all_bf16(n, in_dt, out_dt, dout_dt, backward);
+    enum gp_bf16_calls calls = ops->kernel_bf16 && kernel ? ops->kernel_bf16(kernel) : GP_BF16_STAGED;
+    if (calls == GP_BF16_ANY) return !(backward && reads_twice(n));
+    return calls == GP_BF16_UNIFORM && all_bf16(n, in_dt, out_dt, dout_dt, backward);
 }
 
 size_t gp_mixed_staging_bytes(const struct gp_compute_ops *ops, const void *kernel, const struct gp_graph *g,

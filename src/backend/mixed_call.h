@@ -2,9 +2,11 @@
  *
  * In bf16 precision (backend/compute.h) a layer's float tensors may be
  * stored as bfloat16. A kernel that reads and writes bfloat16 itself
- * (gp_compute_ops.kernel_bf16) is called directly when its inputs, outputs
- * and incoming gradients are all bfloat16 (its input gradients may be
- * float32: a parameter's). Any other kernel, or call, gets
+ * (gp_compute_ops.kernel_bf16) is called directly: a GP_BF16_ANY kernel
+ * always (but for the backward of a node that reads one value twice, whose
+ * gradient must be rounded once), a GP_BF16_UNIFORM one when its inputs,
+ * outputs and incoming gradients are all bfloat16 (its input gradients may
+ * be float32: a parameter's). Any other kernel, or call, gets
  * float32 copies: each bfloat16 input (and, in backward, each bfloat16
  * output it reads and each incoming gradient) is widened into a staging
  * area (exact), the kernel runs in float32, and each bfloat16 output is

@@ -232,7 +232,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     if (!gk) fail_msg("%s: no CUDA kernel for %s", label, node->op_type);
     bool backward = !o->forward_only && ck->backward;
     if (backward && !gk->backward) fail_msg("%s: the CUDA kernel has no backward", label);
-    if (b16 && !gk->bf16) fail_msg("%s: the CUDA kernel does not read bfloat16", label);
+    if (b16 && !gk->bf16 && !gk->bf16_any) fail_msg("%s: the CUDA kernel does not read bfloat16", label);
 
     /* Host data, shared by both sides. */
     void *hx[MAX_IO] = {0};

@@ -23,6 +23,56 @@ static inline bool gp_cuda_is_bf16(const enum gp_dtype *dt, int i)
     return dt && dt[i] == GP_DTYPE_BFLOAT16;
 }
 
+/* A float tensor of either storage type, for kernels that take any mix
+ * (gp_cuda_kernel.bf16_any: bfloat16 activations beside float32
+ * parameters). The type is uniform across a launch, so the branch costs
+ * no divergence; kernels whose big tensors share one type may instead be
+ * templated on it (gp_load / gp_store above). */
+struct gp_fptr {
+    void *p;
+    bool bf16;
+};
+
+__device__ static inline float gp_ld(gp_fptr t, int64_t i)
+{
+    return t.bf16 ? __bfloat162float(((const __nv_bfloat16 *)t.p)[i]) : ((const float *)t.p)[i];
+}
+
+/* Stores v, rounded to nearest even when the tensor is bfloat16. */
+__device__ static inline void gp_st(gp_fptr t, int64_t i, float v)
+{
+    if (t.bf16) ((__nv_bfloat16 *)t.p)[i] = __float2bfloat16_rn(v);
+    else ((float *)t.p)[i] = v;
+}
+
+/* t[i] += v with one rounding of the sum (a bfloat16 gradient widened,
+ * added to in float32 and rounded back: what a staged float32 copy does
+ * for a kernel that adds one term per element). */
+__device__ static inline void gp_acc(gp_fptr t, int64_t i, float v) { gp_st(t, i, __fadd_rn(gp_ld(t, i), v)); }
+
+/* Input k, output k, the gradient of input k, and the incoming gradient of
+ * output k of a call, with their storage types. */
+static inline gp_fptr gp_cuda_in_f(const struct gp_cuda_ctx *c, int k)
+{
+    gp_fptr t = {c->in[k], gp_cuda_is_bf16(c->in_dt, k)};
+    return t;
+}
+static inline gp_fptr gp_cuda_out_f(const struct gp_cuda_ctx *c, int k)
+{
+    gp_fptr t = {c->out[k], gp_cuda_is_bf16(c->out_dt, k)};
+    return t;
+}
+static inline gp_fptr gp_cuda_din_f(const struct gp_cuda_ctx *c, int k)
+{
+    gp_fptr t = {(void *)c->din[k], gp_cuda_is_bf16(c->din_dt, k)};
+    return t;
+}
+static inline gp_fptr gp_cuda_dout_f(const struct gp_cuda_ctx *c, int k)
+{
+    gp_fptr t = {(void *)c->dout[k], gp_cuda_is_bf16(c->dout_dt, k)};
+    return t;
+}
+
 /* Bytes of one element of a float tensor stored as bfloat16 or float32. */
 static inline size_t gp_cuda_float_size(bool bf16) { return bf16 ? sizeof(__nv_bfloat16) : sizeof(float); }
 

@@ -34,8 +34,8 @@ struct gp_cuda_ctx {
     float *const *dout;    /* incoming gradients, or NULL (zero) */
     /* Storage types of in/out/din/dout (backend/compute.h, gp_layer_call):
      * GP_DTYPE_FLOAT32 or GP_DTYPE_BFLOAT16 for float tensors. Non-NULL and
-     * holding bfloat16 only for a kernel whose table entry sets `bf16`; the
-     * others always see float32. */
+     * holding bfloat16 only for a kernel whose table entry sets `bf16` or
+     * `bf16_any`; the others always see float32. */
     const enum gp_dtype *in_dt, *out_dt, *din_dt, *dout_dt;
     void *saved;           /* saved_bytes() of device memory per micro-batch */
     void *scratch;         /* scratch_bytes() of device memory, contents undefined */
@@ -60,8 +60,13 @@ struct gp_cuda_kernel {
     gp_status (*forward)(struct gp_cuda_ctx *ctx, struct gp_error *err);
     gp_status (*backward)(struct gp_cuda_ctx *ctx, struct gp_error *err); /* NULL: no gradient */
     /* Reads and writes bfloat16 storage itself (ctx->*_dt), with float32
-     * arithmetic inside; false: the executor hands it float32 copies. */
+     * arithmetic inside, when all its float tensors are bfloat16 (input
+     * gradients may be float32; GP_BF16_UNIFORM); false: the executor hands
+     * it float32 copies. */
     bool bf16;
+    /* Reads and writes each float tensor as ctx->*_dt says, any mix of
+     * bfloat16 and float32 (GP_BF16_ANY; backend/cuda/bf16.cuh). */
+    bool bf16_any;
 };
 
 /* The kernel for a node (matched by op_type), or NULL. */
