@@ -9,16 +9,6 @@
 
 #include "pipeline/internal.h"
 
-static gp_status alloc_block(struct stage *s, int k, const char *what, size_t bytes,
-                             unsigned char **out, struct gp_error *err)
-{
-    *out = s->ops->alloc(s->dev, bytes ? bytes : 64);
-    if (!*out)
-        return gp_error_set(err, GP_ERR_NOMEM, "%s:%d: out of memory allocating %.1f MiB for %s (stage %d)",
-                            s->ops->name, s->device, (double)bytes / (1 << 20), what, k);
-    return GP_OK;
-}
-
 /* The stage's device memory, all planned here: what each block holds and
  * its bytes. Checked against what the device has free before anything is
  * allocated, so a model that cannot fit says so with the whole account. */
@@ -56,6 +46,29 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     return n;
 }
 
+/* The refusal with the whole account: what the stage needs, block by
+ * block, beside what the device has free. `failed` names the block whose
+ * allocation failed after the check passed (NULL: the check refused), as
+ * when a library took memory in between. */
+static gp_status no_room(const struct stage *s, const struct block_plan *b, int n, size_t total, size_t avail,
+                         const char *failed, struct gp_error *err)
+{
+    char account[1024];
+    size_t len = 0;
+    for (int i = 0; i < n && len < sizeof account; i++)
+        if (b[i].bytes)
+            len += (size_t)snprintf(account + len, sizeof account - len, "%s%s %.1f MiB", len ? ", " : "",
+                                    b[i].what, (double)b[i].bytes / (1 << 20));
+    char when[160] = "";
+    if (failed) snprintf(when, sizeof when, " (allocating the %s failed)", failed);
+    return gp_error_set(err, GP_ERR_NOMEM,
+                        "layers %d-%d need %.1f MiB on %s:%d but only %.1f MiB are free%s (%s): use "
+                        "more stages or devices, a smaller --batch, more --chunks, or --checkpoint "
+                        "always",
+                        s->plan.first, s->plan.last - 1, (double)total / (1 << 20), s->ops->name, s->device,
+                        (double)avail / (1 << 20), when, account);
+}
+
 static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
 {
     struct block_plan b[24];
@@ -65,21 +78,13 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
     /* Stages sharing a device: the earlier ones' memory is already taken,
      * so the device's free bytes are what this stage can have. */
     size_t avail = s->ops->mem_available ? s->ops->mem_available(s->dev) : SIZE_MAX;
-    if (avail && total > avail) {
-        char account[1024];
-        size_t len = 0;
-        for (int i = 0; i < n && len < sizeof account; i++)
-            if (b[i].bytes)
-                len += (size_t)snprintf(account + len, sizeof account - len, "%s%s %.1f MiB",
-                                        len ? ", " : "", b[i].what, (double)b[i].bytes / (1 << 20));
-        return gp_error_set(err, GP_ERR_NOMEM,
-                            "layers %d-%d need %.1f MiB on %s:%d but only %.1f MiB are free (%s): use "
-                            "more stages or devices, a smaller --batch, more --chunks, or --checkpoint "
-                            "always",
-                            s->plan.first, s->plan.last - 1, (double)total / (1 << 20), s->ops->name,
-                            s->device, (double)avail / (1 << 20), account);
+    if (avail && total > avail) return no_room(s, b, n, total, avail, NULL, err);
+    for (int i = 0; i < n; i++) {
+        *b[i].at = s->ops->alloc(s->dev, b[i].bytes ? b[i].bytes : 64);
+        if (!*b[i].at)
+            return no_room(s, b, n, total, s->ops->mem_available ? s->ops->mem_available(s->dev) : 0,
+                           b[i].what, err);
     }
-    for (int i = 0; i < n; i++) GP_TRY(alloc_block(s, k, b[i].what, b[i].bytes, b[i].at, err));
     return GP_OK;
 }
 

@@ -107,6 +107,15 @@ static void run_conv(const struct conv_case *c)
         o = (struct op_compare){.label = label, .bf16 = true, .abs_tol = sum_tol(len),
                                 .params = bf16_mode.activations ? 0u : 6u, /* W (1), B (2) */
                                 .f32_inputs = bf16_mode.bias_f32 ? 4u : 0u, .fast_conv = bf16_mode.fast};
+    /* fast_conv in bfloat16 lets cuDNN take algorithms that keep bfloat16
+     * intermediates (Winograd and FFT transforms, split reductions; which
+     * one varies from run to run): their error follows the tensor's scale,
+     * not each element's, and reached one bfloat16 step of the largest
+     * value on the GPU. Two steps of it are allowed. */
+    if (bf16_mode.on && bf16_mode.fast) {
+        o.abs_tol = 1.0 / 64;
+        o.scale_abs_tol = true;
+    }
     op_compare_node(&g, 0, &o);
     gp_graph_free(&g);
 }
