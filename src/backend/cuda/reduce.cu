@@ -427,26 +427,26 @@ static gp_status reduce_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     gp_fptr xf = gp_cuda_in_f(c, 0), yf = gp_cuda_out_f(c, 0), dyf = gp_cuda_dout_f(c, 0),
             dxf = gp_cuda_din_f(c, 0);
     cudaStream_t stream = c->stream;
-    gp_status st = GP_OK;
+    gp_status rc = GP_OK;
     /* Y is the forward output here: X_TIES reads it, nothing writes it. */
     with_storage(storage_of({xf, yf, dyf, dxf}), [&](auto tag) {
         auto X = in_as(tag, xf);
         if (kind == R_MAX || kind == R_MIN) {
             launch_reduce(p, X_TIES, X, out_as(tag, yf), s0, stream);
-            st = gp_cuda_check_launch(c, "reduction backward (ties)", err);
+            rc = gp_cuda_check_launch(c, "reduction backward (ties)", err);
         } else if (kind == R_PROD) {
             launch_reduce(p, X_ZEROS, X, out_as(tag, yf), s0, stream);
-            st = gp_cuda_check_launch(c, "reduction backward (zeros)", err);
-            if (st == GP_OK) launch_reduce(p, X_NZPROD, X, out_as(tag, yf), s1, stream);
-            if (st == GP_OK) st = gp_cuda_check_launch(c, "reduction backward (product)", err);
+            rc = gp_cuda_check_launch(c, "reduction backward (zeros)", err);
+            if (rc == GP_OK) launch_reduce(p, X_NZPROD, X, out_as(tag, yf), s1, stream);
+            if (rc == GP_OK) rc = gp_cuda_check_launch(c, "reduction backward (product)", err);
         }
-        if (st != GP_OK) return;
+        if (rc != GP_OK) return;
         int64_t n = p.cells * p.count;
         reduce_bwd_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(
             p, kind, X, in_as(tag, yf), in_as(tag, dyf), s0, s1, out_as(tag, dxf), n);
-        st = gp_cuda_check_launch(c, "reduction backward", err);
+        rc = gp_cuda_check_launch(c, "reduction backward", err);
     });
-    return st;
+    return rc;
 }
 
 /* ---- ArgMax, ArgMin ---- */
