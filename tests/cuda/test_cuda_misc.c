@@ -18,6 +18,14 @@
  * in 2 and 3 axes, scales and sizes, Resize-18's axes and aspect policy,
  * tf_crop_and_resize with extrapolation, integer data, large tensors.
  *
+ * bf16: the same kernels read and write bfloat16 themselves (bf16_any).
+ * Each family again with bfloat16 activations (all float tensors bfloat16)
+ * and with the mixes the executor hands them (a float32 constant or
+ * parameter among activations, a float32 gradient, a float32 output), so
+ * that both the bfloat16 and the mixed-storage kernels run; every case
+ * starts from a nonzero input gradient (op_compare checks +=). Pad's
+ * float32 cases are in test_cuda_shape.c; its bf16 ones are here.
+ *
  * Without a CUDA device the test prints why and exits 77 (a skip). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -89,6 +97,50 @@ static int64_t numel(int rank, const int64_t *dims)
     return n;
 }
 
+/* Set by the bf16 tests: bfloat16 storage on the CUDA side, and per case
+ * the inputs whose gradients are float32 (parameters) and the inputs and
+ * outputs stored as float32 (op_compare.h). */
+#define IN(k) (1u << (k))
+static struct {
+    bool on;
+    uint32_t params, f32_inputs, f32_outputs;
+} bf16_mode;
+
+static void bf16_set(uint32_t params, uint32_t f32_inputs, uint32_t f32_outputs)
+{
+    bf16_mode.on = true;
+    bf16_mode.params = params;
+    bf16_mode.f32_inputs = f32_inputs;
+    bf16_mode.f32_outputs = f32_outputs;
+}
+
+static void bf16_off(void) { memset(&bf16_mode, 0, sizeof bf16_mode); }
+
+/* Node 0 of g through op_compare, in the bf16 mode set (the label says
+ * which). */
+static void compare(const struct gp_graph *g, struct op_compare o)
+{
+    char label[256];
+    if (bf16_mode.on) {
+        snprintf(label, sizeof label, "%s (bf16; parameters 0x%x, float32 inputs 0x%x, outputs 0x%x)",
+                 o.label ? o.label : g->nodes[0].op_type, bf16_mode.params, bf16_mode.f32_inputs,
+                 bf16_mode.f32_outputs);
+        o.label = label;
+        o.bf16 = true;
+        o.params = bf16_mode.params;
+        o.f32_inputs = bf16_mode.f32_inputs;
+        o.f32_outputs = bf16_mode.f32_outputs;
+    }
+    op_compare_node(g, 0, &o);
+}
+
+/* The storage mixes a one-input op's bf16 cases run: all bfloat16; X a
+ * float32 constant; X a parameter read directly (float32, its gradient
+ * too); a float32 gradient of a bfloat16 X; a float32 Y. */
+static const struct {
+    uint32_t params, f32_inputs, f32_outputs;
+} mixes[] = {{0, 0, 0}, {0, IN(0), 0}, {IN(0), IN(0), 0}, {IN(0), 0, 0}, {0, 0, IN(0)}};
+
 /* ---- Softmax, LogSoftmax ---- */
 
 #define NO_AXIS INT64_MIN
@@ -104,7 +156,7 @@ static void softmax_case(const char *op, int opset, int rank, const int64_t *dim
     char label[128];
     snprintf(label, sizeof label, "%s-%d rank %d [%lld, ...] axis %lld", op, opset, rank,
              (long long)dims[0], (long long)(axis == NO_AXIS ? -99 : axis));
-    op_compare_node(&g, 0, &(struct op_compare){.label = label});
+    compare(&g, (struct op_compare){.label = label});
     gp_graph_free(&g);
 }
 
@@ -140,9 +192,34 @@ static void test_softmax(void **state)
         input(&g, "x", 2, I64(3, 40));
         node(&g, ops[k], 1, S("x"), 1, S("y"));
         finalize_ok(&g);
-        op_compare_node(&g, 0, &(struct op_compare){.label = "softmax of large values", .inputs = {big}});
+        compare(&g, (struct op_compare){.label = "softmax of large values", .inputs = {big}});
         gp_graph_free(&g);
     }
+}
+
+/* Softmax and LogSoftmax in bfloat16: every layout (strided, a warp per
+ * row, blocks with and without vectors; the attention scores of GPT-2 are
+ * rows of 1024, a warp each) in each storage mix. */
+static void test_softmax_bf16(void **state)
+{
+    (void)state;
+    static const char *const ops[] = {"Softmax", "LogSoftmax"};
+    for (int k = 0; k < 2; k++) {
+        for (int m = 0; m < N_OF(mixes); m++) {
+            bf16_set(mixes[m].params, mixes[m].f32_inputs, mixes[m].f32_outputs);
+            softmax_case(ops[k], 13, 3, I64(2, 3, 4), -1);
+            softmax_case(ops[k], 13, 3, I64(2, 3, 4), 0);      /* strided */
+            softmax_case(ops[k], 11, 3, I64(2, 3, 4), 1);      /* coerced rows */
+            softmax_case(ops[k], 13, 4, I64(2, 3, 16, 1024), -1); /* attention: a warp per row */
+            softmax_case(ops[k], 13, 2, I64(37, 1000), -1);
+            softmax_case(ops[k], 13, 2, I64(4, 50304), -1);    /* vectors of 4 */
+            softmax_case(ops[k], 13, 2, I64(3, 50301), -1);    /* odd length: scalar rows */
+            softmax_case(ops[k], 13, 3, I64(3, 1500, 5), 1);   /* strided, long */
+        }
+    }
+    bf16_set(0, 0, 0);
+    softmax_case("Softmax", 13, 3, I64(6000, 4, 50), -1);      /* the grid loops */
+    bf16_off();
 }
 
 /* ---- reductions ---- */
@@ -213,7 +290,7 @@ static void test_reductions(void **state)
             /* Prod over thousands of values stays in range near 1. */
             struct op_compare o = {.label = label};
             if (is_prod) o.lo = 0.95f, o.hi = 1.05f;
-            op_compare_node(&g, 0, &o);
+            compare(&g, o);
             gp_graph_free(&g);
         }
     }
@@ -240,7 +317,7 @@ static void test_reduction_special(void **state)
             build_reduce(&g, reduce_ops[k], 13, 2, I64(R, C), 1, (int64_t[]){ax}, 1, -1, GP_DTYPE_FLOAT32);
             char label[96];
             snprintf(label, sizeof label, "%s axis %d with %s", reduce_ops[k], ax, k == 4 ? "zeros" : "ties");
-            op_compare_node(&g, 0, &(struct op_compare){.label = label, .inputs = {k == 4 ? zeros : ties}});
+            compare(&g, (struct op_compare){.label = label, .inputs = {k == 4 ? zeros : ties}});
             gp_graph_free(&g);
         }
     }
@@ -251,7 +328,7 @@ static void test_reduction_special(void **state)
     for (int k = 2; k <= 3; k++) {
         struct gp_graph g;
         build_reduce(&g, reduce_ops[k], 13, 2, I64(LR, LC), 1, I64(1), 0, -1, GP_DTYPE_FLOAT32);
-        op_compare_node(&g, 0, &(struct op_compare){.label = "long rows of ties", .inputs = {lt}});
+        compare(&g, (struct op_compare){.label = "long rows of ties", .inputs = {lt}});
         gp_graph_free(&g);
     }
     /* Integer data: wrapping sums, truncating Mean (forward only). */
@@ -265,11 +342,58 @@ static void test_reduction_special(void **state)
                          t ? GP_DTYPE_INT32 : GP_DTYPE_INT64);
             char label[96];
             snprintf(label, sizeof label, "%s of %s", reduce_ops[k], t ? "int32" : "int64");
-            op_compare_node(&g, 0, &(struct op_compare){.label = label, .forward_only = true,
+            compare(&g, (struct op_compare){.label = label, .forward_only = true,
                                                         .inputs = {t ? (const void *)xi32 : (const void *)xi}});
             gp_graph_free(&g);
         }
     }
+}
+
+/* The reductions in bfloat16: each of the seven in each launch layout, in
+ * each storage mix; ties, NaN and zeros (their statistics in double from
+ * the widened data). */
+static void test_reductions_bf16(void **state)
+{
+    (void)state;
+    static const struct {
+        int rank;
+        int64_t dims[4];
+        int n_axes;
+        int64_t axes[3];
+        int64_t keepdims;
+        bool new_opset;
+    } cases[] = {
+        {3, {3, 5, 7}, 2, {0, 2}, 0, true},    /* a thread per cell */
+        {3, {3, 5, 7}, -1, {0}, 0, false},     /* all axes */
+        {2, {64, 3000}, 1, {1}, 0, true},      /* a block per cell */
+        {2, {300, 500}, 1, {-1}, 1, false},    /* a warp per cell */
+        {2, {5000, 9}, 1, {0}, 0, true},       /* a block per cell, strided */
+        {4, {4, 6, 5, 3}, 2, {1, 3}, 1, true}, /* broadcast back over two axes */
+    };
+    for (int m = 0; m < N_OF(mixes); m++) {
+        bf16_set(mixes[m].params, mixes[m].f32_inputs, mixes[m].f32_outputs);
+        for (int k = 0; k < 7; k++) {
+            const char *op = reduce_ops[k];
+            bool is_sum = k == 0;
+            for (int c = 0; c < N_OF(cases); c++) {
+                int opset = cases[c].new_opset ? (is_sum ? 13 : 18) : (is_sum ? 11 : 13);
+                struct gp_graph g;
+                build_reduce(&g, op, opset, cases[c].rank, cases[c].dims, cases[c].n_axes, cases[c].axes,
+                             cases[c].keepdims, -1, GP_DTYPE_FLOAT32);
+                char label[128];
+                snprintf(label, sizeof label, "%s-%d case %d", op, opset, c);
+                struct op_compare o = {.label = label};
+                if (k == 4) o.lo = 0.95f, o.hi = 1.05f;
+                compare(&g, o);
+                gp_graph_free(&g);
+            }
+        }
+    }
+    bf16_set(0, 0, 0);
+    test_reduction_special(state); /* ties, NaN, zeros; integer data as ever */
+    bf16_set(IN(0), IN(0), 0);
+    test_reduction_special(state);
+    bf16_off();
 }
 
 /* ---- ArgMax, ArgMin ---- */
@@ -288,7 +412,7 @@ static void arg_case(const char *op, int rank, const int64_t *dims, int64_t axis
     char label[128];
     snprintf(label, sizeof label, "%s [%lld, ..] axis %lld keepdims %lld last %lld", op, (long long)dims[0],
              (long long)axis, (long long)keepdims, (long long)last);
-    op_compare_node(&g, 0, &(struct op_compare){.label = label, .inputs = {data}, .forward_only = true});
+    compare(&g, (struct op_compare){.label = label, .inputs = {data}, .forward_only = true});
     gp_graph_free(&g);
 }
 
@@ -322,6 +446,16 @@ static void test_argmax(void **state)
     }
 }
 
+/* ArgMax and ArgMin of bfloat16 data (int64 indices): the thread and warp
+ * layouts, ties (the data are exact in bfloat16) and NaN. */
+static void test_argmax_bf16(void **state)
+{
+    (void)state;
+    bf16_set(0, 0, 0);
+    test_argmax(state);
+    bf16_off();
+}
+
 /* ---- Dropout ---- */
 
 /* The ratio: absent, or a constant (the loader requires one); the
@@ -352,7 +486,7 @@ static void dropout_case(const char *label, int opset, int rank, const int64_t *
     static const uint8_t no = 0, yes = 1;
     struct op_compare o = {.label = label, .eval = eval};
     if (mode_input) o.inputs[2] = mode == MODE_INPUT_TRUE ? &yes : &no;
-    op_compare_node(&g, 0, &o);
+    compare(&g, o);
     gp_graph_free(&g);
 }
 
@@ -373,6 +507,29 @@ static void test_dropout(void **state)
         dropout_case("Dropout-7 float mask", 7, 2, d, false, 0.25f, MODE_NONE, true, eval);
         dropout_case("Dropout-13 [300, 4000]", 13, 2, I64(300, 4000), true, 0.1f, MODE_NONE, true, eval);
     }
+}
+
+/* Dropout in bfloat16: training and evaluation, the bool mask and opset
+ * 7's float mask (bfloat16 or float32), in each storage mix. Ratios are
+ * exact in bfloat16: op_compare rounds the constant's data, which the CPU
+ * reads, while CUDA reads the graph's constant. */
+static void test_dropout_bf16(void **state)
+{
+    (void)state;
+    const int64_t *d = I64(37, 53);
+    for (int m = 0; m < N_OF(mixes); m++) {
+        bf16_set(mixes[m].params, mixes[m].f32_inputs, mixes[m].f32_outputs);
+        for (int eval = 0; eval < 2; eval++) {
+            dropout_case("Dropout-13 const ratio and mode", 13, 2, d, true, 0.375f, MODE_TRUE, true, eval);
+            dropout_case("Dropout-13 computed mode false", 13, 2, d, true, 0.25f, MODE_INPUT_FALSE, true, eval);
+            dropout_case("Dropout-13 no mask", 13, 3, I64(4, 9, 11), true, 0.125f, MODE_NONE, false, eval);
+            dropout_case("Dropout-7 float mask", 7, 2, d, false, 0.25f, MODE_NONE, true, eval);
+            dropout_case("Dropout-13 [300, 4000]", 13, 2, I64(300, 4000), true, 0.5f, MODE_NONE, true, eval);
+        }
+    }
+    bf16_set(0, 0, IN(1)); /* a float32 float mask beside a bfloat16 Y */
+    dropout_case("Dropout-7 float mask", 7, 2, d, false, 0.25f, MODE_NONE, true, false);
+    bf16_off();
 }
 
 /* ---- Resize, Upsample ---- */
@@ -448,7 +605,7 @@ static void resize_case(const struct rs_case *c)
         o.inputs[0] = ints;
         o.forward_only = true;
     }
-    op_compare_node(&g, 0, &o);
+    compare(&g, o);
     free(ints);
     gp_graph_free(&g);
 }
@@ -512,6 +669,111 @@ static void test_resize(void **state)
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) resize_case(&cases[k]);
 }
 
+/* Resize and Upsample in bfloat16: nearest (U-Net's 2x) and linear, the
+ * row kernels and the generic ones (8 axes), the backward's per-element
+ * fallback, extrapolation, in each storage mix. */
+static void test_resize_bf16(void **state)
+{
+    (void)state;
+    static const struct rs_case cases[] = {
+        {"2x nearest (nn.Upsample): asymmetric, floor", NULL, 13, X4, "nearest", "asymmetric", "floor",
+         4, {1, 1, 2, 2}},
+        {"nearest round_prefer_ceil, down and up", NULL, 13, X4, "nearest", "half_pixel",
+         "round_prefer_ceil", 4, {1, 1, 1.5f, 0.5f}},
+        {"linear half_pixel 2x", NULL, 13, X4, "linear", NULL, NULL, 4, {1, 1, 2, 2}},
+        {"linear align_corners", NULL, 13, X4, "linear", "align_corners", NULL, 4, {1, 1, 1.75f, 0.625f}},
+        {"linear tf_crop_and_resize", NULL, 13, X4, "linear", "tf_crop_and_resize", NULL, 4,
+         {1, 1, 2, 2}, .roi = true},
+        {"linear to sizes", NULL, 13, X4, "linear", NULL, NULL, 0, {0}, 4, {2, 3, 9, 4}},
+        {"Upsample-7", "Upsample", 7, X4, "nearest", NULL, NULL, 4, {1, 1, 2, 3}},
+        {"Upsample-9 linear", "Upsample", 9, X4, "linear", NULL, NULL, 4, {1, 1, 2, 2}},
+        {"trilinear 5-D", NULL, 13, 5, {1, 2, 3, 4, 5}, "linear", NULL, NULL, 5, {1, 1, 2, 1.5f, 0.5f}},
+        {"identity linear", NULL, 13, X4, "linear", NULL, NULL, 4, {1, 1, 1, 1}},
+        {"linear 40x along H", NULL, 13, 4, {1, 2, 3, 4}, "linear", "align_corners", NULL, 4,
+         {1, 1, 40, 1}},
+        {"linear over 8 axes", NULL, 13, 8, {2, 2, 2, 2, 2, 2, 2, 3}, "linear", NULL, NULL, 8,
+         {1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 2}},
+        {"nearest over 8 axes", NULL, 13, 8, {2, 2, 2, 2, 2, 2, 2, 3}, "nearest", NULL, NULL, 8,
+         {1.5f, 2, 1.5f, 0.5f, 1.5f, 1.5f, 1.5f, 2}},
+        {"large nearest 2x", NULL, 13, 4, {4, 16, 64, 64}, "nearest", "asymmetric", "floor", 4,
+         {1, 1, 2, 2}},
+        {"large linear 2x", NULL, 13, 4, {4, 16, 64, 64}, "linear", "half_pixel", NULL, 4, {1, 1, 2, 2}},
+    };
+    /* Scales, roi and sizes are float constants: float32 in the executor
+     * (read from the graph by both sides). */
+    for (int m = 0; m < N_OF(mixes); m++) {
+        for (int k = 0; k < N_OF(cases); k++) {
+            bf16_set(mixes[m].params, mixes[m].f32_inputs | ~IN(0), mixes[m].f32_outputs);
+            resize_case(&cases[k]);
+        }
+    }
+    bf16_set(0, 0, 0); /* the constants bfloat16 too: the kernels do not read them on the device */
+    resize_case(&cases[2]);
+    bf16_off();
+}
+
+/* ---- Pad (bfloat16; the float32 cases are in test_cuda_shape.c) ---- */
+
+/* Pad-13 (19 for wrap) of x [dims]: pads a constant input, and a constant
+ * value (-1.5, input 2) or none. */
+static void pad_case(const char *label, int rank, const int64_t *dims, const char *mode, const int64_t *pads,
+                     bool with_value)
+{
+    struct gp_graph g;
+    begin(&g, strcmp(mode, "wrap") == 0 ? 19 : 13);
+    input(&g, "x", rank, dims);
+    ci64(&g, "pads", 1, I64(2 * rank), pads);
+    int n;
+    if (with_value) {
+        cf32(&g, "v", 0, NULL, F32(-1.5f));
+        n = node(&g, "Pad", 3, S("x", "pads", "v"), 1, S("y"));
+    } else {
+        n = node(&g, "Pad", 2, S("x", "pads"), 1, S("y"));
+    }
+    attr_s(&g, n, "mode", mode);
+    finalize_ok(&g);
+    compare(&g, (struct op_compare){.label = label});
+    gp_graph_free(&g);
+}
+
+/* Every mode, crops, a value as a bfloat16 or float32 input and as Pad-2's
+ * attribute (0.1: rounded into a bfloat16 Y), in each storage mix (the
+ * value a constant: float32 in the executor). */
+static void test_pad_bf16(void **state)
+{
+    (void)state;
+    for (int m = 0; m < N_OF(mixes); m++) {
+        bf16_set(mixes[m].params, mixes[m].f32_inputs | IN(2), mixes[m].f32_outputs);
+        pad_case("Pad constant with value", 2, I64(2, 3), "constant", I64(0, 2, 0, 1), true);
+        pad_case("Pad constant", 2, I64(2, 3), "constant", I64(1, 0, 2, 1), false);
+        pad_case("Pad reflect", 2, I64(2, 3), "reflect", I64(1, 2, 1, 2), false);
+        pad_case("Pad edge", 2, I64(2, 3), "edge", I64(1, 0, 0, 3), false);
+        pad_case("Pad wrap", 2, I64(2, 3), "wrap", I64(0, 3, 1, 2), false);
+        pad_case("Pad constant crop and pad", 2, I64(2, 3), "constant", I64(0, -1, 0, 1), false);
+        pad_case("Pad reflect with a crop", 2, I64(3, 4), "reflect", I64(0, -1, 2, 2), false);
+        pad_case("Pad reflect [4,8,180,181]", 4, I64(4, 8, 180, 181), "reflect", I64(0, 0, 2, 1, 0, 0, 3, 2),
+                 false);
+        pad_case("Pad edge [2,3,33,35] all axes", 4, I64(2, 3, 33, 35), "edge", I64(1, 0, 2, 3, 0, 1, 3, 2),
+                 false);
+        struct gp_graph g;
+        begin(&g, 9);
+        input(&g, "x", 4, I64(2, 3, 4, 5));
+        int n = node(&g, "Pad", 1, S("x"), 1, S("y"));
+        attr_ints(&g, n, "pads", 8, I64(0, 0, 1, 2, 0, 0, 2, 0));
+        attr_f(&g, n, "value", 0.1f);
+        finalize_ok(&g);
+        compare(&g, (struct op_compare){.label = "Pad-2 attributes with value 0.1"});
+        gp_graph_free(&g);
+    }
+    bf16_set(0, 0, 0); /* the value bfloat16 too (a computed one) */
+    pad_case("Pad constant with a bfloat16 value", 2, I64(2, 3), "constant", I64(0, 2, 0, 1), true);
+    bf16_set(0, 0, IN(0)); /* ... into a float32 Y */
+    pad_case("Pad constant with a bfloat16 value", 2, I64(2, 3), "constant", I64(0, 2, 0, 1), true);
+    bf16_set(0, IN(0), IN(0)); /* ... beside float32 X and Y */
+    pad_case("Pad constant with a bfloat16 value", 2, I64(2, 3), "constant", I64(0, 2, 0, 1), true);
+    bf16_off();
+}
+
 int main(void)
 {
     op_compare_require_device();
@@ -522,6 +784,12 @@ int main(void)
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_resize),
+        cmocka_unit_test(test_softmax_bf16),
+        cmocka_unit_test(test_reductions_bf16),
+        cmocka_unit_test(test_argmax_bf16),
+        cmocka_unit_test(test_dropout_bf16),
+        cmocka_unit_test(test_resize_bf16),
+        cmocka_unit_test(test_pad_bf16),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0)

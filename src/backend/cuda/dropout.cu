@@ -1,12 +1,64 @@
 /* CUDA kernels: Dropout, twin of backend/cpu/dropout.c. It draws the CPU's
  * mask: the counter-based Philox of backend/cpu/rng.h, compiled for the
  * device too, keyed by seed, step, the node's source_index and the
- * element's global index in the mini-batch. Backward draws it again. */
+ * element's global index in the mini-batch. Backward draws it again.
+ *
+ * bfloat16 (bf16_any): X, Y, dY, dX and a float mask (opset 7) each float32
+ * or bfloat16; loads widen, every stored value is rounded once, so results
+ * equal those of float32 copies; a bool mask stays bool. */
 #include <string.h>
 
+#include <initializer_list>
+
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
 
 #include "backend/cpu/rng.h"
+
+/* ---- storage of the big tensors (bfloat16 or float32) ---- */
+
+/* A call's big tensors are float32 alike (the float32 path, unchanged),
+ * bfloat16 alike (the bf16 stage's activations), or a mix (a constant or a
+ * parameter among activations). The kernels are templated on their pointer
+ * types: const float * / float *, const bf16_t * / bf16_t *, or gp_fptr
+ * for a mix, read with ld() and written with st() (one rounding to nearest
+ * even into bfloat16). with_storage() instantiates a launcher written once
+ * as a generic lambda for the call's storage. */
+typedef __nv_bfloat16 bf16_t;
+
+__device__ static inline float ld(const float *p, int64_t i) { return p[i]; }
+__device__ static inline float ld(const bf16_t *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ static inline float ld(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+__device__ static inline void st(float *p, int64_t i, float v) { p[i] = v; }
+__device__ static inline void st(bf16_t *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ static inline void st(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
+
+enum storage { ST_F32, ST_BF16, ST_MIX };
+
+/* The storage of the tensors given (absent ones, p NULL, left out). */
+static inline enum storage storage_of(std::initializer_list<gp_fptr> ts)
+{
+    int n16 = 0, n = 0;
+    for (gp_fptr t : ts) n += t.p != NULL, n16 += t.p && t.bf16;
+    return n16 == 0 ? ST_F32 : n16 == n ? ST_BF16 : ST_MIX;
+}
+
+/* f(tag): tag a float, a bf16_t or a gp_fptr value, for in_as / out_as. */
+template <typename F>
+static inline void with_storage(enum storage s, F &&f)
+{
+    if (s == ST_F32) f(0.0f);
+    else if (s == ST_BF16) f(bf16_t());
+    else f(gp_fptr());
+}
+
+/* A tensor as the kernels of storage `tag` take it (read; written). */
+static inline const float *in_as(float, gp_fptr t) { return (const float *)t.p; }
+static inline const bf16_t *in_as(bf16_t, gp_fptr t) { return (const bf16_t *)t.p; }
+static inline gp_fptr in_as(gp_fptr, gp_fptr t) { return t; }
+static inline float *out_as(float, gp_fptr t) { return (float *)t.p; }
+static inline bf16_t *out_as(bf16_t, gp_fptr t) { return (bf16_t *)t.p; }
+static inline gp_fptr out_as(gp_fptr, gp_fptr t) { return t; }
 
 /* ---- Dropout ---- */
 
@@ -79,31 +131,37 @@ __device__ static inline bool dropout_setup(const struct dropout &d, float *rati
     return d.training && mode && d.ratio > 0;
 }
 
-__global__ static void dropout_forward_kernel(struct dropout d, const float *X, float *Y,
-                                              void *mask, bool mask_bool, int64_t n)
+/* The mask: bool, or float (opset 7) stored as mask_b16 says. XP, YP: the
+ * storage of X and Y. */
+template <typename XP, typename YP>
+__global__ static void dropout_forward_kernel(struct dropout d, XP X, YP Y, void *mask, bool mask_bool,
+                                              bool mask_b16, int64_t n)
 {
     float ratio, scale;
     bool active = dropout_setup(d, &ratio, &scale);
     const uint64_t step = d.step_dev ? *d.step_dev : d.step;
     GP_GRID_STRIDE(i, n) {
         bool keep = !active || gp_rng_uniform(d.seed, step, d.node, (uint64_t)(d.first + i)) >= ratio;
-        float x = X[i];
-        Y[i] = !active ? x : keep ? FMUL(x, scale) : 0.0f;
+        float x = ld(X, i);
+        st(Y, i, !active ? x : keep ? FMUL(x, scale) : 0.0f);
         if (mask && mask_bool) ((uint8_t *)mask)[i] = keep;
+        else if (mask && mask_b16) ((bf16_t *)mask)[i] = __float2bfloat16_rn(keep ? 1.0f : 0.0f);
         else if (mask) ((float *)mask)[i] = keep ? 1.0f : 0.0f;
     }
 }
 
-__global__ static void dropout_backward_kernel(struct dropout d, const float *dY, float *dX, int64_t n)
+/* DP, GP: the storage of dY and dX. */
+template <typename DP, typename GP>
+__global__ static void dropout_backward_kernel(struct dropout d, DP dY, GP dX, int64_t n)
 {
     float ratio, scale;
     bool active = dropout_setup(d, &ratio, &scale);
     const uint64_t step = d.step_dev ? *d.step_dev : d.step;
     GP_GRID_STRIDE(i, n) {
-        float g = dY[i];
+        float g = ld(dY, i);
         if (active)
             g = gp_rng_uniform(d.seed, step, d.node, (uint64_t)(d.first + i)) >= ratio ? FMUL(g, scale) : 0.0f;
-        dX[i] = FADD(dX[i], g);
+        st(dX, i, FADD(ld(dX, i), g));
     }
 }
 
@@ -123,29 +181,37 @@ static gp_status dropout_forward(struct gp_cuda_ctx *c, struct gp_error *err)
             return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "a mask of type %s", gp_dtype_name(mt));
         mask_bool = mt == GP_DTYPE_BOOL;
     }
-    dropout_forward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(
-        d, (const float *)c->in[0], (float *)c->out[0], mask, mask_bool, n);
+    bool mask_b16 = mask && !mask_bool && gp_cuda_is_bf16(c->out_dt, 1);
+    gp_fptr xf = gp_cuda_in_f(c, 0), yf = gp_cuda_out_f(c, 0);
+    cudaStream_t stream = c->stream;
+    with_storage(storage_of({xf, yf}), [&](auto tag) {
+        dropout_forward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(
+            d, in_as(tag, xf), out_as(tag, yf), mask, mask_bool, mask_b16, n);
+    });
     return gp_cuda_check_launch(c, "Dropout forward", err);
 }
 
 /* dX += dY * mask * scale, the mask drawn again from the same key. */
 static gp_status dropout_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    const float *dY = c->dout[0];
-    float *dX = c->din[0];
-    if (!dY || !dX) return GP_OK;
+    if (!c->dout[0] || !c->din[0]) return GP_OK;
     GP_TRY(gp_cuda_want_f32(c, 0, err));
     struct dropout d;
     GP_TRY(dropout_of(c, err, &d));
     int64_t n = gp_shape_numel(&gp_cuda_in_value(c, 0)->shape);
     if (n == 0) return GP_OK;
-    dropout_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(d, dY, dX, n);
+    gp_fptr dyf = gp_cuda_dout_f(c, 0), dxf = gp_cuda_din_f(c, 0);
+    cudaStream_t stream = c->stream;
+    with_storage(storage_of({dyf, dxf}), [&](auto tag) {
+        dropout_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(d, in_as(tag, dyf),
+                                                                                     out_as(tag, dxf), n);
+    });
     return gp_cuda_check_launch(c, "Dropout backward", err);
 }
 
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_dropout[] = {
-    {"Dropout", NULL, NULL, dropout_forward, dropout_backward},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"Dropout", NULL, NULL, dropout_forward, dropout_backward, false, true},
+    {NULL, NULL, NULL, NULL, NULL, false, false},
 };

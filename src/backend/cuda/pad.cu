@@ -6,17 +6,70 @@
  * order: the CPU's sequence of additions, without atomics.
  *
  * Differences from the CPU kernels: the constant value is read on the
- * device. */
+ * device.
+ *
+ * bfloat16 (bf16_any): float X, Y, dY, dX and the constant value each
+ * float32 or bfloat16; loads widen, every stored value is rounded once (the
+ * value into a bfloat16 Y; a dX element sums its terms in float from its
+ * widened value), so results equal those of float32 copies. */
 #include <string.h>
+
+#include <initializer_list>
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel.h"
 #include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
 #include "ops/fold_util.h"
 }
+
+/* ---- storage of the big tensors (bfloat16 or float32) ---- */
+
+/* A call's big tensors are float32 alike (the float32 path, unchanged),
+ * bfloat16 alike (the bf16 stage's activations), or a mix (a constant or a
+ * parameter among activations). The kernels are templated on their pointer
+ * types: const float * / float *, const bf16_t * / bf16_t *, or gp_fptr
+ * for a mix, read with ld() and written with st() (one rounding to nearest
+ * even into bfloat16). with_storage() instantiates a launcher written once
+ * as a generic lambda for the call's storage. */
+typedef __nv_bfloat16 bf16_t;
+
+__device__ static inline float ld(const float *p, int64_t i) { return p[i]; }
+__device__ static inline float ld(const bf16_t *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ static inline float ld(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+__device__ static inline void st(float *p, int64_t i, float v) { p[i] = v; }
+__device__ static inline void st(bf16_t *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ static inline void st(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
+
+enum storage { ST_F32, ST_BF16, ST_MIX };
+
+/* The storage of the tensors given (absent ones, p NULL, left out). */
+static inline enum storage storage_of(std::initializer_list<gp_fptr> ts)
+{
+    int n16 = 0, n = 0;
+    for (gp_fptr t : ts) n += t.p != NULL, n16 += t.p && t.bf16;
+    return n16 == 0 ? ST_F32 : n16 == n ? ST_BF16 : ST_MIX;
+}
+
+/* f(tag): tag a float, a bf16_t or a gp_fptr value, for in_as / out_as. */
+template <typename F>
+static inline void with_storage(enum storage s, F &&f)
+{
+    if (s == ST_F32) f(0.0f);
+    else if (s == ST_BF16) f(bf16_t());
+    else f(gp_fptr());
+}
+
+/* A tensor as the kernels of storage `tag` take it (read; written). */
+static inline const float *in_as(float, gp_fptr t) { return (const float *)t.p; }
+static inline const bf16_t *in_as(bf16_t, gp_fptr t) { return (const bf16_t *)t.p; }
+static inline gp_fptr in_as(gp_fptr, gp_fptr t) { return t; }
+static inline float *out_as(float, gp_fptr t) { return (float *)t.p; }
+static inline bf16_t *out_as(bf16_t, gp_fptr t) { return (bf16_t *)t.p; }
+static inline gp_fptr out_as(gp_fptr, gp_fptr t) { return t; }
 
 /* ---- Pad ---- */
 
@@ -87,6 +140,30 @@ static gp_status pad_plan_of(struct gp_cuda_ctx *c, struct gp_error *err, struct
     return GP_OK;
 }
 
+/* The input element output element o reads (*src), or false: the
+ * constant. */
+__device__ static inline bool pad_source(const struct pad_plan &p, int64_t o, int64_t *src)
+{
+    int64_t rem = o, s = 0;
+    bool inside = true;
+    for (int d = p.rank - 1; d >= 0; d--) {
+        int64_t od = rem % p.yd[d], in = p.xd[d];
+        rem /= p.yd[d];
+        int64_t i = od - p.begin[d];
+        if (i < 0 || i >= in) {
+            switch (p.mode) {
+            case PAD_CONSTANT: inside = false; break;
+            case PAD_EDGE: i = i < 0 ? 0 : in - 1; break;
+            case PAD_REFLECT: i = i < 0 ? -i : 2 * (in - 1) - i; break;
+            default: i = ((i % in) + in) % in; break;
+            }
+        }
+        s += i * p.x_st[d];
+    }
+    *src = s;
+    return inside;
+}
+
 template <typename T>
 __global__ static void pad_forward_kernel(struct pad_plan p, struct pad_fill f, const T *x, T *y, int64_t n)
 {
@@ -95,23 +172,28 @@ __global__ static void pad_forward_kernel(struct pad_plan p, struct pad_fill f, 
     else memcpy(&fill, &f.fillv, sizeof fill); /* the low bytes: little-endian */
     GP_GRID_STRIDE(o, n)
     {
-        int64_t rem = o, src = 0;
-        bool inside = true;
-        for (int d = p.rank - 1; d >= 0; d--) {
-            int64_t od = rem % p.yd[d], in = p.xd[d];
-            rem /= p.yd[d];
-            int64_t i = od - p.begin[d];
-            if (i < 0 || i >= in) {
-                switch (p.mode) {
-                case PAD_CONSTANT: inside = false; break;
-                case PAD_EDGE: i = i < 0 ? 0 : in - 1; break;
-                case PAD_REFLECT: i = i < 0 ? -i : 2 * (in - 1) - i; break;
-                default: i = ((i % in) + in) % in; break;
-                }
-            }
-            src += i * p.x_st[d];
-        }
+        int64_t src;
+        bool inside = pad_source(p, o, &src);
         y[o] = inside ? x[src] : fill;
+    }
+}
+
+/* Float data with any bfloat16 among X, Y and the value: the elements
+ * widened and stored rounded (X's values pass exactly between like
+ * storages); the value from fillp (the input, either storage) or fillv
+ * (float32 bits). XP, YP: the storage of X and Y. */
+template <typename XP, typename YP>
+__global__ static void pad_forward_float_kernel(struct pad_plan p, gp_fptr fillp, uint32_t fillv, XP x, YP y,
+                                                int64_t n)
+{
+    float fill;
+    if (fillp.p) fill = gp_ld(fillp, 0);
+    else memcpy(&fill, &fillv, sizeof fill);
+    GP_GRID_STRIDE(o, n)
+    {
+        int64_t src;
+        bool inside = pad_source(p, o, &src);
+        st(y, o, inside ? ld(x, src) : fill);
     }
 }
 
@@ -160,8 +242,9 @@ __device__ static inline void pad_preimage(int mode, int64_t i, int64_t b, int64
 }
 
 /* dX[e] += dY[o] over every o that reads e, in increasing o: the CPU adds
- * them into dX in that order. */
-__global__ static void pad_backward_kernel(struct pad_plan p, const float *dy, float *dx, int64_t n)
+ * them into dX in that order. DP, GP: the storage of dY and dX. */
+template <typename DP, typename GP>
+__global__ static void pad_backward_kernel(struct pad_plan p, DP dy, GP dx, int64_t n)
 {
     GP_GRID_STRIDE(e, n)
     {
@@ -176,17 +259,17 @@ __global__ static void pad_backward_kernel(struct pad_plan p, const float *dy, f
             k[d] = 0;
         }
         if (!any) continue;
-        float acc = dx[e];
+        float acc = ld(dx, e);
         for (;;) {
             int64_t o = 0;
             for (int d = 0; d < p.rank; d++)
                 o += (pi[d].list ? pi[d].pts[k[d]] : pi[d].first + k[d] * pi[d].step) * p.y_st[d];
-            acc = __fadd_rn(acc, dy[o]);
+            acc = __fadd_rn(acc, ld(dy, o));
             int d = p.rank - 1;
             for (; d >= 0 && ++k[d] == pi[d].n; d--) k[d] = 0;
             if (d < 0) break;
         }
-        dx[e] = acc;
+        st(dx, e, acc);
     }
 }
 
@@ -204,6 +287,15 @@ static gp_status pad_forward(struct gp_cuda_ctx *c, struct gp_error *err)
                              gp_node_attr_string(c->node, "mode", "constant"));
     unsigned b = gp_cuda_blocks_for(n);
     cudaStream_t s = c->stream;
+    gp_fptr xf = gp_cuda_in_f(c, 0), yf = gp_cuda_out_f(c, 0), ff = {(void *)f.fillp, false};
+    if (f.fillp && gp_dtype_is_float(gp_cuda_in_value(c, 0)->dtype)) ff.bf16 = gp_cuda_is_bf16(c->in_dt, 2);
+    if (xf.bf16 || yf.bf16 || ff.bf16) {
+        with_storage(storage_of({xf, yf}), [&](auto tag) {
+            pad_forward_float_kernel<<<b, GP_CUDA_THREADS, 0, s>>>(p, ff, (uint32_t)f.fillv, in_as(tag, xf),
+                                                                   out_as(tag, yf), n);
+        });
+        return gp_cuda_check_launch(c, "Pad forward", err);
+    }
     switch (es) {
     case 1: pad_forward_kernel<uint8_t><<<b, GP_CUDA_THREADS, 0, s>>>(p, f, (const uint8_t *)c->in[0], (uint8_t *)c->out[0], n); break;
     case 2: pad_forward_kernel<uint16_t><<<b, GP_CUDA_THREADS, 0, s>>>(p, f, (const uint16_t *)c->in[0], (uint16_t *)c->out[0], n); break;
@@ -221,13 +313,18 @@ static gp_status pad_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(pad_plan_of(c, err, &p, &f));
     int64_t n = gp_shape_numel(gp_cuda_in_shape(c, 0));
     if (n == 0 || gp_shape_numel(gp_cuda_out_shape(c, 0)) == 0) return GP_OK;
-    pad_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(p, c->dout[0], c->din[0], n);
+    gp_fptr dyf = gp_cuda_dout_f(c, 0), dxf = gp_cuda_din_f(c, 0);
+    cudaStream_t s = c->stream;
+    with_storage(storage_of({dyf, dxf}), [&](auto tag) {
+        pad_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, s>>>(p, in_as(tag, dyf), out_as(tag, dxf),
+                                                                            n);
+    });
     return gp_cuda_check_launch(c, "Pad backward", err);
 }
 
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_pad[] = {
-    {"Pad", NULL, NULL, pad_forward, pad_backward},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"Pad", NULL, NULL, pad_forward, pad_backward, false, true},
+    {NULL, NULL, NULL, NULL, NULL, false, false},
 };

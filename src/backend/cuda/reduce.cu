@@ -11,15 +11,68 @@
  *
  * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
  * where a product feeds a sum the operations are spelled with the _rn
- * intrinsics. */
+ * intrinsics.
+ *
+ * bfloat16 (bf16_any): float data, its output, dY and dX each float32 or
+ * bfloat16; loads widen, every stored value is rounded once (ArgMax/ArgMin
+ * write int64 as ever), the sums are the float32 kernels' own, so results
+ * equal those of float32 copies. */
 #include <math.h>
 #include <string.h>
 
+#include <initializer_list>
+
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
 #include "ops/fold_util.h"
 }
+
+/* ---- storage of the big tensors (bfloat16 or float32) ---- */
+
+/* A call's big tensors are float32 alike (the float32 path, unchanged),
+ * bfloat16 alike (the bf16 stage's activations), or a mix (a constant or a
+ * parameter among activations). The kernels are templated on their pointer
+ * types: const float * / float *, const bf16_t * / bf16_t *, or gp_fptr
+ * for a mix, read with ld() and written with st() (one rounding to nearest
+ * even into bfloat16). with_storage() instantiates a launcher written once
+ * as a generic lambda for the call's storage. */
+typedef __nv_bfloat16 bf16_t;
+
+__device__ static inline float ld(const float *p, int64_t i) { return p[i]; }
+__device__ static inline float ld(const bf16_t *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ static inline float ld(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+__device__ static inline void st(float *p, int64_t i, float v) { p[i] = v; }
+__device__ static inline void st(bf16_t *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ static inline void st(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
+
+enum storage { ST_F32, ST_BF16, ST_MIX };
+
+/* The storage of the tensors given (absent ones, p NULL, left out). */
+static inline enum storage storage_of(std::initializer_list<gp_fptr> ts)
+{
+    int n16 = 0, n = 0;
+    for (gp_fptr t : ts) n += t.p != NULL, n16 += t.p && t.bf16;
+    return n16 == 0 ? ST_F32 : n16 == n ? ST_BF16 : ST_MIX;
+}
+
+/* f(tag): tag a float, a bf16_t or a gp_fptr value, for in_as / out_as. */
+template <typename F>
+static inline void with_storage(enum storage s, F &&f)
+{
+    if (s == ST_F32) f(0.0f);
+    else if (s == ST_BF16) f(bf16_t());
+    else f(gp_fptr());
+}
+
+/* A tensor as the kernels of storage `tag` take it (read; written). */
+static inline const float *in_as(float, gp_fptr t) { return (const float *)t.p; }
+static inline const bf16_t *in_as(bf16_t, gp_fptr t) { return (const bf16_t *)t.p; }
+static inline gp_fptr in_as(gp_fptr, gp_fptr t) { return t; }
+static inline float *out_as(float, gp_fptr t) { return (float *)t.p; }
+static inline bf16_t *out_as(bf16_t, gp_fptr t) { return (bf16_t *)t.p; }
+static inline gp_fptr out_as(gp_fptr, gp_fptr t) { return t; }
 
 /* ---- reductions ---- */
 
@@ -169,28 +222,30 @@ __device__ static inline double r_identity(int kind)
 
 /* The cell's result into Y (float, forward kinds) or aux (double,
  * backward's statistics). */
-__device__ static inline void r_store(int kind, const struct rplan &p, double acc, int64_t cell,
-                                      float *Y, double *aux)
+template <typename YP>
+__device__ static inline void r_store(int kind, const struct rplan &p, double acc, int64_t cell, YP Y,
+                                      double *aux)
 {
     switch (kind) {
-    case R_MEAN: Y[cell] = (float)(acc / (double)p.count); break;
-    case R_L2: Y[cell] = (float)sqrt(acc); break;
+    case R_MEAN: st(Y, cell, (float)(acc / (double)p.count)); break;
+    case R_L2: st(Y, cell, (float)sqrt(acc)); break;
     case X_TIES: case X_ZEROS: case X_NZPROD: aux[cell] = acc; break;
-    default: Y[cell] = (float)acc; break;
+    default: st(Y, cell, (float)acc); break;
     }
 }
 
-/* One thread per cell, the CPU's order exactly. Y_in: the forward output
- * (X_TIES compares with it). */
-__global__ static void reduce_thread_kernel(struct rplan p, int kind, const float *X,
-                                            const float *Y_in, float *Y, double *aux)
+/* One thread per cell, the CPU's order exactly. Y: the output (forward
+ * kinds), or the forward output that X_TIES compares with (the
+ * statistics, into aux). XP, YP: the storage of X and Y. */
+template <typename XP, typename YP>
+__global__ static void reduce_thread_kernel(struct rplan p, int kind, XP X, YP Y, double *aux)
 {
     GP_GRID_STRIDE(cell, p.cells) {
         int64_t off = cell_base(p, cell), idx[GP_MAX_RANK];
         for (int q = 0; q < p.nr; q++) idx[q] = 0;
-        float y = Y_in ? Y_in[cell] : 0.0f;
+        float y = kind == X_TIES ? ld(Y, cell) : 0.0f;
         double acc = r_identity(kind);
-        do acc = r_combine(kind, acc, r_term(kind, X[off], y));
+        do acc = r_combine(kind, acc, r_term(kind, ld(X, off), y));
         while (cell_next(p, idx, &off));
         r_store(kind, p, acc, cell, Y, aux);
     }
@@ -198,9 +253,8 @@ __global__ static void reduce_thread_kernel(struct rplan p, int kind, const floa
 
 /* One warp per cell (warp = true) or one block per cell: strided partial
  * terms, then a fixed-order tree. */
-template <bool WARP>
-__global__ static void reduce_group_kernel(struct rplan p, int kind, const float *X,
-                                           const float *Y_in, float *Y, double *aux)
+template <bool WARP, typename XP, typename YP>
+__global__ static void reduce_group_kernel(struct rplan p, int kind, XP X, YP Y, double *aux)
 {
     __shared__ double sh[32];
     int lane = threadIdx.x & 31;
@@ -209,10 +263,10 @@ __global__ static void reduce_group_kernel(struct rplan p, int kind, const float
     int64_t t0 = WARP ? lane : threadIdx.x, ts = WARP ? 32 : blockDim.x;
     for (int64_t cell = first; cell < p.cells; cell += step) {
         int64_t base = cell_base(p, cell);
-        float y = Y_in ? Y_in[cell] : 0.0f;
+        float y = kind == X_TIES ? ld(Y, cell) : 0.0f;
         double acc = r_identity(kind);
         for (int64_t e = t0; e < p.count; e += ts)
-            acc = r_combine(kind, acc, r_term(kind, X[base + red_offset(p, e)], y));
+            acc = r_combine(kind, acc, r_term(kind, ld(X, base + red_offset(p, e)), y));
         /* Tree: the lower-indexed partner is the accumulator. */
         for (int o = 16; o > 0; o >>= 1) acc = r_combine(kind, acc, __shfl_down_sync(0xffffffffu, acc, o));
         if (!WARP) {
@@ -258,27 +312,28 @@ __global__ static void reduce_int_kernel(struct rplan p, int kind, int dt, const
     }
 }
 
-__global__ static void fill_f32_kernel(float *Y, int64_t n, float v)
+template <typename YP>
+__global__ static void fill_kernel(YP Y, int64_t n, float v)
 {
-    GP_GRID_STRIDE(i, n) Y[i] = v;
+    GP_GRID_STRIDE(i, n) st(Y, i, v);
 }
 
 /* Launches the cell reduction of `kind` with the layout that reads
  * coalesced: a warp or block per cell when the last input axis is reduced
- * (or the cells are few), else a thread per cell. */
-static void launch_reduce(const struct rplan &p, int kind, const float *X, const float *Y_in,
-                          float *Y, double *aux, cudaStream_t s)
+ * (or the cells are few), else a thread per cell. Y as for
+ * reduce_thread_kernel. */
+template <typename XP, typename YP>
+static void launch_reduce(const struct rplan &p, int kind, XP X, YP Y, double *aux, cudaStream_t s)
 {
     bool last_reduced = p.nr > 0 && p.rst[p.nr - 1] == 1;
     if (p.nr == 0 || p.count <= 8 || (!last_reduced && p.cells >= 2048)) {
-        reduce_thread_kernel<<<gp_cuda_blocks_for(p.cells), GP_CUDA_THREADS, 0, s>>>(p, kind, X, Y_in,
-                                                                                   Y, aux);
+        reduce_thread_kernel<<<gp_cuda_blocks_for(p.cells), GP_CUDA_THREADS, 0, s>>>(p, kind, X, Y, aux);
     } else if (p.count <= 2048) {
-        reduce_group_kernel<true><<<gp_cuda_capped_grid((p.cells + 7) / 8, 1 << 20), 256, 0, s>>>(p, kind, X, Y_in,
-                                                                                         Y, aux);
+        reduce_group_kernel<true><<<gp_cuda_capped_grid((p.cells + 7) / 8, 1 << 20), 256, 0, s>>>(p, kind, X, Y,
+                                                                                                 aux);
     } else {
         unsigned t = p.count >= 65536 ? 512 : 256;
-        reduce_group_kernel<false><<<gp_cuda_capped_grid(p.cells, 1 << 20), t, 0, s>>>(p, kind, X, Y_in, Y, aux);
+        reduce_group_kernel<false><<<gp_cuda_capped_grid(p.cells, 1 << 20), t, 0, s>>>(p, kind, X, Y, aux);
     }
 }
 
@@ -312,13 +367,18 @@ static gp_status reduce_forward(struct gp_cuda_ctx *c, struct gp_error *err)
             p, kind, (int)dt, c->in[0], c->out[0]);
         return gp_cuda_check_launch(c, "reduction (integer)", err);
     }
-    float *Y = (float *)c->out[0];
+    gp_fptr xf = gp_cuda_in_f(c, 0), yf = gp_cuda_out_f(c, 0);
+    cudaStream_t stream = c->stream;
     if (p.count == 0) { /* an empty reduction: the identity element */
-        fill_f32_kernel<<<gp_cuda_blocks_for(p.cells), GP_CUDA_THREADS, 0, c->stream>>>(
-            Y, p.cells, kind == R_PROD ? 1.0f : 0.0f);
+        with_storage(storage_of({yf}), [&](auto tag) {
+            fill_kernel<<<gp_cuda_blocks_for(p.cells), GP_CUDA_THREADS, 0, stream>>>(
+                out_as(tag, yf), p.cells, kind == R_PROD ? 1.0f : 0.0f);
+        });
         return gp_cuda_check_launch(c, "reduction (empty)", err);
     }
-    launch_reduce(p, kind, (const float *)c->in[0], NULL, Y, NULL, c->stream);
+    with_storage(storage_of({xf, yf}), [&](auto tag) {
+        launch_reduce(p, kind, in_as(tag, xf), out_as(tag, yf), (double *)NULL, stream);
+    });
     return gp_cuda_check_launch(c, "reduction forward", err);
 }
 
@@ -326,9 +386,9 @@ static gp_status reduce_forward(struct gp_cuda_ctx *c, struct gp_error *err)
  * dY / count; SumSquare 2 X dY; L2 X dY / Y (0 where Y = 0); Max/Min dY
  * split evenly among the elements equal to Y; Prod dY times the product of
  * the others (exact with zeros). */
-__global__ static void reduce_bwd_kernel(struct rplan p, int kind, const float *X, const float *Y,
-                                         const float *dY, const double *s0, const double *s1,
-                                         float *dX, int64_t n)
+template <typename XP, typename GP>
+__global__ static void reduce_bwd_kernel(struct rplan p, int kind, XP X, XP Y, XP dY, const double *s0,
+                                         const double *s1, GP dX, int64_t n)
 {
     GP_GRID_STRIDE(i, n) {
         int64_t rem = i, cell = 0;
@@ -337,7 +397,7 @@ __global__ static void reduce_bwd_kernel(struct rplan p, int kind, const float *
             cell += (rem - q * p.dims[d]) * p.cst[d];
             rem = q;
         }
-        float x = X[i], dy = dY[cell], y = Y[cell], g;
+        float x = ld(X, i), dy = ld(dY, cell), y = ld(Y, cell), g;
         switch (kind) {
         case R_SUM: g = dy; break;
         case R_MEAN: g = dy / (float)p.count; break;
@@ -351,34 +411,42 @@ __global__ static void reduce_bwd_kernel(struct rplan p, int kind, const float *
         }
         default: g = x == y || (x != x && y != y) ? dy / (float)s0[cell] : 0.0f; break;
         }
-        dX[i] = FADD(dX[i], g);
+        st(dX, i, FADD(ld(dX, i), g));
     }
 }
 
 static gp_status reduce_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    const float *X = (const float *)c->in[0], *Y = (const float *)c->out[0], *dY = c->dout[0];
-    float *dX = c->din[0];
-    if (!dY || !dX) return GP_OK;
+    if (!c->dout[0] || !c->din[0]) return GP_OK;
     GP_TRY(gp_cuda_want_f32(c, 0, err));
     struct rplan p;
     GP_TRY(reduce_plan(c->graph, c->node, err, &p));
     enum rkind kind = rkind_of(c->node->op_type);
     if (p.count == 0 || p.cells == 0) return GP_OK;
     double *s0 = (double *)c->scratch, *s1 = s0 ? s0 + p.cells : NULL;
-    if (kind == R_MAX || kind == R_MIN) {
-        launch_reduce(p, X_TIES, X, Y, NULL, s0, c->stream);
-        GP_TRY(gp_cuda_check_launch(c, "reduction backward (ties)", err));
-    } else if (kind == R_PROD) {
-        launch_reduce(p, X_ZEROS, X, NULL, NULL, s0, c->stream);
-        GP_TRY(gp_cuda_check_launch(c, "reduction backward (zeros)", err));
-        launch_reduce(p, X_NZPROD, X, NULL, NULL, s1, c->stream);
-        GP_TRY(gp_cuda_check_launch(c, "reduction backward (product)", err));
-    }
-    int64_t n = p.cells * p.count;
-    reduce_bwd_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(p, kind, X, Y, dY, s0,
-                                                                               s1, dX, n);
-    return gp_cuda_check_launch(c, "reduction backward", err);
+    gp_fptr xf = gp_cuda_in_f(c, 0), yf = gp_cuda_out_f(c, 0), dyf = gp_cuda_dout_f(c, 0),
+            dxf = gp_cuda_din_f(c, 0);
+    cudaStream_t stream = c->stream;
+    gp_status rc = GP_OK;
+    /* Y is the forward output here: X_TIES reads it, nothing writes it. */
+    with_storage(storage_of({xf, yf, dyf, dxf}), [&](auto tag) {
+        auto X = in_as(tag, xf);
+        if (kind == R_MAX || kind == R_MIN) {
+            launch_reduce(p, X_TIES, X, out_as(tag, yf), s0, stream);
+            rc = gp_cuda_check_launch(c, "reduction backward (ties)", err);
+        } else if (kind == R_PROD) {
+            launch_reduce(p, X_ZEROS, X, out_as(tag, yf), s0, stream);
+            rc = gp_cuda_check_launch(c, "reduction backward (zeros)", err);
+            if (rc == GP_OK) launch_reduce(p, X_NZPROD, X, out_as(tag, yf), s1, stream);
+            if (rc == GP_OK) rc = gp_cuda_check_launch(c, "reduction backward (product)", err);
+        }
+        if (rc != GP_OK) return;
+        int64_t n = p.cells * p.count;
+        reduce_bwd_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(
+            p, kind, X, in_as(tag, yf), in_as(tag, dyf), s0, s1, out_as(tag, dxf), n);
+        rc = gp_cuda_check_launch(c, "reduction backward", err);
+    });
+    return rc;
 }
 
 /* ---- ArgMax, ArgMin ---- */
@@ -389,8 +457,16 @@ struct argplan {
     int dt;
 };
 
+/* Float element i of X, stored as bfloat16 (B16) or float32. */
+template <bool B16>
+__device__ static inline float arg_float(const void *X, int64_t i)
+{
+    return B16 ? __bfloat162float(((const bf16_t *)X)[i]) : ((const float *)X)[i];
+}
+
 /* The CPU's loop exactly: the first extreme element (the last with
  * select_last_index); a NaN is the extreme, the first one found stays. */
+template <bool B16>
 __global__ static void arg_thread_kernel(struct argplan a, const void *X, int64_t *Y)
 {
     GP_GRID_STRIDE(k, a.outer * a.inner) {
@@ -399,7 +475,7 @@ __global__ static void arg_thread_kernel(struct argplan a, const void *X, int64_
             int64_t ia = base + j * a.inner, ib = base + best * a.inner;
             bool better, equal;
             if (a.fp) {
-                double x = ((const float *)X)[ia], y = ((const float *)X)[ib];
+                double x = arg_float<B16>(X, ia), y = arg_float<B16>(X, ib);
                 if (y != y) break;
                 better = x != x || (a.is_max ? x > y : x < y);
                 equal = x == y;
@@ -438,6 +514,7 @@ __device__ static inline struct argc arg_pick(const struct argplan &a, struct ar
 }
 
 /* One warp per slot (inner == 1: contiguous). */
+template <bool B16>
 __global__ static void arg_warp_kernel(struct argplan a, const void *X, int64_t *Y)
 {
     int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
@@ -448,7 +525,7 @@ __global__ static void arg_warp_kernel(struct argplan a, const void *X, int64_t 
         for (int64_t j = lane; j < a.dim; j += 32) {
             struct argc cand;
             cand.idx = j;
-            if (a.fp) cand.v = ((const float *)X)[base + j], cand.iv = 0;
+            if (a.fp) cand.v = arg_float<B16>(X, base + j), cand.iv = 0;
             else cand.iv = gp_dev_load_i64(X, a.dt, base + j), cand.v = 0;
             best = arg_pick(a, best, cand);
         }
@@ -486,21 +563,26 @@ static gp_status arg_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     int64_t slots = a.outer * a.inner;
     if (slots == 0) return GP_OK;
     int64_t *Y = (int64_t *)c->out[0];
-    if (a.inner == 1 && a.dim >= 64)
-        arg_warp_kernel<<<gp_cuda_capped_grid((slots + 7) / 8, 1 << 20), 256, 0, c->stream>>>(a, c->in[0], Y);
-    else
-        arg_thread_kernel<<<gp_cuda_blocks_for(slots), GP_CUDA_THREADS, 0, c->stream>>>(a, c->in[0], Y);
+    unsigned gw = gp_cuda_capped_grid((slots + 7) / 8, 1 << 20), gt = gp_cuda_blocks_for(slots);
+    bool warp = a.inner == 1 && a.dim >= 64;
+    if (a.fp && gp_cuda_is_bf16(c->in_dt, 0)) {
+        if (warp) arg_warp_kernel<true><<<gw, 256, 0, c->stream>>>(a, c->in[0], Y);
+        else arg_thread_kernel<true><<<gt, GP_CUDA_THREADS, 0, c->stream>>>(a, c->in[0], Y);
+    } else {
+        if (warp) arg_warp_kernel<false><<<gw, 256, 0, c->stream>>>(a, c->in[0], Y);
+        else arg_thread_kernel<false><<<gt, GP_CUDA_THREADS, 0, c->stream>>>(a, c->in[0], Y);
+    }
     return gp_cuda_check_launch(c, a.is_max ? "ArgMax" : "ArgMin", err);
 }
 
 /* ---- the table ---- */
 
-#define REDUCE(op) {op, NULL, reduce_scratch, reduce_forward, reduce_backward}
+#define REDUCE(op) {op, NULL, reduce_scratch, reduce_forward, reduce_backward, false, true}
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_reduce[] = {
     REDUCE("ReduceSum"), REDUCE("ReduceMean"), REDUCE("ReduceMax"), REDUCE("ReduceMin"),
     REDUCE("ReduceProd"), REDUCE("ReduceSumSquare"), REDUCE("ReduceL2"),
-    {"ArgMax", NULL, NULL, arg_forward, NULL},
-    {"ArgMin", NULL, NULL, arg_forward, NULL},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"ArgMax", NULL, NULL, arg_forward, NULL, false, true},
+    {"ArgMin", NULL, NULL, arg_forward, NULL, false, true},
+    {NULL, NULL, NULL, NULL, NULL, false, false},
 };

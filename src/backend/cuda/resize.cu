@@ -11,15 +11,75 @@
  *
  * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
  * where a product feeds a sum the operations are spelled with the _rn
- * intrinsics. */
+ * intrinsics.
+ *
+ * bfloat16 (bf16_any): float X, Y, dY and dX each float32 or bfloat16;
+ * loads widen, every stored value is rounded once (a dX element gathers its
+ * terms in float from its widened value, then is rounded), so results equal
+ * those of float32 copies. Other dtypes as ever. */
 #include <math.h>
 #include <string.h>
 
+#include <initializer_list>
+
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
 #include "ops/fold_util.h"
 }
+
+/* ---- storage of the big tensors (bfloat16 or float32) ---- */
+
+/* A call's big tensors are float32 alike (the float32 path, unchanged),
+ * bfloat16 alike (the bf16 stage's activations), or a mix (a constant or a
+ * parameter among activations). The kernels are templated on their pointer
+ * types: const float * / float *, const bf16_t * / bf16_t *, or gp_fptr
+ * for a mix, read with ld() and written with st() (one rounding to nearest
+ * even into bfloat16). with_storage() instantiates a launcher written once
+ * as a generic lambda for the call's storage. */
+typedef __nv_bfloat16 bf16_t;
+
+__device__ static inline float ld(const float *p, int64_t i) { return p[i]; }
+__device__ static inline float ld(const bf16_t *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ static inline float ld(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+__device__ static inline void st(float *p, int64_t i, float v) { p[i] = v; }
+__device__ static inline void st(bf16_t *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ static inline void st(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
+
+/* The tensor k elements on (pointers add as usual). */
+__host__ __device__ static inline gp_fptr operator+(gp_fptr t, int64_t k)
+{
+    gp_fptr r = {(char *)t.p + k * (int64_t)(t.bf16 ? sizeof(bf16_t) : sizeof(float)), t.bf16};
+    return r;
+}
+
+enum storage { ST_F32, ST_BF16, ST_MIX };
+
+/* The storage of the tensors given (absent ones, p NULL, left out). */
+static inline enum storage storage_of(std::initializer_list<gp_fptr> ts)
+{
+    int n16 = 0, n = 0;
+    for (gp_fptr t : ts) n += t.p != NULL, n16 += t.p && t.bf16;
+    return n16 == 0 ? ST_F32 : n16 == n ? ST_BF16 : ST_MIX;
+}
+
+/* f(tag): tag a float, a bf16_t or a gp_fptr value, for in_as / out_as. */
+template <typename F>
+static inline void with_storage(enum storage s, F &&f)
+{
+    if (s == ST_F32) f(0.0f);
+    else if (s == ST_BF16) f(bf16_t());
+    else f(gp_fptr());
+}
+
+/* A tensor as the kernels of storage `tag` take it (read; written). */
+static inline const float *in_as(float, gp_fptr t) { return (const float *)t.p; }
+static inline const bf16_t *in_as(bf16_t, gp_fptr t) { return (const bf16_t *)t.p; }
+static inline gp_fptr in_as(gp_fptr, gp_fptr t) { return t; }
+static inline float *out_as(float, gp_fptr t) { return (float *)t.p; }
+static inline bf16_t *out_as(bf16_t, gp_fptr t) { return (bf16_t *)t.p; }
+static inline gp_fptr out_as(gp_fptr, gp_fptr t) { return t; }
 
 /* ---- Resize, Upsample ---- */
 
@@ -306,7 +366,8 @@ __global__ static void rs_ranges_init_kernel(struct rs_plan p)
  * its corners' weighted values in double, corner by corner as the CPU
  * (corner k: bit d - lead picks axis d's high neighbour; the weight is the
  * product over the axes in order; corners of weight 0 skipped). */
-__global__ static void rs_forward_f32_kernel(struct rs_plan p, const float *X, float *Y, int64_t n)
+template <typename XP, typename YP>
+__global__ static void rs_forward_f32_kernel(struct rs_plan p, XP X, YP Y, int64_t n)
 {
     int corners = p.linear ? 1 << (p.rank - p.lead) : 1;
     GP_GRID_STRIDE(o, n) {
@@ -334,12 +395,12 @@ __global__ static void rs_forward_f32_kernel(struct rs_plan p, const float *X, f
                 break;
             }
             if (!p.linear) {
-                acc = X[src];
+                acc = ld(X, src);
                 break;
             }
-            acc = DADD(acc, DMUL((double)w, (double)X[src]));
+            acc = DADD(acc, DMUL((double)w, (double)ld(X, src)));
         }
-        Y[o] = extrap ? p.extrapolation : (float)acc;
+        st(Y, o, extrap ? p.extrapolation : (float)acc);
     }
 }
 
@@ -365,7 +426,8 @@ __global__ static void rs_forward_copy_kernel(struct rs_plan p, const T *X, T *Y
  * float straight into dX[i] as the CPU's scatter does. Per table axis the
  * outputs reading position xi[d] are first..last, filtered by the tables
  * (a corner counts where every axis's neighbour is xi[d]). */
-__device__ static void rs_gather(const struct rs_plan &p, const float *dY, float *dX, int64_t i)
+template <typename DP, typename GP>
+__device__ static void rs_gather(const struct rs_plan &p, DP dY, GP dX, int64_t i)
 {
     int corners = p.linear ? 1 << (p.rank - p.lead) : 1;
     int64_t xi[GP_MAX_RANK], rem = i, base = 0;
@@ -382,7 +444,7 @@ __device__ static void rs_gather(const struct rs_plan &p, const float *dY, float
         oi[d] = lo[d];
         if (lo[d] > hi[d]) return;
     }
-    float acc = dX[i];
+    float acc = ld(dX, i);
     for (;;) {
         int64_t off = base;
         for (int d = p.lead; d < p.rank; d++) off += oi[d] * p.yst[d];
@@ -398,7 +460,7 @@ __device__ static void rs_gather(const struct rs_plan &p, const float *dY, float
                 w = FMUL(w, h ? p.w1[d][oi[d]] : p.w0[d][oi[d]]);
             }
             if (!match || w == 0) continue;
-            acc = FADD(acc, FMUL(w, dY[off]));
+            acc = FADD(acc, FMUL(w, ld(dY, off)));
         }
         int d = p.rank - 1;
         for (; d >= p.lead; d--) {
@@ -407,10 +469,11 @@ __device__ static void rs_gather(const struct rs_plan &p, const float *dY, float
         }
         if (d < p.lead) break;
     }
-    dX[i] = acc;
+    st(dX, i, acc);
 }
 
-__global__ static void rs_backward_kernel(struct rs_plan p, const float *dY, float *dX, int64_t n)
+template <typename DP, typename GP>
+__global__ static void rs_backward_kernel(struct rs_plan p, DP dY, GP dX, int64_t n)
 {
     GP_GRID_STRIDE(i, n) rs_gather(p, dY, dX, i);
 }
@@ -428,7 +491,8 @@ __global__ static void rs_backward_kernel(struct rs_plan p, const float *dY, flo
  * the last: the row's source offset (-1: extrapolated) and the product of
  * those axes' weights in axis order, so that the last axis's weight
  * multiplies in last, as in the CPU's product. */
-__global__ static void rs_forward_rows_kernel(struct rs_plan p, const float *X, float *Y, int64_t rows)
+template <typename XP, typename YP>
+__global__ static void rs_forward_rows_kernel(struct rs_plan p, XP X, YP Y, int64_t rows)
 {
     __shared__ int64_t sh_src[RS_FWD_ENTRIES];
     __shared__ float sh_w[RS_FWD_ENTRIES];
@@ -469,14 +533,14 @@ __global__ static void rs_forward_rows_kernel(struct rs_plan p, const float *X, 
             int64_t r = gp_dev_fdiv(e, ylast), ow = e - r * ylast;
             const int64_t *ss = sh_src + r * outer;
             const float *sw = sh_w + r * outer;
-            float *y = Y + (row0 + r) * ylast + ow;
+            int64_t y = (row0 + r) * ylast + ow;
             int64_t i0 = i0l[ow];
             if (ss[0] < 0 || i0 < 0) {
-                *y = p.extrapolation;
+                st(Y, y, p.extrapolation);
                 continue;
             }
             if (!p.linear) {
-                *y = X[ss[0] + i0];
+                st(Y, y, ld(X, ss[0] + i0));
                 continue;
             }
             int64_t i1 = i1l[ow];
@@ -487,9 +551,9 @@ __global__ static void rs_forward_rows_kernel(struct rs_plan p, const float *X, 
                 bool h = k >> (m - 1);
                 float w = FMUL(sw[ko], h ? a1 : a0);
                 if (w == 0) continue;
-                acc = DADD(acc, DMUL((double)w, (double)X[ss[ko] + (h ? i1 : i0)]));
+                acc = DADD(acc, DMUL((double)w, (double)ld(X, ss[ko] + (h ? i1 : i0))));
             }
-            *y = (float)acc;
+            st(Y, y, (float)acc);
         }
     }
 }
@@ -507,7 +571,8 @@ __global__ static void rs_forward_rows_kernel(struct rs_plan p, const float *X, 
 #define RS_BWD_COMBOS 16
 #define RS_BWD_ENTRIES 64
 
-__global__ static void rs_backward_rows_kernel(struct rs_plan p, const float *dY, float *dX, int64_t rows)
+template <typename DP, typename GP>
+__global__ static void rs_backward_rows_kernel(struct rs_plan p, DP dY, GP dX, int64_t rows)
 {
     __shared__ int64_t sh_off[RS_BWD_ROWS][RS_BWD_COMBOS];
     __shared__ int sh_first[RS_BWD_ROWS][RS_BWD_COMBOS + 1];
@@ -580,9 +645,9 @@ __global__ static void rs_backward_rows_kernel(struct rs_plan p, const float *dY
             }
             int64_t lo = fl[xw], hi = ll[xw];
             if (lo > hi || n == 0) continue;
-            float acc = dX[i];
+            float acc = ld(dX, i);
             for (int c = 0; c < n; c++) {
-                const float *dy = dY + sh_off[r][c];
+                DP dy = dY + sh_off[r][c];
                 int e0 = sh_first[r][c], e1 = sh_first[r][c + 1];
                 for (int64_t ow = lo; ow <= hi; ow++) {
                     for (int h = 0; h < (p.linear ? 2 : 1); h++) {
@@ -593,12 +658,12 @@ __global__ static void rs_backward_rows_kernel(struct rs_plan p, const float *dY
                             if (wo != wo) continue;
                             float w = FMUL(wo, wl);
                             if (w == 0) continue;
-                            acc = FADD(acc, FMUL(w, dy[ow]));
+                            acc = FADD(acc, FMUL(w, ld(dy, ow)));
                         }
                     }
                 }
             }
-            dX[i] = acc;
+            st(dX, i, acc);
         }
     }
 }
@@ -629,14 +694,21 @@ static gp_status resize_forward(struct gp_cuda_ctx *c, struct gp_error *err)
         GP_TRY(gp_cuda_check_launch(c, "resize tables", err));
     }
     unsigned g = gp_cuda_blocks_for(n);
-    if (dt == GP_DTYPE_FLOAT32 && rs_rows_ok(p)) {
-        int64_t ylast = p.ydims[p.rank - 1];
-        int64_t rows = n / ylast, batch = RS_FWD_ENTRIES / (p.linear ? 1 << (p.rank - p.lead - 1) : 1);
-        rs_forward_rows_kernel<<<gp_cuda_capped_grid((rows + batch - 1) / batch, 1 << 20), GP_CUDA_THREADS, 0,
-                                 c->stream>>>(p, (const float *)c->in[0], (float *)c->out[0], rows);
-    } else if (dt == GP_DTYPE_FLOAT32) {
-        rs_forward_f32_kernel<<<g, GP_CUDA_THREADS, 0, c->stream>>>(p, (const float *)c->in[0],
-                                                                    (float *)c->out[0], n);
+    if (dt == GP_DTYPE_FLOAT32) {
+        gp_fptr xf = gp_cuda_in_f(c, 0), yf = gp_cuda_out_f(c, 0);
+        cudaStream_t stream = c->stream;
+        with_storage(storage_of({xf, yf}), [&](auto tag) {
+            auto X = in_as(tag, xf);
+            auto Y = out_as(tag, yf);
+            if (rs_rows_ok(p)) {
+                int64_t ylast = p.ydims[p.rank - 1];
+                int64_t rows = n / ylast, batch = RS_FWD_ENTRIES / (p.linear ? 1 << (p.rank - p.lead - 1) : 1);
+                rs_forward_rows_kernel<<<gp_cuda_capped_grid((rows + batch - 1) / batch, 1 << 20), GP_CUDA_THREADS,
+                                         0, stream>>>(p, X, Y, rows);
+            } else {
+                rs_forward_f32_kernel<<<g, GP_CUDA_THREADS, 0, stream>>>(p, X, Y, n);
+            }
+        });
     } else {
         switch (gp_dtype_size(dt)) {
         case 1:
@@ -666,9 +738,7 @@ static gp_status resize_forward(struct gp_cuda_ctx *c, struct gp_error *err)
  * as a gather per input element. */
 static gp_status resize_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    float *dX = c->din[0];
-    const float *dY = c->dout[0];
-    if (!dX || !dY) return GP_OK;
+    if (!c->din[0] || !c->dout[0]) return GP_OK;
     GP_TRY(gp_cuda_want_f32(c, 0, err));
     struct rs_plan p;
     GP_TRY(resize_plan(c, err, &p));
@@ -683,21 +753,27 @@ static gp_status resize_backward(struct gp_cuda_ctx *c, struct gp_error *err)
         rs_tables_kernel<<<gp_cuda_blocks_for(p.tab_total), GP_CUDA_THREADS, 0, c->stream>>>(p, true);
         GP_TRY(gp_cuda_check_launch(c, "resize backward (tables)", err));
     }
-    if (rs_rows_ok(p)) {
-        int64_t xlast = p.xdims[p.rank - 1];
-        int64_t rows = n / xlast;
-        rs_backward_rows_kernel<<<gp_cuda_capped_grid((rows + RS_BWD_ROWS - 1) / RS_BWD_ROWS, 1 << 20),
-                                  GP_CUDA_THREADS, 0, c->stream>>>(p, dY, dX, rows);
-    } else {
-        rs_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(p, dY, dX, n);
-    }
+    gp_fptr dyf = gp_cuda_dout_f(c, 0), dxf = gp_cuda_din_f(c, 0);
+    cudaStream_t stream = c->stream;
+    with_storage(storage_of({dyf, dxf}), [&](auto tag) {
+        auto dY = in_as(tag, dyf);
+        auto dX = out_as(tag, dxf);
+        if (rs_rows_ok(p)) {
+            int64_t xlast = p.xdims[p.rank - 1];
+            int64_t rows = n / xlast;
+            rs_backward_rows_kernel<<<gp_cuda_capped_grid((rows + RS_BWD_ROWS - 1) / RS_BWD_ROWS, 1 << 20),
+                                      GP_CUDA_THREADS, 0, stream>>>(p, dY, dX, rows);
+        } else {
+            rs_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(p, dY, dX, n);
+        }
+    });
     return gp_cuda_check_launch(c, "resize backward", err);
 }
 
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_resize[] = {
-    {"Resize", NULL, resize_scratch, resize_forward, resize_backward},
-    {"Upsample", NULL, resize_scratch, resize_forward, resize_backward},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"Resize", NULL, resize_scratch, resize_forward, resize_backward, false, true},
+    {"Upsample", NULL, resize_scratch, resize_forward, resize_backward, false, true},
+    {NULL, NULL, NULL, NULL, NULL, false, false},
 };

@@ -10,15 +10,110 @@
  *
  * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
  * where a product feeds a sum the operations are spelled with the _rn
- * intrinsics. expf/logf are CUDA's (a few ulps from glibc's). */
+ * intrinsics. expf/logf are CUDA's (a few ulps from glibc's).
+ *
+ * bfloat16 (bf16_any): X, Y, dY and dX each float32 or bfloat16; loads
+ * widen, every stored value is rounded once, the arithmetic is the float32
+ * kernels' own, so results equal those of float32 copies. */
 #include <math.h>
 #include <string.h>
 
+#include <initializer_list>
+
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
 #include "ops/fold_util.h"
 }
+
+/* ---- storage of the big tensors (bfloat16 or float32) ---- */
+
+/* A call's big tensors are float32 alike (the float32 path, unchanged),
+ * bfloat16 alike (the bf16 stage's activations), or a mix (a constant or a
+ * parameter among activations). The kernels are templated on their pointer
+ * types: const float * / float *, const bf16_t * / bf16_t *, or gp_fptr
+ * for a mix, read with ld() and written with st() (one rounding to nearest
+ * even into bfloat16). with_storage() instantiates a launcher written once
+ * as a generic lambda for the call's storage. */
+typedef __nv_bfloat16 bf16_t;
+
+__device__ static inline float ld(const float *p, int64_t i) { return p[i]; }
+__device__ static inline float ld(const bf16_t *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ static inline float ld(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+__device__ static inline void st(float *p, int64_t i, float v) { p[i] = v; }
+__device__ static inline void st(bf16_t *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ static inline void st(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
+
+/* The tensor k elements on (pointers add as usual). */
+__host__ __device__ static inline gp_fptr operator+(gp_fptr t, int64_t k)
+{
+    gp_fptr r = {(char *)t.p + k * (int64_t)(t.bf16 ? sizeof(bf16_t) : sizeof(float)), t.bf16};
+    return r;
+}
+
+enum storage { ST_F32, ST_BF16, ST_MIX };
+
+/* The storage of the tensors given (absent ones, p NULL, left out). */
+static inline enum storage storage_of(std::initializer_list<gp_fptr> ts)
+{
+    int n16 = 0, n = 0;
+    for (gp_fptr t : ts) n += t.p != NULL, n16 += t.p && t.bf16;
+    return n16 == 0 ? ST_F32 : n16 == n ? ST_BF16 : ST_MIX;
+}
+
+/* f(tag): tag a float, a bf16_t or a gp_fptr value, for in_as / out_as. */
+template <typename F>
+static inline void with_storage(enum storage s, F &&f)
+{
+    if (s == ST_F32) f(0.0f);
+    else if (s == ST_BF16) f(bf16_t());
+    else f(gp_fptr());
+}
+
+/* A tensor as the kernels of storage `tag` take it (read; written). */
+static inline const float *in_as(float, gp_fptr t) { return (const float *)t.p; }
+static inline const bf16_t *in_as(bf16_t, gp_fptr t) { return (const bf16_t *)t.p; }
+static inline gp_fptr in_as(gp_fptr, gp_fptr t) { return t; }
+static inline float *out_as(float, gp_fptr t) { return (float *)t.p; }
+static inline bf16_t *out_as(bf16_t, gp_fptr t) { return (bf16_t *)t.p; }
+static inline gp_fptr out_as(gp_fptr, gp_fptr t) { return t; }
+
+/* Four consecutive elements (vector q) of a row whose vectors are aligned
+ * (vec_ok): one float4, or four bfloat16 in 8 bytes; a mix (never
+ * vectorized) element by element. */
+__device__ static inline float4 ld4(const float *p, int64_t q) { return ((const float4 *)p)[q]; }
+__device__ static inline float4 ld4(const bf16_t *p, int64_t q)
+{
+    uint2 u = ((const uint2 *)p)[q];
+    __nv_bfloat162 a, b;
+    memcpy(&a, &u.x, sizeof a);
+    memcpy(&b, &u.y, sizeof b);
+    float2 fa = __bfloat1622float2(a), fb = __bfloat1622float2(b);
+    return make_float4(fa.x, fa.y, fb.x, fb.y);
+}
+__device__ static inline float4 ld4(gp_fptr t, int64_t q)
+{
+    return make_float4(ld(t, 4 * q), ld(t, 4 * q + 1), ld(t, 4 * q + 2), ld(t, 4 * q + 3));
+}
+__device__ static inline void st4(float *p, int64_t q, float4 v) { ((float4 *)p)[q] = v; }
+__device__ static inline void st4(bf16_t *p, int64_t q, float4 v)
+{
+    __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    uint2 u;
+    memcpy(&u.x, &a, sizeof a);
+    memcpy(&u.y, &b, sizeof b);
+    ((uint2 *)p)[q] = u;
+}
+__device__ static inline void st4(gp_fptr t, int64_t q, float4 v)
+{
+    st(t, 4 * q, v.x), st(t, 4 * q + 1, v.y), st(t, 4 * q + 2, v.z), st(t, 4 * q + 3, v.w);
+}
+
+/* Whether ld4 / st4 may use p. */
+static inline bool vec_ok(const float *p) { return gp_cuda_aligned16(p); }
+static inline bool vec_ok(const bf16_t *p) { return ((uintptr_t)p & 7) == 0; }
+static inline bool vec_ok(gp_fptr) { return false; }
 
 /* ---- Softmax, LogSoftmax ---- */
 
@@ -73,33 +168,31 @@ __device__ static float block_max(float v, float *sh)
     return sh[0];
 }
 
-/* One block per row (stride 1): max, sum of exp in double, write. */
-template <bool VEC>
-__global__ static void softmax_rows_kernel(const float *X, float *Y, int64_t rows, int64_t len,
-                                           bool log_out)
+/* One block per row (stride 1): max, sum of exp in double, write. XP, YP:
+ * the storage of X and Y (the helpers above). */
+template <bool VEC, typename XP, typename YP>
+__global__ static void softmax_rows_kernel(XP X, YP Y, int64_t rows, int64_t len, bool log_out)
 {
     __shared__ double sh[32];
     __shared__ float shf[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float *x = X + r * len;
-        float *y = Y + r * len;
+        XP x = X + r * len;
+        YP y = Y + r * len;
         float m = -INFINITY;
         if (VEC) {
-            const float4 *x4 = (const float4 *)x;
             for (int64_t q = threadIdx.x; q < len / 4; q += blockDim.x) {
-                float4 v = x4[q];
+                float4 v = ld4(x, q);
                 m = max_nan(max_nan(max_nan(max_nan(m, v.x), v.y), v.z), v.w);
             }
         } else {
-            for (int64_t j = threadIdx.x; j < len; j += blockDim.x) m = max_nan(m, x[j]);
+            for (int64_t j = threadIdx.x; j < len; j += blockDim.x) m = max_nan(m, ld(x, j));
         }
         m = block_max(m, shf);
         if (m == -INFINITY) m = 0;
         double s = 0;
         if (VEC) {
-            const float4 *x4 = (const float4 *)x;
             for (int64_t q = threadIdx.x; q < len / 4; q += blockDim.x) {
-                float4 v = x4[q];
+                float4 v = ld4(x, q);
                 s = DADD(s, (double)expf(FSUB(v.x, m)));
                 s = DADD(s, (double)expf(FSUB(v.y, m)));
                 s = DADD(s, (double)expf(FSUB(v.z, m)));
@@ -107,41 +200,37 @@ __global__ static void softmax_rows_kernel(const float *X, float *Y, int64_t row
             }
         } else {
             for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
-                s = DADD(s, (double)expf(FSUB(x[j], m)));
+                s = DADD(s, (double)expf(FSUB(ld(x, j), m)));
         }
         s = gp_dev_block_sum(s, sh);
         if (log_out) {
             float ls = (float)log(s);
             if (VEC) {
-                const float4 *x4 = (const float4 *)x;
-                float4 *y4 = (float4 *)y;
                 for (int64_t q = threadIdx.x; q < len / 4; q += blockDim.x) {
-                    float4 v = x4[q], o;
+                    float4 v = ld4(x, q), o;
                     o.x = FSUB(FSUB(v.x, m), ls);
                     o.y = FSUB(FSUB(v.y, m), ls);
                     o.z = FSUB(FSUB(v.z, m), ls);
                     o.w = FSUB(FSUB(v.w, m), ls);
-                    y4[q] = o;
+                    st4(y, q, o);
                 }
             } else {
-                for (int64_t j = threadIdx.x; j < len; j += blockDim.x) y[j] = FSUB(FSUB(x[j], m), ls);
+                for (int64_t j = threadIdx.x; j < len; j += blockDim.x) st(y, j, FSUB(FSUB(ld(x, j), m), ls));
             }
         } else {
             float inv = (float)(1.0 / s);
             if (VEC) {
-                const float4 *x4 = (const float4 *)x;
-                float4 *y4 = (float4 *)y;
                 for (int64_t q = threadIdx.x; q < len / 4; q += blockDim.x) {
-                    float4 v = x4[q], o;
+                    float4 v = ld4(x, q), o;
                     o.x = FMUL(expf(FSUB(v.x, m)), inv);
                     o.y = FMUL(expf(FSUB(v.y, m)), inv);
                     o.z = FMUL(expf(FSUB(v.z, m)), inv);
                     o.w = FMUL(expf(FSUB(v.w, m)), inv);
-                    y4[q] = o;
+                    st4(y, q, o);
                 }
             } else {
                 for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
-                    y[j] = FMUL(expf(FSUB(x[j], m)), inv);
+                    st(y, j, FMUL(expf(FSUB(ld(x, j), m)), inv));
             }
         }
     }
@@ -152,50 +241,51 @@ __global__ static void softmax_rows_kernel(const float *X, float *Y, int64_t row
 /* One warp per row (stride 1, short rows): three passes over the row, the
  * second and third from L1. (Keeping the row in registers, fully unrolled,
  * measured 3x slower on an H200.) */
-__global__ static void softmax_warp_kernel(const float *X, float *Y, int64_t rows, int64_t len,
-                                           bool log_out)
+template <typename XP, typename YP>
+__global__ static void softmax_warp_kernel(XP X, YP Y, int64_t rows, int64_t len, bool log_out)
 {
     int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
     for (int64_t r = blockIdx.x * (int64_t)wpb + (threadIdx.x >> 5); r < rows;
          r += (int64_t)gridDim.x * wpb) {
-        const float *x = X + r * len;
-        float *y = Y + r * len;
+        XP x = X + r * len;
+        YP y = Y + r * len;
         float m = -INFINITY;
-        for (int64_t j = lane; j < len; j += 32) m = max_nan(m, x[j]);
+        for (int64_t j = lane; j < len; j += 32) m = max_nan(m, ld(x, j));
         for (int o = 16; o > 0; o >>= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
         if (m == -INFINITY) m = 0;
         double s = 0;
-        for (int64_t j = lane; j < len; j += 32) s = DADD(s, (double)expf(FSUB(x[j], m)));
+        for (int64_t j = lane; j < len; j += 32) s = DADD(s, (double)expf(FSUB(ld(x, j), m)));
         s = warp_sum(s);
         if (log_out) {
             float ls = (float)log(s);
-            for (int64_t j = lane; j < len; j += 32) y[j] = FSUB(FSUB(x[j], m), ls);
+            for (int64_t j = lane; j < len; j += 32) st(y, j, FSUB(FSUB(ld(x, j), m), ls));
         } else {
             float inv = (float)(1.0 / s);
-            for (int64_t j = lane; j < len; j += 32) y[j] = FMUL(expf(FSUB(x[j], m)), inv);
+            for (int64_t j = lane; j < len; j += 32) st(y, j, FMUL(expf(FSUB(ld(x, j), m)), inv));
         }
     }
 }
 
 /* One thread per vector (stride > 1: the vectors interleave, so
  * neighbouring threads read neighbouring addresses), in the CPU's order. */
-__global__ static void softmax_strided_kernel(struct vecs v, const float *X, float *Y, bool log_out)
+template <typename XP, typename YP>
+__global__ static void softmax_strided_kernel(struct vecs v, XP X, YP Y, bool log_out)
 {
     GP_GRID_STRIDE(k, v.count) {
         int64_t o = k / v.stride * v.len * v.stride + k % v.stride, s = v.stride;
-        const float *x = X + o;
-        float *y = Y + o;
+        XP x = X + o;
+        YP y = Y + o;
         float m = -INFINITY;
-        for (int64_t j = 0; j < v.len; j++) m = max_nan(m, x[j * s]);
+        for (int64_t j = 0; j < v.len; j++) m = max_nan(m, ld(x, j * s));
         if (m == -INFINITY) m = 0;
         double sum = 0;
-        for (int64_t j = 0; j < v.len; j++) sum = DADD(sum, (double)expf(FSUB(x[j * s], m)));
+        for (int64_t j = 0; j < v.len; j++) sum = DADD(sum, (double)expf(FSUB(ld(x, j * s), m)));
         if (log_out) {
             float ls = (float)log(sum);
-            for (int64_t j = 0; j < v.len; j++) y[j * s] = FSUB(FSUB(x[j * s], m), ls);
+            for (int64_t j = 0; j < v.len; j++) st(y, j * s, FSUB(FSUB(ld(x, j * s), m), ls));
         } else {
             float inv = (float)(1.0 / sum);
-            for (int64_t j = 0; j < v.len; j++) y[j * s] = FMUL(expf(FSUB(x[j * s], m)), inv);
+            for (int64_t j = 0; j < v.len; j++) st(y, j * s, FMUL(expf(FSUB(ld(x, j * s), m)), inv));
         }
     }
 }
@@ -213,22 +303,25 @@ static gp_status softmax_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(softmax_vecs(c, err, &v));
     if (v.count == 0 || v.len == 0) return GP_OK;
     bool log_out = strcmp(c->node->op_type, "LogSoftmax") == 0;
-    const float *X = (const float *)c->in[0];
-    float *Y = (float *)c->out[0];
-    if (v.stride > 1) {
-        softmax_strided_kernel<<<gp_cuda_blocks_for(v.count), GP_CUDA_THREADS, 0, c->stream>>>(v, X, Y,
-                                                                                             log_out);
-    } else if (v.len <= WARP_ROW_MAX) {
-        int64_t blocks = (v.count + 7) / 8;
-        softmax_warp_kernel<<<gp_cuda_capped_grid(blocks, 1 << 20), 256, 0, c->stream>>>(X, Y, v.count, v.len,
-                                                                                log_out);
-    } else {
-        unsigned t = row_block_threads(v.len), g = gp_cuda_capped_grid(v.count, 1 << 20);
-        if (v.len % 4 == 0 && gp_cuda_aligned16(X) && gp_cuda_aligned16(Y))
-            softmax_rows_kernel<true><<<g, t, 0, c->stream>>>(X, Y, v.count, v.len, log_out);
-        else
-            softmax_rows_kernel<false><<<g, t, 0, c->stream>>>(X, Y, v.count, v.len, log_out);
-    }
+    gp_fptr xf = gp_cuda_in_f(c, 0), yf = gp_cuda_out_f(c, 0);
+    cudaStream_t stream = c->stream;
+    with_storage(storage_of({xf, yf}), [&](auto tag) {
+        auto X = in_as(tag, xf);
+        auto Y = out_as(tag, yf);
+        if (v.stride > 1) {
+            softmax_strided_kernel<<<gp_cuda_blocks_for(v.count), GP_CUDA_THREADS, 0, stream>>>(v, X, Y, log_out);
+        } else if (v.len <= WARP_ROW_MAX) {
+            int64_t blocks = (v.count + 7) / 8;
+            softmax_warp_kernel<<<gp_cuda_capped_grid(blocks, 1 << 20), 256, 0, stream>>>(X, Y, v.count, v.len,
+                                                                                   log_out);
+        } else {
+            unsigned t = row_block_threads(v.len), g = gp_cuda_capped_grid(v.count, 1 << 20);
+            if (v.len % 4 == 0 && vec_ok(X) && vec_ok(Y))
+                softmax_rows_kernel<true><<<g, t, 0, stream>>>(X, Y, v.count, v.len, log_out);
+            else
+                softmax_rows_kernel<false><<<g, t, 0, stream>>>(X, Y, v.count, v.len, log_out);
+        }
+    });
     return gp_cuda_check_launch(c, log_out ? "LogSoftmax forward" : "Softmax forward", err);
 }
 
@@ -245,19 +338,20 @@ __device__ static inline float sm_dx(bool log_out, float y, float dy, float d)
     return log_out ? FSUB(dy, FMUL(expf(y), d)) : FMUL(y, FSUB(dy, d));
 }
 
-template <bool VEC>
-__global__ static void softmax_bwd_rows_kernel(const float *Y, const float *dY, float *dX,
-                                               int64_t rows, int64_t len, bool log_out)
+/* YP, DP, GP: the storage of Y, dY and dX; each dX element gets one term,
+ * added in float32 and rounded once. */
+template <bool VEC, typename YP, typename DP, typename GP>
+__global__ static void softmax_bwd_rows_kernel(YP Y, DP dY, GP dX, int64_t rows, int64_t len, bool log_out)
 {
     __shared__ double sh[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float *y = Y + r * len, *dy = dY + r * len;
-        float *dx = dX + r * len;
+        YP y = Y + r * len;
+        DP dy = dY + r * len;
+        GP dx = dX + r * len;
         double dot = 0;
         if (VEC) {
-            const float4 *y4 = (const float4 *)y, *dy4 = (const float4 *)dy;
             for (int64_t q = threadIdx.x; q < len / 4; q += blockDim.x) {
-                float4 a = y4[q], b = dy4[q];
+                float4 a = ld4(y, q), b = ld4(dy, q);
                 dot = DADD(dot, (double)sm_dot_term(log_out, a.x, b.x));
                 dot = DADD(dot, (double)sm_dot_term(log_out, a.y, b.y));
                 dot = DADD(dot, (double)sm_dot_term(log_out, a.z, b.z));
@@ -265,87 +359,95 @@ __global__ static void softmax_bwd_rows_kernel(const float *Y, const float *dY, 
             }
         } else {
             for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
-                dot = DADD(dot, (double)sm_dot_term(log_out, y[j], dy[j]));
+                dot = DADD(dot, (double)sm_dot_term(log_out, ld(y, j), ld(dy, j)));
         }
         float d = (float)gp_dev_block_sum(dot, sh);
         if (VEC) {
-            const float4 *y4 = (const float4 *)y, *dy4 = (const float4 *)dy;
-            float4 *dx4 = (float4 *)dx;
             for (int64_t q = threadIdx.x; q < len / 4; q += blockDim.x) {
-                float4 a = y4[q], b = dy4[q], o = dx4[q];
+                float4 a = ld4(y, q), b = ld4(dy, q), o = ld4(dx, q);
                 o.x = FADD(o.x, sm_dx(log_out, a.x, b.x, d));
                 o.y = FADD(o.y, sm_dx(log_out, a.y, b.y, d));
                 o.z = FADD(o.z, sm_dx(log_out, a.z, b.z, d));
                 o.w = FADD(o.w, sm_dx(log_out, a.w, b.w, d));
-                dx4[q] = o;
+                st4(dx, q, o);
             }
         } else {
             for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
-                dx[j] = FADD(dx[j], sm_dx(log_out, y[j], dy[j], d));
+                st(dx, j, FADD(ld(dx, j), sm_dx(log_out, ld(y, j), ld(dy, j), d)));
         }
     }
 }
 
-__global__ static void softmax_bwd_warp_kernel(const float *Y, const float *dY, float *dX,
-                                               int64_t rows, int64_t len, bool log_out)
+template <typename YP, typename DP, typename GP>
+__global__ static void softmax_bwd_warp_kernel(YP Y, DP dY, GP dX, int64_t rows, int64_t len, bool log_out)
 {
     int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
     for (int64_t r = blockIdx.x * (int64_t)wpb + (threadIdx.x >> 5); r < rows;
          r += (int64_t)gridDim.x * wpb) {
-        const float *y = Y + r * len, *dy = dY + r * len;
-        float *dx = dX + r * len;
+        YP y = Y + r * len;
+        DP dy = dY + r * len;
+        GP dx = dX + r * len;
         double dot = 0;
-        for (int64_t j = lane; j < len; j += 32) dot = DADD(dot, (double)sm_dot_term(log_out, y[j], dy[j]));
+        for (int64_t j = lane; j < len; j += 32) dot = DADD(dot, (double)sm_dot_term(log_out, ld(y, j), ld(dy, j)));
         float d = (float)warp_sum(dot);
-        for (int64_t j = lane; j < len; j += 32) dx[j] = FADD(dx[j], sm_dx(log_out, y[j], dy[j], d));
+        for (int64_t j = lane; j < len; j += 32)
+            st(dx, j, FADD(ld(dx, j), sm_dx(log_out, ld(y, j), ld(dy, j), d)));
     }
 }
 
-__global__ static void softmax_bwd_strided_kernel(struct vecs v, const float *Y, const float *dY,
-                                                  float *dX, bool log_out)
+template <typename YP, typename DP, typename GP>
+__global__ static void softmax_bwd_strided_kernel(struct vecs v, YP Y, DP dY, GP dX, bool log_out)
 {
     GP_GRID_STRIDE(k, v.count) {
         int64_t o = k / v.stride * v.len * v.stride + k % v.stride, s = v.stride;
-        const float *y = Y + o, *dy = dY + o;
-        float *dx = dX + o;
+        YP y = Y + o;
+        DP dy = dY + o;
+        GP dx = dX + o;
         double dot = 0;
-        for (int64_t j = 0; j < v.len; j++) dot = DADD(dot, (double)sm_dot_term(log_out, y[j * s], dy[j * s]));
+        for (int64_t j = 0; j < v.len; j++)
+            dot = DADD(dot, (double)sm_dot_term(log_out, ld(y, j * s), ld(dy, j * s)));
         float d = (float)dot;
-        for (int64_t j = 0; j < v.len; j++) dx[j * s] = FADD(dx[j * s], sm_dx(log_out, y[j * s], dy[j * s], d));
+        for (int64_t j = 0; j < v.len; j++)
+            st(dx, j * s, FADD(ld(dx, j * s), sm_dx(log_out, ld(y, j * s), ld(dy, j * s), d)));
     }
 }
 
 static gp_status softmax_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    const float *Y = (const float *)c->out[0], *dY = c->dout[0];
-    float *dX = c->din[0];
-    if (!dY || !dX) return GP_OK;
+    if (!c->dout[0] || !c->din[0]) return GP_OK;
     GP_TRY(gp_cuda_want_f32(c, 0, err));
     struct vecs v;
     GP_TRY(softmax_vecs(c, err, &v));
     if (v.count == 0 || v.len == 0) return GP_OK;
     bool log_out = strcmp(c->node->op_type, "LogSoftmax") == 0;
-    if (v.stride > 1) {
-        softmax_bwd_strided_kernel<<<gp_cuda_blocks_for(v.count), GP_CUDA_THREADS, 0, c->stream>>>(
-            v, Y, dY, dX, log_out);
-    } else if (v.len <= WARP_ROW_MAX) {
-        int64_t blocks = (v.count + 7) / 8;
-        softmax_bwd_warp_kernel<<<gp_cuda_capped_grid(blocks, 1 << 20), 256, 0, c->stream>>>(Y, dY, dX, v.count,
-                                                                                    v.len, log_out);
-    } else {
-        unsigned t = row_block_threads(v.len), g = gp_cuda_capped_grid(v.count, 1 << 20);
-        if (v.len % 4 == 0 && gp_cuda_aligned16(Y) && gp_cuda_aligned16(dY) && gp_cuda_aligned16(dX))
-            softmax_bwd_rows_kernel<true><<<g, t, 0, c->stream>>>(Y, dY, dX, v.count, v.len, log_out);
-        else
-            softmax_bwd_rows_kernel<false><<<g, t, 0, c->stream>>>(Y, dY, dX, v.count, v.len, log_out);
-    }
+    gp_fptr yf = gp_cuda_out_f(c, 0), dyf = gp_cuda_dout_f(c, 0), dxf = gp_cuda_din_f(c, 0);
+    cudaStream_t stream = c->stream;
+    with_storage(storage_of({yf, dyf, dxf}), [&](auto tag) {
+        auto Y = in_as(tag, yf);
+        auto dY = in_as(tag, dyf);
+        auto dX = out_as(tag, dxf);
+        if (v.stride > 1) {
+            softmax_bwd_strided_kernel<<<gp_cuda_blocks_for(v.count), GP_CUDA_THREADS, 0, stream>>>(v, Y, dY, dX,
+                                                                                              log_out);
+        } else if (v.len <= WARP_ROW_MAX) {
+            int64_t blocks = (v.count + 7) / 8;
+            softmax_bwd_warp_kernel<<<gp_cuda_capped_grid(blocks, 1 << 20), 256, 0, stream>>>(Y, dY, dX, v.count,
+                                                                                       v.len, log_out);
+        } else {
+            unsigned t = row_block_threads(v.len), g = gp_cuda_capped_grid(v.count, 1 << 20);
+            if (v.len % 4 == 0 && vec_ok(Y) && vec_ok(dY) && vec_ok(dX))
+                softmax_bwd_rows_kernel<true><<<g, t, 0, stream>>>(Y, dY, dX, v.count, v.len, log_out);
+            else
+                softmax_bwd_rows_kernel<false><<<g, t, 0, stream>>>(Y, dY, dX, v.count, v.len, log_out);
+        }
+    });
     return gp_cuda_check_launch(c, log_out ? "LogSoftmax backward" : "Softmax backward", err);
 }
 
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_softmax[] = {
-    {"Softmax", NULL, NULL, softmax_forward, softmax_backward},
-    {"LogSoftmax", NULL, NULL, softmax_forward, softmax_backward},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"Softmax", NULL, NULL, softmax_forward, softmax_backward, false, true},
+    {"LogSoftmax", NULL, NULL, softmax_forward, softmax_backward, false, true},
+    {NULL, NULL, NULL, NULL, NULL, false, false},
 };
