@@ -20,6 +20,17 @@
  * dtype); Expand. Shapes of more than 2^20 elements make the grid-stride
  * loops go round.
  *
+ * bfloat16 (the kernels read and write it themselves, bf16_any): the
+ * unary, Clip, Cast/CastLike/Identity, binary (float and integer), Where
+ * and Expand cases again with bfloat16 storage (op_compare.h): every
+ * float tensor bfloat16; and the mixes the executor makes: an input that
+ * is a float32 parameter (float32 storage and gradient: a bias added to a
+ * bfloat16 activation, broadcast and summed back, on either side), a
+ * bfloat16 input with a float32 gradient, a float32 output; float
+ * initializers (scalar operands, Clip's bounds, Where's constant branch)
+ * are float32 with float32 gradients throughout, as in the executor.
+ * Max/Min/Sum/Mean stay staged and are not run in bfloat16.
+ *
  * Also: kernel lookup, launch errors naming the node, and backward with
  * absent gradients.
  *
@@ -132,11 +143,53 @@ static char *shape_text(struct tshape s, char *buf, size_t size)
     return buf;
 }
 
-/* Finalizes g, which must keep exactly the node under test, and compares it. */
+/* Set by the bf16 tests: every case compared with bfloat16 storage, and
+ * the inputs (bit k) whose gradients are float32 (params), the inputs and
+ * outputs stored as float32 (op_compare.h). */
+static struct {
+    bool on;
+    uint32_t params, f32_inputs, f32_outputs;
+} b16;
+
+#define IN(k) (1u << (k))
+#define OUT(k) (1u << (k))
+
+static void bf16_set(uint32_t params, uint32_t f32_inputs, uint32_t f32_outputs)
+{
+    b16.on = true;
+    b16.params = params;
+    b16.f32_inputs = f32_inputs;
+    b16.f32_outputs = f32_outputs;
+}
+
+static void bf16_off(void) { memset(&b16, 0, sizeof b16); }
+
+/* Finalizes g, which must keep exactly the node under test, and compares
+ * it (in bf16 mode with b16's storage; float initializers float32, with
+ * float32 gradients, as the executor keeps them). */
 static void compare(struct gp_graph *g, struct op_compare o)
 {
     finalize_ok(g);
     if (g->n_nodes != 1) fail_msg("%s: the graph has %d nodes after loading, not 1", o.label, g->n_nodes);
+    char label[320];
+    if (b16.on) {
+        const struct gp_node *nd = &g->nodes[0];
+        o.bf16 = true;
+        o.params |= b16.params;
+        o.f32_inputs |= b16.f32_inputs;
+        o.f32_outputs |= b16.f32_outputs;
+        for (int k = 0; k < nd->n_inputs && k < 32; k++) {
+            if (nd->inputs[k] < 0) continue;
+            const struct gp_value *v = &g->values[nd->inputs[k]];
+            if (gp_dtype_is_float(v->dtype) && v->kind != GP_VALUE_ACTIVATION && v->kind != GP_VALUE_INPUT) {
+                o.params |= IN(k);
+                o.f32_inputs |= IN(k);
+            }
+        }
+        snprintf(label, sizeof label, "%s (bf16; float32 gradients 0x%x, inputs 0x%x, outputs 0x%x)",
+                 o.label ? o.label : nd->op_type, o.params, o.f32_inputs, o.f32_outputs);
+        o.label = label;
+    }
     op_compare_node(g, 0, &o);
     gp_graph_free(g);
 }
@@ -752,6 +805,53 @@ static void test_null_gradients(void **state)
     }
 }
 
+/* ---- bfloat16 ---- */
+
+/* Unary ops, Clip, Cast, CastLike, Identity: all bfloat16; the input a
+ * float32 parameter; a bfloat16 input with a float32 gradient; a float32
+ * output. */
+static void test_elementwise_bf16(void **state)
+{
+    bf16_set(0, 0, 0);
+    test_unary(state);
+    test_clip(state);
+    test_cast(state);
+    bf16_set(IN(0), IN(0), 0);
+    test_unary(state);
+    test_clip(state);
+    test_cast(state);
+    bf16_set(IN(0), 0, 0);
+    test_unary(state);
+    bf16_set(0, 0, OUT(0));
+    test_unary(state);
+    test_cast(state);
+    bf16_off();
+}
+
+/* Binary ops (float and integer; Pow's float exponent of an integer base
+ * in bfloat16), Where, Expand: all bfloat16; B a float32 parameter (a
+ * bias: its gradient summed over the broadcast axes into float32); A a
+ * float32 parameter; a float32 output. */
+static void test_binary_bf16(void **state)
+{
+    bf16_set(0, 0, 0);
+    test_binary(state);
+    test_binary_int(state);
+    test_where_expand(state);
+    bf16_set(IN(1), IN(1), 0);
+    test_binary(state);
+    test_where_expand(state); /* Where's X, a float32 parameter */
+    bf16_set(IN(0), IN(0), 0);
+    test_binary(state);
+    test_where_expand(state); /* Expand's X, a float32 parameter */
+    bf16_set(IN(0) | IN(1), 0, 0);
+    test_binary(state); /* bfloat16 operands, float32 gradients */
+    bf16_set(0, 0, OUT(0));
+    test_binary(state);
+    test_where_expand(state);
+    bf16_off();
+}
+
 int main(void)
 {
     op_compare_require_device();
@@ -761,6 +861,7 @@ int main(void)
         cmocka_unit_test(test_cast),              cmocka_unit_test(test_binary),
         cmocka_unit_test(test_binary_int),        cmocka_unit_test(test_variadic),
         cmocka_unit_test(test_where_expand),      cmocka_unit_test(test_null_gradients),
+        cmocka_unit_test(test_elementwise_bf16),  cmocka_unit_test(test_binary_bf16),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0)

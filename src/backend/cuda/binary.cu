@@ -9,6 +9,14 @@
  * comparisons, logic, Max/Min, Where, Expand) do the same here through the
  * same int64 / double conversions.
  *
+ * bfloat16 (a bf16 stage: bf16_any entries): each float tensor is float32
+ * or bfloat16 as ctx->*_dt says; the kernels are instantiated for float32
+ * throughout (the float32 path), bfloat16 throughout, and a mix
+ * (broadcast.cuh's storage), with float32 arithmetic and one rounding per
+ * stored value, so they give what the float32 kernels on widened copies
+ * gave. Max/Min/Sum/Mean stay staged: their folds keep a running result in
+ * the output, which a bfloat16 output would round after every input.
+ *
  * Rounding: every += into din and every product that feeds a sum is
  * spelled with __fmul_rn / __fadd_rn, which nvcc never contracts into an
  * FMA (the CPU build does not contract either).
@@ -45,29 +53,31 @@ static enum bop bop_of(const char *op_type)
     return B_NONE;
 }
 
-/* Float A and B (B of any type for Pow: then it is an integer exponent). */
+/* Float A and B (B of any type for Pow: then it is an integer exponent,
+ * Bi); S: the storage of A, B and a float Y (broadcast.cuh). */
+template <class S>
 struct fbin_op {
+    typedef typename stor<S>::ptr P;
     int op, bt;
     bool b_float;
-    const float *A;
-    const void *B;
-    float *Y;
+    P A, B, Y;
+    const void *Bi;
     uint8_t *Q;
     __device__ void operator()(int64_t i, const int64_t *o) const
     {
-        float a = A[o[0]];
+        float a = ldf(A, o[0]);
         if (!b_float) { /* Pow with an integer exponent */
-            Y[i] = powf(a, (float)gp_dev_load_f64(B, bt, o[1]));
+            stf(Y, i, powf(a, (float)gp_dev_load_f64(Bi, bt, o[1])));
             return;
         }
-        float b = ((const float *)B)[o[1]];
+        float b = ldf(B, o[1]);
         switch (op) {
-        case B_ADD: Y[i] = a + b; break;
-        case B_SUB: Y[i] = a - b; break;
-        case B_MUL: Y[i] = a * b; break;
-        case B_DIV: Y[i] = a / b; break;
-        case B_MOD: Y[i] = fmodf(a, b); break; /* fmod=1 for floats */
-        case B_POW: Y[i] = powf(a, b); break;
+        case B_ADD: stf(Y, i, a + b); break;
+        case B_SUB: stf(Y, i, a - b); break;
+        case B_MUL: stf(Y, i, a * b); break;
+        case B_DIV: stf(Y, i, a / b); break;
+        case B_MOD: stf(Y, i, fmodf(a, b)); break; /* fmod=1 for floats */
+        case B_POW: stf(Y, i, powf(a, b)); break;
         case B_EQ: Q[i] = a == b; break;
         case B_LT: Q[i] = a < b; break;
         case B_LE: Q[i] = a <= b; break;
@@ -91,13 +101,15 @@ __device__ static inline int64_t ipow(int64_t b, int64_t e)
  * compares and divides unsigned. A zero divisor gives 0 (the CPU fails). */
 struct ibin_op {
     int op, at, bt, yt;
-    bool c_fmod, u64, pow_float;
+    bool c_fmod, u64, pow_float, b_bf16;
     const void *A, *B;
     void *Y;
     __device__ void operator()(int64_t i, const int64_t *o) const
     {
-        if (pow_float) { /* integer base, float exponent */
-            gp_dev_store_f64(Y, yt, i, pow(gp_dev_load_f64(A, at, o[0]), gp_dev_load_f64(B, bt, o[1])));
+        if (pow_float) { /* integer base, float exponent (bfloat16 when b_bf16) */
+            double e = b_bf16 ? (double)__bfloat162float(((const __nv_bfloat16 *)B)[o[1]])
+                              : gp_dev_load_f64(B, bt, o[1]);
+            gp_dev_store_f64(Y, yt, i, pow(gp_dev_load_f64(A, at, o[0]), e));
             return;
         }
         int64_t x = gp_dev_load_i64(A, at, o[0]), y = gp_dev_load_i64(B, bt, o[1]), r;
@@ -135,6 +147,22 @@ struct ibin_op {
     }
 };
 
+template <class S>
+static gp_status binary_forward_launch(struct gp_cuda_ctx *c, const struct bplan *p, enum bop op,
+                                       enum gp_dtype bt, bool a16, bool b16, bool y16, struct gp_error *err)
+{
+    fbin_op<S> f;
+    f.op = op;
+    f.bt = (int)bt;
+    f.b_float = gp_dtype_is_float(bt);
+    f.A = stor_ptr<S>(c->in[0], a16);
+    f.B = stor_ptr<S>(c->in[1], b16);
+    f.Y = stor_ptr<S>(c->out[0], y16);
+    f.Bi = c->in[1];
+    f.Q = (uint8_t *)c->out[0];
+    return launch_bcast(c, p, f, "binary forward", err);
+}
+
 /* A [..], B [..] -> Y [broadcast of both]; comparisons and logic give bool. */
 static gp_status binary_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
@@ -153,6 +181,7 @@ static gp_status binary_forward(struct gp_cuda_ctx *c, struct gp_error *err)
         f.c_fmod = gp_node_attr_int(c->node, "fmod", 0) != 0;
         f.u64 = at == GP_DTYPE_UINT64;
         f.pow_float = op == B_POW && gp_dtype_is_float(bt);
+        f.b_bf16 = f.pow_float && gp_cuda_is_bf16(c->in_dt, 1);
         f.A = c->in[0];
         f.B = c->in[1];
         f.Y = c->out[0];
@@ -162,44 +191,46 @@ static gp_status binary_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (!gp_dtype_is_float(bt) && op != B_POW)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "float input 0 with %s input 1",
                              gp_dtype_name(bt));
-    struct fbin_op f;
-    f.op = op;
-    f.bt = (int)bt;
-    f.b_float = gp_dtype_is_float(bt);
-    f.A = (const float *)c->in[0];
-    f.B = c->in[1];
-    f.Y = (float *)c->out[0];
-    f.Q = (uint8_t *)c->out[0];
-    return launch_bcast(c, &p, f, "binary forward", err);
+    bool b_float = gp_dtype_is_float(bt), y_float = gp_dtype_is_float(yt);
+    bool a16 = gp_cuda_is_bf16(c->in_dt, 0), b16 = gp_cuda_is_bf16(c->in_dt, 1);
+    bool y16 = gp_cuda_is_bf16(c->out_dt, 0);
+    /* An integer exponent or a bool result counts as neither type. */
+    enum stor_kind k = stor_of({a16, b_float ? b16 : a16, y_float ? y16 : a16});
+    WITH_STOR(k, return binary_forward_launch<S>(c, &p, op, bt, a16, b16, y16, err));
 }
 
 /* The term that output position (o0, o1, o2) contributes to input t's
  * gradient, in float as the CPU computes it (PyTorch's formulas: pow's
  * gradients are 0 where B == 0, resp. where A == 0 and B >= 0). */
+template <class S>
 struct bin_term {
+    typedef typename stor<S>::ptr P;
     int op, t, bt;
     bool b_float;
-    const float *A, *B, *Y, *dY;
+    P A, B, Y, dY;
     const void *Bi;
     __device__ float operator()(const int64_t *o) const
     {
-        float dy = dY[o[2]];
+        float dy = ldf(dY, o[2]);
         switch (op) {
         case B_ADD: return dy;
         case B_SUB: return t == 0 ? dy : -dy;
-        case B_MUL: return t == 0 ? dy * B[o[1]] : dy * A[o[0]];
-        case B_DIV: return t == 0 ? dy / B[o[1]] : -dy * A[o[0]] / (B[o[1]] * B[o[1]]);
+        case B_MUL: return t == 0 ? dy * ldf(B, o[1]) : dy * ldf(A, o[0]);
+        case B_DIV: {
+            float b = ldf(B, o[1]);
+            return t == 0 ? dy / b : -dy * ldf(A, o[0]) / (b * b);
+        }
         default: /* B_POW */
             if (t == 0) {
                 if (b_float) {
-                    float b = B[o[1]];
-                    return b == 0 ? 0.0f : dy * b * powf(A[o[0]], b - 1);
+                    float b = ldf(B, o[1]);
+                    return b == 0 ? 0.0f : dy * b * powf(ldf(A, o[0]), b - 1);
                 }
                 double e = gp_dev_load_f64(Bi, bt, o[1]);
-                return dy * (e == 0 ? 0.0f : (float)e * powf(A[o[0]], (float)(e - 1)));
+                return dy * (e == 0 ? 0.0f : (float)e * powf(ldf(A, o[0]), (float)(e - 1)));
             } else {
-                float a = A[o[0]], b = B[o[1]];
-                return a == 0 && b >= 0 ? 0.0f : dy * Y[o[2]] * logf(a);
+                float a = ldf(A, o[0]), b = ldf(B, o[1]);
+                return a == 0 && b >= 0 ? 0.0f : dy * ldf(Y, o[2]) * logf(a);
             }
         }
     }
@@ -213,6 +244,25 @@ static size_t binary_scratch(const struct gp_graph *g, const struct gp_node *nod
     return a > b ? a : b;
 }
 
+template <class S>
+static gp_status binary_backward_launch(struct gp_cuda_ctx *c, const struct bplan *p, enum bop op, int t,
+                                        struct gp_error *err)
+{
+    enum gp_dtype bt = gp_cuda_in_value(c, 1)->dtype;
+    bin_term<S> term;
+    term.op = op;
+    term.t = t;
+    term.bt = (int)bt;
+    term.b_float = gp_dtype_is_float(bt);
+    term.A = stor_ptr<S>(c->in[0], gp_cuda_is_bf16(c->in_dt, 0));
+    term.B = stor_ptr<S>(c->in[1], gp_cuda_is_bf16(c->in_dt, 1));
+    term.Bi = c->in[1];
+    term.Y = stor_ptr<S>(c->out[0], gp_cuda_is_bf16(c->out_dt, 0));
+    term.dY = stor_ptr<S>(c->dout[0], gp_cuda_is_bf16(c->dout_dt, 0));
+    return reduce_into(c, p, t, term, stor_ptr<S>(c->din[t], gp_cuda_is_bf16(c->din_dt, t)), c->scratch,
+                       t == 0 ? "binary backward (input 0)" : "binary backward (input 1)", err);
+}
+
 /* dA = sum over A's broadcast axes of dY * dY/dA; likewise dB. */
 static gp_status binary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
@@ -222,21 +272,19 @@ static gp_status binary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     struct bplan p;
     plan_node(c, 0, 2, &p);
     enum gp_dtype bt = gp_cuda_in_value(c, 1)->dtype;
+    bool b_float = gp_dtype_is_float(bt);
+    bool a16 = gp_cuda_is_bf16(c->in_dt, 0), b16 = gp_cuda_is_bf16(c->in_dt, 1);
+    bool y16 = gp_cuda_is_bf16(c->out_dt, 0), dy16 = gp_cuda_is_bf16(c->dout_dt, 0);
     for (int t = 0; t < 2; t++) {
         if (!c->din[t]) continue;
-        if (t == 1 && !gp_dtype_is_float(bt)) continue; /* an integer exponent has no gradient */
-        struct bin_term term;
-        term.op = op;
-        term.t = t;
-        term.bt = (int)bt;
-        term.b_float = gp_dtype_is_float(bt);
-        term.A = (const float *)c->in[0];
-        term.B = (const float *)c->in[1];
-        term.Bi = c->in[1];
-        term.Y = (const float *)c->out[0];
-        term.dY = c->dout[0];
-        GP_TRY(reduce_into(c, &p, t, term, c->din[t], c->scratch,
-                           t == 0 ? "binary backward (input 0)" : "binary backward (input 1)", err));
+        if (t == 1 && !b_float) continue; /* an integer exponent has no gradient */
+        bool d16 = gp_cuda_is_bf16(c->din_dt, t);
+        /* The storage of what the term reads (Add and Sub: dY alone) and
+         * of the gradient. */
+        bool reads_ab = op != B_ADD && op != B_SUB;
+        enum stor_kind k = stor_of({dy16, d16, reads_ab ? a16 : dy16, reads_ab && b_float ? b16 : dy16,
+                                    op == B_POW ? y16 : dy16});
+        WITH_STOR(k, GP_TRY(binary_backward_launch<S>(c, &p, op, t, err)));
     }
     return GP_OK;
 }
@@ -443,11 +491,38 @@ static gp_status where_launch(struct gp_cuda_ctx *c, const struct bplan *p, stru
     return launch_bcast(c, p, f, "Where forward", err);
 }
 
+/* Float values of mixed storage: widened, selected, rounded once. */
+struct where_fop {
+    const uint8_t *C;
+    gp_fptr X, Y, O;
+    __device__ void operator()(int64_t i, const int64_t *o) const
+    {
+        gp_st(O, i, C[o[0]] ? gp_ld(X, o[1]) : gp_ld(Y, o[2]));
+    }
+};
+
+/* Elements of X, Y and O, moved as they are when all three share one
+ * storage (bfloat16 ones too: widening and rounding back gives the same
+ * value), else converted. */
 static gp_status where_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     struct bplan p;
     plan_node(c, 0, 3, &p);
-    switch (gp_cuda_esize(gp_cuda_out_value(c, 0)->dtype)) {
+    size_t es = gp_cuda_esize(gp_cuda_out_value(c, 0)->dtype);
+    if (gp_dtype_is_float(gp_cuda_out_value(c, 0)->dtype)) {
+        bool x16 = gp_cuda_is_bf16(c->in_dt, 1), y16 = gp_cuda_is_bf16(c->in_dt, 2);
+        bool o16 = gp_cuda_is_bf16(c->out_dt, 0);
+        if (stor_of({x16, y16, o16}) == STOR_MIX) {
+            struct where_fop f;
+            f.C = (const uint8_t *)c->in[0];
+            f.X = gp_cuda_in_f(c, 1);
+            f.Y = gp_cuda_in_f(c, 2);
+            f.O = gp_cuda_out_f(c, 0);
+            return launch_bcast(c, &p, f, "Where forward", err);
+        }
+        es = gp_cuda_float_size(o16);
+    }
+    switch (es) {
     case 1: return where_launch<uint8_t>(c, &p, err);
     case 2: return where_launch<uint16_t>(c, &p, err);
     case 4: return where_launch<uint32_t>(c, &p, err);
@@ -457,16 +532,28 @@ static gp_status where_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     }
 }
 
+template <class S>
 struct where_term {
     bool x_side;
     const uint8_t *C;
-    const float *dO;
+    typename stor<S>::ptr dO;
     __device__ float operator()(const int64_t *o) const
     {
         bool c = C[o[0]] != 0;
-        return c == x_side ? dO[o[3]] : 0.0f;
+        return c == x_side ? ldf(dO, o[3]) : 0.0f;
     }
 };
+
+template <class S>
+static gp_status where_backward_launch(struct gp_cuda_ctx *c, const struct bplan *p, int t, struct gp_error *err)
+{
+    where_term<S> term;
+    term.x_side = t == 1;
+    term.C = (const uint8_t *)c->in[0];
+    term.dO = stor_ptr<S>(c->dout[0], gp_cuda_is_bf16(c->dout_dt, 0));
+    return reduce_into(c, p, t, term, stor_ptr<S>(c->din[t], gp_cuda_is_bf16(c->din_dt, t)), c->scratch,
+                       t == 1 ? "Where backward (X)" : "Where backward (Y)", err);
+}
 
 static size_t where_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
@@ -484,12 +571,8 @@ static gp_status where_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     plan_node(c, 0, 3, &p);
     for (int t = 1; t <= 2; t++) {
         if (!c->din[t]) continue;
-        struct where_term term;
-        term.x_side = t == 1;
-        term.C = (const uint8_t *)c->in[0];
-        term.dO = c->dout[0];
-        GP_TRY(reduce_into(c, &p, t, term, c->din[t], c->scratch,
-                           t == 1 ? "Where backward (X)" : "Where backward (Y)", err));
+        enum stor_kind k = stor_of({gp_cuda_is_bf16(c->dout_dt, 0), gp_cuda_is_bf16(c->din_dt, t)});
+        WITH_STOR(k, GP_TRY(where_backward_launch<S>(c, &p, t, err)));
     }
     return GP_OK;
 }
@@ -510,12 +593,30 @@ static gp_status expand_launch(struct gp_cuda_ctx *c, const struct bplan *p, str
     return launch_bcast(c, p, f, "Expand forward", err);
 }
 
-/* X [..] -> Y [broadcast of X's shape and the constant target], any dtype. */
+/* Float X and Y of different storage: widened and rounded once. */
+struct expand_fop {
+    gp_fptr X, Y;
+    __device__ void operator()(int64_t i, const int64_t *o) const { gp_st(Y, i, gp_ld(X, o[0])); }
+};
+
+/* X [..] -> Y [broadcast of X's shape and the constant target], any dtype
+ * (moved as it is when X and Y share one storage). */
 static gp_status expand_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     struct bplan p;
     plan_node(c, 0, 1, &p);
-    switch (gp_cuda_esize(gp_cuda_out_value(c, 0)->dtype)) {
+    size_t es = gp_cuda_esize(gp_cuda_out_value(c, 0)->dtype);
+    if (gp_dtype_is_float(gp_cuda_out_value(c, 0)->dtype)) {
+        bool x16 = gp_cuda_is_bf16(c->in_dt, 0), y16 = gp_cuda_is_bf16(c->out_dt, 0);
+        if (x16 != y16) {
+            struct expand_fop f;
+            f.X = gp_cuda_in_f(c, 0);
+            f.Y = gp_cuda_out_f(c, 0);
+            return launch_bcast(c, &p, f, "Expand forward", err);
+        }
+        es = gp_cuda_float_size(y16);
+    }
+    switch (es) {
     case 1: return expand_launch<uint8_t>(c, &p, err);
     case 2: return expand_launch<uint16_t>(c, &p, err);
     case 4: return expand_launch<uint32_t>(c, &p, err);
@@ -525,10 +626,20 @@ static gp_status expand_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     }
 }
 
+template <class S>
 struct expand_term {
-    const float *dY;
-    __device__ float operator()(const int64_t *o) const { return dY[o[1]]; }
+    typename stor<S>::ptr dY;
+    __device__ float operator()(const int64_t *o) const { return ldf(dY, o[1]); }
 };
+
+template <class S>
+static gp_status expand_backward_launch(struct gp_cuda_ctx *c, const struct bplan *p, struct gp_error *err)
+{
+    expand_term<S> term;
+    term.dY = stor_ptr<S>(c->dout[0], gp_cuda_is_bf16(c->dout_dt, 0));
+    return reduce_into(c, p, 0, term, stor_ptr<S>(c->din[0], gp_cuda_is_bf16(c->din_dt, 0)), c->scratch,
+                       "Expand backward", err);
+}
 
 static size_t expand_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
@@ -543,15 +654,16 @@ static gp_status expand_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (!c->dout[0] || !c->din[0]) return GP_OK;
     struct bplan p;
     plan_node(c, 0, 1, &p);
-    struct expand_term term;
-    term.dY = c->dout[0];
-    return reduce_into(c, &p, 0, term, c->din[0], c->scratch, "Expand backward", err);
+    enum stor_kind k = stor_of({gp_cuda_is_bf16(c->dout_dt, 0), gp_cuda_is_bf16(c->din_dt, 0)});
+    WITH_STOR(k, return expand_backward_launch<S>(c, &p, err));
 }
 
 /* ---- the table ---- */
 
-#define BINARY(op) {op, NULL, binary_scratch, binary_forward, binary_backward}
-#define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL}
+/* The last field: bf16_any (any mix of bfloat16 and float32 storage;
+ * the variadic ops are staged, see above). */
+#define BINARY(op) {op, NULL, binary_scratch, binary_forward, binary_backward, false, true}
+#define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL, false, true}
 #define VARIADIC(op) {op, NULL, variadic_scratch, variadic_forward, variadic_backward}
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_binary[] = {
@@ -567,7 +679,7 @@ extern "C" const struct gp_cuda_kernel gp_cuda_kernels_binary[] = {
     NO_GRAD("Xor", binary_forward),
 
     VARIADIC("Max"), VARIADIC("Min"), VARIADIC("Sum"), VARIADIC("Mean"),
-    {"Where", NULL, where_scratch, where_forward, where_backward},
-    {"Expand", NULL, expand_scratch, expand_forward, expand_backward},
+    {"Where", NULL, where_scratch, where_forward, where_backward, false, true},
+    {"Expand", NULL, expand_scratch, expand_forward, expand_backward, false, true},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -15,17 +15,81 @@
  * order: deterministic, and the CPU's sum to double rounding. Forward
  * kernels take a block per row of the last axis when it is long (no
  * per-element division), else grid-stride loops with 32-bit index
- * arithmetic where the tensor fits; nothing uses atomics. */
+ * arithmetic where the tensor fits; nothing uses atomics.
+ *
+ * Storage (bfloat16 stages, backend/cuda/bf16.cuh): the functors read and
+ * write float tensors through ldf / stf on a pointer of the launch's
+ * storage (stor<S>::ptr: float32 throughout, bfloat16 throughout, or a mix
+ * of both, each tensor a gp_fptr), and a gradient (dst) is any of the
+ * three: every += into it widens the stored value, adds the float sum of
+ * its terms and rounds once, as the float32 copy of a staged call did. */
 #ifndef GP_CUDA_BROADCAST_CUH
 #define GP_CUDA_BROADCAST_CUH
 
+#include <initializer_list>
 #include <string.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
 #include "ops/fold_util.h"
 }
+
+/* ---- storage of a launch's float tensors ---- */
+
+/* S: float (float32 throughout: the float32 path), __nv_bfloat16
+ * (bfloat16 throughout) or stor_mix (a mix, each tensor a gp_fptr whose
+ * type is read at run time, uniform across the launch). */
+struct stor_mix {};
+template <class S> struct stor { typedef S *ptr; };
+template <> struct stor<stor_mix> { typedef gp_fptr ptr; };
+
+__device__ static inline float ldf(const float *p, int64_t i) { return p[i]; }
+__device__ static inline float ldf(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ static inline float ldf(gp_fptr p, int64_t i) { return gp_ld(p, i); }
+/* Stores round to nearest even where the tensor is bfloat16. */
+__device__ static inline void stf(float *p, int64_t i, float v) { p[i] = v; }
+__device__ static inline void stf(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ static inline void stf(gp_fptr p, int64_t i, float v) { gp_st(p, i, v); }
+
+/* Device pointer p (bfloat16 or not) as a launch of storage S sees it. */
+template <class S> static inline typename stor<S>::ptr stor_ptr(const void *p, bool bf16)
+{
+    (void)bf16;
+    return (S *)p;
+}
+template <> inline gp_fptr stor_ptr<stor_mix>(const void *p, bool bf16)
+{
+    gp_fptr t = {(void *)p, bf16};
+    return t;
+}
+
+/* Which instantiation a launch takes, from whether each float tensor it
+ * touches is bfloat16. */
+enum stor_kind { STOR_F32, STOR_BF16, STOR_MIX };
+
+static inline enum stor_kind stor_of(std::initializer_list<bool> bf16)
+{
+    bool any16 = false, any32 = false;
+    for (bool b : bf16) (b ? any16 : any32) = true;
+    return any16 && any32 ? STOR_MIX : any16 ? STOR_BF16 : STOR_F32;
+}
+
+/* Runs the statements with S the storage type of `kind`. */
+#define WITH_STOR(kind, ...)                                                                                  \
+    do {                                                                                                      \
+        if ((kind) == STOR_F32) {                                                                             \
+            typedef float S;                                                                                  \
+            __VA_ARGS__;                                                                                      \
+        } else if ((kind) == STOR_BF16) {                                                                     \
+            typedef __nv_bfloat16 S;                                                                          \
+            __VA_ARGS__;                                                                                      \
+        } else {                                                                                              \
+            typedef stor_mix S;                                                                               \
+            __VA_ARGS__;                                                                                      \
+        }                                                                                                     \
+    } while (0)
 
 /* ---- broadcast plans ---- */
 
@@ -288,8 +352,8 @@ __device__ static inline double sum_terms(const struct bplan &p, const struct bs
 }
 
 /* dst[e] += the sum over the broadcast axes, one thread per element. */
-template <class Term>
-__global__ static void reduce_kernel(struct bplan p, struct bsplit s, int t, Term term, float *dst)
+template <class Term, class D>
+__global__ static void reduce_kernel(struct bplan p, struct bsplit s, int t, Term term, D dst)
 {
     GP_GRID_STRIDE(e, s.ne)
     {
@@ -297,14 +361,14 @@ __global__ static void reduce_kernel(struct bplan p, struct bsplit s, int t, Ter
         kept_offsets(p, s, e, off);
         int64_t at = pick(off, t);
         double acc = sum_terms(p, s, term, off, 0, s.nred);
-        dst[at] = __fadd_rn(dst[at], (float)acc);
+        stf(dst, at, __fadd_rn(ldf(dst, at), (float)acc));
     }
 }
 
 /* No broadcasting: every operand is contiguous at offset e (a residual
  * add's gradient). The CPU's sum of one term in double rounds back to it. */
-template <class Term>
-__global__ static void reduce_same_kernel(int64_t n, Term term, float *dst)
+template <class Term, class D>
+__global__ static void reduce_same_kernel(int64_t n, Term term, D dst)
 {
     GP_GRID_STRIDE_ILP(e0, st, n)
     {
@@ -314,11 +378,11 @@ __global__ static void reduce_same_kernel(int64_t n, Term term, float *dst)
             int64_t e = e0 + u * st;
             int64_t off[BP_MAX] = {e, e, e, e};
             v[u] = e < n ? term(off) : 0.0f;
-            d[u] = e < n ? dst[e] : 0.0f;
+            d[u] = e < n ? ldf(dst, e) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < GP_ILP; u++)
-            if (e0 + u * st < n) dst[e0 + u * st] = __fadd_rn(d[u], v[u]);
+            if (e0 + u * st < n) stf(dst, e0 + u * st, __fadd_rn(d[u], v[u]));
     }
 }
 
@@ -340,8 +404,9 @@ __global__ static void reduce_part_kernel(struct bplan p, struct bsplit s, Term 
 /* Stage 2: dst[e] += the chunks' sums, a warp per element: lane l sums
  * chunks l, l + 32, ... in order, then a fixed shuffle tree adds the
  * lanes (deterministic). */
+template <class D>
 __global__ static void reduce_finish_kernel(struct bplan p, struct bsplit s, int t, int64_t n_chunks,
-                                            const double *part, float *dst)
+                                            const double *part, D dst)
 {
     int lane = threadIdx.x & 31;
     int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
@@ -354,7 +419,7 @@ __global__ static void reduce_finish_kernel(struct bplan p, struct bsplit s, int
             int64_t off[BP_MAX];
             kept_offsets(p, s, e, off);
             int64_t at = pick(off, t);
-            dst[at] = __fadd_rn(dst[at], (float)acc);
+            stf(dst, at, __fadd_rn(ldf(dst, at), (float)acc));
         }
     }
 }
@@ -362,24 +427,25 @@ __global__ static void reduce_finish_kernel(struct bplan p, struct bsplit s, int
 /* Operand t not broadcast at all: each of its elements gets one term
  * (the CPU's sum of one term in double rounds back to it), computed over
  * the output with the forward kernels' index arithmetic. */
-template <class Term>
+template <class Term, class D>
 struct add_term_op {
     Term term;
     int t;
-    float *dst;
+    D dst;
     __device__ void operator()(int64_t i, const int64_t *o) const
     {
         (void)i;
         int64_t at = pick(o, t);
-        dst[at] = __fadd_rn(dst[at], term(o));
+        stf(dst, at, __fadd_rn(ldf(dst, at), term(o)));
     }
 };
 
-/* dst (operand t's gradient) += term summed over the axes t was broadcast
- * along; `part` is reduce_scratch(p, t) bytes of scratch. */
-template <class Term>
+/* dst (operand t's gradient: float *, or stor<S>::ptr) += term summed
+ * over the axes t was broadcast along; `part` is reduce_scratch(p, t)
+ * bytes of scratch. */
+template <class Term, class D>
 static gp_status reduce_into(const struct gp_cuda_ctx *c, const struct bplan *p, int t, Term term,
-                             float *dst, void *part, const char *what, struct gp_error *err)
+                             D dst, void *part, const char *what, struct gp_error *err)
 {
     if (p->numel == 0) return GP_OK;
     struct bsplit s;
@@ -388,12 +454,12 @@ static gp_status reduce_into(const struct gp_cuda_ctx *c, const struct bplan *p,
     bool same = p->rank == 1;
     for (int k = 0; same && k < p->n; k++) same = p->st[k][0] == 1;
     if (same) {
-        reduce_same_kernel<Term><<<gp_cuda_blocks_ilp(p->numel), GP_CUDA_THREADS, 0, c->stream>>>(
+        reduce_same_kernel<Term, D><<<gp_cuda_blocks_ilp(p->numel), GP_CUDA_THREADS, 0, c->stream>>>(
             p->numel, term, dst);
         return gp_cuda_check_launch(c, what, err);
     }
     if (s.nred == 1) {
-        add_term_op<Term> f;
+        add_term_op<Term, D> f;
         f.term = term;
         f.t = t;
         f.dst = dst;
@@ -401,15 +467,15 @@ static gp_status reduce_into(const struct gp_cuda_ctx *c, const struct bplan *p,
     }
     reduce_chunks(s.ne, s.nred, &chunk, &nch);
     if (nch <= 1) {
-        reduce_kernel<Term><<<gp_cuda_blocks_for(s.ne), GP_CUDA_THREADS, 0, c->stream>>>(*p, s, t, term,
-                                                                                         dst);
+        reduce_kernel<Term, D><<<gp_cuda_blocks_for(s.ne), GP_CUDA_THREADS, 0, c->stream>>>(*p, s, t, term,
+                                                                                            dst);
         return gp_cuda_check_launch(c, what, err);
     }
     if (!part) return gp_cuda_error(c, err, GP_ERR_INVALID, "%s: no scratch memory", what);
     reduce_part_kernel<Term><<<gp_cuda_blocks_for(s.ne * nch), GP_CUDA_THREADS, 0, c->stream>>>(
         *p, s, term, chunk, nch, (double *)part);
     GP_TRY(gp_cuda_check_launch(c, what, err));
-    reduce_finish_kernel<<<gp_cuda_blocks_for(s.ne * 32), GP_CUDA_THREADS, 0, c->stream>>>(
+    reduce_finish_kernel<D><<<gp_cuda_blocks_for(s.ne * 32), GP_CUDA_THREADS, 0, c->stream>>>(
         *p, s, t, nch, (const double *)part, dst);
     return gp_cuda_check_launch(c, what, err);
 }

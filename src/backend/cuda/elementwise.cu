@@ -9,17 +9,27 @@
  * the ops the CPU runs on them (Relu/Neg/Abs/Sign/Erf/Not, Clip, Cast) do
  * the same here through the same int64 / double conversions.
  *
+ * bfloat16 (a bf16 stage; every entry sets bf16_any): each float tensor is
+ * float32 or bfloat16 as ctx->*_dt says. The kernels are instantiated for
+ * float32 throughout (the float32 path, unchanged), bfloat16 throughout,
+ * and a mix (each tensor a gp_fptr): loads widen, arithmetic is float32 as
+ * above, each stored value is rounded once to nearest even, and din +=
+ * adds the float32 term to the widened gradient and rounds once: what the
+ * float32 kernels gave on widened copies rounded back (a staged call).
+ *
  * Rounding: nvcc contracts a * b + c into one FMA, which the CPU build does
  * not; where a product feeds a sum (Gelu, HardSigmoid, Tanh's gradient,
  * every += into din) the operations are spelled with __fmul_rn /
  * __fadd_rn, which are never contracted, so only the math library's ulps
  * differ from the CPU. */
 #include <float.h>
+#include <initializer_list>
 #include <math.h>
 #include <string.h>
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel.h"
 #include "backend/cuda/kernel_util.cuh"
 
@@ -42,6 +52,66 @@ static const struct gp_value *out_value(const struct gp_cuda_ctx *c, int i)
 }
 
 static bool is_float(enum gp_dtype dt) { return gp_dtype_is_float(dt); }
+
+/* ---- storage of a launch's float tensors (as in broadcast.cuh) ---- */
+
+/* S: float (float32 throughout: the float32 path), __nv_bfloat16
+ * (bfloat16 throughout) or stor_mix (a mix, each tensor a gp_fptr whose
+ * type is read at run time, uniform across the launch). */
+struct stor_mix {};
+template <class S> struct stor { typedef S *ptr; };
+template <> struct stor<stor_mix> { typedef gp_fptr ptr; };
+
+__device__ static inline float ldf(const float *p, int64_t i) { return p[i]; }
+__device__ static inline float ldf(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ static inline float ldf(gp_fptr p, int64_t i) { return gp_ld(p, i); }
+/* Stores round to nearest even where the tensor is bfloat16. */
+__device__ static inline void stf(float *p, int64_t i, float v) { p[i] = v; }
+__device__ static inline void stf(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ static inline void stf(gp_fptr p, int64_t i, float v) { gp_st(p, i, v); }
+
+/* Device pointer p (bfloat16 or not) as a launch of storage S sees it. */
+template <class S> static inline typename stor<S>::ptr stor_ptr(const void *p, bool bf16)
+{
+    (void)bf16;
+    return (S *)p;
+}
+template <> inline gp_fptr stor_ptr<stor_mix>(const void *p, bool bf16)
+{
+    gp_fptr t = {(void *)p, bf16};
+    return t;
+}
+
+/* Which instantiation a launch takes, from whether each float tensor it
+ * touches is bfloat16. */
+enum stor_kind { STOR_F32, STOR_BF16, STOR_MIX };
+
+static inline enum stor_kind stor_of(std::initializer_list<bool> bf16)
+{
+    bool any16 = false, any32 = false;
+    for (bool b : bf16) (b ? any16 : any32) = true;
+    return any16 && any32 ? STOR_MIX : any16 ? STOR_BF16 : STOR_F32;
+}
+
+/* Runs the statements with S the storage type of `kind`. */
+#define WITH_STOR(kind, ...)                                                                                  \
+    do {                                                                                                      \
+        if ((kind) == STOR_F32) {                                                                             \
+            typedef float S;                                                                                  \
+            __VA_ARGS__;                                                                                      \
+        } else if ((kind) == STOR_BF16) {                                                                     \
+            typedef __nv_bfloat16 S;                                                                          \
+            __VA_ARGS__;                                                                                      \
+        } else {                                                                                              \
+            typedef stor_mix S;                                                                               \
+            __VA_ARGS__;                                                                                      \
+        }                                                                                                     \
+    } while (0)
+
+static bool in16(const struct gp_cuda_ctx *c, int k) { return gp_cuda_is_bf16(c->in_dt, k); }
+static bool out16(const struct gp_cuda_ctx *c, int k) { return gp_cuda_is_bf16(c->out_dt, k); }
+static bool din16(const struct gp_cuda_ctx *c, int k) { return gp_cuda_is_bf16(c->din_dt, k); }
+static bool dout16(const struct gp_cuda_ctx *c, int k) { return gp_cuda_is_bf16(c->dout_dt, k); }
 
 /* ---- unary ---- */
 
@@ -168,24 +238,28 @@ __device__ static inline float unary_grad(const struct uparams &p, float x, floa
     }
 }
 
-/* X [n] -> Y [n]. */
-__global__ static void unary_forward_kernel(struct uparams p, const float *X, float *Y, int64_t n)
+/* X [n] -> Y [n]; S the storage of both. */
+template <class S>
+__global__ static void unary_forward_kernel(struct uparams p, typename stor<S>::ptr X, typename stor<S>::ptr Y,
+                                            int64_t n)
 {
     GP_GRID_STRIDE_ILP(i0, st, n)
     {
         float x[GP_ILP];
 #pragma unroll
-        for (int u = 0; u < GP_ILP; u++) x[u] = i0 + u * st < n ? X[i0 + u * st] : 0.0f;
+        for (int u = 0; u < GP_ILP; u++) x[u] = i0 + u * st < n ? ldf(X, i0 + u * st) : 0.0f;
 #pragma unroll
         for (int u = 0; u < GP_ILP; u++)
-            if (i0 + u * st < n) Y[i0 + u * st] = unary_f(p, x[u]);
+            if (i0 + u * st < n) stf(Y, i0 + u * st, unary_f(p, x[u]));
     }
 }
 
-/* dX [n] += dY [n] * f'(X); X, Y the forward input and output (Y NULL
- * where the gradient does not read it). */
-__global__ static void unary_backward_kernel(struct uparams p, const float *X, const float *Y,
-                                             const float *dY, float *dX, int64_t n)
+/* dX [n] += dY [n] * f'(X); X, Y the forward input and output (Y read
+ * only where has_y: the gradients that use it); S the storage of all. */
+template <class S>
+__global__ static void unary_backward_kernel(struct uparams p, typename stor<S>::ptr X, typename stor<S>::ptr Y,
+                                             bool has_y, typename stor<S>::ptr dY, typename stor<S>::ptr dX,
+                                             int64_t n)
 {
     GP_GRID_STRIDE_ILP(i0, st, n)
     {
@@ -194,14 +268,14 @@ __global__ static void unary_backward_kernel(struct uparams p, const float *X, c
         for (int u = 0; u < GP_ILP; u++) {
             int64_t i = i0 + u * st;
             bool in = i < n;
-            x[u] = in ? X[i] : 0.0f;
-            y[u] = in && Y ? Y[i] : 0.0f;
-            dy[u] = in ? dY[i] : 0.0f;
-            dx[u] = in ? dX[i] : 0.0f;
+            x[u] = in ? ldf(X, i) : 0.0f;
+            y[u] = in && has_y ? ldf(Y, i) : 0.0f;
+            dy[u] = in ? ldf(dY, i) : 0.0f;
+            dx[u] = in ? ldf(dX, i) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < GP_ILP; u++)
-            if (i0 + u * st < n) dX[i0 + u * st] = __fadd_rn(dx[u], unary_grad(p, x[u], y[u], dy[u]));
+            if (i0 + u * st < n) stf(dX, i0 + u * st, __fadd_rn(dx[u], unary_grad(p, x[u], y[u], dy[u])));
     }
 }
 
@@ -248,8 +322,10 @@ static gp_status unary_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     }
     if (op == U_NOT) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "floating-point input");
     if (n == 0) return GP_OK;
-    unary_forward_kernel<<<gp_cuda_blocks_ilp(n), THREADS, 0, c->stream>>>(
-        uparams_of(c->node, op), (const float *)c->in[0], (float *)c->out[0], n);
+    struct uparams p = uparams_of(c->node, op);
+    WITH_STOR(stor_of({in16(c, 0), out16(c, 0)}),
+              unary_forward_kernel<S><<<gp_cuda_blocks_ilp(n), THREADS, 0, c->stream>>>(
+                  p, stor_ptr<S>(c->in[0], in16(c, 0)), stor_ptr<S>(c->out[0], out16(c, 0)), n));
     return gp_cuda_check_launch(c, "unary forward", err);
 }
 
@@ -263,25 +339,35 @@ static gp_status unary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (op == U_FLOOR || op == U_CEIL || op == U_ROUND || op == U_SIGN) return GP_OK;
     int64_t n = gp_shape_numel(&in_value(c, 0)->shape);
     if (n == 0) return GP_OK;
-    unary_backward_kernel<<<gp_cuda_blocks_ilp(n), THREADS, 0, c->stream>>>(
-        uparams_of(c->node, op), (const float *)c->in[0],
-        grad_reads_y(op) ? (const float *)c->out[0] : NULL, c->dout[0], c->din[0], n);
+    struct uparams p = uparams_of(c->node, op);
+    bool ry = grad_reads_y(op);
+    bool x16 = in16(c, 0), y16 = out16(c, 0), dy16 = dout16(c, 0), dx16 = din16(c, 0);
+    WITH_STOR(stor_of({x16, ry ? y16 : x16, dy16, dx16}),
+              unary_backward_kernel<S><<<gp_cuda_blocks_ilp(n), THREADS, 0, c->stream>>>(
+                  p, stor_ptr<S>(c->in[0], x16), stor_ptr<S>(ry ? c->out[0] : NULL, y16), ry,
+                  stor_ptr<S>(c->dout[0], dy16), stor_ptr<S>(c->din[0], dx16), n));
     return gp_cuda_check_launch(c, "unary backward", err);
 }
 
 /* ---- Clip ---- */
 
+/* A bound: the scalar input b (either storage) when present, else the
+ * attribute's value a. */
+__device__ static inline float clip_bound(gp_fptr b, float a) { return b.p ? gp_ld(b, 0) : a; }
+
 /* Y = min(max(X, lo), hi), hi winning when lo > hi. Bounds: the optional
  * scalar inputs 1 and 2 (Clip-11+, device memory, read by the kernel) or
- * the attributes min/max (Clip-6, defaulting to float's range). */
-__global__ static void clip_forward_kernel(const float *X, float *Y, int64_t n, const float *lop,
-                                           const float *hip, float lo_a, float hi_a)
+ * the attributes min/max (Clip-6, defaulting to float's range). S: the
+ * storage of X and Y. */
+template <class S>
+__global__ static void clip_forward_kernel(typename stor<S>::ptr X, typename stor<S>::ptr Y, int64_t n,
+                                           gp_fptr lop, gp_fptr hip, float lo_a, float hi_a)
 {
-    float lo = lop ? *lop : lo_a, hi = hip ? *hip : hi_a;
+    float lo = clip_bound(lop, lo_a), hi = clip_bound(hip, hi_a);
     GRID_STRIDE(i, n)
     {
-        float x = X[i];
-        Y[i] = x < lo ? (lo > hi ? hi : lo) : x > hi ? hi : x;
+        float x = ldf(X, i);
+        stf(Y, i, x < lo ? (lo > hi ? hi : lo) : x > hi ? hi : x);
     }
 }
 
@@ -304,21 +390,31 @@ __global__ static void clip_int_kernel(const void *X, void *Y, int dt, int64_t n
     }
 }
 
-/* dX += dY where lo <= X <= hi (the bounds pass the gradient). */
-__global__ static void clip_backward_kernel(const float *X, const float *dY, float *dX, int64_t n,
-                                            const float *lop, const float *hip, float lo_a, float hi_a)
+/* dX += dY where lo <= X <= hi (the bounds pass the gradient); S: the
+ * storage of X, dY and dX. */
+template <class S>
+__global__ static void clip_backward_kernel(typename stor<S>::ptr X, typename stor<S>::ptr dY,
+                                            typename stor<S>::ptr dX, int64_t n, gp_fptr lop, gp_fptr hip,
+                                            float lo_a, float hi_a)
 {
-    float lo = lop ? *lop : lo_a, hi = hip ? *hip : hi_a;
+    float lo = clip_bound(lop, lo_a), hi = clip_bound(hip, hi_a);
     GRID_STRIDE(i, n)
     {
-        float x = X[i];
-        dX[i] = __fadd_rn(dX[i], x >= lo && x <= hi ? dY[i] : 0.0f);
+        float x = ldf(X, i);
+        stf(dX, i, __fadd_rn(ldf(dX, i), x >= lo && x <= hi ? ldf(dY, i) : 0.0f));
     }
 }
 
 static const void *opt_in(const struct gp_cuda_ctx *c, int i)
 {
     return c->node->n_inputs > i ? c->in[i] : NULL;
+}
+
+/* Float bound input i (1: min, 2: max) with its storage; p NULL when omitted. */
+static gp_fptr opt_bound(const struct gp_cuda_ctx *c, int i)
+{
+    gp_fptr t = {(void *)opt_in(c, i), c->node->n_inputs > i && in16(c, i)};
+    return t;
 }
 
 static gp_status clip_forward(struct gp_cuda_ctx *c, struct gp_error *err)
@@ -331,10 +427,11 @@ static gp_status clip_forward(struct gp_cuda_ctx *c, struct gp_error *err)
                                                                  opt_in(c, 1), opt_in(c, 2));
         return gp_cuda_check_launch(c, "Clip forward (integer)", err);
     }
-    clip_forward_kernel<<<blocks_for(n), THREADS, 0, c->stream>>>(
-        (const float *)c->in[0], (float *)c->out[0], n, (const float *)opt_in(c, 1),
-        (const float *)opt_in(c, 2), gp_node_attr_float(c->node, "min", -FLT_MAX),
-        gp_node_attr_float(c->node, "max", FLT_MAX));
+    float lo_a = gp_node_attr_float(c->node, "min", -FLT_MAX), hi_a = gp_node_attr_float(c->node, "max", FLT_MAX);
+    WITH_STOR(stor_of({in16(c, 0), out16(c, 0)}),
+              clip_forward_kernel<S><<<blocks_for(n), THREADS, 0, c->stream>>>(
+                  stor_ptr<S>(c->in[0], in16(c, 0)), stor_ptr<S>(c->out[0], out16(c, 0)), n, opt_bound(c, 1),
+                  opt_bound(c, 2), lo_a, hi_a));
     return gp_cuda_check_launch(c, "Clip forward", err);
 }
 
@@ -343,48 +440,79 @@ static gp_status clip_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (!c->dout[0] || !c->din[0]) return GP_OK;
     int64_t n = gp_shape_numel(&in_value(c, 0)->shape);
     if (n == 0) return GP_OK;
-    clip_backward_kernel<<<blocks_for(n), THREADS, 0, c->stream>>>(
-        (const float *)c->in[0], c->dout[0], c->din[0], n, (const float *)opt_in(c, 1),
-        (const float *)opt_in(c, 2), gp_node_attr_float(c->node, "min", -FLT_MAX),
-        gp_node_attr_float(c->node, "max", FLT_MAX));
+    float lo_a = gp_node_attr_float(c->node, "min", -FLT_MAX), hi_a = gp_node_attr_float(c->node, "max", FLT_MAX);
+    bool x16 = in16(c, 0), dy16 = dout16(c, 0), dx16 = din16(c, 0);
+    WITH_STOR(stor_of({x16, dy16, dx16}),
+              clip_backward_kernel<S><<<blocks_for(n), THREADS, 0, c->stream>>>(
+                  stor_ptr<S>(c->in[0], x16), stor_ptr<S>(c->dout[0], dy16), stor_ptr<S>(c->din[0], dx16), n,
+                  opt_bound(c, 1), opt_bound(c, 2), lo_a, hi_a));
     return gp_cuda_check_launch(c, "Clip backward", err);
 }
 
 /* ---- Cast, CastLike, Identity ---- */
 
+/* Element i of a tensor of dtype dt as double, and a double stored into
+ * one: as gp_dev_load_f64 / gp_dev_store_f64, a float tensor stored as
+ * bfloat16 where bf16 says (the store rounds to float32 first, then to
+ * bfloat16: what a float32 copy rounded back gave). */
+__device__ static inline double cast_load(const void *p, int dt, bool bf16, int64_t i)
+{
+    return bf16 ? (double)__bfloat162float(((const __nv_bfloat16 *)p)[i]) : gp_dev_load_f64(p, dt, i);
+}
+
+__device__ static inline void cast_store(void *p, int dt, bool bf16, int64_t i, double v)
+{
+    if (bf16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn((float)v);
+    else gp_dev_store_f64(p, dt, i, v);
+}
+
 /* X [n] of any type -> Y [n] of the output's type: float to integer
  * truncates toward zero (saturating), anything to bool is X != 0, integer
- * to float goes through double as on the CPU. */
-__global__ static void cast_kernel(const void *X, int from, void *Y, int to, bool via_f64, int64_t n)
+ * to float goes through double as on the CPU. x16, y16: float X, Y stored
+ * as bfloat16 (then via_f64). */
+__global__ static void cast_kernel(const void *X, int from, bool x16, void *Y, int to, bool y16, bool via_f64,
+                                   int64_t n)
 {
     if (via_f64) {
-        GRID_STRIDE(i, n) gp_dev_store_f64(Y, to, i, gp_dev_load_f64(X, from, i));
+        GRID_STRIDE(i, n) cast_store(Y, to, y16, i, cast_load(X, from, x16, i));
     } else {
         GRID_STRIDE(i, n) gp_dev_store_i64(Y, to, i, gp_dev_load_i64(X, from, i));
     }
 }
 
+/* Bytes of an element of a tensor of dtype dt on the device, bfloat16 where
+ * bf16 says. */
+static size_t stored_size(enum gp_dtype dt, bool bf16)
+{
+    return is_float(dt) ? gp_cuda_float_size(bf16) : gp_dtype_size(dt);
+}
+
+/* A copy where the stored types agree (float to float of one storage, or
+ * one integer type), else the conversion kernel. */
 static gp_status cast_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     int64_t n = gp_shape_numel(&in_value(c, 0)->shape);
     enum gp_dtype from = in_value(c, 0)->dtype, to = out_value(c, 0)->dtype;
     if (n == 0) return GP_OK;
-    if (gp_cuda_esize(from) == gp_cuda_esize(to) && (from == to || (is_float(from) && is_float(to)))) {
+    bool x16 = is_float(from) && in16(c, 0), y16 = is_float(to) && out16(c, 0);
+    if (x16 == y16 && gp_cuda_esize(from) == gp_cuda_esize(to) &&
+        (from == to || (is_float(from) && is_float(to)))) {
         if (c->out[0] == c->in[0]) return GP_OK;
-        return gp_cuda_call(c, cudaMemcpyAsync(c->out[0], c->in[0], (size_t)n * gp_cuda_esize(to),
+        return gp_cuda_call(c, cudaMemcpyAsync(c->out[0], c->in[0], (size_t)n * stored_size(to, y16),
                                             cudaMemcpyDeviceToDevice, c->stream),
                          "cudaMemcpyAsync", err);
     }
     bool via_f64 = is_float(from) || is_float(to) || from == GP_DTYPE_UINT64;
-    cast_kernel<<<blocks_for(n), THREADS, 0, c->stream>>>(c->in[0], (int)from, c->out[0], (int)to,
+    cast_kernel<<<blocks_for(n), THREADS, 0, c->stream>>>(c->in[0], (int)from, x16, c->out[0], (int)to, y16,
                                                          via_f64, n);
     return gp_cuda_check_launch(c, "Cast forward", err);
 }
 
-/* dX [n] += dY [n]. */
-__global__ static void add_into_kernel(const float *dY, float *dX, int64_t n)
+/* dX [n] += dY [n]; S the storage of both. */
+template <class S>
+__global__ static void add_into_kernel(typename stor<S>::ptr dY, typename stor<S>::ptr dX, int64_t n)
 {
-    GRID_STRIDE(i, n) dX[i] = __fadd_rn(dX[i], dY[i]);
+    GRID_STRIDE(i, n) stf(dX, i, __fadd_rn(ldf(dX, i), ldf(dY, i)));
 }
 
 /* The gradient passes through float-to-float casts (and Identity on
@@ -394,15 +522,20 @@ static gp_status cast_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (!c->dout[0] || !c->din[0] || !is_float(in_value(c, 0)->dtype)) return GP_OK;
     int64_t n = gp_shape_numel(&in_value(c, 0)->shape);
     if (n == 0) return GP_OK;
-    add_into_kernel<<<blocks_for(n), THREADS, 0, c->stream>>>(c->dout[0], c->din[0], n);
+    bool dy16 = dout16(c, 0), dx16 = din16(c, 0);
+    WITH_STOR(stor_of({dy16, dx16}),
+              add_into_kernel<S><<<blocks_for(n), THREADS, 0, c->stream>>>(stor_ptr<S>(c->dout[0], dy16),
+                                                                          stor_ptr<S>(c->din[0], dx16), n));
     return gp_cuda_check_launch(c, "gradient pass-through", err);
 }
 
-/* X [n] -> Y [n], any dtype: a device-to-device copy on the stream. */
+/* X [n] -> Y [n], any dtype: a device-to-device copy on the stream (a
+ * float tensor between float32 and bfloat16 storage: Cast's conversion). */
 static gp_status identity_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     const struct gp_value *x = in_value(c, 0);
-    size_t bytes = (size_t)gp_shape_numel(&x->shape) * gp_cuda_esize(x->dtype);
+    if (is_float(x->dtype) && in16(c, 0) != out16(c, 0)) return cast_forward(c, err);
+    size_t bytes = (size_t)gp_shape_numel(&x->shape) * stored_size(x->dtype, in16(c, 0));
     if (bytes == 0 || c->out[0] == c->in[0]) return GP_OK;
     return gp_cuda_call(c, cudaMemcpyAsync(c->out[0], c->in[0], bytes, cudaMemcpyDeviceToDevice, c->stream),
                      "cudaMemcpyAsync", err);
@@ -410,8 +543,9 @@ static gp_status identity_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 
 /* ---- the table ---- */
 
-#define UNARY(op) {op, NULL, NULL, unary_forward, unary_backward}
-#define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL}
+/* The last field: bf16_any (any mix of bfloat16 and float32 storage). */
+#define UNARY(op) {op, NULL, NULL, unary_forward, unary_backward, false, true}
+#define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL, false, true}
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_elementwise[] = {
     UNARY("Relu"), UNARY("LeakyRelu"), UNARY("Sigmoid"), UNARY("Tanh"), UNARY("Erf"),
@@ -421,9 +555,9 @@ extern "C" const struct gp_cuda_kernel gp_cuda_kernels_elementwise[] = {
     UNARY("Floor"), UNARY("Ceil"), UNARY("Round"), UNARY("Sign"),
     NO_GRAD("Not", unary_forward),
 
-    {"Clip", NULL, NULL, clip_forward, clip_backward},
-    {"Cast", NULL, NULL, cast_forward, cast_backward},
-    {"CastLike", NULL, NULL, cast_forward, cast_backward},
-    {"Identity", NULL, NULL, identity_forward, cast_backward},
+    {"Clip", NULL, NULL, clip_forward, clip_backward, false, true},
+    {"Cast", NULL, NULL, cast_forward, cast_backward, false, true},
+    {"CastLike", NULL, NULL, cast_forward, cast_backward, false, true},
+    {"Identity", NULL, NULL, identity_forward, cast_backward, false, true},
     {NULL, NULL, NULL, NULL, NULL},
 };
