@@ -502,6 +502,77 @@ static void test_pools(void **state)
     for (int k = 0; k < N_OF(pool_cases); k++) run_pool(&pool_cases[k]);
 }
 
+/* bf16: the pools read and write bfloat16 themselves (bf16_any). Every
+ * case with X, Y, dY and dX bfloat16, and again with one of them float32
+ * in turn (the kernels' run-time typed path): X (forward; GlobalMaxPool's
+ * backward reads it too), Y, or dX (op_compare's params bit: a float32
+ * gradient). op_compare_node runs the CPU float kernel on bfloat16-rounded
+ * data and rounds its results where the CUDA side stores bfloat16; the
+ * kernels visit the CPU's taps in its order, so the results agree to the
+ * rounding (ties and NaNs route gradients to the same cells). The graph is
+ * run_pool's. */
+static const struct {
+    const char *name;
+    uint32_t params, f32_inputs, f32_outputs;
+} pool_bf16_mixes[] = {
+    {"bfloat16", 0, 0, 0},
+    {"X float32", 0, 1, 0},
+    {"Y float32", 0, 0, 1},
+    {"dX float32", 1, 0, 0},
+};
+
+static void run_pool_bf16(const struct pool_case *c, int mix)
+{
+    struct gp_graph g;
+    bool is_avg = strcmp(c->op, "AveragePool") == 0;
+    begin(&g, c->opset ? c->opset : is_avg ? 19 : 12);
+    int ns = c->rank - 2;
+    input(&g, "x", c->rank, c->x);
+    int n = node(&g, c->op, 1, S("x"), c->indices ? 2 : 1, S("y", "ind"));
+    if (c->kernel[0]) attr_ints(&g, n, "kernel_shape", ns, c->kernel);
+    if (c->strides[0]) attr_ints(&g, n, "strides", ns, c->strides);
+    if (c->dilations[0]) attr_ints(&g, n, "dilations", ns, c->dilations);
+    if (c->has_pads) attr_ints(&g, n, "pads", 2 * ns, c->pads);
+    if (c->auto_pad) attr_s(&g, n, "auto_pad", c->auto_pad);
+    if (c->ceil_mode >= 0) attr_i(&g, n, "ceil_mode", c->ceil_mode);
+    if (c->count_include_pad >= 0) attr_i(&g, n, "count_include_pad", c->count_include_pad);
+    if (c->storage_order >= 0) attr_i(&g, n, "storage_order", c->storage_order);
+    finalize_ok(&g);
+    int64_t numel = 1;
+    for (int i = 0; i < c->rank; i++) numel *= c->x[i];
+    float *data = NULL;
+    char label[240];
+    snprintf(label, sizeof label, "%s: %s (bf16, %s)", c->op, c->label, pool_bf16_mixes[mix].name);
+    struct op_compare o = {.label = label, .bf16 = true, .params = pool_bf16_mixes[mix].params,
+                           .f32_inputs = pool_bf16_mixes[mix].f32_inputs,
+                           .f32_outputs = pool_bf16_mixes[mix].f32_outputs};
+    if (c->data) {
+        /* run_pool's ties: values in {0, 1, 2} and NaNs, exact in bfloat16. */
+        data = malloc(sizeof(float) * (size_t)numel);
+        assert_non_null(data);
+        uint32_t s = 12345;
+        for (int64_t i = 0; i < numel; i++) {
+            s = s * 1664525u + 1013904223u;
+            uint32_t r = s >> 24;
+            data[i] = (float)(r % 3);
+            if (c->data == 2 && r % 17 == 0) data[i] = NAN;
+        }
+        o.inputs[0] = data;
+    }
+    op_compare_node(&g, 0, &o);
+    free(data);
+    gp_graph_free(&g);
+}
+
+static void test_pools_bf16(void **state)
+{
+    (void)state;
+    for (int k = 0; k < N_OF(pool_cases); k++) {
+        run_pool_bf16(&pool_cases[k], 0);
+        run_pool_bf16(&pool_cases[k], 1 + k % 3);
+    }
+}
+
 int main(void)
 {
     op_compare_require_device();
@@ -514,6 +585,7 @@ int main(void)
         cmocka_unit_test(test_conv_bf16_modes),
         cmocka_unit_test(test_conv_scratch_modes),
         cmocka_unit_test(test_pools),
+        cmocka_unit_test(test_pools_bf16),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0)

@@ -20,6 +20,20 @@
  * rows than the parameter gradients have blocks; rows short enough to live
  * in registers and longer ones (the generic kernels).
  *
+ * bf16 (the kernels read and write bfloat16 themselves, bf16_any): every
+ * case again with op_compare's bfloat16 storage (op_compare.h: the CPU
+ * float kernel on bfloat16-rounded data is the reference, rounded where
+ * the CUDA side stores bfloat16), in the mixes of storage types a bf16
+ * stage produces: the executor's (X, Y, dY, dX bfloat16; the parameters
+ * and, for BatchNormalization, the running statistics float32, with
+ * float32 gradients), everything bfloat16 (parameters that are
+ * activations, running statistics updated in place in bfloat16), and
+ * others that take the kernels' run-time typed path (X float32 beside a
+ * bfloat16 Y, float32 optional outputs, a float32 dX). Every backward
+ * starts from nonzero input gradients, so it checks that a bfloat16 dX is
+ * accumulated into (+=). The deferred statistics are checked by hand with
+ * a bfloat16 X and Y too.
+ *
  * Without a CUDA device the test prints why and exits 77 (a skip). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +50,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "backend/cuda/kernel.h"
+#include "graph/tensor.h"
 #include "cuda/cuda_test_util.h"
 #include "cuda/op_compare.h"
 #include "kernel_graph.h"
@@ -81,34 +96,81 @@ static void build_bn(struct gp_graph *g, const struct bn_case *c)
     finalize_ok(g);
 }
 
+static const struct bn_case bn_cases[] = {
+    {"BN-15 [4,3,5,7]", 15, 4, {4, 3, 5, 7}, 1, false, 0, 0},
+    {"BN-15 3 outputs", 15, 4, {4, 3, 5, 7}, 3, true, 1e-3f, 0.8f},
+    {"BN-14 3 outputs", 14, 4, {3, 2, 2, 3}, 3, true, 0, 0},
+    {"BN-9 5 outputs", 9, 4, {2, 3, 3, 2}, 5, false, 1e-3f, 0.8f},
+    {"BN-9 rank 3", 9, 3, {2, 4, 5}, 5, false, 0, 0.7f},
+    {"BN-7 5 outputs", 7, 4, {3, 2, 2, 3}, 5, false, 0, 0},
+    {"BN-15 rank 2", 15, 2, {37, 5}, 1, false, 0, 0},
+    {"BN-15 rank 5", 15, 5, {2, 2, 2, 3, 2}, 3, true, 1e-2f, 0.5f},
+    /* Several chunks per channel, planes of 1600 cells. */
+    {"BN-15 [8,16,40,40]", 15, 4, {8, 16, 40, 40}, 3, true, 0, 0},
+    /* Rank 2 with 1.28M values: the flat loops wrap. */
+    {"BN-15 [20000,64]", 15, 2, {20000, 64}, 1, false, 0, 0},
+    /* 66000 planes of 128 cells: more than a grid's y dimension. */
+    {"BN-15 [600,110,128]", 15, 3, {600, 110, 128}, 1, false, 0, 0},
+    /* ResNet-50's last stages: planes of 49 cells (the flat path). */
+    {"BN-15 [16,64,7,7]", 15, 4, {16, 64, 7, 7}, 1, false, 0, 0},
+};
+
 static void test_bn(void **state)
 {
     (void)state;
-    static const struct bn_case cases[] = {
-        {"BN-15 [4,3,5,7]", 15, 4, {4, 3, 5, 7}, 1, false, 0, 0},
-        {"BN-15 3 outputs", 15, 4, {4, 3, 5, 7}, 3, true, 1e-3f, 0.8f},
-        {"BN-14 3 outputs", 14, 4, {3, 2, 2, 3}, 3, true, 0, 0},
-        {"BN-9 5 outputs", 9, 4, {2, 3, 3, 2}, 5, false, 1e-3f, 0.8f},
-        {"BN-9 rank 3", 9, 3, {2, 4, 5}, 5, false, 0, 0.7f},
-        {"BN-7 5 outputs", 7, 4, {3, 2, 2, 3}, 5, false, 0, 0},
-        {"BN-15 rank 2", 15, 2, {37, 5}, 1, false, 0, 0},
-        {"BN-15 rank 5", 15, 5, {2, 2, 2, 3, 2}, 3, true, 1e-2f, 0.5f},
-        /* Several chunks per channel, planes of 1600 cells. */
-        {"BN-15 [8,16,40,40]", 15, 4, {8, 16, 40, 40}, 3, true, 0, 0},
-        /* Rank 2 with 1.28M values: the flat loops wrap. */
-        {"BN-15 [20000,64]", 15, 2, {20000, 64}, 1, false, 0, 0},
-        /* 66000 planes of 128 cells: more than a grid's y dimension. */
-        {"BN-15 [600,110,128]", 15, 3, {600, 110, 128}, 1, false, 0, 0},
-    };
-    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    for (size_t k = 0; k < sizeof bn_cases / sizeof *bn_cases; k++) {
         for (int eval = 0; eval < 2; eval++) {
             struct gp_graph g;
-            build_bn(&g, &cases[k]);
+            build_bn(&g, &bn_cases[k]);
             char label[128];
-            snprintf(label, sizeof label, "%s, %s", cases[k].label, eval ? "evaluation" : "training");
+            snprintf(label, sizeof label, "%s, %s", bn_cases[k].label, eval ? "evaluation" : "training");
             op_compare_node(&g, 0, &(struct op_compare){.label = label, .eval = eval});
             gp_graph_free(&g);
         }
+    }
+}
+
+/* The bf16 storage mixes of the tests below (op_compare's params,
+ * f32_inputs, f32_outputs bits), for labels too. */
+struct bf16_mix {
+    const char *name;
+    uint32_t params, f32_inputs, f32_outputs;
+};
+
+/* BatchNormalization's inputs X, scale (1), B (2), mean (3), var (4). */
+static const struct bf16_mix bn_mixes[] = {
+    /* The executor's: scale and B parameters, mean and var float32. */
+    {"executor", 0x6, 0x1e, 0},
+    {"all bfloat16", 0, 0, 0},
+    /* The run-time typed path: X float32 beside a bfloat16 Y (forward),
+     * float32 optional outputs, a float32 dX. */
+    {"X float32", 0x6, 0x1f, 0},
+    {"optional outputs float32", 0x6, 0x1e, 0x1e},
+    {"dX float32", 0x7, 0x1e, 0},
+};
+
+static void test_bn_bf16(void **state)
+{
+    (void)state;
+    const int n_mixes = (int)(sizeof bn_mixes / sizeof *bn_mixes);
+    for (size_t k = 0; k < sizeof bn_cases / sizeof *bn_cases; k++) {
+        /* The executor's mix and all-bfloat16 for every case; one of the
+         * others per case, in turn. */
+        int others = 2 + (int)k % (n_mixes - 2);
+        for (int eval = 0; eval < 2; eval++)
+            for (int m = 0; m < n_mixes; m++) {
+                if (m >= 2 && m != others) continue;
+                const struct bf16_mix *x = &bn_mixes[m];
+                struct gp_graph g;
+                build_bn(&g, &bn_cases[k]);
+                char label[160];
+                snprintf(label, sizeof label, "%s, %s, bf16 (%s)", bn_cases[k].label,
+                         eval ? "evaluation" : "training", x->name);
+                op_compare_node(&g, 0, &(struct op_compare){.label = label, .eval = eval, .bf16 = true,
+                                                            .params = x->params, .f32_inputs = x->f32_inputs,
+                                                            .f32_outputs = x->f32_outputs});
+                gp_graph_free(&g);
+            }
     }
 }
 
@@ -169,14 +231,45 @@ static float rnd(uint64_t *s)
     return (float)((*s >> 40) * (1.0 / 16777216.0)) * 4.0f - 1.0f;
 }
 
+static float round_bf16(float v) { return gp_bf16_to_float(gp_float_to_bf16(v)); }
+
+/* n floats into device memory as bfloat16 (b16) or float32, at d. */
+static void upload_as(void *d, const float *h, int n, bool b16)
+{
+    if (!b16) {
+        cuda_ok(cudaMemcpy(d, h, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), "upload");
+        return;
+    }
+    uint16_t *t = malloc(sizeof(uint16_t) * (size_t)n);
+    assert_non_null(t);
+    for (int i = 0; i < n; i++) t[i] = gp_float_to_bf16(h[i]);
+    cuda_ok(cudaMemcpy(d, t, sizeof(uint16_t) * (size_t)n, cudaMemcpyHostToDevice), "upload");
+    free(t);
+}
+
+static void download_as(float *h, const void *d, int n, bool b16)
+{
+    if (!b16) {
+        download(h, d, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *t = malloc(sizeof(uint16_t) * (size_t)n);
+    assert_non_null(t);
+    download(t, d, sizeof(uint16_t) * (size_t)n);
+    for (int i = 0; i < n; i++) h[i] = gp_bf16_to_float(t[i]);
+    free(t);
+}
+
 /* Two micro-batches of [3, 4, 5, 6] with deferred statistics (and a
  * recomputation of the first with update_state false, which adds nothing):
  * the same Y on both backends, running statistics untouched, the same
  * sums; then the commit on both, which updates the running statistics the
- * same way and clears the sums. */
-static void test_bn_deferred(void **state)
+ * same way and clears the sums. b16: X and Y stored as bfloat16 on the
+ * CUDA side (the parameters and statistics float32, as the executor has
+ * them), X rounded to bfloat16 for both; Y within a bfloat16 step of the
+ * CPU's rounded. */
+static void bn_deferred_run(bool b16)
 {
-    (void)state;
     struct gp_graph g;
     struct bn_case c = {"deferred", 15, 4, {3, 4, 5, 6}, 1, false, 0, 0.85f};
     build_bn(&g, &c);
@@ -194,7 +287,10 @@ static void test_bn_deferred(void **state)
     static float x[2][NX], y_cpu[NX], y_gpu[NX];
     float scale[C], bias[C], rm0[C], rv0[C], rm_cpu[C], rv_cpu[C], rm_gpu[C], rv_gpu[C];
     for (int b = 0; b < 2; b++)
-        for (int i = 0; i < NX; i++) x[b][i] = rnd(&seed) * 3.0f + (float)b;
+        for (int i = 0; i < NX; i++) {
+            x[b][i] = rnd(&seed) * 3.0f + (float)b;
+            if (b16) x[b][i] = round_bf16(x[b][i]);
+        }
     for (int i = 0; i < C; i++) {
         scale[i] = rnd(&seed);
         bias[i] = rnd(&seed);
@@ -205,7 +301,7 @@ static void test_bn_deferred(void **state)
 
     cudaStream_t stream;
     cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    float *dx = dev_upload(x[0], sizeof x[0]), *ds = dev_upload(scale, sizeof scale);
+    float *dx = dev_upload(NULL, sizeof x[0]), *ds = dev_upload(scale, sizeof scale);
     float *db = dev_upload(bias, sizeof bias), *drm = dev_upload(rm0, sizeof rm0);
     float *drv = dev_upload(rv0, sizeof rv0), *dy = dev_upload(NULL, sizeof y_gpu);
     double *dstats = dev_upload(stats_cpu, sizeof stats_cpu);
@@ -223,16 +319,24 @@ static void test_bn_deferred(void **state)
                                 .deferred_stats = stats_cpu};
         struct gp_error err = {0};
         if (ck->forward(&cc, &err) != GP_OK) fail_msg("CPU forward: %s", err.msg);
-        cuda_ok(cudaMemcpy(dx, x[b], sizeof x[b], cudaMemcpyHostToDevice), "upload x");
+        upload_as(dx, x[b], NX, b16);
         void *gin[5] = {dx, ds, db, drm, drv}, *gout[1] = {dy};
-        struct gp_cuda_ctx gc = {.graph = &g, .node = nd, .in = gin, .out = gout, .saved = dsaved,
-                                 .scratch = dscratch, .stream = stream, .training = true,
+        const enum gp_dtype f = GP_DTYPE_FLOAT32, h = GP_DTYPE_BFLOAT16;
+        const enum gp_dtype in_dt[5] = {h, f, f, f, f}, out_dt[1] = {h};
+        struct gp_cuda_ctx gc = {.graph = &g, .node = nd, .in = gin, .out = gout,
+                                 .in_dt = b16 ? in_dt : NULL, .out_dt = b16 ? out_dt : NULL,
+                                 .saved = dsaved, .scratch = dscratch, .stream = stream, .training = true,
                                  .update_state = update, .dropout_ratio = -1,
                                  .deferred_stats = dstats};
         if (gk->forward(&gc, &err) != GP_OK) fail_msg("CUDA forward: %s", err.msg);
         cuda_ok(cudaStreamSynchronize(stream), "forward");
-        download(y_gpu, dy, sizeof y_gpu);
-        expect_close("Y", y_gpu, y_cpu, NX, 1e-5, 1e-6);
+        download_as(y_gpu, dy, NX, b16);
+        if (b16) {
+            for (int i = 0; i < NX; i++) y_cpu[i] = round_bf16(y_cpu[i]);
+            expect_close("Y (bf16)", y_gpu, y_cpu, NX, 1.0 / 128, 1e-6);
+        } else {
+            expect_close("Y", y_gpu, y_cpu, NX, 1e-5, 1e-6);
+        }
         download(rm_gpu, drm, sizeof rm_gpu);
         download(rv_gpu, drv, sizeof rv_gpu);
         for (int i = 0; i < C; i++)
@@ -283,38 +387,79 @@ static void test_bn_deferred(void **state)
     gp_graph_free(&g);
 }
 
+static void test_bn_deferred(void **state)
+{
+    (void)state;
+    bn_deferred_run(false);
+}
+
+static void test_bn_deferred_bf16(void **state)
+{
+    (void)state;
+    bn_deferred_run(true);
+}
+
 /* ---- InstanceNormalization ---- */
+
+static const struct {
+    int rank;
+    int64_t x[5];
+    float eps;
+} in_cases[] = {
+    {3, {2, 3, 5}, 0},
+    {4, {2, 2, 3, 2}, 1e-3f},
+    {5, {1, 3, 2, 2, 2}, 0},
+    {4, {3, 5, 17, 19}, 0},
+    {4, {4, 8, 64, 65}, 0}, /* planes of 4160: 512 threads */
+};
+
+/* Inputs X, scale (1), B (2). */
+static const struct bf16_mix in_mixes[] = {
+    {"executor", 0x6, 0x6, 0},
+    {"all bfloat16", 0, 0, 0},
+    {"X float32", 0x6, 0x7, 0},
+    {"dX float32", 0x7, 0x6, 0},
+};
+
+/* mix NULL: float32. */
+static void run_instance_norm(size_t k, bool eval, const struct bf16_mix *mix)
+{
+    struct gp_graph g;
+    begin(&g, 13);
+    input(&g, "x", in_cases[k].rank, in_cases[k].x);
+    input(&g, "s", 1, &in_cases[k].x[1]);
+    input(&g, "b", 1, &in_cases[k].x[1]);
+    int n = node(&g, "InstanceNormalization", 3, S("x", "s", "b"), 1, S("y"));
+    if (in_cases[k].eps) attr_f(&g, n, "epsilon", in_cases[k].eps);
+    finalize_ok(&g);
+    char label[128];
+    snprintf(label, sizeof label, "InstanceNormalization case %zu%s%s%s", k, eval ? " (eval)" : "",
+             mix ? ", bf16 " : "", mix ? mix->name : "");
+    struct op_compare o = {.label = label, .eval = eval};
+    if (mix) {
+        o.bf16 = true;
+        o.params = mix->params;
+        o.f32_inputs = mix->f32_inputs;
+        o.f32_outputs = mix->f32_outputs;
+    }
+    op_compare_node(&g, 0, &o);
+    gp_graph_free(&g);
+}
 
 static void test_instance_norm(void **state)
 {
     (void)state;
-    static const struct {
-        int rank;
-        int64_t x[5];
-        float eps;
-    } cases[] = {
-        {3, {2, 3, 5}, 0},
-        {4, {2, 2, 3, 2}, 1e-3f},
-        {5, {1, 3, 2, 2, 2}, 0},
-        {4, {3, 5, 17, 19}, 0},
-        {4, {4, 8, 64, 65}, 0}, /* planes of 4160: 512 threads */
-    };
-    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        for (int eval = 0; eval < 2; eval++) {
-            struct gp_graph g;
-            begin(&g, 13);
-            input(&g, "x", cases[k].rank, cases[k].x);
-            input(&g, "s", 1, &cases[k].x[1]);
-            input(&g, "b", 1, &cases[k].x[1]);
-            int n = node(&g, "InstanceNormalization", 3, S("x", "s", "b"), 1, S("y"));
-            if (cases[k].eps) attr_f(&g, n, "epsilon", cases[k].eps);
-            finalize_ok(&g);
-            char label[96];
-            snprintf(label, sizeof label, "InstanceNormalization case %zu%s", k, eval ? " (eval)" : "");
-            op_compare_node(&g, 0, &(struct op_compare){.label = label, .eval = eval});
-            gp_graph_free(&g);
-        }
-    }
+    for (size_t k = 0; k < sizeof in_cases / sizeof *in_cases; k++)
+        for (int eval = 0; eval < 2; eval++) run_instance_norm(k, eval, NULL);
+}
+
+static void test_instance_norm_bf16(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof in_cases / sizeof *in_cases; k++)
+        for (int eval = 0; eval < 2; eval++)
+            for (size_t m = 0; m < sizeof in_mixes / sizeof *in_mixes; m++)
+                run_instance_norm(k, eval, &in_mixes[m]);
 }
 
 /* ---- LayerNormalization ---- */
@@ -330,42 +475,78 @@ struct ln_case {
     int n_outputs; /* Y, Mean, InvStdDev */
 };
 
+static const struct ln_case ln_cases[] = {
+    {"axis -2, all outputs", 3, {2, 3, 4}, true, -2, 2, 2, {3, 4}, {3, 4}, 3},
+    {"default axis", 3, {2, 3, 4}, false, 0, 1, 1, {4}, {4}, 1},
+    {"no B", 3, {2, 3, 5}, true, -1, 1, -1, {5}, {0}, 3},
+    {"axis 0", 3, {2, 3, 4}, true, 0, 3, 3, {2, 3, 4}, {2, 3, 4}, 2},
+    {"axis 1 rank 4", 4, {2, 3, 4, 5}, true, 1, 3, 3, {3, 4, 5}, {3, 4, 5}, 3},
+    {"Scale broadcast [4] over [3, 4]", 3, {2, 3, 4}, true, -2, 1, 2, {4}, {3, 4}, 3},
+    {"B broadcast [3, 1] over [3, 4]", 3, {5, 3, 4}, true, 1, 2, 2, {3, 4}, {3, 1}, 1},
+    {"both broadcast, no B", 4, {3, 2, 5, 6}, true, 1, 3, -1, {2, 1, 6}, {0}, 3},
+    {"Scale [1, 768] over [5, 768]", 3, {2, 5, 768}, true, -2, 2, 2, {1, 768}, {5, 768}, 1},
+    {"GPT-2 [8, 33, 768]", 3, {8, 33, 768}, true, -1, 1, 1, {768}, {768}, 1},
+    {"4200 rows of 40", 2, {4200, 40}, true, -1, 1, 1, {40}, {40}, 1},
+    /* Rows of 2048 to 4096: forward in registers (512 threads), backward
+     * generic; longer rows: the generic kernels both ways. */
+    {"rows of 2500", 2, {70, 2500}, true, -1, 1, -1, {2500}, {0}, 1},
+    {"wide rows [3, 5000]", 2, {3, 5000}, true, 1, 1, 1, {5000}, {5000}, 3},
+    {"wide rows [130, 4500]", 2, {130, 4500}, true, -1, 1, 1, {4500}, {4500}, 1},
+    {"wide, Scale broadcast [1000] over [5, 1000]", 3, {2, 5, 1000}, true, 1, 1, 2, {1000},
+     {5, 1000}, 3},
+};
+
+/* Inputs X, Scale (1), B (2); outputs Y, Mean (1), InvStdDev (2). */
+static const struct bf16_mix ln_mixes[] = {
+    /* GPT-2 in bf16: Scale and B parameters. */
+    {"executor", 0x6, 0x6, 0},
+    {"all bfloat16", 0, 0, 0},
+    {"X float32", 0x6, 0x7, 0},
+    {"Mean and InvStdDev float32", 0x6, 0x6, 0x6},
+    {"dX float32", 0x7, 0x6, 0},
+};
+
+/* mix NULL: float32. */
+static void run_layer_norm(const struct ln_case *c, const struct bf16_mix *mix)
+{
+    struct gp_graph g;
+    begin(&g, 17);
+    input(&g, "x", c->rank, c->x);
+    input(&g, "s", c->srank, c->s);
+    if (c->brank >= 0) input(&g, "b", c->brank, c->b);
+    int n = node(&g, "LayerNormalization", c->brank >= 0 ? 3 : 2, S("x", "s", "b"), c->n_outputs,
+                 S("y", "mean", "invstd"));
+    if (c->has_axis) attr_i(&g, n, "axis", c->axis);
+    finalize_ok(&g);
+    char label[160];
+    snprintf(label, sizeof label, "%s%s%s", c->label, mix ? ", bf16 " : "", mix ? mix->name : "");
+    struct op_compare o = {.label = label};
+    if (mix) {
+        o.bf16 = true;
+        o.params = mix->params;
+        o.f32_inputs = mix->f32_inputs;
+        o.f32_outputs = mix->f32_outputs;
+    }
+    op_compare_node(&g, 0, &o);
+    gp_graph_free(&g);
+}
+
 static void test_layer_norm(void **state)
 {
     (void)state;
-    static const struct ln_case cases[] = {
-        {"axis -2, all outputs", 3, {2, 3, 4}, true, -2, 2, 2, {3, 4}, {3, 4}, 3},
-        {"default axis", 3, {2, 3, 4}, false, 0, 1, 1, {4}, {4}, 1},
-        {"no B", 3, {2, 3, 5}, true, -1, 1, -1, {5}, {0}, 3},
-        {"axis 0", 3, {2, 3, 4}, true, 0, 3, 3, {2, 3, 4}, {2, 3, 4}, 2},
-        {"axis 1 rank 4", 4, {2, 3, 4, 5}, true, 1, 3, 3, {3, 4, 5}, {3, 4, 5}, 3},
-        {"Scale broadcast [4] over [3, 4]", 3, {2, 3, 4}, true, -2, 1, 2, {4}, {3, 4}, 3},
-        {"B broadcast [3, 1] over [3, 4]", 3, {5, 3, 4}, true, 1, 2, 2, {3, 4}, {3, 1}, 1},
-        {"both broadcast, no B", 4, {3, 2, 5, 6}, true, 1, 3, -1, {2, 1, 6}, {0}, 3},
-        {"Scale [1, 768] over [5, 768]", 3, {2, 5, 768}, true, -2, 2, 2, {1, 768}, {5, 768}, 1},
-        {"GPT-2 [8, 33, 768]", 3, {8, 33, 768}, true, -1, 1, 1, {768}, {768}, 1},
-        {"4200 rows of 40", 2, {4200, 40}, true, -1, 1, 1, {40}, {40}, 1},
-        /* Rows of 2048 to 4096: forward in registers (512 threads), backward
-         * generic; longer rows: the generic kernels both ways. */
-        {"rows of 2500", 2, {70, 2500}, true, -1, 1, -1, {2500}, {0}, 1},
-        {"wide rows [3, 5000]", 2, {3, 5000}, true, 1, 1, 1, {5000}, {5000}, 3},
-        {"wide rows [130, 4500]", 2, {130, 4500}, true, -1, 1, 1, {4500}, {4500}, 1},
-        {"wide, Scale broadcast [1000] over [5, 1000]", 3, {2, 5, 1000}, true, 1, 1, 2, {1000},
-         {5, 1000}, 3},
-    };
-    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        const struct ln_case *c = &cases[k];
-        struct gp_graph g;
-        begin(&g, 17);
-        input(&g, "x", c->rank, c->x);
-        input(&g, "s", c->srank, c->s);
-        if (c->brank >= 0) input(&g, "b", c->brank, c->b);
-        int n = node(&g, "LayerNormalization", c->brank >= 0 ? 3 : 2, S("x", "s", "b"), c->n_outputs,
-                     S("y", "mean", "invstd"));
-        if (c->has_axis) attr_i(&g, n, "axis", c->axis);
-        finalize_ok(&g);
-        op_compare_node(&g, 0, &(struct op_compare){.label = c->label});
-        gp_graph_free(&g);
+    for (size_t k = 0; k < sizeof ln_cases / sizeof *ln_cases; k++) run_layer_norm(&ln_cases[k], NULL);
+}
+
+static void test_layer_norm_bf16(void **state)
+{
+    (void)state;
+    const size_t n_mixes = sizeof ln_mixes / sizeof *ln_mixes;
+    for (size_t k = 0; k < sizeof ln_cases / sizeof *ln_cases; k++) {
+        /* The executor's mix and all-bfloat16 for every case; one of the
+         * others per case, in turn. */
+        size_t others = 2 + k % (n_mixes - 2);
+        for (size_t m = 0; m < n_mixes; m++)
+            if (m < 2 || m == others) run_layer_norm(&ln_cases[k], &ln_mixes[m]);
     }
 }
 
@@ -374,10 +555,14 @@ int main(void)
     op_compare_require_device();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bn),
+        cmocka_unit_test(test_bn_bf16),
         cmocka_unit_test(test_bn_one_value),
         cmocka_unit_test(test_bn_deferred),
+        cmocka_unit_test(test_bn_deferred_bf16),
         cmocka_unit_test(test_instance_norm),
+        cmocka_unit_test(test_instance_norm_bf16),
         cmocka_unit_test(test_layer_norm),
+        cmocka_unit_test(test_layer_norm_bf16),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0)

@@ -21,11 +21,91 @@
  * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
  * where a product feeds a sum the operations are spelled with the _rn
  * intrinsics (never contracted), in float and in double, in the CPU's order
- * of operations. */
+ * of operations.
+ *
+ * bfloat16 (gp_cuda_kernel.bf16_any): X, Y, dY and dX may be stored as
+ * bfloat16, and so may the [C] tensors, each as ctx->*_dt says. Loads widen
+ * exactly and every stored value is rounded once (to nearest even), dX
+ * after its one float32 term is added to the widened old value: the
+ * results of the float32 kernel on widened copies, rounded back (the
+ * staged call, backend/mixed_call.h), at half the bytes. Statistics,
+ * saved state and scratch stay float32 / double. */
+#include <initializer_list>
 #include <math.h>
 #include <string.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
+
+/* ---- storage ----
+ * The elementwise and reduction kernels are templates over IO, the
+ * storage of one launch's tensors, chosen once on the host (io_kind_of):
+ *   io_typed<float>          all float32 (a float32 stage: the float32
+ *                            code as it was),
+ *   io_typed<__nv_bfloat16>  the activations bfloat16, the [C] parameters
+ *                            float32 (a bf16 stage's usual call),
+ *   io_mixed                 any other mix, each tensor's type read at run
+ *                            time (gp_fptr).
+ * act / set_act / add_act load, store and accumulate into (one rounding)
+ * an activation (X, Y, dY, dX); par loads a parameter. The per-channel
+ * finishing kernels read and write their [C] tensors with gp_ld / gp_st
+ * whatever the call (C values, not worth a template). */
+template <typename A> struct io_typed {
+    __device__ static float act(gp_fptr t, int64_t i) { return gp_load((const A *)t.p + i); }
+    __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_store((A *)t.p + i, v); }
+    __device__ static void add_act(gp_fptr t, int64_t i, float v) { set_act(t, i, FADD(act(t, i), v)); }
+    __device__ static float par(gp_fptr t, int64_t i) { return ((const float *)t.p)[i]; }
+};
+
+struct io_mixed {
+    __device__ static float act(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+    __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
+    __device__ static void add_act(gp_fptr t, int64_t i, float v) { gp_acc(t, i, v); }
+    __device__ static float par(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+};
+
+enum io_kind { IO_F32, IO_BF16, IO_MIXED };
+
+/* The storage of a launch that reads or writes the activations `acts` and
+ * the parameters `pars` (absent ones, p NULL, do not count). */
+static enum io_kind io_kind_of(std::initializer_list<gp_fptr> acts, std::initializer_list<gp_fptr> pars)
+{
+    bool b16 = false, f32 = false;
+    for (const gp_fptr &t : acts)
+        if (t.p) (t.bf16 ? b16 : f32) = true;
+    for (const gp_fptr &t : pars)
+        if (t.p && t.bf16) return IO_MIXED;
+    return b16 && f32 ? IO_MIXED : b16 ? IO_BF16 : IO_F32;
+}
+
+/* Runs the statement(s) with IO the storage `kind` names. */
+#define IO_DISPATCH(kind, ...)                                                        \
+    do {                                                                              \
+        if ((kind) == IO_F32) {                                                       \
+            typedef io_typed<float> IO;                                               \
+            __VA_ARGS__;                                                              \
+        } else if ((kind) == IO_BF16) {                                               \
+            typedef io_typed<__nv_bfloat16> IO;                                       \
+            __VA_ARGS__;                                                              \
+        } else {                                                                      \
+            typedef io_mixed IO;                                                      \
+            __VA_ARGS__;                                                              \
+        }                                                                             \
+    } while (0)
+
+/* Output k, or its gradient, as a gp_fptr; p NULL when the node does not
+ * have it (optional outputs). */
+static gp_fptr opt_out_f(const struct gp_cuda_ctx *c, int k)
+{
+    gp_fptr none = {NULL, false};
+    return c->node->n_outputs > k ? gp_cuda_out_f(c, k) : none;
+}
+
+static gp_fptr opt_dout_f(const struct gp_cuda_ctx *c, int k)
+{
+    gp_fptr none = {NULL, false};
+    return c->node->n_outputs > k && c->dout[k] ? gp_cuda_dout_f(c, k) : none;
+}
 
 /* ---- BatchNormalization ---- */
 
@@ -103,14 +183,15 @@ static size_t bn_scratch(const struct gp_graph *g, const struct gp_node *node)
     } while (0)
 
 /* Block (c, k): chunk k of channel c: sum and sum of squares of x. */
-__global__ static void bn_sums_kernel(struct bn_plan p, const float *x, double *psum, double *psq_raw)
+template <class IO>
+__global__ static void bn_sums_kernel(struct bn_plan p, gp_fptr x, double *psum, double *psq_raw)
 {
     __shared__ double sh[32];
     int64_t c = blockIdx.x, k = blockIdx.y;
     int64_t j0 = k * p.l, j1 = j0 + p.l < p.count ? j0 + p.l : p.count;
     double s = 0, q = 0;
     BN_CHUNK_LOOP(p, c, j0, j1, off, {
-        double v = x[off];
+        double v = IO::act(x, off);
         s = DADD(s, v);
         q = DADD(q, DMUL(v, v));
     });
@@ -128,7 +209,8 @@ __device__ static double bn_channel_mean(const struct bn_plan &p, const double *
 }
 
 /* Block (c, k): sum over chunk k of (x - mean)^2, mean the channel's. */
-__global__ static void bn_sq_kernel(struct bn_plan p, const float *x, const double *psum, double *psq)
+template <class IO>
+__global__ static void bn_sq_kernel(struct bn_plan p, gp_fptr x, const double *psum, double *psq)
 {
     __shared__ double sh[32];
     __shared__ double mean_sh;
@@ -139,7 +221,7 @@ __global__ static void bn_sq_kernel(struct bn_plan p, const float *x, const doub
     int64_t j0 = k * p.l, j1 = j0 + p.l < p.count ? j0 + p.l : p.count;
     double q = 0;
     BN_CHUNK_LOOP(p, c, j0, j1, off, {
-        double d = DSUB((double)x[off], m);
+        double d = DSUB((double)IO::act(x, off), m);
         q = DADD(q, DMUL(d, d));
     });
     q = gp_dev_block_sum(q, sh);
@@ -147,8 +229,8 @@ __global__ static void bn_sq_kernel(struct bn_plan p, const float *x, const doub
 }
 
 struct bn_outs {
-    float *rmean, *rvar;                   /* inputs 3 and 4, updated in place */
-    float *out_rmean, *out_rvar, *out_mean, *out_var;
+    gp_fptr rmean, rvar;                   /* inputs 3 and 4, updated in place */
+    gp_fptr out_rmean, out_rvar, out_mean, out_var; /* p NULL: absent */
     float *mean, *invstd;                  /* saved */
     double *deferred;
 };
@@ -172,29 +254,29 @@ __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool up
             m = sum / (double)p.count;
             var = q / (double)p.count;
         } else {
-            m = o.rmean[c];
-            var = o.rvar[c];
+            m = gp_ld(o.rmean, c);
+            var = gp_ld(o.rvar, c);
         }
         float is = (float)(1.0 / sqrt(DADD(var, p.eps)));
         o.mean[c] = (float)m;
         o.invstd[c] = is;
-        float rm = o.rmean[c], rv = o.rvar[c], new_mean = rm, new_var = rv;
+        float rm = gp_ld(o.rmean, c), rv = gp_ld(o.rvar, c), new_mean = rm, new_var = rv;
         if (training) {
             double unbiased = DMUL(var, (double)p.count) / (double)(p.count - 1);
             new_mean = (float)DADD(DMUL(p.momentum, (double)rm), DMUL(DSUB(1.0, p.momentum), m));
             new_var = (float)DADD(DMUL(p.momentum, (double)rv), DMUL(DSUB(1.0, p.momentum), unbiased));
         }
-        if (o.out_rmean) o.out_rmean[c] = new_mean;
-        if (o.out_rvar) o.out_rvar[c] = new_var;
-        if (o.out_mean) o.out_mean[c] = (float)m;
-        if (o.out_var) o.out_var[c] = (float)var;
+        if (o.out_rmean.p) gp_st(o.out_rmean, c, new_mean);
+        if (o.out_rvar.p) gp_st(o.out_rvar, c, new_var);
+        if (o.out_mean.p) gp_st(o.out_mean, c, (float)m);
+        if (o.out_var.p) gp_st(o.out_var, c, (float)var);
         if (update && o.deferred) {
             o.deferred[c] = DADD(o.deferred[c], sum);
             o.deferred[p.c + c] = DADD(o.deferred[p.c + c], sumsq);
             if (c == 0) o.deferred[2 * p.c] = DADD(o.deferred[2 * p.c], (double)p.count);
         } else if (update) {
-            o.rmean[c] = new_mean;
-            o.rvar[c] = new_var;
+            gp_st(o.rmean, c, new_mean);
+            gp_st(o.rvar, c, new_var);
         }
     }
 }
@@ -202,29 +284,30 @@ __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool up
 /* y = x * alpha + beta, alpha = invstd * scale, beta = bias - mean * alpha
  * (PyTorch's transform, as the CPU computes it). Planes of S >= 128 cells:
  * blocks over (cells, planes); smaller: one flat grid-stride loop. */
-__global__ static void bn_apply_planes_kernel(struct bn_plan p, const float *x, const float *scale,
-                                              const float *bias, const float *mean,
-                                              const float *invstd, float *y)
+template <class IO>
+__global__ static void bn_apply_planes_kernel(struct bn_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias,
+                                              const float *mean, const float *invstd, gp_fptr y)
 {
     for (int64_t pl = blockIdx.y; pl < p.n * p.c; pl += gridDim.y) {
         int64_t c = pl % p.c;
-        float alpha = FMUL(invstd[c], scale[c]), beta = FSUB(bias[c], FMUL(mean[c], alpha));
-        const float *xs = x + pl * p.s;
-        float *ys = y + pl * p.s;
+        float alpha = FMUL(invstd[c], IO::par(scale, c));
+        float beta = FSUB(IO::par(bias, c), FMUL(mean[c], alpha));
+        int64_t base = pl * p.s;
         for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < p.s;
              i += (int64_t)gridDim.x * blockDim.x)
-            ys[i] = FADD(FMUL(xs[i], alpha), beta);
+            IO::set_act(y, base + i, FADD(FMUL(IO::act(x, base + i), alpha), beta));
     }
 }
 
-__global__ static void bn_apply_flat_kernel(struct bn_plan p, const float *x, const float *scale,
-                                            const float *bias, const float *mean,
-                                            const float *invstd, float *y)
+template <class IO>
+__global__ static void bn_apply_flat_kernel(struct bn_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias,
+                                            const float *mean, const float *invstd, gp_fptr y)
 {
     GP_GRID_STRIDE(i, p.n * p.c * p.s) {
         int64_t c = chan_of(i, p.s, p.c);
-        float alpha = FMUL(invstd[c], scale[c]), beta = FSUB(bias[c], FMUL(mean[c], alpha));
-        y[i] = FADD(FMUL(x[i], alpha), beta);
+        float alpha = FMUL(invstd[c], IO::par(scale, c));
+        float beta = FSUB(IO::par(bias, c), FMUL(mean[c], alpha));
+        IO::set_act(y, i, FADD(FMUL(IO::act(x, i), alpha), beta));
     }
 }
 
@@ -257,22 +340,24 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
                              (long long)p.n, (long long)p.c);
     if (p.c == 0) return GP_OK;
     bool training = ctx->training, update = ctx->training && ctx->update_state;
-    const float *x = (const float *)ctx->in[0];
+    gp_fptr x = gp_cuda_in_f(ctx, 0), y = gp_cuda_out_f(ctx, 0);
+    gp_fptr scale = gp_cuda_in_f(ctx, 1), bias = gp_cuda_in_f(ctx, 2);
+    enum io_kind kind = io_kind_of({x, y}, {scale, bias});
     double *psum = (double *)ctx->scratch, *psq_raw = psum + p.c * p.p, *psq = psq_raw + p.c * p.p;
     if (training) {
         dim3 grid((unsigned)p.c, (unsigned)p.p, 1);
-        bn_sums_kernel<<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, psum, psq_raw);
+        IO_DISPATCH(kind, bn_sums_kernel<IO><<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, psum, psq_raw));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization sums", err));
-        bn_sq_kernel<<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, psum, psq);
+        IO_DISPATCH(kind, bn_sq_kernel<IO><<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, psum, psq));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization variance", err));
     }
     struct bn_outs o;
-    o.rmean = (float *)ctx->in[3];
-    o.rvar = (float *)ctx->in[4];
-    o.out_rmean = gp_cuda_opt_out(ctx, 1);
-    o.out_rvar = gp_cuda_opt_out(ctx, 2);
-    o.out_mean = gp_cuda_opt_out(ctx, 3);
-    o.out_var = gp_cuda_opt_out(ctx, 4);
+    o.rmean = gp_cuda_in_f(ctx, 3);
+    o.rvar = gp_cuda_in_f(ctx, 4);
+    o.out_rmean = opt_out_f(ctx, 1);
+    o.out_rvar = opt_out_f(ctx, 2);
+    o.out_mean = opt_out_f(ctx, 3);
+    o.out_var = opt_out_f(ctx, 4);
     o.mean = (float *)ctx->saved;
     o.invstd = o.mean + p.c;
     o.deferred = ctx->deferred_stats;
@@ -283,13 +368,12 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     dim3 grid;
     bool planes;
     bn_elementwise_grid(p, &grid, &planes);
-    const float *scale = (const float *)ctx->in[1], *bias = (const float *)ctx->in[2];
     if (planes)
-        bn_apply_planes_kernel<<<grid, GP_CUDA_THREADS, 0, ctx->stream>>>(
-            p, x, scale, bias, o.mean, o.invstd, (float *)ctx->out[0]);
+        IO_DISPATCH(kind, bn_apply_planes_kernel<IO><<<grid, GP_CUDA_THREADS, 0, ctx->stream>>>(
+                              p, x, scale, bias, o.mean, o.invstd, y));
     else
-        bn_apply_flat_kernel<<<grid, GP_CUDA_THREADS, 0, ctx->stream>>>(
-            p, x, scale, bias, o.mean, o.invstd, (float *)ctx->out[0]);
+        IO_DISPATCH(kind, bn_apply_flat_kernel<IO><<<grid, GP_CUDA_THREADS, 0, ctx->stream>>>(
+                              p, x, scale, bias, o.mean, o.invstd, y));
     return gp_cuda_check_launch(ctx, "BatchNormalization normalize", err);
 }
 
@@ -340,9 +424,9 @@ extern "C" gp_status gp_cuda_bn_commit(cudaStream_t stream, const struct gp_grap
 
 /* Block (c, k): sums over chunk k of dy and dy * xhat, xhat = (x - mean) *
  * invstd in float as on the CPU. */
-__global__ static void bn_bwd_sums_kernel(struct bn_plan p, const float *x, const float *dy,
-                                          const float *mean, const float *invstd, double *pdy,
-                                          double *pdyx)
+template <class IO>
+__global__ static void bn_bwd_sums_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, const float *mean,
+                                          const float *invstd, double *pdy, double *pdyx)
 {
     __shared__ double sh[32];
     int64_t c = blockIdx.x, k = blockIdx.y;
@@ -350,9 +434,9 @@ __global__ static void bn_bwd_sums_kernel(struct bn_plan p, const float *x, cons
     float m = mean[c], is = invstd[c];
     double s = 0, sx = 0;
     BN_CHUNK_LOOP(p, c, j0, j1, off, {
-        float g = dy[off];
+        float g = IO::act(dy, off);
         s = DADD(s, (double)g);
-        sx = DADD(sx, DMUL((double)g, (double)FMUL(FSUB(x[off], m), is)));
+        sx = DADD(sx, DMUL((double)g, (double)FMUL(FSUB(IO::act(x, off), m), is)));
     });
     s = gp_dev_block_sum(s, sh);
     sx = gp_dev_block_sum(sx, sh);
@@ -360,9 +444,10 @@ __global__ static void bn_bwd_sums_kernel(struct bn_plan p, const float *x, cons
 }
 
 struct bn_grads {
-    const float *scale, *invstd;
-    const float *d_rmean, *d_rvar, *d_mean, *d_var;
-    float *dscale, *dbias;
+    gp_fptr scale;
+    const float *invstd;
+    gp_fptr d_rmean, d_rvar, d_mean, d_var; /* p NULL: absent or zero */
+    gp_fptr dscale, dbias;                  /* p NULL: not wanted */
     double *coef; /* [5 C]: a, mdy, mdyx, cm, cv per channel */
 };
 
@@ -377,18 +462,19 @@ __global__ static void bn_bwd_finish_kernel(struct bn_plan p, bool have_dy, cons
                 sum_dy = DADD(sum_dy, pdy[c * p.p + k]);
                 sum_dy_xhat = DADD(sum_dy_xhat, pdyx[c * p.p + k]);
             }
-        if (g.dscale) g.dscale[c] = FADD(g.dscale[c], (float)sum_dy_xhat);
-        if (g.dbias) g.dbias[c] = FADD(g.dbias[c], (float)sum_dy);
+        if (g.dscale.p) gp_acc(g.dscale, c, (float)sum_dy_xhat);
+        if (g.dbias.p) gp_acc(g.dbias, c, (float)sum_dy);
         if (!g.coef) continue;
         double one_m = DSUB(1.0, p.momentum), count = (double)p.count;
         double g_mean = 0, g_var = 0;
-        if (g.d_rmean) g_mean = DADD(g_mean, DMUL(one_m, (double)g.d_rmean[c]));
-        if (g.d_mean) g_mean = DADD(g_mean, (double)g.d_mean[c]);
-        if (g.d_rvar)
-            g_var = DADD(g_var, DMUL(DMUL(one_m, count) / (double)(p.count - 1), (double)g.d_rvar[c]));
-        if (g.d_var) g_var = DADD(g_var, (double)g.d_var[c]);
+        if (g.d_rmean.p) g_mean = DADD(g_mean, DMUL(one_m, (double)gp_ld(g.d_rmean, c)));
+        if (g.d_mean.p) g_mean = DADD(g_mean, (double)gp_ld(g.d_mean, c));
+        if (g.d_rvar.p)
+            g_var = DADD(g_var,
+                         DMUL(DMUL(one_m, count) / (double)(p.count - 1), (double)gp_ld(g.d_rvar, c)));
+        if (g.d_var.p) g_var = DADD(g_var, (double)gp_ld(g.d_var, c));
         double *k = g.coef + 5 * c;
-        k[0] = DMUL((double)g.scale[c], (double)g.invstd[c]);
+        k[0] = DMUL((double)gp_ld(g.scale, c), (double)g.invstd[c]);
         k[1] = sum_dy / count;
         k[2] = sum_dy_xhat / count;
         k[3] = g_mean / count;
@@ -398,28 +484,29 @@ __global__ static void bn_bwd_finish_kernel(struct bn_plan p, bool have_dy, cons
 
 /* Training: dx += a (dy - mdy - xhat mdyx) + cm + cv (x - mean), in
  * double, xc = x - mean in float as on the CPU. */
-__global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, const float *x, const float *dy,
-                                              const float *mean, const float *invstd,
-                                              const double *coef, float *dx)
+template <class IO>
+__global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, const float *mean,
+                                              const float *invstd, const double *coef, gp_fptr dx)
 {
     GP_GRID_STRIDE(i, p.n * p.c * p.s) {
         int64_t c = chan_of(i, p.s, p.c);
         const double *k = coef + 5 * c;
-        double xc = (double)FSUB(x[i], mean[c]), xhat = DMUL(xc, (double)invstd[c]);
-        double g = dy ? (double)dy[i] : 0.0;
+        double xc = (double)FSUB(IO::act(x, i), mean[c]), xhat = DMUL(xc, (double)invstd[c]);
+        double g = dy.p ? (double)IO::act(dy, i) : 0.0;
         double v = DMUL(k[0], DSUB(DSUB(g, k[1]), DMUL(xhat, k[2])));
         v = DADD(DADD(v, k[3]), DMUL(k[4], xc));
-        dx[i] = FADD(dx[i], (float)v);
+        IO::add_act(dx, i, (float)v);
     }
 }
 
 /* Evaluation: dx += dy * (scale * invstd). */
-__global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, const float *dy, const float *scale,
-                                             const float *invstd, float *dx)
+template <class IO>
+__global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr dy, gp_fptr scale,
+                                             const float *invstd, gp_fptr dx)
 {
     GP_GRID_STRIDE(i, p.n * p.c * p.s) {
         int64_t c = chan_of(i, p.s, p.c);
-        dx[i] = FADD(dx[i], FMUL(dy[i], FMUL(scale[c], invstd[c])));
+        IO::add_act(dx, i, FMUL(IO::act(dy, i), FMUL(IO::par(scale, c), invstd[c])));
     }
 }
 
@@ -434,42 +521,45 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     struct bn_plan p;
     bn_plan_of(ctx->graph, ctx->node, &p);
     if (p.c == 0) return GP_OK;
-    const float *x = (const float *)ctx->in[0], *dy = ctx->dout[0];
+    gp_fptr x = gp_cuda_in_f(ctx, 0), dy = gp_cuda_dout_f(ctx, 0), dx = gp_cuda_din_f(ctx, 0);
+    gp_fptr scale = gp_cuda_in_f(ctx, 1);
     const float *mean = (const float *)ctx->saved, *invstd = mean + p.c;
-    float *dx = ctx->din[0];
     double *pdy = (double *)ctx->scratch, *pdyx = pdy + p.c * p.p, *coef = pdyx + p.c * p.p;
-    bool have_dy = dy && p.count > 0;
-    if (have_dy && (ctx->din[1] || ctx->din[2] || (dx && ctx->training))) {
+    enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
+    bool have_dy = dy.p && p.count > 0;
+    if (have_dy && (ctx->din[1] || ctx->din[2] || (dx.p && ctx->training))) {
         dim3 grid((unsigned)p.c, (unsigned)p.p, 1);
-        bn_bwd_sums_kernel<<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, dy, mean, invstd, pdy, pdyx);
+        IO_DISPATCH(kind, bn_bwd_sums_kernel<IO><<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, dy, mean, invstd,
+                                                                                        pdy, pdyx));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward sums", err));
     } else {
         have_dy = false;
     }
     struct bn_grads g;
-    g.scale = (const float *)ctx->in[1];
+    gp_fptr none = {NULL, false};
+    g.scale = scale;
     g.invstd = invstd;
-    g.d_rmean = gp_cuda_opt_dout(ctx, 1);
-    g.d_rvar = gp_cuda_opt_dout(ctx, 2);
-    g.d_mean = gp_cuda_opt_dout(ctx, 3);
-    g.d_var = gp_cuda_opt_dout(ctx, 4);
-    g.dscale = ctx->din[1];
-    g.dbias = ctx->din[2];
-    g.coef = dx && ctx->training ? coef : NULL;
-    if (g.dscale || g.dbias || g.coef) {
+    g.d_rmean = opt_dout_f(ctx, 1);
+    g.d_rvar = opt_dout_f(ctx, 2);
+    g.d_mean = opt_dout_f(ctx, 3);
+    g.d_var = opt_dout_f(ctx, 4);
+    g.dscale = ctx->din[1] ? gp_cuda_din_f(ctx, 1) : none;
+    g.dbias = ctx->din[2] ? gp_cuda_din_f(ctx, 2) : none;
+    g.coef = dx.p && ctx->training ? coef : NULL;
+    if (g.dscale.p || g.dbias.p || g.coef) {
         bn_bwd_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(
             p, have_dy, pdy, pdyx, g);
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward statistics", err));
     }
     int64_t n = p.n * p.c * p.s;
-    if (!dx || n == 0) return GP_OK;
+    if (!dx.p || n == 0) return GP_OK;
     if (ctx->training) {
-        bn_bwd_dx_train_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, ctx->stream>>>(
-            p, x, dy, mean, invstd, coef, dx);
+        IO_DISPATCH(kind, bn_bwd_dx_train_kernel<IO><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, ctx->stream>>>(
+                              p, x, dy, mean, invstd, coef, dx));
     } else {
-        if (!dy) return GP_OK;
-        bn_bwd_dx_eval_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, ctx->stream>>>(
-            p, dy, g.scale, invstd, dx);
+        if (!dy.p) return GP_OK;
+        IO_DISPATCH(kind, bn_bwd_dx_eval_kernel<IO><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, ctx->stream>>>(
+                              p, dy, scale, invstd, dx));
     }
     return gp_cuda_check_launch(ctx, "BatchNormalization backward dx", err);
 }
@@ -477,6 +567,6 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_batch_norm[] = {
-    {"BatchNormalization", bn_saved, bn_scratch, bn_forward, bn_backward},
+    {"BatchNormalization", bn_saved, bn_scratch, bn_forward, bn_backward, false, true},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -12,11 +12,77 @@
  * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
  * where a product feeds a sum the operations are spelled with the _rn
  * intrinsics (never contracted), in float and in double, in the CPU's order
- * of operations. */
+ * of operations.
+ *
+ * bfloat16 (gp_cuda_kernel.bf16_any): every float tensor may be stored as
+ * bfloat16 or float32, as ctx->*_dt says. Loads widen exactly and every
+ * stored value is rounded once (to nearest even), a gradient after its
+ * float32 term is added to the widened old value: the results of the
+ * float32 kernel on widened copies, rounded back (the staged call,
+ * backend/mixed_call.h). Statistics, saved state and scratch stay float32
+ * / double. */
+#include <initializer_list>
 #include <math.h>
 #include <string.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
+
+/* ---- storage ----
+ * The plane kernels are templates over IO, the storage of one launch's
+ * tensors, chosen once on the host (io_kind_of):
+ *   io_typed<float>          all float32 (a float32 stage: the float32
+ *                            code as it was),
+ *   io_typed<__nv_bfloat16>  the activations bfloat16, the [C] parameters
+ *                            float32 (a bf16 stage's usual call),
+ *   io_mixed                 any other mix, each tensor's type read at run
+ *                            time (gp_fptr).
+ * act / set_act / add_act load, store and accumulate into (one rounding)
+ * an activation (X, Y, dY, dX); par loads a parameter. The parameter
+ * gradients are accumulated with gp_acc whatever the call (C values). */
+template <typename A> struct io_typed {
+    __device__ static float act(gp_fptr t, int64_t i) { return gp_load((const A *)t.p + i); }
+    __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_store((A *)t.p + i, v); }
+    __device__ static void add_act(gp_fptr t, int64_t i, float v) { set_act(t, i, FADD(act(t, i), v)); }
+    __device__ static float par(gp_fptr t, int64_t i) { return ((const float *)t.p)[i]; }
+};
+
+struct io_mixed {
+    __device__ static float act(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+    __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
+    __device__ static void add_act(gp_fptr t, int64_t i, float v) { gp_acc(t, i, v); }
+    __device__ static float par(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+};
+
+enum io_kind { IO_F32, IO_BF16, IO_MIXED };
+
+/* The storage of a launch that reads or writes the activations `acts` and
+ * the parameters `pars` (absent ones, p NULL, do not count). */
+static enum io_kind io_kind_of(std::initializer_list<gp_fptr> acts, std::initializer_list<gp_fptr> pars)
+{
+    bool b16 = false, f32 = false;
+    for (const gp_fptr &t : acts)
+        if (t.p) (t.bf16 ? b16 : f32) = true;
+    for (const gp_fptr &t : pars)
+        if (t.p && t.bf16) return IO_MIXED;
+    return b16 && f32 ? IO_MIXED : b16 ? IO_BF16 : IO_F32;
+}
+
+/* Runs the statement(s) with IO the storage `kind` names. */
+#define IO_DISPATCH(kind, ...)                                                        \
+    do {                                                                              \
+        if ((kind) == IO_F32) {                                                       \
+            typedef io_typed<float> IO;                                               \
+            __VA_ARGS__;                                                              \
+        } else if ((kind) == IO_BF16) {                                               \
+            typedef io_typed<__nv_bfloat16> IO;                                       \
+            __VA_ARGS__;                                                              \
+        } else {                                                                      \
+            typedef io_mixed IO;                                                      \
+            __VA_ARGS__;                                                              \
+        }                                                                             \
+    } while (0)
+
 
 /* ---- InstanceNormalization ---- */
 
@@ -51,19 +117,39 @@ static size_t in_scratch(const struct gp_graph *g, const struct gp_node *node)
     return 2 * sizeof(double) * (size_t)(x->dims[0] * x->dims[1]);
 }
 
-__global__ static void in_forward_kernel(struct in_plan p, const float *x, const float *scale,
-                                         const float *bias, float *y, float *mean, float *invstd)
+/* gp_dev_block_moments of the n values of x from `base`, in its order. */
+template <class IO>
+__device__ static inline void in_block_moments(gp_fptr x, int64_t base, int64_t n, double *sh, double *mean,
+                                               double *var)
+{
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s = DADD(s, (double)IO::act(x, base + i));
+    s = gp_dev_block_sum(s, sh);
+    double m = n > 0 ? s / (double)n : 0.0;
+    double q = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        double d = DSUB((double)IO::act(x, base + i), m);
+        q = DADD(q, DMUL(d, d));
+    }
+    q = gp_dev_block_sum(q, sh);
+    *mean = m;
+    *var = n > 0 ? q / (double)n : 0.0;
+}
+
+template <class IO>
+__global__ static void in_forward_kernel(struct in_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias, gp_fptr y,
+                                         float *mean, float *invstd)
 {
     __shared__ double sh[32];
     for (int64_t pl = blockIdx.x; pl < p.n * p.c; pl += gridDim.x) {
-        const float *xs = x + pl * p.s;
-        float *ys = y + pl * p.s;
+        int64_t base = pl * p.s;
         double m, var;
-        gp_dev_block_moments(xs, p.s, sh, &m, &var);
+        in_block_moments<IO>(x, base, p.s, sh, &m, &var);
         float mr = (float)m, is = (float)(1.0 / sqrt(DADD(var, p.eps)));
         if (threadIdx.x == 0) mean[pl] = mr, invstd[pl] = is;
-        float a = FMUL(is, scale[pl % p.c]), b = bias[pl % p.c];
-        for (int64_t i = threadIdx.x; i < p.s; i += blockDim.x) ys[i] = FADD(FMUL(FSUB(xs[i], mr), a), b);
+        float a = FMUL(is, IO::par(scale, pl % p.c)), b = IO::par(bias, pl % p.c);
+        for (int64_t i = threadIdx.x; i < p.s; i += blockDim.x)
+            IO::set_act(y, base + i, FADD(FMUL(FSUB(IO::act(x, base + i), mr), a), b));
     }
 }
 
@@ -74,46 +160,49 @@ static gp_status in_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     in_plan_of(ctx, &p);
     if (p.n * p.c == 0) return GP_OK;
     float *mean = (float *)ctx->saved, *invstd = mean + p.n * p.c;
-    in_forward_kernel<<<gp_cuda_capped_grid(p.n * p.c, 1 << 20), gp_cuda_row_threads(p.s), 0, ctx->stream>>>(
-        p, (const float *)ctx->in[0], (const float *)ctx->in[1], (const float *)ctx->in[2],
-        (float *)ctx->out[0], mean, invstd);
+    gp_fptr x = gp_cuda_in_f(ctx, 0), scale = gp_cuda_in_f(ctx, 1), bias = gp_cuda_in_f(ctx, 2);
+    gp_fptr y = gp_cuda_out_f(ctx, 0);
+    enum io_kind kind = io_kind_of({x, y}, {scale, bias});
+    unsigned grid = gp_cuda_capped_grid(p.n * p.c, 1 << 20), threads = gp_cuda_row_threads(p.s);
+    IO_DISPATCH(kind, in_forward_kernel<IO><<<grid, threads, 0, ctx->stream>>>(p, x, scale, bias, y, mean,
+                                                                               invstd));
     return gp_cuda_check_launch(ctx, "InstanceNormalization forward", err);
 }
 
 /* One block per plane: its sums of dy and dy xhat (to scratch) and, when
  * dx is wanted, dx += scale invstd (dy - mean(dy) - xhat mean(dy xhat)). */
-__global__ static void in_bwd_plane_kernel(struct in_plan p, const float *x, const float *scale,
-                                           const float *dy, const float *mean, const float *invstd,
-                                           double *sums, float *dx)
+template <class IO>
+__global__ static void in_bwd_plane_kernel(struct in_plan p, gp_fptr x, gp_fptr scale, gp_fptr dy,
+                                           const float *mean, const float *invstd, double *sums, gp_fptr dx)
 {
     __shared__ double sh[32];
     for (int64_t pl = blockIdx.x; pl < p.n * p.c; pl += gridDim.x) {
-        const float *xs = x + pl * p.s, *dys = dy + pl * p.s;
+        int64_t base = pl * p.s;
         float m = mean[pl], is = invstd[pl];
         double s = 0, sx = 0;
         for (int64_t i = threadIdx.x; i < p.s; i += blockDim.x) {
-            s = DADD(s, (double)dys[i]);
-            sx = DADD(sx, DMUL((double)dys[i], (double)FMUL(FSUB(xs[i], m), is)));
+            float g = IO::act(dy, base + i);
+            s = DADD(s, (double)g);
+            sx = DADD(sx, DMUL((double)g, (double)FMUL(FSUB(IO::act(x, base + i), m), is)));
         }
         s = gp_dev_block_sum(s, sh);
         sx = gp_dev_block_sum(sx, sh);
         if (threadIdx.x == 0) sums[2 * pl] = s, sums[2 * pl + 1] = sx;
-        if (!dx) continue;
-        double a = DMUL((double)scale[pl % p.c], (double)is), mdy = s / (double)p.s;
+        if (!dx.p) continue;
+        double a = DMUL((double)IO::par(scale, pl % p.c), (double)is), mdy = s / (double)p.s;
         double mdyx = sx / (double)p.s;
-        float *dxs = dx + pl * p.s;
         for (int64_t i = threadIdx.x; i < p.s; i += blockDim.x) {
-            double xhat = (double)FMUL(FSUB(xs[i], m), is);
-            double v = DMUL(a, DSUB(DSUB((double)dys[i], mdy), DMUL(xhat, mdyx)));
-            dxs[i] = FADD(dxs[i], (float)v);
+            double xhat = (double)FMUL(FSUB(IO::act(x, base + i), m), is);
+            double v = DMUL(a, DSUB(DSUB((double)IO::act(dy, base + i), mdy), DMUL(xhat, mdyx)));
+            IO::add_act(dx, base + i, (float)v);
         }
     }
 }
 
 /* One thread per channel: dscale, dB add the channel's planes in sample
  * order, as the CPU does. */
-__global__ static void in_bwd_params_kernel(struct in_plan p, const double *sums, float *dscale,
-                                            float *dbias)
+__global__ static void in_bwd_params_kernel(struct in_plan p, const double *sums, gp_fptr dscale,
+                                            gp_fptr dbias)
 {
     GP_GRID_STRIDE(c, p.c) {
         double sc = 0, sb = 0;
@@ -122,8 +211,8 @@ __global__ static void in_bwd_params_kernel(struct in_plan p, const double *sums
             sc = DADD(sc, sums[2 * pl + 1]);
             sb = DADD(sb, sums[2 * pl]);
         }
-        if (dscale) dscale[c] = FADD(dscale[c], (float)sc);
-        if (dbias) dbias[c] = FADD(dbias[c], (float)sb);
+        if (dscale.p) gp_acc(dscale, c, (float)sc);
+        if (dbias.p) gp_acc(dbias, c, (float)sb);
     }
 }
 
@@ -132,15 +221,21 @@ static gp_status in_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     for (int i = 0; i < 3; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
     struct in_plan p;
     in_plan_of(ctx, &p);
-    const float *dy = ctx->dout[0];
-    float *dx = ctx->din[0], *dscale = ctx->din[1], *dbias = ctx->din[2];
-    if (!dy || p.n * p.c == 0 || (!dx && !dscale && !dbias)) return GP_OK;
+    gp_fptr none = {NULL, false};
+    gp_fptr x = gp_cuda_in_f(ctx, 0), scale = gp_cuda_in_f(ctx, 1);
+    gp_fptr dy = ctx->dout[0] ? gp_cuda_dout_f(ctx, 0) : none;
+    gp_fptr dx = ctx->din[0] ? gp_cuda_din_f(ctx, 0) : none;
+    gp_fptr dscale = ctx->din[1] ? gp_cuda_din_f(ctx, 1) : none;
+    gp_fptr dbias = ctx->din[2] ? gp_cuda_din_f(ctx, 2) : none;
+    if (!dy.p || p.n * p.c == 0 || (!dx.p && !dscale.p && !dbias.p)) return GP_OK;
     const float *mean = (const float *)ctx->saved, *invstd = mean + p.n * p.c;
     double *sums = (double *)ctx->scratch;
-    in_bwd_plane_kernel<<<gp_cuda_capped_grid(p.n * p.c, 1 << 20), gp_cuda_row_threads(p.s), 0, ctx->stream>>>(
-        p, (const float *)ctx->in[0], (const float *)ctx->in[1], dy, mean, invstd, sums, dx);
+    enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
+    unsigned grid = gp_cuda_capped_grid(p.n * p.c, 1 << 20), threads = gp_cuda_row_threads(p.s);
+    IO_DISPATCH(kind, in_bwd_plane_kernel<IO><<<grid, threads, 0, ctx->stream>>>(p, x, scale, dy, mean, invstd,
+                                                                                 sums, dx));
     GP_TRY(gp_cuda_check_launch(ctx, "InstanceNormalization backward", err));
-    if (!dscale && !dbias) return GP_OK;
+    if (!dscale.p && !dbias.p) return GP_OK;
     in_bwd_params_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(p, sums, dscale,
                                                                                       dbias);
     return gp_cuda_check_launch(ctx, "InstanceNormalization parameter gradients", err);
@@ -149,6 +244,6 @@ static gp_status in_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_instance_norm[] = {
-    {"InstanceNormalization", in_saved, in_scratch, in_forward, in_backward},
+    {"InstanceNormalization", in_saved, in_scratch, in_forward, in_backward, false, true},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -17,11 +17,94 @@
  * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
  * where a product feeds a sum the operations are spelled with the _rn
  * intrinsics (never contracted), in float and in double, in the CPU's order
- * of operations. */
+ * of operations.
+ *
+ * bfloat16 (gp_cuda_kernel.bf16_any): every float tensor may be stored as
+ * bfloat16 or float32, as ctx->*_dt says (GPT-2 in bf16: X, Y, dY, dX
+ * bfloat16, Scale and B float32). Loads widen exactly and every stored
+ * value is rounded once (to nearest even), a gradient after its float32
+ * sum is added to the widened old value: the results of the float32
+ * kernel on widened copies, rounded back (the staged call,
+ * backend/mixed_call.h), at half the bytes. Statistics, saved state and
+ * scratch stay float32 / double. */
+#include <initializer_list>
 #include <math.h>
 #include <string.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
+
+/* ---- storage ----
+ * The row kernels are templates over IO, the storage of one launch's
+ * tensors, chosen once on the host (io_kind_of):
+ *   io_typed<float>          all float32 (a float32 stage: the float32
+ *                            code as it was),
+ *   io_typed<__nv_bfloat16>  the activations bfloat16, Scale and B
+ *                            float32 (a bf16 stage's usual call),
+ *   io_mixed                 any other mix, each tensor's type read at run
+ *                            time (gp_fptr).
+ * act / set_act / add_act load, store and accumulate into (one rounding)
+ * an activation (X, Y, dY, dX); par loads Scale or B. The per-row Mean and
+ * InvStdDev (and their gradients), and the parameter gradients, are read
+ * and written with gp_ld / gp_st / gp_acc whatever the call (once per row
+ * or column). */
+template <typename A> struct io_typed {
+    __device__ static float act(gp_fptr t, int64_t i) { return gp_load((const A *)t.p + i); }
+    __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_store((A *)t.p + i, v); }
+    __device__ static void add_act(gp_fptr t, int64_t i, float v) { set_act(t, i, FADD(act(t, i), v)); }
+    __device__ static float par(gp_fptr t, int64_t i) { return ((const float *)t.p)[i]; }
+};
+
+struct io_mixed {
+    __device__ static float act(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+    __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
+    __device__ static void add_act(gp_fptr t, int64_t i, float v) { gp_acc(t, i, v); }
+    __device__ static float par(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+};
+
+enum io_kind { IO_F32, IO_BF16, IO_MIXED };
+
+/* The storage of a launch that reads or writes the activations `acts` and
+ * the parameters `pars` (absent ones, p NULL, do not count). */
+static enum io_kind io_kind_of(std::initializer_list<gp_fptr> acts, std::initializer_list<gp_fptr> pars)
+{
+    bool b16 = false, f32 = false;
+    for (const gp_fptr &t : acts)
+        if (t.p) (t.bf16 ? b16 : f32) = true;
+    for (const gp_fptr &t : pars)
+        if (t.p && t.bf16) return IO_MIXED;
+    return b16 && f32 ? IO_MIXED : b16 ? IO_BF16 : IO_F32;
+}
+
+/* Runs the statement(s) with IO the storage `kind` names. */
+#define IO_DISPATCH(kind, ...)                                                        \
+    do {                                                                              \
+        if ((kind) == IO_F32) {                                                       \
+            typedef io_typed<float> IO;                                               \
+            __VA_ARGS__;                                                              \
+        } else if ((kind) == IO_BF16) {                                               \
+            typedef io_typed<__nv_bfloat16> IO;                                       \
+            __VA_ARGS__;                                                              \
+        } else {                                                                      \
+            typedef io_mixed IO;                                                      \
+            __VA_ARGS__;                                                              \
+        }                                                                             \
+    } while (0)
+
+/* Output k, or its gradient, as a gp_fptr; p NULL when the node does not
+ * have it (optional outputs). */
+static gp_fptr opt_out_f(const struct gp_cuda_ctx *c, int k)
+{
+    gp_fptr none = {NULL, false};
+    return c->node->n_outputs > k ? gp_cuda_out_f(c, k) : none;
+}
+
+static gp_fptr opt_dout_f(const struct gp_cuda_ctx *c, int k)
+{
+    gp_fptr none = {NULL, false};
+    return c->node->n_outputs > k && c->dout[k] ? gp_cuda_dout_f(c, k) : none;
+}
+
 
 /* ---- LayerNormalization ---- */
 
@@ -129,20 +212,20 @@ static size_t ln_scratch(const struct gp_graph *g, const struct gp_node *node)
 /* Rows of at most LN_REG_COLS: the row is read once into registers (thread
  * t holds columns t, t + blockDim, ...: the order block_moments sums in,
  * so the statistics are the same as the generic kernel's). */
-__global__ static void ln_forward_reg_kernel(struct ln_plan p, const float *x, const float *scale,
-                                             const float *bias, float *y, float *mean, float *invstd,
-                                             float *out_mean, float *out_inv)
+template <class IO>
+__global__ static void ln_forward_reg_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias,
+                                             gp_fptr y, float *mean, float *invstd, gp_fptr out_mean,
+                                             gp_fptr out_inv)
 {
     __shared__ double sh[32];
     for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-        const float *xs = x + r * p.cols;
-        float *ys = y + r * p.cols;
+        int64_t base = r * p.cols;
         float v[LN_VPT];
         double s = 0;
 #pragma unroll
         for (int k = 0; k < LN_VPT; k++) {
             int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
-            v[k] = j < p.cols ? xs[j] : 0.0f;
+            v[k] = j < p.cols ? IO::act(x, base + j) : 0.0f;
             if (j < p.cols) s = DADD(s, (double)v[k]);
         }
         s = gp_dev_block_sum(s, sh);
@@ -161,40 +244,59 @@ __global__ static void ln_forward_reg_kernel(struct ln_plan p, const float *x, c
         if (threadIdx.x == 0) {
             mean[r] = mr;
             invstd[r] = is;
-            if (out_mean) out_mean[r] = mr;
-            if (out_inv) out_inv[r] = is;
+            if (out_mean.p) gp_st(out_mean, r, mr);
+            if (out_inv.p) gp_st(out_inv, r, is);
         }
 #pragma unroll
         for (int k = 0; k < LN_VPT; k++) {
             int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
             if (j < p.cols) {
-                float o = FMUL(FMUL(FSUB(v[k], mr), is), scale[ln_index(p, p.sstride, p.sfull, j)]);
-                ys[j] = bias ? FADD(o, bias[ln_index(p, p.bstride, p.bfull, j)]) : o;
+                float o = FMUL(FMUL(FSUB(v[k], mr), is), IO::par(scale, ln_index(p, p.sstride, p.sfull, j)));
+                IO::set_act(y, base + j, bias.p ? FADD(o, IO::par(bias, ln_index(p, p.bstride, p.bfull, j))) : o);
             }
         }
     }
 }
 
-__global__ static void ln_forward_kernel(struct ln_plan p, const float *x, const float *scale,
-                                         const float *bias, float *y, float *mean, float *invstd,
-                                         float *out_mean, float *out_inv)
+/* gp_dev_block_moments of the n values of x from `base`, in its order. */
+template <class IO>
+__device__ static inline void ln_block_moments(gp_fptr x, int64_t base, int64_t n, double *sh, double *mean,
+                                               double *var)
+{
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s = DADD(s, (double)IO::act(x, base + i));
+    s = gp_dev_block_sum(s, sh);
+    double m = n > 0 ? s / (double)n : 0.0;
+    double q = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        double d = DSUB((double)IO::act(x, base + i), m);
+        q = DADD(q, DMUL(d, d));
+    }
+    q = gp_dev_block_sum(q, sh);
+    *mean = m;
+    *var = n > 0 ? q / (double)n : 0.0;
+}
+
+template <class IO>
+__global__ static void ln_forward_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias, gp_fptr y,
+                                         float *mean, float *invstd, gp_fptr out_mean, gp_fptr out_inv)
 {
     __shared__ double sh[32];
     for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-        const float *xs = x + r * p.cols;
-        float *ys = y + r * p.cols;
+        int64_t base = r * p.cols;
         double m, var;
-        gp_dev_block_moments(xs, p.cols, sh, &m, &var);
+        ln_block_moments<IO>(x, base, p.cols, sh, &m, &var);
         float mr = (float)m, is = (float)(1.0 / sqrt(DADD(var, p.eps)));
         if (threadIdx.x == 0) {
             mean[r] = mr;
             invstd[r] = is;
-            if (out_mean) out_mean[r] = mr;
-            if (out_inv) out_inv[r] = is;
+            if (out_mean.p) gp_st(out_mean, r, mr);
+            if (out_inv.p) gp_st(out_inv, r, is);
         }
         for (int64_t j = threadIdx.x; j < p.cols; j += blockDim.x) {
-            float v = FMUL(FMUL(FSUB(xs[j], mr), is), scale[ln_index(p, p.sstride, p.sfull, j)]);
-            ys[j] = bias ? FADD(v, bias[ln_index(p, p.bstride, p.bfull, j)]) : v;
+            float v = FMUL(FMUL(FSUB(IO::act(x, base + j), mr), is),
+                           IO::par(scale, ln_index(p, p.sstride, p.sfull, j)));
+            IO::set_act(y, base + j, bias.p ? FADD(v, IO::par(bias, ln_index(p, p.bstride, p.bfull, j))) : v);
         }
     }
 }
@@ -207,52 +309,58 @@ static gp_status ln_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     ln_plan_of(ctx->graph, ctx->node, &p);
     if (p.rows == 0) return GP_OK;
     float *mean = (float *)ctx->saved, *invstd = mean + p.rows;
-    const float *bias = ctx->node->n_inputs > 2 ? (const float *)ctx->in[2] : NULL;
+    gp_fptr none = {NULL, false};
+    gp_fptr x = gp_cuda_in_f(ctx, 0), scale = gp_cuda_in_f(ctx, 1), y = gp_cuda_out_f(ctx, 0);
+    gp_fptr bias = ctx->node->n_inputs > 2 ? gp_cuda_in_f(ctx, 2) : none;
+    gp_fptr out_mean = opt_out_f(ctx, 1), out_inv = opt_out_f(ctx, 2);
+    enum io_kind kind = io_kind_of({x, y}, {scale, bias});
+    unsigned grid = gp_cuda_capped_grid(p.rows, 1 << 20);
     if (p.reg)
-        ln_forward_reg_kernel<<<gp_cuda_capped_grid(p.rows, 1 << 20), p.reg_threads, 0, ctx->stream>>>(
-            p, (const float *)ctx->in[0], (const float *)ctx->in[1], bias, (float *)ctx->out[0], mean,
-            invstd, gp_cuda_opt_out(ctx, 1), gp_cuda_opt_out(ctx, 2));
+        IO_DISPATCH(kind, ln_forward_reg_kernel<IO><<<grid, p.reg_threads, 0, ctx->stream>>>(
+                              p, x, scale, bias, y, mean, invstd, out_mean, out_inv));
     else
-        ln_forward_kernel<<<gp_cuda_capped_grid(p.rows, 1 << 20), gp_cuda_row_threads(p.cols), 0, ctx->stream>>>(
-            p, (const float *)ctx->in[0], (const float *)ctx->in[1], bias, (float *)ctx->out[0], mean,
-            invstd, gp_cuda_opt_out(ctx, 1), gp_cuda_opt_out(ctx, 2));
+        IO_DISPATCH(kind, ln_forward_kernel<IO><<<grid, gp_cuda_row_threads(p.cols), 0, ctx->stream>>>(
+                              p, x, scale, bias, y, mean, invstd, out_mean, out_inv));
     return gp_cuda_check_launch(ctx, "LayerNormalization forward", err);
 }
 
 /* One block per row: with g = dy * scale (double),
  * dx += invstd (g - mean(g) - xhat mean(g xhat)) + d(Mean) / cols
  *       - d(InvStdDev) invstd^3 (x - mean) / cols. */
-__global__ static void ln_bwd_dx_kernel(struct ln_plan p, const float *x, const float *scale,
-                                        const float *dy, const float *mean, const float *invstd,
-                                        const float *d_mean, const float *d_inv, float *dx)
+template <class IO>
+__global__ static void ln_bwd_dx_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr dy,
+                                        const float *mean, const float *invstd, gp_fptr d_mean,
+                                        gp_fptr d_inv, gp_fptr dx)
 {
     __shared__ double sh[32];
     for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-        const float *xs = x + r * p.cols, *dys = dy ? dy + r * p.cols : NULL;
-        float *dxs = dx + r * p.cols;
+        int64_t base = r * p.cols;
         float m = mean[r], is = invstd[r];
         double sg = 0, sgx = 0;
-        if (dys) {
+        if (dy.p) {
             for (int64_t j = threadIdx.x; j < p.cols; j += blockDim.x) {
-                double g = DMUL((double)dys[j], (double)scale[ln_index(p, p.sstride, p.sfull, j)]);
+                double g = DMUL((double)IO::act(dy, base + j),
+                                (double)IO::par(scale, ln_index(p, p.sstride, p.sfull, j)));
                 sg = DADD(sg, g);
-                sgx = DADD(sgx, DMUL(g, (double)FMUL(FSUB(xs[j], m), is)));
+                sgx = DADD(sgx, DMUL(g, (double)FMUL(FSUB(IO::act(x, base + j), m), is)));
             }
             sg = gp_dev_block_sum(sg, sh);
             sgx = gp_dev_block_sum(sgx, sh);
         }
         double n = (double)p.cols, mg = sg / n, mgx = sgx / n;
-        double cm = d_mean ? (double)d_mean[r] / n : 0.0;
-        double cv = d_inv ? DMUL(DMUL(DMUL(-(double)d_inv[r], (double)is), (double)is), (double)is) / n
-                          : 0.0;
+        double cm = d_mean.p ? (double)gp_ld(d_mean, r) / n : 0.0;
+        double cv = d_inv.p
+                        ? DMUL(DMUL(DMUL(-(double)gp_ld(d_inv, r), (double)is), (double)is), (double)is) / n
+                        : 0.0;
         for (int64_t j = threadIdx.x; j < p.cols; j += blockDim.x) {
-            double xc = (double)FSUB(xs[j], m), xhat = DMUL(xc, (double)is);
+            double xc = (double)FSUB(IO::act(x, base + j), m), xhat = DMUL(xc, (double)is);
             double v = DADD(cm, DMUL(cv, xc));
-            if (dys) {
-                double g = DMUL((double)dys[j], (double)scale[ln_index(p, p.sstride, p.sfull, j)]);
+            if (dy.p) {
+                double g = DMUL((double)IO::act(dy, base + j),
+                                (double)IO::par(scale, ln_index(p, p.sstride, p.sfull, j)));
                 v = DADD(v, DMUL((double)is, DSUB(DSUB(g, mg), DMUL(xhat, mgx))));
             }
-            dxs[j] = FADD(dxs[j], (float)v);
+            IO::add_act(dx, base + j, (float)v);
         }
     }
 }
@@ -260,9 +368,9 @@ __global__ static void ln_bwd_dx_kernel(struct ln_plan p, const float *x, const 
 /* Full parameters: block (column tile, row chunk) sums dy xhat and dy over
  * its rows for 32 columns; threads (tx, ty) take rows ty, ty + 8, ... and
  * the 8 lanes' sums are added in ty order. */
-__global__ static void ln_bwd_partial_kernel(struct ln_plan p, const float *x, const float *dy,
-                                             const float *mean, const float *invstd, double *pss,
-                                             double *psb)
+template <class IO>
+__global__ static void ln_bwd_partial_kernel(struct ln_plan p, gp_fptr x, gp_fptr dy, const float *mean,
+                                             const float *invstd, double *pss, double *psb)
 {
     __shared__ double ss_sh[LN_TILE_ROWS][LN_TILE_COLS], sb_sh[LN_TILE_ROWS][LN_TILE_COLS];
     int tx = threadIdx.x, ty = threadIdx.y;
@@ -272,8 +380,8 @@ __global__ static void ln_bwd_partial_kernel(struct ln_plan p, const float *x, c
     double ss = 0, sb = 0;
     if (j < p.cols)
         for (int64_t r = r0 + ty; r < r1; r += LN_TILE_ROWS) {
-            float g = dy[r * p.cols + j];
-            float xhat = FMUL(FSUB(x[r * p.cols + j], mean[r]), invstd[r]);
+            float g = IO::act(dy, r * p.cols + j);
+            float xhat = FMUL(FSUB(IO::act(x, r * p.cols + j), mean[r]), invstd[r]);
             ss = DADD(ss, DMUL((double)g, (double)xhat));
             sb = DADD(sb, (double)g);
         }
@@ -292,7 +400,7 @@ __global__ static void ln_bwd_partial_kernel(struct ln_plan p, const float *x, c
 
 /* One thread per column: the chunks' partials in chunk order. */
 __global__ static void ln_bwd_params_kernel(struct ln_plan p, const double *pss, const double *psb,
-                                            float *dscale, float *dbias)
+                                            gp_fptr dscale, gp_fptr dbias)
 {
     GP_GRID_STRIDE(j, p.cols) {
         double ss = 0, sb = 0;
@@ -300,8 +408,8 @@ __global__ static void ln_bwd_params_kernel(struct ln_plan p, const double *pss,
             ss = DADD(ss, pss[k * p.cols + j]);
             sb = DADD(sb, psb[k * p.cols + j]);
         }
-        if (dscale) dscale[j] = FADD(dscale[j], (float)ss);
-        if (dbias) dbias[j] = FADD(dbias[j], (float)sb);
+        if (dscale.p) gp_acc(dscale, j, (float)ss);
+        if (dbias.p) gp_acc(dbias, j, (float)sb);
     }
 }
 
@@ -309,10 +417,12 @@ __global__ static void ln_bwd_params_kernel(struct ln_plan p, const double *pss,
  * straight into the gradient, in row-major (row, column) order. One thread
  * per parameter entry walks its columns in increasing order, which is the
  * order the CPU adds that entry's terms in, so the sums are the CPU's bit
- * for bit. is_scale: dScale (terms dy xhat) else dB (terms dy). */
-__global__ static void ln_bwd_bcast_kernel(struct ln_plan p, bool is_scale, int64_t entries,
-                                           const float *x, const float *dy, const float *mean,
-                                           const float *invstd, float *dparam)
+ * for bit. is_scale: dScale (terms dy xhat) else dB (terms dy). A bfloat16
+ * gradient is widened first and rounded once, after the last term. */
+template <class IO>
+__global__ static void ln_bwd_bcast_kernel(struct ln_plan p, bool is_scale, int64_t entries, gp_fptr x,
+                                           gp_fptr dy, const float *mean, const float *invstd,
+                                           gp_fptr dparam)
 {
     const int64_t *st = is_scale ? p.sstride : p.bstride;
     bool full = is_scale ? p.sfull : p.bfull;
@@ -332,14 +442,15 @@ __global__ static void ln_bwd_bcast_kernel(struct ln_plan p, bool is_scale, int6
                 else if (p.dims[i] > 1) free_ax[nf++] = i;
             }
         }
-        float a = dparam[e];
+        float a = gp_ld(dparam, e);
         for (int64_t r = 0; r < p.rows; r++) {
-            const float *xs = x + r * p.cols, *dys = dy + r * p.cols;
+            int64_t row = r * p.cols;
             float m = mean[r], is = invstd[r];
             int64_t idx[GP_MAX_RANK], j = base;
             for (int q = 0; q < nf; q++) idx[q] = 0;
             for (;;) {
-                float term = is_scale ? FMUL(dys[j], FMUL(FSUB(xs[j], m), is)) : dys[j];
+                float g = IO::act(dy, row + j);
+                float term = is_scale ? FMUL(g, FMUL(FSUB(IO::act(x, row + j), m), is)) : g;
                 a = FADD(a, term);
                 int q = nf - 1;
                 for (; q >= 0; q--) {
@@ -352,7 +463,7 @@ __global__ static void ln_bwd_bcast_kernel(struct ln_plan p, bool is_scale, int6
                 if (q < 0) break;
             }
         }
-        dparam[e] = a;
+        gp_st(dparam, e, a);
     }
 }
 
@@ -361,33 +472,34 @@ __global__ static void ln_bwd_bcast_kernel(struct ln_plan p, bool is_scale, int6
  * ln_bwd_dx_kernel (same terms, same order), and with pss, psb the
  * block's sums of dy xhat and dy per column (its rows in order) into
  * partials [gridDim.x, cols], which ln_bwd_reg_final_kernel adds. */
-__global__ static void ln_bwd_reg_kernel(struct ln_plan p, const float *x, const float *scale,
-                                         const float *dy, const float *mean, const float *invstd,
-                                         const float *d_mean, const float *d_inv, float *dx, double *pss,
-                                         double *psb)
+template <class IO>
+__global__ static void ln_bwd_reg_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr dy,
+                                         const float *mean, const float *invstd, gp_fptr d_mean,
+                                         gp_fptr d_inv, gp_fptr dx, double *pss, double *psb)
 {
     __shared__ double sh[32];
     double ss[LN_VPT], sb[LN_VPT];
 #pragma unroll
     for (int k = 0; k < LN_VPT; k++) ss[k] = sb[k] = 0;
     for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-        const float *xs = x + r * p.cols;
+        int64_t base = r * p.cols;
         float m = mean[r], is = invstd[r];
         float xv[LN_VPT], gv[LN_VPT];
 #pragma unroll
         for (int k = 0; k < LN_VPT; k++) {
             int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
-            xv[k] = j < p.cols ? xs[j] : 0.0f;
-            gv[k] = j < p.cols && dy ? dy[r * p.cols + j] : 0.0f;
+            xv[k] = j < p.cols ? IO::act(x, base + j) : 0.0f;
+            gv[k] = j < p.cols && dy.p ? IO::act(dy, base + j) : 0.0f;
         }
-        if (dx) {
+        if (dx.p) {
             double sg = 0, sgx = 0;
-            if (dy) {
+            if (dy.p) {
 #pragma unroll
                 for (int k = 0; k < LN_VPT; k++) {
                     int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
                     if (j < p.cols) {
-                        double g = DMUL((double)gv[k], (double)scale[ln_index(p, p.sstride, p.sfull, j)]);
+                        float sc = IO::par(scale, ln_index(p, p.sstride, p.sfull, j));
+                        double g = DMUL((double)gv[k], (double)sc);
                         sg = DADD(sg, g);
                         sgx = DADD(sgx, DMUL(g, (double)FMUL(FSUB(xv[k], m), is)));
                     }
@@ -396,21 +508,22 @@ __global__ static void ln_bwd_reg_kernel(struct ln_plan p, const float *x, const
                 sgx = gp_dev_block_sum(sgx, sh);
             }
             double n = (double)p.cols, mg = sg / n, mgx = sgx / n;
-            double cm = d_mean ? (double)d_mean[r] / n : 0.0;
-            double cv = d_inv ? DMUL(DMUL(DMUL(-(double)d_inv[r], (double)is), (double)is), (double)is) / n
-                              : 0.0;
-            float *dxs = dx + r * p.cols;
+            double cm = d_mean.p ? (double)gp_ld(d_mean, r) / n : 0.0;
+            double cv = d_inv.p ? DMUL(DMUL(DMUL(-(double)gp_ld(d_inv, r), (double)is), (double)is),
+                                       (double)is) / n
+                                : 0.0;
 #pragma unroll
             for (int k = 0; k < LN_VPT; k++) {
                 int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
                 if (j < p.cols) {
                     double xc = (double)FSUB(xv[k], m), xhat = DMUL(xc, (double)is);
                     double v = DADD(cm, DMUL(cv, xc));
-                    if (dy) {
-                        double g = DMUL((double)gv[k], (double)scale[ln_index(p, p.sstride, p.sfull, j)]);
+                    if (dy.p) {
+                        float sc = IO::par(scale, ln_index(p, p.sstride, p.sfull, j));
+                        double g = DMUL((double)gv[k], (double)sc);
                         v = DADD(v, DMUL((double)is, DSUB(DSUB(g, mg), DMUL(xhat, mgx))));
                     }
-                    dxs[j] = FADD(dxs[j], (float)v);
+                    IO::add_act(dx, base + j, (float)v);
                 }
             }
         }
@@ -438,7 +551,7 @@ __global__ static void ln_bwd_reg_kernel(struct ln_plan p, const float *x, const
  * block add partials ty, ty + 32, ... of column tx; the 32 sums are added
  * in ty order. */
 __global__ static void ln_bwd_reg_final_kernel(struct ln_plan p, const double *pss, const double *psb,
-                                               float *dscale, float *dbias)
+                                               gp_fptr dscale, gp_fptr dbias)
 {
     __shared__ double ss_sh[LN_FIN_LANES][LN_TILE_COLS + 1], sb_sh[LN_FIN_LANES][LN_TILE_COLS + 1];
     int tx = threadIdx.x, ty = threadIdx.y;
@@ -457,8 +570,8 @@ __global__ static void ln_bwd_reg_final_kernel(struct ln_plan p, const double *p
             ss = DADD(ss, ss_sh[t][tx]);
             sb = DADD(sb, sb_sh[t][tx]);
         }
-        if (dscale) dscale[j] = FADD(dscale[j], (float)ss);
-        if (dbias) dbias[j] = FADD(dbias[j], (float)sb);
+        if (dscale.p) gp_acc(dscale, j, (float)ss);
+        if (dbias.p) gp_acc(dbias, j, (float)sb);
     }
 }
 
@@ -468,20 +581,23 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     struct ln_plan p;
     ln_plan_of(ctx->graph, ctx->node, &p);
     if (p.rows == 0 || p.cols == 0) return GP_OK;
-    const float *x = (const float *)ctx->in[0], *scale = (const float *)ctx->in[1];
-    const float *dy = ctx->dout[0];
+    gp_fptr none = {NULL, false};
+    gp_fptr x = gp_cuda_in_f(ctx, 0), scale = gp_cuda_in_f(ctx, 1);
+    gp_fptr dy = ctx->dout[0] ? gp_cuda_dout_f(ctx, 0) : none;
     const float *mean = (const float *)ctx->saved, *invstd = mean + p.rows;
-    float *dx = ctx->din[0], *dscale = ctx->din[1];
-    float *dbias = ctx->node->n_inputs > 2 ? ctx->din[2] : NULL;
-    const float *d_mean = gp_cuda_opt_dout(ctx, 1), *d_inv = gp_cuda_opt_dout(ctx, 2);
-    bool params = dy && (dscale || dbias);
-    if (p.reg_bwd && (dx || (params && p.sfull && p.bfull))) {
+    gp_fptr dx = ctx->din[0] ? gp_cuda_din_f(ctx, 0) : none;
+    gp_fptr dscale = ctx->din[1] ? gp_cuda_din_f(ctx, 1) : none;
+    gp_fptr dbias = ctx->node->n_inputs > 2 && ctx->din[2] ? gp_cuda_din_f(ctx, 2) : none;
+    gp_fptr d_mean = opt_dout_f(ctx, 1), d_inv = opt_dout_f(ctx, 2);
+    enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
+    bool params = dy.p && (dscale.p || dbias.p);
+    if (p.reg_bwd && (dx.p || (params && p.sfull && p.bfull))) {
         bool fused = params && p.sfull && p.bfull;
         double *pss = fused ? (double *)ctx->scratch : NULL;
         double *psb = fused ? pss + p.reg_blocks * p.cols : NULL;
         unsigned grid = fused ? (unsigned)p.reg_blocks : gp_cuda_capped_grid(p.rows, 1 << 20);
-        ln_bwd_reg_kernel<<<grid, p.reg_threads, 0, ctx->stream>>>(p, x, scale, dy, mean, invstd, d_mean,
-                                                                   d_inv, dx, pss, psb);
+        IO_DISPATCH(kind, ln_bwd_reg_kernel<IO><<<grid, p.reg_threads, 0, ctx->stream>>>(
+                              p, x, scale, dy, mean, invstd, d_mean, d_inv, dx, pss, psb));
         GP_TRY(gp_cuda_check_launch(ctx, "LayerNormalization backward", err));
         if (fused) {
             dim3 fgrid((unsigned)((p.cols + LN_TILE_COLS - 1) / LN_TILE_COLS), 1, 1);
@@ -489,31 +605,34 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
                 p, pss, psb, dscale, dbias);
             return gp_cuda_check_launch(ctx, "LayerNormalization parameter gradients", err);
         }
-        dx = NULL; /* done */
+        dx = none; /* done */
     }
-    if (dx) {
-        ln_bwd_dx_kernel<<<gp_cuda_capped_grid(p.rows, 1 << 20), gp_cuda_row_threads(p.cols), 0, ctx->stream>>>(
-            p, x, scale, dy, mean, invstd, d_mean, d_inv, dx);
+    if (dx.p) {
+        unsigned grid = gp_cuda_capped_grid(p.rows, 1 << 20), threads = gp_cuda_row_threads(p.cols);
+        IO_DISPATCH(kind, ln_bwd_dx_kernel<IO><<<grid, threads, 0, ctx->stream>>>(p, x, scale, dy, mean, invstd,
+                                                                                  d_mean, d_inv, dx));
         GP_TRY(gp_cuda_check_launch(ctx, "LayerNormalization backward dx", err));
     }
-    if (!dy || (!dscale && !dbias)) return GP_OK;
+    if (!dy.p || (!dscale.p && !dbias.p)) return GP_OK;
     if (p.sfull && p.bfull) {
         double *pss = (double *)ctx->scratch, *psb = pss + p.chunks * p.cols;
         dim3 grid((unsigned)((p.cols + LN_TILE_COLS - 1) / LN_TILE_COLS), (unsigned)p.chunks, 1);
-        ln_bwd_partial_kernel<<<grid, dim3(LN_TILE_COLS, LN_TILE_ROWS, 1), 0, ctx->stream>>>(
-            p, x, dy, mean, invstd, pss, psb);
+        dim3 block(LN_TILE_COLS, LN_TILE_ROWS, 1);
+        IO_DISPATCH(kind, ln_bwd_partial_kernel<IO><<<grid, block, 0, ctx->stream>>>(p, x, dy, mean, invstd, pss,
+                                                                                     psb));
         GP_TRY(gp_cuda_check_launch(ctx, "LayerNormalization backward partial sums", err));
         ln_bwd_params_kernel<<<gp_cuda_blocks_for(p.cols), GP_CUDA_THREADS, 0, ctx->stream>>>(
             p, pss, psb, dscale, dbias);
         return gp_cuda_check_launch(ctx, "LayerNormalization parameter gradients", err);
     }
     for (int t = 0; t < 2; t++) {
-        float *dparam = t == 0 ? dscale : dbias;
-        if (!dparam) continue;
+        gp_fptr dparam = t == 0 ? dscale : dbias;
+        if (!dparam.p) continue;
         int64_t entries = gp_shape_numel(&gp_cuda_in_value(ctx, t == 0 ? 1 : 2)->shape);
         if (entries == 0) continue;
-        ln_bwd_bcast_kernel<<<gp_cuda_blocks_for(entries), GP_CUDA_THREADS, 0, ctx->stream>>>(
-            p, t == 0, entries, x, dy, mean, invstd, dparam);
+        unsigned blocks = gp_cuda_blocks_for(entries);
+        IO_DISPATCH(kind, ln_bwd_bcast_kernel<IO><<<blocks, GP_CUDA_THREADS, 0, ctx->stream>>>(
+                              p, t == 0, entries, x, dy, mean, invstd, dparam));
         GP_TRY(gp_cuda_check_launch(ctx, t == 0 ? "LayerNormalization scale gradient (broadcast)"
                                                 : "LayerNormalization bias gradient (broadcast)",
                                     err));
@@ -524,6 +643,6 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_layer_norm[] = {
-    {"LayerNormalization", ln_saved, ln_scratch, ln_forward, ln_backward},
+    {"LayerNormalization", ln_saved, ln_scratch, ln_forward, ln_backward, false, true},
     {NULL, NULL, NULL, NULL, NULL},
 };

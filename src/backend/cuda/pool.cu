@@ -20,16 +20,73 @@
  * exceeds 1 (without, a window's taps need no divisions).
  *
  * The window comes from gp_window_resolve, as in shape inference and the
- * CPU kernel; up to 3 spatial axes, fewer padded in front with axes of 1. */
+ * CPU kernel; up to 3 spatial axes, fewer padded in front with axes of 1.
+ *
+ * bfloat16 (gp_cuda_kernel.bf16_any): X, Y, dY and dX may each be stored as
+ * bfloat16 or float32, as ctx->*_dt says. Loads widen exactly, every
+ * stored value is rounded once (to nearest even), and dX's float32 sum
+ * starts from the widened old value: the float32 kernel on widened copies,
+ * rounded back (the staged call, backend/mixed_call.h), at half the bytes.
+ * The kernels are templates over IO, the storage of a launch's tensors,
+ * chosen once on the host (io_kind_of): io_typed<float> (all float32: the
+ * float32 code as it was), io_typed<__nv_bfloat16> (all bfloat16) or
+ * io_mixed (each tensor's type read at run time, gp_fptr). */
+#include <initializer_list>
 #include <limits.h>
 #include <math.h>
 #include <string.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
 #include "ops/window.h"
 }
+
+/* ---- storage: act / set_act / add_act load, store and accumulate into
+ * (one rounding) an element; ldg loads through the read-only cache. ---- */
+
+__device__ static inline float ldg_of(const float *p) { return __ldg(p); }
+__device__ static inline float ldg_of(const __nv_bfloat16 *p) { return __bfloat162float(__ldg(p)); }
+
+template <typename A> struct io_typed {
+    __device__ static float act(gp_fptr t, int64_t i) { return gp_load((const A *)t.p + i); }
+    __device__ static float ldg(gp_fptr t, int64_t i) { return ldg_of((const A *)t.p + i); }
+    __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_store((A *)t.p + i, v); }
+};
+
+struct io_mixed {
+    __device__ static float act(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+    __device__ static float ldg(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+    __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
+};
+
+enum io_kind { IO_F32, IO_BF16, IO_MIXED };
+
+/* The storage of a launch that reads or writes `ts` (absent ones, p NULL,
+ * do not count). */
+static enum io_kind io_kind_of(std::initializer_list<gp_fptr> ts)
+{
+    bool b16 = false, f32 = false;
+    for (const gp_fptr &t : ts)
+        if (t.p) (t.bf16 ? b16 : f32) = true;
+    return b16 && f32 ? IO_MIXED : b16 ? IO_BF16 : IO_F32;
+}
+
+/* Runs the statement(s) with IO the storage `kind` names. */
+#define IO_DISPATCH(kind, ...)                                                        \
+    do {                                                                              \
+        if ((kind) == IO_F32) {                                                       \
+            typedef io_typed<float> IO;                                               \
+            __VA_ARGS__;                                                              \
+        } else if ((kind) == IO_BF16) {                                               \
+            typedef io_typed<__nv_bfloat16> IO;                                       \
+            __VA_ARGS__;                                                              \
+        } else {                                                                      \
+            typedef io_mixed IO;                                                      \
+            __VA_ARGS__;                                                              \
+        }                                                                             \
+    } while (0)
 
 #define MAX_AXES 3
 
@@ -170,8 +227,8 @@ __device__ static inline bool tap_on(const pool_plan<I> &pp, int a, I o, I i)
 
 /* The offset within the plane of the first maximum of output cell o, NaN
  * winning as in PyTorch; -1 when the window holds no input cell. */
-template <typename I, bool DIL>
-__device__ static inline I window_argmax(const pool_plan<I> &pp, const float *x, const I *o)
+template <typename I, bool DIL, class IO>
+__device__ static inline I window_argmax(const pool_plan<I> &pp, gp_fptr x, int64_t base, const I *o)
 {
     I a[MAX_AXES], b[MAX_AXES], unused;
     for (int i = 0; i < MAX_AXES; i++) taps<I, DIL>(pp, i, o[i], &a[i], &b[i], &unused);
@@ -184,7 +241,7 @@ __device__ static inline I window_argmax(const pool_plan<I> &pp, const float *x,
             I row = (i0 * pp.in[1] + i1) * pp.in[2] + o[2] * pp.s[2] - pp.p[2];
             for (I t2 = a[2]; t2 < b[2]; t2++) {
                 I idx = row + t2 * pp.d[2];
-                float v = __ldg(x + idx);
+                float v = IO::ldg(x, base + idx);
                 if (best < 0) best = idx;
                 if (v > max || isnan(v)) {
                     max = v;
@@ -199,18 +256,17 @@ __device__ static inline I window_argmax(const pool_plan<I> &pp, const float *x,
 /* X -> Y, optional Indices (ONNX's offsets into the whole X, row-major or,
  * with col_major, column-major over the spatial axes), optional argmax
  * (saved, for backward). */
-template <typename I, bool DIL>
-__global__ static void maxpool_forward_kernel(pool_plan<I> pp, const float *__restrict__ x,
-                                              float *__restrict__ y, int64_t *__restrict__ ind,
+template <typename I, bool DIL, class IO>
+__global__ static void maxpool_forward_kernel(pool_plan<I> pp, gp_fptr x, gp_fptr y, int64_t *__restrict__ ind,
                                               int *__restrict__ arg, bool col_major)
 {
     POOL_GRID_STRIDE(I, e, pp.planes * pp.out_size)
     {
         I pl = e / pp.out_size, o[MAX_AXES];
         coords<I>(pp.out, e - pl * pp.out_size, o);
-        const float *xp = x + (int64_t)pl * pp.in_size;
-        I best = window_argmax<I, DIL>(pp, xp, o);
-        y[e] = best >= 0 ? xp[best] : -INFINITY;
+        int64_t base = (int64_t)pl * pp.in_size;
+        I best = window_argmax<I, DIL, IO>(pp, x, base, o);
+        IO::set_act(y, e, best >= 0 ? IO::ldg(x, base + best) : -INFINITY);
         if (arg) arg[e] = (int)best;
         if (ind) {
             int64_t v = -1;
@@ -230,9 +286,9 @@ __global__ static void maxpool_forward_kernel(pool_plan<I> pp, const float *__re
 
 /* dX += dY at each window's maximum: each input cell sums, in increasing
  * order, the dY of the windows whose saved argmax is that cell. */
-template <typename I>
-__global__ static void maxpool_backward_kernel(pool_plan<I> pp, const int *__restrict__ arg,
-                                               const float *__restrict__ dy, float *__restrict__ dx)
+template <typename I, class IO>
+__global__ static void maxpool_backward_kernel(pool_plan<I> pp, const int *__restrict__ arg, gp_fptr dy,
+                                               gp_fptr dx)
 {
     POOL_GRID_STRIDE(I, e, pp.planes * pp.in_size)
     {
@@ -241,15 +297,15 @@ __global__ static void maxpool_backward_kernel(pool_plan<I> pp, const int *__res
         I lo[MAX_AXES], hi[MAX_AXES];
         for (int a = 0; a < MAX_AXES; a++) holders<I>(pp, a, i[a], &lo[a], &hi[a]);
         const int *ap = arg + (int64_t)pl * pp.out_size;
-        const float *dyp = dy + (int64_t)pl * pp.out_size;
-        float acc = dx[e];
+        int64_t dyb = (int64_t)pl * pp.out_size;
+        float acc = IO::act(dx, e);
         for (I o0 = lo[0]; o0 <= hi[0]; o0++)
             for (I o1 = lo[1]; o1 <= hi[1]; o1++) {
                 I row = (o0 * pp.out[1] + o1) * pp.out[2];
                 for (I o2 = lo[2]; o2 <= hi[2]; o2++)
-                    if (__ldg(ap + row + o2) == (int)r) acc = __fadd_rn(acc, __ldg(dyp + row + o2));
+                    if (__ldg(ap + row + o2) == (int)r) acc = __fadd_rn(acc, IO::ldg(dy, dyb + row + o2));
             }
-        dx[e] = acc;
+        IO::set_act(dx, e, acc);
     }
 }
 
@@ -266,19 +322,20 @@ static size_t maxpool_saved(const struct gp_graph *g, const struct gp_node *node
     return sizeof(int) * (size_t)gp_shape_numel(&y->shape);
 }
 
-template <typename I>
+template <typename I, class IO>
 static void maxpool_forward_launch(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &p64, bool dilated,
                                    int64_t *ind, bool col_major)
 {
     pool_plan<I> pp = plan_as<I>(p64);
     unsigned blocks = gp_cuda_blocks_for(p64.planes * p64.out_size);
-    const float *x = (const float *)c->in[0];
-    float *y = (float *)c->out[0];
+    gp_fptr x = gp_cuda_in_f(c, 0), y = gp_cuda_out_f(c, 0);
     int *arg = (int *)c->saved;
     if (dilated)
-        maxpool_forward_kernel<I, true><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, ind, arg, col_major);
+        maxpool_forward_kernel<I, true, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, ind, arg,
+                                                                                      col_major);
     else
-        maxpool_forward_kernel<I, false><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, ind, arg, col_major);
+        maxpool_forward_kernel<I, false, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, ind, arg,
+                                                                                       col_major);
 }
 
 static gp_status maxpool_forward(struct gp_cuda_ctx *c, struct gp_error *err)
@@ -292,10 +349,11 @@ static gp_status maxpool_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (pp.planes * pp.out_size == 0) return GP_OK;
     int64_t *ind = want_indices(c) ? (int64_t *)c->out[1] : NULL;
     bool col_major = gp_node_attr_int(c->node, "storage_order", 0) != 0;
+    enum io_kind kind = io_kind_of({gp_cuda_in_f(c, 0), gp_cuda_out_f(c, 0)});
     if (small)
-        maxpool_forward_launch<int>(c, pp, dilated, ind, col_major);
+        IO_DISPATCH(kind, maxpool_forward_launch<int, IO>(c, pp, dilated, ind, col_major));
     else
-        maxpool_forward_launch<int64_t>(c, pp, dilated, ind, col_major);
+        IO_DISPATCH(kind, maxpool_forward_launch<int64_t, IO>(c, pp, dilated, ind, col_major));
     return gp_cuda_check_launch(c, "MaxPool forward", err);
 }
 
@@ -310,12 +368,15 @@ static gp_status maxpool_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     int64_t n = pp.planes * pp.in_size;
     if (n == 0 || pp.out_size == 0) return GP_OK;
     const int *arg = (const int *)c->saved;
+    gp_fptr dy = gp_cuda_dout_f(c, 0), dx = gp_cuda_din_f(c, 0);
+    enum io_kind kind = io_kind_of({dy, dx});
+    unsigned blocks = gp_cuda_blocks_for(n);
     if (small)
-        maxpool_backward_kernel<int><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(
-            plan_as<int>(pp), arg, c->dout[0], c->din[0]);
+        IO_DISPATCH(kind, maxpool_backward_kernel<int, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+                              plan_as<int>(pp), arg, dy, dx));
     else
-        maxpool_backward_kernel<int64_t><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(
-            pp, arg, c->dout[0], c->din[0]);
+        IO_DISPATCH(kind, maxpool_backward_kernel<int64_t, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+                              pp, arg, dy, dx));
     return gp_cuda_check_launch(c, "MaxPool backward", err);
 }
 
@@ -332,15 +393,14 @@ __device__ static inline I div_factor(const pool_plan<I> &pp, int a, I o, bool i
     return include_pad ? padded : t1 - t0;
 }
 
-template <typename I, bool DIL>
-__global__ static void avgpool_forward_kernel(pool_plan<I> pp, const float *__restrict__ x,
-                                              float *__restrict__ y, bool include_pad)
+template <typename I, bool DIL, class IO>
+__global__ static void avgpool_forward_kernel(pool_plan<I> pp, gp_fptr x, gp_fptr y, bool include_pad)
 {
     POOL_GRID_STRIDE(I, e, pp.planes * pp.out_size)
     {
         I pl = e / pp.out_size, o[MAX_AXES];
         coords<I>(pp.out, e - pl * pp.out_size, o);
-        const float *xp = x + (int64_t)pl * pp.in_size;
+        int64_t base = (int64_t)pl * pp.in_size;
         I a[MAX_AXES], b[MAX_AXES], padded[MAX_AXES];
         for (int i = 0; i < MAX_AXES; i++) taps<I, DIL>(pp, i, o[i], &a[i], &b[i], &padded[i]);
         float sum = 0.0f;
@@ -349,20 +409,19 @@ __global__ static void avgpool_forward_kernel(pool_plan<I> pp, const float *__re
             for (I t1 = a[1]; t1 < b[1]; t1++) {
                 I i1 = o[1] * pp.s[1] - pp.p[1] + t1 * pp.d[1];
                 I row = (i0 * pp.in[1] + i1) * pp.in[2] + o[2] * pp.s[2] - pp.p[2];
-                for (I t2 = a[2]; t2 < b[2]; t2++) sum = __fadd_rn(sum, __ldg(xp + row + t2 * pp.d[2]));
+                for (I t2 = a[2]; t2 < b[2]; t2++) sum = __fadd_rn(sum, IO::ldg(x, base + row + t2 * pp.d[2]));
             }
         }
         int64_t div = 1;
         for (int i = 0; i < MAX_AXES; i++) div *= include_pad ? padded[i] : b[i] - a[i];
-        y[e] = div > 0 ? __fdiv_rn(sum, (float)div) : 0.0f;
+        IO::set_act(y, e, div > 0 ? __fdiv_rn(sum, (float)div) : 0.0f);
     }
 }
 
 /* dX += dY / divisor over the windows holding each input cell, in
  * increasing order of the window. */
-template <typename I, bool DIL>
-__global__ static void avgpool_backward_kernel(pool_plan<I> pp, const float *__restrict__ dy,
-                                               float *__restrict__ dx, bool include_pad)
+template <typename I, bool DIL, class IO>
+__global__ static void avgpool_backward_kernel(pool_plan<I> pp, gp_fptr dy, gp_fptr dx, bool include_pad)
 {
     POOL_GRID_STRIDE(I, e, pp.planes * pp.in_size)
     {
@@ -370,8 +429,8 @@ __global__ static void avgpool_backward_kernel(pool_plan<I> pp, const float *__r
         coords<I>(pp.in, e - pl * pp.in_size, i);
         I lo[MAX_AXES], hi[MAX_AXES];
         for (int a = 0; a < MAX_AXES; a++) holders<I>(pp, a, i[a], &lo[a], &hi[a]);
-        const float *dyp = dy + (int64_t)pl * pp.out_size;
-        float acc = dx[e];
+        int64_t dyb = (int64_t)pl * pp.out_size;
+        float acc = IO::act(dx, e);
         for (I o0 = lo[0]; o0 <= hi[0]; o0++) {
             if (!tap_on<I, DIL>(pp, 0, o0, i[0])) continue;
             int64_t f0 = div_factor<I, DIL>(pp, 0, o0, include_pad);
@@ -383,11 +442,11 @@ __global__ static void avgpool_backward_kernel(pool_plan<I> pp, const float *__r
                     if (!tap_on<I, DIL>(pp, 2, o2, i[2])) continue;
                     int64_t div = f1 * div_factor<I, DIL>(pp, 2, o2, include_pad);
                     if (div <= 0) continue;
-                    acc = __fadd_rn(acc, __fdiv_rn(__ldg(dyp + row + o2), (float)div));
+                    acc = __fadd_rn(acc, __fdiv_rn(IO::ldg(dy, dyb + row + o2), (float)div));
                 }
             }
         }
-        dx[e] = acc;
+        IO::set_act(dx, e, acc);
     }
 }
 
@@ -396,7 +455,7 @@ static bool include_pad_of(const struct gp_cuda_ctx *c)
     return gp_node_attr_int(c->node, "count_include_pad", 0) != 0;
 }
 
-template <typename I>
+template <typename I, class IO>
 static void avgpool_launch(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &p64, bool dilated,
                            bool backward)
 {
@@ -404,20 +463,18 @@ static void avgpool_launch(const struct gp_cuda_ctx *c, const pool_plan<int64_t>
     bool inc = include_pad_of(c);
     if (!backward) {
         unsigned blocks = gp_cuda_blocks_for(p64.planes * p64.out_size);
-        const float *x = (const float *)c->in[0];
-        float *y = (float *)c->out[0];
+        gp_fptr x = gp_cuda_in_f(c, 0), y = gp_cuda_out_f(c, 0);
         if (dilated)
-            avgpool_forward_kernel<I, true><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, inc);
+            avgpool_forward_kernel<I, true, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, inc);
         else
-            avgpool_forward_kernel<I, false><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, inc);
+            avgpool_forward_kernel<I, false, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, inc);
     } else {
         unsigned blocks = gp_cuda_blocks_for(p64.planes * p64.in_size);
+        gp_fptr dy = gp_cuda_dout_f(c, 0), dx = gp_cuda_din_f(c, 0);
         if (dilated)
-            avgpool_backward_kernel<I, true><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, c->dout[0],
-                                                                                     c->din[0], inc);
+            avgpool_backward_kernel<I, true, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, dy, dx, inc);
         else
-            avgpool_backward_kernel<I, false><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, c->dout[0],
-                                                                                      c->din[0], inc);
+            avgpool_backward_kernel<I, false, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, dy, dx, inc);
     }
 }
 
@@ -427,10 +484,11 @@ static gp_status avgpool_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     bool small, dilated;
     GP_TRY(pool_plan_init(c, &pp, &small, &dilated, err));
     if (pp.planes * pp.out_size == 0) return GP_OK;
+    enum io_kind kind = io_kind_of({gp_cuda_in_f(c, 0), gp_cuda_out_f(c, 0)});
     if (small)
-        avgpool_launch<int>(c, pp, dilated, false);
+        IO_DISPATCH(kind, avgpool_launch<int, IO>(c, pp, dilated, false));
     else
-        avgpool_launch<int64_t>(c, pp, dilated, false);
+        IO_DISPATCH(kind, avgpool_launch<int64_t, IO>(c, pp, dilated, false));
     return gp_cuda_check_launch(c, "AveragePool forward", err);
 }
 
@@ -441,10 +499,11 @@ static gp_status avgpool_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(pool_plan_init(c, &pp, &small, &dilated, err));
     if (!c->dout[0] || !c->din[0]) return GP_OK;
     if (pp.planes * pp.in_size == 0 || pp.out_size == 0) return GP_OK;
+    enum io_kind kind = io_kind_of({gp_cuda_dout_f(c, 0), gp_cuda_din_f(c, 0)});
     if (small)
-        avgpool_launch<int>(c, pp, dilated, true);
+        IO_DISPATCH(kind, avgpool_launch<int, IO>(c, pp, dilated, true));
     else
-        avgpool_launch<int64_t>(c, pp, dilated, true);
+        IO_DISPATCH(kind, avgpool_launch<int64_t, IO>(c, pp, dilated, true));
     return gp_cuda_check_launch(c, "AveragePool backward", err);
 }
 
@@ -522,12 +581,12 @@ __device__ static inline struct best warp_best(struct best b)
 /* The plane's sum in double: a warp (lanes stride over the plane) or, with
  * block, the whole block (then warps combine in order). Every thread of the
  * group gets the result. */
-__device__ static inline double plane_sum(const float *xp, int64_t size, bool block)
+template <class IO> __device__ static inline double plane_sum(gp_fptr x, int64_t base, int64_t size, bool block)
 {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     int64_t start = block ? threadIdx.x : lane, step = block ? blockDim.x : 32;
     double s = 0;
-    for (int64_t t = start; t < size; t += step) s += (double)xp[t];
+    for (int64_t t = start; t < size; t += step) s += (double)IO::act(x, base + t);
     s = warp_sum(s);
     s = __shfl_sync(0xffffffffu, s, 0);
     if (!block) return s;
@@ -539,12 +598,13 @@ __device__ static inline double plane_sum(const float *xp, int64_t size, bool bl
     return t;
 }
 
-__device__ static inline struct best plane_best(const float *xp, int64_t size, bool block)
+template <class IO>
+__device__ static inline struct best plane_best(gp_fptr x, int64_t base, int64_t size, bool block)
 {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     int64_t start = block ? threadIdx.x : lane, step = block ? blockDim.x : 32;
     struct best b = {-INFINITY, -1};
-    for (int64_t t = start; t < size; t += step) b = best_step(b, xp[t], t);
+    for (int64_t t = start; t < size; t += step) b = best_step(b, IO::act(x, base + t), t);
     b = warp_best(b);
     b.v = __shfl_sync(0xffffffffu, b.v, 0);
     b.i = __shfl_sync(0xffffffffu, b.i, 0);
@@ -564,40 +624,45 @@ __device__ static inline int64_t group_plane(bool block)
     return block ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
 }
 
-__global__ static void global_avg_forward_kernel(const float *x, float *y, int64_t planes, int64_t size,
-                                                 bool block)
+template <class IO>
+__global__ static void global_avg_forward_kernel(gp_fptr x, gp_fptr y, int64_t planes, int64_t size, bool block)
 {
     int64_t pl = group_plane(block);
     if (pl >= planes) return;
-    double s = plane_sum(x + pl * size, size, block);
-    if ((threadIdx.x & (block ? blockDim.x - 1 : 31)) == 0) y[pl] = (float)(s / (double)size);
+    double s = plane_sum<IO>(x, pl * size, size, block);
+    if ((threadIdx.x & (block ? blockDim.x - 1 : 31)) == 0) IO::set_act(y, pl, (float)(s / (double)size));
 }
 
-__global__ static void global_max_forward_kernel(const float *x, float *y, int64_t planes, int64_t size,
-                                                 bool block)
+template <class IO>
+__global__ static void global_max_forward_kernel(gp_fptr x, gp_fptr y, int64_t planes, int64_t size, bool block)
 {
     int64_t pl = group_plane(block);
     if (pl >= planes) return;
-    struct best b = plane_best(x + pl * size, size, block);
-    if ((threadIdx.x & (block ? blockDim.x - 1 : 31)) == 0) y[pl] = b.i >= 0 ? b.v : -INFINITY;
+    struct best b = plane_best<IO>(x, pl * size, size, block);
+    if ((threadIdx.x & (block ? blockDim.x - 1 : 31)) == 0) IO::set_act(y, pl, b.i >= 0 ? b.v : -INFINITY);
 }
 
-__global__ static void global_max_backward_kernel(const float *x, const float *dy, float *dx,
-                                                  int64_t planes, int64_t size, bool block)
+/* dX += dY at each plane's best cell: one term per element. */
+template <class IO>
+__global__ static void global_max_backward_kernel(gp_fptr x, gp_fptr dy, gp_fptr dx, int64_t planes,
+                                                  int64_t size, bool block)
 {
     int64_t pl = group_plane(block);
     if (pl >= planes) return;
-    struct best b = plane_best(x + pl * size, size, block);
+    struct best b = plane_best<IO>(x, pl * size, size, block);
     if ((threadIdx.x & (block ? blockDim.x - 1 : 31)) == 0 && b.i >= 0) {
-        float *at = dx + pl * size + b.i;
-        *at = __fadd_rn(*at, dy[pl]);
+        int64_t at = pl * size + b.i;
+        IO::set_act(dx, at, __fadd_rn(IO::act(dx, at), IO::act(dy, pl)));
     }
 }
 
 /* dX [planes, size] += dY [planes] / size. */
-__global__ static void global_avg_backward_kernel(const float *dy, float *dx, int64_t planes, int64_t size)
+template <class IO>
+__global__ static void global_avg_backward_kernel(gp_fptr dy, gp_fptr dx, int64_t planes, int64_t size)
 {
-    GP_GRID_STRIDE(e, planes * size) dx[e] = __fadd_rn(dx[e], __fdiv_rn(dy[e / size], (float)size));
+    GP_GRID_STRIDE(e, planes * size) {
+        IO::set_act(dx, e, __fadd_rn(IO::act(dx, e), __fdiv_rn(IO::act(dy, e / size), (float)size)));
+    }
 }
 
 /* Grid for one plane per warp or per block. */
@@ -619,8 +684,9 @@ static gp_status global_avg_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     bool block = false;
     unsigned blocks = 0;
     GP_TRY(global_grid(c, planes, size, &block, &blocks, err));
-    global_avg_forward_kernel<<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
-        (const float *)c->in[0], (float *)c->out[0], planes, size, block);
+    gp_fptr x = gp_cuda_in_f(c, 0), y = gp_cuda_out_f(c, 0);
+    IO_DISPATCH(io_kind_of({x, y}), global_avg_forward_kernel<IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+                                        x, y, planes, size, block));
     return gp_cuda_check_launch(c, "GlobalAveragePool forward", err);
 }
 
@@ -629,8 +695,10 @@ static gp_status global_avg_backward(struct gp_cuda_ctx *c, struct gp_error *err
     int64_t planes, size;
     GP_TRY(global_dims(c, &planes, &size, err));
     if (!c->dout[0] || !c->din[0] || planes * size == 0) return GP_OK;
-    global_avg_backward_kernel<<<gp_cuda_blocks_for(planes * size), GP_CUDA_THREADS, 0, c->stream>>>(
-        c->dout[0], c->din[0], planes, size);
+    gp_fptr dy = gp_cuda_dout_f(c, 0), dx = gp_cuda_din_f(c, 0);
+    unsigned blocks = gp_cuda_blocks_for(planes * size);
+    IO_DISPATCH(io_kind_of({dy, dx}), global_avg_backward_kernel<IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+                                          dy, dx, planes, size));
     return gp_cuda_check_launch(c, "GlobalAveragePool backward", err);
 }
 
@@ -642,8 +710,9 @@ static gp_status global_max_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     bool block = false;
     unsigned blocks = 0;
     GP_TRY(global_grid(c, planes, size, &block, &blocks, err));
-    global_max_forward_kernel<<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
-        (const float *)c->in[0], (float *)c->out[0], planes, size, block);
+    gp_fptr x = gp_cuda_in_f(c, 0), y = gp_cuda_out_f(c, 0);
+    IO_DISPATCH(io_kind_of({x, y}), global_max_forward_kernel<IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+                                        x, y, planes, size, block));
     return gp_cuda_check_launch(c, "GlobalMaxPool forward", err);
 }
 
@@ -655,15 +724,17 @@ static gp_status global_max_backward(struct gp_cuda_ctx *c, struct gp_error *err
     bool block = false;
     unsigned blocks = 0;
     GP_TRY(global_grid(c, planes, size, &block, &blocks, err));
-    global_max_backward_kernel<<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
-        (const float *)c->in[0], c->dout[0], c->din[0], planes, size, block);
+    gp_fptr x = gp_cuda_in_f(c, 0), dy = gp_cuda_dout_f(c, 0), dx = gp_cuda_din_f(c, 0);
+    enum io_kind kind = io_kind_of({x, dy, dx});
+    IO_DISPATCH(kind, global_max_backward_kernel<IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(x, dy, dx, planes,
+                                                                                               size, block));
     return gp_cuda_check_launch(c, "GlobalMaxPool backward", err);
 }
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_pool[] = {
-    {"MaxPool", maxpool_saved, NULL, maxpool_forward, maxpool_backward},
-    {"AveragePool", NULL, NULL, avgpool_forward, avgpool_backward},
-    {"GlobalAveragePool", NULL, NULL, global_avg_forward, global_avg_backward},
-    {"GlobalMaxPool", NULL, NULL, global_max_forward, global_max_backward},
+    {"MaxPool", maxpool_saved, NULL, maxpool_forward, maxpool_backward, false, true},
+    {"AveragePool", NULL, NULL, avgpool_forward, avgpool_backward, false, true},
+    {"GlobalAveragePool", NULL, NULL, global_avg_forward, global_avg_backward, false, true},
+    {"GlobalMaxPool", NULL, NULL, global_max_forward, global_max_backward, false, true},
     {NULL, NULL, NULL, NULL, NULL},
 };
