@@ -19,6 +19,12 @@
  * ConstantOfShape, Range), run from the folded node. Several shapes hold
  * more than 2^20 elements so that the grid-stride loops go round.
  *
+ * bfloat16 (the *_bf16 tests): every kernel of the shape and gather
+ * families but Pad and Range, with bfloat16 activations, a float32
+ * parameter as input 0, a bfloat16 input with a float32 gradient, and a
+ * float32 output 0 (bf16_modes), forward and backward, gradients added
+ * onto random values.
+ *
  * Without a CUDA device the test prints why and exits 77 (a skip). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -141,8 +147,8 @@ static void test_copies(void **state)
 
 /* ---- Transpose ---- */
 
-static void transpose_case(const char *label, enum gp_dtype dt, int rank, const int64_t *dims,
-                           const int64_t *perm)
+static void transpose_case_o(struct op_compare o, enum gp_dtype dt, int rank, const int64_t *dims,
+                             const int64_t *perm)
 {
     struct gp_graph g;
     begin(&g, 13);
@@ -154,8 +160,15 @@ static void transpose_case(const char *label, enum gp_dtype dt, int rank, const 
     if (dt == GP_DTYPE_INT64) data = ints64(count, -1000000, 1000000);
     else if (dt == GP_DTYPE_INT32) data = ints32(count, -100000, 100000);
     else if (dt == GP_DTYPE_BOOL) data = bools(count, 2);
-    compare(&g, (struct op_compare){.label = label, .inputs = {data}});
+    o.inputs[0] = data;
+    compare(&g, o);
     free(data);
+}
+
+static void transpose_case(const char *label, enum gp_dtype dt, int rank, const int64_t *dims,
+                           const int64_t *perm)
+{
+    transpose_case_o((struct op_compare){.label = label}, dt, rank, dims, perm);
 }
 
 static void test_transpose(void **state)
@@ -276,8 +289,8 @@ static void test_split(void **state)
 
 /* ---- Slice ---- */
 
-static void slice13(const char *label, int rank, const int64_t *dims, int n, const int64_t *starts,
-                    const int64_t *ends, const int64_t *axes, const int64_t *steps)
+static void slice13_o(struct op_compare o, int rank, const int64_t *dims, int n, const int64_t *starts,
+                      const int64_t *ends, const int64_t *axes, const int64_t *steps)
 {
     struct gp_graph g;
     begin(&g, 13);
@@ -288,7 +301,13 @@ static void slice13(const char *label, int rank, const int64_t *dims, int n, con
     if (axes) ci64(&g, "axes", 1, I64(n), axes), ni = 4;
     if (steps) ci64(&g, "steps", 1, I64(n), steps), ni = 5;
     node(&g, "Slice", ni, S("x", "starts", "ends", axes ? "axes" : "", "steps"), 1, S("y"));
-    compare(&g, (struct op_compare){.label = label});
+    compare(&g, o);
+}
+
+static void slice13(const char *label, int rank, const int64_t *dims, int n, const int64_t *starts,
+                    const int64_t *ends, const int64_t *axes, const int64_t *steps)
+{
+    slice13_o((struct op_compare){.label = label}, rank, dims, n, starts, ends, axes, steps);
 }
 
 static void test_slice(void **state)
@@ -329,8 +348,8 @@ static void test_slice(void **state)
 
 /* ---- Gather ---- */
 
-static void gather_case(const char *label, int rank, const int64_t *dims, int axis, enum gp_dtype it,
-                        int irank, const int64_t *idims, const void *idx, double abs_tol)
+static void gather_case_o(struct op_compare o, int rank, const int64_t *dims, int axis, enum gp_dtype it,
+                          int irank, const int64_t *idims, const void *idx)
 {
     struct gp_graph g;
     begin(&g, 13);
@@ -338,7 +357,15 @@ static void gather_case(const char *label, int rank, const int64_t *dims, int ax
     input_t(&g, "i", it, irank, idims);
     int n = node(&g, "Gather", 2, S("x", "i"), 1, S("y"));
     if (axis) attr_i(&g, n, "axis", axis);
-    compare(&g, (struct op_compare){.label = label, .inputs = {NULL, idx}, .abs_tol = abs_tol});
+    o.inputs[1] = idx;
+    compare(&g, o);
+}
+
+static void gather_case(const char *label, int rank, const int64_t *dims, int axis, enum gp_dtype it,
+                        int irank, const int64_t *idims, const void *idx, double abs_tol)
+{
+    gather_case_o((struct op_compare){.label = label, .abs_tol = abs_tol}, rank, dims, axis, it, irank, idims,
+                  idx);
 }
 
 /* Indices in [-dim, dim) skewed toward small ids (a word-frequency-like
@@ -424,7 +451,7 @@ static void test_gather(void **state)
 
 /* ---- Tile, Trilu ---- */
 
-static void tile_case(const char *label, enum gp_dtype dt, int rank, const int64_t *dims, const int64_t *rep)
+static void tile_case_o(struct op_compare o, enum gp_dtype dt, int rank, const int64_t *dims, const int64_t *rep)
 {
     struct gp_graph g;
     begin(&g, 13);
@@ -432,8 +459,14 @@ static void tile_case(const char *label, enum gp_dtype dt, int rank, const int64
     ci64(&g, "rep", 1, I64(rank), rep);
     node(&g, "Tile", 2, S("x", "rep"), 1, S("y"));
     void *data = dt == GP_DTYPE_INT64 ? ints64(numel(rank, dims), -99, 99) : NULL;
-    compare(&g, (struct op_compare){.label = label, .inputs = {data}});
+    o.inputs[0] = data;
+    compare(&g, o);
     free(data);
+}
+
+static void tile_case(const char *label, enum gp_dtype dt, int rank, const int64_t *dims, const int64_t *rep)
+{
+    tile_case_o((struct op_compare){.label = label}, dt, rank, dims, rep);
 }
 
 static void test_tile(void **state)
@@ -446,8 +479,8 @@ static void test_tile(void **state)
     tile_case("Tile [64,130,33] by (1,1,5)", GP_DTYPE_FLOAT32, 3, I64(64, 130, 33), I64(1, 1, 5));
 }
 
-static void trilu_case(const char *label, enum gp_dtype dt, int rank, const int64_t *dims, bool upper,
-                       bool has_k, int64_t k)
+static void trilu_case_o(struct op_compare o, enum gp_dtype dt, int rank, const int64_t *dims, bool upper,
+                         bool has_k, int64_t k)
 {
     struct gp_graph g;
     begin(&g, 14);
@@ -456,8 +489,15 @@ static void trilu_case(const char *label, enum gp_dtype dt, int rank, const int6
     int n = node(&g, "Trilu", has_k ? 2 : 1, S("x", "k"), 1, S("y"));
     attr_i(&g, n, "upper", upper);
     void *data = dt == GP_DTYPE_INT64 ? ints64(numel(rank, dims), -99, 99) : NULL;
-    compare(&g, (struct op_compare){.label = label, .inputs = {data}});
+    o.inputs[0] = data;
+    compare(&g, o);
     free(data);
+}
+
+static void trilu_case(const char *label, enum gp_dtype dt, int rank, const int64_t *dims, bool upper,
+                       bool has_k, int64_t k)
+{
+    trilu_case_o((struct op_compare){.label = label}, dt, rank, dims, upper, has_k, k);
 }
 
 static void test_trilu(void **state)
@@ -537,15 +577,21 @@ static void test_pad(void **state)
 /* ---- Shape, Size, ConstantOfShape, Range: folded at load; compared from
  * the folded node (the harness only reads the node list and the values). */
 
-static void compare_folded(struct gp_graph *g, const char *label)
+static void compare_folded_o(struct gp_graph *g, struct op_compare o)
 {
     finalize_ok(g);
-    if (g->n_folded != 1) fail_msg("%s: %d folded nodes, not 1", label, g->n_folded);
+    if (g->n_folded != 1) fail_msg("%s: %d folded nodes, not 1", o.label, g->n_folded);
     struct gp_graph view = *g;
     view.nodes = g->folded;
     view.n_nodes = g->n_folded;
-    op_compare_node(&view, 0, &(struct op_compare){.label = label, .forward_only = true});
+    o.forward_only = true;
+    op_compare_node(&view, 0, &o);
     gp_graph_free(g);
+}
+
+static void compare_folded(struct gp_graph *g, const char *label)
+{
+    compare_folded_o(g, (struct op_compare){.label = label});
 }
 
 static void test_shape_producers(void **state)
@@ -601,6 +647,321 @@ static void test_shape_producers(void **state)
     compare_folded(&g, "Range int64");
 }
 
+/* ---- bf16 ----
+ * The kernels read and write bfloat16 themselves (bf16_any): every case
+ * runs with the storage types a bf16 stage gives (op_compare.h) in each of
+ * these modes: all activations (bfloat16 throughout); input 0 a float32
+ * parameter (stored and its gradient float32: a forward converts into a
+ * bfloat16 output, a backward adds bfloat16 into float32); input 0 a
+ * per-step value (stored bfloat16, its gradient float32); output 0 stored
+ * float32 (a forward widens into it). op_compare starts every input
+ * gradient from random values, so each backward is checked to add once. */
+
+#define BIT(k) (1u << (k))
+
+struct bf16_mode {
+    const char *name;
+    uint32_t params, f32_inputs, f32_outputs;
+};
+
+static const struct bf16_mode bf16_modes[] = {
+    {"bf16", 0, 0, 0},
+    {"bf16, input 0 a float32 parameter", BIT(0), BIT(0), 0},
+    {"bf16, input 0 bfloat16 with a float32 gradient", BIT(0), 0, 0},
+    {"bf16, output 0 float32", 0, 0, BIT(0)},
+};
+#define N_MODES ((int)(sizeof bf16_modes / sizeof *bf16_modes))
+#define ALL_BF16 (&bf16_modes[0])
+#define F32_PARAM (&bf16_modes[1])
+
+/* The op_compare of a bf16 case; its label is written into buf. */
+static struct op_compare bf16_o(char *buf, size_t size, const char *label, const struct bf16_mode *m,
+                                double abs_tol)
+{
+    snprintf(buf, size, "%s (%s)", label, m->name);
+    return (struct op_compare){.label = buf, .bf16 = true, .params = m->params, .f32_inputs = m->f32_inputs,
+                               .f32_outputs = m->f32_outputs, .abs_tol = abs_tol};
+}
+
+/* Reshape (a flat copy: groups and a tail), Flatten, Squeeze, Unsqueeze. */
+static void test_copies_bf16(void **state)
+{
+    (void)state;
+    char label[160];
+    for (int m = 0; m < N_MODES; m++) {
+        struct gp_graph g;
+        begin(&g, 14);
+        input(&g, "x", 3, I64(2, 3, 4));
+        ci64(&g, "shape", 1, I64(3), I64(4, 1, 6));
+        node(&g, "Reshape", 2, S("x", "shape"), 1, S("y"));
+        compare(&g, bf16_o(label, sizeof label, "Reshape [2,3,4] -> [4,1,6]", &bf16_modes[m], 0));
+
+        begin(&g, 14);
+        input(&g, "x", 2, I64(4201, 1001)); /* groups of 8, a tail of 1 */
+        ci64(&g, "shape", 1, I64(2), I64(1001, 4201));
+        node(&g, "Reshape", 2, S("x", "shape"), 1, S("y"));
+        compare(&g, bf16_o(label, sizeof label, "Reshape [4201,1001]", &bf16_modes[m], 0));
+
+        begin(&g, 14);
+        input(&g, "x", 1, I64(7)); /* a tail only */
+        ci64(&g, "shape", 1, I64(2), I64(7, 1));
+        node(&g, "Reshape", 2, S("x", "shape"), 1, S("y"));
+        compare(&g, bf16_o(label, sizeof label, "Reshape [7] -> [7,1]", &bf16_modes[m], 0));
+    }
+    struct gp_graph g;
+    begin(&g, 13);
+    input(&g, "x", 4, I64(2, 3, 4, 5));
+    attr_i(&g, node(&g, "Flatten", 1, S("x"), 1, S("y")), "axis", 2);
+    compare(&g, bf16_o(label, sizeof label, "Flatten axis 2", ALL_BF16, 0));
+
+    begin(&g, 13);
+    input(&g, "x", 4, I64(2, 1, 3, 1));
+    ci64(&g, "axes", 1, I64(2), I64(1, -1));
+    node(&g, "Squeeze", 2, S("x", "axes"), 1, S("y"));
+    compare(&g, bf16_o(label, sizeof label, "Squeeze-13 axes input", ALL_BF16, 0));
+
+    begin(&g, 13);
+    input(&g, "x", 2, I64(2, 3));
+    ci64(&g, "axes", 1, I64(2), I64(0, -1));
+    node(&g, "Unsqueeze", 2, S("x", "axes"), 1, S("y"));
+    compare(&g, bf16_o(label, sizeof label, "Unsqueeze-13 axes input", F32_PARAM, 0));
+
+    /* Integers keep their own type in a bf16 call. */
+    begin(&g, 14);
+    input_t(&g, "x", GP_DTYPE_INT64, 2, I64(3, 5));
+    ci64(&g, "shape", 1, I64(1), I64(15));
+    node(&g, "Reshape", 2, S("x", "shape"), 1, S("y"));
+    int64_t *xi = ints64(15, INT64_MIN / 2, INT64_MAX / 2);
+    struct op_compare o = bf16_o(label, sizeof label, "Reshape int64", ALL_BF16, 0);
+    o.inputs[0] = xi;
+    compare(&g, o);
+    free(xi);
+}
+
+/* Transpose: the tile path (with conversions: a weight's transpose), rows,
+ * the general gather, attention heads, integers. */
+static void test_transpose_bf16(void **state)
+{
+    (void)state;
+    char label[160];
+    static const struct {
+        const char *label;
+        int rank;
+        int64_t dims[4], perm[4];
+    } cases[] = {
+        {"Transpose [2,3,65,67] (0,1,3,2): tiles", 4, {2, 3, 65, 67}, {0, 1, 3, 2}},
+        {"Transpose [2,3,65,67] (0,2,1,3): rows", 4, {2, 3, 65, 67}, {0, 2, 1, 3}},
+        {"Transpose [2,3,65,67] (3,2,1,0): gather", 4, {2, 3, 65, 67}, {3, 2, 1, 0}},
+        {"Transpose [40,3,50] (2,1,0): tiles around a batch axis", 3, {40, 3, 50}, {2, 1, 0}},
+        {"Transpose [5,17,33] (1,2,0)", 3, {5, 17, 33}, {1, 2, 0}},
+        {"Transpose [96,200] (1,0): a weight", 2, {96, 200}, {1, 0}},
+        {"Transpose [4,8,16,64] (0,2,1,3): rows in groups", 4, {4, 8, 16, 64}, {0, 2, 1, 3}},
+    };
+    for (int k = 0; k < (int)(sizeof cases / sizeof *cases); k++)
+        for (int m = 0; m < N_MODES; m++)
+            transpose_case_o(bf16_o(label, sizeof label, cases[k].label, &bf16_modes[m], 0), GP_DTYPE_FLOAT32,
+                             cases[k].rank, cases[k].dims, cases[k].perm);
+    transpose_case_o(bf16_o(label, sizeof label, "Transpose [8,12,128,64] (0,2,1,3): heads", ALL_BF16, 0),
+                     GP_DTYPE_FLOAT32, 4, I64(8, 12, 128, 64), I64(0, 2, 1, 3));
+    transpose_case_o(bf16_o(label, sizeof label, "Transpose [768,2304] (1,0): GPT-2's weight", F32_PARAM, 0),
+                     GP_DTYPE_FLOAT32, 2, I64(768, 2304), I64(1, 0));
+    transpose_case_o(bf16_o(label, sizeof label, "Transpose int64 [2,33,40] (0,2,1)", ALL_BF16, 0),
+                     GP_DTYPE_INT64, 3, I64(2, 33, 40), I64(0, 2, 1));
+}
+
+/* Concat and Split (input 0 / output 0 in the mode's type, the others
+ * bfloat16), along every axis. */
+static void test_concat_split_bf16(void **state)
+{
+    (void)state;
+    char label[160], name[64];
+    for (int m = 0; m < N_MODES; m++) {
+        for (int axis = -1; axis < 3; axis++) {
+            struct gp_graph g;
+            begin(&g, 13);
+            int a = axis < 0 ? 2 : axis;
+            for (int k = 0; k < 3; k++) {
+                int64_t d[3] = {2, 3, 5};
+                d[a] = k + 1 + (a == 2 ? 3 : 0);
+                input(&g, k == 0 ? "a" : k == 1 ? "b" : "c", 3, d);
+            }
+            attr_i(&g, node(&g, "Concat", 3, S("a", "b", "c"), 1, S("y")), "axis", axis);
+            snprintf(name, sizeof name, "Concat axis %d", axis);
+            compare(&g, bf16_o(label, sizeof label, name, &bf16_modes[m], 0));
+        }
+        struct gp_graph g;
+        begin(&g, 13);
+        input(&g, "a", 2, I64(8, 64));
+        input(&g, "b", 2, I64(8, 128));
+        attr_i(&g, node(&g, "Concat", 2, S("a", "b"), 1, S("y")), "axis", 1);
+        compare(&g, bf16_o(label, sizeof label, "Concat aligned rows", &bf16_modes[m], 0));
+
+        begin(&g, 13);
+        input(&g, "a", 2, I64(1000, 300));
+        input(&g, "b", 2, I64(1000, 701));
+        input(&g, "c", 2, I64(1000, 101));
+        attr_i(&g, node(&g, "Concat", 3, S("a", "b", "c"), 1, S("y")), "axis", 1);
+        compare(&g, bf16_o(label, sizeof label, "Concat [1000, 1102]", &bf16_modes[m], 0));
+
+        begin(&g, 13);
+        input(&g, "x", 3, I64(3, 4, 7));
+        ci64(&g, "split", 1, I64(2), I64(5, 2));
+        attr_i(&g, node(&g, "Split", 2, S("x", "split"), 2, S("y0", "y1")), "axis", -1);
+        compare(&g, bf16_o(label, sizeof label, "Split-13 split input, axis -1", &bf16_modes[m], 0));
+
+        begin(&g, 18);
+        input(&g, "x", 2, I64(2, 7));
+        int n = node(&g, "Split", 1, S("x"), 3, S("y0", "y1", "y2"));
+        attr_i(&g, n, "axis", 1);
+        attr_i(&g, n, "num_outputs", 3);
+        compare(&g, bf16_o(label, sizeof label, "Split-18 num_outputs 3 of 7", &bf16_modes[m], 0));
+
+        begin(&g, 13);
+        input(&g, "x", 2, I64(2200, 1000));
+        node(&g, "Split", 1, S("x"), 2, S("y0", "y1"));
+        compare(&g, bf16_o(label, sizeof label, "Split [2200, 1000] axis 0", &bf16_modes[m], 0));
+
+        begin(&g, 13);
+        input(&g, "x", 2, I64(1100, 1001));
+        ci64(&g, "split", 1, I64(2), I64(400, 601));
+        attr_i(&g, node(&g, "Split", 2, S("x", "split"), 2, S("y0", "y1")), "axis", 1);
+        compare(&g, bf16_o(label, sizeof label, "Split [1100, 1001] axis 1", &bf16_modes[m], 0));
+    }
+    struct gp_graph g;
+    begin(&g, 13);
+    input_t(&g, "a", GP_DTYPE_INT64, 2, I64(3, 2));
+    input_t(&g, "b", GP_DTYPE_INT64, 2, I64(3, 5));
+    attr_i(&g, node(&g, "Concat", 2, S("a", "b"), 1, S("y")), "axis", 1);
+    int64_t *ia = ints64(6, -50, 50), *ib = ints64(15, -50, 50);
+    struct op_compare o = bf16_o(label, sizeof label, "Concat int64", ALL_BF16, 0);
+    o.inputs[0] = ia;
+    o.inputs[1] = ib;
+    compare(&g, o);
+    free(ia);
+    free(ib);
+}
+
+/* Slice: negative steps (general path), rows, aligned rows (groups). */
+static void test_slice_bf16(void **state)
+{
+    (void)state;
+    char label[160];
+    for (int m = 0; m < N_MODES; m++) {
+        const struct bf16_mode *md = &bf16_modes[m];
+        slice13_o(bf16_o(label, sizeof label, "Slice x[3:-5:-1, 0:6:2]", md, 0), 2, I64(4, 6), 2, I64(3, 0),
+                  I64(-5, 6), I64(0, 1), I64(-1, 2));
+        slice13_o(bf16_o(label, sizeof label, "Slice [1200, 1001] rows 1..999", md, 0), 2, I64(1200, 1001), 2,
+                  I64(0, 1), I64(1200, 1000), I64(0, 1), I64(1, 1));
+        slice13_o(bf16_o(label, sizeof label, "Slice [3, 1024, 768] aligned columns", md, 0), 3,
+                  I64(3, 1024, 768), 1, I64(256), I64(512), I64(2), I64(1));
+        slice13_o(bf16_o(label, sizeof label, "Slice [6, 7, 9] every axis negative", md, 0), 3, I64(6, 7, 9), 3,
+                  I64(-1, 5, 8), I64(0, -100, 1), I64(0, 1, 2), I64(-2, -3, -4));
+    }
+}
+
+/* Gather: GPT-2's embedding (a float32 table into a bfloat16 output, its
+ * gradient float32), a gathered activation (bfloat16 throughout), rows of
+ * 4, 2 and 1 elements, repeated indices, runs of several pieces. */
+static void test_gather_bf16(void **state)
+{
+    (void)state;
+    char label[160];
+    for (int m = 0; m < N_MODES; m++) {
+        const struct bf16_mode *md = &bf16_modes[m];
+        int64_t *i64 = ints64(132, -50, 49);
+        for (int k = 0; k < 20; k++) i64[k * 6] = 7; /* one row read 20 times */
+        gather_case_o(bf16_o(label, sizeof label, "Gather embedding [50,16] by [4,33]", md, 0), 2, I64(50, 16), 0,
+                      GP_DTYPE_INT64, 2, I64(4, 33), i64);
+        free(i64);
+        i64 = ints64(33, -50, 49);
+        gather_case_o(bf16_o(label, sizeof label, "Gather axis 1 [5,50,7] by [3,11]", md, 0), 3, I64(5, 50, 7), 1,
+                      GP_DTYPE_INT64, 2, I64(3, 11), i64);
+        free(i64);
+        int32_t *i32 = ints32(10, -9, 8);
+        gather_case_o(bf16_o(label, sizeof label, "Gather axis -1 [4,6,9] by [10] int32", md, 0), 3,
+                      I64(4, 6, 9), -1, GP_DTYPE_INT32, 1, I64(10), i32);
+        free(i32);
+        i64 = ints64(12, -3, 2);
+        gather_case_o(bf16_o(label, sizeof label, "Gather [3,6] by [2,6]: every row many times", md, 0), 2,
+                      I64(3, 6), 0, GP_DTYPE_INT64, 2, I64(2, 6), i64);
+        free(i64);
+        i64 = skewed(8 * 2048, 5000, 6.0);
+        gather_case_o(bf16_o(label, sizeof label, "Gather [5000,64] by [8,2048], long runs", md, 2e-4), 2,
+                      I64(5000, 64), 0, GP_DTYPE_INT64, 2, I64(8, 2048), i64);
+        free(i64);
+    }
+    int64_t *i64 = skewed(8 * 1024, 50304, 4.0);
+    gather_case_o(bf16_o(label, sizeof label, "Gather GPT-2 [50304,768] by [8,1024]", F32_PARAM, 1e-4), 2,
+                  I64(50304, 768), 0, GP_DTYPE_INT64, 2, I64(8, 1024), i64);
+    free(i64);
+
+    struct gp_graph g;
+    begin(&g, 13);
+    input_t(&g, "x", GP_DTYPE_INT64, 2, I64(6, 3));
+    input_t(&g, "i", GP_DTYPE_INT64, 1, I64(8));
+    node(&g, "Gather", 2, S("x", "i"), 1, S("y"));
+    int64_t *xi = ints64(18, -1000, 1000);
+    i64 = ints64(8, -6, 5);
+    struct op_compare o = bf16_o(label, sizeof label, "Gather int64 data", ALL_BF16, 0);
+    o.inputs[0] = xi;
+    o.inputs[1] = i64;
+    compare(&g, o);
+    free(xi);
+    free(i64);
+}
+
+/* Tile (several terms summed per input gradient element) and Trilu. */
+static void test_tile_trilu_bf16(void **state)
+{
+    (void)state;
+    char label[160];
+    for (int m = 0; m < N_MODES; m++) {
+        const struct bf16_mode *md = &bf16_modes[m];
+        tile_case_o(bf16_o(label, sizeof label, "Tile [2,3] by (2,2)", md, 0), GP_DTYPE_FLOAT32, 2, I64(2, 3),
+                    I64(2, 2));
+        tile_case_o(bf16_o(label, sizeof label, "Tile [2,1,3] by (1,3,2)", md, 0), GP_DTYPE_FLOAT32, 3,
+                    I64(2, 1, 3), I64(1, 3, 2));
+        tile_case_o(bf16_o(label, sizeof label, "Tile [64,130,33] by (1,1,5)", md, 0), GP_DTYPE_FLOAT32, 3,
+                    I64(64, 130, 33), I64(1, 1, 5));
+        trilu_case_o(bf16_o(label, sizeof label, "Trilu upper k=1 [3,4]", md, 0), GP_DTYPE_FLOAT32, 2, I64(3, 4),
+                     true, true, 1);
+        trilu_case_o(bf16_o(label, sizeof label, "Trilu lower, no k [4,3]", md, 0), GP_DTYPE_FLOAT32, 2,
+                     I64(4, 3), false, false, 0);
+        trilu_case_o(bf16_o(label, sizeof label, "Trilu [3,700,600] upper k=-3", md, 0), GP_DTYPE_FLOAT32, 3,
+                     I64(3, 700, 600), true, true, -3);
+    }
+    tile_case_o(bf16_o(label, sizeof label, "Tile int64 [3,2] by (2,3)", ALL_BF16, 0), GP_DTYPE_INT64, 2,
+                I64(3, 2), I64(2, 3));
+    trilu_case_o(bf16_o(label, sizeof label, "Trilu int64 upper k=0 [3,5]", ALL_BF16, 0), GP_DTYPE_INT64, 2,
+                 I64(3, 5), true, true, 0);
+}
+
+/* Shape reads no elements; ConstantOfShape fills a bfloat16 output with
+ * its float32 value rounded once. */
+static void test_shape_producers_bf16(void **state)
+{
+    (void)state;
+    char label[160];
+    struct gp_graph g;
+    begin(&g, 13);
+    input(&g, "x", 3, I64(2, 3, 4));
+    node(&g, "Shape", 1, S("x"), 1, S("y"));
+    compare_folded_o(&g, bf16_o(label, sizeof label, "Shape", ALL_BF16, 0));
+
+    for (int m = 0; m < N_MODES; m += 3) { /* bfloat16, then float32 output */
+        begin(&g, 13);
+        input(&g, "x", 1, I64(1));
+        ci64(&g, "s", 1, I64(2), I64(3, 5));
+        int n = node(&g, "ConstantOfShape", 1, S("s"), 1, S("y"));
+        struct gp_attr *a = attr(&g, n, "value", GP_ATTR_TENSOR);
+        struct gp_shape one = {.rank = 1, .dims = {1}};
+        a->t = gp_graph_new_tensor(&g, GP_DTYPE_FLOAT32, &one);
+        assert_non_null(a->t);
+        ((float *)a->t->data)[0] = 0.3f; /* not a bfloat16 value */
+        compare_folded_o(&g, bf16_o(label, sizeof label, "ConstantOfShape float 0.3", &bf16_modes[m], 0));
+    }
+}
+
 int main(void)
 {
     op_compare_require_device();
@@ -609,6 +970,10 @@ int main(void)
         cmocka_unit_test(test_split),   cmocka_unit_test(test_slice),     cmocka_unit_test(test_gather),
         cmocka_unit_test(test_tile),    cmocka_unit_test(test_trilu),     cmocka_unit_test(test_pad),
         cmocka_unit_test(test_shape_producers),
+        cmocka_unit_test(test_copies_bf16), cmocka_unit_test(test_transpose_bf16),
+        cmocka_unit_test(test_concat_split_bf16), cmocka_unit_test(test_slice_bf16),
+        cmocka_unit_test(test_gather_bf16), cmocka_unit_test(test_tile_trilu_bf16),
+        cmocka_unit_test(test_shape_producers_bf16),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0)

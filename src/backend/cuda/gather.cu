@@ -2,6 +2,15 @@
  * in the widest units (16, 8, 4, 2 or 1 bytes) their size and alignment
  * allow, so every dtype works.
  *
+ * bfloat16 (gp_cuda_kernel.bf16_any): data, output and both gradients
+ * are float32 or bfloat16 as ctx->*_dt says, any mix (GPT-2's embedding:
+ * a float32 table, a bfloat16 output and incoming gradient, a float32
+ * table gradient). Same types: the bits move as above; a float32 table
+ * into a bfloat16 output converts, rounding each element once. Backward
+ * sums in float32 (or double) exactly as below and rounds once where the
+ * table's gradient is bfloat16: the float32 copy the executor would
+ * otherwise stage, bit for bit.
+ *
  * Backward is deterministic without float atomics: the indices are sorted
  * stably by value (an LSD radix sort in 8-bit digits, positions as
  * payload), each value's run of positions is cut into pieces of
@@ -18,6 +27,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel.h"
 #include "backend/cuda/kernel_util.cuh"
 
@@ -92,13 +102,78 @@ static void launch_gather(const struct gather_plan *p, int64_t post_units, const
             (const T *)x, (const int32_t *)idx, (T *)y, p->dim, p->q, post_units, n);
 }
 
+/* N elements of T, moved as one load or store (at most 16 bytes). */
+template <typename T, int N> struct __align__(sizeof(T) * N) grp {
+    T v[N];
+};
+
+/* Gather between float storage types (float32 <-> bfloat16), N columns a
+ * thread: Y [pre, q, post / N groups] = X [pre, k(j), post / N groups],
+ * each element converted (rounded once into bfloat16); zeros where an
+ * index is out of range. */
+template <typename TD, typename TS, typename I, int N>
+__global__ static void gather_cvt_kernel(const grp<TS, N> *x, const I *idx, grp<TD, N> *y, int64_t dim,
+                                         int64_t q, int64_t post, int64_t n)
+{
+    GP_GRID_STRIDE(t, n)
+    {
+        int64_t col = t % post, rest = t / post, j = rest % q, r = rest / q;
+        int64_t k = gather_index(idx, j, dim);
+        grp<TD, N> o;
+        if (k >= 0 && k < dim) {
+            grp<TS, N> a = x[(r * dim + k) * post + col];
+#pragma unroll
+            for (int u = 0; u < N; u++) gp_store(&o.v[u], gp_load(&a.v[u]));
+        } else {
+#pragma unroll
+            for (int u = 0; u < N; u++) gp_store(&o.v[u], 0.0f);
+        }
+        y[t] = o;
+    }
+}
+
+template <typename TD, typename TS, int N>
+static void launch_gather_cvt(const struct gather_plan *p, const void *x, const void *idx, void *y,
+                              cudaStream_t s)
+{
+    int64_t post = p->post / N, n = p->pre * p->q * post;
+    unsigned b = gp_cuda_blocks_for(n);
+    if (p->idx_type == GP_DTYPE_INT64)
+        gather_cvt_kernel<TD, TS, int64_t, N><<<b, GP_CUDA_THREADS, 0, s>>>(
+            (const grp<TS, N> *)x, (const int64_t *)idx, (grp<TD, N> *)y, p->dim, p->q, post, n);
+    else
+        gather_cvt_kernel<TD, TS, int32_t, N><<<b, GP_CUDA_THREADS, 0, s>>>(
+            (const grp<TS, N> *)x, (const int32_t *)idx, (grp<TD, N> *)y, p->dim, p->q, post, n);
+}
+
+/* Rows of N elements where the row length and both pointers allow. */
+template <typename TD, typename TS>
+static void gather_cvt(const struct gather_plan *p, const void *x, const void *idx, void *y, cudaStream_t s)
+{
+    uintptr_t xa = (uintptr_t)x, ya = (uintptr_t)y;
+    if (p->post % 4 == 0 && xa % (4 * sizeof(TS)) == 0 && ya % (4 * sizeof(TD)) == 0)
+        launch_gather_cvt<TD, TS, 4>(p, x, idx, y, s);
+    else if (p->post % 2 == 0 && xa % (2 * sizeof(TS)) == 0 && ya % (2 * sizeof(TD)) == 0)
+        launch_gather_cvt<TD, TS, 2>(p, x, idx, y, s);
+    else
+        launch_gather_cvt<TD, TS, 1>(p, x, idx, y, s);
+}
+
 static gp_status gather_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     struct gather_plan p;
     GP_TRY(gather_plan_of(c->graph, c->node, err, &p));
-    size_t es = gp_cuda_in_esize(c, 0);
+    enum gp_dtype dt = gp_cuda_in_value(c, 0)->dtype;
+    bool fl = gp_dtype_is_float(dt);
+    bool x16 = fl && gp_cuda_is_bf16(c->in_dt, 0), y16 = fl && gp_cuda_is_bf16(c->out_dt, 0);
+    size_t es = x16 ? sizeof(__nv_bfloat16) : gp_cuda_esize(dt);
     GP_TRY(gp_cuda_check_esize(c, es, err));
     if (p.pre * p.q * p.post == 0) return GP_OK;
+    if (x16 != y16) {
+        if (y16) gather_cvt<__nv_bfloat16, float>(&p, c->in[0], c->in[1], c->out[0], c->stream);
+        else gather_cvt<float, __nv_bfloat16>(&p, c->in[0], c->in[1], c->out[0], c->stream);
+        return gp_cuda_check_launch(c, "Gather forward", err);
+    }
     size_t row = (size_t)p.post * es;
     bool al16 = (uintptr_t)c->in[0] % 16 == 0 && (uintptr_t)c->out[0] % 16 == 0;
     bool al8 = (uintptr_t)c->in[0] % 8 == 0 && (uintptr_t)c->out[0] % 8 == 0;
@@ -422,17 +497,20 @@ __global__ static void gather_piece_keys_kernel(const int32_t *seg_lo, const int
 }
 
 struct gather_bwd {
-    const float *dy;
-    float *dx;
+    const void *dy; /* float or __nv_bfloat16: the kernels' TS */
+    void *dx;       /* TD */
     const int32_t *pos, *seg_lo, *seg_hi, *piece_start, *mp_start, *mk_start, *piece_key, *mkey;
     double *partial;
     int64_t pre, dim, q, post, mp_max;
 };
 
 /* A warp per (r, piece, 32 * GATHER_COLS columns): each lane takes
- * GATHER_COLS columns, so that that many loads are in flight. */
+ * GATHER_COLS columns, so that that many loads are in flight. dData is
+ * stored as TD, dY as TS (float or __nv_bfloat16); the sums are the same
+ * float32 (double) ones either way, rounded once into a bfloat16 dData. */
 #define GATHER_COLS 4
 
+template <typename TD, typename TS>
 __global__ static void gather_piece_kernel(struct gather_bwd b)
 {
     int lane = threadIdx.x & 31;
@@ -446,8 +524,8 @@ __global__ static void gather_piece_kernel(struct gather_bwd b)
         int32_t ps = b.piece_start[v], pc = b.piece_start[v + 1] - ps, k = (int32_t)piece - ps;
         int64_t lo = (int64_t)b.seg_lo[v] + (int64_t)k * GATHER_PIECE;
         int64_t hi = lo + GATHER_PIECE < b.seg_hi[v] ? lo + GATHER_PIECE : b.seg_hi[v];
-        const float *dy = b.dy + r * b.q * b.post;
-        float *dx = b.dx + (r * b.dim + v) * b.post;
+        const TS *dy = (const TS *)b.dy + r * b.q * b.post;
+        TD *dx = (TD *)b.dx + (r * b.dim + v) * b.post;
         double *part = b.partial + (r * b.mp_max + b.mp_start[v] + k) * b.post;
         int64_t c0 = chunk * 32 * GATHER_COLS + lane;
         {
@@ -456,31 +534,31 @@ __global__ static void gather_piece_kernel(struct gather_bwd b)
 #pragma unroll
                 for (int u = 0; u < GATHER_COLS; u++) {
                     int64_t col = c0 + 32 * u;
-                    acc[u] = col < b.post ? dx[col] : 0.0f;
+                    acc[u] = col < b.post ? gp_load(&dx[col]) : 0.0f;
                 }
 #pragma unroll 4
                 for (int64_t i = lo; i < hi; i++) {
-                    const float *row = dy + (int64_t)b.pos[i] * b.post;
+                    const TS *row = dy + (int64_t)b.pos[i] * b.post;
 #pragma unroll
                     for (int u = 0; u < GATHER_COLS; u++) {
                         int64_t col = c0 + 32 * u;
-                        if (col < b.post) acc[u] = __fadd_rn(acc[u], row[col]);
+                        if (col < b.post) acc[u] = __fadd_rn(acc[u], gp_load(&row[col]));
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < GATHER_COLS; u++) {
                     int64_t col = c0 + 32 * u;
-                    if (col < b.post) dx[col] = acc[u];
+                    if (col < b.post) gp_store(&dx[col], acc[u]);
                 }
             } else {
                 double acc[GATHER_COLS] = {0, 0, 0, 0};
 #pragma unroll 4
                 for (int64_t i = lo; i < hi; i++) {
-                    const float *row = dy + (int64_t)b.pos[i] * b.post;
+                    const TS *row = dy + (int64_t)b.pos[i] * b.post;
 #pragma unroll
                     for (int u = 0; u < GATHER_COLS; u++) {
                         int64_t col = c0 + 32 * u;
-                        if (col < b.post) acc[u] += (double)row[col];
+                        if (col < b.post) acc[u] += (double)gp_load(&row[col]);
                     }
                 }
 #pragma unroll
@@ -493,8 +571,10 @@ __global__ static void gather_piece_kernel(struct gather_bwd b)
     }
 }
 
-/* A warp per (r, multi-piece key, 32 columns): dData += its partials, in
- * order. */
+/* A warp per (r, multi-piece key, 32 columns): dData (TD) += its
+ * partials, in order; the double sum is rounded to float32, then (a
+ * bfloat16 dData) to bfloat16, as the float32 copy would be. */
+template <typename TD>
 __global__ static void gather_reduce_kernel(struct gather_bwd b)
 {
     int lane = threadIdx.x & 31;
@@ -507,13 +587,13 @@ __global__ static void gather_reduce_kernel(struct gather_bwd b)
         int32_t v = b.mkey[m];
         int32_t pc = b.piece_start[v + 1] - b.piece_start[v];
         const double *part = b.partial + (r * b.mp_max + b.mp_start[v]) * b.post;
-        float *dx = b.dx + (r * b.dim + v) * b.post;
+        TD *dx = (TD *)b.dx + (r * b.dim + v) * b.post;
         int64_t col = chunk * 32 + lane;
         if (col < b.post) {
-            double acc = (double)dx[col];
+            double acc = (double)gp_load(&dx[col]);
 #pragma unroll 4
             for (int32_t k = 0; k < pc; k++) acc += part[(int64_t)k * b.post + col];
-            dx[col] = (float)acc;
+            gp_store(&dx[col], (float)acc);
         }
     }
 }
@@ -523,6 +603,17 @@ static unsigned warp_blocks(int64_t rows)
 {
     int64_t b = (rows * 32 + GP_CUDA_THREADS - 1) / GP_CUDA_THREADS;
     return (unsigned)(b < 1 ? 1 : b > 16384 ? 16384 : b);
+}
+
+/* Steps 4 and 5 for dData stored as TD and dY as TS. */
+template <typename TD, typename TS>
+static gp_status gather_sums(const struct gp_cuda_ctx *c, const struct gather_bwd *b, unsigned piece_blocks,
+                             unsigned reduce_blocks, struct gp_error *err)
+{
+    gather_piece_kernel<TD, TS><<<piece_blocks, GP_CUDA_THREADS, 0, c->stream>>>(*b);
+    GP_TRY(gp_cuda_check_launch(c, "Gather backward: pieces", err));
+    gather_reduce_kernel<TD><<<reduce_blocks, GP_CUDA_THREADS, 0, c->stream>>>(*b);
+    return gp_cuda_check_launch(c, "Gather backward: long runs", err);
 }
 
 static gp_status gather_backward(struct gp_cuda_ctx *c, struct gp_error *err)
@@ -600,15 +691,18 @@ static gp_status gather_backward(struct gp_cuda_ctx *c, struct gp_error *err)
         b.seg_lo, b.seg_hi, p.dim, b.piece_start, b.mk_start, (int32_t *)b.piece_key, (int32_t *)b.mkey);
     GP_TRY(gp_cuda_check_launch(c, "Gather backward: piece keys", err));
     int64_t wide = (p.post + 32 * GATHER_COLS - 1) / (32 * GATHER_COLS), narrow = (p.post + 31) / 32;
-    gather_piece_kernel<<<warp_blocks(p.pre * l.npc_max * wide), GP_CUDA_THREADS, 0, st>>>(b);
-    GP_TRY(gp_cuda_check_launch(c, "Gather backward: pieces", err));
-    gather_reduce_kernel<<<warp_blocks(p.pre * l.mk_max * narrow), GP_CUDA_THREADS, 0, st>>>(b);
-    return gp_cuda_check_launch(c, "Gather backward: long runs", err);
+    unsigned pb = warp_blocks(p.pre * l.npc_max * wide), rb = warp_blocks(p.pre * l.mk_max * narrow);
+    bool dx16 = gp_cuda_is_bf16(c->din_dt, 0), dy16 = gp_cuda_is_bf16(c->dout_dt, 0);
+    typedef __nv_bfloat16 bf16;
+    if (dx16 && dy16) return gather_sums<bf16, bf16>(c, &b, pb, rb, err);
+    if (dx16) return gather_sums<bf16, float>(c, &b, pb, rb, err);
+    if (dy16) return gather_sums<float, bf16>(c, &b, pb, rb, err);
+    return gather_sums<float, float>(c, &b, pb, rb, err);
 }
 
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_gather[] = {
-    {"Gather", NULL, gather_scratch, gather_forward, gather_backward},
+    {"Gather", NULL, gather_scratch, gather_forward, gather_backward, false, true},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -3,11 +3,16 @@
  * Trilu, and the shape producers (Shape, Size, ConstantOfShape, Range) that
  * loading normally folds away. Gather is in gather.cu, Pad in pad.cu.
  *
- * Forward moves elements by their size, so every dtype works (float
- * tensors are float32 on the device, as plan.c lays them out). Plans
- * (permutations, split sizes, slice starts and steps) come from the op
- * layer's helpers, exactly as on the CPU, so both backends and shape
- * inference agree by construction.
+ * Forward moves elements by their size, so every dtype works. Float
+ * tensors are float32 on the device, or bfloat16 where ctx->*_dt says so
+ * (every kernel here takes any mix, gp_cuda_kernel.bf16_any): a move
+ * between two tensors of one storage type copies their bits, one between
+ * float32 and bfloat16 converts (rounding to nearest even into bfloat16),
+ * and a gradient is added in float32 and rounded once per element, which
+ * is what the executor's float32 copies did. Plans (permutations, split
+ * sizes, slice starts and steps) come from the op layer's helpers, exactly
+ * as on the CPU, so both backends and shape inference agree by
+ * construction.
  *
  * Strided views: Transpose, Concat, Split and Slice move each element once
  * between two strided views of the same index space (view_run, the CPU's
@@ -22,12 +27,17 @@
  *     two sides differ and both are at least 16 long (the common last-two-
  *     axes Transpose, coalesced on both sides),
  *   - a general strided gather otherwise.
+ * A converting or adding move in bfloat16 takes the same paths, in
+ * groups of up to 16 bytes per side on contiguous rows (view_run_f).
  *
  * Differences from the CPU kernels: Trilu's k is read on the device. */
 #include <string.h>
 
+#include <type_traits>
+
 #include <cuda_runtime.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel.h"
 #include "backend/cuda/kernel_util.cuh"
 
@@ -84,6 +94,79 @@ static gp_status add_into(const struct gp_cuda_ctx *c, float *dst, const float *
     return gp_cuda_check_launch(c, what, err);
 }
 
+/* ---- storage types ---- */
+
+/* How a tensor of the call is stored: a float tensor as float32 or
+ * bfloat16 (ctx->*_dt), any other as its own dtype; es bytes an element. */
+struct sto {
+    bool bf16;
+    size_t es;
+};
+
+static struct sto sto_of(enum gp_dtype dtype, const enum gp_dtype *dt, int k)
+{
+    struct sto s;
+    s.bf16 = gp_dtype_is_float(dtype) && gp_cuda_is_bf16(dt, k);
+    s.es = s.bf16 ? sizeof(__nv_bfloat16) : gp_cuda_esize(dtype);
+    return s;
+}
+
+static struct sto in_sto(const struct gp_cuda_ctx *c, int k)
+{
+    return sto_of(gp_cuda_in_value(c, k)->dtype, c->in_dt, k);
+}
+
+static struct sto out_sto(const struct gp_cuda_ctx *c, int k)
+{
+    return sto_of(gp_cuda_out_value(c, k)->dtype, c->out_dt, k);
+}
+
+/* Gradients belong to float tensors. */
+static struct sto grad_sto(bool bf16)
+{
+    struct sto s = {bf16, bf16 ? sizeof(__nv_bfloat16) : sizeof(float)};
+    return s;
+}
+
+static struct sto din_sto(const struct gp_cuda_ctx *c, int k) { return grad_sto(gp_cuda_is_bf16(c->din_dt, k)); }
+static struct sto dout_sto(const struct gp_cuda_ctx *c, int k) { return grad_sto(gp_cuda_is_bf16(c->dout_dt, k)); }
+
+/* Whether a move between the two copies bits. */
+static bool same_sto(struct sto a, struct sto b) { return a.bf16 == b.bf16 && a.es == b.es; }
+
+/* N elements of T, moved as one load or store (at most 16 bytes). */
+template <typename T, int N> struct __align__(sizeof(T) * N) grp {
+    T v[N];
+};
+
+/* *o = v, or *o += v (ADD). Where the types match, a move copies the bits
+ * and a float32 add is vadd; otherwise the value goes through float32
+ * (exact from bfloat16) and is rounded once into a bfloat16 *o. */
+template <bool ADD, typename TD, typename TS>
+__device__ static inline void put(TD *o, TS v)
+{
+    if constexpr (!ADD && std::is_same<TD, TS>::value) {
+        *o = v;
+    } else if constexpr (ADD && std::is_same<TD, TS>::value && !std::is_same<TD, __nv_bfloat16>::value) {
+        *o = vadd(*o, v);
+    } else {
+        float x = gp_load(&v);
+        if constexpr (ADD) x = __fadd_rn(gp_load(o), x);
+        gp_store(o, x);
+    }
+}
+
+/* The same per element of a group: one load of each side, one store. */
+template <bool ADD, typename TD, typename TS, int N>
+__device__ static inline void put(grp<TD, N> *o, grp<TS, N> v)
+{
+    grp<TD, N> r;
+    if constexpr (ADD) r = *o;
+#pragma unroll
+    for (int k = 0; k < N; k++) put<ADD>(&r.v[k], v.v[k]);
+    *o = r;
+}
+
 /* ---- strided views ---- */
 
 /* An index space with each element at base + sum(idx[d] * st[d]) on either
@@ -127,10 +210,10 @@ static void view_init(struct view *v, const struct gp_shape *shape, const int64_
     }
 }
 
-/* Element i of the index space: dst[od] = src[os] (or += for ADD). IT is
- * the index type: 32-bit division where the space fits. */
-template <typename T, typename IT, bool ADD>
-__global__ static void view_kernel(struct view v, T *dst, const T *src)
+/* Element i of the index space: dst[od] = src[os] (or += for ADD; put).
+ * IT is the index type: 32-bit division where the space fits. */
+template <typename TD, typename TS, typename IT, bool ADD>
+__global__ static void view_kernel(struct view v, TD *dst, const TS *src)
 {
     IT n = (IT)v.n;
     for (IT i = (IT)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (IT)(gridDim.x * blockDim.x)) {
@@ -142,8 +225,7 @@ __global__ static void view_kernel(struct view v, T *dst, const T *src)
             od += (int64_t)x * v.dst_st[d];
             os += (int64_t)x * v.src_st[d];
         }
-        if constexpr (ADD) dst[od] = vadd(dst[od], src[os]);
-        else dst[od] = src[os];
+        put<ADD>(&dst[od], src[os]);
     }
 }
 
@@ -154,11 +236,11 @@ __global__ static void view_kernel(struct view v, T *dst, const T *src)
 #define TILE 32
 #define TILE_ROWS 8
 
-template <typename T, bool ADD>
+template <typename TD, typename TS, bool ADD>
 __global__ static void view_tile_kernel(struct view v, int as, int ad, int64_t tiles_s,
-                                        int64_t tiles_d, int64_t n_blocks, T *dst, const T *src)
+                                        int64_t tiles_d, int64_t n_blocks, TD *dst, const TS *src)
 {
-    __shared__ T tile[TILE][TILE + 1];
+    __shared__ TS tile[TILE][TILE + 1];
     int64_t ns = v.dims[as], nd = v.dims[ad];
     for (int64_t b = blockIdx.x; b < n_blocks; b += gridDim.x) {
         int64_t ts = b % tiles_s, rest = b / tiles_s;
@@ -181,34 +263,30 @@ __global__ static void view_tile_kernel(struct view v, int as, int ad, int64_t t
         int64_t yd = d0 + threadIdx.x;
         for (int k = threadIdx.y; k < TILE; k += TILE_ROWS) {
             int64_t ys = s0 + k;
-            if (yd < nd && ys < ns) {
-                T *o = dst + od + yd + ys * v.dst_st[as];
-                if constexpr (ADD) *o = vadd(*o, tile[threadIdx.x][k]);
-                else *o = tile[threadIdx.x][k];
-            }
+            if (yd < nd && ys < ns) put<ADD>(dst + od + yd + ys * v.dst_st[as], tile[threadIdx.x][k]);
         }
         __syncthreads();
     }
 }
 
-template <typename T, bool ADD>
+template <typename TD, typename TS, bool ADD>
 static void launch_view(const struct view *v, void *dst, const void *src, cudaStream_t s)
 {
     unsigned blocks = gp_cuda_blocks_for(v->n);
     if (v->n <= INT32_MAX)
-        view_kernel<T, uint32_t, ADD><<<blocks, GP_CUDA_THREADS, 0, s>>>(*v, (T *)dst, (const T *)src);
+        view_kernel<TD, TS, uint32_t, ADD><<<blocks, GP_CUDA_THREADS, 0, s>>>(*v, (TD *)dst, (const TS *)src);
     else
-        view_kernel<T, int64_t, ADD><<<blocks, GP_CUDA_THREADS, 0, s>>>(*v, (T *)dst, (const T *)src);
+        view_kernel<TD, TS, int64_t, ADD><<<blocks, GP_CUDA_THREADS, 0, s>>>(*v, (TD *)dst, (const TS *)src);
 }
 
-template <typename T, bool ADD>
+template <typename TD, typename TS, bool ADD>
 static void launch_tile(const struct view *v, int as, int ad, void *dst, const void *src, cudaStream_t s)
 {
     int64_t ts = (v->dims[as] + TILE - 1) / TILE, td = (v->dims[ad] + TILE - 1) / TILE;
     int64_t nb = ts * td * (v->n / (v->dims[as] * v->dims[ad]));
     unsigned grid = (unsigned)(nb < 65536 ? nb : 65536);
-    view_tile_kernel<T, ADD><<<grid, dim3(TILE, TILE_ROWS), 0, s>>>(*v, as, ad, ts, td, nb, (T *)dst,
-                                                                    (const T *)src);
+    view_tile_kernel<TD, TS, ADD><<<grid, dim3(TILE, TILE_ROWS), 0, s>>>(*v, as, ad, ts, td, nb, (TD *)dst,
+                                                                         (const TS *)src);
 }
 
 /* Scales a view whose last axis is contiguous on both sides to units of
@@ -234,17 +312,107 @@ static bool view_units(struct view *v, size_t es, size_t u, const void *dst, con
     return true;
 }
 
+/* view_units for two element types: groups of n elements, when every
+ * offset stays a whole number of groups and each pointer is aligned to
+ * its side's group. */
+static bool view_groups(struct view *v, int64_t n, const void *dst, size_t dst_es, const void *src,
+                        size_t src_es)
+{
+    int last = v->rank - 1;
+    if ((uintptr_t)dst % ((size_t)n * dst_es) || (uintptr_t)src % ((size_t)n * src_es)) return false;
+    if (v->dims[last] % n || v->dst_base % n || v->src_base % n) return false;
+    for (int d = 0; d < last; d++)
+        if (v->dst_st[d] % n || v->src_st[d] % n) return false;
+    if (n == 1) return true;
+    v->dims[last] /= n;
+    v->dst_base /= n;
+    v->src_base /= n;
+    for (int d = 0; d < last; d++) {
+        v->dst_st[d] /= n;
+        v->src_st[d] /= n;
+    }
+    v->n /= n;
+    return true;
+}
+
+/* The axes of stride 1 on the source and on the destination side, and
+ * whether the tile transpose suits them. */
+static bool view_tiled(const struct view *v, int *as, int *ad)
+{
+    *as = *ad = -1;
+    for (int d = 0; d < v->rank; d++) {
+        if (v->src_st[d] == 1 && *as < 0) *as = d;
+        if (v->dst_st[d] == 1 && *ad < 0) *ad = d;
+    }
+    return *as >= 0 && *ad >= 0 && *as != *ad && v->dims[*as] >= 16 && v->dims[*ad] >= 16;
+}
+
+/* Contiguous rows in groups of N (when the view allows them). */
+template <typename TD, typename TS, bool ADD, int N>
+static bool launch_groups(const struct view *v, void *dst, const void *src, cudaStream_t s)
+{
+    struct view w = *v;
+    if (!view_groups(&w, N, dst, sizeof(TD), src, sizeof(TS))) return false;
+    if constexpr (N == 1) launch_view<TD, TS, ADD>(&w, dst, src, s);
+    else launch_view<grp<TD, N>, grp<TS, N>, ADD>(&w, dst, src, s);
+    return true;
+}
+
+/* A view between float tensors of storage types TD and TS (float or
+ * __nv_bfloat16): the paths of view_run, rows in groups of up to 16 bytes
+ * on the wider side. */
+template <typename TD, typename TS, bool ADD>
+static void launch_view_f(const struct view *v, void *dst, const void *src, cudaStream_t s)
+{
+    int last = v->rank - 1, as, ad;
+    if (v->dst_st[last] == 1 && v->src_st[last] == 1) {
+        constexpr int N = 16 / (int)(sizeof(TD) > sizeof(TS) ? sizeof(TD) : sizeof(TS));
+        if (launch_groups<TD, TS, ADD, N>(v, dst, src, s)) return;
+        if (launch_groups<TD, TS, ADD, N / 2>(v, dst, src, s)) return;
+        if (launch_groups<TD, TS, ADD, (N / 4 > 1 ? N / 4 : 1)>(v, dst, src, s)) return;
+        launch_groups<TD, TS, ADD, 1>(v, dst, src, s); /* always fits */
+        return;
+    }
+    if (view_tiled(v, &as, &ad)) launch_tile<TD, TS, ADD>(v, as, ad, dst, src, s);
+    else launch_view<TD, TS, ADD>(v, dst, src, s);
+}
+
+/* The moves of float tensors that are not bit copies or float32 adds: a
+ * conversion between float32 and bfloat16, or an add with bfloat16 on
+ * either side (one rounding per stored element). */
+static gp_status view_run_f(const struct gp_cuda_ctx *c, struct gp_error *err, const struct view *v, void *dst,
+                            bool dst_bf16, const void *src, bool src_bf16, bool add, const char *what)
+{
+    typedef __nv_bfloat16 bf16;
+    cudaStream_t s = c->stream;
+    if (add && dst_bf16 && src_bf16) launch_view_f<bf16, bf16, true>(v, dst, src, s);
+    else if (add && dst_bf16) launch_view_f<bf16, float, true>(v, dst, src, s);
+    else if (add && src_bf16) launch_view_f<float, bf16, true>(v, dst, src, s);
+    else if (!add && dst_bf16 && !src_bf16) launch_view_f<bf16, float, false>(v, dst, src, s);
+    else if (!add && !dst_bf16 && src_bf16) launch_view_f<float, bf16, false>(v, dst, src, s);
+    else return gp_cuda_error(c, err, GP_ERR_INVALID, "%s: no conversion to make", what); /* not reached */
+    return gp_cuda_check_launch(c, what, err);
+}
+
 /* Moves the elements of index space `shape` from src to dst, element idx
- * at base + sum(idx[d] * st[d]) on either side, `es` bytes each; with
- * `add`, dst (float) += src (float). The twin of the CPU's copy_view. */
-static gp_status view_run(const struct gp_cuda_ctx *c, struct gp_error *err, void *dst,
-                          const int64_t *dst_st, int64_t dst_base, const void *src,
-                          const int64_t *src_st, int64_t src_base, const struct gp_shape *shape,
-                          size_t es, bool add, const char *what)
+ * at base + sum(idx[d] * st[d]) on either side, each side stored as `ds`
+ * and `ss` say; with `add`, dst (float) += src (float). The twin of the
+ * CPU's copy_view. */
+static gp_status view_run(const struct gp_cuda_ctx *c, struct gp_error *err, void *dst, struct sto ds,
+                          const int64_t *dst_st, int64_t dst_base, const void *src, struct sto ss,
+                          const int64_t *src_st, int64_t src_base, const struct gp_shape *shape, bool add,
+                          const char *what)
 {
     struct view v;
     view_init(&v, shape, dst_st, dst_base, src_st, src_base);
     if (v.n == 0) return GP_OK;
+    bool same = same_sto(ds, ss);
+    if ((ds.bf16 || ss.bf16) && (add || !same))
+        return view_run_f(c, err, &v, dst, ds.bf16, src, ss.bf16, add, what);
+    if (!same)
+        return gp_cuda_error(c, err, GP_ERR_INVALID, "%s: elements of %zu bytes into elements of %zu", what,
+                             ss.es, ds.es);
+    size_t es = ds.es; /* from here on: bits moved, or float32 added */
     GP_TRY(gp_cuda_check_esize(c, es, err));
     if (add && es != sizeof(float))
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%s: gradient of a non-float tensor", what);
@@ -266,49 +434,45 @@ static gp_status view_run(const struct gp_cuda_ctx *c, struct gp_error *err, voi
             struct view w = v;
             if (!view_units(&w, es, u, dst, src)) continue;
             if (add) {
-                if (u == 16) launch_view<float4, true>(&w, dst, src, s);
-                else if (u == 8) launch_view<float2, true>(&w, dst, src, s);
-                else launch_view<float, true>(&w, dst, src, s);
+                if (u == 16) launch_view<float4, float4, true>(&w, dst, src, s);
+                else if (u == 8) launch_view<float2, float2, true>(&w, dst, src, s);
+                else launch_view<float, float, true>(&w, dst, src, s);
             } else {
                 switch (u) {
-                case 16: launch_view<uint4, false>(&w, dst, src, s); break;
-                case 8: launch_view<unsigned long long, false>(&w, dst, src, s); break;
-                case 4: launch_view<uint32_t, false>(&w, dst, src, s); break;
-                case 2: launch_view<uint16_t, false>(&w, dst, src, s); break;
-                default: launch_view<uint8_t, false>(&w, dst, src, s); break;
+                case 16: launch_view<uint4, uint4, false>(&w, dst, src, s); break;
+                case 8: launch_view<unsigned long long, unsigned long long, false>(&w, dst, src, s); break;
+                case 4: launch_view<uint32_t, uint32_t, false>(&w, dst, src, s); break;
+                case 2: launch_view<uint16_t, uint16_t, false>(&w, dst, src, s); break;
+                default: launch_view<uint8_t, uint8_t, false>(&w, dst, src, s); break;
                 }
             }
             return gp_cuda_check_launch(c, what, err);
         }
         /* not reached: u == es always fits */
     }
-    int as = -1, ad = -1;
-    for (int d = 0; d < v.rank; d++) {
-        if (v.src_st[d] == 1 && as < 0) as = d;
-        if (v.dst_st[d] == 1 && ad < 0) ad = d;
-    }
-    bool tiled = as >= 0 && ad >= 0 && as != ad && v.dims[as] >= 16 && v.dims[ad] >= 16;
+    int as, ad;
+    bool tiled = view_tiled(&v, &as, &ad);
     switch (es) {
     case 1:
-        if (tiled) launch_tile<uint8_t, false>(&v, as, ad, dst, src, s);
-        else launch_view<uint8_t, false>(&v, dst, src, s);
+        if (tiled) launch_tile<uint8_t, uint8_t, false>(&v, as, ad, dst, src, s);
+        else launch_view<uint8_t, uint8_t, false>(&v, dst, src, s);
         break;
     case 2:
-        if (tiled) launch_tile<uint16_t, false>(&v, as, ad, dst, src, s);
-        else launch_view<uint16_t, false>(&v, dst, src, s);
+        if (tiled) launch_tile<uint16_t, uint16_t, false>(&v, as, ad, dst, src, s);
+        else launch_view<uint16_t, uint16_t, false>(&v, dst, src, s);
         break;
     case 4:
         if (add) {
-            if (tiled) launch_tile<float, true>(&v, as, ad, dst, src, s);
-            else launch_view<float, true>(&v, dst, src, s);
+            if (tiled) launch_tile<float, float, true>(&v, as, ad, dst, src, s);
+            else launch_view<float, float, true>(&v, dst, src, s);
         } else {
-            if (tiled) launch_tile<uint32_t, false>(&v, as, ad, dst, src, s);
-            else launch_view<uint32_t, false>(&v, dst, src, s);
+            if (tiled) launch_tile<uint32_t, uint32_t, false>(&v, as, ad, dst, src, s);
+            else launch_view<uint32_t, uint32_t, false>(&v, dst, src, s);
         }
         break;
     default:
-        if (tiled) launch_tile<unsigned long long, false>(&v, as, ad, dst, src, s);
-        else launch_view<unsigned long long, false>(&v, dst, src, s);
+        if (tiled) launch_tile<unsigned long long, unsigned long long, false>(&v, as, ad, dst, src, s);
+        else launch_view<unsigned long long, unsigned long long, false>(&v, dst, src, s);
         break;
     }
     return gp_cuda_check_launch(c, what, err);
@@ -318,11 +482,36 @@ static void contiguous(const struct gp_shape *s, int64_t *st) { gp_shape_strides
 
 /* ---- Reshape, Flatten, Squeeze, Unsqueeze ---- */
 
+/* dst [n] = src [n] (or += with add) through view_run: the first
+ * multiple of 8 elements in groups, the rest after them (a view's rows
+ * take groups only where their whole length does). */
+static gp_status flat_run(const struct gp_cuda_ctx *c, struct gp_error *err, void *dst, struct sto ds,
+                          const void *src, struct sto ss, int64_t n, bool add, const char *what)
+{
+    int64_t head = n - n % 8, st[1] = {1};
+    struct gp_shape fs;
+    memset(&fs, 0, sizeof fs);
+    fs.rank = 1;
+    fs.dims[0] = head;
+    if (head > 0) GP_TRY(view_run(c, err, dst, ds, st, 0, src, ss, st, 0, &fs, add, what));
+    fs.dims[0] = n - head;
+    if (n > head) GP_TRY(view_run(c, err, dst, ds, st, head, src, ss, st, head, &fs, add, what));
+    return GP_OK;
+}
+
 /* X -> Y with the same elements in the same order: a device-to-device copy
- * on the stream (none when the executor aliased the buffers). */
+ * on the stream (none when the executor aliased the buffers), or a
+ * conversion where one is float32 and the other bfloat16. */
 static gp_status copy_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    size_t bytes = (size_t)gp_shape_numel(gp_cuda_in_shape(c, 0)) * gp_cuda_in_esize(c, 0);
+    int64_t n = gp_shape_numel(gp_cuda_in_shape(c, 0));
+    struct sto xs = in_sto(c, 0), ys = out_sto(c, 0);
+    if (!same_sto(xs, ys)) {
+        if (c->out[0] == c->in[0])
+            return gp_cuda_error(c, err, GP_ERR_INVALID, "input and output share memory but not a storage type");
+        return flat_run(c, err, c->out[0], ys, c->in[0], xs, n, false, "copy forward");
+    }
+    size_t bytes = (size_t)n * xs.es;
     if (bytes == 0 || c->out[0] == c->in[0]) return GP_OK;
     return gp_cuda_call(c, cudaMemcpyAsync(c->out[0], c->in[0], bytes, cudaMemcpyDeviceToDevice, c->stream),
                      "cudaMemcpyAsync", err);
@@ -331,7 +520,10 @@ static gp_status copy_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 static gp_status copy_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     if (!c->din[0] || !c->dout[0]) return GP_OK;
-    return add_into(c, c->din[0], c->dout[0], gp_shape_numel(gp_cuda_in_shape(c, 0)), "copy backward", err);
+    int64_t n = gp_shape_numel(gp_cuda_in_shape(c, 0));
+    struct sto dxs = din_sto(c, 0), dys = dout_sto(c, 0);
+    if (!dxs.bf16 && !dys.bf16) return add_into(c, c->din[0], c->dout[0], n, "copy backward", err);
+    return flat_run(c, err, c->din[0], dxs, c->dout[0], dys, n, true, "copy backward");
 }
 
 /* ---- Transpose ---- */
@@ -349,7 +541,7 @@ static gp_status transpose_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(transpose_view(c, err, x_st));
     const struct gp_shape *ys = gp_cuda_out_shape(c, 0);
     contiguous(ys, y_st);
-    return view_run(c, err, c->out[0], y_st, 0, c->in[0], x_st, 0, ys, gp_cuda_in_esize(c, 0), false,
+    return view_run(c, err, c->out[0], out_sto(c, 0), y_st, 0, c->in[0], in_sto(c, 0), x_st, 0, ys, false,
                     "Transpose forward");
 }
 
@@ -360,7 +552,7 @@ static gp_status transpose_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(transpose_view(c, err, x_st));
     const struct gp_shape *ys = gp_cuda_out_shape(c, 0);
     contiguous(ys, y_st);
-    return view_run(c, err, c->din[0], x_st, 0, c->dout[0], y_st, 0, ys, sizeof(float), true,
+    return view_run(c, err, c->din[0], din_sto(c, 0), x_st, 0, c->dout[0], dout_sto(c, 0), y_st, 0, ys, true,
                     "Transpose backward");
 }
 
@@ -379,11 +571,11 @@ static gp_status concat_run(struct gp_cuda_ctx *c, struct gp_error *err, bool ba
         const struct gp_shape *xs = gp_cuda_in_shape(c, k);
         contiguous(xs, x_st);
         if (!backward)
-            GP_TRY(view_run(c, err, c->out[0], y_st, at * y_st[axis], c->in[k], x_st, 0, xs,
-                            gp_cuda_in_esize(c, k), false, "Concat forward"));
+            GP_TRY(view_run(c, err, c->out[0], out_sto(c, 0), y_st, at * y_st[axis], c->in[k], in_sto(c, k), x_st,
+                            0, xs, false, "Concat forward"));
         else if (c->din[k] && c->dout[0])
-            GP_TRY(view_run(c, err, c->din[k], x_st, 0, c->dout[0], y_st, at * y_st[axis], xs,
-                            sizeof(float), true, "Concat backward"));
+            GP_TRY(view_run(c, err, c->din[k], din_sto(c, k), x_st, 0, c->dout[0], dout_sto(c, 0), y_st,
+                            at * y_st[axis], xs, true, "Concat backward"));
         at += xs->dims[axis];
     }
     return GP_OK;
@@ -422,11 +614,11 @@ static gp_status split_run(struct gp_cuda_ctx *c, struct gp_error *err, bool bac
         ys.dims[axis] = sizes[k];
         contiguous(&ys, y_st);
         if (!backward)
-            GP_TRY(view_run(c, err, c->out[k], y_st, 0, c->in[0], x_st, at * x_st[axis], &ys,
-                            gp_cuda_in_esize(c, 0), false, "Split forward"));
+            GP_TRY(view_run(c, err, c->out[k], out_sto(c, k), y_st, 0, c->in[0], in_sto(c, 0), x_st,
+                            at * x_st[axis], &ys, false, "Split forward"));
         else if (c->din[0] && c->dout[k])
-            GP_TRY(view_run(c, err, c->din[0], x_st, at * x_st[axis], c->dout[k], y_st, 0, &ys,
-                            sizeof(float), true, "Split backward"));
+            GP_TRY(view_run(c, err, c->din[0], din_sto(c, 0), x_st, at * x_st[axis], c->dout[k], dout_sto(c, k),
+                            y_st, 0, &ys, true, "Split backward"));
     }
     return GP_OK;
 }
@@ -457,7 +649,7 @@ static gp_status slice_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(slice_view(c, err, x_st, &base));
     const struct gp_shape *ys = gp_cuda_out_shape(c, 0);
     contiguous(ys, y_st);
-    return view_run(c, err, c->out[0], y_st, 0, c->in[0], x_st, base, ys, gp_cuda_in_esize(c, 0), false,
+    return view_run(c, err, c->out[0], out_sto(c, 0), y_st, 0, c->in[0], in_sto(c, 0), x_st, base, ys, false,
                     "Slice forward");
 }
 
@@ -468,7 +660,7 @@ static gp_status slice_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(slice_view(c, err, x_st, &base));
     const struct gp_shape *ys = gp_cuda_out_shape(c, 0);
     contiguous(ys, y_st);
-    return view_run(c, err, c->din[0], x_st, base, c->dout[0], y_st, 0, ys, sizeof(float), true,
+    return view_run(c, err, c->din[0], din_sto(c, 0), x_st, base, c->dout[0], dout_sto(c, 0), y_st, 0, ys, true,
                     "Slice backward");
 }
 
@@ -496,9 +688,9 @@ static void tile_plan_of(const struct gp_cuda_ctx *c, struct tile_plan *p)
     }
 }
 
-/* Y[idx] = X[idx mod D] per axis. */
-template <typename T>
-__global__ static void tile_forward_kernel(struct tile_plan p, const T *x, T *y, int64_t n)
+/* Y[idx] = X[idx mod D] per axis (bits, or converted: put). */
+template <typename TD, typename TS>
+__global__ static void tile_forward_kernel(struct tile_plan p, const TS *x, TD *y, int64_t n)
 {
     GP_GRID_STRIDE(i, n)
     {
@@ -507,8 +699,15 @@ __global__ static void tile_forward_kernel(struct tile_plan p, const T *x, T *y,
             src += rem % p.yd[d] % p.xd[d] * p.x_st[d];
             rem /= p.yd[d];
         }
-        y[i] = x[src];
+        put<false>(&y[i], x[src]);
     }
+}
+
+/* The launch for storage types TD and TS. */
+template <typename TD, typename TS>
+static void tile_forward_launch(const struct tile_plan *p, const void *x, void *y, int64_t n, cudaStream_t s)
+{
+    tile_forward_kernel<TD, TS><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, s>>>(*p, (const TS *)x, (TD *)y, n);
 }
 
 static gp_status tile_forward(struct gp_cuda_ctx *c, struct gp_error *err)
@@ -516,22 +715,32 @@ static gp_status tile_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     struct tile_plan p;
     tile_plan_of(c, &p);
     int64_t n = gp_shape_numel(gp_cuda_out_shape(c, 0));
-    size_t es = gp_cuda_in_esize(c, 0);
+    struct sto xs = in_sto(c, 0), ys = out_sto(c, 0);
+    size_t es = xs.es;
     GP_TRY(gp_cuda_check_esize(c, es, err));
     if (n == 0) return GP_OK;
-    unsigned b = gp_cuda_blocks_for(n);
+    const void *x = c->in[0];
+    void *y = c->out[0];
+    cudaStream_t s = c->stream;
+    if (!same_sto(xs, ys)) { /* float32 <-> bfloat16 */
+        if (ys.bf16) tile_forward_launch<__nv_bfloat16, float>(&p, x, y, n, s);
+        else tile_forward_launch<float, __nv_bfloat16>(&p, x, y, n, s);
+        return gp_cuda_check_launch(c, "Tile forward", err);
+    }
     switch (es) {
-    case 1: tile_forward_kernel<uint8_t><<<b, GP_CUDA_THREADS, 0, c->stream>>>(p, (const uint8_t *)c->in[0], (uint8_t *)c->out[0], n); break;
-    case 2: tile_forward_kernel<uint16_t><<<b, GP_CUDA_THREADS, 0, c->stream>>>(p, (const uint16_t *)c->in[0], (uint16_t *)c->out[0], n); break;
-    case 4: tile_forward_kernel<uint32_t><<<b, GP_CUDA_THREADS, 0, c->stream>>>(p, (const uint32_t *)c->in[0], (uint32_t *)c->out[0], n); break;
-    default: tile_forward_kernel<unsigned long long><<<b, GP_CUDA_THREADS, 0, c->stream>>>(p, (const unsigned long long *)c->in[0], (unsigned long long *)c->out[0], n); break;
+    case 1: tile_forward_launch<uint8_t, uint8_t>(&p, x, y, n, s); break;
+    case 2: tile_forward_launch<uint16_t, uint16_t>(&p, x, y, n, s); break;
+    case 4: tile_forward_launch<uint32_t, uint32_t>(&p, x, y, n, s); break;
+    default: tile_forward_launch<unsigned long long, unsigned long long>(&p, x, y, n, s); break;
     }
     return gp_cuda_check_launch(c, "Tile forward", err);
 }
 
 /* dX[e] += the sum over the repeats of dY[e + k * D], in order, summed in
- * float from zero as the CPU does. */
-__global__ static void tile_backward_kernel(struct tile_plan p, const float *dy, float *dx, int64_t n)
+ * float from zero as the CPU does, then added with one rounding (dX and dY
+ * stored as TD and TS: float or __nv_bfloat16). */
+template <typename TD, typename TS>
+__global__ static void tile_backward_kernel(struct tile_plan p, const TS *dy, TD *dx, int64_t n)
 {
     GP_GRID_STRIDE(e, n)
     {
@@ -545,11 +754,17 @@ __global__ static void tile_backward_kernel(struct tile_plan p, const float *dy,
         for (int64_t m = 0; m < p.copies; m++) {
             int64_t off = base;
             for (int d = 0; d < p.rank; d++) off += k[d] * p.xd[d] * p.y_st[d];
-            acc = __fadd_rn(acc, dy[off]);
+            acc = __fadd_rn(acc, gp_load(&dy[off]));
             for (int d = p.rank - 1; d >= 0 && ++k[d] == p.rep[d]; d--) k[d] = 0;
         }
-        dx[e] = __fadd_rn(dx[e], acc);
+        gp_store(&dx[e], __fadd_rn(gp_load(&dx[e]), acc));
     }
+}
+
+template <typename TD, typename TS>
+static void tile_backward_launch(const struct tile_plan *p, const void *dy, void *dx, int64_t n, cudaStream_t s)
+{
+    tile_backward_kernel<TD, TS><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, s>>>(*p, (const TS *)dy, (TD *)dx, n);
 }
 
 static gp_status tile_backward(struct gp_cuda_ctx *c, struct gp_error *err)
@@ -559,7 +774,12 @@ static gp_status tile_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     tile_plan_of(c, &p);
     int64_t n = gp_shape_numel(gp_cuda_in_shape(c, 0));
     if (n == 0) return GP_OK;
-    tile_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, c->stream>>>(p, c->dout[0], c->din[0], n);
+    bool dx16 = gp_cuda_is_bf16(c->din_dt, 0), dy16 = gp_cuda_is_bf16(c->dout_dt, 0);
+    typedef __nv_bfloat16 bf16;
+    if (dx16 && dy16) tile_backward_launch<bf16, bf16>(&p, c->dout[0], c->din[0], n, c->stream);
+    else if (dx16) tile_backward_launch<bf16, float>(&p, c->dout[0], c->din[0], n, c->stream);
+    else if (dy16) tile_backward_launch<float, bf16>(&p, c->dout[0], c->din[0], n, c->stream);
+    else tile_backward_launch<float, float>(&p, c->dout[0], c->din[0], n, c->stream);
     return gp_cuda_check_launch(c, "Tile backward", err);
 }
 
@@ -574,26 +794,51 @@ __device__ static inline bool trilu_keep(int64_t i, int64_t rc, int64_t cols, in
     return upper ? diag >= k : diag <= k;
 }
 
-template <typename T>
-__global__ static void trilu_forward_kernel(const T *x, T *y, int64_t n, int64_t rc, int64_t cols,
+/* Bits where X and Y share a storage type; float32 <-> bfloat16 otherwise
+ * (zero: +0 either way). */
+template <typename TD, typename TS>
+__global__ static void trilu_forward_kernel(const TS *x, TD *y, int64_t n, int64_t rc, int64_t cols,
                                             const int64_t *kp, bool upper)
 {
     int64_t k = kp ? *kp : 0;
     GP_GRID_STRIDE(i, n)
     {
-        T z{};
-        y[i] = trilu_keep(i, rc, cols, k, upper) ? x[i] : z;
+        bool keep = trilu_keep(i, rc, cols, k, upper);
+        if constexpr (std::is_same<TD, TS>::value) {
+            TS z{};
+            y[i] = keep ? x[i] : z;
+        } else {
+            gp_store(&y[i], keep ? gp_load(&x[i]) : 0.0f);
+        }
     }
 }
 
-__global__ static void trilu_backward_kernel(const float *dy, float *dx, int64_t n, int64_t rc,
-                                             int64_t cols, const int64_t *kp, bool upper)
+template <typename TD, typename TS>
+static void trilu_forward_launch(const void *x, void *y, int64_t n, int64_t rc, int64_t cols, const int64_t *kp,
+                                 bool upper, cudaStream_t s)
+{
+    trilu_forward_kernel<TD, TS><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, s>>>((const TS *)x, (TD *)y, n, rc,
+                                                                                   cols, kp, upper);
+}
+
+/* dX (TD) += dY (TS) where kept, one rounding. */
+template <typename TD, typename TS>
+__global__ static void trilu_backward_kernel(const TS *dy, TD *dx, int64_t n, int64_t rc, int64_t cols,
+                                             const int64_t *kp, bool upper)
 {
     int64_t k = kp ? *kp : 0;
     GP_GRID_STRIDE(i, n)
     {
-        if (trilu_keep(i, rc, cols, k, upper)) dx[i] = __fadd_rn(dx[i], dy[i]);
+        if (trilu_keep(i, rc, cols, k, upper)) gp_store(&dx[i], __fadd_rn(gp_load(&dx[i]), gp_load(&dy[i])));
     }
+}
+
+template <typename TD, typename TS>
+static void trilu_backward_launch(const void *dy, void *dx, int64_t n, int64_t rc, int64_t cols,
+                                  const int64_t *kp, bool upper, cudaStream_t s)
+{
+    trilu_backward_kernel<TD, TS><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, s>>>((const TS *)dy, (TD *)dx, n,
+                                                                                    rc, cols, kp, upper);
 }
 
 static gp_status trilu_run(struct gp_cuda_ctx *c, struct gp_error *err, bool backward)
@@ -608,20 +853,34 @@ static gp_status trilu_run(struct gp_cuda_ctx *c, struct gp_error *err, bool bac
                              gp_dtype_name(gp_cuda_in_value(c, 1)->dtype));
     bool upper = gp_node_attr_int(c->node, "upper", 1) != 0;
     if (n == 0) return GP_OK;
-    unsigned b = gp_cuda_blocks_for(n);
     cudaStream_t s = c->stream;
+    typedef __nv_bfloat16 bf16;
     if (backward) {
         if (!c->din[0] || !c->dout[0]) return GP_OK;
-        trilu_backward_kernel<<<b, GP_CUDA_THREADS, 0, s>>>(c->dout[0], c->din[0], n, rc, cols, kp, upper);
+        const void *dy = c->dout[0];
+        void *dx = c->din[0];
+        bool dx16 = gp_cuda_is_bf16(c->din_dt, 0), dy16 = gp_cuda_is_bf16(c->dout_dt, 0);
+        if (dx16 && dy16) trilu_backward_launch<bf16, bf16>(dy, dx, n, rc, cols, kp, upper, s);
+        else if (dx16) trilu_backward_launch<bf16, float>(dy, dx, n, rc, cols, kp, upper, s);
+        else if (dy16) trilu_backward_launch<float, bf16>(dy, dx, n, rc, cols, kp, upper, s);
+        else trilu_backward_launch<float, float>(dy, dx, n, rc, cols, kp, upper, s);
         return gp_cuda_check_launch(c, "Trilu backward", err);
     }
-    size_t es = gp_cuda_in_esize(c, 0);
+    struct sto x_sto = in_sto(c, 0), y_sto = out_sto(c, 0);
+    size_t es = x_sto.es;
     GP_TRY(gp_cuda_check_esize(c, es, err));
+    const void *x = c->in[0];
+    void *y = c->out[0];
+    if (!same_sto(x_sto, y_sto)) { /* float32 <-> bfloat16 */
+        if (y_sto.bf16) trilu_forward_launch<bf16, float>(x, y, n, rc, cols, kp, upper, s);
+        else trilu_forward_launch<float, bf16>(x, y, n, rc, cols, kp, upper, s);
+        return gp_cuda_check_launch(c, "Trilu forward", err);
+    }
     switch (es) {
-    case 1: trilu_forward_kernel<uint8_t><<<b, GP_CUDA_THREADS, 0, s>>>((const uint8_t *)c->in[0], (uint8_t *)c->out[0], n, rc, cols, kp, upper); break;
-    case 2: trilu_forward_kernel<uint16_t><<<b, GP_CUDA_THREADS, 0, s>>>((const uint16_t *)c->in[0], (uint16_t *)c->out[0], n, rc, cols, kp, upper); break;
-    case 4: trilu_forward_kernel<uint32_t><<<b, GP_CUDA_THREADS, 0, s>>>((const uint32_t *)c->in[0], (uint32_t *)c->out[0], n, rc, cols, kp, upper); break;
-    default: trilu_forward_kernel<unsigned long long><<<b, GP_CUDA_THREADS, 0, s>>>((const unsigned long long *)c->in[0], (unsigned long long *)c->out[0], n, rc, cols, kp, upper); break;
+    case 1: trilu_forward_launch<uint8_t, uint8_t>(x, y, n, rc, cols, kp, upper, s); break;
+    case 2: trilu_forward_launch<uint16_t, uint16_t>(x, y, n, rc, cols, kp, upper, s); break;
+    case 4: trilu_forward_launch<uint32_t, uint32_t>(x, y, n, rc, cols, kp, upper, s); break;
+    default: trilu_forward_launch<unsigned long long, unsigned long long>(x, y, n, rc, cols, kp, upper, s); break;
     }
     return gp_cuda_check_launch(c, "Trilu forward", err);
 }
@@ -725,13 +984,19 @@ static gp_status constant_of_shape_forward(struct gp_cuda_ctx *c, struct gp_erro
 {
     const struct gp_value *y = gp_cuda_out_value(c, 0);
     int64_t n = gp_shape_numel(&y->shape);
-    size_t es = gp_cuda_esize(y->dtype);
+    struct sto ys = out_sto(c, 0);
+    size_t es = ys.es;
     GP_TRY(gp_cuda_check_esize(c, es, err));
     const struct gp_attr *a = gp_node_attr(c->node, "value");
     unsigned long long bits = 0;
     if (!a || !a->t) host_store_f64(&bits, y->dtype, 0);
     else if (gp_dtype_is_float(a->t->dtype)) host_store_f64(&bits, y->dtype, gp_tensor_get_f64(a->t, 0));
     else host_store_i64(&bits, y->dtype, gp_tensor_get_i64(a->t, 0));
+    if (ys.bf16) { /* the float32 value, rounded once */
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        bits = gp_float_to_bf16(f);
+    }
     if (n == 0) return GP_OK;
     unsigned b = gp_cuda_blocks_for(n);
     switch (es) {
@@ -769,20 +1034,24 @@ static gp_status range_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 
 /* ---- the table ---- */
 
-#define COPY(op) {op, NULL, NULL, copy_forward, copy_backward}
-#define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL}
+/* Every entry but Range reads and writes either storage type of a float
+ * tensor (bf16_any; Shape and Size read no elements). Range reads float
+ * scalars as float32 and writes float32: the executor stages it (it is
+ * folded at load nearly always). */
+#define COPY(op) {op, NULL, NULL, copy_forward, copy_backward, false, true}
+#define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL, false, true}
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_shape[] = {
     COPY("Reshape"), COPY("Flatten"), COPY("Squeeze"), COPY("Unsqueeze"),
-    {"Transpose", NULL, NULL, transpose_forward, transpose_backward},
-    {"Concat", NULL, NULL, concat_forward, concat_backward},
-    {"Split", NULL, NULL, split_forward, split_backward},
-    {"Slice", NULL, NULL, slice_forward, slice_backward},
-    {"Tile", NULL, NULL, tile_forward, tile_backward},
-    {"Trilu", NULL, NULL, trilu_forward, trilu_backward},
+    {"Transpose", NULL, NULL, transpose_forward, transpose_backward, false, true},
+    {"Concat", NULL, NULL, concat_forward, concat_backward, false, true},
+    {"Split", NULL, NULL, split_forward, split_backward, false, true},
+    {"Slice", NULL, NULL, slice_forward, slice_backward, false, true},
+    {"Tile", NULL, NULL, tile_forward, tile_backward, false, true},
+    {"Trilu", NULL, NULL, trilu_forward, trilu_backward, false, true},
     NO_GRAD("Shape", shape_forward),
     NO_GRAD("Size", size_forward),
     NO_GRAD("ConstantOfShape", constant_of_shape_forward),
-    NO_GRAD("Range", range_forward),
+    {"Range", NULL, NULL, range_forward, NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
