@@ -119,8 +119,9 @@ struct gp_compute_ops {
     /* The backend's kernel for the node (opaque), for gp_layer_call.kernel:
      * looked up once per layer rather than on every call. */
     const void *(*kernel_for)(const struct gp_node *node);
-    /* How that kernel meets bfloat16 storage (the call's *_dt arrays). */
-    enum gp_bf16_calls (*kernel_bf16)(const void *kernel);
+    /* How that kernel's forward, or backward, meets bfloat16 storage (the
+     * call's *_dt arrays). */
+    enum gp_bf16_calls (*kernel_bf16)(const void *kernel, bool backward);
     size_t (*saved_bytes)(const struct gp_graph *g, const struct gp_node *node);
     /* The kernel's workspace with the stage's options (a convolution's
      * algorithm, and so its workspace, depends on precision and policy). */

@@ -58,7 +58,7 @@ static bool native(const struct gp_compute_ops *ops, const void *kernel, const s
                    const enum gp_dtype *in_dt, const enum gp_dtype *out_dt, const enum gp_dtype *dout_dt,
                    bool backward)
 {
-    enum gp_bf16_calls calls = ops->kernel_bf16 && kernel ? ops->kernel_bf16(kernel) : GP_BF16_STAGED;
+    enum gp_bf16_calls calls = ops->kernel_bf16 && kernel ? ops->kernel_bf16(kernel, backward) : GP_BF16_STAGED;
     if (calls == GP_BF16_ANY) return !(backward && reads_twice(n));
     return calls == GP_BF16_UNIFORM && all_bf16(n, in_dt, out_dt, dout_dt, backward);
 }

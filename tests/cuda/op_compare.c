@@ -319,6 +319,10 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     /* Running statistics move on forward: each side starts from the same
      * initializer data (its own copy). */
     if (ck->forward(&cc, &err) != GP_OK) fail_msg("%s: CPU forward: %s", label, err.msg);
+    /* bf16: the backward reads each output as the CUDA side stores it
+     * (rounded), as the executor's staged float32 kernels do. */
+    for (int k = 0; k < no && b16; k++)
+        if (node->outputs[k] >= 0 && y16[k]) round_all_bf16(cout[k], ny[k]);
     if (backward && ck->backward(&cc, &err) != GP_OK) fail_msg("%s: CPU backward: %s", label, err.msg);
 
     /* ---- CUDA ---- */

@@ -35,9 +35,10 @@ static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
 /* Every CPU kernel computes in float32 on float32 copies (mixed_call.h). */
 /* Every CPU kernel computes in float32 on staged copies: the reference the
  * CUDA kernels that read bfloat16 themselves are compared with. */
-static enum gp_bf16_calls kernel_bf16(const void *kernel)
+static enum gp_bf16_calls kernel_bf16(const void *kernel, bool backward)
 {
     (void)kernel;
+    (void)backward;
     return GP_BF16_STAGED;
 }
 

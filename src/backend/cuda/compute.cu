@@ -74,10 +74,10 @@ static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
     return k && k->saved_bytes ? k->saved_bytes(g, node) : 0;
 }
 
-static enum gp_bf16_calls kernel_bf16(const void *kernel)
+static enum gp_bf16_calls kernel_bf16(const void *kernel, bool backward)
 {
     const struct gp_cuda_kernel *k = (const struct gp_cuda_kernel *)kernel;
-    if (!k) return GP_BF16_STAGED;
+    if (!k || (backward && k->bf16_staged_backward)) return GP_BF16_STAGED;
     return k->bf16_any ? GP_BF16_ANY : k->bf16 ? GP_BF16_UNIFORM : GP_BF16_STAGED;
 }
 

@@ -67,6 +67,10 @@ struct gp_cuda_kernel {
     /* Reads and writes each float tensor as ctx->*_dt says, any mix of
      * bfloat16 and float32 (GP_BF16_ANY; backend/cuda/bf16.cuh). */
     bool bf16_any;
+    /* Its backward runs on float32 copies even so (mixed_call.h): where the
+     * library's bfloat16 backward is slower than its float32 one on the
+     * copies (cuDNN's deterministic NCHW convolutions). */
+    bool bf16_staged_backward;
 };
 
 /* The kernel for a node (matched by op_type), or NULL. */
