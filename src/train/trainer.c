@@ -394,22 +394,10 @@ static gp_status save_state(struct run *s, const struct gp_resume_run *rr, struc
     return GP_OK;
 }
 
-/* The folder a path names, resolved (for comparing two spellings of it). */
-static bool same_folder(const char *a, const char *b)
-{
-    char *x = realpath(a, NULL), *y = realpath(b, NULL);
-    bool same = x && y && !strcmp(x, y);
-    free(x);
-    free(y);
-    return same;
-}
-
 /* Puts the newest whole state of cfg->resume_path into the pipeline; *at
- * gets where it was. *saved is its step when it lies in the folder states
- * are written to (it need not be written again), else -1. */
+ * gets where it was. */
 static gp_status resume(struct run *s, const struct gp_resume_run *rr, const struct gp_state_meta *now,
-                        const struct gp_train_callbacks *cb, struct position *at, int64_t *saved,
-                        struct gp_error *err)
+                        const struct gp_train_callbacks *cb, struct position *at, struct gp_error *err)
 {
     struct gp_state *state = NULL;
     GP_TRY(gp_state_open_latest(s->cfg->resume_path, note_through, (void *)cb, &state, err));
@@ -418,9 +406,6 @@ static gp_status resume(struct run *s, const struct gp_resume_run *rr, const str
         at->done = state->meta.step;
         at->epoch_loss = state->meta.epoch_loss_sum;
         at->epoch_steps = state->meta.epoch_steps;
-        char parent[sizeof state->path + 8];
-        snprintf(parent, sizeof parent, "%s/..", state->path);
-        *saved = s->cfg->state_dir && same_folder(parent, s->cfg->state_dir) ? at->done : -1;
         if (cb && cb->on_resume) cb->on_resume(cb->user, state->path, at->done, rr->total_steps);
     }
     gp_state_close(state);
@@ -470,12 +455,11 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                                .class_axis = s.class_axis, .steps_per_epoch = per_epoch, .total_steps = total};
     struct gp_state_meta *meta = NULL;
     struct position at = {0};
-    int64_t saved_step = -1;
     if (cfg->state_dir || cfg->resume_path) {
         meta = calloc(1, sizeof *meta);
         st = meta ? gp_resume_settings(&rr, meta, err) : gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     }
-    if (st == GP_OK && cfg->resume_path) st = resume(&s, &rr, meta, cb, &at, &saved_step, err);
+    if (st == GP_OK && cfg->resume_path) st = resume(&s, &rr, meta, cb, &at, err);
 
     bool has_labels = train->y.dtype != GP_DTYPE_UNDEFINED;
     double start = now(), last_save = start, epoch_loss = at.epoch_loss;
@@ -547,12 +531,12 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         if (cfg->state_dir && due && done < total) {
             struct position here = {.done = done, .epoch_loss = epoch_loss, .epoch_steps = epoch_steps};
             if ((st = save_state(&s, &rr, meta, &here, cb, err)) != GP_OK) break;
-            saved_step = done;
             last_save = now();
         }
     }
-    /* The last state: where training ended. */
-    if (st == GP_OK && cfg->state_dir && saved_step != total) {
+    /* The last state, where training ended (a resumed run that had nothing
+     * left to do writes it again: the same state, and the folder pruned). */
+    if (st == GP_OK && cfg->state_dir) {
         struct position here = {.done = total, .epoch_loss = epoch_loss, .epoch_steps = epoch_steps};
         st = save_state(&s, &rr, meta, &here, cb, err);
     }
