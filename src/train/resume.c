@@ -236,9 +236,9 @@ gp_status gp_resume_restore(const struct gp_resume_run *r, struct gp_state *s, c
         for (int q = 0; st == GP_OK && val->kind == GP_VALUE_PARAMETER && q < slots; q++) {
             const char *slot = gp_pipeline_optim_slot_name(r->pipe, q);
             t = gp_state_find(s, val->name, slot);
-            if (!t)
-                st = gp_error_set(err, GP_ERR_INVALID, "cannot resume from %s: it has no optimizer state %s of '%s'",
-                                  s->path, slot, val->name);
+            if (!t || !gp_shape_equal(&t->shape, &val->shape))
+                st = gp_error_set(err, GP_ERR_INVALID, "cannot resume from %s: it has no optimizer state %s of '%s'%s",
+                                  s->path, slot, val->name, t ? " of its shape" : "");
             else if ((st = gp_state_read(s, t, buf, err)) == GP_OK)
                 st = gp_pipeline_write_optim(r->pipe, v, q, buf, err);
         }
