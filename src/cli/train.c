@@ -11,6 +11,7 @@
 #include "graph/graph.h"
 #include "onnx/load.h"
 #include "partitioner/balance.h"
+#include "train/state.h"
 #include "train/trainer.h"
 #include "util/atomic_file.h"
 
@@ -101,6 +102,31 @@ static void help(FILE *f)
         "  --trace FILE.json     the last step's timeline as Chrome trace events\n"
         "                        (open in Perfetto or chrome://tracing)\n"
         "\n"
+        "stopping and resuming:\n"
+        "  --save-state DIR      write the training state into DIR/state-NNNNNNNN (N: the\n"
+        "                        steps done) every --save-every and at the end: weights,\n"
+        "                        optimizer state, BatchNorm statistics, the position in\n"
+        "                        the data order and the run's settings, with checksums.\n"
+        "                        A state appears only complete (written beside, synced,\n"
+        "                        renamed): a killed run loses only the steps since the\n"
+        "                        last state\n"
+        "  --save-every N|T      every N optimizer steps, or at the first step's end after\n"
+        "                        T of wall time since the last state (30s, 10m, 2h);\n"
+        "                        default: once per epoch\n"
+        "  --keep K              keep the newest K states (default 2); older ones are\n"
+        "                        removed once the new one is complete\n"
+        "  --resume DIR          continue from the newest whole state in DIR (a corrupt\n"
+        "                        or cut-short one is skipped with a note), or from the\n"
+        "                        state folder DIR/state-NNNNNNNN. Give the run's options\n"
+        "                        again: the trained weights are then bit for bit those of\n"
+        "                        an uninterrupted run. May change: --steps and --epochs\n"
+        "                        (to train longer; not with --schedule cosine), --devices,\n"
+        "                        --balance, --checkpoint, --cuda-graph, validation data and\n"
+        "                        the outputs. Moving between CPU and GPU, or --fast-conv,\n"
+        "                        continues with a note (not bit for bit). Anything else\n"
+        "                        (model, data, --batch, --chunks, --seed, optimizer,\n"
+        "                        schedule, --precision...) differing is refused, naming it\n"
+        "\n"
         "output:\n"
         "  --save OUT.onnx       write the trained model (the input model with updated\n"
         "                        weights and BatchNorm statistics), atomically\n"
@@ -140,7 +166,7 @@ static void on_step(void *user, const struct gp_step_report *r)
     }
     if (p->quiet) return;
     double left = r->step + 1 < r->total_steps
-                      ? r->elapsed / (double)(r->step + 1) * (double)(r->total_steps - r->step - 1)
+                      ? r->elapsed / (double)(r->step + 1 - r->first_step) * (double)(r->total_steps - r->step - 1)
                       : 0;
     if (p->tty) {
         fprintf(stderr, "\rstep %lld/%lld  epoch %lld  loss %.4f  %.0f samples/s  %.0fs left   ",
@@ -198,7 +224,41 @@ static void on_note(void *user, const char *message)
     if (!p->quiet) fprintf(stderr, "%snote: %s\n", p->tty ? "\n" : "", message);
 }
 
+static void on_state(void *user, const char *path, int64_t step)
+{
+    struct progress *p = user;
+    if (!p->quiet) fprintf(stderr, "%ssaved state %s (step %lld)\n", p->tty ? "\n" : "", path, (long long)step);
+}
+
+static void on_resume(void *user, const char *path, int64_t step, int64_t total)
+{
+    struct progress *p = user;
+    if (!p->quiet)
+        fprintf(stderr, "resumed from %s (step %lld of %lld)\n", path, (long long)step, (long long)total);
+}
+
 /* ---- options ---- */
+
+/* --save-every: "40" (steps) or "30s", "10m", "2h" (wall time). */
+static bool parse_every(const char *text, int64_t *steps, double *seconds)
+{
+    char *end = NULL;
+    double v = text ? strtod(text, &end) : NAN;
+    if (text && end != text && isfinite(v) && v > 0) {
+        if (!*end && v == floor(v) && v < 1e15) {
+            *steps = (int64_t)v;
+            return true;
+        }
+        double unit = !strcmp(end, "s") ? 1 : !strcmp(end, "m") ? 60 : !strcmp(end, "h") ? 3600 : 0;
+        if (unit > 0) {
+            *seconds = v * unit;
+            return true;
+        }
+    }
+    gp_cli_usage("train", "--save-every takes a number of steps (40) or a time (30s, 10m, 2h), not '%s'",
+                 text ? text : "");
+    return false;
+}
 
 static bool parse_double(const char *opt, const char *text, double min, double *out)
 {
@@ -270,7 +330,7 @@ int gp_cmd_train(int argc, char **argv)
     const char *auto_balance = NULL;
     bool devices_set = false;
     bool quiet = false, lr_set = false, wd_set = false, batch_set = false, epochs_set = false,
-         opt_set = false;
+         opt_set = false, keep_set = false;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -400,6 +460,17 @@ int gp_cmd_train(int argc, char **argv)
             cfg.trace_path = TAKE();
         } else if (!strcmp(a, "--save")) {
             cfg.save_path = TAKE();
+        } else if (!strcmp(a, "--save-state")) {
+            cfg.state_dir = TAKE();
+        } else if (!strcmp(a, "--save-every")) {
+            if (!parse_every(TAKE(), &cfg.save_every, &cfg.save_every_seconds)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--keep")) {
+            int64_t k;
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, 1 << 20, &k)) return GP_EXIT_USAGE;
+            cfg.keep = (int)k;
+            keep_set = true;
+        } else if (!strcmp(a, "--resume")) {
+            cfg.resume_path = TAKE();
         } else if (!strcmp(a, "--metrics")) {
             metrics = TAKE();
         } else if (!strcmp(a, "--quiet")) {
@@ -416,6 +487,8 @@ int gp_cmd_train(int argc, char **argv)
 #undef TAKE
     }
     if (!cfg.model_path) return gp_cli_usage("train", "no model given");
+    if (!cfg.state_dir && (cfg.save_every || cfg.save_every_seconds > 0 || keep_set))
+        return gp_cli_usage("train", "--save-every and --keep need --save-state DIR");
     if (!devices_set) {
         /* The GPUs when there are any (stage k on GPU k modulo their number),
          * else CPU devices: a balance alone runs each stage on a CPU device
@@ -470,6 +543,10 @@ int gp_cmd_train(int argc, char **argv)
             status = gp_cli_fail("%s", err.msg);
             goto done;
         }
+    if (cfg.state_dir && gp_state_check_dir(cfg.state_dir, &err) != GP_OK) {
+        status = gp_cli_fail("%s", err.msg);
+        goto done;
+    }
     if (!lr_set) cfg.lr = cfg.optimizer == GP_OPT_ADAMW ? 1e-3 : 0.01;
     if (!wd_set) cfg.weight_decay = cfg.optimizer == GP_OPT_ADAMW ? 0.01 : 0.0;
 
@@ -539,7 +616,8 @@ int gp_cmd_train(int argc, char **argv)
         }
     }
     struct gp_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step,
-                                    .on_epoch = on_epoch, .on_memory = on_memory, .on_note = on_note};
+                                    .on_epoch = on_epoch, .on_memory = on_memory, .on_note = on_note,
+                                    .on_state = on_state, .on_resume = on_resume};
     gp_status st = gp_train(&cfg, &train, val_data ? &val : NULL, &cb, &err);
     if (st != GP_OK) status = gp_cli_fail("%s", err.msg);
     if (prog.metrics) {

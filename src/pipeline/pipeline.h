@@ -90,6 +90,25 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
 /* The current value of a parameter or buffer, as float32. */
 gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err);
 
+/* ---- what training keeps between steps (persist.c), for saved states ----
+ * Called between steps only (after gp_pipeline_optimize returned). */
+
+/* Sets a parameter or buffer (float32 values [numel]) on every stage that
+ * holds it. */
+gp_status gp_pipeline_write(struct gp_pipeline *p, int value, const float *in, struct gp_error *err);
+/* Optimizer state tensors per parameter (gp_optim_state_floats: SGD 1 with
+ * momentum, else 0; AdamW 2), and their names in a saved state. */
+int gp_pipeline_optim_slots(const struct gp_pipeline *p);
+const char *gp_pipeline_optim_slot_name(const struct gp_pipeline *p, int slot);
+/* Slot `slot` of parameter `value`'s optimizer state, [numel] float32. */
+gp_status gp_pipeline_read_optim(struct gp_pipeline *p, int value, int slot, float *out, struct gp_error *err);
+gp_status gp_pipeline_write_optim(struct gp_pipeline *p, int value, int slot, const float *in,
+                                  struct gp_error *err);
+/* Optimizer steps taken (PyTorch's state['step']: AdamW's bias corrections
+ * and SGD's first-step momentum depend on it); the same on every stage. */
+int64_t gp_pipeline_optim_steps(const struct gp_pipeline *p);
+void gp_pipeline_set_optim_steps(struct gp_pipeline *p, int64_t steps);
+
 struct gp_stage_report {
     int first_layer, last_layer;  /* layers [first, last) */
     int device;

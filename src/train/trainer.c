@@ -1,10 +1,12 @@
 #include "train/trainer.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backends.h"
 #include "backend/device.h"
@@ -13,6 +15,7 @@
 #include "onnx/load.h"
 #include "onnx/save.h"
 #include "train/optim.h"
+#include "train/resume.h"
 #include "util/atomic_file.h"
 
 void gp_train_config_defaults(struct gp_train_config *c)
@@ -34,6 +37,7 @@ void gp_train_config_defaults(struct gp_train_config *c)
     c->gamma = 0.1;
     c->n_stages = 1;
     c->checkpoint = GP_CHECKPOINT_EXCEPT_LAST;
+    c->keep = 2;
 }
 
 static double now(void)
@@ -350,6 +354,64 @@ static gp_status check_labels(const struct run *s, const int64_t *labels, int64_
     return GP_OK;
 }
 
+/* ---- saved states ---- */
+
+static void note_through(void *user, const char *message)
+{
+    const struct gp_train_callbacks *cb = user;
+    if (cb && cb->on_note) cb->on_note(cb->user, message);
+}
+
+/* Where a run is between steps, `done` steps done. */
+struct position {
+    int64_t done;
+    double epoch_loss;   /* this epoch's step losses so far */
+    int64_t epoch_steps;
+};
+
+static gp_status save_state(struct run *s, const struct gp_resume_run *rr, struct gp_state_meta *m,
+                            const struct position *at, const struct gp_train_callbacks *cb, struct gp_error *err)
+{
+    const struct gp_train_config *cfg = s->cfg;
+    m->step = at->done;
+    m->epoch = at->done / rr->steps_per_epoch;
+    m->next_sample = at->done % rr->steps_per_epoch * cfg->batch;
+    m->steps_per_epoch = rr->steps_per_epoch;
+    m->total_steps = rr->total_steps;
+    m->optimizer_steps = gp_pipeline_optim_steps(s->pipe);
+    m->next_lr = lr_at(cfg, at->done, rr->total_steps);
+    m->epoch_loss_sum = at->epoch_loss;
+    m->epoch_steps = at->epoch_steps;
+    m->shuffle = cfg->shuffle;
+    m->seed = cfg->seed;
+    char path[4352];
+    gp_status st = gp_resume_save(rr, m, path, sizeof path, err);
+    if (st != GP_OK) {
+        gp_error_prefix(err, "saving the training state at step %lld: ", (long long)at->done);
+        return st;
+    }
+    if (cb && cb->on_state) cb->on_state(cb->user, path, at->done);
+    return GP_OK;
+}
+
+/* Puts the newest whole state of cfg->resume_path into the pipeline; *at
+ * gets where it was. */
+static gp_status resume(struct run *s, const struct gp_resume_run *rr, const struct gp_state_meta *now,
+                        const struct gp_train_callbacks *cb, struct position *at, struct gp_error *err)
+{
+    struct gp_state *state = NULL;
+    GP_TRY(gp_state_open_latest(s->cfg->resume_path, note_through, (void *)cb, &state, err));
+    gp_status st = gp_resume_restore(rr, state, now, note_through, (void *)cb, err);
+    if (st == GP_OK) {
+        at->done = state->meta.step;
+        at->epoch_loss = state->meta.epoch_loss_sum;
+        at->epoch_steps = state->meta.epoch_steps;
+        if (cb && cb->on_resume) cb->on_resume(cb->user, state->path, at->done, rr->total_steps);
+    }
+    gp_state_close(state);
+    return st;
+}
+
 gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *train,
                    const struct gp_dataset *val, const struct gp_train_callbacks *cb,
                    struct gp_error *err)
@@ -358,6 +420,9 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
     const char *outputs[2] = {cfg->save_path, cfg->trace_path};
     for (int k = 0; k < 2; k++)
         if (outputs[k]) GP_TRY(gp_atomic_check(outputs[k], err));
+    if (cfg->state_dir) GP_TRY(gp_state_check_dir(cfg->state_dir, err));
+    if (cfg->resume_path && access(cfg->resume_path, F_OK) != 0)
+        return gp_error_set(err, GP_ERR_IO, "cannot resume from '%s': %s", cfg->resume_path, strerror(errno));
     GP_TRY(gp_dataset_check_finite(train, "training", err));
     if (val) GP_TRY(gp_dataset_check_finite(val, "validation", err));
     struct run s;
@@ -385,10 +450,23 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         cb->on_start(cb->user, total, per_epoch, summary);
     }
 
+    /* Saved states: the run's settings, and where a resumed run is. */
+    struct gp_resume_run rr = {.cfg = cfg, .g = &s.g, .pipe = s.pipe, .train = train, .loss = s.loss,
+                               .class_axis = s.class_axis, .steps_per_epoch = per_epoch, .total_steps = total};
+    struct gp_state_meta *meta = NULL;
+    struct position at = {0};
+    if (cfg->state_dir || cfg->resume_path) {
+        meta = calloc(1, sizeof *meta);
+        st = meta ? gp_resume_settings(&rr, meta, err) : gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    }
+    if (st == GP_OK && cfg->resume_path) st = resume(&s, &rr, meta, cb, &at, err);
+
     bool has_labels = train->y.dtype != GP_DTYPE_UNDEFINED;
-    double start = now(), epoch_loss = 0;
-    int64_t epoch = -1, epoch_steps = 0;
-    for (int64_t step = 0; step < total && st == GP_OK; step++) {
+    double start = now(), last_save = start, epoch_loss = at.epoch_loss;
+    int64_t epoch = -1, epoch_steps = at.epoch_steps, first_step = at.done;
+    /* States once per epoch unless a period was asked for. */
+    int64_t every = cfg->save_every > 0 || cfg->save_every_seconds > 0 ? cfg->save_every : per_epoch;
+    for (int64_t step = first_step; step < total && st == GP_OK; step++) {
         double t0 = now();
         int64_t e = step / per_epoch, in_epoch = step % per_epoch;
         if (e != epoch) {
@@ -409,7 +487,7 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                               &step_loss, err);
         if (st != GP_OK) break;
         step_loss /= denominator;
-        if (step == 1 && cb && cb->on_note && gp_pipeline_graph_note(s.pipe))
+        if (step == first_step + 1 && cb && cb->on_note && gp_pipeline_graph_note(s.pipe))
             cb->on_note(cb->user, gp_pipeline_graph_note(s.pipe));
         if (!isfinite(step_loss)) {
             /* The data were checked finite (CLI), so the weights diverged. */
@@ -428,7 +506,8 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         if (cb && cb->on_step) {
             struct gp_step_report r = {.step = step, .total_steps = total, .epoch = epoch,
                                        .loss = step_loss, .lr = lr, .seconds = t1 - t0,
-                                       .elapsed = t1 - start, .samples = cfg->batch};
+                                       .elapsed = t1 - start, .samples = cfg->batch,
+                                       .first_step = first_step};
             cb->on_step(cb->user, &r);
         }
         bool epoch_end = in_epoch == per_epoch - 1 || step == total - 1;
@@ -439,10 +518,29 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
             if (val && (st = evaluate(&s, val, &r.val_loss, &r.val_accuracy, err)) != GP_OK) break;
             r.has_val = val != NULL;
             cb->on_epoch(cb->user, &r);
+        }
+        /* A run that ends inside an epoch keeps its sums: a state saved
+         * there continues them. */
+        if (in_epoch == per_epoch - 1) {
             epoch_loss = 0;
             epoch_steps = 0;
         }
+        int64_t done = step + 1;
+        bool due = (every > 0 && done % every == 0) ||
+                   (cfg->save_every_seconds > 0 && now() - last_save >= cfg->save_every_seconds);
+        if (cfg->state_dir && due && done < total) {
+            struct position here = {.done = done, .epoch_loss = epoch_loss, .epoch_steps = epoch_steps};
+            if ((st = save_state(&s, &rr, meta, &here, cb, err)) != GP_OK) break;
+            last_save = now();
+        }
     }
+    /* The last state, where training ended (a resumed run that had nothing
+     * left to do writes it again: the same state, and the folder pruned). */
+    if (st == GP_OK && cfg->state_dir) {
+        struct position here = {.done = total, .epoch_loss = epoch_loss, .epoch_steps = epoch_steps};
+        st = save_state(&s, &rr, meta, &here, cb, err);
+    }
+    free(meta);
 
     if (st == GP_OK && cfg->save_path) {
         /* Parameters and buffers (BatchNorm statistics) go back by name. */

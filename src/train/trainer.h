@@ -60,6 +60,14 @@ struct gp_train_config {
     enum gp_checkpoint checkpoint;
     bool deferred_batch_norm; /* running statistics from the whole mini-batch */
     const char *trace_path;   /* Chrome trace of the last step; NULL: none */
+
+    /* Saved training states (train/state.h says the format, train/resume.h
+     * what a resume may change). */
+    const char *state_dir;    /* states written here; NULL: none */
+    int64_t save_every;       /* a state every this many steps; 0: by time only */
+    double save_every_seconds; /* > 0: at the first step boundary this long after the last state */
+    int keep;                 /* the newest states kept (default 2) */
+    const char *resume_path;  /* continue from this state, or the newest whole one in this folder */
 };
 
 /* Per-stage memory, reported once the pipeline is planned and after training. */
@@ -80,6 +88,7 @@ struct gp_step_report {
     double seconds;           /* wall time of this step */
     double elapsed;           /* since training began */
     int64_t samples;          /* samples in this step */
+    int64_t first_step;       /* where this run began (a resumed run: the state's step) */
 };
 
 struct gp_epoch_report {
@@ -99,6 +108,10 @@ struct gp_train_callbacks {
     /* Something the user asked for that training does otherwise (a CUDA
      * graph that could not be made, say), once. */
     void (*on_note)(void *user, const char *message);
+    /* A training state was written to `path`, `step` steps done. */
+    void (*on_state)(void *user, const char *path, int64_t step);
+    /* Training continues from the state at `path`: `step` of `total` steps done. */
+    void (*on_resume)(void *user, const char *path, int64_t step, int64_t total);
 };
 
 /* Trains the model on `train`, validating on `val` (may be NULL) after each
