@@ -1,0 +1,79 @@
+/* The cuDNN problem of a Conv or ConvTranspose node, shared by the conv
+ * family's kernels (conv.cu) and its algorithm choice (conv_algos.cu):
+ * the geometry, the mode it runs in, cuDNN's descriptors of it and the
+ * algorithms chosen for it. */
+#ifndef GP_CUDA_CONV_PROBLEM_CUH
+#define GP_CUDA_CONV_PROBLEM_CUH
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cudnn.h>
+
+#define MAX_AXES 3
+#define WS_CAP ((size_t)256 << 20) /* workspace an algorithm may ask for */
+#define ALIGN 256
+
+static inline size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* The cuDNN problem of a node. Spatial axes are exactly `ns` (2 or 3; a 1-D
+ * conv gets a leading axis of size 1). The image buffer holds image cell
+ * i (per axis) at i + off; cells of it outside the image are zero padding
+ * (Conv) or cells cropped away (ConvTranspose). `direct`: the buffer is the
+ * image itself (every off 0, imgb == img). */
+struct conv_geom {
+    bool transpose;
+    int ns;
+    int64_t n, c, m, group;    /* batch, X channels, Y channels, groups */
+    int64_t img_ch, col_ch;    /* channels of the image and of the columns */
+    int64_t img[MAX_AXES], imgb[MAX_AXES], off[MAX_AXES], col[MAX_AXES];
+    int64_t k[MAX_AXES], s[MAX_AXES], d[MAX_AXES], q[MAX_AXES]; /* q: cuDNN's symmetric pads */
+    int64_t img_size, imgb_size, col_size;                     /* per plane */
+    bool direct;
+};
+
+/* What a convolution runs in: the storage of X, W, Y and their gradients,
+ * TF32 (float32 storage only) and the fast_conv policy. */
+struct conv_mode {
+    bool bf16, tf32, fast;
+};
+
+struct dnn_err {
+    cudnnStatus_t st;
+    const char *call;
+};
+
+struct descs {
+    cudnnTensorDescriptor_t img, col;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+};
+
+struct algo_choice {
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    cudnnMathType_t m_fwd, m_data, m_filter;
+    size_t ws_fwd, ws_data, ws_filter;
+};
+
+/* The descriptors of the problem in storage `bf16` (tensors and filter;
+ * the compute type is float32 either way); `math` for the convolution. The
+ * columns' shape is checked against cuDNN's own output shape. */
+bool conv_descs_create(const struct conv_geom *g, bool bf16, cudnnMathType_t math, struct descs *d,
+                       struct dnn_err *e);
+void conv_descs_destroy(struct descs *d);
+
+/* The math type the mode's descriptors start from. */
+cudnnMathType_t conv_base_math(struct conv_mode m);
+const char *conv_math_name(struct conv_mode m);
+
+/* The choice for the problem in `mode`, from the process-wide table or made
+ * now with `h` (NULL: a handle of its own, destroyed after the choice) and
+ * added to it. On failure *why says which step found nothing (NULL: e says
+ * which cuDNN call failed). */
+bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
+                       struct algo_choice *ch, struct dnn_err *e, const char **why);
+
+#endif
