@@ -1,7 +1,11 @@
 #include "fixtures.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 const char *fixture_path(const char *name, char *buf, size_t size)
 {
@@ -40,4 +44,21 @@ const char *temp_dir(char *buf, size_t size)
     const char *base = getenv("TMPDIR");
     snprintf(buf, size, "%s/gp-test-XXXXXX", base ? base : "/tmp");
     return mkdtemp(buf);
+}
+
+void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[4096];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) remove_tree(p);
+        else unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
 }

@@ -12,5 +12,7 @@ unsigned char *read_whole(const char *path, size_t *size);
 int write_whole(const char *path, const void *data, size_t size);
 /* A fresh temporary folder (mkdtemp) for the test's files. */
 const char *temp_dir(char *buf, size_t size);
+/* Removes a folder and everything below it (links are not followed). */
+void remove_tree(const char *dir);
 
 #endif

@@ -33,23 +33,6 @@ static int count_entries(const char *dir)
     return n;
 }
 
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) remove_tree(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 /* New values for every float32 initializer of a loaded graph. */
 struct new_values {
     int n;

@@ -152,23 +152,6 @@ static int count_prefix(const char *dir, const char *prefix)
     return n;
 }
 
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[1200];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) remove_tree(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 /* Copies a folder of state folders (two levels, plain files). */
 static void copy_tree(const char *from, const char *to)
 {
