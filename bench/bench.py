@@ -80,6 +80,8 @@ def torch_worker(argv):
     ap.add_argument("--momentum", type=float, required=True)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--sdpa", action="store_true", help="GPT-2's eager variant uses SDPA too")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="cuDNN's deterministic algorithms only (torch.backends.cudnn.deterministic)")
     a = ap.parse_args(argv)
 
     import warnings
@@ -114,6 +116,8 @@ def torch_train(a):
         # PyTorch user on this hardware would have it); off for fp32.
         tf32 = a.precision in ("tf32", "bf16")
         torch.backends.cudnn.benchmark = True
+        # --deterministic: only cuDNN's deterministic algorithms, as gpipe-onnx by default.
+        torch.backends.cudnn.deterministic = a.deterministic
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
         if a.precision == "bf16" and not torch.cuda.is_bf16_supported():
@@ -236,6 +240,7 @@ def torch_train(a):
     if cuda:
         res["max_memory_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2 ** 30, 2)
         res["allow_tf32"] = [torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32]
+        res["cudnn_deterministic"] = torch.backends.cudnn.deterministic
     if last != last or abs(last) == float("inf"):
         res["error"] = "loss became %r" % last
     return res
@@ -253,6 +258,7 @@ def torch_side(args, name, precision, batch, variant):
            "--lr", repr(args.lr), "--momentum", repr(args.momentum)]
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--sdpa"] if args.torch_sdpa else []
+    cmd += ["--deterministic"] if args.torch_deterministic else []
     if variant == "compile":
         cmd += ["--compile-mode", args.compile_mode]
     what = "%s %s: %s" % (name, precision, VARIANT_TITLE[variant])
@@ -544,6 +550,8 @@ def main():
     ap.add_argument("--torch-sdpa", action="store_true",
                     help="the eager column of gpt2 uses F.scaled_dot_product_attention too "
                          "(default: the explicit masked softmax, as exported)")
+    ap.add_argument("--torch-deterministic", action="store_true",
+                    help="PyTorch with cuDNN's deterministic algorithms only, as gpipe-onnx's default")
     ap.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
                     help="torch.compile mode of the compile column (default: default)")
     ap.add_argument("--compile-warmup", type=int, default=None,
@@ -645,7 +653,7 @@ def main():
                    "gpipe_variants": dict(args.variants),
                    "torch_variants": args.torch_variants, "best_layout": BEST_LAYOUT,
                    "compile_mode": args.compile_mode, "compile_warmup": args.compile_warmup,
-                   "torch_sdpa": args.torch_sdpa},
+                   "torch_sdpa": args.torch_sdpa, "torch_deterministic": args.torch_deterministic},
     }
     log("device %s, torch %s, gpipe-onnx %s" % (header["device"], header["torch"], gpipe_version))
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the CUDA test suite on a machine with a GPU: every tests/test_cuda_*
-# binary of a build, then (unless --no-sanitizer) each again under
+# binary of a build and test_state's kill and resume runs on the GPU, then (unless --no-sanitizer) each again under
 # compute-sanitizer's memcheck, which must report no errors. Prints one line
 # per test and a summary; exits non-zero when anything failed.
 #
@@ -53,6 +53,14 @@ run() { # label, command...
 }
 
 for t in "${tests[@]}"; do run "$(basename "$t")" "$t"; done
+# The kill -9 and resume runs of test_state, training on the GPU (it runs the
+# command line as child processes, so it stays out of the memcheck pass).
+if [ -x "$build/tests/test_state" ] && [ -x "$build/src/gpipe-onnx" ]; then
+    run "test_state (cuda:0)" env GP_STATE_DEVICE=cuda:0 "$build/tests/test_state" "$build/src/gpipe-onnx"
+else
+    echo "test_state or gpipe-onnx not in $build: the GPU kill and resume runs were not run"
+    failed=$((failed + 1))
+fi
 if [ $sanitize = 1 ]; then
     if command -v compute-sanitizer >/dev/null 2>&1; then
         # Leaks and memcheck errors both fail: --error-exitcode makes them count.

@@ -9,7 +9,12 @@
  *
  * The command line runs as a child process (its path is argv[1]). Nothing
  * depends on timing: the kill lands wherever it lands, and the assertion is
- * exact equality. GP_KILL_SEED fixes the random choices to repeat a run. */
+ * exact equality. GP_KILL_SEED fixes the random choices to repeat a run.
+ *
+ * The runs train on CPU devices; with GP_STATE_DEVICE=cuda:0 (as the GPU
+ * suite runs it) the kill and resume tests run again on that GPU, two stages
+ * sharing it, and the refusals (which do not depend on the device) are left
+ * to the CPU run. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -33,6 +38,9 @@
 
 static const char *cli;
 static char tmp[512];
+/* The device of one-stage runs and the two devices of two-stage runs. */
+static const char *one_device = "cpu:0";
+static char two_devices[128] = "cpu:0,cpu:1";
 static unsigned rng_state;
 
 static unsigned next_random(void)
@@ -60,6 +68,21 @@ static void add(struct args *a, const char *s)
 static void add_list(struct args *a, const char *const *list)
 {
     for (; *list; list++) add(a, *list);
+}
+
+/* Adds the options `extra` and `more` (either may be NULL) and, unless they
+ * name devices themselves, --devices one_device. */
+static void add_extras(struct args *a, const char *const *extra, const char *const *more)
+{
+    bool devices = false;
+    for (const char *const *e = extra; e && *e; e++) devices |= !strcmp(*e, "--devices");
+    for (const char *const *e = more; e && *e; e++) devices |= !strcmp(*e, "--devices");
+    if (extra) add_list(a, extra);
+    if (more) add_list(a, more);
+    if (!devices) {
+        add(a, "--devices");
+        add(a, one_device);
+    }
 }
 
 /* Runs `gpipe-onnx train ...`; its stderr into *err_text (malloc'd, may be
@@ -208,7 +231,7 @@ static void uninterrupted(run_args_fn base, const char *const *extra, const char
 {
     struct args a = {0};
     base(&a, steps);
-    if (extra) add_list(&a, extra);
+    add_extras(&a, extra, NULL);
     add(&a, "--save");
     add(&a, out);
     train_ok(&a);
@@ -293,7 +316,7 @@ static void kill_and_resume(const char *name, run_args_fn base, const char *cons
         print_message("%s: kill after the state of step %lld, %u us later\n", name, (long long)kill_after, delay);
         struct args a = {0};
         base(&a, "40");
-        if (extra) add_list(&a, extra);
+        add_extras(&a, extra, NULL);
         const char *const list[] = {"--save-state", dir, "--save-every", every_s, "--keep", keep_s, NULL};
         add_list(&a, list);
         killed = run_and_kill(&a, kill_after, delay);
@@ -305,7 +328,7 @@ static void kill_and_resume(const char *name, run_args_fn base, const char *cons
 
     struct args a = {0};
     base(&a, "40");
-    if (extra) add_list(&a, extra);
+    add_extras(&a, extra, NULL);
     const char *const list[] = {"--resume", dir, "--save-state", dir, "--save-every", every_s, "--keep", keep_s,
                                 "--save", resumed, NULL};
     add_list(&a, list);
@@ -342,7 +365,7 @@ static void test_kill_gpt(void **state)
 static void test_kill_two_stages(void **state)
 {
     (void)state;
-    const char *const extra[] = {"--chunks", "2", "--devices", "cpu:0,cpu:1", NULL};
+    const char *const extra[] = {"--chunks", "2", "--devices", two_devices, NULL};
     kill_and_resume("digits on 2 stages", digits_args, extra, 2, 2);
 }
 
@@ -362,8 +385,7 @@ static void resume_from(run_args_fn base, const char *const *extra, const char *
     snprintf(state, sizeof state, "%s/%s", dir, from);
     struct args a = {0};
     base(&a, steps);
-    if (extra) add_list(&a, extra);
-    if (resume_extra) add_list(&a, resume_extra);
+    add_extras(&a, extra, resume_extra);
     const char *const list[] = {"--resume", state, "--save", out, NULL};
     add_list(&a, list);
     train_ok(&a);
@@ -375,7 +397,7 @@ static void save_states(run_args_fn base, const char *const *extra, const char *
     remove_tree(dir);
     struct args a = {0};
     base(&a, steps);
-    if (extra) add_list(&a, extra);
+    add_extras(&a, extra, NULL);
     const char *const list[] = {"--save-state", dir, "--save-every", every, "--keep", "10", NULL};
     add_list(&a, list);
     train_ok(&a);
@@ -395,7 +417,7 @@ static void test_resume_mid_run(void **state)
     resume_from(digits_args, extra, dir, "state-00000020", "40", NULL, out);
     assert_same_file(reference, out);
     /* Two stages on two CPU devices, every micro-batch recomputed. */
-    const char *const stages[] = {"--devices", "cpu:0,cpu:1", "--checkpoint", "always", NULL};
+    const char *const stages[] = {"--devices", two_devices, "--checkpoint", "always", NULL};
     resume_from(digits_args, extra, dir, "state-00000010", "40", stages, out);
     assert_same_file(reference, out);
     /* Training longer from the last state: the same as 60 steps at once. */
@@ -451,7 +473,7 @@ static void resume_refused(const char *dir_or_state, const char *const *options,
     char *out = path_in("refused.onnx");
     struct args a = {0};
     digits_args(&a, "40");
-    if (options) add_list(&a, options);
+    add_extras(&a, options, NULL);
     const char *const list[] = {"--resume", dir_or_state, "--save", out, NULL};
     add_list(&a, list);
     train_refused(&a, needle);
@@ -525,6 +547,7 @@ static void test_newest_corrupt_uses_previous(void **state)
     assert_int_equal(truncate(file, 100), 0);
     struct args a = {0};
     digits_args(&a, "40");
+    add_extras(&a, NULL, NULL);
     const char *const list[] = {"--resume", dir, "--save", out, NULL};
     add_list(&a, list);
     char *err = NULL;
@@ -774,6 +797,20 @@ static void test_fuzz(void **state)
     gp_state_close(ref);
 }
 
+/* Whether `gpipe-onnx devices` lists a GPU. */
+static bool gpu_visible(void)
+{
+    char command[1200];
+    snprintf(command, sizeof command, "'%s' devices 2>/dev/null", cli);
+    FILE *p = popen(command, "r");
+    if (!p) return false;
+    char line[512];
+    bool found = false;
+    while (fgets(line, sizeof line, p)) found |= !strncmp(line, "cuda:", 5) && line[5] >= '0' && line[5] <= '9';
+    pclose(p);
+    return found;
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -805,6 +842,24 @@ int main(int argc, char **argv)
     fixture_path("digits_cnn_op17.onnx", digits, sizeof digits);
     fixture_path("gpt_op17.onnx", gpt, sizeof gpt);
     fixture_path("mlp_op17.onnx", mlp, sizeof mlp);
+    const char *device = getenv("GP_STATE_DEVICE");
+    if (device && *device) {
+        if (!strncmp(device, "cuda", 4) && !gpu_visible()) {
+            printf("no GPU visible: skipped\n");
+            return 77;
+        }
+        one_device = device;
+        snprintf(two_devices, sizeof two_devices, "%s,%s", device, device);
+        printf("training on %s (two stages: %s)\n", one_device, two_devices);
+        const struct CMUnitTest on_device[] = {
+            cmocka_unit_test(test_kill_digits),
+            cmocka_unit_test(test_kill_gpt),
+            cmocka_unit_test(test_kill_two_stages),
+            cmocka_unit_test(test_kill_bf16),
+            cmocka_unit_test(test_resume_mid_run),
+        };
+        return cmocka_run_group_tests(on_device, setup, teardown);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xxh64),
         cmocka_unit_test(test_kill_digits),
