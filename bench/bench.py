@@ -32,9 +32,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-# Shared with pipeline.py.
+# Shared with pipeline.py and profile.py.
 from common import (LOSS, MODELS, device_name, export, fmt_rate,  # noqa: E402
-                    gpipe_run, last_line, log, md_cell, run, summarize)
+                    gpipe_run, last_line, log, md_cell, run, summarize, worker_result)
 
 
 # --------------------------------------------------------------------------
@@ -96,8 +96,18 @@ def torch_worker(argv):
     print("RESULT " + json.dumps(res), flush=True)
 
 
-def torch_train(a):
+def torch_setup(a):
+    """The PyTorch side of one run, built as bench.py trains it: the model of models.py in
+    the variant's layout (compiled for `compile`), SGD, one fixed synthetic batch on the
+    device, the precision's flags and autocast. `a` has the fields of `bench.py _torch`'s
+    arguments. Returns a namespace: step() (one training step: forward and loss under
+    autocast for bf16, backward, SGD, zero_grad; returns the loss tensor), sync() (waits
+    for the device), compiled_graphs() (graphs dynamo and AOTAutograd compiled so far, None
+    without dynamo), cuda, dev, model (uncompiled), layout (what the JSON says of it),
+    version. Raises Unavailable for what this torch or device cannot run. Shared with
+    profile.py, so that its profile is of exactly this step."""
     import contextlib
+    import types
     import torch
     import torch.nn.functional as F
     import models as bm
@@ -180,39 +190,62 @@ def torch_train(a):
             return None
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    # Warm-up: each step waited for, so that compilation (the compiled variant's first
-    # steps) and cuDNN's algorithm search end before the timed steps start.
+    return types.SimpleNamespace(step=step, sync=sync, compiled_graphs=compiled_graphs, cuda=cuda,
+                                 dev=dev, model=model, layout=layout, version=version)
+
+
+def torch_warmup(t, n):
+    """n warm-up steps of torch_setup's `t`, each waited for, so that compilation (the
+    compiled variant's first steps) and cuDNN's algorithm search end before whatever is
+    timed next. (first step's loss or None, seconds of each step)"""
     first = None
     warm_times = []
-    for i in range(a.warmup):
+    for i in range(n):
         t0 = time.perf_counter()
-        loss = step()
-        sync()
+        loss = t.step()
+        t.sync()
         warm_times.append(time.perf_counter() - t0)
         if i == 0:
             first = float(loss.item())
-    sync()
-    graphs_before = compiled_graphs()
+    t.sync()
+    return first, warm_times
+
+
+def torch_time(t, n):
+    """n timed steps of torch_setup's `t`: (seconds of each step, wall seconds of all,
+    the last loss tensor)."""
+    import torch
     times = []
     t_start = time.perf_counter()
-    if cuda:
+    if t.cuda:
         # One event per step boundary, no synchronization between steps: the host
         # queues ahead as it would in a training loop; each step's time is the GPU
         # time between its boundaries.
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps + 1)]
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
         ev[0].record()
-        for i in range(a.steps):
-            loss = step()
+        for i in range(n):
+            loss = t.step()
             ev[i + 1].record()
-        sync()
-        times = [ev[i].elapsed_time(ev[i + 1]) / 1000.0 for i in range(a.steps)]
+        t.sync()
+        times = [ev[i].elapsed_time(ev[i + 1]) / 1000.0 for i in range(n)]
     else:
-        for i in range(a.steps):
+        for i in range(n):
             t0 = time.perf_counter()
-            loss = step()
+            loss = t.step()
             times.append(time.perf_counter() - t0)
-    wall = time.perf_counter() - t_start
-    graphs_after = compiled_graphs()
+    return times, time.perf_counter() - t_start, loss
+
+
+def torch_train(a):
+    import torch
+    import models as bm
+
+    t = torch_setup(a)
+    cuda, dev, model = t.cuda, t.dev, t.model
+    first, warm_times = torch_warmup(t, a.warmup)
+    graphs_before = t.compiled_graphs()
+    times, wall, loss = torch_time(t, a.steps)
+    graphs_after = t.compiled_graphs()
     last = float(loss.item())
     if first is None:
         first = last
@@ -223,13 +256,13 @@ def torch_train(a):
         "autocast": "bfloat16" if a.precision == "bf16" else None,
         "wall_samples_per_s": a.batch * a.steps / wall if wall > 0 else None,
         "warmup_steps": a.warmup,
-        "warmup_step_s": [round(t, 4) for t in warm_times],
+        "warmup_step_s": [round(w, 4) for w in warm_times],
         "first_loss": first, "last_loss": last,
         "parameters": bm.param_count(model),
         "torch": torch.__version__,
         "device_name": torch.cuda.get_device_name(dev) if cuda else platform.processor() or "cpu",
     })
-    res.update(layout)
+    res.update(t.layout)
     if a.variant == "compile":
         res["compile_mode"] = a.compile_mode
         if warm_times:
@@ -267,24 +300,8 @@ def torch_side(args, name, precision, batch, variant):
     elif variant == "compile":
         what += " (torch.compile, mode %s, of the %s model)" % (args.compile_mode, BEST_LAYOUT[name])
     log("%s, batch %d, %d+%d steps" % (what, batch, warmup, args.steps))
-    rc, out, err, secs = run(cmd, args.timeout)
-    if rc is None:
-        res = {"error": "failed: timed out after %.0f s" % secs}
-        log("%s: %s" % (what, res["error"]))
-        return res
-    res = None
-    for line in out.splitlines():
-        if line.startswith("RESULT "):
-            res = json.loads(line[len("RESULT "):])
-    if res is None:
-        res = {"error": "failed: " + last_line(err, "exit status %s" % rc)}
-    elif res.get("error"):
-        res["error"] = "failed: " + res["error"]
-    elif rc != 0:
-        res = {"error": "failed: exit status %s after its result" % rc}
-    res["run_s"] = round(secs, 1)
+    res = worker_result(*run(cmd, args.timeout))
     if res.get("error"):
-        res["stderr_tail"] = err[-4000:]
         log("%s: %s" % (what, res["error"]))
     else:
         extra = ""
@@ -427,20 +444,23 @@ def table_lines(args, rows):
     return lines
 
 
+# What each precision means on either side (the legends of bench.py and profile.py).
+PRECISION_TEXT = {
+    "fp32": "fp32: float32, TF32 off (`torch.backends.cuda.matmul.allow_tf32` and "
+            "`torch.backends.cudnn.allow_tf32` False); gpipe-onnx without a precision flag",
+    "tf32": "tf32: float32 storage, TF32 matrix products and convolutions (both flags "
+            "True); gpipe-onnx `--tf32` (= `--precision tf32`)",
+    "bf16": "bf16: `torch.autocast(device_type, dtype=torch.bfloat16)` around forward and "
+            "loss, float32 master weights and SGD, TF32 allowed for what autocast keeps "
+            "in float32; gpipe-onnx `--precision bf16`",
+}
+
+
 def legend_lines(args):
     """What the PyTorch columns are (under the table on stdout, above it in --markdown)."""
     out = []
-    precs = {
-        "fp32": "fp32: float32, TF32 off (`torch.backends.cuda.matmul.allow_tf32` and "
-                "`torch.backends.cudnn.allow_tf32` False); gpipe-onnx without a precision flag",
-        "tf32": "tf32: float32 storage, TF32 matrix products and convolutions (both flags "
-                "True); gpipe-onnx `--tf32` (= `--precision tf32`)",
-        "bf16": "bf16: `torch.autocast(device_type, dtype=torch.bfloat16)` around forward and "
-                "loss, float32 master weights and SGD, TF32 allowed for what autocast keeps "
-                "in float32; gpipe-onnx `--precision bf16`",
-    }
     for p in args.precisions:
-        out.append("- %s" % precs[p])
+        out.append("- %s" % PRECISION_TEXT[p])
     cols = {
         "eager": ("PyTorch eager: the model as gpipe-onnx trains it (NCHW), except GPT-2's "
                   "attention: F.scaled_dot_product_attention (--torch-sdpa), not the exported "

@@ -1,6 +1,6 @@
-"""Helpers shared by the benchmark drivers (bench.py, pipeline.py): logging, subprocesses
-with time limits, exporting a model, running `gpipe-onnx train` and reading its
-per-step metrics, the device's name. Imports no torch (the drivers import it when
+"""Helpers shared by the benchmark drivers (bench.py, pipeline.py, profile.py): logging,
+subprocesses with time limits and their results, exporting a model, running `gpipe-onnx
+train` and reading its per-step metrics, the device's name. Imports no torch (the drivers import it when
 they need it), runs under Python 3.7+.
 """
 import json
@@ -78,6 +78,30 @@ def run(cmd, timeout, cwd=None, env=None):
         def text(b):
             return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
         return None, text(e.stdout), text(e.stderr), time.time() - t0
+
+
+def worker_result(rc, out, err, secs):
+    """The result of a worker subprocess (bench.py's and profile.py's PyTorch side) that
+    prints its result as one line "RESULT {json}": the dict, with 'error' ("failed: ...")
+    when it timed out, printed no result, reported an error or exited non-zero after its
+    result, then with 'stderr_tail' too; and 'run_s'. `rc` None means timed out (run())."""
+    if rc is None:
+        return {"error": "failed: timed out after %.0f s" % secs, "run_s": round(secs, 1),
+                "stderr_tail": (err or "")[-4000:]}
+    res = None
+    for line in (out or "").splitlines():
+        if line.startswith("RESULT "):
+            res = json.loads(line[len("RESULT "):])
+    if res is None:
+        res = {"error": "failed: " + last_line(err, "exit status %s" % rc)}
+    elif res.get("error"):
+        res["error"] = "failed: " + res["error"]
+    elif rc != 0:
+        res = {"error": "failed: exit status %s after its result" % rc}
+    res["run_s"] = round(secs, 1)
+    if res.get("error"):
+        res["stderr_tail"] = (err or "")[-4000:]
+    return res
 
 
 def quote(cmd):
