@@ -168,7 +168,7 @@ KERNEL_RULES = [
      r"|silu|pointwise", None, "ATen's vectorized_elementwise_kernel / unrolled_elementwise_kernel (the "
                              "functor in the name: CUDAFunctor_add, ...), fused dropout"),
     ("reduction", r"reduce|reduction", None, "ATen's reduce_kernel"),
-    ("copies", r"copy|fill|transpose|permute|Cat[A-Z]|concat|convert|cast", None,
+    ("copies", r"copy|fill|transpose|permute|CatArray|concat|convert|(?<![a-z])cast", None,
      "direct_copy_kernel_cuda, FillFunctor, CatArrayBatchedCopy, ..."),
 ]
 _RULES = [(c, re.compile(n, re.I) if n else None, re.compile(o) if o else None, w) for c, n, o, w in KERNEL_RULES]
@@ -215,7 +215,8 @@ def split_conv_backward(labels):
 # Reading a torch.profiler Chrome trace
 # --------------------------------------------------------------------------
 # Categories (kineto's; older releases capitalized some). The legacy profiler of a torch built
-# without kineto (Debian's, CPU only) writes no categories at all: every event is an op.
+# without kineto (CPU-only builds of some distributions) writes no categories at all: every
+# event is an op.
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 LAUNCH_CATS = {"cuda_runtime", "runtime", "cuda_driver"}
 HOST_CATS = {"cpu_op", "operator", "user_annotation", ""}
@@ -543,6 +544,9 @@ def _check():
         ("sm90_xmma_wgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", [], "conv_wgrad"),
         ("void cudnn::cnn::wgrad_alg0_engine<float, 128, 5, 5, 3, 3, 3, false, 512>", [], "conv_wgrad"),
         ("some_unknown_kernel", [], "other"),
+        ("void at::native::_scatter_gather_elementwise_kernel<128, 4, ...>", [], "elementwise"),
+        ("some_broadcast_kernel", [], "other"),      # not a cast
+        ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>", [], "copies"),
         # CPU units: an op's self time, the op itself first in the chain
         ("aten::mkldnn_convolution", ["aten::mkldnn_convolution", "aten::_convolution", "aten::conv2d"], "conv_fwd"),
         ("aten::convolution_backward", ["aten::convolution_backward", "ConvolutionBackward0"], "conv_bwd"),
