@@ -2,7 +2,9 @@
 # Installs what gpipe-onnx needs to build and test, non-interactively and
 # idempotently (packages already present are left alone).
 #
-#   scripts/bootstrap.sh              what building and running need
+#   scripts/bootstrap.sh              what building and running need (with
+#                                     cudnn-frontend's headers for the CUDA
+#                                     backend, .cache/cudnn-frontend/)
 #   scripts/bootstrap.sh --tests      also the test data and tools: the ONNX
 #                                     backend node tests and a Python
 #                                     environment with onnxruntime (.cache/)
@@ -11,7 +13,7 @@
 set -euo pipefail
 
 packages=(
-  meson ninja-build pkg-config gcc
+  meson ninja-build pkg-config gcc g++
   protobuf-c-compiler libprotobuf-c-dev libonnx-dev
   libcmocka-dev libopenblas-dev
   python3 python3-numpy python3-pip python3-venv
@@ -26,7 +28,9 @@ case "${1:-}" in
 esac
 
 here=$(dirname "$0")
-test_data() {
+fetch_data() {
+  # cuDNN's graph API headers: small, and only read when CUDA is built.
+  "$here/fetch_cudnn_frontend.sh"
   if $tests; then
     "$here/fetch_onnx_tests.sh"
     "$here/python_env.sh"
@@ -39,7 +43,7 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "bootstrap: all ${#packages[@]} packages present"
-  test_data
+  fetch_data
   exit 0
 fi
 
@@ -52,4 +56,4 @@ if ! $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"; then
   $sudo apt-get update -q
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-test_data
+fetch_data

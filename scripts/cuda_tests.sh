@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the CUDA test suite on a machine with a GPU: every tests/test_cuda_*
-# binary of a build and test_state's kill and resume runs on the GPU, then (unless --no-sanitizer) each again under
+# binary of a build, test_cuda_conv again through cuDNN's graph API and
+# test_state's kill and resume runs on the GPU, then (unless --no-sanitizer) each again under
 # compute-sanitizer's memcheck, which must report no errors. Prints one line
 # per test and a summary; exits non-zero when anything failed.
 #
@@ -53,6 +54,12 @@ run() { # label, command...
 }
 
 for t in "${tests[@]}"; do run "$(basename "$t")" "$t"; done
+# The convolutions again through cuDNN's graph API (not yet the default).
+graph_conv=()
+if [ -x "$build/tests/test_cuda_conv" ]; then
+    graph_conv=(env GP_CONV_API=graph "$build/tests/test_cuda_conv")
+    run "test_cuda_conv (graph API)" "${graph_conv[@]}"
+fi
 # The kill -9 and resume runs of test_state, training on the GPU (it runs the
 # command line as child processes, so it stays out of the memcheck pass).
 if [ -x "$build/tests/test_state" ] && [ -x "$build/src/gpipe-onnx" ]; then
@@ -66,10 +73,12 @@ if [ $sanitize = 1 ]; then
         # Leaks and memcheck errors both fail: --error-exitcode makes them count.
         # Failed API calls are not reported: the tests provoke some on purpose
         # (allocations too large, invalid launches) to check our messages.
+        memcheck=(compute-sanitizer --tool memcheck --error-exitcode 99 --report-api-errors no --leak-check full)
         for t in "${tests[@]}"; do
-            run "$(basename "$t") (memcheck)" compute-sanitizer --tool memcheck --error-exitcode 99 \
-                --report-api-errors no --leak-check full "$t"
+            run "$(basename "$t") (memcheck)" "${memcheck[@]}" "$t"
         done
+        [ ${#graph_conv[@]} -gt 0 ] &&
+            run "test_cuda_conv (graph API, memcheck)" env GP_CONV_API=graph "${memcheck[@]}" "$build/tests/test_cuda_conv"
     else
         echo "compute-sanitizer not found: the memcheck pass was not run"
         failed=$((failed + 1))

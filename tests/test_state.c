@@ -41,6 +41,10 @@ static char tmp[512];
 /* The device of one-stage runs and the two devices of two-stage runs. */
 static const char *one_device = "cpu:0";
 static char two_devices[128] = "cpu:0,cpu:1";
+/* On a GPU: the --algorithms file every run shares, so that separate runs
+ * (the uninterrupted one, the killed one) convolve with the same cuDNN
+ * algorithms, as a resumed one does with its state's. */
+static char algorithms[600];
 static unsigned rng_state;
 
 static unsigned next_random(void)
@@ -82,6 +86,10 @@ static void add_extras(struct args *a, const char *const *extra, const char *con
     if (!devices) {
         add(a, "--devices");
         add(a, one_device);
+    }
+    if (algorithms[0]) {
+        add(a, "--algorithms");
+        add(a, algorithms);
     }
 }
 
@@ -815,6 +823,7 @@ static int setup(void **state)
 {
     (void)state;
     assert_non_null(temp_dir(tmp, sizeof tmp));
+    if (algorithms[0]) snprintf(algorithms, sizeof algorithms, "%s/algorithms.txt", tmp);
     return 0;
 }
 
@@ -851,6 +860,7 @@ int main(int argc, char **argv)
         one_device = device;
         snprintf(two_devices, sizeof two_devices, "%s,%s", device, device);
         printf("training on %s (two stages: %s)\n", one_device, two_devices);
+        algorithms[0] = '-'; /* setup names the file in the temporary folder */
         const struct CMUnitTest on_device[] = {
             cmocka_unit_test(test_kill_digits),
             cmocka_unit_test(test_kill_gpt),

@@ -9,4 +9,12 @@
  * none by that name (built without CUDA). */
 const struct gp_device_ops *gp_backend_find(const char *name);
 
+/* The kernel choices the backends measured in this process (device.h's
+ * choices_export), as one text that begins with the backend's name
+ * (malloc'd; NULL when none), and back, before any are measured: a
+ * resumed run computes with the saving run's. *note (may be empty) says
+ * what could not be taken back. */
+char *gp_backend_choices_export(void);
+gp_status gp_backend_choices_import(const char *text, char *note, size_t note_size, struct gp_error *err);
+
 #endif

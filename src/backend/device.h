@@ -108,6 +108,14 @@ struct gp_device_ops {
      * (and can be captured). NULL where the backend has none. */
     void *(*host_alloc)(size_t bytes);
     void (*host_free)(void *ptr);
+    /* Kernel choices the backend measured in this process (cuDNN's
+     * algorithms), which decide a result's last bits: as text (malloc'd;
+     * NULL when none), and imported before any are measured so that a
+     * resumed run computes with the saving run's. Import leaves out, with a
+     * note, choices measured on other hardware or libraries. NULL where the
+     * backend measures nothing. */
+    char *(*choices_export)(void);
+    gp_status (*choices_import)(const char *text, char *note, size_t note_size, struct gp_error *err);
 };
 
 extern const struct gp_device_ops gp_cpu_device_ops;

@@ -126,6 +126,12 @@ static void help(FILE *f)
         "                        continues with a note (not bit for bit). Anything else\n"
         "                        (model, data, --batch, --chunks, --seed, optimizer,\n"
         "                        schedule, --precision...) differing is refused, naming it\n"
+        "  --algorithms FILE     cuDNN's convolution algorithms, which are chosen by\n"
+        "                        measuring them and decide a result's last bits: taken\n"
+        "                        from FILE when it exists, else measured and written into\n"
+        "                        FILE once the stages are planned. Runs sharing FILE on\n"
+        "                        one kind of GPU compute alike (a resumed run takes its\n"
+        "                        state's, which keeps them too)\n"
         "\n"
         "output:\n"
         "  --save OUT.onnx       write the trained model (the input model with updated\n"
@@ -471,6 +477,8 @@ int gp_cmd_train(int argc, char **argv)
             keep_set = true;
         } else if (!strcmp(a, "--resume")) {
             cfg.resume_path = TAKE();
+        } else if (!strcmp(a, "--algorithms")) {
+            cfg.choices_path = TAKE();
         } else if (!strcmp(a, "--metrics")) {
             metrics = TAKE();
         } else if (!strcmp(a, "--quiet")) {

@@ -346,6 +346,8 @@ static gp_status open_state(const char *path, struct gp_state *s, struct gp_erro
     m->seed = strtoull(seed->str, &end, 10);
     if (!*seed->str || *end) return gp_error_set(err, GP_ERR_PARSE, "%s: the data-order seed is malformed", file);
     GP_TRY(parse_settings(file, member(root, "config", GP_JOBJECT), m, err));
+    const struct gp_jvalue *choices = member(root, "kernel_choices", GP_JSTRING);
+    m->kernel_choices = choices ? choices->str : NULL;
     uint64_t sum = 0;
     GP_TRY(parse_tensors(s, tensors, &sum, err));
     if (sum != (uint64_t)total)

@@ -24,6 +24,10 @@
  *   "steps_per_epoch", "total_steps", "optimizer_steps", "next_lr",
  *   "epoch_loss_sum", "epoch_steps"  (the epoch so far, for its mean loss)
  *   "data_order"       {"shuffle", "seed"} (the seed as a decimal string)
+ *   "kernel_choices"   optional: the kernel choices the backends measured
+ *                      (cuDNN's algorithms, as text), which resuming takes
+ *                      back before measuring any, so that it computes with
+ *                      the same ones
  *   "config"           the run's settings: key -> {"label", "value",
  *                      "detail", "rule"}; rule "match" must be equal to
  *                      resume, "note" may differ with a note (the result is
@@ -82,6 +86,10 @@ struct gp_state_meta {
     int64_t epoch_steps;     /* and their number */
     bool shuffle;
     uint64_t seed;
+    /* The backends' measured kernel choices (backend/backends.h), which
+     * decide results' last bits; NULL: none. Not owned: the writer's caller
+     * keeps it, a read state's manifest holds it. */
+    const char *kernel_choices;
     int n_settings;
     struct gp_state_setting settings[GP_STATE_MAX_SETTINGS];
 };

@@ -278,6 +278,10 @@ static void write_manifest(struct gp_json *j, const struct gp_state_writer *w, c
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)m->seed);
     gp_json_string(j, seed);
     gp_json_object_end(j);
+    if (m->kernel_choices) {
+        gp_json_key(j, "kernel_choices");
+        gp_json_string(j, m->kernel_choices);
+    }
     gp_json_key(j, "config");
     gp_json_object_begin(j);
     for (int i = 0; i < m->n_settings; i++) {

@@ -384,8 +384,12 @@ static gp_status save_state(struct run *s, const struct gp_resume_run *rr, struc
     m->epoch_steps = at->epoch_steps;
     m->shuffle = cfg->shuffle;
     m->seed = cfg->seed;
+    char *choices = gp_backend_choices_export();
+    m->kernel_choices = choices;
     char path[4352];
     gp_status st = gp_resume_save(rr, m, path, sizeof path, err);
+    m->kernel_choices = NULL;
+    free(choices);
     if (st != GP_OK) {
         gp_error_prefix(err, "saving the training state at step %lld: ", (long long)at->done);
         return st;
@@ -394,13 +398,81 @@ static gp_status save_state(struct run *s, const struct gp_resume_run *rr, struc
     return GP_OK;
 }
 
-/* Puts the newest whole state of cfg->resume_path into the pipeline; *at
- * gets where it was. */
-static gp_status resume(struct run *s, const struct gp_resume_run *rr, const struct gp_state_meta *now,
+/* Takes the choices of cfg->choices_path back when the file exists. */
+static gp_status choices_read(const struct gp_train_config *cfg, const struct gp_train_callbacks *cb,
+                              struct gp_error *err)
+{
+    FILE *f = fopen(cfg->choices_path, "rb");
+    if (!f) {
+        if (errno == ENOENT) return GP_OK; /* this run measures them and writes the file */
+        return gp_error_set(err, GP_ERR_IO, "cannot read %s: %s", cfg->choices_path, strerror(errno));
+    }
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            char *grown = realloc(text, cap = 2 * cap + 8192);
+            if (!grown) {
+                free(text);
+                fclose(f);
+                return gp_error_set(err, GP_ERR_NOMEM, "out of memory reading %s", cfg->choices_path);
+            }
+            text = grown;
+        }
+        size_t r = fread(text + len, 1, cap - len - 1, f);
+        len += r;
+        if (r == 0) break;
+    }
+    bool failed = ferror(f);
+    fclose(f);
+    text[len] = '\0';
+    gp_status st = failed ? gp_error_set(err, GP_ERR_IO, "cannot read %s", cfg->choices_path) : GP_OK;
+    char note[1024] = "";
+    if (st == GP_OK && (st = gp_backend_choices_import(text, note, sizeof note, err)) != GP_OK)
+        gp_error_prefix(err, "%s: ", cfg->choices_path);
+    free(text);
+    if (st == GP_OK && note[0]) note_through((void *)cb, note);
+    return st;
+}
+
+/* Writes the run's choices into cfg->choices_path (atomically). */
+static gp_status choices_write(const struct gp_train_config *cfg, struct gp_error *err)
+{
+    char *text = gp_backend_choices_export();
+    if (!text) return GP_OK; /* nothing measured (CPU devices) */
+    struct gp_atomic_file a;
+    gp_status st = gp_atomic_create(&a, cfg->choices_path, err);
+    if (st == GP_OK) {
+        gp_atomic_write(&a, text, strlen(text));
+        st = gp_atomic_commit(&a, err);
+    }
+    free(text);
+    return st;
+}
+
+/* Opens the newest whole state of cfg->resume_path and takes back its
+ * kernel choices: before the pipeline is made, which measures them (and
+ * plans their workspaces) for whatever is not in the table. */
+static gp_status resume_open(const struct gp_train_config *cfg, const struct gp_train_callbacks *cb,
+                             struct gp_state **out, struct gp_error *err)
+{
+    GP_TRY(gp_state_open_latest(cfg->resume_path, note_through, (void *)cb, out, err));
+    char note[1024];
+    gp_status st = gp_backend_choices_import((*out)->meta.kernel_choices, note, sizeof note, err);
+    if (st != GP_OK) {
+        gp_error_prefix(err, "%s: ", (*out)->path);
+        gp_state_close(*out);
+        *out = NULL;
+        return st;
+    }
+    if (note[0]) note_through((void *)cb, note);
+    return GP_OK;
+}
+
+/* Puts the state into the pipeline; *at gets where it was. */
+static gp_status resume(struct gp_state *state, const struct gp_resume_run *rr, const struct gp_state_meta *now,
                         const struct gp_train_callbacks *cb, struct position *at, struct gp_error *err)
 {
-    struct gp_state *state = NULL;
-    GP_TRY(gp_state_open_latest(s->cfg->resume_path, note_through, (void *)cb, &state, err));
     gp_status st = gp_resume_restore(rr, state, now, note_through, (void *)cb, err);
     if (st == GP_OK) {
         at->done = state->meta.step;
@@ -408,7 +480,6 @@ static gp_status resume(struct run *s, const struct gp_resume_run *rr, const str
         at->epoch_steps = state->meta.epoch_steps;
         if (cb && cb->on_resume) cb->on_resume(cb->user, state->path, at->done, rr->total_steps);
     }
-    gp_state_close(state);
     return st;
 }
 
@@ -425,11 +496,18 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         return gp_error_set(err, GP_ERR_IO, "cannot resume from '%s': %s", cfg->resume_path, strerror(errno));
     GP_TRY(gp_dataset_check_finite(train, "training", err));
     if (val) GP_TRY(gp_dataset_check_finite(val, "validation", err));
+    if (cfg->choices_path) GP_TRY(gp_atomic_check(cfg->choices_path, err));
+    /* A resumed run's choices are its state's, before the file's. */
+    struct gp_state *state = NULL;
+    if (cfg->resume_path) GP_TRY(resume_open(cfg, cb, &state, err));
+    if (cfg->choices_path && !state) GP_TRY(choices_read(cfg, cb, err));
     struct run s;
     memset(&s, 0, sizeof s);
     gp_status st = setup(&s, cfg, train, err);
     if (st == GP_OK && val) st = check_indices(&s, val, "validation", err);
+    if (st == GP_OK && cfg->choices_path) st = choices_write(cfg, err);
     if (st != GP_OK) {
+        gp_state_close(state);
         run_free(&s);
         return st;
     }
@@ -459,7 +537,8 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         meta = calloc(1, sizeof *meta);
         st = meta ? gp_resume_settings(&rr, meta, err) : gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     }
-    if (st == GP_OK && cfg->resume_path) st = resume(&s, &rr, meta, cb, &at, err);
+    if (st == GP_OK && state) st = resume(state, &rr, meta, cb, &at, err);
+    gp_state_close(state);
 
     bool has_labels = train->y.dtype != GP_DTYPE_UNDEFINED;
     double start = now(), last_save = start, epoch_loss = at.epoch_loss;

@@ -68,6 +68,11 @@ struct gp_train_config {
     double save_every_seconds; /* > 0: at the first step boundary this long after the last state */
     int keep;                 /* the newest states kept (default 2) */
     const char *resume_path;  /* continue from this state, or the newest whole one in this folder */
+    /* The backends' measured kernel choices (cuDNN's algorithms): read from
+     * this file before any are measured when it exists, and the run's
+     * written into it once the pipeline is planned, so that runs sharing it
+     * compute alike. NULL: none. */
+    const char *choices_path;
 };
 
 /* Per-stage memory, reported once the pipeline is planned and after training. */

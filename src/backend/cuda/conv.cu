@@ -33,7 +33,10 @@
  * and added to dW there (which is what autocast's cast of the weight does
  * to its gradient in PyTorch).
  *
- * Algorithms: chosen and cached by conv_algos.cu. */
+ * Algorithms: chosen and cached by conv_algos.cu: cuDNN's graph API's
+ * engine configurations (conv_graph.h) where it has them, else the legacy
+ * API's algorithms. The graph API has no beta: a result it accumulates is
+ * computed into a buffer in scratch and added. */
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -212,20 +215,35 @@ static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *
 
 /* ---- scratch ---- */
 
+/* Bytes of the buffer a graph API result is accumulated from (its output
+ * then gets the buffer added): float32 elements of the largest output that
+ * a direction on the graph API accumulates. 0 when none does. */
+static size_t acc_buffer_bytes(const struct conv_geom *g, const struct algo_choice *ch)
+{
+    int64_t img = g->n * g->img_ch * g->imgb_size, col = g->n * g->col_ch * g->col_size, n = 0;
+    if (ch->graph_fwd[0] && g->transpose) n = col;                       /* ConvTranspose's dX */
+    if (ch->graph_data[0] && !g->transpose && img > n) n = img;          /* Conv's dX */
+    if (ch->graph_filter[0] && filter_numel(g) > n) n = filter_numel(g); /* dW */
+    return n ? align_up(sizeof(float) * (size_t)n) : 0;
+}
+
 /* Scratch in `mode`: the image buffer, a float32 dW's bfloat16 buffer,
- * then the workspace of the largest of the three algorithms. */
+ * the accumulation buffer, then the workspace of the largest of the three
+ * algorithms. */
 static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode)
 {
     struct algo_choice ch;
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
     const char *why;
     size_t ws = WS_CAP; /* when nothing is found: the run chooses again and reports what fails */
+    size_t acc = 0;
     if (conv_lookup_algos(NULL, g, mode, &ch, &e, &why)) {
         ws = ch.ws_fwd;
         if (ch.ws_data > ws) ws = ch.ws_data;
         if (ch.ws_filter > ws) ws = ch.ws_filter;
+        acc = acc_buffer_bytes(g, &ch);
     }
-    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + ws;
+    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc + ws;
 }
 
 /* The table's scratch_bytes, for callers that do not say the mode: the
@@ -448,6 +466,7 @@ struct conv_run {
     struct descs d;
     void *buf;   /* image buffer (NULL when direct) */
     bf16_t *dwbuf; /* a float32 dW's bfloat16 buffer (bfloat16 storage only) */
+    void *acc;   /* a graph API result to accumulate (NULL when none is) */
     void *ws;    /* workspace */
 };
 
@@ -491,9 +510,11 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
     }
     /* Scratch: image buffer, dW buffer, workspace (mode_scratch). */
     size_t bb = buffer_bytes(&r->g, r->mode.bf16), wb = dw_buffer_bytes(&r->g, r->mode.bf16);
+    size_t ab = acc_buffer_bytes(&r->g, &r->ch);
     r->buf = bb ? c->scratch : NULL;
     r->dwbuf = wb ? (bf16_t *)((char *)c->scratch + bb) : NULL;
-    r->ws = (char *)c->scratch + bb + wb;
+    r->acc = ab ? (char *)c->scratch + bb + wb : NULL;
+    r->ws = (char *)c->scratch + bb + wb + ab;
     return GP_OK;
 }
 
@@ -504,10 +525,48 @@ static gp_status dnn_call(const struct gp_cuda_ctx *c, struct gp_error *err, cud
     return gp_cuda_error(c, err, GP_ERR_DEVICE, "%s: %s", call, cudnnGetErrorString(st));
 }
 
+/* dst[i] (the convolution's storage) += src[i] (float32, or that storage). */
+template <typename D, typename S>
+__global__ static void accumulate_kernel(D *dst, const S *src, int64_t n)
+{
+    GP_GRID_STRIDE(i, n) dst[i] = D((float)dst[i] + (float)src[i]);
+}
+
+/* out = a graph API convolution `op` of (a, b), or out += it when beta is
+ * 1: computed into the accumulation buffer (float32 where the problem says
+ * so), then added, each sum rounded once. `n` is out's element count. */
+static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, enum conv_graph_op op,
+                           const char *name, const void *a, const void *b, void *out, int64_t n, float beta,
+                           struct gp_error *err)
+{
+    struct conv_graph_problem p;
+    conv_graph_problem_of(&r->g, r->mode, op, &p);
+    void *dst = beta != 0.0f ? r->acc : out;
+    if (!dst)
+        return gp_cuda_error(c, err, GP_ERR_DEVICE, "conv: no accumulation buffer for an accumulated %s",
+                             name);
+    char why[512];
+    if (!conv_graph_run((cudnnHandle_t)c->cudnn, &p, op, name, a, b, dst, r->ws, why, sizeof why))
+        return gp_cuda_error(c, err, GP_ERR_DEVICE, "cuDNN graph convolution (%s): %s", name, why);
+    if (beta == 0.0f || n == 0) return GP_OK;
+    unsigned grid = gp_cuda_blocks_for(n);
+    if (!r->mode.bf16)
+        accumulate_kernel<float, float><<<grid, GP_CUDA_THREADS, 0, c->stream>>>((float *)out, (const float *)dst, n);
+    else if (p.float_out)
+        accumulate_kernel<bf16_t, float><<<grid, GP_CUDA_THREADS, 0, c->stream>>>((bf16_t *)out, (const float *)dst, n);
+    else
+        accumulate_kernel<bf16_t, bf16_t><<<grid, GP_CUDA_THREADS, 0, c->stream>>>((bf16_t *)out, (const bf16_t *)dst,
+                                                                                   n);
+    return gp_cuda_check_launch(c, "convolution result added to its gradient", err);
+}
+
 /* col = conv(img, W) (+ col when beta is 1). */
 static gp_status run_forward(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img,
                              const void *w, void *col, float beta, struct gp_error *err)
 {
+    if (r->ch.graph_fwd[0])
+        return run_graph(c, r, CONV_GRAPH_FPROP, r->ch.graph_fwd, img, w, col, r->g.n * r->g.col_ch * r->g.col_size,
+                         beta, err);
     float one = 1.0f;
     GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_fwd),
                     "cudnnSetConvolutionMathType"));
@@ -522,6 +581,9 @@ static gp_status run_forward(const struct gp_cuda_ctx *c, struct conv_run *r, co
 static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const void *w,
                           const void *col, void *img, float beta, struct gp_error *err)
 {
+    if (r->ch.graph_data[0])
+        return run_graph(c, r, CONV_GRAPH_DGRAD, r->ch.graph_data, col, w, img,
+                         r->g.n * r->g.img_ch * r->g.imgb_size, beta, err);
     float one = 1.0f;
     GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_data),
                     "cudnnSetConvolutionMathType"));
@@ -537,6 +599,8 @@ static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const
 static gp_status run_filter_call(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img,
                                  const void *col, void *dw, float beta, struct gp_error *err)
 {
+    if (r->ch.graph_filter[0])
+        return run_graph(c, r, CONV_GRAPH_WGRAD, r->ch.graph_filter, img, col, dw, filter_numel(&r->g), beta, err);
     float one = 1.0f;
     GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_filter),
                     "cudnnSetConvolutionMathType"));

@@ -11,6 +11,8 @@
 
 #include <cudnn.h>
 
+#include "backend/cuda/conv_graph.h"
+
 #define MAX_AXES 3
 #define WS_CAP ((size_t)256 << 20) /* workspace an algorithm may ask for */
 #define ALIGN 256
@@ -50,13 +52,29 @@ struct descs {
     cudnnConvolutionDescriptor_t conv;
 };
 
+/* Per direction (forward, backward data, backward filter): the legacy
+ * API's algorithm and math type, or, when its name is not empty, the graph
+ * API's engine configuration (conv_graph.h); and its workspace. */
 struct algo_choice {
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
     cudnnMathType_t m_fwd, m_data, m_filter;
     size_t ws_fwd, ws_data, ws_filter;
+    char graph_fwd[CONV_GRAPH_NAME], graph_data[CONV_GRAPH_NAME], graph_filter[CONV_GRAPH_NAME];
 };
+
+/* Whether the graph API's result of `op` is accumulated into its output
+ * (beta = 1 in the legacy API: through a buffer and an add), and then in
+ * float32 whatever the storage, so that a bfloat16 gradient is rounded
+ * once, as the CPU backend does. The filter gradient of a bfloat16
+ * convolution is rounded to bfloat16 first (as autocast's is), so it is
+ * never float32. */
+bool conv_graph_accumulates(const struct conv_geom *g, enum conv_graph_op op);
+
+/* The graph API's problem of `op` in `mode` (conv_graph.h). */
+void conv_graph_problem_of(const struct conv_geom *g, struct conv_mode mode, enum conv_graph_op op,
+                           struct conv_graph_problem *p);
 
 /* The descriptors of the problem in storage `bf16` (tensors and filter;
  * the compute type is float32 either way); `math` for the convolution. The

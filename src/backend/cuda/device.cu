@@ -494,4 +494,6 @@ extern "C" const struct gp_device_ops gp_cuda_device_ops = {
     cuda_graph_destroy,
     cuda_host_alloc,
     cuda_host_free,
+    gp_cuda_choices_export,
+    gp_cuda_choices_import,
 };

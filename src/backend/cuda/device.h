@@ -30,6 +30,13 @@ cudaStream_t gp_cuda_current_stream(void);
 cudaStream_t gp_cuda_stream_of(struct gp_stream *s);
 int gp_cuda_device_index(struct gp_device *dev);
 
+/* The convolution algorithms measured in this process (conv_algos.cu), as
+ * text (malloc'd; NULL when none), and taken back, before any are measured,
+ * from another run's text; choices measured on another GPU or cuDNN are
+ * left out with a note (the device ops' choices_export / choices_import). */
+char *gp_cuda_choices_export(void);
+gp_status gp_cuda_choices_import(const char *text, char *note, size_t note_size, struct gp_error *err);
+
 /* The CUDA backend's compute ops (backend/compute.h; cuda/compute.cu). */
 extern const struct gp_compute_ops gp_cuda_compute_ops;
 
