@@ -70,10 +70,12 @@ struct gp_pipe_schedule {
 
 /* Every stage's actions are issued clock by clock (at most one forward or
  * backward per stage per clock, an action at the first clock after what it
- * waits for), so everything an action waits for was issued before it;
- * within a clock the later stages come first (a backward that frees a
- * buffer is issued before the forward of the stage before it that refills
- * it). A recomputation is issued right before its backward, at its clock. */
+ * waits for), so everything an action waits for was issued before it.
+ * Within a clock the later stages come first: under GPipe the next stage's
+ * backward of micro-batch j is then issued before this stage's of j - 1, so
+ * the gradients it sends find a free inbox (this stage holds two) instead of
+ * waiting for that backward. A recomputation is issued right before its
+ * backward, at its clock. */
 
 /* GPipe's fill-drain: at forward clock c stage k runs micro-batch c - k;
  * the backward diagonal follows from the last stage, micro-batch 0 first. */
