@@ -19,31 +19,84 @@ static int by_start(const void *a, const void *b)
     return (x->start > y->start) - (x->start < y->start);
 }
 
-/* Scratch for allocate, per slot. */
+/* Scratch for allocate: per slot its last occupation, and two binary
+ * min-heaps of slot numbers, the free ones (by number) and the busy ones
+ * (by the end of their occupation), so that n occupations take
+ * O(n log n) whatever the number of slots. */
 struct slot_state {
     int end, mb;
     bool forward;
     int *next_start;
 };
 
+struct heaps {
+    struct slot_state *slot;
+    int *free_, n_free;
+    int *busy, n_busy;
+};
+
+static int key_of(const struct heaps *h, const int *heap, int q)
+{
+    return heap == h->busy ? h->slot[heap[q]].end : heap[q];
+}
+
+static void heap_push(struct heaps *h, int *heap, int *n, int v)
+{
+    int q = (*n)++;
+    heap[q] = v;
+    while (q > 0 && key_of(h, heap, (q - 1) / 2) > key_of(h, heap, q)) {
+        int up = (q - 1) / 2, t = heap[up];
+        heap[up] = heap[q];
+        heap[q] = t;
+        q = up;
+    }
+}
+
+static int heap_pop(struct heaps *h, int *heap, int *n)
+{
+    int top = heap[0];
+    heap[0] = heap[--*n];
+    for (int q = 0;;) {
+        int l = 2 * q + 1, r = l + 1, least = q;
+        if (l < *n && key_of(h, heap, l) < key_of(h, heap, least)) least = l;
+        if (r < *n && key_of(h, heap, r) < key_of(h, heap, least)) least = r;
+        if (least == q) break;
+        int t = heap[least];
+        heap[least] = heap[q];
+        heap[q] = t;
+        q = least;
+    }
+    return top;
+}
+
 /* Lowest free slot first, in order of start; `after` gets the previous
  * occupant's micro-batch (for sets only when that one began with its
  * forward), the previous occupant's next_start this one's start. Returns
  * the number of slots. */
-static int allocate(struct interval *iv, int n, bool sets, struct slot_state *slot)
+static int allocate(struct interval *iv, int n, bool sets, struct heaps *h)
 {
     qsort(iv, (size_t)n, sizeof *iv, by_start);
     int slots = 0;
+    h->n_free = h->n_busy = 0;
     for (int q = 0; q < n; q++) {
-        int s = 0;
-        while (s < slots && slot[s].end >= iv[q].start) s++;
-        if (s == slots) slot[slots++] = (struct slot_state){.mb = -1};
+        /* Slots whose occupation ended before this one starts are free. */
+        while (h->n_busy > 0 && h->slot[h->busy[0]].end < iv[q].start)
+            heap_push(h, h->free_, &h->n_free, heap_pop(h, h->busy, &h->n_busy));
+        int s;
+        if (h->n_free > 0) {
+            s = heap_pop(h, h->free_, &h->n_free);
+        } else {
+            s = slots++;
+            h->slot[s] = (struct slot_state){.mb = -1};
+        }
+        struct slot_state *st = &h->slot[s];
         *iv[q].slot = s;
-        *iv[q].after = sets && !slot[s].forward ? -1 : slot[s].mb;
-        if (slot[s].next_start) *slot[s].next_start = iv[q].start;
+        *iv[q].after = sets && !st->forward ? -1 : st->mb;
+        if (st->next_start) *st->next_start = iv[q].start;
         if (iv[q].next_start) *iv[q].next_start = INT_MAX;
-        slot[s] = (struct slot_state){.end = iv[q].end, .mb = iv[q].mb, .forward = iv[q].forward,
-                                      .next_start = iv[q].next_start};
+        *st = (struct slot_state){.end = iv[q].end, .mb = iv[q].mb, .forward = iv[q].forward,
+                                  .next_start = iv[q].next_start};
+        heap_push(h, h->busy, &h->n_busy, s);
     }
     return slots;
 }
@@ -115,7 +168,7 @@ static gp_status alloc_stage(struct gp_stage_slots *o, int M, struct gp_error *e
 /* Stage k's slots from the positions; fwd_next[j] gets the start of the
  * occupation that follows j's forward in its set (INT_MAX: none). */
 static void plan_stage(int K, int M, int k, const int *pf, const int *pr, const int *pb, struct interval *iv,
-                       struct slot_state *scratch, int *fwd_next, struct gp_stage_slots *o)
+                       struct heaps *scratch, int *fwd_next, struct gp_stage_slots *o)
 {
     size_t m = (size_t)M;
     const int *f = pf + (size_t)k * m, *r = pr + (size_t)k * m, *b = pb + (size_t)k * m;
@@ -168,13 +221,14 @@ gp_status gp_pipe_slots_plan(const struct gp_pipe_schedule *s, struct gp_stage_s
     int *pf = malloc(sizeof(int) * km), *pr = malloc(sizeof(int) * km), *pb = malloc(sizeof(int) * km);
     int *fwd_next = malloc(sizeof(int) * km);
     struct interval *iv = malloc(sizeof *iv * 2 * m);
-    struct slot_state *scratch = malloc(sizeof *scratch * 2 * m);
-    gp_status st = pf && pr && pb && fwd_next && iv && scratch
+    struct heaps scratch = {.slot = malloc(sizeof *scratch.slot * 2 * m), .free_ = malloc(sizeof(int) * 2 * m),
+                            .busy = malloc(sizeof(int) * 2 * m)};
+    gp_status st = pf && pr && pb && fwd_next && iv && scratch.slot && scratch.free_ && scratch.busy
                        ? positions(s, pf, pr, pb, err)
                        : gp_error_set(err, GP_ERR_NOMEM, "out of memory planning the stages");
     for (int k = 0; k < K && st == GP_OK; k++)
         if ((st = alloc_stage(&out[k], M, err)) == GP_OK)
-            plan_stage(K, M, k, pf, pr, pb, iv, scratch, fwd_next + (size_t)k * m, &out[k]);
+            plan_stage(K, M, k, pf, pr, pb, iv, &scratch, fwd_next + (size_t)k * m, &out[k]);
     /* A copy issued late must still find what it sends: the set micro-
      * batch j's forward wrote on the sending stage is not written again
      * before the copy is issued. (A frontier value may also live in the
@@ -193,7 +247,9 @@ gp_status gp_pipe_slots_plan(const struct gp_pipe_schedule *s, struct gp_stage_s
     free(pb);
     free(fwd_next);
     free(iv);
-    free(scratch);
+    free(scratch.slot);
+    free(scratch.free_);
+    free(scratch.busy);
     if (st != GP_OK)
         for (int k = 0; k < K; k++) gp_stage_slots_free(&out[k]);
     return st;
