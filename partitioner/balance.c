@@ -3,29 +3,53 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Per-micro-batch time of layer i: forward, backward and, for the share of
- * micro-batches the checkpoint mode recomputes, forward again. */
-static double layer_time(const struct gp_profile *p, const struct gp_balance_config *c, int i)
+#include "pipeline/slots.h"
+
+/* What the schedule asks of each stage (pipeline/slots.h): activation sets,
+ * input-frontier boxes and gradient inboxes held at once, and the share of
+ * micro-batches recomputed. */
+struct stage_load {
+    int sets, boxes, inboxes;
+    double recompute;
+};
+
+static gp_status stage_loads(const struct gp_balance_config *c, struct stage_load *load, struct gp_error *err)
 {
-    double recompute = c->checkpoint == GP_CHECKPOINT_ALWAYS ? 1.0
-                       : c->checkpoint == GP_CHECKPOINT_EXCEPT_LAST
-                           ? (double)(c->n_micro - 1) / (double)c->n_micro
-                           : 0.0;
+    struct gp_pipe_schedule sched;
+    GP_TRY(gp_pipe_schedule_make(c->schedule, c->n_stages, c->n_micro, c->checkpoint, &sched, err));
+    struct gp_stage_slots *slots = calloc((size_t)c->n_stages, sizeof *slots);
+    gp_status st = slots ? gp_pipe_slots_plan(&sched, slots, err) : gp_error_set(err, GP_ERR_NOMEM, "out of memory balancing");
+    for (int s = 0; st == GP_OK && s < c->n_stages; s++) {
+        load[s] = (struct stage_load){.sets = slots[s].n_sets, .boxes = slots[s].n_boxes,
+                                      .inboxes = slots[s].n_inboxes,
+                                      .recompute = (double)slots[s].n_checkpointed / (double)c->n_micro};
+        gp_stage_slots_free(&slots[s]);
+    }
+    free(slots);
+    gp_pipe_schedule_free(&sched);
+    return st;
+}
+
+/* Per-micro-batch time of layer i: forward, backward and, for the share of
+ * micro-batches its stage recomputes, forward again. */
+static double layer_time(const struct gp_profile *p, const struct stage_load *load, int i)
+{
     const struct gp_layer_profile *l = &p->layers[i];
     /* Before each micro-batch's backward the executor clears the gradients
      * of the stage's activations: about one memory pass over them. */
     double clear_ms = (double)l->activation_bytes / (p->copy_gbps * 1e6);
-    return l->forward_ms + l->backward_ms + recompute * l->forward_ms + clear_ms;
+    return l->forward_ms + l->backward_ms + load->recompute * l->forward_ms + clear_ms;
 }
 
 /* Bytes layer i costs its stage: the parameter, its gradient and optimizer
- * state, and its activations for every micro-batch in flight (all M without
- * checkpointing; one set with it, the others keep only input frontiers). */
-static double layer_memory(const struct gp_profile *p, const struct gp_balance_config *c, int i)
+ * state, and its activations once per activation set the stage holds (each
+ * micro-batch in flight without checkpointing; one set with it, the others
+ * keep only input frontiers). */
+static double layer_memory(const struct gp_profile *p, const struct gp_balance_config *c,
+                           const struct stage_load *load, int i)
 {
     const struct gp_layer_profile *l = &p->layers[i];
-    int sets = c->checkpoint == GP_CHECKPOINT_NEVER ? c->n_micro : 1;
-    return (double)l->param_bytes * (2 + c->optim_state_floats) + (double)l->activation_bytes * sets;
+    return (double)l->param_bytes * (2 + c->optim_state_floats) + (double)l->activation_bytes * load->sets;
 }
 
 /* The frontier at cut c (before layer c), per micro-batch. */
@@ -34,18 +58,20 @@ static int64_t frontier_at(const struct gp_profile *p, int c)
     return c == 0 ? p->input_frontier_bytes : p->layers[c - 1].frontier_bytes;
 }
 
-/* What a stage starting at cut c pays for its boundary: receiving the
+/* What stage s starting at cut c pays for its boundary: receiving the
  * frontier's activations and sending back their gradients (time), or
- * holding M input frontiers and M gradient inboxes (memory). */
-static double boundary_cost(const struct gp_profile *p, const struct gp_balance_config *c, int cut)
+ * holding its boxes of that frontier and the stage before's inboxes of its
+ * gradients (memory, counted here with the stage that receives). */
+static double boundary_cost(const struct gp_profile *p, enum gp_balance_by by, const struct stage_load *load, int s,
+                            int cut)
 {
-    if (cut == 0) return 0;
+    if (cut == 0 || s == 0) return 0;
     double bytes = (double)frontier_at(p, cut);
-    if (c->by == GP_BALANCE_TIME) return 2 * bytes / (p->copy_gbps * 1e6);
-    return 2 * bytes * c->n_micro;
+    if (by == GP_BALANCE_TIME) return 2 * bytes / (p->copy_gbps * 1e6);
+    return bytes * (load[s].boxes + load[s - 1].inboxes);
 }
 
-static void figures(const struct gp_profile *p, const struct gp_balance_config *c,
+static void figures(const struct gp_profile *p, const struct gp_balance_config *c, const struct stage_load *load,
                     const struct gp_partition *part, struct gp_split_report *r)
 {
     memset(r, 0, sizeof *r);
@@ -55,13 +81,11 @@ static void figures(const struct gp_profile *p, const struct gp_balance_config *
         struct gp_stage_figures *f = &r->stages[s];
         f->first_layer = part->first[s];
         f->last_layer = part->first[s + 1];
-        struct gp_balance_config as_time = *c, as_memory = *c;
-        as_time.by = GP_BALANCE_TIME;
-        as_memory.by = GP_BALANCE_MEMORY;
-        double t = boundary_cost(p, &as_time, f->first_layer), m = boundary_cost(p, &as_memory, f->first_layer);
+        double t = boundary_cost(p, GP_BALANCE_TIME, load, s, f->first_layer);
+        double m = boundary_cost(p, GP_BALANCE_MEMORY, load, s, f->first_layer);
         for (int i = f->first_layer; i < f->last_layer; i++) {
-            t += layer_time(p, c, i);
-            m += layer_memory(p, c, i);
+            t += layer_time(p, &load[s], i);
+            m += layer_memory(p, c, &load[s], i);
         }
         f->time_ms = t;
         f->memory_bytes = (int64_t)m;
@@ -75,7 +99,8 @@ static void figures(const struct gp_profile *p, const struct gp_balance_config *
         r->mean_time_ms += t / part->k;
     }
     r->imbalance = sum > 0 ? worst / (sum / part->k) : 1;
-    /* GPipe: M + K - 1 clock cycles, each as long as the slowest stage. */
+    /* GPipe and 1F1B alike: M + K - 1 clock cycles of forward and backward,
+     * each as long as the slowest stage (1F1B moves work, not the bubble). */
     r->predicted_step_ms = (double)(c->n_micro + part->k - 1) * r->max_time_ms;
     r->throughput = r->predicted_step_ms > 0 ? (double)c->batch / (r->predicted_step_ms / 1e3) : 0;
 }
@@ -85,32 +110,48 @@ gp_status gp_balance(const struct gp_profile *prof, const struct gp_balance_conf
 {
     memset(out, 0, sizeof *out);
     out->cfg = *cfg;
-    int n = prof->n_layers;
-    if (cfg->n_stages < 1 || cfg->n_stages > n || cfg->n_stages > GP_MAX_STAGES)
-        return gp_error_set(err, GP_ERR_INVALID, "cannot split %d layers into %d stages", n, cfg->n_stages);
+    int n = prof->n_layers, k = cfg->n_stages;
+    if (k < 1 || k > n || k > GP_MAX_STAGES)
+        return gp_error_set(err, GP_ERR_INVALID, "cannot split %d layers into %d stages", n, k);
+    if (cfg->n_micro < 1) return gp_error_set(err, GP_ERR_INVALID, "balancing needs at least one micro-batch");
+    size_t kn = (size_t)k * (size_t)n;
+    struct stage_load *load = calloc((size_t)k, sizeof *load);
     double *weight = malloc(sizeof(double) * ((size_t)n + 1));
-    double *boundary = malloc(sizeof(double) * ((size_t)n + 1));
-    if (!weight || !boundary) {
-        free(weight);
-        free(boundary);
-        return gp_error_set(err, GP_ERR_NOMEM, "out of memory balancing");
+    double *stage_weight = malloc(sizeof(double) * (kn + 1)), *stage_boundary = malloc(sizeof(double) * (kn + 1));
+    gp_status st = load && weight && stage_weight && stage_boundary
+                       ? stage_loads(cfg, load, err)
+                       : gp_error_set(err, GP_ERR_NOMEM, "out of memory balancing");
+    if (st == GP_OK) {
+        for (int s = 0; s < k; s++)
+            for (int i = 0; i < n; i++) {
+                stage_weight[(size_t)s * n + i] =
+                    cfg->by == GP_BALANCE_TIME ? layer_time(prof, &load[s], i) : layer_memory(prof, cfg, &load[s], i);
+                stage_boundary[(size_t)s * n + i] = boundary_cost(prof, cfg->by, load, s, i);
+            }
+        /* torchgpipe's heuristic knows no stages: it splits by the mean
+         * over the stages (written so that equal weights stay exact). */
+        for (int i = 0; i < n; i++) {
+            double w0 = stage_weight[i], spread = 0;
+            for (int s = 1; s < k; s++) spread += (stage_weight[(size_t)s * n + i] - w0) / k;
+            weight[i] = w0 + spread > 0 ? w0 + spread : 0;
+        }
     }
-    for (int i = 0; i < n; i++) {
-        weight[i] = cfg->by == GP_BALANCE_TIME ? layer_time(prof, cfg, i) : layer_memory(prof, cfg, i);
-        boundary[i] = boundary_cost(prof, cfg, i);
-    }
-    struct gp_partition_problem problem = {.n = n, .weight = weight, .boundary = boundary, .k = cfg->n_stages};
+    struct gp_partition_problem problem = {.n = n, .weight = weight, .k = k, .stage_weight = stage_weight,
+                                           .stage_boundary = stage_boundary};
     struct gp_partition opt, even, heur;
-    gp_status st = gp_partition_optimal(&problem, &opt, err);
+    if (st == GP_OK) st = gp_partition_optimal(&problem, &opt, err);
     if (st == GP_OK) st = gp_partition_even(&problem, &even, err);
     if (st == GP_OK) st = gp_partition_heuristic(&problem, &heur, err);
     free(weight);
-    free(boundary);
+    free(stage_weight);
+    free(stage_boundary);
+    if (st == GP_OK) {
+        figures(prof, cfg, load, &opt, &out->optimal);
+        figures(prof, cfg, load, &even, &out->even);
+        figures(prof, cfg, load, &heur, &out->heuristic);
+    }
+    free(load);
     GP_TRY(st);
-    figures(prof, cfg, &opt, &out->optimal);
-    figures(prof, cfg, &even, &out->even);
-    figures(prof, cfg, &heur, &out->heuristic);
-    int k = cfg->n_stages;
     out->bubble = (double)(k - 1) / (double)(cfg->n_micro + k - 1);
     out->suggested_chunks = (int)cfg->batch;
     for (int64_t m = 1; m <= cfg->batch; m++)

@@ -1,7 +1,14 @@
 /* Balancing: from a per-layer profile to stages, by time or by memory, and
  * the figures that explain the choice (per-stage load, imbalance, predicted
  * step time and throughput, bubble), with the even split and torchgpipe's
- * heuristic beside the optimum. */
+ * heuristic beside the optimum.
+ *
+ * The model follows the schedule the run will use (pipeline/slots.h): a
+ * stage's activations count once per activation set it holds, its input
+ * frontier once per box and the gradients for it once per inbox of the
+ * stage before, and its recomputation for the micro-batches it recomputes.
+ * Under 1F1B these depend on the stage (stage k holds min(M, K-k)
+ * micro-batches), so the partition weighs layers by stage. */
 #ifndef GP_PARTITIONER_BALANCE_H
 #define GP_PARTITIONER_BALANCE_H
 
@@ -19,6 +26,7 @@ struct gp_balance_config {
     int n_stages;
     int64_t batch;           /* mini-batch */
     int n_micro;             /* micro-batches per mini-batch */
+    enum gp_pipe_schedule_kind schedule; /* GPipe (default) or 1F1B: what a stage holds at once */
     enum gp_checkpoint checkpoint;
     int optim_state_floats;  /* per parameter: 0 plain SGD, 1 momentum, 2 AdamW */
 };

@@ -33,6 +33,11 @@
  * double arithmetic as C specifies it: no -ffast-math, no x87 excess
  * precision.)
  *
+ * Stage-dependent costs (stage_weight, stage_boundary) change nothing in
+ * this: c_s(i, j) is non-decreasing in j for each stage s, the s-th stage
+ * of a prefix uses reach_T(s - 1, i), and the suffix DP below the reach
+ * and boundary terms of the stage it places.
+ *
  * Ties: a suffix DP under T = B*. H_s[i] is the least key of a split of
  * [i, n) into s stages of cost <= B*, the key being the sum of the boundary
  * terms at its cuts added right to left: H_1[i] = 0 if c(i, n) <= B*, and
@@ -46,6 +51,7 @@
 #include "partitioner/partition.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,19 +62,23 @@
 
 struct costs {
     int n;
-    double *prefix;         /* [n + 1] */
-    const double *boundary; /* [n] or NULL */
+    double *prefix;         /* [n + 1], or [k][n + 1] with stage weights: stage s's at s * pstride */
+    size_t pstride;         /* 0 or n + 1 */
+    const double *boundary; /* [n], [k][n] with stage boundaries (at s * bstride), or NULL */
+    size_t bstride;         /* 0 or n */
+    bool by_stage;          /* some cost depends on the stage */
 };
 
-static inline double bnd(const struct costs *c, int i)
+static inline double bnd(const struct costs *c, int s, int i)
 {
-    return c->boundary ? c->boundary[i] : 0.0;
+    return c->boundary ? c->boundary[(size_t)s * c->bstride + (size_t)i] : 0.0;
 }
 
-/* The one definition of a stage's cost: layers [i, j). */
-static inline double stage_cost(const struct costs *c, int i, int j)
+/* The one definition of a stage's cost: stage s holding layers [i, j). */
+static inline double stage_cost(const struct costs *c, int s, int i, int j)
 {
-    return (c->prefix[j] - c->prefix[i]) + bnd(c, i);
+    const double *prefix = c->prefix + (size_t)s * c->pstride;
+    return (prefix[j] - prefix[i]) + bnd(c, s, i);
 }
 
 gp_status gp_partition_validate(const struct gp_partition_problem *p, struct gp_error *err)
@@ -99,6 +109,23 @@ gp_status gp_partition_validate(const struct gp_partition_problem *p, struct gp_
                                     "partition: boundary cost at cut %d is %g (must be finite and >= 0)", c, b);
             total += b;
         }
+    /* Stage costs: each stage's sum is bounded, as the sums above. */
+    for (int s = 0; s < p->k; s++) {
+        double stage_total = 0;
+        for (int i = 0; i < p->n; i++) {
+            double w = p->stage_weight ? p->stage_weight[(size_t)s * p->n + i] : 0;
+            double b = p->stage_boundary ? p->stage_boundary[(size_t)s * p->n + i] : 0;
+            if (!isfinite(w) || w < 0 || !isfinite(b) || b < 0)
+                return gp_error_set(err, GP_ERR_INVALID,
+                                    "partition: stage %d's %s at layer %d is %g (must be finite and >= 0)", s,
+                                    !isfinite(w) || w < 0 ? "weight" : "boundary cost", i,
+                                    !isfinite(w) || w < 0 ? w : b);
+            stage_total += w + b;
+        }
+        if (!(stage_total <= COST_LIMIT))
+            return gp_error_set(err, GP_ERR_INVALID, "partition: stage %d's weights and boundary costs sum to %g, above %g",
+                                s, stage_total, COST_LIMIT);
+    }
     if (!(total <= COST_LIMIT))
         return gp_error_set(err, GP_ERR_INVALID, "partition: weights and boundary costs sum to %g, above %g", total,
                             COST_LIMIT);
@@ -107,12 +134,20 @@ gp_status gp_partition_validate(const struct gp_partition_problem *p, struct gp_
 
 static gp_status costs_init(const struct gp_partition_problem *p, struct costs *c, struct gp_error *err)
 {
+    size_t n = (size_t)p->n, stages = p->stage_weight ? (size_t)p->k : 1;
     c->n = p->n;
-    c->boundary = p->boundary;
-    c->prefix = malloc(sizeof(double) * ((size_t)p->n + 1));
+    c->boundary = p->stage_boundary ? p->stage_boundary : p->boundary;
+    c->bstride = p->stage_boundary ? n : 0;
+    c->pstride = p->stage_weight ? n + 1 : 0;
+    c->by_stage = p->stage_weight || p->stage_boundary;
+    c->prefix = malloc(sizeof(double) * (n + 1) * stages);
     if (!c->prefix) return gp_error_set(err, GP_ERR_NOMEM, "partition: out of memory for %d layers", p->n);
-    c->prefix[0] = 0;
-    for (int i = 0; i < p->n; i++) c->prefix[i + 1] = c->prefix[i] + p->weight[i];
+    for (size_t s = 0; s < stages; s++) {
+        double *prefix = c->prefix + s * (n + 1);
+        const double *w = p->stage_weight ? p->stage_weight + s * n : p->weight;
+        prefix[0] = 0;
+        for (size_t i = 0; i < n; i++) prefix[i + 1] = prefix[i] + w[i];
+    }
     return GP_OK;
 }
 
@@ -120,7 +155,7 @@ static void fill_costs(const struct costs *c, struct gp_partition *part)
 {
     part->bottleneck = 0;
     for (int s = 0; s < part->k; s++) {
-        part->cost[s] = stage_cost(c, part->first[s], part->first[s + 1]);
+        part->cost[s] = stage_cost(c, s, part->first[s], part->first[s + 1]);
         if (part->cost[s] > part->bottleneck) part->bottleneck = part->cost[s];
     }
 }
@@ -193,42 +228,47 @@ gp_status gp_partition_even(const struct gp_partition_problem *p, struct gp_part
 struct search {
     const struct costs *c;
     int k;
-    int *reach;         /* [n]: reach_T(i), i when not even layer i fits */
+    int *reach;         /* [n], or [k][n] by stage: reach_T(s, i), i when not even layer i fits */
+    size_t rstride;     /* 0 or n */
     unsigned char *in;  /* [n + 1]: R_{s-1} */
     unsigned char *out; /* [n + 1]: R_s */
 };
 
-/* Largest j in (i, n] with c(i, j) <= t, or i. */
-static int reach_of(const struct costs *c, int i, double t)
+/* Largest j in (i, n] with c_s(i, j) <= t, or i. */
+static int reach_of(const struct costs *c, int s, int i, double t)
 {
     int lo = i, hi = c->n; /* c(i, lo) fits (lo == i stands for "none"), find the last j that does */
     while (lo < hi) {
         int mid = lo + (hi - lo + 1) / 2;
-        if (stage_cost(c, i, mid) <= t) lo = mid;
+        if (stage_cost(c, s, i, mid) <= t) lo = mid;
         else hi = mid - 1;
     }
     return lo;
 }
 
-static void reach_all(const struct costs *c, double t, int *reach)
+/* reach_T for every stage (once when no cost depends on the stage). */
+static void reach_all(const struct costs *c, int k, double t, int *reach)
 {
-    for (int i = 0; i < c->n; i++) reach[i] = reach_of(c, i, t);
+    int stages = c->by_stage ? k : 1;
+    for (int s = 0; s < stages; s++)
+        for (int i = 0; i < c->n; i++) reach[(size_t)s * c->n + i] = reach_of(c, s, i, t);
 }
 
 /* Whether the layers split into exactly k non-empty stages of cost <= t. */
 static int feasible(struct search *S, double t)
 {
     const int n = S->c->n, k = S->k;
-    reach_all(S->c, t, S->reach);
+    reach_all(S->c, k, t, S->reach);
     memset(S->in, 0, (size_t)n + 1);
     S->in[0] = 1;
     for (int s = 1; s <= k; s++) {
         /* R_s lies in [s, n - (k - s)]: each stage holds a layer. */
         int hi_j = n - (k - s);
         int best = -1, any = 0;
+        const int *reach = S->reach + (size_t)(s - 1) * S->rstride; /* the s-th stage is stage s - 1 */
         memset(S->out, 0, (size_t)n + 1);
         for (int j = s; j <= hi_j; j++) {
-            if (S->in[j - 1] && S->reach[j - 1] > best) best = S->reach[j - 1];
+            if (S->in[j - 1] && reach[j - 1] > best) best = reach[j - 1];
             if (best >= j) S->out[j] = 1, any = 1;
         }
         if (!any) return 0;
@@ -254,15 +294,21 @@ static double double_of(uint64_t u)
 }
 
 /* The first partition in the tie order among those of bottleneck <= t
- * (t = B*), into first[]. reach[] holds reach_t. Returns 0 if none. */
-static int least_key_cuts(const struct costs *c, int k, const int *reach, int *nxt, double *h_prev,
+ * (t = B*), into first[]. reach[] holds reach_t (per stage at rstride).
+ * Returns 0 if none. */
+static int least_key_cuts(const struct costs *c, int k, const int *reach, size_t rstride, int *nxt, double *h_prev,
                           double *h_cur, double *v, int *stack, int *first)
 {
     const int n = c->n;
-    for (int i = 0; i < n; i++) h_prev[i] = reach[i] == n ? 0.0 : INFINITY;
+    const int *last_reach = reach + (size_t)(k - 1) * rstride;
+    for (int i = 0; i < n; i++) h_prev[i] = last_reach[i] == n ? 0.0 : INFINITY;
     for (int s = 2; s <= k; s++) {
         int *nx = nxt + (size_t)(s - 2) * n;
-        for (int j = 0; j < n; j++) v[j] = h_prev[j] < INFINITY ? bnd(c, j) + h_prev[j] : INFINITY;
+        /* s stages for [i, n): stages q = k - s .. k - 1, the next cut
+         * starting stage q + 1. */
+        int q = k - s;
+        const int *rq = reach + (size_t)q * rstride;
+        for (int j = 0; j < n; j++) v[j] = h_prev[j] < INFINITY ? bnd(c, q + 1, j) + h_prev[j] : INFINITY;
         /* stack[0..top): positions, decreasing; values v[], strictly
          * decreasing with the position: the strict prefix minima of v over
          * [i + 1, n - 1], leftmost first at the top. */
@@ -275,7 +321,7 @@ static int least_key_cuts(const struct costs *c, int k, const int *reach, int *n
             }
             h_cur[i] = INFINITY;
             nx[i] = -1;
-            int r = reach[i] < n - 1 ? reach[i] : n - 1;
+            int r = rq[i] < n - 1 ? rq[i] : n - 1;
             if (r < i + 1) continue;
             int lo = 0, hi = top; /* smallest index whose position is <= r */
             while (lo < hi) {
@@ -317,8 +363,8 @@ gp_status gp_partition_optimal(const struct gp_partition_problem *p, struct gp_p
         return GP_OK;
     }
 
-    size_t nn = (size_t)n;
-    int *reach = malloc(sizeof(int) * nn);
+    size_t nn = (size_t)n, rstride = c.by_stage ? nn : 0;
+    int *reach = malloc(sizeof(int) * nn * (c.by_stage ? (size_t)k : 1));
     unsigned char *in = malloc(nn + 1), *outset = malloc(nn + 1);
     double *h = malloc(sizeof(double) * 3 * nn);
     int *stack = malloc(sizeof(int) * nn);
@@ -329,7 +375,7 @@ gp_status gp_partition_optimal(const struct gp_partition_problem *p, struct gp_p
         goto done;
     }
 
-    struct search S = {.c = &c, .k = k, .reach = reach, .in = in, .out = outset};
+    struct search S = {.c = &c, .k = k, .reach = reach, .rstride = rstride, .in = in, .out = outset};
     /* The even split is a partition, so its bottleneck is feasible. */
     struct gp_partition even = {.k = k};
     even_cuts(n, k, even.first);
@@ -347,8 +393,8 @@ gp_status gp_partition_optimal(const struct gp_partition_problem *p, struct gp_p
     }
     double best = double_of(hi);
 
-    reach_all(&c, best, reach);
-    if (!least_key_cuts(&c, k, reach, nxt, h, h + nn, h + 2 * nn, stack, out->first)) {
+    reach_all(&c, k, best, reach);
+    if (!least_key_cuts(&c, k, reach, rstride, nxt, h, h + nn, h + 2 * nn, stack, out->first)) {
         st = gp_error_set(err, GP_ERR_INVALID, "partition: internal error, no split reaches the bottleneck %g", best);
         goto done;
     }

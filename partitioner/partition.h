@@ -16,6 +16,12 @@
  *           optimizer state, activations in flight); boundary[c] = per-stage
  *           workspace + frontier bytes at c times the boxes kept in flight.
  *
+ * A stage may also cost differently by its position: with stage_weight
+ * and stage_boundary (1F1B keeps fewer micro-batches in flight on later
+ * stages, so a layer's activations cost less there) stage s costs
+ * (P_s[first[s+1]] - P_s[first[s]]) + boundary_s[first[s]], P_s the prefix
+ * sums of stage s's weights.
+ *
  * The bottleneck of a partition is its largest stage cost; gp_partition_eval
  * computes costs with exactly the arithmetic the optimizer minimizes, so the
  * numbers of different partitions compare exactly. Integer-valued weights
@@ -37,6 +43,12 @@ struct gp_partition_problem {
     const double *boundary; /* [n], finite, >= 0: boundary[c] is added to the stage that starts
                                at layer c (boundary[0] to stage 0); NULL means all zero */
     int k;                  /* stages, 1 <= k <= min(n, GP_MAX_STAGES) */
+    /* Optional, [k * n] each: the weight of layer i and the boundary cost
+     * at cut c when they belong to stage s, at [s * n + i] and [s * n + c],
+     * in place of weight[] and boundary[] (NULL: those, for every stage).
+     * weight[] still feeds the heuristic, which knows no stages. */
+    const double *stage_weight;
+    const double *stage_boundary;
 };
 
 struct gp_partition {
@@ -52,12 +64,14 @@ gp_status gp_partition_validate(const struct gp_partition_problem *p, struct gp_
 
 /* The exact minimum bottleneck. Among the partitions that reach it, the one
  * with the least sum of stage costs (in time: the least communication; in
- * memory: the least total), and among those the lexicographically smallest
+ * memory: the least total; with stage weights: the least sum of boundary
+ * costs), and among those the lexicographically smallest
  * cut positions. Precisely, with rounding: partitions are ordered by
  * (bottleneck, key[1], first[1], key[2], first[2], ..., key[k-1], first[k-1])
  * where key[s] = boundary[first[s]] + (boundary[first[s+1]] + (... +
- * boundary[first[k-1]])) summed right to left in double; in exact arithmetic
- * that is the order (bottleneck, sum of stage costs, cut positions).
+ * boundary[first[k-1]])) summed right to left in double (each cut's term
+ * that of the stage starting there); in exact arithmetic, without stage
+ * weights, that is the order (bottleneck, sum of stage costs, cut positions).
  * O(64 (n log n + k n) + k n log n) time, O(k n) memory. */
 gp_status gp_partition_optimal(const struct gp_partition_problem *p, struct gp_partition *out,
                                struct gp_error *err);

@@ -127,6 +127,25 @@ expect_fail 1 "nan_x.npy: sample 5 holds NaN (element 26 of the sample)" \
 [ ! -e "$tmp/diverged.onnx" ] || fail "a diverged run left a saved model"
 "$bin" train --help | grep -q -- "--no-shuffle" || fail "train --help lacks --no-shuffle"
 
+# train --pipeline-schedule (--schedule stays the learning rate's): 1f1b
+# trains, says so in its report and its trace, and gives gpipe's weights
+# byte for byte; a bad name is refused.
+expect_fail 2 "--pipeline-schedule is gpipe or 1f1b (got 'pipedream')" \
+  "$bin" train "$m/mlp_op17.onnx" --synthetic --pipeline-schedule pipedream
+for s in gpipe 1f1b; do
+  "$bin" train "$m/mlp_op17.onnx" --synthetic 32 --batch 8 --chunks 4 --steps 2 --devices cpu:0,cpu:1,cpu:2 \
+    --pipeline-schedule $s --schedule cosine --save "$tmp/mlp_$s.onnx" --trace "$tmp/trace_$s.json" \
+    >/dev/null 2>"$tmp/err_$s.txt" || fail "train --pipeline-schedule $s failed: $(cat "$tmp/err_$s.txt")"
+done
+grep -q "3 stages, 1f1b schedule, checkpoint except_last" "$tmp/err_1f1b.txt" \
+  || fail "train's report does not name the 1f1b schedule: $(head -1 "$tmp/err_1f1b.txt")"
+cmp -s "$tmp/mlp_gpipe.onnx" "$tmp/mlp_1f1b.onnx" || fail "1f1b trained other weights than gpipe"
+"$py" - "$tmp/trace_1f1b.json" <<'PY' || fail "the 1f1b trace does not name its schedule"
+import json, sys
+d = json.load(open(sys.argv[1]))["otherData"]
+assert d["pipeline_schedule"] == "1f1b" and d["stages"] == 3 and d["micro_batches"] == 4, d
+PY
+
 # balance: the report, its JSON, and a saved profile that reproduces it.
 "$bin" balance "$m/unet_op17.onnx" --devices cpu:0,cpu:1,cpu:2 --batch 8 --chunks 4 \
   --json "$tmp/balance.json" --profile-out "$tmp/profile.json" >"$tmp/out.txt" 2>"$tmp/err.txt" \
@@ -150,6 +169,18 @@ PY
 "$bin" balance "$m/unet_op17.onnx" --devices cpu:0,cpu:1,cpu:2 --batch 8 --chunks 4 \
   --profile-in "$tmp/profile.json" --json "$tmp/balance2.json" >/dev/null 2>&1 || fail "balance --profile-in failed"
 cmp -s "$tmp/balance.json" "$tmp/balance2.json" || fail "a saved profile does not reproduce its balance"
+# The balancer counts what the 1f1b schedule holds: named in the report,
+# its JSON and the command it suggests.
+"$bin" balance "$m/unet_op17.onnx" --devices cpu:0,cpu:1,cpu:2 --batch 8 --chunks 4 --by memory \
+  --pipeline-schedule 1f1b --profile-in "$tmp/profile.json" --json "$tmp/balance_1f1b.json" >"$tmp/out.txt" 2>&1 \
+  || fail "balance --pipeline-schedule 1f1b failed: $(cat "$tmp/out.txt")"
+grep -q "^balance by memory: 3 stages, batch 8 in 4 micro-batches, 1f1b schedule" "$tmp/out.txt" \
+  || fail "balance's report does not name the 1f1b schedule"
+grep -q "^train with: .* --pipeline-schedule 1f1b --balance " "$tmp/out.txt" || fail "balance suggests no 1f1b run"
+"$py" -c 'import json, sys; assert json.load(open(sys.argv[1]))["pipeline_schedule"] == "1f1b"' \
+  "$tmp/balance_1f1b.json" || fail "balance JSON does not name the 1f1b schedule"
+expect_fail 2 "--pipeline-schedule is gpipe or 1f1b (got 'fast')" \
+  "$bin" balance "$m/unet_op17.onnx" --devices cpu:0 --pipeline-schedule fast
 expect_fail 2 "--devices is required" "$bin" balance "$m/unet_op17.onnx"
 expect_fail 2 "--by is time or memory" "$bin" balance "$m/unet_op17.onnx" --devices cpu:0 --by speed
 expect_fail 1 "profiles 23 layers but the model has" \

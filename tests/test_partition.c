@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -586,6 +587,17 @@ static void test_invalid(void **state)
     expect_error(&p, GP_ERR_INVALID, "sum to");
     w[0] = 1;
     w[1] = 2;
+    /* Stage costs: each checked, naming the stage and the layer. */
+    double sw[8] = {1, 2, 3, 4, 1, 2, 3, 4}, sb[8] = {0};
+    p.stage_weight = sw;
+    p.stage_boundary = sb;
+    sw[6] = NAN;
+    expect_error(&p, GP_ERR_INVALID, "stage 1's weight at layer 2");
+    sw[6] = 3;
+    sb[5] = -1;
+    expect_error(&p, GP_ERR_INVALID, "stage 1's boundary cost at layer 1");
+    sb[5] = 0;
+    p.stage_weight = p.stage_boundary = NULL;
 
     static double many[300];
     struct gp_partition_problem big = {.n = 300, .weight = many, .boundary = NULL, .k = GP_MAX_STAGES + 1};
@@ -620,6 +632,103 @@ static void test_invalid(void **state)
     assert_int_equal(gp_partition_from_counts(&p, (int[]){3, 3}, &fc, &err), GP_ERR_INVALID);
 }
 
+/* ---- stage-dependent costs against brute force ----
+ * Stage s costs (P_s[j] - P_s[i]) + b_s[i] (1F1B's memory: activations
+ * count once per micro-batch the stage holds, fewer on later stages); the
+ * tie order's keys are the boundary terms of the stages at their cuts. */
+
+static double stage_ref_cost(int n, const double *sw, const double *sb, int s, int i, int j)
+{
+    double prefix_i = 0, prefix_j = 0;
+    for (int x = 0; x < j; x++) {
+        if (x == i) prefix_i = prefix_j;
+        prefix_j += sw[s * n + x];
+    }
+    if (i == j) prefix_i = prefix_j;
+    return (prefix_j - prefix_i) + sb[s * n + i];
+}
+
+static void brute_force_by_stage(int n, const double *sw, const double *sb, int k, int *best, double *bottleneck)
+{
+    int f[GP_MAX_STAGES + 1];
+    for (int s = 0; s < k; s++) f[s] = s;
+    f[k] = n;
+    *bottleneck = INFINITY;
+    double best_key[GP_MAX_STAGES + 1];
+    for (;;) {
+        double b = 0, key[GP_MAX_STAGES + 1];
+        for (int s = 0; s < k; s++) {
+            double c = stage_ref_cost(n, sw, sb, s, f[s], f[s + 1]);
+            if (c > b) b = c;
+        }
+        key[k] = 0;
+        for (int s = k - 1; s >= 1; s--) key[s] = sb[s * n + f[s]] + key[s + 1];
+        int order = b < *bottleneck ? -1 : b > *bottleneck ? 1 : 0;
+        for (int s = 1; s < k && order == 0; s++) {
+            if (key[s] != best_key[s]) order = key[s] < best_key[s] ? -1 : 1;
+            else if (f[s] != best[s]) order = f[s] < best[s] ? -1 : 1;
+        }
+        if (order < 0) {
+            *bottleneck = b;
+            memcpy(best, f, sizeof(int) * (size_t)(k + 1));
+            memcpy(best_key, key, sizeof(double) * (size_t)(k + 1));
+        }
+        int s = k - 1;
+        while (s >= 1 && f[s] == n - (k - s)) s--;
+        if (s < 1) break;
+        f[s]++;
+        for (int t = s + 1; t < k; t++) f[t] = f[t - 1] + 1;
+    }
+}
+
+static void test_brute_force_by_stage(void **state)
+{
+    (void)state;
+    rng_state = 0x51A6E5;
+    double w[10], sw[5 * 10], sb[5 * 10];
+    int instances = 0, stage_matters = 0;
+    for (int it = 0; it < 2000; it++) {
+        int n = rng_int(1, 10), k = rng_int(1, n < 5 ? n : 5);
+        bool ties = it % 3 == 2;
+        for (int i = 0; i < n; i++) {
+            /* 1F1B-like: a fixed part and activations times the micro-batches
+             * stage s holds (k - s), boundaries the frontier times its boxes. */
+            double fixed = ties ? rng_int(0, 2) : (double)(rng_next() % (1u << 20));
+            double act = ties ? rng_int(0, 1) : (double)(rng_next() % (1u << 16));
+            double frontier = ties ? rng_int(0, 1) : (double)(rng_next() % (1u << 12));
+            for (int s = 0; s < k; s++) {
+                sw[s * n + i] = fixed + act * (k - s);
+                sb[s * n + i] = i == 0 || s == 0 ? 0 : frontier * (k - s + 1);
+            }
+            w[i] = sw[i];
+        }
+        struct gp_partition_problem p = {.n = n, .weight = w, .k = k, .stage_weight = sw, .stage_boundary = sb};
+        struct gp_partition opt, even, heur;
+        struct gp_error err = {0};
+        assert_int_equal(gp_partition_optimal(&p, &opt, &err), GP_OK);
+        assert_int_equal(gp_partition_even(&p, &even, &err), GP_OK);
+        assert_int_equal(gp_partition_heuristic(&p, &heur, &err), GP_OK);
+        int best[GP_MAX_STAGES + 1];
+        double bottleneck;
+        brute_force_by_stage(n, sw, sb, k, best, &bottleneck);
+        if (opt.bottleneck != bottleneck || memcmp(opt.first, best, sizeof(int) * (size_t)(k + 1)))
+            fail_msg("instance %d (n=%d k=%d): optimum %.17g, brute force %.17g", it, n, k, opt.bottleneck, bottleneck);
+        for (int s = 0; s < k; s++)
+            assert_true(opt.cost[s] == stage_ref_cost(n, sw, sb, s, opt.first[s], opt.first[s + 1]));
+        assert_true(opt.bottleneck <= even.bottleneck && opt.bottleneck <= heur.bottleneck);
+        /* The same problem without the stages (stage 0's costs everywhere)
+         * often cuts elsewhere: the stages are not ignored. */
+        struct gp_partition_problem flat = {.n = n, .weight = w, .k = k};
+        struct gp_partition plain;
+        assert_int_equal(gp_partition_optimal(&flat, &plain, &err), GP_OK);
+        stage_matters += memcmp(plain.first, opt.first, sizeof(int) * (size_t)(k + 1)) != 0;
+        instances++;
+    }
+    printf("stage costs: %d instances match brute force; %d cut otherwise than without stages\n", instances,
+           stage_matters);
+    assert_true(stage_matters > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -632,6 +741,7 @@ int main(void)
         cmocka_unit_test(test_heuristic_matches_torchgpipe),
         cmocka_unit_test(test_large),
         cmocka_unit_test(test_invalid),
+        cmocka_unit_test(test_brute_force_by_stage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* The pipeline gives the result of one device whatever the stages,
  * micro-batches and checkpoint mode; checkpointing trades memory as
- * expected; stages really run at the same time. */
+ * expected; stages really run at the same time; 1F1B gives GPipe's result
+ * bit for bit in the memory its bound says. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -25,6 +26,7 @@ struct run_result {
     double loss[STEPS];
     struct gp_graph saved;
     int64_t peak[8], planned[8];
+    struct gp_stage_memory_report memory[8];
     int stages;
 };
 
@@ -35,6 +37,7 @@ static void on_memory(void *user, const struct gp_stage_memory_report *m)
     struct run_result *res = user;
     res->peak[m->stage] = m->activation_peak;
     res->planned[m->stage] = m->activation_bytes;
+    res->memory[m->stage] = *m;
     res->stages = m->stage + 1;
 }
 
@@ -43,6 +46,8 @@ static void on_memory(void *user, const struct gp_stage_memory_report *m)
 static double lr = 0.05;
 static bool deferred_bn = false;
 static enum gp_precision precision = GP_PRECISION_FP32;
+static enum gp_pipe_schedule_kind schedule = GP_PIPE_GPIPE;
+static int64_t steps = STEPS;
 
 static void run(const char *fixture, int64_t batch, int K, int M, enum gp_checkpoint mode,
                 const char *trace, struct run_result *res)
@@ -52,13 +57,13 @@ static void run(const char *fixture, int64_t batch, int K, int M, enum gp_checkp
     fixture_path(name, model, sizeof model);
     struct gp_error err = {0};
     struct gp_dataset ds;
-    if (gp_dataset_synthetic(model, batch * STEPS, 7, &ds, &err) != GP_OK) fail_msg("%s", err.msg);
+    if (gp_dataset_synthetic(model, batch * steps, 7, &ds, &err) != GP_OK) fail_msg("%s", err.msg);
     struct gp_train_config cfg;
     gp_train_config_defaults(&cfg);
     cfg.model_path = model;
     cfg.batch = batch;
     cfg.chunks = M;
-    cfg.steps = STEPS;
+    cfg.steps = steps;
     cfg.shuffle = false;
     cfg.lr = lr;
     cfg.deferred_batch_norm = deferred_bn;
@@ -67,13 +72,15 @@ static void run(const char *fixture, int64_t batch, int K, int M, enum gp_checkp
     cfg.n_stages = K;
     for (int k = 0; k < K; k++) cfg.stage_device[k] = k;
     cfg.checkpoint = mode;
+    cfg.pipeline_schedule = schedule;
     cfg.trace_path = trace;
-    snprintf(saved, sizeof saved, "%s/%s_%d_%d_%d_%s.onnx", tmp, fixture, K, M, (int)mode,
-             gp_precision_name(precision));
+    snprintf(saved, sizeof saved, "%s/%s_%d_%d_%d_%s_%s.onnx", tmp, fixture, K, M, (int)mode,
+             gp_precision_name(precision), gp_pipe_schedule_name(schedule));
     cfg.save_path = saved;
     struct gp_train_callbacks cb = {.user = res, .on_step = on_step, .on_memory = on_memory};
     if (gp_train(&cfg, &ds, NULL, &cb, &err) != GP_OK)
-        fail_msg("%s K=%d M=%d %s: %s", fixture, K, M, gp_checkpoint_name(mode), err.msg);
+        fail_msg("%s K=%d M=%d %s %s: %s", fixture, K, M, gp_pipe_schedule_name(schedule), gp_checkpoint_name(mode),
+                 err.msg);
     gp_dataset_free(&ds);
     if (gp_onnx_load(saved, 1, &res->saved, &err) != GP_OK) fail_msg("%s", err.msg);
 }
@@ -157,18 +164,19 @@ static void test_batchnorm_models(void **state)
     check_invariance("unet_op17", 16, Ms, 3, true);
 }
 
-/* Bit for bit: the same losses and every weight identical. */
-static void assert_identical(const char *what, const struct run_result *a, const struct run_result *b)
+/* Bit for bit: the same losses and every weight identical to b's (`ref`
+ * names it). */
+static void assert_identical(const char *what, const struct run_result *a, const struct run_result *b, const char *ref)
 {
-    for (int s = 0; s < STEPS; s++)
+    for (int s = 0; s < steps; s++)
         if (a->loss[s] != b->loss[s])
-            fail_msg("%s: step %d loss %.9g, one stage %.9g", what, s + 1, a->loss[s], b->loss[s]);
+            fail_msg("%s: step %d loss %.9g, %s %.9g", what, s + 1, a->loss[s], ref, b->loss[s]);
     for (int v = 0; v < b->saved.n_values; v++) {
         const struct gp_value *w = &b->saved.values[v];
         if (!w->is_initializer || !gp_dtype_is_float(w->dtype)) continue;
         const struct gp_tensor *x = a->saved.values[gp_graph_find_value(&a->saved, w->name)].constant;
         if (x->nbytes != w->constant->nbytes || memcmp(x->data, w->constant->data, x->nbytes) != 0)
-            fail_msg("%s: '%s' differs from one stage's", what, w->name);
+            fail_msg("%s: '%s' differs from %s's", what, w->name, ref);
     }
 }
 
@@ -203,7 +211,7 @@ static void test_bf16_invariance(void **state)
                     char what[160];
                     snprintf(what, sizeof what, "bf16 %s, %d stages x %d micro-batches, checkpoint %s",
                              fixtures[f], K, Ms[mi], gp_checkpoint_name(modes[c]));
-                    assert_identical(what, &r, &ref);
+                    assert_identical(what, &r, &ref, "one stage");
                     gp_graph_free(&r.saved);
                     runs++;
                 }
@@ -241,9 +249,10 @@ static void test_bf16_memory(void **state)
 }
 
 /* Peak activation memory by the executor's accounting: keeping every
- * micro-batch costs more than recomputing. (except_last keeps only the last
- * micro-batch, whose backward comes right after its forward, so its peak
- * equals always's: one activation set in use at a time.) */
+ * micro-batch costs more than recomputing. (except_last keeps only a
+ * micro-batch whose backward comes right after its forward, so its peak
+ * equals always's: one activation set in use at a time. Under GPipe, whose
+ * backward runs in micro-batch order, that is none of 8.) */
 static void test_checkpoint_memory(void **state)
 {
     (void)state;
@@ -382,6 +391,96 @@ static void test_deferred_batch_norm(void **state)
     gp_graph_free(&plain.saved);
 }
 
+/* 1F1B trains exactly as GPipe does, bit for bit: both run every stage's
+ * backwards in micro-batch order, so the parameter gradients are the same
+ * sums in the same order, whatever moves in between. Every fixture the
+ * tests above use, 1 to 4 stages, every checkpoint mode, each pair with
+ * M = 2 or 5 micro-batches so that every mode meets M < K and M > K;
+ * against GPipe with the same stages, micro-batches and mode. Two steps:
+ * the second starts from weights (and momentum) the first updated. */
+static void test_1f1b_identical(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"mlp_op17", "gpt_op17", "digits_cnn_op17", "resnet_op17", "unet_op17"};
+    /* Under the sanitizers (several times slower) the first two: the others add no path of the schedule. */
+    const char *san = getenv("GP_SANITIZED");
+    size_t n_fixtures = san && !strcmp(san, "1") ? 2 : sizeof fixtures / sizeof *fixtures;
+    steps = 2;
+    int runs = 0;
+    for (size_t f = 0; f < n_fixtures; f++)
+        for (int K = 1; K <= 4; K++)
+            for (int c = 0; c < 3; c++) {
+                enum gp_checkpoint mode = (enum gp_checkpoint)c;
+                int M = (K + c) % 2 ? 5 : 2;
+                struct run_result ref, r;
+                memset(&ref, 0, sizeof ref);
+                memset(&r, 0, sizeof r);
+                schedule = GP_PIPE_GPIPE;
+                run(fixtures[f], 10, K, M, mode, NULL, &ref);
+                schedule = GP_PIPE_1F1B;
+                run(fixtures[f], 10, K, M, mode, NULL, &r);
+                schedule = GP_PIPE_GPIPE;
+                char what[160];
+                snprintf(what, sizeof what, "1f1b %s, %d stages x %d micro-batches, checkpoint %s", fixtures[f], K, M,
+                         gp_checkpoint_name(mode));
+                assert_identical(what, &r, &ref, "gpipe");
+                gp_graph_free(&r.saved);
+                gp_graph_free(&ref.saved);
+                runs++;
+            }
+    steps = STEPS;
+    printf("1f1b: %d runs identical to gpipe's, bit for bit\n", runs);
+}
+
+/* What 1F1B saves, as planned: on stage k of K it holds min(M, K-k)
+ * micro-batches' input frontiers (and activation sets, without
+ * checkpointing) where GPipe holds M, and one gradient inbox where GPipe
+ * holds two (M on the last stage, whose loss gradients all wait for the
+ * backward). Everything else (the arena, the gradient set, the units) is
+ * the same plan, so stage k's planned activation bytes are GPipe's less
+ * exactly (M - min(M, K-k)) boxes (and sets) and the inboxes' difference;
+ * the executor's peak stays within the plan and below GPipe's. */
+static void test_1f1b_memory(void **state)
+{
+    (void)state;
+    const int K = 4, M = 8;
+    static const enum gp_checkpoint modes[2] = {GP_CHECKPOINT_NEVER, GP_CHECKPOINT_ALWAYS};
+    steps = 1;
+    for (int c = 0; c < 2; c++) {
+        struct run_result r[2];
+        for (int q = 0; q < 2; q++) {
+            memset(&r[q], 0, sizeof r[q]);
+            schedule = q ? GP_PIPE_1F1B : GP_PIPE_GPIPE;
+            run("unet_op17", 16, K, M, modes[c], NULL, &r[q]);
+        }
+        schedule = GP_PIPE_GPIPE;
+        bool never = modes[c] == GP_CHECKPOINT_NEVER;
+        for (int k = 0; k < K; k++) {
+            const struct gp_stage_memory_report *g = &r[0].memory[k], *o = &r[1].memory[k];
+            int bound = K - k < M ? K - k : M;
+            assert_int_equal(g->frontier_boxes, M);
+            assert_int_equal(g->activation_sets, never ? M : 1);
+            assert_int_equal(g->gradient_inboxes, k == K - 1 ? M : 2);
+            assert_int_equal(o->frontier_boxes, bound);
+            assert_int_equal(o->activation_sets, never ? bound : 1);
+            assert_int_equal(o->gradient_inboxes, 1);
+            assert_true(g->box_bytes == o->box_bytes && g->set_bytes == o->set_bytes && g->inbox_bytes == o->inbox_bytes);
+            int64_t saved = (int64_t)(M - bound) * (g->box_bytes + (never ? g->set_bytes : 0)) +
+                            (int64_t)(g->gradient_inboxes - 1) * g->inbox_bytes;
+            printf("unet, %d stages x %d micro-batches, checkpoint %s, stage %d: activations planned gpipe %lld, "
+                   "1f1b %lld bytes (%d of %d micro-batches in flight); peak %lld, %lld\n",
+                   K, M, gp_checkpoint_name(modes[c]), k, (long long)g->activation_bytes, (long long)o->activation_bytes,
+                   bound, M, (long long)g->activation_peak, (long long)o->activation_peak);
+            assert_true(o->activation_bytes == g->activation_bytes - saved);
+            assert_true(o->activation_peak <= o->activation_bytes && g->activation_peak <= g->activation_bytes);
+            assert_true(o->activation_peak <= g->activation_peak);
+            if (bound < M) assert_true(o->activation_peak < g->activation_peak);
+        }
+        for (int q = 0; q < 2; q++) gp_graph_free(&r[q].saved);
+    }
+    steps = STEPS;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -393,6 +492,8 @@ int main(void)
         cmocka_unit_test(test_bf16_memory),
         cmocka_unit_test(test_trace_shows_pipelining),
         cmocka_unit_test(test_deferred_batch_norm),
+        cmocka_unit_test(test_1f1b_identical),
+        cmocka_unit_test(test_1f1b_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,4 +1,7 @@
-/* Stage planning's gradient set: regions are shared over time, never while
+/* Stage planning. The schedules' buffer slots (test_schedule_slots, below)
+ * first, then the gradient set.
+ *
+ * The gradient set: regions are shared over time, never while
  * both are alive. For every fixture, cut into 1 to 3 stages, each value's
  * gradient lifetime is derived here from the graph alone (from the
  * backward of its last consumer in the stage, or the start for gradients
@@ -24,6 +27,7 @@
 #include "ops/backward_reads.h"
 #include "ops/registry.h"
 #include "pipeline/plan.h"
+#include "pipeline/slots.h"
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
@@ -183,8 +187,240 @@ static void test_gradient_lifetimes(void **state)
     }
 }
 
+/* ---- the schedules and their slots ----
+ * Every schedule of 1..8 stages and 1..16 micro-batches, each generator
+ * and checkpoint mode, checked from the action list alone: every stage
+ * runs its forwards and its backwards in micro-batch order (so parameter
+ * gradients sum in the same order under both generators); which micro-
+ * batches are recomputed is what except_last promises; two micro-batches
+ * that share a box, inbox or activation set never hold it at the same time,
+ * counting from the action (or the copy) that fills it to the backward
+ * that last reads it; a late copy still finds its source; and the counts are
+ * the bounds: on stage k of K, 1F1B holds min(M, K-k) micro-batches' boxes
+ * and (without checkpointing) sets, GPipe M. */
+
+struct positions {
+    int *f, *r, *b; /* [K * M] issue positions, -1: none */
+};
+
+static void issue_positions(const struct gp_pipe_schedule *s, struct positions *p)
+{
+    size_t km = (size_t)s->n_stages * (size_t)s->n_micro;
+    p->f = malloc(sizeof(int) * km);
+    p->r = malloc(sizeof(int) * km);
+    p->b = malloc(sizeof(int) * km);
+    assert_true(p->f && p->r && p->b);
+    for (size_t q = 0; q < km; q++) p->f[q] = p->r[q] = p->b[q] = -1;
+    int *seen_f = calloc((size_t)s->n_stages, sizeof(int)), *seen_b = calloc((size_t)s->n_stages, sizeof(int));
+    assert_true(seen_f && seen_b);
+    for (int a = 0; a < s->n_actions; a++) {
+        const struct gp_action *act = &s->actions[a];
+        size_t q = (size_t)act->stage * s->n_micro + act->microbatch;
+        if (act->kind == GP_ACT_FORWARD) {
+            assert_int_equal(act->microbatch, seen_f[act->stage]++); /* forwards in micro-batch order */
+            p->f[q] = a;
+        } else if (act->kind == GP_ACT_BACKWARD) {
+            assert_int_equal(act->microbatch, seen_b[act->stage]++); /* backwards too: 0, 1, ..., M-1 */
+            p->b[q] = a;
+        } else {
+            /* A recomputation comes right before its backward. */
+            assert_true(a + 1 < s->n_actions && s->actions[a + 1].kind == GP_ACT_BACKWARD &&
+                        s->actions[a + 1].stage == act->stage && s->actions[a + 1].microbatch == act->microbatch);
+            p->r[q] = a;
+        }
+    }
+    for (int k = 0; k < s->n_stages; k++) {
+        assert_int_equal(seen_f[k], s->n_micro);
+        assert_int_equal(seen_b[k], s->n_micro);
+    }
+    free(seen_f);
+    free(seen_b);
+}
+
+/* No two micro-batches of one slot overlap: occupation q of micro-batch j
+ * is [from[j], to[j]] in issue positions. */
+static void assert_disjoint(const char *what, const int *slot, const int *from, const int *to, int M, int n_slots)
+{
+    for (int i = 0; i < M; i++) {
+        assert_true(slot[i] >= 0 && slot[i] < n_slots);
+        for (int j = i + 1; j < M; j++)
+            if (slot[i] == slot[j] && !(to[i] < from[j] || to[j] < from[i]))
+                fail_msg("%s: %d holds micro-batches %d [%d, %d] and %d [%d, %d] at once", what, slot[i], i, from[i],
+                         to[i], j, from[j], to[j]);
+    }
+}
+
+/* The occupation before x in its slot (the latest that starts before it), or -1. */
+static int previous(const int *slot, const int *from, int n, int x)
+{
+    int best = -1;
+    for (int y = 0; y < n; y++)
+        if (y != x && slot[y] == slot[x] && from[y] < from[x] && (best < 0 || from[y] > from[best])) best = y;
+    return best;
+}
+
+static void check_schedule(enum gp_pipe_schedule_kind kind, int K, int M, enum gp_checkpoint mode)
+{
+    struct gp_pipe_schedule s;
+    struct gp_error err = {0};
+    if (gp_pipe_schedule_make(kind, K, M, mode, &s, &err) != GP_OK) fail_msg("%s", err.msg);
+    struct gp_stage_slots *slots = calloc((size_t)K, sizeof *slots);
+    assert_non_null(slots);
+    if (gp_pipe_slots_plan(&s, slots, &err) != GP_OK)
+        fail_msg("%s K=%d M=%d %s: %s", gp_pipe_schedule_name(kind), K, M, gp_checkpoint_name(mode), err.msg);
+    struct positions pos;
+    issue_positions(&s, &pos);
+    int *from = malloc(sizeof(int) * 2 * (size_t)M), *to = malloc(sizeof(int) * 2 * (size_t)M);
+    int *slot = malloc(sizeof(int) * 2 * (size_t)M);
+    assert_true(from && to && slot);
+    bool gpipe = kind == GP_PIPE_GPIPE;
+    for (int k = 0; k < K; k++) {
+        const struct gp_stage_slots *sl = &slots[k];
+        const int *f = pos.f + (size_t)k * M, *r = pos.r + (size_t)k * M, *b = pos.b + (size_t)k * M;
+        int bound = gpipe ? M : (K - k < M ? K - k : M);
+        /* Recomputed: never none, always all; except_last all but those
+         * whose backward is the stage's next action after their forward:
+         * under 1F1B every one of the last stage, otherwise none when M > 1. */
+        int want = mode == GP_CHECKPOINT_NEVER ? 0
+                   : mode == GP_CHECKPOINT_ALWAYS ? M
+                   : M > 1 && (gpipe || k < K - 1) ? M : 0;
+        assert_int_equal(sl->n_checkpointed, want);
+        for (int j = 0; j < M; j++) assert_int_equal(sl->checkpointed[j], r[j] >= 0);
+        assert_int_equal(sl->n_boxes, bound);
+        assert_int_equal(sl->n_sets, mode == GP_CHECKPOINT_NEVER || want == 0 ? bound : 1);
+        /* Inboxes: GPipe's last stage holds every loss gradient until the
+         * backward starts, its other stages two (the next stage's backward
+         * of j is issued before this one's of j - 1); 1F1B one. */
+        assert_int_equal(sl->n_inboxes, !gpipe ? 1 : k == K - 1 ? M : M < 2 ? M : 2);
+        /* Occupations in half steps: 2a is action a, 2a + 1 a copy issued
+         * right after it. Boxes: filled by the copy (stage 0: by the
+         * forward), free after the backward; the copy comes after the
+         * forward that made it, and before the forward that reads it. */
+        for (int j = 0; j < M; j++) {
+            from[j] = k == 0 ? 2 * f[j] : 2 * sl->copy_after[j] + 1;
+            to[j] = 2 * b[j];
+            if (k > 0) {
+                assert_true(sl->copy_after[j] >= pos.f[(size_t)(k - 1) * M + j]);
+                assert_true(sl->copy_after[j] < f[j]);
+                if (j > 0) assert_true(sl->copy_after[j] >= sl->copy_after[j - 1]);
+            }
+            int prev = sl->box_after[j];
+            if (prev >= 0) {
+                assert_int_equal(sl->box[prev], sl->box[j]);
+                assert_true(b[prev] <= (k == 0 ? f[j] : sl->copy_after[j])); /* its wait was issued before */
+            }
+        }
+        char what[160];
+        snprintf(what, sizeof what, "%s K=%d M=%d %s: stage %d's box", gp_pipe_schedule_name(kind), K, M,
+                 gp_checkpoint_name(mode), k);
+        assert_disjoint(what, sl->box, from, to, M, sl->n_boxes);
+        /* A reused box waits for its previous occupant's backward. */
+        for (int j = 0; j < M; j++) assert_int_equal(sl->box_after[j], previous(sl->box, from, M, j));
+        for (int j = 0; j < M; j++) {
+            from[j] = k + 1 < K ? 2 * pos.b[(size_t)(k + 1) * M + j] + 1 : 2 * f[j];
+            to[j] = 2 * b[j];
+            if (sl->inbox_after[j] >= 0) assert_true(2 * b[sl->inbox_after[j]] < from[j]);
+        }
+        snprintf(what, sizeof what, "%s K=%d M=%d %s: stage %d's inbox", gp_pipe_schedule_name(kind), K, M,
+                 gp_checkpoint_name(mode), k);
+        assert_disjoint(what, sl->inbox, from, to, M, sl->n_inboxes);
+        for (int j = 0; j < M; j++) assert_int_equal(sl->inbox_after[j], previous(sl->inbox, from, M, j));
+        /* Sets: every occupation, a checkpointed micro-batch's forward and
+         * its recomputation-to-backward apart. */
+        int n = 0;
+        int *mb = malloc(sizeof(int) * 2 * (size_t)M);
+        assert_non_null(mb);
+        for (int j = 0; j < M; j++) {
+            mb[n] = j, slot[n] = sl->fwd_set[j], from[n] = 2 * f[j], to[n++] = 2 * (r[j] >= 0 ? f[j] : b[j]);
+            if (r[j] >= 0) mb[n] = j, slot[n] = sl->bwd_set[j], from[n] = 2 * r[j], to[n++] = 2 * b[j];
+            else assert_int_equal(sl->bwd_set[j], sl->fwd_set[j]);
+        }
+        /* A set written again waits for the frontier copy of the forward
+         * that wrote it before (when the previous occupant was a forward). */
+        for (int x = 0; x < n; x++) {
+            int y = previous(slot, from, n, x);
+            int want_after = y >= 0 && from[y] == 2 * f[mb[y]] ? mb[y] : -1;
+            bool is_forward = from[x] == 2 * f[mb[x]];
+            if (is_forward) assert_int_equal(sl->fwd_set_after[mb[x]], want_after);
+            else assert_int_equal(sl->bwd_set_after[mb[x]], want_after);
+        }
+        free(mb);
+        for (int x = 0; x < n; x++)
+            for (int y = x + 1; y < n; y++)
+                if (slot[x] == slot[y] && !(to[x] < from[y] || to[y] < from[x]))
+                    fail_msg("%s K=%d M=%d %s: stage %d's set %d is used twice at once", gp_pipe_schedule_name(kind), K,
+                             M, gp_checkpoint_name(mode), k, slot[x]);
+        /* A forward copy that leaves stage k late still finds its source:
+         * nothing else is written into that set before the copy is issued. */
+        for (int j = 0; k + 1 < K && j < M; j++) {
+            int c = 2 * slots[k + 1].copy_after[j] + 1;
+            for (int x = 0; x < n; x++)
+                if (slot[x] == sl->fwd_set[j] && from[x] > 2 * f[j] && from[x] <= c)
+                    fail_msg("stage %d writes set %d before micro-batch %d's frontier left it", k, slot[x], j);
+        }
+    }
+    free(from);
+    free(to);
+    free(slot);
+    free(pos.f);
+    free(pos.r);
+    free(pos.b);
+    for (int k = 0; k < K; k++) gp_stage_slots_free(&slots[k]);
+    free(slots);
+    gp_pipe_schedule_free(&s);
+}
+
+static void test_schedule_slots(void **state)
+{
+    (void)state;
+    int schedules = 0;
+    for (int kind = 0; kind < 2; kind++)
+        for (int mode = 0; mode < 3; mode++)
+            for (int K = 1; K <= 8; K++)
+                for (int M = 1; M <= 16; M++) {
+                    check_schedule((enum gp_pipe_schedule_kind)kind, K, M, (enum gp_checkpoint)mode);
+                    schedules++;
+                }
+    printf("%d schedules: in-order backwards, disjoint slots, 1F1B within min(M, K-k) on stage k\n", schedules);
+    /* Names: parsed back; others refused. */
+    enum gp_pipe_schedule_kind kind;
+    assert_true(gp_pipe_schedule_parse("1f1b", &kind) && kind == GP_PIPE_1F1B);
+    assert_true(gp_pipe_schedule_parse("gpipe", &kind) && kind == GP_PIPE_GPIPE);
+    assert_false(gp_pipe_schedule_parse("cosine", &kind));
+    assert_false(gp_pipe_schedule_parse(NULL, &kind));
+}
+
+/* The slot planning refuses a schedule that breaks a dependency. */
+static void test_bad_schedule(void **state)
+{
+    (void)state;
+    struct gp_pipe_schedule s;
+    struct gp_error err = {0};
+    if (gp_pipe_schedule_gpipe(2, 2, GP_CHECKPOINT_NEVER, &s, &err) != GP_OK) fail_msg("%s", err.msg);
+    /* Stage 1's forward of micro-batch 0 (the second action) moved first. */
+    struct gp_action first = s.actions[0];
+    s.actions[0] = s.actions[1];
+    s.actions[1] = first;
+    struct gp_stage_slots slots[2];
+    assert_int_equal(gp_pipe_slots_plan(&s, slots, &err), GP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "before the previous stage's"));
+    s.actions[1] = s.actions[0];
+    err = (struct gp_error){0};
+    assert_int_equal(gp_pipe_slots_plan(&s, slots, &err), GP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "twice"));
+    gp_pipe_schedule_free(&s);
+    /* The last backward dropped. */
+    if (gp_pipe_schedule_1f1b(2, 2, GP_CHECKPOINT_ALWAYS, &s, &err) != GP_OK) fail_msg("%s", err.msg);
+    s.n_actions--;
+    err = (struct gp_error){0};
+    assert_int_equal(gp_pipe_slots_plan(&s, slots, &err), GP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "lacks its forward or its backward"));
+    gp_pipe_schedule_free(&s);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gradient_lifetimes)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_schedule_slots), cmocka_unit_test(test_bad_schedule),
+                                       cmocka_unit_test(test_gradient_lifetimes)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

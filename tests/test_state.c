@@ -412,7 +412,8 @@ static void save_states(run_args_fn base, const char *const *extra, const char *
 }
 
 /* Resuming from a mid-run state (no kill), and what may change on resume:
- * stages, devices, checkpoint mode; a longer run continues too. */
+ * stages, devices, checkpoint mode, pipeline schedule; a longer run
+ * continues too. */
 static void test_resume_mid_run(void **state)
 {
     (void)state;
@@ -424,8 +425,9 @@ static void test_resume_mid_run(void **state)
     assert_int_equal(count_prefix(dir, "state-"), 4);
     resume_from(digits_args, extra, dir, "state-00000020", "40", NULL, out);
     assert_same_file(reference, out);
-    /* Two stages on two CPU devices, every micro-batch recomputed. */
-    const char *const stages[] = {"--devices", two_devices, "--checkpoint", "always", NULL};
+    /* Two stages on two CPU devices, every micro-batch recomputed, 1F1B. */
+    const char *const stages[] = {"--devices", two_devices, "--checkpoint", "always", "--pipeline-schedule", "1f1b",
+                                  NULL};
     resume_from(digits_args, extra, dir, "state-00000010", "40", stages, out);
     assert_same_file(reference, out);
     /* Training longer from the last state: the same as 60 steps at once. */

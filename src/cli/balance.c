@@ -18,6 +18,7 @@ static void help(FILE *f)
 {
     fputs("usage: gpipe-onnx balance MODEL.onnx --devices LIST [--by time|memory]\n"
           "                          [--batch N] [--chunks M] [--checkpoint MODE]\n"
+          "                          [--pipeline-schedule gpipe|1f1b]\n"
           "                          [--optimizer sgd|adamw] [--momentum M] [--json FILE]\n"
           "                          [--profile-out FILE | --profile-in FILE] [--repeats R]\n"
           "                          [--precision fp32|tf32|bf16]\n"
@@ -41,6 +42,10 @@ static void help(FILE *f)
           "  --by time|memory    objective (default time)\n"
           "  --batch N           mini-batch (default 32); --chunks M micro-batches (default 1)\n"
           "  --checkpoint MODE   always | except_last (default) | never\n"
+          "  --pipeline-schedule gpipe|1f1b   the schedule training will use (default\n"
+          "                      gpipe): what each stage holds at once and recomputes.\n"
+          "                      With 1f1b stage k of K holds min(M, K-k) micro-batches,\n"
+          "                      so later stages may take more layers by memory\n"
           "  --optimizer sgd|adamw, --momentum M   optimizer state in the memory figures\n"
           "  --precision P       fp32 (default), tf32, bf16: layers timed, activations and\n"
           "                      frontiers counted as training in P runs and stores them\n"
@@ -168,9 +173,9 @@ void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_re
                p->layers[top[q]].forward_ms + p->layers[top[q]].backward_ms, q < 4 && top[q + 1] >= 0 ? "," : "");
     printf("\n");
     print_time_by_op(p, total_f + total_b);
-    printf("\nbalance by %s: %d stages, batch %lld in %d micro-batches, checkpoint %s\n\n",
+    printf("\nbalance by %s: %d stages, batch %lld in %d micro-batches, %s schedule, checkpoint %s\n\n",
            by_time ? "time" : "memory", r->cfg.n_stages, (long long)r->cfg.batch, r->cfg.n_micro,
-           gp_checkpoint_name(r->cfg.checkpoint));
+           gp_pipe_schedule_name(r->cfg.schedule), gp_checkpoint_name(r->cfg.checkpoint));
     printf("%-10s %5s  %-9s %-38s %12s %10s %10s %10s\n", "split", "stage", "layers", "first .. last op",
            "time/micro", "memory", "in", "out");
     print_split("optimal", p, &r->optimal, by_time);
@@ -238,6 +243,8 @@ static gp_status write_json(const char *path, const struct gp_profile *p, const 
     gp_json_int(&j, r->cfg.batch);
     gp_json_key(&j, "chunks");
     gp_json_int(&j, r->cfg.n_micro);
+    gp_json_key(&j, "pipeline_schedule");
+    gp_json_string(&j, gp_pipe_schedule_name(r->cfg.schedule));
     gp_json_key(&j, "checkpoint");
     gp_json_string(&j, gp_checkpoint_name(r->cfg.checkpoint));
     json_split(&j, &r->optimal);
@@ -331,7 +338,8 @@ int gp_cmd_balance(int argc, char **argv)
         bool takes = !strcmp(a, "--devices") || !strcmp(a, "--by") || !strcmp(a, "--batch") ||
                      !strcmp(a, "--chunks") || !strcmp(a, "--checkpoint") || !strcmp(a, "--json") ||
                      !strcmp(a, "--profile-in") || !strcmp(a, "--profile-out") || !strcmp(a, "--repeats") ||
-                     !strcmp(a, "--optimizer") || !strcmp(a, "--momentum") || !strcmp(a, "--precision");
+                     !strcmp(a, "--optimizer") || !strcmp(a, "--momentum") || !strcmp(a, "--precision") ||
+                     !strcmp(a, "--pipeline-schedule");
         if (takes && !v) return gp_cli_usage("balance", "%s needs a value", a);
         if (takes) i++;
         if (!strcmp(a, "--devices")) {
@@ -352,6 +360,9 @@ int gp_cmd_balance(int argc, char **argv)
             else if (!strcmp(v, "except_last")) bc.checkpoint = GP_CHECKPOINT_EXCEPT_LAST;
             else if (!strcmp(v, "never")) bc.checkpoint = GP_CHECKPOINT_NEVER;
             else return gp_cli_usage("balance", "--checkpoint is always, except_last or never");
+        } else if (!strcmp(a, "--pipeline-schedule")) {
+            if (!gp_pipe_schedule_parse(v, &bc.schedule))
+                return gp_cli_usage("balance", "--pipeline-schedule is gpipe or 1f1b (got '%s')", v);
         } else if (!strcmp(a, "--json")) {
             json = v;
         } else if (!strcmp(a, "--profile-in")) {
@@ -390,8 +401,8 @@ int gp_cmd_balance(int argc, char **argv)
                                    &rep, &err) != GP_OK)
         return gp_cli_fail("%s", err.msg);
     gp_cli_print_balance(&prof, &rep);
-    printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s --balance ", model,
-           (long long)bc.batch, bc.n_micro, devices);
+    printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s%s --balance ", model,
+           (long long)bc.batch, bc.n_micro, devices, bc.schedule == GP_PIPE_1F1B ? " --pipeline-schedule 1f1b" : "");
     for (int s = 0; s < rep.optimal.k; s++) printf("%s%d", s ? "," : "", rep.optimal.stages[s].last_layer - rep.optimal.stages[s].first_layer);
     printf("\n");
     int status = GP_EXIT_OK;

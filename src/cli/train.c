@@ -93,9 +93,21 @@ static void help(FILE *f)
         "                        prints); default: an even split by layer count\n"
         "  --balance time|memory profile every layer, split by the exact optimum of that\n"
         "                        objective (as 'gpipe-onnx balance'), print the report\n"
+        "  --pipeline-schedule gpipe|1f1b   the order of a step's work (default gpipe).\n"
+        "                        gpipe: every forward, then every backward; 1f1b\n"
+        "                        (PipeDream-flush): after a warm-up each stage alternates\n"
+        "                        one forward and one backward, so stage k of K holds at\n"
+        "                        most min(M, K-k) micro-batches' activations instead of\n"
+        "                        M. Both give the same trained weights, bit for bit\n"
+        "                        (backwards run in micro-batch order in both). (Not\n"
+        "                        --schedule: that is the learning-rate schedule)\n"
         "  --checkpoint MODE     always | except_last (default) | never: which\n"
         "                        micro-batches drop their activations after forward and\n"
-        "                        recompute them before backward\n"
+        "                        recompute them before backward. except_last keeps only\n"
+        "                        a micro-batch whose backward is its stage's next action\n"
+        "                        after its forward (which costs no memory): with 1f1b\n"
+        "                        every micro-batch of the last stage, with gpipe none\n"
+        "                        when M > 1 (it then recomputes as always does)\n"
         "  --deferred-batch-norm update BatchNorm running statistics once per mini-batch\n"
         "                        from all its micro-batches (as single-batch training\n"
         "                        would); each micro-batch is still normalized by its own\n"
@@ -121,9 +133,10 @@ static void help(FILE *f)
         "                        again: the trained weights are then bit for bit those of\n"
         "                        an uninterrupted run. May change: --steps and --epochs\n"
         "                        (to train longer; not with --schedule cosine), --devices,\n"
-        "                        --balance, --checkpoint, --cuda-graph, validation data and\n"
-        "                        the outputs. Moving between CPU and GPU, or --fast-conv,\n"
-        "                        continues with a note (not bit for bit). Anything else\n"
+        "                        --balance, --pipeline-schedule, --checkpoint,\n"
+        "                        --cuda-graph, validation data and the outputs. Moving\n"
+        "                        between CPU and GPU, or --fast-conv, continues with a\n"
+        "                        note (not bit for bit). Anything else\n"
         "                        (model, data, --batch, --chunks, --seed, optimizer,\n"
         "                        schedule, --precision...) differing is refused, naming it\n"
         "  --algorithms FILE     cuDNN's convolution algorithms, which are chosen by\n"
@@ -441,6 +454,10 @@ int gp_cmd_train(int argc, char **argv)
             const char *list = TAKE();
             if (list && (!strcmp(list, "time") || !strcmp(list, "memory"))) auto_balance = list;
             else if (!parse_balance(list, &cfg, &n_balance)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--pipeline-schedule")) {
+            const char *name = TAKE();
+            if (!gp_pipe_schedule_parse(name, &cfg.pipeline_schedule))
+                return gp_cli_usage("train", "--pipeline-schedule is gpipe or 1f1b (got '%s')", name ? name : "");
         } else if (!strcmp(a, "--checkpoint")) {
             const char *c = TAKE();
             if (c && !strcmp(c, "always")) cfg.checkpoint = GP_CHECKPOINT_ALWAYS;
@@ -589,7 +606,7 @@ int gp_cmd_train(int argc, char **argv)
         struct gp_balance_config bc = {
             .by = !strcmp(auto_balance, "time") ? GP_BALANCE_TIME : GP_BALANCE_MEMORY,
             .n_stages = cfg.n_stages, .batch = cfg.batch, .n_micro = (int)cfg.chunks,
-            .checkpoint = cfg.checkpoint,
+            .schedule = cfg.pipeline_schedule, .checkpoint = cfg.checkpoint,
             .optim_state_floats = cfg.optimizer == GP_OPT_ADAMW ? 2 : cfg.momentum > 0 ? 1 : 0};
         struct gp_profile prof;
         struct gp_balance_report rep;

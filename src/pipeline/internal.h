@@ -18,6 +18,7 @@
 #include "ops/registry.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/plan.h"
+#include "pipeline/slots.h"
 
 enum task_kind { TASK_FORWARD, TASK_RECOMPUTE, TASK_BACKWARD, TASK_OPTIMIZE, TASK_NORMS, TASK_EVAL };
 
@@ -50,7 +51,9 @@ struct stage {
     bool once_valid;               /* the once-per-step layers have run for this step (or evaluation) */
     int backwards_done;            /* micro-batches' backwards of this step so far */
     unsigned char *optim_state;
-    int n_sets;                    /* activation sets: one per micro-batch without checkpointing */
+    /* Which box, inbox and activation set each micro-batch uses, how many
+     * of each there are, and what reusing one waits for (slots.h). */
+    struct gp_stage_slots slots;
     struct gp_event **fwd_done, **fwd_copied, **bwd_done, **bwd_copied; /* per micro-batch */
     double **bn_stats;             /* per layer of the stage: deferred BatchNorm sums, or NULL */
     struct gp_optim *opt;
@@ -80,6 +83,7 @@ struct gp_pipeline {
     struct stage *stages;
     struct gp_pipe_schedule sched;
     struct task *tasks;            /* one per action, then per-stage optimizer and eval tasks */
+    int *last_backward, *next_copy; /* per stage, while issuing: the latest backward, the next forward copy in */
     size_t target_bytes;           /* per micro-batch; 0 without targets */
     size_t input_bytes;            /* per micro-batch */
     bool convert_input;            /* the first stage's box stores another type than the data (bf16) */
@@ -111,20 +115,24 @@ struct gp_pipeline {
 
 static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Address of value v on stage s for micro-batch j. */
-static inline void *addr(struct gp_pipeline *p, struct stage *s, int v, int j)
+/* Address of value v on stage s in box `box` and activation set `set`
+ * (a micro-batch's slots: s->slots). */
+static inline void *addr(struct stage *s, int v, int box, int set)
 {
     switch (s->plan.home[v]) {
     case GP_HOME_STATIC: return s->static_block + s->plan.off[v];
-    case GP_HOME_BOX: return s->boxes + (size_t)j * s->plan.box_bytes + s->plan.off[v];
+    case GP_HOME_BOX: return s->boxes + (size_t)box * s->plan.box_bytes + s->plan.off[v];
     case GP_HOME_ARENA: return s->arena + s->plan.off[v];
     case GP_HOME_STEP: return s->step_block + s->plan.off[v];
-    case GP_HOME_LOCAL: {
-        int set = s->n_sets > 1 ? j : 0;
-        return s->locals + (size_t)set * s->plan.local_bytes + s->plan.off[v];
+    case GP_HOME_LOCAL: return s->locals + (size_t)set * s->plan.local_bytes + s->plan.off[v];
+    default: return NULL;
     }
-    default: (void)p; return NULL;
-    }
+}
+
+/* Micro-batch j's gradient inbox on stage s. */
+static inline unsigned char *inbox_of(struct stage *s, int j)
+{
+    return s->inboxes + (size_t)s->slots.inbox[j] * s->plan.inbox_bytes;
 }
 
 static inline float *grad_addr(struct stage *s, const struct gp_value *val, int v)
@@ -143,7 +151,8 @@ static inline struct gp_task_tag tag_of(enum gp_task_kind kind, int stage, int m
 /* tasks.c: a task of the step (struct task as its argument). */
 gp_status gp_pipe_task_run(void *arg, struct gp_error *err);
 
-/* stage.c: stage k of layers [first, last), and every stage's release. */
+/* stage.c: stage k of layers [first, last) (its slots already set), and
+ * every stage's release. */
 gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last, struct gp_error *err);
 void gp_pipe_free_stages(struct gp_pipeline *p);
 

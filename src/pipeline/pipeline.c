@@ -22,6 +22,8 @@ void gp_pipeline_free(struct gp_pipeline *p)
     gp_pipe_schedule_free(&p->sched);
     free(p->needs_grad);
     free(p->tasks);
+    free(p->last_backward);
+    free(p->next_copy);
     free(p->loss_parts);
     free(p->norms_host);
     free(p);
@@ -75,6 +77,21 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     }
     gp_plan_needs_grad(g, p->needs_grad);
 
+    /* The schedule first: the stages' memory follows from it. */
+    if ((st = gp_pipe_schedule_make(cfg->schedule, p->K, p->M, cfg->checkpoint, &p->sched, err)) != GP_OK) goto fail;
+    struct gp_stage_slots *slots = calloc((size_t)p->K, sizeof *slots);
+    p->last_backward = calloc((size_t)p->K, sizeof(int));
+    p->next_copy = calloc((size_t)p->K, sizeof(int));
+    if (!slots || !p->last_backward || !p->next_copy) {
+        free(slots);
+        st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    st = gp_pipe_slots_plan(&p->sched, slots, err);
+    for (int k = 0; k < p->K; k++) p->stages[k].slots = slots[k];
+    free(slots);
+    if (st != GP_OK) goto fail;
+
     /* Stage boundaries from the balance (or an even split by layer count). */
     int first = 0;
     for (int k = 0; k < p->K; k++) {
@@ -100,7 +117,6 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     /* bf16: float32 data is rounded into a bfloat16 box by the first forward. */
     p->convert_input = g->values[p->input].dtype == GP_DTYPE_FLOAT32 &&
                        p->stages[0].plan.dt[p->input] != GP_DTYPE_FLOAT32;
-    if ((st = gp_pipe_schedule_gpipe(p->K, p->M, cfg->checkpoint, &p->sched, err)) != GP_OK) goto fail;
     p->tasks = calloc((size_t)p->sched.n_actions + 3 * (size_t)p->K + 1, sizeof *p->tasks);
     if (!p->tasks) {
         st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
@@ -126,32 +142,36 @@ fail:
 
 
 
-/* Moves micro-batch j's output frontier of stage k into stage k+1's box. */
+/* Moves micro-batch j's output frontier of stage k into stage k+1's box,
+ * once the backward that last read that box there is done. */
 static void issue_forward_copy(struct gp_pipeline *p, int k, int j)
 {
     struct stage *s = &p->stages[k], *t = &p->stages[k + 1];
     struct gp_task_tag tag = tag_of(GP_TASK_COPY, k, j, "send activations");
     s->ops->stream_wait(s->copy_next, s->fwd_done[j]);
+    if (t->slots.box_after[j] >= 0) s->ops->stream_wait(s->copy_next, t->bwd_done[t->slots.box_after[j]]);
     for (int q = 0; q < s->plan.n_frontier_out; q++) {
         int v = s->plan.frontier_out[q];
         size_t bytes = gp_plan_value_bytes(p->g, &s->plan, v);
-        s->ops->copy(s->copy_next, addr(p, t, v, j), addr(p, s, v, j), bytes, &tag);
+        s->ops->copy(s->copy_next, addr(t, v, t->slots.box[j], 0), addr(s, v, s->slots.box[j], s->slots.fwd_set[j]),
+                     bytes, &tag);
     }
     s->ops->event_record(s->fwd_copied[j], s->copy_next);
 }
 
-/* Moves micro-batch j's input-frontier gradients of stage k into stage k-1's inbox. */
+/* Moves micro-batch j's input-frontier gradients of stage k into stage k-1's
+ * inbox, once the backward that last read that inbox there is done. */
 static void issue_backward_copy(struct gp_pipeline *p, int k, int j)
 {
     struct stage *s = &p->stages[k], *t = &p->stages[k - 1];
     struct gp_task_tag tag = tag_of(GP_TASK_COPY, k, j, "send gradients");
     s->ops->stream_wait(s->copy_prev, s->bwd_done[j]);
+    if (t->slots.inbox_after[j] >= 0) s->ops->stream_wait(s->copy_prev, t->bwd_done[t->slots.inbox_after[j]]);
     for (int q = 0; q < s->plan.n_frontier_in; q++) {
         int v = s->plan.frontier_in[q];
         if (t->plan.inbox_off[v] == SIZE_MAX) continue;
         size_t bytes = gp_plan_value_bytes(p->g, &s->plan, v); /* a gradient is stored as its value */
-        s->ops->copy(s->copy_prev, t->inboxes + (size_t)j * t->plan.inbox_bytes + t->plan.inbox_off[v],
-                     s->grads + s->plan.grad_off[v], bytes, &tag);
+        s->ops->copy(s->copy_prev, inbox_of(t, j) + t->plan.inbox_off[v], s->grads + s->plan.grad_off[v], bytes, &tag);
     }
     s->ops->event_record(s->bwd_copied[j], s->copy_prev);
 }
@@ -183,14 +203,18 @@ static void clear_traces(struct gp_pipeline *p)
 }
 
 /* Every action of the schedule, in order, onto the stages' streams: the
- * step's whole forward and backward, with an event for each dependency. */
+ * step's whole forward and backward, with an event for each dependency and
+ * each reuse of a buffer (the slots say which; every event waited for was
+ * recorded by something issued before). */
 void gp_pipe_issue_actions(struct gp_pipeline *p)
 {
     size_t in_bytes = p->input_bytes;
+    for (int k = 0; k < p->K; k++) p->last_backward[k] = -1, p->next_copy[k] = 0;
     for (int a = 0; a < p->sched.n_actions; a++) {
         const struct gp_action *act = &p->sched.actions[a];
         int k = act->stage, j = act->microbatch;
         struct stage *s = &p->stages[k];
+        const struct gp_stage_slots *sl = &s->slots;
         struct task *t = &p->tasks[a];
         *t = (struct task){.p = p, .stage = k, .micro = j};
         switch (act->kind) {
@@ -198,27 +222,24 @@ void gp_pipe_issue_actions(struct gp_pipeline *p)
             t->kind = TASK_FORWARD;
             if (k == 0 && !p->convert_input) {
                 struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, j, "input to its box");
-                s->ops->copy(s->compute, addr(p, s, p->input, j), s->inputs + (size_t)j * in_bytes, in_bytes,
+                s->ops->copy(s->compute, addr(s, p->input, sl->box[j], 0), s->inputs + (size_t)j * in_bytes, in_bytes,
                              &tag);
             } else if (k > 0) {
                 s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[j]);
             }
-            /* A shared activation set is overwritten only after the previous
-             * micro-batch's outputs left it. */
-            if (s->n_sets == 1 && j > 0 && k + 1 < p->K) s->ops->stream_wait(s->compute, s->fwd_copied[j - 1]);
+            /* An activation set is overwritten only after the outputs of
+             * the forward that wrote it before left it. */
+            if (k + 1 < p->K && sl->fwd_set_after[j] >= 0)
+                s->ops->stream_wait(s->compute, s->fwd_copied[sl->fwd_set_after[j]]);
             struct gp_task_tag tag = tag_of(GP_TASK_FORWARD, k, j, "forward");
             s->ops->enqueue(s->compute, gp_pipe_task_run, t, &tag);
             s->ops->event_record(s->fwd_done[j], s->compute);
-            if (k + 1 < p->K) issue_forward_copy(p, k, j);
             break;
         }
         case GP_ACT_RECOMPUTE: {
             t->kind = TASK_RECOMPUTE;
-            /* Recomputation rewrites the shared activation set, which the
-             * copy stream may still be reading a forward's outputs from:
-             * wait until every forward copy of this stage is done (they run
-             * in order, so the last one's event covers them all). */
-            if (k + 1 < p->K) s->ops->stream_wait(s->compute, s->fwd_copied[p->M - 1]);
+            if (k + 1 < p->K && sl->bwd_set_after[j] >= 0)
+                s->ops->stream_wait(s->compute, s->fwd_copied[sl->bwd_set_after[j]]);
             struct gp_task_tag tag = tag_of(GP_TASK_RECOMPUTE, k, j, "recompute");
             s->ops->enqueue(s->compute, gp_pipe_task_run, t, &tag);
             break;
@@ -226,15 +247,23 @@ void gp_pipe_issue_actions(struct gp_pipeline *p)
         case GP_ACT_BACKWARD: {
             t->kind = TASK_BACKWARD;
             if (k + 1 < p->K) s->ops->stream_wait(s->compute, p->stages[k + 1].bwd_copied[j]);
-            /* The gradient set is reused: the previous micro-batch's input
+            /* The gradient set is reused: the previous backward's input
              * gradients must have left it. */
-            if (k > 0 && j + 1 < p->M) s->ops->stream_wait(s->compute, s->bwd_copied[j + 1]);
+            if (k > 0 && p->last_backward[k] >= 0) s->ops->stream_wait(s->compute, s->bwd_copied[p->last_backward[k]]);
             struct gp_task_tag tag = tag_of(GP_TASK_BACKWARD, k, j, "backward");
             s->ops->enqueue(s->compute, gp_pipe_task_run, t, &tag);
             s->ops->event_record(s->bwd_done[j], s->compute);
+            p->last_backward[k] = j;
             if (k > 0) issue_backward_copy(p, k, j);
             break;
         }
+        }
+        /* The forward copies due now: after the forward that made them and
+         * the backward that freed their box (slots.h). */
+        for (int r = 1; r < p->K; r++) {
+            const struct gp_stage_slots *in = &p->stages[r].slots;
+            while (p->next_copy[r] < p->M && in->copy_after[p->next_copy[r]] <= a)
+                issue_forward_copy(p, r - 1, p->next_copy[r]++);
         }
     }
 }
@@ -355,7 +384,8 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
         *t = (struct task){.p = p, .stage = k, .micro = 0, .kind = TASK_EVAL};
         if (k == 0) {
             struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, 0, "load inputs");
-            s->ops->copy(s->compute, p->convert_input ? s->inputs : addr(p, s, p->input, 0), x, in_bytes, &tag);
+            s->ops->copy(s->compute, p->convert_input ? s->inputs : addr(s, p->input, s->slots.box[0], 0), x, in_bytes,
+                         &tag);
         } else {
             s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[0]);
         }
@@ -369,7 +399,7 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
             struct gp_task_tag ctag = tag_of(GP_TASK_COPY, k, 0, "read outputs");
             /* A bfloat16 output was widened into the staging area by the task. */
             bool wide = s->plan.dt[p->output] == GP_DTYPE_FLOAT32;
-            s->ops->copy(s->compute, out, wide ? addr(p, s, p->output, 0) : s->staging,
+            s->ops->copy(s->compute, out, wide ? addr(s, p->output, s->slots.box[0], s->slots.fwd_set[0]) : s->staging,
                          sizeof(float) * (size_t)gp_shape_numel(&o->shape), &ctag);
         }
     }
@@ -420,9 +450,16 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     r->optim_bytes = s->opt ? (int64_t)gp_optim_state_bytes(s->opt) : 0;
     r->static_bytes = (int64_t)(s->plan.static_bytes - s->plan.param_bytes + s->plan.step_bytes +
                                 s->plan.step_grad_bytes + s->plan.shadow_bytes);
-    r->activation_bytes = (int64_t)(s->plan.box_bytes * (size_t)p->M + s->plan.local_bytes * (size_t)s->n_sets +
-                                    s->plan.arena_bytes + s->plan.grad_bytes + s->plan.inbox_bytes * (size_t)p->M);
-    r->activation_peak = s->peak + (int64_t)(s->plan.inbox_bytes * (size_t)p->M + s->plan.arena_bytes);
+    const struct gp_stage_slots *sl = &s->slots;
+    r->frontier_boxes = sl->n_boxes;
+    r->activation_sets = sl->n_sets;
+    r->gradient_inboxes = sl->n_inboxes;
+    r->box_bytes = (int64_t)s->plan.box_bytes;
+    r->set_bytes = (int64_t)s->plan.local_bytes;
+    r->inbox_bytes = (int64_t)s->plan.inbox_bytes;
+    r->activation_bytes = r->box_bytes * sl->n_boxes + r->set_bytes * sl->n_sets + r->inbox_bytes * sl->n_inboxes +
+                          (int64_t)(s->plan.arena_bytes + s->plan.grad_bytes);
+    r->activation_peak = s->peak + r->inbox_bytes * sl->n_inboxes + (int64_t)s->plan.arena_bytes;
     for (int q = 0; q < s->plan.n_frontier_in; q++)
         r->frontier_in_bytes += (int64_t)gp_plan_value_bytes(p->g, &s->plan, s->plan.frontier_in[q]);
     for (int q = 0; q < s->plan.n_frontier_out; q++)
@@ -449,5 +486,9 @@ gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struc
                                                     .stream_name = names[q], .spans = spans, .count = count};
         }
     }
-    return gp_trace_write(path, streams, n, err);
+    struct gp_trace_info info = {.pipeline_schedule = gp_pipe_schedule_name(p->sched.kind),
+                                 .checkpoint = gp_checkpoint_name(p->sched.checkpoint),
+                                 .stages = p->K,
+                                 .micro_batches = p->M};
+    return gp_trace_write_info(path, streams, n, &info, err);
 }

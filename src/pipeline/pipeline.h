@@ -28,6 +28,7 @@ struct gp_pipeline_config {
     const struct gp_device_ops *const *device_ops; /* per stage */
     const int *device_index;      /* per stage; stages may share a device */
     int n_micro;                  /* micro-batches per mini-batch */
+    enum gp_pipe_schedule_kind schedule; /* the order of the step's work (schedule.h) */
     enum gp_checkpoint checkpoint;
     struct gp_optim_config optim;
     bool trace;                   /* record the timeline */
@@ -115,6 +116,11 @@ struct gp_stage_report {
     const char *backend;          /* "cpu", "cuda" */
     int64_t param_bytes, grad_bytes, optim_bytes, static_bytes; /* static: constants, buffers */
     int64_t activation_bytes;     /* planned: input frontiers, activation sets, gradients */
+    /* Of those, per micro-batch: one box of its input frontier, one set of
+     * its activations, one inbox of the gradients arriving for its output
+     * frontier, and how many of each the schedule holds at once. */
+    int64_t box_bytes, set_bytes, inbox_bytes;
+    int frontier_boxes, activation_sets, gradient_inboxes;
     int64_t activation_peak;      /* the most in use at once, by the executor's accounting */
     int64_t frontier_in_bytes, frontier_out_bytes; /* per micro-batch */
     int64_t workspace_bytes;      /* kernel workspace and bf16's float32 staging */

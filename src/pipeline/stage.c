@@ -27,15 +27,16 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"parameters and constants", s->plan.static_bytes, &s->static_block};
     b[n++] = (struct block_plan){"parameter gradients", s->plan.param_bytes, &s->param_grads};
     b[n++] = (struct block_plan){"optimizer state", s->optim_bytes_planned, &s->optim_state};
-    b[n++] = (struct block_plan){"input frontiers", s->plan.box_bytes * (size_t)p->M, &s->boxes};
-    b[n++] = (struct block_plan){"activations", s->plan.local_bytes * (size_t)s->n_sets, &s->locals};
+    /* Per-micro-batch blocks: as many as the schedule has in use at once (slots.h). */
+    b[n++] = (struct block_plan){"input frontiers", s->plan.box_bytes * (size_t)s->slots.n_boxes, &s->boxes};
+    b[n++] = (struct block_plan){"activations", s->plan.local_bytes * (size_t)s->slots.n_sets, &s->locals};
     b[n++] = (struct block_plan){"forward-only activations", s->plan.arena_bytes, &s->arena};
     b[n++] = (struct block_plan){"values made once per step", s->plan.step_bytes, &s->step_block};
     b[n++] = (struct block_plan){"their gradients", s->plan.step_grad_bytes, &s->step_grads};
     b[n++] = (struct block_plan){"bfloat16 weight copies", s->plan.shadow_bytes, &s->shadows};
     b[n++] = (struct block_plan){"float32 staging", s->plan.staging_bytes, &s->staging};
     b[n++] = (struct block_plan){"activation gradients", s->plan.grad_bytes, &s->grads};
-    b[n++] = (struct block_plan){"gradient inboxes", s->plan.inbox_bytes * (size_t)p->M, &s->inboxes};
+    b[n++] = (struct block_plan){"gradient inboxes", s->plan.inbox_bytes * (size_t)s->slots.n_inboxes, &s->inboxes};
     b[n++] = (struct block_plan){"kernel workspace", scratch, &s->scratch};
     b[n++] = (struct block_plan){"library workspace", s->cops->context_bytes, &s->libs};
     b[n++] = (struct block_plan){"targets", last ? p->target_bytes * (size_t)p->M : 0, &s->targets};
@@ -139,7 +140,6 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
         snprintf(name, sizeof name, "copy s%d->s%d", k, k - 1);
         GP_TRY(s->ops->stream_create(s->dev, name, &s->copy_prev, err));
     }
-    s->n_sets = p->cfg.checkpoint == GP_CHECKPOINT_NEVER ? p->M : 1;
 
     /* Parameters in value order, which is the model's initializer order:
      * the order PyTorch's parameters() has, which gradient clipping's norm
@@ -251,6 +251,7 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
         free(s->din);
         free(s->dout);
         gp_plan_free(&s->plan);
+        gp_stage_slots_free(&s->slots);
     }
     /* Devices close once every stage's memory on them is freed; a device
      * shared by several stages closes once. */

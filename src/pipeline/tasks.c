@@ -16,7 +16,9 @@ static bool nondiff(const struct gp_node *n, int k)
     return k < 32 && ((n->def->nondiff_inputs >> k) & 1);
 }
 
-static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, int layer, int j,
+/* Layer `layer` of stage s on micro-batch j (its box), its activations in
+ * set `set`. */
+static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, int layer, int j, int set,
                                        bool training, bool update_state, bool with_grads)
 {
     const struct gp_graph *g = p->g;
@@ -34,18 +36,18 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
     const enum gp_dtype *din_dt = in_dt ? out_dt + n->n_outputs + 1 : NULL;
     const enum gp_dtype *dout_dt = in_dt ? din_dt + n->n_inputs + 1 : NULL;
     uint32_t shadowed = in_dt ? s->plan.call_shadowed[layer - s->plan.first] : 0;
+    int box = s->slots.box[j];
     for (int k = 0; k < n->n_inputs; k++) {
         int v = n->inputs[k];
         bool shadow = k < 32 && ((shadowed >> k) & 1);
-        s->in[k] = v < 0 ? NULL : shadow ? s->shadows + s->plan.shadow_off[v] : addr(p, s, v, j);
+        s->in[k] = v < 0 ? NULL : shadow ? s->shadows + s->plan.shadow_off[v] : addr(s, v, box, set);
         s->din[k] = v >= 0 && with_grads && !nondiff(n, k) ? grad_addr(s, &g->values[v], v) : NULL;
     }
     for (int k = 0; k < n->n_outputs; k++) {
         int v = n->outputs[k];
-        s->out[k] = v >= 0 ? addr(p, s, v, j) : NULL;
+        s->out[k] = v >= 0 ? addr(s, v, box, set) : NULL;
         s->dout[k] = v >= 0 && with_grads ? grad_addr(s, &g->values[v], v) : NULL;
     }
-    int set = s->n_sets > 1 ? j : 0;
     return (struct gp_layer_call){
         .graph = g,
         .node = n,
@@ -107,12 +109,13 @@ static gp_status refresh_shadows(struct gp_pipeline *p, struct stage *s, struct 
 static gp_status load_input(struct gp_pipeline *p, struct stage *s, int j, struct gp_error *err)
 {
     const struct gp_value *x = &p->g->values[p->input];
-    return s->cops->convert(s->cctx, addr(p, s, p->input, j), s->plan.dt[p->input],
+    return s->cops->convert(s->cctx, addr(s, p->input, s->slots.box[j], 0), s->plan.dt[p->input],
                             s->inputs + (size_t)j * p->input_bytes, GP_DTYPE_FLOAT32, gp_shape_numel(&x->shape),
                             false, err);
 }
 
-static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, bool training,
+/* The stage's layers forward on micro-batch j, into activation set `set`. */
+static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, int set, bool training,
                              bool update_state, struct gp_error *err)
 {
     /* Timing counts first forwards only (update_state), not recomputations. */
@@ -126,7 +129,7 @@ static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, bool
     if (s == &p->stages[0] && p->convert_input) GP_TRY(load_input(p, s, j, err));
     for (int i = s->plan.first; i < s->plan.last; i++) {
         if (s->plan.once[i - s->plan.first] && !once) continue;
-        struct gp_layer_call c = layer_call(p, s, i, j, training, update_state, false);
+        struct gp_layer_call c = layer_call(p, s, i, j, set, training, update_state, false);
         GP_TRY(gp_mixed_forward(s->cops, s->cctx, &c, s->staging, err));
         if (timed) GP_TRY(lap(s, &t0, &s->fwd_ms[i - s->plan.first], err));
     }
@@ -148,7 +151,7 @@ static gp_status run_once_backward(struct gp_pipeline *p, struct stage *s, struc
     for (int i = s->plan.last - 1; i >= s->plan.first; i--) {
         if (!s->plan.once[i - s->plan.first]) continue;
         const struct gp_node *n = &p->g->nodes[i];
-        struct gp_layer_call c = layer_call(p, s, i, 0, true, false, true);
+        struct gp_layer_call c = layer_call(p, s, i, 0, 0, true, false, true);
         bool any_in = false, any_out = false;
         for (int k = 0; k < n->n_inputs; k++) any_in |= s->din[k] != NULL;
         for (int k = 0; k < n->n_outputs; k++) any_out |= s->dout[k] != NULL;
@@ -164,7 +167,7 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
      * (the set is shared over time: plan.c); the gradients that arrived for
      * the output frontier seed theirs. Kernels accumulate. */
     GP_TRY(zero_born(s, 0, err));
-    const unsigned char *inbox = s->inboxes + (size_t)j * s->plan.inbox_bytes;
+    const unsigned char *inbox = inbox_of(s, j);
     for (int k = 0; k < s->plan.n_frontier_out; k++) {
         int v = s->plan.frontier_out[k];
         if (s->plan.inbox_off[v] == SIZE_MAX) continue;
@@ -179,7 +182,7 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
         GP_TRY(zero_born(s, s->plan.last - i, err));
         if (s->plan.once[i - s->plan.first]) continue;
         const struct gp_node *n = &g->nodes[i];
-        struct gp_layer_call c = layer_call(p, s, i, j, true, false, true);
+        struct gp_layer_call c = layer_call(p, s, i, j, s->slots.bwd_set[j], true, false, true);
         bool any_in = false, any_out = false;
         for (int k = 0; k < n->n_inputs; k++) any_in |= s->din[k] != NULL;
         for (int k = 0; k < n->n_outputs; k++) any_out |= s->dout[k] != NULL;
@@ -199,14 +202,12 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
     bool last = t->stage == p->K - 1;
     switch (t->kind) {
     case TASK_FORWARD: {
-        bool kept = !gp_checkpointed(p->cfg.checkpoint, j, p->M);
+        bool kept = !s->slots.checkpointed[j];
         s->live += (int64_t)s->plan.box_bytes + (int64_t)s->plan.local_bytes;
         if (s->live > s->peak) s->peak = s->live;
-        GP_TRY(run_forward(p, s, j, true, true, err));
+        GP_TRY(run_forward(p, s, j, s->slots.fwd_set[j], true, true, err));
         if (last) {
-            void *dout = s->plan.inbox_off[p->output] == SIZE_MAX
-                             ? NULL
-                             : s->inboxes + (size_t)j * s->plan.inbox_bytes + s->plan.inbox_off[p->output];
+            void *dout = s->plan.inbox_off[p->output] == SIZE_MAX ? NULL : inbox_of(s, j) + s->plan.inbox_off[p->output];
             if (!dout)
                 return gp_error_set(err, GP_ERR_INVALID,
                                     "the output '%s' does not depend on any parameter: nothing to train",
@@ -215,7 +216,7 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
             struct gp_loss_call lc = {
                 .spec = &p->cfg.loss,
                 .out_shape = &o->shape,
-                .out = addr(p, s, p->output, j),
+                .out = addr(s, p->output, s->slots.box[j], s->slots.fwd_set[j]),
                 .target = p->target_bytes ? s->targets + (size_t)j * p->target_bytes : NULL,
                 .dout = dout,
                 .denominator = p->denominator,
@@ -234,7 +235,7 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         if (s->live > s->peak) s->peak = s->live;
         /* Same dropout key, running statistics untouched: the recomputed
          * activations are the ones the first forward made. */
-        return run_forward(p, s, j, true, false, err);
+        return run_forward(p, s, j, s->slots.bwd_set[j], true, false, err);
     case TASK_BACKWARD:
         s->live += (int64_t)s->plan.grad_bytes;
         if (s->live > s->peak) s->peak = s->live;
@@ -247,8 +248,8 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         for (int i = s->plan.first; s->bn_stats && i < s->plan.last; i++) {
             if (!s->bn_stats[i - s->plan.first]) continue;
             const struct gp_node *n = &p->g->nodes[i];
-            GP_TRY(s->cops->bn_commit(s->cctx, p->g, n, addr(p, s, n->inputs[3], 0),
-                                      addr(p, s, n->inputs[4], 0), s->bn_stats[i - s->plan.first], err));
+            GP_TRY(s->cops->bn_commit(s->cctx, p->g, n, addr(s, n->inputs[3], 0, 0), addr(s, n->inputs[4], 0, 0),
+                                      s->bn_stats[i - s->plan.first], err));
         }
         if (s->opt) GP_TRY(s->cops->optim_step(s->cctx, s->opt, p->lr, p->clip_coef, err));
         if (s->plan.step_grad_bytes) GP_TRY(s->cops->zero(s->cctx, s->step_grads, s->plan.step_grad_bytes, err));
@@ -257,10 +258,12 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         return s->cops->norms(s->cctx, s->param_grad_ptrs, s->param_numels, s->n_params,
                               (float *)s->norms, err);
     case TASK_EVAL: {
-        GP_TRY(run_forward(p, s, 0, p->eval_batch_stats, false, err));
+        /* Evaluation runs as micro-batch 0, in its box and set. */
+        GP_TRY(run_forward(p, s, 0, s->slots.fwd_set[0], p->eval_batch_stats, false, err));
         /* A bfloat16 output is read back as float32, from the staging area. */
         if (!last || s->plan.dt[p->output] == GP_DTYPE_FLOAT32) return GP_OK;
-        return s->cops->convert(s->cctx, s->staging, GP_DTYPE_FLOAT32, addr(p, s, p->output, 0), GP_DTYPE_BFLOAT16,
+        return s->cops->convert(s->cctx, s->staging, GP_DTYPE_FLOAT32,
+                                addr(s, p->output, s->slots.box[0], s->slots.fwd_set[0]), GP_DTYPE_BFLOAT16,
                                 gp_shape_numel(&p->g->values[p->output].shape), false, err);
     }
     }

@@ -88,7 +88,7 @@ static void write_meta(struct gp_json *j, const char *what, int pid, int tid, co
     gp_json_object_end(j);
 }
 
-static void write_trace(FILE *f, const struct gp_trace_stream *streams, int n)
+static void write_trace(FILE *f, const struct gp_trace_stream *streams, int n, const struct gp_trace_info *info)
 {
     double t0 = INFINITY;
     for (int i = 0; i < n; i++)
@@ -150,12 +150,31 @@ static void write_trace(FILE *f, const struct gp_trace_stream *streams, int n)
     gp_json_array_end(&j);
     gp_json_key(&j, "displayTimeUnit");
     gp_json_string(&j, "ms");
+    if (info) {
+        gp_json_key(&j, "otherData");
+        gp_json_object_begin(&j);
+        gp_json_key(&j, "pipeline_schedule");
+        gp_json_string(&j, info->pipeline_schedule ? info->pipeline_schedule : "");
+        gp_json_key(&j, "checkpoint");
+        gp_json_string(&j, info->checkpoint ? info->checkpoint : "");
+        gp_json_key(&j, "stages");
+        gp_json_int(&j, info->stages);
+        gp_json_key(&j, "micro_batches");
+        gp_json_int(&j, info->micro_batches);
+        gp_json_object_end(&j);
+    }
     gp_json_object_end(&j);
     gp_json_finish(&j);
 }
 
 gp_status gp_trace_write(const char *path, const struct gp_trace_stream *streams, int n,
                          struct gp_error *err)
+{
+    return gp_trace_write_info(path, streams, n, NULL, err);
+}
+
+gp_status gp_trace_write_info(const char *path, const struct gp_trace_stream *streams, int n,
+                              const struct gp_trace_info *info, struct gp_error *err)
 {
     struct gp_atomic_file file;
     GP_TRY(gp_atomic_create(&file, path, err));
@@ -164,6 +183,6 @@ gp_status gp_trace_write(const char *path, const struct gp_trace_stream *streams
         gp_atomic_abort(&file);
         return gp_error_set(err, GP_ERR_IO, "cannot write '%s'", path);
     }
-    write_trace(f, streams, n);
+    write_trace(f, streams, n, info);
     return gp_atomic_commit(&file, err);
 }

@@ -41,4 +41,16 @@ void gp_trace_span_name(const struct gp_task_tag *tag, char *buf, size_t size);
 gp_status gp_trace_write(const char *path, const struct gp_trace_stream *streams, int n,
                          struct gp_error *err);
 
+/* What the timeline is of, written as the trace's "otherData" (the
+ * format's metadata dictionary): {"pipeline_schedule": "1f1b", "checkpoint":
+ * "except_last", "stages": 4, "micro_batches": 8}. */
+struct gp_trace_info {
+    const char *pipeline_schedule, *checkpoint;
+    int stages, micro_batches;
+};
+
+/* gp_trace_write with the info (NULL: none). */
+gp_status gp_trace_write_info(const char *path, const struct gp_trace_stream *streams, int n,
+                              const struct gp_trace_info *info, struct gp_error *err);
+
 #endif

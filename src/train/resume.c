@@ -129,6 +129,11 @@ gp_status gp_resume_settings(const struct gp_resume_run *r, struct gp_state_meta
     for (int k = 0; k < n_stages && c->balance[0] && len < sizeof balance; k++)
         len += (size_t)snprintf(balance + len, sizeof balance - len, "%s%d", k ? "," : "", c->balance[k]);
     gp_state_set(m, "balance", "--balance", GP_STATE_FREE, NULL, "%s", balance[0] ? balance : "(even)");
+    /* GPipe and 1F1B run every backward in micro-batch order, so parameter
+     * gradients are summed in the same order: the same arithmetic, bit for
+     * bit (tests/test_pipeline.c checks it), only the timing differs. */
+    gp_state_set(m, "pipeline_schedule", "--pipeline-schedule", GP_STATE_FREE, NULL, "%s",
+                 gp_pipe_schedule_name(c->pipeline_schedule));
     gp_state_set(m, "checkpoint", "--checkpoint", GP_STATE_FREE, NULL, "%s", gp_checkpoint_name(c->checkpoint));
     return GP_OK;
 }

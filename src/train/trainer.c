@@ -263,6 +263,7 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         .device_ops = ops,
         .device_index = cfg->stage_device,
         .n_micro = (int)cfg->chunks,
+        .schedule = cfg->pipeline_schedule,
         .checkpoint = cfg->checkpoint,
         .optim = oc,
         .trace = cfg->trace_path != NULL,
@@ -518,13 +519,14 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         snprintf(summary, sizeof summary,
                  "training %s: %lld samples, batch %lld (%lld micro-batch%s of %lld), %lld steps "
                  "(%lld per epoch, last %lld samples of each epoch dropped), %s, %s, %lld parameters, "
-                 "%.1f MiB planned (%d stage%s, checkpoint %s)",
+                 "%.1f MiB planned (%d stage%s, %s schedule, checkpoint %s)",
                  cfg->model_path, (long long)train->n, (long long)cfg->batch, (long long)cfg->chunks,
                  cfg->chunks == 1 ? "" : "es", (long long)s.micro, (long long)total,
                  (long long)per_epoch, (long long)(train->n % cfg->batch),
                  cfg->optimizer == GP_OPT_ADAMW ? "AdamW" : "SGD", gp_precision_name(cfg->precision),
                  (long long)gp_graph_param_count(&s.g), planned_mib(&s), gp_pipeline_stages(s.pipe),
-                 gp_pipeline_stages(s.pipe) == 1 ? "" : "s", gp_checkpoint_name(cfg->checkpoint));
+                 gp_pipeline_stages(s.pipe) == 1 ? "" : "s", gp_pipe_schedule_name(cfg->pipeline_schedule),
+                 gp_checkpoint_name(cfg->checkpoint));
         cb->on_start(cb->user, total, per_epoch, summary);
     }
 
@@ -657,7 +659,10 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                 .stage = k, .first_layer = r.first_layer, .last_layer = r.last_layer,
                 .device = r.device, .backend = r.backend, .param_bytes = r.param_bytes, .optim_bytes = r.optim_bytes,
                 .activation_bytes = r.activation_bytes, .activation_peak = r.activation_peak,
-                .frontier_in_bytes = r.frontier_in_bytes, .planned_bytes = r.planned_bytes};
+                .frontier_in_bytes = r.frontier_in_bytes, .planned_bytes = r.planned_bytes,
+                .box_bytes = r.box_bytes, .set_bytes = r.set_bytes, .inbox_bytes = r.inbox_bytes,
+                .frontier_boxes = r.frontier_boxes, .activation_sets = r.activation_sets,
+                .gradient_inboxes = r.gradient_inboxes};
             cb->on_memory(cb->user, &m);
         }
     run_free(&s);

@@ -57,6 +57,7 @@ struct gp_train_config {
                                  non-deterministic ones (default: deterministic) */
     enum gp_cuda_graph_mode cuda_graph; /* replay each step as a captured CUDA graph */
     int balance[64];          /* layers per stage; all 0: an even split */
+    enum gp_pipe_schedule_kind pipeline_schedule; /* GPipe (default) or 1F1B: the same gradients */
     enum gp_checkpoint checkpoint;
     bool deferred_batch_norm; /* running statistics from the whole mini-batch */
     const char *trace_path;   /* Chrome trace of the last step; NULL: none */
@@ -81,6 +82,11 @@ struct gp_stage_memory_report {
     const char *backend;      /* "cpu", "cuda" */
     int64_t param_bytes, optim_bytes, activation_bytes, activation_peak, frontier_in_bytes,
         planned_bytes;
+    /* Per micro-batch: a box of its input frontier, a set of its
+     * activations, an inbox of its gradients; and how many of each the
+     * schedule holds at once. */
+    int64_t box_bytes, set_bytes, inbox_bytes;
+    int frontier_boxes, activation_sets, gradient_inboxes;
 };
 
 /* Defaults: batch 32, 1 chunk, 1 epoch, shuffle, SGD lr 0.01... */
