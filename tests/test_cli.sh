@@ -104,6 +104,14 @@ expect_fail 1 "cannot create a file next to '/proc/nope/x.onnx'" \
 expect_fail 1 "it is a folder" "$bin" train "$m/mlp_op17.onnx" --synthetic 16 --batch 8 --steps 1 --trace "$tmp"
 expect_fail 1 "cannot create a file next to" \
   "$bin" train "$m/mlp_op17.onnx" --synthetic 16 --batch 8 --steps 1 --metrics /proc/nope/m.jsonl
+expect_fail 1 "cannot create a file next to" \
+  "$bin" train "$m/mlp_op17.onnx" --synthetic 16 --batch 8 --steps 1 --algorithms /proc/nope/a.txt
+# --algorithms: a file of another backend's choices is a note, never a failure;
+# on CPU devices nothing is measured and nothing written.
+printf 'cuda cudnn 1 device another GPU\nconv 1 2 3\n' > "$tmp/algorithms.txt"
+"$bin" train "$m/mlp_op17.onnx" --synthetic 16 --batch 8 --steps 1 --devices cpu:0 \
+  --algorithms "$tmp/algorithms.txt" >/dev/null 2>"$tmp/alg.txt" || fail "--algorithms with another GPU's choices: $(cat "$tmp/alg.txt")"
+grep -q "not bit for bit" "$tmp/alg.txt" || fail "no note about the foreign choices: $(cat "$tmp/alg.txt")"
 "$bin" train "$m/digits_cnn_op17.onnx" --save /proc/nope/x.onnx 2>&1 | grep -q "^step\|^saved" \
   && fail "an unwritable --save trained or said saved"
 "$py" - "$tmp/nan_x.npy" "$tmp/nan_y.npy" <<'PY'

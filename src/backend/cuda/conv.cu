@@ -33,10 +33,10 @@
  * and added to dW there (which is what autocast's cast of the weight does
  * to its gradient in PyTorch).
  *
- * Algorithms: chosen and cached by conv_algos.cu: cuDNN's graph API's
- * engine configurations (conv_graph.h) where it has them, else the legacy
- * API's algorithms. The graph API has no beta: a result it accumulates is
- * computed into a buffer in scratch and added. */
+ * Algorithms: chosen and cached by conv_algos.cu: the legacy API's, or
+ * with GP_CONV_API=graph cuDNN's graph API's engine configurations
+ * (conv_graph.h) where it has them. The graph API has no beta: a result it
+ * accumulates is computed into a buffer in scratch and added. */
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>

@@ -1,7 +1,8 @@
 /* CUDA conv family: the choice of cuDNN's algorithms for a convolution
  * problem (conv_problem.cuh), and the descriptors it is made with.
  *
- * Algorithms: chosen once per geometry and mode, by cuDNN's measurements
+ * Algorithms: chosen once per geometry and mode (with GP_CONV_API=graph
+ * the graph API's configuration first, conv_graph.h), by cuDNN's measurements
  * (cudnnFind*Algorithm, as PyTorch's cudnn.benchmark does; its heuristics,
  * cudnnGet*Algorithm_v7, where measuring fails): the fastest result that
  * succeeds with a workspace of at most WS_CAP, deterministic and (in
