@@ -196,7 +196,7 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
  * float32 semantics), whose math type is allowed and whose workspace
  * (asked of cuDNN for that algorithm and math type) fits WS_CAP. `ws_of`
  * returns false when cuDNN refuses the algorithm. */
-#define PICK_LEVEL(perf, count, mode, level, conv, ws_of, out_algo, out_math, out_ws, found)     \
+#define PICK_LEVEL(perf, count, mode, level, conv, ws_of, out_algo, out_math, out_ws, out_ms, found) \
     do {                                                                                     \
         found = false;                                                                       \
         for (int i_ = 0; i_ < (count) && !found; i_++) {                                     \
@@ -213,6 +213,7 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
             out_algo = (perf)[i_].algo;                                                      \
             out_math = m_;                                                                   \
             out_ws = ws_;                                                                    \
+            out_ms = (perf)[i_].time;                                                        \
             found = true;                                                                    \
         }                                                                                    \
     } while (0)
@@ -221,12 +222,12 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
  * make the last bits vary run to run); anything that runs. Most shapes stop
  * at the first; the later ones keep a convolution that has no such
  * algorithm training rather than failing. fast_conv starts at the last. */
-#define PICK(perf, count, mode, conv, ws_of, out_algo, out_math, out_ws, found)                   \
+#define PICK(perf, count, mode, conv, ws_of, out_algo, out_math, out_ws, out_ms, found)           \
     do {                                                                                     \
         found = false;                                                                       \
         int first_ = (mode).fast ? 2 : 0;                                                    \
         for (int level_ = first_; level_ < 3 && !found; level_++)                            \
-            PICK_LEVEL(perf, count, mode, level_, conv, ws_of, out_algo, out_math, out_ws, found); \
+            PICK_LEVEL(perf, count, mode, level_, conv, ws_of, out_algo, out_math, out_ws, out_ms, found); \
     } while (0)
 
 /* ---- the graph API's problems ---- */
@@ -265,53 +266,69 @@ void conv_graph_problem_of(const struct conv_geom *g, struct conv_mode mode, enu
     p->float_out = mode.bf16 && conv_graph_accumulates(g, op);
 }
 
-/* GP_CONV_API=graph: the graph API first. Not yet the default: measured on
- * the H200 (ResNet-50, bf16), its forward took 8.8 ms per step against the
- * legacy API's 15.6, but its backward on the float32 copies 51.3 against
- * 43.0, and in bfloat16 itself slower still, so the whole step was no
- * faster (1018 samples/s against 1020); choosing per direction by the two
- * APIs' measured times is the next step. */
-static bool graph_api_wanted(void)
+/* Which API convolutions run on (GP_CONV_API): "legacy" (the default),
+ * "graph" (the graph API first, the legacy API where it has nothing) or
+ * "fastest" (both measured, per direction the faster). The graph API is
+ * not yet the default: measured on the H200 (ResNet-50, bf16, graph
+ * first), its forward took 8.8 ms per step against the legacy API's 15.6,
+ * but its backward on the float32 copies 51.3 against 43.0, and in
+ * bfloat16 itself slower still, so the whole step was no faster (1018
+ * samples/s against 1020). */
+enum conv_api { API_LEGACY, API_GRAPH, API_FASTEST };
+
+static enum conv_api conv_api(void)
 {
 #ifdef GP_HAVE_CUDNN_GRAPH
     const char *api = getenv("GP_CONV_API");
-    return api && strcmp(api, "graph") == 0;
-#else
-    return false;
+    if (api && !strcmp(api, "graph")) return API_GRAPH;
+    if (api && !strcmp(api, "fastest")) return API_FASTEST;
 #endif
+    return API_LEGACY;
 }
 
-/* The graph API's choice of each direction, where it has one. */
-static void choose_graphs(const struct conv_geom *g, struct conv_mode mode, struct algo_choice *ch)
+/* The graph API's choice of each direction (an empty name where it has
+ * none), its workspace and its measured time. */
+struct graph_choice {
+    char name[3][CONV_GRAPH_NAME];
+    size_t ws[3];
+    float ms[3];
+};
+
+static void choose_graphs(const struct conv_geom *g, struct conv_mode mode, struct graph_choice *gc)
 {
-    ch->graph_fwd[0] = ch->graph_data[0] = ch->graph_filter[0] = '\0';
-    if (!graph_api_wanted()) return;
+    memset(gc, 0, sizeof *gc);
     static const enum conv_graph_op ops[3] = {CONV_GRAPH_FPROP, CONV_GRAPH_DGRAD, CONV_GRAPH_WGRAD};
-    char *names[3] = {ch->graph_fwd, ch->graph_data, ch->graph_filter};
-    size_t *ws[3] = {&ch->ws_fwd, &ch->ws_data, &ch->ws_filter};
     for (int k = 0; k < 3; k++) {
         struct conv_graph_problem p;
         conv_graph_problem_of(g, mode, ops[k], &p);
         char why[256];
-        if (!conv_graph_choose(&p, ops[k], WS_CAP, names[k], CONV_GRAPH_NAME, ws[k], why, sizeof why))
-            names[k][0] = '\0';
+        if (!conv_graph_choose(&p, ops[k], WS_CAP, gc->name[k], CONV_GRAPH_NAME, &gc->ws[k], &gc->ms[k], why,
+                               sizeof why))
+            gc->name[k][0] = '\0';
     }
 }
 
-/* Chooses the three algorithms of the problem with handle h: the graph
- * API's where it has one, else the legacy API's. On failure *why says
- * which step found nothing. */
+/* Chooses the three algorithms of the problem with handle h, on the API
+ * conv_api() says. On failure *why says which step found nothing. */
 static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
                          struct algo_choice *ch, struct dnn_err *e, const char **why)
 {
     struct descs d;
     *why = NULL;
     memset(ch, 0, sizeof *ch);
-    choose_graphs(g, mode, ch);
+    enum conv_api api = conv_api();
+    struct graph_choice gc;
+    memset(&gc, 0, sizeof gc);
+    if (api != API_LEGACY) choose_graphs(g, mode, &gc);
+    /* The legacy API's measured times (-1: not measured, from its heuristics). */
+    float legacy_ms[3] = {-1, -1, -1};
+    /* "graph" asks the legacy API only where the graph API has nothing. */
+    bool skip[3];
+    for (int k = 0; k < 3; k++) skip[k] = api == API_GRAPH && gc.name[k][0];
     bool ok = conv_descs_create(g, mode.bf16, conv_base_math(mode), &d, e);
     int count = 0;
     bool found = false;
-    if (ok && !ch->graph_fwd[0]) {
+    if (ok && !skip[0]) {
         cudnnConvolutionFwdAlgoPerf_t perf[MAX_PERF];
         auto ws_of = [&](cudnnConvolutionFwdAlgo_t a, size_t *ws) {
             return cudnnGetConvolutionForwardWorkspaceSize(h, d.img, d.w, d.conv, d.col, a, ws) ==
@@ -320,7 +337,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
         /* Measured first (fastest first), then the heuristics' ranking. */
         if (cudnnFindConvolutionForwardAlgorithm(h, d.img, d.w, d.conv, d.col, MAX_PERF, &count, perf) ==
             CUDNN_STATUS_SUCCESS)
-            PICK(perf, count, mode, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, found);
+            PICK(perf, count, mode, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, legacy_ms[0], found);
         if (!found) {
             cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
             cudnnStatus_t st = cudnnGetConvolutionForwardAlgorithm_v7(h, d.img, d.w, d.conv, d.col, MAX_PERF,
@@ -328,12 +345,12 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             if (st != CUDNN_STATUS_SUCCESS) {
                 e->st = st, e->call = "cudnnGetConvolutionForwardAlgorithm_v7", ok = false;
             } else {
-                PICK(perf, count, mode, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, found);
+                PICK(perf, count, mode, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, legacy_ms[0], found);
                 if (!found) *why = "forward", ok = false;
             }
         }
     }
-    if (ok && !ch->graph_data[0]) {
+    if (ok && !skip[1]) {
         cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
         cudnnConvolutionBwdDataAlgoPerf_t perf[MAX_PERF];
         auto ws_of = [&](cudnnConvolutionBwdDataAlgo_t a, size_t *ws) {
@@ -342,7 +359,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
         };
         if (cudnnFindConvolutionBackwardDataAlgorithm(h, d.w, d.col, d.conv, d.img, MAX_PERF, &count, perf) ==
             CUDNN_STATUS_SUCCESS)
-            PICK(perf, count, mode, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, found);
+            PICK(perf, count, mode, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, legacy_ms[1], found);
         if (!found) {
             cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
             cudnnStatus_t st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.col, d.conv, d.img,
@@ -350,12 +367,12 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             if (st != CUDNN_STATUS_SUCCESS) {
                 e->st = st, e->call = "cudnnGetConvolutionBackwardDataAlgorithm_v7", ok = false;
             } else {
-                PICK(perf, count, mode, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, found);
+                PICK(perf, count, mode, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, legacy_ms[1], found);
                 if (!found) *why = "backward data", ok = false;
             }
         }
     }
-    if (ok && !ch->graph_filter[0]) {
+    if (ok && !skip[2]) {
         cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
         cudnnConvolutionBwdFilterAlgoPerf_t perf[MAX_PERF];
         auto ws_of = [&](cudnnConvolutionBwdFilterAlgo_t a, size_t *ws) {
@@ -364,7 +381,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
         };
         if (cudnnFindConvolutionBackwardFilterAlgorithm(h, d.img, d.col, d.conv, d.w, MAX_PERF, &count, perf) ==
             CUDNN_STATUS_SUCCESS)
-            PICK(perf, count, mode, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, found);
+            PICK(perf, count, mode, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, legacy_ms[2], found);
         if (!found) {
             cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
             cudnnStatus_t st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.img, d.col, d.conv, d.w,
@@ -372,12 +389,30 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             if (st != CUDNN_STATUS_SUCCESS) {
                 e->st = st, e->call = "cudnnGetConvolutionBackwardFilterAlgorithm_v7", ok = false;
             } else {
-                PICK(perf, count, mode, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, found);
+                PICK(perf, count, mode, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, legacy_ms[2], found);
                 if (!found) *why = "backward filter", ok = false;
             }
         }
     }
     conv_descs_destroy(&d);
+    /* The graph API's where it was asked first, or where it measured faster
+     * (or the legacy API has no measurement). Where the legacy API found
+     * nothing, a graph choice keeps the convolution running. */
+    char *names[3] = {ch->graph_fwd, ch->graph_data, ch->graph_filter};
+    size_t *ws[3] = {&ch->ws_fwd, &ch->ws_data, &ch->ws_filter};
+    bool any_graph = false;
+    for (int k = 0; k < 3; k++) {
+        if (!gc.name[k][0]) continue;
+        if (api == API_GRAPH || !ok || legacy_ms[k] < 0 || (gc.ms[k] >= 0 && gc.ms[k] <= legacy_ms[k])) {
+            memcpy(names[k], gc.name[k], CONV_GRAPH_NAME);
+            *ws[k] = gc.ws[k];
+            any_graph = true;
+        }
+    }
+    if (!ok && any_graph && names[0][0] && names[1][0] && names[2][0]) {
+        ok = true; /* the legacy API failed, but the graph API has all three */
+        *why = NULL;
+    }
     return ok;
 }
 

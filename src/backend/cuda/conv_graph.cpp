@@ -99,12 +99,14 @@ fe::error_t make_graph(cudnnHandle_t h, const conv_graph_problem *p, conv_graph_
     if (st.is_good()) st = g.graph.build_operation_graph(h);
     if (st.is_good()) st = g.graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
     if (!st.is_good()) return st;
-    /* Float32 accumulation always (reduced-precision reductions and inputs
-     * converted down are not what the backends compute); float32 without
-     * TF32 keeps float32 products and sums: no tensor cores, FFT or
-     * Winograd; deterministic unless asked otherwise. */
-    std::vector<fe::NumericalNote_t> banned = {fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION,
-                                               fe::NumericalNote_t::DOWN_CONVERT_INPUTS};
+    /* Float32 accumulation (reduced-precision reductions and inputs
+     * converted down are not what the backends compute) and deterministic
+     * engines, unless nondeterministic (--fast-conv: the fastest whatever
+     * its numerics, as PyTorch's benchmark mode, which bans only the
+     * down-conversion, chooses); float32 without TF32 keeps float32
+     * products and sums: no tensor cores, FFT or Winograd. */
+    std::vector<fe::NumericalNote_t> banned = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS};
+    if (!p->nondeterministic) banned.push_back(fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION);
     if (!p->bf16 && !p->tf32)
         banned.insert(banned.end(), {fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::FFT,
                                      fe::NumericalNote_t::WINOGRAD, fe::NumericalNote_t::WINOGRAD_TILE_4x4,
@@ -183,8 +185,10 @@ std::string problem_bytes(const conv_graph_problem *p)
 } // namespace
 
 extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_graph_op op, size_t ws_cap,
-                                  char *name, size_t name_size, size_t *ws, char *why, size_t why_size)
+                                  char *name, size_t name_size, size_t *ws, float *ms_out, char *why,
+                                  size_t why_size)
 {
+    *ms_out = -1;
     cudnnHandle_t h = nullptr;
     if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) {
         set_why(why, why_size, "cudnnCreate failed");
@@ -230,7 +234,7 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
     void *a = buf.get(a_bytes), *b = buf.get(b_bytes), *out = buf.get(out_bytes), *wsp = buf.get((size_t)max_ws);
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     bool timed = a && b && out && wsp && cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess;
-    if (timed && candidates.size() > 1) {
+    if (timed) {
         /* Without memory to measure in, the heuristics' first. */
         cudaStream_t stream = nullptr;
         cudnnGetStream(h, &stream);
@@ -258,6 +262,7 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
             }
             if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_ws = (size_t)workspaces[k];
         }
+        *ms_out = best_ms;
     }
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);

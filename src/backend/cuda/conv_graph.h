@@ -51,13 +51,16 @@ struct conv_graph_problem {
 
 /* Measures every engine configuration of `op` that keeps the problem's
  * rules (deterministic unless allowed; float32 semantics without tensor
- * cores for float32 without TF32: no FFT, Winograd or reduced precision;
- * never reduced-precision reductions or down-converted inputs) and whose
+ * cores for float32 without TF32: no FFT or Winograd; no reduced-precision
+ * reductions unless nondeterministic is allowed, which asks for the fastest
+ * whatever its numerics; never down-converted inputs) and whose
  * workspace is at most ws_cap, on buffers of its own on the current GPU.
- * name gets the fastest's, *ws its workspace. False, with *why, when the
+ * name gets the fastest's, *ws its workspace, *ms its time (milliseconds;
+ * -1 when nothing could be measured, the heuristics' first then). False,
+ * with *why, when the
  * graph API has none that runs (the caller stays on the legacy API). */
 bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_graph_op op, size_t ws_cap, char *name,
-                       size_t name_size, size_t *ws, char *why, size_t why_size);
+                       size_t name_size, size_t *ws, float *ms, char *why, size_t why_size);
 
 /* Runs `op` with the configuration `name` on handle h's stream: FPROP
  * col = conv(img: a, w: b); DGRAD img = dgrad(col: a, w: b); WGRAD
