@@ -104,6 +104,17 @@ gp_status gp_external_data_map(const char *model_dir, const char *location, int6
     return GP_OK;
 }
 
+bool gp_mapping_adopt(struct gp_mapping **list, void *addr, size_t len)
+{
+    struct gp_mapping *m = calloc(1, sizeof *m);
+    if (!m) return false;
+    m->addr = addr;
+    m->len = len;
+    m->next = *list;
+    *list = m;
+    return true;
+}
+
 void gp_external_data_release(struct gp_mapping *list)
 {
     while (list) {

@@ -3,6 +3,7 @@
 #ifndef GP_ONNX_EXTERNAL_DATA_H
 #define GP_ONNX_EXTERNAL_DATA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,6 +21,10 @@ struct gp_mapping;
 gp_status gp_external_data_map(const char *model_dir, const char *location, int64_t offset,
                                int64_t length, int64_t expected, const char *tensor,
                                struct gp_mapping **list, void **data, struct gp_error *err);
+
+/* Adds `len` bytes mapped at `addr` (by mmap, len > 0) to *list, which then
+ * unmaps them; false when out of memory (the caller keeps them). */
+bool gp_mapping_adopt(struct gp_mapping **list, void *addr, size_t len);
 
 void gp_external_data_release(struct gp_mapping *list);
 
