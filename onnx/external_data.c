@@ -89,7 +89,7 @@ gp_status gp_external_data_map(const char *model_dir, const char *location, int6
     long page = sysconf(_SC_PAGESIZE);
     int64_t start = offset - offset % page;
     size_t len = (size_t)(offset - start + length);
-    void *addr = len ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, start) : NULL;
+    void *addr = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, start) : NULL;
     close(fd);
     if (len && addr == MAP_FAILED) {
         free(m);

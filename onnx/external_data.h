@@ -15,7 +15,8 @@ struct gp_mapping;
  * `model_dir`. Refuses absolute paths and any path that resolves (symbolic
  * links included) outside the model's folder, offsets and lengths outside
  * the file, and lengths other than `expected` (when expected >= 0).
- * The mapping is copy-on-write (the file is never modified) and is added to
+ * The mapping is read-only and private (the file is never modified; a
+ * tensor that is a view of it must be copied before any write) and is added to
  * *list, which gp_external_data_release unmaps. `tensor` names the tensor in
  * messages. */
 gp_status gp_external_data_map(const char *model_dir, const char *location, int64_t offset,

@@ -3,6 +3,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 size_t gp_dtype_size(enum gp_dtype dtype)
 {
@@ -243,4 +245,16 @@ void gp_tensor_set_i64(struct gp_tensor *t, int64_t i, int64_t v)
     case GP_DTYPE_BOOL: ((uint8_t *)d)[i] = v != 0; return;
     default: gp_tensor_set_f64(t, i, (double)v); return;
     }
+}
+
+void gp_tensor_drop_view_pages(const struct gp_tensor *t)
+{
+    if (!t || !t->view || !t->nbytes) return;
+    /* Only pages wholly inside the view: the ones at its ends may hold a
+     * neighbour's bytes. Views are read-only private mappings of files, so
+     * dropping their pages loses nothing. */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)t->data + page - 1) / page * page;
+    uintptr_t hi = ((uintptr_t)t->data + t->nbytes) / page * page;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }

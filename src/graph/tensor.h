@@ -63,6 +63,11 @@ struct gp_tensor {
     bool view;
 };
 
+/* For a view: gives its whole pages back to the kernel (the file's
+ * unmodified pages, read again from the file if touched later); nothing for
+ * owned data. For weights already copied to where they are used. */
+void gp_tensor_drop_view_pages(const struct gp_tensor *t);
+
 /* Element i converted to double / int64 (for folding and reports); safe on
  * unaligned data. The setters need owned (not view) data. */
 double gp_tensor_get_f64(const struct gp_tensor *t, int64_t i);
