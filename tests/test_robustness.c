@@ -508,6 +508,50 @@ static void test_initializers_are_views(void **state)
     unlink(path);
 }
 
+/* The wire format's corners the raw_data pass must agree with protobuf on:
+ * raw_data given twice (the last counts), and a second graph field (merged
+ * into the first; such files are unpacked as they are, weights copied). */
+static void test_raw_data_wire_corners(void **state)
+{
+    (void)state;
+    struct model md;
+    model_init(&md, true);
+    for (int i = 0; i < 4; i++) md.w_data[i] = (float)(i + 1);
+    /* protobuf-c writes an unknown field as its tag and then `data`, which
+     * therefore begins with the length. */
+    float later[4] = {10, 20, 30, 40};
+    uint8_t field[1 + sizeof later] = {sizeof later};
+    memcpy(field + 1, later, sizeof later);
+    ProtobufCMessageUnknownField again = {.tag = 9, .wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED,
+                                          .len = sizeof field, .data = field};
+    md.w.base.n_unknown_fields = 1;
+    md.w.base.unknown_fields = &again;
+    struct gp_graph g;
+    struct gp_error err = {0};
+    uint8_t *bytes;
+    size_t size;
+    if (load_kept(&md, &g, &bytes, &size, &err) != GP_OK) fail_msg("%s", err.msg);
+    const struct gp_tensor *t = weight(&g);
+    assert_true(t->view);
+    for (int i = 0; i < 4; i++) assert_true(gp_tensor_get_f64(t, i) == later[i]);
+    gp_graph_free(&g);
+    free(bytes);
+
+    model_init(&md, true);
+    for (int i = 0; i < 4; i++) md.w_data[i] = (float)(i + 1);
+    uint8_t zero_length = 0;
+    ProtobufCMessageUnknownField empty_graph = {.tag = 7, .wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED,
+                                                .len = 1, .data = &zero_length};
+    md.m.base.n_unknown_fields = 1;
+    md.m.base.unknown_fields = &empty_graph;
+    if (load_kept(&md, &g, &bytes, &size, &err) != GP_OK) fail_msg("%s", err.msg);
+    t = weight(&g);
+    assert_false(t->view);
+    for (int i = 0; i < 4; i++) assert_true(gp_tensor_get_f64(t, i) == i + 1);
+    gp_graph_free(&g);
+    free(bytes);
+}
+
 /* A raw_data whose length runs past the file, or a file cut inside it, is a
  * parse error with a message, never a read out of the mapping. */
 static void test_raw_data_out_of_range(void **state)
@@ -592,6 +636,7 @@ int main(void)
         cmocka_unit_test(test_baked_batch_reshape),
         cmocka_unit_test(test_initializers_are_views),
         cmocka_unit_test(test_raw_data_out_of_range),
+        cmocka_unit_test(test_raw_data_wire_corners),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
