@@ -89,7 +89,7 @@ gp_status gp_external_data_map(const char *model_dir, const char *location, int6
     long page = sysconf(_SC_PAGESIZE);
     int64_t start = offset - offset % page;
     size_t len = (size_t)(offset - start + length);
-    void *addr = len ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, start) : NULL;
+    void *addr = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, start) : NULL;
     close(fd);
     if (len && addr == MAP_FAILED) {
         free(m);
@@ -102,6 +102,17 @@ gp_status gp_external_data_map(const char *model_dir, const char *location, int6
     *list = m;
     *data = len ? (char *)addr + (offset - start) : NULL;
     return GP_OK;
+}
+
+bool gp_mapping_adopt(struct gp_mapping **list, void *addr, size_t len)
+{
+    struct gp_mapping *m = calloc(1, sizeof *m);
+    if (!m) return false;
+    m->addr = addr;
+    m->len = len;
+    m->next = *list;
+    *list = m;
+    return true;
 }
 
 void gp_external_data_release(struct gp_mapping *list)

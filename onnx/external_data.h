@@ -3,6 +3,7 @@
 #ifndef GP_ONNX_EXTERNAL_DATA_H
 #define GP_ONNX_EXTERNAL_DATA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,12 +15,17 @@ struct gp_mapping;
  * `model_dir`. Refuses absolute paths and any path that resolves (symbolic
  * links included) outside the model's folder, offsets and lengths outside
  * the file, and lengths other than `expected` (when expected >= 0).
- * The mapping is copy-on-write (the file is never modified) and is added to
+ * The mapping is read-only and private (the file is never modified; a
+ * tensor that is a view of it must be copied before any write) and is added to
  * *list, which gp_external_data_release unmaps. `tensor` names the tensor in
  * messages. */
 gp_status gp_external_data_map(const char *model_dir, const char *location, int64_t offset,
                                int64_t length, int64_t expected, const char *tensor,
                                struct gp_mapping **list, void **data, struct gp_error *err);
+
+/* Adds `len` bytes mapped at `addr` (by mmap, len > 0) to *list, which then
+ * unmaps them; false when out of memory (the caller keeps them). */
+bool gp_mapping_adopt(struct gp_mapping **list, void *addr, size_t len);
 
 void gp_external_data_release(struct gp_mapping *list);
 

@@ -5,12 +5,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "graph/build.h"
 #include "onnx.pb-c.h"
+#include "onnx/external_data.h"
 #include "onnx/tensor_proto.h"
+#include "onnx/wire.h"
 
 /* Files larger than this must use external data (protobuf's own limit is 2 GiB). */
 #define GP_MAX_MODEL_BYTES ((size_t)2 << 30)
@@ -57,7 +60,7 @@ static gp_status add_attr(struct gp_graph *g, int node, const Onnx__AttributePro
         if (!ap->t)
             return gp_error_set(err, GP_ERR_INVALID, "node '%s': tensor attribute '%s' is empty",
                                 nname, ap->name);
-        GP_TRY(gp_onnx_tensor(g, ap->t, &a->t, err));
+        GP_TRY(gp_onnx_tensor(g, ap->t, false, &a->t, err));
         break;
     case GP_ATTR_FLOATS:
         a->count = (int64_t)ap->n_floats;
@@ -144,8 +147,10 @@ static bool is_initializer_name(const Onnx__GraphProto *gp, const char *name)
     return false;
 }
 
+/* `borrow`: the initializers' raw_data lie in the mapped model file, which
+ * the graph keeps (see load_bytes). */
 static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int64_t batch,
-                             struct gp_error *err)
+                             bool borrow, struct gp_error *err)
 {
     const Onnx__GraphProto *gp = mp->graph;
     if (!gp) return gp_error_set(err, GP_ERR_INVALID, "the model has no graph");
@@ -202,7 +207,7 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
         if (!tp->name || !*tp->name)
             return gp_error_set(err, GP_ERR_INVALID, "initializer %zu has no name", i);
         struct gp_tensor *t = NULL;
-        GP_TRY(gp_onnx_tensor(g, tp, &t, err));
+        GP_TRY(gp_onnx_tensor(g, tp, borrow, &t, err));
         GP_TRY(gp_graph_add_initializer(g, tp->name, t, err));
     }
     for (size_t i = 0; i < gp->n_input; i++) {
@@ -233,21 +238,73 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
     return gp_graph_finalize(g, err);
 }
 
+/* Unpacks the model without its initializers' raw_data (onnx/wire.h), then
+ * points each initializer at its bytes in `data`. With `mapping` (the whole
+ * file mapped by gp_onnx_load, `data` itself), the initializers stay views
+ * of it and the graph takes the mapping over on success; otherwise `data` is
+ * the caller's and they are copied. Files the pass does not handle are
+ * unpacked as they are, with protobuf-c copying the weights as before. */
 static gp_status load_bytes(const void *data, size_t size, const char *path, const char *dir,
-                            int64_t batch, struct gp_graph *g, struct gp_error *err)
+                            int64_t batch, bool mapping, struct gp_graph *g, bool *kept,
+                            struct gp_error *err)
 {
     memset(g, 0, sizeof *g);
-    Onnx__ModelProto *mp = onnx__model_proto__unpack(NULL, size, data);
-    if (!mp)
+    *kept = false;
+    uint8_t *stripped = NULL;
+    size_t stripped_size = 0, n_refs = 0;
+    struct gp_raw_ref *refs = NULL;
+    enum gp_wire_result wr = gp_wire_strip_raw_data(data, size, &stripped, &stripped_size, &refs,
+                                                    &n_refs);
+    if (wr == GP_WIRE_NOMEM)
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory reading the model (%zu bytes)", size);
+    Onnx__ModelProto *mp = wr == GP_WIRE_STRIPPED
+                               ? onnx__model_proto__unpack(NULL, stripped_size, stripped)
+                               : onnx__model_proto__unpack(NULL, size, data);
+    free(stripped);
+    if (!mp) {
+        free(refs);
         return gp_error_set(err, GP_ERR_PARSE,
                             "not a valid ONNX model: the protobuf is malformed or truncated "
                             "(%zu bytes)",
                             size);
+    }
+    /* The pass counts the initializers as protobuf-c does; should they ever
+     * differ, the file is unpacked as it is and nothing is lent. */
+    bool lent = wr == GP_WIRE_STRIPPED;
+    if (lent && (!mp->graph || mp->graph->n_initializer != n_refs)) {
+        onnx__model_proto__free_unpacked(mp, NULL);
+        lent = false;
+        mp = onnx__model_proto__unpack(NULL, size, data);
+        if (!mp) {
+            free(refs);
+            return gp_error_set(err, GP_ERR_PARSE, "not a valid ONNX model: the protobuf is "
+                                                   "malformed or truncated (%zu bytes)", size);
+        }
+    }
+    for (size_t i = 0; lent && i < n_refs; i++) {
+        Onnx__TensorProto *tp = mp->graph->initializer[i];
+        if (!refs[i].present) continue;
+        tp->has_raw_data = 1;
+        tp->raw_data.len = refs[i].length;
+        tp->raw_data.data = (uint8_t *)data + refs[i].offset;
+    }
     /* build_graph's gp_graph_init clears g; pass the paths through it. */
     g->path = path;
     g->dir = dir;
-    gp_status st = build_graph(mp, g, batch, err);
+    gp_status st = build_graph(mp, g, batch, lent && mapping, err);
+    /* The lent bytes are not protobuf-c's to free. */
+    for (size_t i = 0; lent && i < n_refs; i++) {
+        if (!refs[i].present) continue;
+        mp->graph->initializer[i]->has_raw_data = 0;
+        mp->graph->initializer[i]->raw_data.len = 0;
+        mp->graph->initializer[i]->raw_data.data = NULL;
+    }
+    free(refs);
     onnx__model_proto__free_unpacked(mp, NULL);
+    if (st == GP_OK && lent && mapping) {
+        if (gp_mapping_adopt(&g->mappings, (void *)data, size)) *kept = true;
+        else st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    }
     if (st != GP_OK) gp_graph_free(g);
     return st;
 }
@@ -255,7 +312,8 @@ static gp_status load_bytes(const void *data, size_t size, const char *path, con
 gp_status gp_onnx_load_buffer(const void *data, size_t size, const char *dir, int64_t batch,
                               struct gp_graph *g, struct gp_error *err)
 {
-    return load_bytes(data, size, NULL, dir, batch, g, err);
+    bool kept;
+    return load_bytes(data, size, NULL, dir, batch, false, g, &kept, err);
 }
 
 gp_status gp_onnx_load(const char *path, int64_t batch, struct gp_graph *g, struct gp_error *err)
@@ -276,34 +334,25 @@ gp_status gp_onnx_load(const char *path, int64_t batch, struct gp_graph *g, stru
                             "external data",
                             path, (long long)st.st_size);
     }
+    /* Mapped, not read: the weights stay in the page cache and the
+     * initializers point into it (read-only: nothing writes to a view). */
     size_t size = (size_t)st.st_size;
-    unsigned char *buf = malloc(size ? size : 1);
-    if (!buf) {
-        close(fd);
-        return gp_error_set(err, GP_ERR_NOMEM, "out of memory reading '%s'", path);
-    }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
+    static const unsigned char empty[1];
+    void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : (void *)empty;
     close(fd);
-    if (got != size) {
-        free(buf);
-        return gp_error_set(err, GP_ERR_IO, "cannot read '%s'", path);
-    }
+    if (map == MAP_FAILED)
+        return gp_error_set(err, GP_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
     char *dir = strdup(path);
     if (!dir) {
-        free(buf);
+        if (size) munmap(map, size);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     }
     char *slash = strrchr(dir, '/');
     if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
     else strcpy(dir, ".");
-    gp_status s = load_bytes(buf, size, path, dir, batch, g, err);
-    free(buf);
+    bool kept = false;
+    gp_status s = load_bytes(map, size, path, dir, batch, size > 0, g, &kept, err);
+    if (!kept && size) munmap(map, size);
     free(dir);
     gp_error_prefix(err, "%s: ", path);
     return s;

@@ -73,19 +73,15 @@ static gp_status map_external(struct gp_graph *g, const Onnx__TensorProto *tp, s
     void *data = NULL;
     GP_TRY(gp_external_data_map(g->dir ? g->dir : ".", location, offset, length, (int64_t)t->nbytes,
                                 tensor_name(tp), &g->mappings, &data, err));
-    /* A window at an offset that is not a multiple of the element size would
-     * make every access unaligned: copy such data instead. */
-    if (((uintptr_t)data % 64) != 0 && t->nbytes) {
-        void *copy = gp_arena_memdup(&g->arena, data, t->nbytes);
-        if (!copy) return gp_error_set(err, GP_ERR_NOMEM, "out of memory reading '%s'", tensor_name(tp));
-        data = copy;
-    }
+    /* Kept a view even when unaligned: every reader of constant data goes
+     * through memcpy or the alignment-safe accessors (graph/tensor.h). */
     t->data = data;
+    t->view = data != NULL;
     return GP_OK;
 }
 
-gp_status gp_onnx_tensor(struct gp_graph *g, const Onnx__TensorProto *tp, struct gp_tensor **out,
-                         struct gp_error *err)
+gp_status gp_onnx_tensor(struct gp_graph *g, const Onnx__TensorProto *tp, bool borrow,
+                         struct gp_tensor **out, struct gp_error *err)
 {
     const char *name = tensor_name(tp);
     enum gp_dtype dtype = (enum gp_dtype)(tp->has_data_type ? tp->data_type : 0);
@@ -121,10 +117,16 @@ gp_status gp_onnx_tensor(struct gp_graph *g, const Onnx__TensorProto *tp, struct
             return gp_error_set(err, GP_ERR_INVALID,
                                 "tensor '%s': raw_data holds %zu bytes but its %s shape needs %zu",
                                 name, tp->raw_data.len, gp_dtype_name(dtype), t->nbytes);
-        /* Copied so the protobuf can be freed after loading. raw_data is
-         * little-endian, as is every host this program targets. */
-        t->data = gp_arena_memdup(&g->arena, tp->raw_data.data, t->nbytes);
-        if (!t->data) return gp_error_set(err, GP_ERR_NOMEM, "out of memory reading '%s'", name);
+        /* raw_data is little-endian, as is every host this program targets.
+         * Borrowed, it stays in the mapped file; otherwise it is copied so
+         * the protobuf can be freed after loading. */
+        if (borrow && t->nbytes) {
+            t->data = tp->raw_data.data;
+            t->view = true;
+        } else {
+            t->data = gp_arena_memdup(&g->arena, tp->raw_data.data, t->nbytes);
+            if (!t->data) return gp_error_set(err, GP_ERR_NOMEM, "out of memory reading '%s'", name);
+        }
     } else {
         t->data = gp_arena_alloc(&g->arena, t->nbytes);
         if (!t->data) return gp_error_set(err, GP_ERR_NOMEM, "out of memory reading '%s'", name);

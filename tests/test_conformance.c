@@ -390,9 +390,9 @@ static gp_status tensor_for(struct gp_graph *g, const Onnx__TensorProto *tp, enu
     if (want == GP_DTYPE_BFLOAT16 && tp->has_data_type && tp->data_type == GP_DTYPE_UINT16) {
         Onnx__TensorProto copy = *tp;
         copy.data_type = GP_DTYPE_BFLOAT16;
-        return gp_onnx_tensor(g, &copy, out, err);
+        return gp_onnx_tensor(g, &copy, false, out, err);
     }
-    return gp_onnx_tensor(g, tp, out, err);
+    return gp_onnx_tensor(g, tp, false, out, err);
 }
 
 /* Training mode when a node asks for it (BatchNormalization training_mode). */

@@ -14,6 +14,7 @@
 
 #include "fixtures.h"
 #include "onnx.pb-c.h"
+#include "graph/build.h"
 #include "onnx/load.h"
 
 /* ---- corrupted fixtures ---- */
@@ -441,6 +442,161 @@ static void test_external_data(void **state)
     unlink(link_path);
 }
 
+/* Packs the model into `dir`/model.onnx and loads it into *g (kept). */
+static gp_status load_kept(struct model *md, struct gp_graph *g, uint8_t **bytes, size_t *size,
+                           struct gp_error *err)
+{
+    *size = onnx__model_proto__get_packed_size(&md->m);
+    *bytes = malloc(*size + 1);
+    onnx__model_proto__pack(&md->m, *bytes);
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.onnx", dir);
+    assert_int_equal(write_whole(path, *bytes, *size), 0);
+    gp_status st = gp_onnx_load(path, 2, g, err);
+    unlink(path);
+    return st;
+}
+
+static const struct gp_tensor *weight(const struct gp_graph *g)
+{
+    int id = gp_graph_lookup(g, "w");
+    assert_true(id >= 0);
+    assert_non_null(g->values[id].constant);
+    return g->values[id].constant;
+}
+
+/* Loaded from a file, initializers are views of the mapped file (raw_data)
+ * or of the external data file, whatever their alignment, and read right;
+ * loaded from a caller's buffer, they are copies. */
+static void test_initializers_are_views(void **state)
+{
+    (void)state;
+    struct model md;
+    model_init(&md, true);
+    for (int i = 0; i < 4; i++) md.w_data[i] = 0.5f + (float)i;
+    struct gp_graph g;
+    struct gp_error err = {0};
+    uint8_t *bytes;
+    size_t size;
+    if (load_kept(&md, &g, &bytes, &size, &err) != GP_OK) fail_msg("%s", err.msg);
+    const struct gp_tensor *t = weight(&g);
+    assert_true(t->view);
+    for (int i = 0; i < 4; i++) assert_true(gp_tensor_get_f64(t, i) == 0.5 + i);
+    gp_graph_free(&g);
+    if (gp_onnx_load_buffer(bytes, size, NULL, 2, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+    t = weight(&g);
+    assert_false(t->view);
+    for (int i = 0; i < 4; i++) assert_true(gp_tensor_get_f64(t, i) == 0.5 + i);
+    gp_graph_free(&g);
+    free(bytes);
+
+    /* External data at an offset that is no multiple of 4: still a view. */
+    char path[600];
+    unsigned char file[24] = {0};
+    float w[4] = {1, 2, 3, 4};
+    memcpy(file + 3, w, sizeof w);
+    snprintf(path, sizeof path, "%s/unaligned.bin", dir);
+    assert_int_equal(write_whole(path, file, sizeof file), 0);
+    model_init(&md, true);
+    set_external(&md, "unaligned.bin", "3", "16");
+    if (load_kept(&md, &g, &bytes, &size, &err) != GP_OK) fail_msg("%s", err.msg);
+    t = weight(&g);
+    assert_true(t->view);
+    for (int i = 0; i < 4; i++) assert_true(gp_tensor_get_f64(t, i) == 1.0 + i);
+    gp_graph_free(&g);
+    free(bytes);
+    unlink(path);
+}
+
+/* The wire format's corners the raw_data pass must agree with protobuf on:
+ * raw_data given twice (the last counts), and a second graph field (merged
+ * into the first; such files are unpacked as they are, weights copied). */
+static void test_raw_data_wire_corners(void **state)
+{
+    (void)state;
+    struct model md;
+    model_init(&md, true);
+    for (int i = 0; i < 4; i++) md.w_data[i] = (float)(i + 1);
+    /* protobuf-c writes an unknown field as its tag and then `data`, which
+     * therefore begins with the length. */
+    float later[4] = {10, 20, 30, 40};
+    uint8_t field[1 + sizeof later] = {sizeof later};
+    memcpy(field + 1, later, sizeof later);
+    ProtobufCMessageUnknownField again = {.tag = 9, .wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED,
+                                          .len = sizeof field, .data = field};
+    md.w.base.n_unknown_fields = 1;
+    md.w.base.unknown_fields = &again;
+    struct gp_graph g;
+    struct gp_error err = {0};
+    uint8_t *bytes;
+    size_t size;
+    if (load_kept(&md, &g, &bytes, &size, &err) != GP_OK) fail_msg("%s", err.msg);
+    const struct gp_tensor *t = weight(&g);
+    assert_true(t->view);
+    for (int i = 0; i < 4; i++) assert_true(gp_tensor_get_f64(t, i) == later[i]);
+    gp_graph_free(&g);
+    free(bytes);
+
+    model_init(&md, true);
+    for (int i = 0; i < 4; i++) md.w_data[i] = (float)(i + 1);
+    uint8_t zero_length = 0;
+    ProtobufCMessageUnknownField empty_graph = {.tag = 7, .wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED,
+                                                .len = 1, .data = &zero_length};
+    md.m.base.n_unknown_fields = 1;
+    md.m.base.unknown_fields = &empty_graph;
+    if (load_kept(&md, &g, &bytes, &size, &err) != GP_OK) fail_msg("%s", err.msg);
+    t = weight(&g);
+    assert_false(t->view);
+    for (int i = 0; i < 4; i++) assert_true(gp_tensor_get_f64(t, i) == i + 1);
+    gp_graph_free(&g);
+    free(bytes);
+}
+
+/* A raw_data whose length runs past the file, or a file cut inside it, is a
+ * parse error with a message, never a read out of the mapping. */
+static void test_raw_data_out_of_range(void **state)
+{
+    (void)state;
+    struct model md;
+    model_init(&md, true);
+    for (int i = 0; i < 4; i++) md.w_data[i] = (float)(i + 1);
+    size_t size = onnx__model_proto__get_packed_size(&md.m);
+    uint8_t *bytes = malloc(size);
+    onnx__model_proto__pack(&md.m, bytes);
+    /* raw_data is field 9, length-delimited (tag 0x4a), 16 bytes (0x10). */
+    size_t at = 0;
+    for (size_t i = 2; i + 16 <= size; i++)
+        if (bytes[i - 2] == 0x4a && bytes[i - 1] == 0x10 && !memcmp(bytes + i, md.w_data, 16)) at = i;
+    assert_true(at > 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.onnx", dir);
+    const uint8_t lengths[] = {0x11, 0x7f};
+    for (size_t k = 0; k < sizeof lengths; k++) {
+        uint8_t keep = bytes[at - 1];
+        bytes[at - 1] = lengths[k];
+        assert_int_equal(write_whole(path, bytes, size), 0);
+        struct gp_graph g;
+        struct gp_error err = {0};
+        gp_status st = gp_onnx_load(path, 2, &g, &err);
+        if (st == GP_OK) gp_graph_free(&g);
+        assert_int_not_equal(st, GP_OK);
+        if (!strstr(err.msg, "malformed or truncated") && !strstr(err.msg, "raw_data holds"))
+            fail_msg("length %u: unclear message '%s'", (unsigned)lengths[k], err.msg);
+        bytes[at - 1] = keep;
+    }
+    for (size_t cut = at - 1; cut < at + 16; cut++) {
+        assert_int_equal(write_whole(path, bytes, cut), 0);
+        struct gp_graph g;
+        struct gp_error err = {0};
+        gp_status st = gp_onnx_load(path, 2, &g, &err);
+        if (st == GP_OK) gp_graph_free(&g);
+        assert_int_equal(st, GP_ERR_PARSE);
+        assert_non_null(strstr(err.msg, "malformed or truncated"));
+    }
+    unlink(path);
+    free(bytes);
+}
+
 /* A Reshape target that baked in the export-time batch (2) cannot hold a
  * batch of 2 with another size... here the file declares batch 3 at export
  * and the target [3, 4]: loading at batch 2 must explain the fix. */
@@ -478,6 +634,9 @@ int main(void)
         cmocka_unit_test(test_unknown_ops_named),
         cmocka_unit_test(test_external_data),
         cmocka_unit_test(test_baked_batch_reshape),
+        cmocka_unit_test(test_initializers_are_views),
+        cmocka_unit_test(test_raw_data_out_of_range),
+        cmocka_unit_test(test_raw_data_wire_corners),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

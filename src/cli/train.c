@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -652,6 +653,14 @@ int gp_cmd_train(int argc, char **argv)
     }
     /* Only what was written is reported saved. */
     if (st == GP_OK && status == GP_EXIT_OK && cfg.save_path && !quiet) fprintf(stderr, "saved %s\n", cfg.save_path);
+    /* The host's high-water mark over the whole run (loading, data, the
+     * staging of weights for devices): what a machine must have free. */
+    struct rusage ru;
+    if (st == GP_OK && !quiet && getrusage(RUSAGE_SELF, &ru) == 0) {
+        char b[32];
+        fprintf(stderr, "host peak resident memory %s\n",
+                gp_cli_bytes((int64_t)ru.ru_maxrss * 1024, b, sizeof b)); /* Linux: KiB */
+    }
 done:
     for (int k = 0; k < 4; k++) {
         gp_npy_free(&arrays[k]);

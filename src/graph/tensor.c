@@ -3,6 +3,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 size_t gp_dtype_size(enum gp_dtype dtype)
 {
@@ -152,15 +154,34 @@ uint16_t gp_float_to_bf16(float f)
     return (uint16_t)(x >> 16);
 }
 
+/* Loads through memcpy: initializers that are views of the model file may
+ * sit at any address, and a misaligned typed load is undefined behaviour
+ * (and faults once the compiler vectorizes it). */
+#define DEFINE_LOAD(name, type)                                            \
+    static type name(const void *d, int64_t i)                             \
+    {                                                                      \
+        type v;                                                            \
+        memcpy(&v, (const unsigned char *)d + (size_t)i * sizeof v, sizeof v); \
+        return v;                                                          \
+    }
+DEFINE_LOAD(load_f32, float)
+DEFINE_LOAD(load_f64, double)
+DEFINE_LOAD(load_u16, uint16_t)
+DEFINE_LOAD(load_i16, int16_t)
+DEFINE_LOAD(load_i32, int32_t)
+DEFINE_LOAD(load_u32, uint32_t)
+DEFINE_LOAD(load_i64, int64_t)
+DEFINE_LOAD(load_u64, uint64_t)
+
 double gp_tensor_get_f64(const struct gp_tensor *t, int64_t i)
 {
     const void *d = t->data;
     switch (t->dtype) {
-    case GP_DTYPE_FLOAT32: return ((const float *)d)[i];
-    case GP_DTYPE_FLOAT64: return ((const double *)d)[i];
-    case GP_DTYPE_FLOAT16: return gp_half_to_float(((const uint16_t *)d)[i]);
-    case GP_DTYPE_BFLOAT16: return gp_bf16_to_float(((const uint16_t *)d)[i]);
-    case GP_DTYPE_UINT64: return (double)((const uint64_t *)d)[i];
+    case GP_DTYPE_FLOAT32: return load_f32(d, i);
+    case GP_DTYPE_FLOAT64: return load_f64(d, i);
+    case GP_DTYPE_FLOAT16: return gp_half_to_float(load_u16(d, i));
+    case GP_DTYPE_BFLOAT16: return gp_bf16_to_float(load_u16(d, i));
+    case GP_DTYPE_UINT64: return (double)load_u64(d, i);
     default: return (double)gp_tensor_get_i64(t, i);
     }
 }
@@ -171,12 +192,12 @@ int64_t gp_tensor_get_i64(const struct gp_tensor *t, int64_t i)
     switch (t->dtype) {
     case GP_DTYPE_UINT8: return ((const uint8_t *)d)[i];
     case GP_DTYPE_INT8: return ((const int8_t *)d)[i];
-    case GP_DTYPE_UINT16: return ((const uint16_t *)d)[i];
-    case GP_DTYPE_INT16: return ((const int16_t *)d)[i];
-    case GP_DTYPE_INT32: return ((const int32_t *)d)[i];
-    case GP_DTYPE_INT64: return ((const int64_t *)d)[i];
-    case GP_DTYPE_UINT32: return ((const uint32_t *)d)[i];
-    case GP_DTYPE_UINT64: return (int64_t)((const uint64_t *)d)[i];
+    case GP_DTYPE_UINT16: return load_u16(d, i);
+    case GP_DTYPE_INT16: return load_i16(d, i);
+    case GP_DTYPE_INT32: return load_i32(d, i);
+    case GP_DTYPE_INT64: return load_i64(d, i);
+    case GP_DTYPE_UINT32: return load_u32(d, i);
+    case GP_DTYPE_UINT64: return (int64_t)load_u64(d, i);
     case GP_DTYPE_BOOL: return ((const uint8_t *)d)[i] != 0;
     default: {
         double v = gp_tensor_get_f64(t, i);
@@ -224,4 +245,16 @@ void gp_tensor_set_i64(struct gp_tensor *t, int64_t i, int64_t v)
     case GP_DTYPE_BOOL: ((uint8_t *)d)[i] = v != 0; return;
     default: gp_tensor_set_f64(t, i, (double)v); return;
     }
+}
+
+void gp_tensor_drop_view_pages(const struct gp_tensor *t)
+{
+    if (!t || !t->view || !t->nbytes) return;
+    /* Only pages wholly inside the view: the ones at its ends may hold a
+     * neighbour's bytes. Views are read-only private mappings of files, so
+     * dropping their pages loses nothing. */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)t->data + page - 1) / page * page;
+    uintptr_t hi = ((uintptr_t)t->data + t->nbytes) / page * page;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }

@@ -50,16 +50,26 @@ bool gp_shape_check(const struct gp_shape *shape, size_t elem_size);
 char *gp_shape_format(const struct gp_shape *shape, char *buf, size_t size);
 
 /* A tensor whose value is known at load time: an initializer or the result of
- * constant folding. `data` is either arena memory or a window into a
- * memory-mapped external data file; either way the graph owns it. */
+ * constant folding. `data` is either arena memory or, when `view` is set, a
+ * window into the memory-mapped model file or an external data file; either
+ * way the graph owns it. A view is read-only and may be unaligned (raw_data
+ * lies wherever protobuf put it): read it through the accessors below or
+ * memcpy, and copy it into owned memory before writing to it. */
 struct gp_tensor {
     enum gp_dtype dtype;
     struct gp_shape shape;
     void *data;
     size_t nbytes;
+    bool view;
 };
 
-/* Element i converted to double / int64 (for folding and reports). */
+/* For a view: gives its whole pages back to the kernel (the file's
+ * unmodified pages, read again from the file if touched later); nothing for
+ * owned data. For weights already copied to where they are used. */
+void gp_tensor_drop_view_pages(const struct gp_tensor *t);
+
+/* Element i converted to double / int64 (for folding and reports); safe on
+ * unaligned data. The setters need owned (not view) data. */
 double gp_tensor_get_f64(const struct gp_tensor *t, int64_t i);
 int64_t gp_tensor_get_i64(const struct gp_tensor *t, int64_t i);
 void gp_tensor_set_f64(struct gp_tensor *t, int64_t i, double v);

@@ -90,26 +90,39 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
 }
 
 /* Static values start from the model (floats become float32), written on
- * the host and copied to the device once. */
+ * the host a chunk at a time and copied to the device: the host holds one
+ * chunk, not the whole block, beside the model's weights; and the pages of
+ * weights that are views of the model file are given back once uploaded. */
 static gp_status upload_static(struct gp_pipeline *p, struct stage *s, struct gp_error *err)
 {
     const struct gp_graph *g = p->g;
     if (!s->plan.static_bytes) return GP_OK;
-    unsigned char *host = calloc(1, s->plan.static_bytes);
+    size_t chunk = s->plan.static_bytes < ((size_t)64 << 20) ? s->plan.static_bytes : (size_t)64 << 20;
+    unsigned char *host = malloc(chunk);
     if (!host) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
-    for (int v = 0; v < g->n_values; v++) {
+    struct gp_task_tag tag = {.kind = GP_TASK_COPY, .stage = -1, .microbatch = -1, .name = "load parameters"};
+    gp_status st = GP_OK;
+    for (int v = 0; v < g->n_values && st == GP_OK; v++) {
         if (s->plan.home[v] != GP_HOME_STATIC) continue;
         const struct gp_value *val = &g->values[v];
-        void *dst = host + s->plan.off[v];
-        int64_t n = gp_shape_numel(&val->shape);
-        if (gp_dtype_is_float(val->dtype))
-            for (int64_t e = 0; e < n; e++) ((float *)dst)[e] = (float)gp_tensor_get_f64(val->constant, e);
-        else
-            memcpy(dst, val->constant->data, (size_t)n * gp_dtype_size(val->dtype));
+        bool f = gp_dtype_is_float(val->dtype);
+        size_t es = f ? sizeof(float) : gp_dtype_size(val->dtype);
+        int64_t n = gp_shape_numel(&val->shape), per = (int64_t)(chunk / es);
+        for (int64_t e0 = 0; e0 < n && st == GP_OK; e0 += per) {
+            int64_t e1 = n - e0 < per ? n : e0 + per;
+            if (f)
+                for (int64_t e = e0; e < e1; e++)
+                    ((float *)host)[e - e0] = (float)gp_tensor_get_f64(val->constant, e);
+            else
+                memcpy(host, (const unsigned char *)val->constant->data + (size_t)e0 * es,
+                       (size_t)(e1 - e0) * es);
+            s->ops->copy(s->compute, (unsigned char *)s->static_block + s->plan.off[v] + (size_t)e0 * es,
+                         host, (size_t)(e1 - e0) * es, &tag);
+            /* The chunk is reused: the copy must have read it. */
+            st = s->ops->stream_synchronize(s->compute, err);
+        }
+        if (st == GP_OK) gp_tensor_drop_view_pages(val->constant);
     }
-    struct gp_task_tag tag = {.kind = GP_TASK_COPY, .stage = -1, .microbatch = -1, .name = "load parameters"};
-    s->ops->copy(s->compute, s->static_block, host, s->plan.static_bytes, &tag);
-    gp_status st = s->ops->stream_synchronize(s->compute, err);
     free(host);
     return st;
 }
