@@ -50,8 +50,9 @@ static void make_new_values(const struct gp_graph *g, struct new_values *nv)
         if (!val->is_initializer || !val->constant || val->dtype != GP_DTYPE_FLOAT32) continue;
         int64_t n = gp_shape_numel(&val->shape);
         float *d = malloc(sizeof(float) * (size_t)(n + 1));
-        const float *old = val->constant->data;
-        for (int64_t i = 0; i < n; i++) d[i] = old[i] * 1.5f + (float)(i % 7) * 0.125f - 0.25f;
+        /* Initializers may be views of the model file at any address. */
+        memcpy(d, val->constant->data, sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) d[i] = d[i] * 1.5f + (float)(i % 7) * 0.125f - 0.25f;
         nv->data[nv->n] = d;
         nv->t[nv->n] = (struct gp_saved_tensor){.name = val->name, .data = d, .shape = val->shape};
         nv->n++;
