@@ -230,6 +230,53 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
             PICK_LEVEL(perf, count, mode, level_, conv, ws_of, out_algo, out_math, out_ws, out_ms, found); \
     } while (0)
 
+/* ---- reporting (GP_CONV_VERBOSE) ---- */
+
+/* GP_CONV_VERBOSE=1 prints each choice on stderr, one "conv-choice" line
+ * per problem, per candidate cuDNN measured and per direction chosen, so
+ * that a slow layer can be traced to its algorithm and compared with what
+ * PyTorch runs for the same problem (bench/conv_torch.py reads these). */
+bool conv_verbose(void)
+{
+    const char *v = getenv("GP_CONV_VERBOSE");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+static const char *mode_name(struct conv_mode m) { return m.bf16 ? "bf16" : m.tf32 ? "tf32" : "fp32"; }
+
+static void dims_text(char *out, size_t size, const int64_t *v, int n)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n && len < size; i++)
+        len += (size_t)snprintf(out + len, size - len, i ? "x%lld" : "%lld", (long long)v[i]);
+}
+
+static void report_problem(const struct conv_geom *g, struct conv_mode mode)
+{
+    char img[64], col[64], k[32], s[32], q[32], d[32];
+    dims_text(img, sizeof img, g->imgb, g->ns);
+    dims_text(col, sizeof col, g->col, g->ns);
+    dims_text(k, sizeof k, g->k, g->ns);
+    dims_text(s, sizeof s, g->s, g->ns);
+    dims_text(q, sizeof q, g->q, g->ns);
+    dims_text(d, sizeof d, g->d, g->ns);
+    fprintf(stderr,
+            "conv-choice problem n=%lld img_ch=%lld img=%s col_ch=%lld col=%s k=%s s=%s q=%s d=%s group=%lld "
+            "transpose=%d direct=%d mode=%s fast=%d\n",
+            (long long)g->n, (long long)g->img_ch, img, (long long)g->col_ch, col, k, s, q, d, (long long)g->group,
+            (int)g->transpose, (int)g->direct, mode_name(mode), (int)mode.fast);
+}
+
+#define REPORT_PERF(dir, perf, count)                                                                     \
+    do {                                                                                                   \
+        if (conv_verbose())                                                                                \
+            for (int i_ = 0; i_ < (count); i_++)                                                           \
+                fprintf(stderr, "conv-choice legacy %s algo=%d status=%d det=%d math=%d ms=%.4f ws=%zu\n", \
+                        dir, (int)(perf)[i_].algo, (int)(perf)[i_].status, (int)(perf)[i_].determinism,    \
+                        (int)(perf)[i_].mathType, (double)(perf)[i_].time, (size_t)(perf)[i_].memory);     \
+    } while (0)
+
 /* ---- the graph API's problems ---- */
 
 bool conv_graph_accumulates(const struct conv_geom *g, enum conv_graph_op op)
@@ -240,6 +287,18 @@ bool conv_graph_accumulates(const struct conv_geom *g, enum conv_graph_op op)
     case CONV_GRAPH_WGRAD: return false;
     }
     return false;
+}
+
+/* GP_CONV_ACCUMULATE=bf16: a bfloat16 result the graph API accumulates is
+ * computed in bfloat16 and then added (rounded twice, as PyTorch's
+ * autograd adds two bfloat16 gradients), not in float32: cuDNN 9.19 has no
+ * engine for a bfloat16 data gradient with a float32 output on the H200, so
+ * those fell back to the legacy API (a measurement switch while the
+ * default is being decided: bench/RESULTS.md). */
+static bool bf16_accumulation(void)
+{
+    const char *v = getenv("GP_CONV_ACCUMULATE");
+    return v && !strcmp(v, "bf16");
 }
 
 void conv_graph_problem_of(const struct conv_geom *g, struct conv_mode mode, enum conv_graph_op op,
@@ -263,7 +322,7 @@ void conv_graph_problem_of(const struct conv_geom *g, struct conv_mode mode, enu
     p->bf16 = mode.bf16;
     p->tf32 = mode.tf32;
     p->nondeterministic = mode.fast;
-    p->float_out = mode.bf16 && conv_graph_accumulates(g, op);
+    p->float_out = mode.bf16 && conv_graph_accumulates(g, op) && !bf16_accumulation();
 }
 
 /* Which API convolutions run on (GP_CONV_API): "legacy" (the default),
@@ -317,6 +376,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
     *why = NULL;
     memset(ch, 0, sizeof *ch);
     enum conv_api api = conv_api();
+    if (conv_verbose()) report_problem(g, mode);
     struct graph_choice gc;
     memset(&gc, 0, sizeof gc);
     if (api != API_LEGACY) choose_graphs(g, mode, &gc);
@@ -336,8 +396,10 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
         };
         /* Measured first (fastest first), then the heuristics' ranking. */
         if (cudnnFindConvolutionForwardAlgorithm(h, d.img, d.w, d.conv, d.col, MAX_PERF, &count, perf) ==
-            CUDNN_STATUS_SUCCESS)
+            CUDNN_STATUS_SUCCESS) {
+            REPORT_PERF("fwd", perf, count);
             PICK(perf, count, mode, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, legacy_ms[0], found);
+        }
         if (!found) {
             cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
             cudnnStatus_t st = cudnnGetConvolutionForwardAlgorithm_v7(h, d.img, d.w, d.conv, d.col, MAX_PERF,
@@ -358,8 +420,10 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
                    CUDNN_STATUS_SUCCESS;
         };
         if (cudnnFindConvolutionBackwardDataAlgorithm(h, d.w, d.col, d.conv, d.img, MAX_PERF, &count, perf) ==
-            CUDNN_STATUS_SUCCESS)
+            CUDNN_STATUS_SUCCESS) {
+            REPORT_PERF("data", perf, count);
             PICK(perf, count, mode, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, legacy_ms[1], found);
+        }
         if (!found) {
             cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
             cudnnStatus_t st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.col, d.conv, d.img,
@@ -380,8 +444,10 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
                    CUDNN_STATUS_SUCCESS;
         };
         if (cudnnFindConvolutionBackwardFilterAlgorithm(h, d.img, d.col, d.conv, d.w, MAX_PERF, &count, perf) ==
-            CUDNN_STATUS_SUCCESS)
+            CUDNN_STATUS_SUCCESS) {
+            REPORT_PERF("filter", perf, count);
             PICK(perf, count, mode, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, legacy_ms[2], found);
+        }
         if (!found) {
             cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
             cudnnStatus_t st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.img, d.col, d.conv, d.w,
@@ -412,6 +478,18 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
     if (!ok && any_graph && names[0][0] && names[1][0] && names[2][0]) {
         ok = true; /* the legacy API failed, but the graph API has all three */
         *why = NULL;
+    }
+    if (conv_verbose() && ok) {
+        static const char *dirs[3] = {"fwd", "data", "filter"};
+        int legacy[3] = {(int)ch->fwd, (int)ch->bwd_data, (int)ch->bwd_filter};
+        for (int k = 0; k < 3; k++) {
+            if (names[k][0])
+                fprintf(stderr, "conv-choice chosen %s graph name=%s ms=%.4f legacy_ms=%.4f\n", dirs[k], names[k],
+                        (double)gc.ms[k], (double)legacy_ms[k]);
+            else
+                fprintf(stderr, "conv-choice chosen %s legacy algo=%d ms=%.4f graph_ms=%.4f\n", dirs[k], legacy[k],
+                        (double)legacy_ms[k], (double)gc.ms[k]);
+        }
     }
     return ok;
 }

@@ -39,6 +39,11 @@ struct built {
     int64_t index = -1; /* of the plan that runs */
 };
 
+const char *op_name(conv_graph_op op)
+{
+    return op == CONV_GRAPH_FPROP ? "fwd" : op == CONV_GRAPH_DGRAD ? "data" : "filter";
+}
+
 std::vector<int64_t> packed_strides(const std::vector<int64_t> &d)
 {
     std::vector<int64_t> s(d.size(), 1);
@@ -261,6 +266,10 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
                 if (ms < 0 || t < ms) ms = t;
             }
             if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_ws = (size_t)workspaces[k];
+            std::string tag;
+            if (conv_verbose() && g.graph.get_plan_name_at_index(i, tag).is_good())
+                fprintf(stderr, "conv-choice graph %s name=%s ms=%.4f ws=%lld\n", op_name(op), tag.c_str(), (double)ms,
+                        (long long)workspaces[k]);
         }
         *ms_out = best_ms;
     }

@@ -49,6 +49,10 @@ struct conv_graph_problem {
     bool float_out;        /* the result in float32 whatever the storage (to accumulate it in float32) */
 };
 
+/* GP_CONV_VERBOSE set (not "0"): choices and the candidates measured for
+ * them reported on stderr as "conv-choice" lines (conv_algos.cu). */
+bool conv_verbose(void);
+
 /* Measures every engine configuration of `op` that keeps the problem's
  * rules (deterministic unless allowed; float32 semantics without tensor
  * cores for float32 without TF32: no FFT or Winograd; no reduced-precision
