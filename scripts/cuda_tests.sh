@@ -54,11 +54,15 @@ run() { # label, command...
 }
 
 for t in "${tests[@]}"; do run "$(basename "$t")" "$t"; done
-# The convolutions again through cuDNN's graph API (not yet the default).
+# The convolutions again on each of cuDNN's APIs alone (the default measures
+# both and runs the faster), and with the backward on float32 copies.
 graph_conv=()
 if [ -x "$build/tests/test_cuda_conv" ]; then
     graph_conv=(env GP_CONV_API=graph "$build/tests/test_cuda_conv")
     run "test_cuda_conv (graph API)" "${graph_conv[@]}"
+    run "test_cuda_conv (legacy API)" env GP_CONV_API=legacy "$build/tests/test_cuda_conv"
+    run "test_cuda_conv (staged backward)" env GP_CONV_BF16_BACKWARD=staged GP_CONV_ACCUMULATE=float \
+        "$build/tests/test_cuda_conv"
 fi
 # The kill -9 and resume runs of test_state, training on the GPU (it runs the
 # command line as child processes, so it stays out of the memcheck pass).

@@ -74,14 +74,9 @@ static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
     return k && k->saved_bytes ? k->saved_bytes(g, node) : 0;
 }
 
-/* GP_CONV_BF16_BACKWARD=native runs the convolutions' bfloat16 backward
- * in bfloat16 rather than on float32 copies (a measurement switch while
- * the default is being decided: bench/RESULTS.md). */
 static bool staged_backward(const struct gp_cuda_kernel *k)
 {
-    if (!k->bf16_staged_backward) return false;
-    const char *v = getenv("GP_CONV_BF16_BACKWARD");
-    return !(v && !strcmp(v, "native"));
+    return k->bf16_staged_backward && gp_cuda_conv_backward_staged();
 }
 
 static enum gp_bf16_calls kernel_bf16(const void *kernel, bool backward)

@@ -209,7 +209,7 @@ static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
                              "cuDNN offers no %s algorithm with a workspace of at most "
                              "%zu MiB for this convolution (%s math)",
-                             why, WS_CAP >> 20, conv_math_name(mode));
+                             why, conv_ws_cap(g) >> 20, conv_math_name(mode));
     return dnn_error(c, err, &e, "choosing algorithms");
 }
 
@@ -235,7 +235,7 @@ static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode)
     struct algo_choice ch;
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
     const char *why;
-    size_t ws = WS_CAP; /* when nothing is found: the run chooses again and reports what fails */
+    size_t ws = conv_ws_cap(g); /* when nothing is found: the run chooses again and reports what fails */
     size_t acc = 0;
     if (conv_lookup_algos(NULL, g, mode, &ch, &e, &why)) {
         ws = ch.ws_fwd;
@@ -743,12 +743,17 @@ static gp_status conv_transpose_backward(struct gp_cuda_ctx *c, struct gp_error 
     return with_run(c, true, true, convt_backward_run, err);
 }
 
+extern "C" bool gp_cuda_conv_backward_staged(void)
+{
+    const char *v = getenv("GP_CONV_BF16_BACKWARD");
+    return v && !strcmp(v, "staged");
+}
+
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_conv[] = {
-    /* bfloat16 forward in cuDNN; backward on float32 copies with TF32 (exact
-     * products of bfloat16 values, float32 sums: the same arithmetic),
-     * because cuDNN's deterministic bfloat16 NCHW backward algorithms were
-     * 3x slower than TF32's on the H200 (ResNet-50: 94.6 ms against 30.9 per
-     * micro-batch of 128; one 3x3 stride-2 layer 65.7 ms against 2.4). */
+    /* bfloat16 forward and backward in cuDNN; with GP_CONV_BF16_BACKWARD=
+     * staged the backward on float32 copies with TF32 (exact products of
+     * bfloat16 values, float32 sums), which was faster while cuDNN's
+     * workspace was capped at 256 MiB (conv_problem.cuh). */
     {"Conv", NULL, conv_scratch, conv_forward, conv_backward, true, false, true},
     {"ConvTranspose", NULL, conv_transpose_scratch, conv_transpose_forward, conv_transpose_backward, true, false,
      true},
@@ -768,8 +773,9 @@ extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const str
     if (conv_geom_init(g, node, transpose, &geom, &err) != GP_OK) return 0; /* the run reports it */
     size_t ws = mode_scratch(&geom, options_mode(opts));
     if (opts->precision == GP_PRECISION_BF16) {
-        /* The backward, and any mixed-type call, run on float32 copies with
-         * TF32 (ctx_mode of a bf16 stage's staged call). */
+        /* A mixed-type call (and with GP_CONV_BF16_BACKWARD=staged the
+         * backward) runs on float32 copies with TF32 (ctx_mode of a bf16
+         * stage's staged call). */
         struct conv_mode staged = {false, true, opts->fast_conv};
         size_t s = mode_scratch(&geom, staged);
         if (s > ws) ws = s;

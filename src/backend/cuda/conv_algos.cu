@@ -5,7 +5,7 @@
  * the graph API's configuration first, conv_graph.h), by cuDNN's measurements
  * (cudnnFind*Algorithm, as PyTorch's cudnn.benchmark does; its heuristics,
  * cudnnGet*Algorithm_v7, where measuring fails): the fastest result that
- * succeeds with a workspace of at most WS_CAP, deterministic and (in
+ * succeeds with a workspace of at most conv_ws_cap, deterministic and (in
  * float32 without TF32) free of FFT and Winograd if there is one; with
  * ctx->fast_conv, the fastest that runs. The math is FMA (float32
  * semantics) for float32, TF32 tensor cores when ctx->tf32, and tensor
@@ -143,6 +143,17 @@ static void algo_key_init(const struct conv_geom *g, struct conv_mode mode, stru
     }
 }
 
+size_t conv_ws_cap(const struct conv_geom *g)
+{
+    double filter = (double)g->col_ch * (double)(g->img_ch / g->group);
+    for (int i = 0; i < g->ns; i++) filter *= (double)g->k[i];
+    double n = (double)g->n * (double)g->img_ch * (double)g->imgb_size +
+               (double)g->n * (double)g->col_ch * (double)g->col_size + filter;
+    double bytes = 2.0 * sizeof(float) * n;
+    const double lo = (double)((size_t)256 << 20), hi = (double)((size_t)4 << 30);
+    return (size_t)(bytes < lo ? lo : bytes > hi ? hi : bytes);
+}
+
 /* Tensor cores allowed: TF32 for float32 storage with ctx->tf32, and
  * always for bfloat16 storage, which has no float32 semantics to keep. */
 static bool tensor_ops(struct conv_mode m) { return m.tf32 || m.bf16; }
@@ -194,9 +205,9 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
  * succeeds, meets `level` (0: deterministic and precise, 1: precise, 2: any;
  * precision matters only without tensor cores, where the promise is
  * float32 semantics), whose math type is allowed and whose workspace
- * (asked of cuDNN for that algorithm and math type) fits WS_CAP. `ws_of`
+ * (asked of cuDNN for that algorithm and math type) fits `cap`. `ws_of`
  * returns false when cuDNN refuses the algorithm. */
-#define PICK_LEVEL(perf, count, mode, level, conv, ws_of, out_algo, out_math, out_ws, out_ms, found) \
+#define PICK_LEVEL(perf, count, mode, cap, level, conv, ws_of, out_algo, out_math, out_ws, out_ms, found) \
     do {                                                                                     \
         found = false;                                                                       \
         for (int i_ = 0; i_ < (count) && !found; i_++) {                                     \
@@ -209,7 +220,7 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
             size_t ws_ = 0;                                                                  \
             if (!ws_of((perf)[i_].algo, &ws_)) continue;                                     \
             if (ws_ < (perf)[i_].memory) ws_ = (perf)[i_].memory;                            \
-            if (ws_ > WS_CAP) continue;                                                      \
+            if (ws_ > (cap)) continue;                                                       \
             out_algo = (perf)[i_].algo;                                                      \
             out_math = m_;                                                                   \
             out_ws = ws_;                                                                    \
@@ -222,12 +233,12 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
  * make the last bits vary run to run); anything that runs. Most shapes stop
  * at the first; the later ones keep a convolution that has no such
  * algorithm training rather than failing. fast_conv starts at the last. */
-#define PICK(perf, count, mode, conv, ws_of, out_algo, out_math, out_ws, out_ms, found)           \
+#define PICK(perf, count, mode, cap, conv, ws_of, out_algo, out_math, out_ws, out_ms, found)      \
     do {                                                                                     \
         found = false;                                                                       \
         int first_ = (mode).fast ? 2 : 0;                                                    \
         for (int level_ = first_; level_ < 3 && !found; level_++)                            \
-            PICK_LEVEL(perf, count, mode, level_, conv, ws_of, out_algo, out_math, out_ws, out_ms, found); \
+            PICK_LEVEL(perf, count, mode, cap, level_, conv, ws_of, out_algo, out_math, out_ws, out_ms, found); \
     } while (0)
 
 /* ---- reporting (GP_CONV_VERBOSE) ---- */
@@ -289,16 +300,16 @@ bool conv_graph_accumulates(const struct conv_geom *g, enum conv_graph_op op)
     return false;
 }
 
-/* GP_CONV_ACCUMULATE=bf16: a bfloat16 result the graph API accumulates is
- * computed in bfloat16 and then added (rounded twice, as PyTorch's
- * autograd adds two bfloat16 gradients), not in float32: cuDNN 9.19 has no
- * engine for a bfloat16 data gradient with a float32 output on the H200, so
- * those fell back to the legacy API (a measurement switch while the
- * default is being decided: bench/RESULTS.md). */
+/* A bfloat16 result the graph API accumulates is computed in bfloat16 and
+ * then added in float32, rounded once more (as PyTorch's autograd adds two
+ * bfloat16 gradients), not computed in float32: cuDNN 9.19 has no engine
+ * for a bfloat16 data gradient with a float32 output on the H200, so those
+ * fell back to the legacy API. GP_CONV_ACCUMULATE=float keeps the float32
+ * result (one rounding, as the CPU backend's). */
 static bool bf16_accumulation(void)
 {
     const char *v = getenv("GP_CONV_ACCUMULATE");
-    return v && !strcmp(v, "bf16");
+    return !(v && !strcmp(v, "float"));
 }
 
 void conv_graph_problem_of(const struct conv_geom *g, struct conv_mode mode, enum conv_graph_op op,
@@ -325,14 +336,10 @@ void conv_graph_problem_of(const struct conv_geom *g, struct conv_mode mode, enu
     p->float_out = mode.bf16 && conv_graph_accumulates(g, op) && !bf16_accumulation();
 }
 
-/* Which API convolutions run on (GP_CONV_API): "legacy" (the default),
- * "graph" (the graph API first, the legacy API where it has nothing) or
- * "fastest" (both measured, per direction the faster). The graph API is
- * not yet the default: measured on the H200 (ResNet-50, bf16, graph
- * first), its forward took 8.8 ms per step against the legacy API's 15.6,
- * but its backward on the float32 copies 51.3 against 43.0, and in
- * bfloat16 itself slower still, so the whole step was no faster (1018
- * samples/s against 1020). */
+/* Which API convolutions run on (GP_CONV_API): "fastest" (the default
+ * where the graph API is built in: both measured, per direction the
+ * faster), "graph" (the graph API first, the legacy API where it has
+ * nothing) or "legacy". */
 enum conv_api { API_LEGACY, API_GRAPH, API_FASTEST };
 
 static enum conv_api conv_api(void)
@@ -340,9 +347,11 @@ static enum conv_api conv_api(void)
 #ifdef GP_HAVE_CUDNN_GRAPH
     const char *api = getenv("GP_CONV_API");
     if (api && !strcmp(api, "graph")) return API_GRAPH;
-    if (api && !strcmp(api, "fastest")) return API_FASTEST;
-#endif
+    if (api && !strcmp(api, "legacy")) return API_LEGACY;
+    return API_FASTEST;
+#else
     return API_LEGACY;
+#endif
 }
 
 /* The graph API's choice of each direction (an empty name where it has
@@ -361,7 +370,7 @@ static void choose_graphs(const struct conv_geom *g, struct conv_mode mode, stru
         struct conv_graph_problem p;
         conv_graph_problem_of(g, mode, ops[k], &p);
         char why[256];
-        if (!conv_graph_choose(&p, ops[k], WS_CAP, gc->name[k], CONV_GRAPH_NAME, &gc->ws[k], &gc->ms[k], why,
+        if (!conv_graph_choose(&p, ops[k], conv_ws_cap(g), gc->name[k], CONV_GRAPH_NAME, &gc->ws[k], &gc->ms[k], why,
                                sizeof why))
             gc->name[k][0] = '\0';
     }
@@ -376,6 +385,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
     *why = NULL;
     memset(ch, 0, sizeof *ch);
     enum conv_api api = conv_api();
+    const size_t cap = conv_ws_cap(g);
     if (conv_verbose()) report_problem(g, mode);
     struct graph_choice gc;
     memset(&gc, 0, sizeof gc);
@@ -398,7 +408,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
         if (cudnnFindConvolutionForwardAlgorithm(h, d.img, d.w, d.conv, d.col, MAX_PERF, &count, perf) ==
             CUDNN_STATUS_SUCCESS) {
             REPORT_PERF("fwd", perf, count);
-            PICK(perf, count, mode, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, legacy_ms[0], found);
+            PICK(perf, count, mode, cap, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, legacy_ms[0], found);
         }
         if (!found) {
             cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
@@ -407,7 +417,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             if (st != CUDNN_STATUS_SUCCESS) {
                 e->st = st, e->call = "cudnnGetConvolutionForwardAlgorithm_v7", ok = false;
             } else {
-                PICK(perf, count, mode, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, legacy_ms[0], found);
+                PICK(perf, count, mode, cap, d.conv, ws_of, ch->fwd, ch->m_fwd, ch->ws_fwd, legacy_ms[0], found);
                 if (!found) *why = "forward", ok = false;
             }
         }
@@ -422,7 +432,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
         if (cudnnFindConvolutionBackwardDataAlgorithm(h, d.w, d.col, d.conv, d.img, MAX_PERF, &count, perf) ==
             CUDNN_STATUS_SUCCESS) {
             REPORT_PERF("data", perf, count);
-            PICK(perf, count, mode, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, legacy_ms[1], found);
+            PICK(perf, count, mode, cap, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, legacy_ms[1], found);
         }
         if (!found) {
             cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
@@ -431,7 +441,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             if (st != CUDNN_STATUS_SUCCESS) {
                 e->st = st, e->call = "cudnnGetConvolutionBackwardDataAlgorithm_v7", ok = false;
             } else {
-                PICK(perf, count, mode, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, legacy_ms[1], found);
+                PICK(perf, count, mode, cap, d.conv, ws_of, ch->bwd_data, ch->m_data, ch->ws_data, legacy_ms[1], found);
                 if (!found) *why = "backward data", ok = false;
             }
         }
@@ -446,7 +456,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
         if (cudnnFindConvolutionBackwardFilterAlgorithm(h, d.img, d.col, d.conv, d.w, MAX_PERF, &count, perf) ==
             CUDNN_STATUS_SUCCESS) {
             REPORT_PERF("filter", perf, count);
-            PICK(perf, count, mode, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, legacy_ms[2], found);
+            PICK(perf, count, mode, cap, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, legacy_ms[2], found);
         }
         if (!found) {
             cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
@@ -455,7 +465,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             if (st != CUDNN_STATUS_SUCCESS) {
                 e->st = st, e->call = "cudnnGetConvolutionBackwardFilterAlgorithm_v7", ok = false;
             } else {
-                PICK(perf, count, mode, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, legacy_ms[2], found);
+                PICK(perf, count, mode, cap, d.conv, ws_of, ch->bwd_filter, ch->m_filter, ch->ws_filter, legacy_ms[2], found);
                 if (!found) *why = "backward filter", ok = false;
             }
         }

@@ -67,11 +67,16 @@ struct gp_cuda_kernel {
     /* Reads and writes each float tensor as ctx->*_dt says, any mix of
      * bfloat16 and float32 (GP_BF16_ANY; backend/cuda/bf16.cuh). */
     bool bf16_any;
-    /* Its backward runs on float32 copies even so (mixed_call.h): where the
-     * library's bfloat16 backward is slower than its float32 one on the
-     * copies (cuDNN's deterministic NCHW convolutions). */
+    /* Its backward may run on float32 copies even so (mixed_call.h), when
+     * gp_cuda_conv_backward_staged() says: the convolutions, whose
+     * bfloat16 backward in cuDNN was once slower than TF32's on the copies. */
     bool bf16_staged_backward;
 };
+
+/* GP_CONV_BF16_BACKWARD=staged: the convolutions' bfloat16 backward on
+ * float32 copies with TF32, as before cuDNN's workspace cap was lifted
+ * (conv_problem.cuh); default (native): in bfloat16. */
+bool gp_cuda_conv_backward_staged(void);
 
 /* The kernel for a node (matched by op_type), or NULL. */
 const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node);
