@@ -258,7 +258,8 @@ void layer_run(const struct gp_device_ops *ops, int index, enum gp_precision p, 
         .backward = io->backward,
         .call = {.graph = g, .node = node, .kernel = kernel, .in = in, .out = out, .din = (float *const *)din,
                  .dout = (float *const *)dout, .in_dt = in_dt, .out_dt = out_dt, .din_dt = din_dt,
-                 .dout_dt = dout_dt, .saved = saved, .scratch = scratch, .training = true, .update_state = true,
+                 .dout_dt = dout_dt, .din_overwrite = io->din_overwrite, .saved = saved, .scratch = scratch,
+                 .training = true, .update_state = true,
                  .seed = 1234, .step = 7, .sample_offset = 3, .dropout_ratio = -1},
     };
     struct gp_task_tag ttag = {.kind = GP_TASK_FORWARD, .stage = 0, .microbatch = 0, .name = "layer"};

@@ -25,6 +25,7 @@ struct layer_io {
     float *din0[LAYER_RUN_MAX_IO];  /* what the input gradients hold before backward */
     bool want_din[LAYER_RUN_MAX_IO];
     bool backward;                  /* the node has a backward and something to differentiate */
+    uint32_t din_overwrite;         /* gp_layer_call.din_overwrite of the backward (0: add into din0) */
     /* Results. */
     void *out[LAYER_RUN_MAX_IO];
     float *din[LAYER_RUN_MAX_IO];

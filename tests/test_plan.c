@@ -32,7 +32,7 @@
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static void check_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs, int first, int last,
-                        size_t *set_bytes, size_t *sum_bytes, int *once_layers)
+                        size_t *set_bytes, size_t *sum_bytes, int *once_layers, int *overwritten)
 {
     struct gp_stage_plan p;
     struct gp_error err = {0};
@@ -74,18 +74,35 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
                          last - 1, g->values[a].name, g->values[b].name);
         }
     }
-    /* Every gradient region is cleared when born: it lies inside one of
-     * the merged ranges of its birth time, and the ranges stay in the set. */
+    /* Every gradient region is cleared when born (it lies inside one of the
+     * merged ranges of its birth time, and the ranges stay in the set) or
+     * written whole by its birth layer, the first to write it: that layer
+     * reads it once and has its din_overwrite bit, and no clear touches it
+     * then. */
     for (int t = 0; t <= last - first; t++) {
         for (int q = p.zero_start[t]; q < p.zero_start[t + 1]; q++)
             assert_true(p.zeros[q].off + p.zeros[q].bytes <= p.grad_bytes);
         for (int q = p.born_start[t]; q < p.born_start[t + 1]; q++) {
             int v = p.born[q];
             size_t size = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[v].shape));
-            bool covered = false;
-            for (int r = p.zero_start[t]; r < p.zero_start[t + 1]; r++)
+            bool covered = false, overlapped = false;
+            for (int r = p.zero_start[t]; r < p.zero_start[t + 1]; r++) {
                 covered |= p.zeros[r].off <= p.grad_off[v] && p.grad_off[v] + size <= p.zeros[r].off + p.zeros[r].bytes;
-            if (!covered) fail_msg("the gradient of '%s' is not cleared when born", g->values[v].name);
+                overlapped |= p.zeros[r].off < p.grad_off[v] + size && p.grad_off[v] < p.zeros[r].off + p.zeros[r].bytes;
+            }
+            int layer = last - t, written = 0;
+            for (int k = 0; t > 0 && k < g->nodes[layer].n_inputs && k < 32; k++)
+                if (g->nodes[layer].inputs[k] == v && ((p.din_overwrite[layer - first] >> k) & 1)) written++;
+            if (written) {
+                int reads = 0;
+                for (int k = 0; k < g->nodes[layer].n_inputs; k++) reads += g->nodes[layer].inputs[k] == v;
+                if (reads != 1 || overlapped || p.once[layer - first])
+                    fail_msg("the gradient of '%s' is written whole by layer %d but %s", g->values[v].name, layer,
+                             reads != 1 ? "read twice there" : overlapped ? "also cleared" : "once per step");
+                (*overwritten)++;
+            } else if (!covered) {
+                fail_msg("the gradient of '%s' is neither cleared when born nor written whole", g->values[v].name);
+            }
         }
     }
     /* The forward arena: values alive together (from their producer's
@@ -165,17 +182,21 @@ static void test_gradient_lifetimes(void **state)
         assert_non_null(needs);
         gp_plan_needs_grad(&g, needs);
         size_t whole_set = 0, whole_sum = 0;
-        int once = 0;
+        int once = 0, written = 0;
         for (int k = 1; k <= 3; k++)
             for (int s = 0; s < k; s++) {
                 int first = g.n_nodes * s / k, last = g.n_nodes * (s + 1) / k;
                 size_t set, sum;
-                int stage_once = 0;
-                check_stage(&g, &l, needs, first, last, &set, &sum, &stage_once);
-                if (k == 1) whole_set = set, whole_sum = sum, once = stage_once;
+                int stage_once = 0, stage_written = 0;
+                check_stage(&g, &l, needs, first, last, &set, &sum, &stage_once, &stage_written);
+                if (k == 1) whole_set = set, whole_sum = sum, once = stage_once, written = stage_written;
             }
-        printf("%-16s gradient set %8zu bytes, %8zu without sharing; %d layers once per step\n", fixtures[f],
-               whole_set, whole_sum, once);
+        printf("%-16s gradient set %8zu bytes, %8zu without sharing; %d layers once per step; "
+               "%d gradients written whole by their first writer\n",
+               fixtures[f], whole_set, whole_sum, once, written);
+        /* Every fixture has a ReLU, GELU's Mul or an Add whose backward
+         * writes its input's gradient first (the CPU kernels can). */
+        if (written == 0) fail_msg("%s: no gradient is written whole by its first writer", fixtures[f]);
         /* The GPT exports transpose every Linear weight in a layer of its own. */
         if (strncmp(fixtures[f], "gpt", 3) == 0 && once == 0)
             fail_msg("%s: no layer runs once per step", fixtures[f]);

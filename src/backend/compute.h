@@ -57,6 +57,11 @@ struct gp_layer_call {
      * every float tensor is float32. Only kernels that say they read bfloat16
      * (kernel_bf16) see bfloat16 here: backend/mixed_call.h stages the rest. */
     const enum gp_dtype *in_dt, *out_dt, *din_dt, *dout_dt;
+    /* Bit k: din[k] holds no gradient yet and was not cleared (this layer is
+     * the first to write it: the planner skipped its zeroing), so the
+     * backward writes every element of it (=, as 0 + x) instead of adding.
+     * Set only where gp_compute_ops.overwrites said the kernel can. */
+    uint32_t din_overwrite;
     void *saved, *scratch;
     bool training, update_state;
     uint64_t seed, step;
@@ -122,6 +127,10 @@ struct gp_compute_ops {
     /* How that kernel's forward, or backward, meets bfloat16 storage (the
      * call's *_dt arrays). */
     enum gp_bf16_calls (*kernel_bf16)(const void *kernel, bool backward);
+    /* Whether the kernel's backward writes input k's gradient whole when
+     * asked to (gp_layer_call.din_overwrite), so the planner need not clear
+     * it first. NULL: never. */
+    bool (*overwrites)(const struct gp_graph *g, const struct gp_node *node, int k);
     size_t (*saved_bytes)(const struct gp_graph *g, const struct gp_node *node);
     /* The kernel's workspace with the stage's options (a convolution's
      * algorithm, and so its workspace, depends on precision and policy). */

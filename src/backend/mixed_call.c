@@ -208,8 +208,10 @@ gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const s
         if (c->in[k] && is_bf16(c->in_dt, k) && bit(reads_in, k))
             GP_TRY(stage_one(ops, ctx, &s, c->in[k], numel_of(g, n->inputs[k]), true, (float **)&in[k], err));
         din[k] = c->din[k];
+        /* A gradient the kernel overwrites needs no widened copy of what is there. */
+        bool overwritten = k < 32 && ((c->din_overwrite >> k) & 1);
         if (c->din[k] && is_bf16(c->din_dt, k))
-            GP_TRY(stage_one(ops, ctx, &s, c->din[k], numel_of(g, n->inputs[k]), true, &din[k], err));
+            GP_TRY(stage_one(ops, ctx, &s, c->din[k], numel_of(g, n->inputs[k]), !overwritten, &din[k], err));
     }
     for (int k = 0; k < n->n_outputs; k++) {
         out[k] = c->out[k];

@@ -115,7 +115,8 @@ static gp_status check_kernels(const struct gp_graph *g, const struct gp_compute
  * given greedily in backward order, first fit among the gaps between the
  * regions still alive, so the set takes about the largest number of bytes
  * alive at once rather than the sum over all values. A region is zeroed
- * when its value is born (gp_stage_plan.born), since kernels accumulate. */
+ * when its value is born (gp_stage_plan.born), since kernels accumulate,
+ * unless its first writer writes it whole (first_writers). */
 
 struct region {
     size_t off, size;
@@ -144,8 +145,34 @@ static void insert_sorted(struct region *live, int *n_live, struct region r)
     (*n_live)++;
 }
 
-static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad, struct gp_stage_plan *p,
-                                const bool *inbox, struct gp_error *err)
+/* First writers: the backward of a value's birth layer writes its
+ * gradient whole (gp_layer_call.din_overwrite) instead of adding into a
+ * cleared region, where its kernel can (gp_compute_ops.overwrites), the
+ * layer reads the value once (a value read twice gets two terms from one
+ * call), in a differentiable slot below 32, and runs per micro-batch (a
+ * once-per-step layer's gradients accumulate over the micro-batches). A
+ * gradient that arrives from the next stage is seeded, not written. Marks
+ * the values in `overwritten` and the layers' bits in p->din_overwrite. */
+static void first_writers(const struct gp_graph *g, const struct gp_compute_ops *ops, const int *birth,
+                          const bool *inbox, struct gp_stage_plan *p, bool *overwritten)
+{
+    if (!ops || !ops->overwrites) return;
+    for (int v = 0; v < g->n_values; v++) {
+        int b = birth[v];
+        if (b == INT_MIN || inbox[v] || b < p->first || b >= p->last || p->once[b - p->first]) continue;
+        const struct gp_node *n = &g->nodes[b];
+        int slot = -1, reads = 0;
+        for (int k = 0; k < n->n_inputs; k++)
+            if (n->inputs[k] == v) slot = k, reads++;
+        if (reads != 1 || slot >= 32 || ((n->def->nondiff_inputs >> slot) & 1)) continue;
+        if (!ops->overwrites(g, n, slot)) continue;
+        overwritten[v] = true;
+        p->din_overwrite[b - p->first] |= 1u << slot;
+    }
+}
+
+static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
+                                struct gp_stage_plan *p, const bool *inbox, struct gp_error *err)
 {
     int nv = g->n_values, first = p->first, last = p->last, nl = last - first;
     int *birth = malloc(sizeof(int) * ((size_t)nv + 1)); /* layer (or last: the start) */
@@ -214,21 +241,27 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
         }
     }
     /* What to zero at each time, as byte ranges: the regions born together
-     * sorted by offset, touching ones merged, so the step issues one clear
-     * per range rather than one per value. */
+     * and not written whole by their first writer, sorted by offset,
+     * touching ones merged, so the step issues one clear per range rather
+     * than one per value. */
     p->zero_start = calloc((size_t)nl + 2, sizeof(int));
     p->zeros = malloc(sizeof *p->zeros * ((size_t)p->born_start[nl + 1] + 1));
-    if (!p->zero_start || !p->zeros) {
+    p->din_overwrite = calloc((size_t)nl + 1, sizeof(uint32_t));
+    bool *overwritten = calloc((size_t)nv + 1, sizeof(bool));
+    if (!p->zero_start || !p->zeros || !p->din_overwrite || !overwritten) {
         free(birth);
         free(live);
+        free(overwritten);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     }
+    first_writers(g, ops, birth, inbox, p, overwritten);
     int nz = 0;
     for (int t = 0; t <= nl; t++) {
         p->zero_start[t] = nz;
         int n = 0;
         for (int q = p->born_start[t]; q < p->born_start[t + 1]; q++) {
             int v = p->born[q];
+            if (overwritten[v]) continue;
             live[n++] = (struct region){.off = p->grad_off[v], .size = align64(gp_plan_value_bytes(g, p, v))};
         }
         for (int i = 1; i < n; i++) /* insertion sort: few regions per time */
@@ -247,6 +280,7 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
     p->zero_start[nl + 1] = nz;
     free(birth);
     free(live);
+    free(overwritten);
     return GP_OK;
 }
 
@@ -545,7 +579,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     /* One gradient set, reused by every micro-batch's backward, for the
      * stage's values and its input frontier that carry gradients
      * (parameters keep theirs in the static gradient block). */
-    gp_status st = plan_gradients(g, needs_grad, p, inbox, err);
+    gp_status st = plan_gradients(g, needs_grad, ops, p, inbox, err);
     free(inbox);
     if (st != GP_OK) return st;
     return plan_calls(g, needs_grad, ops, p, err);
@@ -564,6 +598,7 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->born);
     free(p->zero_start);
     free(p->zeros);
+    free(p->din_overwrite);
     free(p->once);
     free(p->dt);
     free(p->shadow_off);

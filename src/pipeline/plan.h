@@ -78,6 +78,10 @@ struct gp_stage_plan {
     struct gp_byte_range {
         size_t off, bytes;
     } *zeros;
+    /* Per layer of the stage: the inputs whose gradient its backward writes
+     * whole (gp_layer_call.din_overwrite, bit k): this layer is the first to
+     * write it and its kernel can, so the region is not in `zeros`. */
+    uint32_t *din_overwrite;
 };
 
 struct gp_compute_ops;

@@ -160,6 +160,17 @@ static gp_status run_once_backward(struct gp_pipeline *p, struct stage *s, struc
     return GP_OK;
 }
 
+/* A layer whose backward does not run still owes the gradients it was to
+ * write first (plan.h, din_overwrite) their zeros. */
+static gp_status zero_unwritten(const struct gp_graph *g, struct stage *s, const struct gp_node *n, uint32_t overwrite,
+                                struct gp_error *err)
+{
+    for (int k = 0; k < n->n_inputs && k < 32; k++)
+        if (((overwrite >> k) & 1) && s->din[k])
+            GP_TRY(s->cops->zero(s->cctx, s->din[k], gp_plan_value_bytes(g, &s->plan, n->inputs[k]), err));
+    return GP_OK;
+}
+
 static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, struct gp_error *err)
 {
     const struct gp_graph *g = p->g;
@@ -183,10 +194,14 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
         if (s->plan.once[i - s->plan.first]) continue;
         const struct gp_node *n = &g->nodes[i];
         struct gp_layer_call c = layer_call(p, s, i, j, s->slots.bwd_set[j], true, false, true);
+        c.din_overwrite = s->plan.din_overwrite ? s->plan.din_overwrite[i - s->plan.first] : 0;
         bool any_in = false, any_out = false;
         for (int k = 0; k < n->n_inputs; k++) any_in |= s->din[k] != NULL;
         for (int k = 0; k < n->n_outputs; k++) any_out |= s->dout[k] != NULL;
-        if (!any_in || !any_out) continue;
+        if (!any_in || !any_out) {
+            GP_TRY(zero_unwritten(g, s, n, c.din_overwrite, err));
+            continue;
+        }
         GP_TRY(gp_mixed_backward(s->cops, s->cctx, &c, s->staging, err));
     }
     if (timed) GP_TRY(lap(s, &t0, &s->bwd_ms[0], err));

@@ -169,6 +169,7 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
     const real *d_mean = ctx->node->n_outputs > 3 ? ctx->dout[3] : NULL;
     const real *d_var = ctx->node->n_outputs > 4 ? ctx->dout[4] : NULL;
     bool training = ctx->training;
+    bool ow = gp_cpu_overwrite(ctx, 0); /* dx written whole: 0 + its gradient */
 #pragma omp parallel for if (p.n * p.c * p.s > GP_CPU_PAR_MIN)
     for (int64_t c = 0; c < p.c; c++) {
         double sum_dy = 0, sum_dy_xhat = 0;
@@ -184,11 +185,13 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
         if (dbias) dbias[c] += (real)sum_dy;
         if (!dx) continue;
         if (!training) {
-            if (!dy) continue;
             real k = scale[c] * is;
             for (int64_t n = 0; n < p.n; n++) {
                 int64_t o = (n * p.c + c) * p.s;
-                for (int64_t i = 0; i < p.s; i++) dx[o + i] += dy[o + i] * k;
+                for (int64_t i = 0; i < p.s; i++) {
+                    real base = ow ? 0 : dx[o + i];
+                    dx[o + i] = dy ? base + dy[o + i] * k : base;
+                }
             }
             continue;
         }
@@ -207,7 +210,8 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
             for (int64_t i = 0; i < p.s; i++) {
                 int64_t k = (n * p.c + c) * p.s + i;
                 double xc = x[k] - m, xhat = xc * is, g = dy ? dy[k] : 0;
-                dx[k] += (real)(a * (g - mdy - xhat * mdyx) + cm + cv * xc);
+                real base = ow ? 0 : dx[k];
+                dx[k] = base + (real)(a * (g - mdy - xhat * mdyx) + cm + cv * xc);
             }
     }
     return GP_OK;
@@ -215,7 +219,15 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
 
 /* ---- the table ---- */
 
+/* The backward writes dX whole when asked (the scale's and bias's
+ * gradients are parameters': always added). */
+static bool bn_overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
+{
+    (void)g, (void)node;
+    return k == 0;
+}
+
 const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_batch_norm)[] = {
-    {"BatchNormalization", bn_saved, NULL, bn_forward, bn_backward},
+    {"BatchNormalization", bn_saved, NULL, bn_forward, bn_backward, bn_overwrites},
     {0},
 };

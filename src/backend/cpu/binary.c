@@ -91,7 +91,7 @@ static inline void bplan_row(const struct bplan *p, int64_t row, int64_t *off)
 /* dst[e] += the sum, over every output position where operand t's element e
  * was read, of the expression in ... (which reads offsets o0..o3). Threads
  * split the elements e; each sums its terms in row-major order. */
-#define BCAST_REDUCE(plan, t, dst, ...)                                                      \
+#define BCAST_REDUCE(plan, t, dst, ow, ...)                                                  \
     do {                                                                                     \
         const struct bplan *p_ = (plan);                                                     \
         int kept_[GP_MAX_RANK], red_[GP_MAX_RANK], nk_ = 0, nr_ = 0;                         \
@@ -124,7 +124,7 @@ static inline void bplan_row(const struct bplan *p, int64_t row, int64_t *off)
                     idx_[q_] = 0;                                                            \
                 }                                                                            \
             }                                                                                \
-            (dst)[at_] += (real)acc_;                                                        \
+            (dst)[at_] = ((ow) ? (real)0 : (dst)[at_]) + (real)acc_;                         \
         }                                                                                    \
     } while (0)
 
@@ -264,36 +264,41 @@ static gp_status binary_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     enum bop op = bop_of(c->node->op_type);
     const real *A = c->in[0], *B = c->in[1], *Y = c->out[0], *dY = c->dout[0];
     real *dA = c->din[0], *dB = c->din[1];
-    if (!dY) return GP_OK;
+    bool ow_a = gp_cpu_overwrite(c, 0), ow_b = gp_cpu_overwrite(c, 1);
+    if (!dY) { /* no gradient: written as zeros where asked to be written */
+        if (dA && ow_a) memset(dA, 0, sizeof(real) * (size_t)gp_shape_numel(gp_cpu_in_shape(c, 0)));
+        if (dB && ow_b) memset(dB, 0, sizeof(real) * (size_t)gp_shape_numel(gp_cpu_in_shape(c, 1)));
+        return GP_OK;
+    }
     struct bplan p;
     plan_node(c, 0, 2, &p);
     enum gp_dtype bt = gp_cpu_in_value(c, 1)->dtype;
     switch (op) {
     case B_ADD:
-        if (dA) BCAST_REDUCE(&p, 0, dA, dY[o2]);
-        if (dB) BCAST_REDUCE(&p, 1, dB, dY[o2]);
+        if (dA) BCAST_REDUCE(&p, 0, dA, ow_a, dY[o2]);
+        if (dB) BCAST_REDUCE(&p, 1, dB, ow_b, dY[o2]);
         break;
     case B_SUB:
-        if (dA) BCAST_REDUCE(&p, 0, dA, dY[o2]);
-        if (dB) BCAST_REDUCE(&p, 1, dB, -dY[o2]);
+        if (dA) BCAST_REDUCE(&p, 0, dA, ow_a, dY[o2]);
+        if (dB) BCAST_REDUCE(&p, 1, dB, ow_b, -dY[o2]);
         break;
     case B_MUL:
-        if (dA) BCAST_REDUCE(&p, 0, dA, dY[o2] * B[o1]);
-        if (dB) BCAST_REDUCE(&p, 1, dB, dY[o2] * A[o0]);
+        if (dA) BCAST_REDUCE(&p, 0, dA, ow_a, dY[o2] * B[o1]);
+        if (dB) BCAST_REDUCE(&p, 1, dB, ow_b, dY[o2] * A[o0]);
         break;
     case B_DIV:
-        if (dA) BCAST_REDUCE(&p, 0, dA, dY[o2] / B[o1]);
-        if (dB) BCAST_REDUCE(&p, 1, dB, -dY[o2] * A[o0] / (B[o1] * B[o1]));
+        if (dA) BCAST_REDUCE(&p, 0, dA, ow_a, dY[o2] / B[o1]);
+        if (dB) BCAST_REDUCE(&p, 1, dB, ow_b, -dY[o2] * A[o0] / (B[o1] * B[o1]));
         break;
     case B_POW: {
         /* d/dA = B * A^(B-1), 0 where B == 0; d/dB = Y * log(A), 0 where
          * A == 0 and B >= 0 (PyTorch's pow_backward_self / _exponent). */
         if (dA && gp_dtype_is_float(bt))
-            BCAST_REDUCE(&p, 0, dA, B[o1] == 0 ? 0 : dY[o2] * B[o1] * pow(A[o0], B[o1] - 1));
+            BCAST_REDUCE(&p, 0, dA, ow_a, B[o1] == 0 ? 0 : dY[o2] * B[o1] * pow(A[o0], B[o1] - 1));
         else if (dA)
-            BCAST_REDUCE(&p, 0, dA, dY[o2] * pow_int_term(A[o0], gp_cpu_load_f64(c->in[1], bt, o1)));
+            BCAST_REDUCE(&p, 0, dA, ow_a, dY[o2] * pow_int_term(A[o0], gp_cpu_load_f64(c->in[1], bt, o1)));
         if (dB && gp_dtype_is_float(bt))
-            BCAST_REDUCE(&p, 1, dB, A[o0] == 0 && B[o1] >= 0 ? 0 : dY[o2] * Y[o2] * log(A[o0]));
+            BCAST_REDUCE(&p, 1, dB, ow_b, A[o0] == 0 && B[o1] >= 0 ? 0 : dY[o2] * Y[o2] * log(A[o0]));
         break;
     }
     default:
@@ -398,9 +403,9 @@ static gp_status variadic_backward(struct gp_cpu_ctx *c, struct gp_error *err)
         if (!dX) continue;
         plan_node(c, k, 1, &p);
         switch (op) {
-        case V_SUM: BCAST_REDUCE(&p, 0, dX, dY[o1]); break;
-        case V_MEAN: BCAST_REDUCE(&p, 0, dX, dY[o1] / (real)n); break;
-        default: BCAST_REDUCE(&p, 0, dX, win[o1] == k ? dY[o1] : 0); break;
+        case V_SUM: BCAST_REDUCE(&p, 0, dX, false, dY[o1]); break;
+        case V_MEAN: BCAST_REDUCE(&p, 0, dX, false, dY[o1] / (real)n); break;
+        default: BCAST_REDUCE(&p, 0, dX, false, win[o1] == k ? dY[o1] : 0); break;
         }
     }
     return GP_OK;
@@ -439,8 +444,8 @@ static gp_status where_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     struct bplan p;
     plan_node(c, 0, 3, &p);
     const uint8_t *C = c->in[0];
-    if (c->din[1]) BCAST_REDUCE(&p, 1, c->din[1], C[o0] ? dO[o3] : 0);
-    if (c->din[2]) BCAST_REDUCE(&p, 2, c->din[2], C[o0] ? 0 : dO[o3]);
+    if (c->din[1]) BCAST_REDUCE(&p, 1, c->din[1], false, C[o0] ? dO[o3] : 0);
+    if (c->din[2]) BCAST_REDUCE(&p, 2, c->din[2], false, C[o0] ? 0 : dO[o3]);
     return GP_OK;
 }
 
@@ -474,7 +479,7 @@ static gp_status expand_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     if (!dY || !c->din[0]) return GP_OK;
     struct bplan p;
     plan_node(c, 0, 1, &p);
-    BCAST_REDUCE(&p, 0, c->din[0], dY[o1]);
+    BCAST_REDUCE(&p, 0, c->din[0], false, dY[o1]);
     return GP_OK;
 }
 
@@ -482,11 +487,20 @@ static gp_status expand_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 
 #define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL}
 
+/* Add, Sub, Mul and Div write each element of an input's gradient once
+ * (BCAST_REDUCE sums its broadcast cells first), so they can write it
+ * whole; not where the output is empty (nothing is written then). */
+static bool binary_overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
+{
+    const struct gp_value *y = gp_node_output(g, node, 0);
+    return (k == 0 || k == 1) && y && gp_shape_numel(&y->shape) > 0;
+}
+
 const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_binary)[] = {
-    {"Add", NULL, NULL, binary_forward, binary_backward},
-    {"Sub", NULL, NULL, binary_forward, binary_backward},
-    {"Mul", NULL, NULL, binary_forward, binary_backward},
-    {"Div", NULL, NULL, binary_forward, binary_backward},
+    {"Add", NULL, NULL, binary_forward, binary_backward, binary_overwrites},
+    {"Sub", NULL, NULL, binary_forward, binary_backward, binary_overwrites},
+    {"Mul", NULL, NULL, binary_forward, binary_backward, binary_overwrites},
+    {"Div", NULL, NULL, binary_forward, binary_backward, binary_overwrites},
     {"Pow", NULL, NULL, binary_forward, binary_backward},
     NO_GRAD("Mod", binary_forward),
     NO_GRAD("Equal", binary_forward),

@@ -26,6 +26,12 @@ static bool has_kernel(const struct gp_node *node, bool *trainable)
 
 static const void *kernel_for(const struct gp_node *node) { return gp_cpu_kernel_for_f32(node); }
 
+static bool overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
+{
+    const struct gp_cpu_kernel *kern = gp_cpu_kernel_for_f32(node);
+    return kern && kern->overwrites && kern->overwrites(g, node, k);
+}
+
 static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
 {
     const struct gp_cpu_kernel *k = gp_cpu_kernel_for_f32(node);
@@ -54,7 +60,7 @@ static struct gp_cpu_ctx cpu_ctx(const struct gp_layer_call *c)
 {
     return (struct gp_cpu_ctx){
         .graph = c->graph, .node = c->node, .in = c->in, .out = c->out, .din = c->din, .dout = c->dout,
-        .saved = c->saved, .scratch = c->scratch, .training = c->training,
+        .din_overwrite = c->din_overwrite, .saved = c->saved, .scratch = c->scratch, .training = c->training,
         .update_state = c->update_state, .seed = c->seed, .step = c->step,
         .sample_offset = c->sample_offset, .dropout_ratio = c->dropout_ratio,
         .deferred_stats = c->deferred_stats,
@@ -166,6 +172,7 @@ const struct gp_compute_ops gp_cpu_compute_ops = {
     .context_destroy = context_destroy,
     .has_kernel = has_kernel,
     .kernel_for = kernel_for,
+    .overwrites = overwrites,
     .saved_bytes = saved_bytes,
     .kernel_bf16 = kernel_bf16,
     .scratch_bytes = scratch_bytes,

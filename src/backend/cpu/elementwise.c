@@ -68,7 +68,8 @@ static struct uparams uparams_of(const struct gp_node *node, enum uop op)
         for (int64_t i = 0; i < n; i++) {                                   \
             real x = X[i], y = Y[i], dy = dY[i];                            \
             (void)x, (void)y;                                               \
-            dX[i] += (__VA_ARGS__);                                         \
+            real base_ = ow ? 0 : dX[i];                                    \
+            dX[i] = base_ + (__VA_ARGS__);                                  \
         }                                                                   \
     } while (0)
 
@@ -161,7 +162,12 @@ static gp_status unary_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     int64_t n = gp_shape_numel(gp_cpu_in_shape(c, 0));
     const real *X = c->in[0], *Y = c->out[0], *dY = c->dout[0];
     real *dX = c->din[0];
-    if (!dY || !dX) return GP_OK;
+    bool ow = gp_cpu_overwrite(c, 0);
+    if (!dX) return GP_OK;
+    if (!dY) {
+        if (ow) memset(dX, 0, sizeof(real) * (size_t)n);
+        return GP_OK;
+    }
     struct uparams p = uparams_of(c->node, op);
     real a = p.alpha, b = p.beta;
     switch (op) {
@@ -187,7 +193,9 @@ static gp_status unary_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     case U_SOFTPLUS: GRAD(dy * sigmoid(x)); break;
     case U_ELU: GRAD(x > 0 ? dy : dy * a * exp(x)); break;
     case U_HARDSIGMOID: GRAD(a * x + b > 0 && a * x + b < 1 ? dy * a : 0); break;
-    case U_FLOOR: case U_CEIL: case U_ROUND: case U_SIGN: break;
+    case U_FLOOR: case U_CEIL: case U_ROUND: case U_SIGN:
+        if (ow) memset(dX, 0, sizeof(real) * (size_t)n);
+        break;
     default: return gp_cpu_error(c, err, GP_ERR_UNSUPPORTED, "no gradient");
     }
     return GP_OK;
@@ -243,6 +251,7 @@ static gp_status clip_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     real hi = hi_in ? *(const real *)hi_in : R(gp_node_attr_float(c->node, "max", FLT_MAX));
     const real *X = c->in[0], *Y = c->out[0], *dY = c->dout[0];
     real *dX = c->din[0];
+    bool ow = false; /* Clip's gradient is always added (GRAD) */
     if (!dY || !dX) return GP_OK;
     GRAD(x >= lo && x <= hi ? dy : 0);
     return GP_OK;
@@ -298,7 +307,14 @@ static gp_status identity_forward(struct gp_cpu_ctx *c, struct gp_error *err)
 
 /* ---- the table ---- */
 
-#define UNARY(op) {op, NULL, NULL, unary_forward, unary_backward}
+/* The unary ops' backward writes dX whole when asked (dX = 0 + dY f'(X)). */
+static bool unary_overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
+{
+    (void)g, (void)node;
+    return k == 0;
+}
+
+#define UNARY(op) {op, NULL, NULL, unary_forward, unary_backward, unary_overwrites}
 #define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL}
 
 const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_elementwise)[] = {

@@ -11,7 +11,11 @@
  * over micro-batches and values read by several nodes sum their gradients
  * with no extra code. din[k] is NULL when input k needs no gradient (data,
  * indices, constants); dout[k] is NULL when output k gets no gradient (read
- * by nothing that needs one): treat it as zero. */
+ * by nothing that needs one): treat it as zero. The exception: a kernel
+ * whose `overwrites` says so may be asked (din_overwrite bit k) to write
+ * din[k] whole, as 0 + its gradient, because the executor did not clear it
+ * (this layer is the first to write it); it must then write every element,
+ * zeros included where dout is NULL. */
 #ifndef GP_BACKEND_CPU_KERNEL_H
 #define GP_BACKEND_CPU_KERNEL_H
 
@@ -29,6 +33,7 @@ struct gp_cpu_ctx {
     void *const *in;     /* [node->n_inputs]; NULL for omitted optional inputs */
     void *const *out;    /* [node->n_outputs]; NULL for omitted outputs */
     real *const *din;    /* [node->n_inputs]: gradients to accumulate into, or NULL */
+    uint32_t din_overwrite; /* bit k: din[k] is not cleared: write it (see above) */
     real *const *dout;   /* [node->n_outputs]: incoming gradients, or NULL (zero) */
     void *saved;         /* saved_bytes() of per-micro-batch state: written by
                             forward, read by backward (dropout needs none: its
@@ -59,7 +64,16 @@ struct gp_cpu_kernel {
     /* NULL when the op has no gradient: the executor refuses to train
      * through it (e.g. comparisons); it may still run in forward. */
     gp_status (*backward)(struct gp_cpu_ctx *ctx, struct gp_error *err);
+    /* Whether backward can write input k's gradient whole when asked
+     * (gp_cpu_ctx.din_overwrite). NULL: never. */
+    bool (*overwrites)(const struct gp_graph *g, const struct gp_node *node, int k);
 };
+
+/* Whether bit k of the context's din_overwrite is set. */
+static inline bool gp_cpu_overwrite(const struct gp_cpu_ctx *c, int k)
+{
+    return k < 32 && ((c->din_overwrite >> k) & 1);
+}
 
 /* The kernel for a node (matched by op_type; a kernel reads
  * node->def->since_version itself where versions differ), or NULL. */

@@ -205,6 +205,7 @@ extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     has_kernel,
     kernel_for,
     kernel_bf16,
+    NULL, /* overwrites: the CUDA kernels always add into cleared gradients */
     saved_bytes,
     scratch_bytes,
     forward,
