@@ -417,11 +417,18 @@ __global__ static void bn_bwd_finish_kernel(struct bn_plan p, bool have_dy, cons
     }
 }
 
+/* dx[i] += v, or with `ow` dx[i] = 0 + v (dx not read: its first writer). */
+template <class IO> __device__ static void bn_put_dx(gp_fptr dx, int64_t i, float v, bool ow)
+{
+    if (ow) IO::set_act(dx, i, FADD(0.0f, v));
+    else IO::add_act(dx, i, v);
+}
+
 /* Training: dx += a (dy - mdy - xhat mdyx) + cm + cv (x - mean), in
  * double, xc = x - mean in float as on the CPU. */
 template <class IO>
 __global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, const float *mean,
-                                              const float *invstd, const double *coef, gp_fptr dx)
+                                              const float *invstd, const double *coef, gp_fptr dx, bool ow)
 {
     GP_GRID_STRIDE(i, p.n * p.c * p.s) {
         int64_t c = chan_of(i, p.s, p.c);
@@ -430,18 +437,18 @@ __global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fp
         double g = dy.p ? (double)IO::act(dy, i) : 0.0;
         double v = DMUL(k[0], DSUB(DSUB(g, k[1]), DMUL(xhat, k[2])));
         v = DADD(DADD(v, k[3]), DMUL(k[4], xc));
-        IO::add_act(dx, i, (float)v);
+        bn_put_dx<IO>(dx, i, (float)v, ow);
     }
 }
 
 /* Evaluation: dx += dy * (scale * invstd). */
 template <class IO>
 __global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr dy, gp_fptr scale,
-                                             const float *invstd, gp_fptr dx)
+                                             const float *invstd, gp_fptr dx, bool ow)
 {
     GP_GRID_STRIDE(i, p.n * p.c * p.s) {
         int64_t c = chan_of(i, p.s, p.c);
-        IO::add_act(dx, i, FMUL(IO::act(dy, i), FMUL(IO::par(scale, c), invstd[c])));
+        bn_put_dx<IO>(dx, i, FMUL(IO::act(dy, i), FMUL(IO::par(scale, c), invstd[c])), ow);
     }
 }
 
@@ -488,13 +495,17 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     }
     int64_t n = p.n * p.c * p.s;
     if (!dx.p || n == 0) return GP_OK;
+    bool ow = gp_cuda_overwrite(ctx, 0);
     if (ctx->training) {
         IO_DISPATCH(kind, bn_bwd_dx_train_kernel<IO><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, ctx->stream>>>(
-                              p, x, dy, mean, invstd, coef, dx));
+                              p, x, dy, mean, invstd, coef, dx, ow));
     } else {
-        if (!dy.p) return GP_OK;
+        if (!dy.p) /* nothing to add; zeros to write when dx is not cleared */
+            return ow ? gp_cuda_call(ctx, cudaMemsetAsync(dx.p, 0, (size_t)n * (dx.bf16 ? 2 : 4), ctx->stream),
+                                     "cudaMemsetAsync", err)
+                      : GP_OK;
         IO_DISPATCH(kind, bn_bwd_dx_eval_kernel<IO><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, ctx->stream>>>(
-                              p, dy, scale, invstd, dx));
+                              p, dy, scale, invstd, dx, ow));
     }
     return gp_cuda_check_launch(ctx, "BatchNormalization backward dx", err);
 }
@@ -502,6 +513,7 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_batch_norm[] = {
-    {"BatchNormalization", bn_saved, bn_scratch, bn_forward, bn_backward, false, true},
+    {"BatchNormalization", bn_saved, bn_scratch, bn_forward, bn_backward, false, true, false,
+     gp_cuda_overwrites_input0},
     {NULL, NULL, NULL, NULL, NULL},
 };

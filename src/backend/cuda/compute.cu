@@ -74,6 +74,23 @@ static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
     return k && k->saved_bytes ? k->saved_bytes(g, node) : 0;
 }
 
+extern "C" bool gp_cuda_overwrites_input0(const struct gp_graph *g, const struct gp_node *node, int k)
+{
+    (void)g, (void)node;
+    return k == 0;
+}
+
+/* First writers (backend/compute.h): off unless GP_CUDA_FIRST_WRITERS=1,
+ * until the GPU suite has run the kernels that write a gradient whole
+ * (tests/cuda/test_cuda_first_writers.c); then those kernels say. */
+static bool overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
+{
+    const char *v = getenv("GP_CUDA_FIRST_WRITERS");
+    if (!v || strcmp(v, "1") != 0) return false;
+    const struct gp_cuda_kernel *kern = gp_cuda_kernel_for(node);
+    return kern && kern->overwrites && kern->overwrites(g, node, k);
+}
+
 static bool staged_backward(const struct gp_cuda_kernel *k)
 {
     return k->bf16_staged_backward && gp_cuda_conv_backward_staged();
@@ -103,6 +120,7 @@ static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_la
     k.in = c->in;
     k.out = c->out;
     k.din = c->din;
+    k.din_overwrite = c->din_overwrite;
     k.dout = c->dout;
     k.in_dt = c->in_dt;
     k.out_dt = c->out_dt;
@@ -205,7 +223,7 @@ extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     has_kernel,
     kernel_for,
     kernel_bf16,
-    NULL, /* overwrites: the CUDA kernels always add into cleared gradients */
+    overwrites,
     saved_bytes,
     scratch_bytes,
     forward,

@@ -648,12 +648,15 @@ static gp_status conv_backward_run(struct gp_cuda_ctx *c, struct conv_run *r, st
     bool b16 = r->mode.bf16;
     const void *x = c->in[0], *w = c->in[1], *dy = c->dout[0];
     void *dx = c->din[0], *dw = c->din[1], *db = c->node->n_inputs > 2 ? c->din[2] : NULL;
+    /* dX added into (beta 1), or written whole where it is not cleared
+     * (its first writer: beta 0, no accumulation buffer on the graph API). */
+    bool add = !gp_cuda_overwrite(c, 0);
     if (dx) {
         if (r->g.direct) {
-            GP_TRY(run_data(c, r, w, dy, dx, 1.0f, err));
+            GP_TRY(run_data(c, r, w, dy, dx, add ? 1.0f : 0.0f, err));
         } else {
             GP_TRY(run_data(c, r, w, dy, r->buf, 0.0f, err));
-            GP_TRY(launch_place(c, &r->g, b16, r->buf, dx, NULL, false, true, err));
+            GP_TRY(launch_place(c, &r->g, b16, r->buf, dx, NULL, false, add, err));
         }
     }
     if (dw) {
@@ -696,7 +699,7 @@ static gp_status convt_backward_run(struct gp_cuda_ctx *c, struct conv_run *r, s
             GP_TRY(launch_gather(c, &r->g, b16, dy, r->buf, err));
             img = r->buf;
         }
-        if (dx) GP_TRY(run_forward(c, r, img, w, dx, 1.0f, err));
+        if (dx) GP_TRY(run_forward(c, r, img, w, dx, gp_cuda_overwrite(c, 0) ? 0.0f : 1.0f, err));
         if (dw) GP_TRY(run_filter(c, r, img, x, err));
     }
     return launch_bias_grad(c, db, db && gp_cuda_is_bf16(c->din_dt, 2), dy, b16, r->g.n, r->g.m,
@@ -707,13 +710,23 @@ static gp_status convt_backward_run(struct gp_cuda_ctx *c, struct conv_run *r, s
 
 typedef gp_status (*run_fn)(struct gp_cuda_ctx *, struct conv_run *, struct gp_error *);
 
+/* No incoming gradient: nothing to add, but a dX that is not cleared (its
+ * first writer) gets its zeros. */
+static gp_status no_gradient(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    if (!c->din[0] || !gp_cuda_overwrite(c, 0)) return GP_OK;
+    size_t n = (size_t)gp_shape_numel(&gp_node_input(c->graph, c->node, 0)->shape);
+    return gp_cuda_call(c, cudaMemsetAsync(c->din[0], 0, n * (gp_cuda_is_bf16(c->din_dt, 0) ? 2 : 4), c->stream),
+                        "cudaMemsetAsync", err);
+}
+
 static gp_status with_run(struct gp_cuda_ctx *c, bool transpose, bool backward, run_fn fn,
                           struct gp_error *err)
 {
     struct conv_geom g;
     GP_TRY(conv_geom_init(c->graph, c->node, transpose, &g, err));
     if (g.n == 0 || g.img_ch == 0 || g.col_ch == 0 || g.img_size == 0 || g.col_size == 0)
-        return GP_OK; /* an empty tensor: nothing for cuDNN to do */
+        return backward ? no_gradient(c, err) : GP_OK; /* an empty tensor: nothing for cuDNN to do */
     struct conv_run r;
     gp_status st = run_begin(c, transpose, backward, &r, err);
     if (st == GP_OK) st = fn(c, &r, err);
@@ -728,7 +741,7 @@ static gp_status conv_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 
 static gp_status conv_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    if (!c->dout[0]) return GP_OK;
+    if (!c->dout[0]) return no_gradient(c, err);
     return with_run(c, false, true, conv_backward_run, err);
 }
 
@@ -739,7 +752,7 @@ static gp_status conv_transpose_forward(struct gp_cuda_ctx *c, struct gp_error *
 
 static gp_status conv_transpose_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
-    if (!c->dout[0]) return GP_OK;
+    if (!c->dout[0]) return no_gradient(c, err);
     return with_run(c, true, true, convt_backward_run, err);
 }
 
@@ -754,9 +767,9 @@ extern "C" const struct gp_cuda_kernel gp_cuda_kernels_conv[] = {
      * staged the backward on float32 copies with TF32 (exact products of
      * bfloat16 values, float32 sums), which was faster while cuDNN's
      * workspace was capped at 256 MiB (conv_problem.cuh). */
-    {"Conv", NULL, conv_scratch, conv_forward, conv_backward, true, false, true},
+    {"Conv", NULL, conv_scratch, conv_forward, conv_backward, true, false, true, gp_cuda_overwrites_input0},
     {"ConvTranspose", NULL, conv_transpose_scratch, conv_transpose_forward, conv_transpose_backward, true, false,
-     true},
+     true, gp_cuda_overwrites_input0},
     {NULL, NULL, NULL, NULL, NULL, false},
 };
 

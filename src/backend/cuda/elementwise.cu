@@ -200,12 +200,13 @@ __global__ static void unary_forward_kernel(struct uparams p, typename stor<S>::
     }
 }
 
-/* dX [n] += dY [n] * f'(X); X, Y the forward input and output (Y read
- * only where has_y: the gradients that use it); S the storage of all. */
+/* dX [n] += dY [n] * f'(X) (with `ow`, dX = 0 + that: dX not read); X, Y
+ * the forward input and output (Y read only where has_y: the gradients that
+ * use it); S the storage of all. */
 template <class S>
 __global__ static void unary_backward_kernel(struct uparams p, typename stor<S>::ptr X, typename stor<S>::ptr Y,
                                              bool has_y, typename stor<S>::ptr dY, typename stor<S>::ptr dX,
-                                             int64_t n)
+                                             int64_t n, bool ow)
 {
     GP_GRID_STRIDE_ILP(i0, st, n)
     {
@@ -217,7 +218,7 @@ __global__ static void unary_backward_kernel(struct uparams p, typename stor<S>:
             x[u] = in ? ldf(X, i) : 0.0f;
             y[u] = in && has_y ? ldf(Y, i) : 0.0f;
             dy[u] = in ? ldf(dY, i) : 0.0f;
-            dx[u] = in ? ldf(dX, i) : 0.0f;
+            dx[u] = in && !ow ? ldf(dX, i) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < GP_ILP; u++)
@@ -276,14 +277,20 @@ static gp_status unary_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 }
 
 /* Floor, Ceil, Round and Sign have zero gradient (their input is marked
- * non-differentiable): nothing to add. */
+ * non-differentiable): nothing to add (zeros to write when asked to write
+ * dX whole, as without dY). */
 static gp_status unary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     enum uop op = uop_of(c->node->op_type);
     if (op == U_NONE || op == U_NOT) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "no gradient");
-    if (!c->dout[0] || !c->din[0]) return GP_OK;
-    if (op == U_FLOOR || op == U_CEIL || op == U_ROUND || op == U_SIGN) return GP_OK;
+    if (!c->din[0]) return GP_OK;
     int64_t n = gp_shape_numel(&in_value(c, 0)->shape);
+    bool ow = gp_cuda_overwrite(c, 0);
+    if (!c->dout[0] || op == U_FLOOR || op == U_CEIL || op == U_ROUND || op == U_SIGN) {
+        if (!ow || n == 0) return GP_OK;
+        return gp_cuda_call(c, cudaMemsetAsync(c->din[0], 0, (size_t)n * (din16(c, 0) ? 2 : 4), c->stream),
+                            "cudaMemsetAsync", err);
+    }
     if (n == 0) return GP_OK;
     struct uparams p = uparams_of(c->node, op);
     bool ry = grad_reads_y(op);
@@ -291,7 +298,7 @@ static gp_status unary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     WITH_STOR(stor_of({x16, ry ? y16 : x16, dy16, dx16}),
               unary_backward_kernel<S><<<gp_cuda_blocks_ilp(n), THREADS, 0, c->stream>>>(
                   p, stor_ptr<S>(c->in[0], x16), stor_ptr<S>(ry ? c->out[0] : NULL, y16), ry,
-                  stor_ptr<S>(c->dout[0], dy16), stor_ptr<S>(c->din[0], dx16), n));
+                  stor_ptr<S>(c->dout[0], dy16), stor_ptr<S>(c->din[0], dx16), n, ow));
     return gp_cuda_check_launch(c, "unary backward", err);
 }
 
@@ -490,7 +497,7 @@ static gp_status identity_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 /* ---- the table ---- */
 
 /* The last field: bf16_any (any mix of bfloat16 and float32 storage). */
-#define UNARY(op) {op, NULL, NULL, unary_forward, unary_backward, false, true}
+#define UNARY(op) {op, NULL, NULL, unary_forward, unary_backward, false, true, false, gp_cuda_overwrites_input0}
 #define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL, false, true}
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_elementwise[] = {

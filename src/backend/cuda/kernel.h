@@ -31,6 +31,7 @@ struct gp_cuda_ctx {
     void *const *in;       /* [node->n_inputs] device pointers; NULL for omitted inputs */
     void *const *out;      /* [node->n_outputs] */
     float *const *din;     /* gradients to accumulate into, or NULL */
+    uint32_t din_overwrite; /* bit k: write din[k] whole instead (backend/compute.h) */
     float *const *dout;    /* incoming gradients, or NULL (zero) */
     /* Storage types of in/out/din/dout (backend/compute.h, gp_layer_call):
      * GP_DTYPE_FLOAT32 or GP_DTYPE_BFLOAT16 for float tensors. Non-NULL and
@@ -71,7 +72,21 @@ struct gp_cuda_kernel {
      * gp_cuda_conv_backward_staged() says: the convolutions, whose
      * bfloat16 backward in cuDNN was once slower than TF32's on the copies. */
     bool bf16_staged_backward;
+    /* Whether backward writes input k's gradient whole when asked
+     * (gp_cuda_ctx.din_overwrite): every element, as 0 + its gradient.
+     * NULL: never. Asked only with GP_CUDA_FIRST_WRITERS=1 for now. */
+    bool (*overwrites)(const struct gp_graph *g, const struct gp_node *node, int k);
 };
+
+/* Whether bit k of the context's din_overwrite is set. */
+static inline bool gp_cuda_overwrite(const struct gp_cuda_ctx *c, int k)
+{
+    return k < 32 && ((c->din_overwrite >> k) & 1);
+}
+
+/* Input 0's gradient written whole (the kernels whose only activation
+ * gradient is input 0's: the unary ops, BatchNormalization, Conv). */
+bool gp_cuda_overwrites_input0(const struct gp_graph *g, const struct gp_node *node, int k);
 
 /* GP_CONV_BF16_BACKWARD=staged: the convolutions' bfloat16 backward on
  * float32 copies with TF32, as before cuDNN's workspace cap was lifted
