@@ -76,6 +76,9 @@ static const struct unary_case unary_cases[] = {
     {"HardSigmoid", 17, NULL, 0, NULL, false,
      {0, 0.300000012f, 0.439999998f, 0.5f, 0.579999983f, 0.74000001f, 1}},
     {"HardSigmoid", 17, "alpha", 0.6f, NULL, false, {0, 0, 0.32f, 0.5f, 0.74f, 1, 1}},
+    /* x clamp(x + 3, 0, 6) / 6 (PyTorch's hardswish, float32). */
+    {"HardSwish", 17, NULL, 0, NULL, false,
+     {-0.208333328f, -0.333333343f, -0.135000005f, 0, 0.226666674f, 0.839999974f, 3}},
     {"Floor", 17, NULL, 0, NULL, false, {-3, -1, -1, 0, 0, 1, 3}},
     {"Ceil", 17, NULL, 0, NULL, false, {-2, -1, -0.0f, 0, 1, 2, 3}},
     {"Sign", 17, NULL, 0, NULL, false, {-1, -1, -1, 0, 1, 1, 1}},
@@ -137,6 +140,7 @@ static void test_unary_kinks_match_pytorch(void **state)
         {"Elu", "alpha", 0.5f, {0.18393972058572117, 0.5, 1}},
         /* 0.6 x + 0.5: saturated at -1 and 1 */
         {"HardSigmoid", "alpha", 0.6f, {0, 0.6000000238418579, 0}},
+        {"HardSwish", NULL, 0, {1.0 / 6, 0.5, 5.0 / 6}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         struct gp_graph g;
@@ -152,6 +156,25 @@ static void test_unary_kinks_match_pytorch(void **state)
         gp_cpu_runner_free_f64(r);
         gp_graph_free(&g);
     }
+}
+
+/* HardSwish's gradient at its kinks, as torch.nn.functional.hardswish's
+ * backward (torch 1.13, float64): -3 takes the middle piece (x/3 + 1/2 =
+ * -1/2), 3 too (3/2). */
+static void test_hardswish_kinks_match_pytorch(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    init(&g, 17);
+    input(&g, "x", GP_DTYPE_FLOAT32, 1, I64(5));
+    node(&g, "HardSwish", 1, S("x"), 1, S("y"));
+    output(&g, "y");
+    finalize(&g);
+    struct gp_cpu_runner *r =
+        run_backward(&g, (const void *[]){F32(-4, -3, 0, 3, 4)}, (const double *[]){F64(1, 1, 1, 1, 1)}, false);
+    expect_near64("HardSwish", grad_of(r, &g, "x"), F64(0, -0.5, 0.5, 1.5, 1), 5, 1e-12);
+    gp_cpu_runner_free_f64(r);
+    gp_graph_free(&g);
 }
 
 /* Round halves to even; integer Relu/Neg/Abs/Sign; Not. */
@@ -836,6 +859,7 @@ int main(void)
         cmocka_unit_test(test_unary_forward),
         cmocka_unit_test(test_unary_gradients),
         cmocka_unit_test(test_unary_kinks_match_pytorch),
+        cmocka_unit_test(test_hardswish_kinks_match_pytorch),
         cmocka_unit_test(test_unary_round_and_integers),
         cmocka_unit_test(test_binary_forward),
         cmocka_unit_test(test_binary_integers),

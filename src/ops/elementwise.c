@@ -58,6 +58,11 @@ static double f_hardsigmoid(double x, const struct unary_params *p)
 {
     return fmax(0, fmin(1, p->alpha * x + p->beta));
 }
+static double f_hardswish(double x, const struct unary_params *p)
+{
+    (void)p;
+    return x * fmin(fmax(x + 3, 0), 6) / 6;
+}
 static double f_elu(double x, const struct unary_params *p)
 {
     return x < 0 ? p->alpha * (exp(x) - 1) : x;
@@ -92,6 +97,7 @@ static const struct unary_op unary_ops[] = {
     {"Floor", f_floor, NULL},         {"Ceil", f_ceil, NULL},
     {"Round", f_round, NULL},         {"Not", NULL, i_not},
     {"Softplus", f_softplus, NULL},   {"HardSigmoid", f_hardsigmoid, NULL},
+    {"HardSwish", f_hardswish, NULL},
     {"Elu", f_elu, NULL},             {"Sign", f_sign, i_sign},
 };
 
@@ -660,6 +666,7 @@ const struct gp_op_def gp_ops_elementwise[] = {
     UNARY("Identity", 21, "", infer_identity, 0),
     UNARY("Softplus", 1, "", infer_unary_float, 0),
     UNARY("HardSigmoid", 6, "alpha:f,beta:f", infer_unary_float, 0),
+    UNARY("HardSwish", 14, "", infer_unary_float, 0),
     UNARY("Elu", 6, "alpha:f", infer_unary_float, 0),
     UNARY("Sign", 9, "", infer_unary_numeric, 0x1),
     UNARY("Sign", 13, "", infer_unary_numeric, 0x1),

@@ -209,7 +209,7 @@ static void test_lookup_and_errors(void **state)
     assert_null(gp_cuda_kernel_for(&nd));
     nd.domain = "";
     static const char *const ops[] = {
-        "Gelu", "Log", "Abs", "Reciprocal", "Softplus", "Elu", "HardSigmoid", "Floor", "Ceil",
+        "Gelu", "Log", "Abs", "Reciprocal", "Softplus", "Elu", "HardSigmoid", "HardSwish", "Floor", "Ceil",
         "Round", "Sign", "Not", "Pow", "Mod", "Equal", "Less", "LessOrEqual", "Greater",
         "GreaterOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "Where", "Expand", "Clip",
         "Cast", "CastLike", "Identity"};
@@ -267,6 +267,7 @@ static void test_unary(void **state)
         {"Elu", 13, 0.5f, NAN, NULL, -3, 3, 0},
         {"HardSigmoid", 13, NAN, NAN, NULL, -4, 4, 0},
         {"HardSigmoid", 13, 0.5f, 0.3f, NULL, -3, 3, 0},
+        {"HardSwish", 14, NAN, NAN, NULL, -5, 5, 0},
         {"Floor", 13, NAN, NAN, NULL, 0, 0, 2},
         {"Ceil", 13, NAN, NAN, NULL, 0, 0, 2},
         {"Round", 11, NAN, NAN, NULL, 0, 0, 2},

@@ -19,14 +19,14 @@
 
 enum uop {
     U_RELU, U_LEAKY, U_SIGMOID, U_TANH, U_ERF, U_GELU, U_SQRT, U_NEG, U_EXP, U_LOG, U_ABS,
-    U_RECIP, U_SOFTPLUS, U_ELU, U_HARDSIGMOID, U_FLOOR, U_CEIL, U_ROUND, U_SIGN, U_NOT, U_NONE,
+    U_RECIP, U_SOFTPLUS, U_ELU, U_HARDSIGMOID, U_HARDSWISH, U_FLOOR, U_CEIL, U_ROUND, U_SIGN, U_NOT, U_NONE,
 };
 
 static enum uop uop_of(const char *op_type)
 {
     static const char *const names[] = {
         "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Gelu", "Sqrt", "Neg", "Exp", "Log", "Abs",
-        "Reciprocal", "Softplus", "Elu", "HardSigmoid", "Floor", "Ceil", "Round", "Sign", "Not"};
+        "Reciprocal", "Softplus", "Elu", "HardSigmoid", "HardSwish", "Floor", "Ceil", "Round", "Sign", "Not"};
     for (int k = 0; k < U_NONE; k++)
         if (strcmp(names[k], op_type) == 0) return (enum uop)k;
     return U_NONE;
@@ -144,6 +144,8 @@ static gp_status unary_forward(struct gp_cpu_ctx *c, struct gp_error *err)
     case U_SOFTPLUS: MAP(x > 0 ? x + log1p(exp(-x)) : log1p(exp(x))); break;
     case U_ELU: MAP(x < 0 ? a * expm1(x) : x); break;
     case U_HARDSIGMOID: MAP(fmax(R(0), fmin(R(1), a * x + b))); break;
+    /* x max(0, min(1, x/6 + 1/2)) (ONNX), in PyTorch's order: x min(max(x + 3, 0), 6) / 6. */
+    case U_HARDSWISH: MAP(x * fmin(fmax(x + 3, R(0)), R(6)) / 6); break;
     case U_FLOOR: MAP(floor(x)); break;
     case U_CEIL: MAP(ceil(x)); break;
     case U_ROUND: MAP(nearbyint(x)); break; /* halves to even, as ONNX specifies */
@@ -193,6 +195,8 @@ static gp_status unary_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     case U_SOFTPLUS: GRAD(dy * sigmoid(x)); break;
     case U_ELU: GRAD(x > 0 ? dy : dy * a * exp(x)); break;
     case U_HARDSIGMOID: GRAD(a * x + b > 0 && a * x + b < 1 ? dy * a : 0); break;
+    /* PyTorch's hardswish_backward: 0 below -3, x/3 + 1/2 up to 3 (inclusive), 1 above. */
+    case U_HARDSWISH: GRAD(x < -3 ? 0 : x <= 3 ? dy * (x / 3 + R(0.5)) : dy); break;
     case U_FLOOR: case U_CEIL: case U_ROUND: case U_SIGN:
         if (ow) memset(dX, 0, sizeof(real) * (size_t)n);
         break;
@@ -320,7 +324,7 @@ static bool unary_overwrites(const struct gp_graph *g, const struct gp_node *nod
 const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_elementwise)[] = {
     UNARY("Relu"), UNARY("LeakyRelu"), UNARY("Sigmoid"), UNARY("Tanh"), UNARY("Erf"),
     UNARY("Gelu"), UNARY("Sqrt"), UNARY("Neg"), UNARY("Exp"), UNARY("Log"), UNARY("Abs"),
-    UNARY("Reciprocal"), UNARY("Softplus"), UNARY("Elu"), UNARY("HardSigmoid"),
+    UNARY("Reciprocal"), UNARY("Softplus"), UNARY("Elu"), UNARY("HardSigmoid"), UNARY("HardSwish"),
     /* Zero gradient; the op layer marks their input non-differentiable. */
     UNARY("Floor"), UNARY("Ceil"), UNARY("Round"), UNARY("Sign"),
     NO_GRAD("Not", unary_forward),

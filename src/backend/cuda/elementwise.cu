@@ -63,14 +63,14 @@ static bool dout16(const struct gp_cuda_ctx *c, int k) { return gp_cuda_is_bf16(
 
 enum uop {
     U_RELU, U_LEAKY, U_SIGMOID, U_TANH, U_ERF, U_GELU, U_SQRT, U_NEG, U_EXP, U_LOG, U_ABS,
-    U_RECIP, U_SOFTPLUS, U_ELU, U_HARDSIGMOID, U_FLOOR, U_CEIL, U_ROUND, U_SIGN, U_NOT, U_NONE,
+    U_RECIP, U_SOFTPLUS, U_ELU, U_HARDSIGMOID, U_HARDSWISH, U_FLOOR, U_CEIL, U_ROUND, U_SIGN, U_NOT, U_NONE,
 };
 
 static enum uop uop_of(const char *op_type)
 {
     static const char *const names[] = {
         "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Gelu", "Sqrt", "Neg", "Exp", "Log", "Abs",
-        "Reciprocal", "Softplus", "Elu", "HardSigmoid", "Floor", "Ceil", "Round", "Sign", "Not"};
+        "Reciprocal", "Softplus", "Elu", "HardSigmoid", "HardSwish", "Floor", "Ceil", "Round", "Sign", "Not"};
     for (int k = 0; k < U_NONE; k++)
         if (strcmp(names[k], op_type) == 0) return (enum uop)k;
     return U_NONE;
@@ -144,6 +144,7 @@ __device__ static inline float unary_f(const struct uparams &p, float x)
     case U_SOFTPLUS: return x > 0 ? __fadd_rn(x, log1pf(expf(-x))) : log1pf(expf(x));
     case U_ELU: return x < 0 ? a * expm1f(x) : x;
     case U_HARDSIGMOID: return fmaxf(0.0f, fminf(1.0f, __fadd_rn(__fmul_rn(a, x), p.beta)));
+    case U_HARDSWISH: return __fdiv_rn(__fmul_rn(x, fminf(fmaxf(__fadd_rn(x, 3.0f), 0.0f), 6.0f)), 6.0f);
     case U_FLOOR: return floorf(x);
     case U_CEIL: return ceilf(x);
     case U_ROUND: return rintf(x); /* halves to even */
@@ -180,6 +181,7 @@ __device__ static inline float unary_grad(const struct uparams &p, float x, floa
         float v = __fadd_rn(__fmul_rn(a, x), p.beta);
         return v > 0 && v < 1 ? dy * a : 0.0f;
     }
+    case U_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? __fmul_rn(dy, __fadd_rn(__fdiv_rn(x, 3.0f), 0.5f)) : dy;
     default: return 0.0f;
     }
 }
@@ -503,7 +505,7 @@ static gp_status identity_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_elementwise[] = {
     UNARY("Relu"), UNARY("LeakyRelu"), UNARY("Sigmoid"), UNARY("Tanh"), UNARY("Erf"),
     UNARY("Gelu"), UNARY("Sqrt"), UNARY("Neg"), UNARY("Exp"), UNARY("Log"), UNARY("Abs"),
-    UNARY("Reciprocal"), UNARY("Softplus"), UNARY("Elu"), UNARY("HardSigmoid"),
+    UNARY("Reciprocal"), UNARY("Softplus"), UNARY("Elu"), UNARY("HardSigmoid"), UNARY("HardSwish"),
     /* Zero gradient; the op layer marks their input non-differentiable. */
     UNARY("Floor"), UNARY("Ceil"), UNARY("Round"), UNARY("Sign"),
     NO_GRAD("Not", unary_forward),
