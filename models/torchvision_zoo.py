@@ -6,10 +6,12 @@ Run with the interpreter that has torch, torchvision, onnx and numpy (Debian's p
     python3 models/torchvision_zoo.py --gpipe build-cpu/src/gpipe-onnx [--only resnet18 ...]
         [--work DIR] [--json zoo.json] [--markdown zoo.md]
 
-For each family: the torchvision model with 10 classes, in train() mode, every Dropout at p = 0,
-exported at opset 17 in training mode (BatchNormalization keeps its batch statistics), batch 4
-of random images of the family's size (64 px, 224 for alexnet and vgg, whose adaptive pooling
-exports only at their native size, 96 for inception) and random labels. Then three SGD steps
+For each family (and the segmentation models PyTorch exports in training mode: fcn,
+deeplabv3, lraspp, a class per pixel): the torchvision model with 10 classes, in train() mode,
+every Dropout and stochastic depth at p = 0, exported as README's recipe says (opset 17,
+training mode, no constant folding, a dynamic batch axis); batch 4 of random images of the
+family's size (64 px; 224 for alexnet, vgg and maxvit, whose pooling or partitions export only
+at their native size; 96 for inception) and random labels. Then three SGD steps
 (lr 0.01, momentum 0.9, cross-entropy) in PyTorch in float64 and in float32, from the weights
 that were exported, and in gpipe-onnx (CPU, fp32, `train --steps 3 --metrics`). A family
 matches when each of gpipe-onnx's three losses is as close to PyTorch's float64 loss as
@@ -43,30 +45,47 @@ CLASSES = 10
 FLOOR = 1e-5
 
 
+class SegmentationOut(nn.Module):
+    """torchvision's segmentation models return {"out": logits, ...}: the logits alone."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x)["out"]
+
+
 def families():
-    """name -> (constructor, image size)."""
+    """name -> (constructor, image size, dense): dense models predict a class per pixel."""
     m = torchvision.models
+    seg = torchvision.models.segmentation
     return {
-        "alexnet": (lambda: m.alexnet(num_classes=CLASSES), 224),
-        "vgg11_bn": (lambda: m.vgg11_bn(num_classes=CLASSES), 224),
-        "resnet18": (lambda: m.resnet18(num_classes=CLASSES), 64),
-        "resnet50": (lambda: m.resnet50(num_classes=CLASSES), 64),
-        "resnext50_32x4d": (lambda: m.resnext50_32x4d(num_classes=CLASSES), 64),
-        "wide_resnet50_2": (lambda: m.wide_resnet50_2(num_classes=CLASSES), 64),
-        "squeezenet1_1": (lambda: m.squeezenet1_1(num_classes=CLASSES), 64),
-        "densenet121": (lambda: m.densenet121(num_classes=CLASSES), 64),
-        "googlenet": (lambda: m.googlenet(num_classes=CLASSES, aux_logits=False, init_weights=True), 64),
-        "inception_v3": (lambda: m.inception_v3(num_classes=CLASSES, aux_logits=False, init_weights=True), 96),
-        "shufflenet_v2_x0_5": (lambda: m.shufflenet_v2_x0_5(num_classes=CLASSES), 64),
-        "mobilenet_v2": (lambda: m.mobilenet_v2(num_classes=CLASSES), 64),
-        "mobilenet_v3_small": (lambda: m.mobilenet_v3_small(num_classes=CLASSES), 64),
-        "mnasnet0_5": (lambda: m.mnasnet0_5(num_classes=CLASSES), 64),
-        "efficientnet_b0": (lambda: m.efficientnet_b0(num_classes=CLASSES), 64),
-        "regnet_y_400mf": (lambda: m.regnet_y_400mf(num_classes=CLASSES), 64),
-        "convnext_tiny": (lambda: m.convnext_tiny(num_classes=CLASSES), 64),
-        "vit_b_16": (lambda: m.vit_b_16(num_classes=CLASSES, image_size=64), 64),
-        "swin_t": (lambda: m.swin_t(num_classes=CLASSES), 64),
-        "maxvit_t": (lambda: m.maxvit_t(num_classes=CLASSES), 224),
+        "alexnet": (lambda: m.alexnet(num_classes=CLASSES), 224, False),
+        "vgg11_bn": (lambda: m.vgg11_bn(num_classes=CLASSES), 224, False),
+        "resnet18": (lambda: m.resnet18(num_classes=CLASSES), 64, False),
+        "resnet50": (lambda: m.resnet50(num_classes=CLASSES), 64, False),
+        "resnext50_32x4d": (lambda: m.resnext50_32x4d(num_classes=CLASSES), 64, False),
+        "wide_resnet50_2": (lambda: m.wide_resnet50_2(num_classes=CLASSES), 64, False),
+        "squeezenet1_1": (lambda: m.squeezenet1_1(num_classes=CLASSES), 64, False),
+        "densenet121": (lambda: m.densenet121(num_classes=CLASSES), 64, False),
+        "googlenet": (lambda: m.googlenet(num_classes=CLASSES, aux_logits=False, init_weights=True), 64, False),
+        "inception_v3": (lambda: m.inception_v3(num_classes=CLASSES, aux_logits=False, init_weights=True), 96, False),
+        "shufflenet_v2_x0_5": (lambda: m.shufflenet_v2_x0_5(num_classes=CLASSES), 64, False),
+        "mobilenet_v2": (lambda: m.mobilenet_v2(num_classes=CLASSES), 64, False),
+        "mobilenet_v3_small": (lambda: m.mobilenet_v3_small(num_classes=CLASSES), 64, False),
+        "mnasnet0_5": (lambda: m.mnasnet0_5(num_classes=CLASSES), 64, False),
+        "efficientnet_b0": (lambda: m.efficientnet_b0(num_classes=CLASSES), 64, False),
+        "regnet_y_400mf": (lambda: m.regnet_y_400mf(num_classes=CLASSES), 64, False),
+        "convnext_tiny": (lambda: m.convnext_tiny(num_classes=CLASSES), 64, False),
+        "vit_b_16": (lambda: m.vit_b_16(num_classes=CLASSES, image_size=64), 64, False),
+        "swin_t": (lambda: m.swin_t(num_classes=CLASSES), 64, False),
+        "maxvit_t": (lambda: m.maxvit_t(num_classes=CLASSES), 224, False),
+        "fcn_resnet50": (lambda: SegmentationOut(seg.fcn_resnet50(num_classes=CLASSES, weights_backbone=None)), 64, True),
+        "deeplabv3_mobilenet_v3_large": (lambda: SegmentationOut(seg.deeplabv3_mobilenet_v3_large(
+            num_classes=CLASSES, weights_backbone=None)), 64, True),
+        "lraspp_mobilenet_v3_large": (lambda: SegmentationOut(seg.lraspp_mobilenet_v3_large(
+            num_classes=CLASSES, weights_backbone=None)), 64, True),
     }
 
 
@@ -101,13 +120,13 @@ def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-30)
 
 
-def run_family(name, make, size, gpipe, work, timeout):
+def run_family(name, make, size, dense, gpipe, work, timeout):
     r = {"family": name, "image": size, "batch": BATCH}
     torch.manual_seed(0)
     model = no_dropout(make()).train()
     gen = np.random.RandomState(0)
     x = gen.standard_normal((BATCH, 3, size, size)).astype(np.float32)
-    y = gen.randint(0, CLASSES, size=BATCH).astype(np.int64)
+    y = gen.randint(0, CLASSES, size=(BATCH, size, size) if dense else BATCH).astype(np.int64)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     onnx_path = os.path.join(work, name + ".onnx")
     t0 = time.time()
@@ -116,7 +135,8 @@ def run_family(name, make, size, gpipe, work, timeout):
         # statistics, which training does not read: the weights stay those of the copy below.
         start = copy.deepcopy(model)
         torch.onnx.export(model, xt, onnx_path, opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, input_names=["x"], output_names=["y"])
+                          do_constant_folding=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
         model = start
     except Exception as e:  # the exporter's refusal, whatever its type
         r["outcome"] = "export failed"
@@ -177,9 +197,9 @@ def main():
     os.makedirs(work, exist_ok=True)
     rows = []
     for n in names:
-        make, size = fams[n]
+        make, size, dense = fams[n]
         print(f"[zoo] {n} ({size} px) ...", flush=True)
-        r = run_family(n, make, size, args.gpipe, work, args.timeout)
+        r = run_family(n, make, size, dense, args.gpipe, work, args.timeout)
         rows.append(r)
         detail = r.get("why", "")
         if "distance" in r:
