@@ -99,10 +99,10 @@ def no_dropout(model):
     return model
 
 
-def torch_losses(model, x, y, dtype):
+def torch_losses(model, x, y, dtype, lr):
     """Three SGD steps from the model's current weights; the loss before each."""
     model = copy.deepcopy(model).to(dtype).train()
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
     losses = []
     for _ in range(STEPS):
         out = model(x.to(dtype))
@@ -120,7 +120,7 @@ def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-30)
 
 
-def run_family(name, make, size, dense, gpipe, work, timeout):
+def run_family(name, make, size, dense, gpipe, work, timeout, lr):
     r = {"family": name, "image": size, "batch": BATCH}
     torch.manual_seed(0)
     model = no_dropout(make()).train()
@@ -148,7 +148,7 @@ def run_family(name, make, size, dense, gpipe, work, timeout):
     metrics = os.path.join(work, name + "_metrics.jsonl")
     cmd = [gpipe, "train", onnx_path, "--data", os.path.join(work, name + "_x.npy"), "--labels",
            os.path.join(work, name + "_y.npy"), "--batch", str(BATCH), "--steps", str(STEPS), "--optimizer",
-           "sgd", "--lr", str(LR), "--momentum", str(MOMENTUM), "--loss", "cross-entropy", "--dropout", "0",
+           "sgd", "--lr", str(lr), "--momentum", str(MOMENTUM), "--loss", "cross-entropy", "--dropout", "0",
            "--devices", "cpu:0", "--metrics", metrics]
     r["command"] = " ".join(cmd)
     t0 = time.time()
@@ -166,8 +166,8 @@ def run_family(name, make, size, dense, gpipe, work, timeout):
         r["why"] = why[:400]
         return r
     ours = [json.loads(l)["loss"] for l in open(metrics) if l.strip()]
-    f64 = torch_losses(model, xt, yt, torch.float64)
-    f32 = torch_losses(model, xt, yt, torch.float32)
+    f64 = torch_losses(model, xt, yt, torch.float64, lr)
+    f32 = torch_losses(model, xt, yt, torch.float32, lr)
     r["losses"] = {"gpipe_onnx": ours, "torch_float64": f64, "torch_float32": f32}
     allow = [max(rel(a, b), FLOOR) for a, b in zip(f32, f64)]
     dist = [rel(a, b) for a, b in zip(ours, f64)]
@@ -184,6 +184,7 @@ def main():
     ap.add_argument("--only", nargs="*", help="these families only")
     ap.add_argument("--work", help="folder for the exports and data (default: a temporary one)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per gpipe-onnx run")
+    ap.add_argument("--lr", type=float, default=LR, help=f"SGD learning rate (default {LR})")
     ap.add_argument("--json", help="results as JSON")
     ap.add_argument("--markdown", help="the table as Markdown")
     args = ap.parse_args()
@@ -199,7 +200,7 @@ def main():
     for n in names:
         make, size, dense = fams[n]
         print(f"[zoo] {n} ({size} px) ...", flush=True)
-        r = run_family(n, make, size, dense, args.gpipe, work, args.timeout)
+        r = run_family(n, make, size, dense, args.gpipe, work, args.timeout, args.lr)
         rows.append(r)
         detail = r.get("why", "")
         if "distance" in r:
@@ -222,7 +223,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "torchvision": torchvision.__version__, "batch": BATCH,
-                       "steps": STEPS, "lr": LR, "momentum": MOMENTUM, "rows": rows}, f, indent=1)
+                       "steps": STEPS, "lr": args.lr, "momentum": MOMENTUM, "rows": rows}, f, indent=1)
     bad = [r for r in rows if r["outcome"] != "matches"]
     return 1 if bad else 0
 

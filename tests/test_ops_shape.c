@@ -89,6 +89,11 @@ static void attr_int(struct gp_graph *g, int n, const char *name, int64_t v)
     attr(g, n, name, GP_ATTR_INT)->i = v;
 }
 
+static void attr_str(struct gp_graph *g, int n, const char *name, const char *v)
+{
+    attr(g, n, name, GP_ATTR_STRING)->s = v;
+}
+
 static void attr_ints(struct gp_graph *g, int n, const char *name, int count, const int64_t *v)
 {
     struct gp_attr *a = attr(g, n, name, GP_ATTR_INTS);
@@ -592,6 +597,49 @@ static void test_generators_fold(void **state)
     gp_graph_free(&g);
 }
 
+/* ScatterND folds (swin's shifted-window mask is one made of shapes):
+ * rows, single cells with a negative index, and a reduction; an index out
+ * of range and updates of the wrong shape are refused. ONNX's examples. */
+static void test_scatter_nd_fold(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    init(&g, 1, 18);
+    ci64(&g, "data", 2, I64(3, 2), I64(1, 2, 3, 4, 5, 6));
+    ci64(&g, "rows", 2, I64(2, 1), I64(2, 0));
+    ci64(&g, "rowvals", 2, I64(2, 2), I64(10, 11, 20, 21));
+    ci64(&g, "cells", 2, I64(2, 2), I64(-1, 1, 0, 0));
+    ci64(&g, "cellvals", 1, I64(2), I64(7, 8));
+    node(&g, "ScatterND", 3, S("data", "rows", "rowvals"), 1, S("by_rows"));
+    node(&g, "ScatterND", 3, S("data", "cells", "cellvals"), 1, S("by_cells"));
+    int n = node(&g, "ScatterND", 3, S("data", "cells", "cellvals"), 1, S("added"));
+    attr_str(&g, n, "reduction", "add");
+    const char *outs[] = {"by_rows", "by_cells", "added"};
+    for (int i = 0; i < 3; i++) output(&g, outs[i]);
+    finalize_ok(&g);
+    assert_int_equal(g.n_nodes, 0);
+    expect_values(&g, "by_rows", GP_DTYPE_INT64, 2, I64(3, 2), D(20, 21, 3, 4, 10, 11));
+    expect_values(&g, "by_cells", GP_DTYPE_INT64, 2, I64(3, 2), D(8, 2, 3, 4, 5, 7));
+    expect_values(&g, "added", GP_DTYPE_INT64, 2, I64(3, 2), D(9, 2, 3, 4, 5, 13));
+    gp_graph_free(&g);
+
+    init(&g, 1, 13);
+    ci64(&g, "data", 1, I64(3), I64(1, 2, 3));
+    ci64(&g, "at", 2, I64(1, 1), I64(3));
+    ci64(&g, "v", 1, I64(1), I64(9));
+    node(&g, "ScatterND", 3, S("data", "at", "v"), 1, S("y"));
+    output(&g, "y");
+    expect_error(&g, GP_ERR_INVALID, "index 3 is out of range for axis 0 of size 3");
+
+    init(&g, 1, 13);
+    ci64(&g, "data", 1, I64(3), I64(1, 2, 3));
+    ci64(&g, "at", 2, I64(1, 1), I64(0));
+    ci64(&g, "v", 1, I64(2), I64(9, 9));
+    node(&g, "ScatterND", 3, S("data", "at", "v"), 1, S("y"));
+    output(&g, "y");
+    expect_error(&g, GP_ERR_SHAPE, "updates have the wrong shape");
+}
+
 static void test_constant_node(void **state)
 {
     (void)state;
@@ -687,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_split_fold),
         cmocka_unit_test(test_transpose_concat_gather_fold),
         cmocka_unit_test(test_generators_fold),
+        cmocka_unit_test(test_scatter_nd_fold),
         cmocka_unit_test(test_constant_node),
         cmocka_unit_test(test_elementwise_fold),
     };

@@ -1,6 +1,6 @@
 /* Shape ops: Shape, Size, Reshape, Flatten, Transpose, Squeeze, Unsqueeze,
- * Concat, Split, Slice, Gather, ConstantOfShape, Range, Constant, Tile and
- * Trilu.
+ * Concat, Split, Slice, Gather, ScatterND, ConstantOfShape, Range, Constant,
+ * Tile and Trilu.
  *
  * Exporters compute reshape targets at run time from Shape(x); once the
  * batch axis is bound, Shape folds from shapes alone (GP_FOLD_SHAPES) and
@@ -492,6 +492,81 @@ static gp_status fold_gather(struct gp_infer_ctx *ctx)
     return GP_OK;
 }
 
+/* ---- ScatterND ----
+ * out = data with updates written at indices: indices [..., k] address the
+ * first k axes of data, updates [..., data.shape[k:]]. Exporters make it of
+ * an indexed assignment (swin's shifted-window mask, `mask[h, w] = n`),
+ * from shapes and constants, so it folds at load time; there is no
+ * training kernel (a ScatterND on activations is refused as unsupported by
+ * the backend). Reductions (16+): none, add, mul, max, min. */
+
+static gp_status infer_scatter_nd(struct gp_infer_ctx *ctx)
+{
+    struct gp_value *x, *idx, *upd;
+    GP_TRY(gp_req_in(ctx, 0, &x));
+    GP_TRY(gp_req_in(ctx, 1, &idx));
+    GP_TRY(gp_req_in(ctx, 2, &upd));
+    GP_TRY(gp_want_int_index(ctx, 1));
+    const struct gp_shape *xs = &x->shape, *is = &idx->shape, *us = &upd->shape;
+    if (is->rank == 0) return gp_op_error(ctx, GP_ERR_SHAPE, "indices must have rank >= 1");
+    int64_t k = is->dims[is->rank - 1];
+    if (k < 1 || k > xs->rank)
+        return gp_op_error(ctx, GP_ERR_SHAPE, "indices address %lld axes of data of rank %d", (long long)k,
+                           xs->rank);
+    /* updates: indices' shape without its last axis, then data's from axis k. */
+    int want = is->rank - 1 + xs->rank - (int)k;
+    bool ok = us->rank == want;
+    for (int d = 0; ok && d < is->rank - 1; d++) ok = us->dims[d] == is->dims[d];
+    for (int d = (int)k; ok && d < xs->rank; d++) ok = us->dims[is->rank - 1 + d - (int)k] == xs->dims[d];
+    if (!ok) return gp_op_error(ctx, GP_ERR_SHAPE, "updates have the wrong shape for these indices and data");
+    if (upd->dtype != x->dtype)
+        return gp_op_error(ctx, GP_ERR_INVALID, "updates are %s but data is %s", gp_dtype_name(upd->dtype),
+                           gp_dtype_name(x->dtype));
+    const char *red = gp_node_attr_string(ctx->node, "reduction", "none");
+    if (strcmp(red, "none") && strcmp(red, "add") && strcmp(red, "mul") && strcmp(red, "max") && strcmp(red, "min"))
+        return gp_op_error(ctx, GP_ERR_INVALID, "reduction '%s' is not none, add, mul, max or min", red);
+    gp_set_out(ctx, 0, x->dtype, xs);
+    return GP_OK;
+}
+
+static gp_status fold_scatter_nd(struct gp_infer_ctx *ctx)
+{
+    const struct gp_tensor *x = gp_in(ctx, 0)->constant, *idx = gp_in(ctx, 1)->constant,
+                           *upd = gp_in(ctx, 2)->constant;
+    struct gp_tensor *o = gp_fold_out(ctx, 0);
+    if (!o) return GP_ERR_NOMEM;
+    memcpy(o->data, x->data, x->nbytes);
+    const struct gp_shape *xs = &x->shape, *is = &idx->shape;
+    int k = (int)is->dims[is->rank - 1];
+    int64_t slice = 1;
+    for (int d = k; d < xs->rank; d++) slice *= xs->dims[d];
+    int64_t n = gp_shape_numel(is) / k;
+    const char *red = gp_node_attr_string(ctx->node, "reduction", "none");
+    size_t es = gp_dtype_size(x->dtype);
+    for (int64_t j = 0; j < n; j++) {
+        int64_t at = 0;
+        for (int d = 0; d < k; d++) {
+            int64_t v = gp_tensor_get_i64(idx, j * k + d), dim = xs->dims[d];
+            if (v < -dim || v >= dim)
+                return gp_op_error(ctx, GP_ERR_INVALID, "index %lld is out of range for axis %d of size %lld",
+                                   (long long)v, d, (long long)dim);
+            at = at * dim + (v < 0 ? v + dim : v);
+        }
+        at *= slice;
+        if (!strcmp(red, "none")) {
+            memcpy(bytes(o) + (size_t)at * es, bytes(upd) + (size_t)(j * slice) * es, (size_t)slice * es);
+            continue;
+        }
+        for (int64_t e = 0; e < slice; e++) {
+            double a = gp_tensor_get_f64(o, at + e), b = gp_tensor_get_f64(upd, j * slice + e);
+            double r = !strcmp(red, "add") ? a + b : !strcmp(red, "mul") ? a * b : !strcmp(red, "max") ? fmax(a, b)
+                                                                                                      : fmin(a, b);
+            gp_tensor_set_f64(o, at + e, r);
+        }
+    }
+    return GP_OK;
+}
+
 /* ---- ConstantOfShape, Range, Constant ---- */
 
 static gp_status infer_constant_of_shape(struct gp_infer_ctx *ctx)
@@ -788,6 +863,10 @@ const struct gp_op_def gp_ops_shape[] = {
     OP("Gather", 1, 2, 2, 1, "axis:i", 0x2, infer_gather, FOLD, fold_gather),
     OP("Gather", 11, 2, 2, 1, "axis:i", 0x2, infer_gather, FOLD, fold_gather),
     OP("Gather", 13, 2, 2, 1, "axis:i", 0x2, infer_gather, FOLD, fold_gather),
+    OP("ScatterND", 11, 3, 3, 1, "", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
+    OP("ScatterND", 13, 3, 3, 1, "", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
+    OP("ScatterND", 16, 3, 3, 1, "reduction:s", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
+    OP("ScatterND", 18, 3, 3, 1, "reduction:s", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
     OP("ConstantOfShape", 9, 1, 1, 1, "value:t", 0x1,
         infer_constant_of_shape, FOLD, fold_constant_of_shape),
     OP("ConstantOfShape", 20, 1, 1, 1, "value:t", 0x1,
