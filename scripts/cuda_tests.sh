@@ -8,6 +8,10 @@
 #   scripts/cuda_tests.sh [--no-sanitizer] [BUILD_DIR]   (default: build)
 #
 # With CUDA_TEST_LOGS=DIR, each test's whole output is kept in DIR/<test>.log.
+# With CUDA_TEST_JOBS=N (default 1), the memcheck pass runs N binaries at a
+# time: under the sanitizer each is bound by its host thread, not the GPU, so
+# on a machine with several cores N of them take about the time of the
+# slowest (the lines of that pass then come in the order they finish).
 #
 # The same binaries that `meson test -C build --suite cuda` runs; this script
 # exists for machines that have the binaries but not the build system.
@@ -76,6 +80,17 @@ else
     echo "test_state or gpipe-onnx not in $build: the GPU kill and resume runs were not run"
     failed=$((failed + 1))
 fi
+# Runs `run LABEL COMMAND...` in the background, at most CUDA_TEST_JOBS at a
+# time; each job reports its failure through a file, since a subshell cannot
+# change `failed`.
+jobs_max=${CUDA_TEST_JOBS:-1}
+fail_dir=$(mktemp -d)
+trap 'rm -rf "$fail_dir"' EXIT
+run_bg() {
+    if [ "$jobs_max" -le 1 ]; then run "$@"; return; fi
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+    (failed=0; run "$@"; [ $failed -eq 0 ] || touch "$fail_dir/$BASHPID") &
+}
 if [ $sanitize = 1 ]; then
     if command -v compute-sanitizer >/dev/null 2>&1; then
         # Leaks and memcheck errors both fail: --error-exitcode makes them count.
@@ -83,10 +98,12 @@ if [ $sanitize = 1 ]; then
         # (allocations too large, invalid launches) to check our messages.
         memcheck=(compute-sanitizer --tool memcheck --error-exitcode 99 --report-api-errors no --leak-check full)
         for t in "${tests[@]}"; do
-            run "$(basename "$t") (memcheck)" "${memcheck[@]}" "$t"
+            run_bg "$(basename "$t") (memcheck)" "${memcheck[@]}" "$t"
         done
         [ ${#graph_conv[@]} -gt 0 ] &&
-            run "test_cuda_conv (graph API, memcheck)" env GP_CONV_API=graph "${memcheck[@]}" "$build/tests/test_cuda_conv"
+            run_bg "test_cuda_conv (graph API, memcheck)" env GP_CONV_API=graph "${memcheck[@]}" "$build/tests/test_cuda_conv"
+        wait
+        failed=$((failed + $(find "$fail_dir" -type f | wc -l)))
     else
         echo "compute-sanitizer not found: the memcheck pass was not run"
         failed=$((failed + 1))

@@ -327,7 +327,11 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
 
     /* ---- CUDA ---- */
     cudaStream_t stream;
-    op_cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), label, "cudaStreamCreate");
+    /* A blocking stream: the uploads and poison fills before a launch are
+     * plain cudaMemcpy / cudaMemset on the legacy default stream, which a
+     * non-blocking stream does not wait for (a fill could land after the
+     * kernel's writes: seen under compute-sanitizer, which slows the host). */
+    op_cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamDefault), label, "cudaStreamCreate");
     struct gp_cuda_libs libs;
     if (gp_cuda_libs_create(stream, o->tf32, NULL, &libs, &err) != GP_OK) fail_msg("%s: %s", label, err.msg);
     void *gin[MAX_IO + 1] = {0}, *gout[MAX_IO + 1] = {0};

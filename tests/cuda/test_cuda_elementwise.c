@@ -759,7 +759,11 @@ static void test_null_gradients(void **state)
         void *dcond = op_dev_copy_of(cond, sizeof cond, ops[o]);
         void *scratch = op_dev_alloc(4096, ops[o]);
         cudaStream_t stream;
-        op_cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), ops[o], "cudaStreamCreate");
+        /* A blocking stream: the uploads and poison fills before a launch are
+         * plain cudaMemcpy / cudaMemset on the legacy default stream, which a
+         * non-blocking stream does not wait for (a fill could land after the
+         * kernel's writes: seen under compute-sanitizer, which slows the host). */
+        op_cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamDefault), ops[o], "cudaStreamCreate");
         bool where = strcmp(ops[o], "Where") == 0;
         void *in[3] = {where ? dcond : (void *)dx, where ? (void *)dx : (void *)dxb, dxb};
         void *out[1] = {dy};

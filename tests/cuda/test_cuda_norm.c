@@ -300,7 +300,11 @@ static void bn_deferred_run(bool b16)
     double stats_cpu[2 * C + 1] = {0}, stats_gpu[2 * C + 1];
 
     cudaStream_t stream;
-    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    /* A blocking stream: the uploads and poison fills before a launch are
+     * plain cudaMemcpy / cudaMemset on the legacy default stream, which a
+     * non-blocking stream does not wait for (a fill could land after the
+     * kernel's writes: seen under compute-sanitizer, which slows the host). */
+    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamDefault), "cudaStreamCreate");
     float *dx = dev_upload(NULL, sizeof x[0]), *ds = dev_upload(scale, sizeof scale);
     float *db = dev_upload(bias, sizeof bias), *drm = dev_upload(rm0, sizeof rm0);
     float *drv = dev_upload(rv0, sizeof rv0), *dy = dev_upload(NULL, sizeof y_gpu);

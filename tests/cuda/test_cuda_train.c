@@ -72,6 +72,7 @@ struct setup {
     double clip;
     bool graph;  /* replay the step as a CUDA graph */
     bool spread; /* stage k on GPU k modulo the GPUs visible */
+    bool one_f_one_b; /* the 1F1B schedule (default GPipe) */
 };
 
 /* The reference data of the fixture's model (the fixture's name up to
@@ -132,6 +133,7 @@ static gp_status train(const struct setup *s, struct result *res, struct gp_erro
         cfg.stage_device[k] = s->cuda ? (s->spread ? k % gpus : 0) : k;
     }
     cfg.checkpoint = s->checkpoint;
+    cfg.pipeline_schedule = s->one_f_one_b ? GP_PIPE_1F1B : GP_PIPE_GPIPE;
     cfg.cuda_graph = s->graph ? GP_CUDA_GRAPH_ON : GP_CUDA_GRAPH_OFF;
     snprintf(saved, sizeof saved, "%s/%s_%d.onnx", tmp, s->fixture, n_runs++);
     cfg.save_path = saved;
@@ -254,12 +256,12 @@ static void test_pipeline_modes(void **state)
     if (failed) fail_msg("%d runs differ from the CPU (MISMATCH lines above)", failed);
 }
 
-/* The pipeline gives one GPU's result whatever the stages, bit for bit
- * (the same kernels on the same micro-batches in the same order; only
- * where they run changes): for each checkpoint mode, the model as one
- * stage on cuda:0 against two stages on two GPUs (when there are two) and
- * four stages sharing cuda:0, all with 4 micro-batches (torchgpipe's
- * --devices 0,0,0,0 case). */
+/* The pipeline gives one GPU's result whatever the stages and schedule,
+ * bit for bit (the same kernels on the same micro-batches in the same
+ * order; only where and when they run changes): for each checkpoint mode,
+ * the model as one stage on cuda:0 against two stages on two GPUs (when
+ * there are two) and four stages sharing cuda:0 (torchgpipe's --devices
+ * 0,0,0,0 case), with GPipe and with 1F1B, all with 4 micro-batches. */
 static void test_stages_vs_one_gpu(void **state)
 {
     (void)state;
@@ -278,19 +280,21 @@ static void test_stages_vs_one_gpu(void **state)
             if (train(&one, &base, &err) != GP_OK) fail_msg("%s on one GPU: %s", one.fixture, err.msg);
             const struct {
                 int stages;
-                bool spread;
-            } variants[2] = {{2, true}, {4, false}};
-            for (int v = 0; v < 2; v++) {
+                bool spread, one_f_one_b;
+            } variants[4] = {{2, true, false}, {4, false, false}, {2, true, true}, {4, false, true}};
+            for (int v = 0; v < 4; v++) {
                 if (variants[v].spread && gpus < 2) continue;
                 struct setup s = one;
                 s.stages = variants[v].stages;
                 s.spread = variants[v].spread;
+                s.one_f_one_b = variants[v].one_f_one_b;
                 struct result r;
                 memset(&r, 0, sizeof r);
                 if (train(&s, &r, &err) != GP_OK) fail_msg("%s, %d stages: %s", s.fixture, s.stages, err.msg);
                 char what[160];
-                snprintf(what, sizeof what, "%s, %d stages on %s x 4 micro-batches, %s", s.fixture, s.stages,
-                         s.spread ? "2 GPUs" : "1 GPU", gp_checkpoint_name(s.checkpoint));
+                snprintf(what, sizeof what, "%s, %d stages on %s x 4 micro-batches, %s, %s", s.fixture, s.stages,
+                         s.spread ? "2 GPUs" : "1 GPU", gp_checkpoint_name(s.checkpoint),
+                         s.one_f_one_b ? "1F1B" : "GPipe");
                 failed += !compare_as(what, &r, &base, "the pipeline", "one stage", 0);
                 runs++;
                 gp_graph_free(&r.saved);

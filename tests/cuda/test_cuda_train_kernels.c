@@ -105,7 +105,11 @@ static void to_host(void *host, const void *dev, size_t bytes)
 static cudaStream_t new_stream(void)
 {
     cudaStream_t s;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    /* A blocking stream: the uploads and poison fills before a launch are
+     * plain cudaMemcpy / cudaMemset on the legacy default stream, which a
+     * non-blocking stream does not wait for (a fill could land after the
+     * kernel's writes: seen under compute-sanitizer, which slows the host). */
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
     return s;
 }
 

@@ -18,6 +18,14 @@
  * running statistics or the deferred sums), and an elementwise pass
  * applies them. Backward mirrors it.
  *
+ * Bandwidth: every pass keeps BN_ILP loads in flight per thread (all of a
+ * group's loads issued before the first is used), since one 2-byte load
+ * per thread at a time leaves the memory system mostly idle: that bound
+ * these kernels to about a fifth of the H200's bandwidth. The sums still
+ * add each thread's values one by one in the order above, and the
+ * elementwise passes follow each value's channel incrementally (no
+ * division per value), so the bits are those of one value at a time.
+ *
  * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
  * where a product feeds a sum the operations are spelled with the _rn
  * intrinsics (never contracted), in float and in double, in the CPU's order
@@ -44,24 +52,19 @@
 
 /* ---- BatchNormalization ---- */
 
-/* The channel of element i of [N, C, S]. */
-__device__ static inline int64_t chan_of(int64_t i, int64_t s, int64_t c)
-{
-    int64_t q = gp_dev_fdiv(i, s);
-    return q - gp_dev_fdiv(q, c) * c;
-}
-
 /* X [N, C, D...]: statistics per channel over N and the spatial cells S.
  * Each channel's count = N * S values, in (n, i) order, split into P
  * chunks of L values (the last one shorter). */
 struct bn_plan {
     int64_t n, c, s, count;
-    int64_t p, l; /* chunks per channel, values per chunk */
+    int64_t p, l;      /* chunks per channel, values per chunk */
+    int64_t wr, wc;    /* a step of BN_THREADS values of [N, C, S]: cells, channels (mod C) */
     double eps, momentum;
 };
 
 #define BN_THREADS 256
 #define BN_MAX_CHUNKS 64
+#define BN_ILP 8 /* loads in flight per thread */
 
 static void bn_plan_of(const struct gp_graph *g, const struct gp_node *node, struct bn_plan *p)
 {
@@ -81,6 +84,8 @@ static void bn_plan_of(const struct gp_graph *g, const struct gp_node *node, str
     if (p->l < 1) p->l = 1;
     p->p = (p->count + p->l - 1) / p->l;
     if (p->p < 1) p->p = 1;
+    p->wr = p->s > 0 ? BN_THREADS % p->s : 0;
+    p->wc = p->s > 0 && p->c > 0 ? (BN_THREADS / p->s) % p->c : 0;
     p->eps = gp_node_attr_float(node, "epsilon", 1e-5f);
     p->momentum = gp_node_attr_float(node, "momentum", 0.9f);
 }
@@ -92,8 +97,10 @@ static size_t bn_saved(const struct gp_graph *g, const struct gp_node *node)
     return 2 * sizeof(float) * (size_t)gp_node_input(g, node, 0)->shape.dims[1];
 }
 
-/* Scratch (doubles): forward partials psum, psq_raw, psq [C * P] each;
- * backward partials [2 C P] and per-channel coefficients [5 C]. */
+/* Scratch (doubles): forward partials psum, psq_raw, psq [C * P] each,
+ * then the transform's alpha and beta per channel ([C] float pairs, C
+ * doubles' room); backward partials [2 C P] and per-channel coefficients
+ * [5 C]. */
 static size_t bn_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
     struct bn_plan p;
@@ -101,21 +108,63 @@ static size_t bn_scratch(const struct gp_graph *g, const struct gp_node *node)
     return sizeof(double) * (size_t)(3 * p.c * p.p + 5 * p.c);
 }
 
-/* Walks values j0, j0 + step, ... < j1 of channel c: offset (n C + c) S + i
- * for j = n S + i, kept incrementally (no division per value). */
-#define BN_CHUNK_LOOP(p, c, j0, j1, off, ...)                                          \
-    do {                                                                              \
-        int64_t j_ = (j0) + threadIdx.x, step_ = blockDim.x;                          \
-        int64_t n_ = j_ / (p).s, i_ = j_ - n_ * (p).s;                                \
-        int64_t dn_ = step_ / (p).s, di_ = step_ - dn_ * (p).s;                       \
-        for (; j_ < (j1); j_ += step_) {                                              \
-            int64_t off = (n_ * (p).c + (c)) * (p).s + i_;                            \
-            __VA_ARGS__;                                                              \
-            i_ += di_;                                                                \
-            n_ += dn_;                                                                \
-            if (i_ >= (p).s) i_ -= (p).s, n_++;                                       \
-        }                                                                             \
-    } while (0)
+/* Walks values j0 + t, j0 + t + T, ... < j1 of channel c (t the thread,
+ * T the block's size): offset (n C + c) S + i for j = n S + i, kept
+ * incrementally. BN_ILP values at a time: load(off) for each of them
+ * first, then add(value) for each, in order, so the sums are those of
+ * one value at a time. */
+template <class V, class Load, class Add>
+__device__ static inline void bn_chunk_walk(const struct bn_plan &p, int64_t c, int64_t j0, int64_t j1,
+                                            Load load, Add add)
+{
+    const int64_t step = blockDim.x;
+    int64_t j = j0 + threadIdx.x;
+    int64_t n = j / p.s, i = j - n * p.s;
+    const int64_t dn = step / p.s, di = step - dn * p.s;
+    for (; j < j1; j += BN_ILP * step) {
+        V v[BN_ILP];
+#pragma unroll
+        for (int k = 0; k < BN_ILP; k++) {
+            if (j + k * step < j1) v[k] = load((n * p.c + c) * p.s + i);
+            i += di;
+            n += dn;
+            if (i >= p.s) i -= p.s, n++;
+        }
+#pragma unroll
+        for (int k = 0; k < BN_ILP; k++)
+            if (j + k * step < j1) add(v[k]);
+    }
+}
+
+/* The elementwise passes: element e of [N, C, S] and its channel, e
+ * advancing by BN_THREADS (the block's size) from the thread's first:
+ * one division per BN_ILP values instead of two per value. */
+__device__ static inline void bn_walk_init(const struct bn_plan &p, int64_t e, int64_t *r, int64_t *c)
+{
+    int64_t q = gp_dev_fdiv(e, p.s);
+    *r = e - q * p.s;
+    *c = q - gp_dev_fdiv(q, p.c) * p.c;
+}
+
+__device__ static inline void bn_walk_next(const struct bn_plan &p, int64_t *r, int64_t *c)
+{
+    *r += p.wr;
+    *c += p.wc;
+    if (*r >= p.s) *r -= p.s, (*c)++;
+    if (*c >= p.c) *c -= p.c;
+}
+
+/* Thread t of block b handles elements e0 + k BN_THREADS, k < BN_ILP, e0
+ * = b BN_THREADS BN_ILP + t, then a grid's span further. */
+#define BN_FLAT_SPAN ((int64_t)BN_THREADS * BN_ILP)
+#define BN_FLAT_LOOP(total, e0)                                                       \
+    for (int64_t e0 = blockIdx.x * BN_FLAT_SPAN + threadIdx.x; e0 < (total);         \
+         e0 += (int64_t)gridDim.x * BN_FLAT_SPAN)
+
+static unsigned bn_flat_blocks(int64_t total)
+{
+    return gp_cuda_capped_grid((total + BN_FLAT_SPAN - 1) / BN_FLAT_SPAN, 1 << 20);
+}
 
 /* Block (c, k): chunk k of channel c: sum and sum of squares of x. */
 template <class IO>
@@ -125,11 +174,13 @@ __global__ static void bn_sums_kernel(struct bn_plan p, gp_fptr x, double *psum,
     int64_t c = blockIdx.x, k = blockIdx.y;
     int64_t j0 = k * p.l, j1 = j0 + p.l < p.count ? j0 + p.l : p.count;
     double s = 0, q = 0;
-    BN_CHUNK_LOOP(p, c, j0, j1, off, {
-        double v = IO::act(x, off);
-        s = DADD(s, v);
-        q = DADD(q, DMUL(v, v));
-    });
+    bn_chunk_walk<float>(
+        p, c, j0, j1, [&](int64_t off) { return IO::act(x, off); },
+        [&](float f) {
+            double v = f;
+            s = DADD(s, v);
+            q = DADD(q, DMUL(v, v));
+        });
     s = gp_dev_block_sum(s, sh);
     q = gp_dev_block_sum(q, sh);
     if (threadIdx.x == 0) psum[c * p.p + k] = s, psq_raw[c * p.p + k] = q;
@@ -155,10 +206,12 @@ __global__ static void bn_sq_kernel(struct bn_plan p, gp_fptr x, const double *p
     double m = mean_sh;
     int64_t j0 = k * p.l, j1 = j0 + p.l < p.count ? j0 + p.l : p.count;
     double q = 0;
-    BN_CHUNK_LOOP(p, c, j0, j1, off, {
-        double d = DSUB((double)IO::act(x, off), m);
-        q = DADD(q, DMUL(d, d));
-    });
+    bn_chunk_walk<float>(
+        p, c, j0, j1, [&](int64_t off) { return IO::act(x, off); },
+        [&](float f) {
+            double d = DSUB((double)f, m);
+            q = DADD(q, DMUL(d, d));
+        });
     q = gp_dev_block_sum(q, sh);
     if (threadIdx.x == 0) psq[c * p.p + k] = q;
 }
@@ -168,6 +221,8 @@ struct bn_outs {
     gp_fptr out_rmean, out_rvar, out_mean, out_var; /* p NULL: absent */
     float *mean, *invstd;                  /* saved */
     double *deferred;
+    gp_fptr scale, bias;
+    float *ab; /* [C] pairs: the transform's alpha and beta */
 };
 
 /* One thread per channel: the statistics (the batch's in training, the
@@ -195,6 +250,9 @@ __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool up
         float is = (float)(1.0 / sqrt(DADD(var, p.eps)));
         o.mean[c] = (float)m;
         o.invstd[c] = is;
+        float alpha = FMUL(is, gp_ld(o.scale, c));
+        o.ab[2 * c] = alpha;
+        o.ab[2 * c + 1] = FSUB(gp_ld(o.bias, c), FMUL((float)m, alpha));
         float rm = gp_ld(o.rmean, c), rv = gp_ld(o.rvar, c), new_mean = rm, new_var = rv;
         if (training) {
             double unbiased = DMUL(var, (double)p.count) / (double)(p.count - 1);
@@ -217,43 +275,29 @@ __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool up
 }
 
 /* y = x * alpha + beta, alpha = invstd * scale, beta = bias - mean * alpha
- * (PyTorch's transform, as the CPU computes it). Planes of S >= 128 cells:
- * blocks over (cells, planes); smaller: one flat grid-stride loop. */
+ * (PyTorch's transform, as the CPU computes it; alpha and beta from the
+ * finishing kernel). */
 template <class IO>
-__global__ static void bn_apply_planes_kernel(struct bn_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias,
-                                              const float *mean, const float *invstd, gp_fptr y)
+__global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float *ab, gp_fptr y)
 {
-    for (int64_t pl = blockIdx.y; pl < p.n * p.c; pl += gridDim.y) {
-        int64_t c = pl % p.c;
-        float alpha = FMUL(invstd[c], IO::par(scale, c));
-        float beta = FSUB(IO::par(bias, c), FMUL(mean[c], alpha));
-        int64_t base = pl * p.s;
-        for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < p.s;
-             i += (int64_t)gridDim.x * blockDim.x)
-            IO::set_act(y, base + i, FADD(FMUL(IO::act(x, base + i), alpha), beta));
-    }
-}
-
-template <class IO>
-__global__ static void bn_apply_flat_kernel(struct bn_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias,
-                                            const float *mean, const float *invstd, gp_fptr y)
-{
-    GP_GRID_STRIDE(i, p.n * p.c * p.s) {
-        int64_t c = chan_of(i, p.s, p.c);
-        float alpha = FMUL(invstd[c], IO::par(scale, c));
-        float beta = FSUB(IO::par(bias, c), FMUL(mean[c], alpha));
-        IO::set_act(y, i, FADD(FMUL(IO::act(x, i), alpha), beta));
-    }
-}
-
-static void bn_elementwise_grid(const struct bn_plan &p, dim3 *grid, bool *planes)
-{
-    *planes = p.s >= 128;
-    if (*planes) {
-        int64_t bx = (p.s + GP_CUDA_THREADS - 1) / GP_CUDA_THREADS;
-        *grid = dim3(gp_cuda_capped_grid(bx, 64), gp_cuda_capped_grid(p.n * p.c, 65535), 1);
-    } else {
-        *grid = dim3(gp_cuda_blocks_for(p.n * p.c * p.s), 1, 1);
+    const int64_t total = p.n * p.c * p.s;
+    BN_FLAT_LOOP(total, e0) {
+        int64_t r, c;
+        bn_walk_init(p, e0, &r, &c);
+        float v[BN_ILP];
+        int ch[BN_ILP];
+#pragma unroll
+        for (int k = 0; k < BN_ILP; k++) {
+            int64_t e = e0 + k * BN_THREADS;
+            ch[k] = (int)c;
+            if (e < total) v[k] = IO::act(x, e);
+            bn_walk_next(p, &r, &c);
+        }
+#pragma unroll
+        for (int k = 0; k < BN_ILP; k++) {
+            int64_t e = e0 + k * BN_THREADS;
+            if (e < total) IO::set_act(y, e, FADD(FMUL(v[k], ab[2 * ch[k]]), ab[2 * ch[k] + 1]));
+        }
     }
 }
 
@@ -296,19 +340,15 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     o.mean = (float *)ctx->saved;
     o.invstd = o.mean + p.c;
     o.deferred = ctx->deferred_stats;
+    o.scale = scale;
+    o.bias = bias;
+    o.ab = (float *)(psq + p.c * p.p);
     bn_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(
         p, training, update, psum, psq_raw, psq, o);
     GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics", err));
     if (p.n * p.s == 0) return GP_OK;
-    dim3 grid;
-    bool planes;
-    bn_elementwise_grid(p, &grid, &planes);
-    if (planes)
-        IO_DISPATCH(kind, bn_apply_planes_kernel<IO><<<grid, GP_CUDA_THREADS, 0, ctx->stream>>>(
-                              p, x, scale, bias, o.mean, o.invstd, y));
-    else
-        IO_DISPATCH(kind, bn_apply_flat_kernel<IO><<<grid, GP_CUDA_THREADS, 0, ctx->stream>>>(
-                              p, x, scale, bias, o.mean, o.invstd, y));
+    IO_DISPATCH(kind, bn_apply_kernel<IO><<<bn_flat_blocks(p.n * p.c * p.s), BN_THREADS, 0, ctx->stream>>>(
+                          p, x, o.ab, y));
     return gp_cuda_check_launch(ctx, "BatchNormalization normalize", err);
 }
 
@@ -368,11 +408,12 @@ __global__ static void bn_bwd_sums_kernel(struct bn_plan p, gp_fptr x, gp_fptr d
     int64_t j0 = k * p.l, j1 = j0 + p.l < p.count ? j0 + p.l : p.count;
     float m = mean[c], is = invstd[c];
     double s = 0, sx = 0;
-    BN_CHUNK_LOOP(p, c, j0, j1, off, {
-        float g = IO::act(dy, off);
-        s = DADD(s, (double)g);
-        sx = DADD(sx, DMUL((double)g, (double)FMUL(FSUB(IO::act(x, off), m), is)));
-    });
+    bn_chunk_walk<float2>(
+        p, c, j0, j1, [&](int64_t off) { return make_float2(IO::act(dy, off), IO::act(x, off)); },
+        [&](float2 gx) {
+            s = DADD(s, (double)gx.x);
+            sx = DADD(sx, DMUL((double)gx.x, (double)FMUL(FSUB(gx.y, m), is)));
+        });
     s = gp_dev_block_sum(s, sh);
     sx = gp_dev_block_sum(sx, sh);
     if (threadIdx.x == 0) pdy[c * p.p + k] = s, pdyx[c * p.p + k] = sx;
@@ -417,38 +458,70 @@ __global__ static void bn_bwd_finish_kernel(struct bn_plan p, bool have_dy, cons
     }
 }
 
-/* dx[i] += v, or with `ow` dx[i] = 0 + v (dx not read: its first writer). */
-template <class IO> __device__ static void bn_put_dx(gp_fptr dx, int64_t i, float v, bool ow)
-{
-    if (ow) IO::set_act(dx, i, FADD(0.0f, v));
-    else IO::add_act(dx, i, v);
-}
-
 /* Training: dx += a (dy - mdy - xhat mdyx) + cm + cv (x - mean), in
- * double, xc = x - mean in float as on the CPU. */
+ * double, xc = x - mean in float as on the CPU; with `ow` dx = 0 + that
+ * (dx not read: its first writer). The old dx is loaded with x and dy. */
 template <class IO>
 __global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, const float *mean,
                                               const float *invstd, const double *coef, gp_fptr dx, bool ow)
 {
-    GP_GRID_STRIDE(i, p.n * p.c * p.s) {
-        int64_t c = chan_of(i, p.s, p.c);
-        const double *k = coef + 5 * c;
-        double xc = (double)FSUB(IO::act(x, i), mean[c]), xhat = DMUL(xc, (double)invstd[c]);
-        double g = dy.p ? (double)IO::act(dy, i) : 0.0;
-        double v = DMUL(k[0], DSUB(DSUB(g, k[1]), DMUL(xhat, k[2])));
-        v = DADD(DADD(v, k[3]), DMUL(k[4], xc));
-        bn_put_dx<IO>(dx, i, (float)v, ow);
+    const int64_t total = p.n * p.c * p.s;
+    BN_FLAT_LOOP(total, e0) {
+        int64_t r, c;
+        bn_walk_init(p, e0, &r, &c);
+        float xv[BN_ILP], gv[BN_ILP], old[BN_ILP];
+        int ch[BN_ILP];
+#pragma unroll
+        for (int k = 0; k < BN_ILP; k++) {
+            int64_t e = e0 + k * BN_THREADS;
+            ch[k] = (int)c;
+            if (e < total) {
+                xv[k] = IO::act(x, e);
+                gv[k] = dy.p ? IO::act(dy, e) : 0.0f;
+                old[k] = ow ? 0.0f : IO::act(dx, e);
+            }
+            bn_walk_next(p, &r, &c);
+        }
+#pragma unroll
+        for (int k = 0; k < BN_ILP; k++) {
+            int64_t e = e0 + k * BN_THREADS;
+            if (e >= total) continue;
+            const double *kc = coef + 5 * ch[k];
+            double xc = (double)FSUB(xv[k], mean[ch[k]]), xhat = DMUL(xc, (double)invstd[ch[k]]);
+            double v = DMUL(kc[0], DSUB(DSUB((double)gv[k], kc[1]), DMUL(xhat, kc[2])));
+            v = DADD(DADD(v, kc[3]), DMUL(kc[4], xc));
+            IO::set_act(dx, e, FADD(old[k], (float)v));
+        }
     }
 }
 
-/* Evaluation: dx += dy * (scale * invstd). */
+/* Evaluation: dx += dy * (scale * invstd) (dx = 0 + that with `ow`). */
 template <class IO>
 __global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr dy, gp_fptr scale,
                                              const float *invstd, gp_fptr dx, bool ow)
 {
-    GP_GRID_STRIDE(i, p.n * p.c * p.s) {
-        int64_t c = chan_of(i, p.s, p.c);
-        bn_put_dx<IO>(dx, i, FMUL(IO::act(dy, i), FMUL(IO::par(scale, c), invstd[c])), ow);
+    const int64_t total = p.n * p.c * p.s;
+    BN_FLAT_LOOP(total, e0) {
+        int64_t r, c;
+        bn_walk_init(p, e0, &r, &c);
+        float gv[BN_ILP], old[BN_ILP];
+        int ch[BN_ILP];
+#pragma unroll
+        for (int k = 0; k < BN_ILP; k++) {
+            int64_t e = e0 + k * BN_THREADS;
+            ch[k] = (int)c;
+            if (e < total) {
+                gv[k] = IO::act(dy, e);
+                old[k] = ow ? 0.0f : IO::act(dx, e);
+            }
+            bn_walk_next(p, &r, &c);
+        }
+#pragma unroll
+        for (int k = 0; k < BN_ILP; k++) {
+            int64_t e = e0 + k * BN_THREADS;
+            if (e < total)
+                IO::set_act(dx, e, FADD(old[k], FMUL(gv[k], FMUL(IO::par(scale, ch[k]), invstd[ch[k]]))));
+        }
     }
 }
 
@@ -497,14 +570,14 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     if (!dx.p || n == 0) return GP_OK;
     bool ow = gp_cuda_overwrite(ctx, 0);
     if (ctx->training) {
-        IO_DISPATCH(kind, bn_bwd_dx_train_kernel<IO><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, ctx->stream>>>(
+        IO_DISPATCH(kind, bn_bwd_dx_train_kernel<IO><<<bn_flat_blocks(n), BN_THREADS, 0, ctx->stream>>>(
                               p, x, dy, mean, invstd, coef, dx, ow));
     } else {
         if (!dy.p) /* nothing to add; zeros to write when dx is not cleared */
             return ow ? gp_cuda_call(ctx, cudaMemsetAsync(dx.p, 0, (size_t)n * (dx.bf16 ? 2 : 4), ctx->stream),
                                      "cudaMemsetAsync", err)
                       : GP_OK;
-        IO_DISPATCH(kind, bn_bwd_dx_eval_kernel<IO><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, ctx->stream>>>(
+        IO_DISPATCH(kind, bn_bwd_dx_eval_kernel<IO><<<bn_flat_blocks(n), BN_THREADS, 0, ctx->stream>>>(
                               p, dy, scale, invstd, dx, ow));
     }
     return gp_cuda_check_launch(ctx, "BatchNormalization backward dx", err);
