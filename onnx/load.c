@@ -11,6 +11,7 @@
 
 #include "graph/build.h"
 #include "onnx.pb-c.h"
+#include "onnx/einsum.h"
 #include "onnx/external_data.h"
 #include "onnx/tensor_proto.h"
 #include "onnx/wire.h"
@@ -168,13 +169,17 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
 
     /* Every name appears at most once as an initializer, input, output or
      * node output, and once per node input: that bounds the value table. */
-    size_t max_values = gp->n_initializer + gp->n_input + gp->n_output;
-    for (size_t i = 0; i < gp->n_node; i++) max_values += gp->node[i]->n_input + gp->node[i]->n_output;
-    if (max_values > (1u << 27) || gp->n_node > (1u << 27))
+    size_t max_values = gp->n_initializer + gp->n_input + gp->n_output, max_nodes = gp->n_node;
+    for (size_t i = 0; i < gp->n_node; i++) {
+        max_values += gp->node[i]->n_input + gp->node[i]->n_output;
+        if (gp_onnx_is_einsum(gp->node[i])) /* lowered into several nodes */
+            max_values += GP_EINSUM_EXTRA_VALUES, max_nodes += GP_EINSUM_EXTRA_NODES;
+    }
+    if (max_values > (1u << 27) || max_nodes > (1u << 27))
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "the model is too large (%zu nodes)", gp->n_node);
 
     char *keep_path = g->path ? (char *)g->path : NULL, *keep_dir = g->dir ? (char *)g->dir : NULL;
-    GP_TRY(gp_graph_init(g, batch, opset, (int)max_values, (int)gp->n_node, err));
+    GP_TRY(gp_graph_init(g, batch, opset, (int)max_values, (int)max_nodes, err));
     /* gp_graph_init cleared the graph: copy the paths back into its arena. */
     g->path = keep_path ? gp_arena_strdup(&g->arena, keep_path) : NULL;
     g->dir = keep_dir ? gp_arena_strdup(&g->arena, keep_dir) : NULL;
@@ -223,6 +228,10 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
         if (!np->op_type || !*np->op_type)
             return gp_error_set(err, GP_ERR_INVALID, "node %zu ('%s') has no op_type", i,
                                 np->name ? np->name : "");
+        if (gp_onnx_is_einsum(np)) {
+            GP_TRY(gp_onnx_lower_einsum(g, np, err));
+            continue;
+        }
         int node = gp_graph_add_node(g, np->op_type, np->domain, np->name, (int)np->n_input,
                                      (const char *const *)np->input, (int)np->n_output,
                                      (const char *const *)np->output, err);

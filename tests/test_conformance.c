@@ -55,7 +55,7 @@
 static const char *const ops[] = {
     "abs", "add", "and", "argmax", "argmin", "averagepool", "basic_conv", "batchnorm", "cast",
     "castlike", "ceil", "clip", "concat", "constant", "constant_pad", "constantofshape", "conv",
-    "convtranspose", "div", "dropout", "edge_pad", "elu", "equal", "erf", "exp", "expand",
+    "convtranspose", "div", "dropout", "edge_pad", "einsum", "elu", "equal", "erf", "exp", "expand",
     "flatten", "floor", "gather", "gelu", "gemm", "globalaveragepool", "globalmaxpool", "greater",
     "greater_equal", "hardsigmoid", "identity", "instancenorm", "layer_normalization",
     "leakyrelu", "less", "less_equal", "log", "logsoftmax", "matmul", "max", "maxpool", "mean",
@@ -106,6 +106,8 @@ static const struct listed load_rejections[] = {
      "sequences and optionals are not supported"},
     {"unsupported op type: Loop", "control flow (Loop) is not supported"},
     {"cannot reduce the empty axis", "max / min over an empty axis is refused (PyTorch too)"},
+    {"(Einsum): equation '*' has ", "Einsum beyond batched matrix products and single-operand "
+                                    "permutations and sums is not supported"},
     {NULL, NULL},
 };
 
