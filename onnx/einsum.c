@@ -286,7 +286,8 @@ static gp_status lower_two(struct gp_graph *g, const char *name, const char *con
     return transpose(g, name, p, po, o->n, y, y, "out", err) ? GP_OK : err->status;
 }
 
-gp_status gp_onnx_lower_einsum(struct gp_graph *g, const Onnx__NodeProto *np, struct gp_error *err)
+gp_status gp_onnx_lower_einsum(struct gp_graph *g, const Onnx__NodeProto *np, struct gp_einsum_check *checks,
+                               int *n_checks, struct gp_error *err)
 {
     char eqbuf[512];
     const char *node_name = np->name && *np->name ? np->name : "Einsum";
@@ -302,8 +303,13 @@ gp_status gp_onnx_lower_einsum(struct gp_graph *g, const Onnx__NodeProto *np, st
         return gp_error_set(err, GP_ERR_INVALID, "node '%s' (Einsum): equation '%s' has %d operand%s, the node %zu",
                             node_name, text, eq.n_in, eq.n_in == 1 ? "" : "s", np->n_input);
     if (!why) {
-        const char *name = gp_arena_strdup(&g->arena, node_name);
-        if (!name) return gp_error_set(err, GP_ERR_NOMEM, "out of memory lowering Einsum");
+        const char *name = gp_arena_strdup(&g->arena, node_name), *eq_copy = gp_arena_strdup(&g->arena, text);
+        if (!name || !eq_copy) return gp_error_set(err, GP_ERR_NOMEM, "out of memory lowering Einsum");
+        for (int k = 0; k < eq.n_in; k++) {
+            const char *v = gp_arena_strdup(&g->arena, np->input[k]);
+            if (!v) return gp_error_set(err, GP_ERR_NOMEM, "out of memory lowering Einsum");
+            checks[(*n_checks)++] = (struct gp_einsum_check){name, eq_copy, v, eq.in[k].n};
+        }
         if (eq.n_in == 1) return lower_one(g, name, np->input[0], np->output[0], &eq, err);
         st = lower_two(g, name, (const char *const *)np->input, np->output[0], &eq, &why, err);
         if (!why) return st;
@@ -313,4 +319,20 @@ gp_status gp_onnx_lower_einsum(struct gp_graph *g, const Onnx__NodeProto *np, st
                         "labels summed away) or a batched matrix product of two (batch labels, one label "
                         "summed between them, one of each operand's own)",
                         node_name, text, why);
+}
+
+gp_status gp_onnx_einsum_verify(const struct gp_graph *g, const struct gp_einsum_check *checks, int n,
+                                struct gp_error *err)
+{
+    for (int i = 0; i < n; i++) {
+        int v = gp_graph_lookup(g, checks[i].value);
+        if (v < 0) continue; /* gone with folding: its consumers were checked then */
+        if (g->values[v].shape.rank != checks[i].rank)
+            return gp_error_set(err, GP_ERR_SHAPE,
+                                "node '%s' (Einsum): equation '%s' gives operand '%s' %d label%s, but it has "
+                                "rank %d",
+                                checks[i].node, checks[i].equation, checks[i].value, checks[i].rank,
+                                checks[i].rank == 1 ? "" : "s", g->values[v].shape.rank);
+    }
+    return GP_OK;
 }

@@ -169,17 +169,21 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
 
     /* Every name appears at most once as an initializer, input, output or
      * node output, and once per node input: that bounds the value table. */
-    size_t max_values = gp->n_initializer + gp->n_input + gp->n_output, max_nodes = gp->n_node;
+    size_t max_values = gp->n_initializer + gp->n_input + gp->n_output, max_nodes = gp->n_node, n_einsum = 0;
     for (size_t i = 0; i < gp->n_node; i++) {
         max_values += gp->node[i]->n_input + gp->node[i]->n_output;
         if (gp_onnx_is_einsum(gp->node[i])) /* lowered into several nodes */
-            max_values += GP_EINSUM_EXTRA_VALUES, max_nodes += GP_EINSUM_EXTRA_NODES;
+            max_values += GP_EINSUM_EXTRA_VALUES, max_nodes += GP_EINSUM_EXTRA_NODES, n_einsum++;
     }
     if (max_values > (1u << 27) || max_nodes > (1u << 27))
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "the model is too large (%zu nodes)", gp->n_node);
 
     char *keep_path = g->path ? (char *)g->path : NULL, *keep_dir = g->dir ? (char *)g->dir : NULL;
     GP_TRY(gp_graph_init(g, batch, opset, (int)max_values, (int)max_nodes, err));
+    /* Two operand checks per Einsum (onnx/einsum.h), in the graph's arena. */
+    struct gp_einsum_check *einsum_checks = gp_arena_alloc(&g->arena, sizeof *einsum_checks * (2 * n_einsum + 1));
+    int n_einsum_checks = 0;
+    if (!einsum_checks) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     /* gp_graph_init cleared the graph: copy the paths back into its arena. */
     g->path = keep_path ? gp_arena_strdup(&g->arena, keep_path) : NULL;
     g->dir = keep_dir ? gp_arena_strdup(&g->arena, keep_dir) : NULL;
@@ -229,7 +233,7 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
             return gp_error_set(err, GP_ERR_INVALID, "node %zu ('%s') has no op_type", i,
                                 np->name ? np->name : "");
         if (gp_onnx_is_einsum(np)) {
-            GP_TRY(gp_onnx_lower_einsum(g, np, err));
+            GP_TRY(gp_onnx_lower_einsum(g, np, einsum_checks, &n_einsum_checks, err));
             continue;
         }
         int node = gp_graph_add_node(g, np->op_type, np->domain, np->name, (int)np->n_input,
@@ -244,7 +248,8 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
             return gp_error_set(err, GP_ERR_INVALID, "graph output %zu has no name", i);
         GP_TRY(gp_graph_add_output(g, gp->output[i]->name, err));
     }
-    return gp_graph_finalize(g, err);
+    GP_TRY(gp_graph_finalize(g, err));
+    return gp_onnx_einsum_verify(g, einsum_checks, n_einsum_checks, err);
 }
 
 /* Unpacks the model without its initializers' raw_data (onnx/wire.h), then

@@ -324,12 +324,33 @@ static void test_refusals(void **state)
     refused("ij->ji", 2, "has 1 operand, the node 2");
 }
 
+/* An operand whose rank is not its term's length: an error at load (the
+ * lowered ops' shape checks), never a wrong result. */
+static void test_rank_mismatch(void **state)
+{
+    (void)state;
+    const char *eqs[3] = {"ij->ji", "ij,jk->ik", "bij,bjk->bik"};
+    const int n_in[3] = {1, 2, 2};
+    const int ranks[3][MAX_IN] = {{3, 0}, {3, 2}, {2, 3}};
+    for (int c = 0; c < 3; c++) {
+        int64_t shapes[MAX_IN][MAX_RANK] = {{3, 3, 3}, {3, 3, 3}};
+        struct gp_graph g;
+        struct gp_error err = {0};
+        if (load(eqs[c], n_in[c], ranks[c], shapes, 17, &g, &err) == GP_OK) {
+            gp_graph_free(&g);
+            fail_msg("'%s' with an operand of rank %d loaded", eqs[c], ranks[c][0]);
+        }
+        printf("refused %-22s %s\n", eqs[c], err.msg);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_products),
         cmocka_unit_test(test_one_operand),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_rank_mismatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
