@@ -243,6 +243,11 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
         /* Without memory to measure in, the heuristics' first. */
         cudaStream_t stream = nullptr;
         cudnnGetStream(h, &stream);
+        /* The buffers were cleared on the legacy stream, which the stage's
+         * non-blocking stream does not wait for: a clear of the workspace
+         * (up to 4 GiB) still running would slow the first candidates'
+         * timed runs and tilt the choice. */
+        if (cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) cudaGetLastError();
         auto pack = variant_pack(g, a, b, out);
         float best_ms = -1;
         for (size_t k = 0; k < candidates.size(); k++) {
