@@ -117,12 +117,16 @@ bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *target
 {
     struct stage *fs = &p->stages[0], *ls = &p->stages[p->K - 1];
     const struct gp_device_ops *ops = fs->ops;
-    memcpy(p->x_host, x, p->input_bytes * (size_t)p->M);
-    if (p->target_bytes) memcpy(p->t_host, targets, p->target_bytes * (size_t)p->M);
+    /* Pinned batches (gp_pipeline_host_alloc) are copied as they lie;
+     * others through the staging buffers. */
+    size_t xb = p->input_bytes * (size_t)p->M, tb = p->target_bytes * (size_t)p->M;
+    const void *xs = x, *ts = targets;
+    if (!gp_pipe_pinned(p, x, xb)) memcpy(p->x_host, x, xb), xs = p->x_host;
+    if (tb && !gp_pipe_pinned(p, targets, tb)) memcpy(p->t_host, targets, tb), ts = p->t_host;
     *p->step_host = p->opts.step;
     struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
-    ops->copy(fs->compute, fs->inputs, p->x_host, p->input_bytes * (size_t)p->M, &tag);
-    if (p->target_bytes) ops->copy(fs->compute, ls->targets, p->t_host, p->target_bytes * (size_t)p->M, &tag);
+    ops->copy(fs->compute, fs->inputs, xs, xb, &tag);
+    if (tb) ops->copy(fs->compute, ls->targets, ts, tb, &tag);
     for (int k = 0; k < p->K; k++) ops->copy(fs->compute, p->stages[k].step_dev, p->step_host, sizeof(uint64_t), &tag);
     if (p->graph && (p->graph_seed != p->opts.seed || p->graph_ratio != p->opts.dropout_ratio ||
                      p->graph_denominator != p->denominator)) {

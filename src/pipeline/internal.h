@@ -20,6 +20,10 @@
 #include "pipeline/plan.h"
 #include "pipeline/slots.h"
 
+/* Host buffers a pipeline hands out (gp_pipeline_host_alloc): a trainer
+ * double-buffers its batch and targets. */
+#define GP_PIPE_MAX_HOST_BUFS 8
+
 enum task_kind { TASK_FORWARD, TASK_RECOMPUTE, TASK_BACKWARD, TASK_OPTIMIZE, TASK_NORMS, TASK_EVAL };
 
 struct task {
@@ -101,6 +105,11 @@ struct gp_pipeline {
     struct gp_event *fork, **joins;
     int n_joins;
     void *x_host, *t_host;
+    /* Host buffers the caller took from gp_pipeline_host_alloc: pinned
+     * where the first stage's backend has pinned memory, so a step whose
+     * batch lies in one copies from it directly, at the link's speed and
+     * without staging it through x_host first. */
+    struct { void *ptr; size_t bytes; bool pinned; } host_bufs[GP_PIPE_MAX_HOST_BUFS];
     double *loss_host;
     uint64_t *step_host;
     uint64_t graph_seed;
@@ -112,6 +121,10 @@ struct gp_pipeline {
     float clip_coef;
     double lr;
 };
+
+/* Whether [ptr, ptr + bytes) lies in a pinned gp_pipeline_host_alloc buffer. */
+bool gp_pipe_pinned(const struct gp_pipeline *p, const void *ptr, size_t bytes);
+void gp_pipe_free_host_bufs(struct gp_pipeline *p);
 
 static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 

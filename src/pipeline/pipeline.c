@@ -16,6 +16,7 @@
 void gp_pipeline_free(struct gp_pipeline *p)
 {
     if (!p) return;
+    gp_pipe_free_host_bufs(p);
     gp_pipe_free_graphs(p);
     gp_pipe_free_stages(p);
     gp_layers_free(&p->layers);

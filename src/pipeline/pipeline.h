@@ -71,6 +71,15 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
                            const struct gp_step_opts *o, double denominator, double *loss_sum,
                            struct gp_error *err);
 
+/* Host memory for the batches and targets handed to gp_pipeline_step:
+ * pinned where the first stage's backend has it (CUDA), so that a step
+ * copies a batch lying in it to the device directly, at the link's speed,
+ * and a caller can fill the next batch while a step runs. Plain memory
+ * otherwise. At most GP_PIPE_MAX_HOST_BUFS at a time (8); NULL when out of
+ * memory or buffers. Freed by gp_pipeline_host_free or with the pipeline. */
+void *gp_pipeline_host_alloc(struct gp_pipeline *p, size_t bytes);
+void gp_pipeline_host_free(struct gp_pipeline *p, void *ptr);
+
 /* Why the step is not a CUDA graph although cuda_graph asked for one, or
  * NULL; whether the last step ran as one. */
 const char *gp_pipeline_graph_note(const struct gp_pipeline *p);

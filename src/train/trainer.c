@@ -15,6 +15,7 @@
 #include "onnx/load.h"
 #include "onnx/save.h"
 #include "train/optim.h"
+#include "train/prefetch.h"
 #include "train/resume.h"
 #include "util/atomic_file.h"
 
@@ -56,9 +57,8 @@ struct run {
     enum gp_loss_kind loss;
     int class_axis;
     int64_t micro;              /* rows per micro-batch */
-    int64_t *order;             /* sample order of the current epoch */
-    void *x;                    /* one mini-batch of inputs */
-    void *labels;               /* one mini-batch of labels / targets */
+    void *x;                    /* one micro-batch of inputs (validation) */
+    void *labels;               /* one mini-batch of labels / targets (validation) */
     float *out;                 /* one micro-batch of outputs (validation) */
     float *scratch;             /* validation's unused loss gradient */
     int64_t *eval_rows;         /* one validation chunk's sample indices */
@@ -68,7 +68,6 @@ static void run_free(struct run *s)
 {
     gp_pipeline_free(s->pipe);
     gp_graph_free(&s->g);
-    free(s->order);
     free(s->x);
     free(s->out);
     free(s->labels);
@@ -274,14 +273,13 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
     };
     GP_TRY(gp_pipeline_create(&pc, &s->pipe, err));
 
-    s->order = malloc(sizeof(int64_t) * (size_t)(train->n + 1));
     size_t label_row = has_labels ? gp_dataset_row_bytes(&train->y) : 0;
     s->labels = malloc(label_row * (size_t)cfg->batch + 64);
     s->scratch = malloc(sizeof(float) * (size_t)gp_shape_numel(&o->shape) + 64);
     s->eval_rows = malloc(sizeof(int64_t) * (size_t)(s->micro + 1));
     s->x = malloc(gp_dataset_row_bytes(&train->x) * (size_t)cfg->batch + 64);
     s->out = malloc(sizeof(float) * (size_t)gp_shape_numel(&o->shape) + 64);
-    if (!s->order || !s->labels || !s->scratch || !s->eval_rows || !s->x || !s->out)
+    if (!s->labels || !s->scratch || !s->eval_rows || !s->x || !s->out)
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     return GP_OK;
 }
@@ -547,24 +545,24 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
     int64_t epoch = -1, epoch_steps = at.epoch_steps, first_step = at.done;
     /* States once per epoch unless a period was asked for. */
     int64_t every = cfg->save_every > 0 || cfg->save_every_seconds > 0 ? cfg->save_every : per_epoch;
+    /* Each step's batch is gathered while the step before it runs. */
+    struct gp_prefetch *batches = NULL;
+    if (st == GP_OK)
+        st = gp_prefetch_create(s.pipe, train, cfg->batch, per_epoch, cfg->shuffle, cfg->seed, &batches, err);
     for (int64_t step = first_step; step < total && st == GP_OK; step++) {
         double t0 = now();
-        int64_t e = step / per_epoch, in_epoch = step % per_epoch;
-        if (e != epoch) {
-            epoch = e;
-            gp_dataset_order(train->n, cfg->shuffle, cfg->seed, epoch, s.order);
-        }
-        int64_t first = in_epoch * cfg->batch;
-        if (has_labels) gp_dataset_gather(&train->y, s.order, train->n, first, cfg->batch, s.labels);
-        gp_dataset_gather(&train->x, s.order, train->n, first, cfg->batch, s.x);
-        double denominator = loss_terms(&s, train, s.labels, cfg->batch);
+        int64_t in_epoch = step % per_epoch;
+        epoch = step / per_epoch;
+        const void *bx = NULL, *by = NULL;
+        gp_prefetch_get(batches, step, step + 1 < total ? step + 1 : -1, &bx, &by);
+        double denominator = loss_terms(&s, train, by, cfg->batch);
         if (has_labels &&
-            (st = check_labels(&s, s.labels, gp_shape_numel(&train->y.shape) / train->n * cfg->batch, err)) != GP_OK)
+            (st = check_labels(&s, by, gp_shape_numel(&train->y.shape) / train->n * cfg->batch, err)) != GP_OK)
             break;
         double step_loss = 0;
         struct gp_step_opts so = {.seed = cfg->seed, .step = (uint64_t)step,
                                   .dropout_ratio = cfg->dropout_ratio};
-        st = gp_pipeline_step(s.pipe, s.x, s.loss == GP_LOSS_OUTPUT ? NULL : s.labels, &so, denominator,
+        st = gp_pipeline_step(s.pipe, bx, s.loss == GP_LOSS_OUTPUT ? NULL : by, &so, denominator,
                               &step_loss, err);
         if (st != GP_OK) break;
         step_loss /= denominator;
@@ -615,6 +613,7 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
             last_save = now();
         }
     }
+    gp_prefetch_free(batches);
     /* The last state, where training ended (a resumed run that had nothing
      * left to do writes it again: the same state, and the folder pruned). */
     if (st == GP_OK && cfg->state_dir) {

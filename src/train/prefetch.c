@@ -1,0 +1,98 @@
+/* Two sets of batch buffers: the step running reads one while the worker
+ * fills the other with the next step's rows. Only one party touches the
+ * epoch order at a time (the worker is joined before anything else
+ * gathers), and the data set is only read. */
+#include "train/prefetch.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+struct gp_prefetch {
+    struct gp_pipeline *pipe;
+    const struct gp_dataset *d;
+    int64_t batch, per_epoch;
+    bool shuffle;
+    uint64_t seed;
+    int64_t *order, order_epoch;  /* the order of epoch order_epoch (-1: none yet) */
+    void *x[2], *labels[2];
+    int64_t holds[2];             /* the step each buffer holds; -1: none */
+    pthread_t worker;
+    bool running;
+    int64_t job_step;
+    int job_buf;
+};
+
+static void gather(struct gp_prefetch *f, int64_t step, int b)
+{
+    int64_t epoch = step / f->per_epoch, first = step % f->per_epoch * f->batch;
+    if (epoch != f->order_epoch) {
+        gp_dataset_order(f->d->n, f->shuffle, f->seed, epoch, f->order);
+        f->order_epoch = epoch;
+    }
+    if (f->labels[b]) gp_dataset_gather(&f->d->y, f->order, f->d->n, first, f->batch, f->labels[b]);
+    gp_dataset_gather(&f->d->x, f->order, f->d->n, first, f->batch, f->x[b]);
+    f->holds[b] = step;
+}
+
+static void *work(void *arg)
+{
+    struct gp_prefetch *f = arg;
+    gather(f, f->job_step, f->job_buf);
+    return NULL;
+}
+
+gp_status gp_prefetch_create(struct gp_pipeline *pipe, const struct gp_dataset *d, int64_t batch,
+                             int64_t per_epoch, bool shuffle, uint64_t seed, struct gp_prefetch **out,
+                             struct gp_error *err)
+{
+    *out = NULL;
+    struct gp_prefetch *f = calloc(1, sizeof *f);
+    if (!f) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    *f = (struct gp_prefetch){.pipe = pipe, .d = d, .batch = batch, .per_epoch = per_epoch > 0 ? per_epoch : 1,
+                              .shuffle = shuffle, .seed = seed, .order_epoch = -1, .holds = {-1, -1}};
+    f->order = malloc(sizeof(int64_t) * (size_t)(d->n + 1));
+    bool ok = f->order != NULL;
+    bool has_labels = d->y.dtype != GP_DTYPE_UNDEFINED;
+    for (int b = 0; b < 2 && ok; b++) {
+        f->x[b] = gp_pipeline_host_alloc(pipe, gp_dataset_row_bytes(&d->x) * (size_t)batch);
+        if (has_labels) f->labels[b] = gp_pipeline_host_alloc(pipe, gp_dataset_row_bytes(&d->y) * (size_t)batch);
+        ok = f->x[b] && (!has_labels || f->labels[b]);
+    }
+    if (!ok) {
+        gp_prefetch_free(f);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of host memory for two batches of %lld samples",
+                            (long long)batch);
+    }
+    *out = f;
+    return GP_OK;
+}
+
+void gp_prefetch_get(struct gp_prefetch *f, int64_t step, int64_t next, const void **x, const void **labels)
+{
+    if (f->running) {
+        pthread_join(f->worker, NULL);
+        f->running = false;
+    }
+    int b = f->holds[0] == step ? 0 : f->holds[1] == step ? 1 : -1;
+    if (b < 0) gather(f, step, b = 0);
+    *x = f->x[b];
+    *labels = f->labels[b];
+    if (next < 0) return;
+    f->job_step = next;
+    f->job_buf = 1 - b;
+    f->holds[1 - b] = -1;
+    /* Without a thread, the next call gathers it itself. */
+    f->running = pthread_create(&f->worker, NULL, work, f) == 0;
+}
+
+void gp_prefetch_free(struct gp_prefetch *f)
+{
+    if (!f) return;
+    if (f->running) pthread_join(f->worker, NULL);
+    for (int b = 0; b < 2; b++) {
+        gp_pipeline_host_free(f->pipe, f->x[b]);
+        gp_pipeline_host_free(f->pipe, f->labels[b]);
+    }
+    free(f->order);
+    free(f);
+}
