@@ -18,6 +18,7 @@ packages=(
   libcmocka-dev libopenblas-dev
   python3 python3-numpy python3-pip python3-venv
   clang libclang-rt-14-dev   # libFuzzer and the sanitizers' runtimes
+  openmpi-bin libopenmpi-dev   # several processes: train --pipeline under mpirun
 )
 tests=false
 case "${1:-}" in

@@ -240,6 +240,16 @@ fi
 expect_fail 2 "--device takes one device" "$bin" predict "$tmp/digits_bf16.onnx" --data "$m/digits_val_x.npy" \
   --output "$tmp/pred2.npy" --device cpu:0,cpu:1
 
+# --pipeline outside mpirun or srun (or in a build without MPI) is refused
+# with how to run it, and trains nothing (tests/test_mpi.sh runs it launched).
+env -u OMPI_COMM_WORLD_RANK -u PMI_RANK -u SLURM_STEP_NUM_TASKS "$bin" train "$root/models/mlp_op17.onnx" \
+  --synthetic 64 --batch 16 --steps 1 --pipeline 2 --save "$tmp/never.onnx" >"$tmp/out.txt" 2>"$tmp/err.txt"
+got=$?
+[ "$got" -eq 1 ] || [ "$got" -eq 2 ] || fail "--pipeline outside mpirun exited $got"
+grep -qE "mpirun -np N or srun -n N|built without MPI" "$tmp/err.txt" || fail "--pipeline outside mpirun said '$(cat "$tmp/err.txt")'"
+[ ! -e "$tmp/never.onnx" ] || fail "--pipeline outside mpirun saved a model"
+"$bin" train --help | grep -q -- "--pipeline P" || fail "train --help lacks --pipeline"
+
 "$bin" --help | grep -q "inspect" || fail "--help lists no inspect"
 "$bin" inspect --help | grep -q -- "--batch" || fail "inspect --help lacks --batch"
 "$bin" devices --help | grep -q "devices" || fail "devices --help"

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "backend/compute.h"
+#include "dist/comm.h"
 #include "util/error.h"
 
 #define GP_EXIT_OK 0
@@ -51,5 +52,31 @@ bool gp_cli_parse_devices(const char *command, const char *list, int *n, bool *c
 int gp_cli_gpu_count(void);
 /* "30,592" into buf. */
 const char *gp_cli_count(int64_t n, char *buf, int size);
+
+/* ---- train --pipeline: one rank of a job (cli/distributed.c) ---- */
+
+struct gp_train_config;
+/* The run as the command line resolved it (model defaults applied). */
+struct gp_cli_train_run {
+    const struct gp_train_config *cfg;
+    const char *data, *labels, *val_data, *val_labels;
+    int64_t synthetic;        /* samples of --synthetic; < 0: real data */
+    const char *auto_balance; /* "time", "memory" or NULL */
+    int n_balance;            /* stages --balance listed; 0: none */
+};
+
+struct gp_cli_dist {
+    struct gp_launch launch;
+    struct gp_comm *comm;     /* NULL once ended */
+    int pipeline, replicas;   /* stages and data-parallel replicas: launch.size = their product */
+};
+
+/* Joins the job this process was launched into (mpirun, srun) as one of
+ * pipeline x replicas ranks and checks that every rank runs the same model
+ * and settings. GP_EXIT_OK: go on (d->comm is up; end it with
+ * gp_cli_dist_end); otherwise the exit status, its message printed. A
+ * failure only this rank knows of ends the whole job (MPI_Abort). */
+int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double timeout_s, struct gp_cli_dist *d);
+void gp_cli_dist_end(struct gp_cli_dist *d);
 
 #endif

@@ -115,6 +115,17 @@ static void help(FILE *f)
         "  --trace FILE.json     the last step's timeline as Chrome trace events\n"
         "                        (open in Perfetto or chrome://tracing)\n"
         "\n"
+        "several processes (started by mpirun or srun; needs a build with MPI):\n"
+        "  --pipeline P          P stages, each a process: N = P x D processes train D\n"
+        "                        data-parallel replicas, each rank one stage of one\n"
+        "                        replica. --batch is the whole mini-batch (shared by the\n"
+        "                        replicas, each share cut into --chunks). Every rank\n"
+        "                        checks that all run the same model and settings.\n"
+        "                        NOT YET IMPLEMENTED beyond that check: a job of more\n"
+        "                        than one process stops there; -np 1 trains as usual\n"
+        "  --comm-timeout S      the longest a rank waits on another (default 300):\n"
+        "                        then every rank ends, naming the one not heard from\n"
+        "\n"
         "stopping and resuming:\n"
         "  --save-state DIR      write the training state into DIR/state-NNNNNNNN (N: the\n"
         "                        steps done) every --save-every and at the end: weights,\n"
@@ -351,6 +362,9 @@ int gp_cmd_train(int argc, char **argv)
     bool devices_set = false;
     bool quiet = false, lr_set = false, wd_set = false, batch_set = false, epochs_set = false,
          opt_set = false, keep_set = false;
+    int pipeline = 0; /* --pipeline P: one rank of a job; 0: one process */
+    double comm_timeout = 300;
+    struct gp_cli_dist dist = {0};
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -455,6 +469,12 @@ int gp_cmd_train(int argc, char **argv)
             const char *list = TAKE();
             if (list && (!strcmp(list, "time") || !strcmp(list, "memory"))) auto_balance = list;
             else if (!parse_balance(list, &cfg, &n_balance)) return GP_EXIT_USAGE;
+        } else if (!strcmp(a, "--pipeline")) {
+            int64_t p;
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, GP_CLI_MAX_DEVICES, &p)) return GP_EXIT_USAGE;
+            pipeline = (int)p;
+        } else if (!strcmp(a, "--comm-timeout")) {
+            if (!parse_double(a, TAKE(), 0.001, &comm_timeout)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--pipeline-schedule")) {
             const char *name = TAKE();
             if (!gp_pipe_schedule_parse(name, &cfg.pipeline_schedule))
@@ -562,6 +582,16 @@ int gp_cmd_train(int argc, char **argv)
         status = gp_cli_usage("train", "no training data: give --data (and --labels) or --synthetic");
         goto done;
     }
+    if (!lr_set) cfg.lr = cfg.optimizer == GP_OPT_ADAMW ? 1e-3 : 0.01;
+    if (!wd_set) cfg.weight_decay = cfg.optimizer == GP_OPT_ADAMW ? 0.01 : 0.0;
+    if (pipeline) {
+        /* Before any output is touched: only rank 0 writes them. */
+        struct gp_cli_train_run run = {.cfg = &cfg, .data = data, .labels = labels, .val_data = val_data,
+                                       .val_labels = val_labels, .synthetic = synthetic,
+                                       .auto_balance = auto_balance, .n_balance = n_balance};
+        status = gp_cli_dist_start(&run, pipeline, comm_timeout, &dist);
+        if (status != GP_EXIT_OK) goto done;
+    }
     /* Outputs are checked before anything long (balancing, loading, training). */
     const char *outputs[3] = {cfg.save_path, cfg.trace_path, metrics};
     for (int k = 0; k < 3; k++)
@@ -573,8 +603,6 @@ int gp_cmd_train(int argc, char **argv)
         status = gp_cli_fail("%s", err.msg);
         goto done;
     }
-    if (!lr_set) cfg.lr = cfg.optimizer == GP_OPT_ADAMW ? 1e-3 : 0.01;
-    if (!wd_set) cfg.weight_decay = cfg.optimizer == GP_OPT_ADAMW ? 0.01 : 0.0;
 
     if (synthetic >= 0) {
         if (gp_dataset_synthetic(cfg.model_path, synthetic ? synthetic : 8 * cfg.batch, cfg.seed,
@@ -662,6 +690,7 @@ int gp_cmd_train(int argc, char **argv)
                 gp_cli_bytes((int64_t)ru.ru_maxrss * 1024, b, sizeof b)); /* Linux: KiB */
     }
 done:
+    gp_cli_dist_end(&dist);
     for (int k = 0; k < 4; k++) {
         gp_npy_free(&arrays[k]);
         free(owned[k]);

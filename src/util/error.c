@@ -47,6 +47,7 @@ const char *gp_status_name(gp_status status)
     case GP_ERR_INVALID: return "invalid model";
     case GP_ERR_NOMEM: return "out of memory";
     case GP_ERR_DEVICE: return "device error";
+    case GP_ERR_COMM: return "communication error";
     }
     return "unknown error";
 }

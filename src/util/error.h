@@ -21,6 +21,7 @@ typedef enum gp_status {
     GP_ERR_INVALID,     /* a structural error: cycle, dangling value, bad attribute */
     GP_ERR_NOMEM,       /* an allocation failed */
     GP_ERR_DEVICE,      /* a device (CUDA, cuBLAS, cuDNN) call failed */
+    GP_ERR_COMM,        /* another rank of the job could not be reached in time, or MPI failed */
 } gp_status;
 
 #define GP_ERROR_MSG_MAX 2048

@@ -1,0 +1,195 @@
+/* train --pipeline P: the part of the command that runs as one rank of a
+ * job launched by mpirun or srun (dist/). Today it checks the launch, joins
+ * the ranks and makes them agree on the run; training across several
+ * processes is not yet implemented and says so (a job of one process
+ * trains as usual). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "dist/agree.h"
+#include "pipeline/schedule.h"
+#include "train/trainer.h"
+#include "util/xxh64.h"
+
+/* The shortest of 15 or 17 significant digits that reads back exactly: two
+ * ranks agree on a setting when they agree on its bits. */
+static const char *fmt_double(double v, char *buf, size_t size)
+{
+    snprintf(buf, size, "%.15g", v);
+    if (strtod(buf, NULL) != v) snprintf(buf, size, "%.17g", v);
+    return buf;
+}
+
+/* "PATH (N bytes, xxh64 H)": the file each rank reads, identified by its
+ * bytes (ranks on several machines read their own copies). */
+static void add_file(struct gp_agree_record *r, const char *label, const char *path)
+{
+    if (!path) {
+        gp_agree_add(r, label, "(none)");
+        return;
+    }
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf = malloc(1 << 20);
+    if (!f || !buf) {
+        if (f) fclose(f);
+        free(buf);
+        gp_agree_fail(r, "cannot read %s '%s'", label, path);
+        return;
+    }
+    struct gp_xxh64 h;
+    gp_xxh64_init(&h, 0);
+    size_t n;
+    long long bytes = 0;
+    while ((n = fread(buf, 1, 1 << 20, f)) > 0) {
+        gp_xxh64_update(&h, buf, n);
+        bytes += (long long)n;
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    free(buf);
+    if (bad) {
+        gp_agree_fail(r, "cannot read %s '%s'", label, path);
+        return;
+    }
+    char hex[17];
+    gp_xxh64_hex(gp_xxh64_digest(&h), hex);
+    gp_agree_add(r, label, "%s (%lld bytes, xxh64 %s)", path, bytes, hex);
+}
+
+/* What must be equal on every rank: everything that decides the arithmetic
+ * or the shape of the job. Outputs (--save, --metrics, --trace) are rank
+ * 0's alone, and --devices, --cuda-graph and --quiet are each rank's. */
+static void describe_run(const struct gp_cli_train_run *run, int pipeline, int replicas, struct gp_agree_record *r)
+{
+    const struct gp_train_config *c = run->cfg;
+    char a[64];
+    add_file(r, "the model", c->model_path);
+    if (run->synthetic >= 0) {
+        gp_agree_add(r, "--synthetic", "%lld", (long long)run->synthetic);
+    } else {
+        add_file(r, "--data", run->data);
+        add_file(r, "--labels", run->labels);
+        add_file(r, "--val-data", run->val_data);
+        add_file(r, "--val-labels", run->val_labels);
+    }
+    gp_agree_add(r, "--pipeline", "%d (x %d replicas)", pipeline, replicas);
+    gp_agree_add(r, "--batch", "%lld", (long long)c->batch);
+    gp_agree_add(r, "--chunks", "%lld", (long long)c->chunks);
+    gp_agree_add(r, "--epochs", "%lld", (long long)c->epochs);
+    gp_agree_add(r, "--steps", "%lld", (long long)c->steps);
+    gp_agree_add(r, "--no-shuffle", "%s", c->shuffle ? "off" : "on");
+    gp_agree_add(r, "--seed", "%llu", (unsigned long long)c->seed);
+    gp_agree_add(r, "--loss", "%s", c->loss_auto ? "auto" : c->loss == GP_LOSS_CROSS_ENTROPY ? "cross-entropy"
+                                                       : c->loss == GP_LOSS_MSE             ? "mse"
+                                                                                            : "output");
+    gp_agree_add(r, "--class-axis", "%d", c->class_axis);
+    gp_agree_add(r, "--dropout", "%s", c->dropout_ratio < 0 ? "(the model's)" : fmt_double(c->dropout_ratio, a, sizeof a));
+    gp_agree_add(r, "--optimizer", "%s", c->optimizer == GP_OPT_ADAMW ? "adamw" : "sgd");
+    gp_agree_add(r, "--lr", "%s", fmt_double(c->lr, a, sizeof a));
+    gp_agree_add(r, "--momentum", "%s", fmt_double(c->momentum, a, sizeof a));
+    gp_agree_add(r, "--nesterov", "%s", c->nesterov ? "on" : "off");
+    gp_agree_add(r, "--weight-decay", "%s", fmt_double(c->weight_decay, a, sizeof a));
+    gp_agree_add(r, "--beta1", "%s", fmt_double(c->beta1, a, sizeof a));
+    gp_agree_add(r, "--beta2", "%s", fmt_double(c->beta2, a, sizeof a));
+    gp_agree_add(r, "--eps", "%s", fmt_double(c->eps, a, sizeof a));
+    gp_agree_add(r, "--torch-arithmetic", "%s", c->torch_1_13 ? "1.13" : "2");
+    static const char *const schedules[] = {"constant", "step", "cosine"};
+    gp_agree_add(r, "--schedule", "%s", schedules[c->schedule]);
+    gp_agree_add(r, "--warmup-steps", "%lld", (long long)c->warmup_steps);
+    gp_agree_add(r, "--step-size", "%lld", (long long)c->step_size);
+    gp_agree_add(r, "--gamma", "%s", fmt_double(c->gamma, a, sizeof a));
+    gp_agree_add(r, "--min-lr", "%s", fmt_double(c->min_lr, a, sizeof a));
+    gp_agree_add(r, "--clip-norm", "%s", c->clip_norm > 0 ? fmt_double(c->clip_norm, a, sizeof a) : "(none)");
+    gp_agree_add(r, "--precision", "%s", gp_precision_name(c->precision));
+    gp_agree_add(r, "--fast-conv", "%s", c->fast_conv ? "on" : "off");
+    gp_agree_add(r, "--deferred-batch-norm", "%s", c->deferred_batch_norm ? "on" : "off");
+    gp_agree_add(r, "--pipeline-schedule", "%s", gp_pipe_schedule_name(c->pipeline_schedule));
+    gp_agree_add(r, "--checkpoint", "%s", gp_checkpoint_name(c->checkpoint));
+    char balance[64 * 12] = "";
+    size_t len = 0;
+    for (int k = 0; k < pipeline && c->balance[0] && len < sizeof balance; k++)
+        len += (size_t)snprintf(balance + len, sizeof balance - len, "%s%d", k ? "," : "", c->balance[k]);
+    gp_agree_add(r, "--balance", "%s", run->auto_balance ? run->auto_balance : balance[0] ? balance : "(even)");
+    gp_agree_add(r, "--resume", "%s", c->resume_path ? c->resume_path : "(none)");
+    gp_agree_add(r, "--algorithms", "%s", c->choices_path ? c->choices_path : "(none)");
+}
+
+int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double timeout_s, struct gp_cli_dist *out)
+{
+    *out = (struct gp_cli_dist){.pipeline = pipeline, .replicas = 1};
+    struct gp_error err = {0};
+    if (!gp_comm_available())
+        return gp_cli_fail("--pipeline runs one process per stage and replica over MPI, and this gpipe-onnx was "
+                           "built without MPI (scripts/bootstrap.sh installs Open MPI; then "
+                           "meson setup --reconfigure build and rebuild)");
+    if (gp_launch_from_environ(&out->launch, &err) != GP_OK) return gp_cli_fail("%s", err.msg);
+    const struct gp_launch *l = &out->launch;
+    if (l->launcher == GP_LAUNCH_NONE)
+        return gp_cli_usage("train",
+                            "--pipeline %d runs one process per stage of each data-parallel replica: start "
+                            "N = %d x replicas of them with mpirun -np N or srun -n N (no launcher was found: "
+                            "none of OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID is set)",
+                            pipeline, pipeline);
+    /* Every rank sees the same launch and options, so every rank refuses
+     * these alike, before any waits on another. */
+    if (l->size % pipeline)
+        return gp_cli_usage("train", "%s started %d processes, not a multiple of --pipeline %d (stages x replicas)",
+                            gp_launcher_name(l->launcher), l->size, pipeline);
+    out->replicas = l->size / pipeline;
+    const struct gp_train_config *c = run->cfg;
+    if (c->batch % out->replicas || (c->batch / out->replicas) % c->chunks)
+        return gp_cli_usage("train",
+                            "--batch %lld is the whole mini-batch, shared by %d replicas, and each share cut "
+                            "into --chunks %lld micro-batches: it must be a multiple of %lld",
+                            (long long)c->batch, out->replicas, (long long)c->chunks,
+                            (long long)(out->replicas * c->chunks));
+    if (run->n_balance && run->n_balance != pipeline)
+        return gp_cli_usage("train", "--balance has %d stages but --pipeline %d", run->n_balance, pipeline);
+
+    if (gp_comm_init(l, timeout_s, &out->comm, &err) != GP_OK) {
+        int status = gp_cli_fail("rank %d: %s", l->rank, err.msg);
+        gp_comm_finalize(out->comm); /* aborts the job when the communicator broke */
+        out->comm = NULL;
+        return status;
+    }
+    int rank = gp_comm_rank(out->comm);
+    struct gp_agree_record *mine = malloc(sizeof *mine);
+    if (!mine) {
+        gp_cli_fail("rank %d: out of memory", rank);
+        gp_comm_abort(out->comm, GP_EXIT_FAIL);
+    }
+    gp_agree_init(mine);
+    describe_run(run, pipeline, out->replicas, mine);
+    gp_status st = gp_agree_check(out->comm, mine, &err);
+    free(mine);
+    if (st == GP_ERR_COMM) {
+        gp_cli_fail("%s", err.msg);
+        gp_comm_abort(out->comm, GP_EXIT_FAIL);
+    }
+    if (st != GP_OK) {
+        /* Every rank reached the same verdict: one says it, all end. */
+        if (rank == 0) gp_cli_fail("%s", err.msg);
+        gp_comm_finalize(out->comm);
+        out->comm = NULL;
+        return GP_EXIT_FAIL;
+    }
+    if (l->size > 1) {
+        if (rank == 0)
+            gp_cli_fail("not yet implemented: training across %d processes (%d stages x %d replicas). The ranks "
+                        "found each other and agree on the model and settings, but they do not yet exchange "
+                        "frontiers and gradients; a job of one process (mpirun -np 1 ... --pipeline 1) trains",
+                        l->size, pipeline, out->replicas);
+        gp_comm_finalize(out->comm);
+        out->comm = NULL;
+        return GP_EXIT_FAIL;
+    }
+    return GP_EXIT_OK;
+}
+
+void gp_cli_dist_end(struct gp_cli_dist *d)
+{
+    gp_comm_finalize(d->comm);
+    d->comm = NULL;
+}

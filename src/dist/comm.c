@@ -1,0 +1,557 @@
+/* The communicator over MPI (dist/comm.h): non-blocking calls polled
+ * against a deadline, so that no operation waits forever on a lost rank. */
+#include "dist/comm.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef GP_HAVE_MPI
+#include <mpi.h>
+
+/* Tags above the user's range, one per message kind of the collectives: a
+ * member already in the next phase (or the next collective) cannot have
+ * its message matched by a receive of the phase before. MPI guarantees tags
+ * up to 32767. */
+enum {
+    TAG_ALLGATHER = GP_COMM_MAX_TAG + 1,
+    TAG_REDUCE,  /* a segment of someone's data, to the member that sums it */
+    TAG_SUMMED,  /* a summed segment, to every member */
+};
+
+/* MPI counts are ints: larger messages go in pieces of this many bytes,
+ * which arrive in order (MPI does not let messages of one sender, tag and
+ * communicator overtake each other). */
+#define CHUNK ((size_t)1 << 30)
+
+struct gp_comm {
+    MPI_Comm comm; /* a duplicate of MPI_COMM_WORLD: our messages never meet another library's */
+    int rank, size;
+    double timeout_s;
+    bool broken;
+};
+
+/* The requests of one operation and, for each, the peer it waits on. */
+struct pending {
+    int n, cap;
+    MPI_Request *req;
+    MPI_Status *status;
+    int *index;
+    int *peer;      /* world rank; -1: every rank (the communicator's duplication) */
+    bool *is_recv;
+    size_t *bytes;  /* what a receive expects */
+    int *tag;
+};
+
+static void pending_free(struct pending *p)
+{
+    free(p->req);
+    free(p->status);
+    free(p->index);
+    free(p->peer);
+    free(p->is_recv);
+    free(p->bytes);
+    free(p->tag);
+    *p = (struct pending){0};
+}
+
+static gp_status pending_grow(struct pending *p, struct gp_error *err)
+{
+    if (p->n < p->cap) return GP_OK;
+    int cap = p->cap ? 2 * p->cap : 16;
+    void *r = realloc(p->req, sizeof *p->req * (size_t)cap), *s = realloc(p->status, sizeof *p->status * (size_t)cap),
+         *x = realloc(p->index, sizeof *p->index * (size_t)cap), *q = realloc(p->peer, sizeof *p->peer * (size_t)cap),
+         *v = realloc(p->is_recv, sizeof *p->is_recv * (size_t)cap), *b = realloc(p->bytes, sizeof *p->bytes * (size_t)cap),
+         *t = realloc(p->tag, sizeof *p->tag * (size_t)cap);
+    /* Each pointer that moved is kept, so pending_free frees it whatever failed. */
+    if (r) p->req = r;
+    if (s) p->status = s;
+    if (x) p->index = x;
+    if (q) p->peer = q;
+    if (v) p->is_recv = v;
+    if (b) p->bytes = b;
+    if (t) p->tag = t;
+    if (!r || !s || !x || !q || !v || !b || !t) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    p->cap = cap;
+    return GP_OK;
+}
+
+static gp_status mpi_failed(struct gp_comm *c, int rc, const char *what, int peer, struct gp_error *err)
+{
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    c->broken = true;
+    if (peer >= 0)
+        return gp_error_set(err, GP_ERR_COMM, "%s: rank %d failed to communicate with rank %d: %s", what, c->rank,
+                            peer, text);
+    return gp_error_set(err, GP_ERR_COMM, "%s: rank %d: MPI failed: %s", what, c->rank, text);
+}
+
+/* Posts a send or receive of `bytes` bytes (in CHUNK pieces; a message of
+ * zero bytes is still one message, so that the pair matches). */
+static gp_status post(struct gp_comm *c, struct pending *p, bool recv, int peer, int tag, void *buf, size_t bytes,
+                      const char *what, struct gp_error *err)
+{
+    size_t done = 0;
+    do {
+        size_t piece = bytes - done < CHUNK ? bytes - done : CHUNK;
+        GP_TRY(pending_grow(p, err));
+        int k = p->n;
+        int rc = recv ? MPI_Irecv((char *)buf + done, (int)piece, MPI_BYTE, peer, tag, c->comm, &p->req[k])
+                      : MPI_Isend((char *)buf + done, (int)piece, MPI_BYTE, peer, tag, c->comm, &p->req[k]);
+        if (rc != MPI_SUCCESS) return mpi_failed(c, rc, what, peer, err);
+        p->peer[k] = peer;
+        p->is_recv[k] = recv;
+        p->bytes[k] = piece;
+        p->tag[k] = tag;
+        p->n++;
+        done += piece;
+    } while (done < bytes);
+    return GP_OK;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* "1, 3 and 4" from the distinct peers of the requests still pending of
+ * one direction. */
+static int pending_peers(const struct pending *p, bool recv, char *out, size_t size)
+{
+    int count = 0;
+    size_t len = 0;
+    out[0] = '\0';
+    for (int k = 0; k < p->n; k++) {
+        if (p->req[k] == MPI_REQUEST_NULL || p->is_recv[k] != recv) continue;
+        bool seen = false;
+        for (int j = 0; j < k; j++)
+            seen |= p->req[j] != MPI_REQUEST_NULL && p->is_recv[j] == recv && p->peer[j] == p->peer[k];
+        if (seen) continue;
+        if (len < size)
+            len += (size_t)snprintf(out + len, size - len, "%s%d", count ? ", " : "", p->peer[k]);
+        count++;
+    }
+    return count;
+}
+
+/* Waits for every request of p until the deadline. A receive of another
+ * size than posted, an MPI error or the deadline is an error (and breaks
+ * the communicator: what is still pending cannot be taken back). */
+static gp_status wait_all(struct gp_comm *c, struct pending *p, double deadline, const char *what, struct gp_error *err)
+{
+    int left = p->n;
+    long idle = 0;
+    while (left > 0) {
+        int done = 0;
+        int rc = MPI_Testsome(p->n, p->req, &done, p->index, p->status);
+        if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) return mpi_failed(c, rc, what, -1, err);
+        if (done == MPI_UNDEFINED) break;
+        for (int d = 0; d < done; d++) {
+            int k = p->index[d];
+            const MPI_Status *st = &p->status[d];
+            if (rc == MPI_ERR_IN_STATUS && st->MPI_ERROR != MPI_SUCCESS) {
+                if (st->MPI_ERROR == MPI_ERR_TRUNCATE) {
+                    c->broken = true;
+                    return gp_error_set(err, GP_ERR_COMM,
+                                        "%s: rank %d sent rank %d a longer message than the %zu bytes expected "
+                                        "(tag %d): the ranks disagree on what they exchange",
+                                        what, p->peer[k], c->rank, p->bytes[k], p->tag[k]);
+                }
+                return mpi_failed(c, st->MPI_ERROR, what, p->peer[k], err);
+            }
+            if (p->is_recv[k]) {
+                int got = 0;
+                MPI_Get_count(st, MPI_BYTE, &got);
+                if ((size_t)got != p->bytes[k]) {
+                    c->broken = true;
+                    return gp_error_set(err, GP_ERR_COMM,
+                                        "%s: rank %d sent rank %d a message of %d bytes where %zu were expected "
+                                        "(tag %d): the ranks disagree on what they exchange",
+                                        what, p->peer[k], c->rank, got, p->bytes[k], p->tag[k]);
+                }
+            }
+        }
+        left -= done;
+        if (done > 0) {
+            idle = 0;
+            continue;
+        }
+        if (now_s() > deadline) {
+            c->broken = true;
+            char peers[512];
+            int count = pending_peers(p, true, peers, sizeof peers);
+            if (count > 0)
+                return gp_error_set(err, GP_ERR_COMM,
+                                    "%s: rank %d heard nothing from rank%s %s within %g s (dead, hung, or "
+                                    "elsewhere in the program)",
+                                    what, c->rank, count > 1 ? "s" : "", peers, c->timeout_s);
+            count = pending_peers(p, false, peers, sizeof peers);
+            if (count > 0)
+                return gp_error_set(err, GP_ERR_COMM,
+                                    "%s: rank%s %s did not take rank %d's message within %g s (dead, hung, or "
+                                    "elsewhere in the program)",
+                                    what, count > 1 ? "s" : "", peers, c->rank, c->timeout_s);
+            return gp_error_set(err, GP_ERR_COMM, "%s: not every rank took part within %g s", what, c->timeout_s);
+        }
+        /* Spin first (a frontier usually arrives within microseconds of
+         * the first poll), then sleep longer and longer, up to a
+         * millisecond: ranks that wait do not take the cores of ranks that
+         * compute (several ranks may share a machine's cores). */
+        if (++idle > 64) {
+            long ns = idle > 64 + 7 ? 1000000 : 8000L << (idle - 65);
+            struct timespec t = {0, ns};
+            nanosleep(&t, NULL);
+        }
+    }
+    return GP_OK;
+}
+
+/* p's requests, waited for within the timeout from now, then freed. */
+static gp_status finish(struct gp_comm *c, struct pending *p, double start, const char *what, gp_status st,
+                        struct gp_error *err)
+{
+    if (st == GP_OK) st = wait_all(c, p, start + c->timeout_s, what, err);
+    else c->broken |= p->n > 0; /* posted requests that will never be waited for */
+    pending_free(p);
+    return st;
+}
+
+bool gp_comm_available(void) { return true; }
+
+gp_status gp_comm_init(const struct gp_launch *launch, double timeout_s, struct gp_comm **out, struct gp_error *err)
+{
+    *out = NULL;
+    if (!(timeout_s > 0)) return gp_error_set(err, GP_ERR_INVALID, "the communication timeout must be positive");
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        /* One thread at a time calls MPI (the communicator is not shared
+         * between threads at once). */
+        int provided = 0;
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+        if (rc != MPI_SUCCESS) return gp_error_set(err, GP_ERR_COMM, "MPI could not be initialized (error %d)", rc);
+        if (provided < MPI_THREAD_SERIALIZED) {
+            MPI_Finalize();
+            return gp_error_set(err, GP_ERR_COMM, "this MPI cannot be called from several threads in turn "
+                                                   "(MPI_THREAD_SERIALIZED)");
+        }
+    }
+    struct gp_comm *c = calloc(1, sizeof *c);
+    if (!c) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    c->timeout_s = timeout_s;
+    c->comm = MPI_COMM_NULL;
+    /* Errors come back as codes, to be reported with the ranks involved
+     * (MPI's default handler would abort without saying which). */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &c->size);
+    *out = c;
+    if (launch && launch->launcher != GP_LAUNCH_NONE && (c->rank != launch->rank || c->size != launch->size))
+        return gp_error_set(err, GP_ERR_COMM,
+                            "%s launched this process as rank %d of %d, but MPI sees rank %d of %d: this MPI "
+                            "cannot join that launcher's job (with Slurm, try srun --mpi=pmix, or mpirun)",
+                            gp_launcher_name(launch->launcher), launch->rank, launch->size, c->rank, c->size);
+    /* The duplicate is made by every rank at once: a rank missing here is
+     * named as such (who cannot be told). */
+    struct pending p = {0};
+    gp_status st = pending_grow(&p, err);
+    if (st == GP_OK) {
+        int rc = MPI_Comm_idup(MPI_COMM_WORLD, &c->comm, &p.req[0]);
+        if (rc != MPI_SUCCESS) st = mpi_failed(c, rc, "making the communicator", -1, err);
+        else {
+            p.peer[0] = -1;
+            p.is_recv[0] = false;
+            p.bytes[0] = 0;
+            p.tag[0] = 0;
+            p.n = 1;
+        }
+    }
+    st = finish(c, &p, now_s(), "making the communicator", st, err);
+    if (st != GP_OK) return st;
+    MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+    return GP_OK;
+}
+
+void gp_comm_finalize(struct gp_comm *c)
+{
+    if (!c) return;
+    if (c->broken) gp_comm_abort(c, 1);
+    if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
+    free(c);
+    MPI_Finalize();
+}
+
+_Noreturn void gp_comm_abort(struct gp_comm *c, int code)
+{
+    (void)c;
+    fflush(NULL); /* the message that says why goes out before the job ends */
+    MPI_Abort(MPI_COMM_WORLD, code);
+    _Exit(code); /* MPI_Abort does not return; if it ever did */
+}
+
+int gp_comm_rank(const struct gp_comm *c) { return c->rank; }
+int gp_comm_size(const struct gp_comm *c) { return c->size; }
+bool gp_comm_broken(const struct gp_comm *c) { return c->broken; }
+
+static gp_status check_peer(const struct gp_comm *c, int peer, int tag, const char *what, struct gp_error *err)
+{
+    if (c->broken)
+        return gp_error_set(err, GP_ERR_COMM, "%s: the communicator of rank %d failed before", what, c->rank);
+    if (peer < 0 || peer >= c->size || peer == c->rank)
+        return gp_error_set(err, GP_ERR_INVALID, "%s: rank %d has no peer rank %d (ranks 0 to %d, not itself)", what,
+                            c->rank, peer, c->size - 1);
+    if (tag < 0 || tag > GP_COMM_MAX_TAG)
+        return gp_error_set(err, GP_ERR_INVALID, "%s: tag %d is not from 0 to %d", what, tag, GP_COMM_MAX_TAG);
+    return GP_OK;
+}
+
+gp_status gp_comm_send(struct gp_comm *c, int to, int tag, const void *buf, size_t bytes, struct gp_error *err)
+{
+    GP_TRY(check_peer(c, to, tag, "sending", err));
+    struct pending p = {0};
+    double start = now_s();
+    gp_status st = post(c, &p, false, to, tag, (void *)buf, bytes, "sending", err);
+    return finish(c, &p, start, "sending", st, err);
+}
+
+gp_status gp_comm_recv(struct gp_comm *c, int from, int tag, void *buf, size_t bytes, struct gp_error *err)
+{
+    GP_TRY(check_peer(c, from, tag, "receiving", err));
+    struct pending p = {0};
+    double start = now_s();
+    gp_status st = post(c, &p, true, from, tag, buf, bytes, "receiving", err);
+    return finish(c, &p, start, "receiving", st, err);
+}
+
+/* This rank's position in the group (the world's when g is NULL). */
+static gp_status group_index(const struct gp_comm *c, const struct gp_comm_group *g, const char *what, int *size,
+                             int *index, struct gp_error *err)
+{
+    if (c->broken)
+        return gp_error_set(err, GP_ERR_COMM, "%s: the communicator of rank %d failed before", what, c->rank);
+    if (!g) {
+        *size = c->size;
+        *index = c->rank;
+        return GP_OK;
+    }
+    *size = g->size;
+    *index = -1;
+    for (int k = 0; k < g->size; k++) {
+        if (g->ranks[k] < 0 || g->ranks[k] >= c->size)
+            return gp_error_set(err, GP_ERR_INVALID, "%s: the group names rank %d of a job of %d", what, g->ranks[k],
+                                c->size);
+        if (g->ranks[k] == c->rank) *index = k;
+    }
+    if (*index < 0) return gp_error_set(err, GP_ERR_INVALID, "%s: rank %d is not in the group", what, c->rank);
+    return GP_OK;
+}
+
+static int member(const struct gp_comm_group *g, int k) { return g ? g->ranks[k] : k; }
+
+gp_status gp_comm_allgather(struct gp_comm *c, const struct gp_comm_group *g, const void *mine, size_t bytes,
+                            void *all, struct gp_error *err)
+{
+    const char *what = "gathering records";
+    int size = 0, me = 0;
+    GP_TRY(group_index(c, g, what, &size, &me, err));
+    char *out = all;
+    memmove(out + (size_t)me * bytes, mine, bytes);
+    struct pending p = {0};
+    double start = now_s();
+    gp_status st = GP_OK;
+    for (int k = 0; k < size && st == GP_OK; k++) {
+        if (k == me) continue;
+        st = post(c, &p, true, member(g, k), TAG_ALLGATHER, out + (size_t)k * bytes, bytes, what, err);
+        if (st == GP_OK)
+            st = post(c, &p, false, member(g, k), TAG_ALLGATHER, out + (size_t)me * bytes, bytes, what, err);
+    }
+    return finish(c, &p, start, what, st, err);
+}
+
+gp_status gp_comm_barrier(struct gp_comm *c, const struct gp_comm_group *g, struct gp_error *err)
+{
+    int size = 0, me = 0;
+    GP_TRY(group_index(c, g, "waiting at a barrier", &size, &me, err));
+    char *all = calloc((size_t)size, 1);
+    if (!all) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    char mine = 1;
+    gp_status st = gp_comm_allgather(c, g, &mine, 1, all, err);
+    if (st != GP_OK) gp_error_prefix(err, "at a barrier: ");
+    free(all);
+    return st;
+}
+
+/* Segment s of n elements split among `size` members: the first n % size
+ * segments have one element more. */
+static size_t seg_start(size_t n, int size, int s)
+{
+    size_t q = n / (size_t)size, r = n % (size_t)size;
+    return q * (size_t)s + ((size_t)s < r ? (size_t)s : r);
+}
+
+static size_t seg_len(size_t n, int size, int s) { return seg_start(n, size, s + 1) - seg_start(n, size, s); }
+
+/* The sum over group members in group order, in the element type's own
+ * arithmetic: out[i] = ((c0[i] + c1[i]) + c2[i]) + ... where ck is member
+ * k's contribution, at parts + k * len. */
+static void sum_f32(float *out, const float *parts, int size, size_t len)
+{
+    for (size_t i = 0; i < len; i++) out[i] = parts[i];
+    for (int k = 1; k < size; k++) {
+        const float *p = parts + (size_t)k * len;
+        for (size_t i = 0; i < len; i++) out[i] += p[i];
+    }
+}
+
+static void sum_f64(double *out, const double *parts, int size, size_t len)
+{
+    for (size_t i = 0; i < len; i++) out[i] = parts[i];
+    for (int k = 1; k < size; k++) {
+        const double *p = parts + (size_t)k * len;
+        for (size_t i = 0; i < len; i++) out[i] += p[i];
+    }
+}
+
+/* Reduce-scatter then all-gather, both direct: member k receives segment k
+ * of everyone's data and sums it in group order; then every member sends
+ * its summed segment to every other. Each element is summed by exactly one
+ * member in a fixed order, so the result does not depend on timing. */
+static gp_status allreduce(struct gp_comm *c, const struct gp_comm_group *g, void *data, size_t n, size_t elem,
+                           bool f64, struct gp_error *err)
+{
+    const char *what = f64 ? "summing doubles over ranks" : "summing floats over ranks";
+    int size = 0, me = 0;
+    GP_TRY(group_index(c, g, what, &size, &me, err));
+    if (size == 1 || n == 0) return GP_OK;
+    char *bytes = data;
+    size_t mine = seg_len(n, size, me);
+    char *parts = NULL;
+    if (mine > 0) {
+        parts = malloc(mine * elem * (size_t)size);
+        if (!parts) return gp_error_set(err, GP_ERR_NOMEM, "%s: out of memory for %zu elements", what, mine * (size_t)size);
+        memcpy(parts + (size_t)me * mine * elem, bytes + seg_start(n, size, me) * elem, mine * elem);
+    }
+    double start = now_s();
+    struct pending p = {0};
+    gp_status st = GP_OK;
+    for (int k = 0; k < size && st == GP_OK; k++) {
+        if (k == me) continue;
+        if (mine > 0) st = post(c, &p, true, member(g, k), TAG_REDUCE, parts + (size_t)k * mine * elem, mine * elem, what, err);
+        size_t len = seg_len(n, size, k);
+        if (st == GP_OK && len > 0)
+            st = post(c, &p, false, member(g, k), TAG_REDUCE, bytes + seg_start(n, size, k) * elem, len * elem, what, err);
+    }
+    st = finish(c, &p, start, what, st, err);
+    if (st == GP_OK && mine > 0) {
+        void *out = bytes + seg_start(n, size, me) * elem;
+        if (f64) sum_f64(out, (const double *)parts, size, mine);
+        else sum_f32(out, (const float *)parts, size, mine);
+    }
+    free(parts);
+    if (st != GP_OK) return st;
+    p = (struct pending){0};
+    for (int k = 0; k < size && st == GP_OK; k++) {
+        if (k == me) continue;
+        size_t len = seg_len(n, size, k);
+        if (len > 0)
+            st = post(c, &p, true, member(g, k), TAG_SUMMED, bytes + seg_start(n, size, k) * elem, len * elem, what, err);
+        if (st == GP_OK && mine > 0)
+            st = post(c, &p, false, member(g, k), TAG_SUMMED, bytes + seg_start(n, size, me) * elem, mine * elem, what, err);
+    }
+    return finish(c, &p, now_s(), what, st, err);
+}
+
+gp_status gp_comm_allreduce_sum_f32(struct gp_comm *c, const struct gp_comm_group *g, float *data, size_t n,
+                                    struct gp_error *err)
+{
+    return allreduce(c, g, data, n, sizeof(float), false, err);
+}
+
+gp_status gp_comm_allreduce_sum_f64(struct gp_comm *c, const struct gp_comm_group *g, double *data, size_t n,
+                                    struct gp_error *err)
+{
+    return allreduce(c, g, data, n, sizeof(double), true, err);
+}
+
+#else /* no MPI */
+
+struct gp_comm {
+    int unused;
+};
+
+bool gp_comm_available(void) { return false; }
+
+gp_status gp_comm_init(const struct gp_launch *launch, double timeout_s, struct gp_comm **out, struct gp_error *err)
+{
+    (void)launch;
+    (void)timeout_s;
+    *out = NULL;
+    return gp_error_set(err, GP_ERR_UNSUPPORTED,
+                        "this gpipe-onnx was built without MPI, which running several processes needs "
+                        "(install Open MPI: scripts/bootstrap.sh; then meson setup --reconfigure build)");
+}
+
+void gp_comm_finalize(struct gp_comm *c) { (void)c; }
+
+_Noreturn void gp_comm_abort(struct gp_comm *c, int code)
+{
+    (void)c;
+    fflush(NULL);
+    _Exit(code);
+}
+
+int gp_comm_rank(const struct gp_comm *c) { (void)c; return 0; }
+int gp_comm_size(const struct gp_comm *c) { (void)c; return 1; }
+bool gp_comm_broken(const struct gp_comm *c) { (void)c; return false; }
+
+static gp_status none(struct gp_error *err)
+{
+    return gp_error_set(err, GP_ERR_UNSUPPORTED, "this gpipe-onnx was built without MPI");
+}
+
+gp_status gp_comm_send(struct gp_comm *c, int to, int tag, const void *buf, size_t bytes, struct gp_error *err)
+{
+    (void)c, (void)to, (void)tag, (void)buf, (void)bytes;
+    return none(err);
+}
+
+gp_status gp_comm_recv(struct gp_comm *c, int from, int tag, void *buf, size_t bytes, struct gp_error *err)
+{
+    (void)c, (void)from, (void)tag, (void)buf, (void)bytes;
+    return none(err);
+}
+
+gp_status gp_comm_barrier(struct gp_comm *c, const struct gp_comm_group *g, struct gp_error *err)
+{
+    (void)c, (void)g;
+    return none(err);
+}
+
+gp_status gp_comm_allreduce_sum_f32(struct gp_comm *c, const struct gp_comm_group *g, float *data, size_t n,
+                                    struct gp_error *err)
+{
+    (void)c, (void)g, (void)data, (void)n;
+    return none(err);
+}
+
+gp_status gp_comm_allreduce_sum_f64(struct gp_comm *c, const struct gp_comm_group *g, double *data, size_t n,
+                                    struct gp_error *err)
+{
+    (void)c, (void)g, (void)data, (void)n;
+    return none(err);
+}
+
+gp_status gp_comm_allgather(struct gp_comm *c, const struct gp_comm_group *g, const void *mine, size_t bytes,
+                            void *all, struct gp_error *err)
+{
+    (void)c, (void)g, (void)mine, (void)bytes, (void)all;
+    return none(err);
+}
+
+#endif
