@@ -130,7 +130,7 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
         return gp_cli_usage("train",
                             "--pipeline %d runs one process per stage of each data-parallel replica: start "
                             "N = %d x replicas of them with mpirun -np N or srun -n N (no launcher was found: "
-                            "none of OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID is set)",
+                            "none of OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_STEP_NUM_TASKS is set)",
                             pipeline, pipeline);
     /* Every rank sees the same launch and options, so every rank refuses
      * these alike, before any waits on another. */

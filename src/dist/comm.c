@@ -295,6 +295,11 @@ _Noreturn void gp_comm_abort(struct gp_comm *c, int code)
     _Exit(code); /* MPI_Abort does not return; if it ever did */
 }
 
+void gp_comm_set_timeout(struct gp_comm *c, double timeout_s)
+{
+    if (timeout_s > 0) c->timeout_s = timeout_s;
+}
+
 int gp_comm_rank(const struct gp_comm *c) { return c->rank; }
 int gp_comm_size(const struct gp_comm *c) { return c->size; }
 bool gp_comm_broken(const struct gp_comm *c) { return c->broken; }
@@ -506,6 +511,7 @@ _Noreturn void gp_comm_abort(struct gp_comm *c, int code)
     _Exit(code);
 }
 
+void gp_comm_set_timeout(struct gp_comm *c, double timeout_s) { (void)c, (void)timeout_s; }
 int gp_comm_rank(const struct gp_comm *c) { (void)c; return 0; }
 int gp_comm_size(const struct gp_comm *c) { (void)c; return 1; }
 bool gp_comm_broken(const struct gp_comm *c) { (void)c; return false; }

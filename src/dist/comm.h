@@ -57,6 +57,10 @@ void gp_comm_finalize(struct gp_comm *c);
  * rank does after a failure its peers cannot know of. Does not return. */
 _Noreturn void gp_comm_abort(struct gp_comm *c, int code);
 
+/* Changes the timeout of the operations to come (seconds, > 0): a job may
+ * allow its first step, which measures and plans, longer than the rest. */
+void gp_comm_set_timeout(struct gp_comm *c, double timeout_s);
+
 int gp_comm_rank(const struct gp_comm *c);
 int gp_comm_size(const struct gp_comm *c);
 /* After a timeout or an MPI error: only gp_comm_abort is left. */
