@@ -223,6 +223,25 @@ static void test_agree_long_values(void **state)
     if (!strstr(msg, "rank 1's --data")) fail_msg("%s", msg);
 }
 
+static void test_agree_detail(void **state)
+{
+    (void)state;
+    /* The same bytes from another path agree; other bytes are named with
+     * both paths. */
+    struct gp_agree_record r[3];
+    for (int k = 0; k < 3; k++) gp_agree_init(&r[k]);
+    gp_agree_add_detail(&r[0], "model", "/a/m.onnx", "100 bytes, xxh64 %s", "00000000000000aa");
+    gp_agree_add_detail(&r[1], "model", "/b/m.onnx", "100 bytes, xxh64 %s", "00000000000000aa");
+    gp_agree_add_detail(&r[2], "model", "/a/m.onnx", "100 bytes, xxh64 %s", "00000000000000bb");
+    char msg[GP_ERROR_MSG_MAX];
+    assert_int_equal(compare(r, 2, msg), GP_OK);
+    assert_int_equal(compare(r, 3, msg), GP_ERR_INVALID);
+    if (!strstr(msg, "rank 2's model /a/m.onnx (100 bytes, xxh64 00000000000000bb) differs from rank 0's /a/m.onnx "
+                     "(100 bytes, xxh64 00000000000000aa)"))
+        fail_msg("%s", msg);
+    assert_null(strstr(msg, "rank 1"));
+}
+
 static void test_agree_errors_and_many(void **state)
 {
     (void)state;
@@ -284,6 +303,7 @@ int main(void)
         cmocka_unit_test(test_agree_same),
         cmocka_unit_test(test_agree_differs),
         cmocka_unit_test(test_agree_long_values),
+        cmocka_unit_test(test_agree_detail),
         cmocka_unit_test(test_agree_errors_and_many),
         cmocka_unit_test(test_agree_full),
         cmocka_unit_test(test_comm_without_launch),

@@ -83,6 +83,10 @@ grep -q "mpirun -np N or srun -n N" "$tmp/out" || { fail "--pipeline outside mpi
 run 3 "$bin" "${train[@]}" --pipeline 2
 [ "$status" -ne 0 ] || fail "3 processes for --pipeline 2 were taken"
 grep -q "started 3 processes, not a multiple of --pipeline 2" "$tmp/out" || { fail "3 ranks, --pipeline 2: no reason"; show; }
+# The whole mini-batch is shared by the replicas, each share cut into chunks.
+run 4 "$bin" train "$model" --synthetic 64 --batch 20 --chunks 4 --steps 1 --quiet --pipeline 2
+[ "$status" -ne 0 ] || fail "--batch 20 over 2 replicas of 4 chunks was taken"
+[ "$(grep -c "it must be a multiple of 8" "$tmp/out")" -eq 1 ] || { fail "--batch 20, 2 replicas, 4 chunks: not said once"; show; }
 # One rank with another --lr: every rank refuses, naming it.
 cat >"$tmp/lr.sh" <<SH
 #!/usr/bin/env bash
@@ -96,6 +100,25 @@ run 4 "$tmp/lr.sh"
 grep -q "rank 2's --lr 0.02 differs from rank 0's 0.01" "$tmp/out" || { fail "the --lr mismatch was not named"; show; }
 grep -o "rank [0-9]*'s --[a-z-]* [^ ]* differs" "$tmp/out" | grep -v "^rank 2's --lr" && { fail "ranks that agree were named"; show; }
 [ "$took" -lt 60 ] || fail "refusing a mismatch took ${took}s"
+# Rank 3 reads its own copy of the model: the same bytes from another path
+# agree; another model is named.
+cp "$model" "$tmp/copy.onnx"
+for other in "$tmp/copy.onnx" "$root/models/mlp_op13.onnx"; do
+  cat >"$tmp/model.sh" <<SH
+#!/usr/bin/env bash
+m="$model"
+[ "\$OMPI_COMM_WORLD_RANK" = 3 ] && m="$other"
+exec "$bin" train "\$m" ${train[*]:2} --pipeline 2
+SH
+  chmod +x "$tmp/model.sh"
+  run 4 "$tmp/model.sh"
+  [ "$status" -ne 0 ] || fail "4 ranks claimed to train"
+  if [ "$other" = "$tmp/copy.onnx" ]; then
+    grep -q "not yet implemented" "$tmp/out" || { fail "a copy of the model at another path was refused"; show; }
+  else
+    grep -q "rank 3's model $other (" "$tmp/out" || { fail "another model on rank 3 was not named"; show; }
+  fi
+done
 # The same settings everywhere: agreed, then refused as not yet implemented.
 run 4 "$bin" "${train[@]}" --pipeline 2
 [ "$status" -ne 0 ] || fail "4 ranks claimed to train"

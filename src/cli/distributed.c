@@ -22,8 +22,9 @@ static const char *fmt_double(double v, char *buf, size_t size)
     return buf;
 }
 
-/* "PATH (N bytes, xxh64 H)": the file each rank reads, identified by its
- * bytes (ranks on several machines read their own copies). */
+/* "N bytes, xxh64 H" of the file each rank reads, shown after its path:
+ * ranks on several machines read their own copies, maybe from other paths,
+ * and agree when the bytes are the same. */
 static void add_file(struct gp_agree_record *r, const char *label, const char *path)
 {
     if (!path) {
@@ -55,7 +56,7 @@ static void add_file(struct gp_agree_record *r, const char *label, const char *p
     }
     char hex[17];
     gp_xxh64_hex(gp_xxh64_digest(&h), hex);
-    gp_agree_add(r, label, "%s (%lld bytes, xxh64 %s)", path, bytes, hex);
+    gp_agree_add_detail(r, label, path, "%lld bytes, xxh64 %s", bytes, hex);
 }
 
 /* What must be equal on every rank: everything that decides the arithmetic
@@ -65,7 +66,7 @@ static void describe_run(const struct gp_cli_train_run *run, int pipeline, int r
 {
     const struct gp_train_config *c = run->cfg;
     char a[64];
-    add_file(r, "the model", c->model_path);
+    add_file(r, "model", c->model_path);
     if (run->synthetic >= 0) {
         gp_agree_add(r, "--synthetic", "%lld", (long long)run->synthetic);
     } else {
@@ -133,20 +134,22 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
                             "none of OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_STEP_NUM_TASKS is set)",
                             pipeline, pipeline);
     /* Every rank sees the same launch and options, so every rank refuses
-     * these alike, before any waits on another. */
+     * these alike, before any waits on another; rank 0 says why. */
+#define REFUSE(...) (l->rank == 0 ? gp_cli_usage(__VA_ARGS__) : GP_EXIT_USAGE)
     if (l->size % pipeline)
-        return gp_cli_usage("train", "%s started %d processes, not a multiple of --pipeline %d (stages x replicas)",
+        return REFUSE("train", "%s started %d processes, not a multiple of --pipeline %d (stages x replicas)",
                             gp_launcher_name(l->launcher), l->size, pipeline);
     out->replicas = l->size / pipeline;
     const struct gp_train_config *c = run->cfg;
     if (c->batch % out->replicas || (c->batch / out->replicas) % c->chunks)
-        return gp_cli_usage("train",
+        return REFUSE("train",
                             "--batch %lld is the whole mini-batch, shared by %d replicas, and each share cut "
                             "into --chunks %lld micro-batches: it must be a multiple of %lld",
                             (long long)c->batch, out->replicas, (long long)c->chunks,
                             (long long)(out->replicas * c->chunks));
     if (run->n_balance && run->n_balance != pipeline)
-        return gp_cli_usage("train", "--balance has %d stages but --pipeline %d", run->n_balance, pipeline);
+        return REFUSE("train", "--balance has %d stages but --pipeline %d", run->n_balance, pipeline);
+#undef REFUSE
 
     if (gp_comm_init(l, timeout_s, &out->comm, &err) != GP_OK) {
         int status = gp_cli_fail("rank %d: %s", l->rank, err.msg);

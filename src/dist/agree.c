@@ -11,13 +11,12 @@
 
 void gp_agree_init(struct gp_agree_record *r) { memset(r, 0, sizeof *r); }
 
-void gp_agree_add(struct gp_agree_record *r, const char *label, const char *fmt, ...)
+static void add(struct gp_agree_record *r, const char *label, const char *detail, const char *fmt, va_list ap)
 {
-    char text[4096];
-    va_list ap;
-    va_start(ap, fmt);
+    char text[4096], shown[4096 + 512];
     vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
+    if (detail) snprintf(shown, sizeof shown, "%s (%s)", detail, text);
+    else snprintf(shown, sizeof shown, "%s", text);
     struct gp_agree_item *it = NULL;
     for (int k = 0; k < r->n && !it; k++)
         if (!strncmp(r->items[k].label, label, sizeof it->label - 1)) it = &r->items[k];
@@ -31,10 +30,26 @@ void gp_agree_add(struct gp_agree_record *r, const char *label, const char *fmt,
     memset(it, 0, sizeof *it);
     snprintf(it->label, sizeof it->label, "%s", label);
     /* Shown cut to fit (the digest compares the whole value). */
-    size_t len = strlen(text);
+    size_t len = strlen(shown);
     if (len >= sizeof it->value) len = sizeof it->value - 1;
-    memcpy(it->value, text, len);
+    memcpy(it->value, shown, len);
     it->digest = gp_xxh64(text, strlen(text), 0);
+}
+
+void gp_agree_add(struct gp_agree_record *r, const char *label, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    add(r, label, NULL, fmt, ap);
+    va_end(ap);
+}
+
+void gp_agree_add_detail(struct gp_agree_record *r, const char *label, const char *detail, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    add(r, label, detail, fmt, ap);
+    va_end(ap);
 }
 
 void gp_agree_fail(struct gp_agree_record *r, const char *fmt, ...)
@@ -95,7 +110,7 @@ gp_status gp_agree_compare(const struct gp_agree_record *records, int n, struct 
             const struct gp_agree_item *mine = &x->items[k], *theirs = find(base, mine->label);
             if (!theirs)
                 clause(c, "rank %d has %s %s where rank 0 has none", r, mine->label, mine->value);
-            else if (mine->digest != theirs->digest || strcmp(mine->value, theirs->value))
+            else if (mine->digest != theirs->digest)
                 clause(c, "rank %d's %s %s differs from rank 0's %s", r, mine->label, mine->value, theirs->value);
         }
         for (int k = 0; k < base->n; k++)

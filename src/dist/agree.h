@@ -20,8 +20,8 @@
 
 struct gp_agree_item {
     char label[40];  /* how messages name the setting: "--lr", "the model" */
-    char value[208]; /* shown in messages (cut to fit) */
-    uint64_t digest; /* XXH64 of the whole value: what is compared */
+    char value[208]; /* shown in messages (cut to fit), with the detail */
+    uint64_t digest; /* XXH64 of the whole value without the detail: what is compared */
 };
 
 struct gp_agree_record {
@@ -36,6 +36,11 @@ void gp_agree_init(struct gp_agree_record *r);
 /* Adds a setting (labels are unique; a repeated label replaces the value). */
 void gp_agree_add(struct gp_agree_record *r, const char *label, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same with a detail shown after the value but not compared: a file's
+ * path beside its size and digest (ranks on other machines may read the
+ * same bytes from another path). */
+void gp_agree_add_detail(struct gp_agree_record *r, const char *label, const char *detail, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* Records that this rank cannot take part, and why: every rank refuses. */
 void gp_agree_fail(struct gp_agree_record *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
