@@ -111,8 +111,15 @@ static const struct bn_case bn_cases[] = {
     {"BN-15 [20000,64]", 15, 2, {20000, 64}, 1, false, 0, 0},
     /* 66000 planes of 128 cells: more than a grid's y dimension. */
     {"BN-15 [600,110,128]", 15, 3, {600, 110, 128}, 1, false, 0, 0},
-    /* ResNet-50's last stages: planes of 49 cells (the flat path). */
+    /* ResNet-50's last stages: planes of 49 cells (one value at a time). */
     {"BN-15 [16,64,7,7]", 15, 4, {16, 64, 7, 7}, 1, false, 0, 0},
+    /* Runs of 4 values (planes of 196 and 12 cells) and of 2 (10 cells),
+     * odd batches and channel counts; the cases above with planes of 1600
+     * and 128 cells take runs of 8. */
+    {"BN-15 [5,24,14,14] runs of 4", 15, 4, {5, 24, 14, 14}, 3, true, 0, 0},
+    {"BN-15 [5,7,6,2] runs of 4", 15, 4, {5, 7, 6, 2}, 1, false, 0, 0},
+    {"BN-9 [3,5,2,5] runs of 2", 9, 4, {3, 5, 2, 5}, 5, false, 1e-3f, 0.8f},
+    {"BN-15 [9,3,56,56] runs of 8", 15, 4, {9, 3, 56, 56}, 3, true, 0, 0},
 };
 
 static void test_bn(void **state)

@@ -18,13 +18,17 @@
  * running statistics or the deferred sums), and an elementwise pass
  * applies them. Backward mirrors it.
  *
- * Bandwidth: every pass keeps BN_ILP loads in flight per thread (all of a
- * group's loads issued before the first is used), since one 2-byte load
- * per thread at a time leaves the memory system mostly idle: that bound
- * these kernels to about a fifth of the H200's bandwidth. The sums still
- * add each thread's values one by one in the order above, and the
- * elementwise passes follow each value's channel incrementally (no
- * division per value), so the bits are those of one value at a time.
+ * Bandwidth: one 2-byte load per thread at a time leaves the memory
+ * system mostly idle (these kernels once ran at a fifth of the H200's
+ * bandwidth, and at a quarter with 8 such loads in flight: ncu measured
+ * 1.1 TB/s over a ResNet-50 step). So every pass moves runs of up to 8
+ * consecutive values of a plane as one access of up to 16 bytes
+ * (io_vec_for: the longest run dividing the plane that the tensors'
+ * alignment allows), several runs in flight per thread, all of a round's
+ * loads issued before the first is used; the elementwise passes follow
+ * each run's channel incrementally (no division per value). The sums add
+ * a thread's values in run order, then the fixed tree: the order depends
+ * on the shape and the run length only, so results are reproducible.
  *
  * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
  * where a product feeds a sum the operations are spelled with the _rn
@@ -53,20 +57,42 @@
 /* ---- BatchNormalization ---- */
 
 /* X [N, C, D...]: statistics per channel over N and the spatial cells S.
- * Each channel's count = N * S values, in (n, i) order, split into P
- * chunks of L values (the last one shorter). */
+ * The passes move runs of `vec` consecutive values of a plane (8, 4, 2 or
+ * 1: io_vec_for) as one access; a channel's count = N * S values are
+ * N * sg runs (sg = S / vec) in (n, i) order, split into P chunks of lg
+ * runs (the last one shorter). */
 struct bn_plan {
     int64_t n, c, s, count;
-    int64_t p, l;      /* chunks per channel, values per chunk */
-    int64_t wr, wc;    /* a step of BN_THREADS values of [N, C, S]: cells, channels (mod C) */
+    int vec;           /* values per run */
+    int64_t sg, countg; /* runs per plane, per channel */
+    int64_t p, lg;     /* chunks per channel, runs per chunk */
+    int64_t wr, wc;    /* a step of BN_THREADS runs of [N, C, sg]: plane runs, channels (mod C) */
     double eps, momentum;
 };
 
 #define BN_THREADS 256
 #define BN_MAX_CHUNKS 64
-#define BN_ILP 8 /* loads in flight per thread */
 
-static void bn_plan_of(const struct gp_graph *g, const struct gp_node *node, struct bn_plan *p)
+/* Runs in flight per thread and pass: all of a thread's loads of a round
+ * are issued before the first is used. 16 values for runs of 2 to 8 (32
+ * bytes of bfloat16 per tensor), 8 one at a time. */
+__host__ __device__ constexpr int bn_ilp_for(int vec) { return vec >= 8 ? 2 : vec == 4 ? 4 : 8; }
+template <int VEC> struct bn_ilp {
+    static const int n = bn_ilp_for(VEC);
+};
+
+/* About 2048 blocks in all, at least 2048 values per chunk: the chunks a
+ * channel is split into, at most (scratch is planned for this many). */
+static int64_t bn_chunks_max(int64_t c, int64_t count)
+{
+    int64_t chunks = (2048 + c - 1) / (c > 0 ? c : 1);
+    int64_t by_size = (count + 2047) / 2048;
+    if (chunks > by_size) chunks = by_size;
+    if (chunks > BN_MAX_CHUNKS) chunks = BN_MAX_CHUNKS;
+    return chunks < 1 ? 1 : chunks;
+}
+
+static void bn_plan_of(const struct gp_graph *g, const struct gp_node *node, int vec, struct bn_plan *p)
 {
     const struct gp_shape *x = &gp_node_input(g, node, 0)->shape;
     p->n = x->dims[0];
@@ -74,18 +100,16 @@ static void bn_plan_of(const struct gp_graph *g, const struct gp_node *node, str
     p->s = 1;
     for (int i = 2; i < x->rank; i++) p->s *= x->dims[i];
     p->count = p->n * p->s;
-    /* About 2048 blocks in all, at least 2048 values per chunk. */
-    int64_t chunks = (2048 + p->c - 1) / (p->c > 0 ? p->c : 1);
-    int64_t by_size = (p->count + 2047) / 2048;
-    if (chunks > by_size) chunks = by_size;
-    if (chunks > BN_MAX_CHUNKS) chunks = BN_MAX_CHUNKS;
-    if (chunks < 1) chunks = 1;
-    p->l = (p->count + chunks - 1) / chunks;
-    if (p->l < 1) p->l = 1;
-    p->p = (p->count + p->l - 1) / p->l;
+    p->vec = vec > 1 && p->s % vec == 0 ? vec : 1;
+    p->sg = p->s / p->vec;
+    p->countg = p->n * p->sg;
+    int64_t chunks = bn_chunks_max(p->c, p->count);
+    p->lg = (p->countg + chunks - 1) / chunks;
+    if (p->lg < 1) p->lg = 1;
+    p->p = (p->countg + p->lg - 1) / p->lg;
     if (p->p < 1) p->p = 1;
-    p->wr = p->s > 0 ? BN_THREADS % p->s : 0;
-    p->wc = p->s > 0 && p->c > 0 ? (BN_THREADS / p->s) % p->c : 0;
+    p->wr = p->sg > 0 ? BN_THREADS % p->sg : 0;
+    p->wc = p->sg > 0 && p->c > 0 ? (BN_THREADS / p->sg) % p->c : 0;
     p->eps = gp_node_attr_float(node, "epsilon", 1e-5f);
     p->momentum = gp_node_attr_float(node, "momentum", 0.9f);
 }
@@ -100,49 +124,49 @@ static size_t bn_saved(const struct gp_graph *g, const struct gp_node *node)
 /* Scratch (doubles): forward partials psum, psq_raw, psq [C * P] each,
  * then the transform's alpha and beta per channel ([C] float pairs, C
  * doubles' room); backward partials [2 C P] and per-channel coefficients
- * [5 C]. */
+ * [5 C]; P at its most for any run length. */
 static size_t bn_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
     struct bn_plan p;
-    bn_plan_of(g, node, &p);
-    return sizeof(double) * (size_t)(3 * p.c * p.p + 5 * p.c);
+    bn_plan_of(g, node, 1, &p);
+    int64_t chunks = bn_chunks_max(p.c, p.count);
+    return sizeof(double) * (size_t)(3 * p.c * chunks + 5 * p.c);
 }
 
-/* Walks values j0 + t, j0 + t + T, ... < j1 of channel c (t the thread,
- * T the block's size): offset (n C + c) S + i for j = n S + i, kept
- * incrementally. BN_ILP values at a time: load(off) for each of them
- * first, then add(value) for each, in order, so the sums are those of
- * one value at a time. */
-template <class V, class Load, class Add>
+/* Walks runs j0 + t, j0 + t + T, ... < j1 of channel c (t the thread,
+ * T the block's size): run offset (n C + c) sg + i for j = n sg + i, kept
+ * incrementally. ILP runs at a time: load(offset of its first value) for
+ * each of them first, then add(run) for each, in order. */
+template <class V, int ILP, class Load, class Add>
 __device__ static inline void bn_chunk_walk(const struct bn_plan &p, int64_t c, int64_t j0, int64_t j1,
                                             Load load, Add add)
 {
     const int64_t step = blockDim.x;
     int64_t j = j0 + threadIdx.x;
-    int64_t n = j / p.s, i = j - n * p.s;
-    const int64_t dn = step / p.s, di = step - dn * p.s;
-    for (; j < j1; j += BN_ILP * step) {
-        V v[BN_ILP];
+    int64_t n = j / p.sg, i = j - n * p.sg;
+    const int64_t dn = step / p.sg, di = step - dn * p.sg;
+    for (; j < j1; j += ILP * step) {
+        V v[ILP];
 #pragma unroll
-        for (int k = 0; k < BN_ILP; k++) {
-            if (j + k * step < j1) v[k] = load((n * p.c + c) * p.s + i);
+        for (int k = 0; k < ILP; k++) {
+            if (j + k * step < j1) v[k] = load(((n * p.c + c) * p.sg + i) * p.vec);
             i += di;
             n += dn;
-            if (i >= p.s) i -= p.s, n++;
+            if (i >= p.sg) i -= p.sg, n++;
         }
 #pragma unroll
-        for (int k = 0; k < BN_ILP; k++)
+        for (int k = 0; k < ILP; k++)
             if (j + k * step < j1) add(v[k]);
     }
 }
 
-/* The elementwise passes: element e of [N, C, S] and its channel, e
+/* The elementwise passes: run e of [N, C, sg] and its channel, e
  * advancing by BN_THREADS (the block's size) from the thread's first:
- * one division per BN_ILP values instead of two per value. */
+ * one division per ILP runs. */
 __device__ static inline void bn_walk_init(const struct bn_plan &p, int64_t e, int64_t *r, int64_t *c)
 {
-    int64_t q = gp_dev_fdiv(e, p.s);
-    *r = e - q * p.s;
+    int64_t q = gp_dev_fdiv(e, p.sg);
+    *r = e - q * p.sg;
     *c = q - gp_dev_fdiv(q, p.c) * p.c;
 }
 
@@ -150,36 +174,63 @@ __device__ static inline void bn_walk_next(const struct bn_plan &p, int64_t *r, 
 {
     *r += p.wr;
     *c += p.wc;
-    if (*r >= p.s) *r -= p.s, (*c)++;
+    if (*r >= p.sg) *r -= p.sg, (*c)++;
     if (*c >= p.c) *c -= p.c;
 }
 
-/* Thread t of block b handles elements e0 + k BN_THREADS, k < BN_ILP, e0
- * = b BN_THREADS BN_ILP + t, then a grid's span further. */
-#define BN_FLAT_SPAN ((int64_t)BN_THREADS * BN_ILP)
-#define BN_FLAT_LOOP(total, e0)                                                       \
-    for (int64_t e0 = blockIdx.x * BN_FLAT_SPAN + threadIdx.x; e0 < (total);         \
-         e0 += (int64_t)gridDim.x * BN_FLAT_SPAN)
+/* Thread t of block b handles runs e0 + k BN_THREADS, k < ILP, e0 =
+ * b BN_THREADS ILP + t, then a grid's span further. */
+#define BN_FLAT_LOOP(total, ilp, e0)                                                  \
+    for (int64_t e0 = blockIdx.x * ((int64_t)BN_THREADS * (ilp)) + threadIdx.x; e0 < (total); \
+         e0 += (int64_t)gridDim.x * BN_THREADS * (ilp))
 
-static unsigned bn_flat_blocks(int64_t total)
+static unsigned bn_flat_blocks(const struct bn_plan &p)
 {
-    return gp_cuda_capped_grid((total + BN_FLAT_SPAN - 1) / BN_FLAT_SPAN, 1 << 20);
+    int64_t span = (int64_t)BN_THREADS * bn_ilp_for(p.vec);
+    return gp_cuda_capped_grid((p.n * p.c * p.sg + span - 1) / span, 1 << 20);
 }
 
+/* A run of values. */
+template <int VEC> struct bn_run {
+    float v[VEC];
+};
+template <int VEC> struct bn_run2 {
+    float a[VEC], b[VEC];
+};
+
+/* Runs `stmt` with VEC the plan's run length as a constant. */
+#define BN_VEC_DISPATCH(p, ...)                                                       \
+    do {                                                                              \
+        switch ((p).vec) {                                                            \
+        case 8: { const int VEC = 8; __VA_ARGS__; } break;                            \
+        case 4: { const int VEC = 4; __VA_ARGS__; } break;                            \
+        case 2: { const int VEC = 2; __VA_ARGS__; } break;                            \
+        default: { const int VEC = 1; __VA_ARGS__; } break;                           \
+        }                                                                             \
+    } while (0)
+
 /* Block (c, k): chunk k of channel c: sum and sum of squares of x. */
-template <class IO>
+template <class IO, int VEC>
 __global__ static void bn_sums_kernel(struct bn_plan p, gp_fptr x, double *psum, double *psq_raw)
 {
     __shared__ double sh[32];
     int64_t c = blockIdx.x, k = blockIdx.y;
-    int64_t j0 = k * p.l, j1 = j0 + p.l < p.count ? j0 + p.l : p.count;
+    int64_t j0 = k * p.lg, j1 = j0 + p.lg < p.countg ? j0 + p.lg : p.countg;
     double s = 0, q = 0;
-    bn_chunk_walk<float>(
-        p, c, j0, j1, [&](int64_t off) { return IO::act(x, off); },
-        [&](float f) {
-            double v = f;
-            s = DADD(s, v);
-            q = DADD(q, DMUL(v, v));
+    bn_chunk_walk<bn_run<VEC>, bn_ilp<VEC>::n>(
+        p, c, j0, j1,
+        [&](int64_t off) {
+            bn_run<VEC> r;
+            IO::template acts<VEC>(x, off, r.v);
+            return r;
+        },
+        [&](const bn_run<VEC> &r) {
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                double v = r.v[i];
+                s = DADD(s, v);
+                q = DADD(q, DMUL(v, v));
+            }
         });
     s = gp_dev_block_sum(s, sh);
     q = gp_dev_block_sum(q, sh);
@@ -195,7 +246,7 @@ __device__ static double bn_channel_mean(const struct bn_plan &p, const double *
 }
 
 /* Block (c, k): sum over chunk k of (x - mean)^2, mean the channel's. */
-template <class IO>
+template <class IO, int VEC>
 __global__ static void bn_sq_kernel(struct bn_plan p, gp_fptr x, const double *psum, double *psq)
 {
     __shared__ double sh[32];
@@ -204,13 +255,21 @@ __global__ static void bn_sq_kernel(struct bn_plan p, gp_fptr x, const double *p
     if (threadIdx.x == 0) mean_sh = bn_channel_mean(p, psum, c);
     __syncthreads();
     double m = mean_sh;
-    int64_t j0 = k * p.l, j1 = j0 + p.l < p.count ? j0 + p.l : p.count;
+    int64_t j0 = k * p.lg, j1 = j0 + p.lg < p.countg ? j0 + p.lg : p.countg;
     double q = 0;
-    bn_chunk_walk<float>(
-        p, c, j0, j1, [&](int64_t off) { return IO::act(x, off); },
-        [&](float f) {
-            double d = DSUB((double)f, m);
-            q = DADD(q, DMUL(d, d));
+    bn_chunk_walk<bn_run<VEC>, bn_ilp<VEC>::n>(
+        p, c, j0, j1,
+        [&](int64_t off) {
+            bn_run<VEC> r;
+            IO::template acts<VEC>(x, off, r.v);
+            return r;
+        },
+        [&](const bn_run<VEC> &r) {
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                double d = DSUB((double)r.v[i], m);
+                q = DADD(q, DMUL(d, d));
+            }
         });
     q = gp_dev_block_sum(q, sh);
     if (threadIdx.x == 0) psq[c * p.p + k] = q;
@@ -277,26 +336,31 @@ __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool up
 /* y = x * alpha + beta, alpha = invstd * scale, beta = bias - mean * alpha
  * (PyTorch's transform, as the CPU computes it; alpha and beta from the
  * finishing kernel). */
-template <class IO>
+template <class IO, int VEC>
 __global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float *ab, gp_fptr y)
 {
-    const int64_t total = p.n * p.c * p.s;
-    BN_FLAT_LOOP(total, e0) {
+    const int ILP = bn_ilp<VEC>::n;
+    const int64_t total = p.n * p.c * p.sg;
+    BN_FLAT_LOOP(total, ILP, e0) {
         int64_t r, c;
         bn_walk_init(p, e0, &r, &c);
-        float v[BN_ILP];
-        int ch[BN_ILP];
+        float v[ILP][VEC];
+        int ch[ILP];
 #pragma unroll
-        for (int k = 0; k < BN_ILP; k++) {
+        for (int k = 0; k < ILP; k++) {
             int64_t e = e0 + k * BN_THREADS;
             ch[k] = (int)c;
-            if (e < total) v[k] = IO::act(x, e);
+            if (e < total) IO::template acts<VEC>(x, e * VEC, v[k]);
             bn_walk_next(p, &r, &c);
         }
 #pragma unroll
-        for (int k = 0; k < BN_ILP; k++) {
+        for (int k = 0; k < ILP; k++) {
             int64_t e = e0 + k * BN_THREADS;
-            if (e < total) IO::set_act(y, e, FADD(FMUL(v[k], ab[2 * ch[k]]), ab[2 * ch[k] + 1]));
+            if (e >= total) continue;
+            float a = ab[2 * ch[k]], b = ab[2 * ch[k] + 1];
+#pragma unroll
+            for (int i = 0; i < VEC; i++) v[k][i] = FADD(FMUL(v[k][i], a), b);
+            IO::template set_acts<VEC>(y, e * VEC, v[k]);
         }
     }
 }
@@ -311,7 +375,7 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
     for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
     struct bn_plan p;
-    bn_plan_of(ctx->graph, ctx->node, &p);
+    bn_plan_of(ctx->graph, ctx->node, 1, &p);
     if (ctx->training && p.count < 2)
         return gp_cuda_error(ctx, err, GP_ERR_SHAPE,
                              "training needs more than one value per channel to estimate the "
@@ -322,12 +386,15 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     gp_fptr x = gp_cuda_in_f(ctx, 0), y = gp_cuda_out_f(ctx, 0);
     gp_fptr scale = gp_cuda_in_f(ctx, 1), bias = gp_cuda_in_f(ctx, 2);
     enum io_kind kind = io_kind_of({x, y}, {scale, bias});
+    bn_plan_of(ctx->graph, ctx->node, io_vec_for(kind, p.s, {x, y}), &p);
     double *psum = (double *)ctx->scratch, *psq_raw = psum + p.c * p.p, *psq = psq_raw + p.c * p.p;
     if (training) {
         dim3 grid((unsigned)p.c, (unsigned)p.p, 1);
-        IO_DISPATCH(kind, bn_sums_kernel<IO><<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, psum, psq_raw));
+        IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_sums_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
+                                                 p, x, psum, psq_raw)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization sums", err));
-        IO_DISPATCH(kind, bn_sq_kernel<IO><<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, psum, psq));
+        IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_sq_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
+                                                 p, x, psum, psq)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization variance", err));
     }
     struct bn_outs o;
@@ -347,8 +414,8 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
         p, training, update, psum, psq_raw, psq, o);
     GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics", err));
     if (p.n * p.s == 0) return GP_OK;
-    IO_DISPATCH(kind, bn_apply_kernel<IO><<<bn_flat_blocks(p.n * p.c * p.s), BN_THREADS, 0, ctx->stream>>>(
-                          p, x, o.ab, y));
+    IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_apply_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
+                                                                   ctx->stream>>>(p, x, o.ab, y)));
     return gp_cuda_check_launch(ctx, "BatchNormalization normalize", err);
 }
 
@@ -399,20 +466,29 @@ extern "C" gp_status gp_cuda_bn_commit(cudaStream_t stream, const struct gp_grap
 
 /* Block (c, k): sums over chunk k of dy and dy * xhat, xhat = (x - mean) *
  * invstd in float as on the CPU. */
-template <class IO>
+template <class IO, int VEC>
 __global__ static void bn_bwd_sums_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, const float *mean,
                                           const float *invstd, double *pdy, double *pdyx)
 {
     __shared__ double sh[32];
     int64_t c = blockIdx.x, k = blockIdx.y;
-    int64_t j0 = k * p.l, j1 = j0 + p.l < p.count ? j0 + p.l : p.count;
+    int64_t j0 = k * p.lg, j1 = j0 + p.lg < p.countg ? j0 + p.lg : p.countg;
     float m = mean[c], is = invstd[c];
     double s = 0, sx = 0;
-    bn_chunk_walk<float2>(
-        p, c, j0, j1, [&](int64_t off) { return make_float2(IO::act(dy, off), IO::act(x, off)); },
-        [&](float2 gx) {
-            s = DADD(s, (double)gx.x);
-            sx = DADD(sx, DMUL((double)gx.x, (double)FMUL(FSUB(gx.y, m), is)));
+    bn_chunk_walk<bn_run2<VEC>, bn_ilp<VEC>::n>(
+        p, c, j0, j1,
+        [&](int64_t off) {
+            bn_run2<VEC> r;
+            IO::template acts<VEC>(dy, off, r.a);
+            IO::template acts<VEC>(x, off, r.b);
+            return r;
+        },
+        [&](const bn_run2<VEC> &r) {
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                s = DADD(s, (double)r.a[i]);
+                sx = DADD(sx, DMUL((double)r.a[i], (double)FMUL(FSUB(r.b[i], m), is)));
+            }
         });
     s = gp_dev_block_sum(s, sh);
     sx = gp_dev_block_sum(sx, sh);
@@ -461,66 +537,89 @@ __global__ static void bn_bwd_finish_kernel(struct bn_plan p, bool have_dy, cons
 /* Training: dx += a (dy - mdy - xhat mdyx) + cm + cv (x - mean), in
  * double, xc = x - mean in float as on the CPU; with `ow` dx = 0 + that
  * (dx not read: its first writer). The old dx is loaded with x and dy. */
-template <class IO>
+template <class IO, int VEC>
 __global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, const float *mean,
                                               const float *invstd, const double *coef, gp_fptr dx, bool ow)
 {
-    const int64_t total = p.n * p.c * p.s;
-    BN_FLAT_LOOP(total, e0) {
+    const int ILP = bn_ilp<VEC>::n;
+    const int64_t total = p.n * p.c * p.sg;
+    BN_FLAT_LOOP(total, ILP, e0) {
         int64_t r, c;
         bn_walk_init(p, e0, &r, &c);
-        float xv[BN_ILP], gv[BN_ILP], old[BN_ILP];
-        int ch[BN_ILP];
+        float xv[ILP][VEC], gv[ILP][VEC], old[ILP][VEC];
+        int ch[ILP];
 #pragma unroll
-        for (int k = 0; k < BN_ILP; k++) {
+        for (int k = 0; k < ILP; k++) {
             int64_t e = e0 + k * BN_THREADS;
             ch[k] = (int)c;
             if (e < total) {
-                xv[k] = IO::act(x, e);
-                gv[k] = dy.p ? IO::act(dy, e) : 0.0f;
-                old[k] = ow ? 0.0f : IO::act(dx, e);
+                IO::template acts<VEC>(x, e * VEC, xv[k]);
+                if (dy.p)
+                    IO::template acts<VEC>(dy, e * VEC, gv[k]);
+                else
+#pragma unroll
+                    for (int i = 0; i < VEC; i++) gv[k][i] = 0.0f;
+                if (ow)
+#pragma unroll
+                    for (int i = 0; i < VEC; i++) old[k][i] = 0.0f;
+                else
+                    IO::template acts<VEC>(dx, e * VEC, old[k]);
             }
             bn_walk_next(p, &r, &c);
         }
 #pragma unroll
-        for (int k = 0; k < BN_ILP; k++) {
+        for (int k = 0; k < ILP; k++) {
             int64_t e = e0 + k * BN_THREADS;
             if (e >= total) continue;
             const double *kc = coef + 5 * ch[k];
-            double xc = (double)FSUB(xv[k], mean[ch[k]]), xhat = DMUL(xc, (double)invstd[ch[k]]);
-            double v = DMUL(kc[0], DSUB(DSUB((double)gv[k], kc[1]), DMUL(xhat, kc[2])));
-            v = DADD(DADD(v, kc[3]), DMUL(kc[4], xc));
-            IO::set_act(dx, e, FADD(old[k], (float)v));
+            const float m = mean[ch[k]];
+            const double is = (double)invstd[ch[k]];
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                double xc = (double)FSUB(xv[k][i], m), xhat = DMUL(xc, is);
+                double v = DMUL(kc[0], DSUB(DSUB((double)gv[k][i], kc[1]), DMUL(xhat, kc[2])));
+                v = DADD(DADD(v, kc[3]), DMUL(kc[4], xc));
+                old[k][i] = FADD(old[k][i], (float)v);
+            }
+            IO::template set_acts<VEC>(dx, e * VEC, old[k]);
         }
     }
 }
 
 /* Evaluation: dx += dy * (scale * invstd) (dx = 0 + that with `ow`). */
-template <class IO>
+template <class IO, int VEC>
 __global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr dy, gp_fptr scale,
                                              const float *invstd, gp_fptr dx, bool ow)
 {
-    const int64_t total = p.n * p.c * p.s;
-    BN_FLAT_LOOP(total, e0) {
+    const int ILP = bn_ilp<VEC>::n;
+    const int64_t total = p.n * p.c * p.sg;
+    BN_FLAT_LOOP(total, ILP, e0) {
         int64_t r, c;
         bn_walk_init(p, e0, &r, &c);
-        float gv[BN_ILP], old[BN_ILP];
-        int ch[BN_ILP];
+        float gv[ILP][VEC], old[ILP][VEC];
+        int ch[ILP];
 #pragma unroll
-        for (int k = 0; k < BN_ILP; k++) {
+        for (int k = 0; k < ILP; k++) {
             int64_t e = e0 + k * BN_THREADS;
             ch[k] = (int)c;
             if (e < total) {
-                gv[k] = IO::act(dy, e);
-                old[k] = ow ? 0.0f : IO::act(dx, e);
+                IO::template acts<VEC>(dy, e * VEC, gv[k]);
+                if (ow)
+#pragma unroll
+                    for (int i = 0; i < VEC; i++) old[k][i] = 0.0f;
+                else
+                    IO::template acts<VEC>(dx, e * VEC, old[k]);
             }
             bn_walk_next(p, &r, &c);
         }
 #pragma unroll
-        for (int k = 0; k < BN_ILP; k++) {
+        for (int k = 0; k < ILP; k++) {
             int64_t e = e0 + k * BN_THREADS;
-            if (e < total)
-                IO::set_act(dx, e, FADD(old[k], FMUL(gv[k], FMUL(IO::par(scale, ch[k]), invstd[ch[k]]))));
+            if (e >= total) continue;
+            float f = FMUL(IO::par(scale, ch[k]), invstd[ch[k]]);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) old[k][i] = FADD(old[k][i], FMUL(gv[k][i], f));
+            IO::template set_acts<VEC>(dx, e * VEC, old[k]);
         }
     }
 }
@@ -534,18 +633,19 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
     for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
     struct bn_plan p;
-    bn_plan_of(ctx->graph, ctx->node, &p);
+    bn_plan_of(ctx->graph, ctx->node, 1, &p);
     if (p.c == 0) return GP_OK;
     gp_fptr x = gp_cuda_in_f(ctx, 0), dy = gp_cuda_dout_f(ctx, 0), dx = gp_cuda_din_f(ctx, 0);
     gp_fptr scale = gp_cuda_in_f(ctx, 1);
     const float *mean = (const float *)ctx->saved, *invstd = mean + p.c;
-    double *pdy = (double *)ctx->scratch, *pdyx = pdy + p.c * p.p, *coef = pdyx + p.c * p.p;
     enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
+    bn_plan_of(ctx->graph, ctx->node, io_vec_for(kind, p.s, {x, dy, dx}), &p);
+    double *pdy = (double *)ctx->scratch, *pdyx = pdy + p.c * p.p, *coef = pdyx + p.c * p.p;
     bool have_dy = dy.p && p.count > 0;
     if (have_dy && (ctx->din[1] || ctx->din[2] || (dx.p && ctx->training))) {
         dim3 grid((unsigned)p.c, (unsigned)p.p, 1);
-        IO_DISPATCH(kind, bn_bwd_sums_kernel<IO><<<grid, BN_THREADS, 0, ctx->stream>>>(p, x, dy, mean, invstd,
-                                                                                        pdy, pdyx));
+        IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_bwd_sums_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
+                                                 p, x, dy, mean, invstd, pdy, pdyx)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward sums", err));
     } else {
         have_dy = false;
@@ -570,15 +670,17 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     if (!dx.p || n == 0) return GP_OK;
     bool ow = gp_cuda_overwrite(ctx, 0);
     if (ctx->training) {
-        IO_DISPATCH(kind, bn_bwd_dx_train_kernel<IO><<<bn_flat_blocks(n), BN_THREADS, 0, ctx->stream>>>(
-                              p, x, dy, mean, invstd, coef, dx, ow));
+        IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_bwd_dx_train_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
+                                                                          ctx->stream>>>(
+                                                 p, x, dy, mean, invstd, coef, dx, ow)));
     } else {
         if (!dy.p) /* nothing to add; zeros to write when dx is not cleared */
             return ow ? gp_cuda_call(ctx, cudaMemsetAsync(dx.p, 0, (size_t)n * (dx.bf16 ? 2 : 4), ctx->stream),
                                      "cudaMemsetAsync", err)
                       : GP_OK;
-        IO_DISPATCH(kind, bn_bwd_dx_eval_kernel<IO><<<bn_flat_blocks(n), BN_THREADS, 0, ctx->stream>>>(
-                              p, dy, scale, invstd, dx, ow));
+        IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_bwd_dx_eval_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
+                                                                         ctx->stream>>>(
+                                                 p, dy, scale, invstd, dx, ow)));
     }
     return gp_cuda_check_launch(ctx, "BatchNormalization backward dx", err);
 }

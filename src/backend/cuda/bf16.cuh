@@ -5,7 +5,9 @@
 #ifndef GP_CUDA_BF16_CUH
 #define GP_CUDA_BF16_CUH
 
+#include <initializer_list>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include <cuda_bf16.h>
 
@@ -71,6 +73,51 @@ static inline gp_fptr gp_cuda_dout_f(const struct gp_cuda_ctx *c, int k)
 {
     gp_fptr t = {(void *)c->dout[k], gp_cuda_is_bf16(c->dout_dt, k)};
     return t;
+}
+
+/* A run of VEC consecutive values as one memory access (up to 16 bytes;
+ * 32 as two): what keeps enough bytes in flight for the bandwidth-bound
+ * passes, where one 2-byte load per thread at a time cannot. The caller
+ * guarantees alignment to the run's bytes (at most 16 bytes). */
+template <int BYTES> struct gp_raw;
+template <> struct gp_raw<2> { typedef unsigned short t; };
+template <> struct gp_raw<4> { typedef unsigned t; };
+template <> struct gp_raw<8> { typedef uint2 t; };
+template <> struct gp_raw<16> { typedef uint4 t; };
+template <> struct gp_raw<32> { typedef struct { uint4 a, b; } t; };
+
+template <typename A, int VEC> struct gp_run {
+    typedef typename gp_raw<(int)sizeof(A) * VEC>::t raw;
+    union u {
+        raw r;
+        A a[VEC];
+    };
+    __device__ static void load(const void *base, int64_t i, float (&v)[VEC])
+    {
+        u x;
+        x.r = *(const raw *)((const A *)base + i);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v[k] = gp_load(&x.a[k]);
+    }
+    __device__ static void store(void *base, int64_t i, const float (&v)[VEC])
+    {
+        u x;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) gp_store(&x.a[k], v[k]);
+        *(raw *)((A *)base + i) = x.r;
+    }
+};
+
+/* Whether n values of `elem` bytes split into runs of `vec` whose accesses
+ * every pointer given aligns (NULL ones do not count): when the
+ * elementwise passes may move runs (gp_run) instead of single values. */
+static inline bool gp_runs_fit(int64_t n, int vec, size_t elem, std::initializer_list<const void *> ptrs)
+{
+    if (n % vec) return false;
+    size_t align = elem * (size_t)vec > 16 ? 16 : elem * (size_t)vec;
+    for (const void *p : ptrs)
+        if (p && (uintptr_t)p % align) return false;
+    return true;
 }
 
 /* Bytes of one element of a float tensor stored as bfloat16 or float32. */

@@ -228,6 +228,67 @@ __global__ static void unary_backward_kernel(struct uparams p, typename stor<S>:
     }
 }
 
+/* The same two passes on runs of 8 values (one 16-byte access of
+ * bfloat16, two of float32), for a launch whose tensors are all of one
+ * storage S, n a multiple of 8, aligned (gp_runs_fit): one value per
+ * access leaves most of the memory system's bandwidth unused. Each value
+ * is computed as above, so the results are the same bits. */
+#define RUN 8
+template <class S>
+__global__ static void unary_forward_runs_kernel(struct uparams p, const S *X, S *Y, int64_t runs)
+{
+    GP_GRID_STRIDE_ILP(r0, st, runs)
+    {
+        float x[GP_ILP][RUN];
+#pragma unroll
+        for (int u = 0; u < GP_ILP; u++)
+            if (r0 + u * st < runs) gp_run<S, RUN>::load(X, (r0 + u * st) * RUN, x[u]);
+#pragma unroll
+        for (int u = 0; u < GP_ILP; u++) {
+            if (r0 + u * st >= runs) continue;
+#pragma unroll
+            for (int k = 0; k < RUN; k++) x[u][k] = unary_f(p, x[u][k]);
+            gp_run<S, RUN>::store(Y, (r0 + u * st) * RUN, x[u]);
+        }
+    }
+}
+
+/* Two runs in flight per thread (four tensors' worth of registers). */
+template <class S>
+__global__ static void unary_backward_runs_kernel(struct uparams p, const S *X, const S *Y, const S *dY, S *dX,
+                                                  int64_t runs, bool ow)
+{
+    const int64_t st = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t r0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r0 < runs; r0 += 2 * st) {
+        float x[2][RUN], y[2][RUN], dy[2][RUN], dx[2][RUN];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int64_t r = r0 + u * st;
+            if (r >= runs) continue;
+            gp_run<S, RUN>::load(X, r * RUN, x[u]);
+            gp_run<S, RUN>::load(dY, r * RUN, dy[u]);
+            if (Y)
+                gp_run<S, RUN>::load(Y, r * RUN, y[u]);
+            else
+#pragma unroll
+                for (int k = 0; k < RUN; k++) y[u][k] = 0.0f;
+            if (ow)
+#pragma unroll
+                for (int k = 0; k < RUN; k++) dx[u][k] = 0.0f;
+            else
+                gp_run<S, RUN>::load(dX, r * RUN, dx[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int64_t r = r0 + u * st;
+            if (r >= runs) continue;
+#pragma unroll
+            for (int k = 0; k < RUN; k++) dx[u][k] = __fadd_rn(dx[u][k], unary_grad(p, x[u][k], y[u][k], dy[u][k]));
+            gp_run<S, RUN>::store(dX, r * RUN, dx[u]);
+        }
+    }
+}
+
 /* The ops whose gradient reads the forward output. */
 static bool grad_reads_y(enum uop op)
 {
@@ -272,7 +333,17 @@ static gp_status unary_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (op == U_NOT) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "floating-point input");
     if (n == 0) return GP_OK;
     struct uparams p = uparams_of(c->node, op);
-    WITH_STOR(stor_of({in16(c, 0), out16(c, 0)}),
+    enum stor_kind k = stor_of({in16(c, 0), out16(c, 0)});
+    if (k != STOR_MIX && gp_runs_fit(n, RUN, k == STOR_BF16 ? 2 : 4, {c->in[0], c->out[0]})) {
+        if (k == STOR_BF16)
+            unary_forward_runs_kernel<__nv_bfloat16><<<gp_cuda_blocks_ilp(n / RUN), THREADS, 0, c->stream>>>(
+                p, (const __nv_bfloat16 *)c->in[0], (__nv_bfloat16 *)c->out[0], n / RUN);
+        else
+            unary_forward_runs_kernel<float><<<gp_cuda_blocks_ilp(n / RUN), THREADS, 0, c->stream>>>(
+                p, (const float *)c->in[0], (float *)c->out[0], n / RUN);
+        return gp_cuda_check_launch(c, "unary forward", err);
+    }
+    WITH_STOR(k,
               unary_forward_kernel<S><<<gp_cuda_blocks_ilp(n), THREADS, 0, c->stream>>>(
                   p, stor_ptr<S>(c->in[0], in16(c, 0)), stor_ptr<S>(c->out[0], out16(c, 0)), n));
     return gp_cuda_check_launch(c, "unary forward", err);
@@ -297,7 +368,21 @@ static gp_status unary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     struct uparams p = uparams_of(c->node, op);
     bool ry = grad_reads_y(op);
     bool x16 = in16(c, 0), y16 = out16(c, 0), dy16 = dout16(c, 0), dx16 = din16(c, 0);
-    WITH_STOR(stor_of({x16, ry ? y16 : x16, dy16, dx16}),
+    enum stor_kind k = stor_of({x16, ry ? y16 : x16, dy16, dx16});
+    const void *yp = ry ? c->out[0] : NULL;
+    if (k != STOR_MIX && gp_runs_fit(n, RUN, k == STOR_BF16 ? 2 : 4, {c->in[0], yp, c->dout[0], c->din[0]})) {
+        unsigned grid = gp_cuda_blocks_for((n / RUN + 1) / 2);
+        if (k == STOR_BF16)
+            unary_backward_runs_kernel<__nv_bfloat16><<<grid, THREADS, 0, c->stream>>>(
+                p, (const __nv_bfloat16 *)c->in[0], (const __nv_bfloat16 *)yp, (const __nv_bfloat16 *)c->dout[0],
+                (__nv_bfloat16 *)c->din[0], n / RUN, ow);
+        else
+            unary_backward_runs_kernel<float><<<grid, THREADS, 0, c->stream>>>(
+                p, (const float *)c->in[0], (const float *)yp, (const float *)c->dout[0], (float *)c->din[0],
+                n / RUN, ow);
+        return gp_cuda_check_launch(c, "unary backward", err);
+    }
+    WITH_STOR(k,
               unary_backward_kernel<S><<<gp_cuda_blocks_ilp(n), THREADS, 0, c->stream>>>(
                   p, stor_ptr<S>(c->in[0], x16), stor_ptr<S>(ry ? c->out[0] : NULL, y16), ry,
                   stor_ptr<S>(c->dout[0], dy16), stor_ptr<S>(c->din[0], dx16), n, ow));

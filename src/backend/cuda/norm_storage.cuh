@@ -25,6 +25,15 @@ template <typename A> struct io_typed {
     __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_store((A *)t.p + i, v); }
     __device__ static void add_act(gp_fptr t, int64_t i, float v) { set_act(t, i, FADD(act(t, i), v)); }
     __device__ static float par(gp_fptr t, int64_t i) { return ((const float *)t.p)[i]; }
+    /* Values i .. i + VEC - 1 (i a multiple of VEC). */
+    template <int VEC> __device__ static void acts(gp_fptr t, int64_t i, float (&v)[VEC])
+    {
+        gp_run<A, VEC>::load(t.p, i, v);
+    }
+    template <int VEC> __device__ static void set_acts(gp_fptr t, int64_t i, const float (&v)[VEC])
+    {
+        gp_run<A, VEC>::store(t.p, i, v);
+    }
 };
 
 struct io_mixed {
@@ -32,7 +41,19 @@ struct io_mixed {
     __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
     __device__ static void add_act(gp_fptr t, int64_t i, float v) { gp_acc(t, i, v); }
     __device__ static float par(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+    /* One value at a time (the run-time typed path is never vectorized). */
+    template <int VEC> __device__ static void acts(gp_fptr t, int64_t i, float (&v)[VEC])
+    {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v[k] = gp_ld(t, i + k);
+    }
+    template <int VEC> __device__ static void set_acts(gp_fptr t, int64_t i, const float (&v)[VEC])
+    {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) gp_st(t, i + k, v[k]);
+    }
 };
+
 
 enum io_kind { IO_F32, IO_BF16, IO_MIXED };
 
@@ -46,6 +67,24 @@ static enum io_kind io_kind_of(std::initializer_list<gp_fptr> acts, std::initial
     for (const gp_fptr &t : pars)
         if (t.p && t.bf16) return IO_MIXED;
     return b16 && f32 ? IO_MIXED : b16 ? IO_BF16 : IO_F32;
+}
+
+/* The longest run, 8, 4, 2 or 1 values, that divides `plane` (so a run
+ * never leaves a plane, nor its channel) and whose bytes (16 at most)
+ * align every tensor given; 1 for the run-time typed path. */
+static inline int io_vec_for(enum io_kind kind, int64_t plane, std::initializer_list<gp_fptr> tensors)
+{
+    if (kind == IO_MIXED) return 1;
+    size_t elem = kind == IO_BF16 ? 2 : 4;
+    for (int vec = 8; vec > 1; vec /= 2) {
+        if (plane % vec) continue;
+        size_t align = elem * (size_t)vec > 16 ? 16 : elem * (size_t)vec;
+        bool ok = true;
+        for (const gp_fptr &t : tensors)
+            if (t.p && (uintptr_t)t.p % align) ok = false;
+        if (ok) return vec;
+    }
+    return 1;
 }
 
 /* Runs the statement(s) with IO the storage `kind` names. */
