@@ -12,6 +12,8 @@
 void gp_agree_init(struct gp_agree_record *r) { memset(r, 0, sizeof *r); }
 
 static void add(struct gp_agree_record *r, const char *label, const char *detail, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+static void add(struct gp_agree_record *r, const char *label, const char *detail, const char *fmt, va_list ap)
 {
     char text[4096], shown[4096 + 512];
     vsnprintf(text, sizeof text, fmt, ap);
