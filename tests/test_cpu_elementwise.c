@@ -341,6 +341,63 @@ static void test_binary_integers(void **state)
     gp_graph_free(&g);
 }
 
+/* a + b -> s -> Relu -> y; b shaped `bdims` (rank 3, or [4] to broadcast);
+ * `keep_s`: s is a graph output too. */
+static void build_add_relu(struct gp_graph *g, int brank, const int64_t *bdims, bool keep_s)
+{
+    init(g, 17);
+    input(g, "a", GP_DTYPE_FLOAT32, 3, I64(2, 3, 4));
+    input(g, "b", GP_DTYPE_FLOAT32, brank, bdims);
+    node(g, "Add", 2, S("a", "b"), 1, S("s"));
+    node(g, "Relu", 1, S("s"), 1, S("y"));
+    output(g, "y");
+    if (keep_s) output(g, "s");
+    finalize(g);
+}
+
+/* Relu fused into a residual Add (graph/fuse.c): one node whose output and
+ * both gradients are the pair's bits, sums of exactly 0 included (masked,
+ * as Relu's backward masks its input 0); with broadcasting, or the sum read
+ * elsewhere, the two stay apart. */
+static void test_add_relu_fused(void **state)
+{
+    (void)state;
+    struct gp_graph fused, pair, bcast;
+    build_add_relu(&fused, 3, I64(2, 3, 4), false);
+    build_add_relu(&pair, 3, I64(2, 3, 4), true);
+    build_add_relu(&bcast, 1, I64(4), false);
+    assert_int_equal(fused.n_nodes, 1);
+    assert_true(fused.nodes[0].fused_relu);
+    assert_int_equal(pair.n_nodes, 2);
+    assert_int_equal(bcast.n_nodes, 2);
+    float a[24], b[24];
+    double dy[24];
+    for (int i = 0; i < 24; i++) {
+        a[i] = (float)((i * 7 + 3) % 11 - 5) / 8.0f;
+        b[i] = i % 5 == 0 ? -a[i] : (float)((i * 5 + 1) % 9 - 4) / 4.0f; /* every fifth sum is 0 */
+        dy[i] = (double)((i * 3 + 2) % 7 - 3) / 2.0;
+    }
+    const void *in[2] = {a, b};
+    struct gp_cpu_runner *rf = run_backward(&fused, in, (const double *const[]){dy}, true);
+    struct gp_cpu_runner *rp = run_backward(&pair, in, (const double *const[]){dy, NULL}, true);
+    int masked = 0;
+    const double *yf = gp_cpu_runner_data_f64(rf, gp_graph_find_value(&fused, "y"));
+    for (int i = 0; i < 24; i++) masked += yf[i] == 0;
+    if (masked < 6 || masked > 18) fail_msg("%d of 24 sums masked: choose inputs of both signs", masked);
+    if (memcmp(yf, gp_cpu_runner_data_f64(rp, gp_graph_find_value(&pair, "y")), sizeof(double) * 24))
+        fail_msg("y: fused Add + Relu differs from the pair");
+    static const char *const names[] = {"a", "b"};
+    for (int k = 0; k < 2; k++)
+        if (memcmp(grad_of(rf, &fused, names[k]), grad_of(rp, &pair, names[k]), sizeof(double) * 24))
+            fail_msg("gradient of %s: fused Add + Relu differs from the pair", names[k]);
+    gp_cpu_runner_free_f64(rf);
+    gp_cpu_runner_free_f64(rp);
+    op_gradcheck(&fused, &(struct op_check_opts){.seed = 5});
+    gp_graph_free(&fused);
+    gp_graph_free(&pair);
+    gp_graph_free(&bcast);
+}
+
 /* Gradients of both inputs over broadcasting patterns: same shapes, one
  * side broadcast, both sides broadcast, lower rank, a scalar. */
 static void test_binary_gradients(void **state)
@@ -864,6 +921,7 @@ int main(void)
         cmocka_unit_test(test_binary_forward),
         cmocka_unit_test(test_binary_integers),
         cmocka_unit_test(test_binary_gradients),
+        cmocka_unit_test(test_add_relu_fused),
         cmocka_unit_test(test_pow_gradients_match_pytorch),
         cmocka_unit_test(test_compare_and_logic),
         cmocka_unit_test(test_variadic),

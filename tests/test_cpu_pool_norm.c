@@ -528,6 +528,85 @@ static void test_bn_eval_forward(void **state)
     gp_graph_free(&g);
 }
 
+/* x -> BatchNormalization -> h -> Relu -> y; `keep_h`: h is a graph
+ * output too, which keeps the pair apart (graph/fuse.c). */
+static void build_bn_relu(struct gp_graph *g, bool keep_h)
+{
+    struct gp_error err = {0};
+    begin(g, 15);
+    int64_t dims[4] = {3, 2, 2, 3}, ch = 2;
+    input(g, "x", 4, dims);
+    input(g, "s", 1, &ch);
+    input(g, "b", 1, &ch);
+    const_f32(g, "m", ch, bn_mean_init);
+    const_f32(g, "v", ch, bn_var_init);
+    if (gp_graph_add_node(g, "BatchNormalization", "", "bn", 5, S("x", "s", "b", "m", "v"), 1, S("h"), &err) < 0 ||
+        gp_graph_add_node(g, "Relu", "", "relu", 1, S("h"), 1, S("y"), &err) < 0 ||
+        gp_graph_add_output(g, "y", &err) != GP_OK || (keep_h && gp_graph_add_output(g, "h", &err) != GP_OK))
+        fail_msg("%s", err.msg);
+    finalize_ok(g);
+}
+
+/* Relu fused into the BatchNormalization before it: one node, whose
+ * output, running statistics and every gradient are the unfused pair's
+ * bits in training and in evaluation (dY masked where Relu's input was not
+ * positive, which the fused output's sign says); the double build against
+ * finite differences, and bf16 against fp32. */
+static void test_bn_relu_fused(void **state)
+{
+    (void)state;
+    struct gp_graph fused, pair;
+    build_bn_relu(&fused, false);
+    build_bn_relu(&pair, true);
+    assert_int_equal(fused.n_nodes, 1);
+    assert_true(fused.nodes[0].fused_relu);
+    assert_string_equal(fused.nodes[0].op_type, "BatchNormalization");
+    assert_string_equal(fused.values[fused.nodes[0].outputs[0]].name, "y");
+    assert_int_equal(fused.n_nodes + fused.n_folded + fused.n_fused, fused.n_source_nodes);
+    assert_int_equal(pair.n_nodes, 2);
+    assert_false(pair.nodes[0].fused_relu);
+    for (int training = 1; training >= 0; training--) {
+        struct gp_cpu_runner *r[2] = {NULL, NULL};
+        struct gp_graph *gs[2] = {&fused, &pair};
+        float *x = pattern(36, (struct pat)PAT_X), *sc = pattern(2, (struct pat)PAT_B);
+        float *b = pattern(2, (struct pat)PAT_W), *dy = pattern(36, (struct pat)PAT_W);
+        for (int k = 0; k < 2; k++) {
+            struct gp_error err = {0};
+            struct gp_graph *g = gs[k];
+            if (gp_cpu_runner_create_f32(g, true, &r[k], &err) != GP_OK) fail_msg("%s", err.msg);
+            gp_cpu_runner_set_f32(r[k], gp_graph_find_value(g, "x"), x);
+            gp_cpu_runner_set_f32(r[k], gp_graph_find_value(g, "s"), sc);
+            gp_cpu_runner_set_f32(r[k], gp_graph_find_value(g, "b"), b);
+            struct gp_run_opts o = {.training = training, .update_state = training, .dropout_ratio = -1};
+            if (gp_cpu_runner_forward_f32(r[k], &o, 0, g->n_nodes, &err) != GP_OK) fail_msg("%s", err.msg);
+            gp_cpu_runner_zero_activation_grads_f32(r[k]);
+            gp_cpu_runner_zero_param_grads_f32(r[k]);
+            memcpy(gp_cpu_runner_grad_f32(r[k], gp_graph_find_value(g, "y")), dy, sizeof(float) * 36);
+            if (gp_cpu_runner_backward_f32(r[k], &o, 0, g->n_nodes, &err) != GP_OK) fail_msg("%s", err.msg);
+        }
+        int zeros = 0;
+        const float *y0 = value_f32(&fused, r[0], "y");
+        for (int i = 0; i < 36; i++) zeros += y0[i] == 0;
+        if (zeros < 6 || zeros > 30) fail_msg("the case masks %d of 36 values: choose inputs of both signs", zeros);
+        static const char *const names[] = {"y", "m", "v"};
+        for (int i = 0; i < 3; i++)
+            if (memcmp(value_f32(&fused, r[0], names[i]), value_f32(&pair, r[1], names[i]),
+                       sizeof(float) * (i ? 2 : 36)))
+                fail_msg("%s: fused differs from BatchNormalization then Relu (training %d)", names[i], training);
+        static const char *const grads[] = {"x", "s", "b"};
+        for (int i = 0; i < 3; i++)
+            if (memcmp(gp_cpu_runner_grad_f32(r[0], gp_graph_find_value(&fused, grads[i])),
+                       gp_cpu_runner_grad_f32(r[1], gp_graph_find_value(&pair, grads[i])),
+                       sizeof(float) * (i ? 2 : 36)))
+                fail_msg("gradient of %s: fused differs from the pair (training %d)", grads[i], training);
+        for (int k = 0; k < 2; k++) gp_cpu_runner_free_f32(r[k]);
+        free(x), free(sc), free(b), free(dy);
+    }
+    op_gradcheck(&fused, &(struct op_check_opts){.training = true, .seed = 3});
+    gp_graph_free(&fused);
+    gp_graph_free(&pair);
+}
+
 /* PyTorch refuses batch statistics from one value per channel; so do we,
  * with an error naming the node rather than an infinite variance. */
 static void test_bn_training_needs_two_values(void **state)
@@ -765,6 +844,7 @@ int main(void)
         cmocka_unit_test(test_max_ties_route_to_first),
         cmocka_unit_test(test_pool_gradients),
         cmocka_unit_test(test_bn_training_step),
+        cmocka_unit_test(test_bn_relu_fused),
         cmocka_unit_test(test_bn_eval_forward),
         cmocka_unit_test(test_bn_training_needs_two_values),
         cmocka_unit_test(test_bn_gradients),

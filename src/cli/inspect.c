@@ -153,6 +153,10 @@ static void print_json(const struct gp_graph *g, const struct gp_layers *l, cons
         gp_json_int(&j, i);
         gp_json_key(&j, "op");
         gp_json_string(&j, n->op_type);
+        if (n->fused_relu) {
+            gp_json_key(&j, "fused");
+            gp_json_string(&j, "Relu");
+        }
         gp_json_key(&j, "domain");
         gp_json_string(&j, n->domain);
         gp_json_key(&j, "since_version");
@@ -238,7 +242,8 @@ static void print_table(const struct gp_graph *g, const struct gp_layers *l, con
                gp_cli_count(elems, a, sizeof a), n_buffers, gp_cli_bytes(bytes, b, sizeof b));
     printf("%-12s %d in the file, %d folded at load time, ", "nodes", g->n_source_nodes, g->n_folded);
     if (g->n_fused)
-        printf("%d fused into %d (exported GELU chains into Gelu), ", g->n_fused + g->n_fusions, g->n_fusions);
+        printf("%d fused into %d (exported GELU chains into Gelu, Relu into the BatchNormalization before it), ",
+               g->n_fused + g->n_fusions, g->n_fusions);
     printf("%d layers\n", g->n_nodes);
     struct op_tally *t = calloc((size_t)g->n_folded + 1, sizeof *t);
     int nt = t ? tally_folded(g, t) : 0;
@@ -252,7 +257,8 @@ static void print_table(const struct gp_graph *g, const struct gp_layers *l, con
 
     int name_w = 4, op_w = 2;
     for (int i = 0; i < g->n_nodes; i++) {
-        int len = (int)strlen(g->nodes[i].name), olen = (int)strlen(g->nodes[i].op_type);
+        int len = (int)strlen(g->nodes[i].name);
+        int olen = (int)strlen(g->nodes[i].op_type) + (g->nodes[i].fused_relu ? 5 : 0); /* "+Relu" */
         if (len > name_w) name_w = len;
         if (olen > op_w) op_w = olen;
     }
@@ -272,7 +278,9 @@ static void print_table(const struct gp_graph *g, const struct gp_layers *l, con
             if (w < 0 || (size_t)w >= sizeof shapes - used) break;
             used += (size_t)w;
         }
-        printf("%5d  %-*s  %-*s  %-24s %12s  %s\n", i, op_w, n->op_type, name_w,
+        char op[64];
+        snprintf(op, sizeof op, "%s%s", n->op_type, n->fused_relu ? "+Relu" : "");
+        printf("%5d  %-*s  %-*s  %-24s %12s  %s\n", i, op_w, op, name_w,
                clip(n->name, name_w, name, sizeof name), shapes,
                l->layer_params[i] ? gp_cli_count(l->layer_params[i], a, sizeof a) : "-",
                gp_cli_bytes(l->frontier_bytes[i + 1], b, sizeof b));

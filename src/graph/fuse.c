@@ -18,8 +18,20 @@
  *
  * A chain fuses only when each of its intermediate values has one consumer
  * (the next op of the chain) and is not a graph output, x is float32, and
- * the constants are the scalars above (constants, not parameters). The saved model is unaffected: it is
- * written from the original file (onnx/save.c), not from this IR. */
+ * the constants are the scalars above (constants, not parameters).
+ *
+ * And Relu into the BatchNormalization before it (every convolution block
+ * of a ResNet), or into the residual Add before it (an Add without
+ * broadcasting): y = Relu(BatchNormalization(x, ...)) or Relu(Add(a, b))
+ * becomes the one node, flagged fused_relu, when its output has the Relu
+ * as its only consumer and is not a graph output. Its kernels write max(y, 0) and mask
+ * dY by the output's sign (output > 0 exactly where Relu's input was > 0,
+ * NaN included), so the results are the unfused pair's bits, at two passes
+ * over the activation fewer forward and two backward, and without the
+ * normalized tensor kept for Relu's backward.
+ *
+ * The saved model is unaffected: it is written from the original file
+ * (onnx/save.c), not from this IR. */
 #include "graph/build.h"
 
 #include <math.h>
@@ -206,6 +218,20 @@ static bool match_gelu_tanh(const struct gp_graph *g, const int *uses, const int
     return true;
 }
 
+/* An Add of two float tensors of its output's shape (a residual add: no
+ * broadcasting, which the fused kernels do not take). */
+static bool same_shape_add(const struct gp_graph *g, const struct gp_node *n)
+{
+    if (!is_op(n, "Add") || n->n_inputs != 2 || n->n_outputs != 1 || n->inputs[0] < 0 || n->inputs[1] < 0)
+        return false;
+    const struct gp_value *y = &g->values[n->outputs[0]];
+    for (int k = 0; k < 2; k++) {
+        const struct gp_value *x = &g->values[n->inputs[k]];
+        if (!gp_shape_equal(&x->shape, &y->shape) || x->dtype != y->dtype) return false;
+    }
+    return true;
+}
+
 /* "<folder of the first node's name>/Gelu" (the exporter's module path),
  * or "Gelu_<index>" for names without one. */
 static const char *gelu_name(struct gp_graph *g, const struct gp_node *first, int index)
@@ -267,6 +293,24 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
             drop[c.nodes[k]] = true;
             g->values[g->nodes[c.nodes[k]].outputs[0]].producer = -1;
         }
+        fused++;
+    }
+    /* Relu into the BatchNormalization or residual Add making its input. */
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct gp_node *r = &g->nodes[i];
+        if (drop[i] || !is_op(r, "Relu") || r->n_inputs != 1 || r->n_outputs != 1) continue;
+        int v = r->inputs[0];
+        int b = v >= 0 ? g->values[v].producer : -1;
+        if (b < 0 || drop[b] || sole_consumer(g, uses, user, v) != i) continue;
+        struct gp_node *bn = &g->nodes[b];
+        if (!(is_op(bn, "BatchNormalization") || same_shape_add(g, bn)) || bn->fused_relu || bn->outputs[0] != v ||
+            !gp_dtype_is_float(g->values[v].dtype) || g->values[r->outputs[0]].dtype != g->values[v].dtype)
+            continue;
+        bn->outputs[0] = r->outputs[0];
+        bn->fused_relu = true;
+        g->values[r->outputs[0]].producer = b;
+        g->values[v].producer = -1;
+        drop[i] = true;
         fused++;
     }
     if (fused) {

@@ -81,6 +81,11 @@ struct gp_node {
     struct gp_attr *attrs;
     const struct gp_op_def *def; /* resolved by (domain, op_type, opset) */
     int source_index;     /* position in the file, for messages */
+    /* A Relu fused into this node (graph/fuse.c: a BatchNormalization, or
+     * an Add without broadcasting, whose output only a Relu read): output 0
+     * is the Relu's, max(y, 0), and the backward masks dY by output 0 > 0.
+     * Set by fusion only, never read from a file. */
+    bool fused_relu;
 };
 
 struct gp_opset {

@@ -32,7 +32,8 @@ void gp_backward_reads(const struct gp_node *n, uint32_t din, uint32_t *in, uint
         bool all_data = strcmp(n->op_type, "Concat") == 0 || strcmp(n->op_type, "Add") == 0 ||
                         strcmp(n->op_type, "Sub") == 0;
         *in = all_data ? 0 : ALL & ~BIT(0);
-        *out = 0;
+        /* A fused Relu's mask is its output's sign (graph/fuse.c). */
+        *out = n->fused_relu ? BIT(0) : 0;
         return;
     }
     /* Softmax' gradient is a function of its output alone. */

@@ -493,6 +493,27 @@ static void bin_run(const char *op, int opset, enum gp_dtype at, struct tshape a
                                     .lo = lo, .hi = hi});
 }
 
+/* An Add with a fused Relu (gp_node.fused_relu, as graph/fuse.c leaves a
+ * residual Add then Relu), both inputs of one shape: the runs path (sizes
+ * a multiple of 8) and the per-value one; every fourth sum exactly 0. */
+static void add_relu_run(struct tshape sh)
+{
+    int64_t n = numel_sh(sh);
+    float *a = floats(n, -2, 2), *b = floats(n, -2, 2);
+    for (int64_t i = 0; i < n; i += 4) b[i] = -a[i];
+    struct gp_graph g;
+    begin(&g, 14);
+    input_t(&g, "a", GP_DTYPE_FLOAT32, sh);
+    input_t(&g, "b", GP_DTYPE_FLOAT32, sh);
+    int k = node(&g, "Add", 2, S("a", "b"), 1, S("y"));
+    g.nodes[k].fused_relu = true;
+    char label[160], s1[64];
+    snprintf(label, sizeof label, "Add + Relu %s", shape_text(sh, s1, sizeof s1));
+    compare(&g, (struct op_compare){.label = label, .inputs = {a, b}});
+    free(a);
+    free(b);
+}
+
 static const struct tshape bshapes[][2] = {
     {SH(3, 2, 3, 4), SH(1, 4)},              /* trailing axis */
     {SH(3, 2, 1, 4), SH(3, 1, 3, 1)},        /* both broadcast */
@@ -528,6 +549,9 @@ static void test_binary(void **state)
             free(b);
         }
     }
+    add_relu_run(SH(3, 2, 3, 4));
+    add_relu_run(SH(3, 5, 7));
+    add_relu_run(SH(2, 1100, 1001));
     /* A bias of a large activation (two-level sums), and one summed over
      * the leading axes only. */
     bin_run("Add", 14, GP_DTYPE_FLOAT32, SH(2, 16384, 768), NULL, GP_DTYPE_FLOAT32, SH(1, 768), NULL, -1,

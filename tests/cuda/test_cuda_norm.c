@@ -10,6 +10,9 @@
  * epsilon and momentum attributes, inputs of rank 2 (one value per
  * channel and sample: the flat elementwise path) to 5, shapes with several
  * chunks per channel and with more planes than a grid's y dimension. The
+ * Each again with a fused Relu (gp_node.fused_relu: the output max(y, 0),
+ * dY masked by its sign), whose CPU kernel is checked against the unfused
+ * pair bit for bit (test_cpu_pool_norm). The
  * deferred statistics (ctx->deferred_stats) are checked by hand over two
  * micro-batches and a recomputation, then gp_cuda_bn_commit against
  * gp_cpu_bn_commit_f32.
@@ -126,14 +129,17 @@ static void test_bn(void **state)
 {
     (void)state;
     for (size_t k = 0; k < sizeof bn_cases / sizeof *bn_cases; k++) {
-        for (int eval = 0; eval < 2; eval++) {
-            struct gp_graph g;
-            build_bn(&g, &bn_cases[k]);
-            char label[128];
-            snprintf(label, sizeof label, "%s, %s", bn_cases[k].label, eval ? "evaluation" : "training");
-            op_compare_node(&g, 0, &(struct op_compare){.label = label, .eval = eval});
-            gp_graph_free(&g);
-        }
+        for (int eval = 0; eval < 2; eval++)
+            for (int relu = 0; relu < 2; relu++) {
+                struct gp_graph g;
+                build_bn(&g, &bn_cases[k]);
+                g.nodes[0].fused_relu = relu; /* as graph/fuse.c leaves a BatchNormalization then Relu */
+                char label[128];
+                snprintf(label, sizeof label, "%s%s, %s", bn_cases[k].label, relu ? " + Relu" : "",
+                         eval ? "evaluation" : "training");
+                op_compare_node(&g, 0, &(struct op_compare){.label = label, .eval = eval});
+                gp_graph_free(&g);
+            }
     }
 }
 
@@ -170,8 +176,11 @@ static void test_bn_bf16(void **state)
                 const struct bf16_mix *x = &bn_mixes[m];
                 struct gp_graph g;
                 build_bn(&g, &bn_cases[k]);
+                /* Every other case with a fused Relu. */
+                bool relu = (k + (size_t)m) % 2 == 1;
+                g.nodes[0].fused_relu = relu;
                 char label[160];
-                snprintf(label, sizeof label, "%s, %s, bf16 (%s)", bn_cases[k].label,
+                snprintf(label, sizeof label, "%s%s, %s, bf16 (%s)", bn_cases[k].label, relu ? " + Relu" : "",
                          eval ? "evaluation" : "training", x->name);
                 op_compare_node(&g, 0, &(struct op_compare){.label = label, .eval = eval, .bf16 = true,
                                                             .params = x->params, .f32_inputs = x->f32_inputs,
@@ -422,6 +431,11 @@ static const struct {
     {5, {1, 3, 2, 2, 2}, 0},
     {4, {3, 5, 17, 19}, 0},
     {4, {4, 8, 64, 65}, 0}, /* planes of 4160: 512 threads */
+    /* Runs of 4 values (planes of 36, as U-Net's deepest) and of 8 (U-Net's
+     * 48x48 level); the planes of 8 and 4160 above take runs of 8, of 6
+     * runs of 2, the odd ones single values. */
+    {4, {2, 3, 6, 6}, 0},
+    {4, {2, 4, 48, 48}, 0},
 };
 
 /* Inputs X, scale (1), B (2). */

@@ -3,6 +3,10 @@
  * y = (x - mean) * invstd * scale + bias. Also the deferred update of its
  * running statistics (gp_cpu_bn_stats_len, gp_cpu_bn_commit).
  *
+ * A fused Relu (gp_node.fused_relu, graph/fuse.c): y = Relu's max(y, 0),
+ * and the backward masks dY where that output is not positive, which is
+ * where Relu's input was not: the unfused pair's results, bit for bit.
+ *
  * Statistics and parameter gradients are sums over many elements: each is
  * accumulated in double by one thread, in a fixed order, and added to its
  * gradient buffer once. The parallel loops split channels, so results do
@@ -69,6 +73,7 @@ static gp_status bn_forward(struct gp_cpu_ctx *ctx, struct gp_error *err)
                             "variance (input [%lld, %lld, ...]; PyTorch refuses this too)",
                             (long long)p.n, (long long)p.c);
     bool training = ctx->training, update = ctx->training && ctx->update_state;
+    bool relu = ctx->node->fused_relu;
 #pragma omp parallel for if (p.n * p.c * p.s > GP_CPU_PAR_MIN)
     for (int64_t c = 0; c < p.c; c++) {
         double m, var;
@@ -96,6 +101,9 @@ static gp_status bn_forward(struct gp_cpu_ctx *ctx, struct gp_error *err)
             const real *xs = x + (n * p.c + c) * p.s;
             real *ys = y + (n * p.c + c) * p.s;
             for (int64_t i = 0; i < p.s; i++) ys[i] = xs[i] * alpha + beta;
+            /* A fused Relu: Relu's own formula (NaN passes). */
+            if (relu)
+                for (int64_t i = 0; i < p.s; i++) ys[i] = ys[i] > 0 || ys[i] != ys[i] ? ys[i] : 0;
         }
         real new_mean = rmean[c], new_var = rvar[c];
         if (training) {
@@ -170,6 +178,10 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
     const real *d_var = ctx->node->n_outputs > 4 ? ctx->dout[4] : NULL;
     bool training = ctx->training;
     bool ow = gp_cpu_overwrite(ctx, 0); /* dx written whole: 0 + its gradient */
+    /* A fused Relu passes dY where its output is > 0 (where Relu's input
+     * was), zero elsewhere: Relu's backward, as the unfused pair computes. */
+    const real *y = ctx->node->fused_relu ? ctx->out[0] : NULL;
+#define DY(k) (y && !(y[k] > 0) ? (real)0 : dy[k])
 #pragma omp parallel for if (p.n * p.c * p.s > GP_CPU_PAR_MIN)
     for (int64_t c = 0; c < p.c; c++) {
         double sum_dy = 0, sum_dy_xhat = 0;
@@ -178,8 +190,8 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
             for (int64_t n = 0; n < p.n; n++)
                 for (int64_t i = 0; i < p.s; i++) {
                     int64_t k = (n * p.c + c) * p.s + i;
-                    sum_dy += dy[k];
-                    sum_dy_xhat += (double)dy[k] * ((x[k] - m) * is);
+                    sum_dy += DY(k);
+                    sum_dy_xhat += (double)DY(k) * ((x[k] - m) * is);
                 }
         if (dscale) dscale[c] += (real)sum_dy_xhat;
         if (dbias) dbias[c] += (real)sum_dy;
@@ -190,7 +202,7 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
                 int64_t o = (n * p.c + c) * p.s;
                 for (int64_t i = 0; i < p.s; i++) {
                     real base = ow ? 0 : dx[o + i];
-                    dx[o + i] = dy ? base + dy[o + i] * k : base;
+                    dx[o + i] = dy ? base + DY(o + i) * k : base;
                 }
             }
             continue;
@@ -209,12 +221,13 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
         for (int64_t n = 0; n < p.n; n++)
             for (int64_t i = 0; i < p.s; i++) {
                 int64_t k = (n * p.c + c) * p.s + i;
-                double xc = x[k] - m, xhat = xc * is, g = dy ? dy[k] : 0;
+                double xc = x[k] - m, xhat = xc * is, g = dy ? DY(k) : 0;
                 real base = ow ? 0 : dx[k];
                 dx[k] = base + (real)(a * (g - mdy - xhat * mdyx) + cm + cv * xc);
             }
     }
     return GP_OK;
+#undef DY
 }
 
 /* ---- the table ---- */

@@ -249,6 +249,10 @@ static gp_status binary_forward(struct gp_cpu_ctx *c, struct gp_error *err)
     case B_GE: BCAST_FOR(&p, Q[i] = A[o0] >= B[o1]); break;
     default: return gp_cpu_error(c, err, GP_ERR_UNSUPPORTED, "floating-point inputs");
     }
+    /* A fused Relu (an Add without broadcasting: graph/fuse.c), by Relu's
+     * formula (NaN passes). */
+    if (c->node->fused_relu)
+        for (int64_t i = 0; i < p.numel; i++) Y[i] = Y[i] > 0 || Y[i] != Y[i] ? Y[i] : 0;
     return GP_OK;
 }
 
@@ -275,6 +279,11 @@ static gp_status binary_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     enum gp_dtype bt = gp_cpu_in_value(c, 1)->dtype;
     switch (op) {
     case B_ADD:
+        if (c->node->fused_relu) { /* dY where the output is > 0: Relu's backward */
+            if (dA) BCAST_REDUCE(&p, 0, dA, ow_a, Y[o2] > 0 ? dY[o2] : 0);
+            if (dB) BCAST_REDUCE(&p, 1, dB, ow_b, Y[o2] > 0 ? dY[o2] : 0);
+            break;
+        }
         if (dA) BCAST_REDUCE(&p, 0, dA, ow_a, dY[o2]);
         if (dB) BCAST_REDUCE(&p, 1, dB, ow_b, dY[o2]);
         break;

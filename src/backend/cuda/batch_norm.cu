@@ -4,6 +4,10 @@
  * scale + bias; and the deferred update of the running statistics
  * (gp_cuda_bn_stats_len, gp_cuda_bn_commit).
  *
+ * A fused Relu (gp_node.fused_relu, graph/fuse.c): the normalize pass
+ * writes max(y, 0) by Relu's formula, and the backward passes read the
+ * output to mask dY where it is not positive, as the CPU kernel does.
+ *
  * Statistics are accumulated in double, as the CPU does: the mean first,
  * then the sum of squared deviations from it (two passes), so the float
  * results agree with the CPU's to an ulp. Every reduction runs in a fixed
@@ -337,7 +341,7 @@ __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool up
  * (PyTorch's transform, as the CPU computes it; alpha and beta from the
  * finishing kernel). */
 template <class IO, int VEC>
-__global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float *ab, gp_fptr y)
+__global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float *ab, gp_fptr y, bool relu)
 {
     const int ILP = bn_ilp<VEC>::n;
     const int64_t total = p.n * p.c * p.sg;
@@ -359,7 +363,12 @@ __global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float 
             if (e >= total) continue;
             float a = ab[2 * ch[k]], b = ab[2 * ch[k] + 1];
 #pragma unroll
-            for (int i = 0; i < VEC; i++) v[k][i] = FADD(FMUL(v[k][i], a), b);
+            for (int i = 0; i < VEC; i++) {
+                float t = FADD(FMUL(v[k][i], a), b);
+                /* A fused Relu, by Relu's formula (NaN passes); before
+                 * the store's rounding, which keeps the sign (and 0). */
+                v[k][i] = !relu || t > 0 || t != t ? t : 0.0f;
+            }
             IO::template set_acts<VEC>(y, e * VEC, v[k]);
         }
     }
@@ -415,7 +424,8 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics", err));
     if (p.n * p.s == 0) return GP_OK;
     IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_apply_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
-                                                                   ctx->stream>>>(p, x, o.ab, y)));
+                                                                   ctx->stream>>>(p, x, o.ab, y,
+                                                                                  ctx->node->fused_relu)));
     return gp_cuda_check_launch(ctx, "BatchNormalization normalize", err);
 }
 
@@ -464,10 +474,14 @@ extern "C" gp_status gp_cuda_bn_commit(cudaStream_t stream, const struct gp_grap
     return GP_OK;
 }
 
+/* A fused Relu's backward: dy where the output is > 0 (exactly where Relu's
+ * input was), else 0. */
+__device__ static inline float bn_relu_grad(float y, float dy) { return y > 0 ? dy : 0.0f; }
+
 /* Block (c, k): sums over chunk k of dy and dy * xhat, xhat = (x - mean) *
  * invstd in float as on the CPU. */
 template <class IO, int VEC>
-__global__ static void bn_bwd_sums_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, const float *mean,
+__global__ static void bn_bwd_sums_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, gp_fptr y, const float *mean,
                                           const float *invstd, double *pdy, double *pdyx)
 {
     __shared__ double sh[32];
@@ -481,6 +495,12 @@ __global__ static void bn_bwd_sums_kernel(struct bn_plan p, gp_fptr x, gp_fptr d
             bn_run2<VEC> r;
             IO::template acts<VEC>(dy, off, r.a);
             IO::template acts<VEC>(x, off, r.b);
+            if (y.p) {
+                float yv[VEC];
+                IO::template acts<VEC>(y, off, yv);
+#pragma unroll
+                for (int i = 0; i < VEC; i++) r.a[i] = bn_relu_grad(yv[i], r.a[i]);
+            }
             return r;
         },
         [&](const bn_run2<VEC> &r) {
@@ -538,7 +558,7 @@ __global__ static void bn_bwd_finish_kernel(struct bn_plan p, bool have_dy, cons
  * double, xc = x - mean in float as on the CPU; with `ow` dx = 0 + that
  * (dx not read: its first writer). The old dx is loaded with x and dy. */
 template <class IO, int VEC>
-__global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, const float *mean,
+__global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, gp_fptr y, const float *mean,
                                               const float *invstd, const double *coef, gp_fptr dx, bool ow)
 {
     const int ILP = bn_ilp<VEC>::n;
@@ -559,6 +579,12 @@ __global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fp
                 else
 #pragma unroll
                     for (int i = 0; i < VEC; i++) gv[k][i] = 0.0f;
+                if (y.p && dy.p) {
+                    float yv[VEC];
+                    IO::template acts<VEC>(y, e * VEC, yv);
+#pragma unroll
+                    for (int i = 0; i < VEC; i++) gv[k][i] = bn_relu_grad(yv[i], gv[k][i]);
+                }
                 if (ow)
 #pragma unroll
                     for (int i = 0; i < VEC; i++) old[k][i] = 0.0f;
@@ -588,7 +614,7 @@ __global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fp
 
 /* Evaluation: dx += dy * (scale * invstd) (dx = 0 + that with `ow`). */
 template <class IO, int VEC>
-__global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr dy, gp_fptr scale,
+__global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr dy, gp_fptr y, gp_fptr scale,
                                              const float *invstd, gp_fptr dx, bool ow)
 {
     const int ILP = bn_ilp<VEC>::n;
@@ -604,6 +630,12 @@ __global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr dy, gp_fp
             ch[k] = (int)c;
             if (e < total) {
                 IO::template acts<VEC>(dy, e * VEC, gv[k]);
+                if (y.p) {
+                    float yv[VEC];
+                    IO::template acts<VEC>(y, e * VEC, yv);
+#pragma unroll
+                    for (int i = 0; i < VEC; i++) gv[k][i] = bn_relu_grad(yv[i], gv[k][i]);
+                }
                 if (ow)
 #pragma unroll
                     for (int i = 0; i < VEC; i++) old[k][i] = 0.0f;
@@ -638,14 +670,16 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     gp_fptr x = gp_cuda_in_f(ctx, 0), dy = gp_cuda_dout_f(ctx, 0), dx = gp_cuda_din_f(ctx, 0);
     gp_fptr scale = gp_cuda_in_f(ctx, 1);
     const float *mean = (const float *)ctx->saved, *invstd = mean + p.c;
-    enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
-    bn_plan_of(ctx->graph, ctx->node, io_vec_for(kind, p.s, {x, dy, dx}), &p);
+    /* A fused Relu's output, whose sign masks dY. */
+    gp_fptr y = ctx->node->fused_relu ? gp_cuda_out_f(ctx, 0) : gp_fptr{NULL, false};
+    enum io_kind kind = io_kind_of({x, dy, dx, y}, {scale});
+    bn_plan_of(ctx->graph, ctx->node, io_vec_for(kind, p.s, {x, dy, dx, y}), &p);
     double *pdy = (double *)ctx->scratch, *pdyx = pdy + p.c * p.p, *coef = pdyx + p.c * p.p;
     bool have_dy = dy.p && p.count > 0;
     if (have_dy && (ctx->din[1] || ctx->din[2] || (dx.p && ctx->training))) {
         dim3 grid((unsigned)p.c, (unsigned)p.p, 1);
         IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_bwd_sums_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
-                                                 p, x, dy, mean, invstd, pdy, pdyx)));
+                                                 p, x, dy, y, mean, invstd, pdy, pdyx)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward sums", err));
     } else {
         have_dy = false;
@@ -672,7 +706,7 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     if (ctx->training) {
         IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_bwd_dx_train_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
                                                                           ctx->stream>>>(
-                                                 p, x, dy, mean, invstd, coef, dx, ow)));
+                                                 p, x, dy, y, mean, invstd, coef, dx, ow)));
     } else {
         if (!dy.p) /* nothing to add; zeros to write when dx is not cleared */
             return ow ? gp_cuda_call(ctx, cudaMemsetAsync(dx.p, 0, (size_t)n * (dx.bf16 ? 2 : 4), ctx->stream),
@@ -680,7 +714,7 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
                       : GP_OK;
         IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_bwd_dx_eval_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
                                                                          ctx->stream>>>(
-                                                 p, dy, scale, invstd, dx, ow)));
+                                                 p, dy, y, scale, invstd, dx, ow)));
     }
     return gp_cuda_check_launch(ctx, "BatchNormalization backward dx", err);
 }

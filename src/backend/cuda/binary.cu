@@ -60,6 +60,7 @@ struct fbin_op {
     typedef typename stor<S>::ptr P;
     int op, bt;
     bool b_float;
+    bool relu; /* a fused Relu (Add only: graph/fuse.c) */
     P A, B, Y;
     const void *Bi;
     uint8_t *Q;
@@ -72,7 +73,11 @@ struct fbin_op {
         }
         float b = ldf(B, o[1]);
         switch (op) {
-        case B_ADD: stf(Y, i, a + b); break;
+        case B_ADD: {
+            float t = a + b;
+            stf(Y, i, !relu || t > 0 || t != t ? t : 0.0f); /* Relu's formula: NaN passes */
+            break;
+        }
         case B_SUB: stf(Y, i, a - b); break;
         case B_MUL: stf(Y, i, a * b); break;
         case B_DIV: stf(Y, i, a / b); break;
@@ -153,7 +158,7 @@ struct ibin_op {
  * the bandwidth unused. The same operations per value as fbin_op. */
 #define RUN 8
 template <class S>
-__global__ static void same_forward_runs_kernel(int op, const S *A, const S *B, S *Y, int64_t runs)
+__global__ static void same_forward_runs_kernel(int op, bool relu, const S *A, const S *B, S *Y, int64_t runs)
 {
     const int64_t st = (int64_t)gridDim.x * blockDim.x;
     for (int64_t r0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r0 < runs; r0 += 2 * st) {
@@ -168,17 +173,20 @@ __global__ static void same_forward_runs_kernel(int op, const S *A, const S *B, 
         for (int u = 0; u < 2; u++) {
             if (r0 + u * st >= runs) continue;
 #pragma unroll
-            for (int k = 0; k < RUN; k++)
-                a[u][k] = op == B_ADD ? a[u][k] + b[u][k] : op == B_SUB ? a[u][k] - b[u][k] : a[u][k] * b[u][k];
+            for (int k = 0; k < RUN; k++) {
+                float t = op == B_ADD ? a[u][k] + b[u][k] : op == B_SUB ? a[u][k] - b[u][k] : a[u][k] * b[u][k];
+                a[u][k] = !relu || t > 0 || t != t ? t : 0.0f;
+            }
             gp_run<S, RUN>::store(Y, (r0 + u * st) * RUN, a[u]);
         }
     }
 }
 
 /* Add's and Sub's gradient without broadcasting: dX += dY (Sub's second
- * input: += -dY), one rounding, as reduce_same_kernel computes it. */
+ * input: += -dY), one rounding, as reduce_same_kernel computes it; with Y
+ * (an Add's fused Relu) dY only where Y > 0. */
 template <class S>
-__global__ static void same_grad_runs_kernel(bool negate, const S *dY, S *dX, int64_t runs)
+__global__ static void same_grad_runs_kernel(bool negate, const S *dY, const S *Y, S *dX, int64_t runs)
 {
     const int64_t st = (int64_t)gridDim.x * blockDim.x;
     for (int64_t r0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r0 < runs; r0 += 2 * st) {
@@ -188,6 +196,12 @@ __global__ static void same_grad_runs_kernel(bool negate, const S *dY, S *dX, in
             if (r0 + u * st < runs) {
                 gp_run<S, RUN>::load(dY, (r0 + u * st) * RUN, g[u]);
                 gp_run<S, RUN>::load(dX, (r0 + u * st) * RUN, d[u]);
+                if (Y) {
+                    float y[RUN];
+                    gp_run<S, RUN>::load(Y, (r0 + u * st) * RUN, y);
+#pragma unroll
+                    for (int k = 0; k < RUN; k++) g[u][k] = y[k] > 0 ? g[u][k] : 0.0f;
+                }
             }
 #pragma unroll
         for (int u = 0; u < 2; u++) {
@@ -216,6 +230,7 @@ static gp_status binary_forward_launch(struct gp_cuda_ctx *c, const struct bplan
     f.op = op;
     f.bt = (int)bt;
     f.b_float = gp_dtype_is_float(bt);
+    f.relu = c->node->fused_relu && op == B_ADD;
     f.A = stor_ptr<S>(c->in[0], a16);
     f.B = stor_ptr<S>(c->in[1], b16);
     f.Y = stor_ptr<S>(c->out[0], y16);
@@ -257,17 +272,18 @@ static gp_status binary_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     bool y16 = gp_cuda_is_bf16(c->out_dt, 0);
     /* An integer exponent or a bool result counts as neither type. */
     enum stor_kind k = stor_of({a16, b_float ? b16 : a16, y_float ? y16 : a16});
+    bool relu = c->node->fused_relu && op == B_ADD;
     if ((op == B_ADD || op == B_SUB || op == B_MUL) && b_float && k != STOR_MIX && plan_is_same(&p) &&
         gp_runs_fit(p.numel, RUN, k == STOR_BF16 ? 2 : 4, {c->in[0], c->in[1], c->out[0]})) {
         if (p.numel == 0) return GP_OK;
         unsigned grid = gp_cuda_blocks_for((p.numel / RUN + 1) / 2);
         if (k == STOR_BF16)
             same_forward_runs_kernel<__nv_bfloat16><<<grid, GP_CUDA_THREADS, 0, c->stream>>>(
-                op, (const __nv_bfloat16 *)c->in[0], (const __nv_bfloat16 *)c->in[1], (__nv_bfloat16 *)c->out[0],
+                op, relu, (const __nv_bfloat16 *)c->in[0], (const __nv_bfloat16 *)c->in[1], (__nv_bfloat16 *)c->out[0],
                 p.numel / RUN);
         else
             same_forward_runs_kernel<float><<<grid, GP_CUDA_THREADS, 0, c->stream>>>(
-                op, (const float *)c->in[0], (const float *)c->in[1], (float *)c->out[0], p.numel / RUN);
+                op, relu, (const float *)c->in[0], (const float *)c->in[1], (float *)c->out[0], p.numel / RUN);
         return gp_cuda_check_launch(c, "binary forward", err);
     }
     WITH_STOR(k, return binary_forward_launch<S>(c, &p, op, bt, a16, b16, y16, err));
@@ -281,13 +297,14 @@ struct bin_term {
     typedef typename stor<S>::ptr P;
     int op, t, bt;
     bool b_float;
+    bool relu; /* an Add's fused Relu: dY where Y > 0 */
     P A, B, Y, dY;
     const void *Bi;
     __device__ float operator()(const int64_t *o) const
     {
         float dy = ldf(dY, o[2]);
         switch (op) {
-        case B_ADD: return dy;
+        case B_ADD: return !relu || ldf(Y, o[2]) > 0 ? dy : 0.0f;
         case B_SUB: return t == 0 ? dy : -dy;
         case B_MUL: return t == 0 ? dy * ldf(B, o[1]) : dy * ldf(A, o[0]);
         case B_DIV: {
@@ -328,6 +345,7 @@ static gp_status binary_backward_launch(struct gp_cuda_ctx *c, const struct bpla
     term.t = t;
     term.bt = (int)bt;
     term.b_float = gp_dtype_is_float(bt);
+    term.relu = c->node->fused_relu && op == B_ADD;
     term.A = stor_ptr<S>(c->in[0], gp_cuda_is_bf16(c->in_dt, 0));
     term.B = stor_ptr<S>(c->in[1], gp_cuda_is_bf16(c->in_dt, 1));
     term.Bi = c->in[1];
@@ -356,19 +374,22 @@ static gp_status binary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
         /* The storage of what the term reads (Add and Sub: dY alone) and
          * of the gradient. */
         bool reads_ab = op != B_ADD && op != B_SUB;
+        bool relu = c->node->fused_relu && op == B_ADD; /* reads Y for the mask */
         enum stor_kind k = stor_of({dy16, d16, reads_ab ? a16 : dy16, reads_ab && b_float ? b16 : dy16,
-                                    op == B_POW ? y16 : dy16});
+                                    op == B_POW || relu ? y16 : dy16});
+        const void *ymask = relu ? c->out[0] : NULL;
         if (!reads_ab && k != STOR_MIX && plan_is_same(&p) &&
-            gp_runs_fit(p.numel, RUN, k == STOR_BF16 ? 2 : 4, {c->dout[0], c->din[t]})) {
+            gp_runs_fit(p.numel, RUN, k == STOR_BF16 ? 2 : 4, {c->dout[0], c->din[t], ymask})) {
             if (p.numel == 0) continue;
             unsigned grid = gp_cuda_blocks_for((p.numel / RUN + 1) / 2);
             bool negate = op == B_SUB && t == 1;
             if (k == STOR_BF16)
                 same_grad_runs_kernel<__nv_bfloat16><<<grid, GP_CUDA_THREADS, 0, c->stream>>>(
-                    negate, (const __nv_bfloat16 *)c->dout[0], (__nv_bfloat16 *)c->din[t], p.numel / RUN);
+                    negate, (const __nv_bfloat16 *)c->dout[0], (const __nv_bfloat16 *)ymask,
+                    (__nv_bfloat16 *)c->din[t], p.numel / RUN);
             else
                 same_grad_runs_kernel<float><<<grid, GP_CUDA_THREADS, 0, c->stream>>>(
-                    negate, (const float *)c->dout[0], (float *)c->din[t], p.numel / RUN);
+                    negate, (const float *)c->dout[0], (const float *)ymask, (float *)c->din[t], p.numel / RUN);
             GP_TRY(gp_cuda_check_launch(c, t == 0 ? "binary backward (input 0)" : "binary backward (input 1)", err));
             continue;
         }
