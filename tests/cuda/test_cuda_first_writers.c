@@ -2,8 +2,8 @@
  * model whose CUDA kernel writes a gradient whole (the unary ops,
  * BatchNormalization, Conv's and ConvTranspose's dX) gives the values of
  * adding into zeros, in fp32 and bf16. The CUDA kernels are asked to write
- * first only with GP_CUDA_FIRST_WRITERS=1 (src/backend/cuda/compute.cu),
- * which this test sets.
+ * first unless GP_CUDA_FIRST_WRITERS=0 (src/backend/cuda/compute.cu); this
+ * test sets it to 1, whatever the environment says.
  *
  * Without a CUDA device the test prints why and exits 77 (a skip). */
 #include <stdarg.h>

@@ -80,13 +80,23 @@ extern "C" bool gp_cuda_overwrites_input0(const struct gp_graph *g, const struct
     return k == 0;
 }
 
-/* First writers (backend/compute.h): off unless GP_CUDA_FIRST_WRITERS=1,
- * until the GPU suite has run the kernels that write a gradient whole
- * (tests/cuda/test_cuda_first_writers.c); then those kernels say. */
+/* First writers (backend/compute.h): the kernels that write a gradient
+ * whole say so (the GPU suite runs them: tests/cuda/test_cuda_first_writers.c
+ * and test_cuda_train both ways); GP_CUDA_FIRST_WRITERS=0 turns it off, to
+ * measure what it saves. The environment is read once. */
+static bool first_writers_on(void)
+{
+    static int on = -1; /* every thread computes the same value */
+    if (on < 0) {
+        const char *v = getenv("GP_CUDA_FIRST_WRITERS");
+        on = !(v && strcmp(v, "0") == 0);
+    }
+    return on != 0;
+}
+
 static bool overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
 {
-    const char *v = getenv("GP_CUDA_FIRST_WRITERS");
-    if (!v || strcmp(v, "1") != 0) return false;
+    if (!first_writers_on()) return false;
     const struct gp_cuda_kernel *kern = gp_cuda_kernel_for(node);
     return kern && kern->overwrites && kern->overwrites(g, node, k);
 }

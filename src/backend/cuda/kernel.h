@@ -74,7 +74,7 @@ struct gp_cuda_kernel {
     bool bf16_staged_backward;
     /* Whether backward writes input k's gradient whole when asked
      * (gp_cuda_ctx.din_overwrite): every element, as 0 + its gradient.
-     * NULL: never. Asked only with GP_CUDA_FIRST_WRITERS=1 for now. */
+     * NULL: never. Not asked with GP_CUDA_FIRST_WRITERS=0. */
     bool (*overwrites)(const struct gp_graph *g, const struct gp_node *node, int k);
 };
 
