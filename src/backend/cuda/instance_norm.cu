@@ -1,6 +1,7 @@
 /* CUDA kernels: InstanceNormalization, twin of backend/cpu/instance_norm.c,
  * forward and backward, with the CPU's (PyTorch's) formulas: biased
- * variance, epsilon inside the square root. One block per plane.
+ * variance, epsilon inside the square root. One block per plane, moving
+ * runs of up to 8 values per access.
  *
  * Statistics are accumulated in double, as the CPU does: the mean first,
  * then the sum of squared deviations from it (two passes), so the float
@@ -66,41 +67,79 @@ static size_t in_scratch(const struct gp_graph *g, const struct gp_node *node)
     return 2 * sizeof(double) * (size_t)(x->dims[0] * x->dims[1]);
 }
 
-/* gp_dev_block_moments of the n values of x from `base`, in its order. */
-template <class IO>
+/* The passes over a plane move runs of VEC consecutive values as one access
+ * (io_vec_for: VEC divides the plane and the tensors' alignment allows it),
+ * the loops unrolled 4 times so their loads are in flight together: one
+ * value per access at a time leaves most of the bandwidth unused. A
+ * thread adds its values in run order, then the fixed tree. */
+
+/* The mean and biased variance of the n values of x from `base` (two
+ * passes, in double). */
+template <class IO, int VEC>
 __device__ static inline void in_block_moments(gp_fptr x, int64_t base, int64_t n, double *sh, double *mean,
                                                double *var)
 {
+    const int64_t runs = n / VEC;
     double s = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s = DADD(s, (double)IO::act(x, base + i));
+#pragma unroll 4
+    for (int64_t r = threadIdx.x; r < runs; r += blockDim.x) {
+        float v[VEC];
+        IO::template acts<VEC>(x, base + r * VEC, v);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) s = DADD(s, (double)v[k]);
+    }
     s = gp_dev_block_sum(s, sh);
     double m = n > 0 ? s / (double)n : 0.0;
     double q = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        double d = DSUB((double)IO::act(x, base + i), m);
-        q = DADD(q, DMUL(d, d));
+#pragma unroll 4
+    for (int64_t r = threadIdx.x; r < runs; r += blockDim.x) {
+        float v[VEC];
+        IO::template acts<VEC>(x, base + r * VEC, v);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            double d = DSUB((double)v[k], m);
+            q = DADD(q, DMUL(d, d));
+        }
     }
     q = gp_dev_block_sum(q, sh);
     *mean = m;
     *var = n > 0 ? q / (double)n : 0.0;
 }
 
-template <class IO>
+template <class IO, int VEC>
 __global__ static void in_forward_kernel(struct in_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias, gp_fptr y,
                                          float *mean, float *invstd)
 {
     __shared__ double sh[32];
+    const int64_t runs = p.s / VEC;
     for (int64_t pl = blockIdx.x; pl < p.n * p.c; pl += gridDim.x) {
         int64_t base = pl * p.s;
         double m, var;
-        in_block_moments<IO>(x, base, p.s, sh, &m, &var);
+        in_block_moments<IO, VEC>(x, base, p.s, sh, &m, &var);
         float mr = (float)m, is = (float)(1.0 / sqrt(DADD(var, p.eps)));
         if (threadIdx.x == 0) mean[pl] = mr, invstd[pl] = is;
         float a = FMUL(is, IO::par(scale, pl % p.c)), b = IO::par(bias, pl % p.c);
-        for (int64_t i = threadIdx.x; i < p.s; i += blockDim.x)
-            IO::set_act(y, base + i, FADD(FMUL(FSUB(IO::act(x, base + i), mr), a), b));
+#pragma unroll 4
+        for (int64_t r = threadIdx.x; r < runs; r += blockDim.x) {
+            float v[VEC];
+            IO::template acts<VEC>(x, base + r * VEC, v);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) v[k] = FADD(FMUL(FSUB(v[k], mr), a), b);
+            IO::template set_acts<VEC>(y, base + r * VEC, v);
+        }
     }
 }
+
+/* Runs `stmt` with VEC a constant: the run length `vec` (8, 4, 2 or 1). */
+#define IN_VEC_DISPATCH(vec, ...)                                                     \
+    do {                                                                              \
+        switch (vec) {                                                                \
+        case 8: { const int VEC = 8; __VA_ARGS__; } break;                            \
+        case 4: { const int VEC = 4; __VA_ARGS__; } break;                            \
+        case 2: { const int VEC = 2; __VA_ARGS__; } break;                            \
+        default: { const int VEC = 1; __VA_ARGS__; } break;                           \
+        }                                                                             \
+    } while (0)
 
 static gp_status in_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
@@ -113,26 +152,34 @@ static gp_status in_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     gp_fptr y = gp_cuda_out_f(ctx, 0);
     enum io_kind kind = io_kind_of({x, y}, {scale, bias});
     unsigned grid = gp_cuda_capped_grid(p.n * p.c, 1 << 20), threads = gp_cuda_row_threads(p.s);
-    IO_DISPATCH(kind, in_forward_kernel<IO><<<grid, threads, 0, ctx->stream>>>(p, x, scale, bias, y, mean,
-                                                                               invstd));
+    int vec = io_vec_for(kind, p.s, {x, y});
+    IO_DISPATCH(kind, IN_VEC_DISPATCH(vec, in_forward_kernel<IO, VEC><<<grid, threads, 0, ctx->stream>>>(
+                                               p, x, scale, bias, y, mean, invstd)));
     return gp_cuda_check_launch(ctx, "InstanceNormalization forward", err);
 }
 
 /* One block per plane: its sums of dy and dy xhat (to scratch) and, when
  * dx is wanted, dx += scale invstd (dy - mean(dy) - xhat mean(dy xhat)). */
-template <class IO>
+template <class IO, int VEC>
 __global__ static void in_bwd_plane_kernel(struct in_plan p, gp_fptr x, gp_fptr scale, gp_fptr dy,
                                            const float *mean, const float *invstd, double *sums, gp_fptr dx)
 {
     __shared__ double sh[32];
+    const int64_t runs = p.s / VEC;
     for (int64_t pl = blockIdx.x; pl < p.n * p.c; pl += gridDim.x) {
         int64_t base = pl * p.s;
         float m = mean[pl], is = invstd[pl];
         double s = 0, sx = 0;
-        for (int64_t i = threadIdx.x; i < p.s; i += blockDim.x) {
-            float g = IO::act(dy, base + i);
-            s = DADD(s, (double)g);
-            sx = DADD(sx, DMUL((double)g, (double)FMUL(FSUB(IO::act(x, base + i), m), is)));
+#pragma unroll 4
+        for (int64_t r = threadIdx.x; r < runs; r += blockDim.x) {
+            float g[VEC], xv[VEC];
+            IO::template acts<VEC>(dy, base + r * VEC, g);
+            IO::template acts<VEC>(x, base + r * VEC, xv);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                s = DADD(s, (double)g[k]);
+                sx = DADD(sx, DMUL((double)g[k], (double)FMUL(FSUB(xv[k], m), is)));
+            }
         }
         s = gp_dev_block_sum(s, sh);
         sx = gp_dev_block_sum(sx, sh);
@@ -140,10 +187,19 @@ __global__ static void in_bwd_plane_kernel(struct in_plan p, gp_fptr x, gp_fptr 
         if (!dx.p) continue;
         double a = DMUL((double)IO::par(scale, pl % p.c), (double)is), mdy = s / (double)p.s;
         double mdyx = sx / (double)p.s;
-        for (int64_t i = threadIdx.x; i < p.s; i += blockDim.x) {
-            double xhat = (double)FMUL(FSUB(IO::act(x, base + i), m), is);
-            double v = DMUL(a, DSUB(DSUB((double)IO::act(dy, base + i), mdy), DMUL(xhat, mdyx)));
-            IO::add_act(dx, base + i, (float)v);
+#pragma unroll 4
+        for (int64_t r = threadIdx.x; r < runs; r += blockDim.x) {
+            float g[VEC], xv[VEC], d[VEC];
+            IO::template acts<VEC>(dy, base + r * VEC, g);
+            IO::template acts<VEC>(x, base + r * VEC, xv);
+            IO::template acts<VEC>(dx, base + r * VEC, d);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                double xhat = (double)FMUL(FSUB(xv[k], m), is);
+                double v = DMUL(a, DSUB(DSUB((double)g[k], mdy), DMUL(xhat, mdyx)));
+                d[k] = FADD(d[k], (float)v);
+            }
+            IO::template set_acts<VEC>(dx, base + r * VEC, d);
         }
     }
 }
@@ -181,8 +237,9 @@ static gp_status in_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     double *sums = (double *)ctx->scratch;
     enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
     unsigned grid = gp_cuda_capped_grid(p.n * p.c, 1 << 20), threads = gp_cuda_row_threads(p.s);
-    IO_DISPATCH(kind, in_bwd_plane_kernel<IO><<<grid, threads, 0, ctx->stream>>>(p, x, scale, dy, mean, invstd,
-                                                                                 sums, dx));
+    int vec = io_vec_for(kind, p.s, {x, dy, dx});
+    IO_DISPATCH(kind, IN_VEC_DISPATCH(vec, in_bwd_plane_kernel<IO, VEC><<<grid, threads, 0, ctx->stream>>>(
+                                               p, x, scale, dy, mean, invstd, sums, dx)));
     GP_TRY(gp_cuda_check_launch(ctx, "InstanceNormalization backward", err));
     if (!dscale.p && !dbias.p) return GP_OK;
     in_bwd_params_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(p, sums, dscale,
