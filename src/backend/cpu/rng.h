@@ -30,14 +30,25 @@ GP_RNG_FN void gp_philox4x32_10(uint32_t ctr[4], uint32_t key[2])
     }
 }
 
-/* A uniform float in [0, 1) for element `index` of node `node` at `step`:
- * 24 random bits, so every value is exactly representable in float32. */
-GP_RNG_FN float gp_rng_uniform(uint64_t seed, uint64_t step, uint32_t node, uint64_t index)
+/* Uniform floats in [0, 1) for elements 4 quad .. 4 quad + 3 of node
+ * `node` at `step`: one Philox block gives all four (its four words, 24
+ * random bits each, so every value is exactly representable in float32).
+ * A block per element would cost four times the arithmetic, which bounds
+ * the GPU's dropout by compute rather than by memory. */
+GP_RNG_FN void gp_rng_uniform4(uint64_t seed, uint64_t step, uint32_t node, uint64_t quad, float u[4])
 {
-    uint32_t ctr[4] = {(uint32_t)index, (uint32_t)(index >> 32), (uint32_t)step, node};
+    uint32_t ctr[4] = {(uint32_t)quad, (uint32_t)(quad >> 32), (uint32_t)step, node};
     uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ (uint32_t)(step >> 32)};
     gp_philox4x32_10(ctr, key);
-    return (float)(ctr[0] >> 8) * (1.0f / 16777216.0f);
+    for (int k = 0; k < 4; k++) u[k] = (float)(ctr[k] >> 8) * (1.0f / 16777216.0f);
+}
+
+/* The uniform float of element `index`: word index % 4 of block index / 4. */
+GP_RNG_FN float gp_rng_uniform(uint64_t seed, uint64_t step, uint32_t node, uint64_t index)
+{
+    float u[4];
+    gp_rng_uniform4(seed, step, node, index >> 2, u);
+    return u[index & 3];
 }
 
 #endif

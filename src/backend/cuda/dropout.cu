@@ -87,6 +87,19 @@ __device__ static inline bool dropout_setup(const struct dropout &d, float *rati
     return d.training && mode && d.ratio > 0;
 }
 
+/* Each thread takes the elements of one Philox block at a time (gp_rng_uniform4:
+ * global indices 4q .. 4q + 3, those of them in this call's range), so one
+ * block's arithmetic serves four elements. */
+#define DROPOUT_QUADS(d, n, q, i0)                                                    \
+    for (int64_t q = ((d).first >> 2) + blockIdx.x * (int64_t)blockDim.x + threadIdx.x,  \
+                 q_end_ = ((d).first + (n) + 3) >> 2, i0 = 4 * q - (d).first;     \
+         q < q_end_; q += (int64_t)gridDim.x * blockDim.x, i0 = 4 * q - (d).first)
+
+static unsigned dropout_blocks(const struct dropout &d, int64_t n)
+{
+    return gp_cuda_blocks_for(((d.first + n + 3) >> 2) - (d.first >> 2));
+}
+
 /* The mask: bool, or float (opset 7) stored as mask_b16 says. XP, YP: the
  * storage of X and Y. */
 template <typename XP, typename YP>
@@ -96,13 +109,20 @@ __global__ static void dropout_forward_kernel(struct dropout d, XP X, YP Y, void
     float ratio, scale;
     bool active = dropout_setup(d, &ratio, &scale);
     const uint64_t step = d.step_dev ? *d.step_dev : d.step;
-    GP_GRID_STRIDE(i, n) {
-        bool keep = !active || gp_rng_uniform(d.seed, step, d.node, (uint64_t)(d.first + i)) >= ratio;
-        float x = ld(X, i);
-        st(Y, i, !active ? x : keep ? FMUL(x, scale) : 0.0f);
-        if (mask && mask_bool) ((uint8_t *)mask)[i] = keep;
-        else if (mask && mask_b16) ((bf16_t *)mask)[i] = __float2bfloat16_rn(keep ? 1.0f : 0.0f);
-        else if (mask) ((float *)mask)[i] = keep ? 1.0f : 0.0f;
+    DROPOUT_QUADS(d, n, q, i0) {
+        float u[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        if (active) gp_rng_uniform4(d.seed, step, d.node, (uint64_t)q, u);
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            int64_t i = i0 + l;
+            if (i < 0 || i >= n) continue;
+            bool keep = !active || u[l] >= ratio;
+            float x = ld(X, i);
+            st(Y, i, !active ? x : keep ? FMUL(x, scale) : 0.0f);
+            if (mask && mask_bool) ((uint8_t *)mask)[i] = keep;
+            else if (mask && mask_b16) ((bf16_t *)mask)[i] = __float2bfloat16_rn(keep ? 1.0f : 0.0f);
+            else if (mask) ((float *)mask)[i] = keep ? 1.0f : 0.0f;
+        }
     }
 }
 
@@ -113,11 +133,17 @@ __global__ static void dropout_backward_kernel(struct dropout d, DP dY, GP dX, i
     float ratio, scale;
     bool active = dropout_setup(d, &ratio, &scale);
     const uint64_t step = d.step_dev ? *d.step_dev : d.step;
-    GP_GRID_STRIDE(i, n) {
-        float g = ld(dY, i);
-        if (active)
-            g = gp_rng_uniform(d.seed, step, d.node, (uint64_t)(d.first + i)) >= ratio ? FMUL(g, scale) : 0.0f;
-        st(dX, i, FADD(ld(dX, i), g));
+    DROPOUT_QUADS(d, n, q, i0) {
+        float u[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        if (active) gp_rng_uniform4(d.seed, step, d.node, (uint64_t)q, u);
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            int64_t i = i0 + l;
+            if (i < 0 || i >= n) continue;
+            float g = ld(dY, i);
+            if (active) g = u[l] >= ratio ? FMUL(g, scale) : 0.0f;
+            st(dX, i, FADD(ld(dX, i), g));
+        }
     }
 }
 
@@ -141,7 +167,7 @@ static gp_status dropout_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     gp_fptr xf = gp_cuda_in_f(c, 0), yf = gp_cuda_out_f(c, 0);
     cudaStream_t stream = c->stream;
     with_storage(storage_of({xf, yf}), [&](auto tag) {
-        dropout_forward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(
+        dropout_forward_kernel<<<dropout_blocks(d, n), GP_CUDA_THREADS, 0, stream>>>(
             d, in_as(tag, xf), out_as(tag, yf), mask, mask_bool, mask_b16, n);
     });
     return gp_cuda_check_launch(c, "Dropout forward", err);
@@ -159,7 +185,7 @@ static gp_status dropout_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     gp_fptr dyf = gp_cuda_dout_f(c, 0), dxf = gp_cuda_din_f(c, 0);
     cudaStream_t stream = c->stream;
     with_storage(storage_of({dyf, dxf}), [&](auto tag) {
-        dropout_backward_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(d, in_as(tag, dyf),
+        dropout_backward_kernel<<<dropout_blocks(d, n), GP_CUDA_THREADS, 0, stream>>>(d, in_as(tag, dyf),
                                                                                      out_as(tag, dxf), n);
     });
     return gp_cuda_check_launch(c, "Dropout backward", err);
