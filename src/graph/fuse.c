@@ -24,11 +24,11 @@
  * of a ResNet), or into the residual Add before it (an Add without
  * broadcasting): y = Relu(BatchNormalization(x, ...)) or Relu(Add(a, b))
  * becomes the one node, flagged fused_relu, when its output has the Relu
- * as its only consumer and is not a graph output. Its kernels write max(y, 0) and mask
- * dY by the output's sign (output > 0 exactly where Relu's input was > 0,
- * NaN included), so the results are the unfused pair's bits, at two passes
- * over the activation fewer forward and two backward, and without the
- * normalized tensor kept for Relu's backward.
+ * as its only consumer and is not a graph output. Its kernels write
+ * max(y, 0) and mask dY by the output's sign (output > 0 exactly where
+ * Relu's input was > 0, NaN included), so the results are the unfused
+ * pair's bits, at two passes over the activation fewer forward and two
+ * backward, and without the tensor before the Relu kept for its backward.
  *
  * The saved model is unaffected: it is written from the original file
  * (onnx/save.c), not from this IR. */

@@ -17,7 +17,10 @@ void *gp_pipeline_host_alloc(struct gp_pipeline *p, size_t bytes)
     if (slot < 0) return NULL;
     const struct gp_device_ops *ops = p->stages[0].ops;
     bool pinned = ops->host_alloc && ops->host_free;
-    void *ptr = pinned ? ops->host_alloc(bytes ? bytes : 1) : malloc(bytes ? bytes : 1);
+    void *ptr = pinned ? ops->host_alloc(bytes ? bytes : 1) : NULL;
+    /* Page-locked memory is a limited resource: without it the batch is
+     * copied from plain memory, slower but the same. */
+    if (!ptr) pinned = false, ptr = malloc(bytes ? bytes : 1);
     if (!ptr) return NULL;
     p->host_bufs[slot].ptr = ptr;
     p->host_bufs[slot].bytes = bytes;

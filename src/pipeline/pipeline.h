@@ -75,7 +75,7 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
  * pinned where the first stage's backend has it (CUDA), so that a step
  * copies a batch lying in it to the device directly, at the link's speed,
  * and a caller can fill the next batch while a step runs. Plain memory
- * otherwise. At most GP_PIPE_MAX_HOST_BUFS at a time (8); NULL when out of
+ * otherwise (or when no page-locked memory is left). At most GP_PIPE_MAX_HOST_BUFS at a time (8); NULL when out of
  * memory or buffers. Freed by gp_pipeline_host_free or with the pipeline. */
 void *gp_pipeline_host_alloc(struct gp_pipeline *p, size_t bytes);
 void gp_pipeline_host_free(struct gp_pipeline *p, void *ptr);
