@@ -34,6 +34,20 @@ static void gather(struct gp_prefetch *f, int64_t step, int b)
     f->holds[b] = step;
 }
 
+/* The pipeline's host memory (pinned on a GPU), or plain memory without one. */
+static void *buffer(struct gp_pipeline *pipe, size_t bytes)
+{
+    return pipe ? gp_pipeline_host_alloc(pipe, bytes) : malloc(bytes ? bytes : 1);
+}
+
+static void unbuffer(struct gp_pipeline *pipe, void *p)
+{
+    if (pipe)
+        gp_pipeline_host_free(pipe, p);
+    else
+        free(p);
+}
+
 static void *work(void *arg)
 {
     struct gp_prefetch *f = arg;
@@ -54,8 +68,8 @@ gp_status gp_prefetch_create(struct gp_pipeline *pipe, const struct gp_dataset *
     bool ok = f->order != NULL;
     bool has_labels = d->y.dtype != GP_DTYPE_UNDEFINED;
     for (int b = 0; b < 2 && ok; b++) {
-        f->x[b] = gp_pipeline_host_alloc(pipe, gp_dataset_row_bytes(&d->x) * (size_t)batch);
-        if (has_labels) f->labels[b] = gp_pipeline_host_alloc(pipe, gp_dataset_row_bytes(&d->y) * (size_t)batch);
+        f->x[b] = buffer(pipe, gp_dataset_row_bytes(&d->x) * (size_t)batch);
+        if (has_labels) f->labels[b] = buffer(pipe, gp_dataset_row_bytes(&d->y) * (size_t)batch);
         ok = f->x[b] && (!has_labels || f->labels[b]);
     }
     if (!ok) {
@@ -90,8 +104,8 @@ void gp_prefetch_free(struct gp_prefetch *f)
     if (!f) return;
     if (f->running) pthread_join(f->worker, NULL);
     for (int b = 0; b < 2; b++) {
-        gp_pipeline_host_free(f->pipe, f->x[b]);
-        gp_pipeline_host_free(f->pipe, f->labels[b]);
+        unbuffer(f->pipe, f->x[b]);
+        unbuffer(f->pipe, f->labels[b]);
     }
     free(f->order);
     free(f);

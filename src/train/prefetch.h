@@ -18,7 +18,8 @@ struct gp_prefetch;
 
 /* Batches of `batch` rows of d, step s taking rows [s % per_epoch * batch,
  * + batch) of epoch s / per_epoch's order (gp_dataset_order with shuffle
- * and seed): the trainer's visiting order. */
+ * and seed): the trainer's visiting order. Buffers from pipe's host memory,
+ * or plain memory when pipe is NULL. */
 gp_status gp_prefetch_create(struct gp_pipeline *pipe, const struct gp_dataset *d, int64_t batch,
                              int64_t per_epoch, bool shuffle, uint64_t seed, struct gp_prefetch **out,
                              struct gp_error *err);
