@@ -3,7 +3,10 @@
 # machine): the launcher's ranks, reproducible sums over ranks and groups,
 # point-to-point messages, the ranks refusing a mismatched configuration,
 # and a rank that hangs, dies or quits making the whole job end nonzero
-# within a bounded time, naming it where it can be named.
+# within a bounded time, naming it where it can be named; then pipeline
+# stages as processes training the same model, bit for bit, as one process
+# with the same balance, and a stage killed or stopped mid-training ending
+# the job.
 #
 #   tests/test_mpi.sh MPIRUN MPI_CHECK GPIPE_ONNX
 set -u
@@ -119,16 +122,79 @@ SH
     grep -q "rank 3's model $other (" "$tmp/out" || { fail "another model on rank 3 was not named"; show; }
   fi
 done
-# The same settings everywhere: agreed, then refused as not yet implemented.
+# The same settings everywhere: agreed, then replicas refused as not yet implemented.
 run 4 "$bin" "${train[@]}" --pipeline 2
 [ "$status" -ne 0 ] || fail "4 ranks claimed to train"
-grep -q "not yet implemented: training across 4 processes (2 stages x 2 replicas)" "$tmp/out" || { fail "4 ranks: no 'not yet implemented'"; show; }
+grep -q "not yet implemented: data-parallel replicas" "$tmp/out" || { fail "2 stages x 2 replicas: no 'not yet implemented'"; show; }
 grep -q "differs" "$tmp/out" && { fail "equal settings were called different"; show; }
 # One process under mpirun trains, to the same model as without it.
 run 1 "$bin" "${train[@]}" --pipeline 1 --save "$tmp/mpi.onnx"
 if [ "$status" -ne 0 ]; then fail "one rank with --pipeline 1 exited $status"; show; fi
 "$bin" "${train[@]}" --save "$tmp/plain.onnx" >"$tmp/out" 2>&1 || { fail "the plain run failed"; show; }
 cmp -s "$tmp/mpi.onnx" "$tmp/plain.onnx" || fail "one rank under mpirun trained another model than one process"
+
+# ---- pipeline stages as processes (one replica, CPU devices) ----
+# The digits CNN (BatchNorm, Dropout) on its data: rank k runs stage k.
+# Saved models byte for byte and every step's loss equal to one process
+# running the same stages on CPU devices of its own.
+digits=(train "$root/models/digits_cnn_op17.onnx" --data "$root/models/digits_train_x.npy"
+        --labels "$root/models/digits_train_y.npy" --batch 32 --chunks 4 --steps 5 --quiet)
+losses() { grep -o '"loss": [^,]*' "$1"; }
+stages() { # P, balance, extra options...: one process against P ranks
+  local p="$1" balance="$2"; shift 2
+  local devices=cpu:0 k
+  for ((k = 1; k < p; k++)); do devices+=",cpu:$k"; done
+  rm -f "$tmp/one.onnx" "$tmp/many.onnx" "$tmp/one.jsonl" "$tmp/many.jsonl"
+  "$bin" "${digits[@]}" --devices "$devices" --balance "$balance" "$@" --save "$tmp/one.onnx" \
+    --metrics "$tmp/one.jsonl" >"$tmp/out" 2>&1 || { fail "one process, balance $balance $*: failed"; show; return; }
+  run "$p" "$bin" "${digits[@]}" --pipeline "$p" --devices cpu:0 --balance "$balance" "$@" --save "$tmp/many.onnx" \
+    --metrics "$tmp/many.jsonl"
+  if [ "$status" -ne 0 ]; then fail "--pipeline $p, balance $balance $*: exited $status"; show; return; fi
+  cmp -s "$tmp/one.onnx" "$tmp/many.onnx" || fail "--pipeline $p, balance $balance $*: another model than one process"
+  [ "$(losses "$tmp/one.jsonl" | wc -l)" -eq 5 ] || fail "one process, balance $balance $*: not 5 step losses"
+  [ "$(losses "$tmp/one.jsonl")" = "$(losses "$tmp/many.jsonl")" ] ||
+    { fail "--pipeline $p, balance $balance $*: other step losses than one process"; diff <(losses "$tmp/one.jsonl") <(losses "$tmp/many.jsonl") | head; }
+  # Only rank 0 reports: one summary line.
+  [ "$(grep -c "^stage  *layers" "$tmp/out")" -le 1 ] || { fail "--pipeline $p: more than one rank reported"; show; }
+}
+stages 2 5,5
+stages 2 4,6 --pipeline-schedule 1f1b --optimizer adamw
+stages 4 2,3,3,2
+stages 4 2,3,3,2 --pipeline-schedule 1f1b --checkpoint never --deferred-batch-norm
+# The comparison can fail: another learning rate is another model.
+"$bin" "${digits[@]}" --devices cpu:0,cpu:1,cpu:2,cpu:3 --balance 2,3,3,2 --lr 0.02 --save "$tmp/other.onnx" \
+  >"$tmp/out" 2>&1 || fail "one process, --lr 0.02: failed"
+cmp -s "$tmp/other.onnx" "$tmp/many.onnx" && fail "models trained with other learning rates compared equal"
+# Not yet: refused on every rank, said once.
+run 2 "$bin" "${digits[@]}" --pipeline 2 --clip-norm 1
+[ "$status" -ne 0 ] || fail "--clip-norm across processes was taken"
+[ "$(grep -c "not yet implemented: --clip-norm" "$tmp/out")" -eq 1 ] || { fail "--clip-norm across processes: not said once"; show; }
+run 2 "$bin" "${digits[@]}" --pipeline 2 --devices cpu:0,cpu:1,cpu:2
+[ "$status" -ne 0 ] || fail "3 devices for --pipeline 2 were taken"
+grep -q "give one (every rank's) or one per stage" "$tmp/out" || { fail "3 devices for 2 stages: no reason"; show; }
+# A stage's process killed (or stopped) mid-training ends the job nonzero
+# within seconds, not at the --comm-timeout of 300 s; a stopped one within
+# its timeout, named.
+cat >"$tmp/stage.sh" <<SH
+#!/usr/bin/env bash
+args=(${digits[*]:0:6} --batch 32 --chunks 4 --steps 1000000 --quiet --pipeline 4 --balance 2,3,3,2 --comm-timeout \$GP_TIMEOUT)
+if [ "\$OMPI_COMM_WORLD_RANK" = 2 ]; then
+  "$bin" "\${args[@]}" & pid=\$!
+  sleep 3
+  kill -\$GP_SIGNAL \$pid
+  wait \$pid
+  exit \$?
+fi
+exec "$bin" "\${args[@]}"
+SH
+chmod +x "$tmp/stage.sh"
+GP_SIGNAL=KILL GP_TIMEOUT=300 run 4 "$tmp/stage.sh"
+[ "$status" -ne 0 ] || { fail "a stage killed mid-training left the job exiting 0"; show; }
+[ "$took" -lt 30 ] || fail "a stage killed mid-training ended the job only after ${took}s"
+GP_SIGNAL=STOP GP_TIMEOUT=4 run 4 "$tmp/stage.sh"
+[ "$status" -ne 0 ] || { fail "a stage stopped mid-training left the job exiting 0"; show; }
+[ "$took" -lt 40 ] || fail "a stage stopped mid-training (timeout 4 s) ended the job only after ${took}s"
+grep -Eq "heard nothing from rank 2|rank 2 did not take" "$tmp/out" || { fail "the stopped stage was not named"; show; }
 
 if [ "$failures" -eq 0 ]; then
   echo "test_mpi: all passed"

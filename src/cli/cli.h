@@ -9,6 +9,7 @@
 
 #include "backend/compute.h"
 #include "dist/comm.h"
+#include "pipeline/pipeline.h"
 #include "util/error.h"
 
 #define GP_EXIT_OK 0
@@ -69,6 +70,7 @@ struct gp_cli_dist {
     struct gp_launch launch;
     struct gp_comm *comm;     /* NULL once ended */
     int pipeline, replicas;   /* stages and data-parallel replicas: launch.size = their product */
+    struct gp_pipe_remote remote; /* several processes: this rank's stage and its link to the others */
 };
 
 /* Joins the job this process was launched into (mpirun, srun) as one of

@@ -1,8 +1,9 @@
 /* train --pipeline P: the part of the command that runs as one rank of a
- * job launched by mpirun or srun (dist/). Today it checks the launch, joins
- * the ranks and makes them agree on the run; training across several
- * processes is not yet implemented and says so (a job of one process
- * trains as usual). */
+ * job launched by mpirun or srun (dist/). It checks the launch, joins the
+ * ranks and makes them agree on the run, and gives the trainer the link
+ * between stage processes: rank k runs stage k of one replica (D = 1, CPU
+ * devices; data-parallel replicas and GPUs are not yet implemented and say
+ * so). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,34 @@ static void describe_run(const struct gp_cli_train_run *run, int pipeline, int r
     gp_agree_add(r, "--balance", "%s", run->auto_balance ? run->auto_balance : balance[0] ? balance : "(even)");
     gp_agree_add(r, "--resume", "%s", c->resume_path ? c->resume_path : "(none)");
     gp_agree_add(r, "--algorithms", "%s", c->choices_path ? c->choices_path : "(none)");
+    /* Rank 0 writes --save, but every stage's process sends it its weights. */
+    gp_agree_add(r, "--save", "%s", c->save_path ? "given" : "(none)");
+}
+
+/* Stage k is rank k (one replica). */
+static gp_status stage_send(void *ctx, int to, int tag, const void *buf, size_t bytes, struct gp_error *err)
+{
+    return gp_comm_send(ctx, to, tag, buf, bytes, err);
+}
+
+static gp_status stage_recv(void *ctx, int from, int tag, void *buf, size_t bytes, struct gp_error *err)
+{
+    return gp_comm_recv(ctx, from, tag, buf, bytes, err);
+}
+
+/* What several processes cannot do yet; NULL when the run is fine. */
+static const char *not_yet(const struct gp_cli_train_run *run, int replicas)
+{
+    const struct gp_train_config *c = run->cfg;
+    if (replicas > 1) return "data-parallel replicas (start exactly --pipeline P processes)";
+    for (int k = 0; k < c->n_stages; k++)
+        if (c->stage_cuda[k]) return "stages on GPUs in several processes (use --devices cpu:N)";
+    if (run->val_data) return "validation (--val-data) across processes";
+    if (c->clip_norm > 0) return "--clip-norm across processes";
+    if (c->state_dir || c->resume_path) return "training states (--save-state, --resume) across processes";
+    if (c->trace_path) return "--trace across processes";
+    if (run->auto_balance) return "--balance time|memory across processes (give the layer counts)";
+    return NULL;
 }
 
 int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double timeout_s, struct gp_cli_dist *out)
@@ -179,14 +208,20 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
         return GP_EXIT_FAIL;
     }
     if (l->size > 1) {
-        if (rank == 0)
-            gp_cli_fail("not yet implemented: training across %d processes (%d stages x %d replicas). The ranks "
-                        "found each other and agree on the model and settings, but they do not yet exchange "
-                        "frontiers and gradients; a job of one process (mpirun -np 1 ... --pipeline 1) trains",
-                        l->size, pipeline, out->replicas);
-        gp_comm_finalize(out->comm);
-        out->comm = NULL;
-        return GP_EXIT_FAIL;
+        /* The same verdict on every rank: the settings agree. */
+        const char *missing = not_yet(run, out->replicas);
+        if (!missing && !gp_comm_concurrent(out->comm))
+            missing = "stage processes over an MPI without MPI_THREAD_MULTIPLE";
+        if (missing) {
+            if (rank == 0)
+                gp_cli_fail("not yet implemented: %s. Training across %d processes (%d stages x %d replicas) "
+                            "runs one replica of --pipeline stages on CPU devices",
+                            missing, l->size, pipeline, out->replicas);
+            gp_comm_finalize(out->comm);
+            out->comm = NULL;
+            return GP_EXIT_FAIL;
+        }
+        out->remote = (struct gp_pipe_remote){.stage = rank, .ctx = out->comm, .send = stage_send, .recv = stage_recv};
     }
     return GP_EXIT_OK;
 }

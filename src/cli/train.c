@@ -121,8 +121,10 @@ static void help(FILE *f)
         "                        replica. --batch is the whole mini-batch (shared by the\n"
         "                        replicas, each share cut into --chunks). Every rank\n"
         "                        checks that all run the same model and settings.\n"
-        "                        NOT YET IMPLEMENTED beyond that check: a job of more\n"
-        "                        than one process stops there; -np 1 trains as usual\n"
+        "                        Today: D = 1 on CPU devices (rank k runs stage k of\n"
+        "                        --balance; --devices one device or one per stage), the\n"
+        "                        same weights as one process; rank 0 reports and saves.\n"
+        "                        Not yet: D > 1, GPUs, validation, clipping, states\n"
         "  --comm-timeout S      the longest a rank waits on another (default 300):\n"
         "                        then every rank ends, naming the one not heard from\n"
         "\n"
@@ -535,6 +537,23 @@ int gp_cmd_train(int argc, char **argv)
     if (!cfg.model_path) return gp_cli_usage("train", "no model given");
     if (!cfg.state_dir && (cfg.save_every || cfg.save_every_seconds > 0 || keep_set))
         return gp_cli_usage("train", "--save-every and --keep need --save-state DIR");
+    if (pipeline > 1) {
+        /* --pipeline P: P stages, stage k run by rank k. --devices gives
+         * every rank's device, or one per stage; none: CPU devices. */
+        if (devices_set && cfg.n_stages != 1 && cfg.n_stages != pipeline)
+            return gp_cli_usage("train",
+                                "--devices lists %d devices for --pipeline %d: give one (every rank's) or one "
+                                "per stage",
+                                cfg.n_stages, pipeline);
+        if (n_balance && n_balance != pipeline)
+            return gp_cli_usage("train", "--balance has %d stages but --pipeline %d", n_balance, pipeline);
+        for (int k = devices_set && cfg.n_stages == pipeline ? pipeline : 0; k < pipeline; k++) {
+            cfg.stage_cuda[k] = devices_set && cfg.stage_cuda[0];
+            cfg.stage_device[k] = devices_set ? cfg.stage_device[0] : k;
+        }
+        cfg.n_stages = pipeline;
+        devices_set = true;
+    }
     if (!devices_set) {
         /* The GPUs when there are any (stage k on GPU k modulo their number),
          * else CPU devices: a balance alone runs each stage on a CPU device
@@ -591,6 +610,14 @@ int gp_cmd_train(int argc, char **argv)
                                        .auto_balance = auto_balance, .n_balance = n_balance};
         status = gp_cli_dist_start(&run, pipeline, comm_timeout, &dist);
         if (status != GP_EXIT_OK) goto done;
+        if (dist.launch.size > 1) {
+            /* This rank runs one stage; rank 0 reports and writes. */
+            cfg.remote = &dist.remote;
+            if (dist.launch.rank != 0) {
+                quiet = true;
+                metrics = NULL;
+            }
+        }
     }
     /* Outputs are checked before anything long (balancing, loading, training). */
     const char *outputs[3] = {cfg.save_path, cfg.trace_path, metrics};
@@ -674,6 +701,9 @@ int gp_cmd_train(int argc, char **argv)
                                     .on_state = on_state, .on_resume = on_resume};
     gp_status st = gp_train(&cfg, &train, val_data ? &val : NULL, &cb, &err);
     if (st != GP_OK) status = gp_cli_fail("%s", err.msg);
+    /* A failure of one stage's process leaves the others waiting on it:
+     * the whole job ends now, not at their timeouts. */
+    if (st != GP_OK && cfg.remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
     if (prog.metrics) {
         struct gp_error merr = {0};
         if (st != GP_OK) gp_atomic_abort(&metrics_file);

@@ -2,6 +2,7 @@
  * against a deadline, so that no operation waits forever on a lost rank. */
 #include "dist/comm.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +31,10 @@ struct gp_comm {
     MPI_Comm comm; /* a duplicate of MPI_COMM_WORLD: our messages never meet another library's */
     int rank, size;
     double timeout_s;
-    bool broken;
+    /* Set by whichever thread's operation failed (threads of a pipeline
+     * stage send and receive at once). */
+    atomic_bool broken;
+    bool concurrent; /* MPI_THREAD_MULTIPLE */
 };
 
 /* The requests of one operation and, for each, the peer it waits on. */
@@ -217,7 +221,7 @@ static gp_status finish(struct gp_comm *c, struct pending *p, double start, cons
                         struct gp_error *err)
 {
     if (st == GP_OK) st = wait_all(c, p, start + c->timeout_s, what, err);
-    else c->broken |= p->n > 0; /* posted requests that will never be waited for */
+    else if (p->n > 0) c->broken = true; /* posted requests that will never be waited for */
     pending_free(p);
     return st;
 }
@@ -228,13 +232,14 @@ gp_status gp_comm_init(const struct gp_launch *launch, double timeout_s, struct 
 {
     *out = NULL;
     if (!(timeout_s > 0)) return gp_error_set(err, GP_ERR_INVALID, "the communication timeout must be positive");
-    int inited = 0;
+    int inited = 0, provided = 0;
     MPI_Initialized(&inited);
-    if (!inited) {
-        /* One thread at a time calls MPI (the communicator is not shared
-         * between threads at once). */
-        int provided = 0;
-        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+    if (inited) {
+        MPI_Query_thread(&provided);
+    } else {
+        /* Threads at once where MPI allows it (a pipeline stage's streams
+         * send and receive concurrently); else at least one at a time. */
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
         if (rc != MPI_SUCCESS) return gp_error_set(err, GP_ERR_COMM, "MPI could not be initialized (error %d)", rc);
         if (provided < MPI_THREAD_SERIALIZED) {
             MPI_Finalize();
@@ -245,6 +250,7 @@ gp_status gp_comm_init(const struct gp_launch *launch, double timeout_s, struct 
     struct gp_comm *c = calloc(1, sizeof *c);
     if (!c) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     c->timeout_s = timeout_s;
+    c->concurrent = provided >= MPI_THREAD_MULTIPLE;
     c->comm = MPI_COMM_NULL;
     /* Errors come back as codes, to be reported with the ranks involved
      * (MPI's default handler would abort without saying which). */
@@ -303,6 +309,7 @@ void gp_comm_set_timeout(struct gp_comm *c, double timeout_s)
 int gp_comm_rank(const struct gp_comm *c) { return c->rank; }
 int gp_comm_size(const struct gp_comm *c) { return c->size; }
 bool gp_comm_broken(const struct gp_comm *c) { return c->broken; }
+bool gp_comm_concurrent(const struct gp_comm *c) { return c->concurrent; }
 
 static gp_status check_peer(const struct gp_comm *c, int peer, int tag, const char *what, struct gp_error *err)
 {
@@ -515,6 +522,7 @@ void gp_comm_set_timeout(struct gp_comm *c, double timeout_s) { (void)c, (void)t
 int gp_comm_rank(const struct gp_comm *c) { (void)c; return 0; }
 int gp_comm_size(const struct gp_comm *c) { (void)c; return 1; }
 bool gp_comm_broken(const struct gp_comm *c) { (void)c; return false; }
+bool gp_comm_concurrent(const struct gp_comm *c) { (void)c; return false; }
 
 static gp_status none(struct gp_error *err)
 {

@@ -65,6 +65,9 @@ int gp_comm_rank(const struct gp_comm *c);
 int gp_comm_size(const struct gp_comm *c);
 /* After a timeout or an MPI error: only gp_comm_abort is left. */
 bool gp_comm_broken(const struct gp_comm *c);
+/* Whether several threads may send and receive at once
+ * (MPI_THREAD_MULTIPLE); otherwise one thread at a time. */
+bool gp_comm_concurrent(const struct gp_comm *c);
 
 /* Point to point: `bytes` bytes to world rank `to` under `tag`, and from
  * `from`: a message of another size is an error naming both sizes. */

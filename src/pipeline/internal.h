@@ -5,6 +5,8 @@
  *   tasks.c     what runs inside a task: layers forward and backward, the
  *               loss, the optimizer step
  *   graph.c     the step captured as one CUDA graph and replayed
+ *   remote.c    stages in other processes: frontiers, losses and reads
+ *               sent and received (cfg.remote)
  *   pipeline.c  creation, and issuing steps, evaluation and reads */
 #ifndef GP_PIPELINE_INTERNAL_H
 #define GP_PIPELINE_INTERNAL_H
@@ -24,7 +26,11 @@
  * double-buffers its batch and targets. */
 #define GP_PIPE_MAX_HOST_BUFS 8
 
-enum task_kind { TASK_FORWARD, TASK_RECOMPUTE, TASK_BACKWARD, TASK_OPTIMIZE, TASK_NORMS, TASK_EVAL };
+enum task_kind {
+    TASK_FORWARD, TASK_RECOMPUTE, TASK_BACKWARD, TASK_OPTIMIZE, TASK_NORMS, TASK_EVAL,
+    /* A frontier to or from a stage in another process (remote.c). */
+    TASK_SEND_ACTIVATIONS, TASK_RECV_ACTIVATIONS, TASK_SEND_GRADIENTS, TASK_RECV_GRADIENTS,
+};
 
 struct task {
     struct gp_pipeline *p;
@@ -86,7 +92,8 @@ struct gp_pipeline {
     int input, output;             /* the data input and the loss's output */
     struct stage *stages;
     struct gp_pipe_schedule sched;
-    struct task *tasks;            /* one per action, then per-stage optimizer and eval tasks */
+    struct task *tasks;            /* one per action, then per-stage optimizer and eval tasks, then
+                                      remote frontiers' (4 per micro-batch) */
     int *last_backward, *next_copy; /* per stage, while issuing: the latest backward, the next forward copy in */
     size_t target_bytes;           /* per micro-batch; 0 without targets */
     size_t input_bytes;            /* per micro-batch */
@@ -161,6 +168,12 @@ static inline struct gp_task_tag tag_of(enum gp_task_kind kind, int stage, int m
     return (struct gp_task_tag){.kind = kind, .stage = stage, .microbatch = micro, .name = name};
 }
 
+/* Whether stage k runs in this process (every stage does without cfg.remote). */
+static inline bool stage_local(const struct gp_pipeline *p, int k)
+{
+    return !p->cfg.remote || p->cfg.remote->stage == k;
+}
+
 /* tasks.c: a task of the step (struct task as its argument). */
 gp_status gp_pipe_task_run(void *arg, struct gp_error *err);
 
@@ -180,5 +193,12 @@ void gp_pipe_free_graphs(struct gp_pipeline *p);
  * every stream (the first error). */
 void gp_pipe_issue_actions(struct gp_pipeline *p);
 gp_status gp_pipe_sync_all(struct gp_pipeline *p, struct gp_error *err);
+
+/* remote.c: a frontier task (TASK_SEND_* / TASK_RECV_*) of a stage whose
+ * neighbour is in another process; after a step, every process gets the
+ * last stage's loss parts (p->loss_parts); a value read to stage 0. */
+gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err);
+gp_status gp_pipe_remote_losses(struct gp_pipeline *p, struct gp_error *err);
+gp_status gp_pipe_remote_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err);
 
 #endif

@@ -15,8 +15,17 @@ static size_t float_bytes(const struct gp_pipeline *p, int v)
     return sizeof(float) * (size_t)gp_shape_numel(&p->g->values[v].shape);
 }
 
+/* Saved states of a pipeline spread over processes are not yet written
+ * or restored. */
+static gp_status remote_refused(struct gp_error *err)
+{
+    return gp_error_set(err, GP_ERR_UNSUPPORTED,
+                        "not yet implemented: training states of stages in several processes");
+}
+
 gp_status gp_pipeline_write(struct gp_pipeline *p, int value, const float *in, struct gp_error *err)
 {
+    if (p->cfg.remote) return remote_refused(err);
     if (value < 0 || value >= p->g->n_values)
         return gp_error_set(err, GP_ERR_INVALID, "no value %d in the model", value);
     const struct gp_value *v = &p->g->values[value];
@@ -70,6 +79,7 @@ static gp_status check_slot(const struct gp_pipeline *p, int value, int slot, st
 
 gp_status gp_pipeline_read_optim(struct gp_pipeline *p, int value, int slot, float *out, struct gp_error *err)
 {
+    if (p->cfg.remote) return remote_refused(err);
     GP_TRY(check_slot(p, value, slot, err));
     int k = 0, i = 0;
     if (!next_holder(p, value, &k, &i))
@@ -83,6 +93,7 @@ gp_status gp_pipeline_read_optim(struct gp_pipeline *p, int value, int slot, flo
 gp_status gp_pipeline_write_optim(struct gp_pipeline *p, int value, int slot, const float *in,
                                   struct gp_error *err)
 {
+    if (p->cfg.remote) return remote_refused(err);
     GP_TRY(check_slot(p, value, slot, err));
     int k = 0, i = 0, held = 0;
     for (; next_holder(p, value, &k, &i); k++, held++) {

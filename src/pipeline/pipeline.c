@@ -40,9 +40,17 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     if (cfg->n_stages > g->n_nodes)
         return gp_error_set(err, GP_ERR_INVALID, "%d stages for %d layers: every stage needs a layer",
                             cfg->n_stages, g->n_nodes);
+    const struct gp_pipe_remote *r = cfg->remote;
+    if (r && (r->stage < 0 || r->stage >= cfg->n_stages || !r->send || !r->recv))
+        return gp_error_set(err, GP_ERR_INVALID, "stage %d of %d stages cannot be this process's", r->stage,
+                            cfg->n_stages);
+    if (r && cfg->time_layers)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED, "layer timing runs every stage in one process");
     struct gp_pipeline *p = calloc(1, sizeof *p);
     if (!p) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     p->cfg = *cfg;
+    /* A graph would capture a step whose messages wait on the host. */
+    if (r) p->cfg.cuda_graph = false;
     p->g = g;
     p->K = cfg->n_stages;
     p->M = cfg->n_micro;
@@ -115,10 +123,19 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
                           g->n_nodes);
         goto fail;
     }
+    /* Frontier messages are sent and received from the stage's own memory
+     * by its stream's worker: a device whose memory is the host's. */
+    if (r && p->stages[r->stage].ops->host_alloc) {
+        st = gp_error_set(err, GP_ERR_UNSUPPORTED,
+                          "stage %d: not yet implemented: stages in other processes with a %s device (CPU devices "
+                          "only, for now)",
+                          r->stage, p->stages[r->stage].ops->name);
+        goto fail;
+    }
     /* bf16: float32 data is rounded into a bfloat16 box by the first forward. */
     p->convert_input = g->values[p->input].dtype == GP_DTYPE_FLOAT32 &&
                        p->stages[0].plan.dt[p->input] != GP_DTYPE_FLOAT32;
-    p->tasks = calloc((size_t)p->sched.n_actions + 3 * (size_t)p->K + 1, sizeof *p->tasks);
+    p->tasks = calloc((size_t)p->sched.n_actions + 3 * (size_t)p->K + 4 * (size_t)p->M + 1, sizeof *p->tasks);
     if (!p->tasks) {
         st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
         goto fail;
@@ -128,12 +145,13 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int devices = 0;
     for (int k = 0; k < p->K; k++) {
-        bool seen = false;
+        bool seen = !stage_local(p, k);
         for (int q = 0; q < k; q++) seen |= p->stages[q].dev == p->stages[k].dev;
         devices += !seen;
     }
     for (int k = 0; k < p->K; k++)
-        p->stages[k].ops->set_threads(p->stages[k].dev, (int)(cores / devices > 1 ? cores / devices : 1));
+        if (stage_local(p, k))
+            p->stages[k].ops->set_threads(p->stages[k].dev, (int)(cores / devices > 1 ? cores / devices : 1));
     *out = p;
     return GP_OK;
 fail:
@@ -143,6 +161,17 @@ fail:
 
 
 
+/* The task that sends or receives micro-batch j's frontier for stage k
+ * (remote.c), in its slot after the actions' and the per-stage tasks. */
+static struct task *remote_task(struct gp_pipeline *p, enum task_kind kind, int k, int j)
+{
+    size_t index = (size_t)p->sched.n_actions + 3 * (size_t)p->K +
+                   (size_t)(kind - TASK_SEND_ACTIVATIONS) * (size_t)p->M + (size_t)j;
+    struct task *t = &p->tasks[index];
+    *t = (struct task){.p = p, .stage = k, .micro = j, .kind = kind};
+    return t;
+}
+
 /* Moves micro-batch j's output frontier of stage k into stage k+1's box,
  * once the backward that last read that box there is done. */
 static void issue_forward_copy(struct gp_pipeline *p, int k, int j)
@@ -150,6 +179,12 @@ static void issue_forward_copy(struct gp_pipeline *p, int k, int j)
     struct stage *s = &p->stages[k], *t = &p->stages[k + 1];
     struct gp_task_tag tag = tag_of(GP_TASK_COPY, k, j, "send activations");
     s->ops->stream_wait(s->copy_next, s->fwd_done[j]);
+    if (!stage_local(p, k + 1)) {
+        /* The receiver takes them on its compute stream, before its forward. */
+        s->ops->enqueue(s->copy_next, gp_pipe_task_run, remote_task(p, TASK_SEND_ACTIVATIONS, k, j), &tag);
+        s->ops->event_record(s->fwd_copied[j], s->copy_next);
+        return;
+    }
     if (t->slots.box_after[j] >= 0) s->ops->stream_wait(s->copy_next, t->bwd_done[t->slots.box_after[j]]);
     for (int q = 0; q < s->plan.n_frontier_out; q++) {
         int v = s->plan.frontier_out[q];
@@ -167,6 +202,11 @@ static void issue_backward_copy(struct gp_pipeline *p, int k, int j)
     struct stage *s = &p->stages[k], *t = &p->stages[k - 1];
     struct gp_task_tag tag = tag_of(GP_TASK_COPY, k, j, "send gradients");
     s->ops->stream_wait(s->copy_prev, s->bwd_done[j]);
+    if (!stage_local(p, k - 1)) {
+        s->ops->enqueue(s->copy_prev, gp_pipe_task_run, remote_task(p, TASK_SEND_GRADIENTS, k, j), &tag);
+        s->ops->event_record(s->bwd_copied[j], s->copy_prev);
+        return;
+    }
     if (t->slots.inbox_after[j] >= 0) s->ops->stream_wait(s->copy_prev, t->bwd_done[t->slots.inbox_after[j]]);
     for (int q = 0; q < s->plan.n_frontier_in; q++) {
         int v = s->plan.frontier_in[q];
@@ -218,13 +258,17 @@ void gp_pipe_issue_actions(struct gp_pipeline *p)
         const struct gp_stage_slots *sl = &s->slots;
         struct task *t = &p->tasks[a];
         *t = (struct task){.p = p, .stage = k, .micro = j};
-        switch (act->kind) {
+        /* Another process issues its stage's actions. */
+        switch (stage_local(p, k) ? (int)act->kind : -1) {
         case GP_ACT_FORWARD: {
             t->kind = TASK_FORWARD;
             if (k == 0 && !p->convert_input) {
                 struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, j, "input to its box");
                 s->ops->copy(s->compute, addr(s, p->input, sl->box[j], 0), s->inputs + (size_t)j * in_bytes, in_bytes,
                              &tag);
+            } else if (k > 0 && !stage_local(p, k - 1)) {
+                struct gp_task_tag rtag = tag_of(GP_TASK_COPY, k, j, "receive activations");
+                s->ops->enqueue(s->compute, gp_pipe_task_run, remote_task(p, TASK_RECV_ACTIVATIONS, k, j), &rtag);
             } else if (k > 0) {
                 s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[j]);
             }
@@ -247,7 +291,12 @@ void gp_pipe_issue_actions(struct gp_pipeline *p)
         }
         case GP_ACT_BACKWARD: {
             t->kind = TASK_BACKWARD;
-            if (k + 1 < p->K) s->ops->stream_wait(s->compute, p->stages[k + 1].bwd_copied[j]);
+            if (k + 1 < p->K && !stage_local(p, k + 1)) {
+                struct gp_task_tag rtag = tag_of(GP_TASK_COPY, k, j, "receive gradients");
+                s->ops->enqueue(s->compute, gp_pipe_task_run, remote_task(p, TASK_RECV_GRADIENTS, k, j), &rtag);
+            } else if (k + 1 < p->K) {
+                s->ops->stream_wait(s->compute, p->stages[k + 1].bwd_copied[j]);
+            }
             /* The gradient set is reused: the previous backward's input
              * gradients must have left it. */
             if (k > 0 && p->last_backward[k] >= 0) s->ops->stream_wait(s->compute, s->bwd_copied[p->last_backward[k]]);
@@ -263,8 +312,10 @@ void gp_pipe_issue_actions(struct gp_pipeline *p)
          * the backward that freed their box (slots.h). */
         for (int r = 1; r < p->K; r++) {
             const struct gp_stage_slots *in = &p->stages[r].slots;
-            while (p->next_copy[r] < p->M && in->copy_after[p->next_copy[r]] <= a)
-                issue_forward_copy(p, r - 1, p->next_copy[r]++);
+            while (p->next_copy[r] < p->M && in->copy_after[p->next_copy[r]] <= a) {
+                if (stage_local(p, r - 1)) issue_forward_copy(p, r - 1, p->next_copy[r]);
+                p->next_copy[r]++;
+            }
         }
     }
 }
@@ -295,8 +346,8 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
          * each, before any work of the step (pageable host memory may make
          * a copy wait for its stream: here the streams are idle). */
         struct gp_task_tag itag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
-        fs->ops->copy(fs->compute, fs->inputs, x, p->input_bytes * (size_t)p->M, &itag);
-        if (p->target_bytes) {
+        if (stage_local(p, 0)) fs->ops->copy(fs->compute, fs->inputs, x, p->input_bytes * (size_t)p->M, &itag);
+        if (p->target_bytes && stage_local(p, p->K - 1)) {
             struct gp_task_tag ttag = tag_of(GP_TASK_COPY, p->K - 1, -1, "load targets");
             ls->ops->copy(ls->compute, ls->targets, targets, p->target_bytes * (size_t)p->M, &ttag);
         }
@@ -308,8 +359,11 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
         gp_pipe_issue_actions(p);
         /* The micro-batches' loss sums come back with the step's one wait. */
         struct gp_task_tag tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
-        ls->ops->copy(ls->compute, p->loss_parts, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
+        if (stage_local(p, p->K - 1))
+            ls->ops->copy(ls->compute, p->loss_parts, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
         st = gp_pipe_sync_all(p, err);
+        /* Every process gets the loss: they decide alike what comes next. */
+        if (st == GP_OK && p->cfg.remote) st = gp_pipe_remote_losses(p, err);
     }
     GP_TRY(st);
     p->steps_done++;
@@ -360,8 +414,12 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
 {
     p->lr = lr;
     p->clip_coef = 1.0f;
+    if (clip_norm > 0 && p->cfg.remote)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED,
+                            "not yet implemented: clipping the gradients of stages in several processes");
     if (clip_norm > 0) GP_TRY(clip_coefficient(p, clip_norm, &p->clip_coef, err));
     for (int k = 0; k < p->K; k++) {
+        if (!stage_local(p, k)) continue;
         struct stage *s = &p->stages[k];
         struct task *t = &p->tasks[p->sched.n_actions + k];
         *t = (struct task){.p = p, .stage = k, .micro = -1, .kind = TASK_OPTIMIZE};
@@ -374,6 +432,8 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
 gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stats, float *out,
                            struct gp_error *err)
 {
+    if (p->cfg.remote)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED, "not yet implemented: evaluating stages in several processes");
     /* Batch statistics come with training mode: dropout is then turned off by its ratio. */
     p->opts = (struct gp_step_opts){.dropout_ratio = batch_stats ? 0 : -1};
     p->eval_batch_stats = batch_stats;
@@ -409,6 +469,7 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
 
 gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err)
 {
+    if (p->cfg.remote) return gp_pipe_remote_read(p, value, out, err);
     for (int k = 0; k < p->K; k++) {
         struct stage *s = &p->stages[k];
         if (s->plan.home[value] != GP_HOME_STATIC) continue;

@@ -11,6 +11,7 @@
 #define GP_PIPELINE_PIPELINE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend/compute.h"
@@ -20,6 +21,22 @@
 #include "train/optim.h"
 
 struct gp_pipeline;
+
+/* A pipeline spread over processes: this process runs stage `stage` only,
+ * the other stages run in other processes (one each), and frontiers reach
+ * them through these calls. Each blocks until the message went or came
+ * (bytes known to both sides), fails rather than waiting forever, and must
+ * let sends and receives of different threads run at once: a stage
+ * receives on its compute stream while its copy streams send. Messages of
+ * one tag from one stage to another arrive in the order sent. The stage's
+ * device must compute on host memory (a CPU device): its stream tasks
+ * send and receive the device buffers themselves. */
+struct gp_pipe_remote {
+    int stage;
+    void *ctx;
+    gp_status (*send)(void *ctx, int to_stage, int tag, const void *buf, size_t bytes, struct gp_error *err);
+    gp_status (*recv)(void *ctx, int from_stage, int tag, void *buf, size_t bytes, struct gp_error *err);
+};
 
 struct gp_pipeline_config {
     const struct gp_graph *graph; /* loaded with batch = the micro-batch size */
@@ -48,6 +65,13 @@ struct gp_pipeline_config {
      * capturing again when what it baked in changes. Ignored (with a note)
      * where a backend cannot, or with trace or time_layers. */
     bool cuda_graph;
+    /* NULL: every stage in this process. Otherwise this process runs one
+     * stage (above) and its calls below are collective: every stage's
+     * process makes the same calls in the same order. gp_pipeline_step
+     * gives every process the loss; gp_pipeline_read gives the value to
+     * stage 0's process (and its holder's). Clipping, evaluation, layer
+     * timing, writes and timelines are refused. */
+    const struct gp_pipe_remote *remote;
 };
 
 /* Per-step settings: the dropout key, and whether running statistics move. */
@@ -97,7 +121,9 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
 gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stats, float *out,
                            struct gp_error *err);
 
-/* The current value of a parameter or buffer, as float32. */
+/* The current value of a parameter or buffer, as float32. Remote stages
+ * (cfg.remote): collective; out is filled on stage 0's process and on the
+ * holder's, left alone elsewhere. */
 gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err);
 
 /* ---- what training keeps between steps (persist.c), for saved states ----

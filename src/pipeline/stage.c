@@ -139,6 +139,9 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
                             s->ops->name);
     GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, &p->cfg.compute, s->ops->name, first, last,
                          &s->plan, err));
+    /* A stage of another process: its plan says what crosses its
+     * boundaries; its memory and streams are that process's. */
+    if (!stage_local(p, k)) return GP_OK;
     for (int q = 0; q < k; q++)
         if (p->stages[q].ops == s->ops && p->stages[q].device == s->device) s->dev = p->stages[q].dev;
     if (!s->dev) GP_TRY(s->ops->open(s->device, &s->dev, err));

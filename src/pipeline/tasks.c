@@ -281,6 +281,11 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
                                 addr(s, p->output, s->slots.box[0], s->slots.fwd_set[0]), GP_DTYPE_BFLOAT16,
                                 gp_shape_numel(&p->g->values[p->output].shape), false, err);
     }
+    case TASK_SEND_ACTIVATIONS:
+    case TASK_RECV_ACTIVATIONS:
+    case TASK_SEND_GRADIENTS:
+    case TASK_RECV_GRADIENTS:
+        return gp_pipe_remote_task(t, err);
     }
     return GP_OK;
 }

@@ -270,6 +270,7 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         .loss = loss,
         .compute = {.precision = cfg->precision, .fast_conv = cfg->fast_conv},
         .cuda_graph = use_graph,
+        .remote = cfg->remote,
     };
     GP_TRY(gp_pipeline_create(&pc, &s->pipe, err));
 
@@ -487,8 +488,10 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                    struct gp_error *err)
 {
     /* Before any long work: the outputs can be written, the data are finite. */
+    /* Stages in other processes: stage 0's process writes the outputs. */
+    bool writer = !cfg->remote || cfg->remote->stage == 0;
     const char *outputs[2] = {cfg->save_path, cfg->trace_path};
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 2 && writer; k++)
         if (outputs[k]) GP_TRY(gp_atomic_check(outputs[k], err));
     if (cfg->state_dir) GP_TRY(gp_state_check_dir(cfg->state_dir, err));
     if (cfg->resume_path && access(cfg->resume_path, F_OK) != 0)
@@ -644,14 +647,16 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
             k++;
         }
         if (st == GP_OK && (!out || !bufs || k != n)) st = gp_error_set(err, GP_ERR_NOMEM, "out of memory saving");
-        else if (st == GP_OK) st = gp_onnx_save(cfg->model_path, cfg->save_path, out, n, err);
+        else if (st == GP_OK && writer) st = gp_onnx_save(cfg->model_path, cfg->save_path, out, n, err);
         for (int i = 0; bufs && i < k; i++) free(bufs[i]);
         free(bufs);
         free(out);
     }
-    if (st == GP_OK && cfg->trace_path) st = gp_pipeline_write_trace(s.pipe, cfg->trace_path, err);
+    if (st == GP_OK && cfg->trace_path && writer) st = gp_pipeline_write_trace(s.pipe, cfg->trace_path, err);
     if (st == GP_OK && cb && cb->on_memory)
         for (int k = 0; k < gp_pipeline_stages(s.pipe); k++) {
+            /* Another process's stage: its peak is that process's to know. */
+            if (cfg->remote && k != cfg->remote->stage) continue;
             struct gp_stage_report r;
             gp_pipeline_report(s.pipe, k, &r);
             struct gp_stage_memory_report m = {

@@ -14,6 +14,8 @@
 #include "train/loss.h"
 #include "util/error.h"
 
+struct gp_pipe_remote;
+
 enum gp_optimizer_kind { GP_OPT_SGD, GP_OPT_ADAMW };
 enum gp_schedule_kind { GP_SCHED_CONSTANT, GP_SCHED_STEP, GP_SCHED_COSINE };
 
@@ -74,6 +76,11 @@ struct gp_train_config {
      * written into it once the pipeline is planned, so that runs sharing it
      * compute alike. NULL: none. */
     const char *choices_path;
+    /* NULL: every stage in this process. Otherwise this process runs one
+     * stage of a pipeline spread over processes (pipeline.h): every one of
+     * them calls gp_train alike, and stage 0's writes --save (the others'
+     * weights sent to it). */
+    const struct gp_pipe_remote *remote;
 };
 
 /* Per-stage memory, reported once the pipeline is planned and after training. */

@@ -1,0 +1,123 @@
+/* Stages in other processes (cfg.remote): the frontier copies of the
+ * in-process pipeline become messages, sent and received by tasks on the
+ * local stage's own streams at the points where the copies and their waits
+ * would be issued (pipeline.c):
+ *
+ *   forward   stage k's copy stream to the next sends micro-batch j's output
+ *             frontier once its forward is done (fwd_done[j]); stage k+1's
+ *             compute stream receives it into j's box right before its
+ *             forward of j (the backward that last read that box ran
+ *             before it on the same stream);
+ *   backward  stage k's copy stream to the previous sends the input
+ *             frontier's gradients once its backward of j is done; stage
+ *             k-1's compute stream receives them into j's inbox right
+ *             before its backward of j.
+ *
+ * Both sides walk the same lists in the same order: the sender's frontier
+ * (its plan and the receiver's are both known here: every process plans
+ * every stage, and allocates only its own), each value one message of its
+ * stored bytes. A stage's sends and receives of one kind run on one stream
+ * each, in micro-batch order on both sides, so one tag per kind suffices:
+ * messages of one tag between two stages arrive in the order sent. */
+#include <stdint.h>
+#include <string.h>
+
+#include "pipeline/internal.h"
+
+enum { TAG_ACTIVATIONS = 1, TAG_GRADIENTS = 2, TAG_LOSSES = 3, TAG_READ = 4 };
+
+static gp_status send_to(struct gp_pipeline *p, int to, int tag, const void *buf, size_t bytes, struct gp_error *err)
+{
+    const struct gp_pipe_remote *r = p->cfg.remote;
+    return r->send(r->ctx, to, tag, buf, bytes, err);
+}
+
+static gp_status recv_from(struct gp_pipeline *p, int from, int tag, void *buf, size_t bytes, struct gp_error *err)
+{
+    const struct gp_pipe_remote *r = p->cfg.remote;
+    return r->recv(r->ctx, from, tag, buf, bytes, err);
+}
+
+gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
+{
+    struct gp_pipeline *p = t->p;
+    const struct gp_graph *g = p->g;
+    int k = t->stage, j = t->micro;
+    struct stage *s = &p->stages[k];
+    gp_status st = GP_OK;
+    switch (t->kind) {
+    case TASK_SEND_ACTIVATIONS:
+        for (int q = 0; q < s->plan.n_frontier_out && st == GP_OK; q++) {
+            int v = s->plan.frontier_out[q];
+            st = send_to(p, k + 1, TAG_ACTIVATIONS, addr(s, v, s->slots.box[j], s->slots.fwd_set[j]),
+                         gp_plan_value_bytes(g, &s->plan, v), err);
+        }
+        break;
+    case TASK_RECV_ACTIVATIONS: {
+        const struct stage *from = &p->stages[k - 1];
+        for (int q = 0; q < from->plan.n_frontier_out && st == GP_OK; q++) {
+            int v = from->plan.frontier_out[q];
+            st = recv_from(p, k - 1, TAG_ACTIVATIONS, addr(s, v, s->slots.box[j], 0),
+                           gp_plan_value_bytes(g, &from->plan, v), err);
+        }
+        break;
+    }
+    case TASK_SEND_GRADIENTS: {
+        const struct stage *to = &p->stages[k - 1];
+        for (int q = 0; q < s->plan.n_frontier_in && st == GP_OK; q++) {
+            int v = s->plan.frontier_in[q];
+            if (to->plan.inbox_off[v] == SIZE_MAX) continue;
+            /* A gradient is stored as its value. */
+            st = send_to(p, k - 1, TAG_GRADIENTS, s->grads + s->plan.grad_off[v], gp_plan_value_bytes(g, &s->plan, v),
+                         err);
+        }
+        break;
+    }
+    case TASK_RECV_GRADIENTS: {
+        const struct stage *from = &p->stages[k + 1];
+        for (int q = 0; q < from->plan.n_frontier_in && st == GP_OK; q++) {
+            int v = from->plan.frontier_in[q];
+            if (s->plan.inbox_off[v] == SIZE_MAX) continue;
+            st = recv_from(p, k + 1, TAG_GRADIENTS, inbox_of(s, j) + s->plan.inbox_off[v],
+                           gp_plan_value_bytes(g, &from->plan, v), err);
+        }
+        break;
+    }
+    default:
+        return gp_error_set(err, GP_ERR_INVALID, "stage %d: not a frontier task", k);
+    }
+    if (st != GP_OK) gp_error_prefix(err, "stage %d, micro-batch %d: ", k, j);
+    return st;
+}
+
+gp_status gp_pipe_remote_losses(struct gp_pipeline *p, struct gp_error *err)
+{
+    int me = p->cfg.remote->stage, last = p->K - 1;
+    size_t bytes = sizeof(double) * (size_t)p->M;
+    if (me != last) return recv_from(p, last, TAG_LOSSES, p->loss_parts, bytes, err);
+    for (int k = 0; k < last; k++) GP_TRY(send_to(p, k, TAG_LOSSES, p->loss_parts, bytes, err));
+    return GP_OK;
+}
+
+gp_status gp_pipe_remote_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err)
+{
+    const struct gp_value *v = &p->g->values[value];
+    int holder = -1;
+    for (int k = 0; k < p->K && holder < 0; k++)
+        if (p->stages[k].plan.home[value] == GP_HOME_STATIC) holder = k;
+    if (holder < 0) return gp_error_set(err, GP_ERR_INVALID, "value '%s' is not held by any stage", v->name);
+    if (!gp_dtype_is_float(v->dtype))
+        return gp_error_set(err, GP_ERR_INVALID, "value '%s' is %s, not float", v->name, gp_dtype_name(v->dtype));
+    int me = p->cfg.remote->stage;
+    size_t bytes = sizeof(float) * (size_t)gp_shape_numel(&v->shape);
+    if (me == holder) {
+        struct stage *s = &p->stages[me];
+        struct gp_task_tag tag = tag_of(GP_TASK_COPY, me, -1, "read parameter");
+        s->ops->copy(s->compute, out, s->static_block + s->plan.off[value], bytes, &tag);
+        GP_TRY(s->ops->stream_synchronize(s->compute, err));
+        if (me != 0) GP_TRY(send_to(p, 0, TAG_READ, out, bytes, err));
+    } else if (me == 0) {
+        GP_TRY(recv_from(p, holder, TAG_READ, out, bytes, err));
+    }
+    return GP_OK;
+}
