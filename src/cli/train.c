@@ -539,7 +539,9 @@ int gp_cmd_train(int argc, char **argv)
         return gp_cli_usage("train", "--save-every and --keep need --save-state DIR");
     if (pipeline > 1) {
         /* --pipeline P: P stages, stage k run by rank k. --devices gives
-         * every rank's device, or one per stage; none: CPU devices. */
+         * every rank's device, or one per stage; none: as for one process,
+         * the GPUs when there are any (not yet across processes: refused
+         * then), else CPU devices. */
         if (devices_set && cfg.n_stages != 1 && cfg.n_stages != pipeline)
             return gp_cli_usage("train",
                                 "--devices lists %d devices for --pipeline %d: give one (every rank's) or one "
@@ -547,9 +549,10 @@ int gp_cmd_train(int argc, char **argv)
                                 cfg.n_stages, pipeline);
         if (n_balance && n_balance != pipeline)
             return gp_cli_usage("train", "--balance has %d stages but --pipeline %d", n_balance, pipeline);
+        int gpus = devices_set ? 0 : gp_cli_gpu_count();
         for (int k = devices_set && cfg.n_stages == pipeline ? pipeline : 0; k < pipeline; k++) {
-            cfg.stage_cuda[k] = devices_set && cfg.stage_cuda[0];
-            cfg.stage_device[k] = devices_set ? cfg.stage_device[0] : k;
+            cfg.stage_cuda[k] = devices_set ? cfg.stage_cuda[0] : gpus > 0;
+            cfg.stage_device[k] = devices_set ? cfg.stage_device[0] : gpus > 0 ? k % gpus : k;
         }
         cfg.n_stages = pipeline;
         devices_set = true;
@@ -621,7 +624,7 @@ int gp_cmd_train(int argc, char **argv)
     }
     /* Outputs are checked before anything long (balancing, loading, training). */
     const char *outputs[3] = {cfg.save_path, cfg.trace_path, metrics};
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 3 && (!cfg.remote || dist.launch.rank == 0); k++)
         if (outputs[k] && gp_atomic_check(outputs[k], &err) != GP_OK) {
             status = gp_cli_fail("%s", err.msg);
             goto done;

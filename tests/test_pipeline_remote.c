@@ -1,0 +1,292 @@
+/* Stages as separate pipelines (gp_pipeline_config.remote), without MPI:
+ * K threads each train one stage of the same model, linked by in-memory
+ * mailboxes, and must give the bits of one pipeline of K stages (losses
+ * and saved weights), under GPipe and 1F1B; a failed message ends every
+ * stage's training with an error, not a hang. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fixtures.h"
+#include "pipeline/pipeline.h"
+#include "train/trainer.h"
+
+#define STEPS 3
+#define MAX_K 4
+
+/* ---- mailboxes: messages kept in order, taken by (from, to, tag) ---- */
+
+struct message {
+    int from, to, tag;
+    size_t bytes;
+    struct message *next;
+    unsigned char data[];
+};
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct message *head, *tail;
+    bool closed;          /* a stage failed: every wait ends */
+    int fail_after;       /* > 0: stage 1's sends fail from this one on */
+    int sends_of_1;
+} box = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, false, 0, 0};
+
+struct link {
+    int stage;
+};
+
+static gp_status box_send(void *ctx, int to, int tag, const void *buf, size_t bytes, struct gp_error *err)
+{
+    const struct link *l = ctx;
+    pthread_mutex_lock(&box.mu);
+    if (l->stage == 1 && box.fail_after > 0 && ++box.sends_of_1 >= box.fail_after) {
+        box.closed = true;
+        pthread_cond_broadcast(&box.cv);
+        pthread_mutex_unlock(&box.mu);
+        return gp_error_set(err, GP_ERR_COMM, "injected: stage 1 cannot send");
+    }
+    struct message *m = malloc(sizeof *m + bytes + 1);
+    assert_non_null(m);
+    *m = (struct message){.from = l->stage, .to = to, .tag = tag, .bytes = bytes};
+    memcpy(m->data, buf, bytes);
+    if (box.tail) box.tail->next = m;
+    else box.head = m;
+    box.tail = m;
+    pthread_cond_broadcast(&box.cv);
+    pthread_mutex_unlock(&box.mu);
+    return GP_OK;
+}
+
+static gp_status box_recv(void *ctx, int from, int tag, void *buf, size_t bytes, struct gp_error *err)
+{
+    const struct link *l = ctx;
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 60;
+    pthread_mutex_lock(&box.mu);
+    for (;;) {
+        struct message *prev = NULL, *m = box.head;
+        while (m && !(m->from == from && m->to == l->stage && m->tag == tag)) prev = m, m = m->next;
+        if (m) {
+            if (prev) prev->next = m->next;
+            else box.head = m->next;
+            if (box.tail == m) box.tail = prev;
+            pthread_mutex_unlock(&box.mu);
+            gp_status st = GP_OK;
+            if (m->bytes != bytes)
+                st = gp_error_set(err, GP_ERR_COMM, "stage %d sent %zu bytes where %zu were expected", from, m->bytes,
+                                  bytes);
+            else
+                memcpy(buf, m->data, bytes);
+            free(m);
+            return st;
+        }
+        if (box.closed || pthread_cond_timedwait(&box.cv, &box.mu, &deadline) != 0) {
+            pthread_mutex_unlock(&box.mu);
+            return gp_error_set(err, GP_ERR_COMM, "stage %d heard nothing from stage %d", l->stage, from);
+        }
+    }
+}
+
+static void box_reset(int fail_after)
+{
+    pthread_mutex_lock(&box.mu);
+    while (box.head) {
+        struct message *m = box.head;
+        box.head = m->next;
+        free(m);
+    }
+    box.tail = NULL;
+    box.closed = false;
+    box.fail_after = fail_after;
+    box.sends_of_1 = 0;
+    pthread_mutex_unlock(&box.mu);
+}
+
+/* ---- training ---- */
+
+static char tmp[256];
+
+struct result {
+    double loss[STEPS];
+};
+
+static void on_step(void *user, const struct gp_step_report *r) { ((struct result *)user)->loss[r->step] = r->loss; }
+
+struct job {
+    struct gp_train_config cfg;
+    const struct gp_dataset *ds;
+    struct link link;
+    struct gp_pipe_remote remote;
+    struct result res;
+    gp_status st;
+    struct gp_error err;
+};
+
+static void *train_stage(void *arg)
+{
+    struct job *j = arg;
+    struct gp_train_callbacks cb = {.user = &j->res, .on_step = on_step};
+    j->st = gp_train(&j->cfg, j->ds, NULL, &cb, &j->err);
+    if (j->st != GP_OK) {
+        /* As a rank's failure ends the job: the other stages stop waiting. */
+        pthread_mutex_lock(&box.mu);
+        box.closed = true;
+        pthread_cond_broadcast(&box.cv);
+        pthread_mutex_unlock(&box.mu);
+    }
+    return NULL;
+}
+
+static void config(struct gp_train_config *cfg, const char *model, int K, const int *balance,
+                   enum gp_pipe_schedule_kind schedule, const char *saved)
+{
+    gp_train_config_defaults(cfg);
+    cfg->model_path = model;
+    cfg->batch = 16;
+    cfg->chunks = 4;
+    cfg->steps = STEPS;
+    cfg->shuffle = false;
+    cfg->lr = 0.05;
+    cfg->momentum = 0.9;
+    cfg->n_stages = K;
+    for (int k = 0; k < K; k++) {
+        cfg->stage_device[k] = k;
+        cfg->balance[k] = balance[k];
+    }
+    cfg->pipeline_schedule = schedule;
+    cfg->save_path = saved;
+}
+
+/* One pipeline of K stages against K stage pipelines in threads; with
+ * fail_after > 0, stage 1's sends fail from that one on and every stage
+ * must end with an error. */
+static void compare(const char *fixture, int K, const int *balance, enum gp_pipe_schedule_kind schedule, int fail_after)
+{
+    char model[4096], name[256], one[512], many[512];
+    snprintf(name, sizeof name, "%s.onnx", fixture);
+    fixture_path(name, model, sizeof model);
+    snprintf(one, sizeof one, "%s/one.onnx", tmp);
+    snprintf(many, sizeof many, "%s/many.onnx", tmp);
+    struct gp_error err = {0};
+    struct gp_dataset ds;
+    if (gp_dataset_synthetic(model, 16 * STEPS, 7, &ds, &err) != GP_OK) fail_msg("%s", err.msg);
+
+    struct job ref = {0};
+    config(&ref.cfg, model, K, balance, schedule, one);
+    ref.ds = &ds;
+    train_stage(&ref);
+    if (ref.st != GP_OK) fail_msg("%s, one pipeline: %s", fixture, ref.err.msg);
+
+    box_reset(fail_after);
+    struct job jobs[MAX_K];
+    pthread_t threads[MAX_K];
+    memset(jobs, 0, sizeof jobs);
+    for (int k = 0; k < K; k++) {
+        config(&jobs[k].cfg, model, K, balance, schedule, many);
+        jobs[k].ds = &ds;
+        jobs[k].link.stage = k;
+        jobs[k].remote = (struct gp_pipe_remote){.stage = k, .ctx = &jobs[k].link, .send = box_send, .recv = box_recv};
+        jobs[k].cfg.remote = &jobs[k].remote;
+    }
+    for (int k = 0; k < K; k++) assert_int_equal(pthread_create(&threads[k], NULL, train_stage, &jobs[k]), 0);
+    for (int k = 0; k < K; k++) pthread_join(threads[k], NULL);
+    gp_dataset_free(&ds);
+
+    if (fail_after > 0) {
+        for (int k = 0; k < K; k++)
+            if (jobs[k].st == GP_OK) fail_msg("%s: stage %d trained although stage 1 could not send", fixture, k);
+        if (!strstr(jobs[1].err.msg, "injected")) fail_msg("stage 1's error does not say why: %s", jobs[1].err.msg);
+        box_reset(0);
+        return;
+    }
+    for (int k = 0; k < K; k++) {
+        if (jobs[k].st != GP_OK) fail_msg("%s, stage %d of %d: %s", fixture, k, K, jobs[k].err.msg);
+        /* Every stage's process sees the loss (the last stage's), bit for bit. */
+        for (int s = 0; s < STEPS; s++)
+            if (jobs[k].res.loss[s] != ref.res.loss[s])
+                fail_msg("%s %s, stage %d: step %d loss %.17g, one pipeline %.17g", fixture,
+                         gp_pipe_schedule_name(schedule), k, s + 1, jobs[k].res.loss[s], ref.res.loss[s]);
+    }
+    size_t a_len = 0, b_len = 0;
+    unsigned char *a = read_whole(one, &a_len), *b = read_whole(many, &b_len);
+    assert_non_null(a);
+    assert_non_null(b);
+    if (a_len != b_len || memcmp(a, b, a_len) != 0)
+        fail_msg("%s %s: the stages' saved model differs from one pipeline's", fixture, gp_pipe_schedule_name(schedule));
+    free(a);
+    free(b);
+    box_reset(0);
+}
+
+static void test_mlp_two_stages(void **state)
+{
+    (void)state;
+    compare("mlp_op17", 2, (const int[]){2, 3}, GP_PIPE_GPIPE, 0);
+    compare("mlp_op17", 2, (const int[]){3, 2}, GP_PIPE_1F1B, 0);
+}
+
+static void test_digits_four_stages(void **state)
+{
+    (void)state;
+    compare("digits_cnn_op17", 4, (const int[]){2, 3, 3, 2}, GP_PIPE_GPIPE, 0);
+    compare("digits_cnn_op17", 4, (const int[]){1, 4, 4, 1}, GP_PIPE_1F1B, 0);
+}
+
+static void test_failed_send_ends_every_stage(void **state)
+{
+    (void)state;
+    compare("digits_cnn_op17", 3, (const int[]){3, 3, 4}, GP_PIPE_GPIPE, 5);
+}
+
+/* A stage that is not one of the pipeline's is refused before any work. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    char model[4096];
+    fixture_path("mlp_op17.onnx", model, sizeof model);
+    struct link l = {.stage = 5};
+    struct gp_pipe_remote r = {.stage = 5, .ctx = &l, .send = box_send, .recv = box_recv};
+    struct gp_train_config cfg;
+    config(&cfg, model, 2, (const int[]){2, 3}, GP_PIPE_GPIPE, NULL);
+    cfg.remote = &r;
+    struct gp_dataset ds;
+    struct gp_error err = {0};
+    if (gp_dataset_synthetic(model, 16, 7, &ds, &err) != GP_OK) fail_msg("%s", err.msg);
+    assert_int_not_equal(gp_train(&cfg, &ds, NULL, NULL, &err), GP_OK);
+    if (!strstr(err.msg, "stage 5 of 2 stages")) fail_msg("not said: %s", err.msg);
+    gp_dataset_free(&ds);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return temp_dir(tmp, sizeof tmp) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    remove_tree(tmp);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mlp_two_stages),
+        cmocka_unit_test(test_digits_four_stages),
+        cmocka_unit_test(test_failed_send_ends_every_stage),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
