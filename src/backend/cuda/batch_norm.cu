@@ -202,16 +202,14 @@ template <int VEC> struct bn_run2 {
     float a[VEC], b[VEC];
 };
 
-/* Runs `stmt` with VEC the plan's run length as a constant. */
-#define BN_VEC_DISPATCH(p, ...)                                                       \
-    do {                                                                              \
-        switch ((p).vec) {                                                            \
-        case 8: { const int VEC = 8; __VA_ARGS__; } break;                            \
-        case 4: { const int VEC = 4; __VA_ARGS__; } break;                            \
-        case 2: { const int VEC = 2; __VA_ARGS__; } break;                            \
-        default: { const int VEC = 1; __VA_ARGS__; } break;                           \
-        }                                                                             \
-    } while (0)
+
+/* The run of x at value offset off. */
+template <class IO, int VEC> __device__ static inline bn_run<VEC> bn_load_run(gp_fptr x, int64_t off)
+{
+    bn_run<VEC> r;
+    IO::template acts<VEC>(x, off, r.v);
+    return r;
+}
 
 /* Block (c, k): chunk k of channel c: sum and sum of squares of x. */
 template <class IO, int VEC>
@@ -223,11 +221,7 @@ __global__ static void bn_sums_kernel(struct bn_plan p, gp_fptr x, double *psum,
     double s = 0, q = 0;
     bn_chunk_walk<bn_run<VEC>, bn_ilp<VEC>::n>(
         p, c, j0, j1,
-        [&](int64_t off) {
-            bn_run<VEC> r;
-            IO::template acts<VEC>(x, off, r.v);
-            return r;
-        },
+        [&](int64_t off) { return bn_load_run<IO, VEC>(x, off); },
         [&](const bn_run<VEC> &r) {
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
@@ -263,11 +257,7 @@ __global__ static void bn_sq_kernel(struct bn_plan p, gp_fptr x, const double *p
     double q = 0;
     bn_chunk_walk<bn_run<VEC>, bn_ilp<VEC>::n>(
         p, c, j0, j1,
-        [&](int64_t off) {
-            bn_run<VEC> r;
-            IO::template acts<VEC>(x, off, r.v);
-            return r;
-        },
+        [&](int64_t off) { return bn_load_run<IO, VEC>(x, off); },
         [&](const bn_run<VEC> &r) {
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
@@ -399,10 +389,10 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     double *psum = (double *)ctx->scratch, *psq_raw = psum + p.c * p.p, *psq = psq_raw + p.c * p.p;
     if (training) {
         dim3 grid((unsigned)p.c, (unsigned)p.p, 1);
-        IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_sums_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_sums_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
                                                  p, x, psum, psq_raw)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization sums", err));
-        IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_sq_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_sq_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
                                                  p, x, psum, psq)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization variance", err));
     }
@@ -423,7 +413,7 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
         p, training, update, psum, psq_raw, psq, o);
     GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics", err));
     if (p.n * p.s == 0) return GP_OK;
-    IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_apply_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
+    IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_apply_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
                                                                    ctx->stream>>>(p, x, o.ab, y,
                                                                                   ctx->node->fused_relu)));
     return gp_cuda_check_launch(ctx, "BatchNormalization normalize", err);
@@ -678,7 +668,7 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     bool have_dy = dy.p && p.count > 0;
     if (have_dy && (ctx->din[1] || ctx->din[2] || (dx.p && ctx->training))) {
         dim3 grid((unsigned)p.c, (unsigned)p.p, 1);
-        IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_bwd_sums_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_bwd_sums_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
                                                  p, x, dy, y, mean, invstd, pdy, pdyx)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward sums", err));
     } else {
@@ -704,7 +694,7 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     if (!dx.p || n == 0) return GP_OK;
     bool ow = gp_cuda_overwrite(ctx, 0);
     if (ctx->training) {
-        IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_bwd_dx_train_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_bwd_dx_train_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
                                                                           ctx->stream>>>(
                                                  p, x, dy, y, mean, invstd, coef, dx, ow)));
     } else {
@@ -712,7 +702,7 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
             return ow ? gp_cuda_call(ctx, cudaMemsetAsync(dx.p, 0, (size_t)n * (dx.bf16 ? 2 : 4), ctx->stream),
                                      "cudaMemsetAsync", err)
                       : GP_OK;
-        IO_DISPATCH(kind, BN_VEC_DISPATCH(p, bn_bwd_dx_eval_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_bwd_dx_eval_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
                                                                          ctx->stream>>>(
                                                  p, dy, y, scale, invstd, dx, ow)));
     }

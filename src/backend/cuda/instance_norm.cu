@@ -130,17 +130,6 @@ __global__ static void in_forward_kernel(struct in_plan p, gp_fptr x, gp_fptr sc
     }
 }
 
-/* Runs `stmt` with VEC a constant: the run length `vec` (8, 4, 2 or 1). */
-#define IN_VEC_DISPATCH(vec, ...)                                                     \
-    do {                                                                              \
-        switch (vec) {                                                                \
-        case 8: { const int VEC = 8; __VA_ARGS__; } break;                            \
-        case 4: { const int VEC = 4; __VA_ARGS__; } break;                            \
-        case 2: { const int VEC = 2; __VA_ARGS__; } break;                            \
-        default: { const int VEC = 1; __VA_ARGS__; } break;                           \
-        }                                                                             \
-    } while (0)
-
 static gp_status in_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
     for (int i = 0; i < 3; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
@@ -153,7 +142,7 @@ static gp_status in_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     enum io_kind kind = io_kind_of({x, y}, {scale, bias});
     unsigned grid = gp_cuda_capped_grid(p.n * p.c, 1 << 20), threads = gp_cuda_row_threads(p.s);
     int vec = io_vec_for(kind, p.s, {x, y});
-    IO_DISPATCH(kind, IN_VEC_DISPATCH(vec, in_forward_kernel<IO, VEC><<<grid, threads, 0, ctx->stream>>>(
+    IO_DISPATCH(kind, IO_VEC_DISPATCH(vec, in_forward_kernel<IO, VEC><<<grid, threads, 0, ctx->stream>>>(
                                                p, x, scale, bias, y, mean, invstd)));
     return gp_cuda_check_launch(ctx, "InstanceNormalization forward", err);
 }
@@ -238,7 +227,7 @@ static gp_status in_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
     unsigned grid = gp_cuda_capped_grid(p.n * p.c, 1 << 20), threads = gp_cuda_row_threads(p.s);
     int vec = io_vec_for(kind, p.s, {x, dy, dx});
-    IO_DISPATCH(kind, IN_VEC_DISPATCH(vec, in_bwd_plane_kernel<IO, VEC><<<grid, threads, 0, ctx->stream>>>(
+    IO_DISPATCH(kind, IO_VEC_DISPATCH(vec, in_bwd_plane_kernel<IO, VEC><<<grid, threads, 0, ctx->stream>>>(
                                                p, x, scale, dy, mean, invstd, sums, dx)));
     GP_TRY(gp_cuda_check_launch(ctx, "InstanceNormalization backward", err));
     if (!dscale.p && !dbias.p) return GP_OK;

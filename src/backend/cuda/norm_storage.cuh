@@ -102,6 +102,18 @@ static inline int io_vec_for(enum io_kind kind, int64_t plane, std::initializer_
         }                                                                             \
     } while (0)
 
+/* Runs the statement(s) with VEC the run length `vec` (8, 4, 2 or 1,
+ * io_vec_for) as a constant. */
+#define IO_VEC_DISPATCH(vec, ...)                                                     \
+    do {                                                                              \
+        switch (vec) {                                                                \
+        case 8: { const int VEC = 8; __VA_ARGS__; } break;                            \
+        case 4: { const int VEC = 4; __VA_ARGS__; } break;                            \
+        case 2: { const int VEC = 2; __VA_ARGS__; } break;                            \
+        default: { const int VEC = 1; __VA_ARGS__; } break;                           \
+        }                                                                             \
+    } while (0)
+
 /* Output k, or its gradient, as a gp_fptr; p NULL when the node does not
  * have it (optional outputs). */
 static inline gp_fptr opt_out_f(const struct gp_cuda_ctx *c, int k)
