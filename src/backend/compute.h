@@ -62,6 +62,12 @@ struct gp_layer_call {
      * backward writes every element of it (=, as 0 + x) instead of adding.
      * Set only where gp_compute_ops.overwrites said the kernel can. */
     uint32_t din_overwrite;
+    /* Bit k: input k (in_nhwc) or output k (out_nhwc), and its gradient,
+     * lies channels-last ([N, H, W, C] for the shape [N, C, H, W];
+     * gp_value.channels_last). Nonzero only for a kernel that said it reads
+     * that call's layouts itself (gp_compute_ops.layout_native): the others
+     * get [N, C, H, W] copies (backend/mixed_call.h). */
+    uint32_t in_nhwc, out_nhwc;
     void *saved, *scratch;
     bool training, update_state;
     uint64_t seed, step;
@@ -131,6 +137,13 @@ struct gp_compute_ops {
      * asked to (gp_layer_call.din_overwrite), so the planner need not clear
      * it first. NULL: never. */
     bool (*overwrites)(const struct gp_graph *g, const struct gp_node *node, int k);
+    /* Whether the kernel reads and writes the call's channels-last tensors
+     * as they lie (gp_layer_call.in_nhwc, out_nhwc), forward or backward.
+     * NULL, or false: they reach it through [N, C, H, W] copies. Layout-
+     * neutral ops (ops/layout_neutral.h) need no say: they run on the
+     * tensors as they lie whenever their layouts agree. */
+    bool (*layout_native)(const void *kernel, const struct gp_graph *g, const struct gp_node *node,
+                          uint32_t in_nhwc, uint32_t out_nhwc, bool backward);
     size_t (*saved_bytes)(const struct gp_graph *g, const struct gp_node *node);
     /* The kernel's workspace with the stage's options (a convolution's
      * algorithm, and so its workspace, depends on precision and policy). */
@@ -144,6 +157,13 @@ struct gp_compute_ops {
      * each; arithmetic in float32, a bfloat16 result rounded to nearest even. */
     gp_status (*convert)(void *ctx, void *dst, enum gp_dtype dst_type, const void *src, enum gp_dtype src_type,
                          int64_t n, bool accumulate, struct gp_error *err);
+    /* The same for a rank-4 tensor of logical shape [N, C, H, W] (`shape`)
+     * between layouts: dst (channels-last when dst_nhwc) = src (channels-
+     * last when src_nhwc), or += with accumulate. Exact but for a bfloat16
+     * destination's one rounding. */
+    gp_status (*relayout)(void *ctx, void *dst, enum gp_dtype dst_type, bool dst_nhwc, const void *src,
+                          enum gp_dtype src_type, bool src_nhwc, const struct gp_shape *shape, bool accumulate,
+                          struct gp_error *err);
 
     size_t (*loss_scratch_bytes)(const struct gp_shape *out_shape);
     gp_status (*loss)(void *ctx, const struct gp_loss_call *c, struct gp_error *err);

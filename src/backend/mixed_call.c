@@ -1,8 +1,10 @@
-/* Layer calls with bfloat16 storage for float32 kernels (mixed_call.h). */
+/* Layer calls with bfloat16 storage for float32 kernels, and channels-last
+ * storage for kernels that read [N, C, H, W] (mixed_call.h). */
 #include "backend/mixed_call.h"
 
 #include <string.h>
 
+#include "graph/layout.h"
 #include "ops/backward_reads.h"
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -54,13 +56,44 @@ static bool reads_twice(const struct gp_node *n)
  * matrix products and convolutions of a bf16 stage), while a mix (a
  * once-per-step product whose gradient is float32) goes through float32
  * copies like any other kernel. */
-static bool native(const struct gp_compute_ops *ops, const void *kernel, const struct gp_node *n,
-                   const enum gp_dtype *in_dt, const enum gp_dtype *out_dt, const enum gp_dtype *dout_dt,
-                   bool backward)
+static bool native_bf16(const struct gp_compute_ops *ops, const void *kernel, const struct gp_node *n,
+                        const enum gp_dtype *in_dt, const enum gp_dtype *out_dt, const enum gp_dtype *dout_dt,
+                        bool backward)
 {
+    if (!in_dt && !out_dt && !dout_dt) return true; /* float32 throughout */
     enum gp_bf16_calls calls = ops->kernel_bf16 && kernel ? ops->kernel_bf16(kernel, backward) : GP_BF16_STAGED;
     if (calls == GP_BF16_ANY) return !(backward && reads_twice(n));
     return calls == GP_BF16_UNIFORM && all_bf16(n, in_dt, out_dt, dout_dt, backward);
+}
+
+/* A call's channels-last tensors (graph/layout.h): bit k of in / out. */
+struct layouts {
+    uint32_t in, out;
+};
+
+static struct layouts layouts_of(const struct gp_graph *g, const struct gp_node *n)
+{
+    return (struct layouts){gp_layout_in_mask(g, n), gp_layout_out_mask(g, n)};
+}
+
+/* Whether the kernel runs the call's layouts as they lie: none is
+ * channels-last, the op is neutral to them, or the kernel says it reads
+ * them. */
+static bool native_layout(const struct gp_compute_ops *ops, const void *kernel, const struct gp_graph *g,
+                          const struct gp_node *n, struct layouts l, bool backward)
+{
+    if (gp_layout_neutral_call(g, n, l.in, l.out)) return true;
+    return ops->layout_native && kernel && ops->layout_native(kernel, g, n, l.in, l.out, backward);
+}
+
+/* Whether the call runs as it is; otherwise every tensor of it that is
+ * bfloat16 or channels-last goes through a float32 [N, C, H, W] copy. */
+static bool native(const struct gp_compute_ops *ops, const void *kernel, const struct gp_graph *g,
+                   const struct gp_node *n, const enum gp_dtype *in_dt, const enum gp_dtype *out_dt,
+                   const enum gp_dtype *dout_dt, bool backward)
+{
+    return native_bf16(ops, kernel, n, in_dt, out_dt, dout_dt, backward) &&
+           native_layout(ops, kernel, g, n, layouts_of(g, n), backward);
 }
 
 size_t gp_mixed_staging_bytes(const struct gp_compute_ops *ops, const void *kernel, const struct gp_graph *g,
@@ -68,7 +101,8 @@ size_t gp_mixed_staging_bytes(const struct gp_compute_ops *ops, const void *kern
                               const enum gp_dtype *out_dt, const enum gp_dtype *din_dt,
                               const enum gp_dtype *dout_dt, bool backward, uint32_t din_wanted)
 {
-    if (native(ops, kernel, node, in_dt, out_dt, dout_dt, backward)) return 0;
+    if (native(ops, kernel, g, node, in_dt, out_dt, dout_dt, backward)) return 0;
+    struct layouts l = layouts_of(g, node);
     uint32_t reads_in = ~0u, reads_out = ~0u;
     if (backward) backward_reads(node, din_wanted, &reads_in, &reads_out);
     size_t bytes = 0;
@@ -80,15 +114,17 @@ size_t gp_mixed_staging_bytes(const struct gp_compute_ops *ops, const void *kern
         for (int q = 0; q < k; q++) seen |= node->inputs[q] == v;
         if (seen) continue;
         size_t one = align64((size_t)numel_of(g, v) * sizeof(float));
-        if (is_bf16(in_dt, k) && bit(reads_in, k)) bytes += one;
-        if (backward && bit(din_wanted, k) && is_bf16(din_dt, k)) bytes += one;
+        bool nhwc = bit(l.in, k) && k < 32;
+        if ((is_bf16(in_dt, k) || nhwc) && bit(reads_in, k)) bytes += one;
+        if (backward && bit(din_wanted, k) && (is_bf16(din_dt, k) || nhwc)) bytes += one;
     }
     for (int k = 0; k < node->n_outputs; k++) {
         int v = node->outputs[k];
         if (v < 0) continue;
         size_t one = align64((size_t)numel_of(g, v) * sizeof(float));
-        if (is_bf16(out_dt, k) && bit(reads_out, k)) bytes += one;
-        if (backward && is_bf16(dout_dt, k)) bytes += one;
+        bool nhwc = bit(l.out, k) && k < 32;
+        if ((is_bf16(out_dt, k) || nhwc) && bit(reads_out, k)) bytes += one;
+        if (backward && (is_bf16(dout_dt, k) || nhwc)) bytes += one;
     }
     return bytes;
 }
@@ -110,9 +146,28 @@ static float *find_staged(const struct stager *s, const void *orig)
     return NULL;
 }
 
-/* A float32 copy of the bfloat16 tensor at orig (widened when `load`). */
+static enum gp_dtype dt_at(const enum gp_dtype *dt, int k) { return dt ? dt[k] : GP_DTYPE_FLOAT32; }
+
+/* orig stored as (dt, nhwc) -> or <- its float32 [N, C, H, W] copy. */
+static gp_status copy_in(const struct gp_compute_ops *ops, void *ctx, float *copy, const void *orig,
+                         enum gp_dtype dt, bool nhwc, const struct gp_value *val, struct gp_error *err)
+{
+    if (nhwc) return ops->relayout(ctx, copy, GP_DTYPE_FLOAT32, false, orig, dt, true, &val->shape, false, err);
+    return ops->convert(ctx, copy, GP_DTYPE_FLOAT32, orig, dt, gp_shape_numel(&val->shape), false, err);
+}
+
+static gp_status copy_out(const struct gp_compute_ops *ops, void *ctx, void *orig, enum gp_dtype dt, bool nhwc,
+                          const float *copy, const struct gp_value *val, struct gp_error *err)
+{
+    if (nhwc) return ops->relayout(ctx, orig, dt, true, copy, GP_DTYPE_FLOAT32, false, &val->shape, false, err);
+    return ops->convert(ctx, orig, dt, copy, GP_DTYPE_FLOAT32, gp_shape_numel(&val->shape), false, err);
+}
+
+/* A float32 [N, C, H, W] copy of the tensor at orig, value val stored as
+ * (dt, nhwc): loaded (widened, transposed) when `load`. */
 static gp_status stage_one(const struct gp_compute_ops *ops, void *ctx, struct stager *s, const void *orig,
-                           int64_t n, bool load, float **out, struct gp_error *err)
+                           const struct gp_value *val, enum gp_dtype dt, bool nhwc, bool load, float **out,
+                           struct gp_error *err)
 {
     float *have = find_staged(s, orig);
     if (have) {
@@ -121,26 +176,32 @@ static gp_status stage_one(const struct gp_compute_ops *ops, void *ctx, struct s
     }
     if (s->n == MAX_STAGED) return gp_error_set(err, GP_ERR_UNSUPPORTED, "more than %d staged tensors", MAX_STAGED);
     float *copy = (float *)s->next;
-    s->next += align64((size_t)n * sizeof(float));
+    s->next += align64((size_t)gp_shape_numel(&val->shape) * sizeof(float));
     s->orig[s->n] = orig;
     s->copy[s->n++] = copy;
-    if (load) GP_TRY(ops->convert(ctx, copy, GP_DTYPE_FLOAT32, orig, GP_DTYPE_BFLOAT16, n, false, err));
+    if (load) GP_TRY(copy_in(ops, ctx, copy, orig, dt, nhwc, val, err));
     *out = copy;
     return GP_OK;
 }
 
-/* Rounds the float32 copies back into their bfloat16 homes. */
+/* Whether tensor k (stored as dt, channels-last per mask) needs a copy. */
+static bool staged(const enum gp_dtype *dt, uint32_t nhwc_mask, int k)
+{
+    return is_bf16(dt, k) || (k < 32 && ((nhwc_mask >> k) & 1));
+}
+
+/* Writes the float32 copies back into their homes (rounded, transposed). */
 static gp_status store_back(const struct gp_compute_ops *ops, void *ctx, const struct gp_graph *g,
                             const int *values, int count, void *const *orig, float *const *copies,
-                            const enum gp_dtype *dt, struct gp_error *err)
+                            const enum gp_dtype *dt, uint32_t nhwc_mask, struct gp_error *err)
 {
     for (int k = 0; k < count; k++) {
-        if (!orig[k] || !is_bf16(dt, k) || copies[k] == orig[k]) continue;
+        if (!orig[k] || !staged(dt, nhwc_mask, k) || copies[k] == orig[k]) continue;
         bool done = false; /* a tensor given twice is written back once */
         for (int q = 0; q < k; q++) done |= orig[q] == orig[k];
         if (done) continue;
-        GP_TRY(ops->convert(ctx, (void *)orig[k], GP_DTYPE_BFLOAT16, copies[k], GP_DTYPE_FLOAT32,
-                            numel_of(g, values[k]), false, err));
+        bool nhwc = k < 32 && ((nhwc_mask >> k) & 1);
+        GP_TRY(copy_out(ops, ctx, orig[k], dt_at(dt, k), nhwc, copies[k], &g->values[values[k]], err));
     }
     return GP_OK;
 }
@@ -155,41 +216,60 @@ static gp_status too_wide(const struct gp_node *n, struct gp_error *err)
 
 static bool direct(const struct gp_compute_ops *ops, const struct gp_layer_call *c, bool backward)
 {
-    if (!c->in_dt && !c->out_dt && !c->din_dt && !c->dout_dt) return true;
-    return native(ops, c->kernel, c->node, c->in_dt, c->out_dt, c->dout_dt, backward);
+    return native(ops, c->kernel, c->graph, c->node, c->in_dt, c->out_dt, c->dout_dt, backward);
+}
+
+/* The call as it is, with its layouts. */
+static struct gp_layer_call as_it_lies(const struct gp_layer_call *c)
+{
+    struct gp_layer_call d = *c;
+    struct layouts l = layouts_of(c->graph, c->node);
+    d.in_nhwc = l.in;
+    d.out_nhwc = l.out;
+    return d;
 }
 
 gp_status gp_mixed_forward(const struct gp_compute_ops *ops, void *ctx, const struct gp_layer_call *c,
                            void *staging, struct gp_error *err)
 {
-    if (direct(ops, c, false)) return ops->forward(ctx, c, err);
+    if (direct(ops, c, false)) {
+        struct gp_layer_call d = as_it_lies(c);
+        return ops->forward(ctx, &d, err);
+    }
     const struct gp_node *n = c->node;
+    const struct gp_graph *g = c->graph;
     if (n->n_inputs > MAX_ARGS || n->n_outputs > MAX_ARGS) return too_wide(n, err);
+    struct layouts l = layouts_of(g, n);
     struct stager s = {.next = staging};
     void *in[MAX_ARGS + 1] = {0}, *out[MAX_ARGS + 1] = {0};
     for (int k = 0; k < n->n_inputs; k++) {
         in[k] = c->in[k];
-        if (c->in[k] && is_bf16(c->in_dt, k))
-            GP_TRY(stage_one(ops, ctx, &s, c->in[k], numel_of(c->graph, n->inputs[k]), true, (float **)&in[k], err));
+        if (c->in[k] && staged(c->in_dt, l.in, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->in[k], &g->values[n->inputs[k]], dt_at(c->in_dt, k),
+                             bit(l.in, k) && k < 32, true, (float **)&in[k], err));
     }
     for (int k = 0; k < n->n_outputs; k++) {
         out[k] = c->out[k];
-        if (c->out[k] && is_bf16(c->out_dt, k))
-            GP_TRY(stage_one(ops, ctx, &s, c->out[k], numel_of(c->graph, n->outputs[k]), false, (float **)&out[k],
-                             err));
+        if (c->out[k] && staged(c->out_dt, l.out, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->out[k], &g->values[n->outputs[k]], dt_at(c->out_dt, k),
+                             bit(l.out, k) && k < 32, false, (float **)&out[k], err));
     }
     struct gp_layer_call f = *c;
     f.in = in;
     f.out = out;
     f.in_dt = f.out_dt = f.din_dt = f.dout_dt = NULL;
+    f.in_nhwc = f.out_nhwc = 0;
     GP_TRY(ops->forward(ctx, &f, err));
-    return store_back(ops, ctx, c->graph, n->outputs, n->n_outputs, c->out, (float *const *)out, c->out_dt, err);
+    return store_back(ops, ctx, g, n->outputs, n->n_outputs, c->out, (float *const *)out, c->out_dt, l.out, err);
 }
 
 gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const struct gp_layer_call *c,
                             void *staging, struct gp_error *err)
 {
-    if (direct(ops, c, true)) return ops->backward(ctx, c, err);
+    if (direct(ops, c, true)) {
+        struct gp_layer_call d = as_it_lies(c);
+        return ops->backward(ctx, &d, err);
+    }
     const struct gp_node *n = c->node;
     if (n->n_inputs > MAX_ARGS || n->n_outputs > MAX_ARGS) return too_wide(n, err);
     uint32_t din_wanted = 0;
@@ -201,25 +281,30 @@ gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const s
     void *in[MAX_ARGS + 1] = {0}, *out[MAX_ARGS + 1] = {0};
     float *din[MAX_ARGS + 1] = {0}, *dout[MAX_ARGS + 1] = {0};
     const struct gp_graph *g = c->graph;
+    struct layouts l = layouts_of(g, n);
     /* What the backward does not read stays where it is (unread; the
      * executor may already have reused that memory). */
     for (int k = 0; k < n->n_inputs; k++) {
+        const struct gp_value *val = &g->values[n->inputs[k] < 0 ? 0 : n->inputs[k]];
+        bool nhwc = bit(l.in, k) && k < 32;
         in[k] = c->in[k];
-        if (c->in[k] && is_bf16(c->in_dt, k) && bit(reads_in, k))
-            GP_TRY(stage_one(ops, ctx, &s, c->in[k], numel_of(g, n->inputs[k]), true, (float **)&in[k], err));
+        if (c->in[k] && staged(c->in_dt, l.in, k) && bit(reads_in, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->in[k], val, dt_at(c->in_dt, k), nhwc, true, (float **)&in[k], err));
         din[k] = c->din[k];
         /* A gradient the kernel overwrites needs no widened copy of what is there. */
         bool overwritten = k < 32 && ((c->din_overwrite >> k) & 1);
-        if (c->din[k] && is_bf16(c->din_dt, k))
-            GP_TRY(stage_one(ops, ctx, &s, c->din[k], numel_of(g, n->inputs[k]), !overwritten, &din[k], err));
+        if (c->din[k] && staged(c->din_dt, l.in, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->din[k], val, dt_at(c->din_dt, k), nhwc, !overwritten, &din[k], err));
     }
     for (int k = 0; k < n->n_outputs; k++) {
+        const struct gp_value *val = &g->values[n->outputs[k] < 0 ? 0 : n->outputs[k]];
+        bool nhwc = bit(l.out, k) && k < 32;
         out[k] = c->out[k];
-        if (c->out[k] && is_bf16(c->out_dt, k) && bit(reads_out, k))
-            GP_TRY(stage_one(ops, ctx, &s, c->out[k], numel_of(g, n->outputs[k]), true, (float **)&out[k], err));
+        if (c->out[k] && staged(c->out_dt, l.out, k) && bit(reads_out, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->out[k], val, dt_at(c->out_dt, k), nhwc, true, (float **)&out[k], err));
         dout[k] = c->dout[k];
-        if (c->dout[k] && is_bf16(c->dout_dt, k))
-            GP_TRY(stage_one(ops, ctx, &s, c->dout[k], numel_of(g, n->outputs[k]), true, &dout[k], err));
+        if (c->dout[k] && staged(c->dout_dt, l.out, k))
+            GP_TRY(stage_one(ops, ctx, &s, c->dout[k], val, dt_at(c->dout_dt, k), nhwc, true, &dout[k], err));
     }
     struct gp_layer_call b = *c;
     b.in = in;
@@ -227,8 +312,9 @@ gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const s
     b.din = din;
     b.dout = dout;
     b.in_dt = b.out_dt = b.din_dt = b.dout_dt = NULL;
+    b.in_nhwc = b.out_nhwc = 0;
     GP_TRY(ops->backward(ctx, &b, err));
-    return store_back(ops, ctx, g, n->inputs, n->n_inputs, (void *const *)c->din, din, c->din_dt, err);
+    return store_back(ops, ctx, g, n->inputs, n->n_inputs, (void *const *)c->din, din, c->din_dt, l.in, err);
 }
 
 size_t gp_mixed_loss_staging_bytes(const struct gp_shape *out_shape, enum gp_dtype out_dt, enum gp_dtype dout_dt)

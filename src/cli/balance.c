@@ -49,6 +49,8 @@ static void help(FILE *f)
           "  --optimizer sgd|adamw, --momentum M   optimizer state in the memory figures\n"
           "  --precision P       fp32 (default), tf32, bf16: layers timed, activations and\n"
           "                      frontiers counted as training in P runs and stores them\n"
+          "  --layout L          auto (default), nchw or nhwc: layers timed in the layout\n"
+          "                      training will use (as train --layout)\n"
           "  --json FILE         the report as JSON: 'stages' with first_layer, last_layer\n"
           "                      (inclusive indices of the layer list 'inspect' prints),\n"
           "                      time_ms, memory_bytes; 'predicted_step_ms'; 'balance'\n"
@@ -275,7 +277,7 @@ static int cpu_threads_per_device(int devices)
 /* Profiles (or loads a profile) and balances; shared with train. */
 gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
                                      const bool *cuda, const int *device, enum gp_precision precision,
-                                     const char *profile_in,
+                                     enum gp_layout_policy layout, const char *profile_in,
                                      const char *profile_out, bool quiet, struct gp_profile *prof,
                                      struct gp_balance_report *rep, struct gp_error *err)
 {
@@ -291,6 +293,8 @@ gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_
                             gpu);
     struct gp_graph g;
     GP_TRY(gp_onnx_load(model, bc->batch / bc->n_micro, &g, err));
+    /* Timed in the layout the stages will train in. */
+    if (gp_layout_policy_on(layout, gpu >= 0)) gp_graph_channels_last(&g);
     bool tty = !quiet && isatty(STDERR_FILENO);
     gp_status st;
     if (profile_in) {
@@ -329,6 +333,7 @@ int gp_cmd_balance(int argc, char **argv)
     bool adamw = false;
     double momentum = 0;
     enum gp_precision precision = GP_PRECISION_FP32;
+    enum gp_layout_policy layout = GP_LAYOUT_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -339,7 +344,7 @@ int gp_cmd_balance(int argc, char **argv)
                      !strcmp(a, "--chunks") || !strcmp(a, "--checkpoint") || !strcmp(a, "--json") ||
                      !strcmp(a, "--profile-in") || !strcmp(a, "--profile-out") || !strcmp(a, "--repeats") ||
                      !strcmp(a, "--optimizer") || !strcmp(a, "--momentum") || !strcmp(a, "--precision") ||
-                     !strcmp(a, "--pipeline-schedule");
+                     !strcmp(a, "--pipeline-schedule") || !strcmp(a, "--layout");
         if (takes && !v) return gp_cli_usage("balance", "%s needs a value", a);
         if (takes) i++;
         if (!strcmp(a, "--devices")) {
@@ -377,6 +382,9 @@ int gp_cmd_balance(int argc, char **argv)
         } else if (!strcmp(a, "--precision")) {
             if (!gp_precision_parse(v, &precision))
                 return gp_cli_usage("balance", "--precision takes fp32, tf32 or bf16, not '%s'", v);
+        } else if (!strcmp(a, "--layout")) {
+            if (!gp_layout_policy_parse(v, &layout))
+                return gp_cli_usage("balance", "--layout takes auto, nchw or nhwc, not '%s'", v);
         } else if (!strcmp(a, "--momentum")) {
             momentum = atof(v);
         } else if (a[0] == '-' && a[1]) {
@@ -397,12 +405,13 @@ int gp_cmd_balance(int argc, char **argv)
     struct gp_profile prof;
     struct gp_balance_report rep;
     struct gp_error err = {0};
-    if (gp_cli_profile_and_balance(model, &bc, (int)repeats, cuda, device, precision, pin, pout, false, &prof,
+    if (gp_cli_profile_and_balance(model, &bc, (int)repeats, cuda, device, precision, layout, pin, pout, false, &prof,
                                    &rep, &err) != GP_OK)
         return gp_cli_fail("%s", err.msg);
     gp_cli_print_balance(&prof, &rep);
-    printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s%s --balance ", model,
-           (long long)bc.batch, bc.n_micro, devices, bc.schedule == GP_PIPE_1F1B ? " --pipeline-schedule 1f1b" : "");
+    printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s%s%s%s --balance ", model,
+           (long long)bc.batch, bc.n_micro, devices, bc.schedule == GP_PIPE_1F1B ? " --pipeline-schedule 1f1b" : "",
+           layout != GP_LAYOUT_AUTO ? " --layout " : "", layout != GP_LAYOUT_AUTO ? gp_layout_policy_name(layout) : "");
     for (int s = 0; s < rep.optimal.k; s++) printf("%s%d", s ? "," : "", rep.optimal.stages[s].last_layer - rep.optimal.stages[s].first_layer);
     printf("\n");
     int status = GP_EXIT_OK;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "backend/compute.h"
+#include "graph/layout.h"
 #include "dist/comm.h"
 #include "pipeline/pipeline.h"
 #include "util/error.h"
@@ -30,7 +31,7 @@ struct gp_balance_config;
  * there is one (copies timed to the next distinct GPU), else the CPU. */
 gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
                                const bool *cuda, const int *device, enum gp_precision precision,
-                               const char *profile_in,
+                               enum gp_layout_policy layout, const char *profile_in,
                                const char *profile_out, bool quiet, struct gp_profile *prof,
                                struct gp_balance_report *rep, struct gp_error *err);
 void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_report *r);

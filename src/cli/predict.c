@@ -11,7 +11,7 @@
 static void help(FILE *f)
 {
     fputs("usage: gpipe-onnx predict MODEL.onnx --data X.npy --output Y.npy [--batch N]\n"
-          "                          [--mode eval|train] [--device D] [--precision P]\n"
+          "                          [--mode eval|train] [--device D] [--precision P] [--layout L]\n"
           "\n"
           "Runs the model forward in evaluation mode (BatchNorm running statistics, no\n"
           "dropout) on every sample of X and writes its first output, float32, one row per\n"
@@ -23,6 +23,7 @@ static void help(FILE *f)
           "              with its own statistics, as in training (dropout stays off)\n"
           "  --device D  cpu:N (default) or cuda:N (or N)\n"
           "  --precision P  fp32 (default), tf32 or bf16, as for train\n"
+          "  --layout L     auto (default), nchw or nhwc: activations channels-last, as for train\n"
           "  -h, --help  this help\n",
           f);
 }
@@ -33,6 +34,7 @@ int gp_cmd_predict(int argc, char **argv)
     int64_t batch = 32;
     bool training = false;
     enum gp_precision precision = GP_PRECISION_FP32;
+    enum gp_layout_policy layout = GP_LAYOUT_AUTO;
     bool cuda[GP_CLI_MAX_DEVICES] = {false};
     int device[GP_CLI_MAX_DEVICES] = {0};
     for (int i = 1; i < argc; i++) {
@@ -48,6 +50,10 @@ int gp_cmd_predict(int argc, char **argv)
         } else if (!strcmp(a, "--precision")) {
             if (!v || !gp_precision_parse(v, &precision))
                 return gp_cli_usage("predict", "--precision takes fp32, tf32 or bf16, not '%s'", v ? v : "");
+            i++;
+        } else if (!strcmp(a, "--layout")) {
+            if (!v || !gp_layout_policy_parse(v, &layout))
+                return gp_cli_usage("predict", "--layout takes auto, nchw or nhwc, not '%s'", v ? v : "");
             i++;
         } else if (!strcmp(a, "--device")) {
             int n = 0;
@@ -73,7 +79,8 @@ int gp_cmd_predict(int argc, char **argv)
     const struct gp_device_ops *ops = gp_backend_find(cuda[0] ? "cuda" : "cpu");
     if (!ops) return gp_cli_fail("this build has no CUDA backend (rebuild with CUDA, or use --device cpu)");
     struct gp_predict_options po = {
-        .batch = batch, .training = training, .precision = precision, .device_ops = ops, .device_index = device[0]};
+        .batch = batch, .training = training, .precision = precision, .device_ops = ops, .device_index = device[0],
+        .channels_last = gp_layout_policy_on(layout, cuda[0])};
     struct gp_error err = {0};
     struct gp_npy x = {0};
     struct gp_dataset ds = {0};

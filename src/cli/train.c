@@ -90,6 +90,13 @@ static void help(FILE *f)
         "                        PyTorch's cudnn.benchmark (non-deterministic ones,\n"
         "                        Winograd, FFT too): faster, the last bits vary run to\n"
         "                        run. Default: the fastest deterministic, precise ones\n"
+        "  --layout auto|nchw|nhwc  how activations lie in memory. nhwc: channels-last\n"
+        "                        ([N, H, W, C]) from each 2-D convolution through the ops\n"
+        "                        that follow it (BatchNorm, MaxPool, activations, the\n"
+        "                        residual Add), as PyTorch's channels_last, for cuDNN's\n"
+        "                        fast kernels; nchw: as the model says. auto (default):\n"
+        "                        nhwc when every stage is on a GPU. Results equal to\n"
+        "                        rounding; the CPU computes nhwc on [N, C, H, W] copies\n"
         "  --balance LIST        layers per stage, e.g. 4,4,5 (the indices 'inspect'\n"
         "                        prints); default: an even split by layer count\n"
         "  --balance time|memory profile every layer, split by the exact optimum of that\n"
@@ -497,6 +504,10 @@ int gp_cmd_train(int argc, char **argv)
                 return gp_cli_usage("train", "--precision takes fp32, tf32 or bf16, not '%s'", name ? name : "");
         } else if (!strcmp(a, "--fast-conv")) {
             cfg.fast_conv = true;
+        } else if (!strcmp(a, "--layout")) {
+            const char *name = TAKE();
+            if (!name || !gp_layout_policy_parse(name, &cfg.layout))
+                return gp_cli_usage("train", "--layout takes auto, nchw or nhwc, not '%s'", name ? name : "");
         } else if (!strcmp(a, "--cuda-graph")) {
             const char *mode = TAKE();
             if (!mode || (strcmp(mode, "on") && strcmp(mode, "off")))
@@ -674,7 +685,8 @@ int gp_cmd_train(int argc, char **argv)
                                   (long long)cfg.chunks, (long long)cfg.batch);
             goto done;
         }
-        if (gp_cli_profile_and_balance(cfg.model_path, &bc, 5, cfg.stage_cuda, cfg.stage_device, cfg.precision, NULL,
+        if (gp_cli_profile_and_balance(cfg.model_path, &bc, 5, cfg.stage_cuda, cfg.stage_device, cfg.precision, cfg.layout,
+                                       NULL,
                                        NULL, quiet, &prof, &rep, &err) != GP_OK) {
             status = gp_cli_fail("%s", err.msg);
             goto done;

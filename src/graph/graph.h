@@ -41,6 +41,10 @@ struct gp_value {
     bool is_output;           /* listed in the graph's outputs */
     bool is_initializer;      /* came from graph.initializer (or a Constant
                                  node): the save path writes these back */
+    /* Stored channels-last (graph/layout.h): a rank-4 activation whose shape
+     * says [N, C, H, W] lies in memory as [N, H, W, C], and so does its
+     * gradient. Set by the layout pass only; false everywhere by default. */
+    bool channels_last;
 };
 
 enum gp_attr_type {

@@ -403,16 +403,38 @@ static gp_status plan_once(const struct gp_graph *g, const struct gp_compute_ops
     return GP_OK;
 }
 
+/* ---- float32 staging ----
+ * The most any call of the stage needs for float32 [N, C, H, W] copies of
+ * its channels-last tensors, for kernels that read them otherwise
+ * (backend/mixed_call.h), forward or backward; nothing when no value is
+ * channels-last. */
+static gp_status plan_layout_staging(const struct gp_graph *g, const bool *needs_grad,
+                                     const struct gp_compute_ops *ops, struct gp_stage_plan *p)
+{
+    for (int i = p->first; i < p->last; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        uint32_t din = 0;
+        for (int k = 0; k < n->n_inputs && k < 32; k++)
+            if (n->inputs[k] >= 0 && needs_grad[n->inputs[k]] && !nondiff(n, k)) din |= 1u << k;
+        const void *kernel = ops->kernel_for(n);
+        size_t f = gp_mixed_staging_bytes(ops, kernel, g, n, NULL, NULL, NULL, NULL, false, 0);
+        size_t b = din ? gp_mixed_staging_bytes(ops, kernel, g, n, NULL, NULL, NULL, NULL, true, din) : 0;
+        if (f > p->staging_bytes) p->staging_bytes = f;
+        if (b > p->staging_bytes) p->staging_bytes = b;
+    }
+    return GP_OK;
+}
+
 /* ---- bf16 calls and their float32 staging ----
  * Every layer's call types, planned once (the step only reads them), and the
  * most any call of the stage needs for float32 copies of its bfloat16
- * tensors (kernels that compute in float32), forward or backward, and the
- * loss on the last stage's output (nothing in fp32 and tf32). */
+ * (or channels-last) tensors (kernels that compute in float32), forward or
+ * backward, and the loss on the last stage's output. */
 static gp_status plan_calls(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
                             struct gp_stage_plan *p, struct gp_error *err)
 {
     p->staging_bytes = 0;
-    if (p->precision != GP_PRECISION_BF16) return GP_OK;
+    if (p->precision != GP_PRECISION_BF16) return plan_layout_staging(g, needs_grad, ops, p);
     int nl = p->last - p->first;
     size_t total = 0;
     p->call_dt_off = malloc(sizeof(size_t) * ((size_t)nl + 1));

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/layout.h"
 #include "onnx/load.h"
 #include "pipeline/pipeline.h"
 
@@ -13,6 +14,7 @@ gp_status gp_predict(const char *model_path, const struct gp_dataset *data, cons
     int64_t batch = o->batch;
     struct gp_graph g;
     GP_TRY(gp_onnx_load(model_path, batch, &g, err));
+    if (o->channels_last) gp_graph_channels_last(&g);
     /* One stage, one micro-batch per forward: the executor's evaluation,
      * in the precision asked for, on the device asked for. */
     struct gp_pipeline *p = NULL;

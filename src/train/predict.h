@@ -18,6 +18,7 @@ struct gp_predict_options {
     enum gp_precision precision;
     const struct gp_device_ops *device_ops; /* the backend (backend/backends.h) */
     int device_index;
+    bool channels_last;          /* activations channels-last where they can be (graph/layout.h) */
 };
 
 /* The first graph output for every sample of `data` (in float32), in order;

@@ -62,6 +62,7 @@ struct run {
     float *out;                 /* one micro-batch of outputs (validation) */
     float *scratch;             /* validation's unused loss gradient */
     int64_t *eval_rows;         /* one validation chunk's sample indices */
+    int channels_last;          /* activations stored channels-last (graph/layout.h) */
 };
 
 static void run_free(struct run *s)
@@ -187,6 +188,9 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
                             "the training data has %lld samples, fewer than one batch of %lld",
                             (long long)train->n, (long long)cfg->batch);
     GP_TRY(gp_onnx_load(cfg->model_path, s->micro, &s->g, err));
+    bool all_gpus = cfg->n_stages > 0;
+    for (int k = 0; k < cfg->n_stages; k++) all_gpus &= cfg->stage_cuda[k];
+    if (gp_layout_policy_on(cfg->layout, all_gpus)) s->channels_last = gp_graph_channels_last(&s->g);
     s->input = -1;
     for (int i = 0; i < s->g.n_inputs; i++)
         if (!s->g.values[s->g.inputs[i]].is_initializer) s->input = s->g.inputs[i];
@@ -506,6 +510,12 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
     struct run s;
     memset(&s, 0, sizeof s);
     gp_status st = setup(&s, cfg, train, err);
+    if (st == GP_OK && s.channels_last && cb && cb->on_note) {
+        char note[160];
+        snprintf(note, sizeof note, "%d activations stored channels-last (--layout nchw keeps them as the model says)",
+                 s.channels_last);
+        cb->on_note(cb->user, note);
+    }
     if (st == GP_OK && val) st = check_indices(&s, val, "validation", err);
     if (st == GP_OK && cfg->choices_path) st = choices_write(cfg, err);
     if (st != GP_OK) {

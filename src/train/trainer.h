@@ -10,6 +10,7 @@
 
 #include "backend/compute.h"
 #include "data/dataset.h"
+#include "graph/layout.h"
 #include "pipeline/schedule.h"
 #include "train/loss.h"
 #include "util/error.h"
@@ -57,6 +58,7 @@ struct gp_train_config {
     enum gp_precision precision; /* fp32 (default), tf32, bf16 (backend/compute.h) */
     bool fast_conv;           /* CUDA: cuDNN's fastest convolution algorithms, even
                                  non-deterministic ones (default: deterministic) */
+    enum gp_layout_policy layout; /* channels-last activations (graph/layout.h); auto: on GPUs */
     enum gp_cuda_graph_mode cuda_graph; /* replay each step as a captured CUDA graph */
     int balance[64];          /* layers per stage; all 0: an even split */
     enum gp_pipe_schedule_kind pipeline_schedule; /* GPipe (default) or 1F1B: the same gradients */

@@ -112,6 +112,29 @@ static gp_status convert(void *ctx, void *dst, enum gp_dtype dst_type, const voi
     return GP_OK;
 }
 
+/* One element at a time through convert: a layer's staging copy, not a
+ * hot path on the CPU (it reads no layout itself: nothing is tagged unless
+ * asked). */
+static gp_status relayout(void *ctx, void *dst, enum gp_dtype dst_type, bool dst_nhwc, const void *src,
+                          enum gp_dtype src_type, bool src_nhwc, const struct gp_shape *shape, bool accumulate,
+                          struct gp_error *err)
+{
+    if (dst_nhwc == src_nhwc) return convert(ctx, dst, dst_type, src, src_type, gp_shape_numel(shape), accumulate, err);
+    if (shape->rank != 4)
+        return gp_error_set(err, GP_ERR_INVALID, "relayout: a tensor of rank %d is not [N, C, H, W]", shape->rank);
+    size_t des = dst_type == GP_DTYPE_FLOAT32 ? 4 : 2, ses = src_type == GP_DTYPE_FLOAT32 ? 4 : 2;
+    int64_t n = shape->dims[0], c = shape->dims[1], hw = shape->dims[2] * shape->dims[3];
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t p = 0; p < hw; p++) {
+                int64_t nchw = (b * c + ch) * hw + p, nhwc = (b * hw + p) * c + ch;
+                int64_t d = dst_nhwc ? nhwc : nchw, s = src_nhwc ? nhwc : nchw;
+                GP_TRY(convert(ctx, (char *)dst + (size_t)d * des, dst_type, (const char *)src + (size_t)s * ses,
+                               src_type, 1, accumulate, err));
+            }
+    return GP_OK;
+}
+
 static size_t loss_scratch_bytes(const struct gp_shape *out_shape)
 {
     (void)out_shape;
@@ -180,6 +203,7 @@ const struct gp_compute_ops gp_cpu_compute_ops = {
     .backward = backward,
     .zero = zero,
     .convert = convert,
+    .relayout = relayout,
     .loss_scratch_bytes = loss_scratch_bytes,
     .loss = loss,
     .bn_stats_len = gp_cpu_bn_stats_len_f32,

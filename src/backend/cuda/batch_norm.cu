@@ -129,11 +129,14 @@ static size_t bn_saved(const struct gp_graph *g, const struct gp_node *node)
  * then the transform's alpha and beta per channel ([C] float pairs, C
  * doubles' room); backward partials [2 C P] and per-channel coefficients
  * [5 C]; P at its most for any run length. */
+static int64_t bn_nhwc_chunks_max(const struct gp_graph *g, const struct gp_node *node);
+
 static size_t bn_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
     struct bn_plan p;
     bn_plan_of(g, node, 1, &p);
-    int64_t chunks = bn_chunks_max(p.c, p.count);
+    int64_t chunks = bn_chunks_max(p.c, p.count), cl = bn_nhwc_chunks_max(g, node);
+    if (cl > chunks) chunks = cl;
     return sizeof(double) * (size_t)(3 * p.c * chunks + 5 * p.c);
 }
 
@@ -283,7 +286,7 @@ struct bn_outs {
  * outputs, and the running statistics (in place) or the deferred sums. */
 __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool update,
                                         const double *psum, const double *psq_raw,
-                                        const double *psq, struct bn_outs o)
+                                        const double *psq, bool one_pass, struct bn_outs o)
 {
     GP_GRID_STRIDE(c, p.c) {
         double m, var, sum = 0, sumsq = 0;
@@ -295,6 +298,13 @@ __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool up
                 q = DADD(q, psq[c * p.p + k]);
             }
             m = sum / (double)p.count;
+            /* Channels-last takes one pass: the squared deviations from
+             * the sums (in double, exact enough for float data: the
+             * deferred statistics do the same). */
+            if (one_pass) {
+                q = DSUB(sumsq, DMUL(sum, m));
+                if (q < 0) q = 0;
+            }
             var = q / (double)p.count;
         } else {
             m = gp_ld(o.rmean, c);
@@ -370,9 +380,13 @@ __global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float 
  * running statistics in place (ctx->update_state) with ONNX's momentum and
  * the unbiased batch variance, or adds the batch's sums to
  * ctx->deferred_stats; evaluation uses the running statistics. */
+static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err);
+static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err);
+
 static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
     for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
+    if (gp_cuda_nhwc(ctx->in_nhwc, 0)) return bn_nhwc_forward(ctx, err);
     struct bn_plan p;
     bn_plan_of(ctx->graph, ctx->node, 1, &p);
     if (ctx->training && p.count < 2)
@@ -410,7 +424,7 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     o.bias = bias;
     o.ab = (float *)(psq + p.c * p.p);
     bn_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(
-        p, training, update, psum, psq_raw, psq, o);
+        p, training, update, psum, psq_raw, psq, false, o);
     GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics", err));
     if (p.n * p.s == 0) return GP_OK;
     IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_apply_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
@@ -654,6 +668,7 @@ __global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr dy, gp_fp
 static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
     for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
+    if (gp_cuda_nhwc(ctx->in_nhwc, 0)) return bn_nhwc_backward(ctx, err);
     struct bn_plan p;
     bn_plan_of(ctx->graph, ctx->node, 1, &p);
     if (p.c == 0) return GP_OK;
@@ -709,10 +724,456 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     return gp_cuda_check_launch(ctx, "BatchNormalization backward dx", err);
 }
 
+/* ---- channels-last ----
+ * X [N, D..., C] (gp_cuda_ctx.in_nhwc; Y, dY and dX alike) as rows of C
+ * channels, rows = N * S. Every access is a run of `vec` consecutive
+ * channels of one row (the longest of 8, 4, 2, 1 dividing C that the
+ * tensors' alignment allows: 16 bytes of bfloat16 for any C divisible by
+ * 8, which is every ResNet layer but the stem's input).
+ *
+ * Statistics: blocks of tx x ty threads (tx lanes across a row's runs, ty
+ * lanes down the rows), a grid of gx blocks across the runs by p chunks of
+ * rows. Each lane sums its rows in order in double, the ty lanes of a run
+ * then add in a fixed tree, and each chunk's partial sums go to scratch in
+ * the NCHW kernels' places, so one finishing kernel serves both layouts
+ * (in one pass: the sum and the sum of squares, the squared deviations
+ * from them in double).
+ *
+ * Elementwise passes: a grid whose thread count is a multiple of the runs
+ * per row, so a thread's runs all belong to the same channels and it loads
+ * their per-channel coefficients once. Results are reproducible (the order
+ * depends on the shape and run length only) and equal the CPU's to float
+ * rounding. */
+
+struct bn_nhwc_plan {
+    int64_t rows, c;
+    int vec;        /* channels per run */
+    int64_t cr;     /* runs per row */
+    int tx, ty;     /* block: tx run lanes x ty row lanes, tx ty = BN_THREADS */
+    int64_t gx;     /* blocks across a row's runs */
+    int64_t p, lr;  /* chunks of rows, rows per chunk */
+};
+
+#define BN_NHWC_MAX_CHUNKS 256
+#define BN_NHWC_ILP 4 /* rows in flight per lane */
+
+static void bn_nhwc_plan_of(int64_t rows, int64_t c, int vec, struct bn_nhwc_plan *q)
+{
+    q->rows = rows;
+    q->c = c;
+    q->vec = vec > 1 && c % vec == 0 ? vec : 1;
+    q->cr = c / q->vec;
+    int tx = 1;
+    while (tx < q->cr && tx < 32) tx *= 2;
+    q->tx = tx;
+    q->ty = BN_THREADS / tx;
+    q->gx = (q->cr + tx - 1) / tx;
+    /* About 512 blocks, each lane at least BN_NHWC_ILP rows. */
+    int64_t chunks = (512 + q->gx - 1) / q->gx;
+    int64_t by_rows = (rows + (int64_t)BN_NHWC_ILP * q->ty - 1) / ((int64_t)BN_NHWC_ILP * q->ty);
+    if (chunks > by_rows) chunks = by_rows;
+    if (chunks > BN_NHWC_MAX_CHUNKS) chunks = BN_NHWC_MAX_CHUNKS;
+    if (chunks < 1) chunks = 1;
+    q->lr = (rows + chunks - 1) / chunks;
+    if (q->lr < 1) q->lr = 1;
+    q->p = (rows + q->lr - 1) / q->lr;
+    if (q->p < 1) q->p = 1;
+}
+
+static void bn_nhwc_shape(const struct gp_graph *g, const struct gp_node *node, int64_t *rows, int64_t *c)
+{
+    const struct gp_shape *x = &gp_node_input(g, node, 0)->shape;
+    *c = x->rank > 1 ? x->dims[1] : 1;
+    *rows = x->dims[0];
+    for (int i = 2; i < x->rank; i++) *rows *= x->dims[i];
+}
+
+/* The most chunks any run length takes (scratch is planned for it). */
+static int64_t bn_nhwc_chunks_max(const struct gp_graph *g, const struct gp_node *node)
+{
+    int64_t rows, c, most = 1;
+    bn_nhwc_shape(g, node, &rows, &c);
+    for (int vec = 8; vec >= 1; vec /= 2) {
+        struct bn_nhwc_plan q;
+        bn_nhwc_plan_of(rows, c, vec, &q);
+        if (q.p > most) most = q.p;
+    }
+    return most;
+}
+
+/* The NCHW finishing kernels' plan for the same statistics. */
+static struct bn_plan bn_plan_for_finish(const struct gp_node *node, const struct bn_nhwc_plan &q)
+{
+    struct bn_plan p;
+    memset(&p, 0, sizeof p);
+    p.n = q.rows;
+    p.c = q.c;
+    p.s = 1;
+    p.count = q.rows;
+    p.p = q.p;
+    p.eps = gp_node_attr_float(node, "epsilon", 1e-5f);
+    p.momentum = gp_node_attr_float(node, "momentum", 0.9f);
+    return p;
+}
+
+/* v (each lane's VEC sums) added over the block's ty lanes of a run, in a
+ * fixed tree; the totals land in lane 0's v. */
+template <int VEC>
+__device__ static inline void bn_nhwc_reduce(const struct bn_nhwc_plan &q, double (&v)[VEC], double *sh)
+{
+    const int t = threadIdx.y * q.tx + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < VEC; i++) sh[t * VEC + i] = v[i];
+    __syncthreads();
+    for (int half = q.ty / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.y < half)
+#pragma unroll
+            for (int i = 0; i < VEC; i++) sh[t * VEC + i] = DADD(sh[t * VEC + i], sh[(t + half * q.tx) * VEC + i]);
+        __syncthreads();
+    }
+    if (threadIdx.y == 0)
+#pragma unroll
+        for (int i = 0; i < VEC; i++) v[i] = sh[t * VEC + i];
+    __syncthreads();
+}
+
+/* Walks lane (run, threadIdx.y)'s rows of chunk k, BN_NHWC_ILP at a
+ * time: load(value offset) for each first, then add(values). */
+template <int VEC, class Load, class Add>
+__device__ static inline void bn_nhwc_rows(const struct bn_nhwc_plan &q, int64_t run, int64_t k, Load load, Add add)
+{
+    const int64_t r0 = k * q.lr, r1 = r0 + q.lr < q.rows ? r0 + q.lr : q.rows;
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += (int64_t)BN_NHWC_ILP * q.ty) {
+        decltype(load((int64_t)0)) v[BN_NHWC_ILP];
+#pragma unroll
+        for (int u = 0; u < BN_NHWC_ILP; u++)
+            if (r + u * q.ty < r1) v[u] = load((r + u * q.ty) * q.c + run * VEC);
+#pragma unroll
+        for (int u = 0; u < BN_NHWC_ILP; u++)
+            if (r + u * q.ty < r1) add(v[u]);
+    }
+}
+
+/* Block (run group, chunk k): sums and sums of squares of x per channel. */
+template <class IO, int VEC>
+__global__ static void bn_nhwc_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, double *psum, double *psq_raw)
+{
+    __shared__ double sh[BN_THREADS * VEC];
+    const int64_t run = blockIdx.x * (int64_t)q.tx + threadIdx.x, k = blockIdx.y;
+    double s[VEC], sq[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; i++) s[i] = sq[i] = 0;
+    if (run < q.cr)
+        bn_nhwc_rows<VEC>(
+            q, run, k, [&](int64_t off) { return bn_load_run<IO, VEC>(x, off); },
+            [&](const bn_run<VEC> &r) {
+#pragma unroll
+                for (int i = 0; i < VEC; i++) {
+                    double v = r.v[i];
+                    s[i] = DADD(s[i], v);
+                    sq[i] = DADD(sq[i], DMUL(v, v));
+                }
+            });
+    bn_nhwc_reduce<VEC>(q, s, sh);
+    bn_nhwc_reduce<VEC>(q, sq, sh);
+    if (threadIdx.y == 0 && run < q.cr)
+#pragma unroll
+        for (int i = 0; i < VEC; i++) {
+            int64_t c = run * VEC + i;
+            psum[c * q.p + k] = s[i];
+            psq_raw[c * q.p + k] = sq[i];
+        }
+}
+
+/* Elementwise launch: BN_THREADS-thread blocks, a thread count that is a
+ * multiple of the runs per row (so each thread's runs share channels),
+ * about 4 runs per thread and at most 8 blocks per SM's worth. */
+static unsigned bn_nhwc_flat_blocks(const struct bn_nhwc_plan &q)
+{
+    int64_t total = q.rows * q.cr, g = 1, a = q.cr, b = BN_THREADS;
+    while (b) { /* gcd(cr, BN_THREADS) */
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    g = q.cr / a; /* blocks must be a multiple of this */
+    int64_t want = (total + 4 * BN_THREADS - 1) / (4 * BN_THREADS);
+    if (want > 8192) want = 8192;
+    int64_t blocks = (want + g - 1) / g * g;
+    return (unsigned)(blocks < g ? g : blocks);
+}
+
+/* The channel run of this thread's runs (fixed: see bn_nhwc_flat_blocks). */
+#define BN_NHWC_FLAT(q, e)                                                                          \
+    for (int64_t e = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x; e < (q).rows * (q).cr;         \
+         e += (int64_t)gridDim.x * BN_THREADS)
+
+/* y = x * alpha + beta per channel (bn_apply_kernel's formula). */
+template <class IO, int VEC>
+__global__ static void bn_nhwc_apply_kernel(struct bn_nhwc_plan q, gp_fptr x, const float *ab, gp_fptr y, bool relu)
+{
+    const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x;
+    const int64_t cb = (e0 - gp_dev_fdiv(e0, q.cr) * q.cr) * VEC;
+    float a[VEC], b[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; i++) a[i] = ab[2 * (cb + i)], b[i] = ab[2 * (cb + i) + 1];
+    BN_NHWC_FLAT(q, e) {
+        float v[VEC];
+        IO::template acts<VEC>(x, e * VEC, v);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) {
+            float t = FADD(FMUL(v[i], a[i]), b[i]);
+            v[i] = !relu || t > 0 || t != t ? t : 0.0f;
+        }
+        IO::template set_acts<VEC>(y, e * VEC, v);
+    }
+}
+
+static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
+{
+    int64_t rows, c;
+    bn_nhwc_shape(ctx->graph, ctx->node, &rows, &c);
+    if (ctx->training && rows < 2)
+        return gp_cuda_error(ctx, err, GP_ERR_SHAPE,
+                             "training needs more than one value per channel to estimate the "
+                             "variance (input [%lld, %lld, ...]; PyTorch refuses this too)",
+                             (long long)gp_node_input(ctx->graph, ctx->node, 0)->shape.dims[0], (long long)c);
+    if (c == 0) return GP_OK;
+    bool training = ctx->training, update = ctx->training && ctx->update_state;
+    gp_fptr x = gp_cuda_in_f(ctx, 0), y = gp_cuda_out_f(ctx, 0);
+    gp_fptr scale = gp_cuda_in_f(ctx, 1), bias = gp_cuda_in_f(ctx, 2);
+    enum io_kind kind = io_kind_of({x, y}, {scale, bias});
+    struct bn_nhwc_plan q;
+    bn_nhwc_plan_of(rows, c, io_vec_for(kind, c, {x, y}), &q);
+    struct bn_plan p = bn_plan_for_finish(ctx->node, q);
+    double *psum = (double *)ctx->scratch, *psq_raw = psum + p.c * p.p, *psq = psq_raw + p.c * p.p;
+    if (training && rows > 0) {
+        dim3 grid((unsigned)q.gx, (unsigned)q.p, 1), block((unsigned)q.tx, (unsigned)q.ty, 1);
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_sums_kernel<IO, VEC><<<grid, block, 0, ctx->stream>>>(
+                                                 q, x, psum, psq_raw)));
+        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization sums (channels-last)", err));
+    }
+    struct bn_outs o;
+    o.rmean = gp_cuda_in_f(ctx, 3);
+    o.rvar = gp_cuda_in_f(ctx, 4);
+    o.out_rmean = opt_out_f(ctx, 1);
+    o.out_rvar = opt_out_f(ctx, 2);
+    o.out_mean = opt_out_f(ctx, 3);
+    o.out_var = opt_out_f(ctx, 4);
+    o.mean = (float *)ctx->saved;
+    o.invstd = o.mean + p.c;
+    o.deferred = ctx->deferred_stats;
+    o.scale = scale;
+    o.bias = bias;
+    o.ab = (float *)(psq + p.c * p.p);
+    bn_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(
+        p, training, update, psum, psq_raw, psq, true, o);
+    GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics", err));
+    if (rows == 0) return GP_OK;
+    IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_apply_kernel<IO, VEC><<<bn_nhwc_flat_blocks(q), BN_THREADS, 0,
+                                                                         ctx->stream>>>(
+                                             q, x, o.ab, y, ctx->node->fused_relu)));
+    return gp_cuda_check_launch(ctx, "BatchNormalization normalize (channels-last)", err);
+}
+
+/* Block (run group, chunk k): sums of dy and dy * xhat per channel (a
+ * fused Relu's output masking dy), as bn_bwd_sums_kernel. */
+template <class IO, int VEC>
+__global__ static void bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, gp_fptr y,
+                                               const float *mean, const float *invstd, double *pdy, double *pdyx)
+{
+    __shared__ double sh[BN_THREADS * VEC];
+    const int64_t run = blockIdx.x * (int64_t)q.tx + threadIdx.x, k = blockIdx.y;
+    double s[VEC], sx[VEC];
+    float m[VEC], is[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+        s[i] = sx[i] = 0;
+        m[i] = run < q.cr ? mean[run * VEC + i] : 0.0f;
+        is[i] = run < q.cr ? invstd[run * VEC + i] : 0.0f;
+    }
+    if (run < q.cr)
+        bn_nhwc_rows<VEC>(
+            q, run, k,
+            [&](int64_t off) {
+                bn_run2<VEC> r;
+                IO::template acts<VEC>(dy, off, r.a);
+                IO::template acts<VEC>(x, off, r.b);
+                if (y.p) {
+                    float yv[VEC];
+                    IO::template acts<VEC>(y, off, yv);
+#pragma unroll
+                    for (int i = 0; i < VEC; i++) r.a[i] = bn_relu_grad(yv[i], r.a[i]);
+                }
+                return r;
+            },
+            [&](const bn_run2<VEC> &r) {
+#pragma unroll
+                for (int i = 0; i < VEC; i++) {
+                    s[i] = DADD(s[i], (double)r.a[i]);
+                    sx[i] = DADD(sx[i], DMUL((double)r.a[i], (double)FMUL(FSUB(r.b[i], m[i]), is[i])));
+                }
+            });
+    bn_nhwc_reduce<VEC>(q, s, sh);
+    bn_nhwc_reduce<VEC>(q, sx, sh);
+    if (threadIdx.y == 0 && run < q.cr)
+#pragma unroll
+        for (int i = 0; i < VEC; i++) {
+            int64_t c = run * VEC + i;
+            pdy[c * q.p + k] = s[i];
+            pdyx[c * q.p + k] = sx[i];
+        }
+}
+
+/* Training dx, bn_bwd_dx_train_kernel's formula; the thread's channels'
+ * coefficients loaded once. */
+template <class IO, int VEC>
+__global__ static void bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, gp_fptr y,
+                                               const float *mean, const float *invstd, const double *coef, gp_fptr dx,
+                                               bool ow)
+{
+    const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x;
+    const int64_t cb = (e0 - gp_dev_fdiv(e0, q.cr) * q.cr) * VEC;
+    float m[VEC];
+    double is[VEC], k0[VEC], k1[VEC], k2[VEC], k3[VEC], k4[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+        const double *kc = coef + 5 * (cb + i);
+        m[i] = mean[cb + i];
+        is[i] = (double)invstd[cb + i];
+        k0[i] = kc[0], k1[i] = kc[1], k2[i] = kc[2], k3[i] = kc[3], k4[i] = kc[4];
+    }
+    BN_NHWC_FLAT(q, e) {
+        float xv[VEC], gv[VEC], old[VEC];
+        IO::template acts<VEC>(x, e * VEC, xv);
+        if (dy.p)
+            IO::template acts<VEC>(dy, e * VEC, gv);
+        else
+#pragma unroll
+            for (int i = 0; i < VEC; i++) gv[i] = 0.0f;
+        if (y.p && dy.p) {
+            float yv[VEC];
+            IO::template acts<VEC>(y, e * VEC, yv);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) gv[i] = bn_relu_grad(yv[i], gv[i]);
+        }
+        if (ow)
+#pragma unroll
+            for (int i = 0; i < VEC; i++) old[i] = 0.0f;
+        else
+            IO::template acts<VEC>(dx, e * VEC, old);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) {
+            double xc = (double)FSUB(xv[i], m[i]), xhat = DMUL(xc, is[i]);
+            double v = DMUL(k0[i], DSUB(DSUB((double)gv[i], k1[i]), DMUL(xhat, k2[i])));
+            v = DADD(DADD(v, k3[i]), DMUL(k4[i], xc));
+            old[i] = FADD(old[i], (float)v);
+        }
+        IO::template set_acts<VEC>(dx, e * VEC, old);
+    }
+}
+
+/* Evaluation dx += dy * (scale * invstd). */
+template <class IO, int VEC>
+__global__ static void bn_nhwc_dx_eval_kernel(struct bn_nhwc_plan q, gp_fptr dy, gp_fptr y, gp_fptr scale,
+                                              const float *invstd, gp_fptr dx, bool ow)
+{
+    const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x;
+    const int64_t cb = (e0 - gp_dev_fdiv(e0, q.cr) * q.cr) * VEC;
+    float f[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; i++) f[i] = FMUL(IO::par(scale, cb + i), invstd[cb + i]);
+    BN_NHWC_FLAT(q, e) {
+        float gv[VEC], old[VEC];
+        IO::template acts<VEC>(dy, e * VEC, gv);
+        if (y.p) {
+            float yv[VEC];
+            IO::template acts<VEC>(y, e * VEC, yv);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) gv[i] = bn_relu_grad(yv[i], gv[i]);
+        }
+        if (ow)
+#pragma unroll
+            for (int i = 0; i < VEC; i++) old[i] = 0.0f;
+        else
+            IO::template acts<VEC>(dx, e * VEC, old);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) old[i] = FADD(old[i], FMUL(gv[i], f[i]));
+        IO::template set_acts<VEC>(dx, e * VEC, old);
+    }
+}
+
+static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
+{
+    int64_t rows, c;
+    bn_nhwc_shape(ctx->graph, ctx->node, &rows, &c);
+    if (c == 0) return GP_OK;
+    gp_fptr x = gp_cuda_in_f(ctx, 0), dy = gp_cuda_dout_f(ctx, 0), dx = gp_cuda_din_f(ctx, 0);
+    gp_fptr scale = gp_cuda_in_f(ctx, 1);
+    const float *mean = (const float *)ctx->saved, *invstd = mean + c;
+    gp_fptr y = ctx->node->fused_relu ? gp_cuda_out_f(ctx, 0) : gp_fptr{NULL, false};
+    enum io_kind kind = io_kind_of({x, dy, dx, y}, {scale});
+    struct bn_nhwc_plan q;
+    bn_nhwc_plan_of(rows, c, io_vec_for(kind, c, {x, dy, dx, y}), &q);
+    struct bn_plan p = bn_plan_for_finish(ctx->node, q);
+    double *pdy = (double *)ctx->scratch, *pdyx = pdy + p.c * p.p, *coef = pdyx + p.c * p.p;
+    bool have_dy = dy.p && rows > 0;
+    if (have_dy && (ctx->din[1] || ctx->din[2] || (dx.p && ctx->training))) {
+        dim3 grid((unsigned)q.gx, (unsigned)q.p, 1), block((unsigned)q.tx, (unsigned)q.ty, 1);
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_bwd_sums_kernel<IO, VEC><<<grid, block, 0, ctx->stream>>>(
+                                                 q, x, dy, y, mean, invstd, pdy, pdyx)));
+        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward sums (channels-last)", err));
+    } else {
+        have_dy = false;
+    }
+    struct bn_grads g;
+    gp_fptr none = {NULL, false};
+    g.scale = scale;
+    g.invstd = invstd;
+    g.d_rmean = opt_dout_f(ctx, 1);
+    g.d_rvar = opt_dout_f(ctx, 2);
+    g.d_mean = opt_dout_f(ctx, 3);
+    g.d_var = opt_dout_f(ctx, 4);
+    g.dscale = ctx->din[1] ? gp_cuda_din_f(ctx, 1) : none;
+    g.dbias = ctx->din[2] ? gp_cuda_din_f(ctx, 2) : none;
+    g.coef = dx.p && ctx->training ? coef : NULL;
+    if (g.dscale.p || g.dbias.p || g.coef) {
+        bn_bwd_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(p, have_dy, pdy, pdyx, g);
+        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward statistics", err));
+    }
+    int64_t n = rows * c;
+    if (!dx.p || n == 0) return GP_OK;
+    bool ow = gp_cuda_overwrite(ctx, 0);
+    unsigned blocks = bn_nhwc_flat_blocks(q);
+    if (ctx->training) {
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_dx_train_kernel<IO, VEC><<<blocks, BN_THREADS, 0,
+                                                                            ctx->stream>>>(
+                                                 q, x, dy, y, mean, invstd, coef, dx, ow)));
+    } else {
+        if (!dy.p)
+            return ow ? gp_cuda_call(ctx, cudaMemsetAsync(dx.p, 0, (size_t)n * (dx.bf16 ? 2 : 4), ctx->stream),
+                                     "cudaMemsetAsync", err)
+                      : GP_OK;
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_dx_eval_kernel<IO, VEC><<<blocks, BN_THREADS, 0,
+                                                                           ctx->stream>>>(
+                                                 q, dy, y, scale, invstd, dx, ow)));
+    }
+    return gp_cuda_check_launch(ctx, "BatchNormalization backward dx (channels-last)", err);
+}
+
+/* X and Y both channels-last (the layout pass never tags one without the
+ * other; a mixed call gets [N, C, H, W] copies). */
+static bool bn_layout_native(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
+                             uint32_t out_nhwc, bool backward)
+{
+    (void)g, (void)node, (void)backward;
+    return in_nhwc == 1u && (out_nhwc & 1u) && !(out_nhwc & ~1u);
+}
+
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_batch_norm[] = {
     {"BatchNormalization", bn_saved, bn_scratch, bn_forward, bn_backward, false, true, false,
-     gp_cuda_overwrites_input0},
+     gp_cuda_overwrites_input0, bn_layout_native},
     {NULL, NULL, NULL, NULL, NULL},
 };

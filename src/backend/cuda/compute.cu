@@ -106,6 +106,13 @@ static bool staged_backward(const struct gp_cuda_kernel *k)
     return k->bf16_staged_backward && gp_cuda_conv_backward_staged();
 }
 
+static bool layout_native(const void *kernel, const struct gp_graph *g, const struct gp_node *node,
+                          uint32_t in_nhwc, uint32_t out_nhwc, bool backward)
+{
+    const struct gp_cuda_kernel *k = (const struct gp_cuda_kernel *)kernel;
+    return k && k->layout_native && k->layout_native(g, node, in_nhwc, out_nhwc, backward);
+}
+
 static enum gp_bf16_calls kernel_bf16(const void *kernel, bool backward)
 {
     const struct gp_cuda_kernel *k = (const struct gp_cuda_kernel *)kernel;
@@ -131,6 +138,8 @@ static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_la
     k.out = c->out;
     k.din = c->din;
     k.din_overwrite = c->din_overwrite;
+    k.in_nhwc = c->in_nhwc;
+    k.out_nhwc = c->out_nhwc;
     k.dout = c->dout;
     k.in_dt = c->in_dt;
     k.out_dt = c->out_dt;
@@ -180,6 +189,18 @@ static gp_status convert(void *ctx, void *dst, enum gp_dtype dst_type, const voi
 {
     return gp_cuda_convert(((const struct stage_ctx *)ctx)->stream, dst, dst_type, src, src_type, n, accumulate,
                            err);
+}
+
+static gp_status relayout(void *ctx, void *dst, enum gp_dtype dst_type, bool dst_nhwc, const void *src,
+                          enum gp_dtype src_type, bool src_nhwc, const struct gp_shape *shape, bool accumulate,
+                          struct gp_error *err)
+{
+    if (dst_nhwc != src_nhwc && shape->rank != 4)
+        return gp_error_set(err, GP_ERR_INVALID, "relayout: a tensor of rank %d is not [N, C, H, W]", shape->rank);
+    int64_t n = shape->rank == 4 ? shape->dims[0] : 1, c = shape->rank == 4 ? shape->dims[1] : 1;
+    int64_t hw = shape->rank == 4 ? shape->dims[2] * shape->dims[3] : gp_shape_numel(shape);
+    return gp_cuda_relayout(((const struct stage_ctx *)ctx)->stream, dst, dst_type, dst_nhwc, src, src_type, src_nhwc,
+                            n, c, hw, accumulate, err);
 }
 
 static gp_status loss(void *ctx, const struct gp_loss_call *c, struct gp_error *err)
@@ -234,12 +255,14 @@ extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     kernel_for,
     kernel_bf16,
     overwrites,
+    layout_native,
     saved_bytes,
     scratch_bytes,
     forward,
     backward,
     zero,
     convert,
+    relayout,
     gp_cuda_loss_scratch_bytes,
     loss,
     gp_cuda_bn_stats_len,

@@ -46,6 +46,7 @@
 
 #include "backend/cuda/bf16.cuh"
 #include "backend/cuda/conv_problem.cuh"
+#include "backend/cuda/convert.h"
 #include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
@@ -55,8 +56,10 @@ extern "C" {
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* `nhwc`: the call's tensors (either of X and Y) are channels-last; the
+ * geometry then convolves channels-last where it can (conv_geom.nhwc). */
 static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_node *node,
-                                bool transpose, struct conv_geom *g, struct gp_error *err)
+                                bool transpose, bool nhwc, struct conv_geom *g, struct gp_error *err)
 {
     memset(g, 0, sizeof *g);
     const struct gp_value *x = gp_node_input(graph, node, 0), *w = gp_node_input(graph, node, 1);
@@ -139,6 +142,10 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
         g->imgb_size *= g->imgb[i];
         g->col_size *= g->col[i];
     }
+    /* Channels-last for a Conv over 2 axes with cuDNN's own padding; any
+     * other layout call reaches the kernel as [N, C, H, W] copies (its
+     * layout_native says no). */
+    g->nhwc = nhwc && !transpose && win.n_spatial == 2 && g->direct;
     /* cuDNN's legacy API takes int dimensions and strides. */
     int64_t biggest = g->n * g->img_ch * (g->imgb_size > g->img_size ? g->imgb_size : g->img_size);
     if (g->n * g->col_ch * g->col_size > biggest) biggest = g->n * g->col_ch * g->col_size;
@@ -246,15 +253,37 @@ static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode)
     return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc + ws;
 }
 
+/* Whether the filter's channels-last form differs from W's ([M, C/g,
+ * k...] against [M, k..., C/g]): not for 1x1 kernels. */
+static bool filter_relaid(const struct conv_geom *g)
+{
+    return g->nhwc && g->k[0] * g->k[1] > 1;
+}
+
+/* Scratch of a channels-last run before its cuDNN buffers: X (and dX)
+ * channels-last when X lies [N, C, H, W] (x_cl false), Y (and dY) when Y
+ * does, the filter and its gradient channels-last when they differ. */
+static size_t nhwc_bytes(const struct conv_geom *g, bool bf16, bool x_cl, bool y_cl)
+{
+    if (!g->nhwc) return 0;
+    size_t es = gp_cuda_float_size(bf16), b = 0;
+    if (!x_cl) b += align_up(es * (size_t)(g->n * g->img_ch * g->img_size));
+    if (!y_cl) b += align_up(es * (size_t)(g->n * g->col_ch * g->col_size));
+    if (filter_relaid(g)) b += 2 * align_up(es * (size_t)filter_numel(g));
+    return b;
+}
+
 /* The table's scratch_bytes, for callers that do not say the mode: the
- * most any precision and policy can take. */
+ * most any precision, policy and layout can take. */
 static size_t conv_scratch_common(const struct gp_graph *graph, const struct gp_node *node,
                                   bool transpose)
 {
     struct conv_geom g;
     struct gp_error err;
     memset(&err, 0, sizeof err);
-    if (conv_geom_init(graph, node, transpose, &g, &err) != GP_OK) return 0;
+    if (conv_geom_init(graph, node, transpose, false, &g, &err) != GP_OK) return 0;
+    struct conv_geom gc; /* channels-last, X and Y both transposed: the most it takes */
+    if (conv_geom_init(graph, node, transpose, true, &gc, &err) != GP_OK) return 0;
     static const enum gp_precision precisions[] = {GP_PRECISION_FP32, GP_PRECISION_TF32, GP_PRECISION_BF16};
     size_t most = 0;
     for (int p = 0; p < 3; p++)
@@ -264,6 +293,9 @@ static size_t conv_scratch_common(const struct gp_graph *graph, const struct gp_
             o.precision = precisions[p];
             o.fast_conv = fast != 0;
             size_t s = mode_scratch(&g, options_mode(&o));
+            if (s > most) most = s;
+            s = gc.nhwc ? nhwc_bytes(&gc, options_mode(&o).bf16, false, false) + mode_scratch(&gc, options_mode(&o))
+                        : 0;
             if (s > most) most = s;
         }
     return most;
@@ -468,6 +500,11 @@ struct conv_run {
     bf16_t *dwbuf; /* a float32 dW's bfloat16 buffer (bfloat16 storage only) */
     void *acc;   /* a graph API result to accumulate (NULL when none is) */
     void *ws;    /* workspace */
+    /* Channels-last (g.nhwc): whether X and Y lie so, and the buffers of
+     * what does not (nhwc_bytes): X or dX, Y or dY, the filter and its
+     * gradient (NULL when not needed). */
+    bool x_cl, y_cl;
+    void *xt, *yt, *wt, *dwt;
 };
 
 static const char *dt_name(bool bf16) { return bf16 ? "bfloat16" : "float32"; }
@@ -499,7 +536,11 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
                            struct gp_error *err)
 {
     memset(r, 0, sizeof *r);
-    GP_TRY(conv_geom_init(c->graph, c->node, transpose, &r->g, err));
+    r->x_cl = gp_cuda_nhwc(c->in_nhwc, 0);
+    r->y_cl = gp_cuda_nhwc(c->out_nhwc, 0);
+    GP_TRY(conv_geom_init(c->graph, c->node, transpose, r->x_cl || r->y_cl, &r->g, err));
+    if ((r->x_cl || r->y_cl) && !r->g.nhwc)
+        return gp_cuda_error(c, err, GP_ERR_INVALID, "channels-last tensors given to a convolution that takes none");
     r->mode = ctx_mode(c);
     GP_TRY(check_storage(c, r->mode.bf16, backward, err));
     GP_TRY(ctx_algos(c, &r->g, r->mode, &r->ch, err));
@@ -508,13 +549,24 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
         conv_descs_destroy(&r->d);
         return dnn_error(c, err, &e, "descriptors");
     }
-    /* Scratch: image buffer, dW buffer, workspace (mode_scratch). */
+    /* Scratch: channels-last buffers (nhwc_bytes), then image buffer, dW
+     * buffer, workspace (mode_scratch). */
+    char *next = (char *)c->scratch;
+    if (r->g.nhwc) {
+        size_t es = gp_cuda_float_size(r->mode.bf16);
+        size_t xb = align_up(es * (size_t)(r->g.n * r->g.img_ch * r->g.img_size));
+        size_t yb = align_up(es * (size_t)(r->g.n * r->g.col_ch * r->g.col_size));
+        size_t fb = align_up(es * (size_t)filter_numel(&r->g));
+        if (!r->x_cl) r->xt = next, next += xb;
+        if (!r->y_cl) r->yt = next, next += yb;
+        if (filter_relaid(&r->g)) r->wt = next, r->dwt = next + fb, next += 2 * fb;
+    }
     size_t bb = buffer_bytes(&r->g, r->mode.bf16), wb = dw_buffer_bytes(&r->g, r->mode.bf16);
     size_t ab = acc_buffer_bytes(&r->g, &r->ch);
-    r->buf = bb ? c->scratch : NULL;
-    r->dwbuf = wb ? (bf16_t *)((char *)c->scratch + bb) : NULL;
-    r->acc = ab ? (char *)c->scratch + bb + wb : NULL;
-    r->ws = (char *)c->scratch + bb + wb + ab;
+    r->buf = bb ? next : NULL;
+    r->dwbuf = wb ? (bf16_t *)(next + bb) : NULL;
+    r->acc = ab ? next + bb + wb : NULL;
+    r->ws = next + bb + wb + ab;
     return GP_OK;
 }
 
@@ -658,10 +710,160 @@ static gp_status run_filter(const struct gp_cuda_ctx *c, struct conv_run *r, con
     return gp_cuda_check_launch(c, "weight gradient from its bfloat16 buffer", err);
 }
 
+/* ---- Conv, channels-last ----
+ * cuDNN convolves channels-last image, columns and filter (conv_geom.nhwc).
+ * What does not lie so goes through a buffer: X or Y in [N, C, H, W]
+ * (where the model's graph input meets the first convolution), and W and
+ * dW, which stay [M, C/g, k...] for the optimizer and the saved model,
+ * whenever the kernel is larger than 1x1. The bias runs along the last
+ * axis. */
+
+static enum gp_dtype conv_dt(const struct conv_run *r) { return r->mode.bf16 ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32; }
+
+static int64_t kernel_cells(const struct conv_geom *g) { return g->k[0] * g->k[1]; }
+
+/* dst (channels-last when to_cl) from src, in the convolution's storage:
+ * a tensor [n, ch, cells]. */
+static gp_status relaid(const struct gp_cuda_ctx *c, const struct conv_run *r, void *dst, const void *src,
+                        bool to_cl, int64_t n, int64_t ch, int64_t cells, struct gp_error *err)
+{
+    return gp_cuda_relayout(c->stream, dst, conv_dt(r), to_cl, src, conv_dt(r), !to_cl, n, ch, cells, false, err);
+}
+
+/* The filter as cuDNN reads it: W itself for 1x1 kernels, else [M, k..., C/g] in the buffer. */
+static gp_status nhwc_filter(const struct gp_cuda_ctx *c, const struct conv_run *r, const void **w,
+                             struct gp_error *err)
+{
+    *w = c->in[1];
+    if (!r->wt) return GP_OK;
+    GP_TRY(relaid(c, r, r->wt, c->in[1], true, r->g.col_ch, r->g.img_ch / r->g.group, kernel_cells(&r->g), err));
+    *w = r->wt;
+    return GP_OK;
+}
+
+/* X channels-last: itself, or relaid into its buffer. */
+static gp_status nhwc_image(const struct gp_cuda_ctx *c, const struct conv_run *r, const void **x,
+                            struct gp_error *err)
+{
+    *x = c->in[0];
+    if (r->x_cl) return GP_OK;
+    GP_TRY(relaid(c, r, r->xt, c->in[0], true, r->g.n, r->g.img_ch, r->g.img_size, err));
+    *x = r->xt;
+    return GP_OK;
+}
+
+#define BIAS_NHWC_ROWS 64
+
+/* dB [ch] += dY [rows, ch] summed over the rows: per block 32 channels x
+ * BIAS_NHWC_ROWS row lanes, each lane summing its rows in double (lane
+ * l takes rows l, l + ROWS, ...), then the lanes in a fixed tree. Reads
+ * stay along the channels. */
+template <typename TB, typename TD>
+__global__ static void bias_grad_nhwc_kernel(TB *db, const TD *dy, int64_t rows, int64_t ch)
+{
+    __shared__ double part[BIAS_NHWC_ROWS][33];
+    int64_t c0 = (int64_t)blockIdx.x * 32 + threadIdx.x;
+    double s = 0;
+    if (c0 < ch)
+        for (int64_t r = threadIdx.y; r < rows; r += BIAS_NHWC_ROWS) s += (double)gp_load(dy + r * ch + c0);
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    for (int half = BIAS_NHWC_ROWS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.y < half) part[threadIdx.y][threadIdx.x] += part[threadIdx.y + half][threadIdx.x];
+        __syncthreads();
+    }
+    if (threadIdx.y == 0 && c0 < ch) gp_store(db + c0, __fadd_rn(gp_load(db + c0), (float)part[0][threadIdx.x]));
+}
+
+template <typename TB, typename TD>
+static void bias_grad_nhwc(const struct gp_cuda_ctx *c, void *db, const void *dy, int64_t rows, int64_t ch)
+{
+    bias_grad_nhwc_kernel<TB, TD><<<(unsigned)((ch + 31) / 32), dim3(32, BIAS_NHWC_ROWS), 0, c->stream>>>(
+        (TB *)db, (const TD *)dy, rows, ch);
+}
+
+static gp_status launch_bias_grad_nhwc(const struct gp_cuda_ctx *c, void *db, bool db_bf16, const void *dy,
+                                       bool dy_bf16, int64_t rows, int64_t ch, struct gp_error *err)
+{
+    if (!db || ch == 0) return GP_OK;
+    if (db_bf16 && dy_bf16) bias_grad_nhwc<bf16_t, bf16_t>(c, db, dy, rows, ch);
+    else if (db_bf16) bias_grad_nhwc<bf16_t, float>(c, db, dy, rows, ch);
+    else if (dy_bf16) bias_grad_nhwc<float, bf16_t>(c, db, dy, rows, ch);
+    else bias_grad_nhwc<float, float>(c, db, dy, rows, ch);
+    return gp_cuda_check_launch(c, "bias gradient", err);
+}
+
+static gp_status conv_nhwc_forward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
+{
+    const struct conv_geom *g = &r->g;
+    const void *x, *w;
+    GP_TRY(nhwc_image(c, r, &x, err));
+    GP_TRY(nhwc_filter(c, r, &w, err));
+    void *y = r->y_cl ? c->out[0] : r->yt;
+    GP_TRY(run_forward(c, r, x, w, y, 0.0f, err));
+    const void *bias = c->node->n_inputs > 2 ? c->in[2] : NULL;
+    /* Channel of element e: e % M, so [rows, M, 1]. */
+    GP_TRY(launch_bias_add(c, r->mode.bf16, y, bias, bias && gp_cuda_is_bf16(c->in_dt, 2), g->n * g->col_size,
+                           g->m, 1, err));
+    if (r->y_cl) return GP_OK;
+    return relaid(c, r, c->out[0], r->yt, false, g->n, g->col_ch, g->col_size, err);
+}
+
+static gp_status conv_nhwc_backward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
+{
+    const struct conv_geom *g = &r->g;
+    void *dx = c->din[0], *dw = c->din[1], *db = c->node->n_inputs > 2 ? c->din[2] : NULL;
+    const void *dy = c->dout[0], *w;
+    if (!r->y_cl) {
+        GP_TRY(relaid(c, r, r->yt, c->dout[0], true, g->n, g->col_ch, g->col_size, err));
+        dy = r->yt;
+    }
+    bool add = !gp_cuda_overwrite(c, 0);
+    if (dx) {
+        GP_TRY(nhwc_filter(c, r, &w, err));
+        if (r->x_cl) {
+            GP_TRY(run_data(c, r, w, dy, dx, add ? 1.0f : 0.0f, err));
+        } else { /* into X's buffer, then added (or written) in [N, C, H, W] */
+            GP_TRY(run_data(c, r, w, dy, r->xt, 0.0f, err));
+            GP_TRY(gp_cuda_relayout(c->stream, dx, gp_cuda_is_bf16(c->din_dt, 0) ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32,
+                                    false, r->xt, conv_dt(r), true, g->n, g->img_ch, g->img_size, add, err));
+        }
+    }
+    if (dw) {
+        const void *x;
+        GP_TRY(nhwc_image(c, r, &x, err)); /* after dX: the same buffer */
+        if (!r->dwt) {
+            GP_TRY(run_filter(c, r, x, dy, err));
+        } else { /* [M, k..., C/g] in its buffer, then added to dW's [M, C/g, k...] */
+            GP_TRY(run_filter_call(c, r, x, dy, r->dwt, 0.0f, err));
+            GP_TRY(gp_cuda_relayout(c->stream, dw, gp_cuda_is_bf16(c->din_dt, 1) ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32,
+                                    false, r->dwt, conv_dt(r), true, g->col_ch, g->img_ch / g->group,
+                                    kernel_cells(g), true, err));
+        }
+    }
+    return launch_bias_grad_nhwc(c, db, db && gp_cuda_is_bf16(c->din_dt, 2), dy, r->mode.bf16, g->n * g->col_size,
+                                 g->m, err);
+}
+
+/* The executor's question (gp_cuda_kernel.layout_native): a Conv over 2
+ * axes with cuDNN's own padding reads channels-last X and Y, either or
+ * both. */
+static bool conv_layout_native(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
+                               uint32_t out_nhwc, bool backward)
+{
+    (void)backward;
+    if ((in_nhwc & ~1u) || (out_nhwc & ~1u)) return false; /* only X and Y can be */
+    struct conv_geom geom;
+    struct gp_error err;
+    memset(&err, 0, sizeof err);
+    return conv_geom_init(g, node, false, true, &geom, &err) == GP_OK && geom.nhwc;
+}
+
 /* ---- Conv ---- */
 
 static gp_status conv_forward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
 {
+    if (r->g.nhwc) return conv_nhwc_forward_run(c, r, err);
     bool b16 = r->mode.bf16;
     const void *x = c->in[0], *w = c->in[1];
     const void *bias = c->node->n_inputs > 2 ? c->in[2] : NULL;
@@ -678,6 +880,7 @@ static gp_status conv_forward_run(struct gp_cuda_ctx *c, struct conv_run *r, str
 
 static gp_status conv_backward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
 {
+    if (r->g.nhwc) return conv_nhwc_backward_run(c, r, err);
     bool b16 = r->mode.bf16;
     const void *x = c->in[0], *w = c->in[1], *dy = c->dout[0];
     void *dx = c->din[0], *dw = c->din[1], *db = c->node->n_inputs > 2 ? c->din[2] : NULL;
@@ -757,7 +960,7 @@ static gp_status with_run(struct gp_cuda_ctx *c, bool transpose, bool backward, 
                           struct gp_error *err)
 {
     struct conv_geom g;
-    GP_TRY(conv_geom_init(c->graph, c->node, transpose, &g, err));
+    GP_TRY(conv_geom_init(c->graph, c->node, transpose, false, &g, err));
     if (g.n == 0 || g.img_ch == 0 || g.col_ch == 0 || g.img_size == 0 || g.col_size == 0)
         return backward ? no_gradient(c, err) : GP_OK; /* an empty tensor: nothing for cuDNN to do */
     struct conv_run r;
@@ -800,7 +1003,8 @@ extern "C" const struct gp_cuda_kernel gp_cuda_kernels_conv[] = {
      * staged the backward on float32 copies with TF32 (exact products of
      * bfloat16 values, float32 sums), which was faster while cuDNN's
      * workspace was capped at 256 MiB (conv_problem.cuh). */
-    {"Conv", NULL, conv_scratch, conv_forward, conv_backward, true, false, true, gp_cuda_overwrites_input0},
+    {"Conv", NULL, conv_scratch, conv_forward, conv_backward, true, false, true, gp_cuda_overwrites_input0,
+     conv_layout_native},
     {"ConvTranspose", NULL, conv_transpose_scratch, conv_transpose_forward, conv_transpose_backward, true, false,
      true, gp_cuda_overwrites_input0},
     {NULL, NULL, NULL, NULL, NULL, false},
@@ -816,14 +1020,20 @@ extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const str
     struct conv_geom geom;
     struct gp_error err;
     memset(&err, 0, sizeof err);
-    if (conv_geom_init(g, node, transpose, &geom, &err) != GP_OK) return 0; /* the run reports it */
-    size_t ws = mode_scratch(&geom, options_mode(opts));
+    /* Channels-last as the graph's tags say (the executor's layout_native
+     * call gives the kernel those). */
+    bool x_cl = !transpose && gp_node_input(g, node, 0)->channels_last;
+    bool y_cl = !transpose && gp_node_output(g, node, 0)->channels_last;
+    if (conv_geom_init(g, node, transpose, x_cl || y_cl, &geom, &err) != GP_OK) return 0; /* the run reports it */
+    size_t ws = nhwc_bytes(&geom, options_mode(opts).bf16, x_cl, y_cl) + mode_scratch(&geom, options_mode(opts));
     if (opts->precision == GP_PRECISION_BF16) {
         /* A mixed-type call (and with GP_CONV_BF16_BACKWARD=staged the
          * backward) runs on float32 copies with TF32 (ctx_mode of a bf16
          * stage's staged call). */
         struct conv_mode staged = {false, true, opts->fast_conv};
-        size_t s = mode_scratch(&geom, staged);
+        struct conv_geom flat; /* staged calls get [N, C, H, W] copies */
+        if (conv_geom_init(g, node, transpose, false, &flat, &err) != GP_OK) return ws;
+        size_t s = mode_scratch(&flat, staged);
         if (s > ws) ws = s;
     }
     return ws;

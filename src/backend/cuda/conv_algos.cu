@@ -55,14 +55,24 @@ void conv_descs_destroy(struct descs *d)
 }
 
 static bool set_tensor(cudnnTensorDescriptor_t t, cudnnDataType_t dt, int nd, int64_t n, int64_t ch,
-                       const int64_t *sp, struct dnn_err *e)
+                       const int64_t *sp, bool nhwc, struct dnn_err *e)
 {
     int dims[MAX_AXES + 2], strides[MAX_AXES + 2];
     dims[0] = (int)n;
     dims[1] = (int)ch;
     for (int i = 0; i < nd - 2; i++) dims[i + 2] = (int)sp[i];
-    strides[nd - 1] = 1;
-    for (int i = nd - 2; i >= 0; i--) strides[i] = strides[i + 1] * dims[i + 1];
+    if (nhwc) { /* [n, spatial..., ch] in memory */
+        int run = dims[1];
+        strides[1] = 1;
+        for (int i = nd - 1; i >= 2; i--) {
+            strides[i] = run;
+            run *= dims[i];
+        }
+        strides[0] = run;
+    } else {
+        strides[nd - 1] = 1;
+        for (int i = nd - 2; i >= 0; i--) strides[i] = strides[i + 1] * dims[i + 1];
+    }
     DNN_TRY(e, cudnnSetTensorNdDescriptor, t, dt, nd, dims, strides);
     return true;
 }
@@ -81,13 +91,13 @@ bool conv_descs_create(const struct conv_geom *g, bool bf16, cudnnMathType_t mat
     DNN_TRY(e, cudnnCreateTensorDescriptor, &d->col);
     DNN_TRY(e, cudnnCreateFilterDescriptor, &d->w);
     DNN_TRY(e, cudnnCreateConvolutionDescriptor, &d->conv);
-    if (!set_tensor(d->img, dt, nd, g->n, g->img_ch, g->imgb, e)) return false;
-    if (!set_tensor(d->col, dt, nd, g->n, g->col_ch, g->col, e)) return false;
+    if (!set_tensor(d->img, dt, nd, g->n, g->img_ch, g->imgb, g->nhwc, e)) return false;
+    if (!set_tensor(d->col, dt, nd, g->n, g->col_ch, g->col, g->nhwc, e)) return false;
     int wd[MAX_AXES + 2];
     wd[0] = (int)g->col_ch;
     wd[1] = (int)(g->img_ch / g->group);
     for (int i = 0; i < g->ns; i++) wd[i + 2] = (int)g->k[i];
-    DNN_TRY(e, cudnnSetFilterNdDescriptor, d->w, dt, CUDNN_TENSOR_NCHW, nd, wd);
+    DNN_TRY(e, cudnnSetFilterNdDescriptor, d->w, dt, g->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, nd, wd);
     int pad[MAX_AXES], str[MAX_AXES], dil[MAX_AXES];
     for (int i = 0; i < g->ns; i++) {
         pad[i] = (int)g->q[i];
@@ -113,7 +123,7 @@ bool conv_descs_create(const struct conv_geom *g, bool bf16, cudnnMathType_t mat
 /* ---- algorithm choice, cached ---- */
 
 struct algo_key {
-    int ns, group, bf16, tf32, fastest, transpose, direct;
+    int ns, group, bf16, tf32, fastest, transpose, direct, nhwc;
     int img[MAX_AXES + 2], col[MAX_AXES + 2], w[MAX_AXES + 2];
     int q[MAX_AXES], s[MAX_AXES], d[MAX_AXES];
 };
@@ -128,6 +138,7 @@ static void algo_key_init(const struct conv_geom *g, struct conv_mode mode, stru
     k->fastest = mode.fast;
     k->transpose = g->transpose;
     k->direct = g->direct;
+    k->nhwc = g->nhwc;
     k->img[0] = k->col[0] = (int)g->n;
     k->img[1] = (int)g->img_ch;
     k->col[1] = (int)g->col_ch;
@@ -334,6 +345,7 @@ void conv_graph_problem_of(const struct conv_geom *g, struct conv_mode mode, enu
     p->tf32 = mode.tf32;
     p->nondeterministic = mode.fast;
     p->float_out = mode.bf16 && conv_graph_accumulates(g, op) && !bf16_accumulation();
+    p->nhwc = g->nhwc;
 }
 
 /* Which API convolutions run on (GP_CONV_API): "fastest" (the default

@@ -44,10 +44,22 @@ const char *op_name(conv_graph_op op)
     return op == CONV_GRAPH_FPROP ? "fwd" : op == CONV_GRAPH_DGRAD ? "data" : "filter";
 }
 
-std::vector<int64_t> packed_strides(const std::vector<int64_t> &d)
+/* Strides of a packed tensor of dims d ([n, ch, spatial...]), in that
+ * order or channels-last ([n, spatial..., ch] in memory). */
+std::vector<int64_t> packed_strides(const std::vector<int64_t> &d, bool nhwc)
 {
     std::vector<int64_t> s(d.size(), 1);
-    for (int i = (int)d.size() - 2; i >= 0; i--) s[i] = s[i + 1] * d[i + 1];
+    if (!nhwc) {
+        for (int i = (int)d.size() - 2; i >= 0; i--) s[i] = s[i + 1] * d[i + 1];
+        return s;
+    }
+    int64_t run = d[1];
+    s[1] = 1;
+    for (int i = (int)d.size() - 1; i >= 2; i--) {
+        s[i] = run;
+        run *= d[i];
+    }
+    s[0] = run;
     return s;
 }
 
@@ -70,7 +82,7 @@ fe::error_t make_graph(cudnnHandle_t h, const conv_graph_problem *p, conv_graph_
         dilation(p->dilation, p->dilation + ns);
     auto input = [&](const char *name, const std::vector<int64_t> &d) {
         return g.graph.tensor(
-            fe::graph::Tensor_attributes().set_name(name).set_dim(d).set_stride(packed_strides(d)).set_data_type(io));
+            fe::graph::Tensor_attributes().set_name(name).set_dim(d).set_stride(packed_strides(d, p->nhwc)).set_data_type(io));
     };
     std::vector<int64_t> out_dims;
     switch (op) {
@@ -98,7 +110,7 @@ fe::error_t make_graph(cudnnHandle_t h, const conv_graph_problem *p, conv_graph_
     }
     g.out->set_output(true)
         .set_dim(out_dims)
-        .set_stride(packed_strides(out_dims))
+        .set_stride(packed_strides(out_dims, p->nhwc))
         .set_data_type(p->float_out ? fe::DataType_t::FLOAT : io);
     fe::error_t st = g.graph.validate();
     if (st.is_good()) st = g.graph.build_operation_graph(h);
@@ -184,6 +196,7 @@ std::string problem_bytes(const conv_graph_problem *p)
     memcpy(q.stride, p->stride, sizeof q.stride);
     memcpy(q.dilation, p->dilation, sizeof q.dilation);
     q.bf16 = p->bf16, q.tf32 = p->tf32, q.nondeterministic = p->nondeterministic, q.float_out = p->float_out;
+    q.nhwc = p->nhwc;
     return std::string((const char *)&q, sizeof q);
 }
 

@@ -36,7 +36,7 @@ enum conv_graph_op { CONV_GRAPH_FPROP, CONV_GRAPH_DGRAD, CONV_GRAPH_WGRAD };
 
 #define CONV_GRAPH_NAME 128 /* bytes of an engine configuration's name */
 
-/* One problem: packed NCHW (NCDHW) tensors, image [n, img_ch, spatial],
+/* One problem: packed NCHW (NCDHW) tensors (or channels-last, `nhwc`), image [n, img_ch, spatial],
  * filter [col_ch, img_ch / groups, kernel], columns [n, col_ch, spatial];
  * symmetric padding. Storage bfloat16 or float32; the computation in
  * float32 (tensor cores: bfloat16 always, float32 only with tf32). */
@@ -47,6 +47,8 @@ struct conv_graph_problem {
     bool bf16, tf32;
     bool nondeterministic; /* engines whose results vary run to run allowed (--fast-conv) */
     bool float_out;        /* the result in float32 whatever the storage (to accumulate it in float32) */
+    bool nhwc;             /* channels-last: image and columns [n, spatial, ch], filter [out, kernel, in / groups]
+                              (the dims above still list channels second) */
 };
 
 /* GP_CONV_VERBOSE set (not "0"): choices and the candidates measured for

@@ -32,6 +32,10 @@ struct conv_geom {
     int64_t k[MAX_AXES], s[MAX_AXES], d[MAX_AXES], q[MAX_AXES]; /* q: cuDNN's symmetric pads */
     int64_t img_size, imgb_size, col_size;                     /* per plane */
     bool direct;
+    /* cuDNN convolves channels-last tensors (image and columns [n,
+     * spatial, ch]) with a channels-last filter ([out, kernel, in /
+     * groups]): 2 spatial axes and a direct image only (conv.cu). */
+    bool nhwc;
 };
 
 /* What a convolution runs in: the storage of X, W, Y and their gradients,

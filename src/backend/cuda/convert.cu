@@ -73,3 +73,101 @@ extern "C" gp_status gp_cuda_convert(cudaStream_t stream, void *dst, enum gp_dty
         return gp_error_set(err, GP_ERR_DEVICE, "gp_cuda_convert: convert_kernel: %s", cudaGetErrorString(e));
     return GP_OK;
 }
+
+/* ---- between layouts ----
+ * One tile of 32 channels x 32 cells of one sample per block: read along
+ * the source's contiguous axis, written along the destination's. */
+#define TILE 32
+#define TILE_ROWS 8
+
+template <typename T> __device__ static inline float load_as_f32(const void *p, int64_t i);
+template <> __device__ inline float load_as_f32<float>(const void *p, int64_t i) { return ((const float *)p)[i]; }
+template <> __device__ inline float load_as_f32<uint16_t>(const void *p, int64_t i)
+{
+    return bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+template <typename T> __device__ static inline void store_f32(void *p, int64_t i, float x, bool acc);
+template <> __device__ inline void store_f32<float>(void *p, int64_t i, float x, bool acc)
+{
+    float *d = (float *)p;
+    d[i] = acc ? d[i] + x : x;
+}
+template <> __device__ inline void store_f32<uint16_t>(void *p, int64_t i, float x, bool acc)
+{
+    uint16_t *d = (uint16_t *)p;
+    d[i] = f32_to_bf16(acc ? bf16_to_f32(d[i]) + x : x);
+}
+
+/* TO_NHWC: src [n, c, hw] -> dst [n, hw, c]; else the reverse. */
+template <typename S, typename D, bool TO_NHWC>
+__global__ void relayout_kernel(void *dst, const void *src, int64_t n, int64_t c, int64_t hw, bool acc)
+{
+    __shared__ float tile[TILE][TILE + 1];
+    int64_t c0 = (int64_t)blockIdx.y * TILE, p0 = (int64_t)blockIdx.x * TILE;
+    for (int64_t b = blockIdx.z; b < n; b += gridDim.z) {
+        const int64_t base = b * c * hw;
+        /* Read: along hw for NCHW sources, along c for NHWC ones. */
+        for (int r = threadIdx.y; r < TILE; r += TILE_ROWS) {
+            if (TO_NHWC) {
+                int64_t ch = c0 + r, p = p0 + threadIdx.x;
+                if (ch < c && p < hw) tile[r][threadIdx.x] = load_as_f32<S>(src, base + ch * hw + p);
+            } else {
+                int64_t p = p0 + r, ch = c0 + threadIdx.x;
+                if (ch < c && p < hw) tile[threadIdx.x][r] = load_as_f32<S>(src, base + p * c + ch);
+            }
+        }
+        __syncthreads();
+        for (int r = threadIdx.y; r < TILE; r += TILE_ROWS) {
+            if (TO_NHWC) {
+                int64_t p = p0 + r, ch = c0 + threadIdx.x;
+                if (ch < c && p < hw) store_f32<D>(dst, base + p * c + ch, tile[threadIdx.x][r], acc);
+            } else {
+                int64_t ch = c0 + r, p = p0 + threadIdx.x;
+                if (ch < c && p < hw) store_f32<D>(dst, base + ch * hw + p, tile[r][threadIdx.x], acc);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <typename S, typename D>
+static void launch_relayout(cudaStream_t stream, void *dst, const void *src, bool to_nhwc, int64_t n, int64_t c,
+                            int64_t hw, bool acc)
+{
+    dim3 block(TILE, TILE_ROWS);
+    dim3 grid((unsigned)((hw + TILE - 1) / TILE), (unsigned)((c + TILE - 1) / TILE), (unsigned)(n < 65535 ? n : 65535));
+    if (to_nhwc)
+        relayout_kernel<S, D, true><<<grid, block, 0, stream>>>(dst, src, n, c, hw, acc);
+    else
+        relayout_kernel<S, D, false><<<grid, block, 0, stream>>>(dst, src, n, c, hw, acc);
+}
+
+extern "C" gp_status gp_cuda_relayout(cudaStream_t stream, void *dst, enum gp_dtype dst_type, bool dst_nhwc,
+                                      const void *src, enum gp_dtype src_type, bool src_nhwc, int64_t n, int64_t c,
+                                      int64_t hw, bool accumulate, struct gp_error *err)
+{
+    if (dst_nhwc == src_nhwc)
+        return gp_cuda_convert(stream, dst, dst_type, src, src_type, n * c * hw, accumulate, err);
+    bool sb = src_type == GP_DTYPE_BFLOAT16, db = dst_type == GP_DTYPE_BFLOAT16;
+    if ((!sb && src_type != GP_DTYPE_FLOAT32) || (!db && dst_type != GP_DTYPE_FLOAT32))
+        return gp_error_set(err, GP_ERR_UNSUPPORTED, "gp_cuda_relayout: %s to %s", gp_dtype_name(src_type),
+                            gp_dtype_name(dst_type));
+    if (n < 0 || c < 0 || hw < 0) return gp_error_set(err, GP_ERR_INVALID, "gp_cuda_relayout: negative size");
+    if (n == 0 || c == 0 || hw == 0) return GP_OK;
+    if ((hw + TILE - 1) / TILE > INT32_MAX || (c + TILE - 1) / TILE > 65535)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED, "gp_cuda_relayout: %lld channels of %lld cells exceed the grid",
+                            (long long)c, (long long)hw);
+    if (sb && db)
+        launch_relayout<uint16_t, uint16_t>(stream, dst, src, dst_nhwc, n, c, hw, accumulate);
+    else if (sb)
+        launch_relayout<uint16_t, float>(stream, dst, src, dst_nhwc, n, c, hw, accumulate);
+    else if (db)
+        launch_relayout<float, uint16_t>(stream, dst, src, dst_nhwc, n, c, hw, accumulate);
+    else
+        launch_relayout<float, float>(stream, dst, src, dst_nhwc, n, c, hw, accumulate);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return gp_error_set(err, GP_ERR_DEVICE, "gp_cuda_relayout: %s", cudaGetErrorString(e));
+    return GP_OK;
+}

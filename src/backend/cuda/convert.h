@@ -20,6 +20,14 @@ extern "C" {
 gp_status gp_cuda_convert(cudaStream_t stream, void *dst, enum gp_dtype dst_type, const void *src,
                           enum gp_dtype src_type, int64_t n, bool accumulate, struct gp_error *err);
 
+/* The same for a tensor of logical shape [n, c, hw] between layouts: dst
+ * (laid out [n, hw, c] when dst_nhwc) = src (the same with src_nhwc), or
+ * += with accumulate. Tiles of 32 x 32 through shared memory, so both
+ * sides are read and written in whole rows. */
+gp_status gp_cuda_relayout(cudaStream_t stream, void *dst, enum gp_dtype dst_type, bool dst_nhwc, const void *src,
+                           enum gp_dtype src_type, bool src_nhwc, int64_t n, int64_t c, int64_t hw,
+                           bool accumulate, struct gp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

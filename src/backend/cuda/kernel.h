@@ -32,6 +32,11 @@ struct gp_cuda_ctx {
     void *const *out;      /* [node->n_outputs] */
     float *const *din;     /* gradients to accumulate into, or NULL */
     uint32_t din_overwrite; /* bit k: write din[k] whole instead (backend/compute.h) */
+    /* Bit k: input k (in_nhwc) or output k (out_nhwc), and its gradient,
+     * lies channels-last, [N, H, W, C] for the graph's [N, C, H, W]. Only
+     * for a kernel whose `layout_native` said yes to the call; zero for
+     * every other. */
+    uint32_t in_nhwc, out_nhwc;
     float *const *dout;    /* incoming gradients, or NULL (zero) */
     /* Storage types of in/out/din/dout (backend/compute.h, gp_layer_call):
      * GP_DTYPE_FLOAT32 or GP_DTYPE_BFLOAT16 for float tensors. Non-NULL and
@@ -76,7 +81,15 @@ struct gp_cuda_kernel {
      * (gp_cuda_ctx.din_overwrite): every element, as 0 + its gradient.
      * NULL: never. Not asked with GP_CUDA_FIRST_WRITERS=0. */
     bool (*overwrites)(const struct gp_graph *g, const struct gp_node *node, int k);
+    /* Whether it reads and writes the call's channels-last tensors itself
+     * (in_nhwc, out_nhwc, as given) in forward, or backward. NULL: never;
+     * the executor hands it [N, C, H, W] copies (backend/mixed_call.h). */
+    bool (*layout_native)(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
+                          uint32_t out_nhwc, bool backward);
 };
+
+/* Bit k of a layout mask (gp_cuda_ctx.in_nhwc, out_nhwc). */
+static inline bool gp_cuda_nhwc(uint32_t mask, int k) { return k < 32 && ((mask >> k) & 1); }
 
 /* Whether bit k of the context's din_overwrite is set. */
 static inline bool gp_cuda_overwrite(const struct gp_cuda_ctx *c, int k)

@@ -1,0 +1,194 @@
+/* Channels-last storage: the layout pass and the layout-neutral ops
+ * (graph/layout.h). */
+#include "graph/layout.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+bool gp_layout_policy_parse(const char *s, enum gp_layout_policy *out)
+{
+    if (!strcmp(s, "auto")) *out = GP_LAYOUT_AUTO;
+    else if (!strcmp(s, "nchw")) *out = GP_LAYOUT_NCHW;
+    else if (!strcmp(s, "nhwc") || !strcmp(s, "channels-last")) *out = GP_LAYOUT_NHWC;
+    else return false;
+    return true;
+}
+
+const char *gp_layout_policy_name(enum gp_layout_policy p)
+{
+    return p == GP_LAYOUT_NCHW ? "nchw" : p == GP_LAYOUT_NHWC ? "nhwc" : "auto";
+}
+
+bool gp_layout_policy_on(enum gp_layout_policy p, bool all_gpus)
+{
+    return p == GP_LAYOUT_NHWC || (p == GP_LAYOUT_AUTO && all_gpus);
+}
+
+static bool default_domain(const struct gp_node *n) { return !*n->domain || !strcmp(n->domain, "ai.onnx"); }
+
+bool gp_layout_neutral_op(const struct gp_node *node)
+{
+    static const char *const ops[] = {
+        "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Gelu", "Sqrt", "Neg", "Exp", "Log", "Abs",
+        "Reciprocal", "Softplus", "Elu", "HardSigmoid", "HardSwish", "Floor", "Ceil", "Round", "Sign",
+        "Clip", "Cast", "CastLike", "Identity", "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum",
+        "Mean", "Where",
+    };
+    if (!default_domain(node)) return false;
+    for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
+        if (!strcmp(node->op_type, ops[i])) return true;
+    return false;
+}
+
+static bool bit(uint32_t m, int k) { return k < 32 && ((m >> k) & 1); }
+
+bool gp_layout_neutral_call(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
+                            uint32_t out_nhwc)
+{
+    if (!in_nhwc && !out_nhwc) return true;
+    if (!gp_layout_neutral_op(node) || node->n_outputs < 1 || node->outputs[0] < 0 || node->n_inputs > 32 ||
+        node->n_outputs > 32)
+        return false;
+    const struct gp_shape *shape = &g->values[node->outputs[0]].shape;
+    for (int k = 0; k < node->n_outputs; k++) {
+        int v = node->outputs[k];
+        if (v >= 0 && (!bit(out_nhwc, k) || !gp_shape_equal(&g->values[v].shape, shape))) return false;
+    }
+    for (int k = 0; k < node->n_inputs; k++) {
+        int v = node->inputs[k];
+        if (v < 0) continue;
+        if (bit(in_nhwc, k) ? !gp_shape_equal(&g->values[v].shape, shape) : gp_shape_numel(&g->values[v].shape) != 1)
+            return false;
+    }
+    return true;
+}
+
+uint32_t gp_layout_in_mask(const struct gp_graph *g, const struct gp_node *node)
+{
+    uint32_t m = 0;
+    for (int k = 0; k < node->n_inputs && k < 32; k++)
+        if (node->inputs[k] >= 0 && g->values[node->inputs[k]].channels_last) m |= 1u << k;
+    return m;
+}
+
+uint32_t gp_layout_out_mask(const struct gp_graph *g, const struct gp_node *node)
+{
+    uint32_t m = 0;
+    for (int k = 0; k < node->n_outputs && k < 32; k++)
+        if (node->outputs[k] >= 0 && g->values[node->outputs[k]].channels_last) m |= 1u << k;
+    return m;
+}
+
+/* ---- the pass ---- */
+
+static bool is_op(const struct gp_node *n, const char *op) { return default_domain(n) && !strcmp(n->op_type, op); }
+
+/* A value the pass may tag: a float activation of rank 4 computed by a
+ * node, not a graph output. */
+static bool taggable(const struct gp_graph *g, int v)
+{
+    if (v < 0) return false;
+    const struct gp_value *val = &g->values[v];
+    return val->kind == GP_VALUE_ACTIVATION && val->producer >= 0 && val->has_shape && val->shape.rank == 4 &&
+           val->dtype == GP_DTYPE_FLOAT32 && !val->is_output;
+}
+
+/* Conv over 2 spatial axes: the op whose output starts channels-last. */
+static bool is_conv2d(const struct gp_graph *g, const struct gp_node *n)
+{
+    return is_op(n, "Conv") && n->n_inputs >= 2 && n->inputs[0] >= 0 && g->values[n->inputs[0]].shape.rank == 4;
+}
+
+/* An op whose output 0 follows input 0's layout and which reads that
+ * layout itself: BatchNormalization, MaxPool over 2 axes without its
+ * indices output. */
+static bool follows_input0(const struct gp_graph *g, const struct gp_node *n)
+{
+    if (is_op(n, "BatchNormalization")) return true;
+    if (is_op(n, "MaxPool"))
+        return n->n_outputs == 1 && n->inputs[0] >= 0 && g->values[n->inputs[0]].shape.rank == 4;
+    return false;
+}
+
+/* Whether node n reads value v (as input k) channels-last as it lies:
+ * a Conv's image, a follower's input 0, any input of a neutral op, and
+ * GlobalAveragePool, whose [N, C, 1, 1] output is the same memory in
+ * both layouts (it reads its input through a cheap [N, C, H, W] copy, or
+ * as it lies). */
+static bool reads_channels_last(const struct gp_graph *g, const struct gp_node *n, int k)
+{
+    if (is_conv2d(g, n) || follows_input0(g, n)) return k == 0;
+    return gp_layout_neutral_op(n) || is_op(n, "GlobalAveragePool");
+}
+
+/* agree[v]: value v has readers and each reads it channels-last. */
+static bool *readers_agree(const struct gp_graph *g)
+{
+    bool *agree = calloc((size_t)g->n_values + 1, sizeof *agree), *refused = calloc((size_t)g->n_values + 1, 1);
+    if (!agree || !refused) {
+        free(agree);
+        free(refused);
+        return NULL;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_inputs; k++) {
+            int v = n->inputs[k];
+            if (v < 0) continue;
+            if (reads_channels_last(g, n, k)) agree[v] = true;
+            else refused[v] = true;
+        }
+    }
+    for (int v = 0; v < g->n_values; v++) agree[v] &= !refused[v];
+    free(refused);
+    return agree;
+}
+
+/* Whether node n computes its output channels-last from its inputs' tags. */
+static bool makes_channels_last(const struct gp_graph *g, const struct gp_node *n)
+{
+    if (n->n_outputs < 1 || !taggable(g, n->outputs[0])) return false;
+    if (is_conv2d(g, n)) return true;
+    if (follows_input0(g, n)) return g->values[n->inputs[0]].channels_last;
+    if (!gp_layout_neutral_op(n)) return false;
+    /* Every input channels-last or a scalar, at least one channels-last. */
+    bool any = false;
+    for (int k = 0; k < n->n_inputs; k++) {
+        int v = n->inputs[k];
+        if (v < 0) continue;
+        if (g->values[v].channels_last) any = true;
+        else if (gp_shape_numel(&g->values[v].shape) != 1) return false;
+    }
+    return any;
+}
+
+void gp_graph_clear_layout(struct gp_graph *g)
+{
+    for (int v = 0; v < g->n_values; v++) g->values[v].channels_last = false;
+}
+
+int gp_graph_channels_last_count(const struct gp_graph *g)
+{
+    int count = 0;
+    for (int v = 0; v < g->n_values; v++) count += g->values[v].channels_last;
+    return count;
+}
+
+int gp_graph_channels_last(struct gp_graph *g)
+{
+    gp_graph_clear_layout(g);
+    bool *agree = readers_agree(g);
+    if (!agree) return 0; /* out of memory: the graph stays as the model says */
+    /* Layer order is topological: a node's inputs are decided before it. */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        if (!makes_channels_last(g, n)) continue;
+        for (int k = 0; k < n->n_outputs; k++) {
+            int v = n->outputs[k];
+            if (k > 0 && !(gp_layout_neutral_op(n) && taggable(g, v))) continue;
+            if (agree[v]) g->values[v].channels_last = true;
+        }
+    }
+    free(agree);
+    return gp_graph_channels_last_count(g);
+}
