@@ -68,6 +68,37 @@ expect_fail 2 "no model given" "$bin" inspect
 expect_fail 2 "unknown option '--bogus'" "$bin" inspect "$root/models/mlp_op13.onnx" --bogus
 expect_fail 2 "--batch needs an integer" "$bin" inspect "$root/models/mlp_op13.onnx" --batch 0
 expect_fail 2 "unknown command 'frobnicate'" "$bin" frobnicate
+expect_fail 2 "--layout takes auto, nchw or nhwc, not 'bogus'" "$bin" inspect "$root/models/mlp_op13.onnx" --layout bogus
+
+# inspect --layout nhwc runs the layout pass: a summary line with the count,
+# the layers whose output is channels-last marked in the table and flagged
+# in the JSON, the same ones both ways; without it (auto: nchw, inspect has
+# no devices) nothing is flagged.
+r="$root/models/resnet_op17.onnx"
+"$bin" inspect "$r" --batch 2 --layout nhwc >"$tmp/layout.txt" 2>"$tmp/err.txt" \
+  || fail "inspect --layout nhwc failed: $(cat "$tmp/err.txt")"
+"$bin" inspect "$r" --batch 2 --layout nhwc --json >"$tmp/layout.json" 2>"$tmp/err.txt" \
+  || fail "inspect --layout nhwc --json failed: $(cat "$tmp/err.txt")"
+"$bin" inspect "$r" --batch 2 --json >"$tmp/nchw.json" 2>"$tmp/err.txt" || fail "inspect --json failed"
+grep -qE "^layout +nhwc: [1-9][0-9]* activations channels-last" "$tmp/layout.txt" \
+  || fail "inspect --layout nhwc printed no summary: $(grep -i layout "$tmp/layout.txt")"
+grep -E '^ +[0-9]+  ' "$tmp/layout.txt" | awk '{ print $1, ($NF == "nhwc") ? 1 : 0 }' >"$tmp/marks.txt"
+"$bin" inspect "$r" --batch 2 | grep -q "nhwc" && fail "inspect without --layout nhwc marks layers"
+"$py" - "$tmp/layout.json" "$tmp/nchw.json" "$tmp/marks.txt" "$tmp/layout.txt" <<'PY' || fail "inspect --layout nhwc: table and JSON disagree"
+import json, re, sys
+nhwc, nchw = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+marks = [line.split() for line in open(sys.argv[3])]
+summary = int(re.search(r"nhwc: (\d+) activations", open(sys.argv[4]).read()).group(1))
+assert nhwc["layout"] == "nhwc" and nchw["layout"] == "nchw", (nhwc["layout"], nchw["layout"])
+flags = [l["channels_last"] for l in nhwc["layers"]]
+assert all(isinstance(f, bool) for f in flags)
+assert nhwc["channels_last_activations"] == summary == sum(flags) > 0, (summary, sum(flags))
+assert [int(m[1]) for m in marks] == [int(f) for f in flags], "the table marks other layers than the JSON"
+assert nchw["channels_last_activations"] == 0 and not any(l["channels_last"] for l in nchw["layers"])
+# Never the model's output, and the conv stem is.
+assert not flags[-1] and flags[0]
+PY
+"$bin" inspect --help | grep -q -- "--layout" || fail "inspect --help lacks --layout"
 
 # train: bad input is refused with a reason before any work.
 m="$root/models"
@@ -83,6 +114,34 @@ expect_fail 1 "fewer than one batch" "$bin" train "$m/mlp_op17.onnx" --synthetic
 expect_fail 1 "labels have 360 rows but the data has 1437" \
   "$bin" train "$m/digits_cnn_op17.onnx" --data "$m/digits_train_x.npy" --labels "$m/digits_val_y.npy"
 expect_fail 1 "cannot open" "$bin" train "$m/mlp_op17.onnx" --data "$tmp/missing.npy"
+
+# train --layout: a bad name is a usage error; on CPU devices nhwc trains
+# through [N, C, H, W] copies to the bits of nchw (saved models byte for
+# byte: on a 2-stage pipeline recomputing every micro-batch in bf16, and on
+# one device in fp32), says what it stored channels-last, and predict
+# --layout nhwc gives nchw's outputs; auto there is nchw, without a note.
+expect_fail 2 "--layout takes auto, nchw or nhwc, not 'bogus'" "$bin" train "$m/digits_cnn_op17.onnx" --synthetic --layout bogus
+expect_fail 2 "--layout takes auto, nchw or nhwc, not ''" "$bin" train "$m/digits_cnn_op17.onnx" --synthetic --layout
+"$bin" train --help | grep -q -- "--layout auto|nchw|nhwc" || fail "train --help lacks --layout"
+for l in nchw nhwc auto; do
+  "$bin" train "$m/resnet_op17.onnx" --synthetic 24 --batch 8 --chunks 2 --steps 3 --devices cpu:0,cpu:1 \
+    --checkpoint always --precision bf16 --layout $l --save "$tmp/resnet_$l.onnx" >/dev/null 2>"$tmp/layout_$l.txt" \
+    || fail "train --layout $l failed: $(cat "$tmp/layout_$l.txt")"
+  "$bin" train "$m/digits_cnn_op17.onnx" --synthetic 24 --batch 8 --steps 3 --devices cpu:0 \
+    --layout $l --save "$tmp/digits_$l.onnx" >/dev/null 2>>"$tmp/layout_$l.txt" \
+    || fail "train --layout $l failed: $(cat "$tmp/layout_$l.txt")"
+done
+cmp -s "$tmp/resnet_nchw.onnx" "$tmp/resnet_nhwc.onnx" || fail "resnet: --layout nhwc trained other weights than nchw"
+cmp -s "$tmp/digits_nchw.onnx" "$tmp/digits_nhwc.onnx" || fail "digits_cnn: --layout nhwc trained other weights than nchw"
+cmp -s "$tmp/resnet_nchw.onnx" "$tmp/resnet_auto.onnx" || fail "resnet: --layout auto trained other weights than nchw"
+grep -qE "note: [1-9][0-9]* activations stored channels-last" "$tmp/layout_nhwc.txt" \
+  || fail "train --layout nhwc said nothing of channels-last: $(cat "$tmp/layout_nhwc.txt")"
+grep -q "channels-last" "$tmp/layout_nchw.txt" "$tmp/layout_auto.txt" && fail "train --layout nchw or auto on CPUs noted channels-last"
+for l in nchw nhwc; do
+  "$bin" predict "$tmp/digits_nchw.onnx" --data "$m/digits_val_x.npy" --output "$tmp/pred_$l.npy" --batch 32 \
+    --layout $l 2>"$tmp/err.txt" >/dev/null || fail "predict --layout $l failed: $(cat "$tmp/err.txt")"
+done
+cmp -s "$tmp/pred_nchw.npy" "$tmp/pred_nhwc.npy" || fail "predict --layout nhwc gave other outputs than nchw"
 
 # train: synthetic data, metrics and the saved model; the metrics file has
 # one line per step with a finite loss, and the saved model inspects.

@@ -5,13 +5,14 @@
 
 #include "cli/cli.h"
 #include "graph/layers.h"
+#include "graph/layout.h"
 #include "onnx/load.h"
 #include "ops/registry.h"
 #include "util/json_writer.h"
 
 static void help(FILE *f)
 {
-    fputs("usage: gpipe-onnx inspect MODEL.onnx [--batch N] [--json]\n"
+    fputs("usage: gpipe-onnx inspect MODEL.onnx [--batch N] [--layout L] [--json]\n"
           "\n"
           "Loads the model, binds axis 0 of every input to the batch size, folds the\n"
           "constant subgraphs exporters emit, infers every shape, and prints:\n"
@@ -24,8 +25,14 @@ static void help(FILE *f)
           "\n"
           "options:\n"
           "  --batch N   batch size bound to axis 0 of the inputs (default 1)\n"
+          "  --layout L  auto (default), nchw or nhwc: which activations train --layout\n"
+          "              would store channels-last ([N, H, W, C]). nhwc runs the layout\n"
+          "              pass: the table marks each layer whose output is channels-last\n"
+          "              and counts them; auto is nchw here (it means nhwc on GPUs,\n"
+          "              and inspect has no devices)\n"
           "  --json      print the same as JSON: top-level 'layers' (index, op, name,\n"
-          "              output_shapes, params, frontier_bytes...) and 'parameters'\n"
+          "              output_shapes, params, frontier_bytes, channels_last...),\n"
+          "              'parameters', 'layout' and 'channels_last_activations'\n"
           "  -h, --help  this help\n"
           "\n"
           "Exit status: 0 on success, 1 when the model cannot be loaded (the reason is\n"
@@ -90,7 +97,14 @@ static int tally_folded(const struct gp_graph *g, struct op_tally *t)
     return n;
 }
 
-static void print_json(const struct gp_graph *g, const struct gp_layers *l, const char *path)
+/* Whether the layer's output 0 is stored channels-last (graph/layout.h). */
+static bool out_channels_last(const struct gp_graph *g, const struct gp_node *n)
+{
+    return n->n_outputs > 0 && n->outputs[0] >= 0 && g->values[n->outputs[0]].channels_last;
+}
+
+static void print_json(const struct gp_graph *g, const struct gp_layers *l, const char *path,
+                       enum gp_layout_policy layout)
 {
     struct gp_json j;
     gp_json_init(&j, stdout, true);
@@ -142,6 +156,10 @@ static void print_json(const struct gp_graph *g, const struct gp_layers *l, cons
     free(t);
     gp_json_key(&j, "input_frontier_bytes");
     gp_json_int(&j, l->frontier_bytes[0]);
+    gp_json_key(&j, "layout");
+    gp_json_string(&j, gp_layout_policy_name(layout));
+    gp_json_key(&j, "channels_last_activations");
+    gp_json_int(&j, gp_graph_channels_last_count(g));
 
     int *ids = malloc(sizeof(int) * ((size_t)g->n_values + 1));
     gp_json_key(&j, "layers");
@@ -186,6 +204,8 @@ static void print_json(const struct gp_graph *g, const struct gp_layers *l, cons
             gp_json_string(&j, n->outputs[k] >= 0 ? gp_dtype_name(g->values[n->outputs[k]].dtype)
                                                   : "");
         gp_json_array_end(&j);
+        gp_json_key(&j, "channels_last");
+        gp_json_bool(&j, out_channels_last(g, n));
         gp_json_key(&j, "params");
         gp_json_int(&j, l->layer_params[i]);
         gp_json_key(&j, "frontier_bytes");
@@ -222,7 +242,7 @@ static const char *clip(const char *s, int width, char *buf, size_t size)
     return buf;
 }
 
-static void print_table(const struct gp_graph *g, const struct gp_layers *l, const char *path)
+static void print_table(const struct gp_graph *g, const struct gp_layers *l, const char *path, bool nhwc)
 {
     char a[64], b[64];
     int64_t elems, bytes;
@@ -254,7 +274,11 @@ static void print_table(const struct gp_graph *g, const struct gp_layers *l, con
         printf("\n");
     }
     free(t);
-    printf("%-12s %s\n\n", "input bytes", gp_cli_bytes(l->frontier_bytes[0], a, sizeof a));
+    printf("%-12s %s\n", "input bytes", gp_cli_bytes(l->frontier_bytes[0], a, sizeof a));
+    if (nhwc)
+        printf("%-12s nhwc: %d activations channels-last ([N, H, W, C]; the layers marked nhwc)\n", "layout",
+               gp_graph_channels_last_count(g));
+    printf("\n");
 
     int name_w = 4, op_w = 2;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -265,8 +289,10 @@ static void print_table(const struct gp_graph *g, const struct gp_layers *l, con
     }
     if (name_w > 40) name_w = 40;
     if (op_w > 24) op_w = 24;
-    printf("%5s  %-*s  %-*s  %-24s %12s  %s\n", "#", op_w, "op", name_w, "name", "output shape",
-           "params", "frontier after");
+    /* With the layout pass, a last column marks channels-last outputs. */
+    int front_w = nhwc ? 14 : 0;
+    printf("%5s  %-*s  %-*s  %-24s %12s  %-*s%s\n", "#", op_w, "op", name_w, "name", "output shape",
+           "params", front_w, "frontier after", nhwc ? "  layout" : "");
     for (int i = 0; i < g->n_nodes; i++) {
         const struct gp_node *n = &g->nodes[i];
         char name[64], shapes[512] = "";
@@ -281,10 +307,11 @@ static void print_table(const struct gp_graph *g, const struct gp_layers *l, con
         }
         char op[64];
         snprintf(op, sizeof op, "%s%s", n->op_type, n->fused_relu ? "+Relu" : "");
-        printf("%5d  %-*s  %-*s  %-24s %12s  %s\n", i, op_w, op, name_w,
+        const char *mark = nhwc && out_channels_last(g, n) ? "  nhwc" : "";
+        printf("%5d  %-*s  %-*s  %-24s %12s  %-*s%s\n", i, op_w, op, name_w,
                clip(n->name, name_w, name, sizeof name), shapes,
-               l->layer_params[i] ? gp_cli_count(l->layer_params[i], a, sizeof a) : "-",
-               gp_cli_bytes(l->frontier_bytes[i + 1], b, sizeof b));
+               l->layer_params[i] ? gp_cli_count(l->layer_params[i], a, sizeof a) : "-", *mark ? front_w : 0,
+               gp_cli_bytes(l->frontier_bytes[i + 1], b, sizeof b), mark);
     }
 }
 
@@ -293,6 +320,7 @@ int gp_cmd_inspect(int argc, char **argv)
     const char *path = NULL;
     int64_t batch = 1;
     bool json = false;
+    enum gp_layout_policy layout = GP_LAYOUT_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
@@ -304,6 +332,10 @@ int gp_cmd_inspect(int argc, char **argv)
             const char *val = arg[7] == '=' ? arg + 8 : (i + 1 < argc ? argv[++i] : NULL);
             if (!gp_cli_parse_int("inspect", "--batch", val, 1, (int64_t)1 << 31, &batch))
                 return GP_EXIT_USAGE;
+        } else if (strcmp(arg, "--layout") == 0 || strncmp(arg, "--layout=", 9) == 0) {
+            const char *val = arg[8] == '=' ? arg + 9 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!val || !gp_layout_policy_parse(val, &layout))
+                return gp_cli_usage("inspect", "--layout takes auto, nchw or nhwc, not '%s'", val ? val : "");
         } else if (arg[0] == '-' && arg[1]) {
             return gp_cli_usage("inspect", "unknown option '%s'", arg);
         } else if (!path) {
@@ -323,8 +355,11 @@ int gp_cmd_inspect(int argc, char **argv)
         gp_graph_free(&g);
         return gp_cli_fail("%s", err.msg);
     }
-    if (json) print_json(&g, &layers, path);
-    else print_table(&g, &layers, path);
+    /* As training on CPU devices would: auto means the model's layout here. */
+    bool nhwc = gp_layout_policy_on(layout, false);
+    if (nhwc) gp_graph_channels_last(&g);
+    if (json) print_json(&g, &layers, path, nhwc ? GP_LAYOUT_NHWC : GP_LAYOUT_NCHW);
+    else print_table(&g, &layers, path, nhwc);
     int status = fflush(stdout) == 0 ? GP_EXIT_OK : gp_cli_fail("cannot write the report");
     gp_layers_free(&layers);
     gp_graph_free(&g);
