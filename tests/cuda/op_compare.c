@@ -17,6 +17,7 @@
 #include "backend/compute.h"
 #include "backend/cpu/kernel.h"
 #include "backend/cuda/kernel.h"
+#include "graph/layout.h"
 #include "graph/tensor.h"
 
 #define MAX_IO OP_COMPARE_MAX_INPUTS
@@ -169,6 +170,48 @@ static float *download_floats(const void *d, int64_t n, bool b16, const char *la
     return h;
 }
 
+/* ---- channels-last on the host (op_compare.h) ---- */
+
+/* A copy of the n = N * C * H * W floats of a tensor of shape [N, C, H, W]
+ * (`s`), from [N, C, H, W] to [N, H, W, C] (to_nhwc) or back. */
+static float *relayout(const float *a, const struct gp_shape *s, bool to_nhwc)
+{
+    int64_t N = s->dims[0], C = s->dims[1], H = s->dims[2], W = s->dims[3], n = N * C * H * W;
+    float *r = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    assert_non_null(r);
+    for (int64_t b = 0; b < N; b++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t w = 0; w < W; w++) {
+                    int64_t nchw = ((b * C + c) * H + h) * W + w, nhwc = ((b * H + h) * W + w) * C + c;
+                    if (to_nhwc) r[nhwc] = a[nchw];
+                    else r[nchw] = a[nhwc];
+                }
+    return r;
+}
+
+/* upload_floats of [N, C, H, W] host data, laid out [N, H, W, C] on the
+ * device when nhwc (shape `s`). */
+static void *upload_as(const float *h, int64_t n, bool b16, bool nhwc, const struct gp_shape *s, const char *label)
+{
+    if (!nhwc) return upload_floats(h, n, b16, label);
+    float *t = relayout(h, s, true);
+    void *d = upload_floats(t, n, b16, label);
+    free(t);
+    return d;
+}
+
+/* download_floats, back to [N, C, H, W] when the device holds [N, H, W, C]. */
+static float *download_as(const void *d, int64_t n, bool b16, bool nhwc, const struct gp_shape *s,
+                          const char *label)
+{
+    float *h = download_floats(d, n, b16, label);
+    if (!nhwc) return h;
+    float *r = relayout(h, s, false);
+    free(h);
+    return r;
+}
+
 /* A tensor's tolerance: |gpu - cpu| <= rel |cpu| + rms_rel rms(cpu) + abs_tol
  * (rms_rel 0 outside bf16). */
 static void compare_floats(const char *label, const char *tensor, int index, const float *gpu,
@@ -233,6 +276,33 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     bool backward = !o->forward_only && ck->backward;
     if (backward && !gk->backward) fail_msg("%s: the CUDA kernel has no backward", label);
     if (b16 && !gk->bf16 && !gk->bf16_any) fail_msg("%s: the CUDA kernel does not read bfloat16", label);
+    /* Channels-last: only rank-4 float tensors, and only for a call the
+     * kernel says it reads as it lies (or a layout-neutral op's). */
+    uint32_t lin = o->nhwc_inputs, lout = o->nhwc_outputs;
+    for (int k = 0; k < 32; k++) {
+        const struct gp_value *v = bit(lin, k) ? gp_node_input(g, node, k) : NULL;
+        if (bit(lin, k) && (!v || v->shape.rank != 4 || !gp_dtype_is_float(v->dtype)))
+            fail_msg("%s: nhwc_inputs names input %d, which is not a rank-4 float tensor", label, k);
+        v = bit(lout, k) ? gp_node_output(g, node, k) : NULL;
+        if (bit(lout, k) && (!v || v->shape.rank != 4 || !gp_dtype_is_float(v->dtype)))
+            fail_msg("%s: nhwc_outputs names output %d, which is not a rank-4 float tensor", label, k);
+    }
+    if (lin || lout) {
+        if (gk->layout_native) {
+            if (!gk->layout_native(g, node, lin, lout, false))
+                fail_msg("%s: the CUDA kernel's layout_native refuses forward with inputs 0x%x and outputs 0x%x "
+                         "channels-last (the executor would hand it [N, C, H, W] copies)",
+                         label, (unsigned)lin, (unsigned)lout);
+            if (backward && !gk->layout_native(g, node, lin, lout, true))
+                fail_msg("%s: the CUDA kernel's layout_native refuses backward with inputs 0x%x and outputs 0x%x "
+                         "channels-last (the executor would hand it [N, C, H, W] copies)",
+                         label, (unsigned)lin, (unsigned)lout);
+        } else if (!gp_layout_neutral_call(g, node, lin, lout)) {
+            fail_msg("%s: inputs 0x%x and outputs 0x%x channels-last, but the CUDA kernel has no layout_native "
+                     "and the op is not layout-neutral for the call",
+                     label, (unsigned)lin, (unsigned)lout);
+        }
+    }
 
     /* Host data, shared by both sides. */
     void *hx[MAX_IO] = {0};
@@ -339,11 +409,12 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     for (int k = 0; k < ni; k++) {
         if (node->inputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->inputs[k]];
+        bool nhwc = bit(lin, k);
         if (gp_dtype_is_float(v->dtype))
-            gin[k] = upload_floats(hx[k], nx[k], x16[k], label);
+            gin[k] = upload_as(hx[k], nx[k], x16[k], nhwc, &v->shape, label);
         else
             gin[k] = op_dev_copy_of(hx[k], (size_t)nx[k] * esize(v->dtype), label);
-        if (want_dx[k]) gdin[k] = upload_floats(hd0[k], nx[k], dx16[k], label);
+        if (want_dx[k]) gdin[k] = upload_as(hd0[k], nx[k], dx16[k], nhwc, &v->shape, label);
     }
     for (int k = 0; k < no; k++) {
         if (node->outputs[k] < 0) continue;
@@ -353,7 +424,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         /* Poison: NaN for floats (float32 and bfloat16), 0xa5 bytes for integers. */
         op_cuda_ok(cudaMemset(gout[k], gp_dtype_is_float(v->dtype) ? 0xff : 0xa5, bytes ? bytes : 16), label,
                 "cudaMemset");
-        if (hdy[k]) gdout[k] = upload_floats(hdy[k], ny[k], b16, label);
+        if (hdy[k]) gdout[k] = upload_as(hdy[k], ny[k], b16, bit(lout, k), &v->shape, label);
     }
     /* The workspace the planner gives the node in this mode (convolutions:
      * exactly the mode's; other kernels their scratch_bytes). */
@@ -367,6 +438,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     struct gp_cuda_ctx gc = {.graph = g, .node = node, .in = gin, .out = gout, .din = gdin, .dout = gdout,
                              .in_dt = b16 ? in_dt : NULL, .out_dt = b16 ? out_dt : NULL,
                              .din_dt = b16 ? din_dt : NULL, .dout_dt = b16 ? dout_dt : NULL,
+                             .in_nhwc = lin, .out_nhwc = lout,
                              .saved = gsaved, .scratch = gscratch, .stream = stream,
                              .cublas = libs.cublas, .cudnn = libs.cudnn, .tf32 = o->tf32,
                              .fast_conv = o->fast_conv,
@@ -386,7 +458,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         if (node->outputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->outputs[k]];
         if (gp_dtype_is_float(v->dtype)) {
-            float *h = download_floats(gout[k], ny[k], y16[k], label);
+            float *h = download_as(gout[k], ny[k], y16[k], bit(lout, k), &v->shape, label);
             if (y16[k]) round_all_bf16(cout[k], ny[k]);
             if (b16)
                 compare_floats(label, "output", k, h, cout[k], ny[k], y16[k] ? r_bf16 : r_f32, abs_tol,
@@ -402,7 +474,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     }
     for (int k = 0; k < ni; k++) {
         if (!want_dx[k]) continue;
-        float *h = download_floats(gdin[k], nx[k], dx16[k], label);
+        float *h = download_as(gdin[k], nx[k], dx16[k], bit(lin, k), &g->values[node->inputs[k]].shape, label);
         if (dx16[k]) round_all_bf16(cdin[k], nx[k]);
         if (b16)
             compare_floats(label, "gradient of input", k, h, cdin[k], nx[k], dx16[k] ? r_bf16 : r_f32, abs_tol,
@@ -416,7 +488,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         if (node->inputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->inputs[k]];
         if (!gp_dtype_is_float(v->dtype)) continue;
-        float *h = download_floats(gin[k], nx[k], x16[k], label);
+        float *h = download_as(gin[k], nx[k], x16[k], bit(lin, k), &v->shape, label);
         if (x16[k]) round_all_bf16(cin[k], nx[k]);
         if (b16)
             compare_floats(label, "input (after the step)", k, h, cin[k], nx[k], x16[k] ? r_bf16 : r_f32,

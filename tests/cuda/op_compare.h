@@ -34,7 +34,22 @@
  *   |cuda - ref| <= 2^-8 (|ref| + rms(ref)) + abs_tol
  * (a convolution's float32 weight gradient is rounded to bfloat16 once
  * before it is added); abs_tol is the caller's slack for float32 sums of K
- * terms added in other orders (sum_tol(K)). rel_tol is not used. */
+ * terms added in other orders (sum_tol(K)). rel_tol is not used.
+ *
+ * Channels-last (nhwc_inputs, nhwc_outputs; graph/layout.h): on the CUDA
+ * side only, input k (bit k of nhwc_inputs; a rank-4 float tensor) and its
+ * gradient, and output k (bit k of nhwc_outputs) and its gradient, lie as
+ * [N, H, W, C] for the graph's [N, C, H, W], as the executor hands them to
+ * a kernel whose layout_native said yes (ctx->in_nhwc, out_nhwc get the
+ * masks). The harness transposes on the host: the inputs, the output
+ * gradients and the initial input gradients before they are uploaded, the
+ * results (outputs, input gradients, inputs after the step) back to
+ * [N, C, H, W] before they are compared, so the NaN poison and the +=
+ * check work as in [N, C, H, W]. The CPU side, the reference, stays
+ * [N, C, H, W]. With a mask set, the CUDA kernel's layout_native must say
+ * yes to the call (forward, and backward when it runs), or, where it has
+ * none, the op must be layout-neutral for it (gp_layout_neutral_call):
+ * else the case fails saying so. */
 #ifndef GP_TESTS_CUDA_OP_COMPARE_H
 #define GP_TESTS_CUDA_OP_COMPARE_H
 
@@ -61,6 +76,8 @@ struct op_compare {
     bool bf16;                                  /* bfloat16 storage on the CUDA side (above) */
     uint32_t params;                            /* bf16: inputs (bit k) whose gradients are float32 */
     uint32_t f32_inputs, f32_outputs;           /* bf16: inputs, outputs (bit k) stored as float32 */
+    uint32_t nhwc_inputs, nhwc_outputs;         /* CUDA side: inputs, outputs (bit k; rank 4) and their
+                                                   gradients channels-last (above) */
 };
 
 /* Compares node `node` of g on both backends; fails the cmocka test (naming

@@ -17,7 +17,11 @@
  * sum_tol(K) for bfloat16 tensors (Y, dX; W, B and their gradients when
  * they are activations), 2^-8 (|ref| + rms(ref)) + sum_tol(K) for float32
  * ones (the parameters' dW and dB: dW passes through bfloat16 once), K the
- * longest sum as for float32 (op_compare.h). */
+ * longest sum as for float32 (op_compare.h).
+ *
+ * Channels-last: the pools' own [N, H, W, C] kernels (MaxPool over 2
+ * axes, GlobalAveragePool) against the same CPU kernels, op_compare
+ * transposing the CUDA side's tensors on the host (test_pools_nhwc). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -351,42 +355,56 @@ struct pool_case {
                     * compares equal infinities as a mismatch) */
 };
 
+/* The case's graph: its node alone, without the Indices output when
+ * no_indices (the channels-last runs: MaxPool reads channels-last only
+ * without it). */
+static void pool_graph(struct gp_graph *g, const struct pool_case *c, bool no_indices)
+{
+    bool is_avg = strcmp(c->op, "AveragePool") == 0;
+    begin(g, c->opset ? c->opset : is_avg ? 19 : 12);
+    int ns = c->rank - 2;
+    input(g, "x", c->rank, c->x);
+    int n = node(g, c->op, 1, S("x"), c->indices && !no_indices ? 2 : 1, S("y", "ind"));
+    if (c->kernel[0]) attr_ints(g, n, "kernel_shape", ns, c->kernel);
+    if (c->strides[0]) attr_ints(g, n, "strides", ns, c->strides);
+    if (c->dilations[0]) attr_ints(g, n, "dilations", ns, c->dilations);
+    if (c->has_pads) attr_ints(g, n, "pads", 2 * ns, c->pads);
+    if (c->auto_pad) attr_s(g, n, "auto_pad", c->auto_pad);
+    if (c->ceil_mode >= 0) attr_i(g, n, "ceil_mode", c->ceil_mode);
+    if (c->count_include_pad >= 0) attr_i(g, n, "count_include_pad", c->count_include_pad);
+    if (c->storage_order >= 0) attr_i(g, n, "storage_order", c->storage_order);
+    finalize_ok(g);
+}
+
+/* The case's X when it asks for ties (values in {0, 1, 2}, with NaNs for
+ * data 2: exact in bfloat16 too), or NULL (random values). */
+static float *pool_data(const struct pool_case *c)
+{
+    if (!c->data) return NULL;
+    int64_t numel = 1;
+    for (int i = 0; i < c->rank; i++) numel *= c->x[i];
+    float *data = malloc(sizeof(float) * (size_t)numel);
+    assert_non_null(data);
+    uint32_t s = 12345;
+    for (int64_t i = 0; i < numel; i++) {
+        s = s * 1664525u + 1013904223u;
+        uint32_t r = s >> 24;
+        data[i] = (float)(r % 3);
+        if (c->data == 2 && r % 17 == 0) data[i] = NAN;
+    }
+    return data;
+}
+
 static void run_pool(const struct pool_case *c)
 {
     struct gp_graph g;
-    bool is_avg = strcmp(c->op, "AveragePool") == 0;
-    begin(&g, c->opset ? c->opset : is_avg ? 19 : 12);
-    int ns = c->rank - 2;
-    input(&g, "x", c->rank, c->x);
-    int n = node(&g, c->op, 1, S("x"), c->indices ? 2 : 1, S("y", "ind"));
-    if (c->kernel[0]) attr_ints(&g, n, "kernel_shape", ns, c->kernel);
-    if (c->strides[0]) attr_ints(&g, n, "strides", ns, c->strides);
-    if (c->dilations[0]) attr_ints(&g, n, "dilations", ns, c->dilations);
-    if (c->has_pads) attr_ints(&g, n, "pads", 2 * ns, c->pads);
-    if (c->auto_pad) attr_s(&g, n, "auto_pad", c->auto_pad);
-    if (c->ceil_mode >= 0) attr_i(&g, n, "ceil_mode", c->ceil_mode);
-    if (c->count_include_pad >= 0) attr_i(&g, n, "count_include_pad", c->count_include_pad);
-    if (c->storage_order >= 0) attr_i(&g, n, "storage_order", c->storage_order);
-    finalize_ok(&g);
-    int64_t numel = 1;
-    for (int i = 0; i < c->rank; i++) numel *= c->x[i];
-    float *data = NULL;
+    pool_graph(&g, c, false);
     struct op_compare o = {.label = NULL};
     char label[200];
     snprintf(label, sizeof label, "%s: %s", c->op, c->label);
     o.label = label;
-    if (c->data) {
-        data = malloc(sizeof(float) * (size_t)numel);
-        assert_non_null(data);
-        uint32_t s = 12345;
-        for (int64_t i = 0; i < numel; i++) {
-            s = s * 1664525u + 1013904223u;
-            uint32_t r = s >> 24;
-            data[i] = (float)(r % 3);
-            if (c->data == 2 && r % 17 == 0) data[i] = NAN;
-        }
-        o.inputs[0] = data;
-    }
+    float *data = pool_data(c);
+    o.inputs[0] = data;
     /* Global averages sum in double on both sides, in different orders. */
     if (strcmp(c->op, "GlobalAveragePool") == 0) o.rel_tol = 1e-6;
     op_compare_node(&g, 0, &o);
@@ -494,6 +512,21 @@ static const struct pool_case pool_cases[] = {
      NOATTR, false, 1, 1},
     {"3-D", "GlobalMaxPool", 5, {2, 3, 4, 5, 6}, {0}, {0}, {0}, false, {0}, NULL, NOATTR, false, 1,
      0},
+    /* For the channels-last kernels (test_pools_nhwc) too: channel counts
+     * that take runs of 2 to 8 channels per access, with ties, NaNs and
+     * dilations, and a size at which the backward's grid loops. */
+    {"ties with NaNs, 3x3 stride 2 pads 1, 16 channels", "MaxPool", 4, {2, 16, 11, 10}, {3, 3}, {2, 2},
+     {0}, true, {1, 1, 1, 1}, NULL, NOATTR, false, 0, 2},
+    {"ties, dilations 2, ceil_mode, 8 channels", "MaxPool", 4, {2, 8, 10, 9}, {3, 2}, {2, 2}, {2, 2},
+     true, {1, 0, 1, 1}, NULL, 1, -1, -1, false, 0, 1},
+    {"ties, 2x2 stride 1, 6 channels", "MaxPool", 4, {3, 6, 7, 8}, {2, 2}, {1, 1}, {0}, false, {0},
+     NULL, NOATTR, false, 0, 1},
+    {"ResNet-50's: 3x3 stride 2 pads 1, 64 channels at 112x112", "MaxPool", 4, {8, 64, 112, 112},
+     {3, 3}, {2, 2}, {0}, true, {1, 1, 1, 1}, NULL, NOATTR, false, 0, 0},
+    {"12 channels, 33x35", "GlobalAveragePool", 4, {3, 12, 33, 35}, {0}, {0}, {0}, false, {0}, NULL,
+     NOATTR, false, 1, 0},
+    {"ResNet-50 head, 2048 channels", "GlobalAveragePool", 4, {4, 2048, 7, 7}, {0}, {0}, {0}, false,
+     {0}, NULL, NOATTR, false, 1, 0},
 };
 
 static void test_pools(void **state)
@@ -524,41 +557,14 @@ static const struct {
 static void run_pool_bf16(const struct pool_case *c, int mix)
 {
     struct gp_graph g;
-    bool is_avg = strcmp(c->op, "AveragePool") == 0;
-    begin(&g, c->opset ? c->opset : is_avg ? 19 : 12);
-    int ns = c->rank - 2;
-    input(&g, "x", c->rank, c->x);
-    int n = node(&g, c->op, 1, S("x"), c->indices ? 2 : 1, S("y", "ind"));
-    if (c->kernel[0]) attr_ints(&g, n, "kernel_shape", ns, c->kernel);
-    if (c->strides[0]) attr_ints(&g, n, "strides", ns, c->strides);
-    if (c->dilations[0]) attr_ints(&g, n, "dilations", ns, c->dilations);
-    if (c->has_pads) attr_ints(&g, n, "pads", 2 * ns, c->pads);
-    if (c->auto_pad) attr_s(&g, n, "auto_pad", c->auto_pad);
-    if (c->ceil_mode >= 0) attr_i(&g, n, "ceil_mode", c->ceil_mode);
-    if (c->count_include_pad >= 0) attr_i(&g, n, "count_include_pad", c->count_include_pad);
-    if (c->storage_order >= 0) attr_i(&g, n, "storage_order", c->storage_order);
-    finalize_ok(&g);
-    int64_t numel = 1;
-    for (int i = 0; i < c->rank; i++) numel *= c->x[i];
-    float *data = NULL;
+    pool_graph(&g, c, false);
     char label[240];
     snprintf(label, sizeof label, "%s: %s (bf16, %s)", c->op, c->label, pool_bf16_mixes[mix].name);
     struct op_compare o = {.label = label, .bf16 = true, .params = pool_bf16_mixes[mix].params,
                            .f32_inputs = pool_bf16_mixes[mix].f32_inputs,
                            .f32_outputs = pool_bf16_mixes[mix].f32_outputs};
-    if (c->data) {
-        /* run_pool's ties: values in {0, 1, 2} and NaNs, exact in bfloat16. */
-        data = malloc(sizeof(float) * (size_t)numel);
-        assert_non_null(data);
-        uint32_t s = 12345;
-        for (int64_t i = 0; i < numel; i++) {
-            s = s * 1664525u + 1013904223u;
-            uint32_t r = s >> 24;
-            data[i] = (float)(r % 3);
-            if (c->data == 2 && r % 17 == 0) data[i] = NAN;
-        }
-        o.inputs[0] = data;
-    }
+    float *data = pool_data(c);
+    o.inputs[0] = data;
     op_compare_node(&g, 0, &o);
     free(data);
     gp_graph_free(&g);
@@ -570,6 +576,73 @@ static void test_pools_bf16(void **state)
     for (int k = 0; k < N_OF(pool_cases); k++) {
         run_pool_bf16(&pool_cases[k], 0);
         run_pool_bf16(&pool_cases[k], 1 + k % 3);
+    }
+}
+
+/* Channels-last (graph/layout.h): the pools that read it themselves
+ * (pool.cu) take X, and Y where it follows, as [N, H, W, C]
+ * (op_compare's nhwc_inputs, nhwc_outputs; the CPU side stays
+ * [N, C, H, W]): MaxPool over 2 axes with X and Y channels-last, every
+ * rank-4 MaxPool case run without its Indices output (ties, NaNs,
+ * dilations, ceil_mode, pads); GlobalAveragePool with X channels-last
+ * and Y tagged or not (the same memory). The kernels do per channel what
+ * the planar ones do per plane, in the same order, so the tolerances are
+ * those of the planar runs. */
+static bool pool_nhwc_applies(const struct pool_case *c)
+{
+    return c->rank == 4 && (strcmp(c->op, "MaxPool") == 0 || strcmp(c->op, "GlobalAveragePool") == 0);
+}
+
+/* mix < 0: float32; else bfloat16 with pool_bf16_mixes[mix]. y_nhwc: Y
+ * channels-last too. */
+static void run_pool_nhwc(const struct pool_case *c, int mix, bool y_nhwc)
+{
+    struct gp_graph g;
+    pool_graph(&g, c, true);
+    char label[260];
+    snprintf(label, sizeof label, "%s: %s (channels-last X%s%s%s%s)", c->op, c->label,
+             y_nhwc ? " and Y" : ", Y not", c->indices ? ", without Indices" : "", mix >= 0 ? ", bf16, " : "",
+             mix >= 0 ? pool_bf16_mixes[mix].name : "");
+    struct op_compare o = {.label = label, .nhwc_inputs = 1, .nhwc_outputs = y_nhwc ? 1u : 0u};
+    if (mix >= 0) {
+        o.bf16 = true;
+        o.params = pool_bf16_mixes[mix].params;
+        o.f32_inputs = pool_bf16_mixes[mix].f32_inputs;
+        o.f32_outputs = pool_bf16_mixes[mix].f32_outputs;
+    } else if (strcmp(c->op, "GlobalAveragePool") == 0) {
+        o.rel_tol = 1e-6; /* as run_pool's */
+    }
+    float *data = pool_data(c);
+    o.inputs[0] = data;
+    op_compare_node(&g, 0, &o);
+    free(data);
+    gp_graph_free(&g);
+}
+
+static void test_pools_nhwc(void **state)
+{
+    (void)state;
+    for (int k = 0; k < N_OF(pool_cases); k++) {
+        const struct pool_case *c = &pool_cases[k];
+        if (!pool_nhwc_applies(c)) continue;
+        run_pool_nhwc(c, -1, true);
+        if (strcmp(c->op, "GlobalAveragePool") == 0) run_pool_nhwc(c, -1, false);
+    }
+}
+
+/* bfloat16: each case all bfloat16, and again with one of X, Y or dX
+ * float32 (case by case, as test_pools_bf16: the run-time typed path, one
+ * channel per access). */
+static void test_pools_nhwc_bf16(void **state)
+{
+    (void)state;
+    for (int k = 0; k < N_OF(pool_cases); k++) {
+        const struct pool_case *c = &pool_cases[k];
+        if (!pool_nhwc_applies(c)) continue;
+        bool gap = strcmp(c->op, "GlobalAveragePool") == 0;
+        run_pool_nhwc(c, 0, true);
+        run_pool_nhwc(c, 1 + k % 3, true);
+        if (gap) run_pool_nhwc(c, 0, false);
     }
 }
 
@@ -586,6 +659,8 @@ int main(void)
         cmocka_unit_test(test_conv_scratch_modes),
         cmocka_unit_test(test_pools),
         cmocka_unit_test(test_pools_bf16),
+        cmocka_unit_test(test_pools_nhwc),
+        cmocka_unit_test(test_pools_nhwc_bf16),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0)

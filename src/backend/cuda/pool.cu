@@ -30,7 +30,21 @@
  * The kernels are templates over IO, the storage of a launch's tensors,
  * chosen once on the host (io_kind_of): io_typed<float> (all float32: the
  * float32 code as it was), io_typed<__nv_bfloat16> (all bfloat16) or
- * io_mixed (each tensor's type read at run time, gp_fptr). */
+ * io_mixed (each tensor's type read at run time, gp_fptr).
+ *
+ * Channels-last (gp_cuda_kernel.layout_native, ctx->in_nhwc / out_nhwc;
+ * graph/layout.h): MaxPool over 2 spatial axes without Indices reads X and
+ * writes Y as [N, H, W, C] when both lie so, its saved argmax (the same
+ * in-plane offsets) then kept at Y's channels-last positions;
+ * GlobalAveragePool reads X channels-last, Y ([N, C, 1, 1]) being the same
+ * memory in either layout, and its backward adds to dX channels-last. A
+ * thread takes a run of consecutive channels (up to 16 bytes of each
+ * tensor per access where C and the pointers allow) and does for each
+ * channel what the planar kernels do for its plane, in their order: the
+ * same bits (GlobalAveragePool's forward sums in another fixed order,
+ * within float32 rounding of the CPU's, as the planar one does). Any other
+ * call with channels-last tensors gets [N, C, H, W] copies
+ * (backend/mixed_call.h). */
 #include <initializer_list>
 #include <limits.h>
 #include <math.h>
@@ -53,12 +67,33 @@ template <typename A> struct io_typed {
     __device__ static float act(gp_fptr t, int64_t i) { return gp_load((const A *)t.p + i); }
     __device__ static float ldg(gp_fptr t, int64_t i) { return ldg_of((const A *)t.p + i); }
     __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_store((A *)t.p + i, v); }
+    /* Values i .. i + VEC - 1 as one access (the channels-last kernels'
+     * runs along C; i a multiple of VEC, nhwc_vec checked the alignment). */
+    template <int VEC> __device__ static void run(gp_fptr t, int64_t i, float (&v)[VEC])
+    {
+        gp_run<A, VEC>::load(t.p, i, v);
+    }
+    template <int VEC> __device__ static void set_run(gp_fptr t, int64_t i, const float (&v)[VEC])
+    {
+        gp_run<A, VEC>::store(t.p, i, v);
+    }
 };
 
 struct io_mixed {
     __device__ static float act(gp_fptr t, int64_t i) { return gp_ld(t, i); }
     __device__ static float ldg(gp_fptr t, int64_t i) { return gp_ld(t, i); }
     __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
+    /* One value at a time (the run-time typed path takes runs of 1). */
+    template <int VEC> __device__ static void run(gp_fptr t, int64_t i, float (&v)[VEC])
+    {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v[k] = gp_ld(t, i + k);
+    }
+    template <int VEC> __device__ static void set_run(gp_fptr t, int64_t i, const float (&v)[VEC])
+    {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) gp_st(t, i + k, v[k]);
+    }
 };
 
 enum io_kind { IO_F32, IO_BF16, IO_MIXED };
@@ -309,6 +344,279 @@ __global__ static void maxpool_backward_kernel(pool_plan<I> pp, const int *__res
     }
 }
 
+/* ---- channels-last (ctx->in_nhwc, out_nhwc) ----
+ *
+ * A rank-4 tensor tagged channels-last lies as [N, H, W, C] for the
+ * graph's [N, C, H, W] (graph/layout.h). The kernels below are the ones
+ * above with the loops over a plane's cells kept and the channel moved
+ * innermost: a thread takes a run of VEC consecutive channels of one cell
+ * (one access of up to 16 bytes, gp_run) and does, for each channel of the
+ * run, exactly what the planar kernel's thread does for that channel's
+ * plane, in the same order. So results are the planar kernels' bit for bit
+ * (GlobalAveragePool's forward: within its float32 rounding, below). Only
+ * 2 spatial axes: the plan's axes 1 and 2 (axis 0 is 1). */
+
+/* A run of VEC int32s as one access (the saved argmax beside a run of Y). */
+template <int VEC> struct int_run {
+    typedef typename gp_raw<(int)sizeof(int) * VEC>::t raw;
+    union u {
+        raw r;
+        int a[VEC];
+    };
+    __device__ static void load(const int *p, int64_t i, int (&v)[VEC])
+    {
+        u x;
+        x.r = *(const raw *)(p + i);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v[k] = x.a[k];
+    }
+    __device__ static void store(int *p, int64_t i, const int (&v)[VEC])
+    {
+        u x;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) x.a[k] = v[k];
+        *(raw *)(p + i) = x.r;
+    }
+};
+
+/* The run length along C: the longest of 8, 4, 2 channels that divides C
+ * (so a run never leaves its cell) and whose bytes, at most 16, every
+ * pointer given aligns (`tensors` of the launch's storage, `ints` the
+ * saved int32 argmax; NULL ones do not count); else 1, and always 1 for
+ * the run-time typed path. Every run then starts at a multiple of VEC. */
+static int nhwc_vec(enum io_kind kind, int64_t ch, std::initializer_list<const void *> tensors, const int *ints)
+{
+    if (kind == IO_MIXED) return 1;
+    size_t elem = kind == IO_BF16 ? 2 : 4;
+    for (int vec = (int)(16 / elem); vec > 1; vec /= 2) {
+        if (ch % vec) continue;
+        size_t ialign = sizeof(int) * (size_t)vec > 16 ? 16 : sizeof(int) * (size_t)vec;
+        bool ok = !ints || (uintptr_t)ints % ialign == 0;
+        for (const void *p : tensors)
+            if (p && (uintptr_t)p % (elem * (size_t)vec)) ok = false;
+        if (ok) return vec;
+    }
+    return 1;
+}
+
+/* Runs the statement(s) with IO the storage `kind` names and VEC the run
+ * length `vec` (nhwc_vec: float32 4, 2, 1; bfloat16 8, 4, 2, 1; mixed 1)
+ * as constants. */
+#define NHWC_DISPATCH(kind, vec, ...)                                                 \
+    do {                                                                              \
+        if ((kind) == IO_F32) {                                                       \
+            typedef io_typed<float> IO;                                               \
+            if ((vec) == 4) {                                                         \
+                const int VEC = 4;                                                    \
+                __VA_ARGS__;                                                          \
+            } else if ((vec) == 2) {                                                  \
+                const int VEC = 2;                                                    \
+                __VA_ARGS__;                                                          \
+            } else {                                                                  \
+                const int VEC = 1;                                                    \
+                __VA_ARGS__;                                                          \
+            }                                                                         \
+        } else if ((kind) == IO_BF16) {                                               \
+            typedef io_typed<__nv_bfloat16> IO;                                       \
+            if ((vec) == 8) {                                                         \
+                const int VEC = 8;                                                    \
+                __VA_ARGS__;                                                          \
+            } else if ((vec) == 4) {                                                  \
+                const int VEC = 4;                                                    \
+                __VA_ARGS__;                                                          \
+            } else if ((vec) == 2) {                                                  \
+                const int VEC = 2;                                                    \
+                __VA_ARGS__;                                                          \
+            } else {                                                                  \
+                const int VEC = 1;                                                    \
+                __VA_ARGS__;                                                          \
+            }                                                                         \
+        } else {                                                                      \
+            typedef io_mixed IO;                                                      \
+            const int VEC = 1;                                                        \
+            __VA_ARGS__;                                                              \
+        }                                                                             \
+    } while (0)
+
+/* X [N, H, W, C] -> Y [N, OH, OW, C], and the argmax (saved, for
+ * backward). Thread e takes channels c0 .. c0 + VEC - 1 of output cell q
+ * (e * VEC = q * C + c0, Y's and the argmax's channels-last offset) and
+ * scans the window as window_argmax does, with its rule per channel: the
+ * first maximum in scan order, a NaN winning. The argmax it keeps is the
+ * planar kernel's value, the input cell's offset h * W + w within its
+ * plane (-1: no input cell in the window), stored at Y's channels-last
+ * position; the backward reads it there, so a call's forward and backward
+ * must both run channels-last (maxpool_layout_native answers both alike). */
+template <typename I, bool DIL, class IO, int VEC>
+__global__ static void maxpool_nhwc_forward_kernel(pool_plan<I> pp, I ch, gp_fptr x, gp_fptr y,
+                                                   int *__restrict__ arg)
+{
+    const I runs = ch / VEC, batch = pp.planes / ch;
+    POOL_GRID_STRIDE(I, e, batch * pp.out_size * runs)
+    {
+        I q = e / runs, c0 = (e - q * runs) * VEC;
+        I b = q / pp.out_size, cell = q - b * pp.out_size;
+        I o1 = cell / pp.out[2], o2 = cell - o1 * pp.out[2];
+        I a1, e1, a2, e2, unused;
+        taps<I, DIL>(pp, 1, o1, &a1, &e1, &unused);
+        taps<I, DIL>(pp, 2, o2, &a2, &e2, &unused);
+        const I xb = b * pp.in_size;
+        I best[VEC];
+        float max[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            best[j] = -1;
+            max[j] = -INFINITY;
+        }
+        for (I t1 = a1; t1 < e1; t1++) {
+            I row = (o1 * pp.s[1] - pp.p[1] + t1 * pp.d[1]) * pp.in[2] + o2 * pp.s[2] - pp.p[2];
+            for (I t2 = a2; t2 < e2; t2++) {
+                I idx = row + t2 * pp.d[2];
+                float v[VEC];
+                IO::template run<VEC>(x, (int64_t)((xb + idx) * ch + c0), v);
+#pragma unroll
+                for (int j = 0; j < VEC; j++) {
+                    if (best[j] < 0) best[j] = idx;
+                    if (v[j] > max[j] || isnan(v[j])) {
+                        max[j] = v[j];
+                        best[j] = idx;
+                    }
+                }
+            }
+        }
+        /* max[j] is X at best[j] (the planar kernel reloads it): the
+         * first tap sets best without max only when it is -inf. */
+        float out[VEC];
+        int keep[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            out[j] = best[j] >= 0 ? max[j] : -INFINITY;
+            keep[j] = (int)best[j];
+        }
+        IO::template set_run<VEC>(y, (int64_t)e * VEC, out);
+        if (arg) int_run<VEC>::store(arg, (int64_t)e * VEC, keep);
+    }
+}
+
+/* dX += dY at each window's maximum, channels-last: thread e takes
+ * channels c0 .. c0 + VEC - 1 of input cell r (e * VEC = its channels-last
+ * offset) and visits the output cells whose windows may hold it in
+ * increasing order (holders), adding, for each channel whose saved argmax
+ * is r, that cell's dY: the planar kernel's sums in its order. */
+template <typename I, class IO, int VEC>
+__global__ static void maxpool_nhwc_backward_kernel(pool_plan<I> pp, I ch, const int *__restrict__ arg, gp_fptr dy,
+                                                    gp_fptr dx)
+{
+    const I runs = ch / VEC, batch = pp.planes / ch;
+    POOL_GRID_STRIDE(I, e, batch * pp.in_size * runs)
+    {
+        I q = e / runs, c0 = (e - q * runs) * VEC;
+        I b = q / pp.in_size, r = q - b * pp.in_size;
+        I i1 = r / pp.in[2], i2 = r - i1 * pp.in[2];
+        I lo1, hi1, lo2, hi2;
+        holders<I>(pp, 1, i1, &lo1, &hi1);
+        holders<I>(pp, 2, i2, &lo2, &hi2);
+        const I yb = b * pp.out_size;
+        float acc[VEC];
+        IO::template run<VEC>(dx, (int64_t)e * VEC, acc);
+        for (I o1 = lo1; o1 <= hi1; o1++)
+            for (I o2 = lo2; o2 <= hi2; o2++) {
+                int64_t at = (int64_t)((yb + o1 * pp.out[2] + o2) * ch + c0);
+                int a[VEC];
+                int_run<VEC>::load(arg, at, a);
+                bool hit = false;
+#pragma unroll
+                for (int j = 0; j < VEC; j++) hit |= a[j] == (int)r;
+                if (!hit) continue; /* most windows: dY need not be read */
+                float g[VEC];
+                IO::template run<VEC>(dy, at, g);
+#pragma unroll
+                for (int j = 0; j < VEC; j++)
+                    if (a[j] == (int)r) acc[j] = __fadd_rn(acc[j], g[j]);
+            }
+        IO::template set_run<VEC>(dx, (int64_t)e * VEC, acc);
+    }
+}
+
+/* MaxPool reads and writes channels-last itself over 2 spatial axes
+ * without the Indices output, X and Y both channels-last (the layout
+ * pass's MaxPool, graph/layout.h); every other call gets [N, C, H, W]
+ * copies. Forward and backward are answered alike: the saved argmax lies
+ * in the layout the forward ran in. */
+static bool maxpool_layout_native(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
+                                  uint32_t out_nhwc, bool backward)
+{
+    (void)backward;
+    const struct gp_value *x = gp_node_input(g, node, 0), *y = gp_node_output(g, node, 0);
+    bool indices = gp_node_output(g, node, 1) != NULL;
+    return x && y && x->shape.rank == 4 && y->shape.rank == 4 && !indices && gp_cuda_nhwc(in_nhwc, 0) &&
+           gp_cuda_nhwc(out_nhwc, 0);
+}
+
+/* Whether the call runs channels-last: X or Y tagged, which only a call
+ * maxpool_layout_native accepted may be (anything else is refused rather
+ * than read in the wrong layout). */
+static gp_status maxpool_nhwc_call(const struct gp_cuda_ctx *c, bool *nhwc, struct gp_error *err)
+{
+    *nhwc = gp_cuda_nhwc(c->in_nhwc, 0) || gp_cuda_nhwc(c->out_nhwc, 0);
+    if (*nhwc && !maxpool_layout_native(c->graph, c->node, c->in_nhwc, c->out_nhwc, false))
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
+                             "MaxPool runs channels-last only over 2 spatial axes, without Indices, with X "
+                             "and Y both channels-last");
+    return GP_OK;
+}
+
+template <typename I, class IO, int VEC>
+static void maxpool_nhwc_forward_launch(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &p64, int64_t ch,
+                                        bool dilated)
+{
+    pool_plan<I> pp = plan_as<I>(p64);
+    unsigned blocks = gp_cuda_blocks_for(p64.planes * p64.out_size / VEC);
+    gp_fptr x = gp_cuda_in_f(c, 0), y = gp_cuda_out_f(c, 0);
+    int *arg = (int *)c->saved;
+    if (dilated)
+        maxpool_nhwc_forward_kernel<I, true, IO, VEC><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, (I)ch, x, y,
+                                                                                                arg);
+    else
+        maxpool_nhwc_forward_kernel<I, false, IO, VEC><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, (I)ch, x, y,
+                                                                                                 arg);
+}
+
+/* Runs of VEC channels with int indices; with int64_t ones (tensors of
+ * about 2^29 elements and more) one channel at a time, which keeps the
+ * number of kernels built down. */
+static void maxpool_nhwc_forward(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &pp, bool small, bool dilated)
+{
+    int64_t ch = gp_cuda_in_shape(c, 0)->dims[1];
+    gp_fptr x = gp_cuda_in_f(c, 0), y = gp_cuda_out_f(c, 0);
+    enum io_kind kind = io_kind_of({x, y});
+    if (small) {
+        int vec = nhwc_vec(kind, ch, {x.p, y.p}, (const int *)c->saved);
+        NHWC_DISPATCH(kind, vec, maxpool_nhwc_forward_launch<int, IO, VEC>(c, pp, ch, dilated));
+    } else {
+        IO_DISPATCH(kind, maxpool_nhwc_forward_launch<int64_t, IO, 1>(c, pp, ch, dilated));
+    }
+}
+
+static void maxpool_nhwc_backward(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &pp, bool small)
+{
+    int64_t ch = gp_cuda_in_shape(c, 0)->dims[1];
+    const int *arg = (const int *)c->saved;
+    gp_fptr dy = gp_cuda_dout_f(c, 0), dx = gp_cuda_din_f(c, 0);
+    enum io_kind kind = io_kind_of({dy, dx});
+    if (small) {
+        int vec = nhwc_vec(kind, ch, {dy.p, dx.p}, arg);
+        unsigned blocks = gp_cuda_blocks_for(pp.planes * pp.in_size / vec);
+        NHWC_DISPATCH(kind, vec,
+                      maxpool_nhwc_backward_kernel<int, IO, VEC><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+                          plan_as<int>(pp), (int)ch, arg, dy, dx));
+    } else {
+        unsigned blocks = gp_cuda_blocks_for(pp.planes * pp.in_size);
+        IO_DISPATCH(kind, maxpool_nhwc_backward_kernel<int64_t, IO, 1><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+                              pp, ch, arg, dy, dx));
+    }
+}
+
 static bool want_indices(const struct gp_cuda_ctx *c)
 {
     return c->node->n_outputs > 1 && c->out[1] && gp_cuda_out_value(c, 1);
@@ -347,6 +655,12 @@ static gp_status maxpool_forward(struct gp_cuda_ctx *c, struct gp_error *err)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "a plane of %lld cells exceeds int32 argmax offsets",
                              (long long)pp.in_size);
     if (pp.planes * pp.out_size == 0) return GP_OK;
+    bool nhwc;
+    GP_TRY(maxpool_nhwc_call(c, &nhwc, err));
+    if (nhwc) {
+        maxpool_nhwc_forward(c, pp, small, dilated);
+        return gp_cuda_check_launch(c, "MaxPool forward (channels-last)", err);
+    }
     int64_t *ind = want_indices(c) ? (int64_t *)c->out[1] : NULL;
     bool col_major = gp_node_attr_int(c->node, "storage_order", 0) != 0;
     enum io_kind kind = io_kind_of({gp_cuda_in_f(c, 0), gp_cuda_out_f(c, 0)});
@@ -367,6 +681,12 @@ static gp_status maxpool_backward(struct gp_cuda_ctx *c, struct gp_error *err)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "MaxPool backward needs the argmax saved by forward");
     int64_t n = pp.planes * pp.in_size;
     if (n == 0 || pp.out_size == 0) return GP_OK;
+    bool nhwc;
+    GP_TRY(maxpool_nhwc_call(c, &nhwc, err));
+    if (nhwc) {
+        maxpool_nhwc_backward(c, pp, small);
+        return gp_cuda_check_launch(c, "MaxPool backward (channels-last)", err);
+    }
     const int *arg = (const int *)c->saved;
     gp_fptr dy = gp_cuda_dout_f(c, 0), dx = gp_cuda_din_f(c, 0);
     enum io_kind kind = io_kind_of({dy, dx});
@@ -665,6 +985,85 @@ __global__ static void global_avg_backward_kernel(gp_fptr dy, gp_fptr dx, int64_
     }
 }
 
+/* Channels-last GlobalAveragePool: X [N, HW, C] -> Y [N, C] (Y's
+ * [N, C, 1, 1] is the same memory in either layout). A block takes one
+ * sample and 32 runs of VEC channels, a lane each, coalesced along C; its
+ * warps split the plane's cells, warp w summing cells w, w + W, w + 2W,
+ * ... (W warps) in double, and each channel's W partial sums then meet in
+ * warp order: a fixed order, other than the CPU's (one sum in cell
+ * order), so Y is within its float32 rounding, as the planar kernel's. */
+template <class IO, int VEC>
+__global__ static void global_avg_nhwc_forward_kernel(gp_fptr x, gp_fptr y, int64_t ch, int64_t size, int64_t tiles)
+{
+    int64_t b = blockIdx.x / tiles, tile = blockIdx.x - b * tiles;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int64_t c0 = (tile * 32 + lane) * VEC;
+    bool live = c0 < ch; /* ch is a multiple of VEC: a live run is whole */
+    double s[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; j++) s[j] = 0;
+    if (live)
+        for (int64_t t = w; t < size; t += WARPS_PER_BLOCK) {
+            float v[VEC];
+            IO::template run<VEC>(x, (b * size + t) * ch + c0, v);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) s[j] += (double)v[j];
+        }
+    __shared__ double part[WARPS_PER_BLOCK][32 * VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; j++) part[w][lane * VEC + j] = s[j];
+    __syncthreads();
+    if (w != 0 || !live) return;
+    float out[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; j++) {
+        double t = 0;
+        for (int k = 0; k < WARPS_PER_BLOCK; k++) t += part[k][lane * VEC + j];
+        out[j] = (float)(t / (double)size);
+    }
+    IO::template set_run<VEC>(y, b * ch + c0, out);
+}
+
+/* dX [N, HW, C] += dY [N, C] / HW: the planar kernel's one term per
+ * element, a run of VEC channels per thread. */
+template <class IO, int VEC>
+__global__ static void global_avg_nhwc_backward_kernel(gp_fptr dy, gp_fptr dx, int64_t ch, int64_t size,
+                                                       int64_t total_runs)
+{
+    const int64_t runs = ch / VEC;
+    GP_GRID_STRIDE(e, total_runs)
+    {
+        int64_t q = gp_dev_fdiv(e, runs), c0 = (e - q * runs) * VEC, b = gp_dev_fdiv(q, size);
+        float g[VEC], d[VEC];
+        IO::template run<VEC>(dy, b * ch + c0, g);
+        IO::template run<VEC>(dx, e * VEC, d);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) d[j] = __fadd_rn(d[j], __fdiv_rn(g[j], (float)size));
+        IO::template set_run<VEC>(dx, e * VEC, d);
+    }
+}
+
+/* GlobalAveragePool reads X channels-last itself (rank 4), whatever Y's
+ * tag: Y is the same memory either way. */
+static bool global_avg_layout_native(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
+                                     uint32_t out_nhwc, bool backward)
+{
+    (void)out_nhwc;
+    (void)backward;
+    const struct gp_value *x = gp_node_input(g, node, 0);
+    return x && x->shape.rank == 4 && gp_cuda_nhwc(in_nhwc, 0);
+}
+
+/* Whether X lies channels-last (Y's tag changes nothing); refused where
+ * global_avg_layout_native would not have said yes. */
+static gp_status global_avg_nhwc_call(const struct gp_cuda_ctx *c, bool *nhwc, struct gp_error *err)
+{
+    *nhwc = gp_cuda_nhwc(c->in_nhwc, 0);
+    if (*nhwc && !global_avg_layout_native(c->graph, c->node, c->in_nhwc, c->out_nhwc, false))
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "GlobalAveragePool reads channels-last only at rank 4");
+    return GP_OK;
+}
+
 /* Grid for one plane per warp or per block. */
 static gp_status global_grid(const struct gp_cuda_ctx *c, int64_t planes, int64_t size, bool *block,
                              unsigned *blocks, struct gp_error *err)
@@ -681,6 +1080,21 @@ static gp_status global_avg_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     int64_t planes, size;
     GP_TRY(global_dims(c, &planes, &size, err));
     if (planes == 0) return GP_OK;
+    bool nhwc;
+    GP_TRY(global_avg_nhwc_call(c, &nhwc, err));
+    if (nhwc) {
+        /* A block per sample and 32 runs of channels. */
+        int64_t ch = gp_cuda_in_shape(c, 0)->dims[1];
+        gp_fptr x = gp_cuda_in_f(c, 0), y = gp_cuda_out_f(c, 0);
+        enum io_kind kind = io_kind_of({x, y});
+        int vec = nhwc_vec(kind, ch, {x.p, y.p}, NULL);
+        int64_t tiles = (ch / vec + 31) / 32, nb = planes / ch * tiles;
+        if (nb > INT_MAX)
+            return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "too many planes (%lld)", (long long)planes);
+        NHWC_DISPATCH(kind, vec, global_avg_nhwc_forward_kernel<IO, VEC><<<(unsigned)nb, GP_CUDA_THREADS, 0,
+                                                                            c->stream>>>(x, y, ch, size, tiles));
+        return gp_cuda_check_launch(c, "GlobalAveragePool forward (channels-last)", err);
+    }
     bool block = false;
     unsigned blocks = 0;
     GP_TRY(global_grid(c, planes, size, &block, &blocks, err));
@@ -696,6 +1110,18 @@ static gp_status global_avg_backward(struct gp_cuda_ctx *c, struct gp_error *err
     GP_TRY(global_dims(c, &planes, &size, err));
     if (!c->dout[0] || !c->din[0] || planes * size == 0) return GP_OK;
     gp_fptr dy = gp_cuda_dout_f(c, 0), dx = gp_cuda_din_f(c, 0);
+    bool nhwc;
+    GP_TRY(global_avg_nhwc_call(c, &nhwc, err));
+    if (nhwc) {
+        int64_t ch = gp_cuda_in_shape(c, 0)->dims[1];
+        enum io_kind kind = io_kind_of({dy, dx});
+        int vec = nhwc_vec(kind, ch, {dy.p, dx.p}, NULL);
+        int64_t total = planes * size / vec;
+        unsigned blocks = gp_cuda_blocks_for(total);
+        NHWC_DISPATCH(kind, vec, global_avg_nhwc_backward_kernel<IO, VEC><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+                                     dy, dx, ch, size, total));
+        return gp_cuda_check_launch(c, "GlobalAveragePool backward (channels-last)", err);
+    }
     unsigned blocks = gp_cuda_blocks_for(planes * size);
     IO_DISPATCH(io_kind_of({dy, dx}), global_avg_backward_kernel<IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
                                           dy, dx, planes, size));
@@ -732,9 +1158,11 @@ static gp_status global_max_backward(struct gp_cuda_ctx *c, struct gp_error *err
 }
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_pool[] = {
-    {"MaxPool", maxpool_saved, NULL, maxpool_forward, maxpool_backward, false, true},
+    {"MaxPool", maxpool_saved, NULL, maxpool_forward, maxpool_backward, false, true, false, NULL,
+     maxpool_layout_native},
     {"AveragePool", NULL, NULL, avgpool_forward, avgpool_backward, false, true},
-    {"GlobalAveragePool", NULL, NULL, global_avg_forward, global_avg_backward, false, true},
+    {"GlobalAveragePool", NULL, NULL, global_avg_forward, global_avg_backward, false, true, false, NULL,
+     global_avg_layout_native},
     {"GlobalMaxPool", NULL, NULL, global_max_forward, global_max_backward, false, true},
     {NULL, NULL, NULL, NULL, NULL},
 };
