@@ -174,21 +174,60 @@ int gp_graph_channels_last_count(const struct gp_graph *g)
     return count;
 }
 
-int gp_graph_channels_last(struct gp_graph *g)
+/* Withdraws agreement from every tagged value that a reader reads
+ * through copies after all: a neutral op whose other operand is broadcast
+ * or untagged, or whose own output is untagged; a follower (BatchNorm,
+ * MaxPool) whose output is untagged, whose kernels read both or neither
+ * channels-last (its input's producer writes [N, C, H, W] then, which a
+ * convolution does at the cost of one transpose, where the follower on
+ * copies would pay for four). True when any was withdrawn. */
+static bool withdraw(const struct gp_graph *g, bool *agree)
 {
-    gp_graph_clear_layout(g);
-    bool *agree = readers_agree(g);
-    if (!agree) return 0; /* out of memory: the graph stays as the model says */
-    /* Layer order is topological: a node's inputs are decided before it. */
+    bool changed = false;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct gp_node *n = &g->nodes[i];
-        if (!makes_channels_last(g, n)) continue;
-        for (int k = 0; k < n->n_outputs; k++) {
-            int v = n->outputs[k];
-            if (k > 0 && !(gp_layout_neutral_op(n) && taggable(g, v))) continue;
-            if (agree[v]) g->values[v].channels_last = true;
+        if (follows_input0(g, n)) {
+            int x = n->inputs[0];
+            if (x >= 0 && g->values[x].channels_last && agree[x] && !g->values[n->outputs[0]].channels_last) {
+                agree[x] = false;
+                changed = true;
+            }
+            continue;
+        }
+        if (!gp_layout_neutral_op(n)) continue;
+        if (gp_layout_neutral_call(g, n, gp_layout_in_mask(g, n), gp_layout_out_mask(g, n))) continue;
+        for (int k = 0; k < n->n_inputs; k++) {
+            int v = n->inputs[k];
+            if (v >= 0 && g->values[v].channels_last && agree[v]) {
+                agree[v] = false;
+                changed = true;
+            }
         }
     }
+    return changed;
+}
+
+int gp_graph_channels_last(struct gp_graph *g)
+{
+    bool *agree = readers_agree(g);
+    if (!agree) {
+        gp_graph_clear_layout(g);
+        return 0; /* out of memory: the graph stays as the model says */
+    }
+    /* Agreement only shrinks: at most one round per value. */
+    do {
+        gp_graph_clear_layout(g);
+        /* Layer order is topological: a node's inputs are decided before it. */
+        for (int i = 0; i < g->n_nodes; i++) {
+            const struct gp_node *n = &g->nodes[i];
+            if (!makes_channels_last(g, n)) continue;
+            for (int k = 0; k < n->n_outputs; k++) {
+                int v = n->outputs[k];
+                if (k > 0 && !(gp_layout_neutral_op(n) && taggable(g, v))) continue;
+                if (agree[v]) g->values[v].channels_last = true;
+            }
+        }
+    } while (withdraw(g, agree));
     free(agree);
     return gp_graph_channels_last_count(g);
 }
