@@ -190,6 +190,51 @@ static void test_bn_bf16(void **state)
     }
 }
 
+/* Channels-last (graph/layout.h): X, Y and their gradients [N, H, W, C] on
+ * the CUDA side (op_compare's nhwc masks), every rank-4 case in float32
+ * and in the executor's and the all-bfloat16 mixes, training and
+ * evaluation, with and without a fused Relu; and shapes of ResNet-50's
+ * (64 channels of 56 x 56 cells: many chunks of rows; 2048 channels: many
+ * blocks across a row). */
+static const struct bn_case bn_nhwc_extra[] = {
+    {"BN-15 [16,64,28,28]", 15, 4, {16, 64, 28, 28}, 1, false, 0, 0},
+    {"BN-15 [4,2048,7,7]", 15, 4, {4, 2048, 7, 7}, 3, true, 0, 0},
+    {"BN-15 [3,40,5,5] runs of 8 over 5 groups", 15, 4, {3, 40, 5, 5}, 1, false, 0, 0},
+};
+
+static void bn_nhwc_case(const struct bn_case *c, int eval, int relu, int mix)
+{
+    struct gp_graph g;
+    build_bn(&g, c);
+    g.nodes[0].fused_relu = relu;
+    char label[192];
+    const struct bf16_mix *x = mix >= 0 ? &bn_mixes[mix] : NULL;
+    snprintf(label, sizeof label, "%s%s, %s, channels-last%s%s%s", c->label, relu ? " + Relu" : "",
+             eval ? "evaluation" : "training", x ? ", bf16 (" : "", x ? x->name : "", x ? ")" : "");
+    struct op_compare o = {.label = label, .eval = eval, .nhwc_inputs = 1, .nhwc_outputs = 1};
+    if (x) {
+        o.bf16 = true;
+        o.params = x->params;
+        o.f32_inputs = x->f32_inputs;
+        o.f32_outputs = x->f32_outputs;
+    }
+    op_compare_node(&g, 0, &o);
+    gp_graph_free(&g);
+}
+
+static void test_bn_nhwc(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof bn_cases / sizeof *bn_cases + sizeof bn_nhwc_extra / sizeof *bn_nhwc_extra; k++) {
+        size_t n_main = sizeof bn_cases / sizeof *bn_cases;
+        const struct bn_case *c = k < n_main ? &bn_cases[k] : &bn_nhwc_extra[k - n_main];
+        if (c->rank != 4) continue;
+        for (int eval = 0; eval < 2; eval++)
+            for (int relu = 0; relu < 2; relu++)
+                for (int mix = -1; mix < 2; mix++) bn_nhwc_case(c, eval, relu, mix);
+    }
+}
+
 /* Training with one value per channel is refused, naming the node, before
  * anything is launched (no device memory needed). */
 static void test_bn_one_value(void **state)
@@ -581,6 +626,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bn),
         cmocka_unit_test(test_bn_bf16),
+        cmocka_unit_test(test_bn_nhwc),
         cmocka_unit_test(test_bn_one_value),
         cmocka_unit_test(test_bn_deferred),
         cmocka_unit_test(test_bn_deferred_bf16),

@@ -73,6 +73,7 @@ struct setup {
     bool graph;  /* replay the step as a CUDA graph */
     bool spread; /* stage k on GPU k modulo the GPUs visible */
     bool one_f_one_b; /* the 1F1B schedule (default GPipe) */
+    enum gp_layout_policy layout; /* default auto: channels-last on the GPU, as the CPU's model says on it */
 };
 
 /* The reference data of the fixture's model (the fixture's name up to
@@ -135,6 +136,7 @@ static gp_status train(const struct setup *s, struct result *res, struct gp_erro
     cfg.checkpoint = s->checkpoint;
     cfg.pipeline_schedule = s->one_f_one_b ? GP_PIPE_1F1B : GP_PIPE_GPIPE;
     cfg.cuda_graph = s->graph ? GP_CUDA_GRAPH_ON : GP_CUDA_GRAPH_OFF;
+    cfg.layout = s->layout;
     snprintf(saved, sizeof saved, "%s/%s_%d.onnx", tmp, s->fixture, n_runs++);
     cfg.save_path = saved;
     struct gp_train_callbacks cb = {.user = res, .on_step = on_step, .on_memory = on_memory};
@@ -205,9 +207,10 @@ static bool check(struct setup s)
     s.stages = stages;
     if (train(&s, &gpu, &err) != GP_OK) fail_msg("%s on the GPU: %s", s.fixture, err.msg);
     char what[160];
-    snprintf(what, sizeof what, "%s, %d stage%s x %d micro-batch%s, %s%s%s", s.fixture, s.stages,
+    snprintf(what, sizeof what, "%s, %d stage%s x %d micro-batch%s, %s%s%s%s", s.fixture, s.stages,
              s.stages > 1 ? "s" : "", s.chunks, s.chunks > 1 ? "es" : "", gp_checkpoint_name(s.checkpoint),
-             s.adamw ? ", AdamW" : "", s.clip > 0 ? ", clipped" : "");
+             s.adamw ? ", AdamW" : "", s.clip > 0 ? ", clipped" : "",
+             s.layout == GP_LAYOUT_NCHW ? ", nchw" : s.layout == GP_LAYOUT_NHWC ? ", nhwc" : "");
     bool ok = compare(what, &gpu, &cpu);
     gp_graph_free(&cpu.saved);
     gp_graph_free(&gpu.saved);
@@ -236,6 +239,29 @@ static void test_fixtures(void **state)
                                         .stages = 1, .checkpoint = GP_CHECKPOINT_NEVER});
     if (failed) fail_msg("%d of %d runs differ from the CPU (MISMATCH lines above)", failed,
                          2 * (int)(sizeof fixtures / sizeof *fixtures));
+}
+
+/* Both layouts on the GPU against the CPU (the default, auto, is
+ * channels-last there: test_fixtures): the convolution nets as the model
+ * says (cuDNN's NCHW path), and channels-last with micro-batches, every
+ * checkpoint mode and two stages sharing the GPU (frontiers and
+ * recomputation of channels-last activations). */
+static void test_layouts(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"resnet_op17", "digits_cnn_op17", "unet_op17"};
+    static const enum gp_checkpoint modes[3] = {GP_CHECKPOINT_NEVER, GP_CHECKPOINT_EXCEPT_LAST,
+                                                GP_CHECKPOINT_ALWAYS};
+    int failed = 0;
+    for (int f = 0; f < 3; f++) {
+        int64_t batch = f == 2 ? 4 : 8;
+        failed += !check((struct setup){.fixture = fixtures[f], .batch = batch, .chunks = 1, .stages = 1,
+                                        .checkpoint = GP_CHECKPOINT_NEVER, .layout = GP_LAYOUT_NCHW});
+        for (int c = 0; c < 3; c++)
+            failed += !check((struct setup){.fixture = fixtures[f], .batch = batch, .chunks = 2, .stages = 2,
+                                            .checkpoint = modes[c], .layout = GP_LAYOUT_NHWC});
+    }
+    if (failed) fail_msg("%d runs differ from the CPU (MISMATCH lines above)", failed);
 }
 
 /* Micro-batches with each checkpoint mode (recomputation on the GPU), and
@@ -495,6 +521,7 @@ int main(void)
         cmocka_unit_test(test_bad_device),
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_pipeline_modes),
+        cmocka_unit_test(test_layouts),
         cmocka_unit_test(test_stages_vs_one_gpu),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_validation),
