@@ -69,6 +69,11 @@ struct conv_case {
     int64_t opset; /* 0: 13 */
 };
 
+/* Channels-last on the CUDA side (op_compare's nhwc masks): bit 0 X, bit
+ * 1 Y; cases the kernel does not take channels-last are skipped. */
+static uint32_t nhwc_mode;
+static int nhwc_runs;
+
 static void run_conv(const struct conv_case *c)
 {
     struct gp_graph g;
@@ -102,8 +107,18 @@ static void run_conv(const struct conv_case *c)
     int64_t cells = c->x[0] * (transpose ? xcells : ycells);
     if (cells > len) len = cells;
     char label[260];
-    snprintf(label, sizeof label, "%s: %s%s%s%s%s%s", c->op, c->label, tf32_mode ? " (TF32)" : "",
-             bf16_mode.on ? " (bf16" : "", bf16_mode.on && bf16_mode.activations ? ", W and B activations" : "",
+    if (nhwc_mode) {
+        const struct gp_cuda_kernel *k = gp_cuda_kernel_for(&g.nodes[0]);
+        if (!k->layout_native || !k->layout_native(&g, &g.nodes[0], nhwc_mode & 1u, nhwc_mode >> 1, false)) {
+            gp_graph_free(&g);
+            return;
+        }
+        nhwc_runs++;
+    }
+    static const char *const layouts[] = {"", " [X channels-last]", " [Y channels-last]", " [channels-last]"};
+    snprintf(label, sizeof label, "%s: %s%s%s%s%s%s%s", c->op, c->label, layouts[nhwc_mode & 3u],
+             tf32_mode ? " (TF32)" : "", bf16_mode.on ? " (bf16" : "",
+             bf16_mode.on && bf16_mode.activations ? ", W and B activations" : "",
              bf16_mode.on && bf16_mode.bias_f32 && c->bias ? ", B float32" : "",
              bf16_mode.on ? (bf16_mode.fast ? ", fast_conv)" : ")") : "");
     struct op_compare o = sum_compare(label, len, tf32_mode);
@@ -120,6 +135,8 @@ static void run_conv(const struct conv_case *c)
         o.abs_tol = 1.0 / 64;
         o.scale_abs_tol = true;
     }
+    o.nhwc_inputs = nhwc_mode & 1u;
+    o.nhwc_outputs = nhwc_mode >> 1;
     op_compare_node(&g, 0, &o);
     gp_graph_free(&g);
 }
@@ -208,6 +225,33 @@ static void test_conv(void **state)
 {
     (void)state;
     for (int k = 0; k < N_OF(conv_cases); k++) run_conv(&conv_cases[k]);
+}
+
+/* Channels-last (graph/layout.h): every 2-D Conv case cuDNN takes so
+ * (symmetric pads), X and Y channels-last, and each alone (the other
+ * relaid through scratch: where the graph's input meets the stem), in
+ * float32, TF32 and bfloat16 (with B float32 every other case). */
+static void test_conv_nhwc(void **state)
+{
+    (void)state;
+    nhwc_runs = 0;
+    for (nhwc_mode = 1; nhwc_mode <= 3; nhwc_mode++)
+        for (int k = 0; k < N_OF(conv_cases); k++) run_conv(&conv_cases[k]);
+    nhwc_mode = 3;
+    tf32_mode = true;
+    run_conv(&conv_cases[11]);
+    run_conv(&conv_cases[10]);
+    tf32_mode = false;
+    bf16_mode.on = true;
+    for (nhwc_mode = 1; nhwc_mode <= 3; nhwc_mode++)
+        for (int k = 0; k < N_OF(conv_cases); k++) {
+            bf16_mode.bias_f32 = k % 2 == 1;
+            run_conv(&conv_cases[k]);
+        }
+    memset(&bf16_mode, 0, sizeof bf16_mode);
+    nhwc_mode = 0;
+    printf("channels-last: %d convolutions against the CPU\n", nhwc_runs);
+    assert_true(nhwc_runs >= 40); /* most 2-D cases qualify: about 10 per mode and precision */
 }
 
 static void test_conv_transpose(void **state)
@@ -651,6 +695,7 @@ int main(void)
     op_compare_require_device();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv),
+        cmocka_unit_test(test_conv_nhwc),
         cmocka_unit_test(test_conv_transpose),
         cmocka_unit_test(test_conv_tf32),
         cmocka_unit_test(test_conv_bf16),

@@ -752,7 +752,7 @@ static gp_status nhwc_image(const struct gp_cuda_ctx *c, const struct conv_run *
     return GP_OK;
 }
 
-#define BIAS_NHWC_ROWS 64
+#define BIAS_NHWC_ROWS 32
 
 /* dB [ch] += dY [rows, ch] summed over the rows: per block 32 channels x
  * BIAS_NHWC_ROWS row lanes, each lane summing its rows in double (lane
