@@ -142,10 +142,15 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
         g->imgb_size *= g->imgb[i];
         g->col_size *= g->col[i];
     }
-    /* Channels-last for a Conv over 2 axes with cuDNN's own padding; any
-     * other layout call reaches the kernel as [N, C, H, W] copies (its
-     * layout_native says no). */
-    g->nhwc = nhwc && !transpose && win.n_spatial == 2 && g->direct;
+    /* Channels-last tensors reach a Conv over 2 axes with cuDNN's own
+     * padding (conv_relayable; any other gets [N, C, H, W] copies: its
+     * layout_native says no). It convolves channels-last when its channels
+     * per group are whole 16-byte runs of bfloat16 (8): cuDNN's
+     * channels-last kernels load channels 16 bytes at a time, and
+     * ResNet's stem (3 channels) is faster convolved [N, C, H, W] (cuDNN
+     * pads the channels itself) with its output relaid. */
+    g->relayable = !transpose && win.n_spatial == 2 && g->direct;
+    g->nhwc = nhwc && g->relayable && (g->img_ch / g->group) % 8 == 0 && (g->col_ch / g->group) % 8 == 0;
     /* cuDNN's legacy API takes int dimensions and strides. */
     int64_t biggest = g->n * g->img_ch * (g->imgb_size > g->img_size ? g->imgb_size : g->img_size);
     if (g->n * g->col_ch * g->col_size > biggest) biggest = g->n * g->col_ch * g->col_size;
@@ -265,10 +270,9 @@ static bool filter_relaid(const struct conv_geom *g)
  * does, the filter and its gradient channels-last when they differ. */
 static size_t nhwc_bytes(const struct conv_geom *g, bool bf16, bool x_cl, bool y_cl)
 {
-    if (!g->nhwc) return 0;
     size_t es = gp_cuda_float_size(bf16), b = 0;
-    if (!x_cl) b += align_up(es * (size_t)(g->n * g->img_ch * g->img_size));
-    if (!y_cl) b += align_up(es * (size_t)(g->n * g->col_ch * g->col_size));
+    if (x_cl != g->nhwc) b += align_up(es * (size_t)(g->n * g->img_ch * g->img_size));
+    if (y_cl != g->nhwc) b += align_up(es * (size_t)(g->n * g->col_ch * g->col_size));
     if (filter_relaid(g)) b += 2 * align_up(es * (size_t)filter_numel(g));
     return b;
 }
@@ -294,8 +298,10 @@ static size_t conv_scratch_common(const struct gp_graph *graph, const struct gp_
             o.fast_conv = fast != 0;
             size_t s = mode_scratch(&g, options_mode(&o));
             if (s > most) most = s;
-            s = gc.nhwc ? nhwc_bytes(&gc, options_mode(&o).bf16, false, false) + mode_scratch(&gc, options_mode(&o))
-                        : 0;
+            /* X and Y relaid: the most a layout call takes */
+            s = gc.relayable ? nhwc_bytes(&gc, options_mode(&o).bf16, !gc.nhwc, !gc.nhwc) +
+                                   mode_scratch(&gc, options_mode(&o))
+                             : 0;
             if (s > most) most = s;
         }
     return most;
@@ -539,7 +545,7 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
     r->x_cl = gp_cuda_nhwc(c->in_nhwc, 0);
     r->y_cl = gp_cuda_nhwc(c->out_nhwc, 0);
     GP_TRY(conv_geom_init(c->graph, c->node, transpose, r->x_cl || r->y_cl, &r->g, err));
-    if ((r->x_cl || r->y_cl) && !r->g.nhwc)
+    if ((r->x_cl || r->y_cl) && !r->g.relayable)
         return gp_cuda_error(c, err, GP_ERR_INVALID, "channels-last tensors given to a convolution that takes none");
     r->mode = ctx_mode(c);
     GP_TRY(check_storage(c, r->mode.bf16, backward, err));
@@ -552,13 +558,13 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
     /* Scratch: channels-last buffers (nhwc_bytes), then image buffer, dW
      * buffer, workspace (mode_scratch). */
     char *next = (char *)c->scratch;
-    if (r->g.nhwc) {
+    if (r->x_cl || r->y_cl) {
         size_t es = gp_cuda_float_size(r->mode.bf16);
         size_t xb = align_up(es * (size_t)(r->g.n * r->g.img_ch * r->g.img_size));
         size_t yb = align_up(es * (size_t)(r->g.n * r->g.col_ch * r->g.col_size));
         size_t fb = align_up(es * (size_t)filter_numel(&r->g));
-        if (!r->x_cl) r->xt = next, next += xb;
-        if (!r->y_cl) r->yt = next, next += yb;
+        if (r->x_cl != r->g.nhwc) r->xt = next, next += xb;
+        if (r->y_cl != r->g.nhwc) r->yt = next, next += yb;
         if (filter_relaid(&r->g)) r->wt = next, r->dwt = next + fb, next += 2 * fb;
     }
     size_t bb = buffer_bytes(&r->g, r->mode.bf16), wb = dw_buffer_bytes(&r->g, r->mode.bf16);
@@ -741,13 +747,13 @@ static gp_status nhwc_filter(const struct gp_cuda_ctx *c, const struct conv_run 
     return GP_OK;
 }
 
-/* X channels-last: itself, or relaid into its buffer. */
-static gp_status nhwc_image(const struct gp_cuda_ctx *c, const struct conv_run *r, const void **x,
-                            struct gp_error *err)
+/* X in the run's layout (conv_geom.nhwc): itself, or relaid into its buffer. */
+static gp_status run_image(const struct gp_cuda_ctx *c, const struct conv_run *r, const void **x,
+                           struct gp_error *err)
 {
     *x = c->in[0];
-    if (r->x_cl) return GP_OK;
-    GP_TRY(relaid(c, r, r->xt, c->in[0], true, r->g.n, r->g.img_ch, r->g.img_size, err));
+    if (r->x_cl == r->g.nhwc) return GP_OK;
+    GP_TRY(relaid(c, r, r->xt, c->in[0], r->g.nhwc, r->g.n, r->g.img_ch, r->g.img_size, err));
     *x = r->xt;
     return GP_OK;
 }
@@ -793,45 +799,51 @@ static gp_status launch_bias_grad_nhwc(const struct gp_cuda_ctx *c, void *db, bo
     return gp_cuda_check_launch(c, "bias gradient", err);
 }
 
+/* A call with channels-last X or Y: the convolution runs in the
+ * geometry's layout (conv_geom.nhwc), and each of X and Y that lies
+ * otherwise goes through its buffer. */
 static gp_status conv_nhwc_forward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
 {
     const struct conv_geom *g = &r->g;
-    const void *x, *w;
-    GP_TRY(nhwc_image(c, r, &x, err));
-    GP_TRY(nhwc_filter(c, r, &w, err));
-    void *y = r->y_cl ? c->out[0] : r->yt;
+    const void *x, *w = c->in[1];
+    GP_TRY(run_image(c, r, &x, err));
+    if (g->nhwc) GP_TRY(nhwc_filter(c, r, &w, err));
+    void *y = r->y_cl == g->nhwc ? c->out[0] : r->yt;
     GP_TRY(run_forward(c, r, x, w, y, 0.0f, err));
     const void *bias = c->node->n_inputs > 2 ? c->in[2] : NULL;
-    /* Channel of element e: e % M, so [rows, M, 1]. */
-    GP_TRY(launch_bias_add(c, r->mode.bf16, y, bias, bias && gp_cuda_is_bf16(c->in_dt, 2), g->n * g->col_size,
-                           g->m, 1, err));
-    if (r->y_cl) return GP_OK;
-    return relaid(c, r, c->out[0], r->yt, false, g->n, g->col_ch, g->col_size, err);
+    bool bias_bf16 = bias && gp_cuda_is_bf16(c->in_dt, 2);
+    /* Channel of element e: e % M channels-last ([rows, M, 1]). */
+    if (g->nhwc)
+        GP_TRY(launch_bias_add(c, r->mode.bf16, y, bias, bias_bf16, g->n * g->col_size, g->m, 1, err));
+    else
+        GP_TRY(launch_bias_add(c, r->mode.bf16, y, bias, bias_bf16, g->n, g->m, g->col_size, err));
+    if (y == c->out[0]) return GP_OK;
+    return relaid(c, r, c->out[0], r->yt, r->y_cl, g->n, g->col_ch, g->col_size, err);
 }
 
 static gp_status conv_nhwc_backward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
 {
     const struct conv_geom *g = &r->g;
     void *dx = c->din[0], *dw = c->din[1], *db = c->node->n_inputs > 2 ? c->din[2] : NULL;
-    const void *dy = c->dout[0], *w;
-    if (!r->y_cl) {
-        GP_TRY(relaid(c, r, r->yt, c->dout[0], true, g->n, g->col_ch, g->col_size, err));
+    const void *dy = c->dout[0], *w = c->in[1];
+    if (r->y_cl != g->nhwc) {
+        GP_TRY(relaid(c, r, r->yt, c->dout[0], g->nhwc, g->n, g->col_ch, g->col_size, err));
         dy = r->yt;
     }
     bool add = !gp_cuda_overwrite(c, 0);
     if (dx) {
-        GP_TRY(nhwc_filter(c, r, &w, err));
-        if (r->x_cl) {
+        if (g->nhwc) GP_TRY(nhwc_filter(c, r, &w, err));
+        if (r->x_cl == g->nhwc) {
             GP_TRY(run_data(c, r, w, dy, dx, add ? 1.0f : 0.0f, err));
-        } else { /* into X's buffer, then added (or written) in [N, C, H, W] */
+        } else { /* into X's buffer, then added (or written) in X's layout */
             GP_TRY(run_data(c, r, w, dy, r->xt, 0.0f, err));
             GP_TRY(gp_cuda_relayout(c->stream, dx, gp_cuda_is_bf16(c->din_dt, 0) ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32,
-                                    false, r->xt, conv_dt(r), true, g->n, g->img_ch, g->img_size, add, err));
+                                    r->x_cl, r->xt, conv_dt(r), g->nhwc, g->n, g->img_ch, g->img_size, add, err));
         }
     }
     if (dw) {
         const void *x;
-        GP_TRY(nhwc_image(c, r, &x, err)); /* after dX: the same buffer */
+        GP_TRY(run_image(c, r, &x, err)); /* after dX: the same buffer */
         if (!r->dwt) {
             GP_TRY(run_filter(c, r, x, dy, err));
         } else { /* [M, k..., C/g] in its buffer, then added to dW's [M, C/g, k...] */
@@ -841,8 +853,9 @@ static gp_status conv_nhwc_backward_run(struct gp_cuda_ctx *c, struct conv_run *
                                     kernel_cells(g), true, err));
         }
     }
-    return launch_bias_grad_nhwc(c, db, db && gp_cuda_is_bf16(c->din_dt, 2), dy, r->mode.bf16, g->n * g->col_size,
-                                 g->m, err);
+    bool db_bf16 = db && gp_cuda_is_bf16(c->din_dt, 2);
+    if (g->nhwc) return launch_bias_grad_nhwc(c, db, db_bf16, dy, r->mode.bf16, g->n * g->col_size, g->m, err);
+    return launch_bias_grad(c, db, db_bf16, dy, r->mode.bf16, g->n, g->m, g->col_size, err);
 }
 
 /* The executor's question (gp_cuda_kernel.layout_native): a Conv over 2
@@ -856,14 +869,14 @@ static bool conv_layout_native(const struct gp_graph *g, const struct gp_node *n
     struct conv_geom geom;
     struct gp_error err;
     memset(&err, 0, sizeof err);
-    return conv_geom_init(g, node, false, true, &geom, &err) == GP_OK && geom.nhwc;
+    return conv_geom_init(g, node, false, true, &geom, &err) == GP_OK && geom.relayable;
 }
 
 /* ---- Conv ---- */
 
 static gp_status conv_forward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
 {
-    if (r->g.nhwc) return conv_nhwc_forward_run(c, r, err);
+    if (r->x_cl || r->y_cl) return conv_nhwc_forward_run(c, r, err);
     bool b16 = r->mode.bf16;
     const void *x = c->in[0], *w = c->in[1];
     const void *bias = c->node->n_inputs > 2 ? c->in[2] : NULL;
@@ -880,7 +893,7 @@ static gp_status conv_forward_run(struct gp_cuda_ctx *c, struct conv_run *r, str
 
 static gp_status conv_backward_run(struct gp_cuda_ctx *c, struct conv_run *r, struct gp_error *err)
 {
-    if (r->g.nhwc) return conv_nhwc_backward_run(c, r, err);
+    if (r->x_cl || r->y_cl) return conv_nhwc_backward_run(c, r, err);
     bool b16 = r->mode.bf16;
     const void *x = c->in[0], *w = c->in[1], *dy = c->dout[0];
     void *dx = c->din[0], *dw = c->din[1], *db = c->node->n_inputs > 2 ? c->din[2] : NULL;

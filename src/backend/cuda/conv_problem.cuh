@@ -34,8 +34,10 @@ struct conv_geom {
     bool direct;
     /* cuDNN convolves channels-last tensors (image and columns [n,
      * spatial, ch]) with a channels-last filter ([out, kernel, in /
-     * groups]): 2 spatial axes and a direct image only (conv.cu). */
-    bool nhwc;
+     * groups]): 2 spatial axes, a direct image and channels in runs of 8
+     * only (conv.cu). relayable: channels-last X or Y may be given (2 axes,
+     * direct), relaid where they differ from the run's layout. */
+    bool nhwc, relayable;
 };
 
 /* What a convolution runs in: the storage of X, W, Y and their gradients,
