@@ -1,4 +1,6 @@
-/* Layer calls with bfloat16 storage for kernels that compute in float32.
+/* Layer calls with bfloat16 storage for kernels that compute in float32,
+ * and with channels-last storage (graph/layout.h) for kernels that read
+ * [N, C, H, W].
  *
  * In bf16 precision (backend/compute.h) a layer's float tensors may be
  * stored as bfloat16. A kernel that reads and writes bfloat16 itself
@@ -17,7 +19,17 @@
  * copies. The CPU backend runs every kernel this way: it is the reference
  * the CUDA kernels are compared with in bf16.
  *
- * Backend-neutral: it uses only the compute ops' convert. */
+ * Channels-last: a call runs as it is when none of its tensors is
+ * channels-last, when the op is layout-neutral and its layouts agree
+ * (gp_layout_neutral_call), or when the kernel says it reads them
+ * (gp_compute_ops.layout_native; it then gets gp_layer_call.in_nhwc and
+ * out_nhwc). Otherwise the call is staged as above, and each channels-last
+ * tensor's float32 copy is [N, C, H, W] (relaid: compute ops relayout),
+ * written back channels-last. The CPU backend's kernels read no layout:
+ * every CPU call of a tagged value goes through such copies, which are
+ * exact, so a tagged graph trains there to the same bits.
+ *
+ * Backend-neutral: it uses only the compute ops' convert and relayout. */
 #ifndef GP_BACKEND_MIXED_CALL_H
 #define GP_BACKEND_MIXED_CALL_H
 

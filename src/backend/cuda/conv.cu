@@ -33,6 +33,12 @@
  * and added to dW there (which is what autocast's cast of the weight does
  * to its gradient in PyTorch).
  *
+ * Channels-last (gp_cuda_ctx.in_nhwc / out_nhwc, graph/layout.h): a Conv
+ * over 2 axes with cuDNN's own padding takes X and Y in either layout; it
+ * convolves channels-last (cuDNN's NHWC kernels, no transposes of its own)
+ * when its channels per group come in runs of 8, and relays whichever of
+ * X and Y lies otherwise through scratch (see "Conv, channels-last").
+ *
  * Algorithms: chosen and cached by conv_algos.cu: the legacy API's, or
  * with GP_CONV_API=graph cuDNN's graph API's engine configurations
  * (conv_graph.h) where it has them. The graph API has no beta: a result it
