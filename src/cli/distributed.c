@@ -1,9 +1,9 @@
 /* train --pipeline P: the part of the command that runs as one rank of a
  * job launched by mpirun or srun (dist/). It checks the launch, joins the
  * ranks and makes them agree on the run, and gives the trainer the link
- * between stage processes: rank k runs stage k of one replica (D = 1, CPU
- * devices; data-parallel replicas and GPUs are not yet implemented and say
- * so). */
+ * between stage processes: rank = replica x P + stage runs that stage of
+ * that data-parallel replica (CPU devices; GPUs are not yet implemented and
+ * say so). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,22 +121,56 @@ static void describe_run(const struct gp_cli_train_run *run, int pipeline, int r
     gp_agree_add(r, "--save", "%s", c->save_path ? "given" : "(none)");
 }
 
-/* Stage k is rank k (one replica). */
+/* The ranks' layout: rank = replica x P + stage. Replica 0 is ranks
+ * 0 .. P-1, so rank 0 (which reports and writes) is its stage 0, and a
+ * job of P ranks is one replica as before; a replica's stages are
+ * neighbours, which mpirun's default placement (by slot) keeps on one
+ * host, where the frontiers travel every micro-batch, while the gradient
+ * sums, once per step, cross hosts. */
+static int rank_of(const struct gp_cli_dist *d, int replica, int stage) { return replica * d->pipeline + stage; }
+
 static gp_status stage_send(void *ctx, int to, int tag, const void *buf, size_t bytes, struct gp_error *err)
 {
-    return gp_comm_send(ctx, to, tag, buf, bytes, err);
+    struct gp_cli_dist *d = ctx;
+    return gp_comm_send(d->comm, rank_of(d, d->remote.replica, to), tag, buf, bytes, err);
 }
 
 static gp_status stage_recv(void *ctx, int from, int tag, void *buf, size_t bytes, struct gp_error *err)
 {
-    return gp_comm_recv(ctx, from, tag, buf, bytes, err);
+    struct gp_cli_dist *d = ctx;
+    return gp_comm_recv(d->comm, rank_of(d, d->remote.replica, from), tag, buf, bytes, err);
+}
+
+/* Sums over this rank's stage in every replica, in replica order: comm.c
+ * makes each element the serial sum in group order, so the replicas'
+ * gradients are the same bits whatever the timing. The stages' groups are
+ * disjoint: they sum at the same time without meeting. */
+static gp_status replicas_sum(struct gp_cli_dist *d, void *data, size_t n, bool f64, struct gp_error *err)
+{
+    int *ranks = malloc(sizeof(int) * (size_t)d->replicas);
+    if (!ranks) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < d->replicas; r++) ranks[r] = rank_of(d, r, d->remote.stage);
+    struct gp_comm_group g = {.size = d->replicas, .ranks = ranks};
+    gp_status st = f64 ? gp_comm_allreduce_sum_f64(d->comm, &g, data, n, err)
+                       : gp_comm_allreduce_sum_f32(d->comm, &g, data, n, err);
+    free(ranks);
+    return st;
+}
+
+static gp_status replicas_sum_f32(void *ctx, float *data, size_t n, struct gp_error *err)
+{
+    return replicas_sum(ctx, data, n, false, err);
+}
+
+static gp_status replicas_sum_f64(void *ctx, double *data, size_t n, struct gp_error *err)
+{
+    return replicas_sum(ctx, data, n, true, err);
 }
 
 /* What several processes cannot do yet; NULL when the run is fine. */
-static const char *not_yet(const struct gp_cli_train_run *run, int replicas)
+static const char *not_yet(const struct gp_cli_train_run *run)
 {
     const struct gp_train_config *c = run->cfg;
-    if (replicas > 1) return "data-parallel replicas (start exactly --pipeline P processes)";
     for (int k = 0; k < c->n_stages; k++)
         if (c->stage_cuda[k]) return "stages on GPUs in several processes (use --devices cpu:N)";
     if (run->val_data) return "validation (--val-data) across processes";
@@ -173,10 +207,13 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
     const struct gp_train_config *c = run->cfg;
     if (c->batch % out->replicas || (c->batch / out->replicas) % c->chunks)
         return REFUSE("train",
-                            "--batch %lld is the whole mini-batch, shared by %d replicas, and each share cut "
-                            "into --chunks %lld micro-batches: it must be a multiple of %lld",
-                            (long long)c->batch, out->replicas, (long long)c->chunks,
-                            (long long)(out->replicas * c->chunks));
+                      "--batch %lld is the whole mini-batch, shared by %d replicas (%d processes / --pipeline "
+                      "%d), and each share cut into --chunks %lld micro-batches: it must be a multiple of %lld "
+                      "(%s)",
+                      (long long)c->batch, out->replicas, l->size, pipeline, (long long)c->chunks,
+                      (long long)(out->replicas * c->chunks),
+                      c->batch % out->replicas ? "the replicas' shares would differ"
+                                               : "a share would not cut into equal micro-batches");
     if (run->n_balance && run->n_balance != pipeline)
         return REFUSE("train", "--balance has %d stages but --pipeline %d", run->n_balance, pipeline);
 #undef REFUSE
@@ -210,19 +247,26 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
     }
     if (l->size > 1) {
         /* The same verdict on every rank: the settings agree. */
-        const char *missing = not_yet(run, out->replicas);
+        const char *missing = not_yet(run);
         if (!missing && !gp_comm_concurrent(out->comm))
             missing = "stage processes over an MPI without MPI_THREAD_MULTIPLE";
         if (missing) {
             if (rank == 0)
                 gp_cli_fail("not yet implemented: %s. Training across %d processes (%d stages x %d replicas) "
-                            "runs one replica of --pipeline stages on CPU devices",
+                            "runs stages and replicas on CPU devices",
                             missing, l->size, pipeline, out->replicas);
             gp_comm_finalize(out->comm);
             out->comm = NULL;
             return GP_EXIT_FAIL;
         }
-        out->remote = (struct gp_pipe_remote){.stage = rank, .ctx = out->comm, .send = stage_send, .recv = stage_recv};
+        out->remote = (struct gp_pipe_remote){.stage = rank % pipeline,
+                                              .replica = rank / pipeline,
+                                              .replicas = out->replicas,
+                                              .ctx = out,
+                                              .send = stage_send,
+                                              .recv = stage_recv,
+                                              .sum_f32 = replicas_sum_f32,
+                                              .sum_f64 = replicas_sum_f64};
     }
     return GP_EXIT_OK;
 }

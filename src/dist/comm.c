@@ -34,6 +34,11 @@ struct gp_comm {
     /* Set by whichever thread's operation failed (threads of a pipeline
      * stage send and receive at once). */
     atomic_bool broken;
+    /* The failure that broke it, for the operations that fail after it
+     * (on other threads, too): 0 unset, 1 being written, 2 set. What a
+     * stage's threads report first is often such a later failure. */
+    atomic_int why_state;
+    char why[400];
     bool concurrent; /* MPI_THREAD_MULTIPLE */
 };
 
@@ -223,7 +228,29 @@ static gp_status finish(struct gp_comm *c, struct pending *p, double start, cons
     if (st == GP_OK) st = wait_all(c, p, start + c->timeout_s, what, err);
     else if (p->n > 0) c->broken = true; /* posted requests that will never be waited for */
     pending_free(p);
+    int unset = 0;
+    if (st != GP_OK && c->broken && atomic_compare_exchange_strong(&c->why_state, &unset, 1)) {
+        size_t n = strnlen(err->msg, sizeof c->why - 1); /* the first words name the rank */
+        memcpy(c->why, err->msg, n);
+        c->why[n] = 0;
+        atomic_store(&c->why_state, 2);
+    }
     return st;
+}
+
+/* An operation on a communicator that broke before: the first failure's
+ * reason, which names the rank that was lost (waiting a moment for the
+ * thread that broke it to record it). */
+static gp_status failed_before(struct gp_comm *c, const char *what, struct gp_error *err)
+{
+    for (int k = 0; k < 1000 && atomic_load(&c->why_state) == 1; k++) {
+        struct timespec t = {0, 1000000};
+        nanosleep(&t, NULL);
+    }
+    if (atomic_load(&c->why_state) == 2)
+        return gp_error_set(err, GP_ERR_COMM, "%s: the communicator of rank %d failed before (%s)", what, c->rank,
+                            c->why);
+    return gp_error_set(err, GP_ERR_COMM, "%s: the communicator of rank %d failed before", what, c->rank);
 }
 
 bool gp_comm_available(void) { return true; }
@@ -311,10 +338,9 @@ int gp_comm_size(const struct gp_comm *c) { return c->size; }
 bool gp_comm_broken(const struct gp_comm *c) { return c->broken; }
 bool gp_comm_concurrent(const struct gp_comm *c) { return c->concurrent; }
 
-static gp_status check_peer(const struct gp_comm *c, int peer, int tag, const char *what, struct gp_error *err)
+static gp_status check_peer(struct gp_comm *c, int peer, int tag, const char *what, struct gp_error *err)
 {
-    if (c->broken)
-        return gp_error_set(err, GP_ERR_COMM, "%s: the communicator of rank %d failed before", what, c->rank);
+    if (c->broken) return failed_before(c, what, err);
     if (peer < 0 || peer >= c->size || peer == c->rank)
         return gp_error_set(err, GP_ERR_INVALID, "%s: rank %d has no peer rank %d (ranks 0 to %d, not itself)", what,
                             c->rank, peer, c->size - 1);
@@ -342,11 +368,10 @@ gp_status gp_comm_recv(struct gp_comm *c, int from, int tag, void *buf, size_t b
 }
 
 /* This rank's position in the group (the world's when g is NULL). */
-static gp_status group_index(const struct gp_comm *c, const struct gp_comm_group *g, const char *what, int *size,
+static gp_status group_index(struct gp_comm *c, const struct gp_comm_group *g, const char *what, int *size,
                              int *index, struct gp_error *err)
 {
-    if (c->broken)
-        return gp_error_set(err, GP_ERR_COMM, "%s: the communicator of rank %d failed before", what, c->rank);
+    if (c->broken) return failed_before(c, what, err);
     if (!g) {
         *size = c->size;
         *index = c->rank;

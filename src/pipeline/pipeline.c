@@ -13,6 +13,12 @@
 #include "pipeline/internal.h"
 #include "pipeline/trace.h"
 
+/* Data-parallel copies of the pipeline (pipeline.h): 1 without. */
+static int replicas_of(const struct gp_pipeline *p)
+{
+    return p->cfg.remote && p->cfg.remote->replicas > 1 ? p->cfg.remote->replicas : 1;
+}
+
 void gp_pipeline_free(struct gp_pipeline *p)
 {
     if (!p) return;
@@ -44,6 +50,9 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     if (r && (r->stage < 0 || r->stage >= cfg->n_stages || !r->send || !r->recv))
         return gp_error_set(err, GP_ERR_INVALID, "stage %d of %d stages cannot be this process's", r->stage,
                             cfg->n_stages);
+    if (r && r->replicas > 1 && (r->replica < 0 || r->replica >= r->replicas || !r->sum_f32 || !r->sum_f64))
+        return gp_error_set(err, GP_ERR_INVALID, "replica %d of %d replicas cannot be this process's", r->replica,
+                            r->replicas);
     if (r && cfg->time_layers)
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "layer timing runs every stage in one process");
     struct gp_pipeline *p = calloc(1, sizeof *p);
@@ -74,7 +83,8 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     if ((st = gp_layers_build(g, &p->layers, err)) != GP_OK) goto fail;
     p->needs_grad = calloc((size_t)g->n_values + 1, sizeof(bool));
     p->stages = calloc((size_t)p->K, sizeof *p->stages);
-    p->loss_parts = calloc((size_t)p->M, sizeof(double));
+    /* Every replica's micro-batches' loss sums, in the mini-batch's order. */
+    p->loss_parts = calloc((size_t)p->M * (size_t)replicas_of(p), sizeof(double));
     p->norms_host = calloc((size_t)g->n_values + 1, sizeof(float));
     if (cfg->loss.target_dtype != GP_DTYPE_UNDEFINED)
         p->target_bytes = (size_t)gp_shape_numel(&cfg->loss.target_shape) *
@@ -346,10 +356,15 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
          * each, before any work of the step (pageable host memory may make
          * a copy wait for its stream: here the streams are idle). */
         struct gp_task_tag itag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
-        if (stage_local(p, 0)) fs->ops->copy(fs->compute, fs->inputs, x, p->input_bytes * (size_t)p->M, &itag);
+        /* A replica's share: its M consecutive micro-batches. */
+        size_t share = replicas_of(p) > 1 ? (size_t)p->cfg.remote->replica * (size_t)p->M : 0;
+        if (stage_local(p, 0))
+            fs->ops->copy(fs->compute, fs->inputs, (const char *)x + share * p->input_bytes,
+                          p->input_bytes * (size_t)p->M, &itag);
         if (p->target_bytes && stage_local(p, p->K - 1)) {
             struct gp_task_tag ttag = tag_of(GP_TASK_COPY, p->K - 1, -1, "load targets");
-            ls->ops->copy(ls->compute, ls->targets, targets, p->target_bytes * (size_t)p->M, &ttag);
+            ls->ops->copy(ls->compute, ls->targets, (const char *)targets + share * p->target_bytes,
+                          p->target_bytes * (size_t)p->M, &ttag);
         }
         /* With graphs on, kernels read the step from the device: set it. */
         if (p->graph_ok) *p->step_host = p->opts.step;
@@ -360,15 +375,18 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
         /* The micro-batches' loss sums come back with the step's one wait. */
         struct gp_task_tag tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
         if (stage_local(p, p->K - 1))
-            ls->ops->copy(ls->compute, p->loss_parts, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
+            ls->ops->copy(ls->compute, p->loss_parts + share, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
         st = gp_pipe_sync_all(p, err);
-        /* Every process gets the loss: they decide alike what comes next. */
+        /* Every process gets the loss (every replica's): they decide alike
+         * what comes next. */
         if (st == GP_OK && p->cfg.remote) st = gp_pipe_remote_losses(p, err);
     }
     GP_TRY(st);
     p->steps_done++;
+    /* In micro-batch order over the whole mini-batch: the bits of one
+     * pipeline, whatever the number of replicas. */
     double sum = 0;
-    for (int j = 0; j < p->M; j++) sum += p->loss_parts[j];
+    for (int j = 0; j < p->M * replicas_of(p); j++) sum += p->loss_parts[j];
     *loss_sum = sum;
     return GP_OK;
 }
@@ -410,6 +428,29 @@ static gp_status clip_coefficient(struct gp_pipeline *p, double clip_norm, float
     return GP_OK;
 }
 
+/* Data parallelism: the local stage's parameter gradients, and its deferred
+ * BatchNorm statistics, become their sums over the stage's replicas (the
+ * same bits on each, so the replicas step alike and stay equal). Between
+ * steps: the step waited for its streams, the optimizer is not yet issued.
+ * The buffers are the stage's device memory, which for stages in other
+ * processes is the host's (a CPU device). Each parameter's gradient is the
+ * replicas' partial sums added in replica order, g = (G0 + G1) + ..., where
+ * one pipeline over all the micro-batches accumulates them one after the
+ * other: the same terms, another rounding (README, "Several processes"). */
+static gp_status sum_replicas(struct gp_pipeline *p, struct gp_error *err)
+{
+    const struct gp_pipe_remote *r = p->cfg.remote;
+    struct stage *s = &p->stages[r->stage];
+    /* Every parameter gradient is float32 (fp32 master weights), padding zero. */
+    if (s->plan.param_bytes)
+        GP_TRY(r->sum_f32(r->ctx, (float *)s->param_grads, s->plan.param_bytes / sizeof(float), err));
+    for (int i = s->plan.first; s->bn_stats && i < s->plan.last; i++) {
+        double *stats = s->bn_stats[i - s->plan.first];
+        if (stats) GP_TRY(r->sum_f64(r->ctx, stats, s->cops->bn_stats_len(p->g, &p->g->nodes[i]), err));
+    }
+    return GP_OK;
+}
+
 gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_norm, struct gp_error *err)
 {
     p->lr = lr;
@@ -417,6 +458,14 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
     if (clip_norm > 0 && p->cfg.remote)
         return gp_error_set(err, GP_ERR_UNSUPPORTED,
                             "not yet implemented: clipping the gradients of stages in several processes");
+    if (replicas_of(p) > 1) {
+        gp_status st = sum_replicas(p, err);
+        if (st != GP_OK) {
+            gp_error_prefix(err, "stage %d, replica %d: summing gradients over %d replicas: ", p->cfg.remote->stage,
+                            p->cfg.remote->replica, replicas_of(p));
+            return st;
+        }
+    }
     if (clip_norm > 0) GP_TRY(clip_coefficient(p, clip_norm, &p->clip_coef, err));
     for (int k = 0; k < p->K; k++) {
         if (!stage_local(p, k)) continue;

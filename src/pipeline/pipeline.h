@@ -30,12 +30,26 @@ struct gp_pipeline;
  * receives on its compute stream while its copy streams send. Messages of
  * one tag from one stage to another arrive in the order sent. The stage's
  * device must compute on host memory (a CPU device): its stream tasks
- * send and receive the device buffers themselves. */
+ * send and receive the device buffers themselves.
+ *
+ * Data parallelism: `replicas` copies of the whole pipeline (0 or 1: one),
+ * this process's stage being in copy `replica`. send and recv reach the
+ * stages of the same replica. A mini-batch is replicas x n_micro
+ * micro-batches, replica r's being numbers r x n_micro .. (r+1) x n_micro - 1
+ * (their rows of the batch, their dropout masks): the same micro-batches as
+ * one pipeline with replicas x n_micro of them. sum_f32 and sum_f64 (only
+ * called when replicas > 1) replace data[n] by the sum over the replicas of
+ * this stage of their data[n], in replica order ((r0 + r1) + r2) + ..., the
+ * same bits on each; every replica of a stage makes the same calls in the
+ * same order. */
 struct gp_pipe_remote {
     int stage;
+    int replica, replicas;
     void *ctx;
     gp_status (*send)(void *ctx, int to_stage, int tag, const void *buf, size_t bytes, struct gp_error *err);
     gp_status (*recv)(void *ctx, int from_stage, int tag, void *buf, size_t bytes, struct gp_error *err);
+    gp_status (*sum_f32)(void *ctx, float *data, size_t n, struct gp_error *err);
+    gp_status (*sum_f64)(void *ctx, double *data, size_t n, struct gp_error *err);
 };
 
 struct gp_pipeline_config {
@@ -68,9 +82,11 @@ struct gp_pipeline_config {
     /* NULL: every stage in this process. Otherwise this process runs one
      * stage (above) and its calls below are collective: every stage's
      * process makes the same calls in the same order. gp_pipeline_step
-     * gives every process the loss; gp_pipeline_read gives the value to
-     * stage 0's process (and its holder's). Clipping, evaluation, layer
-     * timing, writes and timelines are refused. */
+     * gives every process the loss (of every replica's micro-batches);
+     * gp_pipeline_optimize first sums each stage's gradients (and deferred
+     * BatchNorm statistics) over its replicas; gp_pipeline_read gives the
+     * value to stage 0's process of replica 0 (and its holder's). Clipping,
+     * evaluation, layer timing, writes and timelines are refused. */
     const struct gp_pipe_remote *remote;
 };
 
@@ -86,7 +102,9 @@ void gp_pipeline_free(struct gp_pipeline *p);
 
 /* One mini-batch: x holds n_micro * micro-batch rows of the graph's data
  * input (in its dtype), targets as many rows of the loss's targets (NULL
- * for the output loss; labels already checked to be in range). Runs every
+ * for the output loss; labels already checked to be in range); with
+ * replicas (remote), replicas times as many, of which this process's
+ * replica takes its share. Runs every
  * forward (with the loss, its gradient scaled by 1/denominator) and
  * backward of the schedule; parameter gradients are left accumulated for
  * gp_pipeline_optimize. *loss_sum gets the sum of the loss terms. Both host

@@ -18,7 +18,12 @@
  * every stage, and allocates only its own), each value one message of its
  * stored bytes. A stage's sends and receives of one kind run on one stream
  * each, in micro-batch order on both sides, so one tag per kind suffices:
- * messages of one tag between two stages arrive in the order sent. */
+ * messages of one tag between two stages arrive in the order sent.
+ *
+ * Data-parallel replicas (r->replicas > 1) are whole copies of this
+ * exchange, each among its own replica's stages; they meet only in the
+ * sums over a stage's replicas (the losses here, gradients and deferred
+ * BatchNorm statistics in pipeline.c). */
 #include <stdint.h>
 #include <string.h>
 
@@ -90,11 +95,26 @@ gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
     return st;
 }
 
+/* With replicas, the last stages first exchange their micro-batches' loss
+ * sums: each holds its own M at its share's place and zeros elsewhere, and
+ * the sum over replicas (x + 0 is x, exactly) leaves every one holding all
+ * replicas x M of them, in the mini-batch's order. */
 gp_status gp_pipe_remote_losses(struct gp_pipeline *p, struct gp_error *err)
 {
-    int me = p->cfg.remote->stage, last = p->K - 1;
-    size_t bytes = sizeof(double) * (size_t)p->M;
+    const struct gp_pipe_remote *r = p->cfg.remote;
+    int me = r->stage, last = p->K - 1, replicas = r->replicas > 1 ? r->replicas : 1;
+    size_t n = (size_t)p->M * (size_t)replicas, bytes = sizeof(double) * n;
     if (me != last) return recv_from(p, last, TAG_LOSSES, p->loss_parts, bytes, err);
+    if (replicas > 1) {
+        size_t from = (size_t)r->replica * (size_t)p->M, to = from + (size_t)p->M;
+        for (size_t i = 0; i < n; i++)
+            if (i < from || i >= to) p->loss_parts[i] = 0;
+        gp_status st = r->sum_f64(r->ctx, p->loss_parts, n, err);
+        if (st != GP_OK) {
+            gp_error_prefix(err, "stage %d, replica %d: gathering the replicas' losses: ", me, r->replica);
+            return st;
+        }
+    }
     for (int k = 0; k < last; k++) GP_TRY(send_to(p, k, TAG_LOSSES, p->loss_parts, bytes, err));
     return GP_OK;
 }
@@ -109,6 +129,10 @@ gp_status gp_pipe_remote_read(struct gp_pipeline *p, int value, float *out, stru
     if (!gp_dtype_is_float(v->dtype))
         return gp_error_set(err, GP_ERR_INVALID, "value '%s' is %s, not float", v->name, gp_dtype_name(v->dtype));
     int me = p->cfg.remote->stage;
+    /* Replicas hold the same parameters: replica 0's go to its stage 0.
+     * BatchNorm's running statistics (without deferred statistics) are
+     * each replica's own, from its own micro-batches: replica 0's are read. */
+    if (p->cfg.remote->replica > 0) return GP_OK;
     size_t bytes = sizeof(float) * (size_t)gp_shape_numel(&v->shape);
     if (me == holder) {
         struct stage *s = &p->stages[me];

@@ -67,7 +67,9 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
         .seed = p->opts.seed,
         .step = p->opts.step,
         .step_dev = p->graph_ok ? (const uint64_t *)s->step_dev : NULL,
-        .sample_offset = (int64_t)j * p->micro,
+        /* Replica r's micro-batch j is the mini-batch's r x M + j: its
+         * dropout masks are those of one pipeline over every replica's. */
+        .sample_offset = ((p->cfg.remote ? (int64_t)p->cfg.remote->replica * p->M : 0) + j) * p->micro,
         .dropout_ratio = p->opts.dropout_ratio,
         .deferred_stats = s->bn_stats ? s->bn_stats[layer - s->plan.first] : NULL,
     };

@@ -173,6 +173,12 @@ static gp_status check_indices(const struct run *s, const struct gp_dataset *d, 
     return GP_OK;
 }
 
+/* Data-parallel copies of the pipeline: 1 in one process. */
+static int64_t replicas_of(const struct gp_train_config *cfg)
+{
+    return cfg->remote && cfg->remote->replicas > 1 ? cfg->remote->replicas : 1;
+}
+
 static gp_status setup(struct run *s, const struct gp_train_config *cfg,
                        const struct gp_dataset *train, struct gp_error *err)
 {
@@ -182,7 +188,16 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
                             "the batch of %lld cannot be split into %lld equal micro-batches: "
                             "choose --chunks dividing --batch",
                             (long long)cfg->batch, (long long)cfg->chunks);
-    s->micro = cfg->batch / cfg->chunks;
+    /* Data-parallel replicas share the mini-batch: each cuts its share into
+     * --chunks micro-batches. */
+    int64_t replicas = replicas_of(cfg);
+    if (cfg->batch % (replicas * cfg->chunks) != 0)
+        return gp_error_set(err, GP_ERR_INVALID,
+                            "the batch of %lld cannot be shared by %lld replicas in %lld equal micro-batches "
+                            "each: --batch must be a multiple of %lld",
+                            (long long)cfg->batch, (long long)replicas, (long long)cfg->chunks,
+                            (long long)(replicas * cfg->chunks));
+    s->micro = cfg->batch / (replicas * cfg->chunks);
     if (train->n < cfg->batch)
         return gp_error_set(err, GP_ERR_INVALID,
                             "the training data has %lld samples, fewer than one batch of %lld",
@@ -492,8 +507,8 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                    struct gp_error *err)
 {
     /* Before any long work: the outputs can be written, the data are finite. */
-    /* Stages in other processes: stage 0's process writes the outputs. */
-    bool writer = !cfg->remote || cfg->remote->stage == 0;
+    /* Stages in other processes: stage 0's process of replica 0 writes the outputs. */
+    bool writer = !cfg->remote || (cfg->remote->stage == 0 && cfg->remote->replica == 0);
     const char *outputs[2] = {cfg->save_path, cfg->trace_path};
     for (int k = 0; k < 2 && writer; k++)
         if (outputs[k]) GP_TRY(gp_atomic_check(outputs[k], err));
@@ -526,12 +541,13 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
     int64_t per_epoch = train->n / cfg->batch;
     int64_t total = cfg->steps > 0 ? cfg->steps : cfg->epochs * per_epoch;
     if (cb && cb->on_start) {
-        char summary[512];
+        char summary[512], shares[64] = "";
+        if (replicas_of(cfg) > 1) snprintf(shares, sizeof shares, "%lld replicas x ", (long long)replicas_of(cfg));
         snprintf(summary, sizeof summary,
-                 "training %s: %lld samples, batch %lld (%lld micro-batch%s of %lld), %lld steps "
+                 "training %s: %lld samples, batch %lld (%s%lld micro-batch%s of %lld), %lld steps "
                  "(%lld per epoch, last %lld samples of each epoch dropped), %s, %s, %lld parameters, "
                  "%.1f MiB planned (%d stage%s, %s schedule, checkpoint %s)",
-                 cfg->model_path, (long long)train->n, (long long)cfg->batch, (long long)cfg->chunks,
+                 cfg->model_path, (long long)train->n, (long long)cfg->batch, shares, (long long)cfg->chunks,
                  cfg->chunks == 1 ? "" : "es", (long long)s.micro, (long long)total,
                  (long long)per_epoch, (long long)(train->n % cfg->batch),
                  cfg->optimizer == GP_OPT_ADAMW ? "AdamW" : "SGD", gp_precision_name(cfg->precision),

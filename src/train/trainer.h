@@ -79,9 +79,12 @@ struct gp_train_config {
      * compute alike. NULL: none. */
     const char *choices_path;
     /* NULL: every stage in this process. Otherwise this process runs one
-     * stage of a pipeline spread over processes (pipeline.h): every one of
-     * them calls gp_train alike, and stage 0's writes --save (the others'
-     * weights sent to it). */
+     * stage of one replica of a pipeline spread over processes
+     * (pipeline.h): every one of them calls gp_train alike, each replica
+     * computing its share of every mini-batch (--batch stays the whole
+     * mini-batch, cut into replicas x --chunks micro-batches), and stage 0
+     * of replica 0 writes --save (its replica's other stages' weights sent
+     * to it). */
     const struct gp_pipe_remote *remote;
 };
 
