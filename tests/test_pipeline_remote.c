@@ -2,13 +2,17 @@
  * K threads each train one stage of the same model, linked by in-memory
  * mailboxes, and must give the bits of one pipeline of K stages (losses
  * and saved weights), under GPipe and 1F1B; a failed message ends every
- * stage's training with an error, not a hang. */
+ * stage's training with an error, not a hang. D replicas of them (K x D
+ * threads, each stage's replicas summing in replica order) compute one
+ * pipeline's micro-batches: bit for bit where each replica has one
+ * micro-batch of the MLP, within rounding otherwise. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +25,7 @@
 
 #define STEPS 3
 #define MAX_K 4
+#define MAX_D 2
 
 /* ---- mailboxes: messages kept in order, taken by (from, to, tag) ---- */
 
@@ -40,13 +45,17 @@ static struct {
     int sends_of_1;
 } box = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, false, 0, 0};
 
+/* A thread's place: messages go between ranks replica x stages + stage. */
 struct link {
-    int stage;
+    int stage, replica, stages;
 };
+
+static int rank_of(const struct link *l, int stage) { return l->replica * l->stages + stage; }
 
 static gp_status box_send(void *ctx, int to, int tag, const void *buf, size_t bytes, struct gp_error *err)
 {
     const struct link *l = ctx;
+    to = rank_of(l, to);
     pthread_mutex_lock(&box.mu);
     if (l->stage == 1 && box.fail_after > 0 && ++box.sends_of_1 >= box.fail_after) {
         box.closed = true;
@@ -56,7 +65,7 @@ static gp_status box_send(void *ctx, int to, int tag, const void *buf, size_t by
     }
     struct message *m = malloc(sizeof *m + bytes + 1);
     assert_non_null(m);
-    *m = (struct message){.from = l->stage, .to = to, .tag = tag, .bytes = bytes};
+    *m = (struct message){.from = rank_of(l, l->stage), .to = to, .tag = tag, .bytes = bytes};
     memcpy(m->data, buf, bytes);
     if (box.tail) box.tail->next = m;
     else box.head = m;
@@ -69,13 +78,15 @@ static gp_status box_send(void *ctx, int to, int tag, const void *buf, size_t by
 static gp_status box_recv(void *ctx, int from, int tag, void *buf, size_t bytes, struct gp_error *err)
 {
     const struct link *l = ctx;
+    int me = rank_of(l, l->stage);
+    from = rank_of(l, from);
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
     deadline.tv_sec += 60;
     pthread_mutex_lock(&box.mu);
     for (;;) {
         struct message *prev = NULL, *m = box.head;
-        while (m && !(m->from == from && m->to == l->stage && m->tag == tag)) prev = m, m = m->next;
+        while (m && !(m->from == from && m->to == me && m->tag == tag)) prev = m, m = m->next;
         if (m) {
             if (prev) prev->next = m->next;
             else box.head = m->next;
@@ -97,6 +108,68 @@ static gp_status box_recv(void *ctx, int from, int tag, void *buf, size_t bytes,
     }
 }
 
+/* Sums over a stage's replicas: each deposits a copy of its data, and once
+ * all have, each adds the copies up in replica order into its own; the
+ * last to finish frees them. Generations keep consecutive sums apart. */
+static struct {
+    int arrived, finished;
+    unsigned gen;
+    void *copies[MAX_D];
+} sums[MAX_K];
+
+static gp_status replica_sum(const struct link *l, void *data, size_t n, size_t elem, struct gp_error *err)
+{
+    int D = MAX_D;
+    void *mine = malloc(n * elem + 1);
+    assert_non_null(mine);
+    memcpy(mine, data, n * elem);
+    pthread_mutex_lock(&box.mu);
+    /* A sum of the previous generation still being read: wait for it to end. */
+    while (sums[l->stage].finished > 0 && !box.closed) pthread_cond_wait(&box.cv, &box.mu);
+    sums[l->stage].copies[l->replica] = mine;
+    unsigned gen = sums[l->stage].gen;
+    if (++sums[l->stage].arrived == D) {
+        sums[l->stage].gen++;
+        pthread_cond_broadcast(&box.cv);
+    }
+    while (sums[l->stage].gen == gen && !box.closed) pthread_cond_wait(&box.cv, &box.mu);
+    if (sums[l->stage].gen == gen) {
+        pthread_mutex_unlock(&box.mu);
+        return gp_error_set(err, GP_ERR_COMM, "stage %d, replica %d: a sum's other replicas never came", l->stage,
+                            l->replica);
+    }
+    pthread_mutex_unlock(&box.mu);
+    for (size_t i = 0; i < n; i++) {
+        if (elem == sizeof(float)) {
+            float acc = ((const float *)sums[l->stage].copies[0])[i];
+            for (int r = 1; r < D; r++) acc += ((const float *)sums[l->stage].copies[r])[i];
+            ((float *)data)[i] = acc;
+        } else {
+            double acc = ((const double *)sums[l->stage].copies[0])[i];
+            for (int r = 1; r < D; r++) acc += ((const double *)sums[l->stage].copies[r])[i];
+            ((double *)data)[i] = acc;
+        }
+    }
+    pthread_mutex_lock(&box.mu);
+    if (++sums[l->stage].finished == D) {
+        for (int r = 0; r < D; r++) free(sums[l->stage].copies[r]);
+        sums[l->stage].arrived = sums[l->stage].finished = 0;
+        pthread_cond_broadcast(&box.cv);
+    }
+    pthread_mutex_unlock(&box.mu);
+    return GP_OK;
+}
+
+static gp_status sum_f32(void *ctx, float *data, size_t n, struct gp_error *err)
+{
+    return replica_sum(ctx, data, n, sizeof(float), err);
+}
+
+static gp_status sum_f64(void *ctx, double *data, size_t n, struct gp_error *err)
+{
+    return replica_sum(ctx, data, n, sizeof(double), err);
+}
+
 static void box_reset(int fail_after)
 {
     pthread_mutex_lock(&box.mu);
@@ -109,6 +182,7 @@ static void box_reset(int fail_after)
     box.closed = false;
     box.fail_after = fail_after;
     box.sends_of_1 = 0;
+    memset(sums, 0, sizeof sums);
     pthread_mutex_unlock(&box.mu);
 }
 
@@ -167,10 +241,13 @@ static void config(struct gp_train_config *cfg, const char *model, int K, const 
     cfg->save_path = saved;
 }
 
-/* One pipeline of K stages against K stage pipelines in threads; with
+/* One pipeline of K stages with D x chunks micro-batches against D
+ * replicas of K stage pipelines in threads with `chunks` each; with
  * fail_after > 0, stage 1's sends fail from that one on and every stage
- * must end with an error. */
-static void compare(const char *fixture, int K, const int *balance, enum gp_pipe_schedule_kind schedule, int fail_after)
+ * must end with an error. `exact`: losses and saved model bit for bit;
+ * otherwise the first step's loss and the later ones within 1e-6. */
+static void compare_replicas(const char *fixture, int K, int D, int chunks, const int *balance,
+                             enum gp_pipe_schedule_kind schedule, int fail_after, bool exact)
 {
     char model[4096], name[256], one[512], many[512];
     snprintf(name, sizeof name, "%s.onnx", fixture);
@@ -183,23 +260,28 @@ static void compare(const char *fixture, int K, const int *balance, enum gp_pipe
 
     struct job ref = {0};
     config(&ref.cfg, model, K, balance, schedule, one);
+    ref.cfg.chunks = D * chunks;
     ref.ds = &ds;
     train_stage(&ref);
     if (ref.st != GP_OK) fail_msg("%s, one pipeline: %s", fixture, ref.err.msg);
 
     box_reset(fail_after);
-    struct job jobs[MAX_K];
-    pthread_t threads[MAX_K];
+    struct job jobs[MAX_K * MAX_D];
+    pthread_t threads[MAX_K * MAX_D];
     memset(jobs, 0, sizeof jobs);
-    for (int k = 0; k < K; k++) {
+    int N = K * D;
+    for (int k = 0; k < N; k++) {
         config(&jobs[k].cfg, model, K, balance, schedule, many);
+        jobs[k].cfg.chunks = chunks;
         jobs[k].ds = &ds;
-        jobs[k].link.stage = k;
-        jobs[k].remote = (struct gp_pipe_remote){.stage = k, .ctx = &jobs[k].link, .send = box_send, .recv = box_recv};
+        jobs[k].link = (struct link){.stage = k % K, .replica = k / K, .stages = K};
+        jobs[k].remote = (struct gp_pipe_remote){.stage = k % K, .replica = k / K, .replicas = D,
+                                                 .ctx = &jobs[k].link, .send = box_send, .recv = box_recv,
+                                                 .sum_f32 = sum_f32, .sum_f64 = sum_f64};
         jobs[k].cfg.remote = &jobs[k].remote;
     }
-    for (int k = 0; k < K; k++) assert_int_equal(pthread_create(&threads[k], NULL, train_stage, &jobs[k]), 0);
-    for (int k = 0; k < K; k++) pthread_join(threads[k], NULL);
+    for (int k = 0; k < N; k++) assert_int_equal(pthread_create(&threads[k], NULL, train_stage, &jobs[k]), 0);
+    for (int k = 0; k < N; k++) pthread_join(threads[k], NULL);
     gp_dataset_free(&ds);
 
     if (fail_after > 0) {
@@ -214,13 +296,23 @@ static void compare(const char *fixture, int K, const int *balance, enum gp_pipe
         box_reset(0);
         return;
     }
-    for (int k = 0; k < K; k++) {
+    for (int k = 0; k < N; k++) {
         if (jobs[k].st != GP_OK) fail_msg("%s, stage %d of %d: %s", fixture, k, K, jobs[k].err.msg);
-        /* Every stage's process sees the loss (the last stage's), bit for bit. */
-        for (int s = 0; s < STEPS; s++)
-            if (jobs[k].res.loss[s] != ref.res.loss[s])
-                fail_msg("%s %s, stage %d: step %d loss %.17g, one pipeline %.17g", fixture,
-                         gp_pipe_schedule_name(schedule), k, s + 1, jobs[k].res.loss[s], ref.res.loss[s]);
+        /* Every stage's process sees the loss (the last stages'), the
+         * same bits on every one; one pipeline's where exact. */
+        for (int s = 0; s < STEPS; s++) {
+            double a = jobs[k].res.loss[s], b = ref.res.loss[s];
+            if (a != jobs[0].res.loss[s])
+                fail_msg("%s: rank %d's step %d loss %.17g differs from rank 0's %.17g", fixture, k, s + 1, a,
+                         jobs[0].res.loss[s]);
+            if ((exact || s == 0) ? a != b : fabs(a - b) > 1e-6 * fabs(b))
+                fail_msg("%s %s, %d stages x %d replicas, rank %d: step %d loss %.17g, one pipeline %.17g", fixture,
+                         gp_pipe_schedule_name(schedule), K, D, k, s + 1, a, b);
+        }
+    }
+    if (!exact) {
+        box_reset(0);
+        return;
     }
     size_t a_len = 0, b_len = 0;
     unsigned char *a = read_whole(one, &a_len), *b = read_whole(many, &b_len);
@@ -231,6 +323,11 @@ static void compare(const char *fixture, int K, const int *balance, enum gp_pipe
     free(a);
     free(b);
     box_reset(0);
+}
+
+static void compare(const char *fixture, int K, const int *balance, enum gp_pipe_schedule_kind schedule, int fail_after)
+{
+    compare_replicas(fixture, K, 1, 4, balance, schedule, fail_after, true);
 }
 
 static void test_mlp_two_stages(void **state)
@@ -245,6 +342,18 @@ static void test_digits_four_stages(void **state)
     (void)state;
     compare("digits_cnn_op17", 4, (const int[]){2, 3, 3, 2}, GP_PIPE_GPIPE, 0);
     compare("digits_cnn_op17", 4, (const int[]){1, 4, 4, 1}, GP_PIPE_1F1B, 0);
+}
+
+/* Replicas: the MLP with one micro-batch per replica (each of its layers
+ * adds a micro-batch's gradient once) is one pipeline's, bit for bit; the
+ * digits CNN (Dropout, BatchNorm; Conv adds each sample's gradient in
+ * turn) within rounding. */
+static void test_replicas(void **state)
+{
+    (void)state;
+    compare_replicas("mlp_op17", 2, 2, 1, (const int[]){2, 3}, GP_PIPE_GPIPE, 0, true);
+    compare_replicas("mlp_op17", 1, 2, 1, (const int[]){5}, GP_PIPE_1F1B, 0, true);
+    compare_replicas("digits_cnn_op17", 2, 2, 2, (const int[]){5, 5}, GP_PIPE_1F1B, 0, false);
 }
 
 static void test_failed_send_ends_every_stage(void **state)
@@ -290,6 +399,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_two_stages),
         cmocka_unit_test(test_digits_four_stages),
+        cmocka_unit_test(test_replicas),
         cmocka_unit_test(test_failed_send_ends_every_stage),
         cmocka_unit_test(test_refusals),
     };
