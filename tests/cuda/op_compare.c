@@ -432,7 +432,26 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         .precision = b16 ? GP_PRECISION_BF16 : o->tf32 ? GP_PRECISION_TF32 : GP_PRECISION_FP32,
         .fast_conv = o->fast_conv};
     size_t g_saved = gk->saved_bytes ? gk->saved_bytes(g, node) : 0;
+    /* The planner reads the layouts from the graph's tags (a convolution
+     * plans buffers for what it relays): tag the values the masks name
+     * while it plans, as the layout pass would have. */
+    struct gp_graph *tg = (struct gp_graph *)g;
+    bool was_in[OP_COMPARE_MAX_INPUTS] = {0}, was_out[OP_COMPARE_MAX_INPUTS] = {0};
+    for (int k = 0; k < node->n_inputs && k < OP_COMPARE_MAX_INPUTS; k++)
+        if (node->inputs[k] >= 0) {
+            was_in[k] = tg->values[node->inputs[k]].channels_last;
+            if (bit(lin, k)) tg->values[node->inputs[k]].channels_last = true;
+        }
+    for (int k = 0; k < node->n_outputs && k < OP_COMPARE_MAX_INPUTS; k++)
+        if (node->outputs[k] >= 0) {
+            was_out[k] = tg->values[node->outputs[k]].channels_last;
+            if (bit(lout, k)) tg->values[node->outputs[k]].channels_last = true;
+        }
     size_t g_scratch = gp_cuda_conv_scratch_bytes(g, node, &copts);
+    for (int k = 0; k < node->n_inputs && k < OP_COMPARE_MAX_INPUTS; k++)
+        if (node->inputs[k] >= 0) tg->values[node->inputs[k]].channels_last = was_in[k];
+    for (int k = 0; k < node->n_outputs && k < OP_COMPARE_MAX_INPUTS; k++)
+        if (node->outputs[k] >= 0) tg->values[node->outputs[k]].channels_last = was_out[k];
     void *gsaved = op_dev_alloc(g_saved + 64, label), *gscratch = op_dev_alloc(g_scratch + 64, label);
     op_cuda_ok(cudaMemset(gscratch, 0xff, g_scratch + 64), label, "cudaMemset"); /* undefined contents */
     struct gp_cuda_ctx gc = {.graph = g, .node = node, .in = gin, .out = gout, .din = gdin, .dout = gdout,

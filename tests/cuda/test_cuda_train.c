@@ -59,7 +59,8 @@ static void on_memory(void *user, const struct gp_stage_memory_report *m)
 static void on_note_graph(void *user, const char *message)
 {
     (void)user;
-    if (graph_note) snprintf(graph_note, 1024, "%s", message);
+    /* The CUDA graph's notes only (not the layout's). */
+    if (graph_note && !strstr(message, "channels-last")) snprintf(graph_note, 1024, "%s", message);
 }
 
 struct setup {

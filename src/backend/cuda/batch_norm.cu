@@ -131,13 +131,20 @@ static size_t bn_saved(const struct gp_graph *g, const struct gp_node *node)
  * [5 C]; P at its most for any run length. */
 static int64_t bn_nhwc_chunks_max(const struct gp_graph *g, const struct gp_node *node);
 
-static size_t bn_scratch(const struct gp_graph *g, const struct gp_node *node)
+/* The most chunks per channel of either layout (scratch's partials). */
+static int64_t bn_scratch_chunks(const struct gp_graph *g, const struct gp_node *node)
 {
     struct bn_plan p;
     bn_plan_of(g, node, 1, &p);
     int64_t chunks = bn_chunks_max(p.c, p.count), cl = bn_nhwc_chunks_max(g, node);
-    if (cl > chunks) chunks = cl;
-    return sizeof(double) * (size_t)(3 * p.c * chunks + 5 * p.c);
+    return cl > chunks ? cl : chunks;
+}
+
+/* ... and 2 C more for channels-last's folded sums (bn_nhwc_folded). */
+static size_t bn_scratch(const struct gp_graph *g, const struct gp_node *node)
+{
+    int64_t c = gp_node_input(g, node, 0)->shape.dims[1];
+    return sizeof(double) * (size_t)(3 * c * bn_scratch_chunks(g, node) + 7 * c);
 }
 
 /* Walks runs j0 + t, j0 + t + T, ... < j1 of channel c (t the thread,
@@ -295,7 +302,7 @@ __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool up
             for (int64_t k = 0; k < p.p; k++) {
                 sum = DADD(sum, psum[c * p.p + k]);
                 sumsq = DADD(sumsq, psq_raw[c * p.p + k]);
-                q = DADD(q, psq[c * p.p + k]);
+                if (!one_pass) q = DADD(q, psq[c * p.p + k]);
             }
             m = sum / (double)p.count;
             /* Channels-last takes one pass: the squared deviations from
@@ -754,8 +761,8 @@ struct bn_nhwc_plan {
     int64_t p, lr;  /* chunks of rows, rows per chunk */
 };
 
-#define BN_NHWC_MAX_CHUNKS 256
-#define BN_NHWC_ILP 4 /* rows in flight per lane */
+#define BN_NHWC_MAX_CHUNKS 1024
+#define BN_NHWC_ILP 8 /* rows in flight per lane */
 
 static void bn_nhwc_plan_of(int64_t rows, int64_t c, int vec, struct bn_nhwc_plan *q)
 {
@@ -768,8 +775,11 @@ static void bn_nhwc_plan_of(int64_t rows, int64_t c, int vec, struct bn_nhwc_pla
     q->tx = tx;
     q->ty = BN_THREADS / tx;
     q->gx = (q->cr + tx - 1) / tx;
-    /* About 512 blocks, each lane at least BN_NHWC_ILP rows. */
-    int64_t chunks = (512 + q->gx - 1) / q->gx;
+    /* About 1024 blocks (several per SM: the statistics passes are
+     * bound by how many loads are in flight), each lane at least
+     * BN_NHWC_ILP rows; the chunks' partial sums are then folded per
+     * channel by a warp each (bn_nhwc_fold_kernel). */
+    int64_t chunks = (1024 + q->gx - 1) / q->gx;
     int64_t by_rows = (rows + (int64_t)BN_NHWC_ILP * q->ty - 1) / ((int64_t)BN_NHWC_ILP * q->ty);
     if (chunks > by_rows) chunks = by_rows;
     if (chunks > BN_NHWC_MAX_CHUNKS) chunks = BN_NHWC_MAX_CHUNKS;
@@ -799,6 +809,46 @@ static int64_t bn_nhwc_chunks_max(const struct gp_graph *g, const struct gp_node
         if (q.p > most) most = q.p;
     }
     return most;
+}
+
+/* The statistics passes read runs of 4 bytes (2 channels of bfloat16, 1
+ * of float32): few registers per thread (a run's sums are doubles), so
+ * the SMs hold enough threads, each BN_NHWC_ILP rows in flight; a warp
+ * still reads 128 contiguous bytes of a row. */
+static int bn_nhwc_stats_vec(enum io_kind kind, int vec) { return kind == IO_BF16 && vec >= 2 ? 2 : 1; }
+
+/* Scratch (doubles) past the NCHW kernels' (bn_scratch): the folded
+ * per-channel sums, 2 arrays of C. */
+static double *bn_nhwc_folded(void *scratch, int64_t c, int64_t chunks_max)
+{
+    return (double *)scratch + 3 * c * chunks_max + 5 * c;
+}
+
+/* Warp w folds channel w's p partial sums of a and b (one chunk per lane
+ * in turn, then a fixed shuffle tree) into fa[c], fb[c]. */
+__global__ static void bn_nhwc_fold_kernel(int64_t c_n, int64_t p, const double *a, const double *b, double *fa,
+                                           double *fb)
+{
+    int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x & 31;
+    if (c >= c_n) return; /* whole warps leave together: c is the warp's */
+    double sa = 0, sb = 0;
+    for (int64_t k = lane; k < p; k += 32) {
+        sa = DADD(sa, a[c * p + k]);
+        sb = DADD(sb, b[c * p + k]);
+    }
+    for (int off = 16; off > 0; off /= 2) {
+        sa = DADD(sa, __shfl_down_sync(0xffffffffu, sa, off));
+        sb = DADD(sb, __shfl_down_sync(0xffffffffu, sb, off));
+    }
+    if (lane == 0) fa[c] = sa, fb[c] = sb;
+}
+
+static gp_status bn_nhwc_fold(struct gp_cuda_ctx *ctx, int64_t c, int64_t p, const double *a, const double *b,
+                              double *fa, double *fb, struct gp_error *err)
+{
+    bn_nhwc_fold_kernel<<<(unsigned)((c * 32 + 255) / 256), 256, 0, ctx->stream>>>(c, p, a, b, fa, fb);
+    return gp_cuda_check_launch(ctx, "BatchNormalization partial sums (channels-last)", err);
 }
 
 /* The NCHW finishing kernels' plan for the same statistics. */
@@ -943,16 +993,22 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     gp_fptr x = gp_cuda_in_f(ctx, 0), y = gp_cuda_out_f(ctx, 0);
     gp_fptr scale = gp_cuda_in_f(ctx, 1), bias = gp_cuda_in_f(ctx, 2);
     enum io_kind kind = io_kind_of({x, y}, {scale, bias});
-    struct bn_nhwc_plan q;
-    bn_nhwc_plan_of(rows, c, io_vec_for(kind, c, {x, y}), &q);
-    struct bn_plan p = bn_plan_for_finish(ctx->node, q);
-    double *psum = (double *)ctx->scratch, *psq_raw = psum + p.c * p.p, *psq = psq_raw + p.c * p.p;
+    struct bn_nhwc_plan q, qs; /* the elementwise pass's runs, the statistics' */
+    int vec = io_vec_for(kind, c, {x, y});
+    bn_nhwc_plan_of(rows, c, vec, &q);
+    bn_nhwc_plan_of(rows, c, bn_nhwc_stats_vec(kind, vec), &qs);
+    /* The finishing kernel reads the folded sums: one "chunk" each. */
+    struct bn_plan p = bn_plan_for_finish(ctx->node, qs);
+    double *psum = (double *)ctx->scratch, *psq_raw = psum + c * qs.p, *psq = psq_raw + c * qs.p;
+    double *fsum = bn_nhwc_folded(ctx->scratch, c, bn_scratch_chunks(ctx->graph, ctx->node)), *fsq = fsum + c;
     if (training && rows > 0) {
-        dim3 grid((unsigned)q.gx, (unsigned)q.p, 1), block((unsigned)q.tx, (unsigned)q.ty, 1);
-        IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_sums_kernel<IO, VEC><<<grid, block, 0, ctx->stream>>>(
-                                                 q, x, psum, psq_raw)));
+        dim3 grid((unsigned)qs.gx, (unsigned)qs.p, 1), block((unsigned)qs.tx, (unsigned)qs.ty, 1);
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_sums_kernel<IO, VEC><<<grid, block, 0, ctx->stream>>>(
+                                                  qs, x, psum, psq_raw)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization sums (channels-last)", err));
+        GP_TRY(bn_nhwc_fold(ctx, c, qs.p, psum, psq_raw, fsum, fsq, err));
     }
+    p.p = 1;
     struct bn_outs o;
     o.rmean = gp_cuda_in_f(ctx, 3);
     o.rvar = gp_cuda_in_f(ctx, 4);
@@ -965,9 +1021,9 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     o.deferred = ctx->deferred_stats;
     o.scale = scale;
     o.bias = bias;
-    o.ab = (float *)(psq + p.c * p.p);
+    o.ab = (float *)(psq + c * qs.p);
     bn_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(
-        p, training, update, psum, psq_raw, psq, true, o);
+        p, training, update, fsum, fsq, fsum, true, o);
     GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics", err));
     if (rows == 0) return GP_OK;
     IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_apply_kernel<IO, VEC><<<bn_nhwc_flat_blocks(q), BN_THREADS, 0,
@@ -1034,14 +1090,20 @@ __global__ static void bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x,
 {
     const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x;
     const int64_t cb = (e0 - gp_dev_fdiv(e0, q.cr) * q.cr) * VEC;
+    /* Per channel, bn_bwd_dx_train_kernel's
+     *   v = k0 ((dy - k1) - xhat k2) + k3 + k4 xc,  xhat = xc invstd,
+     * regrouped in double as v = a dy + b xc + c0 (a = k0, b = k4 - k0 k2
+     * invstd, c0 = k3 - k0 k1): three doubles a channel where six values
+     * took the registers that keep enough of these threads resident. */
     float m[VEC];
-    double is[VEC], k0[VEC], k1[VEC], k2[VEC], k3[VEC], k4[VEC];
+    double a[VEC], b[VEC], c0[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; i++) {
         const double *kc = coef + 5 * (cb + i);
         m[i] = mean[cb + i];
-        is[i] = (double)invstd[cb + i];
-        k0[i] = kc[0], k1[i] = kc[1], k2[i] = kc[2], k3[i] = kc[3], k4[i] = kc[4];
+        a[i] = kc[0];
+        b[i] = DSUB(kc[4], DMUL(DMUL(kc[0], kc[2]), (double)invstd[cb + i]));
+        c0[i] = DSUB(kc[3], DMUL(kc[0], kc[1]));
     }
     BN_NHWC_FLAT(q, e) {
         float xv[VEC], gv[VEC], old[VEC];
@@ -1064,9 +1126,8 @@ __global__ static void bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x,
             IO::template acts<VEC>(dx, e * VEC, old);
 #pragma unroll
         for (int i = 0; i < VEC; i++) {
-            double xc = (double)FSUB(xv[i], m[i]), xhat = DMUL(xc, is[i]);
-            double v = DMUL(k0[i], DSUB(DSUB((double)gv[i], k1[i]), DMUL(xhat, k2[i])));
-            v = DADD(DADD(v, k3[i]), DMUL(k4[i], xc));
+            double xc = (double)FSUB(xv[i], m[i]);
+            double v = DADD(DADD(DMUL(a[i], (double)gv[i]), DMUL(b[i], xc)), c0[i]);
             old[i] = FADD(old[i], (float)v);
         }
         IO::template set_acts<VEC>(dx, e * VEC, old);
@@ -1113,16 +1174,20 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     const float *mean = (const float *)ctx->saved, *invstd = mean + c;
     gp_fptr y = ctx->node->fused_relu ? gp_cuda_out_f(ctx, 0) : gp_fptr{NULL, false};
     enum io_kind kind = io_kind_of({x, dy, dx, y}, {scale});
-    struct bn_nhwc_plan q;
-    bn_nhwc_plan_of(rows, c, io_vec_for(kind, c, {x, dy, dx, y}), &q);
-    struct bn_plan p = bn_plan_for_finish(ctx->node, q);
-    double *pdy = (double *)ctx->scratch, *pdyx = pdy + p.c * p.p, *coef = pdyx + p.c * p.p;
+    struct bn_nhwc_plan q, qs; /* the elementwise pass's runs, the statistics' */
+    int vec = io_vec_for(kind, c, {x, dy, dx, y});
+    bn_nhwc_plan_of(rows, c, vec, &q);
+    bn_nhwc_plan_of(rows, c, bn_nhwc_stats_vec(kind, vec), &qs);
+    struct bn_plan p = bn_plan_for_finish(ctx->node, qs);
+    double *pdy = (double *)ctx->scratch, *pdyx = pdy + c * qs.p, *coef = pdyx + c * qs.p;
+    double *fdy = bn_nhwc_folded(ctx->scratch, c, bn_scratch_chunks(ctx->graph, ctx->node)), *fdyx = fdy + c;
     bool have_dy = dy.p && rows > 0;
     if (have_dy && (ctx->din[1] || ctx->din[2] || (dx.p && ctx->training))) {
-        dim3 grid((unsigned)q.gx, (unsigned)q.p, 1), block((unsigned)q.tx, (unsigned)q.ty, 1);
-        IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_bwd_sums_kernel<IO, VEC><<<grid, block, 0, ctx->stream>>>(
-                                                 q, x, dy, y, mean, invstd, pdy, pdyx)));
+        dim3 grid((unsigned)qs.gx, (unsigned)qs.p, 1), block((unsigned)qs.tx, (unsigned)qs.ty, 1);
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC><<<grid, block, 0, ctx->stream>>>(
+                                                  qs, x, dy, y, mean, invstd, pdy, pdyx)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward sums (channels-last)", err));
+        GP_TRY(bn_nhwc_fold(ctx, c, qs.p, pdy, pdyx, fdy, fdyx, err));
     } else {
         have_dy = false;
     }
@@ -1138,7 +1203,8 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     g.dbias = ctx->din[2] ? gp_cuda_din_f(ctx, 2) : none;
     g.coef = dx.p && ctx->training ? coef : NULL;
     if (g.dscale.p || g.dbias.p || g.coef) {
-        bn_bwd_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(p, have_dy, pdy, pdyx, g);
+        p.p = 1; /* the folded sums */
+        bn_bwd_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(p, have_dy, fdy, fdyx, g);
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward statistics", err));
     }
     int64_t n = rows * c;

@@ -574,7 +574,10 @@ bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_m
  * The text names the cuDNN version and the GPU they were measured on,
  * then one line per problem: "conv" and the key's numbers, then the three
  * legacy algorithms, their math types and workspaces, then the three graph
- * API configurations' names ("-" where the legacy algorithm runs). */
+ * API configurations' names ("-" where the legacy algorithm runs). A
+ * channels-last problem's line starts "conv-nhwc" instead (the key's other
+ * numbers as "conv"'s: states saved before channels-last read as they did,
+ * and a reader that does not know the word skips the line). */
 
 #define KEY_INTS (7 + 3 * (MAX_AXES + 2) + 3 * MAX_AXES)
 
@@ -628,7 +631,7 @@ extern "C" char *gp_cuda_choices_export(void)
         for (int i = 0; i < cache_len; i++) {
             int v[KEY_INTS];
             key_ints(&cache[i].key, v);
-            len += (size_t)snprintf(text + len, cap - len, "\nconv");
+            len += (size_t)snprintf(text + len, cap - len, "\nconv%s", cache[i].key.nhwc ? "-nhwc" : "");
             for (int j = 0; j < KEY_INTS; j++) len += (size_t)snprintf(text + len, cap - len, " %d", v[j]);
             const struct algo_choice *c = &cache[i].ch;
             len += (size_t)snprintf(text + len, cap - len, " %d %d %zu %d %d %zu %d %d %zu", (int)c->fwd,
@@ -662,8 +665,9 @@ extern "C" gp_status gp_cuda_choices_import(const char *text, char *note, size_t
     pthread_mutex_lock(&cache_mu);
     for (const char *line = eol; line && *line; line = strchr(line + 1, '\n')) {
         const char *p = line + 1;
-        if (strncmp(p, "conv ", 5) != 0) continue;
-        p += 4;
+        bool nhwc = strncmp(p, "conv-nhwc ", 10) == 0;
+        if (strncmp(p, "conv ", 5) != 0 && !nhwc) continue;
+        p += nhwc ? 9 : 4;
         long long v[KEY_INTS + 9];
         int n = 0;
         for (char *end; n < KEY_INTS + 9; n++, p = end) {
@@ -687,6 +691,7 @@ extern "C" gp_status gp_cuda_choices_import(const char *text, char *note, size_t
                                 line + 1);
         }
         key_from_ints(v, &e.key);
+        e.key.nhwc = nhwc;
         const long long *c = v + KEY_INTS;
         e.ch.fwd = (cudnnConvolutionFwdAlgo_t)c[0], e.ch.m_fwd = (cudnnMathType_t)c[1], e.ch.ws_fwd = (size_t)c[2];
         e.ch.bwd_data = (cudnnConvolutionBwdDataAlgo_t)c[3], e.ch.m_data = (cudnnMathType_t)c[4];
