@@ -675,12 +675,13 @@ static void same_bits_all(const char *fixture, int64_t batch, enum gp_precision 
     for (size_t i = 0; i < sizeof setups / sizeof *setups; i++) same_bits(&setups[i], precision);
 }
 
+/* The fixtures the pass tags (unet gets no tag: training it both ways
+ * would compare a run with itself). */
 static void test_train_fp32(void **state)
 {
     (void)state;
     same_bits_all("digits_cnn_op17", 8, GP_PRECISION_FP32);
     same_bits_all("resnet_op17", 8, GP_PRECISION_FP32);
-    same_bits_all("unet_op17", 8, GP_PRECISION_FP32);
 }
 
 static void test_train_bf16(void **state)
@@ -688,7 +689,6 @@ static void test_train_bf16(void **state)
     (void)state;
     same_bits_all("digits_cnn_op17", 8, GP_PRECISION_BF16);
     same_bits_all("resnet_op17", 8, GP_PRECISION_BF16);
-    same_bits_all("unet_op17", 8, GP_PRECISION_BF16);
 }
 
 static int setup(void **state)
