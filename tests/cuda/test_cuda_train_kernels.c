@@ -14,7 +14,11 @@
  *              misaligned:
  *              parameters, state and (clipped) gradients BIT-IDENTICAL;
  *   buffers    gp_cuda_accumulate (bit for bit), gp_cuda_norms (1e-6
- *              relative against double and against gp_norm2_f32).
+ *              relative against double and against gp_norm2_f32);
+ *   layouts    gp_cuda_relayout and gp_cuda_relayout_channels (between
+ *              [n, c, hw] and [n, hw, c], channels padded with zeros and
+ *              dropped, float32 and bfloat16, written and accumulated):
+ *              bit for bit against a loop on the host.
  * Sizes are odd and large enough that the grid-stride loops wrap.
  *
  * Without a CUDA device the test prints why and exits 77 (a skip). */
@@ -32,7 +36,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/convert.h"
 #include "backend/cuda/train_kernels.h"
+#include "graph/tensor.h"
 #include "train/loss.h"
 #include "train/optim.h"
 
@@ -681,6 +687,94 @@ static void test_accumulate(void **state)
     assert_int_equal(gp_cuda_accumulate(NULL, NULL, NULL, 0, &err), GP_OK);
 }
 
+/* Element (b, ch, p) of a tensor [n, c, hw] laid out [n, hw, c] or not. */
+static int64_t layout_index(bool nhwc, int64_t c, int64_t hw, int64_t b, int64_t ch, int64_t p)
+{
+    return nhwc ? (b * hw + p) * c + ch : (b * c + ch) * hw + p;
+}
+
+/* One relayout against the host: src [n, sc, hw] (float32, or bfloat16
+ * when sb) into dst [n, dc, hw] (likewise db), onto dst's earlier values
+ * when acc; `channels` calls gp_cuda_relayout_channels, else
+ * gp_cuda_relayout (sc == dc). */
+static void run_relayout(bool channels, bool dn, int64_t dc, bool db, bool sn, int64_t sc, bool sb, int64_t n,
+                         int64_t hw, bool acc)
+{
+    int64_t ns = n * sc * hw, nd = n * dc * hw;
+    size_t es = sb ? 2 : 4, ed = db ? 2 : 4;
+    float *sv = xmalloc(sizeof(float) * (size_t)ns), *dv = xmalloc(sizeof(float) * (size_t)nd);
+    char *sh = xmalloc(es * (size_t)ns), *dh = xmalloc(ed * (size_t)nd), *got = xmalloc(ed * (size_t)nd);
+    for (int64_t i = 0; i < ns; i++) {
+        float v = normalish();
+        if (sb) ((uint16_t *)sh)[i] = gp_float_to_bf16(v), v = gp_bf16_to_float(((uint16_t *)sh)[i]);
+        else ((float *)sh)[i] = v;
+        sv[i] = v;
+    }
+    for (int64_t i = 0; i < nd; i++) {
+        float v = normalish();
+        if (db) ((uint16_t *)dh)[i] = gp_float_to_bf16(v), v = gp_bf16_to_float(((uint16_t *)dh)[i]);
+        else ((float *)dh)[i] = v;
+        dv[i] = v;
+    }
+    void *ds = dev_copy(sh, es * (size_t)ns), *dd = dev_copy(dh, ed * (size_t)nd);
+    cudaStream_t st = new_stream();
+    struct gp_error err = {0};
+    enum gp_dtype dt = db ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32, stype = sb ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+    if (channels)
+        GP(gp_cuda_relayout_channels(st, dd, dt, dn, dc, ds, stype, sn, sc, n, hw, acc, &err));
+    else
+        GP(gp_cuda_relayout(st, dd, dt, dn, ds, stype, sn, n, sc, hw, acc, &err));
+    assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+    assert_int_equal(cudaMemcpy(got, dd, ed * (size_t)nd, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t ch = 0; ch < dc; ch++)
+            for (int64_t p = 0; p < hw; p++) {
+                int64_t d = layout_index(dn, dc, hw, b, ch, p);
+                float v = ch < sc ? sv[layout_index(sn, sc, hw, b, ch, p)] : 0.0f;
+                if (acc) v = dv[d] + v;
+                if (db) {
+                    uint16_t want = gp_float_to_bf16(v), have = ((uint16_t *)got)[d];
+                    if (want != have)
+                        fail_msg("relayout [%lld, %lld -> %lld, %lld] at (%lld, %lld, %lld): %04x, want %04x",
+                                 (long long)n, (long long)sc, (long long)dc, (long long)hw, (long long)b,
+                                 (long long)ch, (long long)p, have, want);
+                } else {
+                    float have = ((float *)got)[d];
+                    if (memcmp(&have, &v, sizeof v))
+                        fail_msg("relayout [%lld, %lld -> %lld, %lld] at (%lld, %lld, %lld): %g, want %g",
+                                 (long long)n, (long long)sc, (long long)dc, (long long)hw, (long long)b,
+                                 (long long)ch, (long long)p, have, v);
+                }
+            }
+    n_cases++;
+    cudaStreamDestroy(st);
+    cudaFree(ds);
+    cudaFree(dd);
+    free(sv), free(dv), free(sh), free(dh), free(got);
+}
+
+static void test_relayout(void **state)
+{
+    (void)state;
+    for (int t = 0; t < 4; t++) { /* storage of source and destination */
+        bool sb = t & 1, db = t & 2;
+        for (int acc = 0; acc < 2; acc++) {
+            /* Tiles (cells > 16) and the gather (filters' 9 cells), both ways. */
+            run_relayout(false, true, 40, db, false, 40, sb, 3, 37, acc);
+            run_relayout(false, false, 40, db, true, 40, sb, 3, 37, acc);
+            run_relayout(false, true, 96, db, false, 96, sb, 35, 9, acc);
+            run_relayout(false, false, 96, db, true, 96, sb, 35, 9, acc);
+            /* Channels padded (a stem's X and W) and dropped (dX, dW). */
+            run_relayout(true, true, 8, db, false, 3, sb, 4, 50, acc);
+            run_relayout(true, true, 8, db, true, 3, sb, 2, 49, acc);
+            run_relayout(true, false, 3, db, true, 8, sb, 4, 50, acc);
+            run_relayout(true, true, 5, db, true, 8, sb, 2, 13, acc);
+            run_relayout(true, true, 8, db, false, 3, sb, 64, 49, acc);
+        }
+    }
+    run_relayout(true, true, 8, false, false, 3, true, 16, 224 * 224, false); /* a stem batch's image */
+}
+
 static void test_norms(void **state)
 {
     (void)state;
@@ -753,6 +847,7 @@ int main(void)
         cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_mse),
         cmocka_unit_test(test_output_loss),   cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_accumulate),    cmocka_unit_test(test_norms),
+        cmocka_unit_test(test_relayout),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed) {

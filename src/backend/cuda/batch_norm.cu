@@ -48,6 +48,7 @@
  * saved state and scratch stay float32 / double. */
 #include <initializer_list>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/bf16.cuh"
@@ -761,8 +762,34 @@ struct bn_nhwc_plan {
     int64_t p, lr;  /* chunks of rows, rows per chunk */
 };
 
-#define BN_NHWC_MAX_CHUNKS 1024
+#define BN_NHWC_MAX_CHUNKS 4096
 #define BN_NHWC_ILP 8 /* rows in flight per lane */
+
+/* Tuning knobs, read once (measurement only; the defaults are the ones in
+ * use): GP_BN_NHWC_BLOCKS, the statistics passes' target block count;
+ * GP_BN_NHWC_STATS_VEC, their run length in bfloat16; GP_BN_NHWC_RUNS, the
+ * elementwise passes' runs per thread. */
+static int bn_nhwc_knob(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    int k = v && *v ? atoi(v) : 0;
+    return k > 0 ? k : dflt;
+}
+static int bn_nhwc_blocks_target(void)
+{
+    static int k = bn_nhwc_knob("GP_BN_NHWC_BLOCKS", 1024);
+    return k;
+}
+static int bn_nhwc_runs_per_thread(void)
+{
+    static int k = bn_nhwc_knob("GP_BN_NHWC_RUNS", 4);
+    return k;
+}
+static int bn_nhwc_stats_vec_bf16(void)
+{
+    static int k = bn_nhwc_knob("GP_BN_NHWC_STATS_VEC", 2);
+    return k;
+}
 
 static void bn_nhwc_plan_of(int64_t rows, int64_t c, int vec, struct bn_nhwc_plan *q)
 {
@@ -779,7 +806,8 @@ static void bn_nhwc_plan_of(int64_t rows, int64_t c, int vec, struct bn_nhwc_pla
      * bound by how many loads are in flight), each lane at least
      * BN_NHWC_ILP rows; the chunks' partial sums are then folded per
      * channel by a warp each (bn_nhwc_fold_kernel). */
-    int64_t chunks = (1024 + q->gx - 1) / q->gx;
+    int64_t target = bn_nhwc_blocks_target();
+    int64_t chunks = (target + q->gx - 1) / q->gx;
     int64_t by_rows = (rows + (int64_t)BN_NHWC_ILP * q->ty - 1) / ((int64_t)BN_NHWC_ILP * q->ty);
     if (chunks > by_rows) chunks = by_rows;
     if (chunks > BN_NHWC_MAX_CHUNKS) chunks = BN_NHWC_MAX_CHUNKS;
@@ -815,7 +843,13 @@ static int64_t bn_nhwc_chunks_max(const struct gp_graph *g, const struct gp_node
  * of float32): few registers per thread (a run's sums are doubles), so
  * the SMs hold enough threads, each BN_NHWC_ILP rows in flight; a warp
  * still reads 128 contiguous bytes of a row. */
-static int bn_nhwc_stats_vec(enum io_kind kind, int vec) { return kind == IO_BF16 && vec >= 2 ? 2 : 1; }
+static int bn_nhwc_stats_vec(enum io_kind kind, int vec)
+{
+    int want = bn_nhwc_stats_vec_bf16();
+    if (kind != IO_BF16) return 1;
+    while (want > 1 && (want > vec || vec % want)) want /= 2;
+    return want;
+}
 
 /* Scratch (doubles) past the NCHW kernels' (bn_scratch): the folded
  * per-channel sums, 2 arrays of C. */
@@ -947,7 +981,8 @@ static unsigned bn_nhwc_flat_blocks(const struct bn_nhwc_plan &q)
         b = t;
     }
     g = q.cr / a; /* blocks must be a multiple of this */
-    int64_t want = (total + 4 * BN_THREADS - 1) / (4 * BN_THREADS);
+    int64_t per = (int64_t)BN_THREADS * bn_nhwc_runs_per_thread();
+    int64_t want = (total + per - 1) / per;
     if (want > 8192) want = 8192;
     int64_t blocks = (want + g - 1) / g * g;
     return (unsigned)(blocks < g ? g : blocks);

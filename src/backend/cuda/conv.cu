@@ -36,8 +36,9 @@
  * Channels-last (gp_cuda_ctx.in_nhwc / out_nhwc, graph/layout.h): a Conv
  * over 2 axes with cuDNN's own padding takes X and Y in either layout; it
  * convolves channels-last (cuDNN's NHWC kernels, no transposes of its own)
- * when its channels per group come in runs of 8, and relays whichever of
- * X and Y lies otherwise through scratch (see "Conv, channels-last").
+ * when its channels per group come in runs of 8 (fewer than 8 input
+ * channels are padded to 8 with zeros), and relays whichever of X and Y
+ * lies otherwise through scratch (see "Conv, channels-last").
  *
  * Algorithms: chosen and cached by conv_algos.cu: the legacy API's, or
  * with GP_CONV_API=graph cuDNN's graph API's engine configurations
@@ -152,10 +153,13 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
      * padding (conv_relayable; any other gets [N, C, H, W] copies: its
      * layout_native says no). It convolves channels-last when its channels
      * per group are whole 16-byte runs of bfloat16 (8): cuDNN's
-     * channels-last kernels load channels 16 bytes at a time, and
-     * ResNet's stem (3 channels) is faster convolved [N, C, H, W] (cuDNN
-     * pads the channels itself) with its output relaid. */
+     * channels-last kernels load channels 16 bytes at a time. One with
+     * fewer input channels (ResNet's stem: 3) convolves them padded to 8,
+     * X and W relaid with zero channels (conv_padded): cuDNN's own
+     * padding of such a call went through a float32 copy, TF32 kernels
+     * and three transposes of its own, at 8x the time. */
     g->relayable = !transpose && win.n_spatial == 2 && g->direct;
+    if (nhwc && g->relayable && g->group == 1 && g->img_ch < 8 && g->col_ch % 8 == 0) g->img_ch = 8;
     g->nhwc = nhwc && g->relayable && (g->img_ch / g->group) % 8 == 0 && (g->col_ch / g->group) % 8 == 0;
     /* cuDNN's legacy API takes int dimensions and strides. */
     int64_t biggest = g->n * g->img_ch * (g->imgb_size > g->img_size ? g->imgb_size : g->img_size);
@@ -264,12 +268,20 @@ static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode)
     return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc + ws;
 }
 
+/* Whether X's and W's channels are convolved padded with zeros to
+ * img_ch (conv_geom_init): c of them are X's. */
+static bool conv_padded(const struct conv_geom *g) { return !g->transpose && g->img_ch != g->c; }
+
 /* Whether the filter's channels-last form differs from W's ([M, C/g,
- * k...] against [M, k..., C/g]): not for 1x1 kernels. */
+ * k...] against [M, k..., C/g]): not for 1x1 kernels, unless padded. */
 static bool filter_relaid(const struct conv_geom *g)
 {
-    return g->nhwc && g->k[0] * g->k[1] > 1;
+    return g->nhwc && (g->k[0] * g->k[1] > 1 || conv_padded(g));
 }
+
+/* Whether X goes through its buffer: it lies otherwise than the run's
+ * layout, or its channels are padded. */
+static bool image_relaid(const struct conv_geom *g, bool x_cl) { return x_cl != g->nhwc || conv_padded(g); }
 
 /* Scratch of a channels-last run before its cuDNN buffers: X (and dX)
  * channels-last when X lies [N, C, H, W] (x_cl false), Y (and dY) when Y
@@ -277,7 +289,7 @@ static bool filter_relaid(const struct conv_geom *g)
 static size_t nhwc_bytes(const struct conv_geom *g, bool bf16, bool x_cl, bool y_cl)
 {
     size_t es = gp_cuda_float_size(bf16), b = 0;
-    if (x_cl != g->nhwc) b += align_up(es * (size_t)(g->n * g->img_ch * g->img_size));
+    if (image_relaid(g, x_cl)) b += align_up(es * (size_t)(g->n * g->img_ch * g->img_size));
     if (y_cl != g->nhwc) b += align_up(es * (size_t)(g->n * g->col_ch * g->col_size));
     if (filter_relaid(g)) b += 2 * align_up(es * (size_t)filter_numel(g));
     return b;
@@ -569,7 +581,7 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
         size_t xb = align_up(es * (size_t)(r->g.n * r->g.img_ch * r->g.img_size));
         size_t yb = align_up(es * (size_t)(r->g.n * r->g.col_ch * r->g.col_size));
         size_t fb = align_up(es * (size_t)filter_numel(&r->g));
-        if (r->x_cl != r->g.nhwc) r->xt = next, next += xb;
+        if (image_relaid(&r->g, r->x_cl)) r->xt = next, next += xb;
         if (r->y_cl != r->g.nhwc) r->yt = next, next += yb;
         if (filter_relaid(&r->g)) r->wt = next, r->dwt = next + fb, next += 2 * fb;
     }
@@ -727,7 +739,9 @@ static gp_status run_filter(const struct gp_cuda_ctx *c, struct conv_run *r, con
  * What does not lie so goes through a buffer: X or Y in [N, C, H, W]
  * (where the model's graph input meets the first convolution), and W and
  * dW, which stay [M, C/g, k...] for the optimizer and the saved model,
- * whenever the kernel is larger than 1x1. The bias runs along the last
+ * whenever the kernel is larger than 1x1, and X and W of a padded call
+ * (conv_padded: X [N, H, W, 8] and W [M, k..., 8] with zero channels past
+ * the tensors', dX and dW without them). The bias runs along the last
  * axis. */
 
 static enum gp_dtype conv_dt(const struct conv_run *r) { return r->mode.bf16 ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32; }
@@ -742,24 +756,40 @@ static gp_status relaid(const struct gp_cuda_ctx *c, const struct conv_run *r, v
     return gp_cuda_relayout(c->stream, dst, conv_dt(r), to_cl, src, conv_dt(r), !to_cl, n, ch, cells, false, err);
 }
 
-/* The filter as cuDNN reads it: W itself for 1x1 kernels, else [M, k..., C/g] in the buffer. */
+/* The channels of X (and W's second axis) as the tensors have them; the
+ * run convolves img_ch, more when padded. */
+static int64_t data_ch(const struct conv_geom *g) { return conv_padded(g) ? g->c : g->img_ch; }
+
+/* The filter as cuDNN reads it: W itself for 1x1 kernels, else [M, k..., C/g] in the buffer
+ * (zero channels past W's when padded). */
 static gp_status nhwc_filter(const struct gp_cuda_ctx *c, const struct conv_run *r, const void **w,
                              struct gp_error *err)
 {
+    const struct conv_geom *g = &r->g;
     *w = c->in[1];
     if (!r->wt) return GP_OK;
-    GP_TRY(relaid(c, r, r->wt, c->in[1], true, r->g.col_ch, r->g.img_ch / r->g.group, kernel_cells(&r->g), err));
+    if (conv_padded(g))
+        GP_TRY(gp_cuda_relayout_channels(c->stream, r->wt, conv_dt(r), true, g->img_ch, c->in[1], conv_dt(r), false,
+                                         data_ch(g), g->col_ch, kernel_cells(g), false, err));
+    else
+        GP_TRY(relaid(c, r, r->wt, c->in[1], true, g->col_ch, g->img_ch / g->group, kernel_cells(g), err));
     *w = r->wt;
     return GP_OK;
 }
 
-/* X in the run's layout (conv_geom.nhwc): itself, or relaid into its buffer. */
+/* X in the run's layout (conv_geom.nhwc): itself, or relaid into its
+ * buffer (with its zero channels when padded). */
 static gp_status run_image(const struct gp_cuda_ctx *c, const struct conv_run *r, const void **x,
                            struct gp_error *err)
 {
+    const struct conv_geom *g = &r->g;
     *x = c->in[0];
-    if (r->x_cl == r->g.nhwc) return GP_OK;
-    GP_TRY(relaid(c, r, r->xt, c->in[0], r->g.nhwc, r->g.n, r->g.img_ch, r->g.img_size, err));
+    if (!image_relaid(g, r->x_cl)) return GP_OK;
+    if (conv_padded(g))
+        GP_TRY(gp_cuda_relayout_channels(c->stream, r->xt, conv_dt(r), true, g->img_ch, c->in[0], conv_dt(r),
+                                         r->x_cl, data_ch(g), g->n, g->img_size, false, err));
+    else
+        GP_TRY(relaid(c, r, r->xt, c->in[0], g->nhwc, g->n, g->img_ch, g->img_size, err));
     *x = r->xt;
     return GP_OK;
 }
@@ -839,12 +869,17 @@ static gp_status conv_nhwc_backward_run(struct gp_cuda_ctx *c, struct conv_run *
     bool add = !gp_cuda_overwrite(c, 0);
     if (dx) {
         if (g->nhwc) GP_TRY(nhwc_filter(c, r, &w, err));
-        if (r->x_cl == g->nhwc) {
+        if (!image_relaid(g, r->x_cl)) {
             GP_TRY(run_data(c, r, w, dy, dx, add ? 1.0f : 0.0f, err));
-        } else { /* into X's buffer, then added (or written) in X's layout */
+        } else { /* into X's buffer, then added (or written) in X's layout and channels */
             GP_TRY(run_data(c, r, w, dy, r->xt, 0.0f, err));
-            GP_TRY(gp_cuda_relayout(c->stream, dx, gp_cuda_is_bf16(c->din_dt, 0) ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32,
-                                    r->x_cl, r->xt, conv_dt(r), g->nhwc, g->n, g->img_ch, g->img_size, add, err));
+            enum gp_dtype dxt = gp_cuda_is_bf16(c->din_dt, 0) ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+            if (conv_padded(g))
+                GP_TRY(gp_cuda_relayout_channels(c->stream, dx, dxt, r->x_cl, data_ch(g), r->xt, conv_dt(r), true,
+                                                 g->img_ch, g->n, g->img_size, add, err));
+            else
+                GP_TRY(gp_cuda_relayout(c->stream, dx, dxt, r->x_cl, r->xt, conv_dt(r), g->nhwc, g->n, g->img_ch,
+                                        g->img_size, add, err));
         }
     }
     if (dw) {
@@ -854,9 +889,13 @@ static gp_status conv_nhwc_backward_run(struct gp_cuda_ctx *c, struct conv_run *
             GP_TRY(run_filter(c, r, x, dy, err));
         } else { /* [M, k..., C/g] in its buffer, then added to dW's [M, C/g, k...] */
             GP_TRY(run_filter_call(c, r, x, dy, r->dwt, 0.0f, err));
-            GP_TRY(gp_cuda_relayout(c->stream, dw, gp_cuda_is_bf16(c->din_dt, 1) ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32,
-                                    false, r->dwt, conv_dt(r), true, g->col_ch, g->img_ch / g->group,
-                                    kernel_cells(g), true, err));
+            enum gp_dtype dwt = gp_cuda_is_bf16(c->din_dt, 1) ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+            if (conv_padded(g))
+                GP_TRY(gp_cuda_relayout_channels(c->stream, dw, dwt, false, data_ch(g), r->dwt, conv_dt(r), true,
+                                                 g->img_ch, g->col_ch, kernel_cells(g), true, err));
+            else
+                GP_TRY(gp_cuda_relayout(c->stream, dw, dwt, false, r->dwt, conv_dt(r), true, g->col_ch,
+                                        g->img_ch / g->group, kernel_cells(g), true, err));
         }
     }
     bool db_bf16 = db && gp_cuda_is_bf16(c->din_dt, 2);

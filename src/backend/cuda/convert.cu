@@ -143,6 +143,90 @@ static void launch_relayout(cudaStream_t stream, void *dst, const void *src, boo
         relayout_kernel<S, D, false><<<grid, block, 0, stream>>>(dst, src, n, c, hw, acc);
 }
 
+/* One thread per destination element: dst [n, dst_c, hw] (in its layout)
+ * = src's channel ch (in its layout) for ch < src_c, else 0. Where a
+ * tile of 32 x 32 would be mostly idle (a filter's 3 x 3 cells, an
+ * image's 3 channels) this gather reads each source line from L2 a few
+ * times and still writes whole lines. I: the index type (32-bit
+ * divisions where the tensor allows). */
+template <typename S, typename D, typename I>
+__global__ void relayout_gather_kernel(void *dst, bool dst_nhwc, I dst_c, const void *src, bool src_nhwc, I src_c,
+                                       I hw, I total, bool acc)
+{
+    for (I e = (I)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (I)gridDim.x * blockDim.x) {
+        I b, ch, p;
+        if (dst_nhwc) {
+            I bp = e / dst_c;
+            ch = e - bp * dst_c;
+            b = bp / hw;
+            p = bp - b * hw;
+        } else {
+            I bc = e / hw;
+            p = e - bc * hw;
+            b = bc / dst_c;
+            ch = bc - b * dst_c;
+        }
+        float v = 0.0f;
+        if (ch < src_c) v = load_as_f32<S>(src, src_nhwc ? (b * hw + p) * src_c + ch : (b * src_c + ch) * hw + p);
+        store_f32<D>(dst, e, v, acc);
+    }
+}
+
+template <typename S, typename D>
+static void launch_gather(cudaStream_t stream, void *dst, bool dst_nhwc, int64_t dst_c, const void *src,
+                          bool src_nhwc, int64_t src_c, int64_t n, int64_t hw, bool acc)
+{
+    int64_t total = n * dst_c * hw, src_total = n * src_c * hw;
+    unsigned blocks = gp_cuda_blocks_for(total);
+    if (total <= INT32_MAX && src_total <= INT32_MAX)
+        relayout_gather_kernel<S, D, uint32_t><<<blocks, GP_CUDA_THREADS, 0, stream>>>(
+            dst, dst_nhwc, (uint32_t)dst_c, src, src_nhwc, (uint32_t)src_c, (uint32_t)hw, (uint32_t)total, acc);
+    else
+        relayout_gather_kernel<S, D, int64_t><<<blocks, GP_CUDA_THREADS, 0, stream>>>(
+            dst, dst_nhwc, dst_c, src, src_nhwc, src_c, hw, total, acc);
+}
+
+/* Cells per plane below which a tile's threads would mostly idle. */
+#define GATHER_MAX_CELLS 16
+
+static gp_status check_relayout_types(const char *fn, enum gp_dtype dst_type, enum gp_dtype src_type,
+                                      struct gp_error *err)
+{
+    bool sb = src_type == GP_DTYPE_BFLOAT16, db = dst_type == GP_DTYPE_BFLOAT16;
+    if ((!sb && src_type != GP_DTYPE_FLOAT32) || (!db && dst_type != GP_DTYPE_FLOAT32))
+        return gp_error_set(err, GP_ERR_UNSUPPORTED, "%s: %s to %s", fn, gp_dtype_name(src_type),
+                            gp_dtype_name(dst_type));
+    return GP_OK;
+}
+
+static gp_status relayout_launched(const char *fn, struct gp_error *err)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return gp_error_set(err, GP_ERR_DEVICE, "%s: %s", fn, cudaGetErrorString(e));
+    return GP_OK;
+}
+
+extern "C" gp_status gp_cuda_relayout_channels(cudaStream_t stream, void *dst, enum gp_dtype dst_type,
+                                               bool dst_nhwc, int64_t dst_c, const void *src,
+                                               enum gp_dtype src_type, bool src_nhwc, int64_t src_c, int64_t n,
+                                               int64_t hw, bool accumulate, struct gp_error *err)
+{
+    const char *fn = "gp_cuda_relayout_channels";
+    GP_TRY(check_relayout_types(fn, dst_type, src_type, err));
+    if (n < 0 || dst_c < 0 || src_c < 0 || hw < 0) return gp_error_set(err, GP_ERR_INVALID, "%s: negative size", fn);
+    if (n == 0 || dst_c == 0 || hw == 0) return GP_OK;
+    bool sb = src_type == GP_DTYPE_BFLOAT16, db = dst_type == GP_DTYPE_BFLOAT16;
+    if (sb && db)
+        launch_gather<uint16_t, uint16_t>(stream, dst, dst_nhwc, dst_c, src, src_nhwc, src_c, n, hw, accumulate);
+    else if (sb)
+        launch_gather<uint16_t, float>(stream, dst, dst_nhwc, dst_c, src, src_nhwc, src_c, n, hw, accumulate);
+    else if (db)
+        launch_gather<float, uint16_t>(stream, dst, dst_nhwc, dst_c, src, src_nhwc, src_c, n, hw, accumulate);
+    else
+        launch_gather<float, float>(stream, dst, dst_nhwc, dst_c, src, src_nhwc, src_c, n, hw, accumulate);
+    return relayout_launched(fn, err);
+}
+
 extern "C" gp_status gp_cuda_relayout(cudaStream_t stream, void *dst, enum gp_dtype dst_type, bool dst_nhwc,
                                       const void *src, enum gp_dtype src_type, bool src_nhwc, int64_t n, int64_t c,
                                       int64_t hw, bool accumulate, struct gp_error *err)
@@ -150,11 +234,12 @@ extern "C" gp_status gp_cuda_relayout(cudaStream_t stream, void *dst, enum gp_dt
     if (dst_nhwc == src_nhwc)
         return gp_cuda_convert(stream, dst, dst_type, src, src_type, n * c * hw, accumulate, err);
     bool sb = src_type == GP_DTYPE_BFLOAT16, db = dst_type == GP_DTYPE_BFLOAT16;
-    if ((!sb && src_type != GP_DTYPE_FLOAT32) || (!db && dst_type != GP_DTYPE_FLOAT32))
-        return gp_error_set(err, GP_ERR_UNSUPPORTED, "gp_cuda_relayout: %s to %s", gp_dtype_name(src_type),
-                            gp_dtype_name(dst_type));
+    GP_TRY(check_relayout_types("gp_cuda_relayout", dst_type, src_type, err));
     if (n < 0 || c < 0 || hw < 0) return gp_error_set(err, GP_ERR_INVALID, "gp_cuda_relayout: negative size");
     if (n == 0 || c == 0 || hw == 0) return GP_OK;
+    if (hw <= GATHER_MAX_CELLS)
+        return gp_cuda_relayout_channels(stream, dst, dst_type, dst_nhwc, c, src, src_type, src_nhwc, c, n, hw,
+                                         accumulate, err);
     if ((hw + TILE - 1) / TILE > INT32_MAX || (c + TILE - 1) / TILE > 65535)
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "gp_cuda_relayout: %lld channels of %lld cells exceed the grid",
                             (long long)c, (long long)hw);
@@ -166,8 +251,5 @@ extern "C" gp_status gp_cuda_relayout(cudaStream_t stream, void *dst, enum gp_dt
         launch_relayout<float, uint16_t>(stream, dst, src, dst_nhwc, n, c, hw, accumulate);
     else
         launch_relayout<float, float>(stream, dst, src, dst_nhwc, n, c, hw, accumulate);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return gp_error_set(err, GP_ERR_DEVICE, "gp_cuda_relayout: %s", cudaGetErrorString(e));
-    return GP_OK;
+    return relayout_launched("gp_cuda_relayout", err);
 }

@@ -23,10 +23,21 @@ gp_status gp_cuda_convert(cudaStream_t stream, void *dst, enum gp_dtype dst_type
 /* The same for a tensor of logical shape [n, c, hw] between layouts: dst
  * (laid out [n, hw, c] when dst_nhwc) = src (the same with src_nhwc), or
  * += with accumulate. Tiles of 32 x 32 through shared memory, so both
- * sides are read and written in whole rows. */
+ * sides are read and written in whole rows; planes of at most 16 cells
+ * (a filter's) by gp_cuda_relayout_channels's gather. */
 gp_status gp_cuda_relayout(cudaStream_t stream, void *dst, enum gp_dtype dst_type, bool dst_nhwc, const void *src,
                            enum gp_dtype src_type, bool src_nhwc, int64_t n, int64_t c, int64_t hw,
                            bool accumulate, struct gp_error *err);
+
+/* Between channel counts too: dst [n, dst_c, hw] (laid out [n, hw, dst_c]
+ * when dst_nhwc) from src [n, src_c, hw] (likewise), channel for channel;
+ * dst's channels from src_c on are zero (with accumulate: unchanged), and
+ * src's from dst_c on are left out. A convolution with few input channels
+ * convolves them padded to a whole 16-byte run (conv.cu). One thread per
+ * destination element. */
+gp_status gp_cuda_relayout_channels(cudaStream_t stream, void *dst, enum gp_dtype dst_type, bool dst_nhwc,
+                                    int64_t dst_c, const void *src, enum gp_dtype src_type, bool src_nhwc,
+                                    int64_t src_c, int64_t n, int64_t hw, bool accumulate, struct gp_error *err);
 
 #ifdef __cplusplus
 }
