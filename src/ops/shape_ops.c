@@ -497,8 +497,9 @@ static gp_status fold_gather(struct gp_infer_ctx *ctx)
  * first k axes of data, updates [..., data.shape[k:]]. Exporters make it of
  * an indexed assignment (swin's shifted-window mask, `mask[h, w] = n`),
  * from shapes and constants, so it folds at load time. There is no kernel:
- * a ScatterND whose inputs depend on data or trainable parameters is refused
- * at load, naming the input. Reductions (16+): none, add, mul, max, min. */
+ * it must fold (GP_FOLD_REQUIRED), and one whose inputs depend on data or
+ * trainable parameters is refused at load, naming the input. Reductions
+ * (16+): none, add, mul, max, min. */
 
 static gp_status infer_scatter_nd(struct gp_infer_ctx *ctx)
 {
@@ -525,16 +526,6 @@ static gp_status infer_scatter_nd(struct gp_infer_ctx *ctx)
     const char *red = gp_node_attr_string(ctx->node, "reduction", "none");
     if (strcmp(red, "none") && strcmp(red, "add") && strcmp(red, "mul") && strcmp(red, "max") && strcmp(red, "min"))
         return gp_op_error(ctx, GP_ERR_INVALID, "reduction '%s' is not none, add, mul, max or min", red);
-    static const char *const roles[] = {"data", "indices", "updates"};
-    for (int i = 0; i < 3; i++) {
-        struct gp_value *v = gp_in(ctx, i);
-        if (!v->constant || v->kind == GP_VALUE_PARAMETER)
-            return gp_op_error(ctx, GP_ERR_UNSUPPORTED,
-                               "input %d ('%s', the %s) must be known at load time: ScatterND is "
-                               "supported only where it folds to a constant (exporters build "
-                               "masks with it from shapes), not on data or trainable parameters",
-                               i, v->name, roles[i]);
-    }
     gp_set_out(ctx, 0, x->dtype, xs);
     return GP_OK;
 }
@@ -873,10 +864,10 @@ const struct gp_op_def gp_ops_shape[] = {
     OP("Gather", 1, 2, 2, 1, "axis:i", 0x2, infer_gather, FOLD, fold_gather),
     OP("Gather", 11, 2, 2, 1, "axis:i", 0x2, infer_gather, FOLD, fold_gather),
     OP("Gather", 13, 2, 2, 1, "axis:i", 0x2, infer_gather, FOLD, fold_gather),
-    OP("ScatterND", 11, 3, 3, 1, "", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
-    OP("ScatterND", 13, 3, 3, 1, "", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
-    OP("ScatterND", 16, 3, 3, 1, "reduction:s", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
-    OP("ScatterND", 18, 3, 3, 1, "reduction:s", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
+    OP("ScatterND", 11, 3, 3, 1, "", 0x2, infer_scatter_nd, GP_FOLD_REQUIRED, fold_scatter_nd),
+    OP("ScatterND", 13, 3, 3, 1, "", 0x2, infer_scatter_nd, GP_FOLD_REQUIRED, fold_scatter_nd),
+    OP("ScatterND", 16, 3, 3, 1, "reduction:s", 0x2, infer_scatter_nd, GP_FOLD_REQUIRED, fold_scatter_nd),
+    OP("ScatterND", 18, 3, 3, 1, "reduction:s", 0x2, infer_scatter_nd, GP_FOLD_REQUIRED, fold_scatter_nd),
     OP("ConstantOfShape", 9, 1, 1, 1, "value:t", 0x1,
         infer_constant_of_shape, FOLD, fold_constant_of_shape),
     OP("ConstantOfShape", 20, 1, 1, 1, "value:t", 0x1,
