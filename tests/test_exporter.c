@@ -2,8 +2,8 @@
  * graphs that mimic the exporter's two settings: optimize=True (BatchNorm
  * folded into a convolution's bias, equal LayerNorm weights merged into one
  * initializer) says what was lost; optimize=False (BatchNormalization and
- * separate weights kept), the TorchScript exporter's names and older
- * producers say nothing. */
+ * separate weights kept), a weight tied on purpose, the TorchScript
+ * exporter's names and older producers say nothing. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -24,13 +24,19 @@ static struct gp_shape shape(int rank, const int64_t *dims)
     return s;
 }
 
-static void weight(struct gp_graph *g, const char *name, int rank, const int64_t *dims)
+/* A ramp of distinct values, or all ones (a fresh LayerNorm weight). */
+static void weight_filled(struct gp_graph *g, const char *name, int rank, const int64_t *dims, bool ones)
 {
     struct gp_error err = {0};
     struct gp_shape s = shape(rank, dims);
     float data[64] = {0};
-    for (int i = 0; i < 64; i++) data[i] = 0.01f * (float)(i + 1);
+    for (int i = 0; i < 64; i++) data[i] = ones ? 1.0f : 0.01f * (float)(i + 1);
     assert_int_equal(gp_graph_add_const_f32(g, name, &s, data, &err), GP_OK);
+}
+
+static void weight(struct gp_graph *g, const char *name, int rank, const int64_t *dims)
+{
+    weight_filled(g, name, rank, dims, false);
 }
 
 static void add_node(struct gp_graph *g, const char *op, const char *name, int ni, const char *const *in,
@@ -45,8 +51,8 @@ static void add_node(struct gp_graph *g, const char *op, const char *name, int n
  * axis. `folded`: the convolution has a bias and no BatchNormalization
  * follows (optimize=True), else BatchNormalization is there. `merged`:
  * both LayerNorms read one weight. `dynamo`: dynamo's names. */
-static void build(struct gp_graph *g, const char *producer, const char *version, bool folded, bool merged,
-                  bool dynamo)
+static void build_ln(struct gp_graph *g, const char *producer, const char *version, bool folded,
+                     bool merged, bool dynamo, bool ones)
 {
     struct gp_error err = {0};
     assert_int_equal(gp_graph_init(g, 1, 18, 128, 64, &err), GP_OK);
@@ -72,8 +78,8 @@ static void build(struct gp_graph *g, const char *producer, const char *version,
                  dynamo ? "val_1" : "/bn1/BatchNormalization_output_0");
         ln_in = dynamo ? "val_1" : "/bn1/BatchNormalization_output_0";
     }
-    weight(g, "norm1.weight", 1, (const int64_t[]){4});
-    if (!merged) weight(g, "norm2.weight", 1, (const int64_t[]){4});
+    weight_filled(g, "norm1.weight", 1, (const int64_t[]){4}, ones);
+    if (!merged) weight_filled(g, "norm2.weight", 1, (const int64_t[]){4}, ones);
     add_node(g, "LayerNormalization", dynamo ? "node_LayerNormalization_2" : "/norm1/LayerNormalization", 2,
              S(ln_in, "norm1.weight"), "y1");
     add_node(g, "LayerNormalization", dynamo ? "node_LayerNormalization_3" : "/norm2/LayerNormalization", 2,
@@ -81,6 +87,12 @@ static void build(struct gp_graph *g, const char *producer, const char *version,
     add_node(g, "Add", dynamo ? "node_Add_4" : "/Add", 2, S("y1", "y2"), "y");
     assert_int_equal(gp_graph_add_output(g, "y", &err), GP_OK);
     if (gp_graph_finalize(g, &err) != GP_OK) fail_msg("%s", err.msg);
+}
+
+static void build(struct gp_graph *g, const char *producer, const char *version, bool folded, bool merged,
+                  bool dynamo)
+{
+    build_ln(g, producer, version, folded, merged, dynamo, true);
 }
 
 static void test_optimized_export_noted(void **state)
@@ -93,7 +105,8 @@ static void test_optimized_export_noted(void **state)
     assert_non_null(strstr(note, "BatchNormalization was folded into the convolutions"));
     assert_non_null(strstr(note, "names such as 'bn1.bias'"));
     assert_non_null(strstr(note, "1 parameter is read by several nodes (such as 'norm1.weight' by "
-                               "'node_LayerNormalization_2' and 'node_LayerNormalization_3')"));
+                               "'node_LayerNormalization_2' and 'node_LayerNormalization_3', all its "
+                               "elements equal)"));
     assert_non_null(strstr(note, "torch.onnx.export(..., dynamo=True, optimize=False)"));
     gp_graph_free(&g);
 
@@ -121,6 +134,10 @@ static void test_other_exports_not_noted(void **state)
     gp_graph_free(&g);
     /* The TorchScript exporter's names, even with a bias and shared weights. */
     build(&g, "pytorch", "2.11.0", true, true, false);
+    assert_false(gp_graph_exporter_note(&g, note, sizeof note));
+    gp_graph_free(&g);
+    /* A weight tied on purpose (random values) read by both: not a merge. */
+    build_ln(&g, "pytorch", "2.11.0", false, true, true, false);
     assert_false(gp_graph_exporter_note(&g, note, sizeof note));
     gp_graph_free(&g);
     /* Before 2.5, or another producer. */

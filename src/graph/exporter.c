@@ -56,6 +56,19 @@ static bool batch_norm_name(const char *s)
     return false;
 }
 
+/* Every element the same value (false for an empty or missing tensor);
+ * stops at the first that differs, so a random weight costs a few reads. */
+static bool all_equal(const struct gp_tensor *t)
+{
+    if (!t) return false;
+    int64_t n = gp_shape_numel(&t->shape);
+    if (n < 1) return false;
+    double first = gp_tensor_get_f64(t, 0);
+    for (int64_t i = 1; i < n; i++)
+        if (gp_tensor_get_f64(t, i) != first) return false;
+    return true;
+}
+
 bool gp_graph_exporter_note(const struct gp_graph *g, char *note, size_t size)
 {
     int major = 0, minor = 0;
@@ -84,7 +97,10 @@ bool gp_graph_exporter_note(const struct gp_graph *g, char *note, size_t size)
         if (batch_norm_name(g->nodes[i].name)) bn_name = g->nodes[i].name;
     bool bn_folded = !n_bn && conv_bias && bn_name;
 
-    /* Parameters read by several nodes through slots that carry gradients. */
+    /* Parameters read by several nodes through slots that carry gradients,
+     * whose elements are all equal: what fresh LayerNorm weights (ones) and
+     * biases (zeros) look like when the exporter merged them. Weights tied
+     * on purpose (GPT's embedding and output layer) are random and pass. */
     int shared = 0, example = -1, first_reader = -1, second_reader = -1;
     int *readers = calloc((size_t)g->n_values + 1, sizeof *readers);
     int *first = calloc((size_t)g->n_values + 1, sizeof *first);
@@ -97,6 +113,7 @@ bool gp_graph_exporter_note(const struct gp_graph *g, char *note, size_t size)
             bool again = false; /* one node reading it twice counts once */
             for (int j = 0; j < k; j++) again |= n->inputs[j] == v;
             if (again) continue;
+            if (!all_equal(g->values[v].constant)) continue;
             if (readers[v]++ == 0) {
                 first[v] = i;
             } else if (readers[v] == 2) {
@@ -124,8 +141,9 @@ bool gp_graph_exporter_note(const struct gp_graph *g, char *note, size_t size)
     if (shared && used < size)
         used += (size_t)snprintf(note + used, size - used,
                                  " %d parameter%s read by several nodes (such as '%s' by '%s' and "
-                                 "'%s'): the exporter merges initializers that hold equal values, so "
-                                 "parameters that were separate in PyTorch train as one.",
+                                 "'%s', all its elements equal): the exporter merges initializers that "
+                                 "hold equal values, so parameters that were separate in PyTorch train "
+                                 "as one.",
                                  shared, shared > 1 ? "s are" : " is", g->values[example].name,
                                  g->nodes[first_reader].name, g->nodes[second_reader].name);
     if (used < size)

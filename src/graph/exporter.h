@@ -15,7 +15,8 @@
 
 /* True when `g` looks like an optimized dynamo export (producer "pytorch"
  * 2.5 or later, dynamo's node and value names, and a BatchNormalization
- * folded away or parameters read by several nodes); then `note` holds one
+ * folded away, or a parameter of equal elements, as fresh LayerNorm weights
+ * are, read by several nodes); then `note` holds one
  * paragraph for people: what was lost and the export line that keeps it. */
 bool gp_graph_exporter_note(const struct gp_graph *g, char *note, size_t size);
 
