@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util/mapped.h"
+
 struct gp_mapping {
     void *addr;
     size_t len;
@@ -100,6 +102,7 @@ gp_status gp_external_data_map(const char *model_dir, const char *location, int6
     m->len = len;
     m->next = *list;
     *list = m;
+    if (len) gp_mapped_register(addr, len, real_file);
     *data = len ? (char *)addr + (offset - start) : NULL;
     return GP_OK;
 }
@@ -119,7 +122,10 @@ void gp_external_data_release(struct gp_mapping *list)
 {
     while (list) {
         struct gp_mapping *next = list->next;
-        if (list->len) munmap(list->addr, list->len);
+        if (list->len) {
+            gp_mapped_unregister(list->addr);
+            munmap(list->addr, list->len);
+        }
         free(list);
         list = next;
     }

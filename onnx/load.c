@@ -15,6 +15,7 @@
 #include "onnx/external_data.h"
 #include "onnx/tensor_proto.h"
 #include "onnx/wire.h"
+#include "util/mapped.h"
 
 /* Files larger than this must use external data (protobuf's own limit is 2 GiB). */
 #define GP_MAX_MODEL_BYTES ((size_t)2 << 30)
@@ -356,9 +357,16 @@ gp_status gp_onnx_load(const char *path, int64_t batch, struct gp_graph *g, stru
     close(fd);
     if (map == MAP_FAILED)
         return gp_error_set(err, GP_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
+    /* Its size was taken from fstat just now, so every page exists; only a
+     * truncation by another process while it is mapped can still fault
+     * (SIGBUS), and the table lets the command line name the file then. */
+    if (size) gp_mapped_register(map, size, path);
     char *dir = strdup(path);
     if (!dir) {
-        if (size) munmap(map, size);
+        if (size) {
+            gp_mapped_unregister(map);
+            munmap(map, size);
+        }
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     }
     char *slash = strrchr(dir, '/');
@@ -366,7 +374,10 @@ gp_status gp_onnx_load(const char *path, int64_t batch, struct gp_graph *g, stru
     else strcpy(dir, ".");
     bool kept = false;
     gp_status s = load_bytes(map, size, path, dir, batch, size > 0, g, &kept, err);
-    if (!kept && size) munmap(map, size);
+    if (!kept && size) {
+        gp_mapped_unregister(map);
+        munmap(map, size);
+    }
     free(dir);
     gp_error_prefix(err, "%s: ", path);
     return s;

@@ -7,18 +7,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "onnx.pb-c.h"
 #include "onnx/external_data.h"
+#include "onnx/wire.h"
 #include "util/strmap.h"
 #include "util/atomic_file.h"
+#include "util/mapped.h"
 
 /* protobuf's limit for one message, and the loader's (onnx/load.c). */
 #define GP_MAX_MODEL_BYTES ((size_t)2 << 30)
 
-static gp_status read_model(const char *path, unsigned char **buf, size_t *size, struct gp_error *err)
+/* The model mapped read-only (the loader's way, onnx/load.c): the weights
+ * that are written back unchanged go from its pages to the output file
+ * without a copy on the heap. */
+static gp_status map_model(const char *path, void **map, size_t *size, struct gp_error *err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return gp_error_set(err, GP_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
@@ -32,24 +38,11 @@ static gp_status read_model(const char *path, unsigned char **buf, size_t *size,
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "'%s' is %lld bytes: models over 2 GiB are not supported",
                             path, (long long)st.st_size);
     }
-    size_t n = (size_t)st.st_size, got = 0;
-    unsigned char *b = malloc(n ? n : 1);
-    if (!b) {
-        close(fd);
-        return gp_error_set(err, GP_ERR_NOMEM, "out of memory reading '%s'", path);
-    }
-    while (got < n) {
-        ssize_t r = read(fd, b + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
+    size_t n = (size_t)st.st_size;
+    void *m = n ? mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
     close(fd);
-    if (got != n) {
-        free(b);
-        return gp_error_set(err, GP_ERR_IO, "cannot read '%s'", path);
-    }
-    *buf = b;
+    if (n && m == MAP_FAILED) return gp_error_set(err, GP_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
+    *map = m;
     *size = n;
     return GP_OK;
 }
@@ -84,9 +77,11 @@ static gp_status proto_size(const Onnx__TensorProto *tp, struct gp_shape *shape,
     return GP_OK;
 }
 
-/* Makes `bytes` (malloc'd, taken over) the tensor's only data: raw_data,
- * with the typed fields and the external data reference cleared. */
-static void set_raw(Onnx__TensorProto *tp, unsigned char *bytes, size_t len)
+/* Makes `bytes` the tensor's only data: raw_data, with the typed fields
+ * and the external data reference cleared. `lent` (may be NULL): whether
+ * the old raw_data is borrowed (not protobuf-c's to free); on return it says
+ * whether `bytes` is, i.e. `!owned` (owned bytes are malloc'd, taken over). */
+static void set_raw(Onnx__TensorProto *tp, unsigned char *bytes, size_t len, bool owned, bool *lent)
 {
     /* Repeated scalar fields: a zero count is enough, free_unpacked still
      * frees the arrays. Repeated messages must be freed one by one. */
@@ -97,7 +92,8 @@ static void set_raw(Onnx__TensorProto *tp, unsigned char *bytes, size_t len)
     tp->n_external_data = 0;
     tp->has_data_location = 0;
     tp->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__DEFAULT;
-    free(tp->raw_data.data);
+    if (!lent || !*lent) free(tp->raw_data.data);
+    if (lent) *lent = !owned;
     tp->raw_data.data = bytes;
     tp->raw_data.len = len;
     tp->has_raw_data = 1;
@@ -105,8 +101,10 @@ static void set_raw(Onnx__TensorProto *tp, unsigned char *bytes, size_t len)
 
 /* ---- replacing an initializer's data ---- */
 
+/* The bytes to store: the caller's own when the type is the same (*owned
+ * false: borrowed until the file is written), else a converted copy. */
 static gp_status convert(const struct gp_saved_tensor *t, enum gp_dtype to, const char *name,
-                         unsigned char **out, size_t *len, struct gp_error *err)
+                         unsigned char **out, size_t *len, bool *owned, struct gp_error *err)
 {
     enum gp_dtype from = t->dtype == GP_DTYPE_UNDEFINED ? GP_DTYPE_FLOAT32 : t->dtype;
     int64_t n = gp_shape_numel(&t->shape);
@@ -119,11 +117,16 @@ static gp_status convert(const struct gp_saved_tensor *t, enum gp_dtype to, cons
                             "initializer '%s' is %s: cannot store %s values in it", name,
                             gp_dtype_name(to), gp_dtype_name(from));
     *len = (size_t)n * esize;
+    *owned = !same || !*len;
+    if (!*owned) {
+        *out = (unsigned char *)t->data;
+        return GP_OK;
+    }
     unsigned char *b = malloc(*len ? *len : 1);
     if (!b) return gp_error_set(err, GP_ERR_NOMEM, "out of memory saving '%s'", name);
     const float *f = t->data;
     if (same) {
-        if (*len) memcpy(b, t->data, *len);
+        /* empty */
     } else if (to == GP_DTYPE_FLOAT16) {
         for (int64_t i = 0; i < n; i++) {
             uint16_t h = gp_float_to_half(f[i]);
@@ -195,6 +198,7 @@ static gp_status check_replacements(Onnx__GraphProto *gp, const struct gp_strmap
 struct external_ref {
     Onnx__TensorProto *tp;
     size_t nbytes;
+    bool lent; /* raw_data borrowed (from the model's mapping, then the external file's) */
 };
 
 struct external_list {
@@ -203,7 +207,8 @@ struct external_list {
     size_t total;
 };
 
-static gp_status add_if_external(struct external_list *l, Onnx__TensorProto *tp, struct gp_error *err)
+static gp_status add_if_external(struct external_list *l, Onnx__TensorProto *tp, bool lent,
+                                 struct gp_error *err)
 {
     if (!tp || !is_external(tp)) return GP_OK;
     struct gp_shape s;
@@ -216,31 +221,33 @@ static gp_status add_if_external(struct external_list *l, Onnx__TensorProto *tp,
         l->refs = m;
         l->cap = cap;
     }
-    l->refs[l->count++] = (struct external_ref){tp, nb};
+    l->refs[l->count++] = (struct external_ref){tp, nb, lent};
     l->total += nb;
     return GP_OK;
 }
 
 /* Initializers that keep their data, and tensors in node attributes
  * (Constant's value), whose data lives in external files. */
-static gp_status collect_external(Onnx__GraphProto *gp, const bool *replaced, struct external_list *l,
-                                  struct gp_error *err)
+static gp_status collect_external(Onnx__GraphProto *gp, const bool *replaced, const bool *lent,
+                                  struct external_list *l, struct gp_error *err)
 {
     for (size_t i = 0; i < gp->n_initializer; i++)
-        if (!replaced[i]) GP_TRY(add_if_external(l, gp->initializer[i], err));
+        if (!replaced[i]) GP_TRY(add_if_external(l, gp->initializer[i], lent[i], err));
     for (size_t i = 0; i < gp->n_node; i++)
         for (size_t a = 0; a < gp->node[i]->n_attribute; a++) {
             Onnx__AttributeProto *ap = gp->node[i]->attribute[a];
-            GP_TRY(add_if_external(l, ap->t, err));
-            for (size_t k = 0; k < ap->n_tensors; k++) GP_TRY(add_if_external(l, ap->tensors[k], err));
+            GP_TRY(add_if_external(l, ap->t, false, err));
+            for (size_t k = 0; k < ap->n_tensors; k++)
+                GP_TRY(add_if_external(l, ap->tensors[k], false, err));
         }
     return GP_OK;
 }
 
+/* Points each tensor at its bytes in the external file, mapped into
+ * *maps (the caller releases them once the file is written). */
 static gp_status inline_external(const char *model_dir, struct external_ref *refs, int count,
-                                 struct gp_error *err)
+                                 struct gp_mapping **maps, struct gp_error *err)
 {
-    struct gp_mapping *maps = NULL;
     gp_status st = GP_OK;
     for (int r = 0; r < count && st == GP_OK; r++) {
         Onnx__TensorProto *tp = refs[r].tp;
@@ -268,17 +275,12 @@ static gp_status inline_external(const char *model_dir, struct external_ref *ref
         if (st != GP_OK) break;
         void *data = NULL;
         st = gp_external_data_map(model_dir, location, offset, length, (int64_t)refs[r].nbytes,
-                                  tensor_name(tp), &maps, &data, err);
+                                  tensor_name(tp), maps, &data, err);
         if (st != GP_OK) break;
-        unsigned char *copy = malloc(refs[r].nbytes ? refs[r].nbytes : 1);
-        if (!copy) {
-            st = gp_error_set(err, GP_ERR_NOMEM, "out of memory reading '%s'", tensor_name(tp));
-            break;
-        }
-        if (refs[r].nbytes) memcpy(copy, data, refs[r].nbytes);
-        set_raw(tp, copy, refs[r].nbytes);
+        bool lent = refs[r].lent;
+        set_raw(tp, data, refs[r].nbytes, false, &lent);
+        refs[r].lent = true;
     }
-    gp_external_data_release(maps);
     return st;
 }
 
@@ -340,8 +342,11 @@ static gp_status write_atomic(const Onnx__ModelProto *mp, const char *path, stru
 
 /* ---- the whole save ---- */
 
+/* `lent[i]`: whether initializer i's raw_data is borrowed (from the mapped
+ * model), updated as data is replaced; gp_onnx_save clears those before
+ * protobuf-c frees the message. */
 static gp_status save(Onnx__ModelProto *mp, const char *model_dir, const char *out_path,
-                      const struct gp_saved_tensor *tensors, int n, struct gp_error *err)
+                      const struct gp_saved_tensor *tensors, int n, bool *lent, struct gp_error *err)
 {
     Onnx__GraphProto *gp = mp->graph;
     if (!gp) return gp_error_set(err, GP_ERR_INVALID, "the model has no graph");
@@ -351,6 +356,7 @@ static gp_status save(Onnx__ModelProto *mp, const char *model_dir, const char *o
     int *target = calloc((size_t)n + 1, sizeof *target);
     bool *replaced = calloc(gp->n_initializer + 1, sizeof *replaced);
     struct external_list ext = {0};
+    struct gp_mapping *maps = NULL;
     gp_status st = GP_OK;
     if (!target || !replaced) {
         st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
@@ -367,7 +373,7 @@ static gp_status save(Onnx__ModelProto *mp, const char *model_dir, const char *o
     for (int k = 0; k < n; k++) replaced[target[k]] = true;
 
     /* Refuse outputs over 2 GiB before reading anything in. */
-    if ((st = collect_external(gp, replaced, &ext, err)) != GP_OK) goto done;
+    if ((st = collect_external(gp, replaced, lent, &ext, err)) != GP_OK) goto done;
     size_t ext_bytes = ext.total;
     size_t new_bytes = 0;
     for (int k = 0; k < n; k++) {
@@ -388,11 +394,13 @@ static gp_status save(Onnx__ModelProto *mp, const char *model_dir, const char *o
         Onnx__TensorProto *tp = gp->initializer[target[k]];
         unsigned char *bytes = NULL;
         size_t len = 0;
-        st = convert(&tensors[k], (enum gp_dtype)tp->data_type, tensors[k].name, &bytes, &len, err);
+        bool owned = true;
+        st = convert(&tensors[k], (enum gp_dtype)tp->data_type, tensors[k].name, &bytes, &len,
+                     &owned, err);
         if (st != GP_OK) goto done;
-        set_raw(tp, bytes, len);
+        set_raw(tp, bytes, len, owned, &lent[target[k]]);
     }
-    if ((st = inline_external(model_dir, ext.refs, ext.count, err)) != GP_OK) goto done;
+    if ((st = inline_external(model_dir, ext.refs, ext.count, &maps, err)) != GP_OK) goto done;
     size_t packed = onnx__model_proto__get_packed_size(mp);
     if (packed >= GP_MAX_MODEL_BYTES) {
         st = gp_error_set(err, GP_ERR_UNSUPPORTED, "the saved model would be %zu bytes, over 2 GiB",
@@ -401,6 +409,14 @@ static gp_status save(Onnx__ModelProto *mp, const char *model_dir, const char *o
     }
     st = write_atomic(mp, out_path, err);
 done:
+    /* The external files' bytes are not protobuf-c's to free. */
+    for (int r = 0; r < ext.count; r++) {
+        if (!ext.refs[r].lent) continue;
+        ext.refs[r].tp->raw_data.data = NULL;
+        ext.refs[r].tp->raw_data.len = 0;
+        ext.refs[r].tp->has_raw_data = 0;
+    }
+    gp_external_data_release(maps);
     free(ext.refs);
     free(target);
     free(replaced);
@@ -408,31 +424,96 @@ done:
     return st;
 }
 
+/* The model without copies of its weights: the wire pass (onnx/wire.h)
+ * takes raw_data out before protobuf-c unpacks it, and each initializer is
+ * pointed back at its bytes in the mapping (lent[i]). Files the pass does
+ * not handle are unpacked as they are, copying the weights as before. */
+static Onnx__ModelProto *unpack_lent(const uint8_t *data, size_t size, bool **lent)
+{
+    *lent = NULL;
+    uint8_t *stripped = NULL;
+    size_t stripped_size = 0, n_refs = 0;
+    struct gp_raw_ref *refs = NULL;
+    enum gp_wire_result wr =
+        gp_wire_strip_raw_data(data, size, &stripped, &stripped_size, &refs, &n_refs);
+    Onnx__ModelProto *mp = NULL;
+    if (wr == GP_WIRE_STRIPPED) {
+        mp = onnx__model_proto__unpack(NULL, stripped_size, stripped);
+        free(stripped);
+        if (mp && (!mp->graph || mp->graph->n_initializer != n_refs)) {
+            onnx__model_proto__free_unpacked(mp, NULL);
+            mp = NULL;
+        }
+        bool *l = mp ? calloc(n_refs + 1, sizeof *l) : NULL;
+        if (mp && !l) {
+            onnx__model_proto__free_unpacked(mp, NULL);
+            mp = NULL;
+        }
+        for (size_t i = 0; mp && i < n_refs; i++) {
+            if (!refs[i].present) continue;
+            Onnx__TensorProto *tp = mp->graph->initializer[i];
+            tp->has_raw_data = 1;
+            tp->raw_data.data = (uint8_t *)data + refs[i].offset;
+            tp->raw_data.len = refs[i].length;
+            l[i] = true;
+        }
+        free(refs);
+        if (mp) {
+            *lent = l;
+            return mp;
+        }
+    }
+    mp = onnx__model_proto__unpack(NULL, size, data);
+    if (mp && mp->graph) {
+        *lent = calloc(mp->graph->n_initializer + 1, sizeof **lent);
+        if (!*lent) {
+            onnx__model_proto__free_unpacked(mp, NULL);
+            mp = NULL;
+        }
+    }
+    return mp;
+}
+
 gp_status gp_onnx_save(const char *model_path, const char *out_path,
                        const struct gp_saved_tensor *tensors, int n_tensors, struct gp_error *err)
 {
     if (n_tensors < 0 || (n_tensors > 0 && !tensors))
         return gp_error_set(err, GP_ERR_INVALID, "saving '%s': no tensors given", out_path);
-    unsigned char *buf = NULL;
+    void *map = NULL;
     size_t size = 0;
-    GP_TRY(read_model(model_path, &buf, &size, err));
-    Onnx__ModelProto *mp = onnx__model_proto__unpack(NULL, size, buf);
-    free(buf);
-    if (!mp)
-        return gp_error_set(err, GP_ERR_PARSE,
-                            "%s: not a valid ONNX model: the protobuf is malformed or truncated",
-                            model_path);
-    char *dir = strdup(model_path);
-    if (!dir) {
-        onnx__model_proto__free_unpacked(mp, NULL);
-        return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    GP_TRY(map_model(model_path, &map, &size, err));
+    static const uint8_t empty[1];
+    gp_mapped_register(map, size, model_path);
+    bool *lent = NULL;
+    Onnx__ModelProto *mp = unpack_lent(map ? map : empty, size, &lent);
+    gp_status st = GP_OK;
+    char *dir = NULL;
+    if (!mp) {
+        st = gp_error_set(err, GP_ERR_PARSE,
+                          "%s: not a valid ONNX model: the protobuf is malformed or truncated",
+                          model_path);
+    } else if (!(dir = strdup(model_path))) {
+        st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    } else {
+        char *slash = strrchr(dir, '/');
+        if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
+        else strcpy(dir, ".");
+        if (mp->graph) st = save(mp, dir, out_path, tensors, n_tensors, lent, err);
+        else st = gp_error_set(err, GP_ERR_INVALID, "the model has no graph");
     }
-    char *slash = strrchr(dir, '/');
-    if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
-    else strcpy(dir, ".");
-    gp_status st = save(mp, dir, out_path, tensors, n_tensors, err);
     free(dir);
-    onnx__model_proto__free_unpacked(mp, NULL);
+    /* Borrowed bytes are not protobuf-c's to free. */
+    for (size_t i = 0; mp && mp->graph && lent && i < mp->graph->n_initializer; i++) {
+        if (!lent[i]) continue;
+        mp->graph->initializer[i]->raw_data.data = NULL;
+        mp->graph->initializer[i]->raw_data.len = 0;
+    }
+    free(lent);
+    if (mp) onnx__model_proto__free_unpacked(mp, NULL);
+    if (map) {
+        gp_mapped_unregister(map);
+        munmap(map, size);
+    }
     gp_error_prefix(err, "saving %s as %s: ", model_path, out_path);
     return st;
 }

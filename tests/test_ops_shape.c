@@ -638,6 +638,24 @@ static void test_scatter_nd_fold(void **state)
     node(&g, "ScatterND", 3, S("data", "at", "v"), 1, S("y"));
     output(&g, "y");
     expect_error(&g, GP_ERR_SHAPE, "updates have the wrong shape");
+
+    /* On data it has no kernel: refused at load, naming the input. */
+    init(&g, 1, 13);
+    input(&g, "x", GP_DTYPE_FLOAT32, 2, I64(1, 3));
+    ci64(&g, "at", 2, I64(1, 1), I64(0));
+    cf32(&g, "v", 2, I64(1, 3), F32(1, 2, 3));
+    node(&g, "ScatterND", 3, S("x", "at", "v"), 1, S("y"));
+    output(&g, "y");
+    expect_error(&g, GP_ERR_UNSUPPORTED, "input 0 ('x') must be known at load time: ScatterND");
+
+    /* A float initializer that reaches the output would be trained. */
+    init(&g, 1, 13);
+    cf32(&g, "w", 2, I64(1, 3), F32(0, 0, 0));
+    ci64(&g, "at", 2, I64(1, 1), I64(0));
+    cf32(&g, "v", 2, I64(1, 3), F32(1, 2, 3));
+    node(&g, "ScatterND", 3, S("w", "at", "v"), 1, S("y"));
+    output(&g, "y");
+    expect_error(&g, GP_ERR_UNSUPPORTED, "on a trainable initializer");
 }
 
 static void test_constant_node(void **state)

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "graph/exporter.h"
 #include "graph/layers.h"
 #include "graph/layout.h"
 #include "onnx/load.h"
@@ -116,6 +117,10 @@ static void print_json(const struct gp_graph *g, const struct gp_layers *l, cons
     gp_json_string(&j, g->producer_name);
     gp_json_key(&j, "producer_version");
     gp_json_string(&j, g->producer_version);
+    char note[2048];
+    gp_json_key(&j, "export_note"); /* graph/exporter.h; null for most models */
+    if (gp_graph_exporter_note(g, note, sizeof note)) gp_json_string(&j, note);
+    else gp_json_null(&j);
     gp_json_key(&j, "ir_version");
     gp_json_int(&j, g->ir_version);
     gp_json_key(&j, "opset");
@@ -250,6 +255,8 @@ static void print_table(const struct gp_graph *g, const struct gp_layers *l, con
     printf("%-12s %s %s (IR version %lld, opset %lld)\n", "producer",
            *g->producer_name ? g->producer_name : "(unknown)", g->producer_version,
            (long long)g->ir_version, (long long)g->opset);
+    char note[2048];
+    if (gp_graph_exporter_note(g, note, sizeof note)) printf("%-12s %s\n", "note", note);
     printf("%-12s %lld (bound to axis 0 of every input)\n", "batch", (long long)g->batch);
     print_values("inputs", g, g->inputs, g->n_inputs);
     print_values("outputs", g, g->outputs, g->n_outputs);

@@ -1,8 +1,11 @@
 /* gpipe-onnx: train ONNX models with GPipe pipeline parallelism. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "util/mapped.h"
 
 #ifndef GP_VERSION
 #define GP_VERSION "unknown"
@@ -31,8 +34,35 @@ static void usage(FILE *f)
           f);
 }
 
+static void say(const char *s) { (void)!write(STDERR_FILENO, s, strlen(s)); }
+
+/* Models and external data are read through memory maps (onnx/load.c). If
+ * another process truncates such a file while it is in use, reading a lost
+ * page raises SIGBUS: name the file and end with the usual failure status
+ * instead of a bare "Bus error". Only async-signal-safe calls here. */
+static void on_sigbus(int sig, siginfo_t *info, void *ctx)
+{
+    (void)ctx;
+    const char *path = info ? gp_mapped_find(info->si_addr) : NULL;
+    if (path) {
+        say("gpipe-onnx: error: '");
+        say(path);
+        say("' shrank while in use (it is read through a memory map): was it truncated or "
+            "rewritten in place? Replace a model by writing a new file and renaming it over "
+            "the old one.\n");
+    } else {
+        say("gpipe-onnx: error: bus error outside the mapped model files\n");
+        signal(sig, SIG_DFL); /* not ours: the default action, with its core dump */
+        raise(sig);
+    }
+    _exit(GP_EXIT_FAIL);
+}
+
 int main(int argc, char **argv)
 {
+    struct sigaction sa = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, NULL);
     if (argc < 2) {
         usage(stderr);
         return GP_EXIT_USAGE;

@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "data/npy.h"
+#include "graph/exporter.h"
 #include "graph/graph.h"
 #include "onnx/load.h"
 #include "partitioner/balance.h"
@@ -595,6 +596,9 @@ int gp_cmd_train(int argc, char **argv)
     /* Defaults the model carries in its metadata (flags win). */
     struct gp_graph meta;
     if (gp_onnx_load(cfg.model_path, 1, &meta, &err) != GP_OK) return gp_cli_fail("%s", err.msg);
+    char export_note[2048];
+    if (gp_graph_exporter_note(&meta, export_note, sizeof export_note))
+        fprintf(stderr, "note: %s\n", export_note);
     if (!data && synthetic < 0) {
         data = owned[0] = metadata_path(&meta, cfg.model_path, "gpipe-onnx.data");
         labels = owned[1] = metadata_path(&meta, cfg.model_path, "gpipe-onnx.labels");

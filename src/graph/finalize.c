@@ -555,6 +555,23 @@ gp_status gp_graph_finalize(struct gp_graph *g, struct gp_error *err)
         if (!changed) break;
     }
 
+    /* Ops without kernels must have folded. */
+    for (int i = 0; i < g->n_nodes && st == GP_OK; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        if (folded[i] || n->def->fold_kind != GP_FOLD_REQUIRED) continue;
+        for (int k = 0; k < n->n_inputs; k++) {
+            int v = n->inputs[k];
+            if (v < 0 || (g->values[v].constant && !trainable[v])) continue;
+            st = gp_error_set(err, GP_ERR_UNSUPPORTED,
+                              "node '%s' (%s): input %d ('%s') must be known at load time: %s is "
+                              "supported only where it folds to a constant, not on %s",
+                              n->name, n->op_type, k, g->values[v].name, n->op_type,
+                              trainable[v] ? "a trainable initializer" : "data");
+            break;
+        }
+    }
+    if (st != GP_OK) goto done;
+
     /* Initializers read by a node that runs: parameters when trainable,
      * otherwise buffers if float (state such as running statistics). */
     for (int i = 0; i < g->n_nodes; i++) {

@@ -26,6 +26,8 @@ enum gp_fold_kind {
     GP_FOLD_NEVER = 0,   /* random or stateful ops (Dropout), or no evaluator */
     GP_FOLD_CONSTANTS,   /* folds when every present input is a non-trainable constant */
     GP_FOLD_SHAPES,      /* folds from input shapes alone (Shape, Size) */
+    GP_FOLD_REQUIRED,    /* as GP_FOLD_CONSTANTS, but there is no kernel: a node that
+                          * cannot fold is a load-time error naming the input */
 };
 
 struct gp_op_def {

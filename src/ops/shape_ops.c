@@ -496,9 +496,10 @@ static gp_status fold_gather(struct gp_infer_ctx *ctx)
  * out = data with updates written at indices: indices [..., k] address the
  * first k axes of data, updates [..., data.shape[k:]]. Exporters make it of
  * an indexed assignment (swin's shifted-window mask, `mask[h, w] = n`),
- * from shapes and constants, so it folds at load time; there is no
- * training kernel (a ScatterND on activations is refused as unsupported by
- * the backend). Reductions (16+): none, add, mul, max, min. */
+ * from shapes and constants, so it folds at load time. There is no kernel:
+ * it must fold (GP_FOLD_REQUIRED), and one whose inputs depend on data or
+ * trainable parameters is refused at load, naming the input. Reductions
+ * (16+): none, add, mul, max, min. */
 
 static gp_status infer_scatter_nd(struct gp_infer_ctx *ctx)
 {
@@ -863,10 +864,10 @@ const struct gp_op_def gp_ops_shape[] = {
     OP("Gather", 1, 2, 2, 1, "axis:i", 0x2, infer_gather, FOLD, fold_gather),
     OP("Gather", 11, 2, 2, 1, "axis:i", 0x2, infer_gather, FOLD, fold_gather),
     OP("Gather", 13, 2, 2, 1, "axis:i", 0x2, infer_gather, FOLD, fold_gather),
-    OP("ScatterND", 11, 3, 3, 1, "", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
-    OP("ScatterND", 13, 3, 3, 1, "", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
-    OP("ScatterND", 16, 3, 3, 1, "reduction:s", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
-    OP("ScatterND", 18, 3, 3, 1, "reduction:s", 0x2, infer_scatter_nd, FOLD, fold_scatter_nd),
+    OP("ScatterND", 11, 3, 3, 1, "", 0x2, infer_scatter_nd, GP_FOLD_REQUIRED, fold_scatter_nd),
+    OP("ScatterND", 13, 3, 3, 1, "", 0x2, infer_scatter_nd, GP_FOLD_REQUIRED, fold_scatter_nd),
+    OP("ScatterND", 16, 3, 3, 1, "reduction:s", 0x2, infer_scatter_nd, GP_FOLD_REQUIRED, fold_scatter_nd),
+    OP("ScatterND", 18, 3, 3, 1, "reduction:s", 0x2, infer_scatter_nd, GP_FOLD_REQUIRED, fold_scatter_nd),
     OP("ConstantOfShape", 9, 1, 1, 1, "value:t", 0x1,
         infer_constant_of_shape, FOLD, fold_constant_of_shape),
     OP("ConstantOfShape", 20, 1, 1, 1, "value:t", 0x1,
