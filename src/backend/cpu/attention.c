@@ -132,7 +132,9 @@ static double dot(const real *a, const real *b, int64_t n)
 
 static gp_status attn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
 {
-    if (ctx->node->n_inputs > 3 && ctx->din[3])
+    /* A constant mask's gradient goes nowhere (a layer run alone may still
+     * ask for it); any other mask's is refused. */
+    if (ctx->node->n_inputs > 3 && ctx->din[3] && gp_cpu_in_value(ctx, 3)->kind != GP_VALUE_CONSTANT)
         return gp_cpu_error(ctx, err, GP_ERR_UNSUPPORTED,
                             "the gradient of attn_mask is not supported (the mask must be a constant or "
                             "depend on no parameter)");
