@@ -5,7 +5,8 @@
  *    finite differences in double (op_gradcheck, which also compares bf16
  *    with fp32 layer by layer), refusals naming the node;
  *  - the fusion, on torch 1.13 exports (models/export_attention.py,
- *    tests/data/attention/): each spelling fuses into one Attention node
+ * *    tests/data/attention/, and chains built by hand): each spelling fuses
+ *    into one Attention node
  *    with the attributes it should have, each near miss stays unfused, and
  *    the fused graph trains like the unfused one (GP_FUSE_ATTENTION=0)
  *    within float32 rounding: outputs, every gradient, and the outputs
@@ -304,6 +305,41 @@ static void test_spellings_fuse(void **state)
     }
 }
 
+/* A chain built by hand: MatMul(q, Transpose(k)) * c, Softmax, MatMul(v),
+ * c a scalar (fuses) or a [Tk] vector cast from integers (a constant, but
+ * not a scalar: stays); `p_out`: the probabilities also a graph output
+ * (a second reader: stays). */
+static int hand_chain(bool vector_scale, bool p_out)
+{
+    struct gp_graph g;
+    init(&g, 17);
+    input(&g, "q", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    input(&g, "k", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    input(&g, "v", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    cany(&g, "ci", GP_DTYPE_INT64, 1, I64(vector_scale ? 4 : 1), F64(1, 2, 3, 4));
+    attr_int(&g, node(&g, "Cast", 1, S("ci"), 1, S("c")), "to", GP_DTYPE_FLOAT32);
+    attr_ints(&g, node(&g, "Transpose", 1, S("k"), 1, S("kt")), "perm", 4, I64(0, 1, 3, 2));
+    node(&g, "MatMul", 2, S("q", "kt"), 1, S("s0"));
+    node(&g, "Mul", 2, S("s0", "c"), 1, S("s"));
+    node(&g, "Softmax", 1, S("s"), 1, S("p"));
+    node(&g, "MatMul", 2, S("p", "v"), 1, S("y"));
+    output(&g, "y");
+    if (p_out) output(&g, "p");
+    finalize(&g);
+    int a, n = count_op(&g, "Attention", &a);
+    if (n == 1) assert_true(gp_node_attr_float(&g.nodes[a], "scale", 0) == 1.0f);
+    gp_graph_free(&g);
+    return n;
+}
+
+static void test_hand_built_chains(void **state)
+{
+    (void)state;
+    assert_int_equal(hand_chain(false, false), 1);
+    assert_int_equal(hand_chain(true, false), 0);
+    assert_int_equal(hand_chain(false, true), 0);
+}
+
 /* The fixture GPT (attention dropout: unfused) loads as before. */
 static void test_fixture_gpt_unfused(void **state)
 {
@@ -423,7 +459,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_reference), cmocka_unit_test(test_gradients),
         cmocka_unit_test(test_refusals),          cmocka_unit_test(test_spellings_fuse),
-        cmocka_unit_test(test_fixture_gpt_unfused), cmocka_unit_test(test_fused_equals_unfused),
+        cmocka_unit_test(test_hand_built_chains), cmocka_unit_test(test_fixture_gpt_unfused),
+        cmocka_unit_test(test_fused_equals_unfused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

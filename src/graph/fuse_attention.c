@@ -355,8 +355,11 @@ static bool match(const struct ctx *c, int sm, struct attn_match *m)
         m->mask = -1;
     }
     /* A masked_fill condition is inverted in place, so no other node may
-     * read it. */
-    if (m->mask >= 0 && m->invert_mask && gp_fuse_sole_consumer(g, c->uses, c->user, m->mask) < 0) return false;
+     * read it, and it must be no initializer of the file (a folded
+     * comparison, as nanoGPT's): those stay the file's own values. */
+    if (m->mask >= 0 && m->invert_mask &&
+        (gp_fuse_sole_consumer(g, c->uses, c->user, m->mask) < 0 || g->values[m->mask].is_initializer))
+        return false;
 
     m->last = pv;
     if (rank == 3) {
