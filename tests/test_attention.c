@@ -5,12 +5,11 @@
  *    finite differences in double (op_gradcheck, which also compares bf16
  *    with fp32 layer by layer), refusals naming the node;
  *  - the fusion, on torch 1.13 exports (models/export_attention.py,
- * *    tests/data/attention/, and chains built by hand): each spelling fuses
- *    into one Attention node
- *    with the attributes it should have, each near miss stays unfused, and
- *    the fused graph trains like the unfused one (GP_FUSE_ATTENTION=0)
- *    within float32 rounding: outputs, every gradient, and the outputs
- *    after three SGD steps. */
+ *    tests/data/attention/) and on chains built by hand: each spelling
+ *    fuses into one Attention node with the attributes it should have,
+ *    each near miss stays unfused, and the fused graph trains like the
+ *    unfused one (GP_FUSE_ATTENTION=0) within float32 rounding: outputs,
+ *    every gradient, over four SGD steps. */
 #include "cpu_kernel_test.h"
 
 #include "fixtures.h"
