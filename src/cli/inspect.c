@@ -269,7 +269,7 @@ static void print_table(const struct gp_graph *g, const struct gp_layers *l, con
                gp_cli_count(elems, a, sizeof a), n_buffers, gp_cli_bytes(bytes, b, sizeof b));
     printf("%-12s %d in the file, %d folded at load time, ", "nodes", g->n_source_nodes, g->n_folded);
     if (g->n_fused)
-        printf("%d fused into %d (exported GELU chains into Gelu, Relu into the BatchNormalization or residual Add "
+        printf("%d fused into %d (exported attention into Attention, GELU chains into Gelu, Relu into the BatchNormalization or residual Add "
                "before it), ",
                g->n_fused + g->n_fusions, g->n_fusions);
     printf("%d layers\n", g->n_nodes);

@@ -1,6 +1,7 @@
 /* gpipe-onnx: train ONNX models with GPipe pipeline parallelism. */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -30,7 +31,10 @@ static void usage(FILE *f)
           "\n"
           "options:\n"
           "  -h, --help           this help; 'gpipe-onnx COMMAND --help' for a command's\n"
-          "  --version            the program's version\n",
+          "  --version            the program's version\n"
+          "  --no-fuse-attention  (with any command that loads a model) run attention as the\n"
+          "                       model spells it, MatMul, Softmax, MatMul..., instead of\n"
+          "                       one fused Attention layer (the same as GP_FUSE_ATTENTION=0)\n",
           f);
 }
 
@@ -76,6 +80,16 @@ int main(int argc, char **argv)
         printf("gpipe-onnx %s\n", GP_VERSION);
         return GP_EXIT_OK;
     }
+    /* The attention fusion happens where the model loads (graph/
+     * fuse_attention.c), under every command: one flag for all of them,
+     * handed on as the environment switch the loader reads. */
+    int kept = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--no-fuse-attention") == 0) setenv("GP_FUSE_ATTENTION", "0", 1);
+        else argv[kept++] = argv[i];
+    }
+    argc = kept;
+    argv[argc] = NULL;
     if (strcmp(cmd, "inspect") == 0) return gp_cmd_inspect(argc - 1, argv + 1);
     if (strcmp(cmd, "devices") == 0) return gp_cmd_devices(argc - 1, argv + 1);
     if (strcmp(cmd, "train") == 0) return gp_cmd_train(argc - 1, argv + 1);

@@ -52,8 +52,15 @@ gp_status gp_graph_add_const_i64(struct gp_graph *g, const char *name, const str
 gp_status gp_graph_finalize(struct gp_graph *g, struct gp_error *err);
 
 /* Replaces op chains that exporters spell out by the single op computing
- * the same (today: the exact GELU below opset 20 -> Gelu); graph/fuse.c.
+ * the same (scaled dot-product attention -> Attention, the GELU chains ->
+ * Gelu, Relu into BatchNormalization or Add); graph/fuse.c.
  * gp_graph_finalize's last step. */
 gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err);
+
+/* The attention fusion (graph/fuse_attention.c), gp_graph_fuse's first
+ * pass: marks the nodes that go in drop[] (indexed like g->nodes, which
+ * the caller compacts) and counts the fused ops into *fused. Off when the
+ * environment sets GP_FUSE_ATTENTION=0. */
+gp_status gp_graph_fuse_attention(struct gp_graph *g, bool *drop, int *fused, struct gp_error *err);
 
 #endif

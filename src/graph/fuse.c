@@ -30,6 +30,9 @@
  * pair's bits, at two passes over the activation fewer forward and two
  * backward, and without the tensor before the Relu kept for its backward.
  *
+ * Scaled dot-product attention fuses first, into one Attention node
+ * (graph/fuse_attention.c).
+ *
  * The saved model is unaffected: it is written from the original file
  * (onnx/save.c), not from this IR. */
 #include "graph/build.h"
@@ -39,43 +42,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/fuse_util.h"
 #include "ops/registry.h"
 
-/* The scalar float constant value v holds, or NAN when it is not one. */
-static double scalar_const(const struct gp_graph *g, int v)
-{
-    if (v < 0) return NAN;
-    const struct gp_value *val = &g->values[v];
-    if (!val->constant || val->kind == GP_VALUE_PARAMETER || gp_shape_numel(&val->shape) != 1 ||
-        !gp_dtype_is_float(val->dtype))
-        return NAN;
-    return gp_tensor_get_f64(val->constant, 0);
-}
-
 static bool near(double a, double b) { return fabs(a - b) <= 1e-6 * fabs(b); }
-
-static bool is_op(const struct gp_node *n, const char *op)
-{
-    return (!*n->domain || !strcmp(n->domain, "ai.onnx")) && !strcmp(n->op_type, op);
-}
-
-/* The node consuming value v when it has exactly one consumer and is not a
- * graph output; -1 otherwise. */
-static int sole_consumer(const struct gp_graph *g, const int *uses, const int *user, int v)
-{
-    if (v < 0 || uses[v] != 1 || g->values[v].is_output) return -1;
-    return user[v];
-}
-
-/* For a binary node with value `a` as one operand: the other operand, or
- * -2 when neither operand is `a`. */
-static int other_operand(const struct gp_node *n, int a)
-{
-    if (n->n_inputs != 2 || n->n_outputs != 1) return -2;
-    if (n->inputs[0] == a) return n->inputs[1];
-    if (n->inputs[1] == a) return n->inputs[0];
-    return -2;
-}
 
 /* A matched chain: its nodes (the last one, which makes y, becomes the
  * Gelu), its input x, and which form. */
@@ -89,22 +59,22 @@ struct chain {
 static bool match_gelu(const struct gp_graph *g, const int *uses, const int *user, int d, struct chain *c)
 {
     const struct gp_node *div = &g->nodes[d];
-    if (!is_op(div, "Div") || div->n_inputs != 2 || div->n_outputs != 1) return false;
+    if (!gp_fuse_is_op(div, "Div") || div->n_inputs != 2 || div->n_outputs != 1) return false;
     int x = div->inputs[0];
-    if (x < 0 || g->values[x].dtype != GP_DTYPE_FLOAT32 || !near(scalar_const(g, div->inputs[1]), M_SQRT2))
+    if (x < 0 || g->values[x].dtype != GP_DTYPE_FLOAT32 || !near(gp_fuse_scalar(g, div->inputs[1]), M_SQRT2))
         return false;
-    int e = sole_consumer(g, uses, user, div->outputs[0]);
-    if (e < 0 || !is_op(&g->nodes[e], "Erf") || g->nodes[e].n_outputs != 1) return false;
-    int a = sole_consumer(g, uses, user, g->nodes[e].outputs[0]);
-    if (a < 0 || !is_op(&g->nodes[a], "Add") ||
-        !near(scalar_const(g, other_operand(&g->nodes[a], g->nodes[e].outputs[0])), 1.0))
+    int e = gp_fuse_sole_consumer(g, uses, user, div->outputs[0]);
+    if (e < 0 || !gp_fuse_is_op(&g->nodes[e], "Erf") || g->nodes[e].n_outputs != 1) return false;
+    int a = gp_fuse_sole_consumer(g, uses, user, g->nodes[e].outputs[0]);
+    if (a < 0 || !gp_fuse_is_op(&g->nodes[a], "Add") ||
+        !near(gp_fuse_scalar(g, gp_fuse_other_operand(&g->nodes[a], g->nodes[e].outputs[0])), 1.0))
         return false;
-    int m = sole_consumer(g, uses, user, g->nodes[a].outputs[0]);
-    if (m < 0 || !is_op(&g->nodes[m], "Mul") || other_operand(&g->nodes[m], g->nodes[a].outputs[0]) != x)
+    int m = gp_fuse_sole_consumer(g, uses, user, g->nodes[a].outputs[0]);
+    if (m < 0 || !gp_fuse_is_op(&g->nodes[m], "Mul") || gp_fuse_other_operand(&g->nodes[m], g->nodes[a].outputs[0]) != x)
         return false;
-    int h = sole_consumer(g, uses, user, g->nodes[m].outputs[0]);
-    if (h < 0 || !is_op(&g->nodes[h], "Mul") ||
-        !near(scalar_const(g, other_operand(&g->nodes[h], g->nodes[m].outputs[0])), 0.5))
+    int h = gp_fuse_sole_consumer(g, uses, user, g->nodes[m].outputs[0]);
+    if (h < 0 || !gp_fuse_is_op(&g->nodes[h], "Mul") ||
+        !near(gp_fuse_scalar(g, gp_fuse_other_operand(&g->nodes[h], g->nodes[m].outputs[0])), 0.5))
         return false;
     const struct gp_value *xv = &g->values[x], *yv = &g->values[g->nodes[h].outputs[0]];
     if (!gp_shape_equal(&xv->shape, &yv->shape) || yv->dtype != GP_DTYPE_FLOAT32) return false;
@@ -119,8 +89,8 @@ static int producer_for(const struct gp_graph *g, const int *uses, const int *us
 {
     if (v < 0) return -1;
     int p = g->values[v].producer;
-    if (p < 0 || !is_op(&g->nodes[p], op) || g->nodes[p].n_outputs != 1) return -1;
-    return sole_consumer(g, uses, user, v) == consumer ? p : -1;
+    if (p < 0 || !gp_fuse_is_op(&g->nodes[p], op) || g->nodes[p].n_outputs != 1) return -1;
+    return gp_fuse_sole_consumer(g, uses, user, v) == consumer ? p : -1;
 }
 
 /* Binary node p as (constant ~= k) op other: the other operand, or -1. */
@@ -129,7 +99,7 @@ static int with_const(const struct gp_graph *g, int p, double k)
     const struct gp_node *n = &g->nodes[p];
     if (n->n_inputs != 2) return -1;
     for (int s = 0; s < 2; s++)
-        if (near(scalar_const(g, n->inputs[s]), k)) return n->inputs[1 - s];
+        if (near(gp_fuse_scalar(g, n->inputs[s]), k)) return n->inputs[1 - s];
     return -1;
 }
 
@@ -141,7 +111,7 @@ static int match_cube(const struct gp_graph *g, const int *uses, const int *user
     int p = producer_for(g, uses, user, v, "Pow", consumer);
     if (p >= 0) {
         const struct gp_node *n = &g->nodes[p];
-        if (n->n_inputs != 2 || !near(scalar_const(g, n->inputs[1]), 3.0)) return -1;
+        if (n->n_inputs != 2 || !near(gp_fuse_scalar(g, n->inputs[1]), 3.0)) return -1;
         c->nodes[c->n++] = p;
         return n->inputs[0];
     }
@@ -164,7 +134,7 @@ static int match_cube(const struct gp_graph *g, const int *uses, const int *user
 static bool match_gelu_tanh(const struct gp_graph *g, const int *uses, const int *user, int t, struct chain *c)
 {
     const struct gp_node *tn = &g->nodes[t];
-    if (!is_op(tn, "Tanh") || tn->n_inputs != 1 || tn->n_outputs != 1) return false;
+    if (!gp_fuse_is_op(tn, "Tanh") || tn->n_inputs != 1 || tn->n_outputs != 1) return false;
     *c = (struct chain){.n = 0, .tanh = true};
     int sp = producer_for(g, uses, user, tn->inputs[0], "Mul", t);
     int r = sp >= 0 ? with_const(g, sp, 0.7978845608028654) : -1;
@@ -188,18 +158,18 @@ static bool match_gelu_tanh(const struct gp_graph *g, const int *uses, const int
     c->nodes[c->n++] = rp;
     c->nodes[c->n++] = sp;
     c->nodes[c->n++] = t;
-    int u = sole_consumer(g, uses, user, tn->outputs[0]); /* Add(t, 1) */
-    if (u < 0 || !is_op(&g->nodes[u], "Add") || !near(scalar_const(g, other_operand(&g->nodes[u], tn->outputs[0])), 1.0))
+    int u = gp_fuse_sole_consumer(g, uses, user, tn->outputs[0]); /* Add(t, 1) */
+    if (u < 0 || !gp_fuse_is_op(&g->nodes[u], "Add") || !near(gp_fuse_scalar(g, gp_fuse_other_operand(&g->nodes[u], tn->outputs[0])), 1.0))
         return false;
     c->nodes[c->n++] = u;
-    int w = sole_consumer(g, uses, user, g->nodes[u].outputs[0]);
-    if (w < 0 || !is_op(&g->nodes[w], "Mul")) return false;
-    int o = other_operand(&g->nodes[w], g->nodes[u].outputs[0]);
+    int w = gp_fuse_sole_consumer(g, uses, user, g->nodes[u].outputs[0]);
+    if (w < 0 || !gp_fuse_is_op(&g->nodes[w], "Mul")) return false;
+    int o = gp_fuse_other_operand(&g->nodes[w], g->nodes[u].outputs[0]);
     int last = -1;
     if (o == x) { /* Mul(Mul(x, Add(t, 1)), 0.5) */
-        int h = sole_consumer(g, uses, user, g->nodes[w].outputs[0]);
-        if (h < 0 || !is_op(&g->nodes[h], "Mul") ||
-            !near(scalar_const(g, other_operand(&g->nodes[h], g->nodes[w].outputs[0])), 0.5))
+        int h = gp_fuse_sole_consumer(g, uses, user, g->nodes[w].outputs[0]);
+        if (h < 0 || !gp_fuse_is_op(&g->nodes[h], "Mul") ||
+            !near(gp_fuse_scalar(g, gp_fuse_other_operand(&g->nodes[h], g->nodes[w].outputs[0])), 0.5))
             return false;
         c->nodes[c->n++] = w;
         last = h;
@@ -222,7 +192,7 @@ static bool match_gelu_tanh(const struct gp_graph *g, const int *uses, const int
  * broadcasting, which the fused kernels do not take). */
 static bool same_shape_add(const struct gp_graph *g, const struct gp_node *n)
 {
-    if (!is_op(n, "Add") || n->n_inputs != 2 || n->n_outputs != 1 || n->inputs[0] < 0 || n->inputs[1] < 0)
+    if (!gp_fuse_is_op(n, "Add") || n->n_inputs != 2 || n->n_outputs != 1 || n->inputs[0] < 0 || n->inputs[1] < 0)
         return false;
     const struct gp_value *y = &g->values[n->outputs[0]];
     for (int k = 0; k < 2; k++) {
@@ -260,13 +230,20 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
         free(drop);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory fusing the graph");
     }
+    int fused = 0;
+    gp_status st = gp_graph_fuse_attention(g, drop, &fused, err);
+    if (st != GP_OK) {
+        free(uses);
+        free(user);
+        free(drop);
+        return st;
+    }
     for (int i = 0; i < g->n_nodes; i++)
-        for (int k = 0; k < g->nodes[i].n_inputs; k++) {
+        for (int k = 0; k < g->nodes[i].n_inputs && !drop[i]; k++) {
             int v = g->nodes[i].inputs[k];
             if (v >= 0) uses[v]++, user[v] = i;
         }
     *tanh_attr = (struct gp_attr){.name = "approximate", .type = GP_ATTR_STRING, .s = "tanh"};
-    int fused = 0;
     for (int i = 0; gelu && i < g->n_nodes; i++) {
         struct chain c;
         if (drop[i] || !(match_gelu(g, uses, user, i, &c) || match_gelu_tanh(g, uses, user, i, &c))) continue;
@@ -298,12 +275,12 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
     /* Relu into the BatchNormalization or residual Add making its input. */
     for (int i = 0; i < g->n_nodes; i++) {
         struct gp_node *r = &g->nodes[i];
-        if (drop[i] || !is_op(r, "Relu") || r->n_inputs != 1 || r->n_outputs != 1) continue;
+        if (drop[i] || !gp_fuse_is_op(r, "Relu") || r->n_inputs != 1 || r->n_outputs != 1) continue;
         int v = r->inputs[0];
         int b = v >= 0 ? g->values[v].producer : -1;
-        if (b < 0 || drop[b] || sole_consumer(g, uses, user, v) != i) continue;
+        if (b < 0 || drop[b] || gp_fuse_sole_consumer(g, uses, user, v) != i) continue;
         struct gp_node *bn = &g->nodes[b];
-        if (!(is_op(bn, "BatchNormalization") || same_shape_add(g, bn)) || bn->fused_relu || bn->outputs[0] != v ||
+        if (!(gp_fuse_is_op(bn, "BatchNormalization") || same_shape_add(g, bn)) || bn->fused_relu || bn->outputs[0] != v ||
             !gp_dtype_is_float(g->values[v].dtype) || g->values[r->outputs[0]].dtype != g->values[v].dtype)
             continue;
         bn->outputs[0] = r->outputs[0];

@@ -9,5 +9,6 @@ extern const struct gp_op_def gp_ops_elementwise[]; /* unary, binary, Where, Cas
 extern const struct gp_op_def gp_ops_shape[];       /* Shape, Reshape, Transpose, Concat, Slice, Gather... */
 extern const struct gp_op_def gp_ops_nn[];          /* Conv, pooling, normalization, Dropout, Resize */
 extern const struct gp_op_def gp_ops_math[];        /* Gemm, MatMul, Softmax, reductions */
+extern const struct gp_op_def gp_ops_attention[];   /* Attention (ops/attention.h) */
 
 #endif

@@ -12,6 +12,7 @@ static const struct gp_op_def *const families[] = {
     gp_ops_shape,
     gp_ops_nn,
     gp_ops_math,
+    gp_ops_attention,
 };
 
 #define N_FAMILIES (int)(sizeof families / sizeof families[0])

@@ -100,6 +100,7 @@ extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_softmax)[];
 extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_reduce)[];
 extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_dropout)[];
 extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_resize)[];
+extern const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_attention)[];
 
 /* Deferred batch normalization: doubles of statistics a BatchNormalization
  * node accumulates (2C + 1), and the update of its running statistics from

@@ -21,6 +21,7 @@ static const struct gp_cpu_kernel *const tables[] = {
     GP_CPU(gp_cpu_kernels_reduce),
     GP_CPU(gp_cpu_kernels_dropout),
     GP_CPU(gp_cpu_kernels_resize),
+    GP_CPU(gp_cpu_kernels_attention),
 };
 
 const struct gp_cpu_kernel *GP_CPU(gp_cpu_kernel_for)(const struct gp_node *node)

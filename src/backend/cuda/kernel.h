@@ -136,6 +136,7 @@ extern const struct gp_cuda_kernel gp_cuda_kernels_softmax[];
 extern const struct gp_cuda_kernel gp_cuda_kernels_reduce[];
 extern const struct gp_cuda_kernel gp_cuda_kernels_dropout[];
 extern const struct gp_cuda_kernel gp_cuda_kernels_resize[];
+extern const struct gp_cuda_kernel gp_cuda_kernels_attention[];
 
 /* Deferred batch normalization, twin of the CPU's gp_cpu_bn_stats_len /
  * gp_cpu_bn_commit: doubles of statistics a BatchNormalization node

@@ -31,6 +31,7 @@ static const struct gp_cuda_kernel *const tables[] = {
     gp_cuda_kernels_reduce,
     gp_cuda_kernels_dropout,
     gp_cuda_kernels_resize,
+    gp_cuda_kernels_attention,
 };
 
 extern "C" const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node)

@@ -1,0 +1,424 @@
+/* CUDA kernels: Attention (ops/attention.h), twin of backend/cpu/attention.c,
+ * tiled in the manner of flash attention: the [Tq, Tk] score matrix is
+ * never stored, so memory grows linearly in the sequence length.
+ *
+ * Forward: a block takes BQ query rows of one batch and head, keeps them in
+ * shared memory and walks the keys in tiles of 32 (K and V tiles in shared
+ * memory, one key per lane); each warp owns BQ / 4 rows and keeps, per
+ * row, the running maximum m, the running sum l and the unnormalized
+ * output (head size / 32 values per lane), rescaled by exp(m_old - m_new)
+ * as the maximum grows (online softmax). It writes Y = acc / l and saves
+ * lse = m + log l per row (saved: float [B, H, Tq]).
+ *
+ * Backward, deterministic (no atomics: every gradient element is summed by
+ * one thread in a fixed order, then added once to its buffer):
+ *   D_i = dY_i . Y_i                         (one warp per row; scratch)
+ *   dQ: blocks of query rows walking the key tiles, as forward:
+ *       p_ij = exp(s_ij - lse_i), ds_ij = p_ij (dY_i . V_j - D_i),
+ *       dQ_i = scale sum_j ds_ij K_j
+ *   dK, dV: blocks of key rows walking the query tiles (one query per lane):
+ *       dK_j = scale sum_i ds_ij Q_i,  dV_j = sum_i p_ij dY_i
+ * Causal blocks skip the tiles that lie wholly above the diagonal.
+ *
+ * Head sizes up to 128 (D and Dv; templated on 64 and 128); larger ones are
+ * refused with a message naming the node. Tensors are read through the
+ * plan's strides (4-D [B, H, T, D] or 3-D [B, T, H * D], the head's values
+ * contiguous), so the 3-D form is read in place.
+ *
+ * bfloat16 (bf16_any): Q, K, V, Y, dY and the input gradients each float32
+ * or bfloat16; loads widen, arithmetic is float32, stores round once and a
+ * gradient is added to its widened old value once. lse and D stay float32.
+ *
+ * Rounding: float32 with FMAs and exp in CUDA's expf; the CPU kernel sums
+ * its dot products in double. The results agree within float32 rounding
+ * (tests/cuda/test_cuda_attention.c), not bit for bit. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cuda/bf16.cuh"
+#include "backend/cuda/kernel_util.cuh"
+#include "backend/cuda/storage.cuh"
+
+extern "C" {
+#include "ops/attention.h"
+}
+
+#define ATT_WARPS 4
+#define ATT_THREADS (32 * ATT_WARPS)
+#define ATT_TILE 32 /* keys (forward, dQ) or queries (dK, dV) per tile: one per lane */
+
+/* Rows a block of the forward / dQ kernels takes (and keys of the dK / dV
+ * kernel): fewer for the larger head size, so that the tiles fit the 48 KB
+ * of static shared memory. */
+template <int DMAX> struct att_rows { static const int n = DMAX > 64 ? 8 : 16; };
+
+/* What the kernels read, by value. */
+struct att_args {
+    struct gp_attention_plan p;
+    gp_fptr q, k, v, y, dy, dq, dk, dv;
+    gp_fptr mask_f;            /* additive mask */
+    const uint8_t *mask_b;     /* bool mask */
+    float *lse, *dsum;         /* [B * H * Tq] */
+};
+
+__device__ static inline float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ static inline float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Offsets of batch-head bh in Q, K, V, Y and the mask. */
+struct att_base {
+    int64_t q, k, v, y, m;
+};
+
+__device__ static inline att_base base_of(const struct gp_attention_plan &p, int64_t bh)
+{
+    int64_t b = bh / p.heads, h = bh % p.heads;
+    att_base r;
+    r.q = b * p.q_stride[0] + h * p.q_stride[1];
+    r.k = b * p.k_stride[0] + h * p.k_stride[1];
+    r.v = b * p.v_stride[0] + h * p.v_stride[1];
+    r.y = b * p.y_stride[0] + h * p.y_stride[1];
+    r.m = b * p.mask_stride[0] + h * p.mask_stride[1];
+    return r;
+}
+
+/* The score's mask term for query i and key j: 0, the additive value, or
+ * -INFINITY where the row does not attend to j (causal, bool mask, j out
+ * of range). */
+__device__ static inline float mask_term(const att_args &a, int64_t mbase, int64_t i, int64_t j)
+{
+    const struct gp_attention_plan &p = a.p;
+    if (j >= p.kv_len || i >= p.q_len || (p.causal && j > i)) return -INFINITY;
+    int64_t mo = mbase + i * p.mask_stride[2] + j * p.mask_stride[3];
+    if (p.mask == GP_ATTN_MASK_BOOL) return a.mask_b[mo] ? 0.0f : -INFINITY;
+    if (p.mask == GP_ATTN_MASK_ADD) return gp_ld(a.mask_f, mo);
+    return 0.0f;
+}
+
+/* rows x n values of tensor t (row stride `stride`, from `first`, `count`
+ * rows valid) into shared s[rows][ld]; zeros past the valid rows and n. */
+__device__ static inline void load_tile(float *s, int ld, int rows, int n, gp_fptr t, int64_t base, int64_t stride,
+                                        int64_t first, int64_t count)
+{
+    for (int idx = threadIdx.x; idx < rows * ld; idx += blockDim.x) {
+        int r = idx / ld, d = idx % ld;
+        int64_t row = first + r;
+        s[idx] = row < count && d < n ? gp_ld(t, base + row * stride + d) : 0.0f;
+    }
+}
+
+/* ---- forward ---- */
+
+template <int DMAX>
+__global__ static void __launch_bounds__(ATT_THREADS) att_forward_kernel(att_args a)
+{
+    const int BQ = att_rows<DMAX>::n, RPW = BQ / ATT_WARPS, C = DMAX / 32;
+    __shared__ float sQ[BQ * DMAX];
+    __shared__ float sK[ATT_TILE * (DMAX + 1)];
+    __shared__ float sV[ATT_TILE * DMAX];
+    const struct gp_attention_plan &p = a.p;
+    int64_t bh = blockIdx.y, i0 = (int64_t)blockIdx.x * BQ;
+    att_base o = base_of(p, bh);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int D = (int)p.head_size, Dv = (int)p.v_head_size;
+    load_tile(sQ, DMAX, BQ, D, a.q, o.q, p.q_stride[2], i0, p.q_len);
+    float m[RPW], l[RPW], acc[RPW][C];
+    for (int r = 0; r < RPW; r++) {
+        m[r] = -INFINITY, l[r] = 0;
+        for (int c = 0; c < C; c++) acc[r][c] = 0;
+    }
+    int64_t kend = p.kv_len;
+    if (p.causal && i0 + BQ < kend) kend = i0 + BQ; /* keys past the block's last row are masked */
+    for (int64_t k0 = 0; k0 < kend; k0 += ATT_TILE) {
+        __syncthreads();
+        load_tile(sK, DMAX + 1, ATT_TILE, D, a.k, o.k, p.k_stride[2], k0, p.kv_len);
+        load_tile(sV, DMAX, ATT_TILE, Dv, a.v, o.v, p.v_stride[2], k0, p.kv_len);
+        __syncthreads();
+        for (int r = 0; r < RPW; r++) {
+            int row = w * RPW + r;
+            int64_t i = i0 + row, j = k0 + lane;
+            if (i >= p.q_len) continue; /* warp-uniform */
+            float s = mask_term(a, o.m, i, j);
+            if (s != -INFINITY) {
+                float dot = 0;
+                const float *qr = sQ + row * DMAX, *kr = sK + lane * (DMAX + 1);
+                for (int d = 0; d < D; d++) dot = fmaf(qr[d], kr[d], dot);
+                s += dot * p.scale;
+            }
+            float mt = fmaxf(m[r], warp_max(s));
+            if (mt == -INFINITY) continue; /* nothing attended yet */
+            float alpha = expf(m[r] - mt), e = expf(s - mt);
+            m[r] = mt;
+            l[r] = l[r] * alpha + warp_sum(e);
+            for (int c = 0; c < C; c++) acc[r][c] *= alpha;
+            for (int jj = 0; jj < ATT_TILE; jj++) {
+                float pj = __shfl_sync(0xffffffffu, e, jj);
+                const float *vr = sV + jj * DMAX;
+                for (int c = 0; c < C; c++) acc[r][c] = fmaf(pj, vr[c * 32 + lane], acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < RPW; r++) {
+        int64_t i = i0 + w * RPW + r;
+        if (i >= p.q_len) continue;
+        float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        for (int c = 0; c < C; c++) {
+            int d = c * 32 + lane;
+            if (d < Dv) gp_st(a.y, o.y + i * p.y_stride[2] + d, acc[r][c] * inv);
+        }
+        if (lane == 0) a.lse[bh * p.q_len + i] = l[r] > 0 ? m[r] + logf(l[r]) : -INFINITY;
+    }
+}
+
+/* ---- backward ---- */
+
+/* D_i = dY_i . Y_i, one warp per row. */
+__global__ static void att_dsum_kernel(att_args a)
+{
+    const struct gp_attention_plan &p = a.p;
+    int64_t rows = p.batch * p.heads * p.q_len;
+    int lane = threadIdx.x & 31;
+    for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows;
+         r += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+        int64_t bh = r / p.q_len, i = r % p.q_len;
+        att_base o = base_of(p, bh);
+        int64_t at = o.y + i * p.y_stride[2];
+        float s = 0;
+        for (int d = lane; d < p.v_head_size; d += 32) s = fmaf(gp_ld(a.dy, at + d), gp_ld(a.y, at + d), s);
+        s = warp_sum(s);
+        if (lane == 0) a.dsum[r] = s;
+    }
+}
+
+/* p_ij for a score s (with its mask term) against the row's lse. */
+__device__ static inline float prob(float s, float lse)
+{
+    return s == -INFINITY || lse == -INFINITY ? 0.0f : expf(s - lse);
+}
+
+template <int DMAX>
+__global__ static void __launch_bounds__(ATT_THREADS) att_dq_kernel(att_args a)
+{
+    const int BQ = att_rows<DMAX>::n, RPW = BQ / ATT_WARPS, C = DMAX / 32;
+    __shared__ float sQ[BQ * DMAX];
+    __shared__ float sdY[BQ * DMAX];
+    __shared__ float sK[ATT_TILE * (DMAX + 1)];
+    __shared__ float sV[ATT_TILE * (DMAX + 1)];
+    const struct gp_attention_plan &p = a.p;
+    int64_t bh = blockIdx.y, i0 = (int64_t)blockIdx.x * BQ;
+    att_base o = base_of(p, bh);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int D = (int)p.head_size, Dv = (int)p.v_head_size;
+    load_tile(sQ, DMAX, BQ, D, a.q, o.q, p.q_stride[2], i0, p.q_len);
+    load_tile(sdY, DMAX, BQ, Dv, a.dy, o.y, p.y_stride[2], i0, p.q_len);
+    float lse[RPW], dsum[RPW], dq[RPW][C];
+    for (int r = 0; r < RPW; r++) {
+        int64_t i = i0 + w * RPW + r;
+        lse[r] = i < p.q_len ? a.lse[bh * p.q_len + i] : -INFINITY;
+        dsum[r] = i < p.q_len ? a.dsum[bh * p.q_len + i] : 0;
+        for (int c = 0; c < C; c++) dq[r][c] = 0;
+    }
+    int64_t kend = p.kv_len;
+    if (p.causal && i0 + BQ < kend) kend = i0 + BQ;
+    for (int64_t k0 = 0; k0 < kend; k0 += ATT_TILE) {
+        __syncthreads();
+        load_tile(sK, DMAX + 1, ATT_TILE, D, a.k, o.k, p.k_stride[2], k0, p.kv_len);
+        load_tile(sV, DMAX + 1, ATT_TILE, Dv, a.v, o.v, p.v_stride[2], k0, p.kv_len);
+        __syncthreads();
+        for (int r = 0; r < RPW; r++) {
+            int row = w * RPW + r;
+            int64_t i = i0 + row, j = k0 + lane;
+            if (i >= p.q_len) continue;
+            float s = mask_term(a, o.m, i, j), ds = 0;
+            if (s != -INFINITY) {
+                const float *qr = sQ + row * DMAX, *kr = sK + lane * (DMAX + 1);
+                const float *gr = sdY + row * DMAX, *vr = sV + lane * (DMAX + 1);
+                float dot = 0, dp = 0;
+                for (int d = 0; d < D; d++) dot = fmaf(qr[d], kr[d], dot);
+                for (int d = 0; d < Dv; d++) dp = fmaf(gr[d], vr[d], dp);
+                float pij = prob(s + dot * p.scale, lse[r]);
+                ds = pij * (dp - dsum[r]);
+            }
+            for (int jj = 0; jj < ATT_TILE; jj++) {
+                float dj = __shfl_sync(0xffffffffu, ds, jj);
+                const float *kr = sK + jj * (DMAX + 1);
+                for (int c = 0; c < C; c++) dq[r][c] = fmaf(dj, kr[c * 32 + lane], dq[r][c]);
+            }
+        }
+    }
+    if (!a.dq.p) return;
+    for (int r = 0; r < RPW; r++) {
+        int64_t i = i0 + w * RPW + r;
+        if (i >= p.q_len) continue;
+        for (int c = 0; c < C; c++) {
+            int d = c * 32 + lane;
+            if (d < D) gp_acc(a.dq, o.q + i * p.q_stride[2] + d, dq[r][c] * p.scale);
+        }
+    }
+}
+
+template <int DMAX>
+__global__ static void __launch_bounds__(ATT_THREADS) att_dkv_kernel(att_args a)
+{
+    const int BK = att_rows<DMAX>::n, KPW = BK / ATT_WARPS, C = DMAX / 32;
+    __shared__ float sK[BK * DMAX];
+    __shared__ float sV[BK * DMAX];
+    __shared__ float sQ[ATT_TILE * (DMAX + 1)];
+    __shared__ float sdY[ATT_TILE * (DMAX + 1)];
+    __shared__ float sL[ATT_TILE], sD[ATT_TILE];
+    const struct gp_attention_plan &p = a.p;
+    int64_t bh = blockIdx.y, j0 = (int64_t)blockIdx.x * BK;
+    att_base o = base_of(p, bh);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int D = (int)p.head_size, Dv = (int)p.v_head_size;
+    load_tile(sK, DMAX, BK, D, a.k, o.k, p.k_stride[2], j0, p.kv_len);
+    load_tile(sV, DMAX, BK, Dv, a.v, o.v, p.v_stride[2], j0, p.kv_len);
+    float dk[KPW][C], dv[KPW][C];
+    for (int r = 0; r < KPW; r++)
+        for (int c = 0; c < C; c++) dk[r][c] = dv[r][c] = 0;
+    /* Causal: queries before the block's first key attend to none of it. */
+    int64_t qstart = p.causal ? j0 / ATT_TILE * ATT_TILE : 0;
+    for (int64_t q0 = qstart; q0 < p.q_len; q0 += ATT_TILE) {
+        __syncthreads();
+        load_tile(sQ, DMAX + 1, ATT_TILE, D, a.q, o.q, p.q_stride[2], q0, p.q_len);
+        load_tile(sdY, DMAX + 1, ATT_TILE, Dv, a.dy, o.y, p.y_stride[2], q0, p.q_len);
+        if (threadIdx.x < ATT_TILE) {
+            int64_t i = q0 + threadIdx.x;
+            sL[threadIdx.x] = i < p.q_len ? a.lse[bh * p.q_len + i] : -INFINITY;
+            sD[threadIdx.x] = i < p.q_len ? a.dsum[bh * p.q_len + i] : 0;
+        }
+        __syncthreads();
+        for (int r = 0; r < KPW; r++) {
+            int kr = w * KPW + r;
+            int64_t j = j0 + kr, i = q0 + lane;
+            if (j >= p.kv_len) continue; /* warp-uniform */
+            float s = mask_term(a, o.m, i, j), pij = 0, ds = 0;
+            if (s != -INFINITY) {
+                const float *qr = sQ + lane * (DMAX + 1), *kk = sK + kr * DMAX;
+                const float *gr = sdY + lane * (DMAX + 1), *vv = sV + kr * DMAX;
+                float dot = 0, dp = 0;
+                for (int d = 0; d < D; d++) dot = fmaf(qr[d], kk[d], dot);
+                for (int d = 0; d < Dv; d++) dp = fmaf(gr[d], vv[d], dp);
+                pij = prob(s + dot * p.scale, sL[lane]);
+                ds = pij * (dp - sD[lane]);
+            }
+            for (int ii = 0; ii < ATT_TILE; ii++) {
+                float pi = __shfl_sync(0xffffffffu, pij, ii), di = __shfl_sync(0xffffffffu, ds, ii);
+                const float *qr = sQ + ii * (DMAX + 1), *gr = sdY + ii * (DMAX + 1);
+                for (int c = 0; c < C; c++) {
+                    dv[r][c] = fmaf(pi, gr[c * 32 + lane], dv[r][c]);
+                    dk[r][c] = fmaf(di, qr[c * 32 + lane], dk[r][c]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < KPW; r++) {
+        int64_t j = j0 + w * KPW + r;
+        if (j >= p.kv_len) continue;
+        for (int c = 0; c < C; c++) {
+            int d = c * 32 + lane;
+            if (a.dk.p && d < D) gp_acc(a.dk, o.k + j * p.k_stride[2] + d, dk[r][c] * p.scale);
+            if (a.dv.p && d < Dv) gp_acc(a.dv, o.v + j * p.v_stride[2] + d, dv[r][c]);
+        }
+    }
+}
+
+/* ---- host side ---- */
+
+static size_t rows_of(const struct gp_graph *g, const struct gp_node *node)
+{
+    struct gp_attention_plan p;
+    gp_attention_plan(g, node, &p);
+    return (size_t)(p.batch * p.heads * p.q_len);
+}
+
+/* saved: lse, float [B * H * Tq]; scratch: D, float [B * H * Tq]. */
+static size_t att_saved(const struct gp_graph *g, const struct gp_node *node) { return sizeof(float) * rows_of(g, node); }
+static size_t att_scratch(const struct gp_graph *g, const struct gp_node *node)
+{
+    return sizeof(float) * rows_of(g, node);
+}
+
+/* The plan and the tensors of a call; the head-size template (64 or 128). */
+static gp_status att_setup(struct gp_cuda_ctx *c, struct gp_error *err, att_args *a, int *dmax)
+{
+    memset(a, 0, sizeof *a);
+    gp_attention_plan(c->graph, c->node, &a->p);
+    int64_t hs = a->p.head_size > a->p.v_head_size ? a->p.head_size : a->p.v_head_size;
+    if (hs > 128)
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "head size %lld: the CUDA kernels take at most 128",
+                             (long long)hs);
+    *dmax = hs > 64 ? 128 : 64;
+    a->q = gp_cuda_in_f(c, 0), a->k = gp_cuda_in_f(c, 1), a->v = gp_cuda_in_f(c, 2);
+    a->y = gp_cuda_out_f(c, 0);
+    if (a->p.mask == GP_ATTN_MASK_BOOL) a->mask_b = (const uint8_t *)c->in[3];
+    else if (a->p.mask == GP_ATTN_MASK_ADD) a->mask_f = gp_cuda_in_f(c, 3);
+    a->lse = (float *)c->saved;
+    return GP_OK;
+}
+
+static gp_status att_forward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    att_args a;
+    int dmax;
+    GP_TRY(att_setup(c, err, &a, &dmax));
+    int64_t bh = a.p.batch * a.p.heads;
+    if (bh == 0 || a.p.q_len == 0) return GP_OK;
+    if (bh > 65535) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%lld batch-heads: at most 65535", (long long)bh);
+    if (dmax == 64) {
+        dim3 grid((unsigned)((a.p.q_len + att_rows<64>::n - 1) / att_rows<64>::n), (unsigned)bh);
+        att_forward_kernel<64><<<grid, ATT_THREADS, 0, c->stream>>>(a);
+    } else {
+        dim3 grid((unsigned)((a.p.q_len + att_rows<128>::n - 1) / att_rows<128>::n), (unsigned)bh);
+        att_forward_kernel<128><<<grid, ATT_THREADS, 0, c->stream>>>(a);
+    }
+    return gp_cuda_check_launch(c, "Attention forward", err);
+}
+
+template <int DMAX>
+static void att_backward_launch(const att_args &a, cudaStream_t stream)
+{
+    const int R = att_rows<DMAX>::n;
+    unsigned bh = (unsigned)(a.p.batch * a.p.heads);
+    if (a.dq.p) att_dq_kernel<DMAX><<<dim3((unsigned)((a.p.q_len + R - 1) / R), bh), ATT_THREADS, 0, stream>>>(a);
+    if ((a.dk.p || a.dv.p) && a.p.kv_len > 0)
+        att_dkv_kernel<DMAX><<<dim3((unsigned)((a.p.kv_len + R - 1) / R), bh), ATT_THREADS, 0, stream>>>(a);
+}
+
+static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    if (c->node->n_inputs > 3 && c->din[3] && gp_cuda_in_value(c, 3)->kind != GP_VALUE_CONSTANT)
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
+                             "the gradient of attn_mask is not supported (the mask must be a constant or "
+                             "depend on no parameter)");
+    if (!c->dout[0] || (!c->din[0] && !c->din[1] && !c->din[2])) return GP_OK;
+    att_args a;
+    int dmax;
+    GP_TRY(att_setup(c, err, &a, &dmax));
+    int64_t bh = a.p.batch * a.p.heads;
+    if (bh == 0 || a.p.q_len == 0) return GP_OK;
+    if (bh > 65535) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%lld batch-heads: at most 65535", (long long)bh);
+    a.dy = gp_cuda_dout_f(c, 0);
+    if (c->din[0]) a.dq = gp_cuda_din_f(c, 0);
+    if (c->din[1]) a.dk = gp_cuda_din_f(c, 1);
+    if (c->din[2]) a.dv = gp_cuda_din_f(c, 2);
+    a.dsum = (float *)c->scratch;
+    int64_t rows = bh * a.p.q_len;
+    att_dsum_kernel<<<gp_cuda_capped_grid((rows + 7) / 8, 1 << 20), 256, 0, c->stream>>>(a);
+    if (dmax == 64) att_backward_launch<64>(a, c->stream);
+    else att_backward_launch<128>(a, c->stream);
+    return gp_cuda_check_launch(c, "Attention backward", err);
+}
+
+extern "C" const struct gp_cuda_kernel gp_cuda_kernels_attention[] = {
+    {"Attention", att_saved, att_scratch, att_forward, att_backward, false, true, false},
+    {NULL, NULL, NULL, NULL, NULL, false, false},
+};

@@ -1,0 +1,150 @@
+/* The CUDA Attention kernels (cuda/attention.cu: tiled forward, dQ and
+ * dK/dV backward passes) against the CPU float kernel, the reference,
+ * through op_compare: the output and the gradients of Q, K and V (added to
+ * nonzero initial gradients: the kernels must accumulate).
+ *
+ * Cases: the 4-D and 3-D forms; head sizes 64 and 128 (the two templates)
+ * and smaller ones (16, 40: lanes past the head idle), V's head size other
+ * than Q's; sequence lengths that are not multiples of the tiles (32 keys,
+ * 16 or 8 rows), Tq != Tk; causal (tiles above the diagonal skipped, in the
+ * forward and both backward passes), an additive float mask broadcast from
+ * [Tq, Tk], a bool mask per batch ([B, 1, Tq, Tk]) with a fully masked
+ * row (its output 0, no gradient); GPT-2's shape (12 heads of 64, 256
+ * tokens, causal, 3-D). Each again in bfloat16 storage (bf16_any).
+ *
+ * Tolerance: float32 sums of up to Tk terms in another order (the CPU sums
+ * its dot products in double) and CUDA's expf: 1e-4 relative plus 2e-5 of
+ * each tensor's largest element.
+ *
+ * Without a CUDA device the test prints why and exits 77 (a skip). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda/op_compare.h"
+#include "kernel_graph.h"
+
+#define I64(...) ((const int64_t[]){__VA_ARGS__})
+#define S(...) ((const char *const[]){__VA_ARGS__})
+
+struct attn_case {
+    const char *label;
+    bool three_d;
+    int64_t b, h, tq, tk, d, dv;
+    int mask; /* 0 none, 1 additive float [tq, tk], 2 bool [b, 1, tq, tk] */
+    bool causal;
+};
+
+static void constant(struct gp_graph *g, const char *name, enum gp_dtype dt, int rank, const int64_t *dims,
+                     double (*f)(int64_t))
+{
+    struct gp_error err = {0};
+    struct gp_shape s = {.rank = rank};
+    for (int i = 0; i < rank; i++) s.dims[i] = dims[i];
+    struct gp_tensor *t = gp_graph_new_tensor(g, dt, &s);
+    assert_non_null(t);
+    for (int64_t i = 0; i < gp_shape_numel(&s); i++) gp_tensor_set_f64(t, i, f(i));
+    if (gp_graph_add_initializer(g, name, t, &err) != GP_OK) fail_msg("%s", err.msg);
+}
+
+static int64_t mask_tq, mask_tk; /* the case's lengths, for the mask generators */
+static double add_value(int64_t i) { return (double)((i * 7) % 5) - 2; }
+/* Two keys of three; batch 1's first row none at all. */
+static double keep_value(int64_t i)
+{
+    int64_t b = i / (mask_tq * mask_tk), row = i / mask_tk % mask_tq, col = i % mask_tk;
+    return !(b == 1 && row == 0) && (row + col) % 3 != 1;
+}
+
+static void build(struct gp_graph *g, const struct attn_case *c)
+{
+    struct gp_error err = {0};
+    if (gp_graph_init(g, 0, 23, 64, 16, &err) != GP_OK) fail_msg("%s", err.msg);
+    if (c->three_d) {
+        input(g, "q", 3, I64(c->b, c->tq, c->h * c->d));
+        input(g, "k", 3, I64(c->b, c->tk, c->h * c->d));
+        input(g, "v", 3, I64(c->b, c->tk, c->h * c->dv));
+    } else {
+        input(g, "q", 4, I64(c->b, c->h, c->tq, c->d));
+        input(g, "k", 4, I64(c->b, c->h, c->tk, c->d));
+        input(g, "v", 4, I64(c->b, c->h, c->tk, c->dv));
+    }
+    mask_tq = c->tq, mask_tk = c->tk;
+    if (c->mask == 1) {
+        /* Integers cast to float fold into a constant (a float initializer
+         * read directly would be a trainable parameter). */
+        constant(g, "mi", GP_DTYPE_INT64, 2, I64(c->tq, c->tk), add_value);
+        int n = gp_graph_add_node(g, "Cast", "", "cast", 1, S("mi"), 1, S("m"), &err);
+        if (n < 0) fail_msg("%s", err.msg);
+        attr_i(g, n, "to", GP_DTYPE_FLOAT32);
+    } else if (c->mask == 2) {
+        /* Batch 1's first row masks every key. */
+        constant(g, "m", GP_DTYPE_BOOL, 4, I64(c->b, 1, c->tq, c->tk), keep_value);
+    }
+    int n = node(g, "Attention", c->mask ? 4 : 3, c->mask ? S("q", "k", "v", "m") : S("q", "k", "v"), 1, S("y"));
+    if (c->causal) attr_i(g, n, "is_causal", 1);
+    if (c->three_d) {
+        attr_i(g, n, "q_num_heads", c->h);
+        attr_i(g, n, "kv_num_heads", c->h);
+    }
+    finalize_ok(g);
+    assert_int_equal(g->n_nodes, 1);
+}
+
+static const struct attn_case cases[] = {
+    {"4-D, D 64, T 100", false, 2, 3, 100, 100, 64, 64, 0, false},
+    {"4-D, D 64, causal, T 77", false, 2, 2, 77, 77, 64, 64, 0, true},
+    {"4-D, D 16, Dv 40, Tq 9 Tk 50", false, 1, 2, 9, 50, 16, 40, 0, false},
+    {"4-D, D 128, Dv 96, causal + additive mask, Tq 40 Tk 70", false, 2, 2, 40, 70, 128, 96, 1, true},
+    {"3-D, 4 heads of 32, bool mask with a fully masked row", true, 2, 4, 33, 45, 32, 32, 2, false},
+    {"3-D, 12 heads of 64, causal, T 256 (GPT-2's head)", true, 1, 12, 256, 256, 64, 64, 0, true},
+    {"3-D, 1 head of 128 (nn.MultiheadAttention's [N, T, D])", true, 6, 1, 31, 31, 128, 128, 0, false},
+};
+
+static void run_cases(bool bf16)
+{
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const struct attn_case *c = &cases[k];
+        struct gp_graph g;
+        build(&g, c);
+        char label[256];
+        snprintf(label, sizeof label, "Attention %s%s", c->label, bf16 ? " (bf16)" : "");
+        struct op_compare o = {.label = label, .rel_tol = 1e-4, .abs_tol = 2e-5, .scale_abs_tol = true,
+                               .bf16 = bf16};
+        /* A constant mask stays float32 beside bfloat16 activations. */
+        if (bf16 && c->mask == 1) o.f32_inputs = 1u << 3;
+        if (bf16) o.abs_tol = 1e-3;
+        op_compare_node(&g, 0, &o);
+        gp_graph_free(&g);
+    }
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    run_cases(false);
+}
+
+static void test_attention_bf16(void **state)
+{
+    (void)state;
+    run_cases(true);
+}
+
+int main(void)
+{
+    op_compare_require_device();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_bf16),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (failed == 0) printf("cuda_attention: PASSED (%d cases against the CPU kernel)\n", op_compare_cases());
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,465 @@
+/* Attention (ops/attention.h, backend/cpu/attention.c) and the attention
+ * fusion (graph/fuse_attention.c):
+ *  - the op: forward against a direct evaluation in double (4-D and 3-D
+ *    forms, additive and bool masks, causal, Tq != Tk), gradients against
+ *    finite differences in double (op_gradcheck, which also compares bf16
+ *    with fp32 layer by layer), refusals naming the node;
+ *  - the fusion, on torch 1.13 exports (models/export_attention.py,
+ *    tests/data/attention/) and on chains built by hand: each spelling
+ *    fuses into one Attention node with the attributes it should have,
+ *    each near miss stays unfused, and the fused graph trains like the
+ *    unfused one (GP_FUSE_ATTENTION=0) within float32 rounding: outputs,
+ *    every gradient, over four SGD steps. */
+#include "cpu_kernel_test.h"
+
+#include "fixtures.h"
+#include "onnx/load.h"
+
+/* The float build's runner (cpu_kernel_test.h declares the double one). */
+struct gp_cpu_runner;
+gp_status gp_cpu_runner_create_f32(const struct gp_graph *, bool, struct gp_cpu_runner **, struct gp_error *);
+void gp_cpu_runner_free_f32(struct gp_cpu_runner *);
+void gp_cpu_runner_set_f32(struct gp_cpu_runner *, int, const void *);
+void gp_cpu_runner_get_f32(struct gp_cpu_runner *, int, void *);
+void *gp_cpu_runner_data_f32(struct gp_cpu_runner *, int);
+void *gp_cpu_runner_grad_f32(struct gp_cpu_runner *, int);
+gp_status gp_cpu_runner_forward_f32(struct gp_cpu_runner *, const struct gp_run_opts *, int, int, struct gp_error *);
+gp_status gp_cpu_runner_backward_f32(struct gp_cpu_runner *, const struct gp_run_opts *, int, int, struct gp_error *);
+void gp_cpu_runner_zero_activation_grads_f32(struct gp_cpu_runner *);
+void gp_cpu_runner_zero_param_grads_f32(struct gp_cpu_runner *);
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 11;
+}
+static double uniform(uint64_t *s) { return (double)rng_next(s) / 9007199254740992.0 * 2 - 1; }
+
+/* ---- the op ---- */
+
+struct attn_case {
+    const char *label;
+    bool three_d;
+    int64_t b, h, tq, tk, d, dv;
+    int mask;        /* 0 none, 1 additive float [tq, tk], 2 bool [b, 1, tq, tk] */
+    bool causal;
+    float scale;     /* 0: the default */
+};
+
+static double mask_add(int64_t i, int64_t j) { return (double)((i * 3 + j * 5) % 4) - 2; }
+static bool mask_keep(int64_t b, int64_t i, int64_t j) { return (i + j + b) % 3 != 0 || j == 0; }
+
+static void build_attention(struct gp_graph *g, const struct attn_case *c)
+{
+    init(g, 23);
+    int64_t qd[4], kd[4], vd[4];
+    int rank = c->three_d ? 3 : 4;
+    if (c->three_d) {
+        memcpy(qd, I64(c->b, c->tq, c->h * c->d), sizeof(int64_t) * 3);
+        memcpy(kd, I64(c->b, c->tk, c->h * c->d), sizeof(int64_t) * 3);
+        memcpy(vd, I64(c->b, c->tk, c->h * c->dv), sizeof(int64_t) * 3);
+    } else {
+        memcpy(qd, I64(c->b, c->h, c->tq, c->d), sizeof qd);
+        memcpy(kd, I64(c->b, c->h, c->tk, c->d), sizeof kd);
+        memcpy(vd, I64(c->b, c->h, c->tk, c->dv), sizeof vd);
+    }
+    input(g, "q", GP_DTYPE_FLOAT32, rank, qd);
+    input(g, "k", GP_DTYPE_FLOAT32, rank, kd);
+    input(g, "v", GP_DTYPE_FLOAT32, rank, vd);
+    if (c->mask == 1) {
+        /* Integers cast to float: a constant (an initializer read through
+         * Cast is not trainable), not a parameter. */
+        double m[256];
+        for (int64_t i = 0; i < c->tq; i++)
+            for (int64_t j = 0; j < c->tk; j++) m[i * c->tk + j] = mask_add(i, j);
+        cany(g, "mi", GP_DTYPE_INT64, 2, I64(c->tq, c->tk), m);
+        int n = node(g, "Cast", 1, S("mi"), 1, S("m"));
+        attr_int(g, n, "to", GP_DTYPE_FLOAT32);
+    } else if (c->mask == 2) {
+        double m[512];
+        for (int64_t b = 0; b < c->b; b++)
+            for (int64_t i = 0; i < c->tq; i++)
+                for (int64_t j = 0; j < c->tk; j++) m[(b * c->tq + i) * c->tk + j] = mask_keep(b, i, j);
+        cany(g, "m", GP_DTYPE_BOOL, 4, I64(c->b, 1, c->tq, c->tk), m);
+    }
+    int n = node(g, "Attention", c->mask ? 4 : 3, c->mask ? S("q", "k", "v", "m") : S("q", "k", "v"), 1, S("y"));
+    if (c->causal) attr_int(g, n, "is_causal", 1);
+    if (c->scale != 0) attr_float(g, n, "scale", c->scale);
+    if (c->three_d) {
+        attr_int(g, n, "q_num_heads", c->h);
+        attr_int(g, n, "kv_num_heads", c->h);
+    }
+    output(g, "y");
+    finalize(g);
+}
+
+static const struct attn_case cases[] = {
+    {"4-D, no mask", false, 2, 2, 5, 5, 4, 4, 0, false, 0},
+    {"4-D, causal, additive mask, Tq != Tk", false, 2, 2, 3, 5, 4, 3, 1, true, 0.7f},
+    {"3-D, bool mask", true, 2, 3, 4, 6, 2, 3, 2, false, 0},
+    {"3-D, causal", true, 1, 2, 6, 6, 4, 4, 0, true, 0},
+};
+
+/* Element [b, h, t, e] of a 4-D or 3-D tensor of head size n. */
+static int64_t at(const struct attn_case *c, int64_t T, int64_t n, int64_t b, int64_t h, int64_t t, int64_t e)
+{
+    return c->three_d ? (b * T + t) * c->h * n + h * n + e : ((b * c->h + h) * T + t) * n + e;
+}
+
+/* Y by the definition, in double. */
+static void reference(const struct attn_case *c, const float *q, const float *k, const float *v, double *y)
+{
+    double scale = c->scale != 0 ? c->scale : 1 / sqrt((double)c->d);
+    for (int64_t b = 0; b < c->b; b++)
+        for (int64_t h = 0; h < c->h; h++)
+            for (int64_t i = 0; i < c->tq; i++) {
+                double s[64], m = -INFINITY, l = 0;
+                for (int64_t j = 0; j < c->tk; j++) {
+                    double dot = 0;
+                    for (int64_t e = 0; e < c->d; e++)
+                        dot += (double)q[at(c, c->tq, c->d, b, h, i, e)] * k[at(c, c->tk, c->d, b, h, j, e)];
+                    s[j] = dot * scale + (c->mask == 1 ? mask_add(i, j) : 0);
+                    if ((c->causal && j > i) || (c->mask == 2 && !mask_keep(b, i, j))) s[j] = -INFINITY;
+                    m = fmax(m, s[j]);
+                }
+                for (int64_t j = 0; j < c->tk; j++) l += exp(s[j] - m);
+                for (int64_t e = 0; e < c->dv; e++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < c->tk; j++) acc += exp(s[j] - m) / l * v[at(c, c->tk, c->dv, b, h, j, e)];
+                    y[at(c, c->tq, c->dv, b, h, i, e)] = acc;
+                }
+            }
+}
+
+static void test_forward_reference(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const struct attn_case *c = &cases[k];
+        struct gp_graph g;
+        build_attention(&g, c);
+        assert_int_equal(g.n_nodes, 1);
+        int64_t nq = gp_shape_numel(&val(&g, "q")->shape), nk = gp_shape_numel(&val(&g, "k")->shape);
+        int64_t nv = gp_shape_numel(&val(&g, "v")->shape), ny = gp_shape_numel(&val(&g, "y")->shape);
+        float *q = malloc(sizeof(float) * (size_t)nq), *kk = malloc(sizeof(float) * (size_t)nk);
+        float *v = malloc(sizeof(float) * (size_t)nv), *y = malloc(sizeof(float) * (size_t)ny);
+        double *want = malloc(sizeof(double) * (size_t)ny);
+        uint64_t s = 11 + k;
+        for (int64_t i = 0; i < nq; i++) q[i] = (float)(2 * uniform(&s));
+        for (int64_t i = 0; i < nk; i++) kk[i] = (float)(2 * uniform(&s));
+        for (int64_t i = 0; i < nv; i++) v[i] = (float)uniform(&s);
+        op_forward_f32(&g, (const void *[]){q, kk, v}, (void *[]){y}, false);
+        reference(c, q, kk, v, want);
+        double worst = 0;
+        for (int64_t i = 0; i < ny; i++) {
+            double e = fabs(y[i] - want[i]);
+            if (!(e <= 2e-6 * fmax(1, fabs(want[i])))) fail_msg("%s: y[%lld] = %.9g, expected %.9g", c->label, (long long)i, y[i], want[i]);
+            worst = fmax(worst, e);
+        }
+        printf("%-40s forward within %.2g of the definition\n", c->label, worst);
+        free(q), free(kk), free(v), free(y), free(want);
+        gp_graph_free(&g);
+    }
+}
+
+/* Gradients of Q, K and V against finite differences (double build), and
+ * every layer in bf16 against fp32 (op_gradcheck runs op_bf16_vs_f32). */
+static void test_gradients(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        struct gp_graph g;
+        build_attention(&g, &cases[k]);
+        op_gradcheck(&g, &(struct op_check_opts){.seed = 5 + k, .max_elems = 200});
+        gp_graph_free(&g);
+    }
+}
+
+static void expect_refused(struct gp_graph *g, const char *needle)
+{
+    struct gp_error err = {0};
+    gp_status st = gp_graph_finalize(g, &err);
+    if (st == GP_OK) fail_msg("accepted; expected a message with '%s'", needle);
+    if (!strstr(err.msg, needle) || !strstr(err.msg, "Attention"))
+        fail_msg("message '%s' lacks '%s' or the node", err.msg, needle);
+    gp_graph_free(g);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    const char *what[] = {"softcap", "qk_matmul_output_mode", "grouped-query", "past_key", "qk_matmul_output"};
+    for (int w = 0; w < 5; w++) {
+        init(&g, 23);
+        input(&g, "q", GP_DTYPE_FLOAT32, 4, I64(1, 2, 3, 4));
+        input(&g, "k", GP_DTYPE_FLOAT32, 4, I64(1, w == 2 ? 1 : 2, 3, 4));
+        input(&g, "v", GP_DTYPE_FLOAT32, 4, I64(1, w == 2 ? 1 : 2, 3, 4));
+        input(&g, "pk", GP_DTYPE_FLOAT32, 4, I64(1, 2, 3, 4));
+        int n = w == 3   ? node(&g, "Attention", 5, S("q", "k", "v", "", "pk"), 1, S("y"))
+                : w == 4 ? node(&g, "Attention", 3, S("q", "k", "v"), 4, S("y", "", "", "qk"))
+                         : node(&g, "Attention", 3, S("q", "k", "v"), 1, S("y"));
+        if (w == 0) attr_float(&g, n, "softcap", 5);
+        if (w == 1) attr_int(&g, n, "qk_matmul_output_mode", 1);
+        output(&g, "y");
+        expect_refused(&g, what[w]);
+    }
+    /* 3-D inputs without head counts. */
+    init(&g, 23);
+    input(&g, "q", GP_DTYPE_FLOAT32, 3, I64(1, 3, 8));
+    input(&g, "k", GP_DTYPE_FLOAT32, 3, I64(1, 3, 8));
+    input(&g, "v", GP_DTYPE_FLOAT32, 3, I64(1, 3, 8));
+    node(&g, "Attention", 3, S("q", "k", "v"), 1, S("y"));
+    output(&g, "y");
+    expect_refused(&g, "q_num_heads");
+}
+
+/* ---- the fusion ---- */
+
+static void load(const char *name, int64_t batch, bool fuse, struct gp_graph *g)
+{
+    char file[256], path[4096];
+    snprintf(file, sizeof file, "../tests/data/attention/%s.onnx", name);
+    fixture_path(file, path, sizeof path);
+    if (!fuse) setenv("GP_FUSE_ATTENTION", "0", 1);
+    struct gp_error err = {0};
+    gp_status st = gp_onnx_load(path, batch, g, &err);
+    unsetenv("GP_FUSE_ATTENTION");
+    if (st != GP_OK) fail_msg("%s: %s", name, err.msg);
+}
+
+static int count_op(const struct gp_graph *g, const char *op, int *last)
+{
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!strcmp(g->nodes[i].op_type, op)) n++, *last = i;
+    return n;
+}
+
+/* A spelling: how the fused node must look. */
+struct spelling {
+    const char *name;
+    int64_t causal, heads; /* heads 0: the 4-D form */
+    bool mask;
+    float scale;
+    int layers_gone;       /* nodes fewer than unfused */
+};
+
+static const struct spelling spellings[] = {
+    /* nanoGPT (bench/models.py's block): split and merge absorbed, the
+     * sliced `bias` compare is causal. 13 nodes -> Attention. */
+    {"nanogpt_op13", 1, 2, false, 0.353553385f, 12},
+    {"nanogpt_op17", 1, 2, false, 0.353553385f, 12},
+    {"div_add_op17", 0, 2, true, 0.353553385f, 12},
+    {"sqrt_scaled_op17", 0, 2, false, 0.353553385f, 12},
+    {"q_scaled_where_op17", 1, 2, false, 0.353553385f, 12},
+    /* nn.MultiheadAttention: [batch * heads, T, D], K's transpose kept. */
+    {"mha_op13", 0, 1, false, 0.353553385f, 3},
+    {"mha_op17", 0, 1, false, 0.353553385f, 3},
+    {"mha_float_causal_op14", 1, 1, false, 0.353553385f, 5},
+    {"mha_bool_causal_op14", 1, 1, false, 0.353553385f, 5},
+    {"mha_float_band_op14", 0, 1, true, 0.353553385f, 5},
+};
+
+/* Near misses: nothing fuses. */
+static const char *const near_misses[] = {
+    "nanogpt_dropout_op17",  /* attention dropout, p = 0.1 */
+    "nanogpt_dropout0_op17", /* a Dropout node even at p = 0 */
+    "softmax_dim2_op17",     /* softmax over the queries */
+    "param_scale_op17",      /* the scale a parameter */
+    "param_mask_op17",       /* the mask a float initializer: trainable */
+    "input_mask_op17",       /* the mask computed from the input */
+    "scores_out_op17",       /* the scores also a graph output */
+};
+
+static void test_spellings_fuse(void **state)
+{
+    (void)state;
+    for (size_t s = 0; s < sizeof spellings / sizeof *spellings; s++) {
+        const struct spelling *sp = &spellings[s];
+        struct gp_graph f, u;
+        load(sp->name, 2, true, &f);
+        load(sp->name, 2, false, &u);
+        int a = -1, dummy;
+        if (count_op(&f, "Attention", &a) != 1) fail_msg("%s: no single Attention node", sp->name);
+        assert_int_equal(count_op(&u, "Attention", &dummy), 0);
+        if (u.n_nodes - f.n_nodes != sp->layers_gone)
+            fail_msg("%s: %d layers fused, %d unfused", sp->name, f.n_nodes, u.n_nodes);
+        const struct gp_node *n = &f.nodes[a];
+        assert_int_equal(gp_node_attr_int(n, "is_causal", -1), sp->causal);
+        assert_int_equal(gp_node_attr_int(n, "q_num_heads", 0), sp->heads);
+        assert_int_equal(n->n_inputs, sp->mask ? 4 : 3);
+        if (fabsf(gp_node_attr_float(n, "scale", 0) - sp->scale) > 1e-6f * sp->scale)
+            fail_msg("%s: scale %.9g, expected %.9g", sp->name, gp_node_attr_float(n, "scale", 0), sp->scale);
+        assert_int_equal(f.n_nodes + f.n_folded + f.n_fused, f.n_source_nodes);
+        gp_graph_free(&f);
+        gp_graph_free(&u);
+    }
+    for (size_t s = 0; s < sizeof near_misses / sizeof *near_misses; s++) {
+        struct gp_graph g;
+        int dummy;
+        load(near_misses[s], 2, true, &g);
+        if (count_op(&g, "Attention", &dummy) != 0) fail_msg("%s fused", near_misses[s]);
+        gp_graph_free(&g);
+    }
+}
+
+/* A chain built by hand: MatMul(q, Transpose(k)) * c, Softmax, MatMul(v),
+ * c a scalar (fuses) or a [Tk] vector cast from integers (a constant, but
+ * not a scalar: stays); `p_out`: the probabilities also a graph output
+ * (a second reader: stays). */
+static int hand_chain(bool vector_scale, bool p_out)
+{
+    struct gp_graph g;
+    init(&g, 17);
+    input(&g, "q", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    input(&g, "k", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    input(&g, "v", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    cany(&g, "ci", GP_DTYPE_INT64, 1, I64(vector_scale ? 4 : 1), F64(1, 2, 3, 4));
+    attr_int(&g, node(&g, "Cast", 1, S("ci"), 1, S("c")), "to", GP_DTYPE_FLOAT32);
+    attr_ints(&g, node(&g, "Transpose", 1, S("k"), 1, S("kt")), "perm", 4, I64(0, 1, 3, 2));
+    node(&g, "MatMul", 2, S("q", "kt"), 1, S("s0"));
+    node(&g, "Mul", 2, S("s0", "c"), 1, S("s"));
+    node(&g, "Softmax", 1, S("s"), 1, S("p"));
+    node(&g, "MatMul", 2, S("p", "v"), 1, S("y"));
+    output(&g, "y");
+    if (p_out) output(&g, "p");
+    finalize(&g);
+    int a, n = count_op(&g, "Attention", &a);
+    if (n == 1) assert_true(gp_node_attr_float(&g.nodes[a], "scale", 0) == 1.0f);
+    gp_graph_free(&g);
+    return n;
+}
+
+static void test_hand_built_chains(void **state)
+{
+    (void)state;
+    assert_int_equal(hand_chain(false, false), 1);
+    assert_int_equal(hand_chain(true, false), 0);
+    assert_int_equal(hand_chain(false, true), 0);
+}
+
+/* The fixture GPT (attention dropout: unfused) loads as before. */
+static void test_fixture_gpt_unfused(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    char path[4096];
+    struct gp_error err = {0};
+    if (gp_onnx_load(fixture_path("gpt_op17.onnx", path, sizeof path), 2, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+    int dummy;
+    assert_int_equal(count_op(&g, "Attention", &dummy), 0);
+    gp_graph_free(&g);
+}
+
+/* Worst |a - b| over a tensor, relative to its largest |b|. */
+static double rel_diff(const float *a, const float *b, int64_t n)
+{
+    double worst = 0, scale = 1e-30;
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= worst)) worst = d; /* NaN sticks */
+    }
+    return worst / scale;
+}
+
+struct run {
+    struct gp_graph g;
+    struct gp_cpu_runner *r;
+};
+
+static void run_open(struct run *R, const char *name, bool fuse)
+{
+    struct gp_error err = {0};
+    load(name, 2, fuse, &R->g);
+    if (gp_cpu_runner_create_f32(&R->g, true, &R->r, &err) != GP_OK) fail_msg("%s", err.msg);
+}
+
+/* One forward and backward on x with output gradient w. */
+static void run_step(struct run *R, const float *x, const float *w)
+{
+    struct gp_error err = {0};
+    struct gp_run_opts o = {.training = true, .seed = 1, .step = 1, .dropout_ratio = -1};
+    gp_cpu_runner_set_f32(R->r, R->g.inputs[0], x);
+    if (gp_cpu_runner_forward_f32(R->r, &o, 0, R->g.n_nodes, &err) != GP_OK) fail_msg("%s", err.msg);
+    gp_cpu_runner_zero_activation_grads_f32(R->r);
+    gp_cpu_runner_zero_param_grads_f32(R->r);
+    int y = R->g.outputs[0];
+    memcpy(gp_cpu_runner_grad_f32(R->r, y), w, sizeof(float) * (size_t)gp_shape_numel(&R->g.values[y].shape));
+    if (gp_cpu_runner_backward_f32(R->r, &o, 0, R->g.n_nodes, &err) != GP_OK) fail_msg("%s", err.msg);
+}
+
+/* Fused against unfused: output, the input's and every parameter's
+ * gradient, then the output after three SGD steps. Both graphs hold the
+ * same values by name (the fusion only drops activations). */
+static void test_fused_equals_unfused(void **state)
+{
+    (void)state;
+    double worst_all = 0;
+    for (size_t s = 0; s < sizeof spellings / sizeof *spellings; s++) {
+        const char *name = spellings[s].name;
+        struct run F, U;
+        run_open(&F, name, true);
+        run_open(&U, name, false);
+        const struct gp_value *xv = &F.g.values[F.g.inputs[0]], *yv = &F.g.values[F.g.outputs[0]];
+        int64_t nx = gp_shape_numel(&xv->shape), ny = gp_shape_numel(&yv->shape);
+        float *x = malloc(sizeof(float) * (size_t)nx), *w = malloc(sizeof(float) * (size_t)ny);
+        uint64_t rs = 99 + s;
+        for (int64_t i = 0; i < nx; i++) x[i] = (float)uniform(&rs);
+        for (int64_t i = 0; i < ny; i++) w[i] = (float)uniform(&rs);
+        double worst = 0;
+        for (int step = 0; step < 4; step++) {
+            run_step(&F, x, w);
+            run_step(&U, x, w);
+            const float *yf = gp_cpu_runner_data_f32(F.r, F.g.outputs[0]);
+            const float *yu = gp_cpu_runner_data_f32(U.r, U.g.outputs[0]);
+            double e = rel_diff(yf, yu, ny);
+            if (!(e <= 1e-5)) fail_msg("%s step %d: outputs differ by %.3g", name, step, e);
+            worst = fmax(worst, e);
+            e = rel_diff(gp_cpu_runner_grad_f32(F.r, F.g.inputs[0]), gp_cpu_runner_grad_f32(U.r, U.g.inputs[0]), nx);
+            if (!(e <= 1e-5)) fail_msg("%s step %d: input gradients differ by %.3g", name, step, e);
+            worst = fmax(worst, e);
+            int params = 0;
+            for (int v = 0; v < F.g.n_values; v++) {
+                const struct gp_value *pv = &F.g.values[v];
+                if (pv->kind != GP_VALUE_PARAMETER) continue;
+                int vu = gp_graph_find_value(&U.g, pv->name);
+                assert_true(vu >= 0 && U.g.values[vu].kind == GP_VALUE_PARAMETER);
+                int64_t n = gp_shape_numel(&pv->shape);
+                float *gf = gp_cpu_runner_grad_f32(F.r, v), *gu = gp_cpu_runner_grad_f32(U.r, vu);
+                e = rel_diff(gf, gu, n);
+                if (!(e <= 1e-5)) fail_msg("%s step %d: gradient of %s differs by %.3g", name, step, pv->name, e);
+                worst = fmax(worst, e);
+                /* SGD, the same update in both (from the unfused gradient). */
+                float *pf = gp_cpu_runner_data_f32(F.r, v), *pu = gp_cpu_runner_data_f32(U.r, vu);
+                for (int64_t i = 0; i < n; i++) {
+                    pu[i] -= 0.1f * gu[i];
+                    pf[i] -= 0.1f * gf[i];
+                }
+                params++;
+            }
+            assert_true(params >= 2);
+        }
+        printf("%-24s fused within %.2g of unfused (relative to each tensor's largest element; 4 steps)\n", name,
+               worst);
+        worst_all = fmax(worst_all, worst);
+        free(x), free(w);
+        gp_cpu_runner_free_f32(F.r);
+        gp_cpu_runner_free_f32(U.r);
+        gp_graph_free(&F.g);
+        gp_graph_free(&U.g);
+    }
+    printf("worst over the spellings: %.2g\n", worst_all);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_forward_reference), cmocka_unit_test(test_gradients),
+        cmocka_unit_test(test_refusals),          cmocka_unit_test(test_spellings_fuse),
+        cmocka_unit_test(test_hand_built_chains), cmocka_unit_test(test_fixture_gpt_unfused),
+        cmocka_unit_test(test_fused_equals_unfused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
