@@ -121,9 +121,12 @@ static void bn_plan_of(const struct gp_graph *g, const struct gp_node *node, int
 
 /* ctx->saved: the mean [C] and inverse standard deviation [C] (float) that
  * normalized the forward, as on the CPU. */
+/* Saved per call: mean and invstd [C] each, then the transform's alpha
+ * and beta pairs [C] (channels-last reads them back to tell where a fused
+ * Relu's output was positive without reading the output). */
 static size_t bn_saved(const struct gp_graph *g, const struct gp_node *node)
 {
-    return 2 * sizeof(float) * (size_t)gp_node_input(g, node, 0)->shape.dims[1];
+    return 4 * sizeof(float) * (size_t)gp_node_input(g, node, 0)->shape.dims[1];
 }
 
 /* Scratch (doubles): forward partials psum, psq_raw, psq [C * P] each,
@@ -141,11 +144,10 @@ static int64_t bn_scratch_chunks(const struct gp_graph *g, const struct gp_node 
     return cl > chunks ? cl : chunks;
 }
 
-/* ... and 2 C more for channels-last's folded sums (bn_nhwc_folded). */
 static size_t bn_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
     int64_t c = gp_node_input(g, node, 0)->shape.dims[1];
-    return sizeof(double) * (size_t)(3 * c * bn_scratch_chunks(g, node) + 7 * c);
+    return sizeof(double) * (size_t)(3 * c * bn_scratch_chunks(g, node) + 5 * c);
 }
 
 /* Walks runs j0 + t, j0 + t + T, ... < j1 of channel c (t the thread,
@@ -289,6 +291,53 @@ struct bn_outs {
     float *ab; /* [C] pairs: the transform's alpha and beta */
 };
 
+/* Channel c's statistics from its sums (training: sum, sum of squares,
+ * and with two passes q, the sum of squared deviations), the outputs, the
+ * running statistics and the transform's alpha and beta. */
+__device__ static void bn_finish_channel(const struct bn_plan &p, int64_t c, bool training, bool update, double sum,
+                                         double sumsq, double q, bool one_pass, const struct bn_outs &o)
+{
+    double m, var;
+    if (training) {
+        m = sum / (double)p.count;
+        /* Channels-last takes one pass: the squared deviations from
+         * the sums (in double, exact enough for float data: the
+         * deferred statistics do the same). */
+        if (one_pass) {
+            q = DSUB(sumsq, DMUL(sum, m));
+            if (q < 0) q = 0;
+        }
+        var = q / (double)p.count;
+    } else {
+        m = gp_ld(o.rmean, c);
+        var = gp_ld(o.rvar, c);
+    }
+    float is = (float)(1.0 / sqrt(DADD(var, p.eps)));
+    o.mean[c] = (float)m;
+    o.invstd[c] = is;
+    float alpha = FMUL(is, gp_ld(o.scale, c));
+    o.ab[2 * c] = alpha;
+    o.ab[2 * c + 1] = FSUB(gp_ld(o.bias, c), FMUL((float)m, alpha));
+    float rm = gp_ld(o.rmean, c), rv = gp_ld(o.rvar, c), new_mean = rm, new_var = rv;
+    if (training) {
+        double unbiased = DMUL(var, (double)p.count) / (double)(p.count - 1);
+        new_mean = (float)DADD(DMUL(p.momentum, (double)rm), DMUL(DSUB(1.0, p.momentum), m));
+        new_var = (float)DADD(DMUL(p.momentum, (double)rv), DMUL(DSUB(1.0, p.momentum), unbiased));
+    }
+    if (o.out_rmean.p) gp_st(o.out_rmean, c, new_mean);
+    if (o.out_rvar.p) gp_st(o.out_rvar, c, new_var);
+    if (o.out_mean.p) gp_st(o.out_mean, c, (float)m);
+    if (o.out_var.p) gp_st(o.out_var, c, (float)var);
+    if (update && o.deferred) {
+        o.deferred[c] = DADD(o.deferred[c], sum);
+        o.deferred[p.c + c] = DADD(o.deferred[p.c + c], sumsq);
+        if (c == 0) o.deferred[2 * p.c] = DADD(o.deferred[2 * p.c], (double)p.count);
+    } else if (update) {
+        gp_st(o.rmean, c, new_mean);
+        gp_st(o.rvar, c, new_var);
+    }
+}
+
 /* One thread per channel: the statistics (the batch's in training, the
  * running ones in evaluation), saved mean and inverse std, the optional
  * outputs, and the running statistics (in place) or the deferred sums. */
@@ -297,51 +346,14 @@ __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool up
                                         const double *psq, bool one_pass, struct bn_outs o)
 {
     GP_GRID_STRIDE(c, p.c) {
-        double m, var, sum = 0, sumsq = 0;
-        if (training) {
-            double q = 0;
+        double sum = 0, sumsq = 0, q = 0;
+        if (training)
             for (int64_t k = 0; k < p.p; k++) {
                 sum = DADD(sum, psum[c * p.p + k]);
                 sumsq = DADD(sumsq, psq_raw[c * p.p + k]);
                 if (!one_pass) q = DADD(q, psq[c * p.p + k]);
             }
-            m = sum / (double)p.count;
-            /* Channels-last takes one pass: the squared deviations from
-             * the sums (in double, exact enough for float data: the
-             * deferred statistics do the same). */
-            if (one_pass) {
-                q = DSUB(sumsq, DMUL(sum, m));
-                if (q < 0) q = 0;
-            }
-            var = q / (double)p.count;
-        } else {
-            m = gp_ld(o.rmean, c);
-            var = gp_ld(o.rvar, c);
-        }
-        float is = (float)(1.0 / sqrt(DADD(var, p.eps)));
-        o.mean[c] = (float)m;
-        o.invstd[c] = is;
-        float alpha = FMUL(is, gp_ld(o.scale, c));
-        o.ab[2 * c] = alpha;
-        o.ab[2 * c + 1] = FSUB(gp_ld(o.bias, c), FMUL((float)m, alpha));
-        float rm = gp_ld(o.rmean, c), rv = gp_ld(o.rvar, c), new_mean = rm, new_var = rv;
-        if (training) {
-            double unbiased = DMUL(var, (double)p.count) / (double)(p.count - 1);
-            new_mean = (float)DADD(DMUL(p.momentum, (double)rm), DMUL(DSUB(1.0, p.momentum), m));
-            new_var = (float)DADD(DMUL(p.momentum, (double)rv), DMUL(DSUB(1.0, p.momentum), unbiased));
-        }
-        if (o.out_rmean.p) gp_st(o.out_rmean, c, new_mean);
-        if (o.out_rvar.p) gp_st(o.out_rvar, c, new_var);
-        if (o.out_mean.p) gp_st(o.out_mean, c, (float)m);
-        if (o.out_var.p) gp_st(o.out_var, c, (float)var);
-        if (update && o.deferred) {
-            o.deferred[c] = DADD(o.deferred[c], sum);
-            o.deferred[p.c + c] = DADD(o.deferred[p.c + c], sumsq);
-            if (c == 0) o.deferred[2 * p.c] = DADD(o.deferred[2 * p.c], (double)p.count);
-        } else if (update) {
-            gp_st(o.rmean, c, new_mean);
-            gp_st(o.rvar, c, new_var);
-        }
+        bn_finish_channel(p, c, training, update, sum, sumsq, q, one_pass, o);
     }
 }
 
@@ -535,6 +547,29 @@ struct bn_grads {
     double *coef; /* [5 C]: a, mdy, mdyx, cm, cv per channel */
 };
 
+/* Channel c's parameter gradients and dx coefficients from its sums. */
+__device__ static void bn_bwd_finish_channel(const struct bn_plan &p, int64_t c, double sum_dy, double sum_dy_xhat,
+                                             const struct bn_grads &g)
+{
+    if (g.dscale.p) gp_acc(g.dscale, c, (float)sum_dy_xhat);
+    if (g.dbias.p) gp_acc(g.dbias, c, (float)sum_dy);
+    if (!g.coef) return;
+    double one_m = DSUB(1.0, p.momentum), count = (double)p.count;
+    double g_mean = 0, g_var = 0;
+    if (g.d_rmean.p) g_mean = DADD(g_mean, DMUL(one_m, (double)gp_ld(g.d_rmean, c)));
+    if (g.d_mean.p) g_mean = DADD(g_mean, (double)gp_ld(g.d_mean, c));
+    if (g.d_rvar.p)
+        g_var = DADD(g_var,
+                     DMUL(DMUL(one_m, count) / (double)(p.count - 1), (double)gp_ld(g.d_rvar, c)));
+    if (g.d_var.p) g_var = DADD(g_var, (double)gp_ld(g.d_var, c));
+    double *k = g.coef + 5 * c;
+    k[0] = DMUL((double)gp_ld(g.scale, c), (double)g.invstd[c]);
+    k[1] = sum_dy / count;
+    k[2] = sum_dy_xhat / count;
+    k[3] = g_mean / count;
+    k[4] = DMUL(2.0, g_var) / count;
+}
+
 /* One thread per channel: the parameter gradients and dx's coefficients. */
 __global__ static void bn_bwd_finish_kernel(struct bn_plan p, bool have_dy, const double *pdy,
                                             const double *pdyx, struct bn_grads g)
@@ -546,23 +581,7 @@ __global__ static void bn_bwd_finish_kernel(struct bn_plan p, bool have_dy, cons
                 sum_dy = DADD(sum_dy, pdy[c * p.p + k]);
                 sum_dy_xhat = DADD(sum_dy_xhat, pdyx[c * p.p + k]);
             }
-        if (g.dscale.p) gp_acc(g.dscale, c, (float)sum_dy_xhat);
-        if (g.dbias.p) gp_acc(g.dbias, c, (float)sum_dy);
-        if (!g.coef) continue;
-        double one_m = DSUB(1.0, p.momentum), count = (double)p.count;
-        double g_mean = 0, g_var = 0;
-        if (g.d_rmean.p) g_mean = DADD(g_mean, DMUL(one_m, (double)gp_ld(g.d_rmean, c)));
-        if (g.d_mean.p) g_mean = DADD(g_mean, (double)gp_ld(g.d_mean, c));
-        if (g.d_rvar.p)
-            g_var = DADD(g_var,
-                         DMUL(DMUL(one_m, count) / (double)(p.count - 1), (double)gp_ld(g.d_rvar, c)));
-        if (g.d_var.p) g_var = DADD(g_var, (double)gp_ld(g.d_var, c));
-        double *k = g.coef + 5 * c;
-        k[0] = DMUL((double)gp_ld(g.scale, c), (double)g.invstd[c]);
-        k[1] = sum_dy / count;
-        k[2] = sum_dy_xhat / count;
-        k[3] = g_mean / count;
-        k[4] = DMUL(2.0, g_var) / count;
+        bn_bwd_finish_channel(p, c, sum_dy, sum_dy_xhat, g);
     }
 }
 
@@ -782,12 +801,12 @@ static int bn_nhwc_blocks_target(void)
 }
 static int bn_nhwc_runs_per_thread(void)
 {
-    static int k = bn_nhwc_knob("GP_BN_NHWC_RUNS", 4);
+    static int k = bn_nhwc_knob("GP_BN_NHWC_RUNS", 8);
     return k;
 }
 static int bn_nhwc_stats_vec_bf16(void)
 {
-    static int k = bn_nhwc_knob("GP_BN_NHWC_STATS_VEC", 2);
+    static int k = bn_nhwc_knob("GP_BN_NHWC_STATS_VEC", 4);
     return k;
 }
 
@@ -839,10 +858,12 @@ static int64_t bn_nhwc_chunks_max(const struct gp_graph *g, const struct gp_node
     return most;
 }
 
-/* The statistics passes read runs of 4 bytes (2 channels of bfloat16, 1
- * of float32): few registers per thread (a run's sums are doubles), so
- * the SMs hold enough threads, each BN_NHWC_ILP rows in flight; a warp
- * still reads 128 contiguous bytes of a row. */
+/* The statistics passes read runs of 8 bytes (4 channels of bfloat16; 1
+ * channel of float32): few registers per thread (a run's sums are
+ * doubles), so the SMs hold enough threads, each BN_NHWC_ILP rows in
+ * flight; a warp still reads 256 contiguous bytes of a row. (ResNet-50
+ * bf16, H200: 2 channels 3680 samples/s, 4 channels 3832, 8 channels
+ * 3555.) */
 static int bn_nhwc_stats_vec(enum io_kind kind, int vec)
 {
     int want = bn_nhwc_stats_vec_bf16();
@@ -851,38 +872,48 @@ static int bn_nhwc_stats_vec(enum io_kind kind, int vec)
     return want;
 }
 
-/* Scratch (doubles) past the NCHW kernels' (bn_scratch): the folded
- * per-channel sums, 2 arrays of C. */
-static double *bn_nhwc_folded(void *scratch, int64_t c, int64_t chunks_max)
+/* Warp-wide: channel c's `parts` partial sums of a and b (one chunk per
+ * lane in turn, then a fixed shuffle tree) into lane 0's sa, sb. */
+__device__ static inline void bn_nhwc_fold(int64_t c, int64_t parts, const double *a, const double *b, double &sa,
+                                           double &sb)
 {
-    return (double *)scratch + 3 * c * chunks_max + 5 * c;
-}
-
-/* Warp w folds channel w's p partial sums of a and b (one chunk per lane
- * in turn, then a fixed shuffle tree) into fa[c], fb[c]. */
-__global__ static void bn_nhwc_fold_kernel(int64_t c_n, int64_t p, const double *a, const double *b, double *fa,
-                                           double *fb)
-{
-    int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x & 31;
-    if (c >= c_n) return; /* whole warps leave together: c is the warp's */
-    double sa = 0, sb = 0;
-    for (int64_t k = lane; k < p; k += 32) {
-        sa = DADD(sa, a[c * p + k]);
-        sb = DADD(sb, b[c * p + k]);
+    sa = 0, sb = 0;
+    for (int64_t k = lane; k < parts; k += 32) {
+        sa = DADD(sa, a[c * parts + k]);
+        sb = DADD(sb, b[c * parts + k]);
     }
     for (int off = 16; off > 0; off /= 2) {
         sa = DADD(sa, __shfl_down_sync(0xffffffffu, sa, off));
         sb = DADD(sb, __shfl_down_sync(0xffffffffu, sb, off));
     }
-    if (lane == 0) fa[c] = sa, fb[c] = sb;
 }
 
-static gp_status bn_nhwc_fold(struct gp_cuda_ctx *ctx, int64_t c, int64_t p, const double *a, const double *b,
-                              double *fa, double *fb, struct gp_error *err)
+/* Launches of the two finishing kernels below: a warp per channel. */
+static unsigned bn_nhwc_finish_blocks(int64_t c) { return (unsigned)((c * 32 + 255) / 256); }
+
+/* Warp w: channel w's statistics from its chunks' sums and squares
+ * (training), then bn_finish_channel in one pass: one launch where the
+ * NCHW kernels fold in their finishing kernel's loop. */
+__global__ static void bn_nhwc_finish_kernel(struct bn_plan p, int64_t parts, bool training, bool update,
+                                             const double *psum, const double *psq, struct bn_outs o)
 {
-    bn_nhwc_fold_kernel<<<(unsigned)((c * 32 + 255) / 256), 256, 0, ctx->stream>>>(c, p, a, b, fa, fb);
-    return gp_cuda_check_launch(ctx, "BatchNormalization partial sums (channels-last)", err);
+    int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (c >= p.c) return; /* whole warps leave together: c is the warp's */
+    double sum = 0, sumsq = 0;
+    if (training) bn_nhwc_fold(c, parts, psum, psq, sum, sumsq);
+    if ((threadIdx.x & 31) == 0) bn_finish_channel(p, c, training, update, sum, sumsq, 0, true, o);
+}
+
+/* Warp w: channel w's sums of dy and dy * xhat, then bn_bwd_finish_channel. */
+__global__ static void bn_nhwc_bwd_finish_kernel(struct bn_plan p, int64_t parts, bool have_dy, const double *pdy,
+                                                 const double *pdyx, struct bn_grads g)
+{
+    int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (c >= p.c) return;
+    double sum_dy = 0, sum_dy_xhat = 0;
+    if (have_dy) bn_nhwc_fold(c, parts, pdy, pdyx, sum_dy, sum_dy_xhat);
+    if ((threadIdx.x & 31) == 0) bn_bwd_finish_channel(p, c, sum_dy, sum_dy_xhat, g);
 }
 
 /* The NCHW finishing kernels' plan for the same statistics. */
@@ -1032,18 +1063,14 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     int vec = io_vec_for(kind, c, {x, y});
     bn_nhwc_plan_of(rows, c, vec, &q);
     bn_nhwc_plan_of(rows, c, bn_nhwc_stats_vec(kind, vec), &qs);
-    /* The finishing kernel reads the folded sums: one "chunk" each. */
     struct bn_plan p = bn_plan_for_finish(ctx->node, qs);
-    double *psum = (double *)ctx->scratch, *psq_raw = psum + c * qs.p, *psq = psq_raw + c * qs.p;
-    double *fsum = bn_nhwc_folded(ctx->scratch, c, bn_scratch_chunks(ctx->graph, ctx->node)), *fsq = fsum + c;
-    if (training && rows > 0) {
+    double *psum = (double *)ctx->scratch, *psq_raw = psum + c * qs.p;
+    if (training) { /* rows >= 2 */
         dim3 grid((unsigned)qs.gx, (unsigned)qs.p, 1), block((unsigned)qs.tx, (unsigned)qs.ty, 1);
         IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_sums_kernel<IO, VEC><<<grid, block, 0, ctx->stream>>>(
                                                   qs, x, psum, psq_raw)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization sums (channels-last)", err));
-        GP_TRY(bn_nhwc_fold(ctx, c, qs.p, psum, psq_raw, fsum, fsq, err));
     }
-    p.p = 1;
     struct bn_outs o;
     o.rmean = gp_cuda_in_f(ctx, 3);
     o.rvar = gp_cuda_in_f(ctx, 4);
@@ -1056,10 +1083,10 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     o.deferred = ctx->deferred_stats;
     o.scale = scale;
     o.bias = bias;
-    o.ab = (float *)(psq + c * qs.p);
-    bn_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(
-        p, training, update, fsum, fsq, fsum, true, o);
-    GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics", err));
+    o.ab = o.mean + 2 * c; /* saved: backward's Relu mask (bn_nhwc_positive) */
+    bn_nhwc_finish_kernel<<<bn_nhwc_finish_blocks(c), 256, 0, ctx->stream>>>(p, qs.p, training, update, psum,
+                                                                            psq_raw, o);
+    GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics (channels-last)", err));
     if (rows == 0) return GP_OK;
     IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_apply_kernel<IO, VEC><<<bn_nhwc_flat_blocks(q), BN_THREADS, 0,
                                                                          ctx->stream>>>(
@@ -1067,22 +1094,49 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     return gp_cuda_check_launch(ctx, "BatchNormalization normalize (channels-last)", err);
 }
 
+/* A fused Relu's mask, channels-last: whether the output the forward
+ * stored was > 0, told from x as the forward computed it (the saved
+ * alpha, beta: bn_nhwc_apply_kernel's float operations, then the
+ * output's storage rounding), so backward need not read Y: the same bits
+ * as bn_relu_grad on Y. */
+__device__ static inline bool bn_nhwc_positive(float x, float alpha, float beta, bool y_bf16)
+{
+    float t = FADD(FMUL(x, alpha), beta);
+    if (y_bf16) t = __bfloat162float(__float2bfloat16_rn(t));
+    return t > 0;
+}
+
+/* The fused Relu's alpha and beta of this thread's VEC channels from cb
+ * (ab NULL: no Relu; zeros). */
+template <int VEC>
+__device__ static inline void bn_nhwc_relu_coefs(const float *ab, int64_t cb, float (&ra)[VEC], float (&rb)[VEC])
+{
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+        ra[i] = ab ? ab[2 * (cb + i)] : 0.0f;
+        rb[i] = ab ? ab[2 * (cb + i) + 1] : 0.0f;
+    }
+}
+
 /* Block (run group, chunk k): sums of dy and dy * xhat per channel (a
- * fused Relu's output masking dy), as bn_bwd_sums_kernel. */
+ * fused Relu's mask, from the saved alpha and beta `ab` when not NULL,
+ * applied to dy), as bn_bwd_sums_kernel. */
 template <class IO, int VEC>
-__global__ static void bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, gp_fptr y,
-                                               const float *mean, const float *invstd, double *pdy, double *pdyx)
+__global__ static void bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab,
+                                               bool y_bf16, const float *mean, const float *invstd, double *pdy,
+                                               double *pdyx)
 {
     __shared__ double sh[BN_THREADS * VEC];
     const int64_t run = blockIdx.x * (int64_t)q.tx + threadIdx.x, k = blockIdx.y;
     double s[VEC], sx[VEC];
-    float m[VEC], is[VEC];
+    float m[VEC], is[VEC], ra[VEC], rb[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; i++) {
         s[i] = sx[i] = 0;
         m[i] = run < q.cr ? mean[run * VEC + i] : 0.0f;
         is[i] = run < q.cr ? invstd[run * VEC + i] : 0.0f;
     }
+    bn_nhwc_relu_coefs<VEC>(run < q.cr ? ab : NULL, run * VEC, ra, rb);
     if (run < q.cr)
         bn_nhwc_rows<VEC>(
             q, run, k,
@@ -1090,12 +1144,10 @@ __global__ static void bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x,
                 bn_run2<VEC> r;
                 IO::template acts<VEC>(dy, off, r.a);
                 IO::template acts<VEC>(x, off, r.b);
-                if (y.p) {
-                    float yv[VEC];
-                    IO::template acts<VEC>(y, off, yv);
+                if (ab)
 #pragma unroll
-                    for (int i = 0; i < VEC; i++) r.a[i] = bn_relu_grad(yv[i], r.a[i]);
-                }
+                    for (int i = 0; i < VEC; i++)
+                        if (!bn_nhwc_positive(r.b[i], ra[i], rb[i], y_bf16)) r.a[i] = 0.0f;
                 return r;
             },
             [&](const bn_run2<VEC> &r) {
@@ -1119,9 +1171,9 @@ __global__ static void bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x,
 /* Training dx, bn_bwd_dx_train_kernel's formula; the thread's channels'
  * coefficients loaded once. */
 template <class IO, int VEC>
-__global__ static void bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, gp_fptr y,
-                                               const float *mean, const float *invstd, const double *coef, gp_fptr dx,
-                                               bool ow)
+__global__ static void bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab,
+                                               bool y_bf16, const float *mean, const float *invstd,
+                                               const double *coef, gp_fptr dx, bool ow)
 {
     const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x;
     const int64_t cb = (e0 - gp_dev_fdiv(e0, q.cr) * q.cr) * VEC;
@@ -1130,8 +1182,9 @@ __global__ static void bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x,
      * regrouped in double as v = a dy + b xc + c0 (a = k0, b = k4 - k0 k2
      * invstd, c0 = k3 - k0 k1): three doubles a channel where six values
      * took the registers that keep enough of these threads resident. */
-    float m[VEC];
+    float m[VEC], ra[VEC], rb[VEC];
     double a[VEC], b[VEC], c0[VEC];
+    bn_nhwc_relu_coefs<VEC>(dy.p ? ab : NULL, cb, ra, rb);
 #pragma unroll
     for (int i = 0; i < VEC; i++) {
         const double *kc = coef + 5 * (cb + i);
@@ -1148,12 +1201,10 @@ __global__ static void bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x,
         else
 #pragma unroll
             for (int i = 0; i < VEC; i++) gv[i] = 0.0f;
-        if (y.p && dy.p) {
-            float yv[VEC];
-            IO::template acts<VEC>(y, e * VEC, yv);
+        if (ab && dy.p)
 #pragma unroll
-            for (int i = 0; i < VEC; i++) gv[i] = bn_relu_grad(yv[i], gv[i]);
-        }
+            for (int i = 0; i < VEC; i++)
+                if (!bn_nhwc_positive(xv[i], ra[i], rb[i], y_bf16)) gv[i] = 0.0f;
         if (ow)
 #pragma unroll
             for (int i = 0; i < VEC; i++) old[i] = 0.0f;
@@ -1171,22 +1222,24 @@ __global__ static void bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x,
 
 /* Evaluation dx += dy * (scale * invstd). */
 template <class IO, int VEC>
-__global__ static void bn_nhwc_dx_eval_kernel(struct bn_nhwc_plan q, gp_fptr dy, gp_fptr y, gp_fptr scale,
-                                              const float *invstd, gp_fptr dx, bool ow)
+__global__ static void bn_nhwc_dx_eval_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab,
+                                              bool y_bf16, gp_fptr scale, const float *invstd, gp_fptr dx, bool ow)
 {
     const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x;
     const int64_t cb = (e0 - gp_dev_fdiv(e0, q.cr) * q.cr) * VEC;
-    float f[VEC];
+    float f[VEC], ra[VEC], rb[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; i++) f[i] = FMUL(IO::par(scale, cb + i), invstd[cb + i]);
+    bn_nhwc_relu_coefs<VEC>(ab, cb, ra, rb);
     BN_NHWC_FLAT(q, e) {
         float gv[VEC], old[VEC];
         IO::template acts<VEC>(dy, e * VEC, gv);
-        if (y.p) {
-            float yv[VEC];
-            IO::template acts<VEC>(y, e * VEC, yv);
+        if (ab) {
+            float xv[VEC];
+            IO::template acts<VEC>(x, e * VEC, xv);
 #pragma unroll
-            for (int i = 0; i < VEC; i++) gv[i] = bn_relu_grad(yv[i], gv[i]);
+            for (int i = 0; i < VEC; i++)
+                if (!bn_nhwc_positive(xv[i], ra[i], rb[i], y_bf16)) gv[i] = 0.0f;
         }
         if (ow)
 #pragma unroll
@@ -1207,22 +1260,23 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     gp_fptr x = gp_cuda_in_f(ctx, 0), dy = gp_cuda_dout_f(ctx, 0), dx = gp_cuda_din_f(ctx, 0);
     gp_fptr scale = gp_cuda_in_f(ctx, 1);
     const float *mean = (const float *)ctx->saved, *invstd = mean + c;
-    gp_fptr y = ctx->node->fused_relu ? gp_cuda_out_f(ctx, 0) : gp_fptr{NULL, false};
-    enum io_kind kind = io_kind_of({x, dy, dx, y}, {scale});
+    /* A fused Relu's mask from x and the saved alpha and beta, in Y's
+     * storage rounding (bn_nhwc_positive): Y is not read. */
+    const float *ab = ctx->node->fused_relu ? mean + 2 * c : NULL;
+    bool y_bf16 = ctx->node->fused_relu && gp_cuda_out_f(ctx, 0).bf16;
+    enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
     struct bn_nhwc_plan q, qs; /* the elementwise pass's runs, the statistics' */
-    int vec = io_vec_for(kind, c, {x, dy, dx, y});
+    int vec = io_vec_for(kind, c, {x, dy, dx});
     bn_nhwc_plan_of(rows, c, vec, &q);
     bn_nhwc_plan_of(rows, c, bn_nhwc_stats_vec(kind, vec), &qs);
     struct bn_plan p = bn_plan_for_finish(ctx->node, qs);
     double *pdy = (double *)ctx->scratch, *pdyx = pdy + c * qs.p, *coef = pdyx + c * qs.p;
-    double *fdy = bn_nhwc_folded(ctx->scratch, c, bn_scratch_chunks(ctx->graph, ctx->node)), *fdyx = fdy + c;
     bool have_dy = dy.p && rows > 0;
     if (have_dy && (ctx->din[1] || ctx->din[2] || (dx.p && ctx->training))) {
         dim3 grid((unsigned)qs.gx, (unsigned)qs.p, 1), block((unsigned)qs.tx, (unsigned)qs.ty, 1);
         IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC><<<grid, block, 0, ctx->stream>>>(
-                                                  qs, x, dy, y, mean, invstd, pdy, pdyx)));
+                                                  qs, x, dy, ab, y_bf16, mean, invstd, pdy, pdyx)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward sums (channels-last)", err));
-        GP_TRY(bn_nhwc_fold(ctx, c, qs.p, pdy, pdyx, fdy, fdyx, err));
     } else {
         have_dy = false;
     }
@@ -1238,9 +1292,8 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     g.dbias = ctx->din[2] ? gp_cuda_din_f(ctx, 2) : none;
     g.coef = dx.p && ctx->training ? coef : NULL;
     if (g.dscale.p || g.dbias.p || g.coef) {
-        p.p = 1; /* the folded sums */
-        bn_bwd_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(p, have_dy, fdy, fdyx, g);
-        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward statistics", err));
+        bn_nhwc_bwd_finish_kernel<<<bn_nhwc_finish_blocks(c), 256, 0, ctx->stream>>>(p, qs.p, have_dy, pdy, pdyx, g);
+        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward statistics (channels-last)", err));
     }
     int64_t n = rows * c;
     if (!dx.p || n == 0) return GP_OK;
@@ -1249,7 +1302,7 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     if (ctx->training) {
         IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_dx_train_kernel<IO, VEC><<<blocks, BN_THREADS, 0,
                                                                             ctx->stream>>>(
-                                                 q, x, dy, y, mean, invstd, coef, dx, ow)));
+                                                 q, x, dy, ab, y_bf16, mean, invstd, coef, dx, ow)));
     } else {
         if (!dy.p)
             return ow ? gp_cuda_call(ctx, cudaMemsetAsync(dx.p, 0, (size_t)n * (dx.bf16 ? 2 : 4), ctx->stream),
@@ -1257,7 +1310,7 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
                       : GP_OK;
         IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_dx_eval_kernel<IO, VEC><<<blocks, BN_THREADS, 0,
                                                                            ctx->stream>>>(
-                                                 q, dy, y, scale, invstd, dx, ow)));
+                                                 q, x, dy, ab, y_bf16, scale, invstd, dx, ow)));
     }
     return gp_cuda_check_launch(ctx, "BatchNormalization backward dx (channels-last)", err);
 }
