@@ -174,7 +174,6 @@ static const char *not_yet(const struct gp_cli_train_run *run)
     for (int k = 0; k < c->n_stages; k++)
         if (c->stage_cuda[k]) return "stages on GPUs in several processes (use --devices cpu:N)";
     if (run->val_data) return "validation (--val-data) across processes";
-    if (c->clip_norm > 0) return "--clip-norm across processes";
     if (c->state_dir || c->resume_path) return "training states (--save-state, --resume) across processes";
     if (c->trace_path) return "--trace across processes";
     if (run->auto_balance) return "--balance time|memory across processes (give the layer counts)";

@@ -25,6 +25,7 @@ void gp_pipeline_free(struct gp_pipeline *p)
     gp_pipe_free_host_bufs(p);
     gp_pipe_free_graphs(p);
     gp_pipe_free_stages(p);
+    gp_pipe_tied_free(p);
     gp_layers_free(&p->layers);
     gp_pipe_schedule_free(&p->sched);
     free(p->needs_grad);
@@ -85,7 +86,8 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     p->stages = calloc((size_t)p->K, sizeof *p->stages);
     /* Every replica's micro-batches' loss sums, in the mini-batch's order. */
     p->loss_parts = calloc((size_t)p->M * (size_t)replicas_of(p), sizeof(double));
-    p->norms_host = calloc((size_t)g->n_values + 1, sizeof(float));
+    /* Every stage's parameter norms (a tied parameter once per holder). */
+    p->norms_host = calloc((size_t)g->n_values * (size_t)p->K + 1, sizeof(float));
     if (cfg->loss.target_dtype != GP_DTYPE_UNDEFINED)
         p->target_bytes = (size_t)gp_shape_numel(&cfg->loss.target_shape) *
                           (gp_dtype_is_float(cfg->loss.target_dtype) ? sizeof(float)
@@ -133,6 +135,7 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
                           g->n_nodes);
         goto fail;
     }
+    if ((st = gp_pipe_tied_plan(p, err)) != GP_OK) goto fail;
     /* Frontier messages are sent and received from the stage's own memory
      * by its stream's worker: a device whose memory is the host's. */
     if (r && p->stages[r->stage].ops->host_alloc) {
@@ -396,36 +399,58 @@ const char *gp_pipeline_graph_note(const struct gp_pipeline *p) { return p->grap
 bool gp_pipeline_graphed(const struct gp_pipeline *p) { return p->graph != NULL; }
 
 /* clip_grad_norm_'s coefficient: the norm of the per-tensor norms, in the
- * model's parameter order (value order), each computed on its stage. */
+ * model's parameter order (value order), each computed on its stage, a
+ * parameter several stages hold (tied, its copies' gradients already
+ * summed: equal) counted once, from its first holder. Across processes
+ * every stage's norms are gathered on each (every rank computes the same
+ * coefficient); replicas' gradients are already summed, so each replica
+ * computes the same too. */
 static gp_status clip_coefficient(struct gp_pipeline *p, double clip_norm, float *coef, struct gp_error *err)
 {
-    int base = 0;
+    const struct gp_graph *g = p->g;
+    int *base = malloc(sizeof(int) * (size_t)p->K), *count = calloc((size_t)p->K, sizeof(int));
+    int *where = malloc(sizeof(int) * ((size_t)g->n_values + 1));
+    float *ordered = malloc(sizeof(float) * ((size_t)g->n_values + 1));
+    gp_status st = GP_OK;
+    if (!base || !count || !where || !ordered) {
+        st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    /* Stage k's norms are its parameters' in value order (stage.c). */
+    int total = 0;
     for (int k = 0; k < p->K; k++) {
+        base[k] = total;
+        for (int v = 0; v < g->n_values; v++)
+            count[k] += p->stages[k].plan.home[v] == GP_HOME_STATIC && g->values[v].kind == GP_VALUE_PARAMETER;
+        total += count[k];
+    }
+    for (int v = 0; v < g->n_values; v++) where[v] = -1;
+    for (int k = p->K - 1; k >= 0; k--)
+        for (int v = 0, i = base[k]; v < g->n_values; v++)
+            if (p->stages[k].plan.home[v] == GP_HOME_STATIC && g->values[v].kind == GP_VALUE_PARAMETER)
+                where[v] = i++;
+    for (int k = 0; k < p->K; k++) {
+        if (!stage_local(p, k)) continue;
         struct stage *s = &p->stages[k];
         struct task *t = &p->tasks[p->sched.n_actions + 2 * p->K + k];
         *t = (struct task){.p = p, .stage = k, .micro = -1, .kind = TASK_NORMS};
         struct gp_task_tag tag = tag_of(GP_TASK_OPTIMIZER, k, -1, "gradient norms");
         s->ops->enqueue(s->compute, gp_pipe_task_run, t, &tag);
         struct gp_task_tag ctag = tag_of(GP_TASK_COPY, k, -1, "read gradient norms");
-        s->ops->copy(s->compute, p->norms_host + base, s->norms, sizeof(float) * (size_t)s->n_params, &ctag);
-        base += s->n_params;
+        s->ops->copy(s->compute, p->norms_host + base[k], s->norms, sizeof(float) * (size_t)s->n_params, &ctag);
     }
-    GP_TRY(gp_pipe_sync_all(p, err));
-    float *ordered = malloc(sizeof(float) * (size_t)(base + 1));
-    if (!ordered) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    if ((st = gp_pipe_sync_all(p, err)) != GP_OK) goto done;
+    if (p->cfg.remote && (st = gp_pipe_remote_norms(p, p->norms_host, base, count, err)) != GP_OK) goto done;
     int n = 0;
-    for (int v = 0; v < p->g->n_values; v++) {
-        int offset = 0;
-        for (int k = 0; k < p->K; k++) {
-            struct stage *s = &p->stages[k];
-            for (int i = 0; i < s->n_params; i++)
-                if (s->param_values[i] == v) ordered[n++] = p->norms_host[offset + i];
-            offset += s->n_params;
-        }
-    }
+    for (int v = 0; v < g->n_values; v++)
+        if (where[v] >= 0) ordered[n++] = p->norms_host[where[v]];
     *coef = gp_clip_coef(gp_norm2_f32(ordered, n), clip_norm);
+done:
+    free(base);
+    free(count);
+    free(where);
     free(ordered);
-    return GP_OK;
+    return st;
 }
 
 /* Data parallelism: the local stage's parameter gradients, and its deferred
@@ -455,9 +480,6 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
 {
     p->lr = lr;
     p->clip_coef = 1.0f;
-    if (clip_norm > 0 && p->cfg.remote)
-        return gp_error_set(err, GP_ERR_UNSUPPORTED,
-                            "not yet implemented: clipping the gradients of stages in several processes");
     if (replicas_of(p) > 1) {
         gp_status st = sum_replicas(p, err);
         if (st != GP_OK) {
@@ -466,6 +488,9 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
             return st;
         }
     }
+    /* Tied copies' gradients after the replicas' sums: each holder's own
+     * gradient is whole (every replica's) before the holders add theirs. */
+    if (p->n_tied) GP_TRY(gp_pipe_tied_sum(p, err));
     if (clip_norm > 0) GP_TRY(clip_coefficient(p, clip_norm, &p->clip_coef, err));
     for (int k = 0; k < p->K; k++) {
         if (!stage_local(p, k)) continue;
