@@ -15,6 +15,8 @@
 #     saves replica 0's); with AdamW, whose steps are as large for a
 #     gradient of rounding noise (a convolution's bias before a BatchNorm)
 #     as for a real one, within 2 x lr x steps;
+#   - clipped by --clip-norm, the same (the norm over every stage's summed
+#     gradients);
 #   - with one micro-batch per replica, the MLP (whose layers add each
 #     micro-batch's parameter gradient once) is byte for byte one process's;
 #   - a batch the replicas cannot share equally is refused, said once;
@@ -89,7 +91,9 @@ replicas 2 2 2 5,5 --params --optimizer sgd
   >"$tmp/out" 2>&1 || fail "one process, --lr 0.02: failed"
 "$model_diff" --params "$tmp/one.onnx" "$tmp/other.onnx" "$MODEL_TOL" >"$tmp/diff" &&
   { fail "models trained with other learning rates were within $MODEL_TOL"; cat "$tmp/diff"; }
-replicas 2 2 2 4,6 "" --optimizer sgd --pipeline-schedule 1f1b --deferred-batch-norm
+# Clipped (0.5 clips every step here): the norm of the replicas' summed
+# gradients over both stages, one process's up to those sums' rounding.
+replicas 2 2 2 4,6 "" --optimizer sgd --pipeline-schedule 1f1b --deferred-batch-norm --clip-norm 0.5
 replicas 1 2 2 "" --params --optimizer sgd
 replicas 1 2 1 "" "" --optimizer sgd --checkpoint never --deferred-batch-norm
 # AdamW at its default lr of 0.001, 5 steps.
