@@ -137,7 +137,8 @@ cmp -s "$tmp/mpi.onnx" "$tmp/plain.onnx" || fail "one rank under mpirun trained 
 # ---- pipeline stages as processes (one replica, CPU devices) ----
 # The digits CNN (BatchNorm, Dropout) on its data: rank k runs stage k.
 # Saved models byte for byte and every step's loss equal to one process
-# running the same stages on CPU devices of its own.
+# running the same stages on CPU devices of its own (and the validation
+# figures, each stage's process evaluating its part).
 digits=(train "$root/models/digits_cnn_op17.onnx" --data "$root/models/digits_train_x.npy"
         --labels "$root/models/digits_train_y.npy" --batch 32 --chunks 4 --steps 5 --quiet)
 losses() { grep -o '"loss": [^,]*' "$1"; }
@@ -155,10 +156,14 @@ stages() { # P, balance, extra options...: one process against P ranks
   [ "$(losses "$tmp/one.jsonl" | wc -l)" -eq 5 ] || fail "one process, balance $balance $*: not 5 step losses"
   [ "$(losses "$tmp/one.jsonl")" = "$(losses "$tmp/many.jsonl")" ] ||
     { fail "--pipeline $p, balance $balance $*: other step losses than one process"; diff <(losses "$tmp/one.jsonl") <(losses "$tmp/many.jsonl") | head; }
+  # Validation, where asked: the same figures.
+  [ "$(grep -o '"val_[a-z]*": [^,}]*' "$tmp/one.jsonl")" = "$(grep -o '"val_[a-z]*": [^,}]*' "$tmp/many.jsonl")" ] ||
+    fail "--pipeline $p, balance $balance $*: other validation figures than one process"
+  case "$*" in *--val-data*) grep -q '"val_loss"' "$tmp/many.jsonl" || fail "--pipeline $p $*: no validation figures";; esac
   # Only rank 0 reports: one summary line.
   [ "$(grep -c "^stage  *layers" "$tmp/out")" -le 1 ] || { fail "--pipeline $p: more than one rank reported"; show; }
 }
-stages 2 5,5
+stages 2 5,5 --val-data "$root/models/digits_val_x.npy" --val-labels "$root/models/digits_val_y.npy"
 stages 2 4,6 --pipeline-schedule 1f1b --optimizer adamw
 stages 4 2,3,3,2
 stages 4 2,3,3,2 --pipeline-schedule 1f1b --checkpoint never --deferred-batch-norm

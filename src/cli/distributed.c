@@ -173,7 +173,6 @@ static const char *not_yet(const struct gp_cli_train_run *run)
     const struct gp_train_config *c = run->cfg;
     for (int k = 0; k < c->n_stages; k++)
         if (c->stage_cuda[k]) return "stages on GPUs in several processes (use --devices cpu:N)";
-    if (run->val_data) return "validation (--val-data) across processes";
     if (c->state_dir || c->resume_path) return "training states (--save-state, --resume) across processes";
     if (c->trace_path) return "--trace across processes";
     if (run->auto_balance) return "--balance time|memory across processes (give the layer counts)";

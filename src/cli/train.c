@@ -133,7 +133,8 @@ static void help(FILE *f)
         "                        per stage); rank 0 reports and saves. A parameter read\n"
         "                        by several stages (tied) is held by each, gradients\n"
         "                        summed; --clip-norm takes the whole model's norm.\n"
-        "                        Not yet: GPUs, validation, states, --trace\n"
+        "                        --val-data: each replica evaluates the whole set.\n"
+        "                        Not yet: GPUs, states, --trace\n"
         "  --comm-timeout S      the longest a rank waits on another (default 300):\n"
         "                        then every rank ends, naming the one not heard from\n"
         "\n"
@@ -183,6 +184,7 @@ static void help(FILE *f)
 
 struct progress {
     bool tty, quiet;
+    bool mute; /* a rank other than 0: not even the validation results */
     FILE *metrics;
     int64_t total, per_epoch;
     int64_t last_printed;
@@ -232,7 +234,7 @@ static void on_epoch(void *user, const struct gp_epoch_report *r)
         fputs("}\n", p->metrics);
         fflush(p->metrics);
     }
-    if (!r->has_val) return;
+    if (!r->has_val || p->mute) return;
     if (p->tty && !p->quiet) fputc('\n', stderr);
     /* Validation results go to stdout: they are the command's result. */
     printf("epoch %lld: train loss %.4f  val loss %.4f", (long long)r->epoch + 1, r->train_loss,
@@ -371,7 +373,7 @@ int gp_cmd_train(int argc, char **argv)
     int n_balance = 0;
     const char *auto_balance = NULL;
     bool devices_set = false;
-    bool quiet = false, lr_set = false, wd_set = false, batch_set = false, epochs_set = false,
+    bool quiet = false, mute = false, lr_set = false, wd_set = false, batch_set = false, epochs_set = false,
          opt_set = false, keep_set = false;
     int pipeline = 0; /* --pipeline P: one rank of a job; 0: one process */
     double comm_timeout = 300;
@@ -630,7 +632,7 @@ int gp_cmd_train(int argc, char **argv)
             /* This rank runs one stage; rank 0 reports and writes. */
             cfg.remote = &dist.remote;
             if (dist.launch.rank != 0) {
-                quiet = true;
+                quiet = mute = true;
                 metrics = NULL;
             }
         }
@@ -698,7 +700,7 @@ int gp_cmd_train(int argc, char **argv)
         gp_profile_free(&prof);
     }
 
-    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet};
+    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute};
     /* The metrics file appears only whole: written beside, renamed at the end. */
     struct gp_atomic_file metrics_file = {0};
     if (metrics) {

@@ -98,6 +98,7 @@ enum {
     GP_PIPE_TAG_READ = 4,
     GP_PIPE_TAG_TIED = 5,
     GP_PIPE_TAG_NORMS = 6,
+    GP_PIPE_TAG_OUTPUTS = 7,
 };
 
 struct gp_pipeline {
@@ -223,6 +224,9 @@ gp_status gp_pipe_sync_all(struct gp_pipeline *p, struct gp_error *err);
 gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err);
 gp_status gp_pipe_remote_losses(struct gp_pipeline *p, struct gp_error *err);
 gp_status gp_pipe_remote_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err);
+/* remote.c, after an evaluation: the last stage's outputs (out, bytes)
+ * sent to every other stage of its replica. */
+gp_status gp_pipe_remote_outputs(struct gp_pipeline *p, float *out, size_t bytes, struct gp_error *err);
 /* remote.c, for clipping: every stage's parameter norms (stage k's n[k] at
  * norms + base[k]) gathered on every process of the replica; each stage
  * fills its own part before. */

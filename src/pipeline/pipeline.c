@@ -506,14 +506,20 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
 gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stats, float *out,
                            struct gp_error *err)
 {
-    if (p->cfg.remote)
-        return gp_error_set(err, GP_ERR_UNSUPPORTED, "not yet implemented: evaluating stages in several processes");
+    if (p->cfg.remote && batch_stats)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED,
+                            "not yet implemented: evaluating with batch statistics across processes");
     /* Batch statistics come with training mode: dropout is then turned off by its ratio. */
     p->opts = (struct gp_step_opts){.dropout_ratio = batch_stats ? 0 : -1};
     p->eval_batch_stats = batch_stats;
     size_t in_bytes = p->input_bytes;
+    const struct gp_value *o = &p->g->values[p->output];
+    size_t out_bytes = sizeof(float) * (size_t)gp_shape_numel(&o->shape);
     for (int k = 0; k < p->K; k++) p->stages[k].once_valid = false;
     for (int k = 0; k < p->K; k++) {
+        /* Across processes each stage's process issues its own; the
+         * activations travel as a training forward's do (remote.c). */
+        if (!stage_local(p, k)) continue;
         struct stage *s = &p->stages[k];
         struct task *t = &p->tasks[p->sched.n_actions + p->K + k];
         *t = (struct task){.p = p, .stage = k, .micro = 0, .kind = TASK_EVAL};
@@ -521,6 +527,9 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
             struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, 0, "load inputs");
             s->ops->copy(s->compute, p->convert_input ? s->inputs : addr(s, p->input, s->slots.box[0], 0), x, in_bytes,
                          &tag);
+        } else if (!stage_local(p, k - 1)) {
+            struct gp_task_tag rtag = tag_of(GP_TASK_COPY, k, 0, "receive activations");
+            s->ops->enqueue(s->compute, gp_pipe_task_run, remote_task(p, TASK_RECV_ACTIVATIONS, k, 0), &rtag);
         } else {
             s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[0]);
         }
@@ -530,15 +539,16 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
         if (k + 1 < p->K) {
             issue_forward_copy(p, k, 0);
         } else {
-            const struct gp_value *o = &p->g->values[p->output];
             struct gp_task_tag ctag = tag_of(GP_TASK_COPY, k, 0, "read outputs");
             /* A bfloat16 output was widened into the staging area by the task. */
             bool wide = s->plan.dt[p->output] == GP_DTYPE_FLOAT32;
             s->ops->copy(s->compute, out, wide ? addr(s, p->output, s->slots.box[0], s->slots.fwd_set[0]) : s->staging,
-                         sizeof(float) * (size_t)gp_shape_numel(&o->shape), &ctag);
+                         out_bytes, &ctag);
         }
     }
-    return gp_pipe_sync_all(p, err);
+    GP_TRY(gp_pipe_sync_all(p, err));
+    /* Every process gets the outputs: all compute the same figures. */
+    return p->cfg.remote ? gp_pipe_remote_outputs(p, out, out_bytes, err) : GP_OK;
 }
 
 gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err)

@@ -35,6 +35,7 @@ enum {
     TAG_LOSSES = GP_PIPE_TAG_LOSSES,
     TAG_READ = GP_PIPE_TAG_READ,
     TAG_NORMS = GP_PIPE_TAG_NORMS,
+    TAG_OUTPUTS = GP_PIPE_TAG_OUTPUTS,
 };
 
 static gp_status send_to(struct gp_pipeline *p, int to, int tag, const void *buf, size_t bytes, struct gp_error *err)
@@ -171,5 +172,19 @@ gp_status gp_pipe_remote_norms(struct gp_pipeline *p, float *norms, const int *b
         for (int k = 1; k < p->K && st == GP_OK; k++) st = send_to(p, k, TAG_NORMS, norms, all, err);
     }
     if (st != GP_OK) gp_error_prefix(err, "stage %d: gathering the gradient norms for clipping: ", me);
+    return st;
+}
+
+/* Evaluation across processes: each replica evaluates the whole set (its
+ * own running statistics without deferred BatchNorm: rank 0 reports
+ * replica 0's), and its last stage sends each micro-batch's outputs to
+ * the replica's other stages. */
+gp_status gp_pipe_remote_outputs(struct gp_pipeline *p, float *out, size_t bytes, struct gp_error *err)
+{
+    int me = p->cfg.remote->stage, last = p->K - 1;
+    gp_status st = GP_OK;
+    if (me != last) st = recv_from(p, last, TAG_OUTPUTS, out, bytes, err);
+    for (int k = 0; me == last && k < last && st == GP_OK; k++) st = send_to(p, k, TAG_OUTPUTS, out, bytes, err);
+    if (st != GP_OK) gp_error_prefix(err, "stage %d: evaluating: ", me);
     return st;
 }
