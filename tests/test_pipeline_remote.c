@@ -5,7 +5,8 @@
  * stage's training with an error, not a hang. D replicas of them (K x D
  * threads, each stage's replicas summing in replica order) compute one
  * pipeline's micro-batches: bit for bit where each replica has one
- * micro-batch of the MLP, within rounding otherwise. A tied parameter's
+ * micro-batch of the MLP, within rounding otherwise, their gradient sums
+ * in small buckets overlapped with the backward. A tied parameter's
  * holders sum their gradients through the mailboxes too. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -281,7 +282,11 @@ static void compare_replicas(const char *fixture, int K, int D, int chunks, cons
         jobs[k].link = (struct link){.stage = k % K, .replica = k / K, .stages = K};
         jobs[k].remote = (struct gp_pipe_remote){.stage = k % K, .replica = k / K, .replicas = D,
                                                  .ctx = &jobs[k].link, .send = box_send, .recv = box_recv,
-                                                 .sum_f32 = sum_f32, .sum_f64 = sum_f64};
+                                                 .sum_f32 = sum_f32, .sum_f64 = sum_f64,
+                                                 /* Small buckets: many sums, each started as soon
+                                                  * as the backward made it final, while the
+                                                  * backward goes on; the same bits. */
+                                                 .bucket_bytes = 256};
         jobs[k].cfg.remote = &jobs[k].remote;
     }
     for (int k = 0; k < N; k++) assert_int_equal(pthread_create(&threads[k], NULL, train_stage, &jobs[k]), 0);

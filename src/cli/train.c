@@ -135,6 +135,9 @@ static void help(FILE *f)
         "                        summed; --clip-norm takes the whole model's norm.\n"
         "                        --val-data: each replica evaluates the whole set.\n"
         "                        Not yet: GPUs, states, --trace\n"
+        "  --bucket-kib K        replicas sum a stage's gradients in buckets of about K KiB\n"
+        "                        (default 1024), each while the backward of earlier\n"
+        "                        layers goes on; the same result for any K\n"
         "  --comm-timeout S      the longest a rank waits on another (default 300):\n"
         "                        then every rank ends, naming the one not heard from\n"
         "\n"
@@ -377,6 +380,7 @@ int gp_cmd_train(int argc, char **argv)
          opt_set = false, keep_set = false;
     int pipeline = 0; /* --pipeline P: one rank of a job; 0: one process */
     double comm_timeout = 300;
+    int64_t bucket_kib = 1024;
     struct gp_cli_dist dist = {0};
 
     for (int i = 1; i < argc; i++) {
@@ -486,6 +490,8 @@ int gp_cmd_train(int argc, char **argv)
             int64_t p;
             if (!gp_cli_parse_int("train", a, TAKE(), 1, GP_CLI_MAX_DEVICES, &p)) return GP_EXIT_USAGE;
             pipeline = (int)p;
+        } else if (!strcmp(a, "--bucket-kib")) {
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 30, &bucket_kib)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--comm-timeout")) {
             if (!parse_double(a, TAKE(), 0.001, &comm_timeout)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--pipeline-schedule")) {
@@ -625,7 +631,8 @@ int gp_cmd_train(int argc, char **argv)
         /* Before any output is touched: only rank 0 writes them. */
         struct gp_cli_train_run run = {.cfg = &cfg, .data = data, .labels = labels, .val_data = val_data,
                                        .val_labels = val_labels, .synthetic = synthetic,
-                                       .auto_balance = auto_balance, .n_balance = n_balance};
+                                       .auto_balance = auto_balance, .n_balance = n_balance,
+                                       .bucket_kib = bucket_kib};
         status = gp_cli_dist_start(&run, pipeline, comm_timeout, &dist);
         if (status != GP_EXIT_OK) goto done;
         if (dist.launch.size > 1) {

@@ -8,6 +8,7 @@
  *   remote.c    stages in other processes: frontiers, losses and reads
  *               sent and received (cfg.remote)
  *   tied.c      parameters held by several stages: their gradients summed
+ *   buckets.c   replicas' gradient sums overlapped with the backward
  *   pipeline.c  creation, and issuing steps, evaluation and reads */
 #ifndef GP_PIPELINE_INTERNAL_H
 #define GP_PIPELINE_INTERNAL_H
@@ -151,6 +152,9 @@ struct gp_pipeline {
     struct gp_pipe_tied *tied;
     int n_tied;
     float *tied_acc, *tied_tmp;
+    /* Replicas: the parameter gradients summed in buckets during the
+     * backward (buckets.c); NULL where they are not. */
+    struct gp_pipe_buckets *buckets;
 };
 
 /* Whether [ptr, ptr + bytes) lies in a pinned gp_pipeline_host_alloc buffer. */
@@ -232,6 +236,21 @@ gp_status gp_pipe_remote_outputs(struct gp_pipeline *p, float *out, size_t bytes
  * fills its own part before. */
 gp_status gp_pipe_remote_norms(struct gp_pipeline *p, float *norms, const int *base, const int *n,
                                struct gp_error *err);
+
+/* buckets.c: with replicas (cfg.remote), the local stage's gradient
+ * buckets and the thread that sums them (after the stages exist; nothing
+ * when there is nothing to sum); a step's start, the last micro-batch's
+ * backward progress (layers of the stage done; layers + 1 after the
+ * once-per-step layers'), and waiting for the sums after the step
+ * (`cancel`: the step failed here); how many buckets; release. */
+struct gp_pipe_buckets;
+gp_status gp_pipe_buckets_plan(struct gp_pipeline *p, size_t bucket_bytes, struct gp_error *err);
+bool gp_pipe_buckets_on(const struct gp_pipeline *p);
+void gp_pipe_buckets_begin(struct gp_pipeline *p);
+void gp_pipe_buckets_progress(struct gp_pipeline *p, int progress);
+gp_status gp_pipe_buckets_finish(struct gp_pipeline *p, bool cancel, struct gp_error *err);
+int gp_pipe_buckets_count(const struct gp_pipeline *p);
+void gp_pipe_buckets_free(struct gp_pipeline *p);
 
 /* tied.c: the parameters several stages hold (after the stages are
  * created); their gradients summed between the holders (between steps,

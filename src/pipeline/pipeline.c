@@ -22,6 +22,7 @@ static int replicas_of(const struct gp_pipeline *p)
 void gp_pipeline_free(struct gp_pipeline *p)
 {
     if (!p) return;
+    gp_pipe_buckets_free(p);
     gp_pipe_free_host_bufs(p);
     gp_pipe_free_graphs(p);
     gp_pipe_free_stages(p);
@@ -148,6 +149,8 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     /* bf16: float32 data is rounded into a bfloat16 box by the first forward. */
     p->convert_input = g->values[p->input].dtype == GP_DTYPE_FLOAT32 &&
                        p->stages[0].plan.dt[p->input] != GP_DTYPE_FLOAT32;
+    if (r && (st = gp_pipe_buckets_plan(p, r->bucket_bytes ? r->bucket_bytes : GP_PIPE_BUCKET_BYTES, err)) != GP_OK)
+        goto fail;
     p->tasks = calloc((size_t)p->sched.n_actions + 3 * (size_t)p->K + 4 * (size_t)p->M + 1, sizeof *p->tasks);
     if (!p->tasks) {
         st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
@@ -374,12 +377,23 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
         for (int k = 0; p->graph_ok && k < p->K; k++)
             p->stages[k].ops->copy(p->stages[k].compute, p->stages[k].step_dev, p->step_host, sizeof(uint64_t),
                                    &itag);
+        gp_pipe_buckets_begin(p);
         gp_pipe_issue_actions(p);
         /* The micro-batches' loss sums come back with the step's one wait. */
         struct gp_task_tag tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
         if (stage_local(p, p->K - 1))
             ls->ops->copy(ls->compute, p->loss_parts + share, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
         st = gp_pipe_sync_all(p, err);
+        /* The replicas' gradient sums end before anything else talks to
+         * the replicas. */
+        if (gp_pipe_buckets_on(p)) {
+            struct gp_error berr = {0};
+            gp_status bst = gp_pipe_buckets_finish(p, st != GP_OK, &berr);
+            if (st == GP_OK && bst != GP_OK) {
+                st = bst;
+                *err = berr;
+            }
+        }
         /* Every process gets the loss (every replica's): they decide alike
          * what comes next. */
         if (st == GP_OK && p->cfg.remote) st = gp_pipe_remote_losses(p, err);
@@ -466,8 +480,9 @@ static gp_status sum_replicas(struct gp_pipeline *p, struct gp_error *err)
 {
     const struct gp_pipe_remote *r = p->cfg.remote;
     struct stage *s = &p->stages[r->stage];
-    /* Every parameter gradient is float32 (fp32 master weights), padding zero. */
-    if (s->plan.param_bytes)
+    /* Every parameter gradient is float32 (fp32 master weights), padding
+     * zero; already summed where buckets overlapped it with the backward. */
+    if (s->plan.param_bytes && !gp_pipe_buckets_on(p))
         GP_TRY(r->sum_f32(r->ctx, (float *)s->param_grads, s->plan.param_bytes / sizeof(float), err));
     for (int i = s->plan.first; s->bn_stats && i < s->plan.last; i++) {
         double *stats = s->bn_stats[i - s->plan.first];

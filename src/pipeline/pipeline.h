@@ -52,7 +52,17 @@ struct gp_pipe_remote {
     gp_status (*recv)(void *ctx, int from_stage, int tag, void *buf, size_t bytes, struct gp_error *err);
     gp_status (*sum_f32)(void *ctx, float *data, size_t n, struct gp_error *err);
     gp_status (*sum_f64)(void *ctx, double *data, size_t n, struct gp_error *err);
+    /* Replicas: the stage's parameter gradients are summed in buckets of
+     * about this many bytes (whole parameters; 0: GP_PIPE_BUCKET_BYTES),
+     * each as soon as the last micro-batch's backward has made it final,
+     * by a thread of the pipeline while the backward goes on (sum_f32 is
+     * then called from that thread, one sum at a time, while the stage's
+     * streams send and receive). The same bits however they are cut; every
+     * replica of a stage must cut alike. */
+    size_t bucket_bytes;
 };
+
+#define GP_PIPE_BUCKET_BYTES ((size_t)1 << 20)
 
 struct gp_pipeline_config {
     const struct gp_graph *graph; /* loaded with batch = the micro-batch size */
