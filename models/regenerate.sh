@@ -18,6 +18,9 @@ ORT_PY=${ORT_PY:-python3}
 echo "== torch 1.13 exports ($TORCH_PY)"
 "$TORCH_PY" export_fixtures.py
 
+echo "== the tied-weight GPT, tests/data/tied_gpt_op17.onnx ($TORCH_PY)"
+"$TORCH_PY" export_tied.py
+
 echo "== digits dataset ($TORCH_PY)"
 "$TORCH_PY" make_digits.py
 

@@ -1,5 +1,6 @@
 #include "partitioner/balance.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,12 +45,18 @@ static double layer_time(const struct gp_profile *p, const struct stage_load *lo
 /* Bytes layer i costs its stage: the parameter, its gradient and optimizer
  * state, and its activations once per activation set the stage holds (each
  * micro-batch in flight without checkpointing; one set with it, the others
- * keep only input frontiers). */
+ * keep only input frontiers). A tied parameter's copy (one an earlier layer
+ * owns) with its gradient and state counts where the stage does not hold
+ * that earlier reader (`first`: the stage's first layer); the partition
+ * searches with it counted always (first = INT_MAX: an additive upper
+ * bound, too high only where a stage holds two readers of one tied
+ * parameter), the figures count it exactly. */
 static double layer_memory(const struct gp_profile *p, const struct gp_balance_config *c,
-                           const struct stage_load *load, int i)
+                           const struct stage_load *load, int i, int first)
 {
     const struct gp_layer_profile *l = &p->layers[i];
-    return (double)l->param_bytes * (2 + c->optim_state_floats) + (double)l->activation_bytes * load->sets;
+    int64_t params = l->param_bytes + (l->tied_bytes && l->tied_prev < first ? l->tied_bytes : 0);
+    return (double)params * (2 + c->optim_state_floats) + (double)l->activation_bytes * load->sets;
 }
 
 /* The frontier at cut c (before layer c), per micro-batch. */
@@ -85,7 +92,7 @@ static void figures(const struct gp_profile *p, const struct gp_balance_config *
         double m = boundary_cost(p, GP_BALANCE_MEMORY, load, s, f->first_layer);
         for (int i = f->first_layer; i < f->last_layer; i++) {
             t += layer_time(p, &load[s], i);
-            m += layer_memory(p, c, &load[s], i);
+            m += layer_memory(p, c, &load[s], i, f->first_layer);
         }
         f->time_ms = t;
         f->memory_bytes = (int64_t)m;
@@ -124,8 +131,9 @@ gp_status gp_balance(const struct gp_profile *prof, const struct gp_balance_conf
     if (st == GP_OK) {
         for (int s = 0; s < k; s++)
             for (int i = 0; i < n; i++) {
-                stage_weight[(size_t)s * n + i] =
-                    cfg->by == GP_BALANCE_TIME ? layer_time(prof, &load[s], i) : layer_memory(prof, cfg, &load[s], i);
+                stage_weight[(size_t)s * n + i] = cfg->by == GP_BALANCE_TIME
+                                                      ? layer_time(prof, &load[s], i)
+                                                      : layer_memory(prof, cfg, &load[s], i, INT_MAX);
                 stage_boundary[(size_t)s * n + i] = boundary_cost(prof, cfg->by, load, s, i);
             }
         /* torchgpipe's heuristic knows no stages: it splits by the mean

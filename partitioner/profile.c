@@ -76,6 +76,30 @@ static int64_t cut_bytes(const struct gp_graph *g, const struct gp_layers *l, in
     return bytes;
 }
 
+/* Each layer's reads of parameters an earlier layer owns (float32 master
+ * copies: 4 bytes an element in every precision). */
+static void fill_tied(const struct gp_graph *g, struct gp_profile *out)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct gp_layer_profile *lp = &out->layers[i];
+        lp->tied_bytes = 0;
+        lp->tied_prev = -1;
+        const struct gp_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_inputs; k++) {
+            int v = n->inputs[k], prev = -1;
+            if (v < 0 || g->values[v].kind != GP_VALUE_PARAMETER) continue;
+            bool again = false;
+            for (int q = 0; q < k; q++) again |= n->inputs[q] == v;
+            for (int j = 0; j < i && !again; j++)
+                for (int q = 0; q < g->nodes[j].n_inputs; q++)
+                    if (g->nodes[j].inputs[q] == v) prev = j;
+            if (again || prev < 0) continue;
+            lp->tied_bytes += gp_shape_numel(&g->values[v].shape) * 4;
+            if (prev > lp->tied_prev) lp->tied_prev = prev;
+        }
+    }
+}
+
 void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
                            size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
                            enum gp_precision precision, struct gp_profile *out)
@@ -95,6 +119,7 @@ void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
     }
     out->input_frontier_bytes = ids ? cut_bytes(g, l, 0, precision, ids) : l->frontier_bytes[0];
     free(ids);
+    fill_tied(g, out);
 }
 
 gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int threads, int warmup,
@@ -301,6 +326,7 @@ gp_status gp_profile_load(const char *path, const struct gp_graph *g, struct gp_
         lp->activation_bytes = (v = field(l, "activation_bytes", GP_JNUMBER)) ? v->i : 0;
         lp->frontier_bytes = (v = field(l, "frontier_bytes", GP_JNUMBER)) ? v->i : 0;
     }
+    if (st == GP_OK) fill_tied(g, out);
 done:
     gp_json_doc_free(&doc);
     if (st != GP_OK) gp_profile_free(out);

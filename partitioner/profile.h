@@ -15,6 +15,12 @@ struct gp_layer_profile {
     char op[32];
     double forward_ms, backward_ms; /* medians over the timed repeats */
     int64_t param_bytes;            /* parameters the layer owns (first reader) */
+    /* Tied parameters: those it reads that an earlier layer owns. A stage
+     * holding this layer but not `tied_prev` (the latest earlier layer
+     * reading one of them; -1: none) holds a copy of them (pipeline/tied.c).
+     * From the model, never from a saved profile. */
+    int64_t tied_bytes;
+    int tied_prev;
     int64_t activation_bytes;       /* what it keeps for backward: outputs and saved state */
     int64_t frontier_bytes;         /* at the cut after it, per micro-batch */
 };

@@ -220,12 +220,80 @@ static void test_device_profiler(void **state)
     gp_graph_free(&g);
 }
 
+/* Tied parameters: the GPT whose head reads its token embedding. The
+ * head's Transpose reads a parameter the first layer owns; a stage that
+ * holds it without the first layer holds a copy, with its gradient and
+ * optimizer state, which the figures count (and only there), and the
+ * split by memory trains (the copies' gradients summed). */
+static void test_tied(void **state)
+{
+    (void)state;
+    char model[4096];
+    fixture_path("../tests/data/tied_gpt_op17.onnx", model, sizeof model);
+    struct gp_graph g;
+    struct gp_error err = {0};
+    if (gp_onnx_load(model, 4, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+    struct gp_profile prof;
+    if (gp_profile_cpu(&g, model, 1, 0, 1, NULL, NULL, &prof, &err) != GP_OK) fail_msg("%s", err.msg);
+    int wte = gp_graph_find_value(&g, "wte.weight"), head = -1;
+    int64_t wte_bytes = 4 * gp_shape_numel(&g.values[wte].shape);
+    for (int i = 1; i < g.n_nodes; i++)
+        for (int q = 0; q < g.nodes[i].n_inputs; q++)
+            if (g.nodes[i].inputs[q] == wte) head = i;
+    gp_graph_free(&g);
+    assert_true(head > 0);
+    for (int i = 0; i < prof.n_layers; i++) {
+        assert_int_equal(prof.layers[i].tied_bytes, i == head ? wte_bytes : 0);
+        if (i == head) assert_int_equal(prof.layers[i].tied_prev, 0);
+    }
+    const int optim_floats = 2; /* AdamW */
+    for (int k = 1; k <= 3; k++) {
+        struct gp_balance_config bc = {.by = GP_BALANCE_MEMORY, .n_stages = k, .batch = 8, .n_micro = 2,
+                                       .checkpoint = GP_CHECKPOINT_EXCEPT_LAST, .optim_state_floats = optim_floats};
+        struct gp_balance_report rep;
+        if (gp_balance(&prof, &bc, &rep, &err) != GP_OK) fail_msg("%s", err.msg);
+        /* Without the copy: the same figures from a profile that has no tie. */
+        prof.layers[head].tied_bytes = 0;
+        struct gp_balance_report untied;
+        if (gp_balance(&prof, &bc, &untied, &err) != GP_OK) fail_msg("%s", err.msg);
+        prof.layers[head].tied_bytes = wte_bytes;
+        for (int s = 0; s < k; s++) {
+            const struct gp_stage_figures *f = &rep.optimal.stages[s];
+            bool copy = f->first_layer > 0 && f->first_layer <= head && head < f->last_layer;
+            /* The even split does not depend on the weights: the same
+             * stages with and without the tie, differing by the copy. */
+            int64_t diff = rep.even.stages[s].memory_bytes - untied.even.stages[s].memory_bytes;
+            const struct gp_stage_figures *e = &rep.even.stages[s];
+            bool even_copy = e->first_layer > 0 && e->first_layer <= head && head < e->last_layer;
+            assert_int_equal(diff, even_copy ? wte_bytes * (2 + optim_floats) : 0);
+            if (copy) printf("tied GPT, %d stages by memory: stage %d holds the embedding's copy\n", k, s);
+        }
+        /* The split trains. */
+        struct gp_dataset ds;
+        if (gp_dataset_synthetic(model, 16, 3, &ds, &err) != GP_OK) fail_msg("%s", err.msg);
+        struct gp_train_config cfg;
+        gp_train_config_defaults(&cfg);
+        cfg.model_path = model;
+        cfg.batch = 8;
+        cfg.chunks = 2;
+        cfg.steps = 2;
+        cfg.n_stages = k;
+        cfg.optimizer = GP_OPT_ADAMW;
+        for (int s = 0; s < k; s++) cfg.stage_device[s] = s;
+        gp_balance_counts(&rep.optimal, cfg.balance);
+        if (gp_train(&cfg, &ds, NULL, NULL, &err) != GP_OK) fail_msg("tied GPT, %d stages: %s", k, err.msg);
+        gp_dataset_free(&ds);
+    }
+    gp_profile_free(&prof);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_profiler),
         cmocka_unit_test(test_resnet),
         cmocka_unit_test(test_gpt),
+        cmocka_unit_test(test_tied),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

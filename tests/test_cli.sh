@@ -48,6 +48,12 @@ for inp in doc["inputs"]:
 PY
 done
 
+# A tied parameter (the GPT whose head reads its embedding) is named with
+# its readers; untied models have no such line.
+"$bin" inspect "$root/tests/data/tied_gpt_op17.onnx" >"$tmp/out.txt" 2>&1 || fail "inspect of the tied GPT failed"
+grep -q "^tied  *wte.weight read by layers 0, 39:" "$tmp/out.txt" || fail "inspect did not name the tied embedding"
+"$bin" inspect "$root/models/gpt_op17.onnx" | grep -q "^tied" && fail "inspect called the untied GPT tied"
+
 expect_fail() { # expected-exit-code message-substring command...
   local code="$1" needle="$2"; shift 2
   "$@" >"$tmp/out.txt" 2>"$tmp/err.txt"

@@ -6,7 +6,8 @@
 # within a bounded time, naming it where it can be named; then pipeline
 # stages as processes training the same model, bit for bit, as one process
 # with the same balance, and a stage killed or stopped mid-training ending
-# the job.
+# the job; a model whose stages share a tied parameter, clipped by the
+# whole model's norm, equal to one process.
 #
 #   tests/test_mpi.sh MPIRUN MPI_CHECK GPIPE_ONNX
 set -u
@@ -136,7 +137,8 @@ cmp -s "$tmp/mpi.onnx" "$tmp/plain.onnx" || fail "one rank under mpirun trained 
 # ---- pipeline stages as processes (one replica, CPU devices) ----
 # The digits CNN (BatchNorm, Dropout) on its data: rank k runs stage k.
 # Saved models byte for byte and every step's loss equal to one process
-# running the same stages on CPU devices of its own.
+# running the same stages on CPU devices of its own (and the validation
+# figures, each stage's process evaluating its part).
 digits=(train "$root/models/digits_cnn_op17.onnx" --data "$root/models/digits_train_x.npy"
         --labels "$root/models/digits_train_y.npy" --batch 32 --chunks 4 --steps 5 --quiet)
 losses() { grep -o '"loss": [^,]*' "$1"; }
@@ -154,10 +156,14 @@ stages() { # P, balance, extra options...: one process against P ranks
   [ "$(losses "$tmp/one.jsonl" | wc -l)" -eq 5 ] || fail "one process, balance $balance $*: not 5 step losses"
   [ "$(losses "$tmp/one.jsonl")" = "$(losses "$tmp/many.jsonl")" ] ||
     { fail "--pipeline $p, balance $balance $*: other step losses than one process"; diff <(losses "$tmp/one.jsonl") <(losses "$tmp/many.jsonl") | head; }
+  # Validation, where asked: the same figures.
+  [ "$(grep -o '"val_[a-z]*": [^,}]*' "$tmp/one.jsonl")" = "$(grep -o '"val_[a-z]*": [^,}]*' "$tmp/many.jsonl")" ] ||
+    fail "--pipeline $p, balance $balance $*: other validation figures than one process"
+  case "$*" in *--val-data*) grep -q '"val_loss"' "$tmp/many.jsonl" || fail "--pipeline $p $*: no validation figures";; esac
   # Only rank 0 reports: one summary line.
   [ "$(grep -c "^stage  *layers" "$tmp/out")" -le 1 ] || { fail "--pipeline $p: more than one rank reported"; show; }
 }
-stages 2 5,5
+stages 2 5,5 --val-data "$root/models/digits_val_x.npy" --val-labels "$root/models/digits_val_y.npy"
 stages 2 4,6 --pipeline-schedule 1f1b --optimizer adamw
 stages 4 2,3,3,2
 stages 4 2,3,3,2 --pipeline-schedule 1f1b --checkpoint never --deferred-batch-norm
@@ -165,10 +171,34 @@ stages 4 2,3,3,2 --pipeline-schedule 1f1b --checkpoint never --deferred-batch-no
 "$bin" "${digits[@]}" --devices cpu:0,cpu:1,cpu:2,cpu:3 --balance 2,3,3,2 --lr 0.02 --save "$tmp/other.onnx" \
   >"$tmp/out" 2>&1 || fail "one process, --lr 0.02: failed"
 cmp -s "$tmp/other.onnx" "$tmp/many.onnx" && fail "models trained with other learning rates compared equal"
-# Not yet: refused on every rank, said once.
-run 2 "$bin" "${digits[@]}" --pipeline 2 --clip-norm 1
-[ "$status" -ne 0 ] || fail "--clip-norm across processes was taken"
-[ "$(grep -c "not yet implemented: --clip-norm" "$tmp/out")" -eq 1 ] || { fail "--clip-norm across processes: not said once"; show; }
+# ---- tied parameters, and clipping by the whole model's norm ----
+# The GPT whose head reads its token embedding (tests/data, from
+# models/export_tied.py): the stages holding the embedding's copies sum
+# their gradients; --clip-norm small enough to clip, the norm counting the
+# embedding once; momentum and weight decay. Against one process running
+# the model as one stage, byte for byte: 2 and 4 stage processes, and 2
+# stages x 2 replicas of one micro-batch each (README, "Tied parameters").
+tied=(train "$root/tests/data/tied_gpt_op17.onnx" --synthetic 48 --batch 12 --steps 4 --quiet --momentum 0.9
+      --weight-decay 0.01 --clip-norm 0.05)
+tied_case() { # ranks, P, chunks per replica, extra options...
+  local n="$1" p="$2" m="$3"; shift 3
+  local what="tied GPT, $n ranks, --pipeline $p, --chunks $m $*"
+  rm -f "$tmp/one.onnx" "$tmp/many.onnx" "$tmp/one.jsonl" "$tmp/many.jsonl"
+  "$bin" "${tied[@]}" --devices cpu:0 --chunks $((n / p * m)) "$@" --save "$tmp/one.onnx" --metrics "$tmp/one.jsonl" \
+    >"$tmp/out" 2>&1 || { fail "$what: one process failed"; show; return; }
+  run "$n" "$bin" "${tied[@]}" --pipeline "$p" --devices cpu:0 --chunks "$m" "$@" --save "$tmp/many.onnx" \
+    --metrics "$tmp/many.jsonl"
+  if [ "$status" -ne 0 ]; then fail "$what: exited $status"; show; return; fi
+  cmp -s "$tmp/one.onnx" "$tmp/many.onnx" || fail "$what: another model than one process"
+  [ "$(losses "$tmp/one.jsonl" | wc -l)" -eq 4 ] && [ "$(losses "$tmp/one.jsonl")" = "$(losses "$tmp/many.jsonl")" ] ||
+    fail "$what: other step losses than one process"
+}
+tied_case 2 2 3
+tied_case 4 4 3 --pipeline-schedule 1f1b
+tied_case 4 2 1
+# The comparison can fail: the same run unclipped is another model.
+"$bin" "${tied[@]:0:13}" --devices cpu:0 --chunks 2 --save "$tmp/other.onnx" >"$tmp/out" 2>&1 || fail "tied GPT unclipped: failed"
+cmp -s "$tmp/other.onnx" "$tmp/many.onnx" && fail "tied GPT: clipped and unclipped models compared equal"
 run 2 "$bin" "${digits[@]}" --pipeline 2 --devices cpu:0,cpu:1,cpu:2
 [ "$status" -ne 0 ] || fail "3 devices for --pipeline 2 were taken"
 grep -q "give one (every rank's) or one per stage" "$tmp/out" || { fail "3 devices for 2 stages: no reason"; show; }

@@ -15,6 +15,10 @@
 #     saves replica 0's); with AdamW, whose steps are as large for a
 #     gradient of rounding noise (a convolution's bias before a BatchNorm)
 #     as for a real one, within 2 x lr x steps;
+#   - the gradients summed in small buckets overlapped with the backward
+#     (--bucket-kib 1): byte for byte the model of one bucket;
+#   - clipped by --clip-norm, the same (the norm over every stage's summed
+#     gradients);
 #   - with one micro-batch per replica, the MLP (whose layers add each
 #     micro-batch's parameter gradient once) is byte for byte one process's;
 #   - a batch the replicas cannot share equally is refused, said once;
@@ -84,12 +88,21 @@ replicas() { # P, D, chunks per replica, balance ("" for one stage), model_diff'
     fail "$what: the saved model is further than $MODEL_TOL from one process's"
 }
 replicas 2 2 2 5,5 --params --optimizer sgd
+# The gradients' sums in buckets of 1 KiB (about one sum per parameter, each
+# started while the backward goes on) instead of one: the same bits.
+cp "$tmp/many.onnx" "$tmp/one_bucket.onnx"
+run 4 "$bin" "${digits[@]}" --quiet --pipeline 2 --devices cpu:0 --balance 5,5 --chunks 2 --optimizer sgd \
+  --bucket-kib 1 --save "$tmp/buckets.onnx"
+[ "$status" -eq 0 ] || { fail "--bucket-kib 1: exited $status"; show; }
+cmp -s "$tmp/one_bucket.onnx" "$tmp/buckets.onnx" || fail "--bucket-kib 1 trained another model than one bucket"
 # The comparison can fail: another learning rate is another model.
 "$bin" "${digits[@]}" --quiet --devices cpu:0 --chunks 4 --optimizer sgd --lr 0.02 --save "$tmp/other.onnx" \
   >"$tmp/out" 2>&1 || fail "one process, --lr 0.02: failed"
 "$model_diff" --params "$tmp/one.onnx" "$tmp/other.onnx" "$MODEL_TOL" >"$tmp/diff" &&
   { fail "models trained with other learning rates were within $MODEL_TOL"; cat "$tmp/diff"; }
-replicas 2 2 2 4,6 "" --optimizer sgd --pipeline-schedule 1f1b --deferred-batch-norm
+# Clipped (0.5 clips every step here): the norm of the replicas' summed
+# gradients over both stages, one process's up to those sums' rounding.
+replicas 2 2 2 4,6 "" --optimizer sgd --pipeline-schedule 1f1b --deferred-batch-norm --clip-norm 0.5
 replicas 1 2 2 "" --params --optimizer sgd
 replicas 1 2 1 "" "" --optimizer sgd --checkpoint never --deferred-batch-norm
 # AdamW at its default lr of 0.001, 5 steps.

@@ -48,6 +48,7 @@ static bool deferred_bn = false;
 static enum gp_precision precision = GP_PRECISION_FP32;
 static enum gp_pipe_schedule_kind schedule = GP_PIPE_GPIPE;
 static int64_t steps = STEPS;
+static double clip_norm = 0, weight_decay = 0;
 
 static void run(const char *fixture, int64_t batch, int K, int M, enum gp_checkpoint mode,
                 const char *trace, struct run_result *res)
@@ -69,12 +70,15 @@ static void run(const char *fixture, int64_t batch, int K, int M, enum gp_checkp
     cfg.deferred_batch_norm = deferred_bn;
     cfg.precision = precision;
     cfg.momentum = 0.9;
+    cfg.clip_norm = clip_norm;
+    cfg.weight_decay = weight_decay;
     cfg.n_stages = K;
     for (int k = 0; k < K; k++) cfg.stage_device[k] = k;
     cfg.checkpoint = mode;
     cfg.pipeline_schedule = schedule;
     cfg.trace_path = trace;
-    snprintf(saved, sizeof saved, "%s/%s_%d_%d_%d_%s_%s.onnx", tmp, fixture, K, M, (int)mode,
+    const char *base = strrchr(fixture, '/') ? strrchr(fixture, '/') + 1 : fixture;
+    snprintf(saved, sizeof saved, "%s/%s_%d_%d_%d_%s_%s.onnx", tmp, base, K, M, (int)mode,
              gp_precision_name(precision), gp_pipe_schedule_name(schedule));
     cfg.save_path = saved;
     struct gp_train_callbacks cb = {.user = res, .on_step = on_step, .on_memory = on_memory};
@@ -346,6 +350,57 @@ static void test_trace_shows_pipelining(void **state)
     gp_json_doc_free(&doc);
 }
 
+/* Tied parameters: the GPT fixture whose head is its token embedding
+ * (tests/data/tied_gpt_op17.onnx, models/export_tied.py) split so that the
+ * embedding's Gather and the head's Transpose are in different stages,
+ * each holding a copy whose gradients are summed before the step, with
+ * momentum, weight decay and clipping small enough to clip (the norm
+ * counts the parameter once): bit for bit one stage with the same
+ * micro-batches. The head reads the embedding through a Transpose run once
+ * per step, so one stage adds (every micro-batch's Gather terms) + (the
+ * head's), which is the holders' sum in stage order too. */
+static void test_tied(void **state)
+{
+    (void)state;
+    const char *fixture = "../tests/data/tied_gpt_op17";
+    clip_norm = 0.05;
+    weight_decay = 0.01;
+    const int Ms[] = {1, 3};
+    int runs = 0;
+    for (int mi = 0; mi < 2; mi++) {
+        struct run_result one;
+        memset(&one, 0, sizeof one);
+        run(fixture, 12, 1, Ms[mi], GP_CHECKPOINT_EXCEPT_LAST, NULL, &one);
+        for (int K = 2; K <= 3; K++) {
+            struct run_result r;
+            memset(&r, 0, sizeof r);
+            run(fixture, 12, K, Ms[mi], K == 2 ? GP_CHECKPOINT_EXCEPT_LAST : GP_CHECKPOINT_ALWAYS, NULL, &r);
+            char what[160];
+            snprintf(what, sizeof what, "tied GPT, %d stages x %d micro-batches", K, Ms[mi]);
+            assert_identical(what, &r, &one, "one stage");
+            gp_graph_free(&r.saved);
+            runs++;
+        }
+        gp_graph_free(&one.saved);
+    }
+    /* Clipping changed the run: without it the weights differ. */
+    struct run_result clipped, free_;
+    memset(&clipped, 0, sizeof clipped);
+    memset(&free_, 0, sizeof free_);
+    run(fixture, 12, 2, 1, GP_CHECKPOINT_EXCEPT_LAST, NULL, &clipped);
+    clip_norm = 0;
+    run(fixture, 12, 2, 1, GP_CHECKPOINT_NEVER, NULL, &free_);
+    int w = gp_graph_find_value(&free_.saved, "wte.weight");
+    assert_true(w >= 0);
+    int cw = gp_graph_find_value(&clipped.saved, "wte.weight");
+    assert_true(memcmp(free_.saved.values[w].constant->data, clipped.saved.values[cw].constant->data,
+                       free_.saved.values[w].constant->nbytes) != 0);
+    gp_graph_free(&clipped.saved);
+    gp_graph_free(&free_.saved);
+    weight_decay = 0;
+    printf("tied GPT: %d pipeline runs equal one stage bit for bit (clipped, weight decay)\n", runs);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -505,6 +560,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp),
         cmocka_unit_test(test_gpt),
+        cmocka_unit_test(test_tied),
         cmocka_unit_test(test_batchnorm_models),
         cmocka_unit_test(test_checkpoint_memory),
         cmocka_unit_test(test_bf16_invariance),

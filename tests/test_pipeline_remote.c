@@ -5,7 +5,9 @@
  * stage's training with an error, not a hang. D replicas of them (K x D
  * threads, each stage's replicas summing in replica order) compute one
  * pipeline's micro-batches: bit for bit where each replica has one
- * micro-batch of the MLP, within rounding otherwise. */
+ * micro-batch of the MLP, within rounding otherwise, their gradient sums
+ * in small buckets overlapped with the backward. A tied parameter's
+ * holders sum their gradients through the mailboxes too. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -221,6 +223,8 @@ static void *train_stage(void *arg)
     return NULL;
 }
 
+static double clip_norm = 0;
+
 static void config(struct gp_train_config *cfg, const char *model, int K, const int *balance,
                    enum gp_pipe_schedule_kind schedule, const char *saved)
 {
@@ -232,6 +236,7 @@ static void config(struct gp_train_config *cfg, const char *model, int K, const 
     cfg->shuffle = false;
     cfg->lr = 0.05;
     cfg->momentum = 0.9;
+    cfg->clip_norm = clip_norm;
     cfg->n_stages = K;
     for (int k = 0; k < K; k++) {
         cfg->stage_device[k] = k;
@@ -277,7 +282,11 @@ static void compare_replicas(const char *fixture, int K, int D, int chunks, cons
         jobs[k].link = (struct link){.stage = k % K, .replica = k / K, .stages = K};
         jobs[k].remote = (struct gp_pipe_remote){.stage = k % K, .replica = k / K, .replicas = D,
                                                  .ctx = &jobs[k].link, .send = box_send, .recv = box_recv,
-                                                 .sum_f32 = sum_f32, .sum_f64 = sum_f64};
+                                                 .sum_f32 = sum_f32, .sum_f64 = sum_f64,
+                                                 /* Small buckets: many sums, each started as soon
+                                                  * as the backward made it final, while the
+                                                  * backward goes on; the same bits. */
+                                                 .bucket_bytes = 256};
         jobs[k].cfg.remote = &jobs[k].remote;
     }
     for (int k = 0; k < N; k++) assert_int_equal(pthread_create(&threads[k], NULL, train_stage, &jobs[k]), 0);
@@ -356,6 +365,22 @@ static void test_replicas(void **state)
     compare_replicas("digits_cnn_op17", 2, 2, 2, (const int[]){5, 5}, GP_PIPE_1F1B, 0, false);
 }
 
+/* Tied parameters (the GPT whose head reads its token embedding; the
+ * embedding's first and last readers in the first and last stage), clipped
+ * by the whole model's norm: the holders' gradients summed through
+ * messages give one pipeline's bits, with replicas too (one micro-batch
+ * each: every layer of this model adds a micro-batch's gradient once). */
+static void test_tied(void **state)
+{
+    (void)state;
+    const char *tied = "../tests/data/tied_gpt_op17";
+    clip_norm = 0.05;
+    compare_replicas(tied, 2, 1, 4, (const int[]){20, 21}, GP_PIPE_GPIPE, 0, true);
+    compare_replicas(tied, 3, 1, 4, (const int[]){14, 13, 14}, GP_PIPE_1F1B, 0, true);
+    compare_replicas(tied, 2, 2, 1, (const int[]){20, 21}, GP_PIPE_1F1B, 0, true);
+    clip_norm = 0;
+}
+
 static void test_failed_send_ends_every_stage(void **state)
 {
     (void)state;
@@ -400,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_mlp_two_stages),
         cmocka_unit_test(test_digits_four_stages),
         cmocka_unit_test(test_replicas),
+        cmocka_unit_test(test_tied),
         cmocka_unit_test(test_failed_send_ends_every_stage),
         cmocka_unit_test(test_refusals),
     };

@@ -208,6 +208,65 @@ static void test_gradient_lifetimes(void **state)
     }
 }
 
+/* Tied parameters: the GPT whose head reads its token embedding, cut
+ * between the Gather and the head's Transpose, plans the embedding in both
+ * stages as a parameter of each (its copies, pipeline/tied.c), and in one
+ * only when uncut. A buffer read by layers of two stages (here made so:
+ * BatchNorm's running mean read by a later layer too) is refused, naming
+ * both layers. */
+static void test_tied_parameters(void **state)
+{
+    (void)state;
+    char path[4096];
+    fixture_path("../tests/data/tied_gpt_op17.onnx", path, sizeof path);
+    struct gp_graph g;
+    struct gp_layers l;
+    struct gp_error err = {0};
+    struct gp_stage_plan a, b;
+    if (gp_onnx_load(path, 2, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+    if (gp_layers_build(&g, &l, &err) != GP_OK) fail_msg("%s", err.msg);
+    bool *needs = calloc((size_t)g.n_values + 1, sizeof(bool));
+    assert_non_null(needs);
+    gp_plan_needs_grad(&g, needs);
+    int wte = gp_graph_find_value(&g, "wte.weight");
+    assert_true(wte >= 0);
+    const struct gp_compute_options opts = {0};
+    int cut = g.n_nodes / 2;
+    assert_int_equal(gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &opts, "cpu", 0, cut, &a, &err), GP_OK);
+    assert_int_equal(gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &opts, "cpu", cut, g.n_nodes, &b, &err), GP_OK);
+    assert_int_equal(a.home[wte], GP_HOME_STATIC);
+    assert_int_equal(b.home[wte], GP_HOME_STATIC);
+    /* The second stage holds the copy among its parameters (its gradient mirrors it). */
+    assert_true(b.off[wte] + sizeof(float) * (size_t)gp_shape_numel(&g.values[wte].shape) <= b.param_bytes);
+    gp_plan_free(&a);
+    gp_plan_free(&b);
+    free(needs);
+    gp_layers_free(&l);
+    gp_graph_free(&g);
+
+    fixture_path("digits_cnn_op17.onnx", path, sizeof path);
+    if (gp_onnx_load(path, 2, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+    int bn = -1;
+    for (int i = 0; i < g.n_nodes && bn < 0; i++)
+        if (!strcmp(g.nodes[i].op_type, "BatchNormalization")) bn = i;
+    assert_true(bn >= 0 && bn + 2 < g.n_nodes);
+    int mean = g.nodes[bn].inputs[3], reader = g.n_nodes - 1;
+    g.nodes[reader].inputs[g.nodes[reader].n_inputs - 1] = mean;
+    if (gp_layers_build(&g, &l, &err) != GP_OK) fail_msg("%s", err.msg);
+    needs = calloc((size_t)g.n_values + 1, sizeof(bool));
+    assert_non_null(needs);
+    gp_plan_needs_grad(&g, needs);
+    assert_int_equal(gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &opts, "cpu", 0, bn + 1, &a, &err),
+                     GP_ERR_UNSUPPORTED);
+    printf("refused: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "in another stage: put both in one stage"));
+    assert_non_null(strstr(err.msg, g.values[mean].name));
+    gp_plan_free(&a);
+    free(needs);
+    gp_layers_free(&l);
+    gp_graph_free(&g);
+}
+
 /* ---- the schedules and their slots ----
  * Every schedule of 1..8 stages and 1..16 micro-batches, each generator
  * and checkpoint mode, checked from the action list alone: every stage
@@ -442,6 +501,7 @@ static void test_bad_schedule(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_schedule_slots), cmocka_unit_test(test_bad_schedule),
-                                       cmocka_unit_test(test_gradient_lifetimes)};
+                                       cmocka_unit_test(test_gradient_lifetimes),
+                                       cmocka_unit_test(test_tied_parameters)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

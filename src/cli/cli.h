@@ -65,6 +65,7 @@ struct gp_cli_train_run {
     int64_t synthetic;        /* samples of --synthetic; < 0: real data */
     const char *auto_balance; /* "time", "memory" or NULL */
     int n_balance;            /* stages --balance listed; 0: none */
+    int64_t bucket_kib;       /* --bucket-kib: replicas' gradient sums in buckets of this many KiB */
 };
 
 struct gp_cli_dist {

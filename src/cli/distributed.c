@@ -116,6 +116,8 @@ static void describe_run(const struct gp_cli_train_run *run, int pipeline, int r
         len += (size_t)snprintf(balance + len, sizeof balance - len, "%s%d", k ? "," : "", c->balance[k]);
     gp_agree_add(r, "--balance", "%s", run->auto_balance ? run->auto_balance : balance[0] ? balance : "(even)");
     gp_agree_add(r, "--resume", "%s", c->resume_path ? c->resume_path : "(none)");
+    /* A stage's replicas must cut their gradient sums alike. */
+    gp_agree_add(r, "--bucket-kib", "%lld", (long long)run->bucket_kib);
     gp_agree_add(r, "--algorithms", "%s", c->choices_path ? c->choices_path : "(none)");
     /* Rank 0 writes --save, but every stage's process sends it its weights. */
     gp_agree_add(r, "--save", "%s", c->save_path ? "given" : "(none)");
@@ -173,8 +175,6 @@ static const char *not_yet(const struct gp_cli_train_run *run)
     const struct gp_train_config *c = run->cfg;
     for (int k = 0; k < c->n_stages; k++)
         if (c->stage_cuda[k]) return "stages on GPUs in several processes (use --devices cpu:N)";
-    if (run->val_data) return "validation (--val-data) across processes";
-    if (c->clip_norm > 0) return "--clip-norm across processes";
     if (c->state_dir || c->resume_path) return "training states (--save-state, --resume) across processes";
     if (c->trace_path) return "--trace across processes";
     if (run->auto_balance) return "--balance time|memory across processes (give the layer counts)";
@@ -266,7 +266,8 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
                                               .send = stage_send,
                                               .recv = stage_recv,
                                               .sum_f32 = replicas_sum_f32,
-                                              .sum_f64 = replicas_sum_f64};
+                                              .sum_f64 = replicas_sum_f64,
+                                              .bucket_bytes = (size_t)run->bucket_kib << 10};
     }
     return GP_EXIT_OK;
 }

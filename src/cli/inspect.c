@@ -228,6 +228,29 @@ static void print_json(const struct gp_graph *g, const struct gp_layers *l, cons
     gp_json_finish(&j);
 }
 
+/* Parameters read by several layers (tied: a GPT's embedding and head):
+ * a pipeline cut between those layers gives each stage a copy. */
+static void print_tied(const struct gp_graph *g)
+{
+    for (int v = 0; v < g->n_values; v++) {
+        if (g->values[v].kind != GP_VALUE_PARAMETER) continue;
+        char layers[256] = "";
+        size_t len = 0;
+        int readers = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            bool reads = false;
+            for (int k = 0; k < g->nodes[i].n_inputs; k++) reads |= g->nodes[i].inputs[k] == v;
+            if (!reads) continue;
+            if (len < sizeof layers)
+                len += (size_t)snprintf(layers + len, sizeof layers - len, "%s%d", readers ? ", " : "", i);
+            readers++;
+        }
+        if (readers < 2) continue;
+        printf("%-12s %s read by layers %s: stages that split them each hold a copy, gradients summed\n", "tied",
+               g->values[v].name, layers);
+    }
+}
+
 static void print_values(const char *label, const struct gp_graph *g, const int *ids, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -263,6 +286,7 @@ static void print_table(const struct gp_graph *g, const struct gp_layers *l, con
     int n_params = count_kind(g, GP_VALUE_PARAMETER, &elems, &bytes);
     printf("%-12s %s in %d tensors (%s)\n", "parameters", gp_cli_count(elems, a, sizeof a),
            n_params, gp_cli_bytes(bytes, b, sizeof b));
+    print_tied(g);
     int n_buffers = count_kind(g, GP_VALUE_BUFFER, &elems, &bytes);
     if (n_buffers)
         printf("%-12s %s in %d tensors (%s): state without gradients\n", "buffers",

@@ -129,10 +129,16 @@ static void help(FILE *f)
         "                        replica. --batch is the whole mini-batch (shared by the\n"
         "                        replicas, each share cut into --chunks). Every rank\n"
         "                        checks that all run the same model and settings.\n"
-        "                        Today: D = 1 on CPU devices (rank k runs stage k of\n"
-        "                        --balance; --devices one device or one per stage), the\n"
-        "                        same weights as one process; rank 0 reports and saves.\n"
-        "                        Not yet: D > 1, GPUs, validation, clipping, states\n"
+        "                        Today on CPU devices: rank r x P + k runs stage k (of\n"
+        "                        --balance) of replica r (--devices one device or one\n"
+        "                        per stage); rank 0 reports and saves. A parameter read\n"
+        "                        by several stages (tied) is held by each, gradients\n"
+        "                        summed; --clip-norm takes the whole model's norm.\n"
+        "                        --val-data: each replica evaluates the whole set.\n"
+        "                        Not yet: GPUs, states, --trace\n"
+        "  --bucket-kib K        replicas sum a stage's gradients in buckets of about K KiB\n"
+        "                        (default 1024), each while the backward of earlier\n"
+        "                        layers goes on; the same result for any K\n"
         "  --comm-timeout S      the longest a rank waits on another (default 300):\n"
         "                        then every rank ends, naming the one not heard from\n"
         "\n"
@@ -182,6 +188,7 @@ static void help(FILE *f)
 
 struct progress {
     bool tty, quiet;
+    bool mute; /* a rank other than 0: not even the validation results */
     FILE *metrics;
     int64_t total, per_epoch;
     int64_t last_printed;
@@ -231,7 +238,7 @@ static void on_epoch(void *user, const struct gp_epoch_report *r)
         fputs("}\n", p->metrics);
         fflush(p->metrics);
     }
-    if (!r->has_val) return;
+    if (!r->has_val || p->mute) return;
     if (p->tty && !p->quiet) fputc('\n', stderr);
     /* Validation results go to stdout: they are the command's result. */
     printf("epoch %lld: train loss %.4f  val loss %.4f", (long long)r->epoch + 1, r->train_loss,
@@ -370,10 +377,11 @@ int gp_cmd_train(int argc, char **argv)
     int n_balance = 0;
     const char *auto_balance = NULL;
     bool devices_set = false;
-    bool quiet = false, lr_set = false, wd_set = false, batch_set = false, epochs_set = false,
+    bool quiet = false, mute = false, lr_set = false, wd_set = false, batch_set = false, epochs_set = false,
          opt_set = false, keep_set = false;
     int pipeline = 0; /* --pipeline P: one rank of a job; 0: one process */
     double comm_timeout = 300;
+    int64_t bucket_kib = 1024;
     struct gp_cli_dist dist = {0};
 
     for (int i = 1; i < argc; i++) {
@@ -483,6 +491,8 @@ int gp_cmd_train(int argc, char **argv)
             int64_t p;
             if (!gp_cli_parse_int("train", a, TAKE(), 1, GP_CLI_MAX_DEVICES, &p)) return GP_EXIT_USAGE;
             pipeline = (int)p;
+        } else if (!strcmp(a, "--bucket-kib")) {
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 30, &bucket_kib)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--comm-timeout")) {
             if (!parse_double(a, TAKE(), 0.001, &comm_timeout)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--pipeline-schedule")) {
@@ -625,14 +635,15 @@ int gp_cmd_train(int argc, char **argv)
         /* Before any output is touched: only rank 0 writes them. */
         struct gp_cli_train_run run = {.cfg = &cfg, .data = data, .labels = labels, .val_data = val_data,
                                        .val_labels = val_labels, .synthetic = synthetic,
-                                       .auto_balance = auto_balance, .n_balance = n_balance};
+                                       .auto_balance = auto_balance, .n_balance = n_balance,
+                                       .bucket_kib = bucket_kib};
         status = gp_cli_dist_start(&run, pipeline, comm_timeout, &dist);
         if (status != GP_EXIT_OK) goto done;
         if (dist.launch.size > 1) {
             /* This rank runs one stage; rank 0 reports and writes. */
             cfg.remote = &dist.remote;
             if (dist.launch.rank != 0) {
-                quiet = true;
+                quiet = mute = true;
                 metrics = NULL;
             }
         }
@@ -700,7 +711,7 @@ int gp_cmd_train(int argc, char **argv)
         gp_profile_free(&prof);
     }
 
-    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet};
+    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute};
     /* The metrics file appears only whole: written beside, renamed at the end. */
     struct gp_atomic_file metrics_file = {0};
     if (metrics) {

@@ -7,6 +7,8 @@
  *   graph.c     the step captured as one CUDA graph and replayed
  *   remote.c    stages in other processes: frontiers, losses and reads
  *               sent and received (cfg.remote)
+ *   tied.c      parameters held by several stages: their gradients summed
+ *   buckets.c   replicas' gradient sums overlapped with the backward
  *   pipeline.c  creation, and issuing steps, evaluation and reads */
 #ifndef GP_PIPELINE_INTERNAL_H
 #define GP_PIPELINE_INTERNAL_H
@@ -82,6 +84,24 @@ struct stage {
     size_t optim_bytes_planned;
 };
 
+/* A parameter held by several stages (tied.c): its holders in stage order. */
+struct gp_pipe_tied {
+    int value, n;
+    int *holders;
+    int64_t numel;
+};
+
+/* Message tags between stages of one replica (remote.c, tied.c). */
+enum {
+    GP_PIPE_TAG_ACTIVATIONS = 1,
+    GP_PIPE_TAG_GRADIENTS = 2,
+    GP_PIPE_TAG_LOSSES = 3,
+    GP_PIPE_TAG_READ = 4,
+    GP_PIPE_TAG_TIED = 5,
+    GP_PIPE_TAG_NORMS = 6,
+    GP_PIPE_TAG_OUTPUTS = 7,
+};
+
 struct gp_pipeline {
     struct gp_pipeline_config cfg;
     const struct gp_graph *g;
@@ -127,6 +147,14 @@ struct gp_pipeline {
     bool eval_batch_stats;         /* evaluation with BatchNorm's batch statistics (predict --mode train) */
     float clip_coef;
     double lr;
+    /* Parameters held by several stages, in value order, and host room
+     * for summing their gradients (tied.c). */
+    struct gp_pipe_tied *tied;
+    int n_tied;
+    float *tied_acc, *tied_tmp;
+    /* Replicas: the parameter gradients summed in buckets during the
+     * backward (buckets.c); NULL where they are not. */
+    struct gp_pipe_buckets *buckets;
 };
 
 /* Whether [ptr, ptr + bytes) lies in a pinned gp_pipeline_host_alloc buffer. */
@@ -200,5 +228,35 @@ gp_status gp_pipe_sync_all(struct gp_pipeline *p, struct gp_error *err);
 gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err);
 gp_status gp_pipe_remote_losses(struct gp_pipeline *p, struct gp_error *err);
 gp_status gp_pipe_remote_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err);
+/* remote.c, after an evaluation: the last stage's outputs (out, bytes)
+ * sent to every other stage of its replica. */
+gp_status gp_pipe_remote_outputs(struct gp_pipeline *p, float *out, size_t bytes, struct gp_error *err);
+/* remote.c, for clipping: every stage's parameter norms (stage k's n[k] at
+ * norms + base[k]) gathered on every process of the replica; each stage
+ * fills its own part before. */
+gp_status gp_pipe_remote_norms(struct gp_pipeline *p, float *norms, const int *base, const int *n,
+                               struct gp_error *err);
+
+/* buckets.c: with replicas (cfg.remote), the local stage's gradient
+ * buckets and the thread that sums them (after the stages exist; nothing
+ * when there is nothing to sum); a step's start, the last micro-batch's
+ * backward progress (layers of the stage done; layers + 1 after the
+ * once-per-step layers'), and waiting for the sums after the step
+ * (`cancel`: the step failed here); how many buckets; release. */
+struct gp_pipe_buckets;
+gp_status gp_pipe_buckets_plan(struct gp_pipeline *p, size_t bucket_bytes, struct gp_error *err);
+bool gp_pipe_buckets_on(const struct gp_pipeline *p);
+void gp_pipe_buckets_begin(struct gp_pipeline *p);
+void gp_pipe_buckets_progress(struct gp_pipeline *p, int progress);
+gp_status gp_pipe_buckets_finish(struct gp_pipeline *p, bool cancel, struct gp_error *err);
+int gp_pipe_buckets_count(const struct gp_pipeline *p);
+void gp_pipe_buckets_free(struct gp_pipeline *p);
+
+/* tied.c: the parameters several stages hold (after the stages are
+ * created); their gradients summed between the holders (between steps,
+ * before clipping and the optimizer); release. */
+gp_status gp_pipe_tied_plan(struct gp_pipeline *p, struct gp_error *err);
+gp_status gp_pipe_tied_sum(struct gp_pipeline *p, struct gp_error *err);
+void gp_pipe_tied_free(struct gp_pipeline *p);
 
 #endif

@@ -22,9 +22,11 @@ static int replicas_of(const struct gp_pipeline *p)
 void gp_pipeline_free(struct gp_pipeline *p)
 {
     if (!p) return;
+    gp_pipe_buckets_free(p);
     gp_pipe_free_host_bufs(p);
     gp_pipe_free_graphs(p);
     gp_pipe_free_stages(p);
+    gp_pipe_tied_free(p);
     gp_layers_free(&p->layers);
     gp_pipe_schedule_free(&p->sched);
     free(p->needs_grad);
@@ -85,7 +87,8 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     p->stages = calloc((size_t)p->K, sizeof *p->stages);
     /* Every replica's micro-batches' loss sums, in the mini-batch's order. */
     p->loss_parts = calloc((size_t)p->M * (size_t)replicas_of(p), sizeof(double));
-    p->norms_host = calloc((size_t)g->n_values + 1, sizeof(float));
+    /* Every stage's parameter norms (a tied parameter once per holder). */
+    p->norms_host = calloc((size_t)g->n_values * (size_t)p->K + 1, sizeof(float));
     if (cfg->loss.target_dtype != GP_DTYPE_UNDEFINED)
         p->target_bytes = (size_t)gp_shape_numel(&cfg->loss.target_shape) *
                           (gp_dtype_is_float(cfg->loss.target_dtype) ? sizeof(float)
@@ -133,6 +136,7 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
                           g->n_nodes);
         goto fail;
     }
+    if ((st = gp_pipe_tied_plan(p, err)) != GP_OK) goto fail;
     /* Frontier messages are sent and received from the stage's own memory
      * by its stream's worker: a device whose memory is the host's. */
     if (r && p->stages[r->stage].ops->host_alloc) {
@@ -145,6 +149,8 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     /* bf16: float32 data is rounded into a bfloat16 box by the first forward. */
     p->convert_input = g->values[p->input].dtype == GP_DTYPE_FLOAT32 &&
                        p->stages[0].plan.dt[p->input] != GP_DTYPE_FLOAT32;
+    if (r && (st = gp_pipe_buckets_plan(p, r->bucket_bytes ? r->bucket_bytes : GP_PIPE_BUCKET_BYTES, err)) != GP_OK)
+        goto fail;
     p->tasks = calloc((size_t)p->sched.n_actions + 3 * (size_t)p->K + 4 * (size_t)p->M + 1, sizeof *p->tasks);
     if (!p->tasks) {
         st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
@@ -371,12 +377,23 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
         for (int k = 0; p->graph_ok && k < p->K; k++)
             p->stages[k].ops->copy(p->stages[k].compute, p->stages[k].step_dev, p->step_host, sizeof(uint64_t),
                                    &itag);
+        gp_pipe_buckets_begin(p);
         gp_pipe_issue_actions(p);
         /* The micro-batches' loss sums come back with the step's one wait. */
         struct gp_task_tag tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
         if (stage_local(p, p->K - 1))
             ls->ops->copy(ls->compute, p->loss_parts + share, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
         st = gp_pipe_sync_all(p, err);
+        /* The replicas' gradient sums end before anything else talks to
+         * the replicas. */
+        if (gp_pipe_buckets_on(p)) {
+            struct gp_error berr = {0};
+            gp_status bst = gp_pipe_buckets_finish(p, st != GP_OK, &berr);
+            if (st == GP_OK && bst != GP_OK) {
+                st = bst;
+                *err = berr;
+            }
+        }
         /* Every process gets the loss (every replica's): they decide alike
          * what comes next. */
         if (st == GP_OK && p->cfg.remote) st = gp_pipe_remote_losses(p, err);
@@ -396,36 +413,58 @@ const char *gp_pipeline_graph_note(const struct gp_pipeline *p) { return p->grap
 bool gp_pipeline_graphed(const struct gp_pipeline *p) { return p->graph != NULL; }
 
 /* clip_grad_norm_'s coefficient: the norm of the per-tensor norms, in the
- * model's parameter order (value order), each computed on its stage. */
+ * model's parameter order (value order), each computed on its stage, a
+ * parameter several stages hold (tied, its copies' gradients already
+ * summed: equal) counted once, from its first holder. Across processes
+ * every stage's norms are gathered on each (every rank computes the same
+ * coefficient); replicas' gradients are already summed, so each replica
+ * computes the same too. */
 static gp_status clip_coefficient(struct gp_pipeline *p, double clip_norm, float *coef, struct gp_error *err)
 {
-    int base = 0;
+    const struct gp_graph *g = p->g;
+    int *base = malloc(sizeof(int) * (size_t)p->K), *count = calloc((size_t)p->K, sizeof(int));
+    int *where = malloc(sizeof(int) * ((size_t)g->n_values + 1));
+    float *ordered = malloc(sizeof(float) * ((size_t)g->n_values + 1));
+    gp_status st = GP_OK;
+    if (!base || !count || !where || !ordered) {
+        st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    /* Stage k's norms are its parameters' in value order (stage.c). */
+    int total = 0;
     for (int k = 0; k < p->K; k++) {
+        base[k] = total;
+        for (int v = 0; v < g->n_values; v++)
+            count[k] += p->stages[k].plan.home[v] == GP_HOME_STATIC && g->values[v].kind == GP_VALUE_PARAMETER;
+        total += count[k];
+    }
+    for (int v = 0; v < g->n_values; v++) where[v] = -1;
+    for (int k = p->K - 1; k >= 0; k--)
+        for (int v = 0, i = base[k]; v < g->n_values; v++)
+            if (p->stages[k].plan.home[v] == GP_HOME_STATIC && g->values[v].kind == GP_VALUE_PARAMETER)
+                where[v] = i++;
+    for (int k = 0; k < p->K; k++) {
+        if (!stage_local(p, k)) continue;
         struct stage *s = &p->stages[k];
         struct task *t = &p->tasks[p->sched.n_actions + 2 * p->K + k];
         *t = (struct task){.p = p, .stage = k, .micro = -1, .kind = TASK_NORMS};
         struct gp_task_tag tag = tag_of(GP_TASK_OPTIMIZER, k, -1, "gradient norms");
         s->ops->enqueue(s->compute, gp_pipe_task_run, t, &tag);
         struct gp_task_tag ctag = tag_of(GP_TASK_COPY, k, -1, "read gradient norms");
-        s->ops->copy(s->compute, p->norms_host + base, s->norms, sizeof(float) * (size_t)s->n_params, &ctag);
-        base += s->n_params;
+        s->ops->copy(s->compute, p->norms_host + base[k], s->norms, sizeof(float) * (size_t)s->n_params, &ctag);
     }
-    GP_TRY(gp_pipe_sync_all(p, err));
-    float *ordered = malloc(sizeof(float) * (size_t)(base + 1));
-    if (!ordered) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    if ((st = gp_pipe_sync_all(p, err)) != GP_OK) goto done;
+    if (p->cfg.remote && (st = gp_pipe_remote_norms(p, p->norms_host, base, count, err)) != GP_OK) goto done;
     int n = 0;
-    for (int v = 0; v < p->g->n_values; v++) {
-        int offset = 0;
-        for (int k = 0; k < p->K; k++) {
-            struct stage *s = &p->stages[k];
-            for (int i = 0; i < s->n_params; i++)
-                if (s->param_values[i] == v) ordered[n++] = p->norms_host[offset + i];
-            offset += s->n_params;
-        }
-    }
+    for (int v = 0; v < g->n_values; v++)
+        if (where[v] >= 0) ordered[n++] = p->norms_host[where[v]];
     *coef = gp_clip_coef(gp_norm2_f32(ordered, n), clip_norm);
+done:
+    free(base);
+    free(count);
+    free(where);
     free(ordered);
-    return GP_OK;
+    return st;
 }
 
 /* Data parallelism: the local stage's parameter gradients, and its deferred
@@ -441,8 +480,9 @@ static gp_status sum_replicas(struct gp_pipeline *p, struct gp_error *err)
 {
     const struct gp_pipe_remote *r = p->cfg.remote;
     struct stage *s = &p->stages[r->stage];
-    /* Every parameter gradient is float32 (fp32 master weights), padding zero. */
-    if (s->plan.param_bytes)
+    /* Every parameter gradient is float32 (fp32 master weights), padding
+     * zero; already summed where buckets overlapped it with the backward. */
+    if (s->plan.param_bytes && !gp_pipe_buckets_on(p))
         GP_TRY(r->sum_f32(r->ctx, (float *)s->param_grads, s->plan.param_bytes / sizeof(float), err));
     for (int i = s->plan.first; s->bn_stats && i < s->plan.last; i++) {
         double *stats = s->bn_stats[i - s->plan.first];
@@ -455,9 +495,6 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
 {
     p->lr = lr;
     p->clip_coef = 1.0f;
-    if (clip_norm > 0 && p->cfg.remote)
-        return gp_error_set(err, GP_ERR_UNSUPPORTED,
-                            "not yet implemented: clipping the gradients of stages in several processes");
     if (replicas_of(p) > 1) {
         gp_status st = sum_replicas(p, err);
         if (st != GP_OK) {
@@ -466,6 +503,9 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
             return st;
         }
     }
+    /* Tied copies' gradients after the replicas' sums: each holder's own
+     * gradient is whole (every replica's) before the holders add theirs. */
+    if (p->n_tied) GP_TRY(gp_pipe_tied_sum(p, err));
     if (clip_norm > 0) GP_TRY(clip_coefficient(p, clip_norm, &p->clip_coef, err));
     for (int k = 0; k < p->K; k++) {
         if (!stage_local(p, k)) continue;
@@ -481,14 +521,20 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
 gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stats, float *out,
                            struct gp_error *err)
 {
-    if (p->cfg.remote)
-        return gp_error_set(err, GP_ERR_UNSUPPORTED, "not yet implemented: evaluating stages in several processes");
+    if (p->cfg.remote && batch_stats)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED,
+                            "not yet implemented: evaluating with batch statistics across processes");
     /* Batch statistics come with training mode: dropout is then turned off by its ratio. */
     p->opts = (struct gp_step_opts){.dropout_ratio = batch_stats ? 0 : -1};
     p->eval_batch_stats = batch_stats;
     size_t in_bytes = p->input_bytes;
+    const struct gp_value *o = &p->g->values[p->output];
+    size_t out_bytes = sizeof(float) * (size_t)gp_shape_numel(&o->shape);
     for (int k = 0; k < p->K; k++) p->stages[k].once_valid = false;
     for (int k = 0; k < p->K; k++) {
+        /* Across processes each stage's process issues its own; the
+         * activations travel as a training forward's do (remote.c). */
+        if (!stage_local(p, k)) continue;
         struct stage *s = &p->stages[k];
         struct task *t = &p->tasks[p->sched.n_actions + p->K + k];
         *t = (struct task){.p = p, .stage = k, .micro = 0, .kind = TASK_EVAL};
@@ -496,6 +542,9 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
             struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, 0, "load inputs");
             s->ops->copy(s->compute, p->convert_input ? s->inputs : addr(s, p->input, s->slots.box[0], 0), x, in_bytes,
                          &tag);
+        } else if (!stage_local(p, k - 1)) {
+            struct gp_task_tag rtag = tag_of(GP_TASK_COPY, k, 0, "receive activations");
+            s->ops->enqueue(s->compute, gp_pipe_task_run, remote_task(p, TASK_RECV_ACTIVATIONS, k, 0), &rtag);
         } else {
             s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[0]);
         }
@@ -505,15 +554,16 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
         if (k + 1 < p->K) {
             issue_forward_copy(p, k, 0);
         } else {
-            const struct gp_value *o = &p->g->values[p->output];
             struct gp_task_tag ctag = tag_of(GP_TASK_COPY, k, 0, "read outputs");
             /* A bfloat16 output was widened into the staging area by the task. */
             bool wide = s->plan.dt[p->output] == GP_DTYPE_FLOAT32;
             s->ops->copy(s->compute, out, wide ? addr(s, p->output, s->slots.box[0], s->slots.fwd_set[0]) : s->staging,
-                         sizeof(float) * (size_t)gp_shape_numel(&o->shape), &ctag);
+                         out_bytes, &ctag);
         }
     }
-    return gp_pipe_sync_all(p, err);
+    GP_TRY(gp_pipe_sync_all(p, err));
+    /* Every process gets the outputs: all compute the same figures. */
+    return p->cfg.remote ? gp_pipe_remote_outputs(p, out, out_bytes, err) : GP_OK;
 }
 
 gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err)

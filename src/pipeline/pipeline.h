@@ -4,8 +4,10 @@
  * host never waits inside a step's forward and backward.
  *
  * Each stage owns its parameters, gradients and optimizer state on its
- * device; a stage boundary moves the whole frontier at its cut (skip
- * connections included) on a copy stream of its own. All memory is planned
+ * device (a parameter read by several stages is held by each, its
+ * gradients summed between them before the step); a stage boundary moves
+ * the whole frontier at its cut (skip connections included) on a copy
+ * stream of its own. All memory is planned
  * at creation from the static shapes; nothing is allocated while training. */
 #ifndef GP_PIPELINE_PIPELINE_H
 #define GP_PIPELINE_PIPELINE_H
@@ -50,7 +52,17 @@ struct gp_pipe_remote {
     gp_status (*recv)(void *ctx, int from_stage, int tag, void *buf, size_t bytes, struct gp_error *err);
     gp_status (*sum_f32)(void *ctx, float *data, size_t n, struct gp_error *err);
     gp_status (*sum_f64)(void *ctx, double *data, size_t n, struct gp_error *err);
+    /* Replicas: the stage's parameter gradients are summed in buckets of
+     * about this many bytes (whole parameters; 0: GP_PIPE_BUCKET_BYTES),
+     * each as soon as the last micro-batch's backward has made it final,
+     * by a thread of the pipeline while the backward goes on (sum_f32 is
+     * then called from that thread, one sum at a time, while the stage's
+     * streams send and receive). The same bits however they are cut; every
+     * replica of a stage must cut alike. */
+    size_t bucket_bytes;
 };
+
+#define GP_PIPE_BUCKET_BYTES ((size_t)1 << 20)
 
 struct gp_pipeline_config {
     const struct gp_graph *graph; /* loaded with batch = the micro-batch size */
@@ -84,9 +96,11 @@ struct gp_pipeline_config {
      * process makes the same calls in the same order. gp_pipeline_step
      * gives every process the loss (of every replica's micro-batches);
      * gp_pipeline_optimize first sums each stage's gradients (and deferred
-     * BatchNorm statistics) over its replicas; gp_pipeline_read gives the
-     * value to stage 0's process of replica 0 (and its holder's). Clipping,
-     * evaluation, layer timing, writes and timelines are refused. */
+     * BatchNorm statistics) over its replicas, then tied parameters'
+     * gradients over their holders, and clips by the norm over every
+     * stage; gp_pipeline_read gives the value to stage 0's process of
+     * replica 0 (and its holder's). Evaluation, layer timing, writes and
+     * timelines are refused. */
     const struct gp_pipe_remote *remote;
 };
 
@@ -127,7 +141,9 @@ void gp_pipeline_host_free(struct gp_pipeline *p, void *ptr);
 const char *gp_pipeline_graph_note(const struct gp_pipeline *p);
 bool gp_pipeline_graphed(const struct gp_pipeline *p);
 
-/* Clips gradients to a global norm over all stages (when clip_norm > 0)
+/* Sums the gradients of parameters several stages hold (tied: each holder's
+ * copy gets the sum, added in stage order), clips gradients to a global
+ * norm over all stages, each parameter counted once (when clip_norm > 0),
  * and takes one optimizer step on every stage. */
 gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_norm,
                                struct gp_error *err);

@@ -517,8 +517,12 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
                                     "it nor known at load time",
                                     i, n->name, val->name);
             p->home[v] = GP_HOME_STATIC;
-            if (val->kind == GP_VALUE_PARAMETER || val->kind == GP_VALUE_BUFFER) {
-                /* One owner: a parameter updated on two devices would diverge. */
+            /* A parameter read by layers of several stages (tied: a GPT's
+             * embedding and head) is held by each of them, its gradients
+             * summed between them before the step (pipeline/tied.c). A
+             * buffer has no gradient to sum: BatchNorm's running statistics
+             * updated on two devices would diverge, so it has one owner. */
+            if (val->kind == GP_VALUE_BUFFER) {
                 for (int j = 0; j < g->n_nodes; j++) {
                     if (j >= first && j < last) continue;
                     for (int q = 0; q < g->nodes[j].n_inputs; q++)

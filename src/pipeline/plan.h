@@ -89,8 +89,9 @@ struct gp_compute_ops;
 /* Plans stage [first, last) of g for a backend's kernels (their saved and
  * scratch bytes). `needs_grad` marks values that carry gradients
  * (gp_plan_needs_grad). Fails naming every layer the backend has no kernel
- * (or no backward) for, and when a parameter or buffer is read by layers of
- * another stage too (it must live in one place). */
+ * (or no backward) for, and when a buffer is read by layers of another
+ * stage too (it must live in one place). A parameter read by several stages
+ * is planned on each as its own copy (pipeline/tied.c keeps them equal). */
 gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs_grad,
                         const struct gp_compute_ops *ops, const struct gp_compute_options *opts,
                         const char *backend, int first, int last, struct gp_stage_plan *out,

@@ -29,7 +29,14 @@
 
 #include "pipeline/internal.h"
 
-enum { TAG_ACTIVATIONS = 1, TAG_GRADIENTS = 2, TAG_LOSSES = 3, TAG_READ = 4 };
+enum {
+    TAG_ACTIVATIONS = GP_PIPE_TAG_ACTIVATIONS,
+    TAG_GRADIENTS = GP_PIPE_TAG_GRADIENTS,
+    TAG_LOSSES = GP_PIPE_TAG_LOSSES,
+    TAG_READ = GP_PIPE_TAG_READ,
+    TAG_NORMS = GP_PIPE_TAG_NORMS,
+    TAG_OUTPUTS = GP_PIPE_TAG_OUTPUTS,
+};
 
 static gp_status send_to(struct gp_pipeline *p, int to, int tag, const void *buf, size_t bytes, struct gp_error *err)
 {
@@ -144,4 +151,40 @@ gp_status gp_pipe_remote_read(struct gp_pipeline *p, int value, float *out, stru
         GP_TRY(recv_from(p, holder, TAG_READ, out, bytes, err));
     }
     return GP_OK;
+}
+
+/* Clipping across processes: every stage but the first sends its
+ * parameters' norms to stage 0, which sends the whole list back to each.
+ * Replicas hold the same summed gradients, so each replica gathers its
+ * own, to the same bits. */
+gp_status gp_pipe_remote_norms(struct gp_pipeline *p, float *norms, const int *base, const int *n,
+                               struct gp_error *err)
+{
+    int me = p->cfg.remote->stage, total = base[p->K - 1] + n[p->K - 1];
+    size_t all = sizeof(float) * (size_t)total;
+    gp_status st = GP_OK;
+    if (me != 0) {
+        if (n[me]) st = send_to(p, 0, TAG_NORMS, norms + base[me], sizeof(float) * (size_t)n[me], err);
+        if (st == GP_OK) st = recv_from(p, 0, TAG_NORMS, norms, all, err);
+    } else {
+        for (int k = 1; k < p->K && st == GP_OK; k++)
+            if (n[k]) st = recv_from(p, k, TAG_NORMS, norms + base[k], sizeof(float) * (size_t)n[k], err);
+        for (int k = 1; k < p->K && st == GP_OK; k++) st = send_to(p, k, TAG_NORMS, norms, all, err);
+    }
+    if (st != GP_OK) gp_error_prefix(err, "stage %d: gathering the gradient norms for clipping: ", me);
+    return st;
+}
+
+/* Evaluation across processes: each replica evaluates the whole set (its
+ * own running statistics without deferred BatchNorm: rank 0 reports
+ * replica 0's), and its last stage sends each micro-batch's outputs to
+ * the replica's other stages. */
+gp_status gp_pipe_remote_outputs(struct gp_pipeline *p, float *out, size_t bytes, struct gp_error *err)
+{
+    int me = p->cfg.remote->stage, last = p->K - 1;
+    gp_status st = GP_OK;
+    if (me != last) st = recv_from(p, last, TAG_OUTPUTS, out, bytes, err);
+    for (int k = 0; me == last && k < last && st == GP_OK; k++) st = send_to(p, k, TAG_OUTPUTS, out, bytes, err);
+    if (st != GP_OK) gp_error_prefix(err, "stage %d: evaluating: ", me);
+    return st;
 }

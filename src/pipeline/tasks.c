@@ -190,7 +190,11 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
     bool timed = p->cfg.time_layers;
     double t0 = timed ? now_ms() : 0;
     if (timed) GP_TRY(lap(s, &t0, &(double){0}, err));
+    /* The last micro-batch: parameters whose readers are all done are
+     * final, and their replicas' sums may start (buckets.c). */
+    bool final = j == p->M - 1 && gp_pipe_buckets_on(p);
     for (int i = s->plan.last - 1; i >= s->plan.first; i--) {
+        if (final) gp_pipe_buckets_progress(p, s->plan.last - 1 - i);
         if (timed && i + 1 < s->plan.last) GP_TRY(lap(s, &t0, &s->bwd_ms[i + 1 - s->plan.first], err));
         GP_TRY(zero_born(s, s->plan.last - i, err));
         if (s->plan.once[i - s->plan.first]) continue;
@@ -207,6 +211,7 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
         GP_TRY(gp_mixed_backward(s->cops, s->cctx, &c, s->staging, err));
     }
     if (timed) GP_TRY(lap(s, &t0, &s->bwd_ms[0], err));
+    if (final) gp_pipe_buckets_progress(p, s->plan.last - s->plan.first);
     return GP_OK;
 }
 
@@ -257,7 +262,10 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         s->live += (int64_t)s->plan.grad_bytes;
         if (s->live > s->peak) s->peak = s->live;
         GP_TRY(run_backward(p, s, j, err));
-        if (++s->backwards_done == p->M) GP_TRY(run_once_backward(p, s, err));
+        if (++s->backwards_done == p->M) {
+            GP_TRY(run_once_backward(p, s, err));
+            gp_pipe_buckets_progress(p, s->plan.last - s->plan.first + 1);
+        }
         s->live -= (int64_t)s->plan.grad_bytes + (int64_t)s->plan.local_bytes + (int64_t)s->plan.box_bytes;
         return GP_OK;
     case TASK_OPTIMIZE:

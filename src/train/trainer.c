@@ -619,13 +619,15 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
             cb->on_step(cb->user, &r);
         }
         bool epoch_end = in_epoch == per_epoch - 1 || step == total - 1;
-        if (epoch_end && cb && cb->on_epoch) {
+        /* Across processes evaluation is collective: every rank takes part,
+         * whether or not it reports. */
+        if (epoch_end && ((cb && cb->on_epoch) || (val && cfg->remote))) {
             struct gp_epoch_report r = {.epoch = epoch, .step = step + 1,
                                         .train_loss = epoch_loss / (double)epoch_steps,
                                         .val_accuracy = -1};
             if (val && (st = evaluate(&s, val, &r.val_loss, &r.val_accuracy, err)) != GP_OK) break;
             r.has_val = val != NULL;
-            cb->on_epoch(cb->user, &r);
+            if (cb && cb->on_epoch) cb->on_epoch(cb->user, &r);
         }
         /* A run that ends inside an epoch keeps its sums: a state saved
          * there continues them. */
