@@ -54,7 +54,7 @@
 /* Ops we support, as the test names spell them: a test belongs to op X when
  * its name is test_X followed by nothing, '_' or a digit (test_and2d). */
 static const char *const ops[] = {
-    "abs", "add", "and", "argmax", "argmin", "averagepool", "basic_conv", "batchnorm", "cast",
+    "abs", "add", "and", "argmax", "argmin", "attention", "averagepool", "basic_conv", "batchnorm", "cast",
     "castlike", "ceil", "clip", "concat", "constant", "constant_pad", "constantofshape", "conv",
     "convtranspose", "div", "dropout", "edge_pad", "einsum", "elu", "equal", "erf", "exp", "expand",
     "flatten", "floor", "gather", "gelu", "gemm", "globalaveragepool", "globalmaxpool", "greater",
