@@ -5,9 +5,14 @@ writes it, and near misses that must stay unfused. Tiny sizes (batch 2,
 8 tokens, width 16, 2 heads), so the files stay a few kilobytes.
 
     /usr/bin/python3 models/export_attention.py [--out tests/data/attention]
+    python3 models/export_attention.py --torch2 [--out tests/data/attention]
 
 Torch 1.13 (Debian's python3-torch); exported in training mode without
-constant folding, as export_fixtures.py does.
+constant folding, as export_fixtures.py does. --torch2 (torch >= 2.5)
+writes the spellings of torch 2.x instead: F.scaled_dot_product_attention
+through the TorchScript exporter (<name>_torch2_op17.onnx) and, with the
+explicit attention too, the dynamo exporter's with optimize off and on
+(<name>_dynamo.onnx, <name>_dynamo_opt.onnx).
 """
 import argparse
 import math
@@ -45,6 +50,21 @@ class NanoGPT(nn.Module):
         att = F.softmax(att, dim=-1)
         att = self.attn_dropout(att)
         y = att @ v
+        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
+class NanoGPTSDPA(NanoGPT):
+    """The same block with F.scaled_dot_product_attention (torch >= 2)."""
+
+    def forward(self, x):
+        b, t, c = x.size()
+        hs = c // H
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        k = k.view(b, t, H, hs).transpose(1, 2)
+        q = q.view(b, t, H, hs).transpose(1, 2)
+        v = v.view(b, t, H, hs).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(b, t, c)
         return self.c_proj(y)
 
@@ -136,13 +156,38 @@ def fixtures():
         yield "mha_" + m, MHA(m), (14,)
 
 
+def export_torch2(out, x):
+    """torch 2.x: SDPA through the TorchScript exporter, and the dynamo exporter's forms."""
+    import warnings
+    warnings.filterwarnings("ignore")
+    common = dict(input_names=["x"], output_names=["y"], training=torch.onnx.TrainingMode.TRAINING,
+                  dynamic_axes={"x": {0: "batch"}})
+    jobs = [("nanogpt_sdpa_torch2_op17", NanoGPTSDPA(), dict(dynamo=False, opset_version=17,
+                                                            do_constant_folding=False))]
+    for name, model in (("nanogpt_sdpa", NanoGPTSDPA()), ("nanogpt", NanoGPT()), ("mha", MHA())):
+        jobs.append((name + "_dynamo", model, dict(dynamo=True, optimize=False, external_data=False)))
+        jobs.append((name + "_dynamo_opt", model, dict(dynamo=True, optimize=True, external_data=False)))
+    for name, model, extra in jobs:
+        model.train()
+        path = os.path.join(out, name + ".onnx")
+        try:
+            torch.onnx.export(model, (x,), path, **common, **extra)
+            print(f"{path}: {os.path.getsize(path)} bytes")
+        except Exception as e:  # noqa: BLE001 - report every export's outcome
+            print(f"{path}: failed: {type(e).__name__}: {str(e)[:300]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "data", "attention"))
+    ap.add_argument("--torch2", action="store_true", help="torch 2.x's spellings (see above)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
     x = torch.randn(B, T, C)
+    if args.torch2:
+        export_torch2(args.out, x)
+        return
     for name, model, opsets in fixtures():
         model.train()
         for opset in opsets:
