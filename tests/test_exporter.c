@@ -204,7 +204,7 @@ static void test_other_files_not_noted(void **state)
 {
     (void)state;
     static const char *const names[] = {
-        "resnet_dynamo", "digits_cnn_dynamo", "mlp_op13",     "mlp_op17",
+        "resnet_dynamo", "digits_cnn_dynamo", "gpt_dynamo", "mlp_op13",     "mlp_op17",
         "digits_cnn_op13", "digits_cnn_op17", "resnet_op13", "resnet_op17", "unet_op13",
         "unet_op17",     "gpt_op13",          "gpt_op17",   "mlp_torch2_op17", "gpt_torch2_op17",
     };
