@@ -65,8 +65,11 @@ static int64_t tensor_ints(const Onnx__TensorProto *tp, int64_t *out, int64_t ma
     if (!i64 && !i32) return -1;
     if (tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) return -1;
     int64_t n = 1;
-    for (size_t d = 0; d < tp->n_dims; d++) n *= tp->dims[d];
-    if (n < 0 || n > max) return -1;
+    for (size_t d = 0; d < tp->n_dims; d++) {
+        if (tp->dims[d] < 0 || (tp->dims[d] && n > max / tp->dims[d])) return -1;
+        n *= tp->dims[d];
+    }
+    if (n > max) return -1;
     if (tp->has_raw_data) {
         size_t width = i64 ? 8 : 4;
         if (tp->raw_data.len != (size_t)n * width) return -1;
@@ -168,8 +171,9 @@ static gp_status split_of(const Onnx__GraphProto *gp, const Onnx__NodeProto *sp,
                             "node '%s' (SplitToSequence): its split '%s' is not a constant (an initializer or "
                             "a Constant node of at most %d integers); only constant splits are supported",
                             sname, sp->input[1], MAX_SPLIT);
+    /* Bounded so that no sum or product of positions overflows. */
     for (int64_t k = 0; k < c->n; k++)
-        if (c->split[k] < (c->scalar ? 1 : 0))
+        if (c->split[k] < (c->scalar ? 1 : 0) || c->split[k] > ((int64_t)1 << 31))
             return gp_error_set(err, GP_ERR_INVALID, "node '%s' (SplitToSequence): split '%s' holds %lld", sname,
                                 sp->input[1], (long long)c->split[k]);
     return GP_OK;
@@ -270,6 +274,8 @@ gp_status gp_onnx_lower_sequence_op(struct gp_graph *g, const Onnx__GraphProto *
     constant_ints(gp, np->input[1], &pos, 1, &scalar);
     /* [start, end) along the axis; total: the axis size the split implies. */
     int64_t start = 0, end = 0, total = -1, chunk = 0;
+    if (st == GP_OK && (pos > ((int64_t)1 << 31) || pos < -((int64_t)1 << 31)))
+        st = gp_error_set(err, GP_ERR_INVALID, "node '%s' (SequenceAt): position %lld", aname, (long long)pos);
     if (st == GP_OK && c->n < 0) { /* chunks of 1 */
         start = pos;
         end = pos == -1 ? INT64_MAX : pos + 1;
