@@ -13,6 +13,7 @@
 #include "onnx.pb-c.h"
 #include "onnx/einsum.h"
 #include "onnx/external_data.h"
+#include "onnx/sequence.h"
 #include "onnx/tensor_proto.h"
 #include "onnx/wire.h"
 #include "util/mapped.h"
@@ -171,11 +172,15 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
     /* Every name appears at most once as an initializer, input, output or
      * node output, and once per node input: that bounds the value table. */
     size_t max_values = gp->n_initializer + gp->n_input + gp->n_output, max_nodes = gp->n_node, n_einsum = 0;
+    size_t n_sequence = 0;
     for (size_t i = 0; i < gp->n_node; i++) {
         max_values += gp->node[i]->n_input + gp->node[i]->n_output;
         if (gp_onnx_is_einsum(gp->node[i])) /* lowered into several nodes */
             max_values += GP_EINSUM_EXTRA_VALUES, max_nodes += GP_EINSUM_EXTRA_NODES, n_einsum++;
+        if (gp_onnx_is_sequence_op(gp->node[i]))
+            max_values += GP_SEQUENCE_EXTRA_VALUES, max_nodes += GP_SEQUENCE_EXTRA_NODES, n_sequence++;
     }
+    GP_TRY(gp_onnx_check_sequences(gp, err));
     if (max_values > (1u << 27) || max_nodes > (1u << 27))
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "the model is too large (%zu nodes)", gp->n_node);
 
@@ -185,6 +190,10 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
     struct gp_einsum_check *einsum_checks = gp_arena_alloc(&g->arena, sizeof *einsum_checks * (2 * n_einsum + 1));
     int n_einsum_checks = 0;
     if (!einsum_checks) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    /* One check per SequenceAt (onnx/sequence.h). */
+    struct gp_sequence_check *sequence_checks = gp_arena_alloc(&g->arena, sizeof *sequence_checks * (n_sequence + 1));
+    int n_sequence_checks = 0;
+    if (!sequence_checks) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     /* gp_graph_init cleared the graph: copy the paths back into its arena. */
     g->path = keep_path ? gp_arena_strdup(&g->arena, keep_path) : NULL;
     g->dir = keep_dir ? gp_arena_strdup(&g->arena, keep_dir) : NULL;
@@ -237,6 +246,10 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
             GP_TRY(gp_onnx_lower_einsum(g, np, einsum_checks, &n_einsum_checks, err));
             continue;
         }
+        if (gp_onnx_is_sequence_op(np)) {
+            GP_TRY(gp_onnx_lower_sequence_op(g, gp, np, sequence_checks, &n_sequence_checks, err));
+            continue;
+        }
         int node = gp_graph_add_node(g, np->op_type, np->domain, np->name, (int)np->n_input,
                                      (const char *const *)np->input, (int)np->n_output,
                                      (const char *const *)np->output, err);
@@ -250,6 +263,7 @@ static gp_status build_graph(const Onnx__ModelProto *mp, struct gp_graph *g, int
         GP_TRY(gp_graph_add_output(g, gp->output[i]->name, err));
     }
     GP_TRY(gp_graph_finalize(g, err));
+    GP_TRY(gp_onnx_sequence_verify(g, sequence_checks, n_sequence_checks, err));
     return gp_onnx_einsum_verify(g, einsum_checks, n_einsum_checks, err);
 }
 

@@ -3,17 +3,22 @@
  * folded into a convolution's bias, equal LayerNorm weights merged into one
  * initializer) says what was lost; optimize=False (BatchNormalization and
  * separate weights kept), a weight tied on purpose, the TorchScript
- * exporter's names and older producers say nothing. */
+ * exporter's names and older producers say nothing. Then on the real files:
+ * the fixtures torch 2.11's dynamo exporter wrote with both settings, and
+ * every fixture of the TorchScript exporters. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
+#include "fixtures.h"
 #include "graph/build.h"
 #include "graph/exporter.h"
+#include "onnx/load.h"
 
 #define S(...) ((const char *const[]){__VA_ARGS__})
 
@@ -149,11 +154,72 @@ static void test_other_exports_not_noted(void **state)
     gp_graph_free(&g);
 }
 
+/* The note for models/<name>.onnx, loaded as `train` loads it; false
+ * when there is none. */
+static bool file_note(const char *name, char *note, size_t size)
+{
+    char file[256], path[4096];
+    struct gp_error err = {0};
+    struct gp_graph g;
+    snprintf(file, sizeof file, "%s.onnx", name);
+    if (gp_onnx_load(fixture_path(file, path, sizeof path), 1, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+    note[0] = '\0';
+    bool noted = gp_graph_exporter_note(&g, note, size);
+    gp_graph_free(&g);
+    return noted;
+}
+
+/* torch 2.11 with optimize=True: ResNet's BatchNorms leave no parameter
+ * behind (its convolutions have no bias), the digits CNN's convolutions
+ * keep their own biases; in both the convolutions, renamed 'node_Conv_<n>',
+ * write the values their BatchNorm wrote ('getitem', 'getitem_5', ...).
+ * GPT has no BatchNorm: its LayerNorms read merged weights. */
+static void test_dynamo_optimized_files(void **state)
+{
+    (void)state;
+    char note[4096];
+    assert_true(file_note("resnet_dynamo_opt", note, sizeof note));
+    assert_non_null(strstr(note, "producer pytorch 2.11.0+cu130"));
+    assert_non_null(strstr(note, "BatchNormalization was folded into the convolutions: none is left, and 8 of 8 "
+                                 "convolutions write what dynamo names a BatchNorm's output (such as "
+                                 "'node_Conv_110' writing 'getitem')"));
+    assert_null(strstr(note, "several nodes"));
+    assert_non_null(strstr(note, "dynamo=True, optimize=False"));
+
+    assert_true(file_note("digits_cnn_dynamo_opt", note, sizeof note));
+    assert_non_null(strstr(note, "2 of 2 convolutions write what dynamo names a BatchNorm's output (such as "
+                                 "'node_Conv_18' writing 'getitem')"));
+    assert_null(strstr(note, "several nodes"));
+
+    assert_true(file_note("gpt_dynamo_opt", note, sizeof note));
+    assert_null(strstr(note, "folded"));
+    assert_non_null(strstr(note, "4 parameters are read by several nodes (such as 'h.0.ln_1.weight' by "
+                                 "'node_layer_norm' and 'node_layer_norm_1', all its elements equal)"));
+}
+
+/* optimize=False keeps BatchNormalization (its outputs are the 'getitem's)
+ * and separate LayerNorm weights; the TorchScript exporters' fixtures
+ * (torch 1.13 at opsets 13 and 17, torch 2's at 17) are no dynamo exports. */
+static void test_other_files_not_noted(void **state)
+{
+    (void)state;
+    static const char *const names[] = {
+        "resnet_dynamo", "digits_cnn_dynamo", "gpt_dynamo", "mlp_op13",     "mlp_op17",
+        "digits_cnn_op13", "digits_cnn_op17", "resnet_op13", "resnet_op17", "unet_op13",
+        "unet_op17",     "gpt_op13",          "gpt_op17",   "mlp_torch2_op17", "gpt_torch2_op17",
+    };
+    char note[4096];
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (file_note(names[i], note, sizeof note)) fail_msg("%s: unexpected note: %s", names[i], note);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_optimized_export_noted),
         cmocka_unit_test(test_other_exports_not_noted),
+        cmocka_unit_test(test_dynamo_optimized_files),
+        cmocka_unit_test(test_other_files_not_noted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

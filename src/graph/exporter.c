@@ -56,6 +56,26 @@ static bool batch_norm_name(const char *s)
     return false;
 }
 
+/* "getitem", "getitem_12": the name dynamo gives a value taken out of a
+ * tuple, such as the output BatchNorm's functional form returns. A
+ * convolution never returns a tuple, so a convolution writing such a value
+ * took it over from the BatchNorm that was folded into it. */
+static bool getitem_name(const char *s)
+{
+    if (!s || strncmp(s, "getitem", 7) != 0) return false;
+    s += 7;
+    if (!*s) return true;
+    if (*s++ != '_' || !*s) return false;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9') return false;
+    return true;
+}
+
+static bool is_conv(const struct gp_node *n)
+{
+    return !strcmp(n->op_type, "Conv") || !strcmp(n->op_type, "ConvTranspose");
+}
+
 /* Every element the same value (false for an empty or missing tensor);
  * stops at the first that differs, so a random weight costs a few reads. */
 static bool all_equal(const struct gp_tensor *t)
@@ -80,22 +100,29 @@ bool gp_graph_exporter_note(const struct gp_graph *g, char *note, size_t size)
     for (int v = 0; v < g->n_values; v++) dynamo_names += dynamo_value_name(g->values[v].name);
     if (!dynamo_names) return false; /* the TorchScript exporter's names: '/layer1/conv/Conv' */
 
-    /* BatchNorm folded: no BatchNormalization runs, convolutions carry biases,
-     * and some name still speaks of a BatchNorm. */
-    int n_bn = 0, conv_bias = 0;
+    /* BatchNorm folded: no BatchNormalization runs, and either convolutions
+     * write the values their BatchNorm wrote (named 'getitem...', what
+     * torch 2.11's optimizer leaves: it drops the BatchNorm's parameters and
+     * renames the convolution 'node_Conv_<n>'), or convolutions carry
+     * biases and some name still speaks of a BatchNorm. */
+    int n_bn = 0, n_conv = 0, conv_bias = 0, conv_getitem = 0, getitem_conv = -1;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct gp_node *n = &g->nodes[i];
         if (!strcmp(n->op_type, "BatchNormalization")) n_bn++;
-        if ((!strcmp(n->op_type, "Conv") || !strcmp(n->op_type, "ConvTranspose")) && n->n_inputs >= 3 &&
-            n->inputs[2] >= 0)
-            conv_bias++;
+        if (!is_conv(n)) continue;
+        n_conv++;
+        if (n->n_inputs >= 3 && n->inputs[2] >= 0) conv_bias++;
+        if (n->n_outputs >= 1 && n->outputs[0] >= 0 && getitem_name(g->values[n->outputs[0]].name)) {
+            conv_getitem++;
+            if (getitem_conv < 0) getitem_conv = i;
+        }
     }
     const char *bn_name = NULL;
     for (int v = 0; v < g->n_values && !bn_name; v++)
         if (batch_norm_name(g->values[v].name)) bn_name = g->values[v].name;
     for (int i = 0; i < g->n_nodes && !bn_name; i++)
         if (batch_norm_name(g->nodes[i].name)) bn_name = g->nodes[i].name;
-    bool bn_folded = !n_bn && conv_bias && bn_name;
+    bool bn_folded = !n_bn && (conv_getitem || (conv_bias && bn_name));
 
     /* Parameters read by several nodes through slots that carry gradients,
      * whose elements are all equal: what fresh LayerNorm weights (ones) and
@@ -132,12 +159,21 @@ bool gp_graph_exporter_note(const struct gp_graph *g, char *note, size_t size)
                              "node names like '%s'): torch.onnx.export(..., dynamo=True) optimizes by "
                              "default, which training cannot undo.",
                              g->producer_version, g->n_nodes ? g->nodes[0].name : "node_...");
-    if (bn_folded && used < size)
+    if (bn_folded && conv_getitem && used < size) {
+        const struct gp_node *c = &g->nodes[getitem_conv];
+        used += (size_t)snprintf(note + used, size - used,
+                                 " BatchNormalization was folded into the convolutions: none is left, and "
+                                 "%d of %d convolution%s write%s what dynamo names a BatchNorm's output "
+                                 "(such as '%s' writing '%s'), so this model trains without BatchNorm.",
+                                 conv_getitem, n_conv, n_conv > 1 ? "s" : "", conv_getitem > 1 ? "" : "s",
+                                 c->name, g->values[c->outputs[0]].name);
+    } else if (bn_folded && used < size) {
         used += (size_t)snprintf(note + used, size - used,
                                  " BatchNormalization was folded into the convolutions: none is left, "
                                  "%d convolution%s biases, and names such as '%s' say there was "
                                  "one, so this model trains without BatchNorm.",
                                  conv_bias, conv_bias > 1 ? "s carry" : " carries", bn_name);
+    }
     if (shared && used < size)
         used += (size_t)snprintf(note + used, size - used,
                                  " %d parameter%s read by several nodes (such as '%s' by '%s' and "
