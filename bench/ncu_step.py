@@ -23,7 +23,7 @@ import sys
 # (class, pattern on the kernel's name), first match wins.
 CLASSES = [
     ("cuDNN layout transposes (NCHW <-> NHWC)", r"ToNhwc|ToNchw|AddPadding|nchw2nhwc|nhwc2nchw"),
-    ("our layout transposes (relayout: staged calls, filters, the stem's input)", r"relayout_kernel"),
+    ("our layout transposes (relayout: staged calls, filters, the stem's input)", r"relayout"),
     ("BatchNormalization", r"^(void )?bn_"),
     ("InstanceNormalization", r"^(void )?in_(forward|bwd)"),
     ("LayerNormalization", r"^(void )?ln_"),
