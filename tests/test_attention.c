@@ -4,8 +4,9 @@
  *    forms, additive and bool masks, causal, Tq != Tk), gradients against
  *    finite differences in double (op_gradcheck, which also compares bf16
  *    with fp32 layer by layer), refusals naming the node;
- *  - the fusion, on torch 1.13 exports (models/export_attention.py,
- *    tests/data/attention/) and on chains built by hand: each spelling
+ *  - the fusion, on torch 1.13 and 2.11 exports (TorchScript and dynamo
+ *    exporters; models/export_attention.py, tests/data/attention/) and on
+ *    chains built by hand: each spelling
  *    fuses into one Attention node with the attributes it should have,
  *    each near miss stays unfused, and the fused graph trains like the
  *    unfused one (GP_FUSE_ATTENTION=0) within float32 rounding: outputs,
@@ -259,6 +260,18 @@ static const struct spelling spellings[] = {
     {"mha_float_causal_op14", 1, 1, false, 0.353553385f, 5},
     {"mha_bool_causal_op14", 1, 1, false, 0.353553385f, 5},
     {"mha_float_band_op14", 0, 1, true, 0.353553385f, 5},
+    /* torch 2.11 (models/export_attention.py --torch2). SDPA through the
+     * TorchScript exporter: sqrt-scaled Q and K, a -inf triangle built from
+     * Trilu (folded), K's head split also transposed for a Shape that
+     * folded away (that dead Transpose goes too). */
+    {"nanogpt_sdpa_torch2_op17", 1, 2, false, 0.353553385f, 14},
+    /* The dynamo exporter, optimize off: SDPA with K transposed through
+     * [B * H, T, D] and a -3.4e38 triangle (CastLike folds); the explicit
+     * form with a clone (Identity) in the head merge; nn.MultiheadAttention
+     * as 4-D [B, H, T, D] views of its [B * H, T, D] heads. */
+    {"nanogpt_sdpa_dynamo", 1, 2, false, 0.353553385f, 16},
+    {"nanogpt_dynamo", 1, 2, false, 0.353553385f, 14},
+    {"mha_dynamo", 0, 0, false, 0.353553385f, 7},
 };
 
 /* Near misses: nothing fuses. */
@@ -270,6 +283,12 @@ static const char *const near_misses[] = {
     "param_mask_op17",       /* the mask a float initializer: trainable */
     "input_mask_op17",       /* the mask computed from the input */
     "scores_out_op17",       /* the scores also a graph output */
+    /* The dynamo exporter with optimize on turns the scale (and the fill
+     * and the mask's 0) into float initializers, which load as trainable
+     * parameters (inspect says so): fusing would freeze them. */
+    "nanogpt_sdpa_dynamo_opt",
+    "nanogpt_dynamo_opt",
+    "mha_dynamo_opt",
 };
 
 static void test_spellings_fuse(void **state)
