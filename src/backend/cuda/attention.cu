@@ -392,6 +392,12 @@ static bool env_on(const char *name)
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* cuDNN's deterministic backward on Hopper (before cuDNN 9.25) keeps dP
+ * whole: B * H * Tq * Tk bfloat16 values of workspace (384 MiB for GPT-2
+ * at 16 x 1024 tokens; one scratch for every layer of a stage). Beyond
+ * this, the own kernels run. */
+#define ATT_CUDNN_WS_CAP ((size_t)4 << 30)
+
 #ifdef GP_HAVE_CUDNN_GRAPH
 static struct attn_graph_problem graph_problem(const struct gp_attention_plan *p, bool fast)
 {
@@ -449,6 +455,10 @@ static bool att_cudnn_problem(void *cudnn, const struct gp_attention_plan *p, bo
     struct attn_graph_problem ap = graph_problem(p, fast);
     size_t fws = 0, bws = 0;
     if (!attn_graph_supported(h, &ap, &fws, &bws, why, why_size)) return false;
+    if (bws > ATT_CUDNN_WS_CAP)
+        return snprintf(why, why_size, "cuDNN's %sbackward takes %zu MiB of workspace, over the %zu MiB cap",
+                        fast ? "" : "deterministic ", bws >> 20, ATT_CUDNN_WS_CAP >> 20),
+               false;
     size_t grads = align256(sizeof(bf16_t) * (size_t)numel_q(p)) + align256(sizeof(bf16_t) * (size_t)numel_k(p)) +
                    align256(sizeof(bf16_t) * (size_t)numel_v(p));
     *scratch = fws > grads + bws ? fws : grads + bws;
