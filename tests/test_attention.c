@@ -350,12 +350,48 @@ static int hand_chain(bool vector_scale, bool p_out)
     return n;
 }
 
+/* The dynamo exporter's K transpose, by hand: Reshape(Transpose(Reshape(
+ * k, [B * H, T, D]), perm), [B, H, D, T]) with perm [0, 2, 1] (fuses) or
+ * [0, 1, 2] (no transpose: the reshape scrambles K, stays); c = 2 scales
+ * Q and K (sqrt-scaled: 4). */
+static int dynamo_kt_chain(bool swap)
+{
+    struct gp_graph g;
+    init(&g, 17);
+    input(&g, "q", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    input(&g, "k", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    input(&g, "v", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    cany(&g, "ci", GP_DTYPE_INT64, 0, I64(0), F64(2));
+    attr_int(&g, node(&g, "Cast", 1, S("ci"), 1, S("c")), "to", GP_DTYPE_FLOAT32);
+    cany(&g, "s3", GP_DTYPE_INT64, 1, I64(3), F64(2, 4, 8));
+    cany(&g, "s4", GP_DTYPE_INT64, 1, I64(4), F64(1, 2, 8, 4));
+    node(&g, "Reshape", 2, S("k", "s3"), 1, S("k3"));
+    attr_ints(&g, node(&g, "Transpose", 1, S("k3"), 1, S("k3t")), "perm", 3, swap ? I64(0, 2, 1) : I64(0, 1, 2));
+    node(&g, "Reshape", 2, S("k3t", "s4"), 1, S("kt"));
+    node(&g, "Mul", 2, S("q", "c"), 1, S("qs"));
+    node(&g, "Mul", 2, S("kt", "c"), 1, S("kts"));
+    node(&g, "MatMul", 2, S("qs", "kts"), 1, S("s"));
+    node(&g, "Softmax", 1, S("s"), 1, S("p"));
+    node(&g, "MatMul", 2, S("p", "v"), 1, S("y"));
+    output(&g, "y");
+    finalize(&g);
+    int a, n = count_op(&g, "Attention", &a);
+    if (n == 1) {
+        assert_true(gp_node_attr_float(&g.nodes[a], "scale", 0) == 4.0f);
+        assert_int_equal(g.n_nodes, 1);
+    }
+    gp_graph_free(&g);
+    return n;
+}
+
 static void test_hand_built_chains(void **state)
 {
     (void)state;
     assert_int_equal(hand_chain(false, false), 1);
     assert_int_equal(hand_chain(true, false), 0);
     assert_int_equal(hand_chain(false, true), 0);
+    assert_int_equal(dynamo_kt_chain(true), 1);
+    assert_int_equal(dynamo_kt_chain(false), 0);
 }
 
 /* The fixture GPT (attention dropout: unfused) loads as before. */
