@@ -66,6 +66,11 @@ struct gp_cli_train_run {
     const char *auto_balance; /* "time", "memory" or NULL */
     int n_balance;            /* stages --balance listed; 0: none */
     int64_t bucket_kib;       /* --bucket-kib: replicas' gradient sums in buckets of this many KiB */
+    /* --resume: the state folder every rank resolved it to (the newest
+     * whole state of the folder given, as this rank reads it), filled by
+     * gp_cli_dist_start; every rank must see the same state's bytes. */
+    char *resume_state;
+    size_t resume_state_size;
 };
 
 struct gp_cli_dist {
@@ -82,5 +87,13 @@ struct gp_cli_dist {
  * failure only this rank knows of ends the whole job (MPI_Abort). */
 int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double timeout_s, struct gp_cli_dist *d);
 void gp_cli_dist_end(struct gp_cli_dist *d);
+/* --balance time|memory across processes: rank 0 profiled and split the
+ * model (`ok`: it could; its counts in balance[0..n)); the others get its
+ * counts. GP_EXIT_OK, or the exit status (rank 0 said why; a broken link
+ * ends the job). */
+int gp_cli_dist_share_balance(struct gp_cli_dist *d, bool ok, int *balance, int n);
+/* --trace FILE across processes: each rank's own file, FILE with
+ * ".rank<R>" before its extension (out.json: out.rank1.json). */
+void gp_cli_dist_trace_path(const struct gp_cli_dist *d, const char *path, char *out, size_t size);
 
 #endif

@@ -11,6 +11,7 @@
 #include "cli/cli.h"
 #include "dist/agree.h"
 #include "pipeline/schedule.h"
+#include "train/state.h"
 #include "train/trainer.h"
 #include "util/xxh64.h"
 
@@ -60,10 +61,41 @@ static void add_file(struct gp_agree_record *r, const char *label, const char *p
     gp_agree_add_detail(r, label, path, "%lld bytes, xxh64 %s", bytes, hex);
 }
 
+static void skipped_state(void *user, const char *message)
+{
+    if (*(const int *)user == 0) fprintf(stderr, "note: %s\n", message);
+}
+
+/* --resume: the newest whole state of what was given, as this rank sees
+ * it, into run->resume_state, and its manifest's bytes (which hold every
+ * tensor's digest) to agree on: every rank continues from the same state,
+ * read from a file system they share or from copies of it. */
+static void describe_resume(const struct gp_cli_train_run *run, int rank, struct gp_agree_record *r)
+{
+    const char *given = run->cfg->resume_path;
+    if (!given) {
+        gp_agree_add(r, "--resume", "(none)");
+        return;
+    }
+    struct gp_state *s = NULL;
+    struct gp_error err = {0};
+    if (gp_state_open_latest(given, skipped_state, &rank, &s, &err) != GP_OK) {
+        gp_agree_fail(r, "%s", err.msg);
+        return;
+    }
+    char manifest[4200];
+    snprintf(run->resume_state, run->resume_state_size, "%s", s->path);
+    snprintf(manifest, sizeof manifest, "%s/%s", s->path, GP_STATE_MANIFEST);
+    gp_state_close(s);
+    add_file(r, "--resume", manifest);
+}
+
 /* What must be equal on every rank: everything that decides the arithmetic
- * or the shape of the job. Outputs (--save, --metrics, --trace) are rank
- * 0's alone, and --devices, --cuda-graph and --quiet are each rank's. */
-static void describe_run(const struct gp_cli_train_run *run, int pipeline, int replicas, struct gp_agree_record *r)
+ * or the shape of the job. Outputs (--save, --metrics) are rank 0's alone,
+ * --trace each rank's own file, and --devices, --cuda-graph and --quiet
+ * are each rank's. */
+static void describe_run(const struct gp_cli_train_run *run, int pipeline, int replicas, int rank,
+                         struct gp_agree_record *r)
 {
     const struct gp_train_config *c = run->cfg;
     char a[64];
@@ -115,7 +147,11 @@ static void describe_run(const struct gp_cli_train_run *run, int pipeline, int r
     for (int k = 0; k < pipeline && c->balance[0] && len < sizeof balance; k++)
         len += (size_t)snprintf(balance + len, sizeof balance - len, "%s%d", k ? "," : "", c->balance[k]);
     gp_agree_add(r, "--balance", "%s", run->auto_balance ? run->auto_balance : balance[0] ? balance : "(even)");
-    gp_agree_add(r, "--resume", "%s", c->resume_path ? c->resume_path : "(none)");
+    describe_resume(run, rank, r);
+    /* Saving a state is collective (rank 0 gathers every stage's part). */
+    gp_agree_add(r, "--save-state", "%s", c->state_dir ? "given" : "(none)");
+    gp_agree_add(r, "--save-every", "%lld steps, %g s, keep %d", (long long)c->save_every, c->save_every_seconds,
+                 c->keep);
     /* A stage's replicas must cut their gradient sums alike. */
     gp_agree_add(r, "--bucket-kib", "%lld", (long long)run->bucket_kib);
     gp_agree_add(r, "--algorithms", "%s", c->choices_path ? c->choices_path : "(none)");
@@ -175,9 +211,9 @@ static const char *not_yet(const struct gp_cli_train_run *run)
     const struct gp_train_config *c = run->cfg;
     for (int k = 0; k < c->n_stages; k++)
         if (c->stage_cuda[k]) return "stages on GPUs in several processes (use --devices cpu:N)";
-    if (c->state_dir || c->resume_path) return "training states (--save-state, --resume) across processes";
-    if (c->trace_path) return "--trace across processes";
-    if (run->auto_balance) return "--balance time|memory across processes (give the layer counts)";
+    if (c->state_dir && c->save_every_seconds > 0)
+        return "--save-every in seconds across processes (each would decide by its own clock; give a number of "
+               "steps)";
     return NULL;
 }
 
@@ -231,7 +267,7 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
         gp_comm_abort(out->comm, GP_EXIT_FAIL);
     }
     gp_agree_init(mine);
-    describe_run(run, pipeline, out->replicas, mine);
+    describe_run(run, pipeline, out->replicas, rank, mine);
     gp_status st = gp_agree_check(out->comm, mine, &err);
     free(mine);
     if (st == GP_ERR_COMM) {
@@ -276,4 +312,43 @@ void gp_cli_dist_end(struct gp_cli_dist *d)
 {
     gp_comm_finalize(d->comm);
     d->comm = NULL;
+}
+
+/* Rank 0's verdict and counts, as one message to each rank. */
+struct balance_msg {
+    int32_t ok, n;
+    int32_t counts[GP_CLI_MAX_DEVICES];
+};
+
+#define TAG_BALANCE 100
+
+int gp_cli_dist_share_balance(struct gp_cli_dist *d, bool ok, int *balance, int n)
+{
+    struct gp_error err = {0};
+    struct balance_msg m = {.ok = ok, .n = n};
+    int rank = gp_comm_rank(d->comm), size = gp_comm_size(d->comm);
+    gp_status st = GP_OK;
+    if (rank == 0) {
+        for (int k = 0; k < n && ok; k++) m.counts[k] = balance[k];
+        for (int to = 1; to < size && st == GP_OK; to++) st = gp_comm_send(d->comm, to, TAG_BALANCE, &m, sizeof m, &err);
+    } else {
+        st = gp_comm_recv(d->comm, 0, TAG_BALANCE, &m, sizeof m, &err);
+        if (st == GP_OK && m.ok && m.n != n)
+            st = gp_error_set(&err, GP_ERR_INVALID, "rank 0 split the model into %d stages, not %d", m.n, n);
+        for (int k = 0; st == GP_OK && m.ok && k < n; k++) balance[k] = m.counts[k];
+    }
+    if (st != GP_OK) {
+        gp_cli_fail("rank %d: agreeing on the balance: %s", rank, err.msg);
+        gp_comm_abort(d->comm, GP_EXIT_FAIL);
+    }
+    return m.ok ? GP_EXIT_OK : GP_EXIT_FAIL; /* rank 0 said why */
+}
+
+void gp_cli_dist_trace_path(const struct gp_cli_dist *d, const char *path, char *out, size_t size)
+{
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    if (dot && slash && dot < slash) dot = NULL;
+    if (dot == path || (slash && dot == slash + 1)) dot = NULL; /* ".json" alone is a name */
+    size_t stem = dot ? (size_t)(dot - path) : strlen(path);
+    snprintf(out, size, "%.*s.rank%d%s", (int)stem, path, d->launch.rank, dot ? dot : "");
 }

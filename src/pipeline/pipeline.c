@@ -515,7 +515,9 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
         struct gp_task_tag tag = tag_of(GP_TASK_OPTIMIZER, k, -1, "optimizer");
         s->ops->enqueue(s->compute, gp_pipe_task_run, t, &tag);
     }
-    return gp_pipe_sync_all(p, err);
+    GP_TRY(gp_pipe_sync_all(p, err));
+    p->optim_steps++;
+    return GP_OK;
 }
 
 gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stats, float *out,
@@ -636,6 +638,7 @@ gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struc
     struct gp_trace_stream streams[3 * 64];
     int n = 0;
     for (int k = 0; k < p->K && n + 3 <= (int)(sizeof streams / sizeof *streams); k++) {
+        if (!stage_local(p, k)) continue;
         struct stage *s = &p->stages[k];
         struct gp_stream *list[3] = {s->compute, s->copy_next, s->copy_prev};
         static const char *const names[3] = {"compute", "copy to next stage", "copy to previous stage"};
@@ -651,5 +654,15 @@ gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struc
                                  .checkpoint = gp_checkpoint_name(p->sched.checkpoint),
                                  .stages = p->K,
                                  .micro_batches = p->M};
+    /* Stages in other processes: this rank's own timeline (README, "Several
+     * processes": one file per rank). */
+    char rank_name[96];
+    const struct gp_pipe_remote *r = p->cfg.remote;
+    if (r) {
+        info.rank = (r->replica > 0 ? r->replica : 0) * p->K + r->stage;
+        snprintf(rank_name, sizeof rank_name, "rank %d (stage %d, replica %d)", info.rank, r->stage,
+                 r->replica > 0 ? r->replica : 0);
+        info.rank_name = rank_name;
+    }
     return gp_trace_write_info(path, streams, n, &info, err);
 }

@@ -153,6 +153,36 @@ gp_status gp_pipe_remote_read(struct gp_pipeline *p, int value, float *out, stru
     return GP_OK;
 }
 
+/* Saved states: a parameter's optimizer state, its first holder's (tied
+ * copies step alike on the same summed gradients, so every holder has the
+ * same bits), read to stage 0's process of replica 0 as values are. */
+gp_status gp_pipe_remote_read_optim(struct gp_pipeline *p, int value, int slot, float *out, struct gp_error *err)
+{
+    const struct gp_value *v = &p->g->values[value];
+    int holder = -1;
+    for (int k = 0; k < p->K && holder < 0; k++)
+        if (p->stages[k].plan.home[value] == GP_HOME_STATIC) holder = k;
+    if (holder < 0 || v->kind != GP_VALUE_PARAMETER)
+        return gp_error_set(err, GP_ERR_INVALID, "'%s' is not a parameter of any stage", v->name);
+    int me = p->cfg.remote->stage;
+    if (p->cfg.remote->replica > 0) return GP_OK;
+    size_t bytes = sizeof(float) * (size_t)gp_shape_numel(&v->shape);
+    if (me == holder) {
+        struct stage *s = &p->stages[me];
+        int i = 0;
+        while (i < s->n_params && s->param_values[i] != value) i++;
+        if (!s->opt || i == s->n_params)
+            return gp_error_set(err, GP_ERR_INVALID, "stage %d holds no optimizer state of '%s'", me, v->name);
+        struct gp_task_tag tag = tag_of(GP_TASK_COPY, me, -1, "read optimizer state");
+        s->ops->copy(s->compute, out, s->opt->state[slot][i], bytes, &tag);
+        GP_TRY(s->ops->stream_synchronize(s->compute, err));
+        if (me != 0) GP_TRY(send_to(p, 0, TAG_READ, out, bytes, err));
+    } else if (me == 0) {
+        GP_TRY(recv_from(p, holder, TAG_READ, out, bytes, err));
+    }
+    return GP_OK;
+}
+
 /* Clipping across processes: every stage but the first sends its
  * parameters' norms to stage 0, which sends the whole list back to each.
  * Replicas hold the same summed gradients, so each replica gathers its
