@@ -58,6 +58,7 @@ const char *gp_cli_count(int64_t n, char *buf, int size);
 /* ---- train --pipeline: one rank of a job (cli/distributed.c) ---- */
 
 struct gp_train_config;
+struct gp_nccl;
 /* The run as the command line resolved it (model defaults applied). */
 struct gp_cli_train_run {
     const struct gp_train_config *cfg;
@@ -71,6 +72,7 @@ struct gp_cli_train_run {
      * gp_cli_dist_start; every rank must see the same state's bytes. */
     char *resume_state;
     size_t resume_state_size;
+    bool quiet;               /* --quiet: no line per rank */
 };
 
 struct gp_cli_dist {
@@ -78,6 +80,10 @@ struct gp_cli_dist {
     struct gp_comm *comm;     /* NULL once ended */
     int pipeline, replicas;   /* stages and data-parallel replicas: launch.size = their product */
     struct gp_pipe_remote remote; /* several processes: this rank's stage and its link to the others */
+    /* Stages on GPUs: this rank's GPU (by its local rank) and the NCCL
+     * links between the ranks' GPUs; -1 and NULL on CPU devices. */
+    int gpu;
+    struct gp_nccl *nccl;
 };
 
 /* Joins the job this process was launched into (mpirun, srun) as one of

@@ -2,14 +2,15 @@
  * job launched by mpirun or srun (dist/). It checks the launch, joins the
  * ranks and makes them agree on the run, and gives the trainer the link
  * between stage processes: rank = replica x P + stage runs that stage of
- * that data-parallel replica (CPU devices; GPUs are not yet implemented and
- * say so). */
+ * that data-parallel replica, on CPU devices (frontiers and sums over MPI)
+ * or on the GPU of its local rank (over NCCL, dist/nccl.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "dist/agree.h"
+#include "dist/nccl.h"
 #include "pipeline/schedule.h"
 #include "train/state.h"
 #include "train/trainer.h"
@@ -109,6 +110,11 @@ static void describe_run(const struct gp_cli_train_run *run, int pipeline, int r
         add_file(r, "--val-labels", run->val_labels);
     }
     gp_agree_add(r, "--pipeline", "%d (x %d replicas)", pipeline, replicas);
+    /* Every stage on GPUs (NCCL) or every one on CPUs (MPI): the ranks'
+     * links must be of one kind. */
+    bool cuda = false;
+    for (int k = 0; k < c->n_stages; k++) cuda |= c->stage_cuda[k];
+    gp_agree_add(r, "the stages' devices", "%s", cuda ? "GPUs" : "CPUs");
     gp_agree_add(r, "--batch", "%lld", (long long)c->batch);
     gp_agree_add(r, "--chunks", "%lld", (long long)c->chunks);
     gp_agree_add(r, "--epochs", "%lld", (long long)c->epochs);
@@ -205,12 +211,62 @@ static gp_status replicas_sum_f64(void *ctx, double *data, size_t n, struct gp_e
     return replicas_sum(ctx, data, n, true, err);
 }
 
+static gp_status gpu_send(void *ctx, int to, const void *buf, size_t bytes, struct gp_error *err)
+{
+    return gp_nccl_send(((struct gp_cli_dist *)ctx)->nccl, to, buf, bytes, err);
+}
+
+static gp_status gpu_recv(void *ctx, int from, void *buf, size_t bytes, struct gp_error *err)
+{
+    return gp_nccl_recv(((struct gp_cli_dist *)ctx)->nccl, from, buf, bytes, err);
+}
+
+static gp_status gpu_sum_f32(void *ctx, float *data, size_t n, struct gp_error *err)
+{
+    return gp_nccl_sum_f32(((struct gp_cli_dist *)ctx)->nccl, data, n, err);
+}
+
+static gp_status gpu_sum_f64(void *ctx, double *data, size_t n, struct gp_error *err)
+{
+    return gp_nccl_sum_f64(((struct gp_cli_dist *)ctx)->nccl, data, n, err);
+}
+
+/* The GPU of this rank: one per process of a host, by local rank; the only
+ * one it sees when the launcher gave each process its own (srun
+ * --gpus-per-task=1, or CUDA_VISIBLE_DEVICES set per rank). -1 with a
+ * message in msg when there are too few. */
+static int pick_gpu(const struct gp_launch *l, char *msg, size_t size)
+{
+    int gpus = gp_cli_gpu_count();
+    if (gpus <= 0) {
+        snprintf(msg, size, "rank %d: --devices asks for GPUs and this host shows none to it%s", l->rank,
+                 gp_nccl_available() ? "" : " (and this build has no CUDA)");
+        return -1;
+    }
+    if (gpus == 1 && (l->local_size == 1 || getenv("CUDA_VISIBLE_DEVICES"))) return 0;
+    if (l->local_rank < gpus) return l->local_rank;
+    snprintf(msg, size,
+             "rank %d is local rank %d of %d processes on its host, which shows it %d GPU%s: NCCL needs one "
+             "GPU per process (start at most %d processes per host, e.g. mpirun --map-by ppr:%d:node, or srun "
+             "--ntasks-per-node=%d --gpus-per-task=1)",
+             l->rank, l->local_rank, l->local_size, gpus, gpus == 1 ? "" : "s", gpus, gpus, gpus);
+    return -1;
+}
+
 /* What several processes cannot do yet; NULL when the run is fine. */
 static const char *not_yet(const struct gp_cli_train_run *run)
 {
     const struct gp_train_config *c = run->cfg;
-    for (int k = 0; k < c->n_stages; k++)
-        if (c->stage_cuda[k]) return "stages on GPUs in several processes (use --devices cpu:N)";
+    bool cuda = false, cpu = false;
+    for (int k = 0; k < c->n_stages; k++) {
+        cuda |= c->stage_cuda[k];
+        cpu |= !c->stage_cuda[k];
+    }
+    if (cuda && cpu) return "stages on GPUs and CPUs in one job (give every stage GPUs, or every stage cpu:N)";
+    if (cuda && !gp_nccl_available())
+        return "stages on GPUs in several processes without NCCL: this gpipe-onnx was built without it (build "
+               "with CUDA and MPI, whose toolkit brings NCCL; -Dnccl=enabled says what is missing), or use "
+               "--devices cpu:N";
     if (c->state_dir && c->save_every_seconds > 0)
         return "--save-every in seconds across processes (each would decide by its own clock; give a number of "
                "steps)";
@@ -219,7 +275,7 @@ static const char *not_yet(const struct gp_cli_train_run *run)
 
 int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double timeout_s, struct gp_cli_dist *out)
 {
-    *out = (struct gp_cli_dist){.pipeline = pipeline, .replicas = 1};
+    *out = (struct gp_cli_dist){.pipeline = pipeline, .replicas = 1, .gpu = -1};
     struct gp_error err = {0};
     if (!gp_comm_available())
         return gp_cli_fail("--pipeline runs one process per stage and replica over MPI, and this gpipe-onnx was "
@@ -289,11 +345,28 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
         if (missing) {
             if (rank == 0)
                 gp_cli_fail("not yet implemented: %s. Training across %d processes (%d stages x %d replicas) "
-                            "runs stages and replicas on CPU devices",
+                            "runs stages and replicas on CPU devices, or on GPUs over NCCL",
                             missing, l->size, pipeline, out->replicas);
             gp_comm_finalize(out->comm);
             out->comm = NULL;
             return GP_EXIT_FAIL;
+        }
+        /* GPU stages: each rank on the GPU of its local rank, and NCCL
+         * between them (collective: a rank that cannot ends the job). */
+        if (c->stage_cuda[rank % pipeline]) {
+            char msg[512];
+            out->gpu = pick_gpu(l, msg, sizeof msg);
+            if (out->gpu < 0) {
+                gp_cli_fail("%s", msg);
+                gp_comm_abort(out->comm, GP_EXIT_FAIL);
+            }
+            if (gp_nccl_init(out->comm, out->gpu, pipeline, out->replicas, timeout_s, &out->nccl, &err) != GP_OK) {
+                gp_cli_fail("rank %d (cuda:%d): setting up NCCL: %s", rank, out->gpu, err.msg);
+                gp_comm_abort(out->comm, GP_EXIT_FAIL);
+            }
+            if (!run->quiet)
+                fprintf(stderr, "rank %d: stage %d of replica %d on cuda:%d (local rank %d), NCCL links up\n", rank,
+                        rank % pipeline, rank / pipeline, out->gpu, l->local_rank);
         }
         out->remote = (struct gp_pipe_remote){.stage = rank % pipeline,
                                               .replica = rank / pipeline,
@@ -304,12 +377,20 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
                                               .sum_f32 = replicas_sum_f32,
                                               .sum_f64 = replicas_sum_f64,
                                               .bucket_bytes = (size_t)run->bucket_kib << 10};
+        if (out->nccl) {
+            out->remote.device_send = gpu_send;
+            out->remote.device_recv = gpu_recv;
+            out->remote.device_sum_f32 = gpu_sum_f32;
+            out->remote.device_sum_f64 = gpu_sum_f64;
+        }
     }
     return GP_EXIT_OK;
 }
 
 void gp_cli_dist_end(struct gp_cli_dist *d)
 {
+    gp_nccl_free(d->nccl);
+    d->nccl = NULL;
     gp_comm_finalize(d->comm);
     d->comm = NULL;
 }

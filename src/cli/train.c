@@ -139,6 +139,9 @@ static void help(FILE *f)
         "                        --resume: every rank reads the same state (a shared\n"
         "                        folder). --trace F: each rank writes F.rank<R>.json.\n"
         "                        --balance time|memory: rank 0 profiles and splits\n"
+        "                        GPUs (--devices cuda:0,... or none given on a GPU\n"
+        "                        host): each rank takes the GPU of its local rank;\n"
+        "                        frontiers and replica sums go over NCCL\n"
         "  --bucket-kib K        replicas sum a stage's gradients in buckets of about K KiB\n"
         "                        (default 1024), each while the backward of earlier\n"
         "                        layers goes on; the same result for any K\n"
@@ -641,7 +644,7 @@ int gp_cmd_train(int argc, char **argv)
                                        .val_labels = val_labels, .synthetic = synthetic,
                                        .auto_balance = auto_balance, .n_balance = n_balance,
                                        .bucket_kib = bucket_kib, .resume_state = resume_state,
-                                       .resume_state_size = sizeof resume_state};
+                                       .resume_state_size = sizeof resume_state, .quiet = quiet};
         status = gp_cli_dist_start(&run, pipeline, comm_timeout, &dist);
         if (status != GP_EXIT_OK) goto done;
         /* The state every rank agreed to continue from. */
@@ -650,6 +653,8 @@ int gp_cmd_train(int argc, char **argv)
             /* This rank runs one stage; rank 0 reports and writes, and
              * every rank writes its own timeline. */
             cfg.remote = &dist.remote;
+            /* A GPU stage runs on the GPU of this rank's local rank. */
+            if (dist.gpu >= 0) cfg.stage_device[dist.remote.stage] = dist.gpu;
             if (cfg.trace_path) {
                 gp_cli_dist_trace_path(&dist, cfg.trace_path, rank_trace, sizeof rank_trace);
                 cfg.trace_path = rank_trace;

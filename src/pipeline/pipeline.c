@@ -482,11 +482,14 @@ static gp_status sum_replicas(struct gp_pipeline *p, struct gp_error *err)
     struct stage *s = &p->stages[r->stage];
     /* Every parameter gradient is float32 (fp32 master weights), padding
      * zero; already summed where buckets overlapped it with the backward. */
+    /* GPU stages sum device memory over their own link (NCCL). */
+    gp_status (*f32)(void *, float *, size_t, struct gp_error *) = r->device_sum_f32 ? r->device_sum_f32 : r->sum_f32;
+    gp_status (*f64)(void *, double *, size_t, struct gp_error *) = r->device_sum_f64 ? r->device_sum_f64 : r->sum_f64;
     if (s->plan.param_bytes && !gp_pipe_buckets_on(p))
-        GP_TRY(r->sum_f32(r->ctx, (float *)s->param_grads, s->plan.param_bytes / sizeof(float), err));
+        GP_TRY(f32(r->ctx, (float *)s->param_grads, s->plan.param_bytes / sizeof(float), err));
     for (int i = s->plan.first; s->bn_stats && i < s->plan.last; i++) {
         double *stats = s->bn_stats[i - s->plan.first];
-        if (stats) GP_TRY(r->sum_f64(r->ctx, stats, s->cops->bn_stats_len(p->g, &p->g->nodes[i]), err));
+        if (stats) GP_TRY(f64(r->ctx, stats, s->cops->bn_stats_len(p->g, &p->g->nodes[i]), err));
     }
     return GP_OK;
 }

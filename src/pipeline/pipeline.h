@@ -60,6 +60,18 @@ struct gp_pipe_remote {
      * streams send and receive). The same bits however they are cut; every
      * replica of a stage must cut alike. */
     size_t bucket_bytes;
+    /* Stages on GPUs (NULL for CPU stages): the frontiers, device memory,
+     * go through device_send and device_recv, called from inside the
+     * frontier task, which enqueue the transfer on that task's stream (a
+     * copy stream for sends, the compute stream for receives) rather than
+     * move it at once; the replicas' sums of device memory (gradients,
+     * deferred BatchNorm statistics) through device_sum_f32/f64, which
+     * return once done. Everything else (losses, reads, norms, tied
+     * gradients) goes through host memory and send/recv. */
+    gp_status (*device_send)(void *ctx, int to_stage, const void *buf, size_t bytes, struct gp_error *err);
+    gp_status (*device_recv)(void *ctx, int from_stage, void *buf, size_t bytes, struct gp_error *err);
+    gp_status (*device_sum_f32)(void *ctx, float *data, size_t n, struct gp_error *err);
+    gp_status (*device_sum_f64)(void *ctx, double *data, size_t n, struct gp_error *err);
 };
 
 #define GP_PIPE_BUCKET_BYTES ((size_t)1 << 20)

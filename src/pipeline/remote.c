@@ -50,6 +50,24 @@ static gp_status recv_from(struct gp_pipeline *p, int from, int tag, void *buf, 
     return r->recv(r->ctx, from, tag, buf, bytes, err);
 }
 
+/* A frontier value: on GPU stages the device link enqueues it on the
+ * running task's stream; on CPU stages the message moves now. */
+static gp_status frontier_send(struct gp_pipeline *p, int to, int tag, const void *buf, size_t bytes,
+                               struct gp_error *err)
+{
+    const struct gp_pipe_remote *r = p->cfg.remote;
+    if (r->device_send) return r->device_send(r->ctx, to, buf, bytes, err);
+    return send_to(p, to, tag, buf, bytes, err);
+}
+
+static gp_status frontier_recv(struct gp_pipeline *p, int from, int tag, void *buf, size_t bytes,
+                               struct gp_error *err)
+{
+    const struct gp_pipe_remote *r = p->cfg.remote;
+    if (r->device_recv) return r->device_recv(r->ctx, from, buf, bytes, err);
+    return recv_from(p, from, tag, buf, bytes, err);
+}
+
 gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
 {
     struct gp_pipeline *p = t->p;
@@ -61,7 +79,7 @@ gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
     case TASK_SEND_ACTIVATIONS:
         for (int q = 0; q < s->plan.n_frontier_out && st == GP_OK; q++) {
             int v = s->plan.frontier_out[q];
-            st = send_to(p, k + 1, TAG_ACTIVATIONS, addr(s, v, s->slots.box[j], s->slots.fwd_set[j]),
+            st = frontier_send(p, k + 1, TAG_ACTIVATIONS, addr(s, v, s->slots.box[j], s->slots.fwd_set[j]),
                          gp_plan_value_bytes(g, &s->plan, v), err);
         }
         break;
@@ -69,7 +87,7 @@ gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
         const struct stage *from = &p->stages[k - 1];
         for (int q = 0; q < from->plan.n_frontier_out && st == GP_OK; q++) {
             int v = from->plan.frontier_out[q];
-            st = recv_from(p, k - 1, TAG_ACTIVATIONS, addr(s, v, s->slots.box[j], 0),
+            st = frontier_recv(p, k - 1, TAG_ACTIVATIONS, addr(s, v, s->slots.box[j], 0),
                            gp_plan_value_bytes(g, &from->plan, v), err);
         }
         break;
@@ -80,7 +98,7 @@ gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
             int v = s->plan.frontier_in[q];
             if (to->plan.inbox_off[v] == SIZE_MAX) continue;
             /* A gradient is stored as its value. */
-            st = send_to(p, k - 1, TAG_GRADIENTS, s->grads + s->plan.grad_off[v], gp_plan_value_bytes(g, &s->plan, v),
+            st = frontier_send(p, k - 1, TAG_GRADIENTS, s->grads + s->plan.grad_off[v], gp_plan_value_bytes(g, &s->plan, v),
                          err);
         }
         break;
@@ -90,7 +108,7 @@ gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
         for (int q = 0; q < from->plan.n_frontier_in && st == GP_OK; q++) {
             int v = from->plan.frontier_in[q];
             if (s->plan.inbox_off[v] == SIZE_MAX) continue;
-            st = recv_from(p, k + 1, TAG_GRADIENTS, inbox_of(s, j) + s->plan.inbox_off[v],
+            st = frontier_recv(p, k + 1, TAG_GRADIENTS, inbox_of(s, j) + s->plan.inbox_off[v],
                            gp_plan_value_bytes(g, &from->plan, v), err);
         }
         break;
