@@ -136,7 +136,13 @@ static void help(FILE *f)
         "                        by several stages (tied) is held by each, gradients\n"
         "                        summed; --clip-norm takes the whole model's norm.\n"
         "                        --val-data: each replica evaluates the whole set.\n"
-        "                        Not yet: GPUs, states, --trace\n"
+        "                        --save-state: rank 0 gathers and writes each state;\n"
+        "                        --resume: every rank reads the same state (a shared\n"
+        "                        folder). --trace F: each rank writes F.rank<R>.json.\n"
+        "                        --balance time|memory: rank 0 profiles and splits\n"
+        "                        GPUs (--devices cuda:0,... or none given on a GPU\n"
+        "                        host): each rank takes the GPU of its local rank;\n"
+        "                        frontiers and replica sums go over NCCL\n"
         "  --bucket-kib K        replicas sum a stage's gradients in buckets of about K KiB\n"
         "                        (default 1024), each while the backward of earlier\n"
         "                        layers goes on; the same result for any K\n"
@@ -384,6 +390,7 @@ int gp_cmd_train(int argc, char **argv)
     double comm_timeout = 300;
     int64_t bucket_kib = 1024;
     struct gp_cli_dist dist = {0};
+    char resume_state[4352] = "", rank_trace[4352] = "";
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -637,12 +644,22 @@ int gp_cmd_train(int argc, char **argv)
         struct gp_cli_train_run run = {.cfg = &cfg, .data = data, .labels = labels, .val_data = val_data,
                                        .val_labels = val_labels, .synthetic = synthetic,
                                        .auto_balance = auto_balance, .n_balance = n_balance,
-                                       .bucket_kib = bucket_kib};
+                                       .bucket_kib = bucket_kib, .resume_state = resume_state,
+                                       .resume_state_size = sizeof resume_state, .quiet = quiet};
         status = gp_cli_dist_start(&run, pipeline, comm_timeout, &dist);
         if (status != GP_EXIT_OK) goto done;
+        /* The state every rank agreed to continue from. */
+        if (cfg.resume_path) cfg.resume_path = resume_state;
         if (dist.launch.size > 1) {
-            /* This rank runs one stage; rank 0 reports and writes. */
+            /* This rank runs one stage; rank 0 reports and writes, and
+             * every rank writes its own timeline. */
             cfg.remote = &dist.remote;
+            /* A GPU stage runs on the GPU of this rank's local rank. */
+            if (dist.gpu >= 0) cfg.stage_device[dist.remote.stage] = dist.gpu;
+            if (cfg.trace_path) {
+                gp_cli_dist_trace_path(&dist, cfg.trace_path, rank_trace, sizeof rank_trace);
+                cfg.trace_path = rank_trace;
+            }
             if (dist.launch.rank != 0) {
                 quiet = mute = true;
                 metrics = NULL;
@@ -650,14 +667,17 @@ int gp_cmd_train(int argc, char **argv)
         }
     }
     /* Outputs are checked before anything long (balancing, loading, training). */
-    const char *outputs[3] = {cfg.save_path, cfg.trace_path, metrics};
-    for (int k = 0; k < 3 && (!cfg.remote || dist.launch.rank == 0); k++)
+    bool writer = !cfg.remote || dist.launch.rank == 0;
+    const char *outputs[3] = {writer ? cfg.save_path : NULL, cfg.trace_path, writer ? metrics : NULL};
+    for (int k = 0; k < 3; k++)
         if (outputs[k] && gp_atomic_check(outputs[k], &err) != GP_OK) {
             status = gp_cli_fail("%s", err.msg);
+            if (cfg.remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
             goto done;
         }
-    if (cfg.state_dir && gp_state_check_dir(cfg.state_dir, &err) != GP_OK) {
+    if (cfg.state_dir && writer && gp_state_check_dir(cfg.state_dir, &err) != GP_OK) {
         status = gp_cli_fail("%s", err.msg);
+        if (cfg.remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
         goto done;
     }
 
@@ -688,10 +708,23 @@ int gp_cmd_train(int argc, char **argv)
         val.y_source = val_labels;
     }
 
-    if (auto_balance) {
+    if (auto_balance && cfg.remote && dist.launch.rank != 0) {
+        /* Rank 0 profiles and splits; the others take its counts. */
+        if ((status = gp_cli_dist_share_balance(&dist, true, cfg.balance, cfg.n_stages)) != GP_EXIT_OK) goto done;
+    } else if (auto_balance) {
+        /* Across processes rank 0 profiles every layer on its own device
+         * (the ranks' devices are taken to be alike), at the micro-batch
+         * each replica runs, while the others wait (within --comm-timeout). */
+        int64_t replicas = cfg.remote ? dist.replicas : 1;
+        bool own_cuda[GP_CLI_MAX_DEVICES];
+        int own_device[GP_CLI_MAX_DEVICES];
+        for (int k = 0; k < cfg.n_stages; k++) {
+            own_cuda[k] = cfg.stage_cuda[cfg.remote ? dist.remote.stage : k];
+            own_device[k] = cfg.stage_device[cfg.remote ? dist.remote.stage : k];
+        }
         struct gp_balance_config bc = {
             .by = !strcmp(auto_balance, "time") ? GP_BALANCE_TIME : GP_BALANCE_MEMORY,
-            .n_stages = cfg.n_stages, .batch = cfg.batch, .n_micro = (int)cfg.chunks,
+            .n_stages = cfg.n_stages, .batch = cfg.batch / replicas, .n_micro = (int)cfg.chunks,
             .schedule = cfg.pipeline_schedule, .checkpoint = cfg.checkpoint,
             .optim_state_floats = cfg.optimizer == GP_OPT_ADAMW ? 2 : cfg.momentum > 0 ? 1 : 0};
         struct gp_profile prof;
@@ -699,17 +732,21 @@ int gp_cmd_train(int argc, char **argv)
         if (cfg.batch % cfg.chunks) {
             status = gp_cli_usage("train", "--chunks %lld does not divide --batch %lld",
                                   (long long)cfg.chunks, (long long)cfg.batch);
+            if (cfg.remote) gp_cli_dist_share_balance(&dist, false, cfg.balance, cfg.n_stages);
             goto done;
         }
-        if (gp_cli_profile_and_balance(cfg.model_path, &bc, 5, cfg.stage_cuda, cfg.stage_device, cfg.precision, cfg.layout,
+        if (gp_cli_profile_and_balance(cfg.model_path, &bc, 5, own_cuda, own_device, cfg.precision, cfg.layout,
                                        NULL,
                                        NULL, quiet, &prof, &rep, &err) != GP_OK) {
             status = gp_cli_fail("%s", err.msg);
+            if (cfg.remote) gp_cli_dist_share_balance(&dist, false, cfg.balance, cfg.n_stages);
             goto done;
         }
         if (!quiet) gp_cli_print_balance(&prof, &rep);
         gp_balance_counts(&rep.optimal, cfg.balance);
         gp_profile_free(&prof);
+        if (cfg.remote && (status = gp_cli_dist_share_balance(&dist, true, cfg.balance, cfg.n_stages)) != GP_EXIT_OK)
+            goto done;
     }
 
     struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute};
