@@ -20,7 +20,8 @@
  * (no mask or causal, head sizes multiples of 8): some of the cases above,
  * and GPT-2's shapes (12 heads of 64, T 256 and 1024, causal, 3-D and 4-D;
  * and one without the causal mask), which must run there when the build
- * has cudnn-frontend (unless GP_ATTENTION_CUDNN=0). Each bf16 case prints
+ * has cudnn-frontend (the test turns the opt-in GP_ATTENTION_CUDNN on
+ * unless it is set; =0 keeps the kernels). Each bf16 case prints
  * which path ran, and why not cuDNN's. cuDNN rounds the probabilities to
  * bfloat16 before their product with V (and dS before dQ, dK), an error of
  * 2^-9 of each term: within the bf16 bounds of op_compare.h, with 4e-3 of
@@ -35,6 +36,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/kernel.h"
@@ -181,6 +183,8 @@ static void test_attention_cudnn(void **state)
 int main(void)
 {
     op_compare_require_device();
+    /* cuDNN's path is opt-in (attention.cu); this test is where it runs. */
+    if (!getenv("GP_ATTENTION_CUDNN")) setenv("GP_ATTENTION_CUDNN", "1", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_bf16),
