@@ -12,6 +12,7 @@
 #include "onnx/load.h"
 #include "partitioner/balance.h"
 #include "partitioner/report.h"
+#include "partitioner/run.h"
 #include "util/atomic_file.h"
 
 static void help(FILE *f)
@@ -191,13 +192,6 @@ void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_re
            r->suggested_chunks);
 }
 
-/* What the pipeline gives each CPU device: the cores shared among them. */
-static int cpu_threads_per_device(int devices)
-{
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    return cores / devices > 1 ? (int)(cores / devices) : 1;
-}
-
 /* Profiles (or loads a profile) and balances; shared with train. */
 gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
                                      const bool *cuda, const int *device, enum gp_precision precision,
@@ -205,45 +199,11 @@ gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_
                                      const char *profile_out, bool quiet, struct gp_profile *prof,
                                      struct gp_balance_report *rep, struct gp_error *err)
 {
-    int gpu = -1, peer = -1;
-    for (int k = 0; k < bc->n_stages; k++) {
-        if (!cuda[k]) continue;
-        if (gpu < 0) gpu = device[k];
-        else if (peer < 0 && device[k] != gpu) peer = device[k];
-    }
-    const struct gp_device_ops *gpu_ops = gp_backend_find("cuda");
-    if (gpu >= 0 && !gpu_ops)
-        return gp_error_set(err, GP_ERR_UNSUPPORTED, "this build has no CUDA backend: cannot profile on cuda:%d",
-                            gpu);
-    struct gp_graph g;
-    GP_TRY(gp_onnx_load(model, bc->batch / bc->n_micro, &g, err));
-    /* Timed in the layout the stages will train in. */
-    if (gp_layout_policy_on(layout, gpu >= 0)) gp_graph_channels_last(&g);
     bool tty = !quiet && isatty(STDERR_FILENO);
-    gp_status st;
-    if (profile_in) {
-        st = gp_profile_load(profile_in, &g, prof, err);
-        if (st == GP_OK && strcmp(prof->precision, gp_precision_name(precision)) != 0) {
-            st = gp_error_set(err, GP_ERR_INVALID, "%s was profiled in %s, not %s: profile again with --precision %s",
-                              profile_in, prof->precision, gp_precision_name(precision), gp_precision_name(precision));
-            gp_profile_free(prof);
-        }
-    } else if (gpu >= 0) {
-        st = gp_profile_device(&g, model, gpu_ops, gpu, peer, precision, 3, repeats, quiet ? NULL : progress, &tty,
-                               prof, err);
-    } else if (precision == GP_PRECISION_BF16) {
-        /* The CPU's bf16 runs its kernels on staged float32 copies: timed as
-         * a stage runs them, through the executor. */
-        st = gp_profile_device(&g, model, &gp_cpu_device_ops, 0, bc->n_stages > 1 ? 1 : -1, precision, 2, repeats,
-                               quiet ? NULL : progress, &tty, prof, err);
-    } else {
-        st = gp_profile_cpu(&g, model, cpu_threads_per_device(bc->n_stages), 2, repeats,
-                            quiet ? NULL : progress, &tty, prof, err);
-    }
-    gp_graph_free(&g);
-    GP_TRY(st);
-    if (profile_out) GP_TRY(gp_profile_save(prof, profile_out, err));
-    return gp_balance(prof, bc, rep, err);
+    struct gp_balance_run run = {.model = model, .cfg = bc, .repeats = repeats, .cuda = cuda, .device = device,
+                                 .precision = precision, .layout = layout, .profile_in = profile_in,
+                                 .profile_out = profile_out, .progress = quiet ? NULL : progress, .user = &tty};
+    return gp_balance_run(&run, prof, rep, err);
 }
 
 /* The picture, with the layers' names from the model (loaded again: the
