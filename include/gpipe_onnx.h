@@ -125,7 +125,7 @@ struct gpo_model_info {
     int n_inputs, n_outputs;       /* graph inputs (data, not weights) and outputs */
     int64_t parameters, parameter_bytes;
     int parameter_tensors;
-    int64_t buffers;               /* state without gradients: BatchNorm running statistics */
+    int64_t buffers, buffer_bytes; /* state without gradients: BatchNorm running statistics */
     int buffer_tensors;
     int source_nodes;              /* nodes in the file */
     int folded_nodes;              /* constant subgraphs folded at load time */

@@ -202,9 +202,8 @@ void gpo_model_info(const gpo_model *m, struct gpo_model_info *out)
     out->batch = g->batch;
     out->n_inputs = g->n_inputs;
     out->n_outputs = g->n_outputs;
-    int64_t bytes;
     out->parameter_tensors = count_kind(g, GP_VALUE_PARAMETER, &out->parameters, &out->parameter_bytes);
-    out->buffer_tensors = count_kind(g, GP_VALUE_BUFFER, &out->buffers, &bytes);
+    out->buffer_tensors = count_kind(g, GP_VALUE_BUFFER, &out->buffers, &out->buffer_bytes);
     out->source_nodes = g->n_source_nodes;
     out->folded_nodes = g->n_folded;
     out->fused_nodes = g->n_fused;
