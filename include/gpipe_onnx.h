@@ -39,8 +39,9 @@
  *  - The attention fusion switch: the loader reads the environment variable
  *    GP_FUSE_ATTENTION ("0" turns the fusion of exported attention into one
  *    layer off) at every load; gpo_open_options.fuse_attention = 0 sets it
- *    for the process. Contexts opened with different settings at once see
- *    whichever was set last.
+ *    for the process (setenv: do it before other threads load models).
+ *    Contexts opened with different settings at once see whichever was set
+ *    last.
  *  - A table of the memory-mapped model files (for naming a file truncated
  *    while in use), locked: safe from any thread.
  *  - OpenBLAS is set to one thread per call (its own setting is global);
@@ -278,8 +279,10 @@ gpo_status gpo_balance_write_svg(gpo_model *m, const char *path);
 struct gpo_train_config {
     /* Data: .npy files, one sample per row of axis 0. Integer labels train
      * with cross-entropy, float targets with MSE, none: the output is the
-     * loss. No data and no synthetic: the model's metadata defaults
-     * (gpipe-onnx.data ... in its folder), as `gpipe-onnx train MODEL`. */
+     * loss. No data and no synthetic: the files the model's metadata
+     * names (gpipe-onnx.data ... in its folder), as `gpipe-onnx train
+     * MODEL` finds them; its recipe (gpipe-onnx.epochs, .lr, .batch,
+     * .optimizer) is not applied here: the fields below decide. */
     const char *data, *labels, *val_data, *val_labels;
     int64_t synthetic;             /* > 0: that many random samples shaped for the model instead */
 
