@@ -204,6 +204,8 @@ enum gpo_pipeline_schedule { GPO_PIPELINE_GPIPE = 0, GPO_PIPELINE_1F1B = 1 };
 enum gpo_precision { GPO_PRECISION_FP32 = 0, GPO_PRECISION_TF32 = 1, GPO_PRECISION_BF16 = 2 };
 enum gpo_layout { GPO_LAYOUT_AUTO = 0, GPO_LAYOUT_NCHW = 1, GPO_LAYOUT_NHWC = 2 };
 enum gpo_optimizer { GPO_OPTIMIZER_SGD = 0, GPO_OPTIMIZER_ADAMW = 1 };
+enum gpo_lr_schedule { GPO_LR_CONSTANT = 0, GPO_LR_STEP = 1, GPO_LR_COSINE = 2 };
+enum gpo_loss { GPO_LOSS_AUTO = 0, GPO_LOSS_CROSS_ENTROPY = 1, GPO_LOSS_MSE = 2, GPO_LOSS_OUTPUT = 3 };
 
 /* Called after each pass over the model while profiling. */
 typedef void (*gpo_progress_fn)(void *user, int done, int total);
@@ -300,6 +302,12 @@ struct gpo_train_config {
     double weight_decay;           /* < 0 (default): 0 for SGD, 0.01 for AdamW */
     double clip_norm;              /* > 0: clip gradients to this global norm */
     double dropout;                /* >= 0: every Dropout's ratio; < 0 (default): the model's */
+    double beta1, beta2, eps;      /* AdamW, defaults 0.9, 0.999, 1e-8 */
+    enum gpo_lr_schedule lr_schedule; /* default constant */
+    int64_t warmup_steps;          /* linear warm-up (cosine) */
+    int64_t step_size;             /* step: lr *= gamma every step_size steps (defaults 30, 0.1) */
+    double gamma, min_lr;          /* min_lr: the cosine floor */
+    enum gpo_loss loss;            /* default auto: integer labels cross-entropy, float MSE, none the output */
 
     const char *devices;           /* one per stage; NULL: cuda:0 when a GPU is visible, else cpu:0 */
     const char *balance;           /* layers per stage "4,4,5", or "time" / "memory" (profile and
@@ -309,11 +317,14 @@ struct gpo_train_config {
     int deferred_batch_norm;
     enum gpo_precision precision;
     enum gpo_layout layout;
+    int fast_conv;                 /* GPUs: cuDNN's fastest convolutions, nondeterministic ones too */
+    const char *algorithms_path;   /* GPUs: cuDNN's algorithm choices read from / written to this file */
 
     const char *save_path;         /* also write the trained model here; NULL: only keep it */
     const char *trace_path;        /* Chrome trace of the last step; NULL: none */
     const char *state_dir;         /* training states (resumable); NULL: none */
     int64_t save_every;            /* a state every this many steps; 0: once per epoch */
+    double save_every_seconds;     /* > 0: a state at the first step this long after the last */
     int keep;                      /* states kept, default 2 */
     const char *resume;            /* continue from this state (folder) */
 };
@@ -333,6 +344,14 @@ struct gpo_epoch_info {
     double val_loss, val_accuracy; /* accuracy < 0 when the loss has no classes */
 };
 
+/* A pipeline stage's memory once training is done: planned and at its peak. */
+struct gpo_stage_memory {
+    int stage, first_layer, last_layer; /* layers inclusive */
+    const char *backend;           /* "cpu", "cuda" */
+    int device;
+    int64_t param_bytes, optimizer_bytes, activation_bytes, activation_peak_bytes, planned_bytes;
+};
+
 /* Called on the thread that called gpo_train; any may be NULL. */
 struct gpo_train_callbacks {
     void *user;
@@ -341,6 +360,9 @@ struct gpo_train_callbacks {
     void (*on_epoch)(void *user, const struct gpo_epoch_info *e); /* validation */
     void (*on_note)(void *user, const char *message);             /* something done otherwise than asked */
     gpo_progress_fn on_profile;    /* profiling passes of balance "time" / "memory" */
+    void (*on_memory)(void *user, const struct gpo_stage_memory *s); /* per stage, after training */
+    void (*on_state)(void *user, const char *path, int64_t step);   /* a training state written */
+    void (*on_resume)(void *user, const char *path, int64_t step, int64_t total_steps);
 };
 
 struct gpo_train_result {

@@ -193,9 +193,18 @@ static void test_balance(void **state)
 /* ---- training ---- */
 
 struct seen {
-    int starts, steps, epochs;
+    int starts, steps, epochs, stages;
     double last_loss;
 };
+
+static void on_memory(void *user, const struct gpo_stage_memory *m)
+{
+    struct seen *s = user;
+    assert_int_equal(m->stage, s->stages);
+    assert_int_equal(m->first_layer, m->stage ? 4 : 0); /* the balance 4,6 */
+    assert_true(m->planned_bytes > 0);
+    s->stages++;
+}
 
 static void on_start(void *user, int64_t total, int64_t per_epoch, const char *summary)
 {
@@ -249,11 +258,13 @@ static void test_train_predict_save(void **state)
     assert_int_equal(before.rank, 2);
     assert_int_equal(before.dims[1], 10);
     struct seen seen = {0};
-    struct gpo_train_callbacks cb = {.user = &seen, .on_start = on_start, .on_step = on_step, .on_epoch = on_epoch};
+    struct gpo_train_callbacks cb = {.user = &seen, .on_start = on_start, .on_step = on_step, .on_epoch = on_epoch,
+                                  .on_memory = on_memory};
     struct gpo_train_result res;
     if (gpo_train(m, &c, &cb, &res) != GPO_OK) fail_msg("%s", gpo_last_error(m));
     assert_int_equal(seen.starts, 1);
     assert_int_equal(seen.epochs, 1);
+    assert_int_equal(seen.stages, 2);
     assert_int_equal(res.steps, seen.steps);
     assert_true(res.last_loss == seen.last_loss);
     assert_true(res.has_val && res.val_accuracy > 0.8);

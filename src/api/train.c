@@ -27,6 +27,11 @@ void gpo_train_config_init(struct gpo_train_config *c)
     c->dropout = -1;
     c->checkpoint = GPO_CHECKPOINT_EXCEPT_LAST;
     c->keep = 2;
+    c->beta1 = 0.9;
+    c->beta2 = 0.999;
+    c->eps = 1e-8;
+    c->step_size = 30;
+    c->gamma = 0.1;
 }
 
 void gpo_predict_options_init(struct gpo_predict_options *o)
@@ -84,6 +89,30 @@ static void relay_note(void *user, const char *message)
 {
     struct relay *r = user;
     if (r->cb && r->cb->on_note) r->cb->on_note(r->cb->user, message);
+}
+
+static void relay_memory(void *user, const struct gp_stage_memory_report *m)
+{
+    struct relay *r = user;
+    if (!r->cb || !r->cb->on_memory) return;
+    struct gpo_stage_memory info = {.stage = m->stage, .first_layer = m->first_layer, .last_layer = m->last_layer - 1,
+                                    .backend = m->backend ? m->backend : "cpu", .device = m->device,
+                                    .param_bytes = m->param_bytes, .optimizer_bytes = m->optim_bytes,
+                                    .activation_bytes = m->activation_bytes,
+                                    .activation_peak_bytes = m->activation_peak, .planned_bytes = m->planned_bytes};
+    r->cb->on_memory(r->cb->user, &info);
+}
+
+static void relay_state(void *user, const char *path, int64_t step)
+{
+    struct relay *r = user;
+    if (r->cb && r->cb->on_state) r->cb->on_state(r->cb->user, path, step);
+}
+
+static void relay_resume(void *user, const char *path, int64_t step, int64_t total)
+{
+    struct relay *r = user;
+    if (r->cb && r->cb->on_resume) r->cb->on_resume(r->cb->user, path, step, total);
 }
 
 /* ---- training ---- */
@@ -201,6 +230,21 @@ gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struc
     t.nesterov = c->nesterov;
     t.weight_decay = c->weight_decay >= 0 ? c->weight_decay : t.optimizer == GP_OPT_ADAMW ? 0.01 : 0;
     t.clip_norm = c->clip_norm;
+    t.beta1 = c->beta1;
+    t.beta2 = c->beta2;
+    t.eps = c->eps;
+    t.schedule = c->lr_schedule == GPO_LR_COSINE ? GP_SCHED_COSINE
+                 : c->lr_schedule == GPO_LR_STEP ? GP_SCHED_STEP
+                                                 : GP_SCHED_CONSTANT;
+    t.warmup_steps = c->warmup_steps;
+    t.step_size = c->step_size;
+    t.gamma = c->gamma;
+    t.min_lr = c->min_lr;
+    t.loss_auto = c->loss == GPO_LOSS_AUTO;
+    t.loss = c->loss == GPO_LOSS_MSE ? GP_LOSS_MSE : c->loss == GPO_LOSS_OUTPUT ? GP_LOSS_OUTPUT : GP_LOSS_CROSS_ENTROPY;
+    t.fast_conv = c->fast_conv;
+    t.choices_path = c->algorithms_path;
+    t.save_every_seconds = c->save_every_seconds;
     t.pipeline_schedule = gpo_schedule_of(c->pipeline_schedule);
     t.checkpoint = gpo_checkpoint_of(c->checkpoint);
     t.deferred_batch_norm = c->deferred_batch_norm;
@@ -215,6 +259,9 @@ gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struc
         return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: batch %lld, chunks %lld, epochs %lld: chunks must divide "
                         "the batch and all be positive", (long long)t.batch, (long long)t.chunks, (long long)t.epochs);
     if (c->dropout >= 1) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: dropout must be below 1");
+    if (t.step_size < 1 || t.warmup_steps < 0 || t.save_every < 0)
+        return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: step_size must be positive, warmup_steps and save_every "
+                        "not negative");
 
     /* The pipeline: devices and the split. */
     const char *auto_balance = NULL;
@@ -271,7 +318,9 @@ gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struc
         t.save_path = trained;
         struct relay relay = {.cb = cb, .result = &result};
         struct gp_train_callbacks tcb = {.user = &relay, .on_start = relay_start, .on_step = relay_step,
-                                         .on_epoch = relay_epoch, .on_note = relay_note};
+                                         .on_epoch = relay_epoch, .on_note = relay_note,
+                                         .on_memory = relay_memory, .on_state = relay_state,
+                                         .on_resume = relay_resume};
         st = gpo_status_of(gp_train(&t, &train, paths[2] ? &val : NULL, &tcb, &m->err));
     }
     if (st == GPO_OK && c->save_path) st = gpo_status_of(gp_onnx_save(trained, c->save_path, NULL, 0, &m->err));
