@@ -266,6 +266,51 @@ PY
 "$bin" balance "$m/unet_op17.onnx" --devices cpu:0,cpu:1,cpu:2 --batch 8 --chunks 4 \
   --profile-in "$tmp/profile.json" --json "$tmp/balance2.json" >/dev/null 2>&1 || fail "balance --profile-in failed"
 cmp -s "$tmp/balance.json" "$tmp/balance2.json" || fail "a saved profile does not reproduce its balance"
+# balance --svg: the picture agrees with the JSON report: a bar per layer
+# (titled with the layer's index, name and op), a cut line per stage boundary
+# at the stage's first layer, each stage's load as the report has it.
+"$bin" inspect "$m/unet_op17.onnx" --batch 2 --json >"$tmp/inspect.json" 2>/dev/null || fail "inspect unet failed"
+for by in time memory; do
+  "$bin" balance "$m/unet_op17.onnx" --devices cpu:0,cpu:1,cpu:2 --batch 8 --chunks 4 --by $by \
+    --profile-in "$tmp/profile.json" --json "$tmp/balance_$by.json" --svg "$tmp/balance_$by.svg" >/dev/null \
+    2>"$tmp/err.txt" || fail "balance --svg --by $by failed: $(cat "$tmp/err.txt")"
+  "$py" - "$tmp/balance_$by.svg" "$tmp/balance_$by.json" "$tmp/inspect.json" "$by" <<'PY' || fail "balance --svg --by $by: the picture disagrees with the report"
+import json, sys
+import xml.etree.ElementTree as ET
+ns = "{http://www.w3.org/2000/svg}"
+root = ET.parse(sys.argv[1]).getroot()
+rep, layers, by = json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))["layers"], sys.argv[4]
+stages = rep["stages"]
+n = stages[-1]["last_layer"] + 1
+groups = [g for g in root.iter(ns + "g")]
+bars = [g for g in groups if g.get("class") == "layer"]
+assert len(bars) == n == len(layers), f"{len(bars)} bars for {n} layers"
+for i, g in enumerate(bars):
+    assert int(g.get("data-layer")) == i
+    title = g.find(ns + "title").text
+    assert title.startswith(f"layer {i} {layers[i]['name']} ({layers[i]['op']})"), title
+    assert len(g.findall(ns + "rect")) == 2, "forward and backward"
+    assert float(g.get("data-forward-ms")) >= 0 and float(g.get("data-backward-ms")) >= 0
+cuts = [l for l in root.iter(ns + "line") if l.get("class") == "cut" and l.get("data-cut")]
+assert len(cuts) == len(stages) - 1, f"{len(cuts)} cuts for {len(stages)} stages"
+assert [int(c.get("data-cut")) for c in cuts] == [s["first_layer"] for s in stages[1:]]
+drawn = [g for g in groups if g.get("class") == "stage"]
+assert len(drawn) == len(stages)
+key = "time_ms" if by == "time" else "memory_bytes"
+slowest = max(s[key] for s in stages)
+for g, s in zip(drawn, stages):
+    assert int(g.get("data-first-layer")) == s["first_layer"] and int(g.get("data-last-layer")) == s["last_layer"]
+    assert abs(float(g.get("data-time-ms")) - s["time_ms"]) <= 1e-6 * max(1, s["time_ms"]), (g.get("data-time-ms"), s)
+    assert int(g.get("data-memory-bytes")) == s["memory_bytes"]
+    assert abs(float(g.get("data-share")) - s[key] / slowest) <= 1e-6
+assert max(float(g.get("data-share")) for g in drawn) == 1.0
+PY
+done
+# An output that cannot be written is refused before the profiling, and
+# nothing is left behind.
+expect_fail 1 "nowhere/balance.svg" \
+  "$bin" balance "$m/unet_op17.onnx" --devices cpu:0,cpu:1 --svg "$tmp/nowhere/balance.svg"
+[ -e "$tmp/nowhere" ] && fail "balance --svg made the missing folder"
 # The balancer counts what the 1f1b schedule holds: named in the report,
 # its JSON and the command it suggests.
 "$bin" balance "$m/unet_op17.onnx" --devices cpu:0,cpu:1,cpu:2 --batch 8 --chunks 4 --by memory \

@@ -11,7 +11,8 @@
 #include "cli/cli.h"
 #include "onnx/load.h"
 #include "partitioner/balance.h"
-#include "util/json_writer.h"
+#include "partitioner/report.h"
+#include "partitioner/run.h"
 #include "util/atomic_file.h"
 
 static void help(FILE *f)
@@ -21,7 +22,7 @@ static void help(FILE *f)
           "                          [--pipeline-schedule gpipe|1f1b]\n"
           "                          [--optimizer sgd|adamw] [--momentum M] [--json FILE]\n"
           "                          [--profile-out FILE | --profile-in FILE] [--repeats R]\n"
-          "                          [--precision fp32|tf32|bf16]\n"
+          "                          [--precision fp32|tf32|bf16] [--svg FILE]\n"
           "\n"
           "Profiles every layer (forward and backward, median of R timed runs after a\n"
           "warm-up, with its real inputs at the micro-batch size N/M) on the devices' type,\n"
@@ -54,6 +55,9 @@ static void help(FILE *f)
           "  --json FILE         the report as JSON: 'stages' with first_layer, last_layer\n"
           "                      (inclusive indices of the layer list 'inspect' prints),\n"
           "                      time_ms, memory_bytes; 'predicted_step_ms'; 'balance'\n"
+          "  --svg FILE          the picture: a bar per layer (forward and backward ms per\n"
+          "                      micro-batch; hover for its name and op), the cuts, and\n"
+          "                      each stage's load with its share of the slowest\n"
           "  --profile-out FILE  save the profile; --profile-in FILE reuse one (no timing)\n"
           "  --repeats R         timed runs per layer (default 5)\n"
           "  -h, --help          this help\n",
@@ -188,92 +192,6 @@ void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_re
            r->suggested_chunks);
 }
 
-static void json_split(struct gp_json *j, const struct gp_split_report *r)
-{
-    gp_json_key(j, "stages");
-    gp_json_array_begin(j);
-    for (int s = 0; s < r->k; s++) {
-        const struct gp_stage_figures *f = &r->stages[s];
-        gp_json_object_begin(j);
-        gp_json_key(j, "first_layer");
-        gp_json_int(j, f->first_layer);
-        gp_json_key(j, "last_layer");
-        gp_json_int(j, f->last_layer - 1);
-        gp_json_key(j, "time_ms");
-        gp_json_double(j, f->time_ms);
-        gp_json_key(j, "memory_bytes");
-        gp_json_int(j, f->memory_bytes);
-        gp_json_key(j, "frontier_in_bytes");
-        gp_json_int(j, f->frontier_in_bytes);
-        gp_json_key(j, "frontier_out_bytes");
-        gp_json_int(j, f->frontier_out_bytes);
-        gp_json_object_end(j);
-    }
-    gp_json_array_end(j);
-    gp_json_key(j, "balance");
-    gp_json_array_begin(j);
-    for (int s = 0; s < r->k; s++) gp_json_int(j, r->stages[s].last_layer - r->stages[s].first_layer);
-    gp_json_array_end(j);
-    gp_json_key(j, "imbalance");
-    gp_json_double(j, r->imbalance);
-    gp_json_key(j, "predicted_step_ms");
-    gp_json_double(j, r->predicted_step_ms);
-    gp_json_key(j, "throughput");
-    gp_json_double(j, r->throughput);
-}
-
-static gp_status write_json(const char *path, const struct gp_profile *p, const struct gp_balance_report *r,
-                            struct gp_error *err)
-{
-    struct gp_atomic_file file;
-    GP_TRY(gp_atomic_create(&file, path, err));
-    FILE *f = gp_atomic_stream(&file);
-    if (!f) {
-        gp_atomic_abort(&file);
-        return gp_error_set(err, GP_ERR_IO, "cannot write '%s'", path);
-    }
-    struct gp_json j;
-    gp_json_init(&j, f, true);
-    gp_json_object_begin(&j);
-    gp_json_key(&j, "model");
-    gp_json_string(&j, p->model);
-    gp_json_key(&j, "device");
-    gp_json_string(&j, p->device);
-    gp_json_key(&j, "by");
-    gp_json_string(&j, r->cfg.by == GP_BALANCE_TIME ? "time" : "memory");
-    gp_json_key(&j, "batch");
-    gp_json_int(&j, r->cfg.batch);
-    gp_json_key(&j, "chunks");
-    gp_json_int(&j, r->cfg.n_micro);
-    gp_json_key(&j, "pipeline_schedule");
-    gp_json_string(&j, gp_pipe_schedule_name(r->cfg.schedule));
-    gp_json_key(&j, "checkpoint");
-    gp_json_string(&j, gp_checkpoint_name(r->cfg.checkpoint));
-    json_split(&j, &r->optimal);
-    gp_json_key(&j, "bubble");
-    gp_json_double(&j, r->bubble);
-    gp_json_key(&j, "suggested_chunks");
-    gp_json_int(&j, r->suggested_chunks);
-    gp_json_key(&j, "even");
-    gp_json_object_begin(&j);
-    json_split(&j, &r->even);
-    gp_json_object_end(&j);
-    gp_json_key(&j, "heuristic");
-    gp_json_object_begin(&j);
-    json_split(&j, &r->heuristic);
-    gp_json_object_end(&j);
-    gp_json_object_end(&j);
-    gp_json_finish(&j);
-    return gp_atomic_commit(&file, err);
-}
-
-/* What the pipeline gives each CPU device: the cores shared among them. */
-static int cpu_threads_per_device(int devices)
-{
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    return cores / devices > 1 ? (int)(cores / devices) : 1;
-}
-
 /* Profiles (or loads a profile) and balances; shared with train. */
 gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
                                      const bool *cuda, const int *device, enum gp_precision precision,
@@ -281,50 +199,32 @@ gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_
                                      const char *profile_out, bool quiet, struct gp_profile *prof,
                                      struct gp_balance_report *rep, struct gp_error *err)
 {
-    int gpu = -1, peer = -1;
-    for (int k = 0; k < bc->n_stages; k++) {
-        if (!cuda[k]) continue;
-        if (gpu < 0) gpu = device[k];
-        else if (peer < 0 && device[k] != gpu) peer = device[k];
-    }
-    const struct gp_device_ops *gpu_ops = gp_backend_find("cuda");
-    if (gpu >= 0 && !gpu_ops)
-        return gp_error_set(err, GP_ERR_UNSUPPORTED, "this build has no CUDA backend: cannot profile on cuda:%d",
-                            gpu);
-    struct gp_graph g;
-    GP_TRY(gp_onnx_load(model, bc->batch / bc->n_micro, &g, err));
-    /* Timed in the layout the stages will train in. */
-    if (gp_layout_policy_on(layout, gpu >= 0)) gp_graph_channels_last(&g);
     bool tty = !quiet && isatty(STDERR_FILENO);
-    gp_status st;
-    if (profile_in) {
-        st = gp_profile_load(profile_in, &g, prof, err);
-        if (st == GP_OK && strcmp(prof->precision, gp_precision_name(precision)) != 0) {
-            st = gp_error_set(err, GP_ERR_INVALID, "%s was profiled in %s, not %s: profile again with --precision %s",
-                              profile_in, prof->precision, gp_precision_name(precision), gp_precision_name(precision));
-            gp_profile_free(prof);
-        }
-    } else if (gpu >= 0) {
-        st = gp_profile_device(&g, model, gpu_ops, gpu, peer, precision, 3, repeats, quiet ? NULL : progress, &tty,
-                               prof, err);
-    } else if (precision == GP_PRECISION_BF16) {
-        /* The CPU's bf16 runs its kernels on staged float32 copies: timed as
-         * a stage runs them, through the executor. */
-        st = gp_profile_device(&g, model, &gp_cpu_device_ops, 0, bc->n_stages > 1 ? 1 : -1, precision, 2, repeats,
-                               quiet ? NULL : progress, &tty, prof, err);
-    } else {
-        st = gp_profile_cpu(&g, model, cpu_threads_per_device(bc->n_stages), 2, repeats,
-                            quiet ? NULL : progress, &tty, prof, err);
-    }
+    struct gp_balance_run run = {.model = model, .cfg = bc, .repeats = repeats, .cuda = cuda, .device = device,
+                                 .precision = precision, .layout = layout, .profile_in = profile_in,
+                                 .profile_out = profile_out, .progress = quiet ? NULL : progress, .user = &tty};
+    return gp_balance_run(&run, prof, rep, err);
+}
+
+/* The picture, with the layers' names from the model (loaded again: the
+ * profile keeps only their ops). */
+static gp_status write_svg(const char *path, const char *model, const struct gp_profile *prof,
+                           const struct gp_balance_report *rep, struct gp_error *err)
+{
+    struct gp_graph g;
+    GP_TRY(gp_onnx_load(model, prof->micro_batch, &g, err));
+    const char **names = calloc((size_t)prof->n_layers + 1, sizeof *names);
+    gp_status st = names ? GP_OK : gp_error_set(err, GP_ERR_NOMEM, "out of memory writing '%s'", path);
+    for (int i = 0; st == GP_OK && i < prof->n_layers && i < g.n_nodes; i++) names[i] = g.nodes[i].name;
+    if (st == GP_OK) st = gp_balance_svg_write(path, prof, rep, names, err);
+    free(names);
     gp_graph_free(&g);
-    GP_TRY(st);
-    if (profile_out) GP_TRY(gp_profile_save(prof, profile_out, err));
-    return gp_balance(prof, bc, rep, err);
+    return st;
 }
 
 int gp_cmd_balance(int argc, char **argv)
 {
-    const char *model = NULL, *json = NULL, *pin = NULL, *pout = NULL, *devices = NULL;
+    const char *model = NULL, *json = NULL, *svg = NULL, *pin = NULL, *pout = NULL, *devices = NULL;
     struct gp_balance_config bc = {.by = GP_BALANCE_TIME, .batch = 32, .n_micro = 1,
                                    .checkpoint = GP_CHECKPOINT_EXCEPT_LAST};
     int64_t repeats = 5;
@@ -341,7 +241,7 @@ int gp_cmd_balance(int argc, char **argv)
             return GP_EXIT_OK;
         }
         bool takes = !strcmp(a, "--devices") || !strcmp(a, "--by") || !strcmp(a, "--batch") ||
-                     !strcmp(a, "--chunks") || !strcmp(a, "--checkpoint") || !strcmp(a, "--json") ||
+                     !strcmp(a, "--chunks") || !strcmp(a, "--checkpoint") || !strcmp(a, "--json") || !strcmp(a, "--svg") ||
                      !strcmp(a, "--profile-in") || !strcmp(a, "--profile-out") || !strcmp(a, "--repeats") ||
                      !strcmp(a, "--optimizer") || !strcmp(a, "--momentum") || !strcmp(a, "--precision") ||
                      !strcmp(a, "--pipeline-schedule") || !strcmp(a, "--layout");
@@ -370,6 +270,8 @@ int gp_cmd_balance(int argc, char **argv)
                 return gp_cli_usage("balance", "--pipeline-schedule is gpipe or 1f1b (got '%s')", v);
         } else if (!strcmp(a, "--json")) {
             json = v;
+        } else if (!strcmp(a, "--svg")) {
+            svg = v;
         } else if (!strcmp(a, "--profile-in")) {
             pin = v;
         } else if (!strcmp(a, "--profile-out")) {
@@ -405,6 +307,10 @@ int gp_cmd_balance(int argc, char **argv)
     struct gp_profile prof;
     struct gp_balance_report rep;
     struct gp_error err = {0};
+    /* The outputs are checked before the profiling, which takes a while. */
+    const char *outputs[3] = {json, svg, pout};
+    for (int k = 0; k < 3; k++)
+        if (outputs[k] && gp_atomic_check(outputs[k], &err) != GP_OK) return gp_cli_fail("%s", err.msg);
     if (gp_cli_profile_and_balance(model, &bc, (int)repeats, cuda, device, precision, layout, pin, pout, false, &prof,
                                    &rep, &err) != GP_OK)
         return gp_cli_fail("%s", err.msg);
@@ -415,7 +321,9 @@ int gp_cmd_balance(int argc, char **argv)
     for (int s = 0; s < rep.optimal.k; s++) printf("%s%d", s ? "," : "", rep.optimal.stages[s].last_layer - rep.optimal.stages[s].first_layer);
     printf("\n");
     int status = GP_EXIT_OK;
-    if (json && write_json(json, &prof, &rep, &err) != GP_OK) status = gp_cli_fail("%s", err.msg);
+    if (json && gp_balance_json_write(json, &prof, &rep, &err) != GP_OK) status = gp_cli_fail("%s", err.msg);
+    if (status == GP_EXIT_OK && svg && write_svg(svg, model, &prof, &rep, &err) != GP_OK)
+        status = gp_cli_fail("%s", err.msg);
     gp_profile_free(&prof);
     return status;
 }
