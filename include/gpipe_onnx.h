@@ -207,6 +207,16 @@ enum gpo_optimizer { GPO_OPTIMIZER_SGD = 0, GPO_OPTIMIZER_ADAMW = 1 };
 enum gpo_lr_schedule { GPO_LR_CONSTANT = 0, GPO_LR_STEP = 1, GPO_LR_COSINE = 2 };
 enum gpo_loss { GPO_LOSS_AUTO = 0, GPO_LOSS_CROSS_ENTROPY = 1, GPO_LOSS_MSE = 2, GPO_LOSS_OUTPUT = 3 };
 
+/* Names as the command line spells them ("fp32", "tf32", "bf16"; "auto",
+ * "nchw", "nhwc"; "always", "except_last", "never"; "gpipe", "1f1b"):
+ * 1 and *out set when known, else 0. */
+int gpo_precision_parse(const char *name, enum gpo_precision *out);
+int gpo_layout_parse(const char *name, enum gpo_layout *out);
+int gpo_checkpoint_parse(const char *name, enum gpo_checkpoint *out);
+int gpo_pipeline_schedule_parse(const char *name, enum gpo_pipeline_schedule *out);
+const char *gpo_checkpoint_name(enum gpo_checkpoint c);
+const char *gpo_pipeline_schedule_name(enum gpo_pipeline_schedule s);
+
 /* Called after each pass over the model while profiling. */
 typedef void (*gpo_progress_fn)(void *user, int done, int total);
 
@@ -408,6 +418,13 @@ gpo_status gpo_predict_file(gpo_model *m, const char *npy_path, const struct gpo
                             struct gpo_tensor *out);
 gpo_status gpo_predict(gpo_model *m, const float *x, int64_t n, const int64_t *sample_dims, int sample_rank,
                        const struct gpo_predict_options *opts, struct gpo_tensor *out);
+
+/* Writes t as a float32 .npy file (atomically). */
+gpo_status gpo_tensor_write_npy(gpo_model *m, const struct gpo_tensor *t, const char *path);
+
+/* Whether `path` can be written (not a folder; a file can be made beside
+ * it): for checking outputs before long work. The message names the path. */
+gpo_status gpo_check_output(gpo_model *m, const char *path);
 
 /* Writes the model with its current weights (trained or as opened; BatchNorm
  * statistics included) as one self-contained .onnx file. */

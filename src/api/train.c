@@ -361,7 +361,8 @@ static gpo_status predict_dataset(gpo_model *m, struct gp_dataset *ds, const str
     if (st != GPO_OK) return st;
     if (n != 1) return gpo_fail(m, GPO_ERR_ARGUMENT, "predict runs on one device, not '%s'", o.device);
     const struct gp_device_ops *ops = gp_backend_find(cuda[0] ? "cuda" : "cpu");
-    if (!ops) return gpo_fail(m, GPO_ERR_UNSUPPORTED, "this build has no CUDA backend");
+    if (!ops)
+        return gpo_fail(m, GPO_ERR_UNSUPPORTED, "this build has no CUDA backend (rebuild with CUDA, or use --device cpu)");
     if (o.batch < 1) return gpo_fail(m, GPO_ERR_ARGUMENT, "predict: batch must be at least 1");
     struct gp_predict_options po = {.batch = o.batch, .training = o.batch_statistics,
                                     .precision = gpo_precision_of(o.precision), .device_ops = ops,
@@ -429,4 +430,15 @@ gpo_status gpo_save(gpo_model *m, const char *path)
     gpo_begin(m);
     if (!m->current || !path) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_save: no model or no path");
     return gpo_status_of(gp_onnx_save(m->current, path, NULL, 0, &m->err));
+}
+
+gpo_status gpo_tensor_write_npy(gpo_model *m, const struct gpo_tensor *t, const char *path)
+{
+    if (!m) return GPO_ERR_ARGUMENT;
+    gpo_begin(m);
+    if (!t || !path || (!t->data && t->rank) || t->rank < 0 || t->rank > GP_MAX_RANK)
+        return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_tensor_write_npy: no tensor or no path");
+    struct gp_shape shape = {.rank = t->rank};
+    for (int k = 0; k < t->rank; k++) shape.dims[k] = t->dims[k];
+    return gpo_status_of(gp_npy_write(path, GP_DTYPE_FLOAT32, &shape, t->data, &m->err));
 }

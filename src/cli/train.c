@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "gpipe_onnx.h"
 #include "data/npy.h"
 #include "graph/exporter.h"
 #include "graph/graph.h"
@@ -688,27 +689,45 @@ int gp_cmd_train(int argc, char **argv)
     }
 
     if (auto_balance) {
-        struct gp_balance_config bc = {
-            .by = !strcmp(auto_balance, "time") ? GP_BALANCE_TIME : GP_BALANCE_MEMORY,
-            .n_stages = cfg.n_stages, .batch = cfg.batch, .n_micro = (int)cfg.chunks,
-            .schedule = cfg.pipeline_schedule, .checkpoint = cfg.checkpoint,
-            .optim_state_floats = cfg.optimizer == GP_OPT_ADAMW ? 2 : cfg.momentum > 0 ? 1 : 0};
-        struct gp_profile prof;
-        struct gp_balance_report rep;
+        /* Profiled and balanced through the public API, as `balance` does. */
         if (cfg.batch % cfg.chunks) {
             status = gp_cli_usage("train", "--chunks %lld does not divide --batch %lld",
                                   (long long)cfg.chunks, (long long)cfg.batch);
             goto done;
         }
-        if (gp_cli_profile_and_balance(cfg.model_path, &bc, 5, cfg.stage_cuda, cfg.stage_device, cfg.precision, cfg.layout,
-                                       NULL,
-                                       NULL, quiet, &prof, &rep, &err) != GP_OK) {
-            status = gp_cli_fail("%s", err.msg);
+        char devices[GP_CLI_MAX_DEVICES * 16] = "";
+        for (int k = 0; k < cfg.n_stages; k++)
+            snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%s:%d", k ? "," : "",
+                     cfg.stage_cuda[k] ? "cuda" : "cpu", cfg.stage_device[k]);
+        struct gpo_balance_options bo;
+        gpo_balance_options_init(&bo);
+        bo.devices = devices;
+        bo.by = !strcmp(auto_balance, "time") ? GPO_BALANCE_TIME : GPO_BALANCE_MEMORY;
+        bo.batch = cfg.batch;
+        bo.chunks = (int)cfg.chunks;
+        bo.schedule = cfg.pipeline_schedule == GP_PIPE_1F1B ? GPO_PIPELINE_1F1B : GPO_PIPELINE_GPIPE;
+        bo.checkpoint = cfg.checkpoint == GP_CHECKPOINT_ALWAYS  ? GPO_CHECKPOINT_ALWAYS
+                        : cfg.checkpoint == GP_CHECKPOINT_NEVER ? GPO_CHECKPOINT_NEVER
+                                                                : GPO_CHECKPOINT_EXCEPT_LAST;
+        bo.optimizer = cfg.optimizer == GP_OPT_ADAMW ? GPO_OPTIMIZER_ADAMW : GPO_OPTIMIZER_SGD;
+        bo.momentum = cfg.momentum;
+        bo.precision = cfg.precision == GP_PRECISION_BF16   ? GPO_PRECISION_BF16
+                       : cfg.precision == GP_PRECISION_TF32 ? GPO_PRECISION_TF32
+                                                            : GPO_PRECISION_FP32;
+        bo.layout = cfg.layout == GP_LAYOUT_NCHW ? GPO_LAYOUT_NCHW
+                    : cfg.layout == GP_LAYOUT_NHWC ? GPO_LAYOUT_NHWC
+                                                   : GPO_LAYOUT_AUTO;
+        bo.progress = quiet ? NULL : gp_cli_balance_progress;
+        gpo_model *bm = NULL;
+        const struct gpo_balance_report *rep = NULL;
+        if (gpo_open(cfg.model_path, NULL, &bm) != GPO_OK || gpo_balance(bm, &bo, &rep) != GPO_OK) {
+            status = gp_cli_fail("%s", gpo_last_error(bm));
+            gpo_close(bm);
             goto done;
         }
-        if (!quiet) gp_cli_print_balance(&prof, &rep);
-        gp_balance_counts(&rep.optimal, cfg.balance);
-        gp_profile_free(&prof);
+        if (!quiet) gp_cli_print_balance(cfg.model_path, &bo, rep);
+        for (int s = 0; s < rep->optimal.n_stages; s++) cfg.balance[s] = rep->optimal.balance[s];
+        gpo_close(bm);
     }
 
     struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute};
