@@ -51,8 +51,9 @@
  *    cached process-wide (locked), peer access between GPUs is enabled once
  *    per pair, and GP_CONV_API, GP_CONV_VERBOSE and a few kernel tuning
  *    variables are read from the environment.
- *  - Training writes the trained model to a temporary file (in $TMPDIR, else
- *    /tmp) that the context owns and removes at gpo_close().
+ *  - Training without a save_path writes the trained model to a temporary
+ *    file (in $TMPDIR, else /tmp) that the context owns and removes at
+ *    gpo_close().
  */
 #ifndef GPIPE_ONNX_H
 #define GPIPE_ONNX_H
@@ -148,6 +149,10 @@ struct gpo_value {
 /* Graph input / output k (k < n_inputs / n_outputs). */
 gpo_status gpo_input(gpo_model *m, int k, struct gpo_value *out);
 gpo_status gpo_output(gpo_model *m, int k, struct gpo_value *out);
+
+/* The value of the model's metadata_props entry `key` ("gpipe-onnx.lr"...),
+ * NULL when absent. */
+const char *gpo_metadata(const gpo_model *m, const char *key);
 
 /* The op type of folded node k (k < folded_nodes), in load order. */
 const char *gpo_folded_op(const gpo_model *m, int k);
@@ -288,6 +293,8 @@ gpo_status gpo_balance_write_svg(gpo_model *m, const char *path);
 
 /* ---- training ---- */
 
+#define GPO_CLASS_AXIS_AUTO (-100)
+
 struct gpo_train_config {
     /* Data: .npy files, one sample per row of axis 0. Integer labels train
      * with cross-entropy, float targets with MSE, none: the output is the
@@ -318,6 +325,9 @@ struct gpo_train_config {
     int64_t step_size;             /* step: lr *= gamma every step_size steps (defaults 30, 0.1) */
     double gamma, min_lr;          /* min_lr: the cosine floor */
     enum gpo_loss loss;            /* default auto: integer labels cross-entropy, float MSE, none the output */
+    int class_axis;                /* cross-entropy's class axis of the logits; GPO_CLASS_AXIS_AUTO (default):
+                                      1 for [N, C] and [N, C, H, W], the last for [N, T, C] */
+    int torch_1_13;                /* AdamW's float32 operation order of PyTorch 1.13 (default: 2.x's) */
 
     const char *devices;           /* one per stage; NULL: cuda:0 when a GPU is visible, else cpu:0 */
     const char *balance;           /* layers per stage "4,4,5", or "time" / "memory" (profile and
@@ -328,9 +338,11 @@ struct gpo_train_config {
     enum gpo_precision precision;
     enum gpo_layout layout;
     int fast_conv;                 /* GPUs: cuDNN's fastest convolutions, nondeterministic ones too */
+    int cuda_graph;                /* GPUs: 1 replay each step as a CUDA graph, 0 never,
+                                      -1 (default) when every stage is on a GPU and no trace is asked */
     const char *algorithms_path;   /* GPUs: cuDNN's algorithm choices read from / written to this file */
 
-    const char *save_path;         /* also write the trained model here; NULL: only keep it */
+    const char *save_path;         /* write the trained model here; NULL: a temporary file */
     const char *trace_path;        /* Chrome trace of the last step; NULL: none */
     const char *state_dir;         /* training states (resumable); NULL: none */
     int64_t save_every;            /* a state every this many steps; 0: once per epoch */
@@ -386,8 +398,12 @@ struct gpo_train_result {
 
 /* Trains the context's model (the file opened, or the weights of the last
  * gpo_train: training continues from them). On success the context holds
- * the trained weights: gpo_predict and gpo_save use them, and gpo_info and
- * the layer list are those of the trained model. `cb` and `out` may be NULL. */
+ * the trained weights: gpo_predict, gpo_balance and gpo_save use them, and
+ * gpo_model_info and the layer list are those of the trained model. They
+ * live in cfg->save_path when given (the context reads that file from then
+ * on: replace it only by renaming a new file over it), else in a temporary
+ * file of the context's. The last balance report is dropped. `cb` and `out`
+ * may be NULL. */
 gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *cfg, const struct gpo_train_callbacks *cb,
                      struct gpo_train_result *out);
 

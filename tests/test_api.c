@@ -298,6 +298,28 @@ static void test_train_predict_save(void **state)
     assert_memory_equal(mem.data, after.data, bytes);
     free(npy);
     gpo_tensor_free(&mem);
+    /* Training on, written straight to save_path: the context reads that file. */
+    assert_string_equal(gpo_metadata(again, "gpipe-onnx.optimizer"), "adamw");
+    assert_null(gpo_metadata(again, "no such key"));
+    char direct[512];
+    snprintf(direct, sizeof direct, "%s/direct.onnx", tmp);
+    c.devices = NULL;
+    c.balance = NULL;
+    c.chunks = 1;
+    c.steps = 3;
+    c.save_path = direct;
+    assert_int_equal(gpo_train(again, &c, NULL, &res), GPO_OK);
+    assert_int_equal(res.steps, 3);
+    gpo_model *direct_m = NULL;
+    struct gpo_tensor from_ctx, from_file;
+    assert_int_equal(gpo_open(direct, NULL, &direct_m), GPO_OK);
+    assert_int_equal(gpo_predict_file(again, paths[2], NULL, &from_ctx), GPO_OK);
+    assert_int_equal(gpo_predict_file(direct_m, paths[2], NULL, &from_file), GPO_OK);
+    assert_memory_equal(from_ctx.data, from_file.data, bytes);
+    assert_memory_not_equal(from_ctx.data, after.data, bytes);
+    gpo_tensor_free(&from_ctx);
+    gpo_tensor_free(&from_file);
+    gpo_close(direct_m);
     gpo_tensor_free(&before);
     gpo_tensor_free(&after);
     gpo_tensor_free(&reloaded);

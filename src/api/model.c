@@ -170,6 +170,7 @@ void gpo_close(gpo_model *m)
         unlink(m->tmp);
         free(m->tmp);
     }
+    free(m->saved);
     free(m->path);
     free(m);
 }
@@ -444,4 +445,10 @@ gpo_status gpo_check_output(gpo_model *m, const char *path)
     gpo_begin(m);
     if (!path) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_check_output: no path");
     return gpo_status_of(gp_atomic_check(path, &m->err));
+}
+
+const char *gpo_metadata(const gpo_model *m, const char *key)
+{
+    if (!m || !m->loaded || !key) return NULL;
+    return gp_graph_metadata(&m->g, key);
 }

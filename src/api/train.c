@@ -32,6 +32,8 @@ void gpo_train_config_init(struct gpo_train_config *c)
     c->eps = 1e-8;
     c->step_size = 30;
     c->gamma = 0.1;
+    c->class_axis = GPO_CLASS_AXIS_AUTO;
+    c->cuda_graph = -1;
 }
 
 void gpo_predict_options_init(struct gpo_predict_options *o)
@@ -243,6 +245,9 @@ gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struc
     t.loss_auto = c->loss == GPO_LOSS_AUTO;
     t.loss = c->loss == GPO_LOSS_MSE ? GP_LOSS_MSE : c->loss == GPO_LOSS_OUTPUT ? GP_LOSS_OUTPUT : GP_LOSS_CROSS_ENTROPY;
     t.fast_conv = c->fast_conv;
+    t.class_axis = c->class_axis == GPO_CLASS_AXIS_AUTO ? GP_CLASS_AXIS_AUTO : c->class_axis;
+    t.torch_1_13 = c->torch_1_13;
+    t.cuda_graph = c->cuda_graph < 0 ? GP_CUDA_GRAPH_AUTO : c->cuda_graph ? GP_CUDA_GRAPH_ON : GP_CUDA_GRAPH_OFF;
     t.choices_path = c->algorithms_path;
     t.save_every_seconds = c->save_every_seconds;
     t.pipeline_schedule = gpo_schedule_of(c->pipeline_schedule);
@@ -311,7 +316,10 @@ gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struc
             gp_profile_free(&prof);
         }
     }
-    if (st == GPO_OK && !(trained = temp_model(m)))
+    /* The trained model goes to save_path when given (written once), else
+     * to a temporary file of the context's. */
+    bool temporary = !c->save_path;
+    if (st == GPO_OK && !(trained = temporary ? temp_model(m) : strdup(c->save_path)))
         st = gpo_fail(m, GPO_ERR_IO, "cannot make a temporary file for the trained model");
     if (st == GPO_OK) {
         t.model_path = m->current;
@@ -323,12 +331,13 @@ gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struc
                                          .on_resume = relay_resume};
         st = gpo_status_of(gp_train(&t, &train, paths[2] ? &val : NULL, &tcb, &m->err));
     }
-    if (st == GPO_OK && c->save_path) st = gpo_status_of(gp_onnx_save(trained, c->save_path, NULL, 0, &m->err));
     if (st == GPO_OK) {
         /* The context now holds the trained weights. */
         if (m->tmp) unlink(m->tmp);
         free(m->tmp);
-        m->tmp = trained;
+        free(m->saved);
+        m->tmp = temporary ? trained : NULL;
+        m->saved = temporary ? NULL : trained;
         m->current = trained;
         trained = NULL;
         gpo_report_free(m);
@@ -338,7 +347,7 @@ gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struc
         if (out) *out = result;
     }
     if (trained) {
-        unlink(trained);
+        if (temporary) unlink(trained);
         free(trained);
     }
     for (int k = 0; k < 4; k++) free(owned[k]);
