@@ -73,6 +73,27 @@ extern "C" {
  * a program runs against a newer shared library). */
 const char *gpo_version(void);
 
+/* ---- the machine ---- */
+
+struct gpo_system {
+    int cpu_cores;                 /* online cores: CPU devices share them */
+    int cuda;                      /* 1: built with the CUDA backend */
+    int cuda_runtime, cuda_driver, cublas; /* versions (CUDA builds; 0 when unknown) */
+    int64_t cudnn;
+};
+void gpo_system_info(struct gpo_system *out);
+
+struct gpo_gpu {
+    char name[256];
+    int major, minor;              /* compute capability */
+    int multiprocessors;
+    int64_t total_bytes, free_bytes;
+};
+/* The GPUs visible to this build: up to `max` into out[]; returns how many
+ * there are (0 without CUDA, a driver or a GPU), or -1 with the reason in
+ * errbuf (of errsize bytes, may be NULL). */
+int gpo_gpus(struct gpo_gpu *out, int max, char *errbuf, size_t errsize);
+
 /* ---- status ---- */
 
 typedef enum gpo_status {

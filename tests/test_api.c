@@ -61,6 +61,12 @@ static void test_errors(void **state)
     assert_int_equal(gpo_balance(m, &bo, NULL), GPO_ERR_ARGUMENT);
     assert_non_null(strstr(gpo_last_error(m), "tpu:0"));
     assert_string_equal(gpo_status_name(GPO_ERR_IO), "GPO_ERR_IO");
+    struct gpo_system sys;
+    gpo_system_info(&sys);
+    assert_true(sys.cpu_cores >= 1);
+    char why[256];
+    int gpus = gpo_gpus(NULL, 0, why, sizeof why);
+    assert_true(gpus >= 0 && (sys.cuda || gpus == 0));
     gpo_close(m);
     gpo_close(NULL);
 }

@@ -452,3 +452,55 @@ const char *gpo_metadata(const gpo_model *m, const char *key)
     if (!m || !m->loaded || !key) return NULL;
     return gp_graph_metadata(&m->g, key);
 }
+
+void gpo_system_info(struct gpo_system *out)
+{
+    memset(out, 0, sizeof *out);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    out->cpu_cores = cores > 0 ? (int)cores : 1;
+#ifdef GP_HAVE_CUDA
+    out->cuda = 1;
+    struct gp_error err = {0};
+    struct gp_cuda_versions v = {0};
+    if (gp_cuda_versions(&v, &err) == GP_OK) {
+        out->cuda_runtime = v.runtime;
+        out->cuda_driver = v.driver;
+        out->cublas = v.cublas;
+        out->cudnn = (int64_t)v.cudnn;
+    }
+#endif
+}
+
+int gpo_gpus(struct gpo_gpu *out, int max, char *errbuf, size_t errsize)
+{
+    if (errbuf && errsize) errbuf[0] = '\0';
+#ifdef GP_HAVE_CUDA
+    struct gp_error err = {0};
+    int count = 0, room = max > 0 ? max : 0;
+    struct gp_cuda_device *devs = calloc((size_t)room + 1, sizeof *devs);
+    if (!devs) {
+        if (errbuf && errsize) snprintf(errbuf, errsize, "out of memory listing GPUs");
+        return -1;
+    }
+    if (gp_cuda_devices(devs, room, &count, &err) != GP_OK) {
+        if (errbuf && errsize) snprintf(errbuf, errsize, "%s", err.msg);
+        free(devs);
+        return -1;
+    }
+    for (int i = 0; i < count && i < room; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        snprintf(out[i].name, sizeof out[i].name, "%s", devs[i].name);
+        out[i].major = devs[i].major;
+        out[i].minor = devs[i].minor;
+        out[i].multiprocessors = devs[i].multiprocessors;
+        out[i].total_bytes = (int64_t)devs[i].total_bytes;
+        out[i].free_bytes = (int64_t)devs[i].free_bytes;
+    }
+    free(devs);
+    return count;
+#else
+    (void)out;
+    (void)max;
+    return 0;
+#endif
+}
