@@ -19,7 +19,8 @@
  * Conventions.
  *  - Every function that can fail returns a gpo_status; on failure the
  *    model's gpo_last_error() holds one line naming the file, node, layer
- *    or stage at fault. The library never prints and never exits.
+ *    or stage at fault. The library never exits and prints nothing (but
+ *    cuDNN's algorithm choices on stderr when GP_CONV_VERBOSE=1 asks).
  *  - A gpo_model is one context: it owns the loaded graph, the last balance
  *    report and the trained weights. Nothing is shared between contexts
  *    except what the notes below list, so several threads may each use
@@ -51,6 +52,12 @@
  *    cached process-wide (locked), peer access between GPUs is enabled once
  *    per pair, and GP_CONV_API, GP_CONV_VERBOSE and a few kernel tuning
  *    variables are read from the environment.
+ *  - Models (and their external data) are read through memory maps: a file
+ *    truncated while a context uses it raises SIGBUS in the process.
+ *    Replace a model by renaming a new file over it. (The program names
+ *    the file from its SIGBUS handler; a library user may install one.)
+ *  - Training runs each CPU device as a worker thread with its share of the
+ *    machine's cores: contexts training at once share the cores too.
  *  - Training without a save_path writes the trained model to a temporary
  *    file (in $TMPDIR, else /tmp) that the context owns and removes at
  *    gpo_close().
@@ -152,7 +159,8 @@ struct gpo_model_info {
     int buffer_tensors;
     int source_nodes;              /* nodes in the file */
     int folded_nodes;              /* constant subgraphs folded at load time */
-    int fused_nodes, fusions;      /* fused_nodes nodes became `fusions` layers */
+    int fused_nodes, fusions;      /* nodes merged away by fusion, and the layers they merged
+                                      into: fused_nodes + fusions nodes became fusions layers */
     int n_layers;                  /* = source_nodes - folded_nodes - fused_nodes */
     int64_t input_frontier_bytes;  /* the inputs: the frontier before layer 0 */
     int channels_last_activations; /* with channels_last: the activations stored so */
