@@ -372,6 +372,8 @@ struct gpo_train_config {
     const char *algorithms_path;   /* GPUs: cuDNN's algorithm choices read from / written to this file */
 
     const char *save_path;         /* write the trained model here; NULL: a temporary file */
+    int discard_weights;           /* 1: keep no trained weights (save_path only, when given); the
+                                      context keeps the weights it had */
     const char *trace_path;        /* Chrome trace of the last step; NULL: none */
     const char *state_dir;         /* training states (resumable); NULL: none */
     int64_t save_every;            /* a state every this many steps; 0: once per epoch */
@@ -383,6 +385,7 @@ void gpo_train_config_init(struct gpo_train_config *c);
 
 struct gpo_step_info {
     int64_t step, total_steps, epoch; /* step and epoch from 0 */
+    int64_t first_step;            /* where this run began (a resumed run: its state's step) */
     double loss, lr;
     double seconds, elapsed;       /* this step, and since training began */
     int64_t samples;
@@ -412,6 +415,8 @@ struct gpo_train_callbacks {
     void (*on_note)(void *user, const char *message);             /* something done otherwise than asked */
     gpo_progress_fn on_profile;    /* profiling passes of balance "time" / "memory" */
     void (*on_memory)(void *user, const struct gpo_stage_memory *s); /* per stage, after training */
+    /* balance "time" / "memory": the report, before training starts. */
+    void (*on_balance)(void *user, const struct gpo_balance_options *o, const struct gpo_balance_report *r);
     void (*on_state)(void *user, const char *path, int64_t step);   /* a training state written */
     void (*on_resume)(void *user, const char *path, int64_t step, int64_t total_steps);
 };
