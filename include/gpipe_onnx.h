@@ -358,7 +358,8 @@ struct gpo_train_config {
                                       1 for [N, C] and [N, C, H, W], the last for [N, T, C] */
     int torch_1_13;                /* AdamW's float32 operation order of PyTorch 1.13 (default: 2.x's) */
 
-    const char *devices;           /* one per stage; NULL: cuda:0 when a GPU is visible, else cpu:0 */
+    const char *devices;           /* one per stage; NULL: one stage per balance entry (one when
+                                      none), on the GPUs in turn when any is visible, else cpu:0, cpu:1... */
     const char *balance;           /* layers per stage "4,4,5", or "time" / "memory" (profile and
                                       balance first); NULL: an even split */
     enum gpo_pipeline_schedule pipeline_schedule;
@@ -422,7 +423,7 @@ struct gpo_train_callbacks {
 };
 
 struct gpo_train_result {
-    int64_t steps;                 /* optimizer steps run */
+    int64_t steps;                 /* optimizer steps done (a resumed run counts its state's too) */
     double last_loss;              /* the last step's */
     int has_val;
     double val_loss, val_accuracy; /* the last validation */
@@ -436,8 +437,9 @@ struct gpo_train_result {
  * gpo_model_info and the layer list are those of the trained model. They
  * live in cfg->save_path when given (the context reads that file from then
  * on: replace it only by renaming a new file over it), else in a temporary
- * file of the context's. The last balance report is dropped. `cb` and `out`
- * may be NULL. */
+ * file of the context's, and the last balance report is dropped; with
+ * discard_weights the context keeps what it had. `cb` and `out` may be
+ * NULL. */
 gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *cfg, const struct gpo_train_callbacks *cb,
                      struct gpo_train_result *out);
 
