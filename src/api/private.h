@@ -1,7 +1,7 @@
 /* What the program itself needs of the library beyond the public API
- * (include/gpipe_onnx.h): training as one stage of a pipeline spread over
- * processes (src/dist/, `train --pipeline`), whose ranks first agree on the
- * engine's resolved configuration. Not installed. */
+ * (include/gpipe_onnx.h): `train --pipeline`, where the ranks of a job
+ * (src/dist/, cli/distributed.c) agree on the engine's configuration,
+ * adjust it per rank, and each trains one stage with it. Not installed. */
 #ifndef GP_API_PRIVATE_H
 #define GP_API_PRIVATE_H
 
@@ -14,10 +14,13 @@
  * "memory"). Its strings point into c. */
 gpo_status gpo_train_engine_config(gpo_model *m, const struct gpo_train_config *c, struct gp_train_config *out);
 
-/* gpo_train with this process running one stage of one replica (remote,
- * pipeline/pipeline.h): every rank calls it alike; the trained weights are
- * not kept in the context (rank 0 writes save_path). */
-gpo_status gpo_train_remote(gpo_model *m, const struct gpo_train_config *c, const struct gp_pipe_remote *remote,
+/* Trains with `engine` as given: a configuration from
+ * gpo_train_engine_config that the caller went on to adjust (as one stage
+ * of a multi-process pipeline: its remote link, its device, its trace file,
+ * the state every rank resumes from, the split the ranks agreed on). The
+ * data are c's, found and loaded as gpo_train does; nothing else of c is
+ * read: no outputs checked, no split searched, no weights kept. */
+gpo_status gpo_train_engine(gpo_model *m, const struct gpo_train_config *c, const struct gp_train_config *engine,
                             const struct gpo_train_callbacks *cb, struct gpo_train_result *out);
 
 #endif

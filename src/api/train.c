@@ -279,10 +279,29 @@ static gpo_status resolve(gpo_model *m, const struct gpo_train_config *c, struct
     return GPO_OK;
 }
 
-/* gpo_train, with this process running one stage of a pipeline spread over
- * processes when remote is not NULL (src/api/private.h). */
-static gpo_status train(gpo_model *m, const struct gpo_train_config *c, const struct gp_pipe_remote *remote,
-                        const struct gpo_train_callbacks *cb, struct gpo_train_result *out)
+/* The data: the files given, synthetic samples, or the files the model's
+ * metadata names. owned[] gets what the caller frees. */
+static gpo_status gather_data(gpo_model *m, const struct gpo_train_config *c, char *owned[4], const char *paths[4],
+                              struct gp_dataset *train_set, struct gp_dataset *val)
+{
+    paths[0] = c->data;
+    paths[1] = c->labels;
+    paths[2] = c->val_data;
+    paths[3] = c->val_labels;
+    bool synthetic = c->synthetic > 0;
+    if (!c->data && !synthetic) {
+        static const char *keys[4] = {"gpipe-onnx.data", "gpipe-onnx.labels", "gpipe-onnx.val_data",
+                                      "gpipe-onnx.val_labels"};
+        for (int k = 0; k < 4; k++) paths[k] = owned[k] = metadata_path(&m->g, m->path, keys[k]);
+        if (!paths[0]) return gpo_fail(m, GPO_ERR_ARGUMENT, "no training data: give data (and labels) or synthetic");
+    }
+    if ((paths[1] && !paths[0]) || (paths[3] && !paths[2]))
+        return gpo_fail(m, GPO_ERR_ARGUMENT, "labels given without their data");
+    return load_data(m, paths, synthetic, c->synthetic, c->seed, train_set, val);
+}
+
+static gpo_status train(gpo_model *m, const struct gpo_train_config *c, const struct gpo_train_callbacks *cb,
+                        struct gpo_train_result *out)
 {
     if (!m) return GPO_ERR_ARGUMENT;
     gpo_begin(m);
@@ -294,32 +313,18 @@ static gpo_status train(gpo_model *m, const struct gpo_train_config *c, const st
     const char *auto_balance;
     gpo_status st = resolve(m, c, &t, &auto_balance);
     if (st != GPO_OK) return st;
-    t.remote = remote;
 
-    /* Outputs are checked before anything long (one process writes them). */
+    /* Outputs are checked before anything long. */
     const char *outputs[2] = {c->save_path, c->trace_path};
-    for (int k = 0; k < 2 && !remote; k++)
+    for (int k = 0; k < 2; k++)
         if (outputs[k] && gp_atomic_check(outputs[k], &m->err) != GP_OK) return gpo_status_of(m->err.status);
     if (t.state_dir && gp_state_check_dir(t.state_dir, &m->err) != GP_OK) return gpo_status_of(m->err.status);
 
-    /* The data: the files given, synthetic samples, or the model's own. */
     char *owned[4] = {0};
-    const char *paths[4] = {c->data, c->labels, c->val_data, c->val_labels};
-    bool synthetic = c->synthetic > 0;
-    if (!c->data && !synthetic) {
-        static const char *keys[4] = {"gpipe-onnx.data", "gpipe-onnx.labels", "gpipe-onnx.val_data",
-                                      "gpipe-onnx.val_labels"};
-        for (int k = 0; k < 4; k++) paths[k] = owned[k] = metadata_path(&m->g, m->path, keys[k]);
-        if (!paths[0]) {
-            for (int k = 0; k < 4; k++) free(owned[k]);
-            return gpo_fail(m, GPO_ERR_ARGUMENT, "no training data: give data (and labels) or synthetic");
-        }
-    }
+    const char *paths[4];
     struct gp_dataset train_set = {0}, val = {0};
     char *trained = NULL;
-    if ((paths[1] && !paths[0]) || (paths[3] && !paths[2]))
-        st = gpo_fail(m, GPO_ERR_ARGUMENT, "labels given without their data");
-    if (st == GPO_OK) st = load_data(m, paths, synthetic, c->synthetic, c->seed, &train_set, &val);
+    st = gather_data(m, c, owned, paths, &train_set, &val);
 
     if (st == GPO_OK && auto_balance) {
         /* As gpo_balance does it; the report goes to on_balance. */
@@ -350,9 +355,8 @@ static gpo_status train(gpo_model *m, const struct gpo_train_config *c, const st
     }
     /* The trained model goes to save_path when given (written once), else
      * to a temporary file of the context's; or nowhere when the caller
-     * discards it, or this process runs one stage of several (one of them
-     * writes save_path). */
-    bool keep = !c->discard_weights && !remote, temporary = keep && !c->save_path;
+     * discards it. */
+    bool keep = !c->discard_weights, temporary = keep && !c->save_path;
     if (st == GPO_OK && keep && !(trained = temporary ? temp_model(m) : strdup(c->save_path)))
         st = gpo_fail(m, GPO_ERR_IO, "cannot make a temporary file for the trained model");
     if (st == GPO_OK) {
@@ -394,13 +398,38 @@ static gpo_status train(gpo_model *m, const struct gpo_train_config *c, const st
 gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struct gpo_train_callbacks *cb,
                      struct gpo_train_result *out)
 {
-    return train(m, c, NULL, cb, out);
+    return train(m, c, cb, out);
 }
 
-gpo_status gpo_train_remote(gpo_model *m, const struct gpo_train_config *c, const struct gp_pipe_remote *remote,
+gpo_status gpo_train_engine(gpo_model *m, const struct gpo_train_config *c, const struct gp_train_config *engine,
                             const struct gpo_train_callbacks *cb, struct gpo_train_result *out)
 {
-    return train(m, c, remote, cb, out);
+    if (!m) return GPO_ERR_ARGUMENT;
+    gpo_begin(m);
+    struct gpo_train_result result = {0};
+    if (out) *out = result;
+    if (!c || !engine || !m->loaded) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train_engine: no configuration or model");
+    char *owned[4] = {0};
+    const char *paths[4];
+    struct gp_dataset train_set = {0}, val = {0};
+    gpo_status st = gather_data(m, c, owned, paths, &train_set, &val);
+    if (st == GPO_OK) {
+        struct relay relay = {.cb = cb, .result = &result};
+        struct gp_train_callbacks tcb = {.user = &relay, .on_start = relay_start, .on_step = relay_step,
+                                         .on_epoch = relay_epoch, .on_note = relay_note,
+                                         .on_memory = relay_memory, .on_state = relay_state,
+                                         .on_resume = relay_resume};
+        st = gpo_status_of(gp_train(engine, &train_set, paths[2] ? &val : NULL, &tcb, &m->err));
+    }
+    if (st == GPO_OK) {
+        result.n_stages = engine->n_stages;
+        for (int s = 0; s < engine->n_stages; s++) result.balance[s] = engine->balance[s];
+        if (out) *out = result;
+    }
+    for (int k = 0; k < 4; k++) free(owned[k]);
+    gp_dataset_free(&train_set);
+    gp_dataset_free(&val);
+    return st;
 }
 
 gpo_status gpo_train_engine_config(gpo_model *m, const struct gpo_train_config *c, struct gp_train_config *out)
