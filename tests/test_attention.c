@@ -4,8 +4,9 @@
  *    forms, additive and bool masks, causal, Tq != Tk), gradients against
  *    finite differences in double (op_gradcheck, which also compares bf16
  *    with fp32 layer by layer), refusals naming the node;
- *  - the fusion, on torch 1.13 exports (models/export_attention.py,
- *    tests/data/attention/) and on chains built by hand: each spelling
+ *  - the fusion, on torch 1.13 and 2.11 exports (TorchScript and dynamo
+ *    exporters; models/export_attention.py, tests/data/attention/) and on
+ *    chains built by hand: each spelling
  *    fuses into one Attention node with the attributes it should have,
  *    each near miss stays unfused, and the fused graph trains like the
  *    unfused one (GP_FUSE_ATTENTION=0) within float32 rounding: outputs,
@@ -259,6 +260,18 @@ static const struct spelling spellings[] = {
     {"mha_float_causal_op14", 1, 1, false, 0.353553385f, 5},
     {"mha_bool_causal_op14", 1, 1, false, 0.353553385f, 5},
     {"mha_float_band_op14", 0, 1, true, 0.353553385f, 5},
+    /* torch 2.11 (models/export_attention.py --torch2). SDPA through the
+     * TorchScript exporter: sqrt-scaled Q and K, a -inf triangle built from
+     * Trilu (folded), K's head split also transposed for a Shape that
+     * folded away (that dead Transpose goes too). */
+    {"nanogpt_sdpa_torch2_op17", 1, 2, false, 0.353553385f, 14},
+    /* The dynamo exporter, optimize off: SDPA with K transposed through
+     * [B * H, T, D] and a -3.4e38 triangle (CastLike folds); the explicit
+     * form with a clone (Identity) in the head merge; nn.MultiheadAttention
+     * as 4-D [B, H, T, D] views of its [B * H, T, D] heads. */
+    {"nanogpt_sdpa_dynamo", 1, 2, false, 0.353553385f, 16},
+    {"nanogpt_dynamo", 1, 2, false, 0.353553385f, 14},
+    {"mha_dynamo", 0, 0, false, 0.353553385f, 7},
 };
 
 /* Near misses: nothing fuses. */
@@ -270,6 +283,12 @@ static const char *const near_misses[] = {
     "param_mask_op17",       /* the mask a float initializer: trainable */
     "input_mask_op17",       /* the mask computed from the input */
     "scores_out_op17",       /* the scores also a graph output */
+    /* The dynamo exporter with optimize on turns the scale (and the fill
+     * and the mask's 0) into float initializers, which load as trainable
+     * parameters (inspect says so): fusing would freeze them. */
+    "nanogpt_sdpa_dynamo_opt",
+    "nanogpt_dynamo_opt",
+    "mha_dynamo_opt",
 };
 
 static void test_spellings_fuse(void **state)
@@ -331,12 +350,48 @@ static int hand_chain(bool vector_scale, bool p_out)
     return n;
 }
 
+/* The dynamo exporter's K transpose, by hand: Reshape(Transpose(Reshape(
+ * k, [B * H, T, D]), perm), [B, H, D, T]) with perm [0, 2, 1] (fuses) or
+ * [0, 1, 2] (no transpose: the reshape scrambles K, stays); c = 2 scales
+ * Q and K (sqrt-scaled: 4). */
+static int dynamo_kt_chain(bool swap)
+{
+    struct gp_graph g;
+    init(&g, 17);
+    input(&g, "q", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    input(&g, "k", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    input(&g, "v", GP_DTYPE_FLOAT32, 4, I64(1, 2, 4, 8));
+    cany(&g, "ci", GP_DTYPE_INT64, 0, I64(0), F64(2));
+    attr_int(&g, node(&g, "Cast", 1, S("ci"), 1, S("c")), "to", GP_DTYPE_FLOAT32);
+    cany(&g, "s3", GP_DTYPE_INT64, 1, I64(3), F64(2, 4, 8));
+    cany(&g, "s4", GP_DTYPE_INT64, 1, I64(4), F64(1, 2, 8, 4));
+    node(&g, "Reshape", 2, S("k", "s3"), 1, S("k3"));
+    attr_ints(&g, node(&g, "Transpose", 1, S("k3"), 1, S("k3t")), "perm", 3, swap ? I64(0, 2, 1) : I64(0, 1, 2));
+    node(&g, "Reshape", 2, S("k3t", "s4"), 1, S("kt"));
+    node(&g, "Mul", 2, S("q", "c"), 1, S("qs"));
+    node(&g, "Mul", 2, S("kt", "c"), 1, S("kts"));
+    node(&g, "MatMul", 2, S("qs", "kts"), 1, S("s"));
+    node(&g, "Softmax", 1, S("s"), 1, S("p"));
+    node(&g, "MatMul", 2, S("p", "v"), 1, S("y"));
+    output(&g, "y");
+    finalize(&g);
+    int a, n = count_op(&g, "Attention", &a);
+    if (n == 1) {
+        assert_true(gp_node_attr_float(&g.nodes[a], "scale", 0) == 4.0f);
+        assert_int_equal(g.n_nodes, 1);
+    }
+    gp_graph_free(&g);
+    return n;
+}
+
 static void test_hand_built_chains(void **state)
 {
     (void)state;
     assert_int_equal(hand_chain(false, false), 1);
     assert_int_equal(hand_chain(true, false), 0);
     assert_int_equal(hand_chain(false, true), 0);
+    assert_int_equal(dynamo_kt_chain(true), 1);
+    assert_int_equal(dynamo_kt_chain(false), 0);
 }
 
 /* The fixture GPT (attention dropout: unfused) loads as before. */

@@ -199,6 +199,73 @@ tied_case 4 2 1
 # The comparison can fail: the same run unclipped is another model.
 "$bin" "${tied[@]:0:13}" --devices cpu:0 --chunks 2 --save "$tmp/other.onnx" >"$tmp/out" 2>&1 || fail "tied GPT unclipped: failed"
 cmp -s "$tmp/other.onnx" "$tmp/many.onnx" && fail "tied GPT: clipped and unclipped models compared equal"
+# ---- training states, timelines and profiled balances across processes ----
+# States: rank 0 gathers every stage's weights and optimizer state and
+# writes them; resuming, each rank takes its stage's part. 4 steps equal 2
+# steps and 2 more resumed from the state (AdamW, whose step count and
+# moments must come back), and the state at step 2 is one process's, byte
+# for byte, which 2 stage processes then continue to the same model; the
+# same for 2 stages x 2 replicas.
+resume_case() { # ranks, chunks per replica
+  local n="$1" m="$2" what="states, $1 ranks"
+  local st=(train "$root/models/digits_cnn_op17.onnx" --data "$root/models/digits_train_x.npy"
+            --labels "$root/models/digits_train_y.npy" --batch 32 --chunks "$m" --quiet --optimizer adamw
+            --balance 5,5 --pipeline 2 --devices cpu:0)
+  rm -rf "$tmp/s4" "$tmp/s2" "$tmp/one.onnx" "$tmp/many.onnx"
+  run "$n" "$bin" "${st[@]}" --steps 4 --save-state "$tmp/s4" --save-every 2 --save "$tmp/one.onnx"
+  [ "$status" -eq 0 ] || { fail "$what: 4 steps exited $status"; show; return; }
+  run "$n" "$bin" "${st[@]}" --steps 2 --save-state "$tmp/s2"
+  [ "$status" -eq 0 ] || { fail "$what: 2 steps exited $status"; show; return; }
+  run "$n" "$bin" "${st[@]}" --steps 4 --resume "$tmp/s2" --save "$tmp/many.onnx"
+  [ "$status" -eq 0 ] || { fail "$what: resumed exited $status"; show; return; }
+  cmp -s "$tmp/one.onnx" "$tmp/many.onnx" || fail "$what: 2 steps + 2 resumed saved another model than 4 steps"
+  cmp -s "$tmp/s4/state-00000002/tensors.bin" "$tmp/s2/state-00000002/tensors.bin" ||
+    fail "$what: the states at step 2 of two runs differ"
+}
+resume_case 2 4
+[ -f "$tmp/s4/state-00000004/manifest.json" ] || fail "states: no final state written"
+ls -a "$tmp/s4" | grep -q tmp && fail "states: a temporary folder was left"
+rm -rf "$tmp/one2"
+"$bin" train "$root/models/digits_cnn_op17.onnx" --data "$root/models/digits_train_x.npy" \
+  --labels "$root/models/digits_train_y.npy" --batch 32 --chunks 4 --quiet --optimizer adamw --balance 5,5 \
+  --devices cpu:0,cpu:1 --steps 2 --save-state "$tmp/one2" >"$tmp/out" 2>&1 || { fail "states: one process failed"; show; }
+cmp -s "$tmp/one2/state-00000002/tensors.bin" "$tmp/s2/state-00000002/tensors.bin" ||
+  fail "states: 2 stage processes saved another state than one process"
+resume_case 4 2
+# A period in seconds would be each rank's own clock: refused.
+run 2 "$bin" "${train[@]}" --pipeline 2 --save-state "$tmp/s" --save-every 30s
+[ "$status" -ne 0 ] || fail "--save-every 30s across processes was taken"
+grep -q "give a number of steps" "$tmp/out" || { fail "--save-every 30s across processes: no reason"; show; }
+# A state one rank cannot read is refused by every rank, naming it.
+cat >"$tmp/resume.sh" <<SH
+#!/usr/bin/env bash
+s="$tmp/s2"
+[ "\$OMPI_COMM_WORLD_RANK" = 1 ] && s="$tmp/missing"
+exec "$bin" ${train[*]} --pipeline 2 --resume "\$s"
+SH
+chmod +x "$tmp/resume.sh"
+run 2 "$tmp/resume.sh"
+[ "$status" -ne 0 ] || fail "a state rank 1 cannot read was taken"
+grep -q "rank 1" "$tmp/out" || { fail "a state rank 1 cannot read: rank 1 not named"; show; }
+# Timelines: one file per rank, its stage's streams, named by rank.
+rm -f "$tmp"/t.rank*.json
+run 2 "$bin" "${digits[@]}" --pipeline 2 --devices cpu:0 --balance 5,5 --steps 1 --trace "$tmp/t.json"
+[ "$status" -eq 0 ] || { fail "--trace on 2 ranks exited $status"; show; }
+for r in 0 1; do
+  grep -q "\"rank $r (stage $r, replica 0) cpu:0\"" "$tmp/t.rank$r.json" 2>/dev/null || fail "--trace: rank $r's file is missing or unnamed"
+  grep -q "\"F s$r m3\"" "$tmp/t.rank$r.json" 2>/dev/null || fail "--trace: rank $r's file lacks its forwards"
+done
+grep -q '"F s1 m' "$tmp/t.rank0.json" && fail "--trace: rank 0's file holds stage 1's work"
+# --balance memory: rank 0 profiles and splits, every rank takes its split,
+# which one process running that split trains to the same model.
+run 2 "$bin" "${digits[@]:0:12}" --pipeline 2 --devices cpu:0 --balance memory --steps 2 --save "$tmp/many.onnx"
+[ "$status" -eq 0 ] || { fail "--balance memory on 2 ranks exited $status"; show; }
+split=$(grep -A2 '^split' "$tmp/out" | grep -Eo '^(optimal)? +[01] +[0-9]+-[0-9]+' | grep -Eo '[0-9]+-[0-9]+$')
+counts=$(echo "$split" | awk -F- '{printf "%s%d", (NR > 1 ? "," : ""), $2 - $1 + 1}')
+if [ -z "$counts" ]; then fail "--balance memory on 2 ranks: rank 0 printed no split"; show; else
+  "$bin" "${digits[@]}" --devices cpu:0,cpu:1 --balance "$counts" --steps 2 --save "$tmp/one.onnx" >/dev/null 2>&1
+  cmp -s "$tmp/one.onnx" "$tmp/many.onnx" || fail "--balance memory on 2 ranks: another model than one process with $counts"
+fi
 run 2 "$bin" "${digits[@]}" --pipeline 2 --devices cpu:0,cpu:1,cpu:2
 [ "$status" -ne 0 ] || fail "3 devices for --pipeline 2 were taken"
 grep -q "give one (every rank's) or one per stage" "$tmp/out" || { fail "3 devices for 2 stages: no reason"; show; }

@@ -53,6 +53,7 @@ const char *gp_cli_count(int64_t n, char *buf, int size);
 /* ---- train --pipeline: one rank of a job (cli/distributed.c) ---- */
 
 struct gp_train_config;
+struct gp_nccl;
 /* The run as the command line resolved it (model defaults applied). */
 struct gp_cli_train_run {
     const struct gp_train_config *cfg;
@@ -61,6 +62,12 @@ struct gp_cli_train_run {
     const char *auto_balance; /* "time", "memory" or NULL */
     int n_balance;            /* stages --balance listed; 0: none */
     int64_t bucket_kib;       /* --bucket-kib: replicas' gradient sums in buckets of this many KiB */
+    /* --resume: the state folder every rank resolved it to (the newest
+     * whole state of the folder given, as this rank reads it), filled by
+     * gp_cli_dist_start; every rank must see the same state's bytes. */
+    char *resume_state;
+    size_t resume_state_size;
+    bool quiet;               /* --quiet: no line per rank */
 };
 
 struct gp_cli_dist {
@@ -68,6 +75,10 @@ struct gp_cli_dist {
     struct gp_comm *comm;     /* NULL once ended */
     int pipeline, replicas;   /* stages and data-parallel replicas: launch.size = their product */
     struct gp_pipe_remote remote; /* several processes: this rank's stage and its link to the others */
+    /* Stages on GPUs: this rank's GPU (by its local rank) and the NCCL
+     * links between the ranks' GPUs; -1 and NULL on CPU devices. */
+    int gpu;
+    struct gp_nccl *nccl;
 };
 
 /* Joins the job this process was launched into (mpirun, srun) as one of
@@ -77,5 +88,13 @@ struct gp_cli_dist {
  * failure only this rank knows of ends the whole job (MPI_Abort). */
 int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double timeout_s, struct gp_cli_dist *d);
 void gp_cli_dist_end(struct gp_cli_dist *d);
+/* --balance time|memory across processes: rank 0 profiled and split the
+ * model (`ok`: it could; its counts in balance[0..n)); the others get its
+ * counts. GP_EXIT_OK, or the exit status (rank 0 said why; a broken link
+ * ends the job). */
+int gp_cli_dist_share_balance(struct gp_cli_dist *d, bool ok, int *balance, int n);
+/* --trace FILE across processes: each rank's own file, FILE with
+ * ".rank<R>" before its extension (out.json: out.rank1.json). */
+void gp_cli_dist_trace_path(const struct gp_cli_dist *d, const char *path, char *out, size_t size);
 
 #endif

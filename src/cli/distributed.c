@@ -2,15 +2,17 @@
  * job launched by mpirun or srun (dist/). It checks the launch, joins the
  * ranks and makes them agree on the run, and gives the trainer the link
  * between stage processes: rank = replica x P + stage runs that stage of
- * that data-parallel replica (CPU devices; GPUs are not yet implemented and
- * say so). */
+ * that data-parallel replica, on CPU devices (frontiers and sums over MPI)
+ * or on the GPU of its local rank (over NCCL, dist/nccl.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "dist/agree.h"
+#include "dist/nccl.h"
 #include "pipeline/schedule.h"
+#include "train/state.h"
 #include "train/trainer.h"
 #include "util/xxh64.h"
 
@@ -60,10 +62,41 @@ static void add_file(struct gp_agree_record *r, const char *label, const char *p
     gp_agree_add_detail(r, label, path, "%lld bytes, xxh64 %s", bytes, hex);
 }
 
+static void skipped_state(void *user, const char *message)
+{
+    if (*(const int *)user == 0) fprintf(stderr, "note: %s\n", message);
+}
+
+/* --resume: the newest whole state of what was given, as this rank sees
+ * it, into run->resume_state, and its manifest's bytes (which hold every
+ * tensor's digest) to agree on: every rank continues from the same state,
+ * read from a file system they share or from copies of it. */
+static void describe_resume(const struct gp_cli_train_run *run, int rank, struct gp_agree_record *r)
+{
+    const char *given = run->cfg->resume_path;
+    if (!given) {
+        gp_agree_add(r, "--resume", "(none)");
+        return;
+    }
+    struct gp_state *s = NULL;
+    struct gp_error err = {0};
+    if (gp_state_open_latest(given, skipped_state, &rank, &s, &err) != GP_OK) {
+        gp_agree_fail(r, "%s", err.msg);
+        return;
+    }
+    char manifest[4200];
+    snprintf(run->resume_state, run->resume_state_size, "%s", s->path);
+    snprintf(manifest, sizeof manifest, "%s/%s", s->path, GP_STATE_MANIFEST);
+    gp_state_close(s);
+    add_file(r, "--resume", manifest);
+}
+
 /* What must be equal on every rank: everything that decides the arithmetic
- * or the shape of the job. Outputs (--save, --metrics, --trace) are rank
- * 0's alone, and --devices, --cuda-graph and --quiet are each rank's. */
-static void describe_run(const struct gp_cli_train_run *run, int pipeline, int replicas, struct gp_agree_record *r)
+ * or the shape of the job. Outputs (--save, --metrics) are rank 0's alone,
+ * --trace each rank's own file, and --devices, --cuda-graph and --quiet
+ * are each rank's. */
+static void describe_run(const struct gp_cli_train_run *run, int pipeline, int replicas, int rank,
+                         struct gp_agree_record *r)
 {
     const struct gp_train_config *c = run->cfg;
     char a[64];
@@ -77,6 +110,11 @@ static void describe_run(const struct gp_cli_train_run *run, int pipeline, int r
         add_file(r, "--val-labels", run->val_labels);
     }
     gp_agree_add(r, "--pipeline", "%d (x %d replicas)", pipeline, replicas);
+    /* Every stage on GPUs (NCCL) or every one on CPUs (MPI): the ranks'
+     * links must be of one kind. */
+    bool cuda = false;
+    for (int k = 0; k < c->n_stages; k++) cuda |= c->stage_cuda[k];
+    gp_agree_add(r, "the stages' devices", "%s", cuda ? "GPUs" : "CPUs");
     gp_agree_add(r, "--batch", "%lld", (long long)c->batch);
     gp_agree_add(r, "--chunks", "%lld", (long long)c->chunks);
     gp_agree_add(r, "--epochs", "%lld", (long long)c->epochs);
@@ -115,7 +153,11 @@ static void describe_run(const struct gp_cli_train_run *run, int pipeline, int r
     for (int k = 0; k < pipeline && c->balance[0] && len < sizeof balance; k++)
         len += (size_t)snprintf(balance + len, sizeof balance - len, "%s%d", k ? "," : "", c->balance[k]);
     gp_agree_add(r, "--balance", "%s", run->auto_balance ? run->auto_balance : balance[0] ? balance : "(even)");
-    gp_agree_add(r, "--resume", "%s", c->resume_path ? c->resume_path : "(none)");
+    describe_resume(run, rank, r);
+    /* Saving a state is collective (rank 0 gathers every stage's part). */
+    gp_agree_add(r, "--save-state", "%s", c->state_dir ? "given" : "(none)");
+    gp_agree_add(r, "--save-every", "%lld steps, %g s, keep %d", (long long)c->save_every, c->save_every_seconds,
+                 c->keep);
     /* A stage's replicas must cut their gradient sums alike. */
     gp_agree_add(r, "--bucket-kib", "%lld", (long long)run->bucket_kib);
     gp_agree_add(r, "--algorithms", "%s", c->choices_path ? c->choices_path : "(none)");
@@ -169,21 +211,71 @@ static gp_status replicas_sum_f64(void *ctx, double *data, size_t n, struct gp_e
     return replicas_sum(ctx, data, n, true, err);
 }
 
+static gp_status gpu_send(void *ctx, int to, const void *buf, size_t bytes, struct gp_error *err)
+{
+    return gp_nccl_send(((struct gp_cli_dist *)ctx)->nccl, to, buf, bytes, err);
+}
+
+static gp_status gpu_recv(void *ctx, int from, void *buf, size_t bytes, struct gp_error *err)
+{
+    return gp_nccl_recv(((struct gp_cli_dist *)ctx)->nccl, from, buf, bytes, err);
+}
+
+static gp_status gpu_sum_f32(void *ctx, float *data, size_t n, struct gp_error *err)
+{
+    return gp_nccl_sum_f32(((struct gp_cli_dist *)ctx)->nccl, data, n, err);
+}
+
+static gp_status gpu_sum_f64(void *ctx, double *data, size_t n, struct gp_error *err)
+{
+    return gp_nccl_sum_f64(((struct gp_cli_dist *)ctx)->nccl, data, n, err);
+}
+
+/* The GPU of this rank: one per process of a host, by local rank; the only
+ * one it sees when the launcher gave each process its own (srun
+ * --gpus-per-task=1, or CUDA_VISIBLE_DEVICES set per rank). -1 with a
+ * message in msg when there are too few. */
+static int pick_gpu(const struct gp_launch *l, char *msg, size_t size)
+{
+    int gpus = gp_cli_gpu_count();
+    if (gpus <= 0) {
+        snprintf(msg, size, "rank %d: --devices asks for GPUs and this host shows none to it%s", l->rank,
+                 gp_nccl_available() ? "" : " (and this build has no CUDA)");
+        return -1;
+    }
+    if (gpus == 1 && (l->local_size == 1 || getenv("CUDA_VISIBLE_DEVICES"))) return 0;
+    if (l->local_rank < gpus) return l->local_rank;
+    snprintf(msg, size,
+             "rank %d is local rank %d of %d processes on its host, which shows it %d GPU%s: NCCL needs one "
+             "GPU per process (start at most %d processes per host, e.g. mpirun --map-by ppr:%d:node, or srun "
+             "--ntasks-per-node=%d --gpus-per-task=1)",
+             l->rank, l->local_rank, l->local_size, gpus, gpus == 1 ? "" : "s", gpus, gpus, gpus);
+    return -1;
+}
+
 /* What several processes cannot do yet; NULL when the run is fine. */
 static const char *not_yet(const struct gp_cli_train_run *run)
 {
     const struct gp_train_config *c = run->cfg;
-    for (int k = 0; k < c->n_stages; k++)
-        if (c->stage_cuda[k]) return "stages on GPUs in several processes (use --devices cpu:N)";
-    if (c->state_dir || c->resume_path) return "training states (--save-state, --resume) across processes";
-    if (c->trace_path) return "--trace across processes";
-    if (run->auto_balance) return "--balance time|memory across processes (give the layer counts)";
+    bool cuda = false, cpu = false;
+    for (int k = 0; k < c->n_stages; k++) {
+        cuda |= c->stage_cuda[k];
+        cpu |= !c->stage_cuda[k];
+    }
+    if (cuda && cpu) return "stages on GPUs and CPUs in one job (give every stage GPUs, or every stage cpu:N)";
+    if (cuda && !gp_nccl_available())
+        return "stages on GPUs in several processes without NCCL: this gpipe-onnx was built without it (build "
+               "with CUDA and MPI, whose toolkit brings NCCL; -Dnccl=enabled says what is missing), or use "
+               "--devices cpu:N";
+    if (c->state_dir && c->save_every_seconds > 0)
+        return "--save-every in seconds across processes (each would decide by its own clock; give a number of "
+               "steps)";
     return NULL;
 }
 
 int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double timeout_s, struct gp_cli_dist *out)
 {
-    *out = (struct gp_cli_dist){.pipeline = pipeline, .replicas = 1};
+    *out = (struct gp_cli_dist){.pipeline = pipeline, .replicas = 1, .gpu = -1};
     struct gp_error err = {0};
     if (!gp_comm_available())
         return gp_cli_fail("--pipeline runs one process per stage and replica over MPI, and this gpipe-onnx was "
@@ -231,7 +323,7 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
         gp_comm_abort(out->comm, GP_EXIT_FAIL);
     }
     gp_agree_init(mine);
-    describe_run(run, pipeline, out->replicas, mine);
+    describe_run(run, pipeline, out->replicas, rank, mine);
     gp_status st = gp_agree_check(out->comm, mine, &err);
     free(mine);
     if (st == GP_ERR_COMM) {
@@ -253,11 +345,28 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
         if (missing) {
             if (rank == 0)
                 gp_cli_fail("not yet implemented: %s. Training across %d processes (%d stages x %d replicas) "
-                            "runs stages and replicas on CPU devices",
+                            "runs stages and replicas on CPU devices, or on GPUs over NCCL",
                             missing, l->size, pipeline, out->replicas);
             gp_comm_finalize(out->comm);
             out->comm = NULL;
             return GP_EXIT_FAIL;
+        }
+        /* GPU stages: each rank on the GPU of its local rank, and NCCL
+         * between them (collective: a rank that cannot ends the job). */
+        if (c->stage_cuda[rank % pipeline]) {
+            char msg[512];
+            out->gpu = pick_gpu(l, msg, sizeof msg);
+            if (out->gpu < 0) {
+                gp_cli_fail("%s", msg);
+                gp_comm_abort(out->comm, GP_EXIT_FAIL);
+            }
+            if (gp_nccl_init(out->comm, out->gpu, pipeline, out->replicas, timeout_s, &out->nccl, &err) != GP_OK) {
+                gp_cli_fail("rank %d (cuda:%d): setting up NCCL: %s", rank, out->gpu, err.msg);
+                gp_comm_abort(out->comm, GP_EXIT_FAIL);
+            }
+            if (!run->quiet)
+                fprintf(stderr, "rank %d: stage %d of replica %d on cuda:%d (local rank %d), NCCL links up\n", rank,
+                        rank % pipeline, rank / pipeline, out->gpu, l->local_rank);
         }
         out->remote = (struct gp_pipe_remote){.stage = rank % pipeline,
                                               .replica = rank / pipeline,
@@ -268,12 +377,59 @@ int gp_cli_dist_start(const struct gp_cli_train_run *run, int pipeline, double t
                                               .sum_f32 = replicas_sum_f32,
                                               .sum_f64 = replicas_sum_f64,
                                               .bucket_bytes = (size_t)run->bucket_kib << 10};
+        if (out->nccl) {
+            out->remote.device_send = gpu_send;
+            out->remote.device_recv = gpu_recv;
+            out->remote.device_sum_f32 = gpu_sum_f32;
+            out->remote.device_sum_f64 = gpu_sum_f64;
+        }
     }
     return GP_EXIT_OK;
 }
 
 void gp_cli_dist_end(struct gp_cli_dist *d)
 {
+    gp_nccl_free(d->nccl);
+    d->nccl = NULL;
     gp_comm_finalize(d->comm);
     d->comm = NULL;
+}
+
+/* Rank 0's verdict and counts, as one message to each rank. */
+struct balance_msg {
+    int32_t ok, n;
+    int32_t counts[GP_CLI_MAX_DEVICES];
+};
+
+#define TAG_BALANCE 100
+
+int gp_cli_dist_share_balance(struct gp_cli_dist *d, bool ok, int *balance, int n)
+{
+    struct gp_error err = {0};
+    struct balance_msg m = {.ok = ok, .n = n};
+    int rank = gp_comm_rank(d->comm), size = gp_comm_size(d->comm);
+    gp_status st = GP_OK;
+    if (rank == 0) {
+        for (int k = 0; k < n && ok; k++) m.counts[k] = balance[k];
+        for (int to = 1; to < size && st == GP_OK; to++) st = gp_comm_send(d->comm, to, TAG_BALANCE, &m, sizeof m, &err);
+    } else {
+        st = gp_comm_recv(d->comm, 0, TAG_BALANCE, &m, sizeof m, &err);
+        if (st == GP_OK && m.ok && m.n != n)
+            st = gp_error_set(&err, GP_ERR_INVALID, "rank 0 split the model into %d stages, not %d", m.n, n);
+        for (int k = 0; st == GP_OK && m.ok && k < n; k++) balance[k] = m.counts[k];
+    }
+    if (st != GP_OK) {
+        gp_cli_fail("rank %d: agreeing on the balance: %s", rank, err.msg);
+        gp_comm_abort(d->comm, GP_EXIT_FAIL);
+    }
+    return m.ok ? GP_EXIT_OK : GP_EXIT_FAIL; /* rank 0 said why */
+}
+
+void gp_cli_dist_trace_path(const struct gp_cli_dist *d, const char *path, char *out, size_t size)
+{
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    if (dot && slash && dot < slash) dot = NULL;
+    if (dot == path || (slash && dot == slash + 1)) dot = NULL; /* ".json" alone is a name */
+    size_t stem = dot ? (size_t)(dot - path) : strlen(path);
+    snprintf(out, size, "%.*s.rank%d%s", (int)stem, path, d->launch.rank, dot ? dot : "");
 }

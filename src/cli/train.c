@@ -12,6 +12,7 @@
 #include "api/private.h"
 #include "cli/cli.h"
 #include "gpipe_onnx.h"
+#include "train/state.h"
 #include "util/atomic_file.h"
 
 static void help(FILE *f)
@@ -87,7 +88,9 @@ static void help(FILE *f)
         "  --fast-conv           GPU convolutions by cuDNN's fastest algorithms, as\n"
         "                        PyTorch's cudnn.benchmark (non-deterministic ones,\n"
         "                        Winograd, FFT too): faster, the last bits vary run to\n"
-        "                        run. Default: the fastest deterministic, precise ones\n"
+        "                        run. Default: the fastest deterministic, precise ones.\n"
+        "                        With GP_ATTENTION_CUDNN=1, also bf16 attention's\n"
+        "                        backward by cuDNN's with atomics\n"
         "  --layout auto|nchw|nhwc  how activations lie in memory. nhwc: channels-last\n"
         "                        ([N, H, W, C]) from each 2-D convolution through the ops\n"
         "                        that follow it (BatchNorm, MaxPool, activations, the\n"
@@ -132,7 +135,13 @@ static void help(FILE *f)
         "                        by several stages (tied) is held by each, gradients\n"
         "                        summed; --clip-norm takes the whole model's norm.\n"
         "                        --val-data: each replica evaluates the whole set.\n"
-        "                        Not yet: GPUs, states, --trace\n"
+        "                        --save-state: rank 0 gathers and writes each state;\n"
+        "                        --resume: every rank reads the same state (a shared\n"
+        "                        folder). --trace F: each rank writes F.rank<R>.json.\n"
+        "                        --balance time|memory: rank 0 profiles and splits\n"
+        "                        GPUs (--devices cuda:0,... or none given on a GPU\n"
+        "                        host): each rank takes the GPU of its local rank;\n"
+        "                        frontiers and replica sums go over NCCL\n"
         "  --bucket-kib K        replicas sum a stage's gradients in buckets of about K KiB\n"
         "                        (default 1024), each while the backward of earlier\n"
         "                        layers goes on; the same result for any K\n"
@@ -364,6 +373,7 @@ int gp_cmd_train(int argc, char **argv)
     double comm_timeout = 300;
     int64_t bucket_kib = 1024;
     struct gp_cli_dist dist = {0};
+    char resume_state[4352] = "", rank_trace[4352] = "";
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -603,39 +613,117 @@ int gp_cmd_train(int argc, char **argv)
         return gp_cli_usage("train", "--chunks %lld does not divide --batch %lld", (long long)tc.chunks,
                             (long long)tc.batch);
     }
+    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute, .model = model};
+    struct gpo_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step, .on_epoch = on_epoch,
+                                     .on_note = on_note, .on_profile = quiet ? NULL : gp_cli_balance_progress,
+                                     .on_memory = on_memory, .on_balance = on_balance, .on_state = on_state,
+                                     .on_resume = on_resume};
+    /* The program keeps no trained weights in memory: --save has them. */
+    tc.discard_weights = 1;
+    /* --pipeline: the ranks agree on the engine's configuration as the
+     * library resolves it, adjust it per rank, and each trains its stage
+     * with it (src/api/private.h). */
+    struct gp_train_config engine;
+    bool remote = false;
     if (pipeline) {
-        /* Before any output is touched: only rank 0 writes them. The ranks
-         * agree on the engine's configuration, as the library resolves it. */
-        struct gp_train_config engine;
         if (gpo_train_engine_config(m, &tc, &engine) != GPO_OK) {
             status = gp_cli_fail("%s", gpo_last_error(m));
             goto done;
         }
+        /* Before any output is touched: only rank 0 writes them. */
         struct gp_cli_train_run run = {.cfg = &engine, .data = tc.data, .labels = tc.labels,
                                        .val_data = tc.val_data, .val_labels = tc.val_labels,
                                        .synthetic = synthetic, .auto_balance = auto_balance,
-                                       .n_balance = n_balance, .bucket_kib = bucket_kib};
+                                       .n_balance = n_balance, .bucket_kib = bucket_kib,
+                                       .resume_state = resume_state, .resume_state_size = sizeof resume_state,
+                                       .quiet = quiet};
         status = gp_cli_dist_start(&run, pipeline, comm_timeout, &dist);
         if (status != GP_EXIT_OK) goto done;
-        if (dist.launch.size > 1 && dist.launch.rank != 0) {
-            /* This rank runs one stage; rank 0 reports and writes. */
-            quiet = mute = true;
-            metrics = NULL;
+        /* The state every rank agreed to continue from. */
+        if (engine.resume_path) engine.resume_path = resume_state;
+        if (dist.launch.size > 1) {
+            /* This rank runs one stage; rank 0 reports and writes, and
+             * every rank writes its own timeline. */
+            remote = true;
+            engine.remote = &dist.remote;
+            /* A GPU stage runs on the GPU of this rank's local rank. */
+            if (dist.gpu >= 0) engine.stage_device[dist.remote.stage] = dist.gpu;
+            if (engine.trace_path) {
+                gp_cli_dist_trace_path(&dist, engine.trace_path, rank_trace, sizeof rank_trace);
+                engine.trace_path = rank_trace;
+            }
+            if (dist.launch.rank != 0) {
+                quiet = mute = true;
+                metrics = NULL;
+                prog.quiet = prog.mute = true;
+            }
         }
     }
-    bool remote = pipeline && dist.launch.size > 1;
     /* Outputs are checked before anything long (balancing, loading, training). */
-    const char *outputs[3] = {tc.save_path, tc.trace_path, metrics};
-    for (int k = 0; k < 3 && (!remote || dist.launch.rank == 0); k++)
+    bool writer = !remote || dist.launch.rank == 0;
+    const char *outputs[3] = {writer ? tc.save_path : NULL, pipeline ? engine.trace_path : tc.trace_path,
+                              writer ? metrics : NULL};
+    for (int k = 0; k < 3; k++)
         if (outputs[k] && gpo_check_output(m, outputs[k]) != GPO_OK) {
             status = gp_cli_fail("%s", gpo_last_error(m));
+            if (remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
             goto done;
         }
+    struct gp_error err = {0};
+    if (pipeline && engine.state_dir && writer && gp_state_check_dir(engine.state_dir, &err) != GP_OK) {
+        status = gp_cli_fail("%s", err.msg);
+        if (remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
+        goto done;
+    }
 
-    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute, .model = model};
+    if (pipeline && auto_balance && remote && dist.launch.rank != 0) {
+        /* Rank 0 profiles and splits; the others take its counts. */
+        if ((status = gp_cli_dist_share_balance(&dist, true, engine.balance, engine.n_stages)) != GP_EXIT_OK)
+            goto done;
+    } else if (pipeline && auto_balance) {
+        /* Across processes rank 0 profiles every layer on its own device
+         * (the ranks' devices are taken to be alike), at the micro-batch
+         * each replica runs, while the others wait (within --comm-timeout). */
+        int64_t replicas = remote ? dist.replicas : 1;
+        char own[GP_CLI_MAX_DEVICES * 16] = "";
+        for (int k = 0; k < engine.n_stages; k++) {
+            int at = remote ? dist.remote.stage : k;
+            snprintf(own + strlen(own), sizeof own - strlen(own), "%s%s:%d", k ? "," : "",
+                     engine.stage_cuda[at] ? "cuda" : "cpu", engine.stage_device[at]);
+        }
+        struct gpo_balance_options bo;
+        gpo_balance_options_init(&bo);
+        bo.devices = own;
+        bo.by = !strcmp(auto_balance, "time") ? GPO_BALANCE_TIME : GPO_BALANCE_MEMORY;
+        bo.batch = tc.batch / replicas;
+        bo.chunks = (int)tc.chunks;
+        bo.checkpoint = tc.checkpoint;
+        bo.schedule = tc.pipeline_schedule;
+        bo.optimizer = tc.optimizer;
+        bo.momentum = tc.momentum;
+        bo.precision = tc.precision;
+        bo.layout = tc.layout;
+        bo.progress = quiet ? NULL : gp_cli_balance_progress;
+        const struct gpo_balance_report *rep = NULL;
+        if (bo.batch % bo.chunks) {
+            status = gp_cli_usage("train", "--chunks %lld does not divide --batch %lld", (long long)tc.chunks,
+                                  (long long)tc.batch);
+            if (remote) gp_cli_dist_share_balance(&dist, false, engine.balance, engine.n_stages);
+            goto done;
+        }
+        if (gpo_balance(m, &bo, &rep) != GPO_OK) {
+            status = gp_cli_fail("%s", gpo_last_error(m));
+            if (remote) gp_cli_dist_share_balance(&dist, false, engine.balance, engine.n_stages);
+            goto done;
+        }
+        if (!quiet) gp_cli_print_balance(model, &bo, rep);
+        for (int s = 0; s < rep->optimal.n_stages; s++) engine.balance[s] = rep->optimal.balance[s];
+        if (remote && (status = gp_cli_dist_share_balance(&dist, true, engine.balance, engine.n_stages)) != GP_EXIT_OK)
+            goto done;
+    }
+
     /* The metrics file appears only whole: written beside, renamed at the end. */
     struct gp_atomic_file metrics_file = {0};
-    struct gp_error err = {0};
     if (metrics) {
         if (gp_atomic_create(&metrics_file, metrics, &err) != GP_OK) {
             status = gp_cli_fail("%s", err.msg);
@@ -648,13 +736,7 @@ int gp_cmd_train(int argc, char **argv)
             goto done;
         }
     }
-    struct gpo_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step, .on_epoch = on_epoch,
-                                     .on_note = on_note, .on_profile = quiet ? NULL : gp_cli_balance_progress,
-                                     .on_memory = on_memory, .on_balance = on_balance, .on_state = on_state,
-                                     .on_resume = on_resume};
-    /* The program keeps no trained weights in memory: --save has them. */
-    tc.discard_weights = 1;
-    gpo_status st = remote ? gpo_train_remote(m, &tc, &dist.remote, &cb, NULL) : gpo_train(m, &tc, &cb, NULL);
+    gpo_status st = pipeline ? gpo_train_engine(m, &tc, &engine, &cb, NULL) : gpo_train(m, &tc, &cb, NULL);
     if (st != GPO_OK) status = gp_cli_fail("%s", gpo_last_error(m));
     /* A failure of one stage's process leaves the others waiting on it:
      * the whole job ends now, not at their timeouts. */

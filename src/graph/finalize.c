@@ -367,6 +367,9 @@ static bool foldable(const struct gp_graph *g, const struct gp_node *n, const bo
         int v = n->inputs[k];
         if (v < 0) continue;
         if (n->def->fold_kind == GP_FOLD_SHAPES && k == 0) continue;
+        /* CastLike reads only the dtype of its second input (the dynamo
+         * exporter casts every constant like an activation). */
+        if (k == 1 && !strcmp(n->op_type, "CastLike")) continue;
         if (!g->values[v].constant || trainable[v]) return false;
     }
     return true;

@@ -5,7 +5,11 @@
  * Recognized, starting from a Softmax over the last axis:
  *
  *   S = MatMul(Q', Kt)                      Kt = Transpose(K', perm swapping
- *                                                the last two axes)
+ *                                                the last two axes), or for
+ *                                                [B, H, T, D] K' the dynamo
+ *                                                exporter's Reshape(Transpose(
+ *                                                Reshape(K', [B * H, T, D]),
+ *                                                perm [0, 2, 1]), [B, H, D, T])
  *   S = S * c  |  S / c                     scale after the product, and/or
  *   Q' = Q * c | Q / c, K' = K * c | K / c  before it on Q, on K, or both
  *                                           (sqrt-scaled); no scale at all is
@@ -24,8 +28,12 @@
  * is the head split of a [B, T, H * D] tensor, Transpose(Reshape(x,
  * [B, T, H, D]), perm [0, 2, 1, 3]), and Y goes through the merge,
  * Reshape(Transpose(Y, perm [0, 2, 1, 3]), [B, T, H * D]), those eight
- * nodes go as well and the fused op takes the 3-D form with H heads: the
- * kernels read the heads in place, so the split and merge copies vanish.
+ * nodes go as well (and an Identity in the merge: the dynamo exporter's
+ * clone) and the fused op takes the 3-D form with H heads: the kernels
+ * read the heads in place, so the split and merge copies vanish. A
+ * Transpose, Reshape or Identity whose result nothing reads (torch 2's
+ * TorchScript export transposes K's heads for a Shape that folds) is no
+ * reader of its input, and goes with the match that takes that input.
  *
  * A mask whose constant values are the causal pattern (keep key j for
  * query i when j <= i: nanoGPT's `bias` buffer sliced and compared, a
@@ -163,7 +171,8 @@ static bool mask_fits(const struct gp_value *mv, const struct gp_shape *s)
 
 /* Whether mask value mv keeps exactly the keys j <= i of every query i of
  * [Tq, Tk] scores: a bool keep (or, inverted, masked) triangle, or a float
- * triangle of 0 and -inf. Its leading axes must be 1. */
+ * triangle of 0 and -inf or a value that masks as well (<= -1e4: the
+ * dynamo exporter's SDPA adds -3.4e38). Its leading axes must be 1. */
 static bool mask_is_causal(const struct gp_value *mv, bool inverted, int64_t tq, int64_t tk)
 {
     const struct gp_shape *ms = &mv->shape;
@@ -179,7 +188,7 @@ static bool mask_is_causal(const struct gp_value *mv, bool inverted, int64_t tq,
                 if (keep != (j <= i)) return false;
             } else {
                 double x = gp_tensor_get_f64(t, at);
-                if (j <= i ? x != 0 : !(isinf(x) && x < 0)) return false;
+                if (j <= i ? x != 0 : !(x <= MASK_FILL_MAX)) return false;
             }
         }
     return true;
@@ -216,8 +225,9 @@ static int head_split(const struct ctx *c, int x4, int consumer, int *nodes, int
 }
 
 /* The head merge of y4 [B, H, T, Dv]: Reshape(Transpose(y4, perm
- * [0, 2, 1, 3]), [B, T, H * Dv]): the Reshape node (its Transpose appended
- * to `nodes`); -1 otherwise. */
+ * [0, 2, 1, 3]), [B, T, H * Dv]), with or without an Identity between the
+ * two: the Reshape node (its Transpose and Identity appended to `nodes`);
+ * -1 otherwise. */
 static int head_merge(const struct ctx *c, int y4, int *nodes, int *n)
 {
     int t = gp_fuse_sole_consumer(c->g, c->uses, c->user, y4);
@@ -225,6 +235,13 @@ static int head_merge(const struct ctx *c, int y4, int *nodes, int *n)
         return -1;
     int x = c->g->nodes[t].outputs[0];
     int r = gp_fuse_sole_consumer(c->g, c->uses, c->user, x);
+    int id = -1;
+    if (r >= 0 && !c->dropped[r] && gp_fuse_is_op(&c->g->nodes[r], "Identity") && c->g->nodes[r].n_outputs == 1) {
+        /* The dynamo exporter's clone of the transposed heads. */
+        id = r;
+        x = c->g->nodes[id].outputs[0];
+        r = gp_fuse_sole_consumer(c->g, c->uses, c->user, x);
+    }
     if (r < 0 || c->dropped[r] || !gp_fuse_is_op(&c->g->nodes[r], "Reshape") || c->g->nodes[r].inputs[0] != x ||
         c->g->nodes[r].n_outputs != 1)
         return -1;
@@ -233,7 +250,34 @@ static int head_merge(const struct ctx *c, int y4, int *nodes, int *n)
         s3->dims[2] != s4->dims[1] * s4->dims[3])
         return -1;
     nodes[(*n)++] = t;
+    if (id >= 0) nodes[(*n)++] = id;
     return r;
+}
+
+/* Kt [B, H, D, T] as the dynamo exporter spells K.transpose(-2, -1) for
+ * K [B, H, T, D]: Reshape(Transpose(Reshape(K, [B * H, T, D]), perm
+ * [0, 2, 1]), [B, H, D, T]), each read only by the next (the last by
+ * `consumer`). Puts the three nodes in `nodes` (the one reading K last)
+ * and returns K; -1 otherwise. */
+static int transpose_by_3d(const struct ctx *c, int kt, int consumer, int nodes[3])
+{
+    static const int64_t swap3[3] = {0, 2, 1};
+    int r1 = producer_for(c, kt, "Reshape", consumer);
+    if (r1 < 0 || c->g->nodes[r1].n_inputs < 1) return -1;
+    int t = producer_for(c, c->g->nodes[r1].inputs[0], "Transpose", r1);
+    if (t < 0 || c->g->nodes[t].n_inputs != 1 || !perm_is(&c->g->nodes[t], swap3, 3)) return -1;
+    int r0 = producer_for(c, c->g->nodes[t].inputs[0], "Reshape", t);
+    if (r0 < 0 || c->g->nodes[r0].n_inputs < 1 || c->g->nodes[r0].inputs[0] < 0) return -1;
+    int k = c->g->nodes[r0].inputs[0];
+    const struct gp_shape *ks = &c->g->values[k].shape, *s3 = &c->g->values[c->g->nodes[r0].outputs[0]].shape;
+    const struct gp_shape *ts = &c->g->values[kt].shape;
+    if (ks->rank != 4 || s3->rank != 3 || ts->rank != 4) return -1;
+    if (s3->dims[0] != ks->dims[0] * ks->dims[1] || s3->dims[1] != ks->dims[2] || s3->dims[2] != ks->dims[3] ||
+        ts->dims[0] != ks->dims[0] || ts->dims[1] != ks->dims[1] || ts->dims[2] != ks->dims[3] ||
+        ts->dims[3] != ks->dims[2])
+        return -1;
+    nodes[0] = r1, nodes[1] = t, nodes[2] = r0;
+    return k;
 }
 
 static bool float32(const struct gp_graph *g, int v) { return v >= 0 && g->values[v].dtype == GP_DTYPE_FLOAT32; }
@@ -313,25 +357,35 @@ static bool match(const struct ctx *c, int sm, struct attn_match *m)
      * k.transpose(-2, -1) export as one perm [0, 2, 3, 1]), so K is x
      * permuted by perm with its last two entries swapped: x itself, or that
      * Transpose kept with the new perm (k_perm). */
-    int tr = producer_for(c, kt, "Transpose", kn);
-    if (tr < 0 || g->nodes[tr].n_inputs != 1) return false;
-    const int64_t *perm;
-    int64_t np = gp_node_attr_ints(&g->nodes[tr], "perm", &perm);
-    bool identity = true;
-    for (int i = 0; i < rank; i++) {
-        m->k_perm[i] = np < 0 ? rank - 1 - i : (np == rank ? perm[i] : -1);
-        if (m->k_perm[i] < 0) return false;
-    }
-    int64_t sw = m->k_perm[rank - 2];
-    m->k_perm[rank - 2] = m->k_perm[rank - 1], m->k_perm[rank - 1] = sw;
-    for (int i = 0; i < rank; i++) identity &= m->k_perm[i] == i;
-    before = m->n_drop;
-    m->k = strip_scale(c, m, g->nodes[tr].inputs[0], tr);
-    m->k_reader = m->n_drop > before ? m->drop[m->n_drop - 1] : tr;
-    if (identity) {
-        take(m, tr);
+    int via3[3];
+    int k4 = rank == 4 ? transpose_by_3d(c, kt, kn, via3) : -1;
+    if (k4 >= 0) {
+        for (int i = 0; i < 3; i++) take(m, via3[i]);
+        for (int i = 0; i < rank; i++) m->k_perm[i] = i;
+        before = m->n_drop;
+        m->k = strip_scale(c, m, k4, via3[2]);
+        m->k_reader = m->n_drop > before ? m->drop[m->n_drop - 1] : via3[2];
     } else {
-        m->k_tr = tr; /* kept: K is its output once its perm is k_perm */
+        int tr = producer_for(c, kt, "Transpose", kn);
+        if (tr < 0 || g->nodes[tr].n_inputs != 1) return false;
+        const int64_t *perm;
+        int64_t np = gp_node_attr_ints(&g->nodes[tr], "perm", &perm);
+        bool identity = true;
+        for (int i = 0; i < rank; i++) {
+            m->k_perm[i] = np < 0 ? rank - 1 - i : (np == rank ? perm[i] : -1);
+            if (m->k_perm[i] < 0) return false;
+        }
+        int64_t sw = m->k_perm[rank - 2];
+        m->k_perm[rank - 2] = m->k_perm[rank - 1], m->k_perm[rank - 1] = sw;
+        for (int i = 0; i < rank; i++) identity &= m->k_perm[i] == i;
+        before = m->n_drop;
+        m->k = strip_scale(c, m, g->nodes[tr].inputs[0], tr);
+        m->k_reader = m->n_drop > before ? m->drop[m->n_drop - 1] : tr;
+        if (identity) {
+            take(m, tr);
+        } else {
+            m->k_tr = tr; /* kept: K is its output once its perm is k_perm */
+        }
     }
     struct gp_shape kshape = g->values[m->k].shape;
     if (kshape.rank != rank) return false;
@@ -478,11 +532,34 @@ gp_status gp_graph_fuse_attention(struct gp_graph *g, bool *drop, int *fused, st
         free(user);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory fusing the graph");
     }
-    for (int i = 0; i < g->n_nodes; i++)
-        for (int k = 0; k < g->nodes[i].n_inputs; k++) {
-            int v = g->nodes[i].inputs[k];
-            if (v >= 0) uses[v]++, user[v] = i;
+    /* Dead layout nodes: a Transpose, Reshape or Identity whose result
+     * nothing reads any more (torch 2's exports transpose K's heads for a
+     * Shape that folded away, beside the transpose the product reads). They
+     * count as no reader of their input, and go with the match that takes
+     * it. */
+    bool *dead = calloc((size_t)g->n_nodes + 1, sizeof(bool));
+    if (!dead) {
+        free(uses);
+        free(user);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory fusing the graph");
+    }
+    for (bool changed = true; changed;) {
+        changed = false;
+        memset(uses, 0, sizeof(int) * ((size_t)g->n_values + 1));
+        for (int i = 0; i < g->n_nodes; i++)
+            for (int k = 0; k < g->nodes[i].n_inputs && !dead[i] && !drop[i]; k++) {
+                int v = g->nodes[i].inputs[k];
+                if (v >= 0) uses[v]++, user[v] = i;
+            }
+        for (int i = 0; i < g->n_nodes; i++) {
+            const struct gp_node *n = &g->nodes[i];
+            if (dead[i] || drop[i] || n->n_outputs != 1 || n->outputs[0] < 0 || uses[n->outputs[0]] > 0 ||
+                g->values[n->outputs[0]].is_output ||
+                !(gp_fuse_is_op(n, "Transpose") || gp_fuse_is_op(n, "Reshape") || gp_fuse_is_op(n, "Identity")))
+                continue;
+            dead[i] = changed = true;
         }
+    }
     struct ctx c = {.g = g, .uses = uses, .user = user, .dropped = drop};
     gp_status st = GP_OK;
     for (int i = 0; i < g->n_nodes && st == GP_OK; i++) {
@@ -499,9 +576,24 @@ gp_status gp_graph_fuse_attention(struct gp_graph *g, bool *drop, int *fused, st
             for (int o = 0; o < g->nodes[d].n_outputs; o++)
                 if (g->nodes[d].outputs[o] >= 0) g->values[g->nodes[d].outputs[o]].producer = -1;
         }
+        /* Dead readers of what went, transitively (nodes are in order). */
+        for (int d = 0; d < g->n_nodes; d++) {
+            int v = dead[d] && !drop[d] && g->nodes[d].n_inputs > 0 ? g->nodes[d].inputs[0] : -1;
+            bool gone = false;
+            for (int k = 0; k < m.n_drop && v >= 0 && !gone; k++)
+                for (int o = 0; o < g->nodes[m.drop[k]].n_outputs; o++)
+                    gone |= m.drop[k] != m.last && g->nodes[m.drop[k]].outputs[o] == v;
+            for (int e = 0; e < d && v >= 0 && !gone; e++) /* a dead reader dropped just before */
+                gone |= dead[e] && drop[e] && g->nodes[e].outputs[0] == v;
+            if (gone) {
+                drop[d] = true;
+                g->values[g->nodes[d].outputs[0]].producer = -1;
+            }
+        }
         (*fused)++;
     }
     free(uses);
     free(user);
+    free(dead);
     return st;
 }

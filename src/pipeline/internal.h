@@ -123,6 +123,7 @@ struct gp_pipeline {
     double denominator;
     double *loss_parts;            /* per micro-batch, copied back from the last stage */
     int64_t steps_done;
+    int64_t optim_steps;           /* optimizer steps taken (for a process whose stage has no optimizer) */
     /* CUDA graphs (cfg.cuda_graph): the captured step, the events that fork
      * every stream from the first stage's compute stream and join them back,
      * pinned staging for what changes between replays, and what the graph
@@ -228,6 +229,9 @@ gp_status gp_pipe_sync_all(struct gp_pipeline *p, struct gp_error *err);
 gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err);
 gp_status gp_pipe_remote_losses(struct gp_pipeline *p, struct gp_error *err);
 gp_status gp_pipe_remote_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err);
+/* remote.c, for saved states: optimizer state `slot` of parameter `value`
+ * (its first holder's) read to stage 0's process of replica 0. */
+gp_status gp_pipe_remote_read_optim(struct gp_pipeline *p, int value, int slot, float *out, struct gp_error *err);
 /* remote.c, after an evaluation: the last stage's outputs (out, bytes)
  * sent to every other stage of its replica. */
 gp_status gp_pipe_remote_outputs(struct gp_pipeline *p, float *out, size_t bytes, struct gp_error *err);

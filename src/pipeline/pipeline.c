@@ -482,11 +482,14 @@ static gp_status sum_replicas(struct gp_pipeline *p, struct gp_error *err)
     struct stage *s = &p->stages[r->stage];
     /* Every parameter gradient is float32 (fp32 master weights), padding
      * zero; already summed where buckets overlapped it with the backward. */
+    /* GPU stages sum device memory over their own link (NCCL). */
+    gp_status (*f32)(void *, float *, size_t, struct gp_error *) = r->device_sum_f32 ? r->device_sum_f32 : r->sum_f32;
+    gp_status (*f64)(void *, double *, size_t, struct gp_error *) = r->device_sum_f64 ? r->device_sum_f64 : r->sum_f64;
     if (s->plan.param_bytes && !gp_pipe_buckets_on(p))
-        GP_TRY(r->sum_f32(r->ctx, (float *)s->param_grads, s->plan.param_bytes / sizeof(float), err));
+        GP_TRY(f32(r->ctx, (float *)s->param_grads, s->plan.param_bytes / sizeof(float), err));
     for (int i = s->plan.first; s->bn_stats && i < s->plan.last; i++) {
         double *stats = s->bn_stats[i - s->plan.first];
-        if (stats) GP_TRY(r->sum_f64(r->ctx, stats, s->cops->bn_stats_len(p->g, &p->g->nodes[i]), err));
+        if (stats) GP_TRY(f64(r->ctx, stats, s->cops->bn_stats_len(p->g, &p->g->nodes[i]), err));
     }
     return GP_OK;
 }
@@ -515,7 +518,9 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
         struct gp_task_tag tag = tag_of(GP_TASK_OPTIMIZER, k, -1, "optimizer");
         s->ops->enqueue(s->compute, gp_pipe_task_run, t, &tag);
     }
-    return gp_pipe_sync_all(p, err);
+    GP_TRY(gp_pipe_sync_all(p, err));
+    p->optim_steps++;
+    return GP_OK;
 }
 
 gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stats, float *out,
@@ -636,6 +641,7 @@ gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struc
     struct gp_trace_stream streams[3 * 64];
     int n = 0;
     for (int k = 0; k < p->K && n + 3 <= (int)(sizeof streams / sizeof *streams); k++) {
+        if (!stage_local(p, k)) continue;
         struct stage *s = &p->stages[k];
         struct gp_stream *list[3] = {s->compute, s->copy_next, s->copy_prev};
         static const char *const names[3] = {"compute", "copy to next stage", "copy to previous stage"};
@@ -651,5 +657,15 @@ gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struc
                                  .checkpoint = gp_checkpoint_name(p->sched.checkpoint),
                                  .stages = p->K,
                                  .micro_batches = p->M};
+    /* Stages in other processes: this rank's own timeline (README, "Several
+     * processes": one file per rank). */
+    char rank_name[96];
+    const struct gp_pipe_remote *r = p->cfg.remote;
+    if (r) {
+        info.rank = (r->replica > 0 ? r->replica : 0) * p->K + r->stage;
+        snprintf(rank_name, sizeof rank_name, "rank %d (stage %d, replica %d)", info.rank, r->stage,
+                 r->replica > 0 ? r->replica : 0);
+        info.rank_name = rank_name;
+    }
     return gp_trace_write_info(path, streams, n, &info, err);
 }

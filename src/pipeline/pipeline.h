@@ -60,6 +60,18 @@ struct gp_pipe_remote {
      * streams send and receive). The same bits however they are cut; every
      * replica of a stage must cut alike. */
     size_t bucket_bytes;
+    /* Stages on GPUs (NULL for CPU stages): the frontiers, device memory,
+     * go through device_send and device_recv, called from inside the
+     * frontier task, which enqueue the transfer on that task's stream (a
+     * copy stream for sends, the compute stream for receives) rather than
+     * move it at once; the replicas' sums of device memory (gradients,
+     * deferred BatchNorm statistics) through device_sum_f32/f64, which
+     * return once done. Everything else (losses, reads, norms, tied
+     * gradients) goes through host memory and send/recv. */
+    gp_status (*device_send)(void *ctx, int to_stage, const void *buf, size_t bytes, struct gp_error *err);
+    gp_status (*device_recv)(void *ctx, int from_stage, void *buf, size_t bytes, struct gp_error *err);
+    gp_status (*device_sum_f32)(void *ctx, float *data, size_t n, struct gp_error *err);
+    gp_status (*device_sum_f64)(void *ctx, double *data, size_t n, struct gp_error *err);
 };
 
 #define GP_PIPE_BUCKET_BYTES ((size_t)1 << 20)
@@ -98,9 +110,11 @@ struct gp_pipeline_config {
      * gp_pipeline_optimize first sums each stage's gradients (and deferred
      * BatchNorm statistics) over its replicas, then tied parameters'
      * gradients over their holders, and clips by the norm over every
-     * stage; gp_pipeline_read gives the value to stage 0's process of
-     * replica 0 (and its holder's). Evaluation, layer timing, writes and
-     * timelines are refused. */
+     * stage; gp_pipeline_read (and gp_pipeline_read_optim) gives the
+     * value to stage 0's process of replica 0 (and its holder's); writes
+     * set the local stage's copy (every process writes every value); the
+     * timeline is the local stage's, written by its process. Layer timing
+     * is refused. */
     const struct gp_pipe_remote *remote;
 };
 
@@ -204,7 +218,8 @@ int gp_pipeline_stages(const struct gp_pipeline *p);
 void gp_pipeline_layer_times(const struct gp_pipeline *p, double *fwd_ms, double *bwd_ms);
 void gp_pipeline_report(const struct gp_pipeline *p, int stage, struct gp_stage_report *out);
 
-/* Writes the timeline of the last step as Chrome trace JSON. */
+/* Writes the timeline of the last step as Chrome trace JSON (with stages
+ * in other processes: this process's stage, trace.h's per-rank form). */
 gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struct gp_error *err);
 
 #endif

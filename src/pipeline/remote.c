@@ -50,6 +50,24 @@ static gp_status recv_from(struct gp_pipeline *p, int from, int tag, void *buf, 
     return r->recv(r->ctx, from, tag, buf, bytes, err);
 }
 
+/* A frontier value: on GPU stages the device link enqueues it on the
+ * running task's stream; on CPU stages the message moves now. */
+static gp_status frontier_send(struct gp_pipeline *p, int to, int tag, const void *buf, size_t bytes,
+                               struct gp_error *err)
+{
+    const struct gp_pipe_remote *r = p->cfg.remote;
+    if (r->device_send) return r->device_send(r->ctx, to, buf, bytes, err);
+    return send_to(p, to, tag, buf, bytes, err);
+}
+
+static gp_status frontier_recv(struct gp_pipeline *p, int from, int tag, void *buf, size_t bytes,
+                               struct gp_error *err)
+{
+    const struct gp_pipe_remote *r = p->cfg.remote;
+    if (r->device_recv) return r->device_recv(r->ctx, from, buf, bytes, err);
+    return recv_from(p, from, tag, buf, bytes, err);
+}
+
 gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
 {
     struct gp_pipeline *p = t->p;
@@ -61,7 +79,7 @@ gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
     case TASK_SEND_ACTIVATIONS:
         for (int q = 0; q < s->plan.n_frontier_out && st == GP_OK; q++) {
             int v = s->plan.frontier_out[q];
-            st = send_to(p, k + 1, TAG_ACTIVATIONS, addr(s, v, s->slots.box[j], s->slots.fwd_set[j]),
+            st = frontier_send(p, k + 1, TAG_ACTIVATIONS, addr(s, v, s->slots.box[j], s->slots.fwd_set[j]),
                          gp_plan_value_bytes(g, &s->plan, v), err);
         }
         break;
@@ -69,7 +87,7 @@ gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
         const struct stage *from = &p->stages[k - 1];
         for (int q = 0; q < from->plan.n_frontier_out && st == GP_OK; q++) {
             int v = from->plan.frontier_out[q];
-            st = recv_from(p, k - 1, TAG_ACTIVATIONS, addr(s, v, s->slots.box[j], 0),
+            st = frontier_recv(p, k - 1, TAG_ACTIVATIONS, addr(s, v, s->slots.box[j], 0),
                            gp_plan_value_bytes(g, &from->plan, v), err);
         }
         break;
@@ -80,7 +98,7 @@ gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
             int v = s->plan.frontier_in[q];
             if (to->plan.inbox_off[v] == SIZE_MAX) continue;
             /* A gradient is stored as its value. */
-            st = send_to(p, k - 1, TAG_GRADIENTS, s->grads + s->plan.grad_off[v], gp_plan_value_bytes(g, &s->plan, v),
+            st = frontier_send(p, k - 1, TAG_GRADIENTS, s->grads + s->plan.grad_off[v], gp_plan_value_bytes(g, &s->plan, v),
                          err);
         }
         break;
@@ -90,7 +108,7 @@ gp_status gp_pipe_remote_task(struct task *t, struct gp_error *err)
         for (int q = 0; q < from->plan.n_frontier_in && st == GP_OK; q++) {
             int v = from->plan.frontier_in[q];
             if (s->plan.inbox_off[v] == SIZE_MAX) continue;
-            st = recv_from(p, k + 1, TAG_GRADIENTS, inbox_of(s, j) + s->plan.inbox_off[v],
+            st = frontier_recv(p, k + 1, TAG_GRADIENTS, inbox_of(s, j) + s->plan.inbox_off[v],
                            gp_plan_value_bytes(g, &from->plan, v), err);
         }
         break;
@@ -145,6 +163,36 @@ gp_status gp_pipe_remote_read(struct gp_pipeline *p, int value, float *out, stru
         struct stage *s = &p->stages[me];
         struct gp_task_tag tag = tag_of(GP_TASK_COPY, me, -1, "read parameter");
         s->ops->copy(s->compute, out, s->static_block + s->plan.off[value], bytes, &tag);
+        GP_TRY(s->ops->stream_synchronize(s->compute, err));
+        if (me != 0) GP_TRY(send_to(p, 0, TAG_READ, out, bytes, err));
+    } else if (me == 0) {
+        GP_TRY(recv_from(p, holder, TAG_READ, out, bytes, err));
+    }
+    return GP_OK;
+}
+
+/* Saved states: a parameter's optimizer state, its first holder's (tied
+ * copies step alike on the same summed gradients, so every holder has the
+ * same bits), read to stage 0's process of replica 0 as values are. */
+gp_status gp_pipe_remote_read_optim(struct gp_pipeline *p, int value, int slot, float *out, struct gp_error *err)
+{
+    const struct gp_value *v = &p->g->values[value];
+    int holder = -1;
+    for (int k = 0; k < p->K && holder < 0; k++)
+        if (p->stages[k].plan.home[value] == GP_HOME_STATIC) holder = k;
+    if (holder < 0 || v->kind != GP_VALUE_PARAMETER)
+        return gp_error_set(err, GP_ERR_INVALID, "'%s' is not a parameter of any stage", v->name);
+    int me = p->cfg.remote->stage;
+    if (p->cfg.remote->replica > 0) return GP_OK;
+    size_t bytes = sizeof(float) * (size_t)gp_shape_numel(&v->shape);
+    if (me == holder) {
+        struct stage *s = &p->stages[me];
+        int i = 0;
+        while (i < s->n_params && s->param_values[i] != value) i++;
+        if (!s->opt || i == s->n_params)
+            return gp_error_set(err, GP_ERR_INVALID, "stage %d holds no optimizer state of '%s'", me, v->name);
+        struct gp_task_tag tag = tag_of(GP_TASK_COPY, me, -1, "read optimizer state");
+        s->ops->copy(s->compute, out, s->opt->state[slot][i], bytes, &tag);
         GP_TRY(s->ops->stream_synchronize(s->compute, err));
         if (me != 0) GP_TRY(send_to(p, 0, TAG_READ, out, bytes, err));
     } else if (me == 0) {

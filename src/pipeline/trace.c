@@ -94,29 +94,35 @@ static void write_trace(FILE *f, const struct gp_trace_stream *streams, int n, c
     for (int i = 0; i < n; i++)
         for (int k = 0; k < streams[i].count; k++)
             if (streams[i].spans[k].start_us < t0) t0 = streams[i].spans[k].start_us;
-    if (!isfinite(t0)) t0 = 0;
+    if (!isfinite(t0) || (info && info->rank_name)) t0 = 0;
 
     struct gp_json j;
     gp_json_init(&j, f, false);
     gp_json_object_begin(&j);
     gp_json_key(&j, "traceEvents");
     gp_json_array_begin(&j);
+    bool ranked = info && info->rank_name;
     for (int i = 0; i < n; i++) {
         const struct gp_trace_stream *st = &streams[i];
+        int pid = ranked ? info->rank : st->device;
         bool first_of_device = true;
         for (int p = 0; p < i; p++)
-            if (streams[p].device == st->device) first_of_device = false;
+            if (ranked || streams[p].device == st->device) first_of_device = false;
         if (first_of_device) {
             /* "cpu" becomes "cpu:0"; a name that has its index already stays. */
-            char pname[96];
+            char dname[96], pname[256];
             const char *dn = st->device_name && st->device_name[0] ? st->device_name : "device";
-            if (strchr(dn, ':')) snprintf(pname, sizeof pname, "%s", dn);
-            else snprintf(pname, sizeof pname, "%s:%d", dn, st->device);
-            write_meta(&j, "process_name", st->device, 0, "name", pname, 0);
-            write_meta(&j, "process_sort_index", st->device, 0, "sort_index", NULL, st->device);
+            if (strchr(dn, ':')) snprintf(dname, sizeof dname, "%s", dn);
+            else snprintf(dname, sizeof dname, "%s:%d", dn, st->device);
+            if (ranked) snprintf(pname, sizeof pname, "%s %s", info->rank_name, dname);
+            else snprintf(pname, sizeof pname, "%s", dname);
+            write_meta(&j, "process_name", pid, 0, "name", pname, 0);
+            write_meta(&j, "process_sort_index", pid, 0, "sort_index", NULL, pid);
         }
-        write_meta(&j, "thread_name", st->device, i, "name", st->stream_name ? st->stream_name : "stream", 0);
-        write_meta(&j, "thread_sort_index", st->device, i, "sort_index", NULL, i);
+        /* Thread ids unique across the ranks' files, for merging them. */
+        int tid = ranked ? info->rank * 64 + i : i;
+        write_meta(&j, "thread_name", pid, tid, "name", st->stream_name ? st->stream_name : "stream", 0);
+        write_meta(&j, "thread_sort_index", pid, tid, "sort_index", NULL, tid);
         for (int k = 0; k < st->count; k++) {
             const struct gp_trace_span *sp = &st->spans[k];
             char name[96];
@@ -134,9 +140,9 @@ static void write_trace(FILE *f, const struct gp_trace_stream *streams, int n, c
             gp_json_key(&j, "dur");
             gp_json_double(&j, round_ns(dur > 0 ? dur : 0));
             gp_json_key(&j, "pid");
-            gp_json_int(&j, st->device);
+            gp_json_int(&j, pid);
             gp_json_key(&j, "tid");
-            gp_json_int(&j, i);
+            gp_json_int(&j, tid);
             gp_json_key(&j, "args");
             gp_json_object_begin(&j);
             gp_json_key(&j, "stage");
@@ -161,6 +167,10 @@ static void write_trace(FILE *f, const struct gp_trace_stream *streams, int n, c
         gp_json_int(&j, info->stages);
         gp_json_key(&j, "micro_batches");
         gp_json_int(&j, info->micro_batches);
+        if (ranked) {
+            gp_json_key(&j, "rank");
+            gp_json_int(&j, info->rank);
+        }
         gp_json_object_end(&j);
     }
     gp_json_object_end(&j);

@@ -47,6 +47,14 @@ gp_status gp_trace_write(const char *path, const struct gp_trace_stream *streams
 struct gp_trace_info {
     const char *pipeline_schedule, *checkpoint;
     int stages, micro_batches;
+    /* One rank of a job of several processes (rank_name set, "rank 1 (stage
+     * 1, replica 0)"): every stream is in one trace process, pid `rank`,
+     * named rank_name and the device, and times are the host clock's
+     * microseconds (CLOCK_MONOTONIC, as the spans carry them), not shifted
+     * to the trace's first span: the files of ranks on one host then line
+     * up when their events are put in one file; "rank" is in otherData. */
+    const char *rank_name;
+    int rank;
 };
 
 /* gp_trace_write with the info (NULL: none). */

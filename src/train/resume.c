@@ -135,6 +135,13 @@ gp_status gp_resume_settings(const struct gp_resume_run *r, struct gp_state_meta
     gp_state_set(m, "pipeline_schedule", "--pipeline-schedule", GP_STATE_FREE, NULL, "%s",
                  gp_pipe_schedule_name(c->pipeline_schedule));
     gp_state_set(m, "checkpoint", "--checkpoint", GP_STATE_FREE, NULL, "%s", gp_checkpoint_name(c->checkpoint));
+    /* Stages as processes compute one process's bits; data-parallel
+     * replicas sum each gradient in another order (README, "Several
+     * processes"), so a state continued with another number of them is
+     * noted. Recorded only where there are replicas: a state of one
+     * replica reads as before. */
+    if (c->remote && c->remote->replicas > 1)
+        gp_state_set(m, "replicas", "data-parallel replicas", GP_STATE_NOTE, NULL, "%d", c->remote->replicas);
     return GP_OK;
 }
 
@@ -161,19 +168,29 @@ gp_status gp_resume_save(const struct gp_resume_run *r, const struct gp_state_me
             largest = gp_shape_numel(&g->values[v].shape);
     float *buf = malloc(sizeof(float) * (size_t)largest);
     if (!buf) return gp_error_set(err, GP_ERR_NOMEM, "out of memory saving the training state");
+    /* Stages in other processes: every process takes part in the reads,
+     * which gather each tensor to stage 0's process of replica 0; that one
+     * alone writes, so a state folder is whole or absent whichever process
+     * fails (a failed read aborts its writer, and the job ends). */
+    const struct gp_pipe_remote *remote = r->cfg->remote;
+    bool writer = !remote || (remote->stage == 0 && remote->replica == 0);
     struct gp_state_writer *w = NULL;
-    gp_status st = gp_state_begin(r->cfg->state_dir, m->step, &w, err);
+    gp_status st = writer ? gp_state_begin(r->cfg->state_dir, m->step, &w, err) : GP_OK;
     int slots = gp_pipeline_optim_slots(r->pipe);
     for (int v = 0; st == GP_OK && v < g->n_values; v++) {
         const struct gp_value *val = &g->values[v];
         if (!persistent(val)) continue;
-        if ((st = gp_pipeline_read(r->pipe, v, buf, err)) == GP_OK)
+        if ((st = gp_pipeline_read(r->pipe, v, buf, err)) == GP_OK && writer)
             st = gp_state_add(w, val->name, role_of(val), &val->shape, buf, err);
         for (int q = 0; st == GP_OK && val->kind == GP_VALUE_PARAMETER && q < slots; q++)
-            if ((st = gp_pipeline_read_optim(r->pipe, v, q, buf, err)) == GP_OK)
+            if ((st = gp_pipeline_read_optim(r->pipe, v, q, buf, err)) == GP_OK && writer)
                 st = gp_state_add(w, val->name, gp_pipeline_optim_slot_name(r->pipe, q), &val->shape, buf, err);
     }
     free(buf);
+    if (!writer) {
+        if (path_size) path[0] = '\0';
+        return st;
+    }
     if (st == GP_OK) return gp_state_commit(w, m, r->cfg->keep, path, path_size, err);
     gp_state_abort(w);
     return st;

@@ -413,7 +413,7 @@ static gp_status save_state(struct run *s, const struct gp_resume_run *rr, struc
         gp_error_prefix(err, "saving the training state at step %lld: ", (long long)at->done);
         return st;
     }
-    if (cb && cb->on_state) cb->on_state(cb->user, path, at->done);
+    if (path[0] && cb && cb->on_state) cb->on_state(cb->user, path, at->done); /* the writing process */
     return GP_OK;
 }
 
@@ -508,11 +508,18 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
 {
     /* Before any long work: the outputs can be written, the data are finite. */
     /* Stages in other processes: stage 0's process of replica 0 writes the outputs. */
+    /* Each process writes its own stage's timeline (--trace FILE is then
+     * each rank's own file, which the caller names). */
     bool writer = !cfg->remote || (cfg->remote->stage == 0 && cfg->remote->replica == 0);
-    const char *outputs[2] = {cfg->save_path, cfg->trace_path};
-    for (int k = 0; k < 2 && writer; k++)
-        if (outputs[k]) GP_TRY(gp_atomic_check(outputs[k], err));
-    if (cfg->state_dir) GP_TRY(gp_state_check_dir(cfg->state_dir, err));
+    if (cfg->save_path && writer) GP_TRY(gp_atomic_check(cfg->save_path, err));
+    if (cfg->trace_path) GP_TRY(gp_atomic_check(cfg->trace_path, err));
+    if (cfg->state_dir && writer) GP_TRY(gp_state_check_dir(cfg->state_dir, err));
+    /* Every process must save at the same steps: a period in seconds is
+     * each process's own clock. */
+    if (cfg->state_dir && cfg->remote && cfg->save_every_seconds > 0)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED,
+                            "--save-every in seconds across processes: each would decide by its own clock; "
+                            "give a number of steps");
     if (cfg->resume_path && access(cfg->resume_path, F_OK) != 0)
         return gp_error_set(err, GP_ERR_IO, "cannot resume from '%s': %s", cfg->resume_path, strerror(errno));
     GP_TRY(gp_dataset_check_finite(train, "training", err));
@@ -680,7 +687,7 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         free(bufs);
         free(out);
     }
-    if (st == GP_OK && cfg->trace_path && writer) st = gp_pipeline_write_trace(s.pipe, cfg->trace_path, err);
+    if (st == GP_OK && cfg->trace_path) st = gp_pipeline_write_trace(s.pipe, cfg->trace_path, err);
     if (st == GP_OK && cb && cb->on_memory)
         for (int k = 0; k < gp_pipeline_stages(s.pipe); k++) {
             /* Another process's stage: its peak is that process's to know. */

@@ -83,8 +83,12 @@ struct gp_train_config {
      * (pipeline.h): every one of them calls gp_train alike, each replica
      * computing its share of every mini-batch (--batch stays the whole
      * mini-batch, cut into replicas x --chunks micro-batches), and stage 0
-     * of replica 0 writes --save (its replica's other stages' weights sent
-     * to it). */
+     * of replica 0 writes --save and the training states of state_dir
+     * (its replica's other stages' weights and optimizer state sent to
+     * it; resume_path must then name one state folder every process can
+     * read, each taking its own stage's part); trace_path is each
+     * process's own file (its stage's timeline); save_every_seconds is
+     * refused (the processes must save at the same steps). */
     const struct gp_pipe_remote *remote;
 };
 

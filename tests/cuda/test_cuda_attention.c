@@ -16,6 +16,17 @@
  * its dot products in double) and CUDA's expf: 1e-4 relative plus 2e-5 of
  * each tensor's largest element.
  *
+ * cuDNN's SDPA (cuda/attention_graph.cpp) runs the bf16 calls it supports
+ * (no mask or causal, head sizes multiples of 8): some of the cases above,
+ * and GPT-2's shapes (12 heads of 64, T 256 and 1024, causal, 3-D and 4-D;
+ * and one without the causal mask), which must run there when the build
+ * has cudnn-frontend (the test turns the opt-in GP_ATTENTION_CUDNN on
+ * unless it is set; =0 keeps the kernels). Each bf16 case prints
+ * which path ran, and why not cuDNN's. cuDNN rounds the probabilities to
+ * bfloat16 before their product with V (and dS before dQ, dK), an error of
+ * 2^-9 of each term: within the bf16 bounds of op_compare.h, with 4e-3 of
+ * each tensor's largest element for sums of 1024 terms.
+ *
  * Without a CUDA device the test prints why and exits 77 (a skip). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,8 +36,10 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/kernel.h"
 #include "cuda/op_compare.h"
 #include "kernel_graph.h"
 
@@ -107,22 +120,46 @@ static const struct attn_case cases[] = {
     {"3-D, 1 head of 128 (nn.MultiheadAttention's [N, T, D])", true, 6, 1, 31, 31, 128, 128, 0, false},
 };
 
+/* GPT-2 small's attention (12 heads of 64) in bf16, for cuDNN's SDPA. */
+static const struct attn_case cudnn_cases[] = {
+    {"3-D, 12 heads of 64, causal, T 256", true, 2, 12, 256, 256, 64, 64, 0, true},
+    {"4-D, 12 heads of 64, causal, T 256", false, 2, 12, 256, 256, 64, 64, 0, true},
+    {"3-D, 12 heads of 64, T 256", true, 1, 12, 256, 256, 64, 64, 0, false},
+    {"3-D, 12 heads of 64, causal, T 1024", true, 1, 12, 1024, 1024, 64, 64, 0, true},
+    {"4-D, 12 heads of 64, causal, T 1024", false, 1, 12, 1024, 1024, 64, 64, 0, true},
+};
+
+/* One case; in bf16, prints the path that ran (and fails when `must_cudnn`
+ * and cuDNN's did not, unless the build or the environment rules it out). */
+static void run_case(const struct attn_case *c, bool bf16, bool must_cudnn)
+{
+    struct gp_graph g;
+    build(&g, c);
+    char label[256];
+    snprintf(label, sizeof label, "Attention %s%s", c->label, bf16 ? " (bf16)" : "");
+    struct op_compare o = {.label = label, .rel_tol = 1e-4, .abs_tol = 2e-5, .scale_abs_tol = true,
+                           .bf16 = bf16};
+    /* A constant mask stays float32 beside bfloat16 activations. */
+    if (bf16 && c->mask == 1) o.f32_inputs = 1u << 3;
+    if (bf16) o.abs_tol = c->tk > 256 ? 4e-3 : 1e-3;
+    unsigned long long cudnn0, own0, cudnn1, own1;
+    char why[512];
+    gp_cuda_attention_paths(&cudnn0, &own0, why, sizeof why);
+    op_compare_node(&g, 0, &o);
+    gp_cuda_attention_paths(&cudnn1, &own1, why, sizeof why);
+    if (bf16) {
+        bool ran = cudnn1 - cudnn0 == 2; /* forward and backward */
+        printf("%-72s %s%s%s\n", label, ran ? "cuDNN SDPA" : cudnn1 > cudnn0 ? "cuDNN forward, own backward" : "own kernels",
+               ran ? "" : ": ", ran ? "" : why);
+        if (must_cudnn && !ran && !strstr(why, "built without") && !strstr(why, "GP_ATTENTION_CUDNN=0"))
+            fail_msg("%s: cuDNN's SDPA did not run it: %s", label, why);
+    }
+    gp_graph_free(&g);
+}
+
 static void run_cases(bool bf16)
 {
-    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        const struct attn_case *c = &cases[k];
-        struct gp_graph g;
-        build(&g, c);
-        char label[256];
-        snprintf(label, sizeof label, "Attention %s%s", c->label, bf16 ? " (bf16)" : "");
-        struct op_compare o = {.label = label, .rel_tol = 1e-4, .abs_tol = 2e-5, .scale_abs_tol = true,
-                               .bf16 = bf16};
-        /* A constant mask stays float32 beside bfloat16 activations. */
-        if (bf16 && c->mask == 1) o.f32_inputs = 1u << 3;
-        if (bf16) o.abs_tol = 1e-3;
-        op_compare_node(&g, 0, &o);
-        gp_graph_free(&g);
-    }
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) run_case(&cases[k], bf16, false);
 }
 
 static void test_attention(void **state)
@@ -137,12 +174,21 @@ static void test_attention_bf16(void **state)
     run_cases(true);
 }
 
+static void test_attention_cudnn(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof cudnn_cases / sizeof *cudnn_cases; k++) run_case(&cudnn_cases[k], true, true);
+}
+
 int main(void)
 {
     op_compare_require_device();
+    /* cuDNN's path is opt-in (attention.cu); this test is where it runs. */
+    if (!getenv("GP_ATTENTION_CUDNN")) setenv("GP_ATTENTION_CUDNN", "1", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_bf16),
+        cmocka_unit_test(test_attention_cudnn),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0) printf("cuda_attention: PASSED (%d cases against the CPU kernel)\n", op_compare_cases());

@@ -31,15 +31,36 @@
  *
  * Rounding: float32 with FMAs and exp in CUDA's expf; the CPU kernel sums
  * its dot products in double. The results agree within float32 rounding
- * (tests/cuda/test_cuda_attention.c), not bit for bit. */
+ * (tests/cuda/test_cuda_attention.c), not bit for bit.
+ *
+ * cuDNN's SDPA (attention_graph.h: flash attention on tensor cores) runs
+ * instead a call whose Q, K, V, Y and dY are all bfloat16, with no mask or
+ * the causal one, head sizes multiples of 8 up to 128, where cuDNN builds
+ * both its forward and its backward (decided once per problem and GPU; its
+ * statistics are the lse the kernels below save, so either backward reads
+ * either forward's). Its backward writes dQ, dK, dV whole in
+ * bfloat16 into scratch; a kernel adds them to the gradients. The backward
+ * is cuDNN's deterministic one unless --fast-conv allows atomics; where
+ * cuDNN has no deterministic backward for the problem, the kernels below
+ * run (they are deterministic). Only with GP_ATTENTION_CUDNN=1 for now: the
+ * path has not yet run on a GPU, so by default every call stays on the
+ * kernels below; GP_ATTENTION_VERBOSE=1 reports on stderr which path
+ * each problem takes and, for the kernels, why cuDNN does not run it. */
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
 #include "backend/cuda/storage.cuh"
+#ifdef GP_HAVE_CUDNN_GRAPH
+#include "backend/cuda/attention_graph.h"
+#endif
 
 extern "C" {
+#include "backend/compute.h"
 #include "ops/attention.h"
 }
 
@@ -331,6 +352,162 @@ __global__ static void __launch_bounds__(ATT_THREADS) att_dkv_kernel(att_args a)
     }
 }
 
+/* ---- cuDNN's SDPA ---- */
+
+/* dQ += g (and dK, dV): n elements of one bfloat16 gradient computed whole
+ * into scratch, added to a gradient of either storage, each element once. */
+__global__ static void att_add_grad_kernel(gp_fptr d, const bf16_t *g, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        gp_acc(d, i, __bfloat162float(g[i]));
+}
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static int64_t numel_q(const struct gp_attention_plan *p) { return p->batch * p->heads * p->q_len * p->head_size; }
+static int64_t numel_k(const struct gp_attention_plan *p) { return p->batch * p->heads * p->kv_len * p->head_size; }
+static int64_t numel_v(const struct gp_attention_plan *p) { return p->batch * p->heads * p->kv_len * p->v_head_size; }
+
+/* Calls so far by path, and why cuDNN last did not run one (tests, and
+ * GP_ATTENTION_VERBOSE). */
+static unsigned long long calls_cudnn, calls_own;
+static char last_why[512];
+
+extern "C" void gp_cuda_attention_paths(unsigned long long *cudnn_calls, unsigned long long *own_calls, char *why,
+                                        size_t why_size)
+{
+    *cudnn_calls = __atomic_load_n(&calls_cudnn, __ATOMIC_RELAXED);
+    *own_calls = __atomic_load_n(&calls_own, __ATOMIC_RELAXED);
+    if (why_size) snprintf(why, why_size, "%s", last_why);
+}
+
+static bool env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* cuDNN's deterministic backward on Hopper (before cuDNN 9.25) keeps dP
+ * whole: B * H * Tq * Tk bfloat16 values of workspace (384 MiB for GPT-2
+ * at 16 x 1024 tokens; one scratch for every layer of a stage). Beyond
+ * this, the own kernels run. */
+#define ATT_CUDNN_WS_CAP ((size_t)4 << 30)
+
+#ifdef GP_HAVE_CUDNN_GRAPH
+static struct attn_graph_problem graph_problem(const struct gp_attention_plan *p, bool fast)
+{
+    struct attn_graph_problem ap;
+    memset(&ap, 0, sizeof ap);
+    ap.batch = p->batch, ap.heads = p->heads, ap.q_len = p->q_len, ap.kv_len = p->kv_len;
+    ap.head_size = p->head_size, ap.v_head_size = p->v_head_size;
+    memcpy(ap.q_stride, p->q_stride, sizeof ap.q_stride);
+    memcpy(ap.k_stride, p->k_stride, sizeof ap.k_stride);
+    memcpy(ap.v_stride, p->v_stride, sizeof ap.v_stride);
+    memcpy(ap.y_stride, p->y_stride, sizeof ap.y_stride);
+    ap.causal = p->causal, ap.scale = p->scale, ap.deterministic = !fast;
+    return ap;
+}
+
+/* A handle per GPU for the planner, which asks without a stage's: kept for
+ * the process's life, as the plans built with it are. */
+static cudnnHandle_t planning_handle(void)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static cudnnHandle_t handles[64];
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) {
+        cudaGetLastError();
+        return NULL;
+    }
+    pthread_mutex_lock(&mu);
+    if (!handles[device] && cudnnCreate(&handles[device]) != CUDNN_STATUS_SUCCESS) handles[device] = NULL;
+    cudnnHandle_t h = handles[device];
+    pthread_mutex_unlock(&mu);
+    return h;
+}
+#endif
+
+/* Whether cuDNN's path runs a call of plan p, and the scratch it takes (the
+ * backward's gradients, then the larger workspace). False, with *why,
+ * where the call stays on the kernels above. bf16: all of Q, K, V, Y and
+ * (backward) dY are bfloat16. cudnn: the stage's handle, or NULL. */
+static bool att_cudnn_problem(void *cudnn, const struct gp_attention_plan *p, bool bf16, bool fast,
+                              size_t *scratch, char *why, size_t why_size)
+{
+#ifdef GP_HAVE_CUDNN_GRAPH
+    /* Opt-in until it has run on a GPU (it was written without one). */
+    if (!env_on("GP_ATTENTION_CUDNN")) return snprintf(why, why_size, "GP_ATTENTION_CUDNN=0 (the default)"), false;
+    if (!bf16) return snprintf(why, why_size, "not all of Q, K, V, Y, dY are bfloat16"), false;
+    if (p->mask != GP_ATTN_MASK_NONE) return snprintf(why, why_size, "a mask other than the causal one"), false;
+    if (p->head_size % 8 || p->v_head_size % 8 || p->head_size > 128 || p->v_head_size > 128)
+        return snprintf(why, why_size, "head sizes %lld and %lld: cuDNN's are multiples of 8 up to 128",
+                        (long long)p->head_size, (long long)p->v_head_size),
+               false;
+    for (int i = 0; i < 3; i++)
+        if (p->q_stride[i] % 8 || p->k_stride[i] % 8 || p->v_stride[i] % 8 || p->y_stride[i] % 8)
+            return snprintf(why, why_size, "strides not multiples of 8 elements"), false;
+    cudnnHandle_t h = cudnn ? (cudnnHandle_t)cudnn : planning_handle();
+    if (!h) return snprintf(why, why_size, "cudnnCreate failed"), false;
+    struct attn_graph_problem ap = graph_problem(p, fast);
+    size_t fws = 0, bws = 0;
+    if (!attn_graph_supported(h, &ap, &fws, &bws, why, why_size)) return false;
+    if (bws > ATT_CUDNN_WS_CAP)
+        return snprintf(why, why_size, "cuDNN's %sbackward takes %zu MiB of workspace, over the %zu MiB cap",
+                        fast ? "" : "deterministic ", bws >> 20, ATT_CUDNN_WS_CAP >> 20),
+               false;
+    size_t grads = align256(sizeof(bf16_t) * (size_t)numel_q(p)) + align256(sizeof(bf16_t) * (size_t)numel_k(p)) +
+                   align256(sizeof(bf16_t) * (size_t)numel_v(p));
+    *scratch = fws > grads + bws ? fws : grads + bws;
+    return true;
+#else
+    (void)cudnn, (void)p, (void)bf16, (void)fast, (void)scratch;
+    snprintf(why, why_size, "built without cudnn-frontend");
+    return false;
+#endif
+}
+
+/* Whether node and direction were reported (GP_ATTENTION_VERBOSE). */
+static bool reported(const struct gp_node *node, bool backward)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static const void *seen[512];
+    static int n_seen;
+    const void *key = (const char *)node + backward;
+    bool was = false;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < n_seen && !was; i++) was = seen[i] == key;
+    if (!was && n_seen < 512) seen[n_seen++] = key;
+    pthread_mutex_unlock(&mu);
+    return was;
+}
+
+/* Whether this call runs on cuDNN; counts it and, verbose, reports the
+ * path the first time per node and direction. Forward and backward agree
+ * unless only dY is float32; either backward can read either forward's
+ * lse (cuDNN's statistics are the same natural-log logsumexp of the scaled
+ * scores). */
+static bool att_use_cudnn(struct gp_cuda_ctx *c, const struct gp_attention_plan *p, bool backward)
+{
+    bool bf16 = gp_cuda_is_bf16(c->in_dt, 0) && gp_cuda_is_bf16(c->in_dt, 1) && gp_cuda_is_bf16(c->in_dt, 2) &&
+                gp_cuda_is_bf16(c->out_dt, 0) && (!backward || gp_cuda_is_bf16(c->dout_dt, 0));
+    char why[512] = "";
+    size_t scratch = 0;
+    bool yes = att_cudnn_problem(c->cudnn, p, bf16, c->fast_conv, &scratch, why, sizeof why);
+    if (yes) {
+        __atomic_add_fetch(&calls_cudnn, 1, __ATOMIC_RELAXED);
+    } else {
+        __atomic_add_fetch(&calls_own, 1, __ATOMIC_RELAXED);
+        snprintf(last_why, sizeof last_why, "%s", why);
+    }
+    if (env_on("GP_ATTENTION_VERBOSE") && !reported(c->node, backward))
+        fprintf(stderr, "attention-path %s node=%s %s [%lld x %lld heads, %lld x %lld, %lld/%lld]%s%s%s\n",
+                backward ? "backward" : "forward", c->node->name, yes ? "cudnn-sdpa" : "own-kernels",
+                (long long)p->batch, (long long)p->heads, (long long)p->q_len, (long long)p->kv_len,
+                (long long)p->head_size, (long long)p->v_head_size, p->causal ? " causal" : "", yes ? "" : ": ",
+                yes ? "" : why);
+    return yes;
+}
+
 /* ---- host side ---- */
 
 static size_t rows_of(const struct gp_graph *g, const struct gp_node *node)
@@ -340,11 +517,25 @@ static size_t rows_of(const struct gp_graph *g, const struct gp_node *node)
     return (size_t)(p.batch * p.heads * p.q_len);
 }
 
-/* saved: lse, float [B * H * Tq]; scratch: D, float [B * H * Tq]. */
+/* saved: lse, float [B * H * Tq]; scratch: D, float [B * H * Tq] (the
+ * most of any mode; gp_cuda_attention_scratch_bytes: a mode's, with
+ * cuDNN's). */
 static size_t att_saved(const struct gp_graph *g, const struct gp_node *node) { return sizeof(float) * rows_of(g, node); }
 static size_t att_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
     return sizeof(float) * rows_of(g, node);
+}
+
+extern "C" size_t gp_cuda_attention_scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
+                                                  const struct gp_compute_options *opts)
+{
+    size_t own = att_scratch(g, node), cudnn = 0;
+    if (opts->precision != GP_PRECISION_BF16) return own;
+    struct gp_attention_plan p;
+    gp_attention_plan(g, node, &p);
+    char why[512];
+    if (!att_cudnn_problem(NULL, &p, true, opts->fast_conv, &cudnn, why, sizeof why)) return own;
+    return cudnn > own ? cudnn : own;
 }
 
 /* The plan and the tensors of a call; the head-size template (64 or 128). */
@@ -372,6 +563,16 @@ static gp_status att_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(att_setup(c, err, &a, &dmax));
     int64_t bh = a.p.batch * a.p.heads;
     if (bh == 0 || a.p.q_len == 0) return GP_OK;
+#ifdef GP_HAVE_CUDNN_GRAPH
+    if (a.p.kv_len > 0 && att_use_cudnn(c, &a.p, false)) {
+        struct attn_graph_problem ap = graph_problem(&a.p, c->fast_conv);
+        char why[512];
+        if (!attn_graph_forward((cudnnHandle_t)c->cudnn, &ap, a.q.p, a.k.p, a.v.p, a.y.p, a.lse, c->scratch, why,
+                                sizeof why))
+            return gp_cuda_error(c, err, GP_ERR_DEVICE, "cuDNN's attention forward: %s", why);
+        return gp_cuda_check_launch(c, "Attention forward (cuDNN)", err);
+    }
+#endif
     if (bh > 65535) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%lld batch-heads: at most 65535", (long long)bh);
     if (dmax == 64) {
         dim3 grid((unsigned)((a.p.q_len + att_rows<64>::n - 1) / att_rows<64>::n), (unsigned)bh);
@@ -405,11 +606,35 @@ static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(att_setup(c, err, &a, &dmax));
     int64_t bh = a.p.batch * a.p.heads;
     if (bh == 0 || a.p.q_len == 0) return GP_OK;
-    if (bh > 65535) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%lld batch-heads: at most 65535", (long long)bh);
     a.dy = gp_cuda_dout_f(c, 0);
     if (c->din[0]) a.dq = gp_cuda_din_f(c, 0);
     if (c->din[1]) a.dk = gp_cuda_din_f(c, 1);
     if (c->din[2]) a.dv = gp_cuda_din_f(c, 2);
+#ifdef GP_HAVE_CUDNN_GRAPH
+    if (a.p.kv_len > 0 && att_use_cudnn(c, &a.p, true)) {
+        /* Scratch: dQ, dK, dV in bfloat16 (their inputs' layouts, dense),
+         * then the workspace. */
+        struct attn_graph_problem ap = graph_problem(&a.p, c->fast_conv);
+        int64_t n[3] = {numel_q(&a.p), numel_k(&a.p), numel_v(&a.p)};
+        bf16_t *g[3];
+        char *next = (char *)c->scratch;
+        for (int k = 0; k < 3; k++) {
+            g[k] = (bf16_t *)next;
+            next += align256(sizeof(bf16_t) * (size_t)n[k]);
+        }
+        char why[512];
+        if (!attn_graph_backward((cudnnHandle_t)c->cudnn, &ap, a.q.p, a.k.p, a.v.p, a.y.p, a.dy.p, a.lse, g[0], g[1],
+                                 g[2], next, why, sizeof why))
+            return gp_cuda_error(c, err, GP_ERR_DEVICE, "cuDNN's attention backward: %s", why);
+        gp_fptr d[3] = {a.dq, a.dk, a.dv};
+        for (int k = 0; k < 3; k++)
+            if (d[k].p)
+                att_add_grad_kernel<<<gp_cuda_capped_grid((n[k] + 255) / 256, 1 << 16), 256, 0, c->stream>>>(d[k], g[k],
+                                                                                                           n[k]);
+        return gp_cuda_check_launch(c, "Attention backward (cuDNN)", err);
+    }
+#endif
+    if (bh > 65535) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%lld batch-heads: at most 65535", (long long)bh);
     a.dsum = (float *)c->scratch;
     int64_t rows = bh * a.p.q_len;
     att_dsum_kernel<<<gp_cuda_capped_grid((rows + 7) / 8, 1 << 20), 256, 0, c->stream>>>(a);

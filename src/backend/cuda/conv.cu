@@ -1074,6 +1074,7 @@ extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const str
     const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
     if (!k) return 0;
     bool transpose = k->forward == conv_transpose_forward;
+    if (!strcmp(node->op_type, "Attention")) return gp_cuda_attention_scratch_bytes(g, node, opts);
     if (k->forward != conv_forward && !transpose) return k->scratch_bytes ? k->scratch_bytes(g, node) : 0;
     struct conv_geom geom;
     struct gp_error err;

@@ -112,11 +112,24 @@ const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node);
 /* The workspace a Conv or ConvTranspose node takes with a stage's options
  * (its algorithms, and so their workspace, depend on the precision and on
  * fast_conv; cuda/conv.cu), for the planner: exactly that mode's, where the
- * kernel's scratch_bytes is the most of any mode. Other nodes: their
- * kernel's scratch_bytes. */
+ * kernel's scratch_bytes is the most of any mode. Attention nodes:
+ * gp_cuda_attention_scratch_bytes. Other nodes: their kernel's
+ * scratch_bytes. */
 struct gp_compute_options;
 size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
                                   const struct gp_compute_options *opts);
+
+/* An Attention node's scratch with a stage's options: in bfloat16, what
+ * cuDNN's SDPA takes where it runs the node (cuda/attention.cu; the plans
+ * are built on the current GPU to know), else the own kernels'. */
+size_t gp_cuda_attention_scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
+                                       const struct gp_compute_options *opts);
+
+/* Attention calls so far by path (cuDNN's SDPA, the own kernels: one per
+ * forward or backward call) and why cuDNN did not run the last one that
+ * stayed on the own kernels, for tests. */
+void gp_cuda_attention_paths(unsigned long long *cudnn_calls, unsigned long long *own_calls, char *why,
+                             size_t why_size);
 
 /* Kernel tables, one per family file (src/backend/cuda/<family>.cu, twin of
  * src/backend/cpu/<family>.c, whose kernel.h says what each family holds),
