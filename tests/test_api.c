@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,9 @@ static void test_train_predict_save(void **state)
     c.devices = "cpu:0,cpu:1";
     c.balance = "4,6";
     c.chunks = 4;
+    /* Under the sanitizers (~20x slower) a few steps: memory safety, not accuracy. */
+    bool sanitized = getenv("GP_SANITIZED") && !strcmp(getenv("GP_SANITIZED"), "1");
+    if (sanitized) c.steps = 8;
     gpo_model *m = open_fixture("digits_cnn_op17.onnx", 1);
     struct gpo_tensor before, after, reloaded;
     if (gpo_predict_file(m, paths[2], NULL, &before) != GPO_OK) fail_msg("%s", gpo_last_error(m));
@@ -273,7 +277,7 @@ static void test_train_predict_save(void **state)
     assert_int_equal(seen.stages, 2);
     assert_int_equal(res.steps, seen.steps);
     assert_true(res.last_loss == seen.last_loss);
-    assert_true(res.has_val && res.val_accuracy > 0.8);
+    assert_true(res.has_val && res.val_accuracy > (sanitized ? 0.1 : 0.8));
     assert_int_equal(res.n_stages, 2);
     assert_int_equal(res.balance[0], 4);
     /* The context now runs the trained weights, and saves them. */
@@ -347,7 +351,7 @@ static void *train_job(void *arg)
     struct gpo_train_config c;
     digits_config(&c, paths);
     c.val_data = c.val_labels = NULL;
-    c.steps = 6;
+    c.steps = getenv("GP_SANITIZED") && !strcmp(getenv("GP_SANITIZED"), "1") ? 3 : 6;
     c.devices = "cpu:0";
     char path[1024];
     gpo_model *m = NULL;
