@@ -19,7 +19,8 @@
  * Conventions.
  *  - Every function that can fail returns a gpo_status; on failure the
  *    model's gpo_last_error() holds one line naming the file, node, layer
- *    or stage at fault. The library never prints and never exits.
+ *    or stage at fault. The library never exits and prints nothing (but
+ *    cuDNN's algorithm choices on stderr when GP_CONV_VERBOSE=1 asks).
  *  - A gpo_model is one context: it owns the loaded graph, the last balance
  *    report and the trained weights. Nothing is shared between contexts
  *    except what the notes below list, so several threads may each use
@@ -51,8 +52,15 @@
  *    cached process-wide (locked), peer access between GPUs is enabled once
  *    per pair, and GP_CONV_API, GP_CONV_VERBOSE and a few kernel tuning
  *    variables are read from the environment.
- *  - Training writes the trained model to a temporary file (in $TMPDIR, else
- *    /tmp) that the context owns and removes at gpo_close().
+ *  - Models (and their external data) are read through memory maps: a file
+ *    truncated while a context uses it raises SIGBUS in the process.
+ *    Replace a model by renaming a new file over it. (The program names
+ *    the file from its SIGBUS handler; a library user may install one.)
+ *  - Training runs each CPU device as a worker thread with its share of the
+ *    machine's cores: contexts training at once share the cores too.
+ *  - Training without a save_path writes the trained model to a temporary
+ *    file (in $TMPDIR, else /tmp) that the context owns and removes at
+ *    gpo_close().
  */
 #ifndef GPIPE_ONNX_H
 #define GPIPE_ONNX_H
@@ -71,6 +79,27 @@ extern "C" {
 /* "0.1.0": the library's version (may differ from the header's above when
  * a program runs against a newer shared library). */
 const char *gpo_version(void);
+
+/* ---- the machine ---- */
+
+struct gpo_system {
+    int cpu_cores;                 /* online cores: CPU devices share them */
+    int cuda;                      /* 1: built with the CUDA backend */
+    int cuda_runtime, cuda_driver, cublas; /* versions (CUDA builds; 0 when unknown) */
+    int64_t cudnn;
+};
+void gpo_system_info(struct gpo_system *out);
+
+struct gpo_gpu {
+    char name[256];
+    int major, minor;              /* compute capability */
+    int multiprocessors;
+    int64_t total_bytes, free_bytes;
+};
+/* The GPUs visible to this build: up to `max` into out[]; returns how many
+ * there are (0 without CUDA, a driver or a GPU), or -1 with the reason in
+ * errbuf (of errsize bytes, may be NULL). */
+int gpo_gpus(struct gpo_gpu *out, int max, char *errbuf, size_t errsize);
 
 /* ---- status ---- */
 
@@ -130,7 +159,8 @@ struct gpo_model_info {
     int buffer_tensors;
     int source_nodes;              /* nodes in the file */
     int folded_nodes;              /* constant subgraphs folded at load time */
-    int fused_nodes, fusions;      /* fused_nodes nodes became `fusions` layers */
+    int fused_nodes, fusions;      /* nodes merged away by fusion, and the layers they merged
+                                      into: fused_nodes + fusions nodes became fusions layers */
     int n_layers;                  /* = source_nodes - folded_nodes - fused_nodes */
     int64_t input_frontier_bytes;  /* the inputs: the frontier before layer 0 */
     int channels_last_activations; /* with channels_last: the activations stored so */
@@ -148,6 +178,10 @@ struct gpo_value {
 /* Graph input / output k (k < n_inputs / n_outputs). */
 gpo_status gpo_input(gpo_model *m, int k, struct gpo_value *out);
 gpo_status gpo_output(gpo_model *m, int k, struct gpo_value *out);
+
+/* The value of the model's metadata_props entry `key` ("gpipe-onnx.lr"...),
+ * NULL when absent. */
+const char *gpo_metadata(const gpo_model *m, const char *key);
 
 /* The op type of folded node k (k < folded_nodes), in load order. */
 const char *gpo_folded_op(const gpo_model *m, int k);
@@ -206,6 +240,16 @@ enum gpo_layout { GPO_LAYOUT_AUTO = 0, GPO_LAYOUT_NCHW = 1, GPO_LAYOUT_NHWC = 2 
 enum gpo_optimizer { GPO_OPTIMIZER_SGD = 0, GPO_OPTIMIZER_ADAMW = 1 };
 enum gpo_lr_schedule { GPO_LR_CONSTANT = 0, GPO_LR_STEP = 1, GPO_LR_COSINE = 2 };
 enum gpo_loss { GPO_LOSS_AUTO = 0, GPO_LOSS_CROSS_ENTROPY = 1, GPO_LOSS_MSE = 2, GPO_LOSS_OUTPUT = 3 };
+
+/* Names as the command line spells them ("fp32", "tf32", "bf16"; "auto",
+ * "nchw", "nhwc"; "always", "except_last", "never"; "gpipe", "1f1b"):
+ * 1 and *out set when known, else 0. */
+int gpo_precision_parse(const char *name, enum gpo_precision *out);
+int gpo_layout_parse(const char *name, enum gpo_layout *out);
+int gpo_checkpoint_parse(const char *name, enum gpo_checkpoint *out);
+int gpo_pipeline_schedule_parse(const char *name, enum gpo_pipeline_schedule *out);
+const char *gpo_checkpoint_name(enum gpo_checkpoint c);
+const char *gpo_pipeline_schedule_name(enum gpo_pipeline_schedule s);
 
 /* Called after each pass over the model while profiling. */
 typedef void (*gpo_progress_fn)(void *user, int done, int total);
@@ -278,6 +322,8 @@ gpo_status gpo_balance_write_svg(gpo_model *m, const char *path);
 
 /* ---- training ---- */
 
+#define GPO_CLASS_AXIS_AUTO (-100)
+
 struct gpo_train_config {
     /* Data: .npy files, one sample per row of axis 0. Integer labels train
      * with cross-entropy, float targets with MSE, none: the output is the
@@ -308,8 +354,12 @@ struct gpo_train_config {
     int64_t step_size;             /* step: lr *= gamma every step_size steps (defaults 30, 0.1) */
     double gamma, min_lr;          /* min_lr: the cosine floor */
     enum gpo_loss loss;            /* default auto: integer labels cross-entropy, float MSE, none the output */
+    int class_axis;                /* cross-entropy's class axis of the logits; GPO_CLASS_AXIS_AUTO (default):
+                                      1 for [N, C] and [N, C, H, W], the last for [N, T, C] */
+    int torch_1_13;                /* AdamW's float32 operation order of PyTorch 1.13 (default: 2.x's) */
 
-    const char *devices;           /* one per stage; NULL: cuda:0 when a GPU is visible, else cpu:0 */
+    const char *devices;           /* one per stage; NULL: one stage per balance entry (one when
+                                      none), on the GPUs in turn when any is visible, else cpu:0, cpu:1... */
     const char *balance;           /* layers per stage "4,4,5", or "time" / "memory" (profile and
                                       balance first); NULL: an even split */
     enum gpo_pipeline_schedule pipeline_schedule;
@@ -318,9 +368,13 @@ struct gpo_train_config {
     enum gpo_precision precision;
     enum gpo_layout layout;
     int fast_conv;                 /* GPUs: cuDNN's fastest convolutions, nondeterministic ones too */
+    int cuda_graph;                /* GPUs: 1 replay each step as a CUDA graph, 0 never,
+                                      -1 (default) when every stage is on a GPU and no trace is asked */
     const char *algorithms_path;   /* GPUs: cuDNN's algorithm choices read from / written to this file */
 
-    const char *save_path;         /* also write the trained model here; NULL: only keep it */
+    const char *save_path;         /* write the trained model here; NULL: a temporary file */
+    int discard_weights;           /* 1: keep no trained weights (save_path only, when given); the
+                                      context keeps the weights it had */
     const char *trace_path;        /* Chrome trace of the last step; NULL: none */
     const char *state_dir;         /* training states (resumable); NULL: none */
     int64_t save_every;            /* a state every this many steps; 0: once per epoch */
@@ -332,6 +386,7 @@ void gpo_train_config_init(struct gpo_train_config *c);
 
 struct gpo_step_info {
     int64_t step, total_steps, epoch; /* step and epoch from 0 */
+    int64_t first_step;            /* where this run began (a resumed run: its state's step) */
     double loss, lr;
     double seconds, elapsed;       /* this step, and since training began */
     int64_t samples;
@@ -361,12 +416,14 @@ struct gpo_train_callbacks {
     void (*on_note)(void *user, const char *message);             /* something done otherwise than asked */
     gpo_progress_fn on_profile;    /* profiling passes of balance "time" / "memory" */
     void (*on_memory)(void *user, const struct gpo_stage_memory *s); /* per stage, after training */
+    /* balance "time" / "memory": the report, before training starts. */
+    void (*on_balance)(void *user, const struct gpo_balance_options *o, const struct gpo_balance_report *r);
     void (*on_state)(void *user, const char *path, int64_t step);   /* a training state written */
     void (*on_resume)(void *user, const char *path, int64_t step, int64_t total_steps);
 };
 
 struct gpo_train_result {
-    int64_t steps;                 /* optimizer steps run */
+    int64_t steps;                 /* optimizer steps done (a resumed run counts its state's too) */
     double last_loss;              /* the last step's */
     int has_val;
     double val_loss, val_accuracy; /* the last validation */
@@ -376,8 +433,13 @@ struct gpo_train_result {
 
 /* Trains the context's model (the file opened, or the weights of the last
  * gpo_train: training continues from them). On success the context holds
- * the trained weights: gpo_predict and gpo_save use them, and gpo_info and
- * the layer list are those of the trained model. `cb` and `out` may be NULL. */
+ * the trained weights: gpo_predict, gpo_balance and gpo_save use them, and
+ * gpo_model_info and the layer list are those of the trained model. They
+ * live in cfg->save_path when given (the context reads that file from then
+ * on: replace it only by renaming a new file over it), else in a temporary
+ * file of the context's, and the last balance report is dropped; with
+ * discard_weights the context keeps what it had. `cb` and `out` may be
+ * NULL. */
 gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *cfg, const struct gpo_train_callbacks *cb,
                      struct gpo_train_result *out);
 
@@ -408,6 +470,13 @@ gpo_status gpo_predict_file(gpo_model *m, const char *npy_path, const struct gpo
                             struct gpo_tensor *out);
 gpo_status gpo_predict(gpo_model *m, const float *x, int64_t n, const int64_t *sample_dims, int sample_rank,
                        const struct gpo_predict_options *opts, struct gpo_tensor *out);
+
+/* Writes t as a float32 .npy file (atomically). */
+gpo_status gpo_tensor_write_npy(gpo_model *m, const struct gpo_tensor *t, const char *path);
+
+/* Whether `path` can be written (not a folder; a file can be made beside
+ * it): for checking outputs before long work. The message names the path. */
+gpo_status gpo_check_output(gpo_model *m, const char *path);
 
 /* Writes the model with its current weights (trained or as opened; BatchNorm
  * statistics included) as one self-contained .onnx file. */

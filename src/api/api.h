@@ -17,8 +17,9 @@
 struct gpo_model {
     struct gp_error err;        /* the last failure; err.msg "" when none */
     char *path;                 /* as opened */
-    char *current;              /* the file with the current weights: path, or tmp after training */
+    char *current;              /* the file with the current weights: path, tmp or saved */
     char *tmp;                  /* this context's trained model, removed at close; NULL: none */
+    char *saved;                /* the trained model written to the caller's save_path; NULL: none */
     struct gpo_open_options opts;
     bool loaded;
     struct gp_graph g;          /* loaded from `current` at opts.batch */

@@ -10,6 +10,7 @@
 #include "graph/exporter.h"
 #include "graph/layout.h"
 #include "onnx/load.h"
+#include "util/atomic_file.h"
 #include "ops/registry.h"
 #include "partitioner/profile.h"
 #ifdef GP_HAVE_CUDA
@@ -169,6 +170,7 @@ void gpo_close(gpo_model *m)
         unlink(m->tmp);
         free(m->tmp);
     }
+    free(m->saved);
     free(m->path);
     free(m);
 }
@@ -394,4 +396,111 @@ enum gp_checkpoint gpo_checkpoint_of(enum gpo_checkpoint c)
 enum gp_pipe_schedule_kind gpo_schedule_of(enum gpo_pipeline_schedule s)
 {
     return s == GPO_PIPELINE_1F1B ? GP_PIPE_1F1B : GP_PIPE_GPIPE;
+}
+
+int gpo_precision_parse(const char *name, enum gpo_precision *out)
+{
+    enum gp_precision p;
+    if (!name || !gp_precision_parse(name, &p)) return 0;
+    *out = p == GP_PRECISION_BF16 ? GPO_PRECISION_BF16 : p == GP_PRECISION_TF32 ? GPO_PRECISION_TF32 : GPO_PRECISION_FP32;
+    return 1;
+}
+
+int gpo_layout_parse(const char *name, enum gpo_layout *out)
+{
+    enum gp_layout_policy l;
+    if (!name || !gp_layout_policy_parse(name, &l)) return 0;
+    *out = l == GP_LAYOUT_NCHW ? GPO_LAYOUT_NCHW : l == GP_LAYOUT_NHWC ? GPO_LAYOUT_NHWC : GPO_LAYOUT_AUTO;
+    return 1;
+}
+
+int gpo_checkpoint_parse(const char *name, enum gpo_checkpoint *out)
+{
+    if (!name) return 0;
+    if (!strcmp(name, "always")) *out = GPO_CHECKPOINT_ALWAYS;
+    else if (!strcmp(name, "except_last")) *out = GPO_CHECKPOINT_EXCEPT_LAST;
+    else if (!strcmp(name, "never")) *out = GPO_CHECKPOINT_NEVER;
+    else return 0;
+    return 1;
+}
+
+int gpo_pipeline_schedule_parse(const char *name, enum gpo_pipeline_schedule *out)
+{
+    enum gp_pipe_schedule_kind k;
+    if (!name || !gp_pipe_schedule_parse(name, &k)) return 0;
+    *out = k == GP_PIPE_1F1B ? GPO_PIPELINE_1F1B : GPO_PIPELINE_GPIPE;
+    return 1;
+}
+
+const char *gpo_checkpoint_name(enum gpo_checkpoint c) { return gp_checkpoint_name(gpo_checkpoint_of(c)); }
+
+const char *gpo_pipeline_schedule_name(enum gpo_pipeline_schedule s)
+{
+    return gp_pipe_schedule_name(gpo_schedule_of(s));
+}
+
+gpo_status gpo_check_output(gpo_model *m, const char *path)
+{
+    if (!m) return GPO_ERR_ARGUMENT;
+    gpo_begin(m);
+    if (!path) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_check_output: no path");
+    return gpo_status_of(gp_atomic_check(path, &m->err));
+}
+
+const char *gpo_metadata(const gpo_model *m, const char *key)
+{
+    if (!m || !m->loaded || !key) return NULL;
+    return gp_graph_metadata(&m->g, key);
+}
+
+void gpo_system_info(struct gpo_system *out)
+{
+    memset(out, 0, sizeof *out);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    out->cpu_cores = cores > 0 ? (int)cores : 1;
+#ifdef GP_HAVE_CUDA
+    out->cuda = 1;
+    struct gp_error err = {0};
+    struct gp_cuda_versions v = {0};
+    if (gp_cuda_versions(&v, &err) == GP_OK) {
+        out->cuda_runtime = v.runtime;
+        out->cuda_driver = v.driver;
+        out->cublas = v.cublas;
+        out->cudnn = (int64_t)v.cudnn;
+    }
+#endif
+}
+
+int gpo_gpus(struct gpo_gpu *out, int max, char *errbuf, size_t errsize)
+{
+    if (errbuf && errsize) errbuf[0] = '\0';
+#ifdef GP_HAVE_CUDA
+    struct gp_error err = {0};
+    int count = 0, room = max > 0 ? max : 0;
+    struct gp_cuda_device *devs = calloc((size_t)room + 1, sizeof *devs);
+    if (!devs) {
+        if (errbuf && errsize) snprintf(errbuf, errsize, "out of memory listing GPUs");
+        return -1;
+    }
+    if (gp_cuda_devices(devs, room, &count, &err) != GP_OK) {
+        if (errbuf && errsize) snprintf(errbuf, errsize, "%s", err.msg);
+        free(devs);
+        return -1;
+    }
+    for (int i = 0; i < count && i < room; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        snprintf(out[i].name, sizeof out[i].name, "%s", devs[i].name);
+        out[i].major = devs[i].major;
+        out[i].minor = devs[i].minor;
+        out[i].multiprocessors = devs[i].multiprocessors;
+        out[i].total_bytes = (int64_t)devs[i].total_bytes;
+        out[i].free_bytes = (int64_t)devs[i].free_bytes;
+    }
+    free(devs);
+    return count;
+#else
+    (void)out;
+    (void)max;
+    return 0;
+#endif
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "api/api.h"
+#include "api/private.h"
 #include "backend/backends.h"
 #include "data/dataset.h"
 #include "data/npy.h"
@@ -32,6 +33,8 @@ void gpo_train_config_init(struct gpo_train_config *c)
     c->eps = 1e-8;
     c->step_size = 30;
     c->gamma = 0.1;
+    c->class_axis = GPO_CLASS_AXIS_AUTO;
+    c->cuda_graph = -1;
 }
 
 void gpo_predict_options_init(struct gpo_predict_options *o)
@@ -66,7 +69,8 @@ static void relay_step(void *user, const struct gp_step_report *s)
     r->result->steps = s->step + 1;
     r->result->last_loss = s->loss;
     if (!r->cb || !r->cb->on_step) return;
-    struct gpo_step_info info = {.step = s->step, .total_steps = s->total_steps, .epoch = s->epoch, .loss = s->loss,
+    struct gpo_step_info info = {.step = s->step, .total_steps = s->total_steps, .epoch = s->epoch,
+                                 .first_step = s->first_step, .loss = s->loss,
                                  .lr = s->lr, .seconds = s->seconds, .elapsed = s->elapsed, .samples = s->samples};
     r->cb->on_step(r->cb->user, &info);
 }
@@ -205,83 +209,85 @@ static gpo_status load_data(gpo_model *m, const char *const paths[4], bool synth
     return gpo_status_of(st);
 }
 
-gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struct gpo_train_callbacks *cb,
-                     struct gpo_train_result *out)
+/* The engine's configuration for c: options, devices and the split as
+ * given (auto_balance: "time" / "memory" when the split is to be found). */
+static gpo_status resolve(gpo_model *m, const struct gpo_train_config *c, struct gp_train_config *t,
+                          const char **auto_balance)
 {
-    if (!m) return GPO_ERR_ARGUMENT;
-    gpo_begin(m);
-    struct gpo_train_result result = {0};
-    if (out) *out = result;
-    if (!c) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: no configuration");
-    if (!m->loaded) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: no model loaded");
-
-    struct gp_train_config t;
-    gp_train_config_defaults(&t);
-    t.batch = c->batch;
-    t.chunks = c->chunks;
-    t.epochs = c->epochs;
-    t.steps = c->steps > 0 ? c->steps : 0;
-    t.shuffle = !c->no_shuffle;
-    t.seed = c->seed;
-    t.dropout_ratio = c->dropout;
-    t.optimizer = c->optimizer == GPO_OPTIMIZER_ADAMW ? GP_OPT_ADAMW : GP_OPT_SGD;
-    t.lr = c->lr > 0 ? c->lr : t.optimizer == GP_OPT_ADAMW ? 1e-3 : 0.01;
-    t.momentum = c->momentum;
-    t.nesterov = c->nesterov;
-    t.weight_decay = c->weight_decay >= 0 ? c->weight_decay : t.optimizer == GP_OPT_ADAMW ? 0.01 : 0;
-    t.clip_norm = c->clip_norm;
-    t.beta1 = c->beta1;
-    t.beta2 = c->beta2;
-    t.eps = c->eps;
-    t.schedule = c->lr_schedule == GPO_LR_COSINE ? GP_SCHED_COSINE
-                 : c->lr_schedule == GPO_LR_STEP ? GP_SCHED_STEP
-                                                 : GP_SCHED_CONSTANT;
-    t.warmup_steps = c->warmup_steps;
-    t.step_size = c->step_size;
-    t.gamma = c->gamma;
-    t.min_lr = c->min_lr;
-    t.loss_auto = c->loss == GPO_LOSS_AUTO;
-    t.loss = c->loss == GPO_LOSS_MSE ? GP_LOSS_MSE : c->loss == GPO_LOSS_OUTPUT ? GP_LOSS_OUTPUT : GP_LOSS_CROSS_ENTROPY;
-    t.fast_conv = c->fast_conv;
-    t.choices_path = c->algorithms_path;
-    t.save_every_seconds = c->save_every_seconds;
-    t.pipeline_schedule = gpo_schedule_of(c->pipeline_schedule);
-    t.checkpoint = gpo_checkpoint_of(c->checkpoint);
-    t.deferred_batch_norm = c->deferred_batch_norm;
-    t.precision = gpo_precision_of(c->precision);
-    t.layout = gpo_layout_of(c->layout);
-    t.trace_path = c->trace_path;
-    t.state_dir = c->state_dir;
-    t.save_every = c->save_every;
-    t.keep = c->keep > 0 ? c->keep : 2;
-    t.resume_path = c->resume;
-    if (t.batch < 1 || t.chunks < 1 || t.batch % t.chunks || t.epochs < 1)
-        return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: batch %lld, chunks %lld, epochs %lld: chunks must divide "
-                        "the batch and all be positive", (long long)t.batch, (long long)t.chunks, (long long)t.epochs);
+    gp_train_config_defaults(t);
+    t->model_path = m->current;
+    t->batch = c->batch;
+    t->chunks = c->chunks;
+    t->epochs = c->epochs;
+    t->steps = c->steps > 0 ? c->steps : 0;
+    t->shuffle = !c->no_shuffle;
+    t->seed = c->seed;
+    t->dropout_ratio = c->dropout;
+    t->optimizer = c->optimizer == GPO_OPTIMIZER_ADAMW ? GP_OPT_ADAMW : GP_OPT_SGD;
+    t->lr = c->lr > 0 ? c->lr : t->optimizer == GP_OPT_ADAMW ? 1e-3 : 0.01;
+    t->momentum = c->momentum;
+    t->nesterov = c->nesterov;
+    t->weight_decay = c->weight_decay >= 0 ? c->weight_decay : t->optimizer == GP_OPT_ADAMW ? 0.01 : 0;
+    t->clip_norm = c->clip_norm;
+    t->beta1 = c->beta1;
+    t->beta2 = c->beta2;
+    t->eps = c->eps;
+    t->schedule = c->lr_schedule == GPO_LR_COSINE ? GP_SCHED_COSINE
+                  : c->lr_schedule == GPO_LR_STEP ? GP_SCHED_STEP
+                                                  : GP_SCHED_CONSTANT;
+    t->warmup_steps = c->warmup_steps;
+    t->step_size = c->step_size;
+    t->gamma = c->gamma;
+    t->min_lr = c->min_lr;
+    t->loss_auto = c->loss == GPO_LOSS_AUTO;
+    t->loss = c->loss == GPO_LOSS_MSE ? GP_LOSS_MSE : c->loss == GPO_LOSS_OUTPUT ? GP_LOSS_OUTPUT : GP_LOSS_CROSS_ENTROPY;
+    t->fast_conv = c->fast_conv;
+    t->class_axis = c->class_axis == GPO_CLASS_AXIS_AUTO ? GP_CLASS_AXIS_AUTO : c->class_axis;
+    t->torch_1_13 = c->torch_1_13;
+    t->cuda_graph = c->cuda_graph < 0 ? GP_CUDA_GRAPH_AUTO : c->cuda_graph ? GP_CUDA_GRAPH_ON : GP_CUDA_GRAPH_OFF;
+    t->choices_path = c->algorithms_path;
+    t->save_every_seconds = c->save_every_seconds;
+    t->pipeline_schedule = gpo_schedule_of(c->pipeline_schedule);
+    t->checkpoint = gpo_checkpoint_of(c->checkpoint);
+    t->deferred_batch_norm = c->deferred_batch_norm;
+    t->precision = gpo_precision_of(c->precision);
+    t->layout = gpo_layout_of(c->layout);
+    t->trace_path = c->trace_path;
+    t->save_path = c->save_path;
+    t->state_dir = c->state_dir;
+    t->save_every = c->save_every;
+    t->keep = c->keep > 0 ? c->keep : 2;
+    t->resume_path = c->resume;
+    /* (That chunks divide the batch the trainer checks, saying so.) */
+    if (t->batch < 1 || t->chunks < 1 || t->epochs < 1)
+        return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: batch %lld, chunks %lld, epochs %lld: all must be positive",
+                        (long long)t->batch, (long long)t->chunks, (long long)t->epochs);
     if (c->dropout >= 1) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: dropout must be below 1");
-    if (t.step_size < 1 || t.warmup_steps < 0 || t.save_every < 0)
+    if (t->step_size < 1 || t->warmup_steps < 0 || t->save_every < 0)
         return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: step_size must be positive, warmup_steps and save_every "
                         "not negative");
 
     /* The pipeline: devices and the split. */
-    const char *auto_balance = NULL;
     int n_balance = 0;
     gpo_status st = GPO_OK;
-    if (c->balance && (!strcmp(c->balance, "time") || !strcmp(c->balance, "memory"))) auto_balance = c->balance;
-    else if (c->balance && (st = parse_balance(m, c->balance, t.balance, &n_balance)) != GPO_OK) return st;
-    if ((st = set_devices(m, c, &t, n_balance)) != GPO_OK) return st;
-    if (n_balance && n_balance != t.n_stages)
-        return gpo_fail(m, GPO_ERR_ARGUMENT, "the balance has %d stages but the devices %d", n_balance, t.n_stages);
+    *auto_balance = NULL;
+    if (c->balance && (!strcmp(c->balance, "time") || !strcmp(c->balance, "memory"))) *auto_balance = c->balance;
+    else if (c->balance && (st = parse_balance(m, c->balance, t->balance, &n_balance)) != GPO_OK) return st;
+    if ((st = set_devices(m, c, t, n_balance)) != GPO_OK) return st;
+    if (n_balance && n_balance != t->n_stages)
+        return gpo_fail(m, GPO_ERR_ARGUMENT, "the balance has %d stages but the devices %d", n_balance, t->n_stages);
+    return GPO_OK;
+}
 
-    /* Outputs are checked before anything long. */
-    const char *outputs[2] = {c->save_path, c->trace_path};
-    for (int k = 0; k < 2; k++)
-        if (outputs[k] && gp_atomic_check(outputs[k], &m->err) != GP_OK) return gpo_status_of(m->err.status);
-    if (t.state_dir && gp_state_check_dir(t.state_dir, &m->err) != GP_OK) return gpo_status_of(m->err.status);
-
-    /* The data: the files given, synthetic samples, or the model's own. */
-    char *owned[4] = {0};
-    const char *paths[4] = {c->data, c->labels, c->val_data, c->val_labels};
+/* The data: the files given, synthetic samples, or the files the model's
+ * metadata names. owned[] gets what the caller frees. */
+static gpo_status gather_data(gpo_model *m, const struct gpo_train_config *c, char *owned[4], const char *paths[4],
+                              struct gp_dataset *train_set, struct gp_dataset *val)
+{
+    paths[0] = c->data;
+    paths[1] = c->labels;
+    paths[2] = c->val_data;
+    paths[3] = c->val_labels;
     bool synthetic = c->synthetic > 0;
     if (!c->data && !synthetic) {
         static const char *keys[4] = {"gpipe-onnx.data", "gpipe-onnx.labels", "gpipe-onnx.val_data",
@@ -291,60 +297,148 @@ gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struc
     }
     if ((paths[1] && !paths[0]) || (paths[3] && !paths[2]))
         return gpo_fail(m, GPO_ERR_ARGUMENT, "labels given without their data");
-    struct gp_dataset train = {0}, val = {0};
+    return load_data(m, paths, synthetic, c->synthetic, c->seed, train_set, val);
+}
+
+static gpo_status train(gpo_model *m, const struct gpo_train_config *c, const struct gpo_train_callbacks *cb,
+                        struct gpo_train_result *out)
+{
+    if (!m) return GPO_ERR_ARGUMENT;
+    gpo_begin(m);
+    struct gpo_train_result result = {0};
+    if (out) *out = result;
+    if (!c) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: no configuration");
+    if (!m->loaded) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: no model loaded");
+    struct gp_train_config t;
+    const char *auto_balance;
+    gpo_status st = resolve(m, c, &t, &auto_balance);
+    if (st != GPO_OK) return st;
+
+    /* Outputs are checked before anything long. */
+    const char *outputs[2] = {c->save_path, c->trace_path};
+    for (int k = 0; k < 2; k++)
+        if (outputs[k] && gp_atomic_check(outputs[k], &m->err) != GP_OK) return gpo_status_of(m->err.status);
+    if (t.state_dir && gp_state_check_dir(t.state_dir, &m->err) != GP_OK) return gpo_status_of(m->err.status);
+
+    char *owned[4] = {0};
+    const char *paths[4];
+    struct gp_dataset train_set = {0}, val = {0};
     char *trained = NULL;
-    struct gp_profile prof;
-    struct gp_balance_report rep;
-    st = load_data(m, paths, synthetic, c->synthetic, c->seed, &train, &val);
+    st = gather_data(m, c, owned, paths, &train_set, &val);
 
     if (st == GPO_OK && auto_balance) {
-        struct gp_balance_config bc = {
-            .by = !strcmp(auto_balance, "time") ? GP_BALANCE_TIME : GP_BALANCE_MEMORY, .n_stages = t.n_stages,
-            .batch = t.batch, .n_micro = (int)t.chunks, .schedule = t.pipeline_schedule, .checkpoint = t.checkpoint,
-            .optim_state_floats = t.optimizer == GP_OPT_ADAMW ? 2 : t.momentum > 0 ? 1 : 0};
-        struct gp_balance_run run = {.model = m->current, .cfg = &bc, .repeats = 5, .cuda = t.stage_cuda,
-                                     .device = t.stage_device, .precision = t.precision, .layout = t.layout,
-                                     .progress = cb ? cb->on_profile : NULL, .user = cb ? cb->user : NULL};
-        st = gpo_status_of(gp_balance_run(&run, &prof, &rep, &m->err));
+        /* As gpo_balance does it; the report goes to on_balance. */
+        char devices[GPO_MAX_STAGES * 16] = "";
+        for (int k = 0; k < t.n_stages; k++)
+            snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%s:%d", k ? "," : "",
+                     t.stage_cuda[k] ? "cuda" : "cpu", t.stage_device[k]);
+        struct gpo_balance_options bo;
+        gpo_balance_options_init(&bo);
+        bo.devices = devices;
+        bo.by = !strcmp(auto_balance, "time") ? GPO_BALANCE_TIME : GPO_BALANCE_MEMORY;
+        bo.batch = t.batch;
+        bo.chunks = (int)t.chunks;
+        bo.checkpoint = c->checkpoint;
+        bo.schedule = c->pipeline_schedule;
+        bo.optimizer = c->optimizer;
+        bo.momentum = c->momentum;
+        bo.precision = c->precision;
+        bo.layout = c->layout;
+        bo.progress = cb ? cb->on_profile : NULL;
+        bo.user = cb ? cb->user : NULL;
+        const struct gpo_balance_report *rep = NULL;
+        st = gpo_balance(m, &bo, &rep);
         if (st == GPO_OK) {
-            gp_balance_counts(&rep.optimal, t.balance);
-            gp_profile_free(&prof);
+            for (int s = 0; s < rep->optimal.n_stages; s++) t.balance[s] = rep->optimal.balance[s];
+            if (cb && cb->on_balance) cb->on_balance(cb->user, &bo, rep);
         }
     }
-    if (st == GPO_OK && !(trained = temp_model(m)))
+    /* The trained model goes to save_path when given (written once), else
+     * to a temporary file of the context's; or nowhere when the caller
+     * discards it. */
+    bool keep = !c->discard_weights, temporary = keep && !c->save_path;
+    if (st == GPO_OK && keep && !(trained = temporary ? temp_model(m) : strdup(c->save_path)))
         st = gpo_fail(m, GPO_ERR_IO, "cannot make a temporary file for the trained model");
     if (st == GPO_OK) {
-        t.model_path = m->current;
-        t.save_path = trained;
+        if (keep) t.save_path = trained;
         struct relay relay = {.cb = cb, .result = &result};
         struct gp_train_callbacks tcb = {.user = &relay, .on_start = relay_start, .on_step = relay_step,
                                          .on_epoch = relay_epoch, .on_note = relay_note,
                                          .on_memory = relay_memory, .on_state = relay_state,
                                          .on_resume = relay_resume};
-        st = gpo_status_of(gp_train(&t, &train, paths[2] ? &val : NULL, &tcb, &m->err));
+        st = gpo_status_of(gp_train(&t, &train_set, paths[2] ? &val : NULL, &tcb, &m->err));
     }
-    if (st == GPO_OK && c->save_path) st = gpo_status_of(gp_onnx_save(trained, c->save_path, NULL, 0, &m->err));
     if (st == GPO_OK) {
-        /* The context now holds the trained weights. */
-        if (m->tmp) unlink(m->tmp);
-        free(m->tmp);
-        m->tmp = trained;
-        m->current = trained;
-        trained = NULL;
-        gpo_report_free(m);
-        st = gpo_reload(m);
         result.n_stages = t.n_stages;
         for (int s = 0; s < t.n_stages; s++) result.balance[s] = t.balance[s];
         if (out) *out = result;
     }
+    if (st == GPO_OK && keep) {
+        /* The context now holds the trained weights. */
+        if (m->tmp) unlink(m->tmp);
+        free(m->tmp);
+        free(m->saved);
+        m->tmp = temporary ? trained : NULL;
+        m->saved = temporary ? NULL : trained;
+        m->current = trained;
+        trained = NULL;
+        gpo_report_free(m);
+        st = gpo_reload(m);
+    }
     if (trained) {
-        unlink(trained);
+        if (temporary) unlink(trained);
         free(trained);
     }
     for (int k = 0; k < 4; k++) free(owned[k]);
-    gp_dataset_free(&train);
+    gp_dataset_free(&train_set);
     gp_dataset_free(&val);
     return st;
+}
+
+gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struct gpo_train_callbacks *cb,
+                     struct gpo_train_result *out)
+{
+    return train(m, c, cb, out);
+}
+
+gpo_status gpo_train_engine(gpo_model *m, const struct gpo_train_config *c, const struct gp_train_config *engine,
+                            const struct gpo_train_callbacks *cb, struct gpo_train_result *out)
+{
+    if (!m) return GPO_ERR_ARGUMENT;
+    gpo_begin(m);
+    struct gpo_train_result result = {0};
+    if (out) *out = result;
+    if (!c || !engine || !m->loaded) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train_engine: no configuration or model");
+    char *owned[4] = {0};
+    const char *paths[4];
+    struct gp_dataset train_set = {0}, val = {0};
+    gpo_status st = gather_data(m, c, owned, paths, &train_set, &val);
+    if (st == GPO_OK) {
+        struct relay relay = {.cb = cb, .result = &result};
+        struct gp_train_callbacks tcb = {.user = &relay, .on_start = relay_start, .on_step = relay_step,
+                                         .on_epoch = relay_epoch, .on_note = relay_note,
+                                         .on_memory = relay_memory, .on_state = relay_state,
+                                         .on_resume = relay_resume};
+        st = gpo_status_of(gp_train(engine, &train_set, paths[2] ? &val : NULL, &tcb, &m->err));
+    }
+    if (st == GPO_OK) {
+        result.n_stages = engine->n_stages;
+        for (int s = 0; s < engine->n_stages; s++) result.balance[s] = engine->balance[s];
+        if (out) *out = result;
+    }
+    for (int k = 0; k < 4; k++) free(owned[k]);
+    gp_dataset_free(&train_set);
+    gp_dataset_free(&val);
+    return st;
+}
+
+gpo_status gpo_train_engine_config(gpo_model *m, const struct gpo_train_config *c, struct gp_train_config *out)
+{
+    if (!m) return GPO_ERR_ARGUMENT;
+    gpo_begin(m);
+    if (!c || !m->loaded) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train_engine_config: no configuration or model");
+    const char *auto_balance;
+    return resolve(m, c, out, &auto_balance);
 }
 
 /* ---- predict and save ---- */
@@ -361,7 +455,8 @@ static gpo_status predict_dataset(gpo_model *m, struct gp_dataset *ds, const str
     if (st != GPO_OK) return st;
     if (n != 1) return gpo_fail(m, GPO_ERR_ARGUMENT, "predict runs on one device, not '%s'", o.device);
     const struct gp_device_ops *ops = gp_backend_find(cuda[0] ? "cuda" : "cpu");
-    if (!ops) return gpo_fail(m, GPO_ERR_UNSUPPORTED, "this build has no CUDA backend");
+    if (!ops)
+        return gpo_fail(m, GPO_ERR_UNSUPPORTED, "this build has no CUDA backend (rebuild with CUDA, or use --device cpu)");
     if (o.batch < 1) return gpo_fail(m, GPO_ERR_ARGUMENT, "predict: batch must be at least 1");
     struct gp_predict_options po = {.batch = o.batch, .training = o.batch_statistics,
                                     .precision = gpo_precision_of(o.precision), .device_ops = ops,
@@ -429,4 +524,15 @@ gpo_status gpo_save(gpo_model *m, const char *path)
     gpo_begin(m);
     if (!m->current || !path) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_save: no model or no path");
     return gpo_status_of(gp_onnx_save(m->current, path, NULL, 0, &m->err));
+}
+
+gpo_status gpo_tensor_write_npy(gpo_model *m, const struct gpo_tensor *t, const char *path)
+{
+    if (!m) return GPO_ERR_ARGUMENT;
+    gpo_begin(m);
+    if (!t || !path || (!t->data && t->rank) || t->rank < 0 || t->rank > GP_MAX_RANK)
+        return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_tensor_write_npy: no tensor or no path");
+    struct gp_shape shape = {.rank = t->rank};
+    for (int k = 0; k < t->rank; k++) shape.dims[k] = t->dims[k];
+    return gpo_status_of(gp_npy_write(path, GP_DTYPE_FLOAT32, &shape, t->data, &m->err));
 }

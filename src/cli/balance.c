@@ -1,19 +1,14 @@
 /* gpipe-onnx balance: profile each layer, split the layer list across
  * devices by time or memory, and explain the split. Also the report that
- * `train --balance time|memory` prints. */
-#include <errno.h>
+ * `train --balance time|memory` prints. Built on the public API
+ * (include/gpipe_onnx.h) alone. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "backend/backends.h"
 #include "cli/cli.h"
-#include "onnx/load.h"
-#include "partitioner/balance.h"
-#include "partitioner/report.h"
-#include "partitioner/run.h"
-#include "util/atomic_file.h"
+#include "gpipe_onnx.h"
 
 static void help(FILE *f)
 {
@@ -64,24 +59,23 @@ static void help(FILE *f)
           f);
 }
 
-static void progress(void *user, int done, int total)
+void gp_cli_balance_progress(void *user, int done, int total)
 {
-    bool tty = *(bool *)user;
-    if (tty) fprintf(stderr, "\rprofiling: pass %d/%d over the model", done, total);
-    if (tty && done == total) fputc('\n', stderr);
+    (void)user;
+    if (!isatty(STDERR_FILENO)) return;
+    fprintf(stderr, "\rprofiling: pass %d/%d over the model", done, total);
+    if (done == total) fputc('\n', stderr);
 }
 
-static const char *op_of(const struct gp_profile *p, int i) { return p->layers[i].op; }
-
-static void print_split(const char *name, const struct gp_profile *p, const struct gp_split_report *r,
+static void print_split(const char *name, const struct gpo_balance_report *p, const struct gpo_split *r,
                         bool by_time)
 {
     char a[32], b[32], c[32];
-    for (int s = 0; s < r->k; s++) {
-        const struct gp_stage_figures *f = &r->stages[s];
+    for (int s = 0; s < r->n_stages; s++) {
+        const struct gpo_stage *f = &r->stages[s];
         char range[32], ops[96];
-        snprintf(range, sizeof range, "%d-%d", f->first_layer, f->last_layer - 1);
-        snprintf(ops, sizeof ops, "%s .. %s", op_of(p, f->first_layer), op_of(p, f->last_layer - 1));
+        snprintf(range, sizeof range, "%d-%d", f->first_layer, f->last_layer);
+        snprintf(ops, sizeof ops, "%s .. %s", p->layers[f->first_layer].op, p->layers[f->last_layer].op);
         printf("%-10s %5d  %-9s %-38s %9.3f ms %10s %10s %10s\n", s ? "" : name, s, range, ops, f->time_ms,
                gp_cli_bytes(f->memory_bytes, a, sizeof a), gp_cli_bytes(f->frontier_in_bytes, b, sizeof b),
                gp_cli_bytes(f->frontier_out_bytes, c, sizeof c));
@@ -91,15 +85,15 @@ static void print_split(const char *name, const struct gp_profile *p, const stru
 }
 
 /* Bars of the optimal split's per-stage load: a picture of the balance. */
-static void print_bars(const struct gp_split_report *r, bool by_time)
+static void print_bars(const struct gpo_split *r, bool by_time)
 {
     double max = 0;
-    for (int s = 0; s < r->k; s++) {
+    for (int s = 0; s < r->n_stages; s++) {
         double v = by_time ? r->stages[s].time_ms : (double)r->stages[s].memory_bytes;
         if (v > max) max = v;
     }
     printf("load per stage (%s):\n", by_time ? "time per micro-batch" : "memory");
-    for (int s = 0; s < r->k; s++) {
+    for (int s = 0; s < r->n_stages; s++) {
         double v = by_time ? r->stages[s].time_ms : (double)r->stages[s].memory_bytes;
         int width = max > 0 ? (int)(48.0 * v / max + 0.5) : 0;
         printf("  stage %-3d |", s);
@@ -116,7 +110,7 @@ static void print_bars(const struct gp_split_report *r, bool by_time)
 
 /* Where the time goes: forward + backward time summed per op type, the
  * largest shares first (the first thing to read before optimizing). */
-static void print_time_by_op(const struct gp_profile *p, double total)
+static void print_time_by_op(const struct gpo_balance_report *p, double total)
 {
     if (!(total > 0) || p->n_layers == 0) return;
     struct op_time {
@@ -150,9 +144,9 @@ static void print_time_by_op(const struct gp_profile *p, double total)
     free(ops);
 }
 
-void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_report *r)
+void gp_cli_print_balance(const char *model, const struct gpo_balance_options *o, const struct gpo_balance_report *p)
 {
-    bool by_time = r->cfg.by == GP_BALANCE_TIME;
+    bool by_time = o->by == GPO_BALANCE_TIME;
     double total_f = 0, total_b = 0;
     for (int i = 0; i < p->n_layers; i++) {
         total_f += p->layers[i].forward_ms;
@@ -160,7 +154,7 @@ void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_re
     }
     printf("profile: %s on %s, micro-batch %lld, %d layers: forward %.3f ms, backward %.3f ms per "
            "micro-batch; frontier copies at %.1f GB/s\n",
-           p->model, p->device, (long long)p->micro_batch, p->n_layers, total_f, total_b, p->copy_gbps);
+           model, p->device, (long long)p->micro_batch, p->n_layers, total_f, total_b, p->copy_gbps);
     /* The heaviest layers, which decide where the cuts can go. */
     int top[5] = {-1, -1, -1, -1, -1};
     for (int i = 0; i < p->n_layers; i++) {
@@ -180,60 +174,26 @@ void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_re
     printf("\n");
     print_time_by_op(p, total_f + total_b);
     printf("\nbalance by %s: %d stages, batch %lld in %d micro-batches, %s schedule, checkpoint %s\n\n",
-           by_time ? "time" : "memory", r->cfg.n_stages, (long long)r->cfg.batch, r->cfg.n_micro,
-           gp_pipe_schedule_name(r->cfg.schedule), gp_checkpoint_name(r->cfg.checkpoint));
+           by_time ? "time" : "memory", p->optimal.n_stages, (long long)o->batch, o->chunks,
+           gpo_pipeline_schedule_name(o->schedule), gpo_checkpoint_name(o->checkpoint));
     printf("%-10s %5s  %-9s %-38s %12s %10s %10s %10s\n", "split", "stage", "layers", "first .. last op",
            "time/micro", "memory", "in", "out");
-    print_split("optimal", p, &r->optimal, by_time);
-    print_split("even", p, &r->even, by_time);
-    print_split("heuristic", p, &r->heuristic, by_time);
-    print_bars(&r->optimal, by_time);
-    printf("bubble %.1f%% with %d micro-batches; suggested --chunks %d\n", 100 * r->bubble, r->cfg.n_micro,
-           r->suggested_chunks);
-}
-
-/* Profiles (or loads a profile) and balances; shared with train. */
-gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
-                                     const bool *cuda, const int *device, enum gp_precision precision,
-                                     enum gp_layout_policy layout, const char *profile_in,
-                                     const char *profile_out, bool quiet, struct gp_profile *prof,
-                                     struct gp_balance_report *rep, struct gp_error *err)
-{
-    bool tty = !quiet && isatty(STDERR_FILENO);
-    struct gp_balance_run run = {.model = model, .cfg = bc, .repeats = repeats, .cuda = cuda, .device = device,
-                                 .precision = precision, .layout = layout, .profile_in = profile_in,
-                                 .profile_out = profile_out, .progress = quiet ? NULL : progress, .user = &tty};
-    return gp_balance_run(&run, prof, rep, err);
-}
-
-/* The picture, with the layers' names from the model (loaded again: the
- * profile keeps only their ops). */
-static gp_status write_svg(const char *path, const char *model, const struct gp_profile *prof,
-                           const struct gp_balance_report *rep, struct gp_error *err)
-{
-    struct gp_graph g;
-    GP_TRY(gp_onnx_load(model, prof->micro_batch, &g, err));
-    const char **names = calloc((size_t)prof->n_layers + 1, sizeof *names);
-    gp_status st = names ? GP_OK : gp_error_set(err, GP_ERR_NOMEM, "out of memory writing '%s'", path);
-    for (int i = 0; st == GP_OK && i < prof->n_layers && i < g.n_nodes; i++) names[i] = g.nodes[i].name;
-    if (st == GP_OK) st = gp_balance_svg_write(path, prof, rep, names, err);
-    free(names);
-    gp_graph_free(&g);
-    return st;
+    print_split("optimal", p, &p->optimal, by_time);
+    print_split("even", p, &p->even, by_time);
+    print_split("heuristic", p, &p->heuristic, by_time);
+    print_bars(&p->optimal, by_time);
+    printf("bubble %.1f%% with %d micro-batches; suggested --chunks %d\n", 100 * p->bubble, o->chunks,
+           p->suggested_chunks);
 }
 
 int gp_cmd_balance(int argc, char **argv)
 {
-    const char *model = NULL, *json = NULL, *svg = NULL, *pin = NULL, *pout = NULL, *devices = NULL;
-    struct gp_balance_config bc = {.by = GP_BALANCE_TIME, .batch = 32, .n_micro = 1,
-                                   .checkpoint = GP_CHECKPOINT_EXCEPT_LAST};
-    int64_t repeats = 5;
+    const char *model = NULL, *json = NULL, *svg = NULL, *layout = NULL;
+    struct gpo_balance_options bo;
+    gpo_balance_options_init(&bo);
+    int n_devices = 0;
     bool cuda[GP_CLI_MAX_DEVICES] = {0};
     int device[GP_CLI_MAX_DEVICES] = {0};
-    bool adamw = false;
-    double momentum = 0;
-    enum gp_precision precision = GP_PRECISION_FP32;
-    enum gp_layout_policy layout = GP_LAYOUT_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -248,47 +208,48 @@ int gp_cmd_balance(int argc, char **argv)
         if (takes && !v) return gp_cli_usage("balance", "%s needs a value", a);
         if (takes) i++;
         if (!strcmp(a, "--devices")) {
-            devices = v;
-            if (!gp_cli_parse_devices("balance", v, &bc.n_stages, cuda, device)) return GP_EXIT_USAGE;
+            bo.devices = v;
+            if (!gp_cli_parse_devices("balance", v, &n_devices, cuda, device)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--by")) {
-            if (!strcmp(v, "time")) bc.by = GP_BALANCE_TIME;
-            else if (!strcmp(v, "memory")) bc.by = GP_BALANCE_MEMORY;
+            if (!strcmp(v, "time")) bo.by = GPO_BALANCE_TIME;
+            else if (!strcmp(v, "memory")) bo.by = GPO_BALANCE_MEMORY;
             else return gp_cli_usage("balance", "--by is time or memory (got '%s')", v);
         } else if (!strcmp(a, "--batch")) {
-            if (!gp_cli_parse_int("balance", a, v, 1, (int64_t)1 << 31, &bc.batch)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_int("balance", a, v, 1, (int64_t)1 << 31, &bo.batch)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--chunks")) {
             int64_t m;
             if (!gp_cli_parse_int("balance", a, v, 1, 1 << 20, &m)) return GP_EXIT_USAGE;
-            bc.n_micro = (int)m;
+            bo.chunks = (int)m;
         } else if (!strcmp(a, "--checkpoint")) {
-            if (!strcmp(v, "always")) bc.checkpoint = GP_CHECKPOINT_ALWAYS;
-            else if (!strcmp(v, "except_last")) bc.checkpoint = GP_CHECKPOINT_EXCEPT_LAST;
-            else if (!strcmp(v, "never")) bc.checkpoint = GP_CHECKPOINT_NEVER;
-            else return gp_cli_usage("balance", "--checkpoint is always, except_last or never");
+            if (!gpo_checkpoint_parse(v, &bo.checkpoint))
+                return gp_cli_usage("balance", "--checkpoint is always, except_last or never");
         } else if (!strcmp(a, "--pipeline-schedule")) {
-            if (!gp_pipe_schedule_parse(v, &bc.schedule))
+            if (!gpo_pipeline_schedule_parse(v, &bo.schedule))
                 return gp_cli_usage("balance", "--pipeline-schedule is gpipe or 1f1b (got '%s')", v);
         } else if (!strcmp(a, "--json")) {
             json = v;
         } else if (!strcmp(a, "--svg")) {
             svg = v;
         } else if (!strcmp(a, "--profile-in")) {
-            pin = v;
+            bo.profile_in = v;
         } else if (!strcmp(a, "--profile-out")) {
-            pout = v;
+            bo.profile_out = v;
         } else if (!strcmp(a, "--repeats")) {
-            if (!gp_cli_parse_int("balance", a, v, 1, 1000, &repeats)) return GP_EXIT_USAGE;
+            int64_t r;
+            if (!gp_cli_parse_int("balance", a, v, 1, 1000, &r)) return GP_EXIT_USAGE;
+            bo.repeats = (int)r;
         } else if (!strcmp(a, "--optimizer")) {
             if (strcmp(v, "sgd") && strcmp(v, "adamw")) return gp_cli_usage("balance", "--optimizer is sgd or adamw");
-            adamw = !strcmp(v, "adamw");
+            bo.optimizer = !strcmp(v, "adamw") ? GPO_OPTIMIZER_ADAMW : GPO_OPTIMIZER_SGD;
         } else if (!strcmp(a, "--precision")) {
-            if (!gp_precision_parse(v, &precision))
+            if (!gpo_precision_parse(v, &bo.precision))
                 return gp_cli_usage("balance", "--precision takes fp32, tf32 or bf16, not '%s'", v);
         } else if (!strcmp(a, "--layout")) {
-            if (!gp_layout_policy_parse(v, &layout))
+            if (!gpo_layout_parse(v, &bo.layout))
                 return gp_cli_usage("balance", "--layout takes auto, nchw or nhwc, not '%s'", v);
+            layout = bo.layout == GPO_LAYOUT_NCHW ? "nchw" : bo.layout == GPO_LAYOUT_NHWC ? "nhwc" : NULL;
         } else if (!strcmp(a, "--momentum")) {
-            momentum = atof(v);
+            bo.momentum = atof(v);
         } else if (a[0] == '-' && a[1]) {
             return gp_cli_usage("balance", "unknown option '%s'", a);
         } else if (!model) {
@@ -298,32 +259,36 @@ int gp_cmd_balance(int argc, char **argv)
         }
     }
     if (!model) return gp_cli_usage("balance", "no model given");
-    if (bc.n_stages < 1) return gp_cli_usage("balance", "--devices is required (one device per stage)");
-    if (bc.batch % bc.n_micro)
-        return gp_cli_usage("balance", "--chunks %d does not divide --batch %lld", bc.n_micro, (long long)bc.batch);
-    if (pin && pout) return gp_cli_usage("balance", "--profile-in and --profile-out exclude each other");
-    bc.optim_state_floats = adamw ? 2 : momentum > 0 ? 1 : 0;
+    if (n_devices < 1) return gp_cli_usage("balance", "--devices is required (one device per stage)");
+    if (bo.batch % bo.chunks)
+        return gp_cli_usage("balance", "--chunks %d does not divide --batch %lld", bo.chunks, (long long)bo.batch);
+    if (bo.profile_in && bo.profile_out)
+        return gp_cli_usage("balance", "--profile-in and --profile-out exclude each other");
+    bo.progress = gp_cli_balance_progress;
 
-    struct gp_profile prof;
-    struct gp_balance_report rep;
-    struct gp_error err = {0};
+    gpo_model *m = NULL;
+    const struct gpo_balance_report *rep = NULL;
     /* The outputs are checked before the profiling, which takes a while. */
-    const char *outputs[3] = {json, svg, pout};
-    for (int k = 0; k < 3; k++)
-        if (outputs[k] && gp_atomic_check(outputs[k], &err) != GP_OK) return gp_cli_fail("%s", err.msg);
-    if (gp_cli_profile_and_balance(model, &bc, (int)repeats, cuda, device, precision, layout, pin, pout, false, &prof,
-                                   &rep, &err) != GP_OK)
-        return gp_cli_fail("%s", err.msg);
-    gp_cli_print_balance(&prof, &rep);
-    printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s%s%s%s --balance ", model,
-           (long long)bc.batch, bc.n_micro, devices, bc.schedule == GP_PIPE_1F1B ? " --pipeline-schedule 1f1b" : "",
-           layout != GP_LAYOUT_AUTO ? " --layout " : "", layout != GP_LAYOUT_AUTO ? gp_layout_policy_name(layout) : "");
-    for (int s = 0; s < rep.optimal.k; s++) printf("%s%d", s ? "," : "", rep.optimal.stages[s].last_layer - rep.optimal.stages[s].first_layer);
-    printf("\n");
+    const char *outputs[3] = {json, svg, bo.profile_out};
     int status = GP_EXIT_OK;
-    if (json && gp_balance_json_write(json, &prof, &rep, &err) != GP_OK) status = gp_cli_fail("%s", err.msg);
-    if (status == GP_EXIT_OK && svg && write_svg(svg, model, &prof, &rep, &err) != GP_OK)
-        status = gp_cli_fail("%s", err.msg);
-    gp_profile_free(&prof);
+    gpo_status st = gpo_open(model, NULL, &m);
+    for (int k = 0; k < 3 && st == GPO_OK; k++)
+        if (outputs[k]) st = gpo_check_output(m, outputs[k]);
+    if (st == GPO_OK) st = gpo_balance(m, &bo, &rep);
+    if (st != GPO_OK) {
+        status = gp_cli_fail("%s", gpo_last_error(m));
+        gpo_close(m);
+        return status;
+    }
+    gp_cli_print_balance(model, &bo, rep);
+    printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s%s%s%s --balance ", model,
+           (long long)bo.batch, bo.chunks, bo.devices, bo.schedule == GPO_PIPELINE_1F1B ? " --pipeline-schedule 1f1b" : "",
+           layout ? " --layout " : "", layout ? layout : "");
+    for (int s = 0; s < rep->optimal.n_stages; s++) printf("%s%d", s ? "," : "", rep->optimal.balance[s]);
+    printf("\n");
+    if (json && gpo_balance_write_json(m, json) != GPO_OK) status = gp_cli_fail("%s", gpo_last_error(m));
+    if (status == GP_EXIT_OK && svg && gpo_balance_write_svg(m, svg) != GPO_OK)
+        status = gp_cli_fail("%s", gpo_last_error(m));
+    gpo_close(m);
     return status;
 }

@@ -23,18 +23,13 @@ int gp_cmd_train(int argc, char **argv);
 int gp_cmd_predict(int argc, char **argv);
 int gp_cmd_balance(int argc, char **argv);
 
-struct gp_profile;
-struct gp_balance_report;
-struct gp_balance_config;
-/* Profile (or load one) and balance: shared by balance and train. */
-/* Profiles on the stages' device type: the first GPU of the list when
- * there is one (copies timed to the next distinct GPU), else the CPU. */
-gp_status gp_cli_profile_and_balance(const char *model, const struct gp_balance_config *bc, int repeats,
-                               const bool *cuda, const int *device, enum gp_precision precision,
-                               enum gp_layout_policy layout, const char *profile_in,
-                               const char *profile_out, bool quiet, struct gp_profile *prof,
-                               struct gp_balance_report *rep, struct gp_error *err);
-void gp_cli_print_balance(const struct gp_profile *p, const struct gp_balance_report *r);
+struct gpo_balance_options;
+struct gpo_balance_report;
+/* The balance report for people (balance, and train --balance time|memory). */
+void gp_cli_print_balance(const char *model, const struct gpo_balance_options *o,
+                          const struct gpo_balance_report *r);
+/* Profiling passes on stderr when it is a terminal. */
+void gp_cli_balance_progress(void *user, int done, int total);
 
 /* "gpipe-onnx: error: ..." on stderr; returns GP_EXIT_FAIL. */
 int gp_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -6,9 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef GP_HAVE_CUDA
-#include "backend/cuda/device_query.h"
-#endif
+#include "gpipe_onnx.h"
 
 int gp_cli_fail(const char *fmt, ...)
 {
@@ -77,14 +75,8 @@ const char *gp_cli_count(int64_t n, char *buf, int size)
 
 int gp_cli_gpu_count(void)
 {
-#ifdef GP_HAVE_CUDA
-    struct gp_cuda_device devs[1];
-    struct gp_error err = {0};
-    int count = 0;
-    return gp_cuda_devices(devs, 1, &count, &err) == GP_OK ? count : 0;
-#else
-    return 0;
-#endif
+    int count = gpo_gpus(NULL, 0, NULL, 0);
+    return count > 0 ? count : 0;
 }
 
 bool gp_cli_parse_devices(const char *command, const char *list, int *n_out, bool *cuda, int *index)

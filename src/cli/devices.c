@@ -1,12 +1,10 @@
-/* gpipe-onnx devices: what this build can train on. */
+/* gpipe-onnx devices: what this build can train on. Built on the public
+ * API (include/gpipe_onnx.h) alone. */
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli/cli.h"
-#ifdef GP_HAVE_CUDA
-#include "backend/cuda/device_query.h"
-#endif
+#include "gpipe_onnx.h"
 
 static void help(FILE *f)
 {
@@ -26,27 +24,25 @@ int gp_cmd_devices(int argc, char **argv)
         }
         return gp_cli_usage("devices", "unknown argument '%s'", argv[i]);
     }
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("cpu      %ld cores\n", cores);
-#ifdef GP_HAVE_CUDA
-    struct gp_error err = {0};
-    struct gp_cuda_versions ver;
-    gp_cuda_versions(&ver, &err);
-    printf("cuda     runtime %d, driver %d, cuBLAS %d, cuDNN %zu\n", ver.runtime, ver.driver,
-           ver.cublas, ver.cudnn);
-    struct gp_cuda_device devs[64];
-    int count = 0;
-    if (gp_cuda_devices(devs, 64, &count, &err) != GP_OK) return gp_cli_fail("%s", err.msg);
+    struct gpo_system sys;
+    gpo_system_info(&sys);
+    printf("cpu      %d cores\n", sys.cpu_cores);
+    if (!sys.cuda) {
+        printf("cuda     not built (configure with -Dcuda=enabled on a machine with nvcc)\n");
+        return GP_EXIT_OK;
+    }
+    printf("cuda     runtime %d, driver %d, cuBLAS %d, cuDNN %lld\n", sys.cuda_runtime, sys.cuda_driver, sys.cublas,
+           (long long)sys.cudnn);
+    struct gpo_gpu gpus[64];
+    char why[1024];
+    int count = gpo_gpus(gpus, 64, why, sizeof why);
+    if (count < 0) return gp_cli_fail("%s", why);
     if (!count) printf("cuda     no GPU visible\n");
     for (int i = 0; i < count && i < 64; i++) {
         char a[32], b[32];
-        printf("cuda:%d   %s, sm_%d%d, %d SMs, %s free of %s\n", i, devs[i].name, devs[i].major,
-               devs[i].minor, devs[i].multiprocessors,
-               gp_cli_bytes((int64_t)devs[i].free_bytes, a, sizeof a),
-               gp_cli_bytes((int64_t)devs[i].total_bytes, b, sizeof b));
+        printf("cuda:%d   %s, sm_%d%d, %d SMs, %s free of %s\n", i, gpus[i].name, gpus[i].major, gpus[i].minor,
+               gpus[i].multiprocessors, gp_cli_bytes(gpus[i].free_bytes, a, sizeof a),
+               gp_cli_bytes(gpus[i].total_bytes, b, sizeof b));
     }
-#else
-    printf("cuda     not built (configure with -Dcuda=enabled on a machine with nvcc)\n");
-#endif
     return GP_EXIT_OK;
 }

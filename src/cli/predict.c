@@ -1,12 +1,11 @@
-/* gpipe-onnx predict: a model's outputs for the samples of a .npy file. */
+/* gpipe-onnx predict: a model's outputs for the samples of a .npy file.
+ * Built on the public API (include/gpipe_onnx.h) alone. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backends.h"
 #include "cli/cli.h"
-#include "data/npy.h"
-#include "train/predict.h"
+#include "gpipe_onnx.h"
 
 static void help(FILE *f)
 {
@@ -31,12 +30,8 @@ static void help(FILE *f)
 int gp_cmd_predict(int argc, char **argv)
 {
     const char *model = NULL, *data = NULL, *output = NULL;
-    int64_t batch = 32;
-    bool training = false;
-    enum gp_precision precision = GP_PRECISION_FP32;
-    enum gp_layout_policy layout = GP_LAYOUT_AUTO;
-    bool cuda[GP_CLI_MAX_DEVICES] = {false};
-    int device[GP_CLI_MAX_DEVICES] = {0};
+    struct gpo_predict_options po;
+    gpo_predict_options_init(&po);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -45,27 +40,29 @@ int gp_cmd_predict(int argc, char **argv)
         } else if (!strcmp(a, "--mode")) {
             if (!v || (strcmp(v, "eval") && strcmp(v, "train")))
                 return gp_cli_usage("predict", "--mode is eval or train (got '%s')", v ? v : "");
-            training = !strcmp(v, "train");
+            po.batch_statistics = !strcmp(v, "train");
             i++;
         } else if (!strcmp(a, "--precision")) {
-            if (!v || !gp_precision_parse(v, &precision))
+            if (!gpo_precision_parse(v, &po.precision))
                 return gp_cli_usage("predict", "--precision takes fp32, tf32 or bf16, not '%s'", v ? v : "");
             i++;
         } else if (!strcmp(a, "--layout")) {
-            if (!v || !gp_layout_policy_parse(v, &layout))
+            if (!gpo_layout_parse(v, &po.layout))
                 return gp_cli_usage("predict", "--layout takes auto, nchw or nhwc, not '%s'", v ? v : "");
             i++;
         } else if (!strcmp(a, "--device")) {
-            int n = 0;
+            bool cuda[GP_CLI_MAX_DEVICES];
+            int device[GP_CLI_MAX_DEVICES], n = 0;
             if (!gp_cli_parse_devices("predict", v, &n, cuda, device)) return GP_EXIT_USAGE;
             if (n != 1) return gp_cli_usage("predict", "--device takes one device (got '%s')", v);
+            po.device = v;
             i++;
         } else if (!strcmp(a, "--data") || !strcmp(a, "--output") || !strcmp(a, "--batch")) {
             if (!v) return gp_cli_usage("predict", "%s needs a value", a);
             i++;
             if (a[2] == 'd') data = v;
             else if (a[2] == 'o') output = v;
-            else if (!gp_cli_parse_int("predict", a, v, 1, (int64_t)1 << 31, &batch)) return GP_EXIT_USAGE;
+            else if (!gp_cli_parse_int("predict", a, v, 1, (int64_t)1 << 31, &po.batch)) return GP_EXIT_USAGE;
         } else if (a[0] == '-' && a[1]) {
             return gp_cli_usage("predict", "unknown option '%s'", a);
         } else if (!model) {
@@ -76,22 +73,13 @@ int gp_cmd_predict(int argc, char **argv)
     }
     if (!model || !data || !output)
         return gp_cli_usage("predict", "needs a model, --data and --output");
-    const struct gp_device_ops *ops = gp_backend_find(cuda[0] ? "cuda" : "cpu");
-    if (!ops) return gp_cli_fail("this build has no CUDA backend (rebuild with CUDA, or use --device cpu)");
-    struct gp_predict_options po = {
-        .batch = batch, .training = training, .precision = precision, .device_ops = ops, .device_index = device[0],
-        .channels_last = gp_layout_policy_on(layout, cuda[0])};
-    struct gp_error err = {0};
-    struct gp_npy x = {0};
-    struct gp_dataset ds = {0};
-    struct gp_tensor y = {0};
+    gpo_model *m = NULL;
+    struct gpo_tensor y = {0};
     int status = GP_EXIT_OK;
-    if (gp_npy_read(data, &x, &err) != GP_OK || gp_dataset_from_arrays(model, &x, NULL, &ds, &err) != GP_OK ||
-        gp_predict(model, &ds, &po, &y, &err) != GP_OK ||
-        gp_npy_write(output, y.dtype, &y.shape, y.data, &err) != GP_OK)
-        status = gp_cli_fail("%s", err.msg);
-    free(y.data);
-    gp_dataset_free(&ds);
-    gp_npy_free(&x);
+    if (gpo_open(model, NULL, &m) != GPO_OK || gpo_check_output(m, output) != GPO_OK ||
+        gpo_predict_file(m, data, &po, &y) != GPO_OK || gpo_tensor_write_npy(m, &y, output) != GPO_OK)
+        status = gp_cli_fail("%s", gpo_last_error(m));
+    gpo_tensor_free(&y);
+    gpo_close(m);
     return status;
 }

@@ -1,5 +1,7 @@
 /* gpipe-onnx train: train a model on .npy data (or synthetic data) and save
- * the trained model back to ONNX. */
+ * the trained model back to ONNX. Built on the public API
+ * (include/gpipe_onnx.h); `--pipeline` across processes through its private
+ * part (src/api/private.h) and src/dist/. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,14 +9,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "api/private.h"
 #include "cli/cli.h"
-#include "data/npy.h"
-#include "graph/exporter.h"
-#include "graph/graph.h"
-#include "onnx/load.h"
-#include "partitioner/balance.h"
+#include "gpipe_onnx.h"
 #include "train/state.h"
-#include "train/trainer.h"
 #include "util/atomic_file.h"
 
 static void help(FILE *f)
@@ -198,8 +196,8 @@ struct progress {
     bool tty, quiet;
     bool mute; /* a rank other than 0: not even the validation results */
     FILE *metrics;
+    const char *model;
     int64_t total, per_epoch;
-    int64_t last_printed;
 };
 
 static void on_start(void *user, int64_t total, int64_t per_epoch, const char *summary)
@@ -210,7 +208,7 @@ static void on_start(void *user, int64_t total, int64_t per_epoch, const char *s
     if (!p->quiet) fprintf(stderr, "%s\n", summary);
 }
 
-static void on_step(void *user, const struct gp_step_report *r)
+static void on_step(void *user, const struct gpo_step_info *r)
 {
     struct progress *p = user;
     double rate = r->seconds > 0 ? (double)r->samples / r->seconds : 0;
@@ -236,7 +234,7 @@ static void on_step(void *user, const struct gp_step_report *r)
     }
 }
 
-static void on_epoch(void *user, const struct gp_epoch_report *r)
+static void on_epoch(void *user, const struct gpo_epoch_info *r)
 {
     struct progress *p = user;
     if (p->metrics && r->has_val) {
@@ -256,7 +254,7 @@ static void on_epoch(void *user, const struct gp_epoch_report *r)
     fflush(stdout);
 }
 
-static void on_memory(void *user, const struct gp_stage_memory_report *r)
+static void on_memory(void *user, const struct gpo_stage_memory *r)
 {
     struct progress *p = user;
     if (p->quiet) return;
@@ -265,12 +263,12 @@ static void on_memory(void *user, const struct gp_stage_memory_report *r)
         fprintf(stderr, "%-6s %-10s %-8s %12s %12s %12s %12s %12s\n", "stage", "layers", "device",
                 "parameters", "optimizer", "activations", "act. peak", "planned");
     char layers[32];
-    snprintf(layers, sizeof layers, "%d-%d", r->first_layer, r->last_layer - 1);
+    snprintf(layers, sizeof layers, "%d-%d", r->first_layer, r->last_layer);
     char device[32];
     snprintf(device, sizeof device, "%s:%d", r->backend ? r->backend : "cpu", r->device);
     fprintf(stderr, "%-6d %-10s %-8s %12s %12s %12s %12s %12s\n", r->stage, layers, device,
-            gp_cli_bytes(r->param_bytes, a, sizeof a), gp_cli_bytes(r->optim_bytes, b, sizeof b),
-            gp_cli_bytes(r->activation_bytes, c, sizeof c), gp_cli_bytes(r->activation_peak, d, sizeof d),
+            gp_cli_bytes(r->param_bytes, a, sizeof a), gp_cli_bytes(r->optimizer_bytes, b, sizeof b),
+            gp_cli_bytes(r->activation_bytes, c, sizeof c), gp_cli_bytes(r->activation_peak_bytes, d, sizeof d),
             gp_cli_bytes(r->planned_bytes, e, sizeof e));
 }
 
@@ -291,6 +289,12 @@ static void on_resume(void *user, const char *path, int64_t step, int64_t total)
     struct progress *p = user;
     if (!p->quiet)
         fprintf(stderr, "resumed from %s (step %lld of %lld)\n", path, (long long)step, (long long)total);
+}
+
+static void on_balance(void *user, const struct gpo_balance_options *o, const struct gpo_balance_report *r)
+{
+    struct progress *p = user;
+    if (!p->quiet) gp_cli_print_balance(p->model, o, r);
 }
 
 /* ---- options ---- */
@@ -328,8 +332,8 @@ static bool parse_double(const char *opt, const char *text, double min, double *
     return true;
 }
 
-/* "4,4,5": layers per stage. */
-static bool parse_balance(const char *list, struct gp_train_config *cfg, int *count)
+/* "4,4,5": layers per stage; *count gets how many. */
+static bool parse_balance(const char *list, int *count)
 {
     int n = 0;
     const char *p = list ? list : "";
@@ -341,7 +345,7 @@ static bool parse_balance(const char *list, struct gp_train_config *cfg, int *co
                          list ? list : "");
             return false;
         }
-        cfg->balance[n++] = (int)v;
+        n++;
         p = *end ? end + 1 : end;
     }
     if (!n) {
@@ -352,41 +356,19 @@ static bool parse_balance(const char *list, struct gp_train_config *cfg, int *co
     return true;
 }
 
-/* A path from the model's metadata, resolved in the model's folder; refuses
- * absolute paths and '..' so metadata cannot point outside that folder. */
-static char *metadata_path(const struct gp_graph *g, const char *model, const char *key)
-{
-    const char *rel = gp_graph_metadata(g, key);
-    if (!rel || !*rel) return NULL;
-    if (rel[0] == '/' || strstr(rel, "..")) return NULL;
-    const char *slash = strrchr(model, '/');
-    size_t dir = slash ? (size_t)(slash - model + 1) : 0;
-    char *p = malloc(dir + strlen(rel) + 1);
-    if (!p) return NULL;
-    memcpy(p, model, dir);
-    strcpy(p + dir, rel);
-    return p;
-}
-
-static gp_status load_array(const char *path, const char *what, struct gp_npy *a, struct gp_error *err)
-{
-    gp_status st = gp_npy_read(path, a, err);
-    if (st != GP_OK) gp_error_prefix(err, "%s: ", what);
-    return st;
-}
-
 int gp_cmd_train(int argc, char **argv)
 {
-    struct gp_train_config cfg;
-    gp_train_config_defaults(&cfg);
-    const char *data = NULL, *labels = NULL, *val_data = NULL, *val_labels = NULL;
-    const char *metrics = NULL;
+    struct gpo_train_config tc;
+    gpo_train_config_init(&tc);
+    const char *model = NULL, *metrics = NULL;
     int64_t synthetic = -1;
-    int n_balance = 0;
+    int n_balance = 0, n_stages = 0;
+    bool cuda[GP_CLI_MAX_DEVICES] = {0};
+    int device[GP_CLI_MAX_DEVICES] = {0};
     const char *auto_balance = NULL;
     bool devices_set = false;
-    bool quiet = false, mute = false, lr_set = false, wd_set = false, batch_set = false, epochs_set = false,
-         opt_set = false, keep_set = false;
+    bool quiet = false, mute = false, lr_set = false, batch_set = false, epochs_set = false, opt_set = false,
+         keep_set = false;
     int pipeline = 0; /* --pipeline P: one rank of a job; 0: one process */
     double comm_timeout = 300;
     int64_t bucket_kib = 1024;
@@ -401,101 +383,99 @@ int gp_cmd_train(int argc, char **argv)
             help(stdout);
             return GP_EXIT_OK;
         } else if (!strcmp(a, "--data")) {
-            data = TAKE();
+            tc.data = TAKE();
         } else if (!strcmp(a, "--labels")) {
-            labels = TAKE();
+            tc.labels = TAKE();
         } else if (!strcmp(a, "--val-data")) {
-            val_data = TAKE();
+            tc.val_data = TAKE();
         } else if (!strcmp(a, "--val-labels")) {
-            val_labels = TAKE();
+            tc.val_labels = TAKE();
         } else if (!strcmp(a, "--synthetic")) {
             synthetic = 0;
             if (v && v[0] >= '0' && v[0] <= '9' &&
                 !gp_cli_parse_int("train", "--synthetic", TAKE(), 1, (int64_t)1 << 40, &synthetic))
                 return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--batch")) {
-            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 31, &cfg.batch)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 31, &tc.batch)) return GP_EXIT_USAGE;
             batch_set = true;
         } else if (!strcmp(a, "--chunks")) {
-            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 20, &cfg.chunks)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 20, &tc.chunks)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--epochs")) {
-            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 31, &cfg.epochs)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 31, &tc.epochs)) return GP_EXIT_USAGE;
             epochs_set = true;
         } else if (!strcmp(a, "--steps")) {
-            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 40, &cfg.steps)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 40, &tc.steps)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--seed")) {
             int64_t s;
             if (!gp_cli_parse_int("train", a, TAKE(), 0, INT64_MAX, &s)) return GP_EXIT_USAGE;
-            cfg.seed = (uint64_t)s;
+            tc.seed = (uint64_t)s;
         } else if (!strcmp(a, "--no-shuffle")) {
-            cfg.shuffle = false;
+            tc.no_shuffle = 1;
         } else if (!strcmp(a, "--optimizer")) {
             const char *o = TAKE();
-            if (o && !strcmp(o, "sgd")) cfg.optimizer = GP_OPT_SGD;
-            else if (o && !strcmp(o, "adamw")) cfg.optimizer = GP_OPT_ADAMW;
+            if (o && !strcmp(o, "sgd")) tc.optimizer = GPO_OPTIMIZER_SGD;
+            else if (o && !strcmp(o, "adamw")) tc.optimizer = GPO_OPTIMIZER_ADAMW;
             else return gp_cli_usage("train", "--optimizer is sgd or adamw (got '%s')", o ? o : "");
             opt_set = true;
         } else if (!strcmp(a, "--lr")) {
-            if (!parse_double(a, TAKE(), 0, &cfg.lr)) return GP_EXIT_USAGE;
+            if (!parse_double(a, TAKE(), 0, &tc.lr)) return GP_EXIT_USAGE;
             lr_set = true;
         } else if (!strcmp(a, "--momentum")) {
-            if (!parse_double(a, TAKE(), 0, &cfg.momentum)) return GP_EXIT_USAGE;
+            if (!parse_double(a, TAKE(), 0, &tc.momentum)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--nesterov")) {
-            cfg.nesterov = true;
+            tc.nesterov = 1;
         } else if (!strcmp(a, "--weight-decay")) {
-            if (!parse_double(a, TAKE(), 0, &cfg.weight_decay)) return GP_EXIT_USAGE;
-            wd_set = true;
+            if (!parse_double(a, TAKE(), 0, &tc.weight_decay)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--beta1")) {
-            if (!parse_double(a, TAKE(), 0, &cfg.beta1)) return GP_EXIT_USAGE;
+            if (!parse_double(a, TAKE(), 0, &tc.beta1)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--beta2")) {
-            if (!parse_double(a, TAKE(), 0, &cfg.beta2)) return GP_EXIT_USAGE;
+            if (!parse_double(a, TAKE(), 0, &tc.beta2)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--eps")) {
-            if (!parse_double(a, TAKE(), 0, &cfg.eps)) return GP_EXIT_USAGE;
+            if (!parse_double(a, TAKE(), 0, &tc.eps)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--schedule")) {
             const char *s = TAKE();
-            if (s && !strcmp(s, "constant")) cfg.schedule = GP_SCHED_CONSTANT;
-            else if (s && !strcmp(s, "step")) cfg.schedule = GP_SCHED_STEP;
-            else if (s && !strcmp(s, "cosine")) cfg.schedule = GP_SCHED_COSINE;
+            if (s && !strcmp(s, "constant")) tc.lr_schedule = GPO_LR_CONSTANT;
+            else if (s && !strcmp(s, "step")) tc.lr_schedule = GPO_LR_STEP;
+            else if (s && !strcmp(s, "cosine")) tc.lr_schedule = GPO_LR_COSINE;
             else return gp_cli_usage("train", "--schedule is constant, step or cosine (got '%s')", s ? s : "");
         } else if (!strcmp(a, "--warmup-steps")) {
-            if (!gp_cli_parse_int("train", a, TAKE(), 0, (int64_t)1 << 40, &cfg.warmup_steps)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_int("train", a, TAKE(), 0, (int64_t)1 << 40, &tc.warmup_steps)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--step-size")) {
-            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 40, &cfg.step_size)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 40, &tc.step_size)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--gamma")) {
-            if (!parse_double(a, TAKE(), 0, &cfg.gamma)) return GP_EXIT_USAGE;
+            if (!parse_double(a, TAKE(), 0, &tc.gamma)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--min-lr")) {
-            if (!parse_double(a, TAKE(), 0, &cfg.min_lr)) return GP_EXIT_USAGE;
+            if (!parse_double(a, TAKE(), 0, &tc.min_lr)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--torch-arithmetic")) {
             const char *t = TAKE();
-            if (t && !strcmp(t, "1.13")) cfg.torch_1_13 = true;
-            else if (t && !strcmp(t, "2")) cfg.torch_1_13 = false;
+            if (t && !strcmp(t, "1.13")) tc.torch_1_13 = 1;
+            else if (t && !strcmp(t, "2")) tc.torch_1_13 = 0;
             else return gp_cli_usage("train", "--torch-arithmetic is 1.13 or 2 (got '%s')", t ? t : "");
         } else if (!strcmp(a, "--clip-norm")) {
-            if (!parse_double(a, TAKE(), 0, &cfg.clip_norm)) return GP_EXIT_USAGE;
+            if (!parse_double(a, TAKE(), 0, &tc.clip_norm)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--loss")) {
             const char *l = TAKE();
-            cfg.loss_auto = false;
-            if (l && !strcmp(l, "auto")) cfg.loss_auto = true;
-            else if (l && !strcmp(l, "cross-entropy")) cfg.loss = GP_LOSS_CROSS_ENTROPY;
-            else if (l && !strcmp(l, "mse")) cfg.loss = GP_LOSS_MSE;
-            else if (l && !strcmp(l, "output")) cfg.loss = GP_LOSS_OUTPUT;
+            if (l && !strcmp(l, "auto")) tc.loss = GPO_LOSS_AUTO;
+            else if (l && !strcmp(l, "cross-entropy")) tc.loss = GPO_LOSS_CROSS_ENTROPY;
+            else if (l && !strcmp(l, "mse")) tc.loss = GPO_LOSS_MSE;
+            else if (l && !strcmp(l, "output")) tc.loss = GPO_LOSS_OUTPUT;
             else return gp_cli_usage("train", "--loss is auto, cross-entropy, mse or output (got '%s')", l ? l : "");
         } else if (!strcmp(a, "--class-axis")) {
             int64_t ax;
             if (!gp_cli_parse_int("train", a, TAKE(), -8, 7, &ax)) return GP_EXIT_USAGE;
-            cfg.class_axis = (int)ax;
+            tc.class_axis = (int)ax;
         } else if (!strcmp(a, "--dropout")) {
-            if (!parse_double(a, TAKE(), 0, &cfg.dropout_ratio)) return GP_EXIT_USAGE;
-            if (cfg.dropout_ratio >= 1) return gp_cli_usage("train", "--dropout must be below 1");
+            if (!parse_double(a, TAKE(), 0, &tc.dropout)) return GP_EXIT_USAGE;
+            if (tc.dropout >= 1) return gp_cli_usage("train", "--dropout must be below 1");
         } else if (!strcmp(a, "--devices")) {
             const char *list = TAKE();
-            if (!gp_cli_parse_devices("train", list, &cfg.n_stages, cfg.stage_cuda, cfg.stage_device))
-                return GP_EXIT_USAGE;
+            if (!gp_cli_parse_devices("train", list, &n_stages, cuda, device)) return GP_EXIT_USAGE;
             devices_set = true;
         } else if (!strcmp(a, "--balance")) {
             const char *list = TAKE();
             if (list && (!strcmp(list, "time") || !strcmp(list, "memory"))) auto_balance = list;
-            else if (!parse_balance(list, &cfg, &n_balance)) return GP_EXIT_USAGE;
+            else if (!parse_balance(list, &n_balance)) return GP_EXIT_USAGE;
+            tc.balance = list;
         } else if (!strcmp(a, "--pipeline")) {
             int64_t p;
             if (!gp_cli_parse_int("train", a, TAKE(), 1, GP_CLI_MAX_DEVICES, &p)) return GP_EXIT_USAGE;
@@ -506,251 +486,242 @@ int gp_cmd_train(int argc, char **argv)
             if (!parse_double(a, TAKE(), 0.001, &comm_timeout)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--pipeline-schedule")) {
             const char *name = TAKE();
-            if (!gp_pipe_schedule_parse(name, &cfg.pipeline_schedule))
+            if (!gpo_pipeline_schedule_parse(name, &tc.pipeline_schedule))
                 return gp_cli_usage("train", "--pipeline-schedule is gpipe or 1f1b (got '%s')", name ? name : "");
         } else if (!strcmp(a, "--checkpoint")) {
             const char *c = TAKE();
-            if (c && !strcmp(c, "always")) cfg.checkpoint = GP_CHECKPOINT_ALWAYS;
-            else if (c && !strcmp(c, "except_last")) cfg.checkpoint = GP_CHECKPOINT_EXCEPT_LAST;
-            else if (c && !strcmp(c, "never")) cfg.checkpoint = GP_CHECKPOINT_NEVER;
-            else return gp_cli_usage("train", "--checkpoint is always, except_last or never (got '%s')", c ? c : "");
+            if (!gpo_checkpoint_parse(c, &tc.checkpoint))
+                return gp_cli_usage("train", "--checkpoint is always, except_last or never (got '%s')", c ? c : "");
         } else if (!strcmp(a, "--deferred-batch-norm")) {
-            cfg.deferred_batch_norm = true;
+            tc.deferred_batch_norm = 1;
         } else if (!strcmp(a, "--tf32")) {
-            cfg.precision = GP_PRECISION_TF32;
+            tc.precision = GPO_PRECISION_TF32;
         } else if (!strcmp(a, "--precision")) {
             const char *name = TAKE();
-            if (!name || !gp_precision_parse(name, &cfg.precision))
+            if (!gpo_precision_parse(name, &tc.precision))
                 return gp_cli_usage("train", "--precision takes fp32, tf32 or bf16, not '%s'", name ? name : "");
         } else if (!strcmp(a, "--fast-conv")) {
-            cfg.fast_conv = true;
+            tc.fast_conv = 1;
         } else if (!strcmp(a, "--layout")) {
             const char *name = TAKE();
-            if (!name || !gp_layout_policy_parse(name, &cfg.layout))
+            if (!gpo_layout_parse(name, &tc.layout))
                 return gp_cli_usage("train", "--layout takes auto, nchw or nhwc, not '%s'", name ? name : "");
         } else if (!strcmp(a, "--cuda-graph")) {
             const char *mode = TAKE();
             if (!mode || (strcmp(mode, "on") && strcmp(mode, "off")))
                 return gp_cli_usage("train", "--cuda-graph is on or off");
-            cfg.cuda_graph = !strcmp(mode, "on") ? GP_CUDA_GRAPH_ON : GP_CUDA_GRAPH_OFF;
+            tc.cuda_graph = !strcmp(mode, "on");
         } else if (!strcmp(a, "--trace")) {
-            cfg.trace_path = TAKE();
+            tc.trace_path = TAKE();
         } else if (!strcmp(a, "--save")) {
-            cfg.save_path = TAKE();
+            tc.save_path = TAKE();
         } else if (!strcmp(a, "--save-state")) {
-            cfg.state_dir = TAKE();
+            tc.state_dir = TAKE();
         } else if (!strcmp(a, "--save-every")) {
-            if (!parse_every(TAKE(), &cfg.save_every, &cfg.save_every_seconds)) return GP_EXIT_USAGE;
+            if (!parse_every(TAKE(), &tc.save_every, &tc.save_every_seconds)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--keep")) {
             int64_t k;
             if (!gp_cli_parse_int("train", a, TAKE(), 1, 1 << 20, &k)) return GP_EXIT_USAGE;
-            cfg.keep = (int)k;
+            tc.keep = (int)k;
             keep_set = true;
         } else if (!strcmp(a, "--resume")) {
-            cfg.resume_path = TAKE();
+            tc.resume = TAKE();
         } else if (!strcmp(a, "--algorithms")) {
-            cfg.choices_path = TAKE();
+            tc.algorithms_path = TAKE();
         } else if (!strcmp(a, "--metrics")) {
             metrics = TAKE();
         } else if (!strcmp(a, "--quiet")) {
             quiet = true;
         } else if (a[0] == '-' && a[1]) {
             return gp_cli_usage("train", "unknown option '%s'", a);
-        } else if (!cfg.model_path) {
-            cfg.model_path = a;
+        } else if (!model) {
+            model = a;
         } else {
-            return gp_cli_usage("train", "only one model can be trained (got '%s' and '%s')",
-                                cfg.model_path, a);
+            return gp_cli_usage("train", "only one model can be trained (got '%s' and '%s')", model, a);
         }
         if (i >= argc) return gp_cli_usage("train", "%s needs a value", a);
 #undef TAKE
     }
-    if (!cfg.model_path) return gp_cli_usage("train", "no model given");
-    if (!cfg.state_dir && (cfg.save_every || cfg.save_every_seconds > 0 || keep_set))
+    if (!model) return gp_cli_usage("train", "no model given");
+    if (!tc.state_dir && (tc.save_every || tc.save_every_seconds > 0 || keep_set))
         return gp_cli_usage("train", "--save-every and --keep need --save-state DIR");
     if (pipeline > 1) {
         /* --pipeline P: P stages, stage k run by rank k. --devices gives
          * every rank's device, or one per stage; none: as for one process,
          * the GPUs when there are any (not yet across processes: refused
          * then), else CPU devices. */
-        if (devices_set && cfg.n_stages != 1 && cfg.n_stages != pipeline)
+        if (devices_set && n_stages != 1 && n_stages != pipeline)
             return gp_cli_usage("train",
                                 "--devices lists %d devices for --pipeline %d: give one (every rank's) or one "
                                 "per stage",
-                                cfg.n_stages, pipeline);
+                                n_stages, pipeline);
         if (n_balance && n_balance != pipeline)
             return gp_cli_usage("train", "--balance has %d stages but --pipeline %d", n_balance, pipeline);
         int gpus = devices_set ? 0 : gp_cli_gpu_count();
-        for (int k = devices_set && cfg.n_stages == pipeline ? pipeline : 0; k < pipeline; k++) {
-            cfg.stage_cuda[k] = devices_set ? cfg.stage_cuda[0] : gpus > 0;
-            cfg.stage_device[k] = devices_set ? cfg.stage_device[0] : gpus > 0 ? k % gpus : k;
+        for (int k = devices_set && n_stages == pipeline ? pipeline : 0; k < pipeline; k++) {
+            cuda[k] = devices_set ? cuda[0] : gpus > 0;
+            device[k] = devices_set ? device[0] : gpus > 0 ? k % gpus : k;
         }
-        cfg.n_stages = pipeline;
+        n_stages = pipeline;
         devices_set = true;
     }
-    if (!devices_set) {
-        /* The GPUs when there are any (stage k on GPU k modulo their number),
-         * else CPU devices: a balance alone runs each stage on a CPU device
-         * of its own (a worker thread with its share of the cores). */
-        int gpus = gp_cli_gpu_count();
-        cfg.n_stages = n_balance ? n_balance : 1;
-        for (int k = 0; k < cfg.n_stages; k++) {
-            cfg.stage_cuda[k] = gpus > 0;
-            cfg.stage_device[k] = gpus > 0 ? k % gpus : k;
-        }
+    /* Without --devices the library picks them as the program always did:
+     * the GPUs when there are any, else CPU devices, one per stage. */
+    char devices[GP_CLI_MAX_DEVICES * 16] = "";
+    if (devices_set) {
+        for (int k = 0; k < n_stages; k++)
+            snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%s:%d", k ? "," : "",
+                     cuda[k] ? "cuda" : "cpu", device[k]);
+        tc.devices = devices;
+    } else {
+        n_stages = n_balance ? n_balance : 1;
     }
-    if (n_balance && n_balance != cfg.n_stages)
-        return gp_cli_usage("train", "--balance has %d stages but --devices has %d", n_balance, cfg.n_stages);
-    if ((labels && !data) || (val_labels && !val_data))
+    if (n_balance && n_balance != n_stages)
+        return gp_cli_usage("train", "--balance has %d stages but --devices has %d", n_balance, n_stages);
+    if ((tc.labels && !tc.data) || (tc.val_labels && !tc.val_data))
         return gp_cli_usage("train", "labels given without their data");
-    if (val_data && !data && synthetic < 0)
+    if (tc.val_data && !tc.data && synthetic < 0)
         return gp_cli_usage("train", "--val-data needs --data");
 
-    struct gp_error err = {0};
     int status = GP_EXIT_OK;
-    char *owned[4] = {0};
-    struct gp_dataset train = {0}, val = {0};
-    struct gp_npy arrays[4] = {0};
-
-    /* Defaults the model carries in its metadata (flags win). */
-    struct gp_graph meta;
-    if (gp_onnx_load(cfg.model_path, 1, &meta, &err) != GP_OK) return gp_cli_fail("%s", err.msg);
-    char export_note[2048];
-    if (gp_graph_exporter_note(&meta, export_note, sizeof export_note))
-        fprintf(stderr, "note: %s\n", export_note);
-    if (!data && synthetic < 0) {
-        data = owned[0] = metadata_path(&meta, cfg.model_path, "gpipe-onnx.data");
-        labels = owned[1] = metadata_path(&meta, cfg.model_path, "gpipe-onnx.labels");
-        val_data = owned[2] = metadata_path(&meta, cfg.model_path, "gpipe-onnx.val_data");
-        val_labels = owned[3] = metadata_path(&meta, cfg.model_path, "gpipe-onnx.val_labels");
+    gpo_model *m = NULL;
+    if (gpo_open(model, NULL, &m) != GPO_OK) {
+        status = gp_cli_fail("%s", gpo_last_error(m));
+        gpo_close(m);
+        return status;
+    }
+    struct gpo_model_info info;
+    gpo_model_info(m, &info);
+    if (info.export_note) fprintf(stderr, "note: %s\n", info.export_note);
+    /* Defaults the model carries in its metadata (flags win): the data
+     * files themselves the library finds. */
+    if (!tc.data && synthetic < 0) {
         const char *s;
-        if (!batch_set && (s = gp_graph_metadata(&meta, "gpipe-onnx.batch"))) cfg.batch = atoll(s) > 0 ? atoll(s) : cfg.batch;
-        if (!epochs_set && (s = gp_graph_metadata(&meta, "gpipe-onnx.epochs"))) cfg.epochs = atoll(s) > 0 ? atoll(s) : cfg.epochs;
-        if (!opt_set && (s = gp_graph_metadata(&meta, "gpipe-onnx.optimizer")))
-            cfg.optimizer = !strcmp(s, "adamw") ? GP_OPT_ADAMW : GP_OPT_SGD;
-        if (!lr_set && (s = gp_graph_metadata(&meta, "gpipe-onnx.lr")) && atof(s) > 0) {
-            cfg.lr = atof(s);
-            lr_set = true;
+        if (!batch_set && (s = gpo_metadata(m, "gpipe-onnx.batch"))) tc.batch = atoll(s) > 0 ? atoll(s) : tc.batch;
+        if (!epochs_set && (s = gpo_metadata(m, "gpipe-onnx.epochs"))) tc.epochs = atoll(s) > 0 ? atoll(s) : tc.epochs;
+        if (!opt_set && (s = gpo_metadata(m, "gpipe-onnx.optimizer")))
+            tc.optimizer = !strcmp(s, "adamw") ? GPO_OPTIMIZER_ADAMW : GPO_OPTIMIZER_SGD;
+        if (!lr_set && (s = gpo_metadata(m, "gpipe-onnx.lr")) && atof(s) > 0) tc.lr = atof(s);
+        if (!gpo_metadata(m, "gpipe-onnx.data")) {
+            gpo_close(m);
+            return gp_cli_usage("train", "no training data: give --data (and --labels) or --synthetic");
         }
     }
-    gp_graph_free(&meta);
-    if (!data && synthetic < 0) {
-        status = gp_cli_usage("train", "no training data: give --data (and --labels) or --synthetic");
-        goto done;
+    if (synthetic >= 0) tc.synthetic = synthetic ? synthetic : 8 * tc.batch;
+    if (auto_balance && tc.batch % tc.chunks) {
+        gpo_close(m);
+        return gp_cli_usage("train", "--chunks %lld does not divide --batch %lld", (long long)tc.chunks,
+                            (long long)tc.batch);
     }
-    if (!lr_set) cfg.lr = cfg.optimizer == GP_OPT_ADAMW ? 1e-3 : 0.01;
-    if (!wd_set) cfg.weight_decay = cfg.optimizer == GP_OPT_ADAMW ? 0.01 : 0.0;
+    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute, .model = model};
+    struct gpo_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step, .on_epoch = on_epoch,
+                                     .on_note = on_note, .on_profile = quiet ? NULL : gp_cli_balance_progress,
+                                     .on_memory = on_memory, .on_balance = on_balance, .on_state = on_state,
+                                     .on_resume = on_resume};
+    /* The program keeps no trained weights in memory: --save has them. */
+    tc.discard_weights = 1;
+    /* --pipeline: the ranks agree on the engine's configuration as the
+     * library resolves it, adjust it per rank, and each trains its stage
+     * with it (src/api/private.h). */
+    struct gp_train_config engine;
+    bool remote = false;
     if (pipeline) {
+        if (gpo_train_engine_config(m, &tc, &engine) != GPO_OK) {
+            status = gp_cli_fail("%s", gpo_last_error(m));
+            goto done;
+        }
         /* Before any output is touched: only rank 0 writes them. */
-        struct gp_cli_train_run run = {.cfg = &cfg, .data = data, .labels = labels, .val_data = val_data,
-                                       .val_labels = val_labels, .synthetic = synthetic,
-                                       .auto_balance = auto_balance, .n_balance = n_balance,
-                                       .bucket_kib = bucket_kib, .resume_state = resume_state,
-                                       .resume_state_size = sizeof resume_state, .quiet = quiet};
+        struct gp_cli_train_run run = {.cfg = &engine, .data = tc.data, .labels = tc.labels,
+                                       .val_data = tc.val_data, .val_labels = tc.val_labels,
+                                       .synthetic = synthetic, .auto_balance = auto_balance,
+                                       .n_balance = n_balance, .bucket_kib = bucket_kib,
+                                       .resume_state = resume_state, .resume_state_size = sizeof resume_state,
+                                       .quiet = quiet};
         status = gp_cli_dist_start(&run, pipeline, comm_timeout, &dist);
         if (status != GP_EXIT_OK) goto done;
         /* The state every rank agreed to continue from. */
-        if (cfg.resume_path) cfg.resume_path = resume_state;
+        if (engine.resume_path) engine.resume_path = resume_state;
         if (dist.launch.size > 1) {
             /* This rank runs one stage; rank 0 reports and writes, and
              * every rank writes its own timeline. */
-            cfg.remote = &dist.remote;
+            remote = true;
+            engine.remote = &dist.remote;
             /* A GPU stage runs on the GPU of this rank's local rank. */
-            if (dist.gpu >= 0) cfg.stage_device[dist.remote.stage] = dist.gpu;
-            if (cfg.trace_path) {
-                gp_cli_dist_trace_path(&dist, cfg.trace_path, rank_trace, sizeof rank_trace);
-                cfg.trace_path = rank_trace;
+            if (dist.gpu >= 0) engine.stage_device[dist.remote.stage] = dist.gpu;
+            if (engine.trace_path) {
+                gp_cli_dist_trace_path(&dist, engine.trace_path, rank_trace, sizeof rank_trace);
+                engine.trace_path = rank_trace;
             }
             if (dist.launch.rank != 0) {
                 quiet = mute = true;
                 metrics = NULL;
+                prog.quiet = prog.mute = true;
             }
         }
     }
     /* Outputs are checked before anything long (balancing, loading, training). */
-    bool writer = !cfg.remote || dist.launch.rank == 0;
-    const char *outputs[3] = {writer ? cfg.save_path : NULL, cfg.trace_path, writer ? metrics : NULL};
+    bool writer = !remote || dist.launch.rank == 0;
+    const char *outputs[3] = {writer ? tc.save_path : NULL, pipeline ? engine.trace_path : tc.trace_path,
+                              writer ? metrics : NULL};
     for (int k = 0; k < 3; k++)
-        if (outputs[k] && gp_atomic_check(outputs[k], &err) != GP_OK) {
-            status = gp_cli_fail("%s", err.msg);
-            if (cfg.remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
+        if (outputs[k] && gpo_check_output(m, outputs[k]) != GPO_OK) {
+            status = gp_cli_fail("%s", gpo_last_error(m));
+            if (remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
             goto done;
         }
-    if (cfg.state_dir && writer && gp_state_check_dir(cfg.state_dir, &err) != GP_OK) {
+    struct gp_error err = {0};
+    if (pipeline && engine.state_dir && writer && gp_state_check_dir(engine.state_dir, &err) != GP_OK) {
         status = gp_cli_fail("%s", err.msg);
-        if (cfg.remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
+        if (remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
         goto done;
     }
 
-    if (synthetic >= 0) {
-        if (gp_dataset_synthetic(cfg.model_path, synthetic ? synthetic : 8 * cfg.batch, cfg.seed,
-                                 &train, &err) != GP_OK) {
-            status = gp_cli_fail("%s", err.msg);
-            goto done;
-        }
-    } else {
-        const char *paths[4] = {data, labels, val_data, val_labels};
-        const char *what[4] = {"--data", "--labels", "--val-data", "--val-labels"};
-        for (int k = 0; k < 4; k++)
-            if (paths[k] && load_array(paths[k], what[k], &arrays[k], &err) != GP_OK) {
-                status = gp_cli_fail("%s", err.msg);
-                goto done;
-            }
-        if (gp_dataset_from_arrays(cfg.model_path, &arrays[0], labels ? &arrays[1] : NULL, &train, &err) != GP_OK ||
-            (val_data && gp_dataset_from_arrays(cfg.model_path, &arrays[2], val_labels ? &arrays[3] : NULL,
-                                                &val, &err) != GP_OK)) {
-            status = gp_cli_fail("%s", err.msg);
-            goto done;
-        }
-        /* The files name the data in messages (the trainer checks them finite). */
-        train.x_source = data;
-        train.y_source = labels;
-        val.x_source = val_data;
-        val.y_source = val_labels;
-    }
-
-    if (auto_balance && cfg.remote && dist.launch.rank != 0) {
+    if (pipeline && auto_balance && remote && dist.launch.rank != 0) {
         /* Rank 0 profiles and splits; the others take its counts. */
-        if ((status = gp_cli_dist_share_balance(&dist, true, cfg.balance, cfg.n_stages)) != GP_EXIT_OK) goto done;
-    } else if (auto_balance) {
+        if ((status = gp_cli_dist_share_balance(&dist, true, engine.balance, engine.n_stages)) != GP_EXIT_OK)
+            goto done;
+    } else if (pipeline && auto_balance) {
         /* Across processes rank 0 profiles every layer on its own device
          * (the ranks' devices are taken to be alike), at the micro-batch
          * each replica runs, while the others wait (within --comm-timeout). */
-        int64_t replicas = cfg.remote ? dist.replicas : 1;
-        bool own_cuda[GP_CLI_MAX_DEVICES];
-        int own_device[GP_CLI_MAX_DEVICES];
-        for (int k = 0; k < cfg.n_stages; k++) {
-            own_cuda[k] = cfg.stage_cuda[cfg.remote ? dist.remote.stage : k];
-            own_device[k] = cfg.stage_device[cfg.remote ? dist.remote.stage : k];
+        int64_t replicas = remote ? dist.replicas : 1;
+        char own[GP_CLI_MAX_DEVICES * 16] = "";
+        for (int k = 0; k < engine.n_stages; k++) {
+            int at = remote ? dist.remote.stage : k;
+            snprintf(own + strlen(own), sizeof own - strlen(own), "%s%s:%d", k ? "," : "",
+                     engine.stage_cuda[at] ? "cuda" : "cpu", engine.stage_device[at]);
         }
-        struct gp_balance_config bc = {
-            .by = !strcmp(auto_balance, "time") ? GP_BALANCE_TIME : GP_BALANCE_MEMORY,
-            .n_stages = cfg.n_stages, .batch = cfg.batch / replicas, .n_micro = (int)cfg.chunks,
-            .schedule = cfg.pipeline_schedule, .checkpoint = cfg.checkpoint,
-            .optim_state_floats = cfg.optimizer == GP_OPT_ADAMW ? 2 : cfg.momentum > 0 ? 1 : 0};
-        struct gp_profile prof;
-        struct gp_balance_report rep;
-        if (cfg.batch % cfg.chunks) {
-            status = gp_cli_usage("train", "--chunks %lld does not divide --batch %lld",
-                                  (long long)cfg.chunks, (long long)cfg.batch);
-            if (cfg.remote) gp_cli_dist_share_balance(&dist, false, cfg.balance, cfg.n_stages);
+        struct gpo_balance_options bo;
+        gpo_balance_options_init(&bo);
+        bo.devices = own;
+        bo.by = !strcmp(auto_balance, "time") ? GPO_BALANCE_TIME : GPO_BALANCE_MEMORY;
+        bo.batch = tc.batch / replicas;
+        bo.chunks = (int)tc.chunks;
+        bo.checkpoint = tc.checkpoint;
+        bo.schedule = tc.pipeline_schedule;
+        bo.optimizer = tc.optimizer;
+        bo.momentum = tc.momentum;
+        bo.precision = tc.precision;
+        bo.layout = tc.layout;
+        bo.progress = quiet ? NULL : gp_cli_balance_progress;
+        const struct gpo_balance_report *rep = NULL;
+        if (bo.batch % bo.chunks) {
+            status = gp_cli_usage("train", "--chunks %lld does not divide --batch %lld", (long long)tc.chunks,
+                                  (long long)tc.batch);
+            if (remote) gp_cli_dist_share_balance(&dist, false, engine.balance, engine.n_stages);
             goto done;
         }
-        if (gp_cli_profile_and_balance(cfg.model_path, &bc, 5, own_cuda, own_device, cfg.precision, cfg.layout,
-                                       NULL,
-                                       NULL, quiet, &prof, &rep, &err) != GP_OK) {
-            status = gp_cli_fail("%s", err.msg);
-            if (cfg.remote) gp_cli_dist_share_balance(&dist, false, cfg.balance, cfg.n_stages);
+        if (gpo_balance(m, &bo, &rep) != GPO_OK) {
+            status = gp_cli_fail("%s", gpo_last_error(m));
+            if (remote) gp_cli_dist_share_balance(&dist, false, engine.balance, engine.n_stages);
             goto done;
         }
-        if (!quiet) gp_cli_print_balance(&prof, &rep);
-        gp_balance_counts(&rep.optimal, cfg.balance);
-        gp_profile_free(&prof);
-        if (cfg.remote && (status = gp_cli_dist_share_balance(&dist, true, cfg.balance, cfg.n_stages)) != GP_EXIT_OK)
+        if (!quiet) gp_cli_print_balance(model, &bo, rep);
+        for (int s = 0; s < rep->optimal.n_stages; s++) engine.balance[s] = rep->optimal.balance[s];
+        if (remote && (status = gp_cli_dist_share_balance(&dist, true, engine.balance, engine.n_stages)) != GP_EXIT_OK)
             goto done;
     }
 
-    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute};
     /* The metrics file appears only whole: written beside, renamed at the end. */
     struct gp_atomic_file metrics_file = {0};
     if (metrics) {
@@ -765,36 +736,28 @@ int gp_cmd_train(int argc, char **argv)
             goto done;
         }
     }
-    struct gp_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step,
-                                    .on_epoch = on_epoch, .on_memory = on_memory, .on_note = on_note,
-                                    .on_state = on_state, .on_resume = on_resume};
-    gp_status st = gp_train(&cfg, &train, val_data ? &val : NULL, &cb, &err);
-    if (st != GP_OK) status = gp_cli_fail("%s", err.msg);
+    gpo_status st = pipeline ? gpo_train_engine(m, &tc, &engine, &cb, NULL) : gpo_train(m, &tc, &cb, NULL);
+    if (st != GPO_OK) status = gp_cli_fail("%s", gpo_last_error(m));
     /* A failure of one stage's process leaves the others waiting on it:
      * the whole job ends now, not at their timeouts. */
-    if (st != GP_OK && cfg.remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
+    if (st != GPO_OK && remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
     if (prog.metrics) {
         struct gp_error merr = {0};
-        if (st != GP_OK) gp_atomic_abort(&metrics_file);
+        if (st != GPO_OK) gp_atomic_abort(&metrics_file);
         else if (gp_atomic_commit(&metrics_file, &merr) != GP_OK) status = gp_cli_fail("%s", merr.msg);
     }
     /* Only what was written is reported saved. */
-    if (st == GP_OK && status == GP_EXIT_OK && cfg.save_path && !quiet) fprintf(stderr, "saved %s\n", cfg.save_path);
+    if (st == GPO_OK && status == GP_EXIT_OK && tc.save_path && !quiet) fprintf(stderr, "saved %s\n", tc.save_path);
     /* The host's high-water mark over the whole run (loading, data, the
      * staging of weights for devices): what a machine must have free. */
     struct rusage ru;
-    if (st == GP_OK && !quiet && getrusage(RUSAGE_SELF, &ru) == 0) {
+    if (st == GPO_OK && !quiet && getrusage(RUSAGE_SELF, &ru) == 0) {
         char b[32];
         fprintf(stderr, "host peak resident memory %s\n",
                 gp_cli_bytes((int64_t)ru.ru_maxrss * 1024, b, sizeof b)); /* Linux: KiB */
     }
 done:
     gp_cli_dist_end(&dist);
-    for (int k = 0; k < 4; k++) {
-        gp_npy_free(&arrays[k]);
-        free(owned[k]);
-    }
-    gp_dataset_free(&train);
-    gp_dataset_free(&val);
+    gpo_close(m);
     return status;
 }
