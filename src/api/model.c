@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "api/api.h"
+#include "backend/backends.h"
 #include "graph/exporter.h"
 #include "graph/layout.h"
 #include "onnx/load.h"
@@ -326,41 +327,9 @@ int gpo_frontier(gpo_model *m, int cut, const char **names, int cap)
 
 gpo_status gpo_parse_devices(gpo_model *m, const char *list, int *n_out, bool *cuda, int *index)
 {
-    if (!list || !*list)
-        return gpo_fail(m, GPO_ERR_ARGUMENT, "no devices: give a list such as cpu:0,cpu:1 or cuda:0,cuda:1");
-    int n = 0;
-    const char *p = list;
-    while (*p) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        char item[64];
-        if (len == 0 || len >= sizeof item || n >= GPO_MAX_STAGES)
-            return gpo_fail(m, GPO_ERR_ARGUMENT, "bad device list '%s'", list);
-        memcpy(item, p, len);
-        item[len] = '\0';
-        bool gpu = false;
-        const char *digits = NULL;
-        if (!strncmp(item, "cpu", 3) && (item[3] == '\0' || item[3] == ':')) {
-            digits = item[3] == ':' ? item + 4 : "0";
-        } else if (!strncmp(item, "cuda", 4) && (item[4] == '\0' || item[4] == ':')) {
-            gpu = true;
-            digits = item[4] == ':' ? item + 5 : "0";
-        } else if (item[0] >= '0' && item[0] <= '9') {
-            gpu = true;
-            digits = item;
-        } else {
-            return gpo_fail(m, GPO_ERR_ARGUMENT, "unknown device '%s' (cuda:N, N or cpu:N)", item);
-        }
-        char *num = NULL;
-        long idx = strtol(digits, &num, 10);
-        if (*num || num == digits || idx < 0 || idx > 1023)
-            return gpo_fail(m, GPO_ERR_ARGUMENT, "bad device '%s'", item);
-        cuda[n] = gpu;
-        index[n++] = (int)idx;
-        p += len;
-        if (*p == ',') p++;
-    }
-    *n_out = n;
+    struct gp_error err = {0};
+    if (gp_device_list_parse(list, GPO_MAX_STAGES, n_out, cuda, index, &err) != GP_OK)
+        return gpo_fail(m, GPO_ERR_ARGUMENT, "%s", err.msg);
     return GPO_OK;
 }
 

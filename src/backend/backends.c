@@ -2,6 +2,7 @@
 #include "backend/backends.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef GP_HAVE_CUDA
@@ -40,4 +41,44 @@ gp_status gp_backend_choices_import(const char *text, char *note, size_t note_si
         return GP_OK;
     }
     return ops->choices_import(text, note, note_size, err);
+}
+
+gp_status gp_device_list_parse(const char *list, int max, int *n_out, bool *cuda, int *index, struct gp_error *err)
+{
+    if (!list || !*list)
+        return gp_error_set(err, GP_ERR_INVALID, "no devices: give a list such as cuda:0,cuda:1 or cpu:0,cpu:1");
+    int n = 0;
+    const char *p = list;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[64];
+        if (len == 0 || len >= sizeof item || n >= max)
+            return gp_error_set(err, GP_ERR_INVALID, "bad device list '%s'", list);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        bool gpu = false;
+        const char *digits = NULL;
+        if (!strncmp(item, "cpu", 3) && (item[3] == '\0' || item[3] == ':')) {
+            digits = item[3] == ':' ? item + 4 : "0";
+        } else if (!strncmp(item, "cuda", 4) && (item[4] == '\0' || item[4] == ':')) {
+            gpu = true;
+            digits = item[4] == ':' ? item + 5 : "0";
+        } else if (item[0] >= '0' && item[0] <= '9') {
+            gpu = true;
+            digits = item;
+        } else {
+            return gp_error_set(err, GP_ERR_INVALID, "unknown device '%s' (cuda:N, N or cpu:N)", item);
+        }
+        char *num = NULL;
+        long idx = strtol(digits, &num, 10);
+        if (*num || num == digits || idx < 0 || idx > 1023)
+            return gp_error_set(err, GP_ERR_INVALID, "bad device '%s'", item);
+        cuda[n] = gpu;
+        index[n++] = (int)idx;
+        p += len;
+        if (*p == ',') p++;
+    }
+    *n_out = n;
+    return GP_OK;
 }

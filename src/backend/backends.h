@@ -3,6 +3,8 @@
 #ifndef GP_BACKEND_BACKENDS_H
 #define GP_BACKEND_BACKENDS_H
 
+#include <stdbool.h>
+
 #include "backend/device.h"
 
 /* "cpu" or "cuda": the backend's device ops, or NULL when this build has
@@ -16,5 +18,11 @@ const struct gp_device_ops *gp_backend_find(const char *name);
  * what could not be taken back. */
 char *gp_backend_choices_export(void);
 gp_status gp_backend_choices_import(const char *text, char *note, size_t note_size, struct gp_error *err);
+
+/* A device list as the command line and the library take it ("cpu[:N]",
+ * "cuda[:N]" or a bare GPU index "N", comma-separated; at most `max`):
+ * per entry whether it is a GPU and its index. The message names the bad
+ * entry. */
+gp_status gp_device_list_parse(const char *list, int max, int *n, bool *cuda, int *index, struct gp_error *err);
 
 #endif

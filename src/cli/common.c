@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "gpipe_onnx.h"
+#include "backend/backends.h"
 
 int gp_cli_fail(const char *fmt, ...)
 {
@@ -81,48 +82,8 @@ int gp_cli_gpu_count(void)
 
 bool gp_cli_parse_devices(const char *command, const char *list, int *n_out, bool *cuda, int *index)
 {
-    if (!list || !*list) {
-        gp_cli_usage(command, "--devices needs a list such as cuda:0,cuda:1 or cpu:0,cpu:1");
-        return false;
-    }
-    int n = 0;
-    const char *p = list;
-    while (*p) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        char item[64];
-        if (len == 0 || len >= sizeof item || n >= GP_CLI_MAX_DEVICES) {
-            gp_cli_usage(command, "--devices: bad list '%s'", list);
-            return false;
-        }
-        memcpy(item, p, len);
-        item[len] = '\0';
-        /* "cpu[:N]", "cuda[:N]", or a bare GPU index "N". */
-        bool gpu = false;
-        const char *digits = NULL;
-        if (!strncmp(item, "cpu", 3) && (item[3] == '\0' || item[3] == ':')) {
-            digits = item[3] == ':' ? item + 4 : "0";
-        } else if (!strncmp(item, "cuda", 4) && (item[4] == '\0' || item[4] == ':')) {
-            gpu = true;
-            digits = item[4] == ':' ? item + 5 : "0";
-        } else if (item[0] >= '0' && item[0] <= '9') {
-            gpu = true;
-            digits = item;
-        } else {
-            gp_cli_usage(command, "--devices: unknown device '%s' (cuda:N, N or cpu:N)", item);
-            return false;
-        }
-        char *num = NULL;
-        long idx = strtol(digits, &num, 10);
-        if (*num || num == digits || idx < 0 || idx > 1023) {
-            gp_cli_usage(command, "--devices: bad device '%s'", item);
-            return false;
-        }
-        cuda[n] = gpu;
-        index[n++] = (int)idx;
-        p += len;
-        if (*p == ',') p++;
-    }
-    *n_out = n;
-    return true;
+    struct gp_error err = {0};
+    if (gp_device_list_parse(list, GP_CLI_MAX_DEVICES, n_out, cuda, index, &err) == GP_OK) return true;
+    gp_cli_usage(command, "--devices: %s", err.msg);
+    return false;
 }
