@@ -20,8 +20,9 @@
  * (no mask or causal, head sizes multiples of 8): some of the cases above,
  * and GPT-2's shapes (12 heads of 64, T 256 and 1024, causal, 3-D and 4-D;
  * and one without the causal mask), which must run there when the build
- * has cudnn-frontend (the test turns the opt-in GP_ATTENTION_CUDNN on
- * unless it is set; =0 keeps the kernels). Each bf16 case prints
+ * has cudnn-frontend (unless GP_ATTENTION_CUDNN=0 is set: then the own
+ * kernels). The other bf16 cases run twice, on the own kernels
+ * (GP_ATTENTION_CUDNN=0) and on the default paths. Each bf16 case prints
  * which path ran, and why not cuDNN's. cuDNN rounds the probabilities to
  * bfloat16 before their product with V (and dS before dQ, dK), an error of
  * 2^-9 of each term: within the bf16 bounds of op_compare.h, with 4e-3 of
@@ -157,6 +158,9 @@ static void run_case(const struct attn_case *c, bool bf16, bool must_cudnn)
     gp_graph_free(&g);
 }
 
+/* Whether GP_ATTENTION_CUDNN was set by the caller (then it is obeyed). */
+static bool user_choice;
+
 static void run_cases(bool bf16)
 {
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) run_case(&cases[k], bf16, false);
@@ -168,9 +172,19 @@ static void test_attention(void **state)
     run_cases(false);
 }
 
+/* The bf16 cases on the own kernels (GP_ATTENTION_CUDNN=0), then on the
+ * default paths (cuDNN's where it takes the call), unless the caller set
+ * GP_ATTENTION_CUDNN: then only that way. */
 static void test_attention_bf16(void **state)
 {
     (void)state;
+    if (user_choice) {
+        run_cases(true);
+        return;
+    }
+    setenv("GP_ATTENTION_CUDNN", "0", 1);
+    run_cases(true);
+    unsetenv("GP_ATTENTION_CUDNN");
     run_cases(true);
 }
 
@@ -183,8 +197,7 @@ static void test_attention_cudnn(void **state)
 int main(void)
 {
     op_compare_require_device();
-    /* cuDNN's path is opt-in (attention.cu); this test is where it runs. */
-    if (!getenv("GP_ATTENTION_CUDNN")) setenv("GP_ATTENTION_CUDNN", "1", 1);
+    user_choice = getenv("GP_ATTENTION_CUDNN") != NULL;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_bf16),

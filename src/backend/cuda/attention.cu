@@ -42,10 +42,10 @@
  * bfloat16 into scratch; a kernel adds them to the gradients. The backward
  * is cuDNN's deterministic one unless --fast-conv allows atomics; where
  * cuDNN has no deterministic backward for the problem, the kernels below
- * run (they are deterministic). Only with GP_ATTENTION_CUDNN=1 for now: the
- * path has not yet run on a GPU, so by default every call stays on the
- * kernels below; GP_ATTENTION_VERBOSE=1 reports on stderr which path
- * each problem takes and, for the kernels, why cuDNN does not run it. */
+ * run (they are deterministic). GP_ATTENTION_CUDNN=0 keeps every call on
+ * the kernels below (the GPU tests run both); GP_ATTENTION_VERBOSE=1
+ * reports on stderr which path each problem takes and, for the kernels,
+ * why cuDNN does not run it. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -387,6 +387,13 @@ static bool env_on(const char *name)
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* Set to "0": off. Unset or anything else: on. */
+static bool env_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, "0") == 0;
+}
+
 /* cuDNN's deterministic backward on Hopper (before cuDNN 9.25) keeps dP
  * whole: B * H * Tq * Tk bfloat16 values of workspace (384 MiB for GPT-2
  * at 16 x 1024 tokens; one scratch for every layer of a stage). Beyond
@@ -435,8 +442,7 @@ static bool att_cudnn_problem(void *cudnn, const struct gp_attention_plan *p, bo
                               size_t *scratch, char *why, size_t why_size)
 {
 #ifdef GP_HAVE_CUDNN_GRAPH
-    /* Opt-in until it has run on a GPU (it was written without one). */
-    if (!env_on("GP_ATTENTION_CUDNN")) return snprintf(why, why_size, "GP_ATTENTION_CUDNN=0 (the default)"), false;
+    if (env_off("GP_ATTENTION_CUDNN")) return snprintf(why, why_size, "GP_ATTENTION_CUDNN=0"), false;
     if (!bf16) return snprintf(why, why_size, "not all of Q, K, V, Y, dY are bfloat16"), false;
     if (p->mask != GP_ATTN_MASK_NONE) return snprintf(why, why_size, "a mask other than the causal one"), false;
     if (p->head_size % 8 || p->v_head_size % 8 || p->head_size > 128 || p->v_head_size > 128)
