@@ -210,6 +210,7 @@ struct gpo_layer {
     const char *domain;            /* "" for the standard domain */
     int since_version;             /* of the op definition that runs it */
     int fused_relu;                /* a Relu fused into it (BatchNormalization, Add) */
+    int trans_b;                   /* MatMul: B is a weight read transposed (its Transpose absorbed) */
     const char *name;              /* the node's name */
     int n_inputs, n_outputs;
     int64_t params;                /* parameter elements it reads (a shared one counts at its first reader) */

@@ -10,7 +10,10 @@
  *    fuses into one Attention node with the attributes it should have,
  *    each near miss stays unfused, and the fused graph trains like the
  *    unfused one (GP_FUSE_ATTENTION=0) within float32 rounding: outputs,
- *    every gradient, over four SGD steps. */
+ *    every gradient, over four SGD steps;
+ *  - on the same fixtures, the transformers' other fusion (graph/fuse.c):
+ *    the Linear weights' Transposes absorbed into their MatMuls, which
+ *    train like the graph that keeps them (GP_FUSE_WEIGHT_TRANSPOSE=0). */
 #include "cpu_kernel_test.h"
 
 #include "fixtures.h"
@@ -217,16 +220,23 @@ static void test_refusals(void **state)
 
 /* ---- the fusion ---- */
 
-static void load(const char *name, int64_t batch, bool fuse, struct gp_graph *g)
+/* Fixture `name` loaded with the fusion that `off_env` switches off
+ * (set to 0) off, or with every fusion when off_env is NULL. */
+static void load_with(const char *name, int64_t batch, const char *off_env, struct gp_graph *g)
 {
     char file[256], path[4096];
     snprintf(file, sizeof file, "../tests/data/attention/%s.onnx", name);
     fixture_path(file, path, sizeof path);
-    if (!fuse) setenv("GP_FUSE_ATTENTION", "0", 1);
+    if (off_env) setenv(off_env, "0", 1);
     struct gp_error err = {0};
     gp_status st = gp_onnx_load(path, batch, g, &err);
-    unsetenv("GP_FUSE_ATTENTION");
+    if (off_env) unsetenv(off_env);
     if (st != GP_OK) fail_msg("%s: %s", name, err.msg);
+}
+
+static void load(const char *name, int64_t batch, bool fuse, struct gp_graph *g)
+{
+    load_with(name, batch, fuse ? NULL : "GP_FUSE_ATTENTION", g);
 }
 
 static int count_op(const struct gp_graph *g, const char *op, int *last)
@@ -424,10 +434,10 @@ struct run {
     struct gp_cpu_runner *r;
 };
 
-static void run_open(struct run *R, const char *name, bool fuse)
+static void run_open(struct run *R, const char *name, const char *off_env)
 {
     struct gp_error err = {0};
-    load(name, 2, fuse, &R->g);
+    load_with(name, 2, off_env, &R->g);
     if (gp_cpu_runner_create_f32(&R->g, true, &R->r, &err) != GP_OK) fail_msg("%s", err.msg);
 }
 
@@ -445,67 +455,102 @@ static void run_step(struct run *R, const float *x, const float *w)
     if (gp_cpu_runner_backward_f32(R->r, &o, 0, R->g.n_nodes, &err) != GP_OK) fail_msg("%s", err.msg);
 }
 
-/* Fused against unfused: output, the input's and every parameter's
- * gradient, then the output after three SGD steps. Both graphs hold the
- * same values by name (the fusion only drops activations). */
+/* Fused (every fusion) against the graph without the fusion that off_env
+ * switches off: output, the input's and every parameter's gradient, then
+ * the output after three SGD steps. Both graphs hold the same values by
+ * name (the fusions only drop activations). Returns the worst difference. */
+static double compare_fusion(const char *name, const char *off_env, uint64_t seed)
+{
+    struct run F, U;
+    run_open(&F, name, NULL);
+    run_open(&U, name, off_env);
+    const struct gp_value *xv = &F.g.values[F.g.inputs[0]], *yv = &F.g.values[F.g.outputs[0]];
+    int64_t nx = gp_shape_numel(&xv->shape), ny = gp_shape_numel(&yv->shape);
+    float *x = malloc(sizeof(float) * (size_t)nx), *w = malloc(sizeof(float) * (size_t)ny);
+    uint64_t rs = seed;
+    for (int64_t i = 0; i < nx; i++) x[i] = (float)uniform(&rs);
+    for (int64_t i = 0; i < ny; i++) w[i] = (float)uniform(&rs);
+    double worst = 0;
+    for (int step = 0; step < 4; step++) {
+        run_step(&F, x, w);
+        run_step(&U, x, w);
+        const float *yf = gp_cpu_runner_data_f32(F.r, F.g.outputs[0]);
+        const float *yu = gp_cpu_runner_data_f32(U.r, U.g.outputs[0]);
+        double e = rel_diff(yf, yu, ny);
+        if (!(e <= 1e-5)) fail_msg("%s step %d: outputs differ by %.3g", name, step, e);
+        worst = fmax(worst, e);
+        e = rel_diff(gp_cpu_runner_grad_f32(F.r, F.g.inputs[0]), gp_cpu_runner_grad_f32(U.r, U.g.inputs[0]), nx);
+        if (!(e <= 1e-5)) fail_msg("%s step %d: input gradients differ by %.3g", name, step, e);
+        worst = fmax(worst, e);
+        int params = 0;
+        for (int v = 0; v < F.g.n_values; v++) {
+            const struct gp_value *pv = &F.g.values[v];
+            if (pv->kind != GP_VALUE_PARAMETER) continue;
+            int vu = gp_graph_find_value(&U.g, pv->name);
+            assert_true(vu >= 0 && U.g.values[vu].kind == GP_VALUE_PARAMETER);
+            int64_t n = gp_shape_numel(&pv->shape);
+            float *gf = gp_cpu_runner_grad_f32(F.r, v), *gu = gp_cpu_runner_grad_f32(U.r, vu);
+            e = rel_diff(gf, gu, n);
+            if (!(e <= 1e-5)) fail_msg("%s step %d: gradient of %s differs by %.3g", name, step, pv->name, e);
+            worst = fmax(worst, e);
+            /* SGD, the same update in both (from the unfused gradient). */
+            float *pf = gp_cpu_runner_data_f32(F.r, v), *pu = gp_cpu_runner_data_f32(U.r, vu);
+            for (int64_t i = 0; i < n; i++) {
+                pu[i] -= 0.1f * gu[i];
+                pf[i] -= 0.1f * gf[i];
+            }
+            params++;
+        }
+        assert_true(params >= 2);
+    }
+    free(x), free(w);
+    gp_cpu_runner_free_f32(F.r);
+    gp_cpu_runner_free_f32(U.r);
+    gp_graph_free(&F.g);
+    gp_graph_free(&U.g);
+    return worst;
+}
+
 static void test_fused_equals_unfused(void **state)
 {
     (void)state;
     double worst_all = 0;
     for (size_t s = 0; s < sizeof spellings / sizeof *spellings; s++) {
-        const char *name = spellings[s].name;
-        struct run F, U;
-        run_open(&F, name, true);
-        run_open(&U, name, false);
-        const struct gp_value *xv = &F.g.values[F.g.inputs[0]], *yv = &F.g.values[F.g.outputs[0]];
-        int64_t nx = gp_shape_numel(&xv->shape), ny = gp_shape_numel(&yv->shape);
-        float *x = malloc(sizeof(float) * (size_t)nx), *w = malloc(sizeof(float) * (size_t)ny);
-        uint64_t rs = 99 + s;
-        for (int64_t i = 0; i < nx; i++) x[i] = (float)uniform(&rs);
-        for (int64_t i = 0; i < ny; i++) w[i] = (float)uniform(&rs);
-        double worst = 0;
-        for (int step = 0; step < 4; step++) {
-            run_step(&F, x, w);
-            run_step(&U, x, w);
-            const float *yf = gp_cpu_runner_data_f32(F.r, F.g.outputs[0]);
-            const float *yu = gp_cpu_runner_data_f32(U.r, U.g.outputs[0]);
-            double e = rel_diff(yf, yu, ny);
-            if (!(e <= 1e-5)) fail_msg("%s step %d: outputs differ by %.3g", name, step, e);
-            worst = fmax(worst, e);
-            e = rel_diff(gp_cpu_runner_grad_f32(F.r, F.g.inputs[0]), gp_cpu_runner_grad_f32(U.r, U.g.inputs[0]), nx);
-            if (!(e <= 1e-5)) fail_msg("%s step %d: input gradients differ by %.3g", name, step, e);
-            worst = fmax(worst, e);
-            int params = 0;
-            for (int v = 0; v < F.g.n_values; v++) {
-                const struct gp_value *pv = &F.g.values[v];
-                if (pv->kind != GP_VALUE_PARAMETER) continue;
-                int vu = gp_graph_find_value(&U.g, pv->name);
-                assert_true(vu >= 0 && U.g.values[vu].kind == GP_VALUE_PARAMETER);
-                int64_t n = gp_shape_numel(&pv->shape);
-                float *gf = gp_cpu_runner_grad_f32(F.r, v), *gu = gp_cpu_runner_grad_f32(U.r, vu);
-                e = rel_diff(gf, gu, n);
-                if (!(e <= 1e-5)) fail_msg("%s step %d: gradient of %s differs by %.3g", name, step, pv->name, e);
-                worst = fmax(worst, e);
-                /* SGD, the same update in both (from the unfused gradient). */
-                float *pf = gp_cpu_runner_data_f32(F.r, v), *pu = gp_cpu_runner_data_f32(U.r, vu);
-                for (int64_t i = 0; i < n; i++) {
-                    pu[i] -= 0.1f * gu[i];
-                    pf[i] -= 0.1f * gf[i];
-                }
-                params++;
-            }
-            assert_true(params >= 2);
-        }
-        printf("%-24s fused within %.2g of unfused (relative to each tensor's largest element; 4 steps)\n", name,
-               worst);
+        double worst = compare_fusion(spellings[s].name, "GP_FUSE_ATTENTION", 99 + s);
+        printf("%-24s fused within %.2g of unfused (relative to each tensor's largest element; 4 steps)\n",
+               spellings[s].name, worst);
         worst_all = fmax(worst_all, worst);
-        free(x), free(w);
-        gp_cpu_runner_free_f32(F.r);
-        gp_cpu_runner_free_f32(U.r);
-        gp_graph_free(&F.g);
-        gp_graph_free(&U.g);
     }
     printf("worst over the spellings: %.2g\n", worst_all);
+}
+
+/* The transformers' other fusion (graph/fuse.c): each Linear's
+ * MatMul(x, Transpose(W)) reads W in place (trans_b). Its layers and
+ * results against the graph with the Transposes kept. */
+static void test_weight_transposes_absorbed(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"nanogpt_op17", "mha_op17", "nanogpt_sdpa_dynamo"};
+    for (size_t s = 0; s < sizeof names / sizeof *names; s++) {
+        struct gp_graph f, u;
+        load_with(names[s], 2, NULL, &f);
+        load_with(names[s], 2, "GP_FUSE_WEIGHT_TRANSPOSE", &u);
+        int dummy, absorbed = 0;
+        for (int i = 0; i < f.n_nodes; i++)
+            if (f.nodes[i].trans_b) {
+                absorbed++;
+                assert_string_equal(f.nodes[i].op_type, "MatMul");
+                assert_int_equal(f.values[f.nodes[i].inputs[1]].kind, GP_VALUE_PARAMETER);
+            }
+        int kept = count_op(&u, "Transpose", &dummy) - count_op(&f, "Transpose", &dummy);
+        if (absorbed < 1 || kept != absorbed) fail_msg("%s: %d MatMuls read a weight transposed, %d Transposes went", names[s], absorbed, kept);
+        assert_int_equal(f.n_nodes + absorbed, u.n_nodes);
+        gp_graph_free(&f);
+        gp_graph_free(&u);
+        double worst = compare_fusion(names[s], "GP_FUSE_WEIGHT_TRANSPOSE", 7 + s);
+        printf("%-24s %d weight Transposes absorbed; within %.2g of the graph that keeps them (4 steps)\n", names[s],
+               absorbed, worst);
+    }
 }
 
 int main(void)
@@ -514,7 +559,7 @@ int main(void)
         cmocka_unit_test(test_forward_reference), cmocka_unit_test(test_gradients),
         cmocka_unit_test(test_refusals),          cmocka_unit_test(test_spellings_fuse),
         cmocka_unit_test(test_hand_built_chains), cmocka_unit_test(test_fixture_gpt_unfused),
-        cmocka_unit_test(test_fused_equals_unfused),
+        cmocka_unit_test(test_fused_equals_unfused), cmocka_unit_test(test_weight_transposes_absorbed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

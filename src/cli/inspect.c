@@ -168,6 +168,10 @@ static void print_json(gpo_model *m, const struct gpo_model_info *info, const ch
             gp_json_key(&j, "fused");
             gp_json_string(&j, "Relu");
         }
+        if (l.trans_b) {
+            gp_json_key(&j, "transposed_b");
+            gp_json_bool(&j, true);
+        }
         gp_json_key(&j, "domain");
         gp_json_string(&j, l.domain);
         gp_json_key(&j, "since_version");
@@ -278,7 +282,7 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
     printf("%-12s %d in the file, %d folded at load time, ", "nodes", info->source_nodes, info->folded_nodes);
     if (info->fused_nodes)
         printf("%d fused into %d (exported attention into Attention, GELU chains into Gelu, Relu into the BatchNormalization or residual Add "
-               "before it), ",
+               "before it, weight Transposes into their MatMul), ",
                info->fused_nodes + info->fusions, info->fusions);
     printf("%d layers\n", info->n_layers);
     struct op_tally *t = calloc((size_t)info->folded_nodes + 1, sizeof *t);
@@ -300,7 +304,7 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
         struct gpo_layer l;
         if (gpo_layer(m, i, &l) != GPO_OK) continue;
         int len = (int)strlen(l.name);
-        int olen = (int)strlen(l.op) + (l.fused_relu ? 5 : 0); /* "+Relu" */
+        int olen = (int)strlen(l.op) + (l.fused_relu ? 5 : 0) + (l.trans_b ? 5 : 0); /* "+Relu", "(B^T)" */
         if (len > name_w) name_w = len;
         if (olen > op_w) op_w = olen;
     }
@@ -325,7 +329,7 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
             used += (size_t)w;
         }
         char op[64];
-        snprintf(op, sizeof op, "%s%s", l.op, l.fused_relu ? "+Relu" : "");
+        snprintf(op, sizeof op, "%s%s%s", l.op, l.fused_relu ? "+Relu" : "", l.trans_b ? "(B^T)" : "");
         const char *mark = nhwc && l.channels_last ? "  nhwc" : "";
         printf("%5d  %-*s  %-*s  %-24s %12s  %-*s%s\n", i, op_w, op, name_w, clip(l.name, name_w, name, sizeof name),
                shapes, l.params ? gp_cli_count(l.params, a, sizeof a) : "-", *mark ? front_w : 0,

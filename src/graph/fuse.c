@@ -30,6 +30,16 @@
  * pair's bits, at two passes over the activation fewer forward and two
  * backward, and without the tensor before the Relu kept for its backward.
  *
+ * And the Transpose of a weight into the MatMul reading it: nn.Linear (and
+ * GPT-2's Conv1D) export y = MatMul(x, Transpose(W)) with W [N, K] a
+ * parameter; the MatMul, flagged trans_b, reads W in place as B^T (BLAS's
+ * transpose flag) and writes W's gradient directly. The Transpose layer,
+ * its [K, N] copy of the weight per micro-batch, and the transpose of its
+ * gradient back go. Only for a 2-D parameter whose Transpose (perm [1, 0])
+ * only that MatMul reads, as its B: the products are the same sums in the
+ * same order, so the results are the unfused pair's up to BLAS's own
+ * choice of kernel for the other operand layout.
+ *
  * Scaled dot-product attention fuses first, into one Attention node
  * (graph/fuse_attention.c).
  *
@@ -202,6 +212,21 @@ static bool same_shape_add(const struct gp_graph *g, const struct gp_node *n)
     return true;
 }
 
+/* A Transpose swapping the two axes of a 2-D parameter (perm [1, 0], or
+ * no perm: reversed axes). */
+static bool weight_transpose(const struct gp_graph *g, const struct gp_node *t)
+{
+    if (!gp_fuse_is_op(t, "Transpose") || t->n_inputs != 1 || t->n_outputs != 1 || t->inputs[0] < 0)
+        return false;
+    const struct gp_value *w = &g->values[t->inputs[0]];
+    if (w->kind != GP_VALUE_PARAMETER || w->shape.rank != 2 || w->dtype != GP_DTYPE_FLOAT32) return false;
+    for (int a = 0; a < t->n_attrs; a++)
+        if (!strcmp(t->attrs[a].name, "perm"))
+            return t->attrs[a].type == GP_ATTR_INTS && t->attrs[a].count == 2 && t->attrs[a].ints[0] == 1 &&
+                   t->attrs[a].ints[1] == 0;
+    return true;
+}
+
 /* "<folder of the first node's name>/Gelu" (the exporter's module path),
  * or "Gelu_<index>" for names without one. */
 static const char *gelu_name(struct gp_graph *g, const struct gp_node *first, int index)
@@ -286,6 +311,28 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
         bn->outputs[0] = r->outputs[0];
         bn->fused_relu = true;
         g->values[r->outputs[0]].producer = b;
+        g->values[v].producer = -1;
+        drop[i] = true;
+        fused++;
+    }
+    /* Weight Transposes into the MatMul reading them (GP_FUSE_WEIGHT_TRANSPOSE=0:
+     * not, for comparisons). */
+    const char *wt_env = getenv("GP_FUSE_WEIGHT_TRANSPOSE");
+    for (int i = 0; !(wt_env && !strcmp(wt_env, "0")) && i < g->n_nodes; i++) {
+        struct gp_node *t = &g->nodes[i];
+        if (drop[i] || !weight_transpose(g, t)) continue;
+        int v = t->outputs[0];
+        int m = gp_fuse_sole_consumer(g, uses, user, v);
+        if (m < 0 || drop[m]) continue;
+        struct gp_node *mm = &g->nodes[m];
+        if (!gp_fuse_is_op(mm, "MatMul") || mm->n_inputs != 2 || mm->inputs[1] != v || mm->inputs[0] == v ||
+            mm->trans_b)
+            continue;
+        int w = t->inputs[0];
+        mm->inputs[1] = w;
+        mm->trans_b = true;
+        uses[w]++, user[w] = m;
+        uses[v] = 0;
         g->values[v].producer = -1;
         drop[i] = true;
         fused++;

@@ -90,6 +90,10 @@ struct gp_node {
      * is the Relu's, max(y, 0), and the backward masks dY by output 0 > 0.
      * Set by fusion only, never read from a file. */
     bool fused_relu;
+    /* A MatMul whose B is a 2-D parameter stored transposed, [N, K] (the
+     * exporter's Transpose of the weight absorbed, graph/fuse.c): the
+     * product is A B^T and B's gradient is dY^T A. Set by fusion only. */
+    bool trans_b;
 };
 
 struct gp_opset {

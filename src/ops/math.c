@@ -93,6 +93,8 @@ static gp_status matmul_infer(struct gp_infer_ctx *ctx)
     int64_t m = sa->rank >= 2 ? sa->dims[sa->rank - 2] : 1, ka = sa->dims[sa->rank - 1];
     int64_t kb = sb->rank >= 2 ? sb->dims[sb->rank - 2] : sb->dims[0];
     int64_t n = sb->rank >= 2 ? sb->dims[sb->rank - 1] : 1;
+    if (ctx->node->trans_b && sb->rank == 2) /* a weight stored [N, K] (graph/fuse.c) */
+        kb = sb->dims[1], n = sb->dims[0];
     if (ka != kb)
         return gp_op_error(ctx, GP_ERR_SHAPE,
                            "A is %s and B is %s: inner dimensions %lld and %lld differ",

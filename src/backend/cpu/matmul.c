@@ -122,7 +122,8 @@ static gp_status gemm_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 
 /* A [..., M, K] x B [..., K, N] -> Y [..., M, N], the batch axes broadcast
  * numpy-style; a 1-D A is [1, K] and a 1-D B [K, 1], whose axis of size 1
- * Y drops (which leaves Y's memory layout unchanged). */
+ * Y drops (which leaves Y's memory layout unchanged). A trans_b node's B
+ * is a 2-D weight stored [N, K] (graph/fuse.c), always the folded case. */
 struct matmul_plan {
     int64_t m, n, k;
     int nb;                        /* batch axes of Y */
@@ -137,7 +138,7 @@ static void matmul_plan(const struct gp_cpu_ctx *c, struct matmul_plan *p)
     const struct gp_shape *sa = &gp_cpu_in_value(c, 0)->shape, *sb = &gp_cpu_in_value(c, 1)->shape;
     p->m = sa->rank >= 2 ? sa->dims[sa->rank - 2] : 1;
     p->k = sa->dims[sa->rank - 1];
-    p->n = sb->rank >= 2 ? sb->dims[sb->rank - 1] : 1;
+    p->n = c->node->trans_b ? sb->dims[0] : sb->rank >= 2 ? sb->dims[sb->rank - 1] : 1;
     int ba = sa->rank > 2 ? sa->rank - 2 : 0, bb = sb->rank > 2 ? sb->rank - 2 : 0;
     p->nb = ba > bb ? ba : bb;
     int64_t ma = 1, mb = 1; /* running products of batch dims, from the right */
@@ -176,13 +177,15 @@ static gp_status matmul_forward(struct gp_cpu_ctx *c, struct gp_error *err)
     const real *a = c->in[0], *b = c->in[1];
     real *y = c->out[0];
     int64_t sa = p.m * p.k, sb = p.k * p.n, sy = p.m * p.n;
+    bool tb = c->node->trans_b;
     if (p.nbm == 1 && p.na == p.batch) {
         /* One B for a whole batch of A (x [B, T, C] @ W [C, N]): one product
          * with the batch folded into the rows. */
         GP_TRY(check_blas(c, err, p.batch * p.m, p.n, p.k));
-        gp_cpu_gemm(false, false, p.batch * p.m, p.n, p.k, 1, a, p.k, b, p.n, 0, y, p.n);
+        gp_cpu_gemm(false, tb, p.batch * p.m, p.n, p.k, 1, a, p.k, b, tb ? p.k : p.n, 0, y, p.n);
         return GP_OK;
     }
+    if (tb) return gp_error_set(err, GP_ERR_INVALID, "MatMul: a transposed B shared by a batch of A only");
     GP_TRY(check_blas(c, err, p.m, p.n, p.k));
     for (int64_t i = 0; i < p.batch; i++) {
         int64_t oa, ob;
@@ -204,13 +207,18 @@ static gp_status matmul_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     real *da = c->din[0], *db = c->din[1];
     if (!dy) return GP_OK;
     int64_t sa = p.m * p.k, sb = p.k * p.n, sy = p.m * p.n;
+    bool tb = c->node->trans_b;
     if (p.nbm == 1 && p.na == p.batch) {
         int64_t rows = p.batch * p.m;
-        if (da) gp_cpu_gemm(false, true, rows, p.k, p.n, 1, dy, p.n, b, p.n, 1, da, p.k);
-        /* The batch sum of A_i^T dY_i is one product over rows. */
-        if (db) gp_cpu_gemm(true, false, p.k, p.n, rows, 1, a, p.k, dy, p.n, 1, db, p.n);
+        /* dA = dY B^T; with B stored transposed, dY times the stored [N, K]. */
+        if (da) gp_cpu_gemm(false, !tb, rows, p.k, p.n, 1, dy, p.n, b, tb ? p.k : p.n, 1, da, p.k);
+        /* The batch sum of A_i^T dY_i is one product over rows; the stored
+         * transpose's gradient is its transpose, dY^T A. */
+        if (db && tb) gp_cpu_gemm(true, false, p.n, p.k, rows, 1, dy, p.n, a, p.k, 1, db, p.k);
+        else if (db) gp_cpu_gemm(true, false, p.k, p.n, rows, 1, a, p.k, dy, p.n, 1, db, p.n);
         return GP_OK;
     }
+    if (tb) return gp_error_set(err, GP_ERR_INVALID, "MatMul: a transposed B shared by a batch of A only");
     for (int64_t i = 0; i < p.batch; i++) {
         int64_t oa, ob;
         matmul_offsets(&p, i, &oa, &ob);

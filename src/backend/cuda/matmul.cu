@@ -399,7 +399,8 @@ static void matmul_plan(const struct gp_cuda_ctx *c, struct matmul_plan *p)
     memset(p, 0, sizeof *p);
     p->m = sa->rank >= 2 ? sa->dims[sa->rank - 2] : 1;
     p->k = sa->dims[sa->rank - 1];
-    p->n = sb->rank >= 2 ? sb->dims[sb->rank - 1] : 1;
+    /* trans_b: B is a 2-D weight stored [N, K] (graph/fuse.c). */
+    p->n = c->node->trans_b ? sb->dims[0] : sb->rank >= 2 ? sb->dims[sb->rank - 1] : 1;
     int ba = sa->rank > 2 ? sa->rank - 2 : 0, bb = sb->rank > 2 ? sb->rank - 2 : 0;
     p->nb = ba > bb ? ba : bb;
     int64_t ma = 1, mb = 1;
@@ -487,9 +488,11 @@ static gp_status matmul_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     struct mm_types t;
     GP_TRY(mm_types_of(c, err, "MatMul forward", gp_cuda_is_bf16(c->in_dt, 0), gp_cuda_is_bf16(c->in_dt, 1),
                        gp_cuda_is_bf16(c->out_dt, 0), &t));
+    bool tb = c->node->trans_b;
     if (p.nbm == 1 && p.na == p.batch) /* one B for a whole batch of A: the batch folds into rows */
-        return rm_gemm(c, err, "MatMul forward", &t, false, false, p.batch * p.m, p.n, p.k, 1.0f, a, p.k,
-                       0, b, p.n, 0, 0.0f, y, p.n, 0, 1);
+        return rm_gemm(c, err, "MatMul forward", &t, false, tb, p.batch * p.m, p.n, p.k, 1.0f, a, p.k,
+                       0, b, tb ? p.k : p.n, 0, 0.0f, y, p.n, 0, 1);
+    if (tb) return gp_cuda_error(c, err, GP_ERR_INVALID, "MatMul: a transposed B shared by a batch of A only");
     struct batch_axes ax;
     batch_axes_init(&ax, p.nb, p.dims, p.sa, p.sb, p.sy);
     return batched_gemm(c, err, "MatMul forward", &t, &ax, false, false, p.m, p.n, p.k, a, p.k,
@@ -602,17 +605,25 @@ static gp_status matmul_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (da) GP_TRY(mm_types_of(c, err, "MatMul backward (A)", yb, bb, dab, &ta));
     if (db) GP_TRY(mm_types_of(c, err, "MatMul backward (B)", ab, yb, dbb, &tb));
     int64_t ma = p.m * p.k, mb = p.k * p.n, my = p.m * p.n;
+    bool trans_b = c->node->trans_b;
     if (p.nbm == 1 && p.na == p.batch) {
         int64_t rows = p.batch * p.m;
+        /* dA = dY B^T; with B stored transposed, dY times the stored [N, K]. */
         if (da)
-            GP_TRY(rm_gemm(c, err, "MatMul backward (A)", &ta, false, true, rows, p.k, p.n, 1.0f, dy, p.n,
-                           0, b, p.n, 0, 1.0f, da, p.k, 0, 1));
-        /* The batch sum of A_i^T dY_i is one product over the rows. */
-        if (db)
+            GP_TRY(rm_gemm(c, err, "MatMul backward (A)", &ta, false, !trans_b, rows, p.k, p.n, 1.0f, dy, p.n,
+                           0, b, trans_b ? p.k : p.n, 0, 1.0f, da, p.k, 0, 1));
+        /* The batch sum of A_i^T dY_i is one product over the rows; the
+         * stored transpose's gradient is its transpose, dY^T A. */
+        if (db && trans_b)
+            GP_TRY(rm_gemm(c, err, "MatMul backward (B)", &tb, true, false, p.n, p.k, rows, 1.0f, dy, p.n,
+                           0, a, p.k, 0, 1.0f, db, p.k, 0, 1));
+        else if (db)
             GP_TRY(rm_gemm(c, err, "MatMul backward (B)", &tb, true, false, p.k, p.n, rows, 1.0f, a, p.k,
                            0, dy, p.n, 0, 1.0f, db, p.n, 0, 1));
         return GP_OK;
     }
+    if (trans_b)
+        return gp_cuda_error(c, err, GP_ERR_INVALID, "MatMul: a transposed B shared by a batch of A only");
     float *scratch = (float *)c->scratch;
     if (da) {
         /* dA_i = dY_i [m, n] . B_i^T [n, k]. */
