@@ -34,9 +34,10 @@
  * GPT-2's Conv1D) export y = MatMul(x, Transpose(W)) with W [N, K] a
  * parameter; the MatMul, flagged trans_b, reads W in place as B^T (BLAS's
  * transpose flag) and writes W's gradient directly. The Transpose layer,
- * its [K, N] copy of the weight per micro-batch, and the transpose of its
- * gradient back go. Only for a 2-D parameter whose Transpose (perm [1, 0])
- * only that MatMul reads, as its B: the products are the same sums in the
+ * its [K, N] copy of the weight (once per step), and the transpose of its
+ * gradient back go. Only for a 2-D parameter read by nothing else, whose
+ * Transpose (perm [1, 0]) only that MatMul reads, as its B (a tied weight
+ * keeps its Transpose, below): the products are the same sums in the
  * same order, so the results are the unfused pair's up to BLAS's own
  * choice of kernel for the other operand layout.
  *
@@ -329,6 +330,11 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
             mm->trans_b)
             continue;
         int w = t->inputs[0];
+        /* A weight read elsewhere too (a GPT's head tied to its embedding)
+         * keeps its Transpose: computed once per step, its gradient added
+         * once after every micro-batch's other terms, which keeps a split
+         * of the readers into stages bit for bit one stage (pipeline/tied.c). */
+        if (uses[w] != 1) continue;
         mm->inputs[1] = w;
         mm->trans_b = true;
         uses[w]++, user[w] = m;
