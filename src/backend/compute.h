@@ -91,9 +91,13 @@ struct gp_loss_spec {
 struct gp_loss_call {
     const struct gp_loss_spec *spec;
     const struct gp_shape *out_shape;
-    const float *out;
+    const void *out;
     const void *target;      /* NULL for the output loss */
-    float *dout;
+    void *dout;
+    /* How out and dout are stored: GP_DTYPE_FLOAT32 (or UNDEFINED, the
+     * same), or GP_DTYPE_BFLOAT16 for a backend with loss_bf16 (others get
+     * float32 copies: backend/mixed_call.h). */
+    enum gp_dtype dt;
     double denominator;
     double *loss_sum;
     void *scratch;           /* loss_scratch_bytes() */
@@ -167,6 +171,10 @@ struct gp_compute_ops {
 
     size_t (*loss_scratch_bytes)(const struct gp_shape *out_shape);
     gp_status (*loss)(void *ctx, const struct gp_loss_call *c, struct gp_error *err);
+    /* Whether loss reads a bfloat16 output and writes its bfloat16
+     * gradient itself (gp_loss_call.dt), with the staged path's bits: the
+     * float32 loss on the widened output, its gradient rounded once. */
+    bool loss_bf16;
 
     /* Deferred BatchNorm (backend/cpu/kernel.h). */
     size_t (*bn_stats_len)(const struct gp_graph *g, const struct gp_node *node);

@@ -317,8 +317,17 @@ gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const s
     return store_back(ops, ctx, g, n->inputs, n->n_inputs, (void *const *)c->din, din, c->din_dt, l.in, err);
 }
 
-size_t gp_mixed_loss_staging_bytes(const struct gp_shape *out_shape, enum gp_dtype out_dt, enum gp_dtype dout_dt)
+/* Whether the backend's loss takes the output and its gradient as stored. */
+static bool loss_native(const struct gp_compute_ops *ops, enum gp_dtype out_dt, enum gp_dtype dout_dt)
 {
+    if (out_dt != GP_DTYPE_BFLOAT16 && dout_dt != GP_DTYPE_BFLOAT16) return true;
+    return ops->loss_bf16 && out_dt == dout_dt;
+}
+
+size_t gp_mixed_loss_staging_bytes(const struct gp_compute_ops *ops, const struct gp_shape *out_shape,
+                                   enum gp_dtype out_dt, enum gp_dtype dout_dt)
+{
+    if (loss_native(ops, out_dt, dout_dt)) return 0;
     size_t one = align64((size_t)gp_shape_numel(out_shape) * sizeof(float));
     return (out_dt == GP_DTYPE_BFLOAT16 ? one : 0) + (dout_dt == GP_DTYPE_BFLOAT16 ? one : 0);
 }
@@ -326,15 +335,20 @@ size_t gp_mixed_loss_staging_bytes(const struct gp_shape *out_shape, enum gp_dty
 gp_status gp_mixed_loss(const struct gp_compute_ops *ops, void *ctx, const struct gp_loss_call *c,
                         enum gp_dtype out_dt, enum gp_dtype dout_dt, void *staging, struct gp_error *err)
 {
-    int64_t n = gp_shape_numel(c->out_shape);
     struct gp_loss_call l = *c;
+    if (loss_native(ops, out_dt, dout_dt)) {
+        l.dt = out_dt == GP_DTYPE_BFLOAT16 ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+        return ops->loss(ctx, &l, err);
+    }
+    int64_t n = gp_shape_numel(c->out_shape);
     unsigned char *next = staging;
+    l.dt = GP_DTYPE_FLOAT32;
     if (out_dt == GP_DTYPE_BFLOAT16) {
-        l.out = (const float *)next;
+        l.out = next;
         next += align64((size_t)n * sizeof(float));
         GP_TRY(ops->convert(ctx, (void *)l.out, GP_DTYPE_FLOAT32, c->out, GP_DTYPE_BFLOAT16, n, false, err));
     }
-    if (dout_dt == GP_DTYPE_BFLOAT16) l.dout = (float *)next;
+    if (dout_dt == GP_DTYPE_BFLOAT16) l.dout = next;
     GP_TRY(ops->loss(ctx, &l, err));
     if (dout_dt == GP_DTYPE_BFLOAT16)
         GP_TRY(ops->convert(ctx, c->dout, GP_DTYPE_BFLOAT16, l.dout, GP_DTYPE_FLOAT32, n, false, err));

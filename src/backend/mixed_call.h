@@ -56,10 +56,12 @@ gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const s
                             void *staging, struct gp_error *err);
 
 /* The loss on a bfloat16 output and into a bfloat16 gradient: out_dt and
- * dout_dt say how c->out and c->dout are stored; float32 copies staged
- * as above (staging: gp_mixed_loss_staging_bytes). */
-size_t gp_mixed_loss_staging_bytes(const struct gp_shape *out_shape, enum gp_dtype out_dt,
-                                   enum gp_dtype dout_dt);
+ * dout_dt say how c->out and c->dout are stored. A backend whose loss reads
+ * and writes bfloat16 itself (gp_compute_ops.loss_bf16) gets them as they
+ * are when both are bfloat16 (no copies, no staging); otherwise float32
+ * copies are staged as above (staging: gp_mixed_loss_staging_bytes). */
+size_t gp_mixed_loss_staging_bytes(const struct gp_compute_ops *ops, const struct gp_shape *out_shape,
+                                   enum gp_dtype out_dt, enum gp_dtype dout_dt);
 gp_status gp_mixed_loss(const struct gp_compute_ops *ops, void *ctx, const struct gp_loss_call *c,
                         enum gp_dtype out_dt, enum gp_dtype dout_dt, void *staging, struct gp_error *err);
 

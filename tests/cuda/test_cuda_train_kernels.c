@@ -5,7 +5,10 @@
  *              ignore index inside [0, C), NaN / inf / -inf logits, loss
  *              only), gp_mse_loss, gp_output_loss: gradients to 1e-6
  *              relative (mse's and the output loss's bit for bit), losses
- *              to 1e-9 relative;
+ *              to 1e-9 relative; on bfloat16 outputs (the same cases, GPT-2's
+ *              [16, 1024, 50304] and odd vocabularies, misaligned rows)
+ *              BIT-IDENTICAL to the float32 call on a widened copy, its
+ *              gradient rounded to bfloat16;
  *   optimizer  gp_optim_step after gp_scale_grads: SGD (plain, momentum,
  *              dampening, nesterov, weight decay) and AdamW (torch 1.13 and
  *              2.x arithmetic, both lerp branches, with and without weight
@@ -246,13 +249,13 @@ static void run_ce(const struct ce_case *k)
     CK(cudaMemset(dg, 0xff, sizeof(float) * (size_t)(n + mis))); /* NaN: every element must be written */
     double *dloss = dev_alloc(sizeof(double));
     void *scratch = dev_alloc(gp_cuda_loss_scratch_bytes(&shape));
-    GP(gp_cuda_cross_entropy(st, dx + mis, &shape, k->axis, dy, k->ignore_index, den,
+    GP(gp_cuda_cross_entropy(st, dx + mis, GP_DTYPE_FLOAT32, &shape, k->axis, dy, k->ignore_index, den,
                              k->loss_only ? NULL : dg + mis, dloss, scratch, &err));
     sync_stream(st, k->label);
     /* twice: the same loss, bit for bit (fixed-order sums) */
     double loss1 = 0, loss2 = 0;
     to_host(&loss1, dloss, sizeof loss1);
-    GP(gp_cuda_cross_entropy(st, dx + mis, &shape, k->axis, dy, k->ignore_index, den,
+    GP(gp_cuda_cross_entropy(st, dx + mis, GP_DTYPE_FLOAT32, &shape, k->axis, dy, k->ignore_index, den,
                              k->loss_only ? NULL : dg + mis, dloss, scratch, &err));
     sync_stream(st, k->label);
     to_host(&loss2, dloss, sizeof loss2);
@@ -331,13 +334,17 @@ static void test_cross_entropy(void **state)
     /* refusals */
     struct gp_error err = {0};
     struct gp_shape s = make_shape(2, (const int64_t[]){4, 5});
-    assert_int_equal(gp_cuda_cross_entropy(NULL, NULL, &s, 2, NULL, -100, 1.0, NULL, (double *)16, (void *)16,
+    assert_int_equal(gp_cuda_cross_entropy(NULL, NULL, GP_DTYPE_FLOAT32, &s, 2, NULL, -100, 1.0, NULL, (double *)16, (void *)16,
                                            &err),
                      GP_ERR_INVALID);
     err = (struct gp_error){0};
-    assert_int_equal(gp_cuda_cross_entropy(NULL, NULL, &s, 1, NULL, -100, 0.0, NULL, (double *)16, (void *)16,
+    assert_int_equal(gp_cuda_cross_entropy(NULL, NULL, GP_DTYPE_FLOAT32, &s, 1, NULL, -100, 0.0, NULL, (double *)16, (void *)16,
                                            &err),
                      GP_ERR_INVALID);
+    err = (struct gp_error){0};
+    assert_int_equal(gp_cuda_cross_entropy(NULL, NULL, GP_DTYPE_INT8, &s, 1, NULL, -100, 1.0, NULL, (double *)16,
+                                           (void *)16, &err),
+                     GP_ERR_UNSUPPORTED);
 }
 
 /* ---- mse and output loss ---- */
@@ -366,7 +373,7 @@ static void run_mse(int64_t n, int mis, bool loss_only)
     CK(cudaMemset(dg, 0xff, sizeof(float) * (size_t)(n + 1)));
     double *dloss = dev_alloc(sizeof(double));
     void *scratch = dev_alloc(gp_cuda_loss_scratch_bytes(&shape));
-    GP(gp_cuda_mse_loss(st, dp + mis, dt, n, den, loss_only ? NULL : dg + mis, dloss, scratch, &err));
+    GP(gp_cuda_mse_loss(st, dp + mis, GP_DTYPE_FLOAT32, dt, n, den, loss_only ? NULL : dg + mis, dloss, scratch, &err));
     sync_stream(st, label);
     double loss = 0;
     to_host(&loss, dloss, sizeof loss);
@@ -427,7 +434,7 @@ static void run_output_loss(int64_t n, int mis, bool loss_only)
     CK(cudaMemset(dg, 0xff, sizeof(float) * (size_t)(n + 1)));
     double *dloss = dev_alloc(sizeof(double));
     void *scratch = dev_alloc(gp_cuda_loss_scratch_bytes(&shape));
-    GP(gp_cuda_output_loss(st, dout + mis, n, den, loss_only ? NULL : dg + mis, dloss, scratch, &err));
+    GP(gp_cuda_output_loss(st, dout + mis, GP_DTYPE_FLOAT32, n, den, loss_only ? NULL : dg + mis, dloss, scratch, &err));
     sync_stream(st, label);
     double loss = 0;
     to_host(&loss, dloss, sizeof loss);
@@ -461,6 +468,197 @@ static void test_output_loss(void **state)
     run_output_loss(4194307, 0, false); /* float4 grid wraps */
     run_output_loss(1234567, 1, false);
     run_output_loss(999, 0, true);
+}
+
+/* ---- the losses on bfloat16 outputs ----
+ * The bfloat16 call against the float32 call on a widened copy of the same
+ * values (widened on the device by gp_cuda_convert, exact), whose own
+ * agreement with the CPU the cases above check: the loss BIT-IDENTICAL and
+ * every bfloat16 gradient value the float32 gradient rounded to nearest
+ * even (gp_float_to_bf16). The float32 copy is 16-byte aligned (as the
+ * executor's staging was), the bfloat16 tensors are `misalign` values off
+ * (2 bytes: scalar loads, 8 bytes: 8-byte loads but no 16-byte runs). */
+
+enum loss_kind { L_CE, L_MSE, L_OUT };
+
+struct bf_case {
+    const char *label;
+    enum loss_kind kind;
+    int rank;
+    int64_t dims[5];
+    int axis;             /* cross-entropy */
+    double ignore_frac;   /* cross-entropy */
+    int misalign;         /* bfloat16 values */
+    bool loss_only;
+    enum special special; /* cross-entropy: row 0 -inf logits, row 2 all -inf, row 3 +inf, row 4 NaN */
+    bool f32_misaligned;  /* mse, output loss: the float32 copy as misaligned (the same split) */
+};
+
+static void run_bf16_loss(const struct bf_case *k)
+{
+    struct gp_shape shape = make_shape(k->rank, k->dims);
+    const int64_t n = gp_shape_numel(&shape);
+    const int64_t C = k->kind == L_CE ? k->dims[k->axis] : 1, rows = C ? n / C : 0;
+    int64_t S = 1;
+    if (k->kind == L_CE)
+        for (int i = k->axis + 1; i < k->rank; i++) S *= k->dims[i];
+    const int mis = k->misalign, fmis = k->f32_misaligned ? 1 : 0;
+
+    /* bfloat16 values: a cheap pattern for the big cases, spread ~4 */
+    uint16_t *xb = xmalloc(sizeof(uint16_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        xb[i] = gp_float_to_bf16(n > 10000000 ? 0.25f * (float)((int)(rng_next() >> 58) - 32) : 4.0f * normalish());
+    if (k->kind == L_CE && k->special != SP_NONE)
+        for (int64_t r = 0; r < rows && r < 5; r++) {
+            const int64_t o = r / S, i = r % S;
+            uint16_t *xr = xb + o * C * S + i;
+            for (int64_t c = 0; c < C; c++) {
+                float v = gp_bf16_to_float(xr[c * S]);
+                if (r == 0 && c % 3 == 2) v = -INFINITY;
+                if (r == 2) v = -INFINITY;
+                if (r == 3 && c == C / 2) v = INFINITY;
+                if (r == 4 && c == C - 1) v = NAN;
+                xr[c * S] = gp_float_to_bf16(v);
+            }
+        }
+    int64_t *y = NULL;
+    float *t = NULL;
+    if (k->kind == L_CE) {
+        y = xmalloc(sizeof(int64_t) * (size_t)(rows ? rows : 1));
+        for (int64_t r = 0; r < rows; r++) {
+            y[r] = (int64_t)(rng_next() % (uint64_t)C);
+            if (uniform() < k->ignore_frac) y[r] = GP_LOSS_IGNORE_INDEX;
+        }
+        if (rows > 1 && k->ignore_frac < 1.0) y[rows - 1] = C - 1; /* the last class hot in the last row: the last run's last value */
+    } else if (k->kind == L_MSE) {
+        t = xmalloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) t[i] = normalish();
+    }
+    const int64_t terms = k->kind == L_CE ? gp_loss_count_targets(y, rows, GP_LOSS_IGNORE_INDEX) : n;
+    const double den = terms > 0 ? (double)terms * 1.5 : 1.0;
+
+    struct gp_error err = {0};
+    cudaStream_t st = new_stream();
+    uint16_t *dxb = dev_alloc(sizeof(uint16_t) * (size_t)(n + 8)), *dgb = dev_alloc(sizeof(uint16_t) * (size_t)(n + 8));
+    float *dxf = dev_alloc(sizeof(float) * (size_t)(n + 4)), *dgf = dev_alloc(sizeof(float) * (size_t)(n + 4));
+    CK(cudaMemcpy(dxb + mis, xb, sizeof(uint16_t) * (size_t)n, cudaMemcpyHostToDevice));
+    GP(gp_cuda_convert(NULL, dxf + fmis, GP_DTYPE_FLOAT32, dxb + mis, GP_DTYPE_BFLOAT16, n, false, &err));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemset(dgb, 0xff, sizeof(uint16_t) * (size_t)(n + 8))); /* NaN: every value must be written */
+    CK(cudaMemset(dgf, 0xff, sizeof(float) * (size_t)(n + 4)));
+    int64_t *dy = y ? dev_copy(y, sizeof(int64_t) * (size_t)(rows ? rows : 1)) : NULL;
+    float *dt = t ? dev_copy(t, sizeof(float) * (size_t)n) : NULL;
+    double *dloss = dev_alloc(2 * sizeof(double));
+    void *scratch = dev_alloc(gp_cuda_loss_scratch_bytes(&shape));
+    double loss_b[2], loss_f = 0;
+    for (int rep = 0; rep < 3; rep++) { /* bfloat16 twice (the same bits run to run), float32 once */
+        const bool b = rep < 2;
+        const void *x = b ? (const void *)(dxb + mis) : (const void *)(dxf + fmis);
+        void *gr = k->loss_only ? NULL : b ? (void *)(dgb + mis) : (void *)(dgf + fmis);
+        const enum gp_dtype dtp = b ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+        if (k->kind == L_CE)
+            GP(gp_cuda_cross_entropy(st, x, dtp, &shape, k->axis, dy, GP_LOSS_IGNORE_INDEX, den, gr, dloss, scratch,
+                                     &err));
+        else if (k->kind == L_MSE)
+            GP(gp_cuda_mse_loss(st, x, dtp, dt, n, den, gr, dloss, scratch, &err));
+        else
+            GP(gp_cuda_output_loss(st, x, dtp, n, den, gr, dloss, scratch, &err));
+        sync_stream(st, k->label);
+        to_host(b ? &loss_b[rep] : &loss_f, dloss, sizeof(double));
+    }
+    if (memcmp(&loss_b[0], &loss_b[1], sizeof(double)) != 0)
+        fail_msg("%s: the bfloat16 loss differs between two runs: %.17g and %.17g", k->label, loss_b[0], loss_b[1]);
+    if (memcmp(&loss_b[0], &loss_f, sizeof(double)) != 0)
+        fail_msg("%s: the bfloat16 loss %.17g (%a) is not the float32 one on the widened copy, %.17g (%a)", k->label,
+                 loss_b[0], loss_b[0], loss_f, loss_f);
+    if (k->kind == L_CE && n > 0 && n <= 4000000) {
+        /* and the CPU's on the same values */
+        float *xf = xmalloc(sizeof(float) * (size_t)n), *want_g = xmalloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) xf[i] = gp_bf16_to_float(xb[i]);
+        struct gp_shape lshape = {.rank = k->rank - 1};
+        for (int i = 0, j = 0; i < k->rank; i++)
+            if (i != k->axis) lshape.dims[j++] = k->dims[i];
+        double want_loss = 0;
+        int64_t want_terms = 0;
+        GP(gp_cross_entropy(xf, &shape, y, &lshape, k->axis, GP_LOSS_IGNORE_INDEX, den, want_g, &want_loss,
+                            &want_terms, &err));
+        if (!close_rel(loss_b[0], want_loss, 1e-9, 0))
+            fail_msg("%s: bfloat16 loss sum CUDA %.17g, CPU %.17g", k->label, loss_b[0], want_loss);
+        free(xf);
+        free(want_g);
+    }
+    uint16_t *got = xmalloc(sizeof(uint16_t) * (size_t)(n + 8));
+    to_host(got, dgb, sizeof(uint16_t) * (size_t)(n + 8));
+    for (int64_t i = 0; i < n + 8; i++) {
+        const bool inside = i >= mis && i < mis + n;
+        if ((!inside || k->loss_only) && got[i] != 0xffff)
+            fail_msg("%s: bfloat16 gradient value %lld written (outside the tensor, or loss only)", k->label,
+                     (long long)(i - mis));
+    }
+    if (!k->loss_only) {
+        float *gf = xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+        to_host(gf, dgf + fmis, sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t want = gp_float_to_bf16(gf[i]);
+            if (got[mis + i] != want)
+                fail_msg("%s: gradient value %lld: bfloat16 %#06x, the float32 gradient %.9g (%a) rounded %#06x",
+                         k->label, (long long)i, got[mis + i], (double)gf[i], (double)gf[i], want);
+        }
+        free(gf);
+    }
+    n_cases++;
+    CK(cudaFree(dxb));
+    CK(cudaFree(dgb));
+    CK(cudaFree(dxf));
+    CK(cudaFree(dgf));
+    if (dy) CK(cudaFree(dy));
+    if (dt) CK(cudaFree(dt));
+    CK(cudaFree(dloss));
+    CK(cudaFree(scratch));
+    CK(cudaStreamDestroy(st));
+    free(xb);
+    free(y);
+    free(t);
+    free(got);
+}
+
+static void test_bf16_losses(void **state)
+{
+    (void)state;
+    static const struct bf_case cases[] = {
+        {"bf16 ce [16,50304] axis 1 (16-byte runs)", L_CE, 2, {16, 50304}, 1, 0.2, 0, false, SP_NONE, false},
+        {"bf16 ce [2,9,50304] last axis", L_CE, 3, {2, 9, 50304}, 2, 0.2, 0, false, SP_NONE, false},
+        {"bf16 ce [2,9,50304] misaligned 2 bytes (scalar loads, float32's split)", L_CE, 3, {2, 9, 50304}, 2, 0.1, 1,
+         false, SP_NONE, false},
+        {"bf16 ce [2,9,50304] misaligned 8 bytes (8-byte loads, gradient by value)", L_CE, 3, {2, 9, 50304}, 2,
+         0.1, 4, false, SP_NONE, false},
+        {"bf16 ce [3,5,50257] last axis (GPT-2's odd vocabulary)", L_CE, 3, {3, 5, 50257}, 2, 0.2, 0, false, SP_NONE,
+         false},
+        {"bf16 ce [4,1004] axis 1 (C % 8 == 4)", L_CE, 2, {4, 1004}, 1, 0.2, 0, false, SP_NONE, false},
+        {"bf16 ce [5000,12] axis 1 (more rows than blocks)", L_CE, 2, {5000, 12}, 1, 0.2, 0, false, SP_NONE, false},
+        {"bf16 ce [7,33] axis 1 odd", L_CE, 2, {7, 33}, 1, 0.0, 0, false, SP_NONE, false},
+        {"bf16 ce [4,7,5,3] axis 1 (strided, thread per row)", L_CE, 4, {4, 7, 5, 3}, 1, 0.2, 0, false, SP_NONE,
+         false},
+        {"bf16 ce [2,300,5] axis 1 (strided, block per row)", L_CE, 3, {2, 300, 5}, 1, 0.2, 0, false, SP_NONE,
+         false},
+        {"bf16 ce [2,8,304] last axis, all ignored", L_CE, 3, {2, 8, 304}, 2, 1.0, 0, false, SP_NONE, false},
+        {"bf16 ce [8,50304] axis 1, loss only", L_CE, 2, {8, 50304}, 1, 0.2, 0, true, SP_NONE, false},
+        {"bf16 ce [7,64] axis 1, NaN/inf logits (chunks)", L_CE, 2, {7, 64}, 1, 0.0, 0, false, SP_NONFINITE, false},
+        {"bf16 ce [7,33] axis 1, NaN/inf logits (values)", L_CE, 2, {7, 33}, 1, 0.0, 0, false, SP_NONFINITE, false},
+        {"bf16 ce [0,10] axis 1 (empty)", L_CE, 2, {0, 10}, 1, 0.0, 0, false, SP_NONE, false},
+        /* GPT-2 small's whole step: 824M logits, 1.65 GB of bfloat16, 3.3 GB as float32 (past 2^31 bytes) */
+        {"bf16 ce [16,1024,50304] last axis (GPT-2, batch 16)", L_CE, 3, {16, 1024, 50304}, 2, 0.01, 0, false,
+         SP_NONE, false},
+        {"bf16 mse n=7", L_MSE, 1, {7}, 0, 0, 0, false, SP_NONE, false},
+        {"bf16 mse n=5000003 (chunks, the grid wraps)", L_MSE, 1, {5000003}, 0, 0, 0, false, SP_NONE, false},
+        {"bf16 mse n=4099 misaligned", L_MSE, 1, {4099}, 0, 0, 1, false, SP_NONE, true},
+        {"bf16 mse n=1000 loss only", L_MSE, 1, {1000}, 0, 0, 0, true, SP_NONE, false},
+        {"bf16 output loss n=1", L_OUT, 1, {1}, 0, 0, 0, false, SP_NONE, false},
+        {"bf16 output loss n=4194307 (the grid wraps)", L_OUT, 1, {4194307}, 0, 0, 0, false, SP_NONE, false},
+        {"bf16 output loss n=1234567 misaligned", L_OUT, 1, {1234567}, 0, 0, 1, false, SP_NONE, true},
+        {"bf16 output loss n=999 loss only", L_OUT, 1, {999}, 0, 0, 0, true, SP_NONE, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_bf16_loss(&cases[i]);
 }
 
 /* ---- optimizers ---- */
@@ -845,7 +1043,8 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_mse),
-        cmocka_unit_test(test_output_loss),   cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_output_loss),   cmocka_unit_test(test_bf16_losses),
+        cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_accumulate),    cmocka_unit_test(test_norms),
         cmocka_unit_test(test_relayout),
     };

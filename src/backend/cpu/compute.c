@@ -145,6 +145,9 @@ static gp_status loss(void *ctx, const struct gp_loss_call *c, struct gp_error *
 {
     (void)ctx;
     const struct gp_loss_spec *s = c->spec;
+    if (c->dt != GP_DTYPE_UNDEFINED && c->dt != GP_DTYPE_FLOAT32)
+        return gp_error_set(err, GP_ERR_UNSUPPORTED, "the CPU loss reads float32 only, not %s (staged: mixed_call.h)",
+                            gp_dtype_name(c->dt));
     switch (s->kind) {
     case GP_LOSS_CROSS_ENTROPY:
         return gp_cross_entropy(c->out, c->out_shape, c->target, &s->target_shape, s->class_axis,
@@ -206,6 +209,7 @@ const struct gp_compute_ops gp_cpu_compute_ops = {
     .relayout = relayout,
     .loss_scratch_bytes = loss_scratch_bytes,
     .loss = loss,
+    .loss_bf16 = false,
     .bn_stats_len = gp_cpu_bn_stats_len_f32,
     .bn_commit = bn_commit,
     .optim_step = optim_step,

@@ -18,6 +18,22 @@ __device__ static inline float gp_load(const __nv_bfloat16 *p) { return __bfloat
 __device__ static inline void gp_store(float *p, float v) { *p = v; }
 __device__ static inline void gp_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 
+/* bfloat16 as its 16 bits: widened exactly, and rounded from float32 to
+ * nearest even bit for bit as the CPU's gp_float_to_bf16 (a NaN keeps its
+ * sign and its payload's top bits, made quiet), which __float2bfloat16_rn
+ * is not for NaN (it returns one canonical NaN). What the executor's
+ * conversions store (convert.cu), and the losses that read and write
+ * bfloat16 themselves (loss.cu), so both store the same bits. */
+__device__ static inline float gp_bf16_bits_to_f32(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
+
+__device__ static inline uint16_t gp_f32_to_bf16_bits(float f)
+{
+    uint32_t x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
 /* Whether entry i of a ctx's storage types (in_dt, out_dt, din_dt,
  * dout_dt; NULL: all float32) is bfloat16. */
 static inline bool gp_cuda_is_bf16(const enum gp_dtype *dt, int i)

@@ -203,20 +203,23 @@ static gp_status relayout(void *ctx, void *dst, enum gp_dtype dst_type, bool dst
                             n, c, hw, accumulate, err);
 }
 
+/* The output and its gradient as they are stored (gp_loss_call.dt): the
+ * kernels read and write bfloat16 themselves (loss_bf16 below). */
 static gp_status loss(void *ctx, const struct gp_loss_call *c, struct gp_error *err)
 {
     cudaStream_t st = ((const struct stage_ctx *)ctx)->stream;
     const struct gp_loss_spec *s = c->spec;
     int64_t n = gp_shape_numel(c->out_shape);
+    enum gp_dtype dt = c->dt == GP_DTYPE_UNDEFINED ? GP_DTYPE_FLOAT32 : c->dt;
     switch (s->kind) {
     case GP_LOSS_CROSS_ENTROPY:
-        return gp_cuda_cross_entropy(st, c->out, c->out_shape, s->class_axis, (const int64_t *)c->target,
+        return gp_cuda_cross_entropy(st, c->out, dt, c->out_shape, s->class_axis, (const int64_t *)c->target,
                                      s->ignore_index, c->denominator, c->dout, c->loss_sum, c->scratch, err);
     case GP_LOSS_MSE:
-        return gp_cuda_mse_loss(st, c->out, (const float *)c->target, n, c->denominator, c->dout, c->loss_sum,
+        return gp_cuda_mse_loss(st, c->out, dt, (const float *)c->target, n, c->denominator, c->dout, c->loss_sum,
                                 c->scratch, err);
     case GP_LOSS_OUTPUT:
-        return gp_cuda_output_loss(st, c->out, n, c->denominator, c->dout, c->loss_sum, c->scratch, err);
+        return gp_cuda_output_loss(st, c->out, dt, n, c->denominator, c->dout, c->loss_sum, c->scratch, err);
     }
     return gp_error_set(err, GP_ERR_INVALID, "unknown loss kind %d", (int)s->kind);
 }
@@ -265,6 +268,7 @@ extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     relayout,
     gp_cuda_loss_scratch_bytes,
     loss,
+    true, /* loss_bf16 */
     gp_cuda_bn_stats_len,
     bn_commit,
     optim_step,

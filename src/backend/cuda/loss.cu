@@ -10,9 +10,17 @@
  * double rounded once to float; mse's gradient is the CPU's float32
  * scale * (pred - target). Only the order of the double sums differs from
  * the CPU's (so losses agree to ~1e-15 relative, gradients to an ulp).
+ *   The output and its gradient are float32 or bfloat16, read and written
+ * in place (a bf16 stage's logits need no float32 copies): every kernel is
+ * templated on the storage, widens exactly, computes as for float32 and
+ * rounds each gradient value once more (gp_f32_to_bf16_bits), with the
+ * float32 launch's grid and split of the rows, so it stores the bits that
+ * widening, the float32 kernel and a conversion stored before.
  *   Cross-entropy along a contiguous class axis ([N, C] or [N, T, C]; rows
  *   of up to GPT-2's 50304 classes) runs one block of up to 256 threads per
- *   row, float4 loads when the row allows, the next group of loads in
+ *   row, float4 loads when the row allows (bfloat16: 8-byte loads of 4
+ *   values in float32's split, two groups ahead; the gradient pass by
+ *   16-byte runs of 8), the next group of loads in
  *   flight while a group's exponentials are computed: pass 1 folds max and
  *   sum of exponentials online (each thread a running (max, sum), rescaled
  *   at most once per group of 8 elements, merged in a fixed tree), pass 2
@@ -33,6 +41,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
 #include "backend/cuda/train_kernels.h"
 
@@ -84,15 +93,100 @@ extern "C" size_t gp_cuda_loss_scratch_bytes(const struct gp_shape *output_shape
     return LOSS_PARTIALS * sizeof(double);
 }
 
+/* ---- storage ----
+ * The output and its gradient are float32 or bfloat16 (as its 16 bits:
+ * widened exactly, rounded once by gp_f32_to_bf16_bits, the executor's own
+ * conversion). A kernel templated on T computes the same float32 values
+ * either way, so the bfloat16 path stores what widening the output,
+ * running the float32 path and rounding its gradient stored. */
+typedef uint16_t bf16_bits;
+
+__device__ static inline float ld_el(const float *p, int64_t i) { return p[i]; }
+__device__ static inline float ld_el(const bf16_bits *p, int64_t i) { return gp_bf16_bits_to_f32(p[i]); }
+__device__ static inline void st_el(float *p, int64_t i, float v) { p[i] = v; }
+__device__ static inline void st_el(bf16_bits *p, int64_t i, float v) { p[i] = gp_f32_to_bf16_bits(v); }
+
+/* Two bfloat16 in a 32-bit word, the lower address in the low half. */
+__device__ static inline float lo_bf16(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ static inline float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ static inline uint32_t pack_bf16(float lo, float hi)
+{
+    return (uint32_t)gp_f32_to_bf16_bits(lo) | (uint32_t)gp_f32_to_bf16_bits(hi) << 16;
+}
+
+/* Runs of 4 values (`chunk`, one 16-byte float4 or one 8-byte load of
+ * bfloat16) and of WIDE values (`wide`, 16 bytes either way). */
+template <typename T> struct io;
+template <> struct io<float> {
+    typedef float4 chunk;
+    typedef float4 wide;
+    enum { WIDE = 4 };
+};
+template <> struct io<bf16_bits> {
+    typedef uint2 chunk;
+    typedef uint4 wide;
+    enum { WIDE = 8 };
+};
+
+__device__ static inline void widen(const float4 &q, float *v)
+{
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+}
+__device__ static inline void widen(const uint2 &q, float *v)
+{
+    v[0] = lo_bf16(q.x);
+    v[1] = hi_bf16(q.x);
+    v[2] = lo_bf16(q.y);
+    v[3] = hi_bf16(q.y);
+}
+__device__ static inline void widen(const uint4 &q, float *v)
+{
+    widen(make_uint2(q.x, q.y), v);
+    widen(make_uint2(q.z, q.w), v + 4);
+}
+__device__ static inline void narrow(const float *v, float4 &q) { q = make_float4(v[0], v[1], v[2], v[3]); }
+__device__ static inline void narrow(const float *v, uint4 &q)
+{
+    q = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+}
+
+/* Chunk j of x (values 4j .. 4j + 3), all -inf from n4 on. VEC: one
+ * vector load (x aligned to the chunk's bytes); else four scalar loads
+ * (a bfloat16 row that is not 8-byte aligned), the same values. */
+__device__ static inline void load_chunk(float4 &q, const float *x, int64_t j, int64_t n4, bool vec)
+{
+    if (j >= n4)
+        q = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    else if (vec)
+        q = reinterpret_cast<const float4 *>(x)[j];
+    else
+        q = make_float4(x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]);
+}
+__device__ static inline void load_chunk(uint2 &q, const bf16_bits *x, int64_t j, int64_t n4, bool vec)
+{
+    if (j >= n4)
+        q = make_uint2(0xff80ff80u, 0xff80ff80u); /* bfloat16 -inf, twice */
+    else if (vec)
+        q = reinterpret_cast<const uint2 *>(x)[j];
+    else
+        q = make_uint2((uint32_t)x[4 * j] | (uint32_t)x[4 * j + 1] << 16,
+                       (uint32_t)x[4 * j + 2] | (uint32_t)x[4 * j + 3] << 16);
+}
+
 /* ---- cross-entropy ---- */
 
 struct ce_args {
-    const float *x;
+    const void *x;      /* float32 or bfloat16 (the kernel's T) */
     const int64_t *labels;
-    float *dx; /* or NULL */
+    void *dx;           /* the same type, or NULL */
     double *part;
     int64_t rows, C, S, ignore;
     double inv;
+    bool vec;  /* CE_CHUNKS: chunks by vector loads (else scalar ones) */
+    bool wide; /* CE_CHUNKS: the gradient pass by 16-byte runs (else value by value) */
 };
 
 /* A group of K elements into a running (max m, sum s of exp(x - m)): one
@@ -102,7 +196,7 @@ struct ce_args {
  * adds exp(-inf - m) = 0 on the CPU when m is finite; it adds nothing here,
  * so that a thread that has seen only -inf keeps s = 0 (a row of only -inf,
  * or one holding +inf, is made NaN at the end, as on the CPU). Padding
- * elements are -inf. */
+ * elements are -inf (so a group of padding alone changes nothing). */
 template <int K>
 __device__ static inline void ms_group(const float (&v)[K], float &m, double &s)
 {
@@ -162,67 +256,123 @@ __device__ static inline float ce_grad(float v, double lse, bool hot, double inv
 
 #define CE_ROW_THREADS 256 /* at most; fewer for short rows */
 #ifndef CE_U
-#define CE_U 2 /* float4 (or 2 * CE_U scalars) per thread and group; on an H200,
+#define CE_U 2 /* chunks (or 2 * CE_U scalars) per thread and group; float32 on an H200,
                   [8, 1024, 50304]: 2 (78 registers) 1.78 ms, 4 (128) 1.94 ms */
 #endif
+/* Groups whose chunks are loaded at once, while the previous ones'
+ * exponentials are computed: two for bfloat16, whose chunks are half the
+ * bytes, so that a thread keeps as many bytes in flight (4 x 8) as float32
+ * does (2 x 16). The groups, and their order, are float32's: only how far
+ * ahead they are loaded differs. */
+template <typename T> struct ce_ahead {
+    enum { N = sizeof(T) == 2 ? 2 : 1 };
+};
 
-/* x4[j0 + u * bd] for u < CE_U, -inf past n4. */
-__device__ static inline void load_group(float4 (&q)[CE_U], const float4 *x4, int64_t j0, int64_t bd, int64_t n4)
+/* How a block-per-row launch splits a row over its threads:
+ *   CE_VALUES  thread t takes values t, t + bd, ..., 2 * CE_U per group;
+ *   CE_CHUNKS  (S == 1, C % 4 == 0) thread t takes chunks t, t + bd, ...,
+ *              CE_U per group.
+ * The split fixes the order of the (max, sum) folds, so float32 and
+ * bfloat16 choose it alike: a bfloat16 row gets float32's split of its
+ * widened copy (which is 16-byte aligned: the executor's staging), and with
+ * it the same loss and gradient bits. */
+enum { CE_VALUES, CE_CHUNKS };
+
+/* The row's gradient, 16 bytes (io<T>::WIDE values) at a time (S == 1,
+ * C % WIDE == 0, x and g 16-byte aligned), the next group's loads in
+ * flight while a group's gradients are computed. Each value's gradient
+ * depends on it, lse and the label alone, so any split gives the same bits. */
+template <typename T>
+__device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, double lse, double inv)
 {
+    typedef typename io<T>::wide W;
+    const int K = io<T>::WIDE;
+    const W *xw = reinterpret_cast<const W *>(x);
+    W *gw = reinterpret_cast<W *>(g);
+    const int64_t nw = C / K, bd = blockDim.x;
+    W q[CE_U];
 #pragma unroll
     for (int u = 0; u < CE_U; u++) {
-        const int64_t j = j0 + u * bd;
-        q[u] = j < n4 ? x4[j] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        const int64_t j = threadIdx.x + u * bd;
+        if (j < nw) q[u] = xw[j];
+    }
+    for (int64_t j0 = threadIdx.x; j0 < nw; j0 += CE_U * bd) {
+        W cur[CE_U];
+#pragma unroll
+        for (int u = 0; u < CE_U; u++) cur[u] = q[u];
+#pragma unroll
+        for (int u = 0; u < CE_U; u++) {
+            const int64_t j = j0 + (CE_U + u) * bd;
+            if (j < nw) q[u] = xw[j];
+        }
+#pragma unroll
+        for (int u = 0; u < CE_U; u++) {
+            const int64_t j = j0 + u * bd;
+            if (j < nw) {
+                float v[K];
+                widen(cur[u], v);
+#pragma unroll
+                for (int k = 0; k < K; k++) v[k] = ce_grad(v[k], lse, j * K + k == y, inv);
+                narrow(v, gw[j]);
+            }
+        }
     }
 }
 
-/* One block per row (blocks loop over rows), classes `S` apart. VEC: S == 1,
- * C % 4 == 0 and x, dx 16-byte aligned: float4 loads and stores. Pass 1
- * takes the row's max and sum of exponentials in one read, pass 2 writes
- * the gradient (a second read, mostly from L2). */
-template <bool VEC>
+/* One block per row (blocks loop over rows), classes `S` apart, the split
+ * SPLIT (above). Pass 1 takes the row's max and sum of exponentials in one
+ * read, pass 2 writes the gradient (a second read, partly from L2). */
+template <typename T, int SPLIT>
 __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a)
 {
+    typedef typename io<T>::chunk Q;
+    const int AH = ce_ahead<T>::N;
     __shared__ float shm[32];
     __shared__ double shs[32];
     __shared__ double sh_lse;
     const int64_t C = a.C, S = a.S, C4 = C >> 2, bd = blockDim.x;
+    const bool wide = SPLIT == CE_CHUNKS && a.wide;
     double acc = 0.0; /* thread 0's: the block's rows in order */
     for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
         const int64_t o = r / S, i = r - o * S;
-        const float *x = a.x + o * C * S + i;
-        float *g = a.dx ? a.dx + o * C * S + i : NULL;
-        const float4 *x4 = reinterpret_cast<const float4 *>(x);
-        float4 *g4 = reinterpret_cast<float4 *>(g);
+        const T *x = (const T *)a.x + o * C * S + i;
+        T *g = a.dx ? (T *)a.dx + o * C * S + i : NULL;
         const int64_t y = a.labels[r]; /* the same in every thread: the branches are uniform */
         if (y == a.ignore) {
             if (g) {
-                if (VEC) {
-                    for (int64_t j = threadIdx.x; j < C4; j += bd) g4[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (wide) {
+                    typedef typename io<T>::wide W;
+                    W z;
+                    const float zeros[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    narrow(zeros, z);
+                    for (int64_t j = threadIdx.x; j < C / io<T>::WIDE; j += bd) reinterpret_cast<W *>(g)[j] = z;
                 } else {
-                    for (int64_t c = threadIdx.x; c < C; c += bd) g[c * S] = 0.0f;
+                    for (int64_t c = threadIdx.x; c < C; c += bd) st_el(g, c * S, 0.0f);
                 }
             }
             continue;
         }
         float m = -INFINITY;
         double s = 0.0;
-        if (VEC) {
-            /* the next group's loads are in flight while this one's
+        if (SPLIT == CE_CHUNKS) {
+            /* the next AH groups' loads are in flight while these ones'
              * exponentials are computed */
-            float4 q[CE_U];
-            load_group(q, x4, threadIdx.x, bd, C4);
-            for (int64_t j0 = threadIdx.x; j0 < C4; j0 += CE_U * bd) {
-                float v[4 * CE_U];
+            Q q[AH * CE_U];
 #pragma unroll
-                for (int u = 0; u < CE_U; u++) {
-                    v[4 * u] = q[u].x;
-                    v[4 * u + 1] = q[u].y;
-                    v[4 * u + 2] = q[u].z;
-                    v[4 * u + 3] = q[u].w;
+            for (int u = 0; u < AH * CE_U; u++) load_chunk(q[u], x, threadIdx.x + u * bd, C4, a.vec);
+            for (int64_t j0 = threadIdx.x; j0 < C4; j0 += AH * CE_U * bd) {
+                Q cur[AH * CE_U];
+#pragma unroll
+                for (int u = 0; u < AH * CE_U; u++) cur[u] = q[u];
+#pragma unroll
+                for (int u = 0; u < AH * CE_U; u++) load_chunk(q[u], x, j0 + (AH * CE_U + u) * bd, C4, a.vec);
+#pragma unroll
+                for (int h = 0; h < AH; h++) {
+                    float v[4 * CE_U];
+#pragma unroll
+                    for (int u = 0; u < CE_U; u++) widen(cur[h * CE_U + u], v + 4 * u);
+                    ms_group(v, m, s);
                 }
-                load_group(q, x4, j0 + CE_U * bd, bd, C4);
-                ms_group(v, m, s);
             }
         } else {
             for (int64_t c0 = threadIdx.x; c0 < C; c0 += 2 * CE_U * bd) {
@@ -230,7 +380,7 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
 #pragma unroll
                 for (int u = 0; u < 2 * CE_U; u++) {
                     const int64_t c = c0 + u * bd;
-                    v[u] = c < C ? x[c * S] : -INFINITY;
+                    v[u] = c < C ? ld_el(x, c * S) : -INFINITY;
                 }
                 ms_group(v, m, s);
             }
@@ -242,32 +392,15 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
             if (isinf(m)) s = NAN;
             const double lse = (double)m + log(s);
             sh_lse = lse;
-            acc += (y >= 0 && y < C) ? lse - (double)x[y * S] : (double)NAN;
+            acc += (y >= 0 && y < C) ? lse - (double)ld_el(x, y * S) : (double)NAN;
         }
         __syncthreads();
         const double lse = sh_lse;
         if (g) {
-            if (VEC) {
-                float4 q[CE_U];
-                load_group(q, x4, threadIdx.x, bd, C4);
-                for (int64_t j0 = threadIdx.x; j0 < C4; j0 += CE_U * bd) {
-                    float4 cur[CE_U];
-#pragma unroll
-                    for (int u = 0; u < CE_U; u++) cur[u] = q[u];
-                    load_group(q, x4, j0 + CE_U * bd, bd, C4);
-#pragma unroll
-                    for (int u = 0; u < CE_U; u++) {
-                        const int64_t j = j0 + u * bd, c = j << 2;
-                        if (j < C4)
-                            g4[j] = make_float4(ce_grad(cur[u].x, lse, c == y, a.inv),
-                                                ce_grad(cur[u].y, lse, c + 1 == y, a.inv),
-                                                ce_grad(cur[u].z, lse, c + 2 == y, a.inv),
-                                                ce_grad(cur[u].w, lse, c + 3 == y, a.inv));
-                    }
-                }
-            } else {
-                for (int64_t c = threadIdx.x; c < C; c += bd) g[c * S] = ce_grad(x[c * S], lse, c == y, a.inv);
-            }
+            if (wide)
+                ce_grad_wide(x, g, C, y, lse, a.inv);
+            else
+                for (int64_t c = threadIdx.x; c < C; c += bd) st_el(g, c * S, ce_grad(ld_el(x, c * S), lse, c == y, a.inv));
         }
         /* block_ms's first barrier keeps sh_lse until every thread has read it */
     }
@@ -276,6 +409,7 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
 
 /* One thread per row, classes S apart (S > 1: neighbouring threads read
  * neighbouring addresses). The CPU's loops, term for term. */
+template <typename T>
 __global__ void __launch_bounds__(LOSS_THREADS) ce_cols_kernel(const ce_args a)
 {
     __shared__ double sh[32];
@@ -283,42 +417,95 @@ __global__ void __launch_bounds__(LOSS_THREADS) ce_cols_kernel(const ce_args a)
     double acc = 0.0;
     GP_GRID_STRIDE(r, a.rows) {
         const int64_t o = r / S, i = r - o * S;
-        const float *x = a.x + o * C * S + i;
-        float *g = a.dx ? a.dx + o * C * S + i : NULL;
+        const T *x = (const T *)a.x + o * C * S + i;
+        T *g = a.dx ? (T *)a.dx + o * C * S + i : NULL;
         const int64_t y = a.labels[r];
         if (y == a.ignore) {
             if (g)
-                for (int64_t c = 0; c < C; c++) g[c * S] = 0.0f;
+                for (int64_t c = 0; c < C; c++) st_el(g, c * S, 0.0f);
             continue;
         }
-        double m = x[0];
+        double m = ld_el(x, 0);
         for (int64_t c = 1; c < C; c++)
-            if (x[c * S] > m) m = x[c * S];
+            if (ld_el(x, c * S) > m) m = ld_el(x, c * S);
         double se = 0.0;
-        for (int64_t c = 0; c < C; c++) se += exp((double)x[c * S] - m);
+        for (int64_t c = 0; c < C; c++) se += exp((double)ld_el(x, c * S) - m);
         const double lse = m + log(se);
-        acc += (y >= 0 && y < C) ? lse - (double)x[y * S] : (double)NAN;
+        acc += (y >= 0 && y < C) ? lse - (double)ld_el(x, y * S) : (double)NAN;
         if (g)
-            for (int64_t c = 0; c < C; c++) g[c * S] = ce_grad(x[c * S], lse, c == y, a.inv);
+            for (int64_t c = 0; c < C; c++) st_el(g, c * S, ce_grad(ld_el(x, c * S), lse, c == y, a.inv));
     }
     acc = gp_dev_block_sum0(acc, sh);
     if (threadIdx.x == 0) a.part[blockIdx.x] = acc;
 }
 
-extern "C" gp_status gp_cuda_cross_entropy(cudaStream_t stream, const float *logits,
+static bool aligned_to(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
+
+/* The launch for storage T (one kernel and the partials' sum). */
+template <typename T>
+static gp_status ce_launch(cudaStream_t stream, const char *fn, ce_args a, double *loss_sum, struct gp_error *err)
+{
+    const bool bf16 = sizeof(T) == 2;
+    unsigned blocks;
+    if (a.S > 1 && (a.rows >= 16384 || a.C <= 256)) {
+        blocks = loss_blocks(a.rows);
+        ce_cols_kernel<T><<<blocks, LOSS_THREADS, 0, stream>>>(a);
+        GP_TRY(gp_cuda_launched(fn, bf16 ? "ce_cols_kernel<bf16>" : "ce_cols_kernel", err));
+    } else {
+        /* float32: chunks when the rows allow 16-byte loads and stores
+         * (as before bfloat16 storage read itself); bfloat16: whenever its
+         * widened copy would take them (S == 1, C % 4 == 0), by 8-byte
+         * loads when the rows are 8-byte aligned (a row is C % 4 == 0
+         * values after the tensor's start), else by scalar ones; the
+         * gradient by 16-byte runs when those fit (C % 8 == 0, both tensors
+         * 16-byte aligned), else value by value. */
+        bool chunks = a.S == 1 && a.C % 4 == 0;
+        if (bf16) {
+            a.vec = aligned_to(a.x, 8);
+            a.wide = a.C % 8 == 0 && aligned_to(a.x, 16) && (!a.dx || aligned_to(a.dx, 16));
+        } else {
+            chunks = chunks && aligned_to(a.x, 16) && (!a.dx || aligned_to(a.dx, 16));
+            a.vec = a.wide = true;
+        }
+        const int64_t items = chunks ? a.C / 4 : a.C;
+        int threads = 32; /* about 16 items a thread or more */
+        while (threads < CE_ROW_THREADS && (int64_t)threads * 16 < items) threads *= 2;
+        blocks = (unsigned)(a.rows < 1 ? 1 : a.rows > LOSS_PARTIALS ? LOSS_PARTIALS : a.rows);
+        if (chunks) {
+            ce_rows_kernel<T, CE_CHUNKS><<<blocks, threads, 0, stream>>>(a);
+            GP_TRY(gp_cuda_launched(fn, bf16 ? "ce_rows_kernel<bf16, chunks>" : "ce_rows_kernel<vec>", err));
+        } else {
+            ce_rows_kernel<T, CE_VALUES><<<blocks, threads, 0, stream>>>(a);
+            GP_TRY(gp_cuda_launched(fn, bf16 ? "ce_rows_kernel<bf16>" : "ce_rows_kernel", err));
+        }
+    }
+    return finish_loss(stream, fn, a.part, blocks, loss_sum, err);
+}
+
+/* float32 or bfloat16, named for errors; anything else refused. */
+static gp_status check_storage(const char *fn, enum gp_dtype dtype, struct gp_error *err)
+{
+    if (dtype == GP_DTYPE_FLOAT32 || dtype == GP_DTYPE_BFLOAT16) return GP_OK;
+    return gp_error_set(err, GP_ERR_UNSUPPORTED, "%s: output stored as %s (float32 or bfloat16 only)", fn,
+                        gp_dtype_name(dtype));
+}
+
+extern "C" gp_status gp_cuda_cross_entropy(cudaStream_t stream, const void *logits, enum gp_dtype dtype,
                                            const struct gp_shape *shape, int class_axis,
                                            const int64_t *labels, int64_t ignore_index,
-                                           double denominator, float *dlogits, double *loss_sum,
+                                           double denominator, void *dlogits, double *loss_sum,
                                            void *scratch, struct gp_error *err)
 {
     static const char fn[] = "gp_cuda_cross_entropy";
     GP_TRY(check_loss_args(fn, denominator, loss_sum, scratch, err));
+    GP_TRY(check_storage(fn, dtype, err));
     char buf[256];
     int axis = class_axis < 0 ? class_axis + shape->rank : class_axis;
     if (shape->rank < 1 || axis < 0 || axis >= shape->rank)
         return gp_error_set(err, GP_ERR_INVALID, "%s: class axis %d does not fit logits %s", fn,
                             class_axis, gp_shape_format(shape, buf, sizeof buf));
     ce_args a;
+    memset(&a, 0, sizeof a);
     a.x = logits;
     a.labels = labels;
     a.dx = dlogits;
@@ -336,31 +523,16 @@ extern "C" gp_status gp_cuda_cross_entropy(cudaStream_t stream, const float *log
                             gp_shape_format(shape, buf, sizeof buf));
     if (a.rows > 0 && (!logits || !labels))
         return gp_error_set(err, GP_ERR_INVALID, "%s: no %s", fn, logits ? "labels" : "logits");
-
-    unsigned blocks;
-    if (a.S > 1 && (a.rows >= 16384 || a.C <= 256)) {
-        blocks = loss_blocks(a.rows);
-        ce_cols_kernel<<<blocks, LOSS_THREADS, 0, stream>>>(a);
-        GP_TRY(gp_cuda_launched(fn, "ce_cols_kernel", err));
-    } else {
-        const bool vec = a.S == 1 && a.C % 4 == 0 && gp_cuda_aligned16(logits) &&
-                         (!dlogits || gp_cuda_aligned16(dlogits));
-        const int64_t items = vec ? a.C / 4 : a.C;
-        int threads = 32; /* about 16 items a thread or more */
-        while (threads < CE_ROW_THREADS && (int64_t)threads * 16 < items) threads *= 2;
-        blocks = (unsigned)(a.rows < 1 ? 1 : a.rows > LOSS_PARTIALS ? LOSS_PARTIALS : a.rows);
-        if (vec) {
-            ce_rows_kernel<true><<<blocks, threads, 0, stream>>>(a);
-            GP_TRY(gp_cuda_launched(fn, "ce_rows_kernel<vec>", err));
-        } else {
-            ce_rows_kernel<false><<<blocks, threads, 0, stream>>>(a);
-            GP_TRY(gp_cuda_launched(fn, "ce_rows_kernel", err));
-        }
-    }
-    return finish_loss(stream, fn, a.part, blocks, loss_sum, err);
+    if (dtype == GP_DTYPE_BFLOAT16) return ce_launch<bf16_bits>(stream, fn, a, loss_sum, err);
+    return ce_launch<float>(stream, fn, a, loss_sum, err);
 }
 
-/* ---- mse, output loss ---- */
+/* ---- mse, output loss ----
+ * pred and out (and their gradients) float32 or bfloat16 (T), targets
+ * float32. VEC: chunks of 4 (16-byte float4, or 8-byte loads of
+ * bfloat16; targets float4), as float32's when every pointer is aligned to
+ * its chunk; the same grid and split for both storages, so a bfloat16
+ * output gives its aligned widened copy's sums. */
 
 __device__ static inline double sq_term(double s, float p, float t)
 {
@@ -373,106 +545,145 @@ __device__ static inline float mse_grad(float scale, float p, float t)
     return __fmul_rn(scale, __fsub_rn(p, t));
 }
 
-/* VEC: pred, target, dpred 16-byte aligned; the n % 4 tail goes to the
- * grid's first threads. */
-template <bool VEC>
-__global__ void __launch_bounds__(LOSS_THREADS) mse_kernel(const float *pred, const float *target, int64_t n,
-                                                           float scale, float *dpred, double *part)
+__device__ static inline void narrow(const float *v, uint2 &q)
 {
+    q = make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
+}
+
+/* The n % 4 tail goes to the grid's first threads. */
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(LOSS_THREADS) mse_kernel(const T *pred, const float *target, int64_t n,
+                                                           float scale, T *dpred, double *part)
+{
+    typedef typename io<T>::chunk Q;
     __shared__ double sh[32];
     double s = 0.0;
     int64_t done = 0;
     if (VEC) {
-        const float4 *p4 = reinterpret_cast<const float4 *>(pred);
         const float4 *t4 = reinterpret_cast<const float4 *>(target);
         const int64_t n4 = n >> 2;
         GP_GRID_STRIDE(j, n4) {
-            const float4 p = p4[j], t = t4[j];
-            s = sq_term(s, p.x, t.x);
-            s = sq_term(s, p.y, t.y);
-            s = sq_term(s, p.z, t.z);
-            s = sq_term(s, p.w, t.w);
-            if (dpred)
-                reinterpret_cast<float4 *>(dpred)[j] =
-                    make_float4(mse_grad(scale, p.x, t.x), mse_grad(scale, p.y, t.y),
-                                mse_grad(scale, p.z, t.z), mse_grad(scale, p.w, t.w));
+            Q q;
+            load_chunk(q, pred, j, n4, true);
+            float p[4], t[4], g[4];
+            widen(q, p);
+            widen(t4[j], t);
+#pragma unroll
+            for (int k = 0; k < 4; k++) s = sq_term(s, p[k], t[k]);
+            if (dpred) {
+#pragma unroll
+                for (int k = 0; k < 4; k++) g[k] = mse_grad(scale, p[k], t[k]);
+                narrow(g, reinterpret_cast<Q *>(dpred)[j]);
+            }
         }
         done = n4 << 2;
     }
     GP_GRID_STRIDE(k, n - done) {
         const int64_t i = done + k;
-        s = sq_term(s, pred[i], target[i]);
-        if (dpred) dpred[i] = mse_grad(scale, pred[i], target[i]);
+        const float p = ld_el(pred, i);
+        s = sq_term(s, p, target[i]);
+        if (dpred) st_el(dpred, i, mse_grad(scale, p, target[i]));
     }
     s = gp_dev_block_sum0(s, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
-extern "C" gp_status gp_cuda_mse_loss(cudaStream_t stream, const float *pred, const float *target, int64_t n,
-                                      double denominator, float *dpred, double *loss_sum, void *scratch,
+template <typename T>
+static void mse_launch(cudaStream_t stream, bool vec, unsigned blocks, const void *pred, const float *target,
+                       int64_t n, float scale, void *dpred, double *part)
+{
+    if (vec)
+        mse_kernel<T, true><<<blocks, LOSS_THREADS, 0, stream>>>((const T *)pred, target, n, scale, (T *)dpred, part);
+    else
+        mse_kernel<T, false><<<blocks, LOSS_THREADS, 0, stream>>>((const T *)pred, target, n, scale, (T *)dpred, part);
+}
+
+extern "C" gp_status gp_cuda_mse_loss(cudaStream_t stream, const void *pred, enum gp_dtype dtype, const float *target,
+                                      int64_t n, double denominator, void *dpred, double *loss_sum, void *scratch,
                                       struct gp_error *err)
 {
     static const char fn[] = "gp_cuda_mse_loss";
     GP_TRY(check_loss_args(fn, denominator, loss_sum, scratch, err));
+    GP_TRY(check_storage(fn, dtype, err));
     if (n < 0) return gp_error_set(err, GP_ERR_INVALID, "%s: negative element count %lld", fn, (long long)n);
     /* the CPU's (float)(2.0 / denominator) */
     const float scale = (float)(2.0 / denominator);
-    const bool vec = gp_cuda_aligned16(pred) && gp_cuda_aligned16(target) && (!dpred || gp_cuda_aligned16(dpred));
+    const bool bf16 = dtype == GP_DTYPE_BFLOAT16;
+    const uintptr_t chunk = bf16 ? 8 : 16;
+    const bool vec = aligned_to(pred, chunk) && aligned_to(target, 16) && (!dpred || aligned_to(dpred, chunk));
     const unsigned blocks = loss_blocks(vec ? n / 4 : n);
-    if (vec) {
-        mse_kernel<true><<<blocks, LOSS_THREADS, 0, stream>>>(pred, target, n, scale, dpred, (double *)scratch);
-        GP_TRY(gp_cuda_launched(fn, "mse_kernel<vec>", err));
-    } else {
-        mse_kernel<false><<<blocks, LOSS_THREADS, 0, stream>>>(pred, target, n, scale, dpred, (double *)scratch);
-        GP_TRY(gp_cuda_launched(fn, "mse_kernel", err));
-    }
+    if (bf16)
+        mse_launch<bf16_bits>(stream, vec, blocks, pred, target, n, scale, dpred, (double *)scratch);
+    else
+        mse_launch<float>(stream, vec, blocks, pred, target, n, scale, dpred, (double *)scratch);
+    GP_TRY(gp_cuda_launched(fn, vec ? "mse_kernel<vec>" : "mse_kernel", err));
     return finish_loss(stream, fn, (const double *)scratch, blocks, loss_sum, err);
 }
 
-template <bool VEC>
-__global__ void __launch_bounds__(LOSS_THREADS) output_loss_kernel(const float *out, int64_t n, float gv,
-                                                                   float *dout, double *part)
+/* dout = gv everywhere (gv already in T's values: a bfloat16 gradient
+ * holds gv rounded once). */
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(LOSS_THREADS) output_loss_kernel(const T *out, int64_t n, float gv, T *dout,
+                                                                   double *part)
 {
+    typedef typename io<T>::chunk Q;
     __shared__ double sh[32];
     double s = 0.0;
     int64_t done = 0;
     if (VEC) {
-        const float4 *o4 = reinterpret_cast<const float4 *>(out);
         const int64_t n4 = n >> 2;
+        const float gs[4] = {gv, gv, gv, gv};
+        Q gq;
+        narrow(gs, gq);
         GP_GRID_STRIDE(j, n4) {
-            const float4 v = o4[j];
-            s += (double)v.x;
-            s += (double)v.y;
-            s += (double)v.z;
-            s += (double)v.w;
-            if (dout) reinterpret_cast<float4 *>(dout)[j] = make_float4(gv, gv, gv, gv);
+            Q q;
+            load_chunk(q, out, j, n4, true);
+            float v[4];
+            widen(q, v);
+            s += (double)v[0];
+            s += (double)v[1];
+            s += (double)v[2];
+            s += (double)v[3];
+            if (dout) reinterpret_cast<Q *>(dout)[j] = gq;
         }
         done = n4 << 2;
     }
     GP_GRID_STRIDE(k, n - done) {
         const int64_t i = done + k;
-        s += (double)out[i];
-        if (dout) dout[i] = gv;
+        s += (double)ld_el(out, i);
+        if (dout) st_el(dout, i, gv);
     }
     s = gp_dev_block_sum0(s, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
-extern "C" gp_status gp_cuda_output_loss(cudaStream_t stream, const float *out, int64_t n, double denominator,
-                                         float *dout, double *loss_sum, void *scratch, struct gp_error *err)
+template <typename T>
+static void output_loss_launch(cudaStream_t stream, bool vec, unsigned blocks, const void *out, int64_t n, float gv,
+                               void *dout, double *part)
+{
+    if (vec)
+        output_loss_kernel<T, true><<<blocks, LOSS_THREADS, 0, stream>>>((const T *)out, n, gv, (T *)dout, part);
+    else
+        output_loss_kernel<T, false><<<blocks, LOSS_THREADS, 0, stream>>>((const T *)out, n, gv, (T *)dout, part);
+}
+
+extern "C" gp_status gp_cuda_output_loss(cudaStream_t stream, const void *out, enum gp_dtype dtype, int64_t n,
+                                         double denominator, void *dout, double *loss_sum, void *scratch,
+                                         struct gp_error *err)
 {
     static const char fn[] = "gp_cuda_output_loss";
     GP_TRY(check_loss_args(fn, denominator, loss_sum, scratch, err));
+    GP_TRY(check_storage(fn, dtype, err));
     if (n < 0) return gp_error_set(err, GP_ERR_INVALID, "%s: negative element count %lld", fn, (long long)n);
     const float gv = (float)(1.0 / denominator);
-    const bool vec = gp_cuda_aligned16(out) && (!dout || gp_cuda_aligned16(dout));
+    const bool bf16 = dtype == GP_DTYPE_BFLOAT16;
+    const uintptr_t chunk = bf16 ? 8 : 16;
+    const bool vec = aligned_to(out, chunk) && (!dout || aligned_to(dout, chunk));
     const unsigned blocks = loss_blocks(vec ? n / 4 : n);
-    if (vec) {
-        output_loss_kernel<true><<<blocks, LOSS_THREADS, 0, stream>>>(out, n, gv, dout, (double *)scratch);
-        GP_TRY(gp_cuda_launched(fn, "output_loss_kernel<vec>", err));
-    } else {
-        output_loss_kernel<false><<<blocks, LOSS_THREADS, 0, stream>>>(out, n, gv, dout, (double *)scratch);
-        GP_TRY(gp_cuda_launched(fn, "output_loss_kernel", err));
-    }
+    if (bf16)
+        output_loss_launch<bf16_bits>(stream, vec, blocks, out, n, gv, dout, (double *)scratch);
+    else
+        output_loss_launch<float>(stream, vec, blocks, out, n, gv, dout, (double *)scratch);
+    GP_TRY(gp_cuda_launched(fn, vec ? "output_loss_kernel<vec>" : "output_loss_kernel", err));
     return finish_loss(stream, fn, (const double *)scratch, blocks, loss_sum, err);
 }

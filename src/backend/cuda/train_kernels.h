@@ -30,19 +30,27 @@ extern "C" {
  * to run), is written to *loss_sum (device memory). `scratch` holds
  * gp_cuda_loss_scratch_bytes(shape) bytes. Labels and targets are device
  * memory; labels must already be valid (in [0, C) or ignore_index: the
- * trainer checks them on the host). */
+ * trainer checks them on the host).
+ *   The output and its gradient are stored as `dtype`, float32 or bfloat16
+ * (a bf16 stage's output, read and written in place: no float32 copies). A
+ * bfloat16 output is widened exactly and the gradient computed as for
+ * float32, then rounded once more, to nearest even (gp_float_to_bf16): the
+ * loss and the gradient are bit for bit what the float32 call on a
+ * widened, 16-byte aligned copy gives, its gradient then rounded. MSE
+ * targets stay float32. */
 size_t gp_cuda_loss_scratch_bytes(const struct gp_shape *output_shape);
 
-gp_status gp_cuda_cross_entropy(cudaStream_t stream, const float *logits, const struct gp_shape *shape,
-                                int class_axis, const int64_t *labels, int64_t ignore_index,
-                                double denominator, float *dlogits, double *loss_sum, void *scratch,
-                                struct gp_error *err);
+gp_status gp_cuda_cross_entropy(cudaStream_t stream, const void *logits, enum gp_dtype dtype,
+                                const struct gp_shape *shape, int class_axis, const int64_t *labels,
+                                int64_t ignore_index, double denominator, void *dlogits, double *loss_sum,
+                                void *scratch, struct gp_error *err);
 /* target has pred's shape. */
-gp_status gp_cuda_mse_loss(cudaStream_t stream, const float *pred, const float *target, int64_t n,
-                           double denominator, float *dpred, double *loss_sum, void *scratch,
+gp_status gp_cuda_mse_loss(cudaStream_t stream, const void *pred, enum gp_dtype dtype, const float *target,
+                           int64_t n, double denominator, void *dpred, double *loss_sum, void *scratch,
                            struct gp_error *err);
-gp_status gp_cuda_output_loss(cudaStream_t stream, const float *out, int64_t n, double denominator,
-                              float *dout, double *loss_sum, void *scratch, struct gp_error *err);
+gp_status gp_cuda_output_loss(cudaStream_t stream, const void *out, enum gp_dtype dtype, int64_t n,
+                              double denominator, void *dout, double *loss_sum, void *scratch,
+                              struct gp_error *err);
 
 /* ---- optimizers ----
  * One optimizer.step() of `opt`, whose parameters' data and grad and whose
