@@ -11,7 +11,9 @@
  * and CastLike between float32, int64, int32 and bool (saturation, NaN,
  * wrapping); Identity; binary Add/Sub/Mul/Div/Pow (float and integer
  * exponents) on broadcast shapes, scalars and shapes whose broadcast input
- * takes the two-level reduction (a bias of [16384, 768]); Mod (fmod on
+ * takes the two-level reduction (a bias of [16384, 768]), row vectors
+ * (GPT-2's [16, 1024, 2304] + [2304], [M, N] with [1, N] on either side,
+ * Sub's negated terms, Mul/Div, a fused Relu, N not a multiple of 8); Mod (fmod on
  * floats, both signs conventions on integers), comparisons on floats and
  * int64, And/Or/Xor and Equal on bool, integer arithmetic and Pow with a
  * float exponent on an integer base; Max/Min/Sum/Mean over one to three
@@ -514,6 +516,67 @@ static void add_relu_run(struct tshape sh)
     free(b);
 }
 
+/* The same over a row vector (a bias [.., N] of [.., M, N]: the row
+ * paths of binary.cu), every fourth sum of the first row's columns exactly
+ * 0 so that the Relu mask cuts some terms of the bias's column sums. */
+static void add_relu_row_run(struct tshape as, struct tshape bs)
+{
+    int64_t na = numel_sh(as), nb = numel_sh(bs);
+    float *a = floats(na, -2, 2), *b = floats(nb, -2, 2);
+    for (int64_t i = 0; i < na; i += 4) a[i] = -b[i % nb];
+    struct gp_graph g;
+    begin(&g, 14);
+    input_t(&g, "a", GP_DTYPE_FLOAT32, as);
+    input_t(&g, "b", GP_DTYPE_FLOAT32, bs);
+    int k = node(&g, "Add", 2, S("a", "b"), 1, S("y"));
+    g.nodes[k].fused_relu = true;
+    char label[160], s1[64], s2[64];
+    snprintf(label, sizeof label, "Add + Relu %s with %s", shape_text(as, s1, sizeof s1),
+             shape_text(bs, s2, sizeof s2));
+    compare(&g, (struct op_compare){.label = label, .inputs = {a, b}});
+    free(a);
+    free(b);
+}
+
+/* Row vectors (binary.cu's row paths: the forward on runs, the full
+ * operand's gradient on runs, the row's column sums on runs in chunks)
+ * and their neighbours that must not take them. */
+static void row_cases(void)
+{
+    const enum gp_dtype F = GP_DTYPE_FLOAT32;
+    /* GPT-2's bias after a MatMul: [16, 1024, 2304] + [2304] (114 chunks
+     * of 144 rows), and the same against a [1, N] row. */
+    bin_run("Add", 14, F, SH(3, 16, 1024, 2304), NULL, F, SH(1, 2304), NULL, -1, false, 0, 0);
+    bin_run("Add", 14, F, SH(2, 4096, 768), NULL, F, SH(2, 1, 768), NULL, -1, false, 0, 0);
+    /* The row as A, and Sub's negated terms on either side (9 chunks of
+     * 34 rows, the last one short). */
+    bin_run("Add", 14, F, SH(1, 776), NULL, F, SH(2, 300, 776), NULL, -1, false, 0, 0);
+    bin_run("Sub", 14, F, SH(2, 300, 776), NULL, F, SH(2, 1, 776), NULL, -1, false, 0, 0);
+    bin_run("Sub", 14, F, SH(2, 1, 776), NULL, F, SH(3, 3, 100, 776), NULL, -1, false, 0, 0);
+    /* Few rows: one chunk (reduce_kernel), the forward still on runs. */
+    bin_run("Sub", 14, F, SH(2, 40, 64), NULL, F, SH(1, 64), NULL, -1, false, 0, 0);
+    /* N not a multiple of 8: the generic forward and column sums; the
+     * full operand's gradient on runs all the same (4096 * 1001 is). */
+    bin_run("Add", 14, F, SH(2, 4096, 1001), NULL, F, SH(1, 1001), NULL, -1, false, 0, 0);
+    bin_run("Sub", 14, F, SH(2, 1, 1001), NULL, F, SH(2, 4095, 1001), NULL, -1, false, 0, 0);
+    /* Mul and Div: the forward on runs, the gradients generic. */
+    float *a = floats(640 * 1536, -2, 2), *b = floats(1536, 0.5f, 2.0f);
+    for (int64_t i = 0; i < 1536; i += 2) b[i] = -b[i];
+    bin_run("Mul", 14, F, SH(2, 640, 1536), a, F, SH(1, 1536), b, -1, false, 0, 0);
+    bin_run("Div", 14, F, SH(2, 640, 1536), a, F, SH(1, 1536), b, -1, false, 0, 0);
+    free(a);
+    free(b);
+    a = floats(1536, -2, 2);
+    b = floats(640 * 1536, 0.5f, 2.0f);
+    for (int64_t i = 0; i < 640 * 1536; i += 2) b[i] = -b[i];
+    bin_run("Div", 14, F, SH(1, 1536), a, F, SH(2, 640, 1536), b, -1, false, 0, 0);
+    free(a);
+    free(b);
+    /* A fused Relu over a bias (the mask in both gradients). */
+    add_relu_row_run(SH(2, 2048, 3072), SH(1, 3072));
+    add_relu_row_run(SH(2, 64, 1001), SH(1, 1001));
+}
+
 static const struct tshape bshapes[][2] = {
     {SH(3, 2, 3, 4), SH(1, 4)},              /* trailing axis */
     {SH(3, 2, 1, 4), SH(3, 1, 3, 1)},        /* both broadcast */
@@ -558,6 +621,7 @@ static void test_binary(void **state)
             false, 0, 0);
     bin_run("Mul", 14, GP_DTYPE_FLOAT32, SH(3, 4, 96, 1000), NULL, GP_DTYPE_FLOAT32, SH(3, 4, 1, 1000),
             NULL, -1, false, 0, 0);
+    row_cases();
 
     /* Pow with an integer exponent (Pow-13): gradient to the base only. */
     float *a = floats(24, 0.5f, 2.0f);

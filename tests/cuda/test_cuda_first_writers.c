@@ -1,6 +1,7 @@
 /* First writers on the GPU (first_writers.h): every layer of every fixture
  * model whose CUDA kernel writes a gradient whole (the unary ops,
- * BatchNormalization, Conv's and ConvTranspose's dX) gives the values of
+ * BatchNormalization, Conv's and ConvTranspose's dX, Add's and Sub's
+ * inputs: residual adds and biases) gives the values of
  * adding into zeros, in fp32 and bf16. The CUDA kernels are asked to write
  * first unless GP_CUDA_FIRST_WRITERS=0 (src/backend/cuda/compute.cu); this
  * test sets it to 1, whatever the environment says.

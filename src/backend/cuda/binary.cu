@@ -17,6 +17,16 @@
  * gave. Max/Min/Sum/Mean stay staged: their folds keep a running result in
  * the output, which a bfloat16 output would round after every input.
  *
+ * Bandwidth paths: operands of Y's shape on runs of 8 values (one 16-byte
+ * access of bfloat16): the forward when neither broadcasts, Add's and
+ * Sub's gradient of any operand that is not broadcast; and a row vector
+ * (a bias [N] over [M, N]: row_runs.cuh) in the forward and in its
+ * gradient's column sums. Each gives the generic path's bits.
+ *
+ * First writers: Add and Sub write an input's gradient whole when asked
+ * (binary_overwrites): the runs path as 0 + the term, the others into
+ * cleared memory.
+ *
  * Rounding: every += into din and every product that feeds a sum is
  * spelled with __fmul_rn / __fadd_rn, which nvcc never contracts into an
  * FMA (the CPU build does not contract either).
@@ -33,6 +43,7 @@
 #include "backend/cuda/broadcast.cuh"
 #include "backend/cuda/kernel.h"
 #include "backend/cuda/kernel_util.cuh"
+#include "backend/cuda/row_runs.cuh"
 
 extern "C" {
 #include "ops/fold_util.h"
@@ -182,11 +193,14 @@ __global__ static void same_forward_runs_kernel(int op, bool relu, const S *A, c
     }
 }
 
-/* Add's and Sub's gradient without broadcasting: dX += dY (Sub's second
- * input: += -dY), one rounding, as reduce_same_kernel computes it; with Y
- * (an Add's fused Relu) dY only where Y > 0. */
+/* Add's and Sub's gradient of an operand that is not broadcast (of Y's
+ * shape, contiguous; the other one may be): dX += dY (Sub's second input:
+ * += -dY), one rounding, as reduce_same_kernel and add_term_op compute it;
+ * with Y (an Add's fused Relu) dY only where Y > 0. With `ow` (dX's first
+ * writer, gp_cuda_overwrite) dX is not read: 0 + the term, as the unary
+ * ops write it. */
 template <class S>
-__global__ static void same_grad_runs_kernel(bool negate, const S *dY, const S *Y, S *dX, int64_t runs)
+__global__ static void same_grad_runs_kernel(bool negate, const S *dY, const S *Y, S *dX, int64_t runs, bool ow)
 {
     const int64_t st = (int64_t)gridDim.x * blockDim.x;
     for (int64_t r0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r0 < runs; r0 += 2 * st) {
@@ -195,7 +209,11 @@ __global__ static void same_grad_runs_kernel(bool negate, const S *dY, const S *
         for (int u = 0; u < 2; u++)
             if (r0 + u * st < runs) {
                 gp_run<S, RUN>::load(dY, (r0 + u * st) * RUN, g[u]);
-                gp_run<S, RUN>::load(dX, (r0 + u * st) * RUN, d[u]);
+                if (ow)
+#pragma unroll
+                    for (int k = 0; k < RUN; k++) d[u][k] = 0.0f;
+                else
+                    gp_run<S, RUN>::load(dX, (r0 + u * st) * RUN, d[u]);
                 if (Y) {
                     float y[RUN];
                     gp_run<S, RUN>::load(Y, (r0 + u * st) * RUN, y);
@@ -220,6 +238,46 @@ static bool plan_is_same(const struct bplan *p)
     bool same = p->rank == 1;
     for (int k = 0; same && k < p->n; k++) same = p->st[k][0] == 1;
     return same;
+}
+
+/* Whether operand `row` (0 or 1) of a two-input plan is a row vector of
+ * the last axis broadcast along every leading one ([N] or [1, N] against
+ * [.., M, N]) while the other operand and the output walk [M, N] in order:
+ * the plan merged down to [M, N] with those strides. */
+static bool plan_is_row(const struct bplan *p, int row)
+{
+    if (p->rank != 2 || p->n != 3) return false;
+    int64_t n = p->dims[1];
+    return p->st[row][0] == 0 && p->st[row][1] == 1 && p->st[1 - row][0] == n && p->st[1 - row][1] == 1 &&
+           p->st[2][0] == n && p->st[2][1] == 1;
+}
+
+/* Whether the row-vector runs (row_runs.cuh) fit a plan [M, N]: N a
+ * multiple of a run, every run of the full tensors (elements of `full`
+ * bytes) and of the row (`row` bytes) aligned, and the run count within
+ * the kernels' 32-bit column arithmetic. */
+static bool row_runs_fit(const struct bplan *p, size_t full, std::initializer_list<const void *> fulls,
+                         size_t row, const void *row_ptr)
+{
+    return p->dims[1] % RUN_W == 0 && p->numel / RUN_W <= (int64_t)UINT32_MAX &&
+           gp_runs_fit(p->numel, RUN_W, full, fulls) && gp_runs_fit(p->dims[1], RUN_W, row, {row_ptr});
+}
+
+/* Y = A op B with operand `row` a row vector (plan_is_row) through
+ * row_forward_runs_kernel; F the storage of the full operand and Y, R the
+ * row's. */
+template <class F, class R>
+static gp_status row_forward_launch(struct gp_cuda_ctx *c, const struct bplan *p, enum bop op, int row,
+                                    struct gp_error *err)
+{
+    int64_t runs = p->numel / RUN_W;
+    if (runs == 0) return GP_OK;
+    unsigned grid = gp_cuda_blocks_for((runs + 1) / 2);
+    int rop = op == B_ADD ? ROW_ADD : op == B_SUB ? ROW_SUB : op == B_MUL ? ROW_MUL : ROW_DIV;
+    row_forward_runs_kernel<F, R><<<grid, GP_CUDA_THREADS, 0, c->stream>>>(
+        rop, c->node->fused_relu && op == B_ADD, row == 0, (const F *)c->in[1 - row], (const R *)c->in[row],
+        (F *)c->out[0], (uint32_t)(p->dims[1] / RUN_W), runs);
+    return gp_cuda_check_launch(c, "binary forward", err);
 }
 
 template <class S>
@@ -285,6 +343,19 @@ static gp_status binary_forward(struct gp_cuda_ctx *c, struct gp_error *err)
             same_forward_runs_kernel<float><<<grid, GP_CUDA_THREADS, 0, c->stream>>>(
                 op, relu, (const float *)c->in[0], (const float *)c->in[1], (float *)c->out[0], p.numel / RUN);
         return gp_cuda_check_launch(c, "binary forward", err);
+    }
+    /* A bias: the full operand and Y of one storage, the row of either. */
+    int row = plan_is_row(&p, 1) ? 1 : plan_is_row(&p, 0) ? 0 : -1;
+    if (row >= 0 && op <= B_DIV && b_float && y_float) {
+        bool f16 = row == 1 ? a16 : b16, r16 = row == 1 ? b16 : a16;
+        if (f16 == y16 && row_runs_fit(&p, gp_cuda_float_size(f16), {c->in[1 - row], c->out[0]},
+                                       gp_cuda_float_size(r16), c->in[row])) {
+            if (f16)
+                return r16 ? row_forward_launch<__nv_bfloat16, __nv_bfloat16>(c, &p, op, row, err)
+                           : row_forward_launch<__nv_bfloat16, float>(c, &p, op, row, err);
+            return r16 ? row_forward_launch<float, __nv_bfloat16>(c, &p, op, row, err)
+                       : row_forward_launch<float, float>(c, &p, op, row, err);
+        }
     }
     WITH_STOR(k, return binary_forward_launch<S>(c, &p, op, bt, a16, b16, y16, err));
 }
@@ -355,22 +426,57 @@ static gp_status binary_backward_launch(struct gp_cuda_ctx *c, const struct bpla
                        t == 0 ? "binary backward (input 0)" : "binary backward (input 1)", err);
 }
 
-/* dA = sum over A's broadcast axes of dY * dY/dA; likewise dB. */
+/* Zeros into input t's gradient (dX's first writer taking a path that
+ * adds into it). */
+static gp_status zero_din(struct gp_cuda_ctx *c, int t, struct gp_error *err)
+{
+    int64_t n = gp_shape_numel(&gp_cuda_in_value(c, t)->shape);
+    if (n == 0) return GP_OK;
+    size_t es = gp_cuda_float_size(gp_cuda_is_bf16(c->din_dt, t));
+    return gp_cuda_call(c, cudaMemsetAsync(c->din[t], 0, (size_t)n * es, c->stream), "cudaMemsetAsync", err);
+}
+
+/* Add's and Sub's gradient of a row vector (plan_is_row(p, t)): the
+ * column sums of dY in chunks (row_grad_part_kernel), folded in a fixed
+ * order into dX (reduce_finish_kernel), over the chunks reduce_into would
+ * take (`nch` of `chunk` rows, nch > 1; `part`: reduce_scratch(p, t)); G
+ * the storage of dY and Y, D dX's. */
+template <class G, class D>
+static gp_status row_grad_launch(struct gp_cuda_ctx *c, const struct bplan *p, const struct bsplit *s, int t,
+                                 bool negate, const void *ymask, int64_t chunk, int64_t nch,
+                                 struct gp_error *err)
+{
+    const char *what = t == 0 ? "binary backward (input 0)" : "binary backward (input 1)";
+    row_grad_part_kernel<G><<<gp_cuda_blocks_for(p->dims[1] / RUN_W * nch), GP_CUDA_THREADS, 0, c->stream>>>(
+        negate, (const G *)c->dout[0], (const G *)ymask, p->dims[0], p->dims[1], chunk, nch, (double *)c->scratch);
+    GP_TRY(gp_cuda_check_launch(c, what, err));
+    reduce_finish_kernel<D *><<<gp_cuda_blocks_for(s->ne * 32), GP_CUDA_THREADS, 0, c->stream>>>(
+        *p, *s, t, nch, (const double *)c->scratch, (D *)c->din[t]);
+    return gp_cuda_check_launch(c, what, err);
+}
+
+/* dA = sum over A's broadcast axes of dY * dY/dA; likewise dB. With
+ * gp_cuda_overwrite(c, t) (Add, Sub: binary_overwrites) dX is written
+ * whole: zeros without dY. */
 static gp_status binary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     enum bop op = bop_of(c->node->op_type);
     if (op > B_POW) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "this op has no gradient");
-    if (!c->dout[0]) return GP_OK;
-    struct bplan p;
-    plan_node(c, 0, 2, &p);
     enum gp_dtype bt = gp_cuda_in_value(c, 1)->dtype;
     bool b_float = gp_dtype_is_float(bt);
+    if (!c->dout[0]) {
+        for (int t = 0; t < 2; t++)
+            if (c->din[t] && gp_cuda_overwrite(c, t)) GP_TRY(zero_din(c, t, err));
+        return GP_OK;
+    }
+    struct bplan p;
+    plan_node(c, 0, 2, &p);
     bool a16 = gp_cuda_is_bf16(c->in_dt, 0), b16 = gp_cuda_is_bf16(c->in_dt, 1);
     bool y16 = gp_cuda_is_bf16(c->out_dt, 0), dy16 = gp_cuda_is_bf16(c->dout_dt, 0);
     for (int t = 0; t < 2; t++) {
         if (!c->din[t]) continue;
         if (t == 1 && !b_float) continue; /* an integer exponent has no gradient */
-        bool d16 = gp_cuda_is_bf16(c->din_dt, t);
+        bool d16 = gp_cuda_is_bf16(c->din_dt, t), ow = gp_cuda_overwrite(c, t);
         /* The storage of what the term reads (Add and Sub: dY alone) and
          * of the gradient. */
         bool reads_ab = op != B_ADD && op != B_SUB;
@@ -378,24 +484,58 @@ static gp_status binary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
         enum stor_kind k = stor_of({dy16, d16, reads_ab ? a16 : dy16, reads_ab && b_float ? b16 : dy16,
                                     op == B_POW || relu ? y16 : dy16});
         const void *ymask = relu ? c->out[0] : NULL;
-        if (!reads_ab && k != STOR_MIX && plan_is_same(&p) &&
+        bool negate = op == B_SUB && t == 1;
+        /* Operand t not broadcast (Y's elements, in order; the other one
+         * may be): one term per element, on runs. */
+        bool full = gp_shape_numel(&gp_cuda_in_value(c, t)->shape) == p.numel;
+        if (!reads_ab && k != STOR_MIX && full &&
             gp_runs_fit(p.numel, RUN, k == STOR_BF16 ? 2 : 4, {c->dout[0], c->din[t], ymask})) {
             if (p.numel == 0) continue;
             unsigned grid = gp_cuda_blocks_for((p.numel / RUN + 1) / 2);
-            bool negate = op == B_SUB && t == 1;
             if (k == STOR_BF16)
                 same_grad_runs_kernel<__nv_bfloat16><<<grid, GP_CUDA_THREADS, 0, c->stream>>>(
                     negate, (const __nv_bfloat16 *)c->dout[0], (const __nv_bfloat16 *)ymask,
-                    (__nv_bfloat16 *)c->din[t], p.numel / RUN);
+                    (__nv_bfloat16 *)c->din[t], p.numel / RUN, ow);
             else
                 same_grad_runs_kernel<float><<<grid, GP_CUDA_THREADS, 0, c->stream>>>(
-                    negate, (const float *)c->dout[0], (const float *)ymask, (float *)c->din[t], p.numel / RUN);
+                    negate, (const float *)c->dout[0], (const float *)ymask, (float *)c->din[t], p.numel / RUN,
+                    ow);
             GP_TRY(gp_cuda_check_launch(c, t == 0 ? "binary backward (input 0)" : "binary backward (input 1)", err));
             continue;
+        }
+        /* The paths below add into dX. */
+        if (ow) GP_TRY(zero_din(c, t, err));
+        if (!reads_ab && plan_is_row(&p, t)) { /* a bias: column sums on runs */
+            struct bsplit s;
+            bsplit_init(&s, &p, t);
+            int64_t chunk, nch;
+            reduce_chunks(s.ne, s.nred, &chunk, &nch);
+            enum stor_kind g = stor_of({dy16, relu ? y16 : dy16});
+            if (nch > 1 && c->scratch && g != STOR_MIX &&
+                row_runs_fit(&p, gp_cuda_float_size(dy16), {c->dout[0], ymask}, 1, NULL)) {
+                gp_status st;
+                if (dy16)
+                    st = d16 ? row_grad_launch<__nv_bfloat16, __nv_bfloat16>(c, &p, &s, t, negate, ymask, chunk, nch, err)
+                             : row_grad_launch<__nv_bfloat16, float>(c, &p, &s, t, negate, ymask, chunk, nch, err);
+                else
+                    st = d16 ? row_grad_launch<float, __nv_bfloat16>(c, &p, &s, t, negate, ymask, chunk, nch, err)
+                             : row_grad_launch<float, float>(c, &p, &s, t, negate, ymask, chunk, nch, err);
+                GP_TRY(st);
+                continue;
+            }
         }
         WITH_STOR(k, GP_TRY(binary_backward_launch<S>(c, &p, op, t, err)));
     }
     return GP_OK;
+}
+
+/* Add and Sub write an input's float gradient whole when asked (the runs
+ * path as 0 + the term, the others after clearing it; gp_cuda_kernel.
+ * overwrites). */
+static bool binary_overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
+{
+    return (strcmp(node->op_type, "Add") == 0 || strcmp(node->op_type, "Sub") == 0) && k >= 0 && k < 2 &&
+           gp_dtype_is_float(gp_node_input(g, node, k)->dtype);
 }
 
 /* ---- variadic: Max, Min, Sum, Mean ---- */
@@ -771,7 +911,7 @@ static gp_status expand_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 
 /* The last field: bf16_any (any mix of bfloat16 and float32 storage;
  * the variadic ops are staged, see above). */
-#define BINARY(op) {op, NULL, binary_scratch, binary_forward, binary_backward, false, true}
+#define BINARY(op) {op, NULL, binary_scratch, binary_forward, binary_backward, false, true, false, binary_overwrites}
 #define NO_GRAD(op, fwd) {op, NULL, NULL, fwd, NULL, false, true}
 #define VARIADIC(op) {op, NULL, variadic_scratch, variadic_forward, variadic_backward}
 
