@@ -19,9 +19,15 @@
  *
  * LayerNormalization: every axis, with and without B, the optional Mean
  * and InvStdDev outputs, Scale and B broadcast from fewer axes (the CPU's
- * float sums in its own order), GPT-2's [batch, tokens, 768], and more
- * rows than the parameter gradients have blocks; rows short enough to live
- * in registers and longer ones (the generic kernels).
+ * float sums in its own order), GPT-2's [batch, tokens, 768] (also whole:
+ * [16, 1024, 768], 16384 rows, more than the fused backward's blocks take
+ * in one pass each), and more rows than the parameter gradients have
+ * blocks; rows short enough to live in registers and longer ones (the
+ * generic kernels). The register kernels move runs of 8, 4, 2 or 1
+ * values (rows of 768, 100, 770, 767), hold 4 rows a block (row counts
+ * that are not multiples of 4, one row), and take one warp (rows up to
+ * 256) or several with a shared-memory step (up to 4096 forward, 2048
+ * backward, both limits exactly).
  *
  * bf16 (the kernels read and write bfloat16 themselves, bf16_any): every
  * case again with op_compare's bfloat16 storage (op_compare.h: the CPU
@@ -557,7 +563,19 @@ static const struct ln_case ln_cases[] = {
     {"Scale [1, 768] over [5, 768]", 3, {2, 5, 768}, true, -2, 2, 2, {1, 768}, {5, 768}, 1},
     {"GPT-2 [8, 33, 768]", 3, {8, 33, 768}, true, -1, 1, 1, {768}, {768}, 1},
     {"4200 rows of 40", 2, {4200, 40}, true, -1, 1, 1, {40}, {40}, 1},
-    /* Rows of 2048 to 4096: forward in registers (512 threads), backward
+    /* The register kernels: GPT-2 small's whole activation (16-byte runs,
+     * 3 warps a row, 264 blocks of 15 or 16 row groups in the fused
+     * backward); runs of 4, 2 and single values; one row; 6, 8 (with 1 or
+     * 2 row groups a block) and 16 warps. */
+    {"GPT-2 [16, 1024, 768]", 3, {16, 1024, 768}, true, -1, 1, 1, {768}, {768}, 1},
+    {"rows of 100 [37, 100]", 2, {37, 100}, true, -1, 1, 1, {100}, {100}, 3},
+    {"rows of 770 [33, 770]", 2, {33, 770}, true, -1, 1, -1, {770}, {0}, 1},
+    {"rows of 767 [19, 767]", 2, {19, 767}, true, -1, 1, 1, {767}, {767}, 3},
+    {"one row [1, 768]", 2, {1, 768}, true, -1, 1, 1, {768}, {768}, 3},
+    {"rows of 1536 [50, 1536]", 2, {50, 1536}, true, -1, 1, 1, {1536}, {1536}, 1},
+    {"rows of 2048 [1030, 2048]", 2, {1030, 2048}, true, -1, 1, 1, {2048}, {2048}, 1},
+    {"rows of 4096 [9, 4096]", 2, {9, 4096}, true, -1, 1, 1, {4096}, {4096}, 3},
+    /* Rows of 2048 to 4096: forward in registers (up to 16 warps), backward
      * generic; longer rows: the generic kernels both ways. */
     {"rows of 2500", 2, {70, 2500}, true, -1, 1, -1, {2500}, {0}, 1},
     {"wide rows [3, 5000]", 2, {3, 5000}, true, 1, 1, 1, {5000}, {5000}, 3},

@@ -9,10 +9,19 @@
  * fixed block size, then partial sums added in chunk order), so results are
  * identical run to run; no atomics anywhere.
  *
- * One block per row; rows of up to 4096 values (backward: 2048) stay in
- * registers, so a row is read once. The parameter gradients sum over rows
- * in a fixed number of blocks / chunks (partials in scratch, then added per
- * column in a fixed order).
+ * Rows of up to 4096 values (backward: 2048) stay in registers, so a row
+ * is read once: thread t of a block holds columns 8t .. 8t + 7 (one
+ * 16-byte load of bfloat16, io_vec_for; shorter runs, down to one value,
+ * where the row length or the pointers do not allow it), the block as many
+ * warps as that takes (768 values: 3), and it holds LN_ROWS rows at once,
+ * whose sums go through one shuffle tree and one shared-memory step
+ * together. A block per row, with one 2-byte load per thread and two
+ * __syncthreads trees per row, kept too few bytes in flight (0.59 TB/s on
+ * an H200 for GPT-2's rows of 768). Longer rows: one block per row, the
+ * generic kernels. The parameter gradients sum over rows in a fixed number
+ * of blocks / chunks (partials in scratch, then added per column in a
+ * fixed order); the register backward's blocks keep their columns' sums
+ * in registers over all their rows.
  *
  * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
  * where a product feeds a sum the operations are spelled with the _rn
@@ -54,8 +63,8 @@ struct ln_plan {
     bool sfull, bfull;
     int64_t chunks; /* row chunks of the parameter-gradient partial sums */
     /* Rows of at most LN_REG_COLS (backward: LN_REG_BWD_COLS): a block
-     * keeps its row in registers (reg_threads threads, LN_VPT values each)
-     * and backward adds the parameter gradients' terms of its rows
+     * keeps LN_ROWS rows in registers (reg_threads threads, LN_VPT values
+     * each) and backward adds the parameter gradients' terms of its rows
      * (blocks: reg_blocks) in registers too. */
     bool reg, reg_bwd;
     int reg_threads;
@@ -82,9 +91,18 @@ static bool ln_strides(const struct gp_value *v, const struct ln_plan *p, int64_
 #define LN_MAX_CHUNKS 128
 #define LN_MAX_PARTIALS (4 << 20) /* doubles of partials at most (32 MiB) */
 #define LN_VPT 8                  /* values per thread of a row kept in registers */
+#define LN_ROWS 4                 /* rows a register-path block holds at once */
 #define LN_REG_COLS 4096          /* rows up to this length: in registers */
 #define LN_REG_BWD_COLS 2048      /* backward (512 threads of 118 registers ran slower) */
-#define LN_REG_BLOCKS 1024        /* blocks of the register backward (fixed: partials) */
+#define LN_MAX_WARPS (LN_REG_COLS / (32 * LN_VPT)) /* of a register-path block */
+/* Blocks of the fused register backward: what an H100 / H200 SXM (132
+ * SMs) keeps resident, 8 warps an SM at the kernel's ~250 registers a
+ * thread, so they run in one wave, each over many rows, and write few
+ * partials (768 values: 3 warps a block, 264 blocks, 3.2 MB). Constants,
+ * not the device's: the partials, and so the sums, depend on them. */
+#define LN_BWD_SMS 132
+#define LN_BWD_SM_WARPS 8
+#define LN_FIN_COLS 8             /* columns of a final-sum block (768: 96 blocks) */
 #define LN_FIN_LANES 32           /* partials each column's final sum splits over */
 
 static void ln_plan_of(const struct gp_graph *g, const struct gp_node *node, struct ln_plan *p)
@@ -109,8 +127,13 @@ static void ln_plan_of(const struct gp_graph *g, const struct gp_node *node, str
     p->chunks = ch < 1 ? 1 : ch;
     p->reg = p->cols <= LN_REG_COLS;
     p->reg_bwd = p->cols <= LN_REG_BWD_COLS;
-    p->reg_threads = p->cols <= 256 ? 32 : p->cols <= 1024 ? 128 : p->cols <= 2048 ? 256 : 512;
-    p->reg_blocks = p->rows < LN_REG_BLOCKS ? (p->rows < 1 ? 1 : p->rows) : LN_REG_BLOCKS;
+    int64_t warps = (p->cols + 32 * LN_VPT - 1) / (32 * LN_VPT);
+    if (warps < 1) warps = 1;
+    if (warps > LN_MAX_WARPS) warps = LN_MAX_WARPS; /* only where !reg */
+    p->reg_threads = 32 * (int)warps;
+    int64_t groups = (p->rows + LN_ROWS - 1) / LN_ROWS;
+    int64_t cap = LN_BWD_SMS * (warps < LN_BWD_SM_WARPS ? LN_BWD_SM_WARPS / warps : 1);
+    p->reg_blocks = groups < 1 ? 1 : groups < cap ? groups : cap;
 }
 
 /* Offset into a broadcast parameter of column j. */
@@ -143,51 +166,142 @@ static size_t ln_scratch(const struct gp_graph *g, const struct gp_node *node)
     return 2 * sizeof(double) * (size_t)((p.reg_bwd ? p.reg_blocks : p.chunks) * p.cols);
 }
 
-/* Rows of at most LN_REG_COLS: the row is read once into registers (thread
- * t holds columns t, t + blockDim, ...: the order block_moments sums in,
- * so the statistics are the same as the generic kernel's). */
-template <class IO>
-__global__ static void ln_forward_reg_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias,
-                                             gp_fptr y, float *mean, float *invstd, gp_fptr out_mean,
-                                             gp_fptr out_inv)
+/* ---- the register path (rows of at most LN_REG_COLS) ----
+ * Thread t of a block of reg_threads holds columns j0 = 8t .. 8t + 7 of
+ * rows g LN_ROWS .. g LN_ROWS + LN_ROWS - 1 for row groups g = blockIdx.x,
+ * + gridDim.x, ... Columns move in runs of VEC (io_vec_for): cols % VEC
+ * == 0 and each tensor is aligned to a run's bytes (16 at most), so the
+ * run at column j0 + VEC i of row r starts at element r cols + 8t + VEC i,
+ * a multiple of VEC, and lies wholly inside the row or wholly past it. */
+
+/* Row r's values j0 .. j0 + LN_VPT - 1 of t (0 past the row, or for a row
+ * r >= rows). */
+template <class IO, int VEC>
+__device__ static inline void ln_load_row(gp_fptr t, const struct ln_plan &p, int64_t r, int64_t j0,
+                                          float (&v)[LN_VPT])
 {
-    __shared__ double sh[32];
-    for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-        int64_t base = r * p.cols;
-        float v[LN_VPT];
-        double s = 0;
 #pragma unroll
-        for (int k = 0; k < LN_VPT; k++) {
-            int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
-            v[k] = j < p.cols ? IO::act(x, base + j) : 0.0f;
-            if (j < p.cols) s = DADD(s, (double)v[k]);
+    for (int i = 0; i < LN_VPT / VEC; i++) {
+        float u[VEC];
+        if (r < p.rows && j0 + VEC * i < p.cols) {
+            IO::template acts<VEC>(t, r * p.cols + j0 + VEC * i, u);
+        } else {
+#pragma unroll
+            for (int k = 0; k < VEC; k++) u[k] = 0.0f;
         }
-        s = gp_dev_block_sum(s, sh);
-        double m = s / (double)p.cols, q = 0;
 #pragma unroll
-        for (int k = 0; k < LN_VPT; k++) {
-            int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
-            if (j < p.cols) {
-                double d = DSUB((double)v[k], m);
-                q = DADD(q, DMUL(d, d));
+        for (int k = 0; k < VEC; k++) v[VEC * i + k] = u[k];
+    }
+}
+
+/* Stores row r's values j0 .. (within the row; r < rows). */
+template <class IO, int VEC>
+__device__ static inline void ln_store_row(gp_fptr t, const struct ln_plan &p, int64_t r, int64_t j0,
+                                           const float (&v)[LN_VPT])
+{
+#pragma unroll
+    for (int i = 0; i < LN_VPT / VEC; i++) {
+        if (j0 + VEC * i >= p.cols) break;
+        float u[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; k++) u[k] = v[VEC * i + k];
+        IO::template set_acts<VEC>(t, r * p.cols + j0 + VEC * i, u);
+    }
+}
+
+/* v[i] summed over the block, for each i, in a fixed order: each warp's
+ * lanes by a shuffle-down tree, then the warps' sums in warp order
+ * (through sh when there are several). Every thread gets lane 0's sums
+ * (broadcast: the lanes of a butterfly would each round in another
+ * order). All threads of the block call it. */
+template <int N>
+__device__ static inline void ln_block_sums(double (&v)[N], double (*sh)[LN_MAX_WARPS])
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v[i] = DADD(v[i], __shfl_down_sync(0xffffffffu, v[i], o));
+        v[i] = __shfl_sync(0xffffffffu, v[i], 0);
+    }
+    if (nw == 1) return;
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i++) sh[i][w] = v[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        double s = sh[i][0];
+        for (int u = 1; u < nw; u++) s = DADD(s, sh[i][u]);
+        v[i] = s;
+    }
+}
+
+/* Forward: each row's statistics as the generic kernel's formulas (sum,
+ * mean, squared deviations from it, in double), summed per thread in
+ * column order, then by ln_block_sums. */
+template <class IO, int VEC>
+__global__ static void __launch_bounds__(LN_MAX_WARPS * 32)
+    ln_forward_reg_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias, gp_fptr y, float *mean,
+                          float *invstd, gp_fptr out_mean, gp_fptr out_inv)
+{
+    __shared__ double sh[LN_ROWS][LN_MAX_WARPS];
+    const int64_t j0 = (int64_t)threadIdx.x * LN_VPT;
+    float sc[LN_VPT], bi[LN_VPT]; /* the same columns for every row */
+#pragma unroll
+    for (int k = 0; k < LN_VPT; k++) {
+        int64_t j = j0 + k;
+        sc[k] = j < p.cols ? IO::par(scale, ln_index(p, p.sstride, p.sfull, j)) : 0.0f;
+        bi[k] = j < p.cols && bias.p ? IO::par(bias, ln_index(p, p.bstride, p.bfull, j)) : 0.0f;
+    }
+    const int64_t groups = (p.rows + LN_ROWS - 1) / LN_ROWS;
+    for (int64_t gi = blockIdx.x; gi < groups; gi += gridDim.x) {
+        const int64_t r0 = gi * LN_ROWS;
+        float v[LN_ROWS][LN_VPT];
+        double s[LN_ROWS];
+#pragma unroll
+        for (int rr = 0; rr < LN_ROWS; rr++) {
+            ln_load_row<IO, VEC>(x, p, r0 + rr, j0, v[rr]);
+            s[rr] = 0;
+#pragma unroll
+            for (int k = 0; k < LN_VPT; k++)
+                if (j0 + k < p.cols) s[rr] = DADD(s[rr], (double)v[rr][k]);
+        }
+        ln_block_sums(s, sh);
+        double m[LN_ROWS], q[LN_ROWS];
+#pragma unroll
+        for (int rr = 0; rr < LN_ROWS; rr++) {
+            m[rr] = s[rr] / (double)p.cols;
+            q[rr] = 0;
+#pragma unroll
+            for (int k = 0; k < LN_VPT; k++)
+                if (j0 + k < p.cols) {
+                    double d = DSUB((double)v[rr][k], m[rr]);
+                    q[rr] = DADD(q[rr], DMUL(d, d));
+                }
+        }
+        ln_block_sums(q, sh);
+#pragma unroll
+        for (int rr = 0; rr < LN_ROWS; rr++) {
+            const int64_t r = r0 + rr;
+            if (r >= p.rows) break;
+            double var = q[rr] / (double)p.cols;
+            float mr = (float)m[rr], is = (float)(1.0 / sqrt(DADD(var, p.eps)));
+            if (threadIdx.x == 0) {
+                mean[r] = mr;
+                invstd[r] = is;
+                if (out_mean.p) gp_st(out_mean, r, mr);
+                if (out_inv.p) gp_st(out_inv, r, is);
             }
-        }
-        q = gp_dev_block_sum(q, sh);
-        double var = q / (double)p.cols;
-        float mr = (float)m, is = (float)(1.0 / sqrt(DADD(var, p.eps)));
-        if (threadIdx.x == 0) {
-            mean[r] = mr;
-            invstd[r] = is;
-            if (out_mean.p) gp_st(out_mean, r, mr);
-            if (out_inv.p) gp_st(out_inv, r, is);
-        }
+            float o[LN_VPT];
 #pragma unroll
-        for (int k = 0; k < LN_VPT; k++) {
-            int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
-            if (j < p.cols) {
-                float o = FMUL(FMUL(FSUB(v[k], mr), is), IO::par(scale, ln_index(p, p.sstride, p.sfull, j)));
-                IO::set_act(y, base + j, bias.p ? FADD(o, IO::par(bias, ln_index(p, p.bstride, p.bfull, j))) : o);
+            for (int k = 0; k < LN_VPT; k++) {
+                o[k] = FMUL(FMUL(FSUB(v[rr][k], mr), is), sc[k]);
+                if (bias.p) o[k] = FADD(o[k], bi[k]);
             }
+            ln_store_row<IO, VEC>(y, p, r, j0, o);
         }
     }
 }
@@ -249,10 +363,13 @@ static gp_status ln_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     gp_fptr out_mean = opt_out_f(ctx, 1), out_inv = opt_out_f(ctx, 2);
     enum io_kind kind = io_kind_of({x, y}, {scale, bias});
     unsigned grid = gp_cuda_capped_grid(p.rows, 1 << 20);
-    if (p.reg)
-        IO_DISPATCH(kind, ln_forward_reg_kernel<IO><<<grid, p.reg_threads, 0, ctx->stream>>>(
-                              p, x, scale, bias, y, mean, invstd, out_mean, out_inv));
-    else
+    if (p.reg) {
+        int vec = io_vec_for(kind, p.cols, {x, y});
+        unsigned groups = gp_cuda_capped_grid((p.rows + LN_ROWS - 1) / LN_ROWS, 1 << 20);
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(vec, ln_forward_reg_kernel<IO, VEC><<<groups, p.reg_threads, 0,
+                                                                                ctx->stream>>>(
+                                                   p, x, scale, bias, y, mean, invstd, out_mean, out_inv)));
+    } else
         IO_DISPATCH(kind, ln_forward_kernel<IO><<<grid, gp_cuda_row_threads(p.cols), 0, ctx->stream>>>(
                               p, x, scale, bias, y, mean, invstd, out_mean, out_inv));
     return gp_cuda_check_launch(ctx, "LayerNormalization forward", err);
@@ -401,78 +518,105 @@ __global__ static void ln_bwd_bcast_kernel(struct ln_plan p, bool is_scale, int6
     }
 }
 
-/* Rows of at most LN_REG_COLS, reg_blocks blocks: each block takes rows
- * blockIdx.x, + gridDim.x, ... with x and dy in registers; dx as
- * ln_bwd_dx_kernel (same terms, same order), and with pss, psb the
- * block's sums of dy xhat and dy per column (its rows in order) into
- * partials [gridDim.x, cols], which ln_bwd_reg_final_kernel adds. */
-template <class IO>
-__global__ static void ln_bwd_reg_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr dy,
-                                         const float *mean, const float *invstd, gp_fptr d_mean,
-                                         gp_fptr d_inv, gp_fptr dx, double *pss, double *psb)
+/* Backward on the register path (rows of at most LN_REG_BWD_COLS): x and
+ * dy of LN_ROWS rows in registers (the layout above); dx as
+ * ln_bwd_dx_kernel (same terms, same order; its two sums per row through
+ * one ln_block_sums), and with pss, psb the block's sums of dy xhat and dy
+ * per column (its rows in increasing order) into partials [gridDim.x,
+ * cols], which ln_bwd_reg_final_kernel adds. */
+template <class IO, int VEC>
+__global__ static void __launch_bounds__(LN_REG_BWD_COLS / LN_VPT)
+    ln_bwd_reg_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr dy, const float *mean,
+                      const float *invstd, gp_fptr d_mean, gp_fptr d_inv, gp_fptr dx, double *pss, double *psb)
 {
-    __shared__ double sh[32];
+    __shared__ double sh[2 * LN_ROWS][LN_MAX_WARPS];
+    const int64_t j0 = (int64_t)threadIdx.x * LN_VPT;
+    float sc[LN_VPT];
     double ss[LN_VPT], sb[LN_VPT];
 #pragma unroll
-    for (int k = 0; k < LN_VPT; k++) ss[k] = sb[k] = 0;
-    for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-        int64_t base = r * p.cols;
-        float m = mean[r], is = invstd[r];
-        float xv[LN_VPT], gv[LN_VPT];
+    for (int k = 0; k < LN_VPT; k++) {
+        sc[k] = j0 + k < p.cols ? IO::par(scale, ln_index(p, p.sstride, p.sfull, j0 + k)) : 0.0f;
+        ss[k] = sb[k] = 0;
+    }
+    const int64_t groups = (p.rows + LN_ROWS - 1) / LN_ROWS;
+    for (int64_t gi = blockIdx.x; gi < groups; gi += gridDim.x) {
+        const int64_t r0 = gi * LN_ROWS;
+        /* Every load of the group first (dx's old values and the rows'
+         * d(Mean), d(InvStdDev) too): issued together, not each behind the
+         * previous row's stores, which the compiler cannot reorder. */
+        float xv[LN_ROWS][LN_VPT], gv[LN_ROWS][LN_VPT], od[LN_ROWS][LN_VPT];
+        float m[LN_ROWS], is[LN_ROWS], dm[LN_ROWS], di[LN_ROWS];
 #pragma unroll
-        for (int k = 0; k < LN_VPT; k++) {
-            int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
-            xv[k] = j < p.cols ? IO::act(x, base + j) : 0.0f;
-            gv[k] = j < p.cols && dy.p ? IO::act(dy, base + j) : 0.0f;
+        for (int rr = 0; rr < LN_ROWS; rr++) {
+            const int64_t r = r0 + rr;
+            const bool ok = r < p.rows;
+            ln_load_row<IO, VEC>(x, p, r, j0, xv[rr]);
+            if (dy.p) {
+                ln_load_row<IO, VEC>(dy, p, r, j0, gv[rr]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < LN_VPT; k++) gv[rr][k] = 0.0f;
+            }
+            if (dx.p) ln_load_row<IO, VEC>(dx, p, r, j0, od[rr]);
+            m[rr] = ok ? mean[r] : 0.0f;
+            is[rr] = ok ? invstd[r] : 0.0f;
+            dm[rr] = ok && d_mean.p ? gp_ld(d_mean, r) : 0.0f;
+            di[rr] = ok && d_inv.p ? gp_ld(d_inv, r) : 0.0f;
+        }
+        /* One pass over the values for dx's sums and the parameter
+         * gradients' terms, which share xhat and (double) dy: a second pass
+         * after the block sums would keep them all live across the sums,
+         * in registers the row data need. */
+        double t[2 * LN_ROWS]; /* sums of g and of g xhat per row */
+#pragma unroll
+        for (int i = 0; i < 2 * LN_ROWS; i++) t[i] = 0;
+#pragma unroll
+        for (int rr = 0; rr < LN_ROWS; rr++) {
+            const bool ok = r0 + rr < p.rows;
+#pragma unroll
+            for (int k = 0; k < LN_VPT; k++) {
+                double gd = (double)gv[rr][k], xh = (double)FMUL(FSUB(xv[rr][k], m[rr]), is[rr]);
+                if (dx.p && dy.p && j0 + k < p.cols) {
+                    double g = DMUL(gd, (double)sc[k]);
+                    t[rr] = DADD(t[rr], g);
+                    t[LN_ROWS + rr] = DADD(t[LN_ROWS + rr], DMUL(g, xh));
+                }
+                if (pss && ok) {
+                    ss[k] = DADD(ss[k], DMUL(gd, xh));
+                    sb[k] = DADD(sb[k], gd);
+                }
+            }
         }
         if (dx.p) {
-            double sg = 0, sgx = 0;
-            if (dy.p) {
+            if (dy.p) ln_block_sums(t, sh); /* dx.p, dy.p: the same for the whole block */
+#pragma unroll
+            for (int rr = 0; rr < LN_ROWS; rr++) {
+                const int64_t r = r0 + rr;
+                if (r >= p.rows) break;
+                double n = (double)p.cols, mg = t[rr] / n, mgx = t[LN_ROWS + rr] / n;
+                double cm = d_mean.p ? (double)dm[rr] / n : 0.0;
+                double cv = d_inv.p ? DMUL(DMUL(DMUL(-(double)di[rr], (double)is[rr]), (double)is[rr]),
+                                           (double)is[rr]) / n
+                                    : 0.0;
+                float o[LN_VPT]; /* dx += v: the old value, widened, plus v, rounded once */
 #pragma unroll
                 for (int k = 0; k < LN_VPT; k++) {
-                    int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
-                    if (j < p.cols) {
-                        float sc = IO::par(scale, ln_index(p, p.sstride, p.sfull, j));
-                        double g = DMUL((double)gv[k], (double)sc);
-                        sg = DADD(sg, g);
-                        sgx = DADD(sgx, DMUL(g, (double)FMUL(FSUB(xv[k], m), is)));
-                    }
-                }
-                sg = gp_dev_block_sum(sg, sh);
-                sgx = gp_dev_block_sum(sgx, sh);
-            }
-            double n = (double)p.cols, mg = sg / n, mgx = sgx / n;
-            double cm = d_mean.p ? (double)gp_ld(d_mean, r) / n : 0.0;
-            double cv = d_inv.p ? DMUL(DMUL(DMUL(-(double)gp_ld(d_inv, r), (double)is), (double)is),
-                                       (double)is) / n
-                                : 0.0;
-#pragma unroll
-            for (int k = 0; k < LN_VPT; k++) {
-                int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
-                if (j < p.cols) {
-                    double xc = (double)FSUB(xv[k], m), xhat = DMUL(xc, (double)is);
+                    double xc = (double)FSUB(xv[rr][k], m[rr]), xhat = DMUL(xc, (double)is[rr]);
                     double v = DADD(cm, DMUL(cv, xc));
                     if (dy.p) {
-                        float sc = IO::par(scale, ln_index(p, p.sstride, p.sfull, j));
-                        double g = DMUL((double)gv[k], (double)sc);
-                        v = DADD(v, DMUL((double)is, DSUB(DSUB(g, mg), DMUL(xhat, mgx))));
+                        double g = DMUL((double)gv[rr][k], (double)sc[k]);
+                        v = DADD(v, DMUL((double)is[rr], DSUB(DSUB(g, mg), DMUL(xhat, mgx))));
                     }
-                    IO::add_act(dx, base + j, (float)v);
+                    o[k] = FADD(od[rr][k], (float)v);
                 }
-            }
-        }
-        if (pss) {
-#pragma unroll
-            for (int k = 0; k < LN_VPT; k++) {
-                ss[k] = DADD(ss[k], DMUL((double)gv[k], (double)FMUL(FSUB(xv[k], m), is)));
-                sb[k] = DADD(sb[k], (double)gv[k]);
+                ln_store_row<IO, VEC>(dx, p, r, j0, o);
             }
         }
     }
     if (pss) {
 #pragma unroll
         for (int k = 0; k < LN_VPT; k++) {
-            int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
+            int64_t j = j0 + k;
             if (j < p.cols) {
                 pss[blockIdx.x * p.cols + j] = ss[k];
                 psb[blockIdx.x * p.cols + j] = sb[k];
@@ -481,15 +625,15 @@ __global__ static void ln_bwd_reg_kernel(struct ln_plan p, gp_fptr x, gp_fptr sc
     }
 }
 
-/* Per column, the reg_blocks partials: threads (tx, ty) of a 32 x 32
- * block add partials ty, ty + 32, ... of column tx; the 32 sums are added
- * in ty order. */
+/* Per column, the reg_blocks partials: threads (tx, ty) of an
+ * LN_FIN_COLS x LN_FIN_LANES block add partials ty, ty + LN_FIN_LANES,
+ * ... of column tx; the lanes' sums are added in ty order. */
 __global__ static void ln_bwd_reg_final_kernel(struct ln_plan p, const double *pss, const double *psb,
                                                gp_fptr dscale, gp_fptr dbias)
 {
-    __shared__ double ss_sh[LN_FIN_LANES][LN_TILE_COLS + 1], sb_sh[LN_FIN_LANES][LN_TILE_COLS + 1];
+    __shared__ double ss_sh[LN_FIN_LANES][LN_FIN_COLS + 1], sb_sh[LN_FIN_LANES][LN_FIN_COLS + 1];
     int tx = threadIdx.x, ty = threadIdx.y;
-    int64_t j = blockIdx.x * (int64_t)LN_TILE_COLS + tx;
+    int64_t j = blockIdx.x * (int64_t)LN_FIN_COLS + tx;
     double ss = 0, sb = 0;
     if (j < p.cols)
         for (int64_t k = ty; k < p.reg_blocks; k += LN_FIN_LANES) {
@@ -529,13 +673,15 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
         bool fused = params && p.sfull && p.bfull;
         double *pss = fused ? (double *)ctx->scratch : NULL;
         double *psb = fused ? pss + p.reg_blocks * p.cols : NULL;
-        unsigned grid = fused ? (unsigned)p.reg_blocks : gp_cuda_capped_grid(p.rows, 1 << 20);
-        IO_DISPATCH(kind, ln_bwd_reg_kernel<IO><<<grid, p.reg_threads, 0, ctx->stream>>>(
-                              p, x, scale, dy, mean, invstd, d_mean, d_inv, dx, pss, psb));
+        unsigned grid = fused ? (unsigned)p.reg_blocks
+                              : gp_cuda_capped_grid((p.rows + LN_ROWS - 1) / LN_ROWS, 1 << 20);
+        int vec = io_vec_for(kind, p.cols, {x, dy, dx});
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(vec, ln_bwd_reg_kernel<IO, VEC><<<grid, p.reg_threads, 0, ctx->stream>>>(
+                                                   p, x, scale, dy, mean, invstd, d_mean, d_inv, dx, pss, psb)));
         GP_TRY(gp_cuda_check_launch(ctx, "LayerNormalization backward", err));
         if (fused) {
-            dim3 fgrid((unsigned)((p.cols + LN_TILE_COLS - 1) / LN_TILE_COLS), 1, 1);
-            ln_bwd_reg_final_kernel<<<fgrid, dim3(LN_TILE_COLS, LN_FIN_LANES, 1), 0, ctx->stream>>>(
+            dim3 fgrid((unsigned)((p.cols + LN_FIN_COLS - 1) / LN_FIN_COLS), 1, 1);
+            ln_bwd_reg_final_kernel<<<fgrid, dim3(LN_FIN_COLS, LN_FIN_LANES, 1), 0, ctx->stream>>>(
                 p, pss, psb, dscale, dbias);
             return gp_cuda_check_launch(ctx, "LayerNormalization parameter gradients", err);
         }
