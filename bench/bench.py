@@ -353,9 +353,9 @@ def gpipe_side(args, name, precision, batch, onnx_path, workdir, variant=None):
     if res.get("error"):
         log("%s %s: %s: %s" % (name, precision, what, res["error"]))
         return res
-    log("%s %s: %s %.1f samples/s (median step %.4f s, loss %.4f -> %.4f)" % (
+    log("%s %s: %s %.1f samples/s (median step %.4f s, loss %.4f -> %.4f%s)" % (
         name, precision, what, res["samples_per_s"], res["median_step_s"], res["first_loss"],
-        res["last_loss"]))
+        res["last_loss"], ", planned %.2f GiB" % res["planned_gib"] if "planned_gib" in res else ""))
     return res
 
 

@@ -136,8 +136,12 @@ def gpipe_version(binary):
 def read_metrics(path, warmup, batch):
     """Reads a `gpipe-onnx train --metrics` file: (summary of the steps after `warmup`,
     all step records, error or None). The metrics give samples/s per step (batch / the
-    step's wall time, host work included); the step's time is batch / samples_per_s."""
+    step's wall time, host work included); the step's time is batch / samples_per_s.
+    The summary also has 'planned_gib': the device memory the stages planned (parameters,
+    optimizer state, activations, scratch; the metrics' memory records, summed over stages),
+    without cuDNN's and cuBLAS's workspaces and the CUDA context."""
     steps = []
+    planned = 0
     try:
         with open(path) as f:
             for line in f:
@@ -146,6 +150,8 @@ def read_metrics(path, warmup, batch):
                     rec = json.loads(line)
                     if "samples_per_s" in rec:
                         steps.append(rec)
+                    elif "memory" in rec:
+                        planned += rec["memory"].get("planned_bytes", 0)
     except (OSError, ValueError) as e:
         return None, steps, "gpipe-onnx metrics unreadable: %s" % e
     timed = [r for r in steps if r["step"] > warmup]
@@ -153,6 +159,8 @@ def read_metrics(path, warmup, batch):
     s = summarize(batch, times)
     if s is None:
         return None, steps, "gpipe-onnx: no timed steps in the metrics (%d steps recorded)" % len(steps)
+    if planned:
+        s["planned_gib"] = round(planned / 2**30, 2)
     return s, steps, None
 
 

@@ -184,7 +184,9 @@ static void help(FILE *f)
         "  --save OUT.onnx       write the trained model (the input model with updated\n"
         "                        weights and BatchNorm statistics), atomically\n"
         "  --metrics FILE.jsonl  one JSON object per step (step, epoch, loss, lr,\n"
-        "                        samples_per_s) and per epoch (val_loss, val_accuracy)\n"
+        "                        samples_per_s), per epoch (val_loss, val_accuracy)\n"
+        "                        and per stage after training (memory: bytes of\n"
+        "                        parameters, optimizer, activations, planned)\n"
         "  --quiet               no progress output (validation results still print)\n"
         "  -h, --help            this help\n",
         f);
@@ -257,6 +259,16 @@ static void on_epoch(void *user, const struct gpo_epoch_info *r)
 static void on_memory(void *user, const struct gpo_stage_memory *r)
 {
     struct progress *p = user;
+    if (p->metrics) {
+        fprintf(p->metrics,
+                "{\"memory\": {\"stage\": %d, \"device\": \"%s:%d\", \"parameter_bytes\": %lld, "
+                "\"optimizer_bytes\": %lld, \"activation_bytes\": %lld, \"activation_peak_bytes\": %lld, "
+                "\"planned_bytes\": %lld}}\n",
+                r->stage, r->backend ? r->backend : "cpu", r->device, (long long)r->param_bytes,
+                (long long)r->optimizer_bytes, (long long)r->activation_bytes, (long long)r->activation_peak_bytes,
+                (long long)r->planned_bytes);
+        fflush(p->metrics);
+    }
     if (p->quiet) return;
     char a[32], b[32], c[32], d[32], e[32];
     if (r->stage == 0)
