@@ -78,7 +78,8 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
      * merged ranges of its birth time, and the ranges stay in the set) or
      * written whole by its birth layer, the first to write it: that layer
      * reads it once and has its din_overwrite bit, and no clear touches it
-     * then. */
+     * then; the output frontier's (born at the start, t = 0) are copied
+     * whole from the inbox and not cleared either. */
     for (int t = 0; t <= last - first; t++) {
         for (int q = p.zero_start[t]; q < p.zero_start[t + 1]; q++)
             assert_true(p.zeros[q].off + p.zeros[q].bytes <= p.grad_bytes);
@@ -93,7 +94,9 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
             int layer = last - t, written = 0;
             for (int k = 0; t > 0 && k < g->nodes[layer].n_inputs && k < 32; k++)
                 if (g->nodes[layer].inputs[k] == v && ((p.din_overwrite[layer - first] >> k) & 1)) written++;
-            if (written) {
+            if (t == 0 && inbox[v]) {
+                if (overlapped) fail_msg("the gradient of '%s' arrives in the inbox but is also cleared", g->values[v].name);
+            } else if (written) {
                 int reads = 0;
                 for (int k = 0; k < g->nodes[layer].n_inputs; k++) reads += g->nodes[layer].inputs[k] == v;
                 if (reads != 1 || overlapped || p.once[layer - first])

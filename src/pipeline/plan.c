@@ -255,6 +255,12 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     }
     first_writers(g, ops, birth, inbox, p, overwritten);
+    /* The output frontier's gradients start as copies of what arrived in
+     * the inbox (tasks.c, run_backward), written whole before any layer
+     * adds to them: no clear (for GPT-2's logits, 1.65 GB of zeros written
+     * and read back per micro-batch). */
+    for (int v = 0; v < nv; v++)
+        if (inbox[v] && birth[v] != INT_MIN) overwritten[v] = true;
     int nz = 0;
     for (int t = 0; t <= nl; t++) {
         p->zero_start[t] = nz;

@@ -73,7 +73,8 @@ struct gp_stage_plan {
      * born[born_start[t] .. born_start[t + 1]) are value ids. */
     int *born_start, *born;
     /* The same as merged byte ranges of the gradient set, for clearing:
-     * zeros[zero_start[t] .. zero_start[t + 1]). */
+     * zeros[zero_start[t] .. zero_start[t + 1]); not the output frontier's,
+     * which the backward copies whole from the inbox, nor those below. */
     int *zero_start;
     struct gp_byte_range {
         size_t off, bytes;

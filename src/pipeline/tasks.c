@@ -177,15 +177,19 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
 {
     const struct gp_graph *g = p->g;
     /* Gradient regions start at zero when their value's gradient begins
-     * (the set is shared over time: plan.c); the gradients that arrived for
-     * the output frontier seed theirs. Kernels accumulate. */
+     * (the set is shared over time: plan.c), or are written whole by their
+     * first writer; the gradients that arrived for the output frontier are
+     * copied into theirs, which plan.c leaves uncleared: a copy, not an
+     * add onto zeros: the bits the sending layer wrote, where 0 + x
+     * made a -0 +0 (and, on the GPU, every NaN the one canonical NaN).
+     * Kernels accumulate. */
     GP_TRY(zero_born(s, 0, err));
     const unsigned char *inbox = inbox_of(s, j);
     for (int k = 0; k < s->plan.n_frontier_out; k++) {
         int v = s->plan.frontier_out[k];
         if (s->plan.inbox_off[v] == SIZE_MAX) continue;
         GP_TRY(s->cops->convert(s->cctx, s->grads + s->plan.grad_off[v], s->plan.dt[v], inbox + s->plan.inbox_off[v],
-                                s->plan.dt[v], gp_shape_numel(&g->values[v].shape), true, err));
+                                s->plan.dt[v], gp_shape_numel(&g->values[v].shape), false, err));
     }
     bool timed = p->cfg.time_layers;
     double t0 = timed ? now_ms() : 0;

@@ -340,7 +340,8 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         if (node->inputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->inputs[k]];
         want_dx[k] = backward && gp_dtype_is_float(v->dtype) && !nondiff(node, k);
-        if (want_dx[k]) hd0[k] = random_floats(nx[k], -1, 1);
+        if (want_dx[k]) hd0[k] = bit(o->overwrite, k) ? calloc((size_t)(nx[k] ? nx[k] : 1), sizeof(float))
+                                                        : random_floats(nx[k], -1, 1);
         if (want_dx[k] && dx16[k]) round_all_bf16(hd0[k], nx[k]);
     }
     uint64_t seed = 1234, step = 7;
@@ -415,6 +416,8 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         else
             gin[k] = op_dev_copy_of(hx[k], (size_t)nx[k] * esize(v->dtype), label);
         if (want_dx[k]) gdin[k] = upload_as(hd0[k], nx[k], dx16[k], nhwc, &v->shape, label);
+        if (want_dx[k] && bit(o->overwrite, k)) /* NaN: a read or an unwritten element fails */
+            op_cuda_ok(cudaMemset(gdin[k], 0xff, (size_t)nx[k] * (dx16[k] ? 2 : 4)), label, "cudaMemset");
     }
     for (int k = 0; k < no; k++) {
         if (node->outputs[k] < 0) continue;
@@ -457,7 +460,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     struct gp_cuda_ctx gc = {.graph = g, .node = node, .in = gin, .out = gout, .din = gdin, .dout = gdout,
                              .in_dt = b16 ? in_dt : NULL, .out_dt = b16 ? out_dt : NULL,
                              .din_dt = b16 ? din_dt : NULL, .dout_dt = b16 ? dout_dt : NULL,
-                             .in_nhwc = lin, .out_nhwc = lout,
+                             .in_nhwc = lin, .out_nhwc = lout, .din_overwrite = o->overwrite,
                              .saved = gsaved, .scratch = gscratch, .stream = stream,
                              .cublas = libs.cublas, .cudnn = libs.cudnn, .tf32 = o->tf32,
                              .fast_conv = o->fast_conv,

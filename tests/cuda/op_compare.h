@@ -8,7 +8,10 @@
  * use their data in the graph; integer and bool inputs must be initializers
  * or given (or, with index_bound, drawn). Backward starts from random output gradients and from random
  * input gradients on both sides, so it also checks that CUDA accumulates
- * (+=). Saved and scratch memory are each kernel's own sizes; the CUDA
+ * (+=), except the gradients `overwrite` names: the CUDA kernel is asked
+ * to write those whole (din_overwrite), both sides start them at zero and
+ * the CUDA buffer holds NaN instead, so a read or an unwritten element
+ * fails. Saved and scratch memory are each kernel's own sizes; the CUDA
  * output is poisoned with NaN first, so an unwritten element fails.
  *
  * Tolerance: |cuda - cpu| <= rel_tol |cpu| + abs_tol (defaults 1e-5 and
@@ -78,6 +81,9 @@ struct op_compare {
     uint32_t f32_inputs, f32_outputs;           /* bf16: inputs, outputs (bit k) stored as float32 */
     uint32_t nhwc_inputs, nhwc_outputs;         /* CUDA side: inputs, outputs (bit k; rank 4) and their
                                                    gradients channels-last (above) */
+    uint32_t overwrite;                         /* inputs (bit k) whose gradient the CUDA kernel writes
+                                                   whole (gp_cuda_ctx.din_overwrite): both sides start
+                                                   it at zero, the CUDA buffer poisoned with NaN */
 };
 
 /* Compares node `node` of g on both backends; fails the cmocka test (naming

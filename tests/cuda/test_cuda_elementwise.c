@@ -20,7 +20,8 @@
  * broadcast inputs with ties and NaN (the first maximum gets the
  * gradient), integer Max/Min; Where (broadcast condition and values, any
  * dtype); Expand. Shapes of more than 2^20 elements make the grid-stride
- * loops go round.
+ * loops go round. Gelu at GPT-2's [16, 1024, 3072] in both forms, float32
+ * and bfloat16, its gradient accumulated and written whole (first writer).
  *
  * bfloat16 (the kernels read and write it themselves, bf16_any): the
  * unary, Clip, Cast/CastLike/Identity, binary (float and integer), Where
@@ -310,6 +311,33 @@ static void test_unary(void **state)
             free(x);
         }
     }
+}
+
+/* GPT-2 small's Gelu ([16, 1024, 3072], the MLP's hidden activation) in
+ * both forms, float32 and bfloat16, the gradient added onto random values
+ * and written whole (its first writer, din_overwrite): the runs kernels
+ * with the formula fixed when compiled (elementwise.cu, ufix). Inputs in
+ * [-6, 6): both of erff's ranges, tanh near saturation. */
+static void test_gelu_gpt2(void **state)
+{
+    (void)state;
+    static const struct tshape sh = SH(3, 16, 1024, 3072);
+    for (int form = 0; form < 2; form++)
+        for (int b = 0; b < 2; b++)
+            for (int ow = 0; ow < 2; ow++) {
+                if (b) bf16_set(0, 0, 0);
+                else bf16_off();
+                struct gp_graph g;
+                begin(&g, 20);
+                input_t(&g, "x", GP_DTYPE_FLOAT32, sh);
+                int n = node(&g, "Gelu", 1, S("x"), 1, S("y"));
+                if (form) attr_s(&g, n, "approximate", "tanh");
+                char label[96];
+                snprintf(label, sizeof label, "Gelu%s [16,1024,3072]%s", form ? " approximate=tanh" : "",
+                         ow ? ", dX written whole" : "");
+                compare(&g, (struct op_compare){.label = label, .lo = -6, .hi = 6, .overwrite = ow ? IN(0) : 0});
+            }
+    bf16_off();
 }
 
 /* Integer and bool inputs: forward only (no gradient). */
@@ -955,6 +983,7 @@ int main(void)
         cmocka_unit_test(test_binary_int),        cmocka_unit_test(test_variadic),
         cmocka_unit_test(test_where_expand),      cmocka_unit_test(test_null_gradients),
         cmocka_unit_test(test_elementwise_bf16),  cmocka_unit_test(test_binary_bf16),
+        cmocka_unit_test(test_gelu_gpt2),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0)

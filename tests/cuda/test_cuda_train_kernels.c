@@ -18,6 +18,10 @@
  *              parameters, state and (clipped) gradients BIT-IDENTICAL;
  *   buffers    gp_cuda_accumulate (bit for bit), gp_cuda_norms (1e-6
  *              relative against double and against gp_norm2_f32);
+ *   convert    gp_cuda_convert between float32 and bfloat16, copied and
+ *              accumulated, 16-byte runs, their tails and misaligned
+ *              pointers, GPT-2's [16, 1024, 50304] logits' gradient: bit
+ *              for bit against a loop on the host;
  *   layouts    gp_cuda_relayout and gp_cuda_relayout_channels (between
  *              [n, c, hw] and [n, hw, c], channels padded with zeros and
  *              dropped, float32 and bfloat16, written and accumulated):
@@ -885,6 +889,86 @@ static void test_accumulate(void **state)
     assert_int_equal(gp_cuda_accumulate(NULL, NULL, NULL, 0, &err), GP_OK);
 }
 
+/* One gp_cuda_convert against a loop on the host: n values from src
+ * (float32, or bfloat16 when sb) into dst (likewise db), onto dst's
+ * earlier values when acc, the tensors smis and dmis values past a 16-byte
+ * boundary (0: 16-byte runs with a scalar tail, else scalar throughout).
+ * Values: random, -0 and infinities; without acc NaNs too (a sum's NaN is
+ * the device's canonical one, the host's keeps its payload). Bit for bit;
+ * the bytes around dst untouched. */
+static void run_convert(int64_t n, bool sb, bool db, bool acc, int smis, int dmis)
+{
+    size_t es = sb ? 2 : 4, ed = db ? 2 : 4;
+    const bool big = n > 100000000;
+    char *sh = xmalloc(es * (size_t)(n + 1)), *dh = xmalloc(ed * (size_t)(n + 1)), *got = xmalloc(ed * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) {
+        /* a cheap pattern for the big case */
+        float v = big ? 0.25f * (float)((int)((uint64_t)i * 2654435761u >> 26 & 63) - 32) : normalish();
+        float w = big ? 0.5f * (float)((int)((uint64_t)i * 40503u >> 10 & 31) - 16) : normalish();
+        if (i % 97 == 5) v = -0.0f;
+        if (i % 89 == 7) v = i & 1 ? INFINITY : -INFINITY;
+        if (!acc && i % 83 == 11) v = i & 1 ? NAN : -NAN;
+        if (sb) ((uint16_t *)sh)[i] = gp_float_to_bf16(v);
+        else ((float *)sh)[i] = v;
+        if (db) ((uint16_t *)dh)[i] = gp_float_to_bf16(w);
+        else ((float *)dh)[i] = w;
+    }
+    /* room for the misalignment and a guard value after the end */
+    char *ds = dev_alloc(es * (size_t)(n + 8)), *dd = dev_alloc(ed * (size_t)(n + 9));
+    CK(cudaMemset(dd, 0x5a, ed * (size_t)(n + 9)));
+    CK(cudaMemcpy(ds + es * (size_t)smis, sh, es * (size_t)n, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dd + ed * (size_t)dmis, dh, ed * (size_t)n, cudaMemcpyHostToDevice));
+    cudaStream_t st = new_stream();
+    struct gp_error err = {0};
+    GP(gp_cuda_convert(st, dd + ed * (size_t)dmis, db ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32, ds + es * (size_t)smis,
+                       sb ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32, n, acc, &err));
+    sync_stream(st, "convert");
+    to_host(got, dd + ed * (size_t)dmis, ed * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) {
+        float v = sb ? gp_bf16_to_float(((uint16_t *)sh)[i]) : ((float *)sh)[i];
+        if (acc) v = (db ? gp_bf16_to_float(((uint16_t *)dh)[i]) : ((float *)dh)[i]) + v;
+        bool same;
+        if (db) same = ((uint16_t *)got)[i] == gp_float_to_bf16(v);
+        else same = memcmp((float *)got + i, &v, sizeof v) == 0;
+        if (!same)
+            fail_msg("convert %s -> %s%s of %lld values (misaligned %d, %d) at %lld: %g, want %g", sb ? "bf16" : "f32",
+                     db ? "bf16" : "f32", acc ? " (accumulate)" : "", (long long)n, smis, dmis, (long long)i,
+                     db ? (double)gp_bf16_to_float(((uint16_t *)got)[i]) : (double)((float *)got)[i], (double)v);
+    }
+    for (size_t b = 0; b < ed; b++)
+        if ((unsigned char)got[ed * (size_t)n + b] != 0x5a)
+            fail_msg("convert of %lld values wrote past the end", (long long)n);
+    n_cases++;
+    cudaStreamDestroy(st);
+    cudaFree(ds);
+    cudaFree(dd);
+    free(sh), free(dh), free(got);
+}
+
+/* Every pair of storage types, copied and accumulated: sizes below one run,
+ * whole runs, a tail, a grid that wraps (more than 2 x 4096 x 256 runs),
+ * misaligned pointers (scalar) and pointers 16 bytes apart (runs); then the
+ * executor's seeding of GPT-2's logits' gradient, [16, 1024, 50304]
+ * bfloat16, copied (tasks.c) and accumulated. */
+static void test_convert(void **state)
+{
+    (void)state;
+    for (int t = 0; t < 4; t++) {
+        bool sb = t & 1, db = t & 2;
+        for (int acc = 0; acc < 2; acc++) {
+            run_convert(5, sb, db, acc, 0, 0);
+            run_convert(64, sb, db, acc, 0, 0);
+            run_convert(1000003, sb, db, acc, 0, 0);
+            run_convert(20000005, sb, db, acc, 0, 0);
+            run_convert(100003, sb, db, acc, 1, 0);
+            run_convert(100003, sb, db, acc, 0, 1);
+            run_convert(100000, sb, db, acc, sb ? 8 : 4, db ? 8 : 4);
+        }
+    }
+    run_convert((int64_t)16 * 1024 * 50304, true, true, false, 0, 0);
+    run_convert((int64_t)16 * 1024 * 50304, true, true, true, 0, 0);
+}
+
 /* Element (b, ch, p) of a tensor [n, c, hw] laid out [n, hw, c] or not. */
 static int64_t layout_index(bool nhwc, int64_t c, int64_t hw, int64_t b, int64_t ch, int64_t p)
 {
@@ -1046,7 +1130,7 @@ int main(void)
         cmocka_unit_test(test_output_loss),   cmocka_unit_test(test_bf16_losses),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_accumulate),    cmocka_unit_test(test_norms),
-        cmocka_unit_test(test_relayout),
+        cmocka_unit_test(test_relayout),      cmocka_unit_test(test_convert),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed) {
@@ -1054,7 +1138,7 @@ int main(void)
         return 1;
     }
     printf("cuda_train_kernels: PASSED, 6 tests (%d cases against the CPU functions: cross-entropy, mse, "
-           "output loss, SGD/AdamW steps bit for bit, accumulate, norms)\n",
+           "output loss, SGD/AdamW steps bit for bit, accumulate, convert, norms)\n",
            n_cases);
     return 0;
 }
