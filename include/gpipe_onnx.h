@@ -217,6 +217,7 @@ struct gpo_layer {
     int64_t frontier_bytes;        /* per batch, at the cut after it */
     int frontier_count;            /* values in that frontier */
     int channels_last;             /* its output 0 is stored [N, H, W, C] */
+    int packed_qkv;                /* Attention: Q, K, V read from one packed input (its Split absorbed) */
 };
 gpo_status gpo_layer(gpo_model *m, int i, struct gpo_layer *out);
 /* Input k of layer i by name ("" for an optional input left out), NULL when

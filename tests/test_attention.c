@@ -1,7 +1,8 @@
 /* Attention (ops/attention.h, backend/cpu/attention.c) and the attention
  * fusion (graph/fuse_attention.c):
  *  - the op: forward against a direct evaluation in double (4-D and 3-D
- *    forms, additive and bool masks, causal, Tq != Tk), gradients against
+ *    forms, packed Q, K, V from a Split, additive and bool masks, causal,
+ *    Tq != Tk), gradients against
  *    finite differences in double (op_gradcheck, which also compares bf16
  *    with fp32 layer by layer), refusals naming the node;
  *  - the fusion, on torch 1.13 and 2.11 exports (TorchScript and dynamo
@@ -10,7 +11,9 @@
  *    fuses into one Attention node with the attributes it should have,
  *    each near miss stays unfused, and the fused graph trains like the
  *    unfused one (GP_FUSE_ATTENTION=0) within float32 rounding: outputs,
- *    every gradient, over four SGD steps;
+ *    every gradient, over four SGD steps; where a Split made Q, K and V,
+ *    the Split is absorbed (packed_qkv) and trains to the same bits as the
+ *    Attention that keeps it (GP_FUSE_QKV_SPLIT=0); its near misses stay;
  *  - on the same fixtures, the transformers' other fusion (graph/fuse.c):
  *    the Linear weights' Transposes absorbed into their MatMuls, which
  *    train like the graph that keeps them (GP_FUSE_WEIGHT_TRANSPOSE=0). */
@@ -48,6 +51,7 @@ struct attn_case {
     int mask;        /* 0 none, 1 additive float [tq, tk], 2 bool [b, 1, tq, tk] */
     bool causal;
     float scale;     /* 0: the default */
+    bool packed;     /* 3-D, Tq = Tk, D = Dv: Q, K, V the thirds of one Split of qkv [B, T, 3 * C] */
 };
 
 static double mask_add(int64_t i, int64_t j) { return (double)((i * 3 + j * 5) % 4) - 2; }
@@ -67,9 +71,26 @@ static void build_attention(struct gp_graph *g, const struct attn_case *c)
         memcpy(kd, I64(c->b, c->h, c->tk, c->d), sizeof kd);
         memcpy(vd, I64(c->b, c->h, c->tk, c->dv), sizeof vd);
     }
-    input(g, "q", GP_DTYPE_FLOAT32, rank, qd);
-    input(g, "k", GP_DTYPE_FLOAT32, rank, kd);
-    input(g, "v", GP_DTYPE_FLOAT32, rank, vd);
+    if (c->packed) {
+        /* Split by num_outputs along axis -1, or by a sizes input along 2:
+         * either absorbs. */
+        int64_t hd = c->h * c->d;
+        input(g, "qkv", GP_DTYPE_FLOAT32, 3, I64(c->b, c->tq, 3 * hd));
+        int n;
+        if (c->causal) {
+            n = node(g, "Split", 1, S("qkv"), 3, S("q", "k", "v"));
+            attr_int(g, n, "num_outputs", 3);
+            attr_int(g, n, "axis", -1);
+        } else {
+            cany(g, "sizes", GP_DTYPE_INT64, 1, I64(3), F64((double)hd, (double)hd, (double)hd));
+            n = node(g, "Split", 2, S("qkv", "sizes"), 3, S("q", "k", "v"));
+            attr_int(g, n, "axis", 2);
+        }
+    } else {
+        input(g, "q", GP_DTYPE_FLOAT32, rank, qd);
+        input(g, "k", GP_DTYPE_FLOAT32, rank, kd);
+        input(g, "v", GP_DTYPE_FLOAT32, rank, vd);
+    }
     if (c->mask == 1) {
         /* Integers cast to float: a constant (an initializer read through
          * Cast is not trainable), not a parameter. */
@@ -102,6 +123,8 @@ static const struct attn_case cases[] = {
     {"4-D, causal, additive mask, Tq != Tk", false, 2, 2, 3, 5, 4, 3, 1, true, 0.7f},
     {"3-D, bool mask", true, 2, 3, 4, 6, 2, 3, 2, false, 0},
     {"3-D, causal", true, 1, 2, 6, 6, 4, 4, 0, true, 0},
+    {"3-D packed (Split absorbed), causal", true, 2, 2, 5, 5, 4, 4, 0, true, 0, true},
+    {"3-D packed, bool mask, scale", true, 2, 3, 4, 4, 2, 2, 2, false, 0.6f, true},
 };
 
 /* Element [b, h, t, e] of a 4-D or 3-D tensor of head size n. */
@@ -143,6 +166,7 @@ static void test_forward_reference(void **state)
         struct gp_graph g;
         build_attention(&g, c);
         assert_int_equal(g.n_nodes, 1);
+        assert_int_equal(g.nodes[0].packed_qkv, c->packed);
         int64_t nq = gp_shape_numel(&val(&g, "q")->shape), nk = gp_shape_numel(&val(&g, "k")->shape);
         int64_t nv = gp_shape_numel(&val(&g, "v")->shape), ny = gp_shape_numel(&val(&g, "y")->shape);
         float *q = malloc(sizeof(float) * (size_t)nq), *kk = malloc(sizeof(float) * (size_t)nk);
@@ -152,7 +176,21 @@ static void test_forward_reference(void **state)
         for (int64_t i = 0; i < nq; i++) q[i] = (float)(2 * uniform(&s));
         for (int64_t i = 0; i < nk; i++) kk[i] = (float)(2 * uniform(&s));
         for (int64_t i = 0; i < nv; i++) v[i] = (float)uniform(&s);
-        op_forward_f32(&g, (const void *[]){q, kk, v}, (void *[]){y}, false);
+        if (c->packed) {
+            /* Each token's row: its Q, K and V. */
+            int64_t hd = c->h * c->d, rows = c->b * c->tq;
+            float *qkv = malloc(sizeof(float) * (size_t)(3 * nq));
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t e = 0; e < hd; e++) {
+                    qkv[r * 3 * hd + e] = q[r * hd + e];
+                    qkv[r * 3 * hd + hd + e] = kk[r * hd + e];
+                    qkv[r * 3 * hd + 2 * hd + e] = v[r * hd + e];
+                }
+            op_forward_f32(&g, (const void *[]){qkv}, (void *[]){y}, false);
+            free(qkv);
+        } else {
+            op_forward_f32(&g, (const void *[]){q, kk, v}, (void *[]){y}, false);
+        }
         reference(c, q, kk, v, want);
         double worst = 0;
         for (int64_t i = 0; i < ny; i++) {
@@ -254,16 +292,18 @@ struct spelling {
     bool mask;
     float scale;
     int layers_gone;       /* nodes fewer than unfused */
+    bool qkv;              /* Q, K, V from one Split: absorbed (one of layers_gone) */
 };
 
 static const struct spelling spellings[] = {
     /* nanoGPT (bench/models.py's block): split and merge absorbed, the
-     * sliced `bias` compare is causal. 13 nodes -> Attention. */
-    {"nanogpt_op13", 1, 2, false, 0.353553385f, 12},
-    {"nanogpt_op17", 1, 2, false, 0.353553385f, 12},
-    {"div_add_op17", 0, 2, true, 0.353553385f, 12},
-    {"sqrt_scaled_op17", 0, 2, false, 0.353553385f, 12},
-    {"q_scaled_where_op17", 1, 2, false, 0.353553385f, 12},
+     * sliced `bias` compare is causal. 13 nodes -> Attention, and the
+     * Split of c_attn's output into Q, K, V. */
+    {"nanogpt_op13", 1, 2, false, 0.353553385f, 13, true},
+    {"nanogpt_op17", 1, 2, false, 0.353553385f, 13, true},
+    {"div_add_op17", 0, 2, true, 0.353553385f, 13, true},
+    {"sqrt_scaled_op17", 0, 2, false, 0.353553385f, 13, true},
+    {"q_scaled_where_op17", 1, 2, false, 0.353553385f, 13, true},
     /* nn.MultiheadAttention: [batch * heads, T, D], K's transpose kept. */
     {"mha_op13", 0, 1, false, 0.353553385f, 3},
     {"mha_op17", 0, 1, false, 0.353553385f, 3},
@@ -274,7 +314,7 @@ static const struct spelling spellings[] = {
      * TorchScript exporter: sqrt-scaled Q and K, a -inf triangle built from
      * Trilu (folded), K's head split also transposed for a Shape that
      * folded away (that dead Transpose goes too). */
-    {"nanogpt_sdpa_torch2_op17", 1, 2, false, 0.353553385f, 14},
+    {"nanogpt_sdpa_torch2_op17", 1, 2, false, 0.353553385f, 15, true},
     /* The dynamo exporter, optimize off: SDPA with K transposed through
      * [B * H, T, D] and a -3.4e38 triangle (CastLike folds); the explicit
      * form with a clone (Identity) in the head merge; nn.MultiheadAttention
@@ -318,6 +358,18 @@ static void test_spellings_fuse(void **state)
         assert_int_equal(gp_node_attr_int(n, "is_causal", -1), sp->causal);
         assert_int_equal(gp_node_attr_int(n, "q_num_heads", 0), sp->heads);
         assert_int_equal(n->n_inputs, sp->mask ? 4 : 3);
+        if (n->packed_qkv != sp->qkv) fail_msg("%s: packed_qkv %d, expected %d", sp->name, n->packed_qkv, sp->qkv);
+        if (sp->qkv) {
+            assert_true(n->inputs[0] >= 0 && n->inputs[1] < 0 && n->inputs[2] < 0);
+            assert_int_equal(count_op(&f, "Split", &dummy) + 1, count_op(&u, "Split", &dummy));
+            /* GP_FUSE_QKV_SPLIT=0: the same Attention beside its Split. */
+            struct gp_graph k;
+            load_with(sp->name, 2, "GP_FUSE_QKV_SPLIT", &k);
+            assert_int_equal(k.n_nodes, f.n_nodes + 1);
+            assert_int_equal(count_op(&k, "Attention", &a), 1);
+            assert_false(k.nodes[a].packed_qkv);
+            gp_graph_free(&k);
+        }
         if (fabsf(gp_node_attr_float(n, "scale", 0) - sp->scale) > 1e-6f * sp->scale)
             fail_msg("%s: scale %.9g, expected %.9g", sp->name, gp_node_attr_float(n, "scale", 0), sp->scale);
         assert_int_equal(f.n_nodes + f.n_folded + f.n_fused, f.n_source_nodes);
@@ -524,6 +576,72 @@ static void test_fused_equals_unfused(void **state)
     printf("worst over the spellings: %.2g\n", worst_all);
 }
 
+/* The Split absorbed (packed_qkv) against the fused graph that keeps it
+ * (GP_FUSE_QKV_SPLIT=0): the same bits, every step. */
+static void test_qkv_split_same_bits(void **state)
+{
+    (void)state;
+    int n = 0;
+    for (size_t s = 0; s < sizeof spellings / sizeof *spellings; s++) {
+        if (!spellings[s].qkv) continue;
+        double worst = compare_fusion(spellings[s].name, "GP_FUSE_QKV_SPLIT", 41 + s);
+        if (worst != 0) fail_msg("%s: packed Q, K, V differ from the Split's by %.3g", spellings[s].name, worst);
+        printf("%-24s Split absorbed: the same bits as the Attention beside it (4 steps)\n", spellings[s].name);
+        n++;
+    }
+    assert_true(n >= 4);
+}
+
+/* x [2, 3, 24] split along its last axis into Q, K, V for a 3-D Attention
+ * of 2 heads (causal), by hand. `how`: 0 the equal thirds in order
+ * (absorbed); the near misses, which keep the Split: 1 unequal parts
+ * [8, 8, 16] of x [2, 3, 32] (V's heads of 8); 2 along the tokens (x
+ * [2, 9, 8]); 3 Q and K swapped; 4 V also a graph output; 5 x also a
+ * graph output; 6 Q read twice (as Q and K). Returns the Splits left;
+ * *packed: the flag. */
+static int split_chain(int how, bool *packed)
+{
+    struct gp_graph g;
+    init(&g, 23);
+    int64_t cols = how == 1 ? 32 : how == 2 ? 8 : 24, rows = how == 2 ? 9 : 3;
+    input(&g, "x", GP_DTYPE_FLOAT32, 3, I64(2, rows, cols));
+    int n;
+    if (how == 1) {
+        cany(&g, "sizes", GP_DTYPE_INT64, 1, I64(3), F64(8, 8, 16));
+        n = node(&g, "Split", 2, S("x", "sizes"), 3, S("q", "k", "v"));
+    } else {
+        n = node(&g, "Split", 1, S("x"), 3, S("q", "k", "v"));
+        attr_int(&g, n, "num_outputs", 3);
+    }
+    attr_int(&g, n, "axis", how == 2 ? 1 : 2);
+    const char *const *in = how == 3 ? S("k", "q", "v") : how == 6 ? S("q", "q", "v") : S("q", "k", "v");
+    n = node(&g, "Attention", 3, in, 1, S("y"));
+    attr_int(&g, n, "is_causal", 1);
+    attr_int(&g, n, "q_num_heads", 2);
+    attr_int(&g, n, "kv_num_heads", 2);
+    output(&g, "y");
+    if (how == 4) output(&g, "v");
+    if (how == 5) output(&g, "x");
+    finalize(&g);
+    int a = -1, s = -1, splits = count_op(&g, "Split", &s);
+    assert_int_equal(count_op(&g, "Attention", &a), 1);
+    *packed = g.nodes[a].packed_qkv;
+    if (*packed) assert_int_equal(g.values[g.nodes[a].inputs[0]].shape.dims[2], 24);
+    gp_graph_free(&g);
+    return splits;
+}
+
+static void test_qkv_split_hand_built(void **state)
+{
+    (void)state;
+    bool packed;
+    assert_int_equal(split_chain(0, &packed), 0);
+    assert_true(packed);
+    for (int how = 1; how <= 6; how++) {
+        if (split_chain(how, &packed) != 1 || packed) fail_msg("near miss %d: the Split was absorbed", how);
+    }
+}
+
 /* The transformers' other fusion (graph/fuse.c): each Linear's
  * MatMul(x, Transpose(W)) reads W in place (trans_b). Its layers and
  * results against the graph with the Transposes kept. */
@@ -559,7 +677,8 @@ int main(void)
         cmocka_unit_test(test_forward_reference), cmocka_unit_test(test_gradients),
         cmocka_unit_test(test_refusals),          cmocka_unit_test(test_spellings_fuse),
         cmocka_unit_test(test_hand_built_chains), cmocka_unit_test(test_fixture_gpt_unfused),
-        cmocka_unit_test(test_fused_equals_unfused), cmocka_unit_test(test_weight_transposes_absorbed),
+        cmocka_unit_test(test_fused_equals_unfused), cmocka_unit_test(test_qkv_split_same_bits),
+        cmocka_unit_test(test_qkv_split_hand_built), cmocka_unit_test(test_weight_transposes_absorbed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -158,13 +158,14 @@ cmp -s "$tmp/pred_nchw.npy" "$tmp/pred_nhwc.npy" || fail "predict --layout nhwc 
 ! ls "$tmp"/metrics.jsonl.tmp* >/dev/null 2>&1 || fail "the metrics temporary file was left behind"
 "$bin" inspect "$tmp/gpt_trained.onnx" >/dev/null || fail "the saved model does not load"
 # The attention fusion: inspect shows nanoGPT's attention as one Attention
-# layer (13 nodes into 1), and as the exported chain with --no-fuse-attention;
+# layer reading the packed Q, K, V (13 nodes and the Split into 1), and as
+# the exported chain with --no-fuse-attention;
 # training either way gives the same losses within float32 rounding.
 a="$root/tests/data/attention/nanogpt_op17.onnx"
 "$bin" inspect "$a" --batch 2 --json >"$tmp/fused.json" 2>"$tmp/err.txt" || fail "inspect nanogpt: $(cat "$tmp/err.txt")"
 "$bin" inspect "$a" --batch 2 --json --no-fuse-attention >"$tmp/unfused.json" 2>"$tmp/err.txt" \
   || fail "inspect --no-fuse-attention nanogpt: $(cat "$tmp/err.txt")"
-"$bin" inspect "$a" --batch 2 | grep -q "^ *3  Attention " || fail "inspect shows no Attention layer"
+"$bin" inspect "$a" --batch 2 | grep -q "^ *2  Attention(QKV) " || fail "inspect shows no packed Attention layer"
 for f in fused unfused; do
   flag=; [ $f = unfused ] && flag=--no-fuse-attention
   "$bin" train "$a" --synthetic 16 --batch 4 --chunks 2 --steps 3 $flag --metrics "$tmp/$f.jsonl" --quiet \
@@ -177,7 +178,8 @@ f, u = (json.load(open(f"{t}/{n}.json")) for n in ("fused", "unfused"))
 ops = lambda d: [l["op"] for l in d["layers"]]
 assert ops(f).count("Attention") == 1 and "Softmax" not in ops(f), ops(f)
 assert "Attention" not in ops(u) and "Softmax" in ops(u), ops(u)
-assert len(ops(u)) - len(ops(f)) == 12 and f["fused_nodes"] - u["fused_nodes"] == 12
+assert len(ops(u)) - len(ops(f)) == 13 and f["fused_nodes"] - u["fused_nodes"] == 13
+assert [l.get("packed_qkv", False) for l in f["layers"] if l["op"] == "Attention"] == [True], f["layers"]
 lf, lu = ([json.loads(l)["loss"] for l in open(f"{t}/{n}.jsonl") if "\"loss\"" in l] for n in ("fused", "unfused"))
 assert len(lf) == 3 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(lf, lu)), (lf, lu)
 PY

@@ -288,7 +288,8 @@ gpo_status gpo_layer(gpo_model *m, int i, struct gpo_layer *out)
         .fused_relu = n->fused_relu, .trans_b = n->trans_b, .name = n->name, .n_inputs = n->n_inputs, .n_outputs = n->n_outputs,
         .params = m->layers.layer_params[i], .frontier_bytes = m->layers.frontier_bytes[i + 1],
         .frontier_count = m->layers.frontier_count[i + 1],
-        .channels_last = n->n_outputs > 0 && n->outputs[0] >= 0 && m->g.values[n->outputs[0]].channels_last};
+        .channels_last = n->n_outputs > 0 && n->outputs[0] >= 0 && m->g.values[n->outputs[0]].channels_last,
+        .packed_qkv = n->packed_qkv};
     return GPO_OK;
 }
 

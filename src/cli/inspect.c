@@ -172,6 +172,10 @@ static void print_json(gpo_model *m, const struct gpo_model_info *info, const ch
             gp_json_key(&j, "transposed_b");
             gp_json_bool(&j, true);
         }
+        if (l.packed_qkv) {
+            gp_json_key(&j, "packed_qkv");
+            gp_json_bool(&j, true);
+        }
         gp_json_key(&j, "domain");
         gp_json_string(&j, l.domain);
         gp_json_key(&j, "since_version");
@@ -281,7 +285,7 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
                gp_cli_bytes(info->buffer_bytes, b, sizeof b));
     printf("%-12s %d in the file, %d folded at load time, ", "nodes", info->source_nodes, info->folded_nodes);
     if (info->fused_nodes)
-        printf("%d fused into %d (exported attention into Attention, GELU chains into Gelu, Relu into the BatchNormalization or residual Add "
+        printf("%d fused into %d (exported attention and the Split making its Q, K, V into Attention, GELU chains into Gelu, Relu into the BatchNormalization or residual Add "
                "before it, weight Transposes into their MatMul), ",
                info->fused_nodes + info->fusions, info->fusions);
     printf("%d layers\n", info->n_layers);
@@ -304,7 +308,8 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
         struct gpo_layer l;
         if (gpo_layer(m, i, &l) != GPO_OK) continue;
         int len = (int)strlen(l.name);
-        int olen = (int)strlen(l.op) + (l.fused_relu ? 5 : 0) + (l.trans_b ? 5 : 0); /* "+Relu", "(B^T)" */
+        /* "+Relu", "(B^T)", "(QKV)" */
+        int olen = (int)strlen(l.op) + (l.fused_relu ? 5 : 0) + (l.trans_b ? 5 : 0) + (l.packed_qkv ? 5 : 0);
         if (len > name_w) name_w = len;
         if (olen > op_w) op_w = olen;
     }
@@ -329,7 +334,8 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
             used += (size_t)w;
         }
         char op[64];
-        snprintf(op, sizeof op, "%s%s%s", l.op, l.fused_relu ? "+Relu" : "", l.trans_b ? "(B^T)" : "");
+        snprintf(op, sizeof op, "%s%s%s%s", l.op, l.fused_relu ? "+Relu" : "", l.trans_b ? "(B^T)" : "",
+                 l.packed_qkv ? "(QKV)" : "");
         const char *mark = nhwc && l.channels_last ? "  nhwc" : "";
         printf("%5d  %-*s  %-*s  %-24s %12s  %-*s%s\n", i, op_w, op, name_w, clip(l.name, name_w, name, sizeof name),
                shapes, l.params ? gp_cli_count(l.params, a, sizeof a) : "-", *mark ? front_w : 0,

@@ -35,6 +35,22 @@
  * TorchScript export transposes K's heads for a Shape that folds) is no
  * reader of its input, and goes with the match that takes that input.
  *
+ * Then the projection split: where a 3-D Attention's (fused or the file's)
+ * Q, K and V are the three outputs, in that order, of one Split of one
+ * tensor x [B, T, 3 * C] into equal thirds along its last axis (GPT-2's
+ * and nanoGPT's c_attn(x).split(C, dim=2)), each read only by the
+ * Attention and x only by the Split, the Split goes and the Attention
+ * reads x itself (gp_node.packed_qkv, ops/attention.h): the kernels read
+ * Q, K, V at offsets 0, C, 2 * C of each token's row, and write their
+ * gradients into x's, so the three [B, T, C] copies forward and the
+ * concatenation of their gradients backward vanish. Each element of x's
+ * gradient gets what the Split's backward gave it, its third's gradient
+ * added once to zero (x has no other reader, which would add its terms
+ * in another order), so the results are the Split's bits on the CPU.
+ * Anything else stays: another axis, unequal parts, a part read
+ * elsewhere, the parts in another order, or x read elsewhere.
+ * GP_FUSE_QKV_SPLIT=0 keeps the Split (for comparisons).
+ *
  * A mask whose constant values are the causal pattern (keep key j for
  * query i when j <= i: nanoGPT's `bias` buffer sliced and compared, a
  * triangle of 0 and -inf) becomes is_causal = 1 with no mask tensor;
@@ -514,22 +530,83 @@ static gp_status rewrite(struct gp_graph *g, const struct attn_match *m, const s
     return GP_OK;
 }
 
-/* Whether the environment turned the pass off. */
-static bool disabled(void)
+/* Whether the environment variable turns its part off. */
+static bool disabled(const char *name)
 {
-    const char *v = getenv("GP_FUSE_ATTENTION");
+    const char *v = getenv(name);
     return v && (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "no"));
+}
+
+/* For 3-D Attention node a: the Split making its Q, K and V as the equal
+ * thirds, in order, of one tensor along its last axis, each read by a
+ * alone, that tensor read by the Split alone; -1 otherwise. The parts'
+ * shapes (inferred) say where they lie, whichever way the Split spells
+ * its sizes (attribute, input, num_outputs or none). */
+static int qkv_split(const struct gp_graph *g, const int *uses, const int *user, const bool *drop, int a)
+{
+    const struct gp_node *n = &g->nodes[a];
+    if (!gp_fuse_is_op(n, "Attention") || n->packed_qkv || n->n_inputs < 3 || n->n_inputs > 4) return -1;
+    int q = n->inputs[0], k = n->inputs[1], v = n->inputs[2];
+    if (q < 0 || k < 0 || v < 0 || g->values[q].shape.rank != 3 || gp_node_attr_int(n, "q_num_heads", 0) < 1)
+        return -1;
+    int s = g->values[q].producer;
+    if (s < 0 || drop[s] || !gp_fuse_is_op(&g->nodes[s], "Split")) return -1;
+    const struct gp_node *sp = &g->nodes[s];
+    if (sp->n_outputs != 3 || sp->outputs[0] != q || sp->outputs[1] != k || sp->outputs[2] != v ||
+        sp->n_inputs < 1 || sp->inputs[0] < 0)
+        return -1;
+    /* Sizes given as an input: a constant that simply loses its reader. */
+    if (sp->n_inputs > 1 && sp->inputs[1] >= 0 && !g->values[sp->inputs[1]].constant) return -1;
+    int x = sp->inputs[0];
+    const struct gp_shape *xs = &g->values[x].shape;
+    int64_t axis = gp_node_attr_int(sp, "axis", 0);
+    if (axis < 0) axis += xs->rank;
+    if (xs->rank != 3 || axis != 2 || xs->dims[2] % 3 || g->values[x].dtype != g->values[q].dtype) return -1;
+    for (int i = 0; i < 3; i++) {
+        int part = sp->outputs[i];
+        const struct gp_shape *ps = &g->values[part].shape;
+        if (gp_fuse_sole_consumer(g, uses, user, part) != a || ps->rank != 3 || ps->dims[0] != xs->dims[0] ||
+            ps->dims[1] != xs->dims[1] || ps->dims[2] != xs->dims[2] / 3)
+            return -1;
+    }
+    return gp_fuse_sole_consumer(g, uses, user, x) == s ? s : -1;
+}
+
+/* The projection split into the Attention nodes reading its parts (the
+ * header says when). `fresh`: nodes this pass made Attention, already
+ * counted in *fused; another (the file's own) counts now. */
+static void absorb_qkv_splits(struct gp_graph *g, bool *drop, const bool *fresh, int *uses, int *user, int *fused)
+{
+    memset(uses, 0, sizeof(int) * ((size_t)g->n_values + 1));
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_inputs && !drop[i]; k++) {
+            int v = g->nodes[i].inputs[k];
+            if (v >= 0) uses[v]++, user[v] = i;
+        }
+    for (int i = 0; i < g->n_nodes; i++) {
+        int s = drop[i] ? -1 : qkv_split(g, uses, user, drop, i);
+        if (s < 0) continue;
+        struct gp_node *n = &g->nodes[i];
+        n->inputs[0] = g->nodes[s].inputs[0];
+        n->inputs[1] = n->inputs[2] = -1;
+        n->packed_qkv = true;
+        drop[s] = true;
+        for (int o = 0; o < 3; o++) g->values[g->nodes[s].outputs[o]].producer = -1;
+        if (!fresh[i]) (*fused)++;
+    }
 }
 
 gp_status gp_graph_fuse_attention(struct gp_graph *g, bool *drop, int *fused, struct gp_error *err)
 {
     const struct gp_op_def *def = gp_op_lookup("", "Attention", 23, NULL);
-    if (!def || disabled()) return GP_OK;
+    if (!def || disabled("GP_FUSE_ATTENTION")) return GP_OK;
     int *uses = calloc((size_t)g->n_values + 1, sizeof(int));
     int *user = malloc(sizeof(int) * ((size_t)g->n_values + 1));
-    if (!uses || !user) {
+    bool *fresh = calloc((size_t)g->n_nodes + 1, sizeof(bool));
+    if (!uses || !user || !fresh) {
         free(uses);
         free(user);
+        free(fresh);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory fusing the graph");
     }
     /* Dead layout nodes: a Transpose, Reshape or Identity whose result
@@ -541,6 +618,7 @@ gp_status gp_graph_fuse_attention(struct gp_graph *g, bool *drop, int *fused, st
     if (!dead) {
         free(uses);
         free(user);
+        free(fresh);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory fusing the graph");
     }
     for (bool changed = true; changed;) {
@@ -569,6 +647,7 @@ gp_status gp_graph_fuse_attention(struct gp_graph *g, bool *drop, int *fused, st
         for (int k = 0; k < m.n_drop; k++) taken |= drop[m.drop[k]];
         if (taken) continue;
         st = rewrite(g, &m, def, *fused, err);
+        fresh[m.last] = true;
         for (int k = 0; k < m.n_drop; k++) {
             int d = m.drop[k];
             if (d == m.last) continue;
@@ -592,8 +671,10 @@ gp_status gp_graph_fuse_attention(struct gp_graph *g, bool *drop, int *fused, st
         }
         (*fused)++;
     }
+    if (st == GP_OK && !disabled("GP_FUSE_QKV_SPLIT")) absorb_qkv_splits(g, drop, fresh, uses, user, fused);
     free(uses);
     free(user);
     free(dead);
+    free(fresh);
     return st;
 }

@@ -94,6 +94,12 @@ struct gp_node {
      * exporter's Transpose of the weight absorbed, graph/fuse.c): the
      * product is A B^T and B's gradient is dY^T A. Set by fusion only. */
     bool trans_b;
+    /* A 3-D Attention whose Q, K and V were the equal thirds of one Split
+     * along the last axis (graph/fuse_attention.c): input 0 is the packed
+     * [B, T, 3 * C] tensor, inputs 1 and 2 are omitted, and the kernels
+     * read Q, K, V at its offsets 0, C, 2 * C (ops/attention.h) and write
+     * their gradients into its gradient. Set by fusion only. */
+    bool packed_qkv;
 };
 
 struct gp_opset {

@@ -4,7 +4,9 @@
  * cache (past_key, past_value, present_*), softcap, the qk_matmul_output
  * modes and grouped-query attention (kv_num_heads != q_num_heads) are
  * refused with a message naming the node. softmax_precision is accepted and
- * has no effect: the softmax is computed in float32 or better anyway. */
+ * has no effect: the softmax is computed in float32 or better anyway.
+ * A packed node (gp_node.packed_qkv, made by the fusion only) is checked as
+ * the 3-D form with Q, K and V the thirds of its input 0. */
 #include "ops/attention.h"
 
 #include <math.h>
@@ -35,12 +37,22 @@ static gp_status heads_3d(struct gp_infer_ctx *ctx, const char *attr, const stru
 
 static gp_status attention_infer(struct gp_infer_ctx *ctx)
 {
-    struct gp_value *q, *k, *v;
+    struct gp_value *q, *k, *v, third;
     GP_TRY(gp_req_in(ctx, 0, &q));
-    GP_TRY(gp_req_in(ctx, 1, &k));
-    GP_TRY(gp_req_in(ctx, 2, &v));
+    if (ctx->node->packed_qkv) {
+        /* Q, K and V are views of input 0's thirds: checked as three
+         * [B, T, C] inputs. */
+        if (q->shape.rank != 3 || q->shape.dims[2] % 3)
+            return gp_op_error(ctx, GP_ERR_SHAPE, "packed Q, K, V '%s' must be [B, T, 3 * C]", q->name);
+        third = *q;
+        third.shape.dims[2] /= 3;
+        q = k = v = &third;
+    } else {
+        GP_TRY(gp_req_in(ctx, 1, &k));
+        GP_TRY(gp_req_in(ctx, 2, &v));
+    }
     GP_TRY(gp_want_float(ctx, 0));
-    GP_TRY(gp_same_dtype(ctx, 0, 2));
+    if (!ctx->node->packed_qkv) GP_TRY(gp_same_dtype(ctx, 0, 2));
     if (gp_in(ctx, 4) || gp_in(ctx, 5))
         return gp_op_error(ctx, GP_ERR_UNSUPPORTED, "past_key / past_value (a key-value cache) are not supported");
     for (int i = 1; i < ctx->node->n_outputs; i++)
@@ -135,8 +147,16 @@ static void view_strides(const struct gp_shape *s, int64_t heads, int64_t *st)
 
 void gp_attention_plan(const struct gp_graph *g, const struct gp_node *n, struct gp_attention_plan *p)
 {
-    const struct gp_shape *q = &gp_node_input(g, n, 0)->shape, *k = &gp_node_input(g, n, 1)->shape;
-    const struct gp_shape *v = &gp_node_input(g, n, 2)->shape, *y = &gp_node_output(g, n, 0)->shape;
+    const struct gp_shape *q = &gp_node_input(g, n, 0)->shape, *y = &gp_node_output(g, n, 0)->shape, *k, *v;
+    struct gp_shape third;
+    if (n->packed_qkv) {
+        third = *q;
+        third.dims[2] /= 3;
+        q = k = v = &third;
+    } else {
+        k = &gp_node_input(g, n, 1)->shape;
+        v = &gp_node_input(g, n, 2)->shape;
+    }
     memset(p, 0, sizeof *p);
     p->three_d = q->rank == 3;
     p->batch = q->dims[0];
@@ -157,6 +177,18 @@ void gp_attention_plan(const struct gp_graph *g, const struct gp_node *n, struct
     view_strides(k, p->heads, p->k_stride);
     view_strides(v, p->heads, p->v_stride);
     view_strides(y, p->heads, p->y_stride);
+    if (n->packed_qkv) {
+        /* Each token's row holds Q, K, V one after the other: 3 * C apart. */
+        int64_t c = third.dims[2];
+        p->packed = true;
+        p->k_offset = c;
+        p->v_offset = 2 * c;
+        int64_t *st[3] = {p->q_stride, p->k_stride, p->v_stride};
+        for (int i = 0; i < 3; i++) {
+            st[i][2] = 3 * c;
+            st[i][0] = third.dims[1] * 3 * c;
+        }
+    }
     p->causal = gp_node_attr_int(n, "is_causal", 0) != 0;
     p->scale = gp_node_attr_float(n, "scale", (float)(1.0 / sqrt((double)p->head_size)));
     const struct gp_value *m = gp_node_input(g, n, 3);

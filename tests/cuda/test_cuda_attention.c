@@ -10,7 +10,11 @@
  * forward and both backward passes), an additive float mask broadcast from
  * [Tq, Tk], a bool mask per batch ([B, 1, Tq, Tk]) with a fully masked
  * row (its output 0, no gradient); GPT-2's shape (12 heads of 64, 256
- * tokens, causal, 3-D). Each again in bfloat16 storage (bf16_any).
+ * tokens, causal, 3-D); packed Q, K, V (a Split of one [B, T, 3 * C] input
+ * into thirds, absorbed at load: read at offsets 0, C, 2 * C with row
+ * stride 3 * C, the three gradients added into the one input's): GPT-2's
+ * shape (B 2), and 3 heads of 40 with the bool mask. Each again in
+ * bfloat16 storage (bf16_any).
  *
  * Tolerance: float32 sums of up to Tk terms in another order (the CPU sums
  * its dot products in double) and CUDA's expf: 1e-4 relative plus 2e-5 of
@@ -19,7 +23,9 @@
  * cuDNN's SDPA (cuda/attention_graph.cpp) runs the bf16 calls it supports
  * (no mask or causal, head sizes multiples of 8): some of the cases above,
  * and GPT-2's shapes (12 heads of 64, T 256 and 1024, causal, 3-D and 4-D;
- * and one without the causal mask), which must run there when the build
+ * and one without the causal mask; packed Q, K, V at T 256 and 1024,
+ * cuDNN reading the thirds through input 0's strides and offsets and
+ * writing dQ, dK, dV into one packed scratch), which must run there when the build
  * has cudnn-frontend (unless GP_ATTENTION_CUDNN=0 is set: then the own
  * kernels). The other bf16 cases run twice, on the own kernels
  * (GP_ATTENTION_CUDNN=0) and on the default paths. Each bf16 case prints
@@ -53,6 +59,7 @@ struct attn_case {
     int64_t b, h, tq, tk, d, dv;
     int mask; /* 0 none, 1 additive float [tq, tk], 2 bool [b, 1, tq, tk] */
     bool causal;
+    bool packed; /* 3-D, Tq = Tk, D = Dv: Q, K, V the thirds of input qkv [B, T, 3 * C] */
 };
 
 static void constant(struct gp_graph *g, const char *name, enum gp_dtype dt, int rank, const int64_t *dims,
@@ -80,7 +87,13 @@ static void build(struct gp_graph *g, const struct attn_case *c)
 {
     struct gp_error err = {0};
     if (gp_graph_init(g, 0, 23, 64, 16, &err) != GP_OK) fail_msg("%s", err.msg);
-    if (c->three_d) {
+    if (c->packed) {
+        /* Split into thirds along the last axis: absorbed by the fusion. */
+        input(g, "qkv", 3, I64(c->b, c->tq, 3 * c->h * c->d));
+        int n = node(g, "Split", 1, S("qkv"), 3, S("q", "k", "v"));
+        attr_i(g, n, "num_outputs", 3);
+        attr_i(g, n, "axis", -1);
+    } else if (c->three_d) {
         input(g, "q", 3, I64(c->b, c->tq, c->h * c->d));
         input(g, "k", 3, I64(c->b, c->tk, c->h * c->d));
         input(g, "v", 3, I64(c->b, c->tk, c->h * c->dv));
@@ -109,6 +122,7 @@ static void build(struct gp_graph *g, const struct attn_case *c)
     }
     finalize_ok(g);
     assert_int_equal(g->n_nodes, 1);
+    assert_int_equal(g->nodes[0].packed_qkv, c->packed);
 }
 
 static const struct attn_case cases[] = {
@@ -119,6 +133,8 @@ static const struct attn_case cases[] = {
     {"3-D, 4 heads of 32, bool mask with a fully masked row", true, 2, 4, 33, 45, 32, 32, 2, false},
     {"3-D, 12 heads of 64, causal, T 256 (GPT-2's head)", true, 1, 12, 256, 256, 64, 64, 0, true},
     {"3-D, 1 head of 128 (nn.MultiheadAttention's [N, T, D])", true, 6, 1, 31, 31, 128, 128, 0, false},
+    {"3-D packed Q, K, V, 12 heads of 64, causal, T 256 (GPT-2's)", true, 2, 12, 256, 256, 64, 64, 0, true, true},
+    {"3-D packed Q, K, V, 3 heads of 40, bool mask, T 45", true, 2, 3, 45, 45, 40, 40, 2, false, true},
 };
 
 /* GPT-2 small's attention (12 heads of 64) in bf16, for cuDNN's SDPA. */
@@ -128,6 +144,8 @@ static const struct attn_case cudnn_cases[] = {
     {"3-D, 12 heads of 64, T 256", true, 1, 12, 256, 256, 64, 64, 0, false},
     {"3-D, 12 heads of 64, causal, T 1024", true, 1, 12, 1024, 1024, 64, 64, 0, true},
     {"4-D, 12 heads of 64, causal, T 1024", false, 1, 12, 1024, 1024, 64, 64, 0, true},
+    {"3-D packed Q, K, V, 12 heads of 64, causal, T 256", true, 2, 12, 256, 256, 64, 64, 0, true, true},
+    {"3-D packed Q, K, V, 12 heads of 64, causal, T 1024", true, 1, 12, 1024, 1024, 64, 64, 0, true, true},
 };
 
 /* One case; in bf16, prints the path that ran (and fails when `must_cudnn`

@@ -13,7 +13,13 @@
  *                                                    (a pass over keys j)
  * Each pass writes only its own rows, so the threads split rows and the
  * results do not depend on their count. Dot products accumulate in double;
- * the weighted sums over keys in `real`, as the unfused chain's GEMMs do. */
+ * the weighted sums over keys in `real`, as the unfused chain's GEMMs do.
+ *
+ * Packed Q, K, V (ops/attention.h): all three read from input 0 at the
+ * plan's offsets, their gradients accumulated into input 0's, each element
+ * by the same sequence of additions as a separate gradient's (the row pass
+ * writes Q's third, the key pass K's and V's), so a packed node gives the
+ * bits of the Split it replaced. */
 #include <math.h>
 #include <string.h>
 
@@ -63,9 +69,9 @@ struct heads_at {
 static struct heads_at heads_at(const struct gp_attention_plan *p, int64_t b, int64_t h)
 {
     return (struct heads_at){
-        .q = b * p->q_stride[0] + h * p->q_stride[1],
-        .k = b * p->k_stride[0] + h * p->k_stride[1],
-        .v = b * p->v_stride[0] + h * p->v_stride[1],
+        .q = p->q_offset + b * p->q_stride[0] + h * p->q_stride[1],
+        .k = p->k_offset + b * p->k_stride[0] + h * p->k_stride[1],
+        .v = p->v_offset + b * p->v_stride[0] + h * p->v_stride[1],
         .y = b * p->y_stride[0] + h * p->y_stride[1],
         .m = b * p->mask_stride[0] + h * p->mask_stride[1],
     };
@@ -76,7 +82,8 @@ static gp_status attn_forward(struct gp_cpu_ctx *ctx, struct gp_error *err)
     (void)err;
     struct gp_attention_plan p;
     gp_attention_plan(ctx->graph, ctx->node, &p);
-    const real *Q = ctx->in[0], *K = ctx->in[1], *V = ctx->in[2];
+    const real *Q = ctx->in[0], *K = ctx->in[gp_attention_qkv_input(&p, 1)];
+    const real *V = ctx->in[gp_attention_qkv_input(&p, 2)];
     const void *M = ctx->node->n_inputs > 3 ? ctx->in[3] : NULL;
     real *Y = ctx->out[0], *lse = ctx->saved;
     int64_t rows = p.batch * p.heads * p.q_len, dv = p.v_head_size;
@@ -138,12 +145,13 @@ static gp_status attn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
         return gp_cpu_error(ctx, err, GP_ERR_UNSUPPORTED,
                             "the gradient of attn_mask is not supported (the mask must be a constant or "
                             "depend on no parameter)");
-    const real *dY = ctx->dout[0];
-    real *dQ = ctx->din[0], *dK = ctx->din[1], *dV = ctx->din[2];
-    if (!dY || (!dQ && !dK && !dV)) return GP_OK;
     struct gp_attention_plan p;
     gp_attention_plan(ctx->graph, ctx->node, &p);
-    const real *Q = ctx->in[0], *K = ctx->in[1], *V = ctx->in[2];
+    int ik = gp_attention_qkv_input(&p, 1), iv = gp_attention_qkv_input(&p, 2);
+    const real *dY = ctx->dout[0];
+    real *dQ = ctx->din[0], *dK = ctx->din[ik], *dV = ctx->din[iv];
+    if (!dY || (!dQ && !dK && !dV)) return GP_OK;
+    const real *Q = ctx->in[0], *K = ctx->in[ik], *V = ctx->in[iv];
     const void *M = ctx->node->n_inputs > 3 ? ctx->in[3] : NULL;
     const real *lse = ctx->saved;
     double *Dsum = ctx->scratch;

@@ -23,7 +23,10 @@
  * Head sizes up to 128 (D and Dv; templated on 64 and 128); larger ones are
  * refused with a message naming the node. Tensors are read through the
  * plan's strides (4-D [B, H, T, D] or 3-D [B, T, H * D], the head's values
- * contiguous), so the 3-D form is read in place.
+ * contiguous), so the 3-D form is read in place; so are packed Q, K, V
+ * (ops/attention.h: the thirds of input 0, at the plan's offsets), whose
+ * gradients go into input 0's: the dQ pass adds to Q's third, the dK / dV
+ * pass to K's and V's, each element once, as into separate gradients.
  *
  * bfloat16 (bf16_any): Q, K, V, Y, dY and the input gradients each float32
  * or bfloat16; loads widen, arithmetic is float32, stores round once and a
@@ -39,7 +42,11 @@
  * both its forward and its backward (decided once per problem and GPU; its
  * statistics are the lse the kernels below save, so either backward reads
  * either forward's). Its backward writes dQ, dK, dV whole in
- * bfloat16 into scratch; a kernel adds them to the gradients. The backward
+ * bfloat16 into scratch; a kernel adds them to the gradients (packed: into
+ * one scratch laid out as input 0, its thirds written by dQ, dK and dV
+ * with input 0's strides, so that one kernel adds it whole; offsets and
+ * strides must be multiples of 8 elements, cuDNN's 16-byte alignment, or
+ * the call stays on the kernels below). The backward
  * is cuDNN's deterministic one unless --fast-conv allows atomics; where
  * cuDNN has no deterministic backward for the problem, the kernels below
  * run (they are deterministic). GP_ATTENTION_CUDNN=0 keeps every call on
@@ -103,9 +110,9 @@ __device__ static inline att_base base_of(const struct gp_attention_plan &p, int
 {
     int64_t b = bh / p.heads, h = bh % p.heads;
     att_base r;
-    r.q = b * p.q_stride[0] + h * p.q_stride[1];
-    r.k = b * p.k_stride[0] + h * p.k_stride[1];
-    r.v = b * p.v_stride[0] + h * p.v_stride[1];
+    r.q = p.q_offset + b * p.q_stride[0] + h * p.q_stride[1];
+    r.k = p.k_offset + b * p.k_stride[0] + h * p.k_stride[1];
+    r.v = p.v_offset + b * p.v_stride[0] + h * p.v_stride[1];
     r.y = b * p.y_stride[0] + h * p.y_stride[1];
     r.m = b * p.mask_stride[0] + h * p.mask_stride[1];
     return r;
@@ -364,6 +371,9 @@ __global__ static void att_add_grad_kernel(gp_fptr d, const bf16_t *g, int64_t n
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* Element `off` of a bfloat16 tensor (cuDNN's calls: all bfloat16). */
+static inline void *bf16_at(gp_fptr t, int64_t off) { return (bf16_t *)t.p + off; }
+
 static int64_t numel_q(const struct gp_attention_plan *p) { return p->batch * p->heads * p->q_len * p->head_size; }
 static int64_t numel_k(const struct gp_attention_plan *p) { return p->batch * p->heads * p->kv_len * p->head_size; }
 static int64_t numel_v(const struct gp_attention_plan *p) { return p->batch * p->heads * p->kv_len * p->v_head_size; }
@@ -452,6 +462,8 @@ static bool att_cudnn_problem(void *cudnn, const struct gp_attention_plan *p, bo
     for (int i = 0; i < 3; i++)
         if (p->q_stride[i] % 8 || p->k_stride[i] % 8 || p->v_stride[i] % 8 || p->y_stride[i] % 8)
             return snprintf(why, why_size, "strides not multiples of 8 elements"), false;
+    if (p->q_offset % 8 || p->k_offset % 8 || p->v_offset % 8)
+        return snprintf(why, why_size, "packed Q, K, V offsets not multiples of 8 elements"), false;
     cudnnHandle_t h = cudnn ? (cudnnHandle_t)cudnn : planning_handle();
     if (!h) return snprintf(why, why_size, "cudnnCreate failed"), false;
     struct attn_graph_problem ap = graph_problem(p, fast);
@@ -494,8 +506,9 @@ static bool reported(const struct gp_node *node, bool backward)
  * scores). */
 static bool att_use_cudnn(struct gp_cuda_ctx *c, const struct gp_attention_plan *p, bool backward)
 {
-    bool bf16 = gp_cuda_is_bf16(c->in_dt, 0) && gp_cuda_is_bf16(c->in_dt, 1) && gp_cuda_is_bf16(c->in_dt, 2) &&
-                gp_cuda_is_bf16(c->out_dt, 0) && (!backward || gp_cuda_is_bf16(c->dout_dt, 0));
+    bool bf16 = gp_cuda_is_bf16(c->in_dt, 0) && gp_cuda_is_bf16(c->in_dt, gp_attention_qkv_input(p, 1)) &&
+                gp_cuda_is_bf16(c->in_dt, gp_attention_qkv_input(p, 2)) && gp_cuda_is_bf16(c->out_dt, 0) &&
+                (!backward || gp_cuda_is_bf16(c->dout_dt, 0));
     char why[512] = "";
     size_t scratch = 0;
     bool yes = att_cudnn_problem(c->cudnn, p, bf16, c->fast_conv, &scratch, why, sizeof why);
@@ -554,7 +567,9 @@ static gp_status att_setup(struct gp_cuda_ctx *c, struct gp_error *err, att_args
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "head size %lld: the CUDA kernels take at most 128",
                              (long long)hs);
     *dmax = hs > 64 ? 128 : 64;
-    a->q = gp_cuda_in_f(c, 0), a->k = gp_cuda_in_f(c, 1), a->v = gp_cuda_in_f(c, 2);
+    a->q = gp_cuda_in_f(c, 0);
+    a->k = gp_cuda_in_f(c, gp_attention_qkv_input(&a->p, 1));
+    a->v = gp_cuda_in_f(c, gp_attention_qkv_input(&a->p, 2));
     a->y = gp_cuda_out_f(c, 0);
     if (a->p.mask == GP_ATTN_MASK_BOOL) a->mask_b = (const uint8_t *)c->in[3];
     else if (a->p.mask == GP_ATTN_MASK_ADD) a->mask_f = gp_cuda_in_f(c, 3);
@@ -573,8 +588,8 @@ static gp_status att_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     if (a.p.kv_len > 0 && att_use_cudnn(c, &a.p, false)) {
         struct attn_graph_problem ap = graph_problem(&a.p, c->fast_conv);
         char why[512];
-        if (!attn_graph_forward((cudnnHandle_t)c->cudnn, &ap, a.q.p, a.k.p, a.v.p, a.y.p, a.lse, c->scratch, why,
-                                sizeof why))
+        if (!attn_graph_forward((cudnnHandle_t)c->cudnn, &ap, bf16_at(a.q, a.p.q_offset), bf16_at(a.k, a.p.k_offset),
+                                bf16_at(a.v, a.p.v_offset), a.y.p, a.lse, c->scratch, why, sizeof why))
             return gp_cuda_error(c, err, GP_ERR_DEVICE, "cuDNN's attention forward: %s", why);
         return gp_cuda_check_launch(c, "Attention forward (cuDNN)", err);
     }
@@ -613,13 +628,16 @@ static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     int64_t bh = a.p.batch * a.p.heads;
     if (bh == 0 || a.p.q_len == 0) return GP_OK;
     a.dy = gp_cuda_dout_f(c, 0);
+    int ik = gp_attention_qkv_input(&a.p, 1), iv = gp_attention_qkv_input(&a.p, 2);
     if (c->din[0]) a.dq = gp_cuda_din_f(c, 0);
-    if (c->din[1]) a.dk = gp_cuda_din_f(c, 1);
-    if (c->din[2]) a.dv = gp_cuda_din_f(c, 2);
+    if (c->din[ik]) a.dk = gp_cuda_din_f(c, ik);
+    if (c->din[iv]) a.dv = gp_cuda_din_f(c, iv);
 #ifdef GP_HAVE_CUDNN_GRAPH
     if (a.p.kv_len > 0 && att_use_cudnn(c, &a.p, true)) {
         /* Scratch: dQ, dK, dV in bfloat16 (their inputs' layouts, dense),
-         * then the workspace. */
+         * then the workspace. Packed: one gradient laid out as input 0
+         * (n[0] + n[1] + n[2] elements, within the three areas), whose
+         * thirds cuDNN writes whole through input 0's strides and offsets. */
         struct attn_graph_problem ap = graph_problem(&a.p, c->fast_conv);
         int64_t n[3] = {numel_q(&a.p), numel_k(&a.p), numel_v(&a.p)};
         bf16_t *g[3];
@@ -628,10 +646,22 @@ static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
             g[k] = (bf16_t *)next;
             next += align256(sizeof(bf16_t) * (size_t)n[k]);
         }
+        if (a.p.packed) {
+            g[0] = (bf16_t *)c->scratch;
+            g[1] = g[0] + a.p.k_offset, g[2] = g[0] + a.p.v_offset;
+        }
         char why[512];
-        if (!attn_graph_backward((cudnnHandle_t)c->cudnn, &ap, a.q.p, a.k.p, a.v.p, a.y.p, a.dy.p, a.lse, g[0], g[1],
-                                 g[2], next, why, sizeof why))
+        if (!attn_graph_backward((cudnnHandle_t)c->cudnn, &ap, bf16_at(a.q, a.p.q_offset), bf16_at(a.k, a.p.k_offset),
+                                 bf16_at(a.v, a.p.v_offset), a.y.p, a.dy.p, a.lse, g[0], g[1], g[2],
+                                 next, why, sizeof why))
             return gp_cuda_error(c, err, GP_ERR_DEVICE, "cuDNN's attention backward: %s", why);
+        if (a.p.packed) {
+            /* dQ, dK and dV are the same gradient, input 0's. */
+            int64_t all = n[0] + n[1] + n[2];
+            att_add_grad_kernel<<<gp_cuda_capped_grid((all + 255) / 256, 1 << 16), 256, 0, c->stream>>>(a.dq, g[0],
+                                                                                                         all);
+            return gp_cuda_check_launch(c, "Attention backward (cuDNN)", err);
+        }
         gp_fptr d[3] = {a.dq, a.dk, a.dv};
         for (int k = 0; k < 3; k++)
             if (d[k].p)
