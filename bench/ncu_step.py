@@ -24,6 +24,7 @@ import sys
 CLASSES = [
     ("cuDNN layout transposes (NCHW <-> NHWC)", r"ToNhwc|ToNchw|AddPadding|nchw2nhwc|nhwc2nchw"),
     ("our layout transposes (relayout: staged calls, filters, the stem's input)", r"relayout"),
+    ("attention (own kernels, cuDNN's SDPA)", r"^(void )?att_|sdpa|fmha|flash"),
     ("BatchNormalization", r"^(void )?bn_"),
     ("InstanceNormalization", r"^(void )?in_(forward|bwd)"),
     ("LayerNormalization", r"^(void )?ln_"),
