@@ -16,11 +16,23 @@
  *    Attention that keeps it (GP_FUSE_QKV_SPLIT=0); its near misses stay;
  *  - on the same fixtures, the transformers' other fusion (graph/fuse.c):
  *    the Linear weights' Transposes absorbed into their MatMuls, which
- *    train like the graph that keeps them (GP_FUSE_WEIGHT_TRANSPOSE=0). */
+ *    train like the graph that keeps them (GP_FUSE_WEIGHT_TRANSPOSE=0);
+ *  - memory: what the executor's stage plan (pipeline/plan.c) allocates
+ *    for one attention layer grows linearly in the sequence length T when
+ *    fused and quadratically as the exported chain (MatMul, scale, causal
+ *    mask, Softmax, MatMul), T = 256 to 2048, on the CPU's kernels and,
+ *    where the build has CUDA, the CUDA kernels' (fp32 and bf16; planning
+ *    needs no GPU, but without one cuDNN's plans cannot be built, so the
+ *    bf16 figures are then the own kernels'). */
 #include "cpu_kernel_test.h"
 
+#include "backend/backends.h"
+#include "backend/compute.h"
+#include "backend/device.h"
 #include "fixtures.h"
+#include "graph/layers.h"
 #include "onnx/load.h"
+#include "pipeline/plan.h"
 
 /* The float build's runner (cpu_kernel_test.h declares the double one). */
 struct gp_cpu_runner;
@@ -671,6 +683,191 @@ static void test_weight_transposes_absorbed(void **state)
     }
 }
 
+/* ---- memory against the sequence length ----
+ * One attention layer as a stage of its own, planned by the executor's
+ * planner (gp_plan_stage) for the backend's kernels (their saved-state and
+ * scratch hooks), fused and as the chain the exporters write. The fused
+ * layer saves one logsumexp per query row (its backward's scratch: one
+ * value per row): linear in T. The chain keeps the [T, T] probabilities
+ * for the backward, passes [T, T] scores through the forward's arena
+ * (two alive at once) and [T, T] gradients through the gradient set (two
+ * alive at once), and holds the [T, T] mask: quadratic (at T = 2048 on the
+ * CPU, 172 MiB against 10 MiB). */
+
+enum { MEM_B = 1, MEM_H = 2, MEM_D = 64 };
+
+/* x [B, H, T, D] (the data); Q, K, V = x plus a bias of their own (float
+ * initializers, so parameters: gradients flow back through the layer as in
+ * a model, and no scale by a parameter sits on Q); then MatMul(Q,
+ * Transpose(K)) / 8, Where(causal keep [T, T], scores, -1e9), Softmax,
+ * MatMul with V. Fused unless `fuse` is false (GP_FUSE_ATTENTION=0). */
+static void build_attention_layer(struct gp_graph *g, int64_t T, bool fuse)
+{
+    init(g, 17);
+    input(g, "x", GP_DTYPE_FLOAT32, 4, I64(MEM_B, MEM_H, T, MEM_D));
+    static const double zeros[MEM_D];
+    cany(g, "bq", GP_DTYPE_FLOAT32, 1, I64(MEM_D), zeros);
+    cany(g, "bk", GP_DTYPE_FLOAT32, 1, I64(MEM_D), zeros);
+    cany(g, "bv", GP_DTYPE_FLOAT32, 1, I64(MEM_D), zeros);
+    node(g, "Add", 2, S("x", "bq"), 1, S("q"));
+    node(g, "Add", 2, S("x", "bk"), 1, S("k"));
+    node(g, "Add", 2, S("x", "bv"), 1, S("v"));
+    /* Constants cast from integers: not parameters (see hand_chain). */
+    cany(g, "ci", GP_DTYPE_INT64, 0, I64(0), F64(8));
+    attr_int(g, node(g, "Cast", 1, S("ci"), 1, S("c")), "to", GP_DTYPE_FLOAT32);
+    cany(g, "fi", GP_DTYPE_INT64, 0, I64(0), F64(-1e9));
+    attr_int(g, node(g, "Cast", 1, S("fi"), 1, S("fill")), "to", GP_DTYPE_FLOAT32);
+    /* The triangle set element by element: a [T, T] array of doubles for
+     * cany would be 32 MiB at T = 2048. */
+    struct gp_error err = {0};
+    struct gp_shape ms = shp(2, I64(T, T));
+    struct gp_tensor *keep = gp_graph_new_tensor(g, GP_DTYPE_BOOL, &ms);
+    assert_non_null(keep);
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t j = 0; j < T; j++) gp_tensor_set_f64(keep, i * T + j, j <= i);
+    assert_int_equal(gp_graph_add_initializer(g, "keep", keep, &err), GP_OK);
+    attr_ints(g, node(g, "Transpose", 1, S("k"), 1, S("kt")), "perm", 4, I64(0, 1, 3, 2));
+    node(g, "MatMul", 2, S("q", "kt"), 1, S("s0"));
+    node(g, "Div", 2, S("s0", "c"), 1, S("s1"));
+    node(g, "Where", 3, S("keep", "s1", "fill"), 1, S("s"));
+    attr_int(g, node(g, "Softmax", 1, S("s"), 1, S("p")), "axis", -1);
+    node(g, "MatMul", 2, S("p", "v"), 1, S("y"));
+    output(g, "y");
+    if (!fuse) setenv("GP_FUSE_ATTENTION", "0", 1);
+    finalize(g);
+    if (!fuse) unsetenv("GP_FUSE_ATTENTION");
+    int a = -1;
+    assert_int_equal(count_op(g, "Attention", &a), fuse ? 1 : 0);
+    if (fuse) assert_int_equal(gp_node_attr_int(&g->nodes[a], "is_causal", 0), 1);
+}
+
+/* What the executor allocates for the stage with one micro-batch in
+ * flight: gp_pipeline_report's planned_bytes with one input box, one
+ * activation set (each layer's saved state in it) and one gradient inbox,
+ * without the optimizer's state (the optimizer's, not the layer's):
+ * parameters and their gradients, constants, once-per-step values and
+ * bf16 shadows, the box, the set, the forward's arena, the gradient set,
+ * the largest kernel scratch and bf16's float32 staging. */
+static int64_t stage_bytes(const struct gp_stage_plan *p)
+{
+    size_t ws = ((p->scratch_bytes + 63) & ~(size_t)63) + ((p->staging_bytes + 63) & ~(size_t)63);
+    return (int64_t)(2 * p->param_bytes + (p->static_bytes - p->param_bytes) + p->step_bytes + p->step_grad_bytes +
+                     p->shadow_bytes + p->box_bytes + p->local_bytes + p->inbox_bytes + p->arena_bytes +
+                     p->grad_bytes + ws);
+}
+
+/* The layer at T planned on one stage for `ops` in `precision`. */
+static int64_t layer_bytes(int64_t T, bool fuse, const struct gp_compute_ops *ops, const char *backend,
+                           enum gp_precision precision)
+{
+    struct gp_graph g;
+    struct gp_layers l;
+    struct gp_stage_plan p;
+    struct gp_error err = {0};
+    build_attention_layer(&g, T, fuse);
+    if (gp_layers_build(&g, &l, &err) != GP_OK) fail_msg("%s", err.msg);
+    bool *needs = calloc((size_t)g.n_values + 1, sizeof(bool));
+    assert_non_null(needs);
+    gp_plan_needs_grad(&g, needs);
+    /* The gradient reaches Q, K and V: the layer's backward is planned. */
+    assert_true(needs[gp_graph_find_value(&g, "q")] && needs[gp_graph_find_value(&g, "y")]);
+    const struct gp_compute_options opts = {.precision = precision};
+    if (gp_plan_stage(&g, &l, needs, ops, &opts, backend, 0, g.n_nodes, &p, &err) != GP_OK)
+        fail_msg("%s T=%lld: %s", backend, (long long)T, err.msg);
+    int64_t bytes = stage_bytes(&p);
+    gp_plan_free(&p);
+    free(needs);
+    gp_layers_free(&l);
+    gp_graph_free(&g);
+    return bytes;
+}
+
+#ifdef GP_HAVE_CUDA
+/* cuda/attention.cu: an Attention node's scratch for a stage's options;
+ * in bf16 cuDNN's where it would run the node (its plans built on the
+ * current GPU), else the own kernels'. */
+size_t gp_cuda_attention_scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
+                                       const struct gp_compute_options *opts);
+#endif
+
+enum { MEM_N = 4 };
+static const int64_t mem_T[MEM_N] = {256, 512, 1024, 2048};
+
+/* Fused: each doubling adds twice what the previous one added (within 1%
+ * and 4 KiB: alignment), and at the largest T the chain takes over 8 times
+ * as much; unfused: the last doubling multiplies by 3.5 or more. Prints the
+ * table. `linear_fused` false: the fused figures are only printed (cuDNN's
+ * deterministic backward keeps dP whole in its workspace before cuDNN
+ * 9.25, B x H x T x T bfloat16 values: README). */
+static void check_growth(const char *what, const int64_t *fused, const int64_t *unfused, bool linear_fused)
+{
+    printf("%s:\n%8s %16s %16s %8s\n", what, "T", "fused bytes", "unfused bytes", "ratio");
+    for (int i = 0; i < MEM_N; i++)
+        printf("%8lld %16lld %16lld %8.1f\n", (long long)mem_T[i], (long long)fused[i], (long long)unfused[i],
+               (double)unfused[i] / (double)fused[i]);
+    for (int i = 2; i < MEM_N && linear_fused; i++) {
+        int64_t d1 = fused[i - 1] - fused[i - 2], d2 = fused[i] - fused[i - 1];
+        if (d1 <= 0 || llabs(d2 - 2 * d1) > d2 / 100 + 4096)
+            fail_msg("%s: fused bytes not linear in T: +%lld from T=%lld to %lld, +%lld from %lld to %lld", what,
+                     (long long)d1, (long long)mem_T[i - 2], (long long)mem_T[i - 1], (long long)d2,
+                     (long long)mem_T[i - 1], (long long)mem_T[i]);
+    }
+    double r = (double)unfused[MEM_N - 1] / (double)unfused[MEM_N - 2];
+    printf("unfused x%.2f from T=%lld to %lld\n", r, (long long)mem_T[MEM_N - 2], (long long)mem_T[MEM_N - 1]);
+    if (!(r >= 3.5)) fail_msg("%s: unfused bytes grew x%.2f per doubling at T=%lld: not quadratic", what, r,
+                              (long long)mem_T[MEM_N - 2]);
+    if (linear_fused && !(unfused[MEM_N - 1] > 8 * fused[MEM_N - 1]))
+        fail_msg("%s: the chain takes %lld bytes at T=%lld, the fused layer %lld", what,
+                 (long long)unfused[MEM_N - 1], (long long)mem_T[MEM_N - 1], (long long)fused[MEM_N - 1]);
+}
+
+static void test_memory_linear_in_T(void **state)
+{
+    (void)state;
+    int64_t fused[MEM_N], unfused[MEM_N];
+    char what[128];
+    snprintf(what, sizeof what, "CPU stage plan, fp32, B=%d, %d heads of %d, causal", MEM_B, MEM_H, MEM_D);
+    for (int i = 0; i < MEM_N; i++) {
+        fused[i] = layer_bytes(mem_T[i], true, &gp_cpu_compute_ops, "cpu", GP_PRECISION_FP32);
+        unfused[i] = layer_bytes(mem_T[i], false, &gp_cpu_compute_ops, "cpu", GP_PRECISION_FP32);
+    }
+    check_growth(what, fused, unfused, true);
+#ifdef GP_HAVE_CUDA
+    /* The CUDA kernels' hooks are host code: the planner asks them
+     * without a GPU. */
+    const struct gp_device_ops *cuda = gp_backend_find("cuda");
+    assert_non_null(cuda);
+    static const enum gp_precision precisions[] = {GP_PRECISION_FP32, GP_PRECISION_BF16};
+    for (int k = 0; k < 2; k++) {
+        enum gp_precision pr = precisions[k];
+        bool cudnn = false;
+        for (int i = 0; i < MEM_N; i++) {
+            fused[i] = layer_bytes(mem_T[i], true, cuda->compute, "cuda", pr);
+            unfused[i] = layer_bytes(mem_T[i], false, cuda->compute, "cuda", pr);
+            /* The own kernels' scratch is the fp32 one: one float per row.
+             * More in bf16: cuDNN's SDPA would run the layer. */
+            struct gp_graph g;
+            build_attention_layer(&g, mem_T[i], true);
+            int a = -1;
+            count_op(&g, "Attention", &a);
+            const struct gp_node *n = &g.nodes[a];
+            size_t own = gp_cuda_attention_scratch_bytes(&g, n, &(struct gp_compute_options){0});
+            size_t here = gp_cuda_attention_scratch_bytes(&g, n, &(struct gp_compute_options){.precision = pr});
+            assert_int_equal(own, sizeof(float) * MEM_B * MEM_H * (size_t)mem_T[i]);
+            cudnn |= here > own;
+            gp_graph_free(&g);
+        }
+        snprintf(what, sizeof what, "CUDA stage plan, %s, %s", gp_precision_name(pr),
+                 pr != GP_PRECISION_BF16 ? "own kernels"
+                 : cudnn                 ? "cuDNN's SDPA (its workspace)"
+                                         : "own kernels (no GPU to build cuDNN's plans, or cuDNN declined)");
+        check_growth(what, fused, unfused, !cudnn);
+    }
+#else
+    printf("built without CUDA: the CUDA kernels' plan is not measured\n");
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -679,6 +876,7 @@ int main(void)
         cmocka_unit_test(test_hand_built_chains), cmocka_unit_test(test_fixture_gpt_unfused),
         cmocka_unit_test(test_fused_equals_unfused), cmocka_unit_test(test_qkv_split_same_bits),
         cmocka_unit_test(test_qkv_split_hand_built), cmocka_unit_test(test_weight_transposes_absorbed),
+        cmocka_unit_test(test_memory_linear_in_T),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
