@@ -52,6 +52,14 @@ done
 # its readers; untied models have no such line.
 "$bin" inspect "$root/tests/data/tied_gpt_op17.onnx" >"$tmp/out.txt" 2>&1 || fail "inspect of the tied GPT failed"
 grep -q "^tied  *wte.weight read by layers 0, 35:" "$tmp/out.txt" || fail "inspect did not name the tied embedding"
+# Split between its two readers, with micro-batches, the tied GPT trains one
+# stage's bits (the head's weight Transpose stays a layer run once per step:
+# absorbed into the MatMul, its terms would interleave with the embedding's).
+tied=(train "$root/tests/data/tied_gpt_op17.onnx" --synthetic 48 --batch 12 --chunks 3 --steps 3 --momentum 0.9 --quiet)
+"$bin" "${tied[@]}" --devices cpu:0 --save "$tmp/tied1.onnx" >/dev/null 2>&1 || fail "tied GPT on one stage failed"
+"$bin" "${tied[@]}" --devices cpu:0,cpu:1 --balance 19,18 --save "$tmp/tied2.onnx" >/dev/null 2>&1 \
+  || fail "tied GPT on two stages failed"
+cmp -s "$tmp/tied1.onnx" "$tmp/tied2.onnx" || fail "the tied GPT split in two stages saved other bytes than one stage"
 "$bin" inspect "$root/models/gpt_op17.onnx" | grep -q "^tied" && fail "inspect called the untied GPT tied"
 
 expect_fail() { # expected-exit-code message-substring command...

@@ -88,9 +88,12 @@ static void build(struct gp_graph *g, const struct attn_case *c)
     struct gp_error err = {0};
     if (gp_graph_init(g, 0, 23, 64, 16, &err) != GP_OK) fail_msg("%s", err.msg);
     if (c->packed) {
-        /* Split into thirds along the last axis: absorbed by the fusion. */
+        /* Split into thirds along the last axis: absorbed by the fusion.
+         * Not through node(), which makes every output a graph output: a
+         * part that is one stays (graph/fuse_attention.c). */
         input(g, "qkv", 3, I64(c->b, c->tq, 3 * c->h * c->d));
-        int n = node(g, "Split", 1, S("qkv"), 3, S("q", "k", "v"));
+        int n = gp_graph_add_node(g, "Split", "", "split", 1, S("qkv"), 3, S("q", "k", "v"), &err);
+        if (n < 0) fail_msg("%s", err.msg);
         attr_i(g, n, "num_outputs", 3);
         attr_i(g, n, "axis", -1);
     } else if (c->three_d) {
