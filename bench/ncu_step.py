@@ -24,7 +24,7 @@ import sys
 CLASSES = [
     ("cuDNN layout transposes (NCHW <-> NHWC)", r"ToNhwc|ToNchw|AddPadding|nchw2nhwc|nhwc2nchw"),
     ("our layout transposes (relayout: staged calls, filters, the stem's input)", r"relayout"),
-    ("attention (own kernels, cuDNN's SDPA)", r"^(void )?att_|sdpa|fmha|flash"),
+    ("attention (own kernels, cuDNN's SDPA)", r"^(void )?att_|sdpa|fmha|flash|matmul_dq|compute_dot_do_o"),
     ("BatchNormalization", r"^(void )?bn_"),
     ("InstanceNormalization", r"^(void )?in_(forward|bwd)"),
     ("LayerNormalization", r"^(void )?ln_"),
@@ -33,12 +33,12 @@ CLASSES = [
     ("Dropout", r"dropout"),
     ("pooling", r"pool|global_avg|global_max"),
     ("activations (unary)", r"unary_"),
-    ("binary and broadcast (Add, Mul, ...)", r"same_forward|same_grad|bcast_|reduce_same|reduce_kernel|reduce_part|reduce_finish|binary"),
+    ("binary and broadcast (Add, Mul, ...)", r"same_forward|same_grad|row_forward|row_grad|bcast_|reduce_same|reduce_kernel|reduce_part|reduce_finish|binary"),
     ("loss", r"ce_rows|cross|mse|loss"),
     ("conversions", r"convert"),
     ("convolutions and GEMMs (cuDNN, cuBLAS)",
      r"cutlass|xmma|sm90|sm80|nvjet|cudnn|gemm|conv|implicit|wgrad|dgrad|fprop|splitK|SplitK"),
-    ("resize, concat, copies", r"rs_|resize|concat|copy|view_kernel|strided|transpose_kernel"),
+    ("resize, concat, copies", r"rs_|resize|concat|copy|view_kernel|view_tile|strided|transpose_kernel"),
 ]
 _RULES = [(c, re.compile(p, re.I)) for c, p in CLASSES]
 
