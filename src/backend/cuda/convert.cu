@@ -3,34 +3,26 @@
  * precision stages tensors through it (backend/mixed_call.h) and makes the
  * weights' bfloat16 copies with it. Rounding is the CPU's gp_float_to_bf16
  * bit for bit (nearest even; NaN stays a quiet NaN of the same sign and
- * payload top bits), so both backends store the same bits. */
+ * payload top bits: bf16.cuh's, which the losses share), so both backends
+ * store the same bits. */
 #include <stdint.h>
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/bf16.cuh"
 #include "backend/cuda/convert.h"
 #include "backend/cuda/kernel_util.cuh"
 #include "backend/cuda/train_kernels.h"
-
-__device__ static inline float bf16_to_f32(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
-
-__device__ static inline uint16_t f32_to_bf16(float f)
-{
-    uint32_t x = __float_as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
 
 template <bool SRC_BF16, bool DST_BF16, bool ACC>
 __global__ void convert_kernel(void *dst, const void *src, int64_t n)
 {
     GP_GRID_STRIDE(i, n)
     {
-        float x = SRC_BF16 ? bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
-        if (ACC) x = (DST_BF16 ? bf16_to_f32(((uint16_t *)dst)[i]) : ((float *)dst)[i]) + x;
+        float x = SRC_BF16 ? gp_bf16_bits_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+        if (ACC) x = (DST_BF16 ? gp_bf16_bits_to_f32(((uint16_t *)dst)[i]) : ((float *)dst)[i]) + x;
         if (DST_BF16)
-            ((uint16_t *)dst)[i] = f32_to_bf16(x);
+            ((uint16_t *)dst)[i] = gp_f32_to_bf16_bits(x);
         else
             ((float *)dst)[i] = x;
     }
@@ -53,15 +45,16 @@ template <> struct run8<true> {
         uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            v[2 * k] = bf16_to_f32((uint16_t)(w[k] & 0xffffu));
-            v[2 * k + 1] = bf16_to_f32((uint16_t)(w[k] >> 16));
+            v[2 * k] = gp_bf16_bits_to_f32((uint16_t)(w[k] & 0xffffu));
+            v[2 * k + 1] = gp_bf16_bits_to_f32((uint16_t)(w[k] >> 16));
         }
     }
     __device__ static void store(void *p, int64_t r, const float (&v)[RUN])
     {
         uint32_t w[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) w[k] = (uint32_t)f32_to_bf16(v[2 * k]) | (uint32_t)f32_to_bf16(v[2 * k + 1]) << 16;
+        for (int k = 0; k < 4; k++)
+            w[k] = (uint32_t)gp_f32_to_bf16_bits(v[2 * k]) | (uint32_t)gp_f32_to_bf16_bits(v[2 * k + 1]) << 16;
         ((uint4 *)p)[r] = make_uint4(w[0], w[1], w[2], w[3]);
     }
 };
@@ -170,7 +163,7 @@ template <typename T> __device__ static inline float load_as_f32(const void *p, 
 template <> __device__ inline float load_as_f32<float>(const void *p, int64_t i) { return ((const float *)p)[i]; }
 template <> __device__ inline float load_as_f32<uint16_t>(const void *p, int64_t i)
 {
-    return bf16_to_f32(((const uint16_t *)p)[i]);
+    return gp_bf16_bits_to_f32(((const uint16_t *)p)[i]);
 }
 
 template <typename T> __device__ static inline void store_f32(void *p, int64_t i, float x, bool acc);
@@ -182,7 +175,7 @@ template <> __device__ inline void store_f32<float>(void *p, int64_t i, float x,
 template <> __device__ inline void store_f32<uint16_t>(void *p, int64_t i, float x, bool acc)
 {
     uint16_t *d = (uint16_t *)p;
-    d[i] = f32_to_bf16(acc ? bf16_to_f32(d[i]) + x : x);
+    d[i] = gp_f32_to_bf16_bits(acc ? gp_bf16_bits_to_f32(d[i]) + x : x);
 }
 
 /* TO_NHWC: src [n, c, hw] -> dst [n, hw, c]; else the reverse. */
