@@ -24,6 +24,7 @@ static char tmp[256];
 
 struct run_result {
     double loss[STEPS];
+    double val_loss; /* when run with `validate` */
     struct gp_graph saved;
     int64_t peak[8], planned[8];
     struct gp_stage_memory_report memory[8];
@@ -31,6 +32,8 @@ struct run_result {
 };
 
 static void on_step(void *user, const struct gp_step_report *r) { ((struct run_result *)user)->loss[r->step] = r->loss; }
+
+static void on_epoch(void *user, const struct gp_epoch_report *r) { ((struct run_result *)user)->val_loss = r->val_loss; }
 
 static void on_memory(void *user, const struct gp_stage_memory_report *m)
 {
@@ -49,6 +52,7 @@ static enum gp_precision precision = GP_PRECISION_FP32;
 static enum gp_pipe_schedule_kind schedule = GP_PIPE_GPIPE;
 static int64_t steps = STEPS;
 static double clip_norm = 0, weight_decay = 0;
+static bool validate = false; /* evaluate the training data after the epoch */
 
 static void run(const char *fixture, int64_t batch, int K, int M, enum gp_checkpoint mode,
                 const char *trace, struct run_result *res)
@@ -81,8 +85,8 @@ static void run(const char *fixture, int64_t batch, int K, int M, enum gp_checkp
     snprintf(saved, sizeof saved, "%s/%s_%d_%d_%d_%s_%s.onnx", tmp, base, K, M, (int)mode,
              gp_precision_name(precision), gp_pipe_schedule_name(schedule));
     cfg.save_path = saved;
-    struct gp_train_callbacks cb = {.user = res, .on_step = on_step, .on_memory = on_memory};
-    if (gp_train(&cfg, &ds, NULL, &cb, &err) != GP_OK)
+    struct gp_train_callbacks cb = {.user = res, .on_step = on_step, .on_epoch = on_epoch, .on_memory = on_memory};
+    if (gp_train(&cfg, &ds, validate ? &ds : NULL, &cb, &err) != GP_OK)
         fail_msg("%s K=%d M=%d %s %s: %s", fixture, K, M, gp_pipe_schedule_name(schedule), gp_checkpoint_name(mode),
                  err.msg);
     gp_dataset_free(&ds);
@@ -259,6 +263,33 @@ static void test_bf16_memory(void **state)
         }
         for (int b = 0; b < 2; b++) gp_graph_free(&r[b].saved);
     }
+}
+
+/* Validation in bf16: the last stage's bfloat16 output comes back to the
+ * host as it is and is widened there, in place (gp_pipeline_eval). The
+ * loss over it is fp32's within bfloat16's rounding, and the same, bit
+ * for bit, whether the output's stage is the only one or the second. */
+static void test_bf16_validation(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"gpt_op17", "mlp_op17"};
+    validate = true;
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        struct run_result r[3];
+        for (int b = 0; b < 3; b++) {
+            memset(&r[b], 0, sizeof r[b]);
+            precision = b ? GP_PRECISION_BF16 : GP_PRECISION_FP32;
+            run(fixtures[f], 16, b == 2 ? 2 : 1, 2, GP_CHECKPOINT_NEVER, NULL, &r[b]);
+        }
+        printf("%s validation loss: fp32 %.6f, bf16 %.6f (1 stage), %.6f (2 stages)\n", fixtures[f], r[0].val_loss,
+               r[1].val_loss, r[2].val_loss);
+        assert_true(isfinite(r[1].val_loss) && r[1].val_loss > 0);
+        assert_true(fabs(r[1].val_loss - r[0].val_loss) <= 0.02 * fabs(r[0].val_loss));
+        assert_true(r[1].val_loss == r[2].val_loss);
+        for (int b = 0; b < 3; b++) gp_graph_free(&r[b].saved);
+    }
+    validate = false;
+    precision = GP_PRECISION_FP32;
 }
 
 /* Peak activation memory by the executor's accounting: keeping every
@@ -570,6 +601,7 @@ int main(void)
         cmocka_unit_test(test_batchnorm_models),
         cmocka_unit_test(test_checkpoint_memory),
         cmocka_unit_test(test_bf16_invariance),
+        cmocka_unit_test(test_bf16_validation),
         cmocka_unit_test(test_bf16_memory),
         cmocka_unit_test(test_trace_shows_pipelining),
         cmocka_unit_test(test_deferred_batch_norm),

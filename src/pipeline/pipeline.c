@@ -523,6 +523,21 @@ gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_nor
     return GP_OK;
 }
 
+/* The n bfloat16 values at the start of out widened into n floats, in
+ * place (exact): from the last to the first, value i's float covers
+ * bfloat16 values 2i and 2i + 1, which are read before (i >= 1) or with
+ * (i = 0) it is written. */
+static void widen_in_place(float *out, int64_t n)
+{
+    unsigned char *bytes = (unsigned char *)out; /* byte copies: both views of one buffer */
+    for (int64_t i = n - 1; i >= 0; i--) {
+        uint16_t b;
+        memcpy(&b, bytes + 2 * i, sizeof b);
+        float f = gp_bf16_to_float(b);
+        memcpy(bytes + 4 * i, &f, sizeof f);
+    }
+}
+
 gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stats, float *out,
                            struct gp_error *err)
 {
@@ -535,6 +550,7 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
     size_t in_bytes = p->input_bytes;
     const struct gp_value *o = &p->g->values[p->output];
     size_t out_bytes = sizeof(float) * (size_t)gp_shape_numel(&o->shape);
+    bool out_bf16 = false; /* the last stage is local and keeps its output in bfloat16 */
     for (int k = 0; k < p->K; k++) p->stages[k].once_valid = false;
     for (int k = 0; k < p->K; k++) {
         /* Across processes each stage's process issues its own; the
@@ -560,13 +576,15 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
             issue_forward_copy(p, k, 0);
         } else {
             struct gp_task_tag ctag = tag_of(GP_TASK_COPY, k, 0, "read outputs");
-            /* A bfloat16 output was widened into the staging area by the task. */
-            bool wide = s->plan.dt[p->output] == GP_DTYPE_FLOAT32;
-            s->ops->copy(s->compute, out, wide ? addr(s, p->output, s->slots.box[0], s->slots.fwd_set[0]) : s->staging,
-                         out_bytes, &ctag);
+            /* A bfloat16 output comes back as it is, into the first half
+             * of `out`, and is widened below. */
+            out_bf16 = s->plan.dt[p->output] == GP_DTYPE_BFLOAT16;
+            s->ops->copy(s->compute, out, addr(s, p->output, s->slots.box[0], s->slots.fwd_set[0]),
+                         out_bf16 ? out_bytes / 2 : out_bytes, &ctag);
         }
     }
     GP_TRY(gp_pipe_sync_all(p, err));
+    if (out_bf16) widen_in_place(out, gp_shape_numel(&o->shape));
     /* Every process gets the outputs: all compute the same figures. */
     return p->cfg.remote ? gp_pipe_remote_outputs(p, out, out_bytes, err) : GP_OK;
 }

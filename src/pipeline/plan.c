@@ -436,7 +436,8 @@ static gp_status plan_layout_staging(const struct gp_graph *g, const bool *needs
  * most any call of the stage needs for float32 copies of its bfloat16
  * (or channels-last) tensors (kernels that compute in float32), forward or
  * backward, the loss on the last stage's output (nothing where the
- * backend's loss reads bfloat16 itself) and evaluation's float32 copy of it. */
+ * backend's loss reads bfloat16 itself). Evaluation reads a bfloat16
+ * output back as it is and widens it on the host (gp_pipeline_eval). */
 static gp_status plan_calls(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
                             struct gp_stage_plan *p, struct gp_error *err)
 {
@@ -473,10 +474,6 @@ static gp_status plan_calls(const struct gp_graph *g, const bool *needs_grad, co
         if (p->home[v] != GP_HOME_LOCAL && p->home[v] != GP_HOME_BOX) continue;
         size_t l = gp_mixed_loss_staging_bytes(ops, &g->values[v].shape, p->dt[v], p->dt[v]);
         if (l > p->staging_bytes) p->staging_bytes = l;
-        /* Evaluation reads a bfloat16 output back through a float32 copy
-         * there (TASK_EVAL), whether or not the loss needs one. */
-        size_t e = p->dt[v] == GP_DTYPE_BFLOAT16 ? (size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float) : 0;
-        if (e > p->staging_bytes) p->staging_bytes = e;
     }
     return GP_OK;
 }

@@ -288,12 +288,9 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
                               (float *)s->norms, err);
     case TASK_EVAL: {
         /* Evaluation runs as micro-batch 0, in its box and set. */
-        GP_TRY(run_forward(p, s, 0, s->slots.fwd_set[0], p->eval_batch_stats, false, err));
-        /* A bfloat16 output is read back as float32, from the staging area. */
-        if (!last || s->plan.dt[p->output] == GP_DTYPE_FLOAT32) return GP_OK;
-        return s->cops->convert(s->cctx, s->staging, GP_DTYPE_FLOAT32,
-                                addr(s, p->output, s->slots.box[0], s->slots.fwd_set[0]), GP_DTYPE_BFLOAT16,
-                                gp_shape_numel(&p->g->values[p->output].shape), false, err);
+        /* A bfloat16 output is copied back as it is and widened on the
+         * host (gp_pipeline_eval): no float32 copy on the device. */
+        return run_forward(p, s, 0, s->slots.fwd_set[0], p->eval_batch_stats, false, err);
     }
     case TASK_SEND_ACTIVATIONS:
     case TASK_RECV_ACTIVATIONS:
