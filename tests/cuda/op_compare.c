@@ -268,6 +268,9 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
     if (lo == 0 && hi == 0) lo = -2, hi = 2;
     int ni = node->n_inputs, no = node->n_outputs;
     if (ni > MAX_IO || no > MAX_IO) fail_msg("%s: too many inputs or outputs for the harness", label);
+    if (o->seed) rng_state = o->seed;
+    if (o->got_dx)
+        for (int k = 0; k < ni; k++) o->got_dx[k] = NULL;
 
     const struct gp_cpu_kernel *ck = gp_cpu_kernel_for_f32(node);
     const struct gp_cuda_kernel *gk = gp_cuda_kernel_for(node);
@@ -340,7 +343,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
         if (node->inputs[k] < 0) continue;
         const struct gp_value *v = &g->values[node->inputs[k]];
         want_dx[k] = backward && gp_dtype_is_float(v->dtype) && !nondiff(node, k);
-        if (want_dx[k]) hd0[k] = bit(o->overwrite, k) ? calloc((size_t)(nx[k] ? nx[k] : 1), sizeof(float))
+        if (want_dx[k]) hd0[k] = bit(o->overwrite | o->zero_grads, k) ? calloc((size_t)(nx[k] ? nx[k] : 1), sizeof(float))
                                                         : random_floats(nx[k], -1, 1);
         if (want_dx[k] && dx16[k]) round_all_bf16(hd0[k], nx[k]);
     }
@@ -503,7 +506,8 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
                            o->scale_abs_tol, dx16[k] ? rms_bf16 : r_f32);
         else
             compare_floats(label, "gradient of input", k, h, cdin[k], nx[k], rel, abs_tol, o->scale_abs_tol, 0);
-        free(h);
+        if (o->got_dx) o->got_dx[k] = h;
+        else free(h);
     }
     /* Inputs a kernel updates in place (running statistics) end equal too. */
     for (int k = 0; k < ni; k++) {

@@ -84,6 +84,16 @@ struct op_compare {
     uint32_t overwrite;                         /* inputs (bit k) whose gradient the CUDA kernel writes
                                                    whole (gp_cuda_ctx.din_overwrite): both sides start
                                                    it at zero, the CUDA buffer poisoned with NaN */
+    uint32_t zero_grads;                        /* inputs (bit k) whose gradient starts at zero on both
+                                                   sides, the CUDA kernel adding into it: the call
+                                                   an overwriting one must equal bit for bit */
+    uint64_t seed;                              /* nonzero: the case draws its values from this seed,
+                                                   so two cases of one graph draw the same inputs and
+                                                   output gradients (the initial input gradients
+                                                   come after them) */
+    float **got_dx;                             /* non-NULL: got_dx[k] receives the CUDA side's
+                                                   gradient of input k as it lies (bfloat16 widened,
+                                                   exact; malloc'd, the caller frees), or NULL */
 };
 
 /* Compares node `node` of g on both backends; fails the cmocka test (naming

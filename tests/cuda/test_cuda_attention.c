@@ -34,6 +34,13 @@
  * 2^-9 of each term: within the bf16 bounds of op_compare.h, with 4e-3 of
  * each tensor's largest element for sums of 1024 terms.
  *
+ * First writers (din_overwrite): GPT-2's shapes packed, 3-D and 4-D with
+ * cuDNN writing the gradients straight (and through scratch into float32
+ * gradients), some of the cases above on the own kernels (float32, bf16,
+ * and GPT-2's again with GP_ATTENTION_CUDNN=0): the gradients, poisoned
+ * with NaN beforehand, against the CPU and, bit for bit, against the call
+ * that adds them into zeros from the same draws.
+ *
  * Without a CUDA device the test prints why and exits 77 (a skip). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -151,6 +158,32 @@ static const struct attn_case cudnn_cases[] = {
     {"3-D packed Q, K, V, 12 heads of 64, causal, T 1024", true, 1, 12, 1024, 1024, 64, 64, 0, true, true},
 };
 
+/* The comparison of case c: its tolerances (the header's). */
+static struct op_compare compare_of(const struct attn_case *c, const char *label, bool bf16)
+{
+    struct op_compare o = {.label = label, .rel_tol = 1e-4, .abs_tol = 2e-5, .scale_abs_tol = true,
+                           .bf16 = bf16};
+    /* A constant mask stays float32 beside bfloat16 activations. */
+    if (bf16 && c->mask == 1) o.f32_inputs = 1u << 3;
+    if (bf16) o.abs_tol = c->tk > 256 ? 4e-3 : 1e-3;
+    return o;
+}
+
+/* Prints the path of the call (forward and backward) since `cudnn0`
+ * cuDNN calls; fails when `must_cudnn` and cuDNN's did not run it, unless
+ * the build or the environment rules it out. */
+static void report_path(const char *label, unsigned long long cudnn0, bool must_cudnn)
+{
+    unsigned long long cudnn1, own1;
+    char why[512];
+    gp_cuda_attention_paths(&cudnn1, &own1, why, sizeof why);
+    bool ran = cudnn1 - cudnn0 == 2; /* forward and backward */
+    printf("%-72s %s%s%s\n", label, ran ? "cuDNN SDPA" : cudnn1 > cudnn0 ? "cuDNN forward, own backward" : "own kernels",
+           ran ? "" : ": ", ran ? "" : why);
+    if (must_cudnn && !ran && !strstr(why, "built without") && !strstr(why, "GP_ATTENTION_CUDNN=0"))
+        fail_msg("%s: cuDNN's SDPA did not run it: %s", label, why);
+}
+
 /* One case; in bf16, prints the path that ran (and fails when `must_cudnn`
  * and cuDNN's did not, unless the build or the environment rules it out). */
 static void run_case(const struct attn_case *c, bool bf16, bool must_cudnn)
@@ -159,22 +192,66 @@ static void run_case(const struct attn_case *c, bool bf16, bool must_cudnn)
     build(&g, c);
     char label[256];
     snprintf(label, sizeof label, "Attention %s%s", c->label, bf16 ? " (bf16)" : "");
-    struct op_compare o = {.label = label, .rel_tol = 1e-4, .abs_tol = 2e-5, .scale_abs_tol = true,
-                           .bf16 = bf16};
-    /* A constant mask stays float32 beside bfloat16 activations. */
-    if (bf16 && c->mask == 1) o.f32_inputs = 1u << 3;
-    if (bf16) o.abs_tol = c->tk > 256 ? 4e-3 : 1e-3;
-    unsigned long long cudnn0, own0, cudnn1, own1;
+    struct op_compare o = compare_of(c, label, bf16);
+    unsigned long long cudnn0, own0;
     char why[512];
     gp_cuda_attention_paths(&cudnn0, &own0, why, sizeof why);
     op_compare_node(&g, 0, &o);
-    gp_cuda_attention_paths(&cudnn1, &own1, why, sizeof why);
-    if (bf16) {
-        bool ran = cudnn1 - cudnn0 == 2; /* forward and backward */
-        printf("%-72s %s%s%s\n", label, ran ? "cuDNN SDPA" : cudnn1 > cudnn0 ? "cuDNN forward, own backward" : "own kernels",
-               ran ? "" : ": ", ran ? "" : why);
-        if (must_cudnn && !ran && !strstr(why, "built without") && !strstr(why, "GP_ATTENTION_CUDNN=0"))
-            fail_msg("%s: cuDNN's SDPA did not run it: %s", label, why);
+    if (bf16) report_path(label, cudnn0, must_cudnn);
+    gp_graph_free(&g);
+}
+
+/* Inputs (bit k) holding Q, K and V: input 0 alone when packed. */
+static uint32_t qkv_bits(const struct attn_case *c) { return c->packed ? 1u : 7u; }
+
+/* Case c with the gradients of Q, K and V written whole (the layer their
+ * first writer: din_overwrite; NaN in them beforehand), against the CPU,
+ * then bit for bit against the call that adds them into zeros from the
+ * same values (0 + x, -0 made +0 as the add makes it). `f32_grads`: those
+ * gradients float32 beside bfloat16 activations (a bf16 call whose
+ * gradients cuDNN cannot write straight: through scratch, written as
+ * 0 + g). */
+static void run_first_writer(const struct attn_case *c, bool bf16, bool f32_grads, bool must_cudnn)
+{
+    struct gp_graph g;
+    build(&g, c);
+    const struct gp_cuda_kernel *kern = gp_cuda_kernel_for(&g.nodes[0]);
+    uint32_t qkv = qkv_bits(c);
+    for (int k = 0; k < g.nodes[0].n_inputs; k++) {
+        bool want = (qkv >> k) & 1;
+        if (!kern->overwrites || kern->overwrites(&g, &g.nodes[0], k) != want)
+            fail_msg("%s: Attention's overwrites hook says %s for input %d", c->label, want ? "no" : "yes", k);
+    }
+    char label[256];
+    snprintf(label, sizeof label, "Attention %s%s%s, first writer", c->label, bf16 ? " (bf16)" : "",
+             f32_grads ? " float32 gradients" : "");
+    float *written[OP_COMPARE_MAX_INPUTS], *added[OP_COMPARE_MAX_INPUTS];
+    struct op_compare o = compare_of(c, label, bf16);
+    o.seed = 0x9e3779b97f4a7c15ull; /* both calls draw the same Q, K, V and dY */
+    if (f32_grads) o.params = qkv;
+    o.overwrite = qkv, o.got_dx = written;
+    unsigned long long cudnn0, own0;
+    char why[512];
+    gp_cuda_attention_paths(&cudnn0, &own0, why, sizeof why);
+    op_compare_node(&g, 0, &o);
+    if (bf16) report_path(label, cudnn0, must_cudnn);
+    o.overwrite = 0, o.zero_grads = qkv, o.got_dx = added;
+    op_compare_node(&g, 0, &o);
+    for (int k = 0; k < g.nodes[0].n_inputs; k++) {
+        if ((qkv >> k) & 1) {
+            int64_t n = gp_shape_numel(&gp_node_input(&g, &g.nodes[0], k)->shape);
+            if (!written[k] || !added[k]) fail_msg("%s: no gradient of input %d", label, k);
+            for (int64_t i = 0; i < n; i++) {
+                uint32_t w, a;
+                memcpy(&w, &written[k][i], 4);
+                memcpy(&a, &added[k][i], 4);
+                if (w != a)
+                    fail_msg("%s: gradient of input %d, element %lld: written 0x%08x, added into zeros 0x%08x", label,
+                             k, (long long)i, (unsigned)w, (unsigned)a);
+            }
+        }
+        free(written[k]);
+        free(added[k]);
     }
     gp_graph_free(&g);
 }
@@ -215,6 +292,33 @@ static void test_attention_cudnn(void **state)
     for (size_t k = 0; k < sizeof cudnn_cases / sizeof *cudnn_cases; k++) run_case(&cudnn_cases[k], true, true);
 }
 
+/* First writers: cuDNN writing dQ, dK, dV straight into the gradients
+ * (packed: into input 0's thirds; 3-D and 4-D), cuDNN through scratch
+ * into float32 gradients (written as 0 + g), and the own kernels writing
+ * 0 + their sums (float32 and bf16; masks, head sizes the templates pad,
+ * packed; the GPT-2 shapes again with GP_ATTENTION_CUDNN=0 unless the
+ * caller chose). */
+static void test_attention_first_writer(void **state)
+{
+    (void)state;
+    const struct attn_case *packed = &cudnn_cases[5], *three_d = &cudnn_cases[0], *four_d = &cudnn_cases[1];
+    run_first_writer(packed, true, false, true);
+    run_first_writer(three_d, true, false, true);
+    run_first_writer(four_d, true, false, true);
+    run_first_writer(packed, true, true, true);
+    run_first_writer(three_d, true, true, true);
+    run_first_writer(&cases[3], false, false, false); /* 4-D, D 128, Dv 96, causal + additive mask */
+    run_first_writer(&cases[4], false, false, false); /* 3-D, bool mask with a fully masked row */
+    run_first_writer(&cases[8], false, false, false); /* packed, 3 heads of 40, bool mask */
+    run_first_writer(&cases[2], true, false, false);  /* 4-D, D 16, Dv 40, Tq 9 Tk 50: cuDNN's if it builds */
+    run_first_writer(&cases[8], true, false, false);  /* packed with a mask: own kernels in bf16 */
+    if (user_choice) return;
+    setenv("GP_ATTENTION_CUDNN", "0", 1);
+    run_first_writer(packed, true, false, false);
+    run_first_writer(three_d, true, false, false);
+    unsetenv("GP_ATTENTION_CUDNN");
+}
+
 int main(void)
 {
     op_compare_require_device();
@@ -223,6 +327,7 @@ int main(void)
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_bf16),
         cmocka_unit_test(test_attention_cudnn),
+        cmocka_unit_test(test_attention_first_writer),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0) printf("cuda_attention: PASSED (%d cases against the CPU kernel)\n", op_compare_cases());

@@ -46,7 +46,12 @@
  * one scratch laid out as input 0, its thirds written by dQ, dK and dV
  * with input 0's strides, so that one kernel adds it whole; offsets and
  * strides must be multiples of 8 elements, cuDNN's 16-byte alignment, or
- * the call stays on the kernels below). The backward
+ * the call stays on the kernels below). Where the layer writes a gradient
+ * first (gp_cuda_overwrite; att_overwrites) and it is bfloat16, cuDNN
+ * writes it straight (the graph's strides are the inputs', scratch or
+ * not) and a read-mostly pass turns its -0 and NaNs into what the add
+ * into zeros would store (att_plus_zero_kernel: same bits, a third of the
+ * add's bytes); the own kernels write 0 + their sums. The backward
  * is cuDNN's deterministic one unless --fast-conv allows atomics; where
  * cuDNN has no deterministic backward for the problem, the kernels below
  * run (they are deterministic). GP_ATTENTION_CUDNN=0 keeps every call on
@@ -84,6 +89,7 @@ template <int DMAX> struct att_rows { static const int n = DMAX > 64 ? 8 : 16; }
 struct att_args {
     struct gp_attention_plan p;
     gp_fptr q, k, v, y, dy, dq, dk, dv;
+    bool ow_q, ow_k, ow_v;     /* write dq, dk, dv whole (their first writer) instead of adding */
     gp_fptr mask_f;            /* additive mask */
     const uint8_t *mask_b;     /* bool mask */
     float *lse, *dsum;         /* [B * H * Tq] */
@@ -226,6 +232,15 @@ __global__ static void att_dsum_kernel(att_args a)
     }
 }
 
+/* A gradient element: added once to the buffer, or (`ow`: the buffer is
+ * not cleared, this layer writes it first) written as 0 + v, which rounds
+ * as the add into zeros does (-0 becomes +0), so both give the same bits. */
+__device__ static inline void put_grad(gp_fptr t, int64_t i, float v, bool ow)
+{
+    if (ow) gp_st(t, i, __fadd_rn(0.0f, v));
+    else gp_acc(t, i, v);
+}
+
 /* p_ij for a score s (with its mask term) against the row's lse. */
 __device__ static inline float prob(float s, float lse)
 {
@@ -288,7 +303,7 @@ __global__ static void __launch_bounds__(ATT_THREADS) att_dq_kernel(att_args a)
         if (i >= p.q_len) continue;
         for (int c = 0; c < C; c++) {
             int d = c * 32 + lane;
-            if (d < D) gp_acc(a.dq, o.q + i * p.q_stride[2] + d, dq[r][c] * p.scale);
+            if (d < D) put_grad(a.dq, o.q + i * p.q_stride[2] + d, dq[r][c] * p.scale, a.ow_q);
         }
     }
 }
@@ -353,8 +368,8 @@ __global__ static void __launch_bounds__(ATT_THREADS) att_dkv_kernel(att_args a)
         if (j >= p.kv_len) continue;
         for (int c = 0; c < C; c++) {
             int d = c * 32 + lane;
-            if (a.dk.p && d < D) gp_acc(a.dk, o.k + j * p.k_stride[2] + d, dk[r][c] * p.scale);
-            if (a.dv.p && d < Dv) gp_acc(a.dv, o.v + j * p.v_stride[2] + d, dv[r][c]);
+            if (a.dk.p && d < D) put_grad(a.dk, o.k + j * p.k_stride[2] + d, dk[r][c] * p.scale, a.ow_k);
+            if (a.dv.p && d < Dv) put_grad(a.dv, o.v + j * p.v_stride[2] + d, dv[r][c], a.ow_v);
         }
     }
 }
@@ -362,11 +377,46 @@ __global__ static void __launch_bounds__(ATT_THREADS) att_dkv_kernel(att_args a)
 /* ---- cuDNN's SDPA ---- */
 
 /* dQ += g (and dK, dV): n elements of one bfloat16 gradient computed whole
- * into scratch, added to a gradient of either storage, each element once. */
-__global__ static void att_add_grad_kernel(gp_fptr d, const bf16_t *g, int64_t n)
+ * into scratch, added to a gradient of either storage, each element once
+ * (`ow`: written as 0 + g, put_grad). */
+__global__ static void att_add_grad_kernel(gp_fptr d, const bf16_t *g, int64_t n, bool ow)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        gp_acc(d, i, __bfloat162float(g[i]));
+        put_grad(d, i, __bfloat162float(g[i]), ow);
+}
+
+/* A bfloat16 value (its bits) as 0 + it rounds: what att_add_grad_kernel
+ * stores into zeros. The same bits but for -0 (+0) and NaNs (the NaN that
+ * float32's add and the rounding give). */
+__device__ static inline unsigned short plus_zero_bits(unsigned short h)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(__fadd_rn(0.0f, __bfloat162float(__ushort_as_bfloat16(h)))));
+}
+
+__device__ static inline unsigned plus_zero_pair(unsigned w)
+{
+    return plus_zero_bits((unsigned short)(w & 0xffffu)) | (unsigned)plus_zero_bits((unsigned short)(w >> 16)) << 16;
+}
+
+/* cuDNN's gradients written straight into the layer's (its first writer),
+ * made the bits the add into zeros gives (plus_zero_bits): n bfloat16
+ * values from d (16-byte aligned: cuDNN's requirement, checked by the
+ * caller), eight per 16-byte load, stored back only where one changes, so
+ * the pass reads the gradient once and writes next to nothing. */
+__global__ static void att_plus_zero_kernel(bf16_t *d, int64_t n)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x, n8 = n / 8;
+    uint4 *v = (uint4 *)d;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += stride) {
+        uint4 a = v[i], b = make_uint4(plus_zero_pair(a.x), plus_zero_pair(a.y), plus_zero_pair(a.z),
+                                       plus_zero_pair(a.w));
+        if (a.x != b.x || a.y != b.y || a.z != b.z || a.w != b.w) v[i] = b;
+    }
+    unsigned short *h = (unsigned short *)d;
+    for (int64_t i = n8 * 8 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        unsigned short b = plus_zero_bits(h[i]);
+        if (b != h[i]) h[i] = b;
+    }
 }
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -615,39 +665,67 @@ static void att_backward_launch(const att_args &a, cudaStream_t stream)
         att_dkv_kernel<DMAX><<<dim3((unsigned)((a.p.kv_len + R - 1) / R), bh), ATT_THREADS, 0, stream>>>(a);
 }
 
+/* The gradients of Q, K, V this call writes whole (gp_cuda_overwrite) set
+ * to zeros: a call that computes none (no incoming gradient, no query)
+ * still gives its first writer's zeros. */
+static gp_status zero_overwritten(struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    for (int k = 0; k < 3 && k < c->node->n_inputs; k++) {
+        if (!c->din[k] || !gp_cuda_overwrite(c, k)) continue;
+        size_t n = (size_t)gp_shape_numel(&gp_cuda_in_value(c, k)->shape);
+        if (n == 0) continue;
+        GP_TRY(gp_cuda_call(c, cudaMemsetAsync(c->din[k], 0, n * (gp_cuda_is_bf16(c->din_dt, k) ? 2 : 4), c->stream),
+                            "cudaMemsetAsync", err));
+    }
+    return GP_OK;
+}
+
 static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     if (c->node->n_inputs > 3 && c->din[3] && gp_cuda_in_value(c, 3)->kind != GP_VALUE_CONSTANT)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
                              "the gradient of attn_mask is not supported (the mask must be a constant or "
                              "depend on no parameter)");
-    if (!c->dout[0] || (!c->din[0] && !c->din[1] && !c->din[2])) return GP_OK;
+    if (!c->din[0] && !c->din[1] && !c->din[2]) return GP_OK;
+    if (!c->dout[0]) return zero_overwritten(c, err);
     att_args a;
     int dmax;
     GP_TRY(att_setup(c, err, &a, &dmax));
     int64_t bh = a.p.batch * a.p.heads;
-    if (bh == 0 || a.p.q_len == 0) return GP_OK;
+    if (bh == 0 || a.p.q_len == 0) return zero_overwritten(c, err);
     a.dy = gp_cuda_dout_f(c, 0);
     int ik = gp_attention_qkv_input(&a.p, 1), iv = gp_attention_qkv_input(&a.p, 2);
     if (c->din[0]) a.dq = gp_cuda_din_f(c, 0);
     if (c->din[ik]) a.dk = gp_cuda_din_f(c, ik);
     if (c->din[iv]) a.dv = gp_cuda_din_f(c, iv);
+    /* Packed: the three are input 0's gradient, written whole or added to
+     * as one. */
+    a.ow_q = gp_cuda_overwrite(c, 0), a.ow_k = gp_cuda_overwrite(c, ik), a.ow_v = gp_cuda_overwrite(c, iv);
 #ifdef GP_HAVE_CUDNN_GRAPH
     if (a.p.kv_len > 0 && att_use_cudnn(c, &a.p, true)) {
-        /* Scratch: dQ, dK, dV in bfloat16 (their inputs' layouts, dense),
-         * then the workspace. Packed: one gradient laid out as input 0
-         * (n[0] + n[1] + n[2] elements, within the three areas), whose
-         * thirds cuDNN writes whole through input 0's strides and offsets. */
+        /* cuDNN writes dQ, dK, dV in bfloat16 with their inputs' strides
+         * (the graph's, whichever buffer they go to): straight into a
+         * gradient this call writes first (bfloat16, 16-byte aligned as
+         * cuDNN wants; packed: input 0's, its thirds at the offsets), else
+         * into scratch (their inputs' layouts, dense; packed: one laid out
+         * as input 0, n[0] + n[1] + n[2] elements within the three areas),
+         * then added, or written as 0 + g where the call writes first but
+         * cuDNN cannot (a float32 gradient). Scratch ends with the
+         * workspace. */
         struct attn_graph_problem ap = graph_problem(&a.p, c->fast_conv);
         int64_t n[3] = {numel_q(&a.p), numel_k(&a.p), numel_v(&a.p)};
+        gp_fptr d[3] = {a.dq, a.dk, a.dv};
+        bool ow[3] = {a.ow_q, a.ow_k, a.ow_v}, direct[3];
         bf16_t *g[3];
         char *next = (char *)c->scratch;
         for (int k = 0; k < 3; k++) {
             g[k] = (bf16_t *)next;
             next += align256(sizeof(bf16_t) * (size_t)n[k]);
+            direct[k] = d[k].p && ow[k] && d[k].bf16 && ((uintptr_t)d[k].p & 15) == 0;
+            if (direct[k] && !a.p.packed) g[k] = (bf16_t *)d[k].p;
         }
         if (a.p.packed) {
-            g[0] = (bf16_t *)c->scratch;
+            g[0] = direct[0] ? (bf16_t *)a.dq.p : (bf16_t *)c->scratch;
             g[1] = g[0] + a.p.k_offset, g[2] = g[0] + a.p.v_offset;
         }
         char why[512];
@@ -658,15 +736,23 @@ static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
         if (a.p.packed) {
             /* dQ, dK and dV are the same gradient, input 0's. */
             int64_t all = n[0] + n[1] + n[2];
-            att_add_grad_kernel<<<gp_cuda_capped_grid((all + 255) / 256, 1 << 16), 256, 0, c->stream>>>(a.dq, g[0],
-                                                                                                         all);
+            if (direct[0])
+                att_plus_zero_kernel<<<gp_cuda_capped_grid((all / 8 + 255) / 256, 1 << 16), 256, 0, c->stream>>>(
+                    g[0], all);
+            else
+                att_add_grad_kernel<<<gp_cuda_capped_grid((all + 255) / 256, 1 << 16), 256, 0, c->stream>>>(a.dq, g[0],
+                                                                                                             all, ow[0]);
             return gp_cuda_check_launch(c, "Attention backward (cuDNN)", err);
         }
-        gp_fptr d[3] = {a.dq, a.dk, a.dv};
-        for (int k = 0; k < 3; k++)
-            if (d[k].p)
-                att_add_grad_kernel<<<gp_cuda_capped_grid((n[k] + 255) / 256, 1 << 16), 256, 0, c->stream>>>(d[k], g[k],
-                                                                                                           n[k]);
+        for (int k = 0; k < 3; k++) {
+            if (!d[k].p) continue;
+            if (direct[k])
+                att_plus_zero_kernel<<<gp_cuda_capped_grid((n[k] / 8 + 255) / 256, 1 << 16), 256, 0, c->stream>>>(
+                    g[k], n[k]);
+            else
+                att_add_grad_kernel<<<gp_cuda_capped_grid((n[k] + 255) / 256, 1 << 16), 256, 0, c->stream>>>(
+                    d[k], g[k], n[k], ow[k]);
+        }
         return gp_cuda_check_launch(c, "Attention backward (cuDNN)", err);
     }
 #endif
@@ -679,7 +765,20 @@ static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     return gp_cuda_check_launch(c, "Attention backward", err);
 }
 
+/* Q's, K's and V's gradients (packed: input 0's, all three) are written
+ * whole when asked, on every path: cuDNN's straight into them or through
+ * scratch, the own kernels as 0 + their sums (put_grad), a call with
+ * nothing to compute as zeros. So whichever path a call takes at run time
+ * (the bf16 storage, cuDNN's support and GP_ATTENTION_CUDNN decide it),
+ * the promise holds; the mask (input 3) has no gradient. */
+static bool att_overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
+{
+    if (k < 0 || k >= 3) return false;
+    const struct gp_value *v = gp_node_input(g, node, k);
+    return v && gp_dtype_is_float(v->dtype);
+}
+
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_attention[] = {
-    {"Attention", att_saved, att_scratch, att_forward, att_backward, false, true, false},
+    {"Attention", att_saved, att_scratch, att_forward, att_backward, false, true, false, att_overwrites},
     {NULL, NULL, NULL, NULL, NULL, false, false},
 };
