@@ -447,7 +447,7 @@ static gp_status row_grad_launch(struct gp_cuda_ctx *c, const struct bplan *p, c
                                  struct gp_error *err)
 {
     const char *what = t == 0 ? "binary backward (input 0)" : "binary backward (input 1)";
-    row_grad_part_kernel<G><<<gp_cuda_blocks_for(p->dims[1] / RUN_W * nch), GP_CUDA_THREADS, 0, c->stream>>>(
+    row_grad_part_kernel<G><<<gp_cuda_blocks_for(p->dims[1] / GRAD_W * nch), GP_CUDA_THREADS, 0, c->stream>>>(
         negate, (const G *)c->dout[0], (const G *)ymask, p->dims[0], p->dims[1], chunk, nch, (double *)c->scratch);
     GP_TRY(gp_cuda_check_launch(c, what, err));
     reduce_finish_kernel<D *><<<gp_cuda_blocks_for(s->ne * 32), GP_CUDA_THREADS, 0, c->stream>>>(

@@ -24,7 +24,6 @@
 #include "backend/cuda/kernel_util.cuh"
 
 #define RUN_W 8    /* values per run */
-#define ROW_UNROLL 8 /* rows of loads in flight per thread in the column sums */
 
 /* The binary ops these kernels compute (binary.cu's enum bop order). */
 enum row_op { ROW_ADD, ROW_SUB, ROW_MUL, ROW_DIV };
@@ -66,45 +65,52 @@ __global__ static void row_forward_runs_kernel(int op, bool relu, bool row_a, co
  * [ch * chunk, min((ch + 1) * chunk, M)) of dY[m, n] (negated for Sub's
  * second input; 0 where Y <= 0 when Y is given: an Add's fused Relu), in
  * double, row after row: bin_term's value and sum_terms' order. A thread
- * per (run of columns, chunk), neighbouring threads on neighbouring runs of
- * one chunk (coalesced 16-byte loads along the row); ROW_UNROLL rows loaded
- * before any is added keeps enough bytes in flight. G: the storage of dY
- * and Y. */
+ * per (run of GRAD_W columns, chunk), neighbouring threads on neighbouring
+ * runs of one chunk (coalesced loads along the row); GRAD_UNROLL rows
+ * loaded before any is added keeps enough bytes in flight. Runs of GRAD_W
+ * = RUN_W / 2 columns, not RUN_W: the grid is (columns / run) x chunks, and
+ * GPT-2's [16384, 768] has 342 chunks, so runs of 8 made 129 blocks of 256
+ * threads for 132 SMs: 8 warps an SM (ncu: 12% occupancy, 29% of DRAM's
+ * bandwidth, 1.7 TB/s over a step) at 128 registers. Half the run doubles
+ * the warps, each column's sum keeps its order (so its bits). G: the
+ * storage of dY and Y. */
+#define GRAD_W (RUN_W / 2)
+#define GRAD_UNROLL 16
 template <class G>
 __global__ static void row_grad_part_kernel(bool negate, const G *dY, const G *Y, int64_t M, int64_t N,
                                             int64_t chunk, int64_t n_chunks, double *part)
 {
-    const int64_t row_runs = N / RUN_W;
+    const int64_t row_runs = N / GRAD_W;
     GP_GRID_STRIDE(w, row_runs * n_chunks)
     {
-        int64_t col = (w % row_runs) * RUN_W, ch = w / row_runs;
+        int64_t col = (w % row_runs) * GRAD_W, ch = w / row_runs;
         int64_t m0 = ch * chunk, m1 = m0 + chunk < M ? m0 + chunk : M;
-        double acc[RUN_W];
+        double acc[GRAD_W];
 #pragma unroll
-        for (int k = 0; k < RUN_W; k++) acc[k] = 0;
-        for (int64_t m = m0; m < m1; m += ROW_UNROLL) {
-            float g[ROW_UNROLL][RUN_W];
+        for (int k = 0; k < GRAD_W; k++) acc[k] = 0;
+        for (int64_t m = m0; m < m1; m += GRAD_UNROLL) {
+            float g[GRAD_UNROLL][GRAD_W];
 #pragma unroll
-            for (int u = 0; u < ROW_UNROLL; u++) {
+            for (int u = 0; u < GRAD_UNROLL; u++) {
                 if (m + u >= m1) continue;
-                gp_run<G, RUN_W>::load(dY, (m + u) * N + col, g[u]);
+                gp_run<G, GRAD_W>::load(dY, (m + u) * N + col, g[u]);
                 if (Y) {
-                    float y[RUN_W];
-                    gp_run<G, RUN_W>::load(Y, (m + u) * N + col, y);
+                    float y[GRAD_W];
+                    gp_run<G, GRAD_W>::load(Y, (m + u) * N + col, y);
 #pragma unroll
-                    for (int k = 0; k < RUN_W; k++) g[u][k] = y[k] > 0 ? g[u][k] : 0.0f;
+                    for (int k = 0; k < GRAD_W; k++) g[u][k] = y[k] > 0 ? g[u][k] : 0.0f;
                 }
             }
 #pragma unroll
-            for (int u = 0; u < ROW_UNROLL; u++) {
+            for (int u = 0; u < GRAD_UNROLL; u++) {
                 if (m + u >= m1) continue;
 #pragma unroll
-                for (int k = 0; k < RUN_W; k++) acc[k] += (double)(negate ? -g[u][k] : g[u][k]);
+                for (int k = 0; k < GRAD_W; k++) acc[k] += (double)(negate ? -g[u][k] : g[u][k]);
             }
         }
         double *out = part + ch * N + col;
 #pragma unroll
-        for (int k = 0; k < RUN_W; k++) out[k] = acc[k];
+        for (int k = 0; k < GRAD_W; k++) out[k] = acc[k];
     }
 }
 
