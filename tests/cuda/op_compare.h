@@ -84,6 +84,10 @@ struct op_compare {
     uint32_t overwrite;                         /* inputs (bit k) whose gradient the CUDA kernel writes
                                                    whole (gp_cuda_ctx.din_overwrite): both sides start
                                                    it at zero, the CUDA buffer poisoned with NaN */
+    bool twice;                                 /* run the CUDA side a second time from the same
+                                                   inputs (outputs and scratch poisoned again): every
+                                                   output, input gradient and input after the step
+                                                   must have the same bits (deterministic kernels) */
 };
 
 /* Compares node `node` of g on both backends; fails the cmocka test (naming
