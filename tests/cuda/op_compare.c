@@ -469,11 +469,68 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
                              .fast_conv = o->fast_conv,
                              .training = !o->eval, .update_state = !o->eval, .seed = seed, .step = step,
                              .sample_offset = sample_offset, .dropout_ratio = -1};
-    if (gk->forward(&gc, &err) != GP_OK) fail_msg("%s: CUDA forward: %s", label, err.msg);
-    op_cuda_ok(cudaStreamSynchronize(stream), label, "CUDA forward");
-    if (backward) {
-        if (gk->backward(&gc, &err) != GP_OK) fail_msg("%s: CUDA backward: %s", label, err.msg);
-        op_cuda_ok(cudaStreamSynchronize(stream), label, "CUDA backward");
+    /* twice: the bytes of every input and input gradient before the
+     * first run (inputs are updated in place, gradients added to), to
+     * start the second from; the first run's results, to compare with. */
+    size_t in_bytes[MAX_IO + 1] = {0}, y_bytes[MAX_IO + 1] = {0}, dx_bytes[MAX_IO + 1] = {0};
+    void *in0[MAX_IO + 1] = {0}, *dx0[MAX_IO + 1] = {0};
+    void *in1[MAX_IO + 1] = {0}, *y1[MAX_IO + 1] = {0}, *dx1[MAX_IO + 1] = {0};
+    for (int k = 0; k < ni && o->twice; k++) {
+        if (!gin[k]) continue;
+        in_bytes[k] = (size_t)nx[k] * (x16[k] ? 2 : esize(g->values[node->inputs[k]].dtype));
+        in0[k] = host_copy_of(gin[k], in_bytes[k], label);
+        if (!gdin[k]) continue;
+        dx_bytes[k] = (size_t)nx[k] * (dx16[k] ? 2 : 4);
+        dx0[k] = host_copy_of(gdin[k], dx_bytes[k], label);
+    }
+    for (int k = 0; k < no && o->twice; k++)
+        if (gout[k]) y_bytes[k] = (size_t)ny[k] * (y16[k] ? 2 : esize(g->values[node->outputs[k]].dtype));
+    for (int run = 0; run < (o->twice ? 2 : 1); run++) {
+        if (run == 1) {
+            for (int k = 0; k < ni; k++) {
+                if (in0[k]) {
+                    in1[k] = host_copy_of(gin[k], in_bytes[k], label);
+                    op_cuda_ok(cudaMemcpy(gin[k], in0[k], in_bytes[k], cudaMemcpyHostToDevice), label, "upload");
+                }
+                if (dx0[k]) {
+                    dx1[k] = host_copy_of(gdin[k], dx_bytes[k], label);
+                    op_cuda_ok(cudaMemcpy(gdin[k], dx0[k], dx_bytes[k], cudaMemcpyHostToDevice), label, "upload");
+                }
+            }
+            for (int k = 0; k < no; k++)
+                if (y_bytes[k]) {
+                    y1[k] = host_copy_of(gout[k], y_bytes[k], label);
+                    op_cuda_ok(cudaMemset(gout[k], 0xff, y_bytes[k]), label, "cudaMemset");
+                }
+            op_cuda_ok(cudaMemset(gscratch, 0xff, g_scratch + 64), label, "cudaMemset");
+        }
+        if (gk->forward(&gc, &err) != GP_OK) fail_msg("%s: CUDA forward: %s", label, err.msg);
+        op_cuda_ok(cudaStreamSynchronize(stream), label, "CUDA forward");
+        if (backward) {
+            if (gk->backward(&gc, &err) != GP_OK) fail_msg("%s: CUDA backward: %s", label, err.msg);
+            op_cuda_ok(cudaStreamSynchronize(stream), label, "CUDA backward");
+        }
+    }
+    for (int k = 0; k < ni; k++) {
+        if (in1[k]) {
+            void *h = host_copy_of(gin[k], in_bytes[k], label);
+            if (memcmp(h, in1[k], in_bytes[k]) != 0)
+                fail_msg("%s: input %d after the step differs between two runs", label, k);
+            free(h);
+        }
+        if (dx1[k]) {
+            void *h = host_copy_of(gdin[k], dx_bytes[k], label);
+            if (memcmp(h, dx1[k], dx_bytes[k]) != 0)
+                fail_msg("%s: gradient of input %d differs between two runs", label, k);
+            free(h);
+        }
+        free(in0[k]), free(dx0[k]), free(in1[k]), free(dx1[k]);
+    }
+    for (int k = 0; k < no; k++) {
+        if (!y1[k]) continue;
+        void *h = host_copy_of(gout[k], y_bytes[k], label);
+        if (memcmp(h, y1[k], y_bytes[k]) != 0) fail_msg("%s: output %d differs between two runs", label, k);
+        free(h), free(y1[k]);
     }
 
     /* ---- compare ---- */

@@ -94,6 +94,10 @@ struct op_compare {
     float **got_dx;                             /* non-NULL: got_dx[k] receives the CUDA side's
                                                    gradient of input k as it lies (bfloat16 widened,
                                                    exact; malloc'd, the caller frees), or NULL */
+    bool twice;                                 /* run the CUDA side a second time from the same
+                                                   inputs (outputs and scratch poisoned again): every
+                                                   output, input gradient and input after the step
+                                                   must have the same bits (deterministic kernels) */
 };
 
 /* Compares node `node` of g on both backends; fails the cmocka test (naming

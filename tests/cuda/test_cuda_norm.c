@@ -199,13 +199,21 @@ static void test_bn_bf16(void **state)
 /* Channels-last (graph/layout.h): X, Y and their gradients [N, H, W, C] on
  * the CUDA side (op_compare's nhwc masks), every rank-4 case in float32
  * and in the executor's and the all-bfloat16 mixes, training and
- * evaluation, with and without a fused Relu; and shapes of ResNet-50's
- * (64 channels of 56 x 56 cells: many chunks of rows; 2048 channels: many
- * blocks across a row). */
+ * evaluation, with and without a fused Relu, each run twice on the CUDA
+ * side for the same bits; and shapes of ResNet-50's (64 channels of 56 x
+ * 56 cells: many chunks of rows; 2048 channels: many blocks across a row). */
 static const struct bn_case bn_nhwc_extra[] = {
     {"BN-15 [16,64,28,28]", 15, 4, {16, 64, 28, 28}, 1, false, 0, 0},
     {"BN-15 [4,2048,7,7]", 15, 4, {4, 2048, 7, 7}, 3, true, 0, 0},
     {"BN-15 [3,40,5,5] runs of 8 over 5 groups", 15, 4, {3, 40, 5, 5}, 1, false, 0, 0},
+    /* The elementwise passes' rounds of 4 runs a thread: a grid of 98
+     * blocks that takes two whole rounds (bfloat16, 8 channels a run; dX
+     * 4); 2048 channels, dX's 512 runs a row over a grid of an even block
+     * count; 12 channels (runs of 4, dX's 3 runs a row over 3 blocks) and
+     * rounds whose last runs fall past the end. */
+    {"BN-15 [8,64,56,56]", 15, 4, {8, 64, 56, 56}, 1, false, 0, 0},
+    {"BN-15 [8,2048,7,7]", 15, 4, {8, 2048, 7, 7}, 3, true, 0, 0},
+    {"BN-15 [6,12,9,9] runs of 4", 15, 4, {6, 12, 9, 9}, 1, false, 0, 0},
 };
 
 static void bn_nhwc_case(const struct bn_case *c, int eval, int relu, int mix)
@@ -217,7 +225,8 @@ static void bn_nhwc_case(const struct bn_case *c, int eval, int relu, int mix)
     const struct bf16_mix *x = mix >= 0 ? &bn_mixes[mix] : NULL;
     snprintf(label, sizeof label, "%s%s, %s, channels-last%s%s%s", c->label, relu ? " + Relu" : "",
              eval ? "evaluation" : "training", x ? ", bf16 (" : "", x ? x->name : "", x ? ")" : "");
-    struct op_compare o = {.label = label, .eval = eval, .nhwc_inputs = 1, .nhwc_outputs = 1};
+    /* Twice: the same bits from the same inputs (fixed reduction orders). */
+    struct op_compare o = {.label = label, .eval = eval, .nhwc_inputs = 1, .nhwc_outputs = 1, .twice = true};
     if (x) {
         o.bf16 = true;
         o.params = x->params;

@@ -768,7 +768,11 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
  *
  * Elementwise passes: a grid whose thread count is a multiple of the runs
  * per row, so a thread's runs all belong to the same channels and it loads
- * their per-channel coefficients once. Results are reproducible (the order
+ * their per-channel coefficients once; a thread moves BN_NHWC_FLAT_ILP
+ * runs a round, all loads first (one 16-byte load a thread at a time left
+ * the normalize pass waiting on memory, 60% of the bandwidth). dX's runs
+ * are at most 4 channels (its coefficients are doubles: see
+ * bn_nhwc_backward). Results are reproducible (the order
  * depends on the shape and run length only) and equal the CPU's to float
  * rounding. */
 
@@ -782,7 +786,8 @@ struct bn_nhwc_plan {
 };
 
 #define BN_NHWC_MAX_CHUNKS 4096
-#define BN_NHWC_ILP 8 /* rows in flight per lane */
+#define BN_NHWC_ILP 8      /* rows in flight per lane */
+#define BN_NHWC_FLAT_ILP 4 /* elementwise passes: runs in flight per thread */
 
 /* Tuning knobs, read once (measurement only; the defaults are the ones in
  * use): GP_BN_NHWC_BLOCKS, the statistics passes' target block count;
@@ -1004,7 +1009,8 @@ __global__ static void bn_nhwc_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, dou
 
 /* Elementwise launch: BN_THREADS-thread blocks, a thread count that is a
  * multiple of the runs per row (so each thread's runs share channels),
- * about 4 runs per thread and at most 8 blocks per SM's worth. */
+ * about bn_nhwc_runs_per_thread runs per thread (two rounds of
+ * BN_NHWC_FLAT_ILP), at most 8192 blocks before that rounding. */
 static unsigned bn_nhwc_flat_blocks(const struct bn_nhwc_plan &q)
 {
     int64_t total = q.rows * q.cr, g = 1, a = q.cr, b = BN_THREADS;
@@ -1021,29 +1027,41 @@ static unsigned bn_nhwc_flat_blocks(const struct bn_nhwc_plan &q)
     return (unsigned)(blocks < g ? g : blocks);
 }
 
-/* The channel run of this thread's runs (fixed: see bn_nhwc_flat_blocks). */
-#define BN_NHWC_FLAT(q, e)                                                                          \
-    for (int64_t e = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x; e < (q).rows * (q).cr;         \
-         e += (int64_t)gridDim.x * BN_THREADS)
+/* The thread's rounds: BN_NHWC_FLAT_ILP runs e + u G at a time (G the
+ * grid's threads, a multiple of the runs per row: every run of a thread
+ * has the same channels), all their loads issued before the first value
+ * is used; a round's runs are distinct values, each loaded and stored by
+ * this thread alone, so the order is safe whatever the tensors alias.
+ * Offsets stay in int64 (e + u G < rows cr + 3 G). */
+#define BN_NHWC_ROUNDS(q, e, G)                                                                    \
+    for (int64_t G = (int64_t)gridDim.x * BN_THREADS, e = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x; \
+         e < (q).rows * (q).cr; e += BN_NHWC_FLAT_ILP * G)
 
 /* y = x * alpha + beta per channel (bn_apply_kernel's formula). */
 template <class IO, int VEC>
 __global__ static void bn_nhwc_apply_kernel(struct bn_nhwc_plan q, gp_fptr x, const float *ab, gp_fptr y, bool relu)
 {
-    const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x;
+    const int ILP = BN_NHWC_FLAT_ILP;
+    const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x, total = q.rows * q.cr;
     const int64_t cb = (e0 - gp_dev_fdiv(e0, q.cr) * q.cr) * VEC;
     float a[VEC], b[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; i++) a[i] = ab[2 * (cb + i)], b[i] = ab[2 * (cb + i) + 1];
-    BN_NHWC_FLAT(q, e) {
-        float v[VEC];
-        IO::template acts<VEC>(x, e * VEC, v);
+    BN_NHWC_ROUNDS(q, e, G) {
+        float v[ILP][VEC];
 #pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            float t = FADD(FMUL(v[i], a[i]), b[i]);
-            v[i] = !relu || t > 0 || t != t ? t : 0.0f;
+        for (int u = 0; u < ILP; u++)
+            if (e + u * G < total) IO::template acts<VEC>(x, (e + u * G) * VEC, v[u]);
+#pragma unroll
+        for (int u = 0; u < ILP; u++) {
+            if (e + u * G >= total) continue;
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                float t = FADD(FMUL(v[u][i], a[i]), b[i]);
+                v[u][i] = !relu || t > 0 || t != t ? t : 0.0f;
+            }
+            IO::template set_acts<VEC>(y, (e + u * G) * VEC, v[u]);
         }
-        IO::template set_acts<VEC>(y, e * VEC, v);
     }
 }
 
@@ -1195,30 +1213,38 @@ __global__ static void bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x,
         b[i] = DSUB(kc[4], DMUL(DMUL(kc[0], kc[2]), (double)invstd[cb + i]));
         c0[i] = DSUB(kc[3], DMUL(kc[0], kc[1]));
     }
-    BN_NHWC_FLAT(q, e) {
-        float xv[VEC], gv[VEC], old[VEC];
-        IO::template acts<VEC>(x, e * VEC, xv);
-        if (dy.p)
-            IO::template acts<VEC>(dy, e * VEC, gv);
-        else
+    const int ILP = BN_NHWC_FLAT_ILP;
+    const int64_t total = q.rows * q.cr;
+    BN_NHWC_ROUNDS(q, e, G) {
+        float xv[ILP][VEC], gv[ILP][VEC], old[ILP][VEC];
 #pragma unroll
-            for (int i = 0; i < VEC; i++) gv[i] = 0.0f;
-        if (ab && dy.p)
+        for (int u = 0; u < ILP; u++) {
+            if (e + u * G >= total) continue;
+            const int64_t off = (e + u * G) * VEC;
+            IO::template acts<VEC>(x, off, xv[u]);
+            if (dy.p)
+                IO::template acts<VEC>(dy, off, gv[u]);
+            else
 #pragma unroll
-            for (int i = 0; i < VEC; i++)
-                if (!bn_nhwc_positive(xv[i], ra[i], rb[i], y_bf16)) gv[i] = 0.0f;
-        if (ow)
+                for (int i = 0; i < VEC; i++) gv[u][i] = 0.0f;
+            if (ow)
 #pragma unroll
-            for (int i = 0; i < VEC; i++) old[i] = 0.0f;
-        else
-            IO::template acts<VEC>(dx, e * VEC, old);
-#pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            double xc = (double)FSUB(xv[i], m[i]);
-            double v = DADD(DADD(DMUL(a[i], (double)gv[i]), DMUL(b[i], xc)), c0[i]);
-            old[i] = FADD(old[i], (float)v);
+                for (int i = 0; i < VEC; i++) old[u][i] = 0.0f;
+            else
+                IO::template acts<VEC>(dx, off, old[u]);
         }
-        IO::template set_acts<VEC>(dx, e * VEC, old);
+#pragma unroll
+        for (int u = 0; u < ILP; u++) {
+            if (e + u * G >= total) continue;
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                float g = ab && dy.p && !bn_nhwc_positive(xv[u][i], ra[i], rb[i], y_bf16) ? 0.0f : gv[u][i];
+                double xc = (double)FSUB(xv[u][i], m[i]);
+                double v = DADD(DADD(DMUL(a[i], (double)g), DMUL(b[i], xc)), c0[i]);
+                old[u][i] = FADD(old[u][i], (float)v);
+            }
+            IO::template set_acts<VEC>(dx, (e + u * G) * VEC, old[u]);
+        }
     }
 }
 
@@ -1233,24 +1259,32 @@ __global__ static void bn_nhwc_dx_eval_kernel(struct bn_nhwc_plan q, gp_fptr x, 
 #pragma unroll
     for (int i = 0; i < VEC; i++) f[i] = FMUL(IO::par(scale, cb + i), invstd[cb + i]);
     bn_nhwc_relu_coefs<VEC>(ab, cb, ra, rb);
-    BN_NHWC_FLAT(q, e) {
-        float gv[VEC], old[VEC];
-        IO::template acts<VEC>(dy, e * VEC, gv);
-        if (ab) {
-            float xv[VEC];
-            IO::template acts<VEC>(x, e * VEC, xv);
+    const int ILP = BN_NHWC_FLAT_ILP;
+    const int64_t total = q.rows * q.cr;
+    BN_NHWC_ROUNDS(q, e, G) {
+        float xv[ILP][VEC], gv[ILP][VEC], old[ILP][VEC];
 #pragma unroll
-            for (int i = 0; i < VEC; i++)
-                if (!bn_nhwc_positive(xv[i], ra[i], rb[i], y_bf16)) gv[i] = 0.0f;
+        for (int u = 0; u < ILP; u++) {
+            if (e + u * G >= total) continue;
+            const int64_t off = (e + u * G) * VEC;
+            IO::template acts<VEC>(dy, off, gv[u]);
+            if (ab) IO::template acts<VEC>(x, off, xv[u]);
+            if (ow)
+#pragma unroll
+                for (int i = 0; i < VEC; i++) old[u][i] = 0.0f;
+            else
+                IO::template acts<VEC>(dx, off, old[u]);
         }
-        if (ow)
 #pragma unroll
-            for (int i = 0; i < VEC; i++) old[i] = 0.0f;
-        else
-            IO::template acts<VEC>(dx, e * VEC, old);
+        for (int u = 0; u < ILP; u++) {
+            if (e + u * G >= total) continue;
 #pragma unroll
-        for (int i = 0; i < VEC; i++) old[i] = FADD(old[i], FMUL(gv[i], f[i]));
-        IO::template set_acts<VEC>(dx, e * VEC, old);
+            for (int i = 0; i < VEC; i++) {
+                float g = ab && !bn_nhwc_positive(xv[u][i], ra[i], rb[i], y_bf16) ? 0.0f : gv[u][i];
+                old[u][i] = FADD(old[u][i], FMUL(g, f[i]));
+            }
+            IO::template set_acts<VEC>(dx, (e + u * G) * VEC, old[u]);
+        }
     }
 }
 
@@ -1269,7 +1303,13 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
     struct bn_nhwc_plan q, qs; /* the elementwise pass's runs, the statistics' */
     int vec = io_vec_for(kind, c, {x, dy, dx});
-    bn_nhwc_plan_of(rows, c, vec, &q);
+    /* dX's runs at most 4 channels (8 bytes of bfloat16, 16 of float32):
+     * a channel's coefficients are three doubles and three floats. 8
+     * channels a run, one run at a time, took 104 registers (2 blocks an
+     * SM, 48 bytes in flight a thread); 4 channels, BN_NHWC_FLAT_ILP runs
+     * at a time, take 118 (ptxas, sm_90): still 2 blocks, twice the bytes
+     * in flight. */
+    bn_nhwc_plan_of(rows, c, vec > 4 ? 4 : vec, &q);
     bn_nhwc_plan_of(rows, c, bn_nhwc_stats_vec(kind, vec, true), &qs);
     struct bn_plan p = bn_plan_for_finish(ctx->node, qs);
     double *pdy = (double *)ctx->scratch, *pdyx = pdy + c * qs.p, *coef = pdyx + c * qs.p;
