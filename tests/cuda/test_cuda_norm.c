@@ -22,8 +22,11 @@
  * float sums in its own order), GPT-2's [batch, tokens, 768] (also whole:
  * [16, 1024, 768], 16384 rows, more than the fused backward's blocks take
  * in one pass each), and more rows than the parameter gradients have
- * blocks; rows short enough to live in registers and longer ones (the
- * generic kernels). The register kernels move runs of 8, 4, 2 or 1
+ * blocks; rows short enough for a warp each (up to 1024: 8 to 32 values
+ * a lane, runs of 8 or single values, both limits exactly), for the
+ * register kernels, and longer ones (the generic kernels). The parameter
+ * gradients of full Scale and B: the column-sum kernel (runs of 8 or
+ * single values, every row length). The register kernels move runs of 8, 4, 2 or 1
  * values (rows of 768, 100, 770, 767), hold 4 rows a block (row counts
  * that are not multiples of 4, one row), and take one warp (rows up to
  * 256) or several with a shared-memory step (up to 4096 forward, 2048
@@ -581,6 +584,14 @@ static const struct ln_case ln_cases[] = {
     {"rows of 770 [33, 770]", 2, {33, 770}, true, -1, 1, -1, {770}, {0}, 1},
     {"rows of 767 [19, 767]", 2, {19, 767}, true, -1, 1, 1, {767}, {767}, 3},
     {"one row [1, 768]", 2, {1, 768}, true, -1, 1, 1, {768}, {768}, 3},
+    /* The warp path's limits: 1024 (32 values a lane, runs of 8), 520 (24
+     * values a lane, the last run of 8 on lane 0 only), 1000 (single
+     * values, 32 a lane, Mean and InvStdDev with their gradients), 1025
+     * (the register path again). */
+    {"rows of 1024 [40, 1024]", 2, {40, 1024}, true, -1, 1, 1, {1024}, {1024}, 3},
+    {"rows of 520 [70, 520]", 2, {70, 520}, true, -1, 1, 1, {520}, {520}, 1},
+    {"rows of 1000 [23, 1000]", 2, {23, 1000}, true, -1, 1, -1, {1000}, {0}, 3},
+    {"rows of 1025 [21, 1025]", 2, {21, 1025}, true, -1, 1, 1, {1025}, {1025}, 1},
     {"rows of 1536 [50, 1536]", 2, {50, 1536}, true, -1, 1, 1, {1536}, {1536}, 1},
     {"rows of 2048 [1030, 2048]", 2, {1030, 2048}, true, -1, 1, 1, {2048}, {2048}, 1},
     {"rows of 4096 [9, 4096]", 2, {9, 4096}, true, -1, 1, 1, {4096}, {4096}, 3},

@@ -127,6 +127,7 @@ static gp_status ln_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
     real *dbias = ctx->node->n_inputs > 2 ? ctx->din[2] : NULL;
     const real *d_mean = ctx->node->n_outputs > 1 ? ctx->dout[1] : NULL;
     const real *d_inv = ctx->node->n_outputs > 2 ? ctx->dout[2] : NULL;
+    bool ow = gp_cpu_overwrite(ctx, 0); /* dx written whole: 0 + its gradient */
     if (dx) {
 #pragma omp parallel for if (p.rows * p.cols > GP_CPU_PAR_MIN)
         for (int64_t r = 0; r < p.rows; r++) {
@@ -149,7 +150,7 @@ static gp_status ln_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
                     double g = (double)dys[j] * scale[ln_index(&p, p.sstride, p.sfull, j)];
                     v += is * (g - mg - xhat * mgx);
                 }
-                dxs[j] += (real)v;
+                dxs[j] = (ow ? (real)0 : dxs[j]) + (real)v;
             }
         }
     }
@@ -189,7 +190,15 @@ static gp_status ln_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
 
 /* ---- the table ---- */
 
+/* The backward writes dX whole when asked (every row, every column; the
+ * scale's and bias's gradients are parameters': always added). */
+static bool ln_overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
+{
+    (void)g, (void)node;
+    return k == 0;
+}
+
 const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_layer_norm)[] = {
-    {"LayerNormalization", ln_saved, NULL, ln_forward, ln_backward},
+    {"LayerNormalization", ln_saved, NULL, ln_forward, ln_backward, ln_overwrites},
     {0},
 };

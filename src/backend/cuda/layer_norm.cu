@@ -9,7 +9,12 @@
  * fixed block size, then partial sums added in chunk order), so results are
  * identical run to run; no atomics anywhere.
  *
- * Rows of up to 4096 values (backward: 2048) stay in registers, so a row
+ * Rows of up to 1024 values (GPT-2's 768): a warp per row, the warp
+ * path below (forward reads X and writes Y once; backward reads X, dY and
+ * the old dX, unless the executor says it writes first (overwrites), and
+ * writes dX), the parameter gradients of full Scale and B by a separate
+ * column-sum kernel that reads X and dY again. Longer rows of up to 4096
+ * values (backward: 2048) stay in registers, so a row
  * is read once: thread t of a block holds columns 8t .. 8t + 7 (one
  * 16-byte load of bfloat16, io_vec_for; shorter runs, down to one value,
  * where the row length or the pointers do not allow it), the block as many
@@ -22,6 +27,9 @@
  * of blocks / chunks (partials in scratch, then added per column in a
  * fixed order); the register backward's blocks keep their columns' sums
  * in registers over all their rows.
+ *
+ * First writer (gp_cuda_overwrite(ctx, 0), as on the CPU): dX is written
+ * as 0 + its gradient on every path, its old values not read.
  *
  * Rounding: nvcc contracts a * b + c into FMAs, the CPU build does not;
  * where a product feeds a sum the operations are spelled with the _rn
@@ -67,6 +75,10 @@ struct ln_plan {
      * each) and backward adds the parameter gradients' terms of its rows
      * (blocks: reg_blocks) in registers too. */
     bool reg, reg_bwd;
+    /* Rows of at most LN_WARP_COLS: a warp per row, npl values a lane
+     * (the warp path, before the register path). */
+    bool warp;
+    int npl;
     int reg_threads;
     int64_t reg_blocks;
 };
@@ -85,8 +97,6 @@ static bool ln_strides(const struct gp_value *v, const struct ln_plan *p, int64_
     return gp_shape_numel(&v->shape) == p->cols;
 }
 
-#define LN_TILE_COLS 32
-#define LN_TILE_ROWS 8
 #define LN_CHUNK_ROWS 32
 #define LN_MAX_CHUNKS 128
 #define LN_MAX_PARTIALS (4 << 20) /* doubles of partials at most (32 MiB) */
@@ -104,6 +114,11 @@ static bool ln_strides(const struct gp_value *v, const struct ln_plan *p, int64_
 #define LN_BWD_SM_WARPS 8
 #define LN_FIN_COLS 8             /* columns of a final-sum block (768: 96 blocks) */
 #define LN_FIN_LANES 32           /* partials each column's final sum splits over */
+#define LN_WARP_COLS 1024         /* rows up to this: a warp each (32 values a lane at most) */
+#define LN_WARP_BLOCK 256         /* threads of a warp-path block: 8 rows at once */
+#define LN_CS_TX 32               /* column threads of a column-sum block, LN_VPT columns each */
+#define LN_CS_TY 4                /* its row lanes */
+#define LN_CS_ROWS 4              /* rows a column-sum thread loads before adding them */
 
 static void ln_plan_of(const struct gp_graph *g, const struct gp_node *node, struct ln_plan *p)
 {
@@ -127,6 +142,9 @@ static void ln_plan_of(const struct gp_graph *g, const struct gp_node *node, str
     p->chunks = ch < 1 ? 1 : ch;
     p->reg = p->cols <= LN_REG_COLS;
     p->reg_bwd = p->cols <= LN_REG_BWD_COLS;
+    p->warp = p->cols <= LN_WARP_COLS;
+    p->npl = 8 * (int)((p->cols + 255) / 256); /* 8, 16, 24 or 32 where warp */
+    if (p->npl < 8) p->npl = 8;
     int64_t warps = (p->cols + 32 * LN_VPT - 1) / (32 * LN_VPT);
     if (warps < 1) warps = 1;
     if (warps > LN_MAX_WARPS) warps = LN_MAX_WARPS; /* only where !reg */
@@ -157,13 +175,237 @@ static size_t ln_saved(const struct gp_graph *g, const struct gp_node *node)
     return 2 * sizeof(float) * (size_t)p.rows;
 }
 
-/* Scratch: the parameter gradients' partial sums, [chunks, cols] twice
+/* Scratch: the parameter gradients' partial sums, [cols, chunks] twice
  * (or [reg_blocks, cols] twice on the register path). */
 static size_t ln_scratch(const struct gp_graph *g, const struct gp_node *node)
 {
     struct ln_plan p;
     ln_plan_of(g, node, &p);
-    return 2 * sizeof(double) * (size_t)((p.reg_bwd ? p.reg_blocks : p.chunks) * p.cols);
+    return 2 * sizeof(double) * (size_t)((p.reg_bwd && !p.warp ? p.reg_blocks : p.chunks) * p.cols);
+}
+
+/* ---- the warp path (rows of at most LN_WARP_COLS) ----
+ * A warp per row, 8 rows a block, the blocks striding over rows: lane l
+ * holds runs l, l + 32, ... of VEC values (run i: columns (32 i + l) VEC
+ * .. + VEC - 1; NPL values a lane, NPL / VEC runs), a row's two sums go
+ * through one shuffle tree each, and nothing else is shared: no shared
+ * memory, no __syncthreads. The register path's blocks of 3 warps holding
+ * 4 rows (124 registers forward, 255 with spills backward) kept 6 to 15
+ * warps an SM, too few to cover the loads' latency (63.7 us forward,
+ * 184.5 us backward for GPT-2's 16384 rows of 768 in bf16 on an H200).
+ * GPT-2's rows: 24 values a lane, three 16-byte loads of bfloat16 per
+ * tensor. Runs of 8 where io_vec_for allows them (cols % 8 == 0 and every
+ * activation aligned to 16 bytes; then the run at column j of row r
+ * starts at r cols + j, a multiple of 8, and lies wholly inside the row or
+ * wholly past it), else single values (still coalesced: lane l takes
+ * columns l, l + 32, ...); runs of 4 or 2 would save instructions only,
+ * at the build time of more instances. The parameters are read per row
+ * from L1 rather than held (24 registers each), by runs of 8 where they
+ * are float32, one per column and aligned (pvec), else one by one. */
+
+/* Row r's values of lane `lane` (0 past the row). */
+template <class IO, int VEC, int NPL>
+__device__ static inline void ln_warp_load(gp_fptr t, const struct ln_plan &p, int64_t r, int lane,
+                                           float (&v)[NPL])
+{
+#pragma unroll
+    for (int i = 0; i < NPL / VEC; i++) {
+        const int64_t j = (int64_t)(32 * i + lane) * VEC;
+        float u[VEC];
+        if (j < p.cols) {
+            IO::template acts<VEC>(t, r * p.cols + j, u);
+        } else {
+#pragma unroll
+            for (int k = 0; k < VEC; k++) u[k] = 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v[VEC * i + k] = u[k];
+    }
+}
+
+/* Parameter values of columns j .. j + VEC - 1 (within the row). */
+template <class IO, int VEC>
+__device__ static inline void ln_par_run(gp_fptr t, const struct ln_plan &p, const int64_t *st, bool full,
+                                         bool pvec, int64_t j, float (&u)[VEC])
+{
+    if (pvec) {
+        gp_run<float, VEC>::load(t.p, j, u);
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) u[k] = IO::par(t, ln_index(p, st, full, j + k));
+    }
+}
+
+/* v summed over the warp by a shuffle-down tree (fixed order), lane 0's
+ * sum handed to every lane (a butterfly's lanes would each round in
+ * another order). All lanes call it. */
+__device__ static inline double ln_warp_sum(double v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = DADD(v, __shfl_down_sync(0xffffffffu, v, o));
+    return __shfl_sync(0xffffffffu, v, 0);
+}
+
+/* Forward: the generic kernel's statistics (sum, mean, squared deviations
+ * from it, in double), each lane's values in run order, then the warp's
+ * tree. FP64 per value: 2 conversions from float, 4 adds / multiplies. */
+template <class IO, int VEC, int NPL>
+__global__ static void __launch_bounds__(LN_WARP_BLOCK, 3)
+    ln_forward_warp_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias, gp_fptr y, float *mean,
+                           float *invstd, gp_fptr out_mean, gp_fptr out_inv, bool pvec)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t step = (int64_t)gridDim.x * (LN_WARP_BLOCK / 32);
+    for (int64_t r = (int64_t)blockIdx.x * (LN_WARP_BLOCK / 32) + (threadIdx.x >> 5); r < p.rows; r += step) {
+        float v[NPL];
+        ln_warp_load<IO, VEC, NPL>(x, p, r, lane, v);
+        double s = 0;
+#pragma unroll
+        for (int i = 0; i < NPL / VEC; i++)
+            if ((int64_t)(32 * i + lane) * VEC < p.cols)
+#pragma unroll
+                for (int k = 0; k < VEC; k++) s = DADD(s, (double)v[VEC * i + k]);
+        s = ln_warp_sum(s);
+        const double m = s / (double)p.cols;
+        double q = 0;
+#pragma unroll
+        for (int i = 0; i < NPL / VEC; i++)
+            if ((int64_t)(32 * i + lane) * VEC < p.cols)
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    double d = DSUB((double)v[VEC * i + k], m);
+                    q = DADD(q, DMUL(d, d));
+                }
+        q = ln_warp_sum(q);
+        const double var = q / (double)p.cols;
+        const float mr = (float)m, is = (float)(1.0 / sqrt(DADD(var, p.eps)));
+        if (lane == 0) {
+            mean[r] = mr;
+            invstd[r] = is;
+            if (out_mean.p) gp_st(out_mean, r, mr);
+            if (out_inv.p) gp_st(out_inv, r, is);
+        }
+#pragma unroll
+        for (int i = 0; i < NPL / VEC; i++) {
+            const int64_t j = (int64_t)(32 * i + lane) * VEC;
+            if (j >= p.cols) break; /* runs grow with i */
+            float sc[VEC], bi[VEC], o[VEC];
+            ln_par_run<IO, VEC>(scale, p, p.sstride, p.sfull, pvec, j, sc);
+            if (bias.p) ln_par_run<IO, VEC>(bias, p, p.bstride, p.bfull, pvec, j, bi);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                o[k] = FMUL(FMUL(FSUB(v[VEC * i + k], mr), is), sc[k]);
+                if (bias.p) o[k] = FADD(o[k], bi[k]);
+            }
+            IO::template set_acts<VEC>(y, r * p.cols + j, o);
+        }
+    }
+}
+
+/* Backward dX (ln_bwd_dx_kernel's terms in its order; the parameter
+ * gradients are ln_bwd_colsum_kernel's): x and dy of the row in registers
+ * (2 NPL floats; the old dX is read value by value as it is written), the
+ * sums of g and g xhat through two shuffle trees. ow (the executor's
+ * first writer): dX written as 0 + its gradient, the old values not read.
+ * FP64 per value: 7 conversions (float to double: dy, scale, xhat, x -
+ * mean, and dy, scale again rather than 2 more registers each; v to
+ * float) and 12 adds / multiplies. */
+template <class IO, int VEC, int NPL>
+__global__ static void __launch_bounds__(LN_WARP_BLOCK, NPL <= 24 ? 3 : 2)
+    ln_bwd_dx_warp_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr dy, const float *mean,
+                          const float *invstd, gp_fptr d_mean, gp_fptr d_inv, gp_fptr dx, bool ow, bool pvec)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t step = (int64_t)gridDim.x * (LN_WARP_BLOCK / 32);
+    for (int64_t r = (int64_t)blockIdx.x * (LN_WARP_BLOCK / 32) + (threadIdx.x >> 5); r < p.rows; r += step) {
+        float xv[NPL], gv[NPL];
+        ln_warp_load<IO, VEC, NPL>(x, p, r, lane, xv);
+        if (dy.p) ln_warp_load<IO, VEC, NPL>(dy, p, r, lane, gv);
+        const float m = mean[r], is = invstd[r];
+        double sg = 0, sgx = 0;
+        if (dy.p) {
+#pragma unroll
+            for (int i = 0; i < NPL / VEC; i++) {
+                const int64_t j = (int64_t)(32 * i + lane) * VEC;
+                if (j >= p.cols) break;
+                float sc[VEC];
+                ln_par_run<IO, VEC>(scale, p, p.sstride, p.sfull, pvec, j, sc);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    double g = DMUL((double)gv[VEC * i + k], (double)sc[k]);
+                    sg = DADD(sg, g);
+                    sgx = DADD(sgx, DMUL(g, (double)FMUL(FSUB(xv[VEC * i + k], m), is)));
+                }
+            }
+            sg = ln_warp_sum(sg);
+            sgx = ln_warp_sum(sgx);
+        }
+        const double n = (double)p.cols, mg = sg / n, mgx = sgx / n;
+        const double cm = d_mean.p ? (double)gp_ld(d_mean, r) / n : 0.0;
+        const double cv =
+            d_inv.p ? DMUL(DMUL(DMUL(-(double)gp_ld(d_inv, r), (double)is), (double)is), (double)is) / n : 0.0;
+#pragma unroll
+        for (int i = 0; i < NPL / VEC; i++) {
+            const int64_t j = (int64_t)(32 * i + lane) * VEC;
+            if (j >= p.cols) break;
+            float sc[VEC], o[VEC];
+            if (dy.p) ln_par_run<IO, VEC>(scale, p, p.sstride, p.sfull, pvec, j, sc);
+            if (ow) {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) o[k] = 0.0f;
+            } else {
+                IO::template acts<VEC>(dx, r * p.cols + j, o);
+            }
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                double xc = (double)FSUB(xv[VEC * i + k], m), xhat = DMUL(xc, (double)is);
+                double v = DADD(cm, DMUL(cv, xc));
+                if (dy.p) {
+                    double g = DMUL((double)gv[VEC * i + k], (double)sc[k]);
+                    v = DADD(v, DMUL((double)is, DSUB(DSUB(g, mg), DMUL(xhat, mgx))));
+                }
+                o[k] = FADD(o[k], (float)v); /* the old value (or 0), widened, plus v: one rounding */
+            }
+            IO::template set_acts<VEC>(dx, r * p.cols + j, o);
+        }
+    }
+}
+
+/* Runs the statement(s) with IO the storage `kind` names and VEC the run
+ * length, 8 where vec is 8, else 1 (io_mixed: always 1). */
+#define LN_IO_VEC_DISPATCH(kind, vec, ...)                                            \
+    do {                                                                              \
+        if ((kind) == IO_F32) {                                                       \
+            typedef io_typed<float> IO;                                               \
+            if ((vec) == 8) { const int VEC = 8; __VA_ARGS__; }                       \
+            else { const int VEC = 1; __VA_ARGS__; }                                  \
+        } else if ((kind) == IO_BF16) {                                               \
+            typedef io_typed<__nv_bfloat16> IO;                                       \
+            if ((vec) == 8) { const int VEC = 8; __VA_ARGS__; }                       \
+            else { const int VEC = 1; __VA_ARGS__; }                                  \
+        } else {                                                                      \
+            typedef io_mixed IO;                                                      \
+            const int VEC = 1;                                                        \
+            __VA_ARGS__;                                                              \
+        }                                                                             \
+    } while (0)
+
+/* ... and NPL the values a lane holds (ln_plan.npl: 8, 16, 24 or 32). */
+#define LN_WARP_DISPATCH(kind, vec, npl, ...)                                         \
+    LN_IO_VEC_DISPATCH(kind, vec, switch (npl) {                                      \
+        case 8: { const int NPL = 8; __VA_ARGS__; } break;                            \
+        case 16: { const int NPL = 16; __VA_ARGS__; } break;                          \
+        case 24: { const int NPL = 24; __VA_ARGS__; } break;                          \
+        default: { const int NPL = 32; __VA_ARGS__; } break;                          \
+    })
+
+/* Whether the warp kernels may read the parameters by runs of VEC: float32
+ * (not io_mixed), one per column, aligned to a run's bytes (16 at most). */
+static bool ln_pvec(const struct ln_plan &p, enum io_kind kind, int vec, gp_fptr scale, gp_fptr bias)
+{
+    size_t align = vec == 8 ? 16 : 4;
+    if (kind == IO_MIXED || !p.sfull || (uintptr_t)scale.p % align) return false;
+    return !bias.p || (p.bfull && (uintptr_t)bias.p % align == 0);
 }
 
 /* ---- the register path (rows of at most LN_REG_COLS) ----
@@ -363,7 +605,14 @@ static gp_status ln_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     gp_fptr out_mean = opt_out_f(ctx, 1), out_inv = opt_out_f(ctx, 2);
     enum io_kind kind = io_kind_of({x, y}, {scale, bias});
     unsigned grid = gp_cuda_capped_grid(p.rows, 1 << 20);
-    if (p.reg) {
+    if (p.warp) {
+        int vec = io_vec_for(kind, p.cols, {x, y});
+        bool pvec = ln_pvec(p, kind, vec, scale, bias);
+        unsigned wgrid = gp_cuda_capped_grid((p.rows + LN_WARP_BLOCK / 32 - 1) / (LN_WARP_BLOCK / 32), 1 << 20);
+        LN_WARP_DISPATCH(kind, vec, p.npl,
+                         ln_forward_warp_kernel<IO, VEC, NPL><<<wgrid, LN_WARP_BLOCK, 0, ctx->stream>>>(
+                             p, x, scale, bias, y, mean, invstd, out_mean, out_inv, pvec));
+    } else if (p.reg) {
         int vec = io_vec_for(kind, p.cols, {x, y});
         unsigned groups = gp_cuda_capped_grid((p.rows + LN_ROWS - 1) / LN_ROWS, 1 << 20);
         IO_DISPATCH(kind, IO_VEC_DISPATCH(vec, ln_forward_reg_kernel<IO, VEC><<<groups, p.reg_threads, 0,
@@ -381,7 +630,7 @@ static gp_status ln_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 template <class IO>
 __global__ static void ln_bwd_dx_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr dy,
                                         const float *mean, const float *invstd, gp_fptr d_mean,
-                                        gp_fptr d_inv, gp_fptr dx)
+                                        gp_fptr d_inv, gp_fptr dx, bool ow)
 {
     __shared__ double sh[32];
     for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
@@ -411,56 +660,107 @@ __global__ static void ln_bwd_dx_kernel(struct ln_plan p, gp_fptr x, gp_fptr sca
                                 (double)IO::par(scale, ln_index(p, p.sstride, p.sfull, j)));
                 v = DADD(v, DMUL((double)is, DSUB(DSUB(g, mg), DMUL(xhat, mgx))));
             }
-            IO::add_act(dx, base + j, (float)v);
+            if (ow) IO::set_act(dx, base + j, FADD(0.0f, (float)v)); /* the CPU's 0 + v */
+            else IO::add_act(dx, base + j, (float)v);
         }
     }
 }
 
-/* Full parameters: block (column tile, row chunk) sums dy xhat and dy over
- * its rows for 32 columns; threads (tx, ty) take rows ty, ty + 8, ... and
- * the 8 lanes' sums are added in ty order. */
-template <class IO>
-__global__ static void ln_bwd_partial_kernel(struct ln_plan p, gp_fptr x, gp_fptr dy, const float *mean,
-                                             const float *invstd, double *pss, double *psb)
+/* Full parameters: the sums of dy xhat and dy per column over a row chunk
+ * (p.chunks of them), into partials [cols, chunks]. Thread (tx, ty) of a
+ * block takes LN_VPT columns (one 16-byte load of bfloat16 per tensor and
+ * row where VEC is 8; ln_load_row's layout) of rows ty, ty + LN_CS_TY, ...
+ * of the chunk, LN_CS_ROWS rows loaded before they are added (bytes in
+ * flight), in increasing row order; the row lanes' sums are then added in
+ * ty order. Apart from dX's kernel, so that it keeps few registers: X and
+ * dY are read again (GPT-2: 50 MB), with 16 doubles a thread. FP64 per
+ * value: 2 conversions, 3 adds / multiplies. */
+template <class IO, int VEC>
+__global__ static void __launch_bounds__(LN_CS_TX * LN_CS_TY)
+    ln_bwd_colsum_kernel(struct ln_plan p, gp_fptr x, gp_fptr dy, const float *mean, const float *invstd,
+                         double *pss, double *psb)
 {
-    __shared__ double ss_sh[LN_TILE_ROWS][LN_TILE_COLS], sb_sh[LN_TILE_ROWS][LN_TILE_COLS];
-    int tx = threadIdx.x, ty = threadIdx.y;
-    int64_t j = blockIdx.x * (int64_t)LN_TILE_COLS + tx, k = blockIdx.y;
-    int64_t per = (p.rows + p.chunks - 1) / p.chunks;
-    int64_t r0 = k * per, r1 = r0 + per < p.rows ? r0 + per : p.rows;
-    double ss = 0, sb = 0;
-    if (j < p.cols)
-        for (int64_t r = r0 + ty; r < r1; r += LN_TILE_ROWS) {
-            float g = IO::act(dy, r * p.cols + j);
-            float xhat = FMUL(FSUB(IO::act(x, r * p.cols + j), mean[r]), invstd[r]);
-            ss = DADD(ss, DMUL((double)g, (double)xhat));
-            sb = DADD(sb, (double)g);
+    __shared__ double sh[2][LN_CS_TY - 1][LN_VPT][LN_CS_TX];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t j0 = ((int64_t)blockIdx.x * LN_CS_TX + tx) * LN_VPT, k = blockIdx.y;
+    const int64_t per = (p.rows + p.chunks - 1) / p.chunks, r0 = k * per;
+    const int64_t r1 = r0 + per < p.rows ? r0 + per : p.rows;
+    double ss[LN_VPT], sb[LN_VPT];
+#pragma unroll
+    for (int e = 0; e < LN_VPT; e++) ss[e] = sb[e] = 0;
+    if (j0 < p.cols) {
+        for (int64_t r = r0 + ty; r < r1; r += LN_CS_ROWS * LN_CS_TY) {
+            float xv[LN_CS_ROWS][LN_VPT], gv[LN_CS_ROWS][LN_VPT], m[LN_CS_ROWS], is[LN_CS_ROWS];
+#pragma unroll
+            for (int u = 0; u < LN_CS_ROWS; u++) {
+                const int64_t ru = r + (int64_t)u * LN_CS_TY;
+                const bool ok = ru < r1;
+                if (ok) {
+                    ln_load_row<IO, VEC>(x, p, ru, j0, xv[u]);
+                    ln_load_row<IO, VEC>(dy, p, ru, j0, gv[u]);
+                }
+                m[u] = ok ? mean[ru] : 0.0f;
+                is[u] = ok ? invstd[ru] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < LN_CS_ROWS; u++) {
+                if (r + (int64_t)u * LN_CS_TY >= r1) break;
+#pragma unroll
+                for (int e = 0; e < LN_VPT; e++)
+                    if (VEC == LN_VPT || j0 + e < p.cols) {
+                        float xhat = FMUL(FSUB(xv[u][e], m[u]), is[u]);
+                        ss[e] = DADD(ss[e], DMUL((double)gv[u][e], (double)xhat));
+                        sb[e] = DADD(sb[e], (double)gv[u][e]);
+                    }
+            }
         }
-    ss_sh[ty][tx] = ss;
-    sb_sh[ty][tx] = sb;
+    }
+    if (ty > 0) {
+#pragma unroll
+        for (int e = 0; e < LN_VPT; e++) {
+            sh[0][ty - 1][e][tx] = ss[e];
+            sh[1][ty - 1][e][tx] = sb[e];
+        }
+    }
     __syncthreads();
-    if (ty == 0 && j < p.cols) {
-        for (int t = 1; t < LN_TILE_ROWS; t++) {
-            ss = DADD(ss, ss_sh[t][tx]);
-            sb = DADD(sb, sb_sh[t][tx]);
+    if (ty == 0 && j0 < p.cols) {
+#pragma unroll
+        for (int e = 0; e < LN_VPT; e++) {
+            if (j0 + e >= p.cols) break;
+            for (int t = 0; t < LN_CS_TY - 1; t++) {
+                ss[e] = DADD(ss[e], sh[0][t][e][tx]);
+                sb[e] = DADD(sb[e], sh[1][t][e][tx]);
+            }
+            pss[(j0 + e) * p.chunks + k] = ss[e];
+            psb[(j0 + e) * p.chunks + k] = sb[e];
         }
-        pss[k * p.cols + j] = ss;
-        psb[k * p.cols + j] = sb;
     }
 }
 
-/* One thread per column: the chunks' partials in chunk order. */
+/* A warp per column: lane l adds partials l, l + 32, ... (chunk order),
+ * then the lanes' sums go through a shuffle-down tree (fixed order); lane
+ * 0 adds the result to the gradient. A column's partials are contiguous,
+ * so a warp's loads are too, and each lane has few. */
 __global__ static void ln_bwd_params_kernel(struct ln_plan p, const double *pss, const double *psb,
                                             gp_fptr dscale, gp_fptr dbias)
 {
-    GP_GRID_STRIDE(j, p.cols) {
+    const int lane = threadIdx.x & 31;
+    const int64_t wpb = blockDim.x >> 5, step = (int64_t)gridDim.x * wpb;
+    for (int64_t j = blockIdx.x * wpb + (threadIdx.x >> 5); j < p.cols; j += step) {
         double ss = 0, sb = 0;
-        for (int64_t k = 0; k < p.chunks; k++) {
-            ss = DADD(ss, pss[k * p.cols + j]);
-            sb = DADD(sb, psb[k * p.cols + j]);
+        for (int64_t k = lane; k < p.chunks; k += 32) {
+            ss = DADD(ss, pss[j * p.chunks + k]);
+            sb = DADD(sb, psb[j * p.chunks + k]);
         }
-        if (dscale.p) gp_acc(dscale, j, (float)ss);
-        if (dbias.p) gp_acc(dbias, j, (float)sb);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            ss = DADD(ss, __shfl_down_sync(0xffffffffu, ss, o));
+            sb = DADD(sb, __shfl_down_sync(0xffffffffu, sb, o));
+        }
+        if (lane == 0) {
+            if (dscale.p) gp_acc(dscale, j, (float)ss);
+            if (dbias.p) gp_acc(dbias, j, (float)sb);
+        }
     }
 }
 
@@ -527,7 +827,8 @@ __global__ static void ln_bwd_bcast_kernel(struct ln_plan p, bool is_scale, int6
 template <class IO, int VEC>
 __global__ static void __launch_bounds__(LN_REG_BWD_COLS / LN_VPT)
     ln_bwd_reg_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr dy, const float *mean,
-                      const float *invstd, gp_fptr d_mean, gp_fptr d_inv, gp_fptr dx, double *pss, double *psb)
+                      const float *invstd, gp_fptr d_mean, gp_fptr d_inv, gp_fptr dx, bool ow, double *pss,
+                      double *psb)
 {
     __shared__ double sh[2 * LN_ROWS][LN_MAX_WARPS];
     const int64_t j0 = (int64_t)threadIdx.x * LN_VPT;
@@ -557,7 +858,12 @@ __global__ static void __launch_bounds__(LN_REG_BWD_COLS / LN_VPT)
 #pragma unroll
                 for (int k = 0; k < LN_VPT; k++) gv[rr][k] = 0.0f;
             }
-            if (dx.p) ln_load_row<IO, VEC>(dx, p, r, j0, od[rr]);
+            if (dx.p && !ow) {
+                ln_load_row<IO, VEC>(dx, p, r, j0, od[rr]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < LN_VPT; k++) od[rr][k] = 0.0f; /* ow: 0 + v, as the CPU */
+            }
             m[rr] = ok ? mean[r] : 0.0f;
             is[rr] = ok ? invstd[r] : 0.0f;
             dm[rr] = ok && d_mean.p ? gp_ld(d_mean, r) : 0.0f;
@@ -668,8 +974,18 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     gp_fptr dbias = ctx->node->n_inputs > 2 && ctx->din[2] ? gp_cuda_din_f(ctx, 2) : none;
     gp_fptr d_mean = opt_dout_f(ctx, 1), d_inv = opt_dout_f(ctx, 2);
     enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
-    bool params = dy.p && (dscale.p || dbias.p);
-    if (p.reg_bwd && (dx.p || (params && p.sfull && p.bfull))) {
+    bool params = dy.p && (dscale.p || dbias.p), ow = gp_cuda_overwrite(ctx, 0);
+    if (p.warp && dx.p) {
+        int vec = io_vec_for(kind, p.cols, {x, dy, dx});
+        bool pvec = ln_pvec(p, kind, vec, scale, none);
+        unsigned wgrid = gp_cuda_capped_grid((p.rows + LN_WARP_BLOCK / 32 - 1) / (LN_WARP_BLOCK / 32), 1 << 20);
+        LN_WARP_DISPATCH(kind, vec, p.npl,
+                         ln_bwd_dx_warp_kernel<IO, VEC, NPL><<<wgrid, LN_WARP_BLOCK, 0, ctx->stream>>>(
+                             p, x, scale, dy, mean, invstd, d_mean, d_inv, dx, ow, pvec));
+        GP_TRY(gp_cuda_check_launch(ctx, "LayerNormalization backward dx", err));
+        dx = none; /* done; the parameter gradients below */
+    }
+    if (!p.warp && p.reg_bwd && (dx.p || (params && p.sfull && p.bfull))) {
         bool fused = params && p.sfull && p.bfull;
         double *pss = fused ? (double *)ctx->scratch : NULL;
         double *psb = fused ? pss + p.reg_blocks * p.cols : NULL;
@@ -677,7 +993,8 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
                               : gp_cuda_capped_grid((p.rows + LN_ROWS - 1) / LN_ROWS, 1 << 20);
         int vec = io_vec_for(kind, p.cols, {x, dy, dx});
         IO_DISPATCH(kind, IO_VEC_DISPATCH(vec, ln_bwd_reg_kernel<IO, VEC><<<grid, p.reg_threads, 0, ctx->stream>>>(
-                                                   p, x, scale, dy, mean, invstd, d_mean, d_inv, dx, pss, psb)));
+                                                   p, x, scale, dy, mean, invstd, d_mean, d_inv, dx, ow, pss,
+                                                   psb)));
         GP_TRY(gp_cuda_check_launch(ctx, "LayerNormalization backward", err));
         if (fused) {
             dim3 fgrid((unsigned)((p.cols + LN_FIN_COLS - 1) / LN_FIN_COLS), 1, 1);
@@ -690,19 +1007,20 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     if (dx.p) {
         unsigned grid = gp_cuda_capped_grid(p.rows, 1 << 20), threads = gp_cuda_row_threads(p.cols);
         IO_DISPATCH(kind, ln_bwd_dx_kernel<IO><<<grid, threads, 0, ctx->stream>>>(p, x, scale, dy, mean, invstd,
-                                                                                  d_mean, d_inv, dx));
+                                                                                  d_mean, d_inv, dx, ow));
         GP_TRY(gp_cuda_check_launch(ctx, "LayerNormalization backward dx", err));
     }
     if (!dy.p || (!dscale.p && !dbias.p)) return GP_OK;
     if (p.sfull && p.bfull) {
         double *pss = (double *)ctx->scratch, *psb = pss + p.chunks * p.cols;
-        dim3 grid((unsigned)((p.cols + LN_TILE_COLS - 1) / LN_TILE_COLS), (unsigned)p.chunks, 1);
-        dim3 block(LN_TILE_COLS, LN_TILE_ROWS, 1);
-        IO_DISPATCH(kind, ln_bwd_partial_kernel<IO><<<grid, block, 0, ctx->stream>>>(p, x, dy, mean, invstd, pss,
-                                                                                     psb));
+        dim3 grid((unsigned)((p.cols + LN_CS_TX * LN_VPT - 1) / (LN_CS_TX * LN_VPT)), (unsigned)p.chunks, 1);
+        dim3 block(LN_CS_TX, LN_CS_TY, 1);
+        int vec = io_vec_for(kind, p.cols, {x, dy});
+        LN_IO_VEC_DISPATCH(kind, vec, ln_bwd_colsum_kernel<IO, VEC><<<grid, block, 0, ctx->stream>>>(
+                                          p, x, dy, mean, invstd, pss, psb));
         GP_TRY(gp_cuda_check_launch(ctx, "LayerNormalization backward partial sums", err));
-        ln_bwd_params_kernel<<<gp_cuda_blocks_for(p.cols), GP_CUDA_THREADS, 0, ctx->stream>>>(
-            p, pss, psb, dscale, dbias);
+        unsigned pgrid = gp_cuda_capped_grid((p.cols + 7) / 8, 1 << 20); /* 8 warps a block, a column each */
+        ln_bwd_params_kernel<<<pgrid, 256, 0, ctx->stream>>>(p, pss, psb, dscale, dbias);
         return gp_cuda_check_launch(ctx, "LayerNormalization parameter gradients", err);
     }
     for (int t = 0; t < 2; t++) {
@@ -723,6 +1041,7 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_layer_norm[] = {
-    {"LayerNormalization", ln_saved, ln_scratch, ln_forward, ln_backward, false, true},
+    {"LayerNormalization", ln_saved, ln_scratch, ln_forward, ln_backward, false, true, false,
+     gp_cuda_overwrites_input0},
     {NULL, NULL, NULL, NULL, NULL},
 };
