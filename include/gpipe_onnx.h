@@ -479,12 +479,12 @@ gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *cfg, const str
  * functions with the same settings:
  *
  *     gpo_open(model, NULL, &m);
- *     gpo_job_join(m, &cfg, &job, &info);  the ranks meet and agree
- *     gpo_train(m, &cfg, &cb, &result);    this rank's stage, all at once
- *     gpo_close(m);                        ends the job (MPI_Finalize)
+ *     gpo_job_join(m, &cfg, &job, NULL, &info);  the ranks meet and agree
+ *     gpo_train(m, &cfg, &cb, &result);          this rank's stage, all at once
+ *     gpo_close(m);                              ends the job (MPI_Finalize)
  *
- * Rank 0 reports (gpo_train's callbacks are for it: the others' see the
- * same steps) and writes the outputs: save_path, the training states
+ * Rank 0 reports (the job's progress is its callbacks' to show; the other
+ * ranks' are called as their stages go) and writes the outputs: save_path, the training states
  * (state_dir: it gathers every stage's part), the balance report. Each rank
  * writes its own trace: trace_path with ".rank<R>" before its extension
  * (out.json: out.rank1.json). With balance "time" / "memory" rank 0
@@ -583,7 +583,8 @@ gpo_status gpo_check_output(gpo_model *m, const char *path);
 /* A file of the caller's own that appears whole or not at all, as the
  * library's outputs: *stream writes into a temporary file beside `path`;
  * gpo_file_commit syncs it and renames it over `path`, gpo_file_abort
- * removes it. Both free *out. Messages name the path. */
+ * removes it; both close the stream and free the gpo_file. Messages name
+ * the path. */
 typedef struct gpo_file gpo_file;
 gpo_status gpo_file_open(gpo_model *m, const char *path, gpo_file **out, FILE **stream);
 gpo_status gpo_file_commit(gpo_model *m, gpo_file *o);

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 int gp_cli_fail(const char *fmt, ...)
 {
     va_list ap;
