@@ -155,7 +155,9 @@ void gpo_open_options_init(struct gpo_open_options *o);
 gpo_status gpo_open(const char *path, const struct gpo_open_options *opts, gpo_model **out);
 
 /* Frees the context and everything it returned; removes its temporary
- * files. NULL is allowed. */
+ * files; ends the job it joined (see gpo_job_join: after a failure of
+ * this rank's alone it aborts the job and does not return). NULL is
+ * allowed. */
 void gpo_close(gpo_model *m);
 
 /* The last failure's message, one line ("" when none yet; "out of memory"
