@@ -67,6 +67,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -100,6 +101,22 @@ struct gpo_gpu {
  * there are (0 without CUDA, a driver or a GPU), or -1 with the reason in
  * errbuf (of errsize bytes, may be NULL). */
 int gpo_gpus(struct gpo_gpu *out, int max, char *errbuf, size_t errsize);
+
+/* Devices are named as on the command line (see the conventions above).
+ * A list holds one device per pipeline stage, GPO_MAX_STAGES at most. */
+#define GPO_MAX_STAGES 64
+
+struct gpo_device {
+    int cuda;                      /* 1: a GPU, 0: a CPU device (a worker thread) */
+    int index;                     /* cuda:index, cpu:index */
+};
+/* Parses a device list ("cuda:0,cuda:1", "0,1", "cuda", "cpu:0,cpu:1",
+ * "cpu,cpu") into out[] (`max` entries); returns how many, or -1 with the
+ * reason in errbuf (of errsize bytes, may be NULL). */
+int gpo_devices_parse(const char *list, struct gpo_device *out, int max, char *errbuf, size_t errsize);
+/* The list's one spelling, "cuda:0,cpu:1", into buf (cut to fit);
+ * returns buf. gpo_devices_parse reads it back. */
+const char *gpo_devices_format(const struct gpo_device *d, int n, char *buf, size_t size);
 
 /* ---- status ---- */
 
@@ -138,7 +155,9 @@ void gpo_open_options_init(struct gpo_open_options *o);
 gpo_status gpo_open(const char *path, const struct gpo_open_options *opts, gpo_model **out);
 
 /* Frees the context and everything it returned; removes its temporary
- * files. NULL is allowed. */
+ * files; ends the job it joined (see gpo_job_join: after a failure of
+ * this rank's alone it aborts the job and does not return). NULL is
+ * allowed. */
 void gpo_close(gpo_model *m);
 
 /* The last failure's message, one line ("" when none yet; "out of memory"
@@ -225,6 +244,11 @@ gpo_status gpo_layer(gpo_model *m, int i, struct gpo_layer *out);
 const char *gpo_layer_input(const gpo_model *m, int i, int k);
 /* Output k of layer i: name, dtype, shape. */
 gpo_status gpo_layer_output(gpo_model *m, int i, int k, struct gpo_value *out);
+
+/* The summary and the layer list (with every layer's outputs, parameters
+ * and frontier) as JSON: what `gpipe-onnx inspect --json` prints. A
+ * malloc'd string for the caller to gpo_free. */
+gpo_status gpo_model_json(gpo_model *m, char **json);
 
 /* Bytes per batch crossing cut c; -1 when c is out of range. */
 int64_t gpo_frontier_bytes(const gpo_model *m, int cut);
@@ -430,7 +454,7 @@ struct gpo_train_result {
     int has_val;
     double val_loss, val_accuracy; /* the last validation */
     int n_stages;
-    int balance[64];               /* layers per stage used */
+    int balance[GPO_MAX_STAGES];   /* layers per stage used */
 };
 
 /* Trains the context's model (the file opened, or the weights of the last
@@ -440,10 +464,88 @@ struct gpo_train_result {
  * live in cfg->save_path when given (the context reads that file from then
  * on: replace it only by renaming a new file over it), else in a temporary
  * file of the context's, and the last balance report is dropped; with
- * discard_weights the context keeps what it had. `cb` and `out` may be
- * NULL. */
+ * discard_weights the context keeps what it had. In a context that joined
+ * a job of several processes (gpo_job_join), this rank's part of the job
+ * with the cfg the ranks agreed on; the context then keeps what it had
+ * (rank 0 writes save_path). `cb` and `out` may be NULL. */
 gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *cfg, const struct gpo_train_callbacks *cb,
                      struct gpo_train_result *out);
+
+/* ---- several processes: one rank of a job ----
+ *
+ * A pipeline whose stages are processes, launched by mpirun or srun (a
+ * build with MPI: gpo_job_join says when this one has none). P stages x D
+ * data-parallel replicas = N processes; rank r x P + k trains stage k of
+ * replica r, on CPU devices (frontiers and gradient sums over MPI) or on
+ * the GPU of its local rank (over NCCL). Every rank calls the same
+ * functions with the same settings:
+ *
+ *     gpo_open(model, NULL, &m);
+ *     gpo_job_join(m, &cfg, &job, NULL, &info);  the ranks meet and agree
+ *     gpo_train(m, &cfg, &cb, &result);          this rank's stage, all at once
+ *     gpo_close(m);                              ends the job (MPI_Finalize)
+ *
+ * Rank 0 reports (the job's progress is its callbacks' to show; the other
+ * ranks' are called as their stages go) and writes the outputs: save_path, the training states
+ * (state_dir: it gathers every stage's part), the balance report. Each rank
+ * writes its own trace: trace_path with ".rank<R>" before its extension
+ * (out.json: out.rank1.json). With balance "time" / "memory" rank 0
+ * profiles every layer on its own device at the replicas' micro-batch, and
+ * the others take its split.
+ *
+ * Failures. A failure every rank reaches alike (a launch that does not fit
+ * the settings, settings that differ between ranks, what several processes
+ * cannot do yet) is said by rank 0 alone: the other ranks get the same
+ * status with gpo_last_error "" (print nothing then, so that a job says it
+ * once). A failure only this rank knows of (a file it cannot read, a
+ * broken link, its stage's training failing) leaves the others waiting on
+ * it: gpo_close then ends the whole job (MPI_Abort, exit status 1) once the
+ * caller has reported it, and does not return. Messages name settings as
+ * the command line spells them (--lr, --batch...) and ranks by number. */
+
+struct gpo_job_options {
+    int pipeline;                  /* P: stages, each a process (1..GPO_MAX_STAGES); required */
+    int64_t bucket_kib;            /* replicas sum a stage's gradients in buckets of about this
+                                      many KiB, each during the backward of earlier layers;
+                                      default 1024 (the same sums for any size) */
+    double comm_timeout;           /* seconds a rank waits on another before every rank ends,
+                                      naming the one not heard from; default 300 */
+};
+void gpo_job_options_init(struct gpo_job_options *o);
+
+struct gpo_job_info {
+    const char *launcher;          /* "Open MPI", "MPICH/PMI", "Slurm" */
+    int rank, size;                /* this process among all of the job */
+    int local_rank, local_size;    /* ... and among those of its host */
+    int pipeline, replicas;        /* size = pipeline x replicas */
+    int stage, replica;            /* rank = replica x pipeline + stage */
+    int gpu;                       /* a GPU stage: cuda:gpu, its local rank's (NCCL linked);
+                                      -1: CPU devices */
+};
+
+/* Joins the job this process was launched into as one of pipeline x
+ * replicas ranks, and checks with the others that every rank trains the
+ * same model (its bytes), data and settings: cfg as gpo_train will get it,
+ * whose devices name one per stage (pipeline of them; a GPU stage then
+ * runs on this rank's GPU) and whose batch is the whole mini-batch, shared
+ * by the replicas and each share cut into chunks. With cfg->resume every
+ * rank finds the newest whole state there and they agree on its bytes
+ * (states it skipped go to cb->on_note on rank 0; cb may be NULL). On
+ * success *out says where this rank stands (out may be NULL) and the
+ * context is in the job until gpo_close: one job per process (MPI starts
+ * once and ends there). Status: GPO_ERR_UNSUPPORTED (a build without MPI,
+ * or what several processes cannot do yet), GPO_ERR_ARGUMENT (not launched
+ * by mpirun or srun, or a launch, batch or split that does not fit the
+ * pipeline), GPO_ERR_INVALID (the launcher's settings malformed, or ranks
+ * whose model, data or settings differ), GPO_ERR_COMM (MPI could not be
+ * joined, or a rank not heard from). */
+gpo_status gpo_job_join(gpo_model *m, const struct gpo_train_config *cfg, const struct gpo_job_options *opts,
+                        const struct gpo_train_callbacks *cb, struct gpo_job_info *out);
+
+/* After a failure of the caller's own on one rank (an output of its own it
+ * cannot write): in a job of several processes, ends every one of them now
+ * (MPI_Abort, exit status 1) and does not return; otherwise returns. */
+void gpo_job_abort(gpo_model *m);
 
 /* ---- running and saving ---- */
 
@@ -480,12 +582,28 @@ gpo_status gpo_tensor_write_npy(gpo_model *m, const struct gpo_tensor *t, const 
  * it): for checking outputs before long work. The message names the path. */
 gpo_status gpo_check_output(gpo_model *m, const char *path);
 
+/* A file of the caller's own that appears whole or not at all, as the
+ * library's outputs: *stream writes into a temporary file beside `path`;
+ * gpo_file_commit syncs it and renames it over `path`, gpo_file_abort
+ * removes it; both close the stream and free the gpo_file. Messages name
+ * the path. */
+typedef struct gpo_file gpo_file;
+gpo_status gpo_file_open(gpo_model *m, const char *path, gpo_file **out, FILE **stream);
+gpo_status gpo_file_commit(gpo_model *m, gpo_file *o);
+void gpo_file_abort(gpo_file *o);
+
 /* Writes the model with its current weights (trained or as opened; BatchNorm
  * statistics included) as one self-contained .onnx file. */
 gpo_status gpo_save(gpo_model *m, const char *path);
 
-/* Frees what the library malloc'd for the caller (gpo_balance_json). */
+/* Frees what the library malloc'd for the caller (gpo_balance_json,
+ * gpo_model_json). */
 void gpo_free(void *p);
+
+/* The model file mapped at `addr` (see "Models ... are read through memory
+ * maps" above), NULL when none: for naming the file from a SIGBUS handler
+ * (async-signal-safe: it only reads a table of atomics). */
+const char *gpo_mapped_file(const void *addr);
 
 #ifdef __cplusplus
 }

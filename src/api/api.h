@@ -12,8 +12,6 @@
 #include "partitioner/balance.h"
 #include "util/error.h"
 
-#define GPO_MAX_STAGES 64
-
 struct gpo_model {
     struct gp_error err;        /* the last failure; err.msg "" when none */
     char *path;                 /* as opened */
@@ -38,6 +36,8 @@ struct gpo_model {
     struct gpo_layer_profile *layer_profiles;
     struct gpo_stage stages[3][GPO_MAX_STAGES];
     int balance[3][GPO_MAX_STAGES];
+
+    struct gpo_job *job;        /* gpo_job_join's (api/job.c); NULL: one process */
 };
 
 /* Records a failure on the context: the status, and the message formatted
@@ -65,5 +65,31 @@ enum gp_pipe_schedule_kind gpo_schedule_of(enum gpo_pipeline_schedule s);
 
 /* Drops the last balance report. */
 void gpo_report_free(gpo_model *m);
+
+/* "cuda:0,cpu:1" of the engine's stage arrays, through gpo_devices_format. */
+const char *gpo_stage_devices(int n, const bool *cuda, const int *index, char *buf, size_t size);
+
+/* ---- training (api/train.c), as api/job.c runs it per rank ---- */
+
+struct gp_train_config;
+/* The engine's configuration for c: options, devices (their defaults
+ * applied) and the split as given; *auto_balance "time" / "memory" when
+ * the split is still to be found, else NULL. Its strings point into c. */
+gpo_status gpo_train_resolve(gpo_model *m, const struct gpo_train_config *c, struct gp_train_config *t,
+                             const char **auto_balance);
+/* Trains with t as given (adjusted after gpo_train_resolve): c's data are
+ * found and loaded as gpo_train does; nothing else of c is read (no outputs
+ * checked, no split searched, no weights kept). */
+gpo_status gpo_train_resolved(gpo_model *m, const struct gpo_train_config *c, const struct gp_train_config *t,
+                              const struct gpo_train_callbacks *cb, struct gpo_train_result *out);
+
+/* ---- several processes (api/job.c) ---- */
+
+/* gpo_train in a context that joined a job: this rank's part. */
+gpo_status gpo_job_train(gpo_model *m, const struct gpo_train_config *c, const struct gpo_train_callbacks *cb,
+                         struct gpo_train_result *out);
+/* Leaves the job at gpo_close: MPI_Finalize, or MPI_Abort when this rank
+ * failed alone (then does not return). */
+void gpo_job_end(gpo_model *m);
 
 #endif

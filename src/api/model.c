@@ -12,6 +12,7 @@
 #include "graph/layout.h"
 #include "onnx/load.h"
 #include "util/atomic_file.h"
+#include "util/mapped.h"
 #include "ops/registry.h"
 #include "partitioner/profile.h"
 #ifdef GP_HAVE_CUDA
@@ -167,6 +168,7 @@ void gpo_close(gpo_model *m)
     if (!m) return;
     unload(m);
     gpo_report_free(m);
+    gpo_job_end(m); /* (MPI_Abort, no return, when this rank failed alone) */
     if (m->tmp) {
         unlink(m->tmp);
         free(m->tmp);
@@ -325,6 +327,41 @@ int gpo_frontier(gpo_model *m, int cut, const char **names, int cap)
 }
 
 /* ---- shared helpers ---- */
+
+int gpo_devices_parse(const char *list, struct gpo_device *out, int max, char *errbuf, size_t errsize)
+{
+    struct gp_error err = {0};
+    bool cuda[GPO_MAX_STAGES];
+    int index[GPO_MAX_STAGES], n = 0;
+    if (max > GPO_MAX_STAGES) max = GPO_MAX_STAGES;
+    if (!out || max < 1 || gp_device_list_parse(list, max, &n, cuda, index, &err) != GP_OK) {
+        if (errbuf && errsize) snprintf(errbuf, errsize, "%s", err.msg[0] ? err.msg : "no room for the devices");
+        return -1;
+    }
+    for (int k = 0; k < n; k++) out[k] = (struct gpo_device){.cuda = cuda[k], .index = index[k]};
+    return n;
+}
+
+const char *gpo_devices_format(const struct gpo_device *d, int n, char *buf, size_t size)
+{
+    if (!buf || !size) return buf;
+    buf[0] = '\0';
+    size_t len = 0;
+    for (int k = 0; k < n && len < size; k++)
+        len += (size_t)snprintf(buf + len, size - len, "%s%s:%d", k ? "," : "", d[k].cuda ? "cuda" : "cpu",
+                                d[k].index);
+    return buf;
+}
+
+const char *gpo_stage_devices(int n, const bool *cuda, const int *index, char *buf, size_t size)
+{
+    struct gpo_device d[GPO_MAX_STAGES];
+    if (n > GPO_MAX_STAGES) n = GPO_MAX_STAGES;
+    for (int k = 0; k < n; k++) d[k] = (struct gpo_device){.cuda = cuda[k], .index = index[k]};
+    return gpo_devices_format(d, n, buf, size);
+}
+
+const char *gpo_mapped_file(const void *addr) { return gp_mapped_find(addr); }
 
 gpo_status gpo_parse_devices(gpo_model *m, const char *list, int *n_out, bool *cuda, int *index)
 {

@@ -1,13 +1,14 @@
 /* The public API: training, running the model forward, saving it
  * (include/gpipe_onnx.h). Training writes the trained model into a
- * temporary file of the context, which then holds those weights. */
+ * temporary file of the context, which then holds those weights; in a job
+ * of several processes api/job.c trains this rank's stage through the
+ * same steps (gpo_train_resolve, gpo_train_resolved). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "api/api.h"
-#include "api/private.h"
 #include "backend/backends.h"
 #include "data/dataset.h"
 #include "data/npy.h"
@@ -209,10 +210,8 @@ static gpo_status load_data(gpo_model *m, const char *const paths[4], bool synth
     return gpo_status_of(st);
 }
 
-/* The engine's configuration for c: options, devices and the split as
- * given (auto_balance: "time" / "memory" when the split is to be found). */
-static gpo_status resolve(gpo_model *m, const struct gpo_train_config *c, struct gp_train_config *t,
-                          const char **auto_balance)
+gpo_status gpo_train_resolve(gpo_model *m, const struct gpo_train_config *c, struct gp_train_config *t,
+                             const char **auto_balance)
 {
     gp_train_config_defaults(t);
     t->model_path = m->current;
@@ -309,9 +308,10 @@ static gpo_status train(gpo_model *m, const struct gpo_train_config *c, const st
     if (out) *out = result;
     if (!c) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: no configuration");
     if (!m->loaded) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train: no model loaded");
+    if (m->job) return gpo_job_train(m, c, cb, out);
     struct gp_train_config t;
     const char *auto_balance;
-    gpo_status st = resolve(m, c, &t, &auto_balance);
+    gpo_status st = gpo_train_resolve(m, c, &t, &auto_balance);
     if (st != GPO_OK) return st;
 
     /* Outputs are checked before anything long. */
@@ -328,13 +328,10 @@ static gpo_status train(gpo_model *m, const struct gpo_train_config *c, const st
 
     if (st == GPO_OK && auto_balance) {
         /* As gpo_balance does it; the report goes to on_balance. */
-        char devices[GPO_MAX_STAGES * 16] = "";
-        for (int k = 0; k < t.n_stages; k++)
-            snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%s:%d", k ? "," : "",
-                     t.stage_cuda[k] ? "cuda" : "cpu", t.stage_device[k]);
+        char devices[GPO_MAX_STAGES * 16];
         struct gpo_balance_options bo;
         gpo_balance_options_init(&bo);
-        bo.devices = devices;
+        bo.devices = gpo_stage_devices(t.n_stages, t.stage_cuda, t.stage_device, devices, sizeof devices);
         bo.by = !strcmp(auto_balance, "time") ? GPO_BALANCE_TIME : GPO_BALANCE_MEMORY;
         bo.batch = t.batch;
         bo.chunks = (int)t.chunks;
@@ -401,14 +398,11 @@ gpo_status gpo_train(gpo_model *m, const struct gpo_train_config *c, const struc
     return train(m, c, cb, out);
 }
 
-gpo_status gpo_train_engine(gpo_model *m, const struct gpo_train_config *c, const struct gp_train_config *engine,
-                            const struct gpo_train_callbacks *cb, struct gpo_train_result *out)
+gpo_status gpo_train_resolved(gpo_model *m, const struct gpo_train_config *c, const struct gp_train_config *engine,
+                              const struct gpo_train_callbacks *cb, struct gpo_train_result *out)
 {
-    if (!m) return GPO_ERR_ARGUMENT;
-    gpo_begin(m);
     struct gpo_train_result result = {0};
     if (out) *out = result;
-    if (!c || !engine || !m->loaded) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train_engine: no configuration or model");
     char *owned[4] = {0};
     const char *paths[4];
     struct gp_dataset train_set = {0}, val = {0};
@@ -430,15 +424,6 @@ gpo_status gpo_train_engine(gpo_model *m, const struct gpo_train_config *c, cons
     gp_dataset_free(&train_set);
     gp_dataset_free(&val);
     return st;
-}
-
-gpo_status gpo_train_engine_config(gpo_model *m, const struct gpo_train_config *c, struct gp_train_config *out)
-{
-    if (!m) return GPO_ERR_ARGUMENT;
-    gpo_begin(m);
-    if (!c || !m->loaded) return gpo_fail(m, GPO_ERR_ARGUMENT, "gpo_train_engine_config: no configuration or model");
-    const char *auto_balance;
-    return resolve(m, c, out, &auto_balance);
 }
 
 /* ---- predict and save ---- */

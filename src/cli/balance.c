@@ -192,8 +192,7 @@ int gp_cmd_balance(int argc, char **argv)
     struct gpo_balance_options bo;
     gpo_balance_options_init(&bo);
     int n_devices = 0;
-    bool cuda[GP_CLI_MAX_DEVICES] = {0};
-    int device[GP_CLI_MAX_DEVICES] = {0};
+    struct gpo_device devices[GPO_MAX_STAGES];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -209,7 +208,7 @@ int gp_cmd_balance(int argc, char **argv)
         if (takes) i++;
         if (!strcmp(a, "--devices")) {
             bo.devices = v;
-            if (!gp_cli_parse_devices("balance", v, &n_devices, cuda, device)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_devices("balance", v, &n_devices, devices)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--by")) {
             if (!strcmp(v, "time")) bo.by = GPO_BALANCE_TIME;
             else if (!strcmp(v, "memory")) bo.by = GPO_BALANCE_MEMORY;

@@ -6,9 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpipe_onnx.h"
-#include "backend/backends.h"
-
 int gp_cli_fail(const char *fmt, ...)
 {
     va_list ap;
@@ -80,10 +77,14 @@ int gp_cli_gpu_count(void)
     return count > 0 ? count : 0;
 }
 
-bool gp_cli_parse_devices(const char *command, const char *list, int *n_out, bool *cuda, int *index)
+bool gp_cli_parse_devices(const char *command, const char *list, int *n_out, struct gpo_device *d)
 {
-    struct gp_error err = {0};
-    if (gp_device_list_parse(list, GP_CLI_MAX_DEVICES, n_out, cuda, index, &err) == GP_OK) return true;
-    gp_cli_usage(command, "--devices: %s", err.msg);
+    char why[512];
+    int n = gpo_devices_parse(list, d, GPO_MAX_STAGES, why, sizeof why);
+    if (n >= 0) {
+        *n_out = n;
+        return true;
+    }
+    gp_cli_usage(command, "--devices: %s", why);
     return false;
 }

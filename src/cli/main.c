@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "util/mapped.h"
 
 #ifndef GP_VERSION
 #define GP_VERSION "unknown"
@@ -47,7 +46,7 @@ static void say(const char *s) { (void)!write(STDERR_FILENO, s, strlen(s)); }
 static void on_sigbus(int sig, siginfo_t *info, void *ctx)
 {
     (void)ctx;
-    const char *path = info ? gp_mapped_find(info->si_addr) : NULL;
+    const char *path = info ? gpo_mapped_file(info->si_addr) : NULL;
     if (path) {
         say("gpipe-onnx: error: '");
         say(path);

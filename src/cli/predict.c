@@ -51,9 +51,9 @@ int gp_cmd_predict(int argc, char **argv)
                 return gp_cli_usage("predict", "--layout takes auto, nchw or nhwc, not '%s'", v ? v : "");
             i++;
         } else if (!strcmp(a, "--device")) {
-            bool cuda[GP_CLI_MAX_DEVICES];
-            int device[GP_CLI_MAX_DEVICES], n = 0;
-            if (!gp_cli_parse_devices("predict", v, &n, cuda, device)) return GP_EXIT_USAGE;
+            struct gpo_device d[GPO_MAX_STAGES];
+            int n = 0;
+            if (!gp_cli_parse_devices("predict", v, &n, d)) return GP_EXIT_USAGE;
             if (n != 1) return gp_cli_usage("predict", "--device takes one device (got '%s')", v);
             po.device = v;
             i++;

@@ -1,7 +1,7 @@
 /* gpipe-onnx train: train a model on .npy data (or synthetic data) and save
  * the trained model back to ONNX. Built on the public API
- * (include/gpipe_onnx.h); `--pipeline` across processes through its private
- * part (src/api/private.h) and src/dist/. */
+ * (include/gpipe_onnx.h) alone; `--pipeline` across processes as one rank
+ * of its jobs (gpo_job_join). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,11 +9,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "api/private.h"
 #include "cli/cli.h"
 #include "gpipe_onnx.h"
-#include "train/state.h"
-#include "util/atomic_file.h"
 
 static void help(FILE *f)
 {
@@ -309,6 +306,25 @@ static void on_balance(void *user, const struct gpo_balance_options *o, const st
     if (!p->quiet) gp_cli_print_balance(p->model, o, r);
 }
 
+/* States --resume skipped, as the ranks of a job look for the newest
+ * whole one: noted by rank 0 alone, --quiet or not. */
+static void on_join_note(void *user, const char *message)
+{
+    (void)user;
+    fprintf(stderr, "note: %s\n", message);
+}
+
+/* The exit status of a failed call, its message printed. In a job a
+ * failure every rank reached alike has rank 0's message alone (the others'
+ * is empty: they say nothing); joining, a launch or settings that do not
+ * fit --pipeline are usage errors. */
+static int failure(gpo_model *m, gpo_status st, bool joining)
+{
+    const char *msg = gpo_last_error(m);
+    if (joining && st == GPO_ERR_ARGUMENT) return *msg ? gp_cli_usage("train", "%s", msg) : GP_EXIT_USAGE;
+    return *msg ? gp_cli_fail("%s", msg) : GP_EXIT_FAIL;
+}
+
 /* ---- options ---- */
 
 /* --save-every: "40" (steps) or "30s", "10m", "2h" (wall time). */
@@ -375,17 +391,14 @@ int gp_cmd_train(int argc, char **argv)
     const char *model = NULL, *metrics = NULL;
     int64_t synthetic = -1;
     int n_balance = 0, n_stages = 0;
-    bool cuda[GP_CLI_MAX_DEVICES] = {0};
-    int device[GP_CLI_MAX_DEVICES] = {0};
+    struct gpo_device dev[GPO_MAX_STAGES] = {{0}};
     const char *auto_balance = NULL;
     bool devices_set = false;
     bool quiet = false, mute = false, lr_set = false, batch_set = false, epochs_set = false, opt_set = false,
          keep_set = false;
     int pipeline = 0; /* --pipeline P: one rank of a job; 0: one process */
-    double comm_timeout = 300;
-    int64_t bucket_kib = 1024;
-    struct gp_cli_dist dist = {0};
-    char resume_state[4352] = "", rank_trace[4352] = "";
+    struct gpo_job_options job;
+    gpo_job_options_init(&job);
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -481,7 +494,7 @@ int gp_cmd_train(int argc, char **argv)
             if (tc.dropout >= 1) return gp_cli_usage("train", "--dropout must be below 1");
         } else if (!strcmp(a, "--devices")) {
             const char *list = TAKE();
-            if (!gp_cli_parse_devices("train", list, &n_stages, cuda, device)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_devices("train", list, &n_stages, dev)) return GP_EXIT_USAGE;
             devices_set = true;
         } else if (!strcmp(a, "--balance")) {
             const char *list = TAKE();
@@ -490,12 +503,12 @@ int gp_cmd_train(int argc, char **argv)
             tc.balance = list;
         } else if (!strcmp(a, "--pipeline")) {
             int64_t p;
-            if (!gp_cli_parse_int("train", a, TAKE(), 1, GP_CLI_MAX_DEVICES, &p)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, GPO_MAX_STAGES, &p)) return GP_EXIT_USAGE;
             pipeline = (int)p;
         } else if (!strcmp(a, "--bucket-kib")) {
-            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 30, &bucket_kib)) return GP_EXIT_USAGE;
+            if (!gp_cli_parse_int("train", a, TAKE(), 1, (int64_t)1 << 30, &job.bucket_kib)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--comm-timeout")) {
-            if (!parse_double(a, TAKE(), 0.001, &comm_timeout)) return GP_EXIT_USAGE;
+            if (!parse_double(a, TAKE(), 0.001, &job.comm_timeout)) return GP_EXIT_USAGE;
         } else if (!strcmp(a, "--pipeline-schedule")) {
             const char *name = TAKE();
             if (!gpo_pipeline_schedule_parse(name, &tc.pipeline_schedule))
@@ -570,21 +583,17 @@ int gp_cmd_train(int argc, char **argv)
         if (n_balance && n_balance != pipeline)
             return gp_cli_usage("train", "--balance has %d stages but --pipeline %d", n_balance, pipeline);
         int gpus = devices_set ? 0 : gp_cli_gpu_count();
-        for (int k = devices_set && n_stages == pipeline ? pipeline : 0; k < pipeline; k++) {
-            cuda[k] = devices_set ? cuda[0] : gpus > 0;
-            device[k] = devices_set ? device[0] : gpus > 0 ? k % gpus : k;
-        }
+        for (int k = devices_set && n_stages == pipeline ? pipeline : 0; k < pipeline; k++)
+            dev[k] = devices_set ? dev[0]
+                                 : (struct gpo_device){.cuda = gpus > 0, .index = gpus > 0 ? k % gpus : k};
         n_stages = pipeline;
         devices_set = true;
     }
     /* Without --devices the library picks them as the program always did:
      * the GPUs when there are any, else CPU devices, one per stage. */
-    char devices[GP_CLI_MAX_DEVICES * 16] = "";
+    char devices[GPO_MAX_STAGES * 16];
     if (devices_set) {
-        for (int k = 0; k < n_stages; k++)
-            snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%s:%d", k ? "," : "",
-                     cuda[k] ? "cuda" : "cpu", device[k]);
-        tc.devices = devices;
+        tc.devices = gpo_devices_format(dev, n_stages, devices, sizeof devices);
     } else {
         n_stages = n_balance ? n_balance : 1;
     }
@@ -632,131 +641,52 @@ int gp_cmd_train(int argc, char **argv)
                                      .on_resume = on_resume};
     /* The program keeps no trained weights in memory: --save has them. */
     tc.discard_weights = 1;
-    /* --pipeline: the ranks agree on the engine's configuration as the
-     * library resolves it, adjust it per rank, and each trains its stage
-     * with it (src/api/private.h). */
-    struct gp_train_config engine;
-    bool remote = false;
+    /* --pipeline: this process is one rank of a job; the ranks meet and
+     * agree on the run before any output is touched (only rank 0 writes
+     * them). Rank 0 notes the states it skipped, whatever --quiet says. */
     if (pipeline) {
-        if (gpo_train_engine_config(m, &tc, &engine) != GPO_OK) {
-            status = gp_cli_fail("%s", gpo_last_error(m));
+        job.pipeline = pipeline;
+        struct gpo_train_callbacks notes = {.on_note = on_join_note};
+        struct gpo_job_info rank;
+        gpo_status st = gpo_job_join(m, &tc, &job, &notes, &rank);
+        if (st != GPO_OK) {
+            status = failure(m, st, true);
             goto done;
         }
-        /* Before any output is touched: only rank 0 writes them. */
-        struct gp_cli_train_run run = {.cfg = &engine, .data = tc.data, .labels = tc.labels,
-                                       .val_data = tc.val_data, .val_labels = tc.val_labels,
-                                       .synthetic = synthetic, .auto_balance = auto_balance,
-                                       .n_balance = n_balance, .bucket_kib = bucket_kib,
-                                       .resume_state = resume_state, .resume_state_size = sizeof resume_state,
-                                       .quiet = quiet};
-        status = gp_cli_dist_start(&run, pipeline, comm_timeout, &dist);
-        if (status != GP_EXIT_OK) goto done;
-        /* The state every rank agreed to continue from. */
-        if (engine.resume_path) engine.resume_path = resume_state;
-        if (dist.launch.size > 1) {
-            /* This rank runs one stage; rank 0 reports and writes, and
-             * every rank writes its own timeline. */
-            remote = true;
-            engine.remote = &dist.remote;
-            /* A GPU stage runs on the GPU of this rank's local rank. */
-            if (dist.gpu >= 0) engine.stage_device[dist.remote.stage] = dist.gpu;
-            if (engine.trace_path) {
-                gp_cli_dist_trace_path(&dist, engine.trace_path, rank_trace, sizeof rank_trace);
-                engine.trace_path = rank_trace;
-            }
-            if (dist.launch.rank != 0) {
-                quiet = mute = true;
-                metrics = NULL;
-                prog.quiet = prog.mute = true;
-            }
+        if (rank.gpu >= 0 && !quiet)
+            fprintf(stderr, "rank %d: stage %d of replica %d on cuda:%d (local rank %d), NCCL links up\n", rank.rank,
+                    rank.stage, rank.replica, rank.gpu, rank.local_rank);
+        if (rank.size > 1 && rank.rank != 0) {
+            /* This rank runs one stage; rank 0 reports and writes. */
+            quiet = mute = true;
+            metrics = NULL;
+            prog.quiet = prog.mute = true;
         }
     }
-    /* Outputs are checked before anything long (balancing, loading, training). */
-    bool writer = !remote || dist.launch.rank == 0;
-    const char *outputs[3] = {writer ? tc.save_path : NULL, pipeline ? engine.trace_path : tc.trace_path,
-                              writer ? metrics : NULL};
+    /* Outputs are checked before anything long (balancing, loading,
+     * training); in a job the library checks those it writes. */
+    const char *outputs[3] = {pipeline ? NULL : tc.save_path, pipeline ? NULL : tc.trace_path, metrics};
     for (int k = 0; k < 3; k++)
         if (outputs[k] && gpo_check_output(m, outputs[k]) != GPO_OK) {
             status = gp_cli_fail("%s", gpo_last_error(m));
-            if (remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
+            gpo_job_abort(m);
             goto done;
         }
-    struct gp_error err = {0};
-    if (pipeline && engine.state_dir && writer && gp_state_check_dir(engine.state_dir, &err) != GP_OK) {
-        status = gp_cli_fail("%s", err.msg);
-        if (remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
-        goto done;
-    }
-
-    if (pipeline && auto_balance && remote && dist.launch.rank != 0) {
-        /* Rank 0 profiles and splits; the others take its counts. */
-        if ((status = gp_cli_dist_share_balance(&dist, true, engine.balance, engine.n_stages)) != GP_EXIT_OK)
-            goto done;
-    } else if (pipeline && auto_balance) {
-        /* Across processes rank 0 profiles every layer on its own device
-         * (the ranks' devices are taken to be alike), at the micro-batch
-         * each replica runs, while the others wait (within --comm-timeout). */
-        int64_t replicas = remote ? dist.replicas : 1;
-        char own[GP_CLI_MAX_DEVICES * 16] = "";
-        for (int k = 0; k < engine.n_stages; k++) {
-            int at = remote ? dist.remote.stage : k;
-            snprintf(own + strlen(own), sizeof own - strlen(own), "%s%s:%d", k ? "," : "",
-                     engine.stage_cuda[at] ? "cuda" : "cpu", engine.stage_device[at]);
-        }
-        struct gpo_balance_options bo;
-        gpo_balance_options_init(&bo);
-        bo.devices = own;
-        bo.by = !strcmp(auto_balance, "time") ? GPO_BALANCE_TIME : GPO_BALANCE_MEMORY;
-        bo.batch = tc.batch / replicas;
-        bo.chunks = (int)tc.chunks;
-        bo.checkpoint = tc.checkpoint;
-        bo.schedule = tc.pipeline_schedule;
-        bo.optimizer = tc.optimizer;
-        bo.momentum = tc.momentum;
-        bo.precision = tc.precision;
-        bo.layout = tc.layout;
-        bo.progress = quiet ? NULL : gp_cli_balance_progress;
-        const struct gpo_balance_report *rep = NULL;
-        if (bo.batch % bo.chunks) {
-            status = gp_cli_usage("train", "--chunks %lld does not divide --batch %lld", (long long)tc.chunks,
-                                  (long long)tc.batch);
-            if (remote) gp_cli_dist_share_balance(&dist, false, engine.balance, engine.n_stages);
-            goto done;
-        }
-        if (gpo_balance(m, &bo, &rep) != GPO_OK) {
-            status = gp_cli_fail("%s", gpo_last_error(m));
-            if (remote) gp_cli_dist_share_balance(&dist, false, engine.balance, engine.n_stages);
-            goto done;
-        }
-        if (!quiet) gp_cli_print_balance(model, &bo, rep);
-        for (int s = 0; s < rep->optimal.n_stages; s++) engine.balance[s] = rep->optimal.balance[s];
-        if (remote && (status = gp_cli_dist_share_balance(&dist, true, engine.balance, engine.n_stages)) != GP_EXIT_OK)
-            goto done;
-    }
 
     /* The metrics file appears only whole: written beside, renamed at the end. */
-    struct gp_atomic_file metrics_file = {0};
-    if (metrics) {
-        if (gp_atomic_create(&metrics_file, metrics, &err) != GP_OK) {
-            status = gp_cli_fail("%s", err.msg);
-            goto done;
-        }
-        prog.metrics = gp_atomic_stream(&metrics_file);
-        if (!prog.metrics) {
-            gp_atomic_abort(&metrics_file);
-            status = gp_cli_fail("cannot write '%s'", metrics);
-            goto done;
-        }
+    gpo_file *metrics_file = NULL;
+    if (metrics && gpo_file_open(m, metrics, &metrics_file, &prog.metrics) != GPO_OK) {
+        status = gp_cli_fail("%s", gpo_last_error(m));
+        gpo_job_abort(m);
+        goto done;
     }
-    gpo_status st = pipeline ? gpo_train_engine(m, &tc, &engine, &cb, NULL) : gpo_train(m, &tc, &cb, NULL);
-    if (st != GPO_OK) status = gp_cli_fail("%s", gpo_last_error(m));
+    gpo_status st = gpo_train(m, &tc, &cb, NULL);
     /* A failure of one stage's process leaves the others waiting on it:
-     * the whole job ends now, not at their timeouts. */
-    if (st != GPO_OK && remote) gp_comm_abort(dist.comm, GP_EXIT_FAIL);
-    if (prog.metrics) {
-        struct gp_error merr = {0};
-        if (st != GPO_OK) gp_atomic_abort(&metrics_file);
-        else if (gp_atomic_commit(&metrics_file, &merr) != GP_OK) status = gp_cli_fail("%s", merr.msg);
+     * gpo_close ends the whole job now, not at their timeouts. */
+    if (st != GPO_OK) status = failure(m, st, false);
+    if (metrics_file) {
+        if (st != GPO_OK) gpo_file_abort(metrics_file);
+        else if (gpo_file_commit(m, metrics_file) != GPO_OK) status = gp_cli_fail("%s", gpo_last_error(m));
     }
     /* Only what was written is reported saved. */
     if (st == GPO_OK && status == GP_EXIT_OK && tc.save_path && !quiet) fprintf(stderr, "saved %s\n", tc.save_path);
@@ -769,7 +699,6 @@ int gp_cmd_train(int argc, char **argv)
                 gp_cli_bytes((int64_t)ru.ru_maxrss * 1024, b, sizeof b)); /* Linux: KiB */
     }
 done:
-    gp_cli_dist_end(&dist);
     gpo_close(m);
     return status;
 }
