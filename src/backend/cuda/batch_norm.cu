@@ -13,7 +13,11 @@
  * results agree with the CPU's to an ulp. Every reduction runs in a fixed
  * order (per-thread strided sums, then a shuffle/shared-memory tree of a
  * fixed block size, then partial sums added in chunk order), so results are
- * identical run to run; no atomics anywhere.
+ * identical run to run; no atomics anywhere. The channels-last
+ * statistics widen values to double with integer operations and an exact
+ * DMUL instead of F2F (bn_widen_scaled): the same doubles, so the same
+ * sums bit for bit; a lane that met an infinity or NaN walks its rows
+ * again with F2F.
  *
  * Each channel's N * S values are split into P chunks (a function of the
  * shape only): a grid of C x P blocks writes per-chunk partial sums to
@@ -976,7 +980,61 @@ __device__ static inline void bn_nhwc_rows(const struct bn_nhwc_plan &q, int64_t
     }
 }
 
-/* Block (run group, chunk k): sums and sums of squares of x per channel. */
+/* Widening without F2F. A float32 -> float64 conversion (F2F.F64.F32)
+ * issues at a quarter of the FP64 adds' rate on sm_90 (16 a clock an SM
+ * against 64): in the statistics passes it took 8 of every 14 FP64-pipe
+ * cycles a value (the forward: one F2F, one DMUL, two DADDs), 16 of 22 in
+ * the backward's (two F2Fs). Shifting a float's bits right by 3 (the sign
+ * kept) gives the double f * 2^-896 exactly for every finite f, zeros and
+ * subnormals included (1023 - 127 = 896: float32 subnormals land on
+ * float64 subnormals of the same significand), two integer operations a
+ * value (the low word is 0 for bfloat16); one DMUL by 2^896, exact, brings
+ * back (double)f. Infinities and NaNs come out finite (|v| >= 2^128), so
+ * the passes below look for values that large (a square >= 2^256, a float
+ * check sum that overflows) and then walk their rows again with F2F: the
+ * sums are (double)f's in every case, bit for bit. */
+__device__ static inline double bn_widen_scaled(float f, bool low_zero)
+{
+    unsigned u = __float_as_uint(f);
+    unsigned hi = (u & 0x80000000u) | ((u >> 3) & 0x0fffffffu);
+    return __hiloint2double((int)hi, low_zero ? 0 : (int)(u << 29));
+}
+template <bool F2F> __device__ static inline double bn_widen(float f, bool low_zero)
+{
+    return F2F ? (double)f : DMUL(bn_widen_scaled(f, low_zero), 0x1p896);
+}
+
+/* Whether IO's activations are bfloat16 (their float's low 16 bits 0). */
+template <class IO> struct bn_io_bf16 {
+    static const bool v = false;
+};
+template <> struct bn_io_bf16<io_typed<__nv_bfloat16>> {
+    static const bool v = true;
+};
+
+/* Lane (run, threadIdx.y)'s sums and sums of squares of chunk k. */
+template <class IO, int VEC, bool F2F>
+__device__ static inline void bn_nhwc_sums_walk(const struct bn_nhwc_plan &q, int64_t run, int64_t k, gp_fptr x,
+                                                double (&s)[VEC], double (&sq)[VEC])
+{
+#pragma unroll
+    for (int i = 0; i < VEC; i++) s[i] = sq[i] = 0;
+    bn_nhwc_rows<VEC>(
+        q, run, k, [&](int64_t off) { return bn_load_run<IO, VEC>(x, off); },
+        [&](const bn_run<VEC> &r) {
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                double v = bn_widen<F2F>(r.v[i], bn_io_bf16<IO>::v);
+                s[i] = DADD(s[i], v);
+                sq[i] = DADD(sq[i], DMUL(v, v));
+            }
+        });
+}
+
+/* Block (run group, chunk k): sums and sums of squares of x per channel.
+ * A square sum of 2^256 or more (or NaN) may hide an infinity or NaN
+ * widened as a finite value (bn_widen_scaled): the lane walks again with
+ * F2F (every sum of finite values is the same either way). */
 template <class IO, int VEC>
 __global__ static void bn_nhwc_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, double *psum, double *psq_raw)
 {
@@ -985,17 +1043,13 @@ __global__ static void bn_nhwc_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, dou
     double s[VEC], sq[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; i++) s[i] = sq[i] = 0;
-    if (run < q.cr)
-        bn_nhwc_rows<VEC>(
-            q, run, k, [&](int64_t off) { return bn_load_run<IO, VEC>(x, off); },
-            [&](const bn_run<VEC> &r) {
+    if (run < q.cr) {
+        bn_nhwc_sums_walk<IO, VEC, false>(q, run, k, x, s, sq);
+        bool big = false;
 #pragma unroll
-                for (int i = 0; i < VEC; i++) {
-                    double v = r.v[i];
-                    s[i] = DADD(s[i], v);
-                    sq[i] = DADD(sq[i], DMUL(v, v));
-                }
-            });
+        for (int i = 0; i < VEC; i++) big |= !(sq[i] < 0x1p256);
+        if (big) bn_nhwc_sums_walk<IO, VEC, true>(q, run, k, x, s, sq);
+    }
     bn_nhwc_reduce<VEC>(q, s, sh);
     bn_nhwc_reduce<VEC>(q, sq, sh);
     if (threadIdx.y == 0 && run < q.cr)
@@ -1138,13 +1192,55 @@ __device__ static inline void bn_nhwc_relu_coefs(const float *ab, int64_t cb, fl
     }
 }
 
+/* Lane (run, threadIdx.y)'s sums of dy and dy * xhat of chunk k (the
+ * fused Relu's mask applied to dy when ab is not NULL); chk, without F2F,
+ * a float sum of |dy| |xhat|: finite when every dy and xhat is. */
+template <class IO, int VEC, bool F2F>
+__device__ static inline void bn_nhwc_bwd_walk(const struct bn_nhwc_plan &q, int64_t run, int64_t k, gp_fptr x,
+                                               gp_fptr dy, const float *ab, bool y_bf16, const float (&m)[VEC],
+                                               const float (&is)[VEC], const float (&ra)[VEC],
+                                               const float (&rb)[VEC], double (&s)[VEC], double (&sx)[VEC],
+                                               float &chk)
+{
+#pragma unroll
+    for (int i = 0; i < VEC; i++) s[i] = sx[i] = 0;
+    chk = 0;
+    bn_nhwc_rows<VEC>(
+        q, run, k,
+        [&](int64_t off) {
+            bn_run2<VEC> r;
+            IO::template acts<VEC>(dy, off, r.a);
+            IO::template acts<VEC>(x, off, r.b);
+            if (ab)
+#pragma unroll
+                for (int i = 0; i < VEC; i++)
+                    if (!bn_nhwc_positive(r.b[i], ra[i], rb[i], y_bf16)) r.a[i] = 0.0f;
+            return r;
+        },
+        [&](const bn_run2<VEC> &r) {
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                float xhat = FMUL(FSUB(r.b[i], m[i]), is[i]);
+                double g = bn_widen<F2F>(r.a[i], bn_io_bf16<IO>::v);
+                s[i] = DADD(s[i], g);
+                sx[i] = DADD(sx[i], DMUL(g, bn_widen<F2F>(xhat, false)));
+                if (!F2F) chk = __fmaf_rn(fabsf(r.a[i]), fabsf(xhat), chk);
+            }
+        });
+}
+
 /* Block (run group, chunk k): sums of dy and dy * xhat per channel (a
  * fused Relu's mask, from the saved alpha and beta `ab` when not NULL,
- * applied to dy), as bn_bwd_sums_kernel. */
+ * applied to dy), as bn_bwd_sums_kernel. A check sum that is not finite
+ * may hide an infinity or NaN widened as a finite value
+ * (bn_widen_scaled): the lane walks again with F2F. */
+/* At most 128 registers, 2 blocks an SM: the two walks (fast, then F2F)
+ * took 150 for 4 channels of bfloat16 (ptxas, sm_90), one block an SM;
+ * capped, 128 with 4 bytes spilled. */
 template <class IO, int VEC>
-__global__ static void bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab,
-                                               bool y_bf16, const float *mean, const float *invstd, double *pdy,
-                                               double *pdyx)
+__global__ static void __launch_bounds__(BN_THREADS, 2)
+    bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab, bool y_bf16,
+                            const float *mean, const float *invstd, double *pdy, double *pdyx)
 {
     __shared__ double sh[BN_THREADS * VEC];
     const int64_t run = blockIdx.x * (int64_t)q.tx + threadIdx.x, k = blockIdx.y;
@@ -1157,26 +1253,12 @@ __global__ static void bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x,
         is[i] = run < q.cr ? invstd[run * VEC + i] : 0.0f;
     }
     bn_nhwc_relu_coefs<VEC>(run < q.cr ? ab : NULL, run * VEC, ra, rb);
-    if (run < q.cr)
-        bn_nhwc_rows<VEC>(
-            q, run, k,
-            [&](int64_t off) {
-                bn_run2<VEC> r;
-                IO::template acts<VEC>(dy, off, r.a);
-                IO::template acts<VEC>(x, off, r.b);
-                if (ab)
-#pragma unroll
-                    for (int i = 0; i < VEC; i++)
-                        if (!bn_nhwc_positive(r.b[i], ra[i], rb[i], y_bf16)) r.a[i] = 0.0f;
-                return r;
-            },
-            [&](const bn_run2<VEC> &r) {
-#pragma unroll
-                for (int i = 0; i < VEC; i++) {
-                    s[i] = DADD(s[i], (double)r.a[i]);
-                    sx[i] = DADD(sx[i], DMUL((double)r.a[i], (double)FMUL(FSUB(r.b[i], m[i]), is[i])));
-                }
-            });
+    if (run < q.cr) {
+        float chk;
+        bn_nhwc_bwd_walk<IO, VEC, false>(q, run, k, x, dy, ab, y_bf16, m, is, ra, rb, s, sx, chk);
+        if (!(chk <= 3.402823466e38f))
+            bn_nhwc_bwd_walk<IO, VEC, true>(q, run, k, x, dy, ab, y_bf16, m, is, ra, rb, s, sx, chk);
+    }
     bn_nhwc_reduce<VEC>(q, s, sh);
     bn_nhwc_reduce<VEC>(q, sx, sh);
     if (threadIdx.y == 0 && run < q.cr)
