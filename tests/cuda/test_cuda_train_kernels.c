@@ -9,6 +9,12 @@
  *              [16, 1024, 50304] and odd vocabularies, misaligned rows)
  *              BIT-IDENTICAL to the float32 call on a widened copy, its
  *              gradient rounded to bfloat16;
+ *   fast exp   gp_fast_exp (the losses' exponentials): within 1.05 double
+ *              ulps of expl() over [-708, 708] (random, at the reduction's
+ *              half-way points, at 0 and at the shortcut's ends), exp()'s
+ *              bits outside it (-inf, +inf, NaN, subnormal results, 0,
+ *              overflow); float32 gradients rounded from it equal those
+ *              rounded from exp() but in rare ties, off by one ulp;
  *   optimizer  gp_optim_step after gp_scale_grads: SGD (plain, momentum,
  *              dampening, nesterov, weight decay) and AdamW (torch 1.13 and
  *              2.x arithmetic, both lerp branches, with and without weight
@@ -35,6 +41,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -349,6 +356,115 @@ static void test_cross_entropy(void **state)
     assert_int_equal(gp_cuda_cross_entropy(NULL, NULL, GP_DTYPE_INT8, &s, 1, NULL, -100, 1.0, NULL, (double *)16,
                                            (void *)16, &err),
                      GP_ERR_UNSUPPORTED);
+}
+
+/* ---- the losses' exponential ---- */
+
+/* test_kernels.cu */
+cudaError_t gp_test_fast_exp(const double *d, double *fast, double *ref, size_t n, cudaStream_t s);
+
+static uint64_t dbits(double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    return u;
+}
+
+static uint32_t fbits(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    return u;
+}
+
+/* float32 values one ulp apart (same sign, finite) */
+static bool adjacent(float a, float b)
+{
+    const uint32_t x = fbits(a), y = fbits(b);
+    return (x >> 31) == (y >> 31) && (x > y ? x - y : y - x) == 1;
+}
+
+static void test_fast_exp(void **state)
+{
+    (void)state;
+    const double ln2_32 = 0.693147180559945309417 / 32;
+    static const double specials[] = {
+        0.0, -0.0, -INFINITY, INFINITY, NAN, -NAN, -708.0, 708.0, -708.0000000000001, 708.0000000000001,
+        -708.39, -708.4, -709.0, -720.0, -744.0, -745.1, -746.0, -800.0, -1e300, -DBL_MAX, 709.7, 710.0,
+        1e300, -DBL_MIN, -4.9e-324, 4.9e-324, -1e-20, -0x1p-58, -0x1p-57, -1e-300,
+    };
+    const size_t ns = sizeof specials / sizeof specials[0], nr = 1u << 21, n = ns + nr;
+    double *d = xmalloc(sizeof(double) * n), *fast = xmalloc(sizeof(double) * n),
+           *ref = xmalloc(sizeof(double) * n);
+    memcpy(d, specials, sizeof specials);
+    for (size_t i = ns; i < n; i++) {
+        const double u = (double)(rng_next() >> 11) * 0x1p-53; /* [0, 1) */
+        switch (i % 6) {
+        case 0: d[i] = -708.0 * u; break;                   /* pass 1 and 2's range */
+        case 1: d[i] = -30.0 * u; break;                    /* where logits' terms are */
+        case 2: d[i] = -1e-3 * u; break;                    /* near the maximum */
+        case 3: d[i] = 708.0 * u; break;                    /* positive: covered too */
+        case 4: /* the reduction's half-way points, where k may round either way */
+            d[i] = -(double)(rng_next() % 32688 + 1) * ln2_32 * (1 + (u - 0.5) * 1e-12);
+            break;
+        default: d[i] = -(double)(rng_next() % 709) - u * 1e-6; break; /* integers, as logits' gaps */
+        }
+    }
+    cudaStream_t st = new_stream();
+    double *dd = dev_copy(d, sizeof(double) * n), *dfast = dev_alloc(sizeof(double) * n),
+           *dref = dev_alloc(sizeof(double) * n);
+    CK(gp_test_fast_exp(dd, dfast, dref, n, st));
+    sync_stream(st, "gp_fast_exp");
+    to_host(fast, dfast, sizeof(double) * n);
+    to_host(ref, dref, sizeof(double) * n);
+
+    double worst = 0, worst_cuda = 0, worst_at = 0;
+    long grad_diffs = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(fabs(d[i]) <= 708.0)) { /* the shortcut's outside: exp()'s bits */
+            if (dbits(fast[i]) != dbits(ref[i]) && !(isnan(fast[i]) && isnan(ref[i])))
+                fail_msg("gp_fast_exp(%a) = %a, exp() %a: outside [-708, 708] they must be equal", d[i], fast[i],
+                         ref[i]);
+            continue;
+        }
+        const long double want = expl((long double)d[i]);
+        const double ulp = ldexp(1.0, ilogb((double)want) - 52);
+        const double e = (double)(fabsl((long double)fast[i] - want) / ulp),
+                     ec = (double)(fabsl((long double)ref[i] - want) / ulp);
+        if (e > worst) worst = e, worst_at = d[i];
+        if (ec > worst_cuda) worst_cuda = ec;
+        if (d[i] == 0 && fast[i] != 1.0) fail_msg("gp_fast_exp(%a) = %a, not 1", d[i], fast[i]);
+        /* the gradients' rounding: (exp(d) - onehot) * inv to float32, for
+         * a denominator of GPT-2's tokens and of 1 */
+        if (d[i] > 0) continue;
+        static const double invs[] = {1.0 / (1.5 * 16384), 1.0};
+        for (int k = 0; k < 2; k++)
+            for (int hot = 0; hot < 2; hot++) {
+                const float a = (float)((fast[i] - hot) * invs[k]), b = (float)((ref[i] - hot) * invs[k]);
+                if (fbits(a) == fbits(b)) continue;
+                if (!adjacent(a, b))
+                    fail_msg("gradient from gp_fast_exp(%a) %a, from exp() %a: more than an ulp apart", d[i],
+                             (double)a, (double)b);
+                grad_diffs++;
+            }
+    }
+    printf("gp_fast_exp: %zu arguments, max error %.3f ulp (at %a; exp(): %.3f ulp), %ld float32 gradients "
+           "an ulp from exp()'s\n",
+           n, worst, worst_at, worst_cuda, grad_diffs);
+    /* the header's bound: the table's and the last fma's half ulps and a few hundredths */
+    if (worst > 1.05) fail_msg("gp_fast_exp: error %.3f ulp at %a (bound 1.05)", worst, worst_at);
+    /* two functions within ~1 ulp each round to different floats only when
+     * the value lies within ~2 double ulps of a float32 rounding boundary:
+     * ~2^-28 of the values, so ~0.03 expected here; 8 is already a bug */
+    if (grad_diffs > 8) fail_msg("gp_fast_exp: %ld float32 gradients differ from exp()'s", grad_diffs);
+    n_cases++;
+    CK(cudaFree(dd));
+    CK(cudaFree(dfast));
+    CK(cudaFree(dref));
+    CK(cudaStreamDestroy(st));
+    free(d);
+    free(fast);
+    free(ref);
 }
 
 /* ---- mse and output loss ---- */
@@ -1126,6 +1242,7 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fast_exp),
         cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_mse),
         cmocka_unit_test(test_output_loss),   cmocka_unit_test(test_bf16_losses),
         cmocka_unit_test(test_optimizers),

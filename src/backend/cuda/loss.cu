@@ -8,8 +8,16 @@
  * to run. The per-element arithmetic is the CPU's: log-sum-exp in double
  * with the maximum subtracted, the gradient (exp(x - lse) - onehot) * inv in
  * double rounded once to float; mse's gradient is the CPU's float32
- * scale * (pred - target). Only the order of the double sums differs from
- * the CPU's (so losses agree to ~1e-15 relative, gradients to an ulp).
+ * scale * (pred - target). Two things differ from the CPU's: the order of
+ * the double sums, and cross-entropy's exponentials, gp_fast_exp's
+ * (fast_exp.cuh: within ~1.04 double ulps, as CUDA's exp() is within 1,
+ * in 12 double operations to exp()'s 15: with two per logit they, not the
+ * memory traffic, are the kernel's time). So losses agree to ~1e-15
+ * relative, and a gradient is the float32 rounding of a double a few ulps
+ * from the CPU's: the same float but where that double lies within a few
+ * double ulps of a rounding boundary (~2^-28 of the values), then an ulp
+ * off. Where the argument is outside [-708, 708] (-inf, NaN, underflow)
+ * gp_fast_exp returns exp()'s bits, so special values behave as before.
  *   The output and its gradient are float32 or bfloat16, read and written
  * in place (a bf16 stage's logits need no float32 copies): every kernel is
  * templated on the storage, widens exactly, computes as for float32 and
@@ -42,6 +50,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/bf16.cuh"
+#include "backend/cuda/fast_exp.cuh"
 #include "backend/cuda/kernel_util.cuh"
 #include "backend/cuda/train_kernels.h"
 
@@ -198,39 +207,39 @@ struct ce_args {
  * or one holding +inf, is made NaN at the end, as on the CPU). Padding
  * elements are -inf (so a group of padding alone changes nothing). */
 template <int K>
-__device__ static inline void ms_group(const float (&v)[K], float &m, double &s)
+__device__ static inline void ms_group(const float (&v)[K], float &m, double &s, const double *tab)
 {
     float mx = v[0];
 #pragma unroll
     for (int u = 1; u < K; u++) mx = fmaxf(mx, v[u]);
     if (mx > m) {
-        s *= exp((double)m - (double)mx);
+        s *= gp_fast_exp((double)m - (double)mx, tab);
         m = mx;
     }
 #pragma unroll
     for (int u = 0; u < K; u++) {
-        const double e = exp((double)v[u] - (double)m);
+        const double e = gp_fast_exp((double)v[u] - (double)m, tab);
         s += v[u] == -INFINITY ? 0.0 : e;
     }
 }
 
-__device__ static inline void ms_merge(float &m, double &s, float m2, double s2)
+__device__ static inline void ms_merge(float &m, double &s, float m2, double s2, const double *tab)
 {
     const float M = m > m2 ? m : m2;
-    const double a = (m == M || m == -INFINITY) ? s : s * exp((double)m - (double)M);
-    const double b = (m2 == M || m2 == -INFINITY) ? s2 : s2 * exp((double)m2 - (double)M);
+    const double a = (m == M || m == -INFINITY) ? s : s * gp_fast_exp((double)m - (double)M, tab);
+    const double b = (m2 == M || m2 == -INFINITY) ? s2 : s2 * gp_fast_exp((double)m2 - (double)M, tab);
     m = M;
     s = a + b;
 }
 
 /* The block's (max, sum) in a fixed tree, valid in thread 0. */
-__device__ static void block_ms(float &m, double &s, float *shm, double *shs)
+__device__ static void block_ms(float &m, double &s, float *shm, double *shs, const double *tab)
 {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
         float m2 = __shfl_down_sync(0xffffffffu, m, o);
         double s2 = __shfl_down_sync(0xffffffffu, s, o);
-        ms_merge(m, s, m2, s2);
+        ms_merge(m, s, m2, s2, tab);
     }
     __syncthreads();
     if (lane == 0) {
@@ -244,14 +253,14 @@ __device__ static void block_ms(float &m, double &s, float *shm, double *shs)
         for (int o = 16; o > 0; o >>= 1) {
             float m2 = __shfl_down_sync(0xffffffffu, m, o);
             double s2 = __shfl_down_sync(0xffffffffu, s, o);
-            ms_merge(m, s, m2, s2);
+            ms_merge(m, s, m2, s2, tab);
         }
     }
 }
 
-__device__ static inline float ce_grad(float v, double lse, bool hot, double inv)
+__device__ static inline float ce_grad(float v, double lse, bool hot, double inv, const double *tab)
 {
-    return (float)((exp((double)v - lse) - (hot ? 1.0 : 0.0)) * inv);
+    return (float)((gp_fast_exp((double)v - lse, tab) - (hot ? 1.0 : 0.0)) * inv);
 }
 
 #define CE_ROW_THREADS 256 /* at most; fewer for short rows */
@@ -283,7 +292,8 @@ enum { CE_VALUES, CE_CHUNKS };
  * flight while a group's gradients are computed. Each value's gradient
  * depends on it, lse and the label alone, so any split gives the same bits. */
 template <typename T>
-__device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, double lse, double inv)
+__device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, double lse, double inv,
+                                    const double *tab)
 {
     typedef typename io<T>::wide W;
     const int K = io<T>::WIDE;
@@ -312,7 +322,7 @@ __device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, doub
                 float v[K];
                 widen(cur[u], v);
 #pragma unroll
-                for (int k = 0; k < K; k++) v[k] = ce_grad(v[k], lse, j * K + k == y, inv);
+                for (int k = 0; k < K; k++) v[k] = ce_grad(v[k], lse, j * K + k == y, inv, tab);
                 narrow(v, gw[j]);
             }
         }
@@ -330,6 +340,9 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
     __shared__ float shm[32];
     __shared__ double shs[32];
     __shared__ double sh_lse;
+    __shared__ double tab[GP_FAST_EXP_TABLE];
+    gp_fast_exp_load(tab);
+    __syncthreads();
     const int64_t C = a.C, S = a.S, C4 = C >> 2, bd = blockDim.x;
     const bool wide = SPLIT == CE_CHUNKS && a.wide;
     double acc = 0.0; /* thread 0's: the block's rows in order */
@@ -371,7 +384,7 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
                     float v[4 * CE_U];
 #pragma unroll
                     for (int u = 0; u < CE_U; u++) widen(cur[h * CE_U + u], v + 4 * u);
-                    ms_group(v, m, s);
+                    ms_group(v, m, s, tab);
                 }
             }
         } else {
@@ -382,10 +395,10 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
                     const int64_t c = c0 + u * bd;
                     v[u] = c < C ? ld_el(x, c * S) : -INFINITY;
                 }
-                ms_group(v, m, s);
+                ms_group(v, m, s, tab);
             }
         }
-        block_ms(m, s, shm, shs);
+        block_ms(m, s, shm, shs, tab);
         if (threadIdx.x == 0) {
             /* the CPU's exp(x - m) is exp(inf - inf) = NaN at the maximum
              * when that is infinite (or all logits are -inf) */
@@ -398,9 +411,10 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
         const double lse = sh_lse;
         if (g) {
             if (wide)
-                ce_grad_wide(x, g, C, y, lse, a.inv);
+                ce_grad_wide(x, g, C, y, lse, a.inv, tab);
             else
-                for (int64_t c = threadIdx.x; c < C; c += bd) st_el(g, c * S, ce_grad(ld_el(x, c * S), lse, c == y, a.inv));
+                for (int64_t c = threadIdx.x; c < C; c += bd)
+                    st_el(g, c * S, ce_grad(ld_el(x, c * S), lse, c == y, a.inv, tab));
         }
         /* block_ms's first barrier keeps sh_lse until every thread has read it */
     }
@@ -413,6 +427,9 @@ template <typename T>
 __global__ void __launch_bounds__(LOSS_THREADS) ce_cols_kernel(const ce_args a)
 {
     __shared__ double sh[32];
+    __shared__ double tab[GP_FAST_EXP_TABLE];
+    gp_fast_exp_load(tab);
+    __syncthreads();
     const int64_t C = a.C, S = a.S;
     double acc = 0.0;
     GP_GRID_STRIDE(r, a.rows) {
@@ -429,11 +446,11 @@ __global__ void __launch_bounds__(LOSS_THREADS) ce_cols_kernel(const ce_args a)
         for (int64_t c = 1; c < C; c++)
             if (ld_el(x, c * S) > m) m = ld_el(x, c * S);
         double se = 0.0;
-        for (int64_t c = 0; c < C; c++) se += exp((double)ld_el(x, c * S) - m);
+        for (int64_t c = 0; c < C; c++) se += gp_fast_exp((double)ld_el(x, c * S) - m, tab);
         const double lse = m + log(se);
         acc += (y >= 0 && y < C) ? lse - (double)ld_el(x, y * S) : (double)NAN;
         if (g)
-            for (int64_t c = 0; c < C; c++) st_el(g, c * S, ce_grad(ld_el(x, c * S), lse, c == y, a.inv));
+            for (int64_t c = 0; c < C; c++) st_el(g, c * S, ce_grad(ld_el(x, c * S), lse, c == y, a.inv, tab));
     }
     acc = gp_dev_block_sum0(acc, sh);
     if (threadIdx.x == 0) a.part[blockIdx.x] = acc;
