@@ -22,8 +22,19 @@
  * in place (a bf16 stage's logits need no float32 copies): every kernel is
  * templated on the storage, widens exactly, computes as for float32 and
  * rounds each gradient value once more (gp_f32_to_bf16_bits), with the
- * float32 launch's grid and split of the rows, so it stores the bits that
- * widening, the float32 kernel and a conversion stored before.
+ * float32 launch's grid and split of the rows, so mse and the output loss
+ * store the bits that widening, the float32 kernel and a conversion stored,
+ * and cross-entropy's loss is the float32 kernel's, bit for bit. Its
+ * bfloat16 gradient alone is computed otherwise: in float32 (ce_grad_f32:
+ * exp(x - m) * (inv / s), one expf and no double work per value; the
+ * label's value, and x - m below -80, -inf or NaN, by the double formula),
+ * within 7 * 2^-24 relative of the double formula's value (plus 2^-149
+ * among subnormals). So a bfloat16 gradient value is the float32 kernel's
+ * rounded to bfloat16 but where that value lies within ~2^-21 relative of
+ * a bfloat16 rounding boundary (a midpoint, 2^-8 relative apart: at most
+ * ~2^-12 of the values; 2e-5 .. 4e-5 of GPT-2-sized rows of normal logits
+ * in an emulation on the CPU, expf's error taken as up to 2 ulps), and then
+ * the neighbouring bfloat16, one ulp off.
  *   Cross-entropy along a contiguous class axis ([N, C] or [N, T, C]; rows
  *   of up to GPT-2's 50304 classes) runs one block of up to 256 threads per
  *   row, float4 loads when the row allows (bfloat16: 8-byte loads of 4
@@ -263,6 +274,56 @@ __device__ static inline float ce_grad(float v, double lse, bool hot, double inv
     return (float)((gp_fast_exp((double)v - lse, tab) - (hot ? 1.0 : 0.0)) * inv);
 }
 
+/* A row's constants for the bfloat16 gradient: m its maximum, c = inv / s
+ * rounded once to float (s >= 1, the maximum's own term; NaN where the row
+ * made s NaN, and then every gradient of the row is NaN, as ce_grad's). */
+struct ce_row {
+    double lse, inv;
+    float m, c;
+};
+
+/* Below this d = v - m the bfloat16 gradient takes ce_grad: expf(d) stays
+ * a normal float (expf(-87.3) is the smallest), so its relative error
+ * holds, and -inf and NaN take the double formula's path and bits. */
+#define CE_F32_DMIN -80.0f
+
+/* The bfloat16 path's gradient, in float32: exp(v - lse) * inv =
+ * exp(v - m) * (inv / s), so each value costs one expf (CUDA's, within
+ * 2 ulps; not __expf) and no double operation or conversion (a conversion
+ * runs at a quarter of the double rate on sm_90, and with ce_grad's exp the
+ * double work was the kernel's time). d = v - m is exact but where v or m
+ * is tiny beside the other (both bfloat16: d needs 24 bits unless their
+ * exponents lie far apart); its rounding error t, from the two-sum, is put
+ * back as e * (1 + t) (t <= 2^-17, t^2 negligible). Against the double
+ * formula's exact value g: relative error at most expf's 2 ulps (2^-22)
+ * plus c's, the product's and the correction's roundings (2^-24 each):
+ * |g' - g| <= 7 * 2^-24 |g|, plus 2^-149 where g' is subnormal. The label's
+ * value (exp(.) - 1 cancels: float would lose its low bits) and d below
+ * CE_F32_DMIN take ce_grad itself: a branch, taken once a row or where a
+ * logit is -inf or NaN, so the warps almost never diverge. */
+__device__ static inline float ce_grad_f32(float v, const ce_row &w, bool hot, const double *tab)
+{
+    const float d = __fsub_rn(v, w.m);
+    if (hot || !(d >= CE_F32_DMIN)) return ce_grad(v, w.lse, hot, w.inv, tab);
+    const float b = __fsub_rn(d, v); /* two-sum of v and -m: t = (v + -m) - d exactly */
+    const float t = __fadd_rn(__fsub_rn(v, __fsub_rn(d, b)), __fsub_rn(-w.m, b));
+    const float p = __fmul_rn(expf(d), w.c);
+    return t == 0.0f ? p : fmaf(p, t, p);
+}
+
+/* The gradient value for storage T: float32 keeps ce_grad's double
+ * formula and bits; bfloat16 takes ce_grad_f32, whose float lies within
+ * 7 * 2^-24 relative of ce_grad's, so that one bfloat16 rounding of the two
+ * agrees but where the value lies that close to a rounding boundary. */
+__device__ static inline float ce_grad_t(float, float v, const ce_row &w, bool hot, const double *tab)
+{
+    return ce_grad(v, w.lse, hot, w.inv, tab);
+}
+__device__ static inline float ce_grad_t(bf16_bits, float v, const ce_row &w, bool hot, const double *tab)
+{
+    return ce_grad_f32(v, w, hot, tab);
+}
+
 #define CE_ROW_THREADS 256 /* at most; fewer for short rows */
 #ifndef CE_U
 #define CE_U 2 /* chunks (or 2 * CE_U scalars) per thread and group; float32 on an H200,
@@ -292,8 +353,7 @@ enum { CE_VALUES, CE_CHUNKS };
  * flight while a group's gradients are computed. Each value's gradient
  * depends on it, lse and the label alone, so any split gives the same bits. */
 template <typename T>
-__device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, double lse, double inv,
-                                    const double *tab)
+__device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, const ce_row &w, const double *tab)
 {
     typedef typename io<T>::wide W;
     const int K = io<T>::WIDE;
@@ -322,7 +382,7 @@ __device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, doub
                 float v[K];
                 widen(cur[u], v);
 #pragma unroll
-                for (int k = 0; k < K; k++) v[k] = ce_grad(v[k], lse, j * K + k == y, inv, tab);
+                for (int k = 0; k < K; k++) v[k] = ce_grad_t(T(), v[k], w, j * K + k == y, tab);
                 narrow(v, gw[j]);
             }
         }
@@ -340,6 +400,7 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
     __shared__ float shm[32];
     __shared__ double shs[32];
     __shared__ double sh_lse;
+    __shared__ float sh_m, sh_c;
     __shared__ double tab[GP_FAST_EXP_TABLE];
     gp_fast_exp_load(tab);
     __syncthreads();
@@ -405,18 +466,23 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
             if (isinf(m)) s = NAN;
             const double lse = (double)m + log(s);
             sh_lse = lse;
+            if (sizeof(T) == 2) { /* ce_grad_f32's; float32 has no use for them */
+                sh_m = m;
+                sh_c = (float)(a.inv / s);
+            }
             acc += (y >= 0 && y < C) ? lse - (double)ld_el(x, y * S) : (double)NAN;
         }
         __syncthreads();
-        const double lse = sh_lse;
+        const ce_row w = {sh_lse, a.inv, sh_m, sh_c};
         if (g) {
             if (wide)
-                ce_grad_wide(x, g, C, y, lse, a.inv, tab);
+                ce_grad_wide(x, g, C, y, w, tab);
             else
                 for (int64_t c = threadIdx.x; c < C; c += bd)
-                    st_el(g, c * S, ce_grad(ld_el(x, c * S), lse, c == y, a.inv, tab));
+                    st_el(g, c * S, ce_grad_t(T(), ld_el(x, c * S), w, c == y, tab));
         }
-        /* block_ms's first barrier keeps sh_lse until every thread has read it */
+        /* block_ms's first barrier keeps sh_lse, sh_m, sh_c until every
+         * thread has read them */
     }
     if (threadIdx.x == 0) a.part[blockIdx.x] = acc;
 }
@@ -449,8 +515,10 @@ __global__ void __launch_bounds__(LOSS_THREADS) ce_cols_kernel(const ce_args a)
         for (int64_t c = 0; c < C; c++) se += gp_fast_exp((double)ld_el(x, c * S) - m, tab);
         const double lse = m + log(se);
         acc += (y >= 0 && y < C) ? lse - (double)ld_el(x, y * S) : (double)NAN;
+        /* m is a float's value; se >= 1 (or NaN) as block_ms's s */
+        const ce_row w = {lse, a.inv, (float)m, sizeof(T) == 2 ? (float)(a.inv / se) : 0.0f};
         if (g)
-            for (int64_t c = 0; c < C; c++) st_el(g, c * S, ce_grad(ld_el(x, c * S), lse, c == y, a.inv, tab));
+            for (int64_t c = 0; c < C; c++) st_el(g, c * S, ce_grad_t(T(), ld_el(x, c * S), w, c == y, tab));
     }
     acc = gp_dev_block_sum0(acc, sh);
     if (threadIdx.x == 0) a.part[blockIdx.x] = acc;
