@@ -1,6 +1,7 @@
-/* Kernels for the CUDA device test (test_cuda_device.c, which declares the
- * launchers). Each launcher returns the launch's error, except the one whose
- * point is to fail unchecked. */
+/* Kernels for the CUDA test programs (test_cuda_device.c and, for
+ * gp_fast_exp, test_cuda_train_kernels.c, which declare the launchers).
+ * Each launcher returns the launch's error, except the one whose point is
+ * to fail unchecked. */
 #include <stddef.h>
 
 #include <cuda_runtime.h>
@@ -56,4 +57,26 @@ extern "C" cudaError_t gp_test_fill(float *x, size_t n, float value, long long s
 extern "C" void gp_test_bad_launch(cudaStream_t s)
 {
     add_one_kernel<<<0, 256, 0, s>>>(NULL, 0, 0);
+}
+
+/* ---- gp_fast_exp (for test_cuda_train_kernels.c) ---- */
+
+#include "backend/cuda/fast_exp.cuh"
+
+__global__ static void fast_exp_kernel(const double *d, double *fast, double *ref, size_t n)
+{
+    __shared__ double tab[GP_FAST_EXP_TABLE];
+    gp_fast_exp_load(tab);
+    __syncthreads();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        fast[i] = gp_fast_exp(d[i], tab);
+        ref[i] = exp(d[i]);
+    }
+}
+
+/* fast[i] = gp_fast_exp(d[i]), ref[i] = CUDA's exp(d[i]), i < n. */
+extern "C" cudaError_t gp_test_fast_exp(const double *d, double *fast, double *ref, size_t n, cudaStream_t s)
+{
+    fast_exp_kernel<<<blocks_for(n), 256, 0, s>>>(d, fast, ref, n);
+    return cudaGetLastError();
 }

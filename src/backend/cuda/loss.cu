@@ -8,14 +8,33 @@
  * to run. The per-element arithmetic is the CPU's: log-sum-exp in double
  * with the maximum subtracted, the gradient (exp(x - lse) - onehot) * inv in
  * double rounded once to float; mse's gradient is the CPU's float32
- * scale * (pred - target). Only the order of the double sums differs from
- * the CPU's (so losses agree to ~1e-15 relative, gradients to an ulp).
+ * scale * (pred - target). Two things differ from the CPU's: the order of
+ * the double sums, and cross-entropy's exponentials, gp_fast_exp's
+ * (fast_exp.cuh: within ~1.04 double ulps, as CUDA's exp() is within 1,
+ * in 12 double operations to exp()'s 15: with two per logit they, not the
+ * memory traffic, are the kernel's time). So losses agree to ~1e-15
+ * relative, and a gradient is the float32 rounding of a double a few ulps
+ * from the CPU's: the same float but where that double lies within a few
+ * double ulps of a rounding boundary (~2^-28 of the values), then an ulp
+ * off. Where the argument is outside [-708, 708] (-inf, NaN, underflow)
+ * gp_fast_exp returns exp()'s bits, so special values behave as before.
  *   The output and its gradient are float32 or bfloat16, read and written
  * in place (a bf16 stage's logits need no float32 copies): every kernel is
  * templated on the storage, widens exactly, computes as for float32 and
  * rounds each gradient value once more (gp_f32_to_bf16_bits), with the
- * float32 launch's grid and split of the rows, so it stores the bits that
- * widening, the float32 kernel and a conversion stored before.
+ * float32 launch's grid and split of the rows, so mse and the output loss
+ * store the bits that widening, the float32 kernel and a conversion stored,
+ * and cross-entropy's loss is the float32 kernel's, bit for bit. Its
+ * bfloat16 gradient alone is computed otherwise: in float32 (ce_grad_f32:
+ * exp(x - m) * (inv / s), one expf and no double work per value; the
+ * label's value, and x - m below -80, -inf or NaN, by the double formula),
+ * within 7 * 2^-24 relative of the double formula's value (plus 2^-149
+ * among subnormals). So a bfloat16 gradient value is the float32 kernel's
+ * rounded to bfloat16 but where that value lies within ~2^-21 relative of
+ * a bfloat16 rounding boundary (a midpoint, 2^-8 relative apart: at most
+ * ~2^-12 of the values; 2e-5 .. 4e-5 of GPT-2-sized rows of normal logits
+ * in an emulation on the CPU, expf's error taken as up to 2 ulps), and then
+ * the neighbouring bfloat16, one ulp off.
  *   Cross-entropy along a contiguous class axis ([N, C] or [N, T, C]; rows
  *   of up to GPT-2's 50304 classes) runs one block of up to 256 threads per
  *   row, float4 loads when the row allows (bfloat16: 8-byte loads of 4
@@ -42,6 +61,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/bf16.cuh"
+#include "backend/cuda/fast_exp.cuh"
 #include "backend/cuda/kernel_util.cuh"
 #include "backend/cuda/train_kernels.h"
 
@@ -198,39 +218,39 @@ struct ce_args {
  * or one holding +inf, is made NaN at the end, as on the CPU). Padding
  * elements are -inf (so a group of padding alone changes nothing). */
 template <int K>
-__device__ static inline void ms_group(const float (&v)[K], float &m, double &s)
+__device__ static inline void ms_group(const float (&v)[K], float &m, double &s, const double *tab)
 {
     float mx = v[0];
 #pragma unroll
     for (int u = 1; u < K; u++) mx = fmaxf(mx, v[u]);
     if (mx > m) {
-        s *= exp((double)m - (double)mx);
+        s *= gp_fast_exp((double)m - (double)mx, tab);
         m = mx;
     }
 #pragma unroll
     for (int u = 0; u < K; u++) {
-        const double e = exp((double)v[u] - (double)m);
+        const double e = gp_fast_exp((double)v[u] - (double)m, tab);
         s += v[u] == -INFINITY ? 0.0 : e;
     }
 }
 
-__device__ static inline void ms_merge(float &m, double &s, float m2, double s2)
+__device__ static inline void ms_merge(float &m, double &s, float m2, double s2, const double *tab)
 {
     const float M = m > m2 ? m : m2;
-    const double a = (m == M || m == -INFINITY) ? s : s * exp((double)m - (double)M);
-    const double b = (m2 == M || m2 == -INFINITY) ? s2 : s2 * exp((double)m2 - (double)M);
+    const double a = (m == M || m == -INFINITY) ? s : s * gp_fast_exp((double)m - (double)M, tab);
+    const double b = (m2 == M || m2 == -INFINITY) ? s2 : s2 * gp_fast_exp((double)m2 - (double)M, tab);
     m = M;
     s = a + b;
 }
 
 /* The block's (max, sum) in a fixed tree, valid in thread 0. */
-__device__ static void block_ms(float &m, double &s, float *shm, double *shs)
+__device__ static void block_ms(float &m, double &s, float *shm, double *shs, const double *tab)
 {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
         float m2 = __shfl_down_sync(0xffffffffu, m, o);
         double s2 = __shfl_down_sync(0xffffffffu, s, o);
-        ms_merge(m, s, m2, s2);
+        ms_merge(m, s, m2, s2, tab);
     }
     __syncthreads();
     if (lane == 0) {
@@ -244,14 +264,64 @@ __device__ static void block_ms(float &m, double &s, float *shm, double *shs)
         for (int o = 16; o > 0; o >>= 1) {
             float m2 = __shfl_down_sync(0xffffffffu, m, o);
             double s2 = __shfl_down_sync(0xffffffffu, s, o);
-            ms_merge(m, s, m2, s2);
+            ms_merge(m, s, m2, s2, tab);
         }
     }
 }
 
-__device__ static inline float ce_grad(float v, double lse, bool hot, double inv)
+__device__ static inline float ce_grad(float v, double lse, bool hot, double inv, const double *tab)
 {
-    return (float)((exp((double)v - lse) - (hot ? 1.0 : 0.0)) * inv);
+    return (float)((gp_fast_exp((double)v - lse, tab) - (hot ? 1.0 : 0.0)) * inv);
+}
+
+/* A row's constants for the bfloat16 gradient: m its maximum, c = inv / s
+ * rounded once to float (s >= 1, the maximum's own term; NaN where the row
+ * made s NaN, and then every gradient of the row is NaN, as ce_grad's). */
+struct ce_row {
+    double lse, inv;
+    float m, c;
+};
+
+/* Below this d = v - m the bfloat16 gradient takes ce_grad: expf(d) stays
+ * a normal float (expf(-87.3) is the smallest), so its relative error
+ * holds, and -inf and NaN take the double formula's path and bits. */
+#define CE_F32_DMIN -80.0f
+
+/* The bfloat16 path's gradient, in float32: exp(v - lse) * inv =
+ * exp(v - m) * (inv / s), so each value costs one expf (CUDA's, within
+ * 2 ulps; not __expf) and no double operation or conversion (a conversion
+ * runs at a quarter of the double rate on sm_90, and with ce_grad's exp the
+ * double work was the kernel's time). d = v - m is exact but where v or m
+ * is tiny beside the other (both bfloat16: d needs 24 bits unless their
+ * exponents lie far apart); its rounding error t, from the two-sum, is put
+ * back as e * (1 + t) (t <= 2^-17, t^2 negligible). Against the double
+ * formula's exact value g: relative error at most expf's 2 ulps (2^-22)
+ * plus c's, the product's and the correction's roundings (2^-24 each):
+ * |g' - g| <= 7 * 2^-24 |g|, plus 2^-149 where g' is subnormal. The label's
+ * value (exp(.) - 1 cancels: float would lose its low bits) and d below
+ * CE_F32_DMIN take ce_grad itself: a branch, taken once a row or where a
+ * logit is -inf or NaN, so the warps almost never diverge. */
+__device__ static inline float ce_grad_f32(float v, const ce_row &w, bool hot, const double *tab)
+{
+    const float d = __fsub_rn(v, w.m);
+    if (hot || !(d >= CE_F32_DMIN)) return ce_grad(v, w.lse, hot, w.inv, tab);
+    const float b = __fsub_rn(d, v); /* two-sum of v and -m: t = (v + -m) - d exactly */
+    const float t = __fadd_rn(__fsub_rn(v, __fsub_rn(d, b)), __fsub_rn(-w.m, b));
+    const float p = __fmul_rn(expf(d), w.c);
+    return t == 0.0f ? p : fmaf(p, t, p);
+}
+
+/* The gradient value for storage T: float32 keeps ce_grad's double
+ * formula and bits; bfloat16 takes ce_grad_f32, whose float lies within
+ * 7 * 2^-24 relative of ce_grad's, so that one bfloat16 rounding of the two
+ * agrees but where the value lies that close to a rounding boundary. */
+__device__ static inline float ce_grad_t(float, float v, const ce_row &w, bool hot, const double *tab)
+{
+    return ce_grad(v, w.lse, hot, w.inv, tab);
+}
+__device__ static inline float ce_grad_t(bf16_bits, float v, const ce_row &w, bool hot, const double *tab)
+{
+    return ce_grad_f32(v, w, hot, tab);
 }
 
 #define CE_ROW_THREADS 256 /* at most; fewer for short rows */
@@ -283,7 +353,7 @@ enum { CE_VALUES, CE_CHUNKS };
  * flight while a group's gradients are computed. Each value's gradient
  * depends on it, lse and the label alone, so any split gives the same bits. */
 template <typename T>
-__device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, double lse, double inv)
+__device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, const ce_row &w, const double *tab)
 {
     typedef typename io<T>::wide W;
     const int K = io<T>::WIDE;
@@ -312,7 +382,7 @@ __device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, doub
                 float v[K];
                 widen(cur[u], v);
 #pragma unroll
-                for (int k = 0; k < K; k++) v[k] = ce_grad(v[k], lse, j * K + k == y, inv);
+                for (int k = 0; k < K; k++) v[k] = ce_grad_t(T(), v[k], w, j * K + k == y, tab);
                 narrow(v, gw[j]);
             }
         }
@@ -330,6 +400,10 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
     __shared__ float shm[32];
     __shared__ double shs[32];
     __shared__ double sh_lse;
+    __shared__ float sh_m, sh_c;
+    __shared__ double tab[GP_FAST_EXP_TABLE];
+    gp_fast_exp_load(tab);
+    __syncthreads();
     const int64_t C = a.C, S = a.S, C4 = C >> 2, bd = blockDim.x;
     const bool wide = SPLIT == CE_CHUNKS && a.wide;
     double acc = 0.0; /* thread 0's: the block's rows in order */
@@ -371,7 +445,7 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
                     float v[4 * CE_U];
 #pragma unroll
                     for (int u = 0; u < CE_U; u++) widen(cur[h * CE_U + u], v + 4 * u);
-                    ms_group(v, m, s);
+                    ms_group(v, m, s, tab);
                 }
             }
         } else {
@@ -382,27 +456,33 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
                     const int64_t c = c0 + u * bd;
                     v[u] = c < C ? ld_el(x, c * S) : -INFINITY;
                 }
-                ms_group(v, m, s);
+                ms_group(v, m, s, tab);
             }
         }
-        block_ms(m, s, shm, shs);
+        block_ms(m, s, shm, shs, tab);
         if (threadIdx.x == 0) {
             /* the CPU's exp(x - m) is exp(inf - inf) = NaN at the maximum
              * when that is infinite (or all logits are -inf) */
             if (isinf(m)) s = NAN;
             const double lse = (double)m + log(s);
             sh_lse = lse;
+            if (sizeof(T) == 2) { /* ce_grad_f32's; float32 has no use for them */
+                sh_m = m;
+                sh_c = (float)(a.inv / s);
+            }
             acc += (y >= 0 && y < C) ? lse - (double)ld_el(x, y * S) : (double)NAN;
         }
         __syncthreads();
-        const double lse = sh_lse;
+        const ce_row w = {sh_lse, a.inv, sh_m, sh_c};
         if (g) {
             if (wide)
-                ce_grad_wide(x, g, C, y, lse, a.inv);
+                ce_grad_wide(x, g, C, y, w, tab);
             else
-                for (int64_t c = threadIdx.x; c < C; c += bd) st_el(g, c * S, ce_grad(ld_el(x, c * S), lse, c == y, a.inv));
+                for (int64_t c = threadIdx.x; c < C; c += bd)
+                    st_el(g, c * S, ce_grad_t(T(), ld_el(x, c * S), w, c == y, tab));
         }
-        /* block_ms's first barrier keeps sh_lse until every thread has read it */
+        /* block_ms's first barrier keeps sh_lse, sh_m, sh_c until every
+         * thread has read them */
     }
     if (threadIdx.x == 0) a.part[blockIdx.x] = acc;
 }
@@ -413,6 +493,9 @@ template <typename T>
 __global__ void __launch_bounds__(LOSS_THREADS) ce_cols_kernel(const ce_args a)
 {
     __shared__ double sh[32];
+    __shared__ double tab[GP_FAST_EXP_TABLE];
+    gp_fast_exp_load(tab);
+    __syncthreads();
     const int64_t C = a.C, S = a.S;
     double acc = 0.0;
     GP_GRID_STRIDE(r, a.rows) {
@@ -429,11 +512,13 @@ __global__ void __launch_bounds__(LOSS_THREADS) ce_cols_kernel(const ce_args a)
         for (int64_t c = 1; c < C; c++)
             if (ld_el(x, c * S) > m) m = ld_el(x, c * S);
         double se = 0.0;
-        for (int64_t c = 0; c < C; c++) se += exp((double)ld_el(x, c * S) - m);
+        for (int64_t c = 0; c < C; c++) se += gp_fast_exp((double)ld_el(x, c * S) - m, tab);
         const double lse = m + log(se);
         acc += (y >= 0 && y < C) ? lse - (double)ld_el(x, y * S) : (double)NAN;
+        /* m is a float's value; se >= 1 (or NaN) as block_ms's s */
+        const ce_row w = {lse, a.inv, (float)m, sizeof(T) == 2 ? (float)(a.inv / se) : 0.0f};
         if (g)
-            for (int64_t c = 0; c < C; c++) st_el(g, c * S, ce_grad(ld_el(x, c * S), lse, c == y, a.inv));
+            for (int64_t c = 0; c < C; c++) st_el(g, c * S, ce_grad_t(T(), ld_el(x, c * S), w, c == y, tab));
     }
     acc = gp_dev_block_sum0(acc, sh);
     if (threadIdx.x == 0) a.part[blockIdx.x] = acc;
