@@ -41,6 +41,24 @@
  * with NaN beforehand, against the CPU and, bit for bit, against the call
  * that adds them into zeros from the same draws.
  *
+ * TF32 (ctx->tf32; cuda/attention_tf32.cu, mma.sync on tensor cores): every
+ * case above and the tf32 cases below (GPT-2's head at batch 2, 4-D, 3-D
+ * and packed; head size 128; no mask; lengths 100 and 33 and Tq != Tk, so
+ * that tiles of 64 rows and of 64 or 32 keys end partly filled), float32
+ * and bfloat16 storage (bf16 with GP_ATTENTION_CUDNN=0, unless the caller
+ * set it, so that the TF32 kernels and not cuDNN's take them), forward and
+ * backward, each run twice for the same bits, and first writers. Every
+ * call that stays off cuDNN must run the TF32 kernels
+ * (gp_cuda_attention_tf32_calls; GP_ATTENTION_VERBOSE=1 names them
+ * tf32-mma-kernels). Tolerance: Q, K, V, dY, P and dS are rounded to
+ * TF32 (2^-11 relative) before their products, so a score s = scale q.k
+ * is off by up to about 2^-10 scale sum_d |q_d k_d| (~1e-2 for head size
+ * 64 and values in [-2, 2), its random-walk size ~1e-3), which moves each
+ * probability by that much relative; Y, a weighted mean of V, and the
+ * gradients, sums of such terms against float32 ones, are off by about
+ * that fraction of their scale: 1e-2 relative plus 1e-2 of each tensor's
+ * largest element (bf16: 1e-2 of it on top of op_compare.h's bounds).
+ *
  * Without a CUDA device the test prints why and exits 77 (a skip). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -158,6 +176,26 @@ static const struct attn_case cudnn_cases[] = {
     {"3-D packed Q, K, V, 12 heads of 64, causal, T 1024", true, 1, 12, 1024, 1024, 64, 64, 0, true, true},
 };
 
+/* TF32 on GPT-2's head at batch 2 (4-D, 3-D, packed), head size 128, no
+ * mask, and lengths that leave the tiles partly filled (64 query rows or
+ * keys per block, 64 or 32 walked). */
+static const struct attn_case tf32_cases[] = {
+    {"4-D, 12 heads of 64, causal, T 256 (GPT-2's)", false, 2, 12, 256, 256, 64, 64, 0, true},
+    {"3-D, 12 heads of 64, causal, T 256 (GPT-2's)", true, 2, 12, 256, 256, 64, 64, 0, true},
+    {"3-D packed Q, K, V, 12 heads of 64, causal, T 256 (GPT-2's)", true, 2, 12, 256, 256, 64, 64, 0, true, true},
+    {"4-D, D 128, T 100", false, 2, 2, 100, 100, 128, 128, 0, false},
+    {"4-D, D 128, causal, T 100", false, 1, 3, 100, 100, 128, 128, 0, true},
+    {"4-D, D 64, T 33", false, 2, 3, 33, 33, 64, 64, 0, false},
+    {"3-D, 4 heads of 64, causal, T 100", true, 2, 4, 100, 100, 64, 64, 0, true},
+    {"4-D, D 64, Tq 100 Tk 33", false, 1, 2, 100, 33, 64, 64, 0, false},
+    {"4-D, D 128, causal, Tq 33 Tk 100", false, 1, 2, 33, 100, 128, 128, 0, true},
+    {"3-D packed Q, K, V, 2 heads of 128, causal, T 33", true, 2, 2, 33, 33, 128, 128, 0, true, true},
+};
+
+/* Set while the TF32 cases run: ctx->tf32, their tolerances (the
+ * header's), two runs for the same bits. */
+static bool tf32_mode;
+
 /* The comparison of case c: its tolerances (the header's). */
 static struct op_compare compare_of(const struct attn_case *c, const char *label, bool bf16)
 {
@@ -166,7 +204,22 @@ static struct op_compare compare_of(const struct attn_case *c, const char *label
     /* A constant mask stays float32 beside bfloat16 activations. */
     if (bf16 && c->mask == 1) o.f32_inputs = 1u << 3;
     if (bf16) o.abs_tol = c->tk > 256 ? 4e-3 : 1e-3;
+    if (tf32_mode) o.tf32 = true, o.twice = true, o.rel_tol = 1e-2, o.abs_tol = 1e-2;
     return o;
+}
+
+/* TF32: every call of the case that stayed off cuDNN ran the TF32 kernels
+ * (and at least one did, unless cuDNN took all), since the counts were
+ * own0 and tf0. */
+static void check_tf32_path(const char *label, unsigned long long own0, unsigned long long tf0)
+{
+    if (!tf32_mode) return;
+    unsigned long long cudnn1, own1;
+    char why[512];
+    gp_cuda_attention_paths(&cudnn1, &own1, why, sizeof why);
+    unsigned long long tf1 = gp_cuda_attention_tf32_calls();
+    if (tf1 - tf0 != own1 - own0)
+        fail_msg("%s: %llu calls on the own kernels, %llu of them on the TF32 ones", label, own1 - own0, tf1 - tf0);
 }
 
 /* Prints the path of the call (forward and backward) since `cudnn0`
@@ -191,13 +244,14 @@ static void run_case(const struct attn_case *c, bool bf16, bool must_cudnn)
     struct gp_graph g;
     build(&g, c);
     char label[256];
-    snprintf(label, sizeof label, "Attention %s%s", c->label, bf16 ? " (bf16)" : "");
+    snprintf(label, sizeof label, "Attention %s%s%s", c->label, bf16 ? " (bf16)" : "", tf32_mode ? " (TF32)" : "");
     struct op_compare o = compare_of(c, label, bf16);
-    unsigned long long cudnn0, own0;
+    unsigned long long cudnn0, own0, tf0 = gp_cuda_attention_tf32_calls();
     char why[512];
     gp_cuda_attention_paths(&cudnn0, &own0, why, sizeof why);
     op_compare_node(&g, 0, &o);
-    if (bf16) report_path(label, cudnn0, must_cudnn);
+    if (bf16 && !tf32_mode) report_path(label, cudnn0, must_cudnn);
+    check_tf32_path(label, own0, tf0);
     gp_graph_free(&g);
 }
 
@@ -223,18 +277,19 @@ static void run_first_writer(const struct attn_case *c, bool bf16, bool f32_grad
             fail_msg("%s: Attention's overwrites hook says %s for input %d", c->label, want ? "no" : "yes", k);
     }
     char label[256];
-    snprintf(label, sizeof label, "Attention %s%s%s, first writer", c->label, bf16 ? " (bf16)" : "",
-             f32_grads ? " float32 gradients" : "");
+    snprintf(label, sizeof label, "Attention %s%s%s%s, first writer", c->label, bf16 ? " (bf16)" : "",
+             f32_grads ? " float32 gradients" : "", tf32_mode ? " (TF32)" : "");
     float *written[OP_COMPARE_MAX_INPUTS], *added[OP_COMPARE_MAX_INPUTS];
     struct op_compare o = compare_of(c, label, bf16);
     o.seed = 0x9e3779b97f4a7c15ull; /* both calls draw the same Q, K, V and dY */
     if (f32_grads) o.params = qkv;
     o.overwrite = qkv, o.got_dx = written;
-    unsigned long long cudnn0, own0;
+    unsigned long long cudnn0, own0, tf0 = gp_cuda_attention_tf32_calls();
     char why[512];
     gp_cuda_attention_paths(&cudnn0, &own0, why, sizeof why);
     op_compare_node(&g, 0, &o);
-    if (bf16) report_path(label, cudnn0, must_cudnn);
+    if (bf16 && !tf32_mode) report_path(label, cudnn0, must_cudnn);
+    check_tf32_path(label, own0, tf0);
     o.overwrite = 0, o.zero_grads = qkv, o.got_dx = added;
     op_compare_node(&g, 0, &o);
     for (int k = 0; k < g.nodes[0].n_inputs; k++) {
@@ -319,6 +374,35 @@ static void test_attention_first_writer(void **state)
     unsetenv("GP_ATTENTION_CUDNN");
 }
 
+/* TF32: the cases above and the tf32 cases, float32 and bfloat16 storage
+ * (bf16 on the own kernels, GP_ATTENTION_CUDNN=0, unless the caller chose),
+ * then first writers (a float32 and a bf16 case with masks, and GPT-2's
+ * packed and 3-D shapes in bf16). */
+static void test_attention_tf32(void **state)
+{
+    (void)state;
+    tf32_mode = true;
+    if (!user_choice) setenv("GP_ATTENTION_CUDNN", "0", 1);
+    /* The path line on stderr (tf32-mma-kernels), for the log. */
+    bool verbose = getenv("GP_ATTENTION_VERBOSE") != NULL;
+    if (!verbose) setenv("GP_ATTENTION_VERBOSE", "1", 1);
+    run_case(&tf32_cases[0], false, false);
+    if (!verbose) unsetenv("GP_ATTENTION_VERBOSE");
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        for (size_t k = bf16 ? 0 : 1; k < sizeof tf32_cases / sizeof *tf32_cases; k++)
+            run_case(&tf32_cases[k], bf16, false);
+        run_cases(bf16);
+    }
+    run_first_writer(&cases[3], false, false, false); /* 4-D, D 128, Dv 96, causal + additive mask */
+    run_first_writer(&cases[4], false, false, false); /* 3-D, bool mask with a fully masked row */
+    run_first_writer(&tf32_cases[2], false, false, false); /* GPT-2's packed */
+    run_first_writer(&cases[8], true, false, false);  /* packed with a mask, bf16 */
+    run_first_writer(&cudnn_cases[5], true, false, false); /* GPT-2's packed, bf16 */
+    run_first_writer(&cudnn_cases[0], true, true, false);  /* GPT-2's 3-D, bf16, float32 gradients */
+    if (!user_choice) unsetenv("GP_ATTENTION_CUDNN");
+    tf32_mode = false;
+}
+
 int main(void)
 {
     op_compare_require_device();
@@ -328,6 +412,7 @@ int main(void)
         cmocka_unit_test(test_attention_bf16),
         cmocka_unit_test(test_attention_cudnn),
         cmocka_unit_test(test_attention_first_writer),
+        cmocka_unit_test(test_attention_tf32),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0) printf("cuda_attention: PASSED (%d cases against the CPU kernel)\n", op_compare_cases());

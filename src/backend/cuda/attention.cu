@@ -36,6 +36,14 @@
  * its dot products in double. The results agree within float32 rounding
  * (tests/cuda/test_cuda_attention.c), not bit for bit.
  *
+ * TF32 (ctx->tf32: the tf32 precision, and bf16's calls that cuDNN does not
+ * take): the tensor-core kernels of attention_tf32.cu run the forward and
+ * the dQ and dK / dV passes instead of the kernels below (any mask, head
+ * sizes up to 128, the same strides, lse and D, put_grad's first writes);
+ * D_i is att_dsum_kernel's. Float32 keeps the kernels below and their
+ * results. The struct the kernels read and its helpers (att_args,
+ * base_of, mask_term, put_grad) are in attention_args.cuh, for both.
+ *
  * cuDNN's SDPA (attention_graph.h: flash attention on tensor cores) runs
  * instead a call whose Q, K, V, Y and dY are all bfloat16, with no mask or
  * the causal one, head sizes multiples of 8 up to 128, where cuDNN builds
@@ -55,15 +63,18 @@
  * is cuDNN's deterministic one unless --fast-conv allows atomics; where
  * cuDNN has no deterministic backward for the problem, the kernels below
  * run (they are deterministic). GP_ATTENTION_CUDNN=0 keeps every call on
- * the kernels below (the GPU tests run both); GP_ATTENTION_VERBOSE=1
- * reports on stderr which path each problem takes and, for the kernels,
- * why cuDNN does not run it. */
+ * the own kernels (the GPU tests run both); GP_ATTENTION_VERBOSE=1
+ * reports on stderr which path each problem takes (cudnn-sdpa,
+ * tf32-mma-kernels or own-kernels) and, for the kernels, why cuDNN does
+ * not run it. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/attention_args.cuh"
+#include "backend/cuda/attention_tf32.h"
 #include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
 #include "backend/cuda/storage.cuh"
@@ -85,16 +96,6 @@ extern "C" {
  * of static shared memory. */
 template <int DMAX> struct att_rows { static const int n = DMAX > 64 ? 8 : 16; };
 
-/* What the kernels read, by value. */
-struct att_args {
-    struct gp_attention_plan p;
-    gp_fptr q, k, v, y, dy, dq, dk, dv;
-    bool ow_q, ow_k, ow_v;     /* write dq, dk, dv whole (their first writer) instead of adding */
-    gp_fptr mask_f;            /* additive mask */
-    const uint8_t *mask_b;     /* bool mask */
-    float *lse, *dsum;         /* [B * H * Tq] */
-};
-
 __device__ static inline float warp_max(float v)
 {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -105,36 +106,6 @@ __device__ static inline float warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
-}
-
-/* Offsets of batch-head bh in Q, K, V, Y and the mask. */
-struct att_base {
-    int64_t q, k, v, y, m;
-};
-
-__device__ static inline att_base base_of(const struct gp_attention_plan &p, int64_t bh)
-{
-    int64_t b = bh / p.heads, h = bh % p.heads;
-    att_base r;
-    r.q = p.q_offset + b * p.q_stride[0] + h * p.q_stride[1];
-    r.k = p.k_offset + b * p.k_stride[0] + h * p.k_stride[1];
-    r.v = p.v_offset + b * p.v_stride[0] + h * p.v_stride[1];
-    r.y = b * p.y_stride[0] + h * p.y_stride[1];
-    r.m = b * p.mask_stride[0] + h * p.mask_stride[1];
-    return r;
-}
-
-/* The score's mask term for query i and key j: 0, the additive value, or
- * -INFINITY where the row does not attend to j (causal, bool mask, j out
- * of range). */
-__device__ static inline float mask_term(const att_args &a, int64_t mbase, int64_t i, int64_t j)
-{
-    const struct gp_attention_plan &p = a.p;
-    if (j >= p.kv_len || i >= p.q_len || (p.causal && j > i)) return -INFINITY;
-    int64_t mo = mbase + i * p.mask_stride[2] + j * p.mask_stride[3];
-    if (p.mask == GP_ATTN_MASK_BOOL) return a.mask_b[mo] ? 0.0f : -INFINITY;
-    if (p.mask == GP_ATTN_MASK_ADD) return gp_ld(a.mask_f, mo);
-    return 0.0f;
 }
 
 /* rows x n values of tensor t (row stride `stride`, from `first`, `count`
@@ -230,15 +201,6 @@ __global__ static void att_dsum_kernel(att_args a)
         s = warp_sum(s);
         if (lane == 0) a.dsum[r] = s;
     }
-}
-
-/* A gradient element: added once to the buffer, or (`ow`: the buffer is
- * not cleared, this layer writes it first) written as 0 + v, which rounds
- * as the add into zeros does (-0 becomes +0), so both give the same bits. */
-__device__ static inline void put_grad(gp_fptr t, int64_t i, float v, bool ow)
-{
-    if (ow) gp_st(t, i, __fadd_rn(0.0f, v));
-    else gp_acc(t, i, v);
 }
 
 /* p_ij for a score s (with its mask term) against the row's lse. */
@@ -430,7 +392,7 @@ static int64_t numel_v(const struct gp_attention_plan *p) { return p->batch * p-
 
 /* Calls so far by path, and why cuDNN last did not run one (tests, and
  * GP_ATTENTION_VERBOSE). */
-static unsigned long long calls_cudnn, calls_own;
+static unsigned long long calls_cudnn, calls_own, calls_tf32;
 static char last_why[512];
 
 extern "C" void gp_cuda_attention_paths(unsigned long long *cudnn_calls, unsigned long long *own_calls, char *why,
@@ -439,6 +401,11 @@ extern "C" void gp_cuda_attention_paths(unsigned long long *cudnn_calls, unsigne
     *cudnn_calls = __atomic_load_n(&calls_cudnn, __ATOMIC_RELAXED);
     *own_calls = __atomic_load_n(&calls_own, __ATOMIC_RELAXED);
     if (why_size) snprintf(why, why_size, "%s", last_why);
+}
+
+extern "C" unsigned long long gp_cuda_attention_tf32_calls(void)
+{
+    return __atomic_load_n(&calls_tf32, __ATOMIC_RELAXED);
 }
 
 static bool env_on(const char *name)
@@ -566,11 +533,13 @@ static bool att_use_cudnn(struct gp_cuda_ctx *c, const struct gp_attention_plan 
         __atomic_add_fetch(&calls_cudnn, 1, __ATOMIC_RELAXED);
     } else {
         __atomic_add_fetch(&calls_own, 1, __ATOMIC_RELAXED);
+        if (c->tf32) __atomic_add_fetch(&calls_tf32, 1, __ATOMIC_RELAXED);
         snprintf(last_why, sizeof last_why, "%s", why);
     }
     if (env_on("GP_ATTENTION_VERBOSE") && !reported(c->node, backward))
         fprintf(stderr, "attention-path %s node=%s %s [%lld x %lld heads, %lld x %lld, %lld/%lld]%s%s%s\n",
-                backward ? "backward" : "forward", c->node->name, yes ? "cudnn-sdpa" : "own-kernels",
+                backward ? "backward" : "forward", c->node->name,
+                yes ? "cudnn-sdpa" : c->tf32 ? "tf32-mma-kernels" : "own-kernels",
                 (long long)p->batch, (long long)p->heads, (long long)p->q_len, (long long)p->kv_len,
                 (long long)p->head_size, (long long)p->v_head_size, p->causal ? " causal" : "", yes ? "" : ": ",
                 yes ? "" : why);
@@ -634,8 +603,10 @@ static gp_status att_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(att_setup(c, err, &a, &dmax));
     int64_t bh = a.p.batch * a.p.heads;
     if (bh == 0 || a.p.q_len == 0) return GP_OK;
+    bool cudnn = a.p.kv_len > 0 && att_use_cudnn(c, &a.p, false);
+    (void)cudnn; /* used only where the build has cuDNN's graph API */
 #ifdef GP_HAVE_CUDNN_GRAPH
-    if (a.p.kv_len > 0 && att_use_cudnn(c, &a.p, false)) {
+    if (cudnn) {
         struct attn_graph_problem ap = graph_problem(&a.p, c->fast_conv);
         char why[512];
         if (!attn_graph_forward((cudnnHandle_t)c->cudnn, &ap, bf16_at(a.q, a.p.q_offset), bf16_at(a.k, a.p.k_offset),
@@ -645,6 +616,10 @@ static gp_status att_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     }
 #endif
     if (bh > 65535) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%lld batch-heads: at most 65535", (long long)bh);
+    if (c->tf32) {
+        GP_TRY(gp_cuda_call(c, att_tf32_forward(a, dmax, c->stream), "Attention forward (TF32) shared memory", err));
+        return gp_cuda_check_launch(c, "Attention forward (TF32)", err);
+    }
     if (dmax == 64) {
         dim3 grid((unsigned)((a.p.q_len + att_rows<64>::n - 1) / att_rows<64>::n), (unsigned)bh);
         att_forward_kernel<64><<<grid, ATT_THREADS, 0, c->stream>>>(a);
@@ -701,8 +676,10 @@ static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     /* Packed: the three are input 0's gradient, written whole or added to
      * as one. */
     a.ow_q = gp_cuda_overwrite(c, 0), a.ow_k = gp_cuda_overwrite(c, ik), a.ow_v = gp_cuda_overwrite(c, iv);
+    bool cudnn = a.p.kv_len > 0 && att_use_cudnn(c, &a.p, true);
+    (void)cudnn;
 #ifdef GP_HAVE_CUDNN_GRAPH
-    if (a.p.kv_len > 0 && att_use_cudnn(c, &a.p, true)) {
+    if (cudnn) {
         /* cuDNN writes dQ, dK, dV in bfloat16 with their inputs' strides
          * (the graph's, whichever buffer they go to): straight into a
          * gradient this call writes first (bfloat16, 16-byte aligned as
@@ -760,6 +737,10 @@ static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     a.dsum = (float *)c->scratch;
     int64_t rows = bh * a.p.q_len;
     att_dsum_kernel<<<gp_cuda_capped_grid((rows + 7) / 8, 1 << 20), 256, 0, c->stream>>>(a);
+    if (c->tf32) {
+        GP_TRY(gp_cuda_call(c, att_tf32_backward(a, dmax, c->stream), "Attention backward (TF32) shared memory", err));
+        return gp_cuda_check_launch(c, "Attention backward (TF32)", err);
+    }
     if (dmax == 64) att_backward_launch<64>(a, c->stream);
     else att_backward_launch<128>(a, c->stream);
     return gp_cuda_check_launch(c, "Attention backward", err);

@@ -131,6 +131,10 @@ size_t gp_cuda_attention_scratch_bytes(const struct gp_graph *g, const struct gp
 void gp_cuda_attention_paths(unsigned long long *cudnn_calls, unsigned long long *own_calls, char *why,
                              size_t why_size);
 
+/* Of the own kernels' calls, those that ran the TF32 tensor-core kernels
+ * (ctx->tf32: cuda/attention_tf32.cu), for tests. */
+unsigned long long gp_cuda_attention_tf32_calls(void);
+
 /* Kernel tables, one per family file (src/backend/cuda/<family>.cu, twin of
  * src/backend/cpu/<family>.c, whose kernel.h says what each family holds),
  * each ending with an entry whose op_type is NULL. */

@@ -1,0 +1,454 @@
+/* CUDA kernels: Attention (ops/attention.h) on TF32 tensor cores, flash
+ * attention 2 style, for calls that allow TF32 (ctx->tf32: the tf32
+ * precision, and bf16's calls that cuDNN's SDPA does not take). The
+ * float32 kernels of attention.cu stay for the float32 precision; these
+ * compute the same quantities with the matrix products on mma.sync:
+ *
+ *   mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 (sm_80 and later)
+ *
+ * one warp multiplying a 16 x 8 tile of A by an 8 x 8 tile of B into a
+ * 16 x 8 float32 accumulator. Fragments per lane (PTX ISA, "Matrix
+ * fragments for mma.m16n8k8" with .tf32; g = lane / 4, t = lane % 4):
+ *   A (row): a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)
+ *   B (col): b0 (t, g), b1 (t + 4, g)
+ *   C:       c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1)
+ *
+ * Forward: a block of 64 query rows of one batch and head (4 warps of 16
+ * rows) walks the keys in tiles of 64; Q, K, V tiles sit in shared memory
+ * already rounded to TF32 (cvt.rna, once per element loaded). Per tile a
+ * warp computes its 16 x 64 scores S = Q K^T (8 accumulator tiles), adds
+ * the mask, keeps the online softmax (max m and sum l per row, a lane
+ * holding 2 rows x 16 columns: row maxima over the 4 lanes of a quad by
+ * shuffles; the sums stay per lane until the end), and adds P V into its
+ * 16 x DMAX output accumulator. Scores are kept in base 2 (scale * log2 e
+ * folded in, exp2f); Y = acc / l and lse = (m + log2 l) ln 2, the natural
+ * logsumexp of the scaled scores, per row as attention.cu saves it, so
+ * either backward reads either forward's.
+ *
+ * P as the A operand of P V without shuffles: the k index of an mma is a
+ * slot that only has to mean the same key in A and in B. Slot t is taken
+ * as key 2t and slot t + 4 as key 2t + 1 of the 8-key group: then a lane's
+ * A fragment (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4) is exactly its
+ * accumulator c0, c2, c1, c3 of S, and B reads V's rows 2t and 2t + 1. The
+ * same holds for P^T dY, dS^T Q and dS K in the backward.
+ *
+ * Shared memory rows are DMAX + 4 floats apart: the fragment loads read
+ * addresses row * (DMAX + 4) + col with (row, col) = (g, t) (Q, K as A or
+ * K^T-like B) or (2t, g) and (2t + 1, g) (V, dY, Q, K as the B of a
+ * product over keys or queries); with a row stride of 4 mod 32 banks both
+ * patterns hit 32 distinct banks.
+ *
+ * Backward, deterministic as attention.cu's (no atomics; every gradient
+ * element summed by one lane in a fixed order and put once: put_grad):
+ * D_i = dY_i . Y_i comes from attention.cu's dsum kernel; then
+ *   dQ: blocks of 64 query rows walking key tiles: S = Q K^T,
+ *       P = exp2(S' - lse'), dP = dY V^T, dS = P (dP - D), dQ += dS K
+ *   dK, dV: blocks of 64 keys (a warp's 16 keys are the mma rows) walking
+ *       query tiles: S^T = K Q^T, dP^T = V dY^T, dV += P^T dY,
+ *       dK += dS^T Q
+ * dQ and dK are scaled once at the end. The walked tiles are 64 long for
+ * head sizes up to 64 and 32 for 128, so that the accumulators (dK and dV
+ * whole: 2 x DMAX / 2 registers) leave room.
+ *
+ * Causal: tiles wholly above the diagonal are skipped (forward and dQ end
+ * at the block's last row, dK / dV start at the block's first key); a
+ * tile is masked element by element (mask_term: causal, bool or additive
+ * mask, lengths) unless it has no mask, lies within both lengths and
+ * below the diagonal.
+ *
+ * Rounding: Q, K, V, dY, P and dS rounded to TF32 (10 mantissa bits, 2^-11
+ * relative) before their products, float32 accumulation; exp2f. Head sizes
+ * under the template's are padded with zeros (they add nothing). bfloat16
+ * storage: loads widen (exact in TF32), stores round once. */
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda/attention_tf32.h"
+#include "backend/cuda/bf16.cuh"
+
+#define TF_WARPS 4
+#define TF_THREADS (32 * TF_WARPS)
+#define TF_ROWS (16 * TF_WARPS) /* query rows (forward, dQ) or keys (dK / dV) per block */
+#define TF_LOG2E 1.4426950408889634f
+#define TF_LN2 0.6931471805599453f
+
+/* The tile walked in the backward (keys for dQ, queries for dK / dV). */
+template <int DMAX> struct tf_walk { static const int n = DMAX > 64 ? 32 : 64; };
+
+__device__ static inline float tf32_round(float x)
+{
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return __uint_as_float(r);
+}
+
+__device__ static inline uint32_t bits(float x) { return __float_as_uint(x); }
+
+/* c += A B, one m16n8k8 TF32 product (operands already TF32). */
+__device__ static inline void mma8(float c[4], float a0, float a1, float a2, float a3, float b0, float b1)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(bits(a0)), "r"(bits(a1)), "r"(bits(a2)), "r"(bits(a3)), "r"(bits(b0)), "r"(bits(b1)));
+}
+
+__device__ static inline float quad_max(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ static inline float quad_sum(float v)
+{
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+/* ROWS x DMAX values of tensor t (row stride `stride`, from row `first`,
+ * `count` rows valid, n columns) into shared s[ROWS][DMAX + 4], rounded
+ * to TF32; zeros past the valid rows and n. A thread keeps one column and
+ * every (TF_THREADS / DMAX)-th row, so a warp reads 32 consecutive values
+ * and the addresses need no division. */
+template <int DMAX, int ROWS>
+__device__ static inline void tf_load(float *s, int n, gp_fptr t, int64_t base, int64_t stride, int64_t first,
+                                      int64_t count)
+{
+    const int LD = DMAX + 4, STEP = TF_THREADS / DMAX;
+    int d = threadIdx.x % DMAX, r0 = threadIdx.x / DMAX;
+    bool col = d < n;
+    int64_t at = base + (first + r0) * stride + d;
+#pragma unroll
+    for (int r = r0; r < ROWS; r += STEP, at += STEP * stride)
+        s[r * LD + d] = tf32_round(col && first + r < count ? gp_ld(t, at) : 0.0f);
+}
+
+/* acc[NT][4] += A B over k = 0 .. K - 1, a warp's 16 rows: A rows of `a`
+ * (row-major, stride LD, from the warp's first row), B^T rows of `b`
+ * (B[k][n] = b[n][k]: the product with another row set's transpose),
+ * NT tiles of 8 columns. */
+template <int K, int NT, int LD>
+__device__ static inline void mma_abt(float (*acc)[4], const float *a, const float *b, int g, int t)
+{
+#pragma unroll
+    for (int k = 0; k < K; k += 8) {
+        const float *ar = a + g * LD + k + t;
+        float a0 = ar[0], a1 = ar[8 * LD], a2 = ar[4], a3 = ar[8 * LD + 4];
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const float *br = b + (n * 8 + g) * LD + k + t;
+            mma8(acc[n], a0, a1, a2, a3, br[0], br[4]);
+        }
+    }
+}
+
+/* acc[NT][4] += P B, P the warp's 16 x (8 KT) accumulator tiles p[KT][4]
+ * (already TF32) as A through the slot order of the header (slot t: row
+ * 2t of the group, slot t + 4: row 2t + 1), B rows of `b` (stride LD),
+ * NT tiles of 8 columns. */
+template <int KT, int NT, int LD>
+__device__ static inline void mma_pb(float (*acc)[4], const float (*p)[4], const float *b, int g, int t)
+{
+#pragma unroll
+    for (int k = 0; k < KT; k++) {
+        const float *br = b + (k * 8 + 2 * t) * LD + g;
+#pragma unroll
+        for (int n = 0; n < NT; n++) mma8(acc[n], p[k][0], p[k][2], p[k][1], p[k][3], br[n * 8], br[LD + n * 8]);
+    }
+}
+
+/* lse in base 2 for the backward's exp2: +INFINITY for a row that attends
+ * to nothing (or lies past the length), so that every p of it is 0. */
+__device__ static inline float lse2_of(const att_args &a, int64_t bh, int64_t i)
+{
+    if (i >= a.p.q_len) return INFINITY;
+    float l = a.lse[bh * a.p.q_len + i];
+    return l == -INFINITY ? INFINITY : l * TF_LOG2E;
+}
+
+/* ---- forward ---- */
+
+template <int DMAX>
+__global__ static void __launch_bounds__(TF_THREADS) att_tf32_forward_kernel(att_args a)
+{
+    const int LD = DMAX + 4, NT = DMAX / 8, KT = 64;
+    extern __shared__ float4 tf_smem[];
+    float *sQ = (float *)tf_smem, *sK = sQ + TF_ROWS * LD, *sV = sK + KT * LD;
+    const struct gp_attention_plan &p = a.p;
+    int64_t bh = blockIdx.y, i0 = (int64_t)blockIdx.x * TF_ROWS;
+    att_base o = base_of(p, bh);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    int D = (int)p.head_size, Dv = (int)p.v_head_size;
+    int64_t row[2] = {i0 + w * 16 + g, i0 + w * 16 + g + 8}; /* the lane's rows: c0, c1 and c2, c3 */
+    tf_load<DMAX, TF_ROWS>(sQ, D, a.q, o.q, p.q_stride[2], i0, p.q_len);
+    float acc[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+#pragma unroll
+    for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
+    const float sl2 = p.scale * TF_LOG2E;
+    int64_t kend = p.kv_len;
+    if (p.causal && i0 + TF_ROWS < kend) kend = i0 + TF_ROWS; /* keys past the block's last row are masked */
+    for (int64_t k0 = 0; k0 < kend; k0 += KT) {
+        __syncthreads();
+        tf_load<DMAX, KT>(sK, D, a.k, o.k, p.k_stride[2], k0, p.kv_len);
+        tf_load<DMAX, KT>(sV, Dv, a.v, o.v, p.v_stride[2], k0, p.kv_len);
+        __syncthreads();
+        float s[KT / 8][4];
+#pragma unroll
+        for (int n = 0; n < KT / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
+        mma_abt<DMAX, KT / 8, LD>(s, sQ + w * 16 * LD, sK, g, t);
+        bool full = p.mask == GP_ATTN_MASK_NONE && k0 + KT <= p.kv_len && (!p.causal || k0 + KT - 1 <= i0);
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[n][e] * sl2;
+                if (!full) {
+                    float mt = mask_term(a, o.m, row[e >> 1], k0 + n * 8 + 2 * t + (e & 1));
+                    v = mt == -INFINITY ? -INFINITY : v + mt * TF_LOG2E;
+                }
+                s[n][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float base[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = quad_max(mx[r]);
+            /* Nothing attended yet: exponents against 0 give 0 (and alpha 0
+             * of an accumulator that is 0). */
+            base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
+            float alpha = exp2f(m[r] - base[r]);
+            m[r] = mx[r];
+            l[r] *= alpha;
+#pragma unroll
+            for (int n = 0; n < NT; n++) acc[n][2 * r] *= alpha, acc[n][2 * r + 1] *= alpha;
+        }
+#pragma unroll
+        for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                /* l sums the rounded weights that multiply V: Y is their
+                 * weighted mean. */
+                float pe = tf32_round(exp2f(s[n][e] - base[e >> 1]));
+                l[e >> 1] += pe;
+                s[n][e] = pe;
+            }
+        mma_pb<KT / 8, NT, LD>(acc, s, sV, g, t);
+    }
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] = quad_sum(l[r]);
+        inv[r] = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int64_t i = row[e >> 1];
+            int d = n * 8 + 2 * t + (e & 1);
+            if (i < p.q_len && d < Dv) gp_st(a.y, o.y + i * p.y_stride[2] + d, acc[n][e] * inv[e >> 1]);
+        }
+    if (t == 0)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (row[r] < p.q_len) a.lse[bh * p.q_len + row[r]] = l[r] > 0 ? (m[r] + log2f(l[r])) * TF_LN2 : -INFINITY;
+}
+
+/* ---- backward ---- */
+
+template <int DMAX>
+__global__ static void __launch_bounds__(TF_THREADS) att_tf32_dq_kernel(att_args a)
+{
+    const int LD = DMAX + 4, NT = DMAX / 8, KT = tf_walk<DMAX>::n;
+    extern __shared__ float4 tf_smem[];
+    float *sQ = (float *)tf_smem, *sdY = sQ + TF_ROWS * LD, *sK = sdY + TF_ROWS * LD, *sV = sK + KT * LD;
+    const struct gp_attention_plan &p = a.p;
+    int64_t bh = blockIdx.y, i0 = (int64_t)blockIdx.x * TF_ROWS;
+    att_base o = base_of(p, bh);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    int D = (int)p.head_size, Dv = (int)p.v_head_size;
+    int64_t row[2] = {i0 + w * 16 + g, i0 + w * 16 + g + 8};
+    tf_load<DMAX, TF_ROWS>(sQ, D, a.q, o.q, p.q_stride[2], i0, p.q_len);
+    tf_load<DMAX, TF_ROWS>(sdY, Dv, a.dy, o.y, p.y_stride[2], i0, p.q_len);
+    float lse2[2], dsum[2], dq[NT][4];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lse2[r] = lse2_of(a, bh, row[r]);
+        dsum[r] = row[r] < p.q_len ? a.dsum[bh * p.q_len + row[r]] : 0.0f;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0;
+    const float sl2 = p.scale * TF_LOG2E;
+    int64_t kend = p.kv_len;
+    if (p.causal && i0 + TF_ROWS < kend) kend = i0 + TF_ROWS;
+    for (int64_t k0 = 0; k0 < kend; k0 += KT) {
+        __syncthreads();
+        tf_load<DMAX, KT>(sK, D, a.k, o.k, p.k_stride[2], k0, p.kv_len);
+        tf_load<DMAX, KT>(sV, Dv, a.v, o.v, p.v_stride[2], k0, p.kv_len);
+        __syncthreads();
+        float s[KT / 8][4], dp[KT / 8][4];
+#pragma unroll
+        for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0;
+        mma_abt<DMAX, KT / 8, LD>(s, sQ + w * 16 * LD, sK, g, t);
+        mma_abt<DMAX, KT / 8, LD>(dp, sdY + w * 16 * LD, sV, g, t);
+        bool full = p.mask == GP_ATTN_MASK_NONE && k0 + KT <= p.kv_len && (!p.causal || k0 + KT - 1 <= i0);
+#pragma unroll
+        for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[n][e] * sl2;
+                if (!full) {
+                    float mt = mask_term(a, o.m, row[e >> 1], k0 + n * 8 + 2 * t + (e & 1));
+                    v = mt == -INFINITY ? -INFINITY : v + mt * TF_LOG2E;
+                }
+                float pe = exp2f(v - lse2[e >> 1]);
+                s[n][e] = tf32_round(pe * (dp[n][e] - dsum[e >> 1])); /* dS */
+            }
+        mma_pb<KT / 8, NT, LD>(dq, s, sK, g, t);
+    }
+    if (!a.dq.p) return;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int64_t i = row[e >> 1];
+            int d = n * 8 + 2 * t + (e & 1);
+            if (i < p.q_len && d < D) put_grad(a.dq, o.q + i * p.q_stride[2] + d, dq[n][e] * p.scale, a.ow_q);
+        }
+}
+
+template <int DMAX>
+__global__ static void __launch_bounds__(TF_THREADS) att_tf32_dkv_kernel(att_args a)
+{
+    const int LD = DMAX + 4, NT = DMAX / 8, QT = tf_walk<DMAX>::n;
+    extern __shared__ float4 tf_smem[];
+    float *sK = (float *)tf_smem, *sV = sK + TF_ROWS * LD, *sQ = sV + TF_ROWS * LD, *sdY = sQ + QT * LD;
+    float *sL = sdY + QT * LD, *sD = sL + QT;
+    const struct gp_attention_plan &p = a.p;
+    int64_t bh = blockIdx.y, j0 = (int64_t)blockIdx.x * TF_ROWS;
+    att_base o = base_of(p, bh);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    int D = (int)p.head_size, Dv = (int)p.v_head_size;
+    int64_t key[2] = {j0 + w * 16 + g, j0 + w * 16 + g + 8}; /* the lane's keys: rows of S^T */
+    tf_load<DMAX, TF_ROWS>(sK, D, a.k, o.k, p.k_stride[2], j0, p.kv_len);
+    tf_load<DMAX, TF_ROWS>(sV, Dv, a.v, o.v, p.v_stride[2], j0, p.kv_len);
+    float dk[NT][4], dv[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0;
+    const float sl2 = p.scale * TF_LOG2E;
+    /* Causal: queries before the block's first key attend to none of it. */
+    int64_t qstart = p.causal ? j0 : 0;
+    for (int64_t q0 = qstart; q0 < p.q_len; q0 += QT) {
+        __syncthreads();
+        tf_load<DMAX, QT>(sQ, D, a.q, o.q, p.q_stride[2], q0, p.q_len);
+        tf_load<DMAX, QT>(sdY, Dv, a.dy, o.y, p.y_stride[2], q0, p.q_len);
+        if (threadIdx.x < QT) {
+            int64_t i = q0 + threadIdx.x;
+            sL[threadIdx.x] = lse2_of(a, bh, i);
+            sD[threadIdx.x] = i < p.q_len ? a.dsum[bh * p.q_len + i] : 0.0f;
+        }
+        __syncthreads();
+        float st[QT / 8][4], dpt[QT / 8][4];
+#pragma unroll
+        for (int n = 0; n < QT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[n][e] = dpt[n][e] = 0;
+        mma_abt<DMAX, QT / 8, LD>(st, sK + w * 16 * LD, sQ, g, t);
+        mma_abt<DMAX, QT / 8, LD>(dpt, sV + w * 16 * LD, sdY, g, t);
+        bool full = p.mask == GP_ATTN_MASK_NONE && j0 + TF_ROWS <= p.kv_len && q0 + QT <= p.q_len &&
+                    (!p.causal || j0 + TF_ROWS - 1 <= q0);
+#pragma unroll
+        for (int n = 0; n < QT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = n * 8 + 2 * t + (e & 1); /* the query within the tile */
+                float v = st[n][e] * sl2;
+                if (!full) {
+                    float mt = mask_term(a, o.m, q0 + c, key[e >> 1]);
+                    v = mt == -INFINITY ? -INFINITY : v + mt * TF_LOG2E;
+                }
+                float pe = exp2f(v - sL[c]);
+                st[n][e] = tf32_round(pe);                           /* P^T */
+                dpt[n][e] = tf32_round(pe * (dpt[n][e] - sD[c]));    /* dS^T */
+            }
+        mma_pb<QT / 8, NT, LD>(dv, st, sdY, g, t);
+        mma_pb<QT / 8, NT, LD>(dk, dpt, sQ, g, t);
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int64_t j = key[e >> 1];
+            int d = n * 8 + 2 * t + (e & 1);
+            if (j >= p.kv_len) continue;
+            if (a.dk.p && d < D) put_grad(a.dk, o.k + j * p.k_stride[2] + d, dk[n][e] * p.scale, a.ow_k);
+            if (a.dv.p && d < Dv) put_grad(a.dv, o.v + j * p.v_stride[2] + d, dv[n][e], a.ow_v);
+        }
+}
+
+/* ---- host side ---- */
+
+/* Dynamic shared memory per block (over the 48 KB a launch gets without
+ * asking): forward Q, K, V tiles; dQ Q, dY (64 rows) and K, V (walked);
+ * dK / dV K, V (64 rows), Q, dY (walked), lse and D. */
+template <int DMAX> static size_t fwd_smem() { return sizeof(float) * (DMAX + 4) * (TF_ROWS + 2 * 64); }
+template <int DMAX> static size_t dq_smem()
+{
+    return sizeof(float) * (DMAX + 4) * (2 * TF_ROWS + 2 * tf_walk<DMAX>::n);
+}
+template <int DMAX> static size_t dkv_smem()
+{
+    return sizeof(float) * ((DMAX + 4) * (2 * TF_ROWS + 2 * tf_walk<DMAX>::n) + 2 * tf_walk<DMAX>::n);
+}
+
+/* The kernel may take `bytes` of shared memory: set per launch (cheap,
+ * and per device, which a process-wide flag would not be). */
+template <typename K> static cudaError_t allow_smem(K kernel, size_t bytes)
+{
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+static unsigned blocks(int64_t n) { return (unsigned)((n + TF_ROWS - 1) / TF_ROWS); }
+
+template <int DMAX> static cudaError_t forward_launch(const att_args &a, cudaStream_t stream)
+{
+    size_t smem = fwd_smem<DMAX>();
+    cudaError_t e = allow_smem(att_tf32_forward_kernel<DMAX>, smem);
+    if (e != cudaSuccess) return e;
+    dim3 grid(blocks(a.p.q_len), (unsigned)(a.p.batch * a.p.heads));
+    att_tf32_forward_kernel<DMAX><<<grid, TF_THREADS, smem, stream>>>(a);
+    return cudaSuccess;
+}
+
+template <int DMAX> static cudaError_t backward_launch(const att_args &a, cudaStream_t stream)
+{
+    unsigned bh = (unsigned)(a.p.batch * a.p.heads);
+    if (a.dq.p) {
+        size_t smem = dq_smem<DMAX>();
+        cudaError_t e = allow_smem(att_tf32_dq_kernel<DMAX>, smem);
+        if (e != cudaSuccess) return e;
+        att_tf32_dq_kernel<DMAX><<<dim3(blocks(a.p.q_len), bh), TF_THREADS, smem, stream>>>(a);
+    }
+    if ((a.dk.p || a.dv.p) && a.p.kv_len > 0) {
+        size_t smem = dkv_smem<DMAX>();
+        cudaError_t e = allow_smem(att_tf32_dkv_kernel<DMAX>, smem);
+        if (e != cudaSuccess) return e;
+        att_tf32_dkv_kernel<DMAX><<<dim3(blocks(a.p.kv_len), bh), TF_THREADS, smem, stream>>>(a);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t att_tf32_forward(const att_args &a, int dmax, cudaStream_t stream)
+{
+    return dmax == 64 ? forward_launch<64>(a, stream) : forward_launch<128>(a, stream);
+}
+
+cudaError_t att_tf32_backward(const att_args &a, int dmax, cudaStream_t stream)
+{
+    return dmax == 64 ? backward_launch<64>(a, stream) : backward_launch<128>(a, stream);
+}
