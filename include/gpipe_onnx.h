@@ -237,6 +237,7 @@ struct gpo_layer {
     int frontier_count;            /* values in that frontier */
     int channels_last;             /* its output 0 is stored [N, H, W, C] */
     int packed_qkv;                /* Attention: Q, K, V read from one packed input (its Split absorbed) */
+    int fused_bias;                /* MatMul: adds a bias (input 2) to its product (the Add after it absorbed) */
 };
 gpo_status gpo_layer(gpo_model *m, int i, struct gpo_layer *out);
 /* Input k of layer i by name ("" for an optional input left out), NULL when

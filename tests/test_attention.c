@@ -683,6 +683,73 @@ static void test_weight_transposes_absorbed(void **state)
     }
 }
 
+/* The bias Adds after the Linear layers' MatMuls (graph/fuse.c,
+ * fused_bias): on the attention fixtures (float inputs) the fused graph
+ * trains to the same bits as the one that keeps the Adds
+ * (GP_FUSE_MATMUL_BIAS=0): the same float32 add after the same product,
+ * the same column sums for the bias's gradient. On the fixture GPT and MLP
+ * (token and image inputs), the count: every MatMul whose product only a
+ * parameter's Add reads absorbed that Add. */
+static void test_matmul_biases_absorbed(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"nanogpt_op17", "mha_op17", "nanogpt_sdpa_dynamo"};
+    for (size_t s = 0; s < sizeof names / sizeof *names; s++) {
+        struct gp_graph f, u;
+        load_with(names[s], 2, NULL, &f);
+        load_with(names[s], 2, "GP_FUSE_MATMUL_BIAS", &u);
+        int dummy, fused = 0;
+        for (int i = 0; i < f.n_nodes; i++)
+            if (f.nodes[i].fused_bias) {
+                fused++;
+                assert_string_equal(f.nodes[i].op_type, "MatMul");
+                assert_int_equal(f.nodes[i].n_inputs, 3);
+                assert_int_equal(f.values[f.nodes[i].inputs[2]].kind, GP_VALUE_PARAMETER);
+            }
+        int kept = count_op(&u, "Add", &dummy) - count_op(&f, "Add", &dummy);
+        if (fused < 1 || kept != fused) fail_msg("%s: %d MatMuls add a bias, %d Adds went", names[s], fused, kept);
+        assert_int_equal(f.n_nodes + fused, u.n_nodes);
+        gp_graph_free(&f);
+        gp_graph_free(&u);
+        double worst = compare_fusion(names[s], "GP_FUSE_MATMUL_BIAS", 17 + s);
+        if (worst != 0) fail_msg("%s: the fused biases differ from the Adds by %.3g", names[s], worst);
+        printf("%-24s %d bias Adds absorbed; the same bits as the graph that keeps them (4 steps)\n", names[s], fused);
+    }
+    static const char *const fixtures[] = {"gpt_op17.onnx", "gpt_dynamo.onnx"};
+    for (size_t s = 0; s < sizeof fixtures / sizeof *fixtures; s++) {
+        char path[4096];
+        struct gp_graph f, u;
+        struct gp_error err = {0};
+        fixture_path(fixtures[s], path, sizeof path);
+        if (gp_onnx_load(path, 2, &f, &err) != GP_OK) fail_msg("%s", err.msg);
+        setenv("GP_FUSE_MATMUL_BIAS", "0", 1);
+        gp_status st = gp_onnx_load(path, 2, &u, &err);
+        unsetenv("GP_FUSE_MATMUL_BIAS");
+        if (st != GP_OK) fail_msg("%s", err.msg);
+        int fused = 0, pairs = 0, dummy;
+        for (int i = 0; i < f.n_nodes; i++) fused += f.nodes[i].fused_bias;
+        /* MatMul + parameter Add pairs of the unfused graph whose product
+         * has no other reader. */
+        for (int i = 0; i < u.n_nodes; i++) {
+            const struct gp_node *n = &u.nodes[i];
+            if (strcmp(n->op_type, "MatMul") || u.values[n->outputs[0]].is_output) continue;
+            int readers = 0, add = -1;
+            for (int j = 0; j < u.n_nodes; j++)
+                for (int k = 0; k < u.nodes[j].n_inputs; k++)
+                    if (u.nodes[j].inputs[k] == n->outputs[0]) readers++, add = j;
+            if (readers != 1 || strcmp(u.nodes[add].op_type, "Add")) continue;
+            const struct gp_node *a = &u.nodes[add];
+            int b = a->inputs[0] == n->outputs[0] ? a->inputs[1] : a->inputs[0];
+            if (b >= 0 && u.values[b].kind == GP_VALUE_PARAMETER) pairs++;
+        }
+        if (fused < 1 || fused != pairs) fail_msg("%s: %d of %d MatMul + bias pairs fused", fixtures[s], fused, pairs);
+        assert_int_equal(count_op(&u, "Add", &dummy) - count_op(&f, "Add", &dummy), fused);
+        printf("%-24s %d bias Adds absorbed\n", fixtures[s], fused);
+        gp_graph_free(&f);
+        gp_graph_free(&u);
+    }
+}
+
 /* ---- memory against the sequence length ----
  * One attention layer as a stage of its own, planned by the executor's
  * planner (gp_plan_stage) for the backend's kernels (their saved-state and
@@ -876,6 +943,7 @@ int main(void)
         cmocka_unit_test(test_hand_built_chains), cmocka_unit_test(test_fixture_gpt_unfused),
         cmocka_unit_test(test_fused_equals_unfused), cmocka_unit_test(test_qkv_split_same_bits),
         cmocka_unit_test(test_qkv_split_hand_built), cmocka_unit_test(test_weight_transposes_absorbed),
+        cmocka_unit_test(test_matmul_biases_absorbed),
         cmocka_unit_test(test_memory_linear_in_T),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -51,16 +51,25 @@ done
 # A tied parameter (the GPT whose head reads its embedding) is named with
 # its readers; untied models have no such line.
 "$bin" inspect "$root/tests/data/tied_gpt_op17.onnx" >"$tmp/out.txt" 2>&1 || fail "inspect of the tied GPT failed"
-grep -q "^tied  *wte.weight read by layers 0, 35:" "$tmp/out.txt" || fail "inspect did not name the tied embedding"
+grep -q "^tied  *wte.weight read by layers 0, 31:" "$tmp/out.txt" || fail "inspect did not name the tied embedding"
 # Split between its two readers, with micro-batches, the tied GPT trains one
 # stage's bits (the head's weight Transpose stays a layer run once per step:
 # absorbed into the MatMul, its terms would interleave with the embedding's).
 tied=(train "$root/tests/data/tied_gpt_op17.onnx" --synthetic 48 --batch 12 --chunks 3 --steps 3 --momentum 0.9 --quiet)
 "$bin" "${tied[@]}" --devices cpu:0 --save "$tmp/tied1.onnx" >/dev/null 2>&1 || fail "tied GPT on one stage failed"
-"$bin" "${tied[@]}" --devices cpu:0,cpu:1 --balance 19,18 --save "$tmp/tied2.onnx" >/dev/null 2>&1 \
+"$bin" "${tied[@]}" --devices cpu:0,cpu:1 --balance 17,16 --save "$tmp/tied2.onnx" >/dev/null 2>&1 \
   || fail "tied GPT on two stages failed"
 cmp -s "$tmp/tied1.onnx" "$tmp/tied2.onnx" || fail "the tied GPT split in two stages saved other bytes than one stage"
 "$bin" inspect "$root/models/gpt_op17.onnx" | grep -q "^tied" && fail "inspect called the untied GPT tied"
+
+# Each Linear's bias Add absorbed into its MatMul (graph/fuse.c): the table
+# marks the layer, the JSON flags it; GP_FUSE_MATMUL_BIAS=0 keeps the Adds.
+"$bin" inspect "$root/models/gpt_op17.onnx" | grep -q "MatMul\(([B]^T)\)\?+bias" \
+  || fail "inspect showed no MatMul with a fused bias in the GPT"
+"$bin" inspect "$root/models/gpt_op17.onnx" --json | grep -q '"fused_bias": *true' \
+  || fail "inspect --json flagged no fused bias in the GPT"
+GP_FUSE_MATMUL_BIAS=0 "$bin" inspect "$root/models/gpt_op17.onnx" | grep -q "+bias" \
+  && fail "GP_FUSE_MATMUL_BIAS=0 still fused a bias"
 
 expect_fail() { # expected-exit-code message-substring command...
   local code="$1" needle="$2"; shift 2
@@ -173,7 +182,7 @@ a="$root/tests/data/attention/nanogpt_op17.onnx"
 "$bin" inspect "$a" --batch 2 --json >"$tmp/fused.json" 2>"$tmp/err.txt" || fail "inspect nanogpt: $(cat "$tmp/err.txt")"
 "$bin" inspect "$a" --batch 2 --json --no-fuse-attention >"$tmp/unfused.json" 2>"$tmp/err.txt" \
   || fail "inspect --no-fuse-attention nanogpt: $(cat "$tmp/err.txt")"
-"$bin" inspect "$a" --batch 2 | grep -q "^ *2  Attention(QKV) " || fail "inspect shows no packed Attention layer"
+"$bin" inspect "$a" --batch 2 | grep -q "^ *1  Attention(QKV) " || fail "inspect shows no packed Attention layer"
 for f in fused unfused; do
   flag=; [ $f = unfused ] && flag=--no-fuse-attention
   "$bin" train "$a" --synthetic 16 --batch 4 --chunks 2 --steps 3 $flag --metrics "$tmp/$f.jsonl" --quiet \

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "graph/build.h"
@@ -223,6 +224,95 @@ static void test_trainability(void **state)
     gp_graph_free(&g);
 }
 
+/* The bias Add after a MatMul folds into it (graph/fuse.c: fused_bias,
+ * the bias as input 2) for x [2, 3, 4] @ W [4, 5] (or Transpose(W [5, 4]))
+ * + b. `how`: 0 Add(p, b) with b [5]; 1 Add(b, p) with b [1, 1, 5] and W
+ * transposed; 2 b a constant (read through a Cast, so not trainable);
+ * 3 GP_FUSE_MATMUL_BIAS=0. The near misses, which keep the Add: 4 b [3, 5]
+ * (a bias per token, not per column); 5 b [1] (a scalar broadcast over
+ * the columns); 6 the product read twice (also by a Relu); 7 the product a
+ * graph output; 8 b read by another node too; 9 Add(p, p); 10 b computed
+ * (an activation, not a weight); 11 a 1-D W (the product has no column axis).
+ * Returns the nodes left; *fused: the MatMul's flag. */
+static int bias_chain(int how, bool *fused)
+{
+    struct gp_graph g;
+    struct gp_error err = {0};
+    init(&g, 2);
+    input(&g, "x", 3, (int64_t[]){2, 3, 4});
+    float w[20], b[15];
+    for (int i = 0; i < 20; i++) w[i] = (float)(i % 7) / 4 - 0.75f;
+    for (int i = 0; i < 15; i++) b[i] = (float)i / 8;
+    bool tb = how == 1;
+    struct gp_shape ws = how == 11 ? (struct gp_shape){1, {4}} : (struct gp_shape){2, {tb ? 5 : 4, tb ? 4 : 5}};
+    assert_int_equal(gp_graph_add_const_f32(&g, "w", &ws, w, &err), GP_OK);
+    struct gp_shape bs = how == 1 ? (struct gp_shape){3, {1, 1, 5}} : how == 4 ? (struct gp_shape){2, {3, 5}}
+                         : how == 5 || how == 11 ? (struct gp_shape){1, {1}} : (struct gp_shape){1, {5}};
+    if (how == 10) {
+        assert_int_equal(gp_graph_add_const_f32(&g, "c", &bs, b, &err), GP_OK);
+        node(&g, "Sigmoid", "sig", 1, S("c"), 1, S("b"));
+    } else if (how == 2) {
+        int64_t bi[5] = {1, 2, 3, 4, 5};
+        assert_int_equal(gp_graph_add_const_i64(&g, "bi", &bs, bi, &err), GP_OK);
+        int c = node(&g, "Cast", "cast", 1, S("bi"), 1, S("b"));
+        struct gp_attr *to = gp_graph_add_attr(&g, c, "to", GP_ATTR_INT, 16, &err);
+        if (!to) fail_msg("%s", err.msg);
+        to->i = GP_DTYPE_FLOAT32;
+    } else {
+        assert_int_equal(gp_graph_add_const_f32(&g, "b", &bs, b, &err), GP_OK);
+    }
+    if (tb) node(&g, "Transpose", "t", 1, S("w"), 1, S("wt"));
+    node(&g, "MatMul", "mm", 2, S("x", tb ? "wt" : "w"), 1, S("p"));
+    node(&g, "Add", "add", 2, how == 1 ? S("b", "p") : how == 9 ? S("p", "p") : S("p", "b"), 1, S("y"));
+    output(&g, "y");
+    if (how == 6) {
+        node(&g, "Relu", "r", 1, S("p"), 1, S("r"));
+        output(&g, "r");
+    }
+    if (how == 7) output(&g, "p");
+    if (how == 8) {
+        node(&g, "Mul", "m", 2, S("y", "b"), 1, S("z"));
+        output(&g, "z");
+    }
+    if (how == 3) setenv("GP_FUSE_MATMUL_BIAS", "0", 1);
+    gp_status st = gp_graph_finalize(&g, &err);
+    if (how == 3) unsetenv("GP_FUSE_MATMUL_BIAS");
+    if (st != GP_OK) fail_msg("case %d: %s", how, err.msg);
+    *fused = false;
+    for (int i = 0; i < g.n_nodes; i++) {
+        const struct gp_node *n = &g.nodes[i];
+        if (!n->fused_bias) continue;
+        *fused = true;
+        assert_string_equal(n->op_type, "MatMul");
+        assert_int_equal(n->n_inputs, 3);
+        assert_int_equal(n->inputs[2], gp_graph_find_value(&g, "b"));
+        assert_int_equal(n->outputs[0], gp_graph_find_value(&g, "y"));
+        assert_int_equal(g.values[n->outputs[0]].producer, i);
+        assert_int_equal(n->trans_b, tb);
+    }
+    int left = g.n_nodes;
+    gp_graph_free(&g);
+    return left;
+}
+
+static void test_matmul_bias_fuses(void **state)
+{
+    (void)state;
+    bool fused;
+    assert_int_equal(bias_chain(0, &fused), 1);
+    assert_true(fused);
+    assert_int_equal(bias_chain(1, &fused), 1); /* Transpose and Add both absorbed */
+    assert_true(fused);
+    assert_int_equal(bias_chain(2, &fused), 1); /* the Cast folds: b a constant */
+    assert_true(fused);
+    assert_int_equal(bias_chain(3, &fused), 2);
+    assert_false(fused);
+    for (int how = 4; how <= 11; how++) {
+        bias_chain(how, &fused);
+        if (fused) fail_msg("near miss %d: the Add was absorbed", how);
+    }
+}
+
 /* Resize scales computed from float constants (Add(k, k)) must fold even
  * though k is a float initializer read through a differentiable slot: its
  * value only reaches the output through the non-differentiable scales. */
@@ -399,6 +489,7 @@ int main(void)
         cmocka_unit_test(test_gelu_chain_fuses),
         cmocka_unit_test(test_tanh_gelu_chains_fuse),
         cmocka_unit_test(test_float_constant_arithmetic_folds_into_scales),
+        cmocka_unit_test(test_matmul_bias_fuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

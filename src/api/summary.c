@@ -135,6 +135,10 @@ static void write_json(FILE *f, gpo_model *m, const struct gpo_model_info *info,
             gp_json_key(&j, "packed_qkv");
             gp_json_bool(&j, true);
         }
+        if (l.fused_bias) {
+            gp_json_key(&j, "fused_bias");
+            gp_json_bool(&j, true);
+        }
         gp_json_key(&j, "domain");
         gp_json_string(&j, l.domain);
         gp_json_key(&j, "since_version");

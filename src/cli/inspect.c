@@ -147,8 +147,9 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
         struct gpo_layer l;
         if (gpo_layer(m, i, &l) != GPO_OK) continue;
         int len = (int)strlen(l.name);
-        /* "+Relu", "(B^T)", "(QKV)" */
-        int olen = (int)strlen(l.op) + (l.fused_relu ? 5 : 0) + (l.trans_b ? 5 : 0) + (l.packed_qkv ? 5 : 0);
+        /* "+Relu", "(B^T)", "(QKV)", "+bias" */
+        int olen = (int)strlen(l.op) + (l.fused_relu ? 5 : 0) + (l.trans_b ? 5 : 0) + (l.packed_qkv ? 5 : 0) +
+                   (l.fused_bias ? 5 : 0);
         if (len > name_w) name_w = len;
         if (olen > op_w) op_w = olen;
     }
@@ -173,8 +174,8 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
             used += (size_t)w;
         }
         char op[64];
-        snprintf(op, sizeof op, "%s%s%s%s", l.op, l.fused_relu ? "+Relu" : "", l.trans_b ? "(B^T)" : "",
-                 l.packed_qkv ? "(QKV)" : "");
+        snprintf(op, sizeof op, "%s%s%s%s%s", l.op, l.fused_relu ? "+Relu" : "", l.trans_b ? "(B^T)" : "",
+                 l.packed_qkv ? "(QKV)" : "", l.fused_bias ? "+bias" : "");
         const char *mark = nhwc && l.channels_last ? "  nhwc" : "";
         printf("%5d  %-*s  %-*s  %-24s %12s  %-*s%s\n", i, op_w, op, name_w, clip(l.name, name_w, name, sizeof name),
                shapes, l.params ? gp_cli_count(l.params, a, sizeof a) : "-", *mark ? front_w : 0,

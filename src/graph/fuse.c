@@ -41,6 +41,24 @@
  * same order, so the results are the unfused pair's up to BLAS's own
  * choice of kernel for the other operand layout.
  *
+ * And the bias Add after a MatMul into it: every Linear layer exports as
+ * y = Add(MatMul(x, W), b) (either operand order) with b a [N] parameter
+ * (or [1, ..., N]); the MatMul, flagged fused_bias, takes b as a third
+ * input and adds it to each row of its product before storing it. Forward,
+ * that is the one pass over the [rows, N] product fewer (read and written
+ * again) and, where the product is stored as bfloat16, one rounding instead
+ * of two (cuBLASLt's bias epilogue adds b to the float32 accumulator);
+ * backward, b's gradient is the column sums of dY, as the Add's was, and
+ * the MatMul reads dY itself instead of the Add's copy of it. Only when the
+ * product has the Add as its only reader and is not a graph output, b is a
+ * float32 parameter or constant of the product's dtype whose every axis
+ * but the last (the product's last, N, of a B with two or more axes) is 1,
+ * of rank at most the product's, and b is read by nothing else (a shared
+ * bias keeps its Add, as a tied weight keeps its Transpose). In float32
+ * the result is the unfused pair's bits: the same float32 add of b to the
+ * same product, and the same sums for b's gradient.
+ * (GP_FUSE_MATMUL_BIAS=0: not, for comparisons.)
+ *
  * Scaled dot-product attention fuses first, into one Attention node
  * (graph/fuse_attention.c).
  *
@@ -228,6 +246,22 @@ static bool weight_transpose(const struct gp_graph *g, const struct gp_node *t)
     return true;
 }
 
+/* Value b as the bias of product p (a MatMul's output whose B has two or
+ * more axes): a float parameter or constant of p's dtype, shaped [N] or
+ * [1, ..., N] with N p's last axis, no more axes than p. */
+static bool row_bias(const struct gp_graph *g, int b, int p)
+{
+    if (b < 0 || p < 0) return false;
+    const struct gp_value *bv = &g->values[b], *pv = &g->values[p];
+    if ((bv->kind != GP_VALUE_PARAMETER && bv->kind != GP_VALUE_CONSTANT) || !bv->constant ||
+        bv->dtype != GP_DTYPE_FLOAT32 || pv->dtype != bv->dtype || bv->shape.rank < 1 ||
+        bv->shape.rank > pv->shape.rank)
+        return false;
+    for (int a = 0; a < bv->shape.rank - 1; a++)
+        if (bv->shape.dims[a] != 1) return false;
+    return bv->shape.dims[bv->shape.rank - 1] == pv->shape.dims[pv->shape.rank - 1];
+}
+
 /* "<folder of the first node's name>/Gelu" (the exporter's module path),
  * or "Gelu_<index>" for names without one. */
 static const char *gelu_name(struct gp_graph *g, const struct gp_node *first, int index)
@@ -342,6 +376,51 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
         g->values[v].producer = -1;
         drop[i] = true;
         fused++;
+    }
+    /* Bias Adds into the MatMul making their other operand
+     * (GP_FUSE_MATMUL_BIAS=0: not, for comparisons). */
+    const char *mb_env = getenv("GP_FUSE_MATMUL_BIAS");
+    for (int i = 0; !(mb_env && !strcmp(mb_env, "0")) && i < g->n_nodes; i++) {
+        struct gp_node *add = &g->nodes[i];
+        if (drop[i] || !gp_fuse_is_op(add, "Add") || add->n_inputs != 2 || add->n_outputs != 1 ||
+            add->outputs[0] < 0 || add->fused_relu)
+            continue;
+        for (int s = 0; s < 2; s++) {
+            int p = add->inputs[s], b = add->inputs[1 - s];
+            int m = p >= 0 ? g->values[p].producer : -1;
+            if (m < 0 || drop[m] || gp_fuse_sole_consumer(g, uses, user, p) != i) continue;
+            struct gp_node *mm = &g->nodes[m];
+            if (!gp_fuse_is_op(mm, "MatMul") || mm->n_inputs != 2 || mm->n_outputs != 1 || mm->outputs[0] != p ||
+                mm->fused_bias || mm->inputs[1] < 0 || g->values[mm->inputs[1]].shape.rank < 2)
+                continue;
+            /* A bias read elsewhere too keeps its Add (the tied weight's
+             * reason above: one gradient, added once). */
+            if (!row_bias(g, b, p) || uses[b] != 1 || b == mm->inputs[0] || b == mm->inputs[1]) continue;
+            int y = add->outputs[0];
+            const struct gp_value *yv = &g->values[y];
+            if (yv->dtype != g->values[p].dtype || !gp_shape_equal(&yv->shape, &g->values[p].shape)) continue;
+            int *in = gp_arena_alloc(&g->arena, sizeof(int) * 3);
+            if (!in) {
+                free(uses);
+                free(user);
+                free(drop);
+                return gp_error_set(err, GP_ERR_NOMEM, "out of memory fusing the graph");
+            }
+            in[0] = mm->inputs[0];
+            in[1] = mm->inputs[1];
+            in[2] = b;
+            mm->inputs = in;
+            mm->n_inputs = 3;
+            mm->fused_bias = true;
+            mm->outputs[0] = y;
+            g->values[y].producer = m;
+            g->values[p].producer = -1;
+            user[b] = m;
+            uses[p] = 0;
+            drop[i] = true;
+            fused++;
+            break;
+        }
     }
     if (fused) {
         int count = 0;

@@ -94,6 +94,12 @@ struct gp_node {
      * exporter's Transpose of the weight absorbed, graph/fuse.c): the
      * product is A B^T and B's gradient is dY^T A. Set by fusion only. */
     bool trans_b;
+    /* A MatMul that adds a bias to its product (graph/fuse.c: the Add after
+     * it absorbed): input 2 is b, [N] or [1, ..., N] with N the product's
+     * last axis, added to every row of the product in float32 before the
+     * product is stored; b's gradient is the column sums of dY. Set by
+     * fusion only. */
+    bool fused_bias;
     /* A 3-D Attention whose Q, K and V were the equal thirds of one Split
      * along the last axis (graph/fuse_attention.c): input 0 is the packed
      * [B, T, 3 * C] tensor, inputs 1 and 2 are omitted, and the kernels

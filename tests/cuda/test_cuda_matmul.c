@@ -343,6 +343,90 @@ static void test_matmul_bf16(void **state)
     bf16_off();
 }
 
+/* ---- MatMul with a fused bias (graph/fuse.c) ----
+ * x [.., K] @ W (+ b [N]) as a Linear layer exports it, Add(MatMul(x, W), b)
+ * or with W transposed, fused at finalize into one MatMul with b as input 2:
+ * forward through cuBLASLt's bias epilogue (or cublasGemmEx and the bias
+ * pass where cuBLASLt has no algorithm), b's gradient the column sums of
+ * dY. The CPU's fused kernel is the reference; in bf16 b stays float32
+ * (no bfloat16 copy: pipeline/plan.c) with a float32 gradient. */
+static void run_matmul_bias(int ra, const int64_t *a, int64_t n, bool trans_b, bool bias_first)
+{
+    struct gp_graph g;
+    struct gp_error err = {0};
+    begin(&g, 13);
+    input(&g, "a", ra, a);
+    int64_t k = a[ra - 1];
+    float *w = pattern(k * n, (struct pat)PAT_W), *b = pattern(n, (struct pat)PAT_B);
+    struct gp_shape ws = {.rank = 2, .dims = {trans_b ? n : k, trans_b ? k : n}};
+    if (gp_graph_add_const_f32(&g, "w", &ws, w, &err) != GP_OK) fail_msg("%s", err.msg);
+    const_f32(&g, "bias", n, b);
+    if (trans_b) {
+        if (gp_graph_add_node(&g, "Transpose", "", "t", 1, S("w"), 1, S("wt"), &err) < 0) fail_msg("%s", err.msg);
+        if (gp_graph_add_node(&g, "MatMul", "", "mm", 2, S("a", "wt"), 1, S("p"), &err) < 0) fail_msg("%s", err.msg);
+    } else if (gp_graph_add_node(&g, "MatMul", "", "mm", 2, S("a", "w"), 1, S("p"), &err) < 0) {
+        fail_msg("%s", err.msg);
+    }
+    node(&g, "Add", 2, bias_first ? S("bias", "p") : S("p", "bias"), 1, S("y"));
+    finalize_ok(&g);
+    assert_int_equal(g.n_nodes, 1);
+    assert_true(g.nodes[0].fused_bias);
+    assert_int_equal(g.nodes[0].trans_b, trans_b);
+    char label[280], sa[80] = "", suffix[96];
+    for (int i = 0; i < ra; i++)
+        snprintf(sa + strlen(sa), sizeof sa - strlen(sa), "%s%lld", i ? "," : "", (long long)a[i]);
+    snprintf(label, sizeof label, "MatMul%s+bias [%s] x [%lld, %lld]%s", trans_b ? "(B^T)" : "", sa, (long long)k,
+             (long long)n, mode_suffix(suffix, sizeof suffix));
+    int64_t rows = gp_shape_numel(&g.values[g.inputs[0]].shape) / k;
+    struct op_compare o = compare_for(label, max3(k, n, rows));
+    op_compare_node(&g, 0, &o);
+    gp_graph_free(&g);
+    free(w);
+    free(b);
+}
+
+static const struct {
+    int ra;
+    int64_t a[4], n;
+    bool trans_b, bias_first;
+} bias_cases[] = {
+    {2, {3, 4}, 5, false, false},               /* no run fits: the plain kernels */
+    {3, {2, 3, 8}, 16, true, true},
+    {2, {257, 128}, 72, false, true},
+    {3, {2, 128, 768}, 2304, true, false},      /* GPT-2's attention projection (c_attn) */
+    {3, {2, 128, 768}, 2304, false, false},
+    {3, {2, 128, 3072}, 768, true, false},      /* its MLP's down projection */
+    {1, {96}, 40, false, false},                /* a 1-D x: one row */
+};
+
+static void test_matmul_bias(void **state)
+{
+    (void)state;
+    for (int i = 0; i < N_OF(bias_cases); i++)
+        run_matmul_bias(bias_cases[i].ra, bias_cases[i].a, bias_cases[i].n, bias_cases[i].trans_b,
+                        bias_cases[i].bias_first);
+    tf32_mode = true;
+    for (int i = 0; i < N_OF(bias_cases); i++)
+        run_matmul_bias(bias_cases[i].ra, bias_cases[i].a, bias_cases[i].n, bias_cases[i].trans_b,
+                        bias_cases[i].bias_first);
+    tf32_mode = false;
+}
+
+static void test_matmul_bias_bf16(void **state)
+{
+    (void)state;
+    /* x an activation, W a parameter (its bfloat16 copy), b a parameter
+     * read as float32. */
+    bf16_set(IN(1) | IN(2), IN(2), 0);
+    for (int i = 0; i < N_OF(bias_cases); i++)
+        run_matmul_bias(bias_cases[i].ra, bias_cases[i].a, bias_cases[i].n, bias_cases[i].trans_b,
+                        bias_cases[i].bias_first);
+    /* ... into a float32 Y. */
+    bf16_set(IN(1) | IN(2), IN(2), IN(0));
+    run_matmul_bias(3, (const int64_t[]){2, 128, 768}, 2304, true, false);
+    bf16_off();
+}
+
 int main(void)
 {
     op_compare_require_device();
@@ -353,6 +437,8 @@ int main(void)
         cmocka_unit_test(test_tf32),
         cmocka_unit_test(test_gemm_bf16),
         cmocka_unit_test(test_matmul_bf16),
+        cmocka_unit_test(test_matmul_bias),
+        cmocka_unit_test(test_matmul_bias_bf16),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0)

@@ -3,7 +3,14 @@
  * Every product goes through gp_cpu_gemm, whose bits do not depend on the
  * thread count. Gradients that reduce over a batch (a broadcast MatMul
  * operand) either fold the batch into the inner dimension of one product or
- * accumulate the products one batch entry after another, in order. */
+ * accumulate the products one batch entry after another, in order.
+ *
+ * A MatMul with a fused bias (graph/fuse.c: input 2, b [N] or [1, ..., N])
+ * adds b to every row of the product after BLAS has written it: the same
+ * float add of the same two values as the Add it replaces, so the same
+ * bits. b's gradient is the column sums of dY, each in double, row after
+ * row, rounded once and added: the Add's sums (binary.c's BCAST_REDUCE
+ * over its [rows, N] plan), so the same bits too. */
 #include <string.h>
 
 #include "backend/cpu/gemm.h"
@@ -157,6 +164,28 @@ static void matmul_plan(const struct gp_cpu_ctx *c, struct matmul_plan *p)
     p->nbm = mb;
 }
 
+/* y [rows, n] += b [n] on each row: a fused bias (in[2]). */
+static void add_bias(const struct gp_cpu_ctx *c, const struct matmul_plan *p, real *y)
+{
+    const real *b = c->in[2];
+    int64_t rows = p->batch * p->m, n = p->n;
+#pragma omp parallel for if (rows * n > 32768) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < n; j++) y[r * n + j] = y[r * n + j] + b[j];
+}
+
+/* db [n] += the column sums of dy [rows, n], each in double in row order. */
+static void bias_grad(const struct matmul_plan *p, const real *dy, real *db)
+{
+    int64_t rows = p->batch * p->m, n = p->n;
+#pragma omp parallel for if (rows * n > 32768) schedule(static)
+    for (int64_t j = 0; j < n; j++) {
+        double acc = 0;
+        for (int64_t r = 0; r < rows; r++) acc += (double)dy[r * n + j];
+        db[j] = db[j] + (real)acc;
+    }
+}
+
 /* Matrix offsets into A and B of Y's batch entry `b`. */
 static void matmul_offsets(const struct matmul_plan *p, int64_t b, int64_t *oa, int64_t *ob)
 {
@@ -183,6 +212,7 @@ static gp_status matmul_forward(struct gp_cpu_ctx *c, struct gp_error *err)
          * with the batch folded into the rows. */
         GP_TRY(check_blas(c, err, p.batch * p.m, p.n, p.k));
         gp_cpu_gemm(false, tb, p.batch * p.m, p.n, p.k, 1, a, p.k, b, tb ? p.k : p.n, 0, y, p.n);
+        if (c->node->fused_bias) add_bias(c, &p, y);
         return GP_OK;
     }
     if (tb) return gp_error_set(err, GP_ERR_INVALID, "MatMul: a transposed B shared by a batch of A only");
@@ -193,6 +223,7 @@ static gp_status matmul_forward(struct gp_cpu_ctx *c, struct gp_error *err)
         gp_cpu_gemm(false, false, p.m, p.n, p.k, 1, a + oa * sa, p.k, b + ob * sb, p.n, 0,
                     y + i * sy, p.n);
     }
+    if (c->node->fused_bias) add_bias(c, &p, y);
     return GP_OK;
 }
 
@@ -206,6 +237,7 @@ static gp_status matmul_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     const real *a = c->in[0], *b = c->in[1], *dy = c->dout[0];
     real *da = c->din[0], *db = c->din[1];
     if (!dy) return GP_OK;
+    if (c->node->fused_bias && c->din[2]) bias_grad(&p, dy, c->din[2]);
     int64_t sa = p.m * p.k, sb = p.k * p.n, sy = p.m * p.n;
     bool tb = c->node->trans_b;
     if (p.nbm == 1 && p.na == p.batch) {

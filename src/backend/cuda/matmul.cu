@@ -27,14 +27,36 @@
  * (bfloat16, or a float32 parameter) is copied into Y and cuBLAS adds
  * alpha A' B' to beta times it, as PyTorch's addmm does; per-entry products
  * of a broadcast MatMul operand stay float32 in scratch until their sum.
- * The bias kernels read either storage and compute in float32. */
+ * The bias kernels read either storage and compute in float32.
+ *
+ * A MatMul with a fused bias (graph/fuse.c: input 2, b [N]) whose B is one
+ * matrix for all of A (a Linear layer) goes to cuBLASLt with
+ * CUBLASLT_EPILOGUE_BIAS: b is added to the float32 accumulator and the
+ * sum rounded once to Y's storage, as PyTorch's Linear does, and the
+ * product is not read and written again by a second pass. cublasLt.h
+ * documents the bias vector as of D's type (bfloat16 for a bfloat16 Y)
+ * apart from integer and fp8 kernels; b here is float32 (a parameter, not
+ * given a bfloat16 copy: pipeline/plan.c), so the bias type is set to
+ * CUDA_R_32F and where cuBLASLt's heuristic offers no algorithm for that
+ * (or for the shape), the product goes through cublasGemmEx as before and
+ * b is added by a pass of its own (row_runs.cuh's kernel): the unfused
+ * Add's arithmetic, never b rounded to bfloat16. The algorithm query
+ * fixes what it may assume (16-byte alignment of every pointer, no
+ * workspace, no split-K reduction), so the choice depends on the shapes
+ * and types alone, not on where a stage's buffers happen to lie: the same
+ * algorithm, so the same bits, whatever the stage split. b's gradient is
+ * the Add's: column sums of dY in chunks (row_grad_part_kernel) folded in
+ * a fixed order (reduce_finish_kernel), over the Add's plan and chunks. */
 #include <limits.h>
 #include <string.h>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include "backend/cuda/bf16.cuh"
+#include "backend/cuda/broadcast.cuh"
 #include "backend/cuda/kernel_util.cuh"
+#include "backend/cuda/row_runs.cuh"
 
 /* ---- cuBLAS, row-major ---- */
 
@@ -478,6 +500,186 @@ static gp_status batched_gemm(const struct gp_cuda_ctx *c, struct gp_error *err,
     return GP_OK;
 }
 
+/* ---- the fused bias ---- */
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Y [m, n] = A [m, k] op(B) + bias [n] in one cuBLASLt call with the bias
+ * epilogue (op(B): B [k, n], or B^T of B stored [n, k] when tb), `t` the
+ * operands' and Y's storage, bias float32 or bfloat16 (bias_bf16). *done
+ * false, nothing launched: cuBLASLt offers no algorithm for this (the
+ * caller adds the bias in a pass of its own). */
+static gp_status lt_gemm_bias(const struct gp_cuda_ctx *c, struct gp_error *err, const struct mm_types *t,
+                              bool tb, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
+                              const void *bias, bool bias_bf16, void *y, bool *done)
+{
+    *done = false;
+    size_t es = type_size(t->ab), ey = type_size(t->c);
+    /* The query assumes 16-byte alignment (below): pointers and leading
+     * dimensions that give less take the other path. */
+    if (!fits_int(m) || !fits_int(n) || !fits_int(k) || m == 0 || n == 0 || k == 0 || !aligned16(a) ||
+        !aligned16(b) || !aligned16(y) || !aligned16(bias) || (k * es) % 16 || (n * es) % 16 || (n * ey) % 16)
+        return GP_OK;
+    cublasLtHandle_t lt = (cublasLtHandle_t)c->cublas; /* a cuBLAS handle is a cuBLASLt one */
+    bool bf16 = t->ab == CUDA_R_16BF;
+    cublasComputeType_t ct = !bf16 && c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cudaDataType_t scale = CUDA_R_32F;
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t lb = NULL, la = NULL, ly = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasStatus_t s = cublasLtMatmulDescCreate(&desc, ct, scale);
+    /* Column-major, as rm_gemm: Y^T [n, m] = op(B)^T A^T, B first. */
+    cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = CUBLAS_OP_N;
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    int32_t bias_type = bias_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    /* The algorithm query reads the bias pointer for its alignment only:
+     * a stand-in aligned to exactly 16 bytes, so that the real pointer's
+     * alignment (which depends on the stage's layout) cannot change the
+     * choice. */
+    const void *probe = (const void *)(uintptr_t)16;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &probe, sizeof probe);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = tb ? cublasLtMatrixLayoutCreate(&lb, t->ab, (uint64_t)k, (uint64_t)n, k)
+               : cublasLtMatrixLayoutCreate(&lb, t->ab, (uint64_t)n, (uint64_t)k, n);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&la, t->ab, (uint64_t)k, (uint64_t)m, k);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&ly, t->c, (uint64_t)n, (uint64_t)m, n);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceCreate(&pref);
+    /* No workspace and no split-K: nothing is summed outside the one
+     * accumulator, in the output's type or any other order. */
+    uint64_t ws = 0;
+    uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE, align = 16;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red);
+    const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; i++)
+        s = cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof align);
+    gp_status st = GP_OK;
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        st = blas_status(c, err, s, "cuBLASLt descriptors", "MatMul forward with bias");
+    } else {
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        memset(&res, 0, sizeof res);
+        s = cublasLtMatmulAlgoGetHeuristic(lt, desc, lb, la, ly, ly, pref, 1, &res, &found);
+        /* No algorithm (CUBLAS_STATUS_NOT_SUPPORTED among others): the
+         * other path; an error comes from the call itself. */
+        if (s == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
+            float alpha = 1.0f, beta = 0.0f;
+            s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+            if (s == CUBLAS_STATUS_SUCCESS)
+                s = cublasLtMatmul(lt, desc, &alpha, b, lb, a, la, &beta, y, ly, y, ly, &res.algo, NULL, 0,
+                                   c->stream);
+            st = blas_status(c, err, s, "cublasLtMatmul", "MatMul forward with bias");
+            *done = st == GP_OK;
+        }
+    }
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (ly) cublasLtMatrixLayoutDestroy(ly);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return st;
+}
+
+/* Y [rows, n] += bias [n] in place, each sum in float32 rounded once to
+ * Y's storage F (R the bias's): the unfused Add's arithmetic. */
+template <class F, class R>
+__global__ static void add_bias_kernel(F *y, const R *bias, int64_t rows, int64_t n)
+{
+    GP_GRID_STRIDE(e, rows * n) gp_store(y + e, gp_load(y + e) + gp_load(bias + e % n));
+}
+
+template <class F, class R>
+static gp_status add_bias_launch(const struct gp_cuda_ctx *c, void *y, const void *bias, int64_t rows, int64_t n,
+                                 struct gp_error *err)
+{
+    int64_t numel = rows * n;
+    if (numel == 0) return GP_OK;
+    /* On runs where they fit (row_runs.cuh's preconditions), in place:
+     * each thread reads its run before writing it. */
+    if (n % RUN_W == 0 && numel / RUN_W <= (int64_t)UINT32_MAX && gp_runs_fit(numel, RUN_W, sizeof(F), {y}) &&
+        gp_runs_fit(n, RUN_W, sizeof(R), {bias})) {
+        int64_t runs = numel / RUN_W;
+        row_forward_runs_kernel<F, R><<<gp_cuda_blocks_for((runs + 1) / 2), GP_CUDA_THREADS, 0, c->stream>>>(
+            ROW_ADD, false, false, (const F *)y, (const R *)bias, (F *)y, (uint32_t)(n / RUN_W), runs);
+    } else {
+        add_bias_kernel<F, R><<<gp_cuda_blocks_for(numel), GP_CUDA_THREADS, 0, c->stream>>>((F *)y, (const R *)bias,
+                                                                                            rows, n);
+    }
+    return gp_cuda_check_launch(c, "MatMul forward: bias", err);
+}
+
+static gp_status add_bias(const struct gp_cuda_ctx *c, void *y, bool y_bf16, const void *bias, bool bias_bf16,
+                          int64_t rows, int64_t n, struct gp_error *err)
+{
+    if (y_bf16 && bias_bf16) return add_bias_launch<bf16_t, bf16_t>(c, y, bias, rows, n, err);
+    if (y_bf16) return add_bias_launch<bf16_t, float>(c, y, bias, rows, n, err);
+    if (bias_bf16) return add_bias_launch<float, bf16_t>(c, y, bias, rows, n, err);
+    return add_bias_launch<float, float>(c, y, bias, rows, n, err);
+}
+
+/* The Add's plan of Y = P + bias (operands P, bias, Y): the plan, and so
+ * the chunks, binary.cu's gradient of the bias takes. */
+static void bias_plan(const struct gp_graph *g, const struct gp_node *node, struct bplan *p)
+{
+    const struct gp_shape *y = &gp_node_output(g, node, 0)->shape;
+    const struct gp_shape *shapes[3] = {y, &gp_node_input(g, node, 2)->shape, y};
+    bplan_init(p, y, 3, shapes);
+}
+
+/* dBias += the column sums of dY [rows, n] (G dY's storage, D dBias'): in
+ * chunks on runs then folded in a fixed order (row_runs.cuh, the Add's
+ * kernels) where they fit, else gemm_dc_cols_kernel's sums in double. */
+template <class G, class D>
+static gp_status bias_grad_launch(const struct gp_cuda_ctx *c, const void *dy, void *dbias, struct gp_error *err)
+{
+    struct bplan p;
+    bias_plan(c->graph, c->node, &p);
+    if (p.numel == 0) return GP_OK;
+    const char *what = "MatMul backward (bias)";
+    struct bsplit s;
+    bsplit_init(&s, &p, 1);
+    int64_t chunk, nch;
+    reduce_chunks(s.ne, s.nred, &chunk, &nch);
+    if (p.rank == 2 && p.st[1][0] == 0 && p.st[1][1] == 1 && nch > 1 && c->scratch &&
+        p.dims[1] % RUN_W == 0 && p.numel / RUN_W <= (int64_t)UINT32_MAX &&
+        gp_runs_fit(p.numel, RUN_W, sizeof(G), {dy})) {
+        row_grad_part_kernel<G><<<gp_cuda_blocks_for(p.dims[1] / GRAD_W * nch), GP_CUDA_THREADS, 0, c->stream>>>(
+            false, (const G *)dy, (const G *)NULL, p.dims[0], p.dims[1], chunk, nch, (double *)c->scratch);
+        GP_TRY(gp_cuda_check_launch(c, what, err));
+        reduce_finish_kernel<D *><<<gp_cuda_blocks_for(s.ne * 32), GP_CUDA_THREADS, 0, c->stream>>>(
+            p, s, 1, nch, (const double *)c->scratch, (D *)dbias);
+        return gp_cuda_check_launch(c, what, err);
+    }
+    int64_t n = s.ne, rows = p.numel / n;
+    dim3 block(COL_TILE, COL_ROWS);
+    gemm_dc_cols_kernel<D, G><<<(unsigned)((n + COL_TILE - 1) / COL_TILE), block, 0, c->stream>>>(
+        (D *)dbias, (const G *)dy, 1.0, rows, n);
+    return gp_cuda_check_launch(c, what, err);
+}
+
+static gp_status bias_grad(const struct gp_cuda_ctx *c, struct gp_error *err)
+{
+    bool g16 = gp_cuda_is_bf16(c->dout_dt, 0), d16 = gp_cuda_is_bf16(c->din_dt, 2);
+    if (g16 && d16) return bias_grad_launch<bf16_t, bf16_t>(c, c->dout[0], c->din[2], err);
+    if (g16) return bias_grad_launch<bf16_t, float>(c, c->dout[0], c->din[2], err);
+    if (d16) return bias_grad_launch<float, bf16_t>(c, c->dout[0], c->din[2], err);
+    return bias_grad_launch<float, float>(c, c->dout[0], c->din[2], err);
+}
+
 static gp_status matmul_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     GP_TRY(want_f32(c, err));
@@ -489,14 +691,24 @@ static gp_status matmul_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     GP_TRY(mm_types_of(c, err, "MatMul forward", gp_cuda_is_bf16(c->in_dt, 0), gp_cuda_is_bf16(c->in_dt, 1),
                        gp_cuda_is_bf16(c->out_dt, 0), &t));
     bool tb = c->node->trans_b;
-    if (p.nbm == 1 && p.na == p.batch) /* one B for a whole batch of A: the batch folds into rows */
-        return rm_gemm(c, err, "MatMul forward", &t, false, tb, p.batch * p.m, p.n, p.k, 1.0f, a, p.k,
-                       0, b, tb ? p.k : p.n, 0, 0.0f, y, p.n, 0, 1);
-    if (tb) return gp_cuda_error(c, err, GP_ERR_INVALID, "MatMul: a transposed B shared by a batch of A only");
-    struct batch_axes ax;
-    batch_axes_init(&ax, p.nb, p.dims, p.sa, p.sb, p.sy);
-    return batched_gemm(c, err, "MatMul forward", &t, &ax, false, false, p.m, p.n, p.k, a, p.k,
-                        p.m * p.k, b, p.n, p.k * p.n, 0.0f, y, p.m * p.n);
+    bool bias = c->node->fused_bias, bias16 = bias && gp_cuda_is_bf16(c->in_dt, 2);
+    if (p.nbm == 1 && p.na == p.batch) { /* one B for a whole batch of A: the batch folds into rows */
+        if (bias) {
+            bool done;
+            GP_TRY(lt_gemm_bias(c, err, &t, tb, p.batch * p.m, p.n, p.k, a, b, c->in[2], bias16, y, &done));
+            if (done) return GP_OK;
+        }
+        GP_TRY(rm_gemm(c, err, "MatMul forward", &t, false, tb, p.batch * p.m, p.n, p.k, 1.0f, a, p.k,
+                       0, b, tb ? p.k : p.n, 0, 0.0f, y, p.n, 0, 1));
+    } else {
+        if (tb) return gp_cuda_error(c, err, GP_ERR_INVALID, "MatMul: a transposed B shared by a batch of A only");
+        struct batch_axes ax;
+        batch_axes_init(&ax, p.nb, p.dims, p.sa, p.sb, p.sy);
+        GP_TRY(batched_gemm(c, err, "MatMul forward", &t, &ax, false, false, p.m, p.n, p.k, a, p.k,
+                            p.m * p.k, b, p.n, p.k * p.n, 0.0f, y, p.m * p.n));
+    }
+    if (!bias) return GP_OK;
+    return add_bias(c, y, t.c == CUDA_R_16BF, c->in[2], bias16, p.batch * p.m, p.n, err);
 }
 
 /* The reduction of per-entry products P [batch, mat] into an operand's
@@ -581,11 +793,18 @@ static size_t matmul_scratch(const struct gp_graph *g, const struct gp_node *nod
     c.node = node;
     struct matmul_plan p;
     matmul_plan(&c, &p);
-    if (p.nbm == 1 && p.na == p.batch) return 0;
+    size_t bias = 0; /* the bias gradient's chunk sums */
+    if (node->fused_bias) {
+        struct bplan bp;
+        bias_plan(g, node, &bp);
+        bias = reduce_scratch(&bp, 1);
+    }
+    if (p.nbm == 1 && p.na == p.batch) return bias;
     int64_t need = 0;
     if (p.na < p.batch) need = p.batch * p.m * p.k;
     if (p.nbm < p.batch && p.batch * p.k * p.n > need) need = p.batch * p.k * p.n;
-    return sizeof(float) * (size_t)need;
+    size_t prod = sizeof(float) * (size_t)need;
+    return prod > bias ? prod : bias;
 }
 
 /* dY [..., M, N] -> dA += dY B^T, dB += A^T dY, each summed over the batch
@@ -598,6 +817,9 @@ static gp_status matmul_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     const void *a = c->in[0], *b = c->in[1], *dy = c->dout[0];
     void *da = c->din[0], *db = c->din[1];
     if (!dy) return GP_OK;
+    /* The bias first: its chunk sums use the scratch, which the products
+     * of a broadcast operand below may then reuse (one stream: in order). */
+    if (c->node->fused_bias && c->din[2]) GP_TRY(bias_grad(c, err));
     bool ab = gp_cuda_is_bf16(c->in_dt, 0), bb = gp_cuda_is_bf16(c->in_dt, 1);
     bool yb = gp_cuda_is_bf16(c->dout_dt, 0);
     bool dab = gp_cuda_is_bf16(c->din_dt, 0), dbb = gp_cuda_is_bf16(c->din_dt, 1);
