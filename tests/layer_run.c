@@ -180,7 +180,7 @@ void layer_run(const struct gp_device_ops *ops, int index, enum gp_precision p, 
         bool act = v && !v->constant;
         in_dt[k] = !v ? GP_DTYPE_FLOAT32
                    : !fl ? v->dtype
-                   : bf16 && (act || gp_plan_autocast_input(node, k)) ? GP_DTYPE_BFLOAT16 /* activation or shadow */
+                   : bf16 && (act || gp_plan_autocast_op(node)) ? GP_DTYPE_BFLOAT16 /* activation or shadow */
                                                                : GP_DTYPE_FLOAT32;
         din_dt[k] = bf16 && act && fl ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
     }

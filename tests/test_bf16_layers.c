@@ -14,8 +14,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "graph/build.h"
 
 #include "fixtures.h"
 #include "layer_run.h"
@@ -55,8 +58,78 @@ static void test_fixtures(void **state)
     for (size_t f = 0; f < sizeof list / sizeof *list; f++) check_fixture(list[f].name, list[f].batch);
 }
 
+/* Round to bfloat16, nearest even (finite values). */
+static float bf16_round(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* A Linear's bias fused into its MatMul (graph/fuse.c), in bf16: b is
+ * read through its bfloat16 copy, as autocast rounds a Linear's bias, and
+ * added to the float32 product before the one rounding of Y, as cuBLASLt's
+ * bias epilogue does: y = bf16(x W + bf16(b)), not bf16(x W + b). The
+ * products here are exact, and b = 2^-8 + 2^-20 tells the two apart: after
+ * a product of 1, bf16(1 + 2^-8) is a tie to 1, while 1 + 2^-8 + 2^-20
+ * rounds up to 1 + 2^-7. b's gradient stays float32: the column sums of
+ * the (bfloat16) dY added to what it held. */
+static void test_fused_bias_rounded(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    struct gp_error err = {0};
+    assert_int_equal(gp_graph_init(&g, 2, 17, 64, 32, &err), GP_OK);
+    struct gp_shape xs = {.rank = 2, .dims = {2, 4}}, ws = {.rank = 2, .dims = {4, 3}}, bs = {.rank = 1, .dims = {3}};
+    assert_int_equal(gp_graph_add_input(&g, "x", GP_DTYPE_FLOAT32, &xs, &err), GP_OK);
+    const float w[12] = {1, 1, 0, 0, 1, 1, 0.5f, 0, 0.25f, 0, 2, 0};
+    const float b[3] = {0x1p-8f + 0x1p-20f, 0x1p-8f + 0x1p-20f, 0.1f};
+    assert_int_equal(gp_graph_add_const_f32(&g, "w", &ws, w, &err), GP_OK);
+    assert_int_equal(gp_graph_add_const_f32(&g, "b", &bs, b, &err), GP_OK);
+    if (gp_graph_add_node(&g, "MatMul", "", "mm", 2, (const char *const[]){"x", "w"}, 1, (const char *const[]){"p"},
+                          &err) < 0 ||
+        gp_graph_add_node(&g, "Add", "", "add", 2, (const char *const[]){"p", "b"}, 1, (const char *const[]){"y"},
+                          &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(gp_graph_add_output(&g, "y", &err), GP_OK);
+    if (gp_graph_finalize(&g, &err) != GP_OK) fail_msg("%s", err.msg);
+    assert_int_equal(g.n_nodes, 1);
+    assert_true(g.nodes[0].fused_bias);
+    struct layer_io io;
+    layer_run_inputs(&g, 0, 0, &io);
+    const float x[8] = {1, 0, 0, 0, 0, 1, 0, 0};
+    memcpy(io.in[0], x, sizeof x);
+    layer_run(&gp_cpu_device_ops, 0, GP_PRECISION_BF16, &g, 0, "MatMul+bias (bf16)", &io);
+    const float *y = io.out[0];
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 3; j++) {
+            float p = 0;
+            for (int k = 0; k < 4; k++) p += x[r * 4 + k] * w[k * 3 + j];
+            float want = bf16_round(p + bf16_round(b[j]));
+            if (y[r * 3 + j] != want)
+                fail_msg("y[%d][%d] = %.9g, not bf16(%g + bf16(b)) = %.9g", r, j, (double)y[r * 3 + j], (double)p,
+                         (double)want);
+        }
+    /* The case tells the roundings apart: y[0][0] = bf16(1 + 2^-8) = 1. */
+    assert_true(y[0] == 1.0f && bf16_round(1.0f + b[0]) != 1.0f);
+    assert_non_null(io.din[2]);
+    for (int j = 0; j < 3; j++) {
+        double sum = 0;
+        for (int r = 0; r < 2; r++) sum += (double)bf16_round(io.dout[0][r * 3 + j]);
+        float want = io.din0[2][j] + (float)sum;
+        if (!(fabsf(io.din[2][j] - want) <= 1e-6f * (fabsf(want) + 1)))
+            fail_msg("db[%d] = %.9g, not %.9g", j, (double)io.din[2][j], (double)want);
+    }
+    printf("MatMul+bias (bf16): y = bf16(x W + bf16(b)), b's gradient float32\n");
+    layer_run_free(&g, 0, &io);
+    gp_graph_free(&g);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fixtures)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fixtures), cmocka_unit_test(test_fused_bias_rounded)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,14 +25,12 @@ static void backward_reads(const struct gp_node *node, uint32_t din_wanted, uint
 static bool bit(uint32_t mask, int k) { return k >= 32 || ((mask >> k) & 1); }
 
 /* No float tensor stored as float32 among the inputs, outputs and incoming
- * gradients (input gradients may be float32: a parameter's; so may a
- * MatMul's fused bias, which has no bfloat16 copy (pipeline/plan.c) and
- * which the kernels read in either storage). */
+ * gradients (input gradients may be float32: a parameter's). */
 static bool all_bf16(const struct gp_node *n, const enum gp_dtype *in_dt, const enum gp_dtype *out_dt,
                      const enum gp_dtype *dout_dt, bool backward)
 {
     for (int k = 0; k < n->n_inputs; k++)
-        if (n->inputs[k] >= 0 && in_dt && in_dt[k] == GP_DTYPE_FLOAT32 && !(n->fused_bias && k == 2)) return false;
+        if (n->inputs[k] >= 0 && in_dt && in_dt[k] == GP_DTYPE_FLOAT32) return false;
     for (int k = 0; k < n->n_outputs; k++) {
         if (n->outputs[k] < 0) continue;
         if (out_dt && out_dt[k] == GP_DTYPE_FLOAT32) return false;

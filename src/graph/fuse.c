@@ -47,7 +47,9 @@
  * input and adds it to each row of its product before storing it. Forward,
  * that is the one pass over the [rows, N] product fewer (read and written
  * again) and, where the product is stored as bfloat16, one rounding instead
- * of two (cuBLASLt's bias epilogue adds b to the float32 accumulator);
+ * of two (cuBLASLt's bias epilogue adds b to the float32 accumulator; in
+ * bf16, b is read through its bfloat16 copy as the weight is, rounded to
+ * bfloat16 as PyTorch's autocast rounds a Linear's bias);
  * backward, b's gradient is the column sums of dY, as the Add's was, and
  * the MatMul reads dY itself instead of the Add's copy of it. Only when the
  * product has the Add as its only reader and is not a graph output, b is a
@@ -56,7 +58,9 @@
  * of rank at most the product's, and b is read by nothing else (a shared
  * bias keeps its Add, as a tied weight keeps its Transpose). In float32
  * the result is the unfused pair's bits: the same float32 add of b to the
- * same product, and the same sums for b's gradient.
+ * same product, and the same sums for b's gradient; in bf16 it differs from
+ * the unfused pair's (b rounded to bfloat16, the product not), by about a
+ * bfloat16 rounding.
  * (GP_FUSE_MATMUL_BIAS=0: not, for comparisons.)
  *
  * Scaled dot-product attention fuses first, into one Attention node

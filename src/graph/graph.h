@@ -97,7 +97,8 @@ struct gp_node {
     /* A MatMul that adds a bias to its product (graph/fuse.c: the Add after
      * it absorbed): input 2 is b, [N] or [1, ..., N] with N the product's
      * last axis, added to every row of the product in float32 before the
-     * product is stored; b's gradient is the column sums of dY. Set by
+     * product is stored (in bf16, b's bfloat16 copy, as autocast rounds a
+     * Linear's bias); b's gradient is the column sums of dY. Set by
      * fusion only. */
     bool fused_bias;
     /* A 3-D Attention whose Q, K and V were the equal thirds of one Split

@@ -31,11 +31,6 @@ bool gp_plan_autocast_op(const struct gp_node *n)
     return false;
 }
 
-bool gp_plan_autocast_input(const struct gp_node *n, int k)
-{
-    return gp_plan_autocast_op(n) && !(n->fused_bias && k == 2);
-}
-
 /* A layer's call types (gp_stage_plan.call_dt). */
 static void call_types(const struct gp_stage_plan *p, const struct gp_node *n, enum gp_dtype *in_dt,
                        enum gp_dtype *out_dt, enum gp_dtype *din_dt, enum gp_dtype *dout_dt, uint32_t *shadowed)
@@ -44,7 +39,7 @@ static void call_types(const struct gp_stage_plan *p, const struct gp_node *n, e
     for (int k = 0; k < n->n_inputs; k++) {
         int v = n->inputs[k];
         enum gp_dtype t = v >= 0 ? p->dt[v] : GP_DTYPE_FLOAT32;
-        bool shadow = v >= 0 && p->shadow_off[v] != SIZE_MAX && gp_plan_autocast_input(n, k);
+        bool shadow = v >= 0 && p->shadow_off[v] != SIZE_MAX && gp_plan_autocast_op(n);
         if (shadow && k < 32) *shadowed |= 1u << k;
         in_dt[k] = shadow ? GP_DTYPE_BFLOAT16 : t;
         bool f32_grad = v < 0 || p->home[v] == GP_HOME_STATIC || p->home[v] == GP_HOME_STEP;
@@ -565,8 +560,8 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         if (!gp_plan_autocast_op(n)) continue;
         for (int k = 0; k < n->n_inputs; k++) {
             int v = n->inputs[k];
-            if (v < 0 || !gp_plan_autocast_input(n, k) || p->home[v] != GP_HOME_STATIC ||
-                p->dt[v] != GP_DTYPE_FLOAT32 || p->shadow_off[v] != SIZE_MAX)
+            if (v < 0 || p->home[v] != GP_HOME_STATIC || p->dt[v] != GP_DTYPE_FLOAT32 ||
+                p->shadow_off[v] != SIZE_MAX)
                 continue;
             p->shadow_off[v] = p->shadow_bytes;
             p->shadow_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(uint16_t));

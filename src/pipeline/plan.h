@@ -105,10 +105,6 @@ size_t gp_plan_value_bytes(const struct gp_graph *g, const struct gp_stage_plan 
  * precision (autocast's lower-precision list: matrix products and
  * convolutions). */
 bool gp_plan_autocast_op(const struct gp_node *n);
-/* Whether such a node reads input k through a bfloat16 copy: every input
- * of those ops but a fused MatMul bias (graph/fuse.c), which the product
- * adds in float32 as the unfused Add read it (not rounded to bfloat16). */
-bool gp_plan_autocast_input(const struct gp_node *n, int k);
 void gp_plan_free(struct gp_stage_plan *p);
 
 /* Values that carry gradients: float parameters and every float output of

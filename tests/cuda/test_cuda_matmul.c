@@ -348,8 +348,9 @@ static void test_matmul_bf16(void **state)
  * or with W transposed, fused at finalize into one MatMul with b as input 2:
  * forward through cuBLASLt's bias epilogue (or cublasGemmEx and the bias
  * pass where cuBLASLt has no algorithm), b's gradient the column sums of
- * dY. The CPU's fused kernel is the reference; in bf16 b stays float32
- * (no bfloat16 copy: pipeline/plan.c) with a float32 gradient. */
+ * dY. The CPU's fused kernel is the reference; in bf16 b is read through
+ * its bfloat16 copy as the weight is (pipeline/plan.c; autocast rounds a
+ * Linear's bias to bfloat16 too), on both sides, with a float32 gradient. */
 static void run_matmul_bias(int ra, const int64_t *a, int64_t n, bool trans_b, bool bias_first)
 {
     struct gp_graph g;
@@ -415,14 +416,14 @@ static void test_matmul_bias(void **state)
 static void test_matmul_bias_bf16(void **state)
 {
     (void)state;
-    /* x an activation, W a parameter (its bfloat16 copy), b a parameter
-     * read as float32. */
-    bf16_set(IN(1) | IN(2), IN(2), 0);
+    /* x an activation, W and b parameters (read through their bfloat16
+     * copies, with float32 gradients). */
+    bf16_set(IN(1) | IN(2), 0, 0);
     for (int i = 0; i < N_OF(bias_cases); i++)
         run_matmul_bias(bias_cases[i].ra, bias_cases[i].a, bias_cases[i].n, bias_cases[i].trans_b,
                         bias_cases[i].bias_first);
     /* ... into a float32 Y. */
-    bf16_set(IN(1) | IN(2), IN(2), IN(0));
+    bf16_set(IN(1) | IN(2), 0, IN(0));
     run_matmul_bias(3, (const int64_t[]){2, 128, 768}, 2304, true, false);
     bf16_off();
 }

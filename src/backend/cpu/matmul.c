@@ -10,7 +10,12 @@
  * float add of the same two values as the Add it replaces, so the same
  * bits. b's gradient is the column sums of dY, each in double, row after
  * row, rounded once and added: the Add's sums (binary.c's BCAST_REDUCE
- * over its [rows, N] plan), so the same bits too. */
+ * over its [rows, N] plan), so the same bits too. In bf16, b is read
+ * through its bfloat16 copy as the weight is (pipeline/plan.c), as
+ * PyTorch's autocast rounds a Linear's bias: the kernel, on float32 copies
+ * (backend/mixed_call.h), adds the widened bfloat16 b to the float32
+ * product, and the sum is rounded once to Y's bfloat16 storage, as
+ * cuBLASLt's bias epilogue does on CUDA. b's gradient stays float32. */
 #include <string.h>
 
 #include "backend/cpu/gemm.h"

@@ -32,22 +32,30 @@
  * A MatMul with a fused bias (graph/fuse.c: input 2, b [N]) whose B is one
  * matrix for all of A (a Linear layer) goes to cuBLASLt with
  * CUBLASLT_EPILOGUE_BIAS: b is added to the float32 accumulator and the
- * sum rounded once to Y's storage, as PyTorch's Linear does, and the
- * product is not read and written again by a second pass. cublasLt.h
- * documents the bias vector as of D's type (bfloat16 for a bfloat16 Y)
- * apart from integer and fp8 kernels; b here is float32 (a parameter, not
- * given a bfloat16 copy: pipeline/plan.c), so the bias type is set to
- * CUDA_R_32F and where cuBLASLt's heuristic offers no algorithm for that
- * (or for the shape), the product goes through cublasGemmEx as before and
- * b is added by a pass of its own (row_runs.cuh's kernel): the unfused
- * Add's arithmetic, never b rounded to bfloat16. The algorithm query
- * fixes what it may assume (16-byte alignment of every pointer, no
+ * sum rounded once to Y's storage, and the product is not read and written
+ * again by a second pass. cublasLt.h documents the bias vector as of D's
+ * type apart from integer and fp8 kernels, and so does PyTorch's autocast:
+ * it rounds a Linear's weight and bias to bfloat16, and cuBLASLt adds the
+ * bfloat16 bias to the float32 accumulator. Here too, in bf16 b is read
+ * through its bfloat16 copy as the weight is (pipeline/plan.c), so the
+ * bias type is CUDA_R_16BF with a bfloat16 Y; in fp32 and TF32 b and Y are
+ * float32. The CPU adds the same widened bfloat16 b to its float32 product
+ * before the one rounding, so both agree. Where cuBLASLt's heuristic
+ * offers no algorithm (a float32 Y from bfloat16 operands and a bfloat16
+ * b, or a shape it refuses), or the pointers and leading dimensions are
+ * not 16-byte aligned, or B is one matrix per batch entry, the product
+ * goes through cublasGemmEx as before and b is added by a pass of its own
+ * (row_runs.cuh's kernel), in float32 and rounded once more to Y's
+ * storage; a line on stderr says so, once per process. The algorithm
+ * query fixes what it may assume (16-byte alignment of every pointer, no
  * workspace, no split-K reduction), so the choice depends on the shapes
  * and types alone, not on where a stage's buffers happen to lie: the same
  * algorithm, so the same bits, whatever the stage split. b's gradient is
  * the Add's: column sums of dY in chunks (row_grad_part_kernel) folded in
  * a fixed order (reduce_finish_kernel), over the Add's plan and chunks. */
 #include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cublasLt.h>
@@ -504,6 +512,24 @@ static gp_status batched_gemm(const struct gp_cuda_ctx *c, struct gp_error *err,
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+static const char *type_name(cudaDataType_t t) { return t == CUDA_R_16BF ? "bf16" : "fp32"; }
+
+/* One line on stderr, once per process for each `which` (0: cuBLASLt has
+ * no algorithm, 1: the call was not offered to it), when a fused bias is
+ * added in a pass of its own: a benchmark shows why the epilogue is not
+ * used. */
+static void note_bias_pass(int which, const char *fmt, ...)
+{
+    static int noted[2];
+    if (__atomic_exchange_n(&noted[which], 1, __ATOMIC_RELAXED)) return;
+    char line[320];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "note: MatMul with bias: %s: the bias is added in a pass of its own\n", line);
+}
+
 /* Y [m, n] = A [m, k] op(B) + bias [n] in one cuBLASLt call with the bias
  * epilogue (op(B): B [k, n], or B^T of B stored [n, k] when tb), `t` the
  * operands' and Y's storage, bias float32 or bfloat16 (bias_bf16). *done
@@ -517,11 +543,16 @@ static gp_status lt_gemm_bias(const struct gp_cuda_ctx *c, struct gp_error *err,
     size_t es = type_size(t->ab), ey = type_size(t->c);
     /* The query assumes 16-byte alignment (below): pointers and leading
      * dimensions that give less take the other path. */
-    if (!fits_int(m) || !fits_int(n) || !fits_int(k) || m == 0 || n == 0 || k == 0 || !aligned16(a) ||
-        !aligned16(b) || !aligned16(y) || !aligned16(bias) || (k * es) % 16 || (n * es) % 16 || (n * ey) % 16)
-        return GP_OK;
-    cublasLtHandle_t lt = (cublasLtHandle_t)c->cublas; /* a cuBLAS handle is a cuBLASLt one */
     bool bf16 = t->ab == CUDA_R_16BF;
+    const char *mode = bf16 ? "bf16" : c->tf32 ? "tf32" : "fp32";
+    if (m == 0 || n == 0 || k == 0) return GP_OK;
+    if (!fits_int(m) || !fits_int(n) || !fits_int(k) || !aligned16(a) || !aligned16(b) || !aligned16(y) ||
+        !aligned16(bias) || (k * es) % 16 || (n * es) % 16 || (n * ey) % 16) {
+        note_bias_pass(1, "%lld x %lld x %lld (%s) not offered to cuBLASLt (a size past int, or a pointer or row "
+                       "not 16-byte aligned)", (long long)m, (long long)n, (long long)k, mode);
+        return GP_OK;
+    }
+    cublasLtHandle_t lt = (cublasLtHandle_t)c->cublas; /* a cuBLAS handle is a cuBLASLt one */
     cublasComputeType_t ct = !bf16 && c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cudaDataType_t scale = CUDA_R_32F;
     cublasLtMatmulDesc_t desc = NULL;
@@ -584,6 +615,12 @@ static gp_status lt_gemm_bias(const struct gp_cuda_ctx *c, struct gp_error *err,
                                    c->stream);
             st = blas_status(c, err, s, "cublasLtMatmul", "MatMul forward with bias");
             *done = st == GP_OK;
+        } else {
+            note_bias_pass(0,
+                           "cuBLASLt has no bias-epilogue algorithm for %lld x %lld x %lld (%s; bias %s, Y %s; "
+                           "status %d, %d found, state %d)",
+                           (long long)m, (long long)n, (long long)k, mode, type_name((cudaDataType_t)bias_type),
+                           type_name(t->c), (int)s, found, (int)res.state);
         }
     }
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -702,6 +739,10 @@ static gp_status matmul_forward(struct gp_cuda_ctx *c, struct gp_error *err)
                        0, b, tb ? p.k : p.n, 0, 0.0f, y, p.n, 0, 1));
     } else {
         if (tb) return gp_cuda_error(c, err, GP_ERR_INVALID, "MatMul: a transposed B shared by a batch of A only");
+        if (bias)
+            note_bias_pass(1, "%lld x %lld x %lld (%s) not offered to cuBLASLt (B one matrix per batch entry)",
+                           (long long)p.m, (long long)p.n, (long long)p.k,
+                           t.ab == CUDA_R_16BF ? "bf16" : c->tf32 ? "tf32" : "fp32");
         struct batch_axes ax;
         batch_axes_init(&ax, p.nb, p.dims, p.sa, p.sb, p.sy);
         GP_TRY(batched_gemm(c, err, "MatMul forward", &t, &ax, false, false, p.m, p.n, p.k, a, p.k,
