@@ -630,6 +630,10 @@ static gp_status att_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     return gp_cuda_check_launch(c, "Attention forward", err);
 }
 
+/* cuDNN writing dQ, dK, dV straight into a gradient the call writes
+ * first (see att_backward): off until it agrees with the CPU. */
+static const bool attention_direct_grads = false;
+
 template <int DMAX>
 static void att_backward_launch(const att_args &a, cudaStream_t stream)
 {
@@ -698,7 +702,13 @@ static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
         for (int k = 0; k < 3; k++) {
             g[k] = (bf16_t *)next;
             next += align256(sizeof(bf16_t) * (size_t)n[k]);
-            direct[k] = d[k].p && ow[k] && d[k].bf16 && ((uintptr_t)d[k].p & 15) == 0;
+            /* Off: on an H200 cuDNN's gradients written straight into
+             * GPT-2's packed gradient (3-D, 12 heads of 64, causal, T 256)
+             * differed from the CPU's by 13% in places where the same
+             * graph writing scratch agrees (test_cuda_attention's first
+             * writer cases); until that is understood every call goes
+             * through scratch, and a first writer's add stores 0 + g. */
+            direct[k] = attention_direct_grads && d[k].p && ow[k] && d[k].bf16 && ((uintptr_t)d[k].p & 15) == 0;
             if (direct[k] && !a.p.packed) g[k] = (bf16_t *)d[k].p;
         }
         if (a.p.packed) {
