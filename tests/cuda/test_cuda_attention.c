@@ -347,8 +347,10 @@ static void test_attention_cudnn(void **state)
     for (size_t k = 0; k < sizeof cudnn_cases / sizeof *cudnn_cases; k++) run_case(&cudnn_cases[k], true, true);
 }
 
-/* First writers: cuDNN writing dQ, dK, dV straight into the gradients
- * (packed: into input 0's thirds; 3-D and 4-D), cuDNN through scratch
+/* First writers: cuDNN's dQ, dK, dV for bf16 gradients (packed: input
+ * 0's thirds; 3-D and 4-D; written straight into the gradients where
+ * attention.cu's attention_direct_grads allows, else through scratch,
+ * stored as 0 + g), cuDNN through scratch
  * into float32 gradients (written as 0 + g), and the own kernels writing
  * 0 + their sums (float32 and bf16; masks, head sizes the templates pad,
  * packed; the GPT-2 shapes again with GP_ATTENTION_CUDNN=0 unless the

@@ -55,11 +55,12 @@
  * with input 0's strides, so that one kernel adds it whole; offsets and
  * strides must be multiples of 8 elements, cuDNN's 16-byte alignment, or
  * the call stays on the kernels below). Where the layer writes a gradient
- * first (gp_cuda_overwrite; att_overwrites) and it is bfloat16, cuDNN
- * writes it straight (the graph's strides are the inputs', scratch or
- * not) and a read-mostly pass turns its -0 and NaNs into what the add
- * into zeros would store (att_plus_zero_kernel: same bits, a third of the
- * add's bytes); the own kernels write 0 + their sums. The backward
+ * first (gp_cuda_overwrite; att_overwrites) the add stores 0 + g instead;
+ * cuDNN writing a bfloat16 gradient straight (the graph's strides are the
+ * inputs', scratch or not), then a read-mostly pass turning its -0 and
+ * NaNs into what the add into zeros stores (att_plus_zero_kernel), is
+ * written but off (attention_direct_grads: wrong in a GPU test case);
+ * the own kernels write 0 + their sums. The backward
  * is cuDNN's deterministic one unless --fast-conv allows atomics; where
  * cuDNN has no deterministic backward for the problem, the kernels below
  * run (they are deterministic). GP_ATTENTION_CUDNN=0 keeps every call on
