@@ -69,6 +69,12 @@ void gpo_report_free(gpo_model *m);
 /* "cuda:0,cpu:1" of the engine's stage arrays, through gpo_devices_format. */
 const char *gpo_stage_devices(int n, const bool *cuda, const int *index, char *buf, size_t size);
 
+/* The balance options a training run's automatic split ("time" or
+ * "memory") profiles with: cfg's settings at `batch` and `devices`, the
+ * progress through cb (may be NULL). */
+void gpo_train_balance_options(const struct gpo_train_config *cfg, const struct gpo_train_callbacks *cb,
+                               const char *devices, int64_t batch, const char *by, struct gpo_balance_options *bo);
+
 /* ---- training (api/train.c), as api/job.c runs it per rank ---- */
 
 struct gp_train_config;

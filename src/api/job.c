@@ -539,19 +539,8 @@ static gpo_status balance(gpo_model *m, const struct gpo_train_config *c, struct
     }
     char own[GPO_MAX_STAGES * 16];
     struct gpo_balance_options bo;
-    gpo_balance_options_init(&bo);
-    bo.devices = gpo_stage_devices(t->n_stages, cuda, index, own, sizeof own);
-    bo.by = !strcmp(auto_balance, "time") ? GPO_BALANCE_TIME : GPO_BALANCE_MEMORY;
-    bo.batch = c->batch / d->replicas;
-    bo.chunks = (int)c->chunks;
-    bo.checkpoint = c->checkpoint;
-    bo.schedule = c->pipeline_schedule;
-    bo.optimizer = c->optimizer;
-    bo.momentum = c->momentum;
-    bo.precision = c->precision;
-    bo.layout = c->layout;
-    bo.progress = cb ? cb->on_profile : NULL;
-    bo.user = cb ? cb->user : NULL;
+    gpo_train_balance_options(c, cb, gpo_stage_devices(t->n_stages, cuda, index, own, sizeof own),
+                              c->batch / d->replicas, auto_balance, &bo);
     const struct gpo_balance_report *rep = NULL;
     gpo_status st = gpo_balance(m, &bo, &rep);
     if (st != GPO_OK) {

@@ -361,6 +361,24 @@ const char *gpo_stage_devices(int n, const bool *cuda, const int *index, char *b
     return gpo_devices_format(d, n, buf, size);
 }
 
+void gpo_train_balance_options(const struct gpo_train_config *cfg, const struct gpo_train_callbacks *cb,
+                               const char *devices, int64_t batch, const char *by, struct gpo_balance_options *bo)
+{
+    gpo_balance_options_init(bo);
+    bo->devices = devices;
+    bo->by = !strcmp(by, "time") ? GPO_BALANCE_TIME : GPO_BALANCE_MEMORY;
+    bo->batch = batch;
+    bo->chunks = (int)cfg->chunks;
+    bo->checkpoint = cfg->checkpoint;
+    bo->schedule = cfg->pipeline_schedule;
+    bo->optimizer = cfg->optimizer;
+    bo->momentum = cfg->momentum;
+    bo->precision = cfg->precision;
+    bo->layout = cfg->layout;
+    bo->progress = cb ? cb->on_profile : NULL;
+    bo->user = cb ? cb->user : NULL;
+}
+
 const char *gpo_mapped_file(const void *addr) { return gp_mapped_find(addr); }
 
 gpo_status gpo_parse_devices(gpo_model *m, const char *list, int *n_out, bool *cuda, int *index)

@@ -330,19 +330,9 @@ static gpo_status train(gpo_model *m, const struct gpo_train_config *c, const st
         /* As gpo_balance does it; the report goes to on_balance. */
         char devices[GPO_MAX_STAGES * 16];
         struct gpo_balance_options bo;
-        gpo_balance_options_init(&bo);
-        bo.devices = gpo_stage_devices(t.n_stages, t.stage_cuda, t.stage_device, devices, sizeof devices);
-        bo.by = !strcmp(auto_balance, "time") ? GPO_BALANCE_TIME : GPO_BALANCE_MEMORY;
-        bo.batch = t.batch;
-        bo.chunks = (int)t.chunks;
-        bo.checkpoint = c->checkpoint;
-        bo.schedule = c->pipeline_schedule;
-        bo.optimizer = c->optimizer;
-        bo.momentum = c->momentum;
-        bo.precision = c->precision;
-        bo.layout = c->layout;
-        bo.progress = cb ? cb->on_profile : NULL;
-        bo.user = cb ? cb->user : NULL;
+        gpo_train_balance_options(c, cb,
+                                  gpo_stage_devices(t.n_stages, t.stage_cuda, t.stage_device, devices, sizeof devices),
+                                  t.batch, auto_balance, &bo);
         const struct gpo_balance_report *rep = NULL;
         st = gpo_balance(m, &bo, &rep);
         if (st == GPO_OK) {
