@@ -23,9 +23,14 @@
  * templated on the storage, widens exactly, computes as for float32 and
  * rounds each gradient value once more (gp_f32_to_bf16_bits), with the
  * float32 launch's grid and split of the rows, so mse and the output loss
- * store the bits that widening, the float32 kernel and a conversion stored,
- * and cross-entropy's loss is the float32 kernel's, bit for bit. Its
- * bfloat16 gradient alone is computed otherwise: in float32 (ce_grad_f32:
+ * store the bits that widening, the float32 kernel and a conversion stored.
+ * Cross-entropy's bfloat16 rows are computed otherwise in two places. The
+ * block-per-row kernel's pass 1 takes the exponentials in float32 and adds
+ * each group of them in float32 before the double sum (ms_group_f32, as
+ * autocast's float32 log_softmax would: the double exponentials were that
+ * kernel's time), so its loss terms lie within ~2^-21 of the float32
+ * kernel's (the strided kernel's loss stays the float32 one, bit for bit).
+ * And its gradient is computed in float32 (ce_grad_f32:
  * exp(x - m) * (inv / s), one expf and no double work per value; the
  * label's value, and x - m below -80, -inf or NaN, by the double formula),
  * within 7 * 2^-24 relative of the double formula's value (plus 2^-149
@@ -234,6 +239,51 @@ __device__ static inline void ms_group(const float (&v)[K], float &m, double &s,
     }
 }
 
+/* The bfloat16 path's pass 1 (ms_of): each exponential in float32, as
+ * autocast's float32 log_softmax takes them, and the group's K of them
+ * added in float32 in a fixed pairwise tree before the group's sum joins
+ * the thread's double s (the maximum's rescale stays in double). The
+ * double formula's exponentials, not the memory traffic, were the bfloat16
+ * kernel's time (~40 instructions a logit, at 25% occupancy). Error of a
+ * group's sum against the double one: expf's 2 ulps, d = v - m's rounding
+ * (exact for bfloat16 values whose exponents lie within 16 of each
+ * other's), log2(K) additions: within ~2^-21 relative, so the row's lse is
+ * within ~2^-21 of the float32 kernel's (absolute) and a loss term as
+ * close. Special values as ms_group: -inf adds 0, NaN makes s NaN, +inf
+ * makes m infinite (the row becomes NaN at the end). */
+template <int K>
+__device__ static inline void ms_group_f32(const float (&v)[K], float &m, double &s, const double *tab)
+{
+    float mx = v[0];
+#pragma unroll
+    for (int u = 1; u < K; u++) mx = fmaxf(mx, v[u]);
+    if (mx > m) {
+        s *= gp_fast_exp((double)m - (double)mx, tab);
+        m = mx;
+    }
+    float e[K];
+#pragma unroll
+    for (int u = 0; u < K; u++) e[u] = v[u] == -INFINITY ? 0.0f : expf(__fsub_rn(v[u], m));
+#pragma unroll
+    for (int w = K / 2; w > 0; w >>= 1)
+#pragma unroll
+        for (int u = 0; u < w; u++) e[u] = __fadd_rn(e[u], e[u + w]);
+    s += (double)e[0];
+}
+
+/* Pass 1's fold for storage T: float32 keeps the double exponentials (its
+ * loss is the CPU's to ~1e-15), bfloat16 takes ms_group_f32. */
+template <int K>
+__device__ static inline void ms_of(float, const float (&v)[K], float &m, double &s, const double *tab)
+{
+    ms_group(v, m, s, tab);
+}
+template <int K>
+__device__ static inline void ms_of(bf16_bits, const float (&v)[K], float &m, double &s, const double *tab)
+{
+    ms_group_f32(v, m, s, tab);
+}
+
 __device__ static inline void ms_merge(float &m, double &s, float m2, double s2, const double *tab)
 {
     const float M = m > m2 ? m : m2;
@@ -392,8 +442,10 @@ __device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, cons
 /* One block per row (blocks loop over rows), classes `S` apart, the split
  * SPLIT (above). Pass 1 takes the row's max and sum of exponentials in one
  * read, pass 2 writes the gradient (a second read, partly from L2). */
+/* bfloat16: four blocks of 256 threads on an SM (64 registers, no spills:
+ * 50% occupancy; at 96 registers it was 25%, and latency-bound). */
 template <typename T, int SPLIT>
-__global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a)
+__global__ void __launch_bounds__(CE_ROW_THREADS, sizeof(T) == 2 ? 4 : 1) ce_rows_kernel(const ce_args a)
 {
     typedef typename io<T>::chunk Q;
     const int AH = ce_ahead<T>::N;
@@ -445,7 +497,7 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
                     float v[4 * CE_U];
 #pragma unroll
                     for (int u = 0; u < CE_U; u++) widen(cur[h * CE_U + u], v + 4 * u);
-                    ms_group(v, m, s, tab);
+                    ms_of(T(), v, m, s, tab);
                 }
             }
         } else {
@@ -456,7 +508,7 @@ __global__ void __launch_bounds__(CE_ROW_THREADS) ce_rows_kernel(const ce_args a
                     const int64_t c = c0 + u * bd;
                     v[u] = c < C ? ld_el(x, c * S) : -INFINITY;
                 }
-                ms_group(v, m, s, tab);
+                ms_of(T(), v, m, s, tab);
             }
         }
         block_ms(m, s, shm, shs, tab);

@@ -36,8 +36,11 @@ extern "C" {
  * bfloat16 output is widened exactly and the gradient computed as for
  * float32, then rounded once more, to nearest even (gp_float_to_bf16): the
  * loss and the gradient are bit for bit what the float32 call on a
- * widened, 16-byte aligned copy gives, its gradient then rounded. MSE
- * targets stay float32. */
+ * widened, 16-byte aligned copy gives, its gradient then rounded. Except
+ * cross-entropy, which computes a bfloat16 row's exponentials in float32
+ * (loss.cu): its loss terms within ~2^-21 of the float32 call's where a
+ * block takes a row, and a gradient value one bfloat16 ulp off where it
+ * lies that close to a rounding boundary. MSE targets stay float32. */
 size_t gp_cuda_loss_scratch_bytes(const struct gp_shape *output_shape);
 
 gp_status gp_cuda_cross_entropy(cudaStream_t stream, const void *logits, enum gp_dtype dtype,
