@@ -629,6 +629,12 @@ struct bf_case {
     bool f32_misaligned;  /* mse, output loss: the float32 copy as misaligned (the same split) */
 };
 
+/* a within tol of b; equal infinities and two NaNs agree. */
+static bool near_loss(double a, double b, double tol)
+{
+    return a == b || (isnan(a) && isnan(b)) || fabs(a - b) <= tol;
+}
+
 /* Whether gp_cuda_cross_entropy runs its block-per-row kernel on these
  * logits (loss.cu, ce_launch): the class axis contiguous, or strided with
  * few rows of many classes. */
@@ -732,8 +738,7 @@ static void run_bf16_loss(const struct bf_case *k)
      * mse and the output loss: the float32 loss, bit for bit. */
     const bool ce_f32_sums = k->kind == L_CE && ce_rows_kernel_takes(k->rank, k->dims, k->axis);
     const double loss_tol = ce_f32_sums ? ldexp((double)terms, -19) : 0.0;
-    if (ce_f32_sums ? !(fabs(loss_b[0] - loss_f) <= loss_tol) && !(isnan(loss_b[0]) && isnan(loss_f))
-                    : memcmp(&loss_b[0], &loss_f, sizeof(double)) != 0)
+    if (ce_f32_sums ? !near_loss(loss_b[0], loss_f, loss_tol) : memcmp(&loss_b[0], &loss_f, sizeof(double)) != 0)
         fail_msg("%s: the bfloat16 loss %.17g (%a) is not the float32 one on the widened copy, %.17g (%a), "
                  "within %g",
                  k->label, loss_b[0], loss_b[0], loss_f, loss_f, loss_tol);
@@ -748,8 +753,7 @@ static void run_bf16_loss(const struct bf_case *k)
         int64_t want_terms = 0;
         GP(gp_cross_entropy(xf, &shape, y, &lshape, k->axis, GP_LOSS_IGNORE_INDEX, den, want_g, &want_loss,
                             &want_terms, &err));
-        if (!(fabs(loss_b[0] - want_loss) <= loss_tol + 1e-9 * fabs(want_loss)) &&
-            !(isnan(loss_b[0]) && isnan(want_loss)))
+        if (!near_loss(loss_b[0], want_loss, loss_tol + 1e-9 * fabs(want_loss)))
             fail_msg("%s: bfloat16 loss sum CUDA %.17g, CPU %.17g", k->label, loss_b[0], want_loss);
         free(xf);
         free(want_g);

@@ -109,16 +109,34 @@ __device__ static inline float warp_sum(float v)
     return v;
 }
 
+#define ATT_LOAD_BATCH 4 /* loads a thread has in flight before it stores them */
+
+template <typename S>
+__device__ static inline void load_tile_t(float *s, int ld, int rows, int n, const S *t, int64_t base, int64_t stride,
+                                          int64_t first, int64_t count)
+{
+    const int total = rows * ld, bd = blockDim.x;
+    for (int idx0 = threadIdx.x; idx0 < total; idx0 += ATT_LOAD_BATCH * bd) {
+        float v[ATT_LOAD_BATCH];
+#pragma unroll
+        for (int u = 0; u < ATT_LOAD_BATCH; u++) {
+            const int idx = idx0 + u * bd, r = idx / ld, d = idx % ld;
+            const int64_t row = first + r;
+            v[u] = idx < total && row < count && d < n ? att_ld1(t, base + row * stride + d) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_LOAD_BATCH; u++)
+            if (idx0 + u * bd < total) s[idx0 + u * bd] = v[u];
+    }
+}
+
 /* rows x n values of tensor t (row stride `stride`, from `first`, `count`
  * rows valid) into shared s[rows][ld]; zeros past the valid rows and n. */
 __device__ static inline void load_tile(float *s, int ld, int rows, int n, gp_fptr t, int64_t base, int64_t stride,
                                         int64_t first, int64_t count)
 {
-    for (int idx = threadIdx.x; idx < rows * ld; idx += blockDim.x) {
-        int r = idx / ld, d = idx % ld;
-        int64_t row = first + r;
-        s[idx] = row < count && d < n ? gp_ld(t, base + row * stride + d) : 0.0f;
-    }
+    if (t.bf16) load_tile_t(s, ld, rows, n, (const __nv_bfloat16 *)t.p, base, stride, first, count);
+    else load_tile_t(s, ld, rows, n, (const float *)t.p, base, stride, first, count);
 }
 
 /* ---- forward ---- */
@@ -633,7 +651,7 @@ static gp_status att_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 
 /* cuDNN writing dQ, dK, dV straight into a gradient the call writes
  * first (see att_backward): off until it agrees with the CPU. */
-static const bool attention_direct_grads = false;
+static const bool attention_direct_grads = true;
 
 template <int DMAX>
 static void att_backward_launch(const att_args &a, cudaStream_t stream)

@@ -15,6 +15,12 @@ extern "C" {
 #include "ops/attention.h"
 }
 
+/* A value of storage S, widened (exact). Tile loads take the storage as a
+ * template parameter rather than gp_ld's branch per value, which kept
+ * each load from going out before the previous one's store. */
+__device__ static inline float att_ld1(const float *p, int64_t i) { return p[i]; }
+__device__ static inline float att_ld1(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+
 /* What the kernels read, by value. */
 struct att_args {
     struct gp_attention_plan p;

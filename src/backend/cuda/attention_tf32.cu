@@ -105,22 +105,81 @@ __device__ static inline float quad_sum(float v)
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+/* Four consecutive values of storage S, widened (exact): 16-byte loads of
+ * float32, 8-byte loads of bfloat16 (one value: att_ld1). */
+__device__ static inline float4 ld4(const float *p, int64_t i) { return *reinterpret_cast<const float4 *>(p + i); }
+__device__ static inline float4 ld4(const __nv_bfloat16 *p, int64_t i)
+{
+    const uint2 u = *reinterpret_cast<const uint2 *>(p + i);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+
+#define TF_BATCH 8 /* loads a thread has in flight before it stores them */
+
+/* tf_load's rows for storage S. The storage is a template parameter, not a
+ * branch per value: with gp_ld's branch inside the unrolled loop each load
+ * waited for the previous one's store. Loads go out in batches of
+ * TF_BATCH before any is stored. `vec`: runs of 4 columns (a thread keeps 4
+ * columns and every (TF_THREADS / (DMAX / 4))-th row), else one column. */
+template <int DMAX, int ROWS, typename S>
+__device__ static inline void tf_load_rows(float *s, int n, const S *t, int64_t base, int64_t stride, int64_t first,
+                                           int64_t count, bool vec)
+{
+    const int LD = DMAX + 4;
+    if (vec) {
+        const int C4 = DMAX / 4, STEP = TF_THREADS / C4, PER = ROWS / STEP;
+        const int B = PER < TF_BATCH ? PER : TF_BATCH;
+        const int c = (threadIdx.x % C4) * 4, r0 = threadIdx.x / C4;
+        const bool col = c < n;
+#pragma unroll
+        for (int b = 0; b < PER; b += B) {
+            float4 v[B];
+#pragma unroll
+            for (int u = 0; u < B; u++) {
+                const int r = r0 + (b + u) * STEP;
+                v[u] = col && first + r < count ? ld4(t, base + (first + r) * stride + c) : make_float4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < B; u++) {
+                const int r = r0 + (b + u) * STEP;
+                *reinterpret_cast<float4 *>(s + r * LD + c) =
+                    make_float4(tf32_round(v[u].x), tf32_round(v[u].y), tf32_round(v[u].z), tf32_round(v[u].w));
+            }
+        }
+        return;
+    }
+    const int STEP = TF_THREADS / DMAX, PER = ROWS / STEP, B = PER < TF_BATCH ? PER : TF_BATCH;
+    const int d = threadIdx.x % DMAX, r0 = threadIdx.x / DMAX;
+    const bool col = d < n;
+#pragma unroll
+    for (int b = 0; b < PER; b += B) {
+        float v[B];
+#pragma unroll
+        for (int u = 0; u < B; u++) {
+            const int r = r0 + (b + u) * STEP;
+            v[u] = col && first + r < count ? att_ld1(t, base + (first + r) * stride + d) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < B; u++) s[(r0 + (b + u) * STEP) * LD + d] = tf32_round(v[u]);
+    }
+}
+
 /* ROWS x DMAX values of tensor t (row stride `stride`, from row `first`,
  * `count` rows valid, n columns) into shared s[ROWS][DMAX + 4], rounded
- * to TF32; zeros past the valid rows and n. A thread keeps one column and
- * every (TF_THREADS / DMAX)-th row, so a warp reads 32 consecutive values
- * and the addresses need no division. */
+ * to TF32; zeros past the valid rows and n. A warp reads consecutive
+ * values of a row (128 bytes or more), so the addresses need no division;
+ * runs of 4 where the columns, the strides and the pointer allow. */
 template <int DMAX, int ROWS>
 __device__ static inline void tf_load(float *s, int n, gp_fptr t, int64_t base, int64_t stride, int64_t first,
                                       int64_t count)
 {
-    const int LD = DMAX + 4, STEP = TF_THREADS / DMAX;
-    int d = threadIdx.x % DMAX, r0 = threadIdx.x / DMAX;
-    bool col = d < n;
-    int64_t at = base + (first + r0) * stride + d;
-#pragma unroll
-    for (int r = r0; r < ROWS; r += STEP, at += STEP * stride)
-        s[r * LD + d] = tf32_round(col && first + r < count ? gp_ld(t, at) : 0.0f);
+    const uintptr_t align = t.bf16 ? 8 : 16;
+    const bool vec = n % 4 == 0 && base % 4 == 0 && stride % 4 == 0 && (uintptr_t)t.p % align == 0;
+    if (t.bf16)
+        tf_load_rows<DMAX, ROWS>(s, n, (const __nv_bfloat16 *)t.p, base, stride, first, count, vec);
+    else
+        tf_load_rows<DMAX, ROWS>(s, n, (const float *)t.p, base, stride, first, count, vec);
 }
 
 /* acc[NT][4] += A B over k = 0 .. K - 1, a warp's 16 rows: A rows of `a`
@@ -258,7 +317,7 @@ __global__ static void __launch_bounds__(TF_THREADS) att_tf32_forward_kernel(att
 /* ---- backward ---- */
 
 template <int DMAX>
-__global__ static void __launch_bounds__(TF_THREADS) att_tf32_dq_kernel(att_args a)
+__global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32_dq_kernel(att_args a)
 {
     const int LD = DMAX + 4, NT = DMAX / 8, KT = tf_walk<DMAX>::n;
     extern __shared__ float4 tf_smem[];
@@ -321,7 +380,7 @@ __global__ static void __launch_bounds__(TF_THREADS) att_tf32_dq_kernel(att_args
 }
 
 template <int DMAX>
-__global__ static void __launch_bounds__(TF_THREADS) att_tf32_dkv_kernel(att_args a)
+__global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32_dkv_kernel(att_args a)
 {
     const int LD = DMAX + 4, NT = DMAX / 8, QT = tf_walk<DMAX>::n;
     extern __shared__ float4 tf_smem[];
