@@ -26,12 +26,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend/device.h"
-#include "data/dataset.h"
 #include "fixtures.h"
 #include "onnx/load.h"
-#include "pipeline/pipeline.h"
-#include "train/loss.h"
+#include "pipeline_bench.h"
 #include "train/trainer.h"
 
 #define STEPS 4
@@ -43,97 +40,19 @@ struct setup {
     int64_t batch;
     int stages, micro_batches;
     const int *balance;    /* NULL: an even split */
-    bool share_device;     /* every stage on cpu:0 */
+    bool share_device;     /* every stage on cpu:0 (else stage k on cpu:k) */
     bool adamw, deferred_bn;
     double clip;
     bool constant_lr;      /* the base rate every step, not the schedule */
 };
 
-/* A pipeline on the CPU over the fixture, with its data and what the loss
- * needs. */
-struct bench {
-    struct gp_graph g;
-    struct gp_dataset ds;
-    struct gp_pipeline *p;
-    int64_t micro;
-    size_t x_row, y_row;
-    enum gp_loss_kind loss;
-};
-
-static void bench_open(const struct setup *su, struct bench *b)
+static void open_cpu(const struct setup *su, struct pipe_bench *b)
 {
-    char model[4096], name[256];
-    snprintf(name, sizeof name, "%s.onnx", su->fixture);
-    fixture_path(name, model, sizeof model);
-    struct gp_error err = {0};
-    memset(b, 0, sizeof *b);
-    if (gp_dataset_synthetic(model, su->batch * STEPS, 7, &b->ds, &err) != GP_OK) fail_msg("%s", err.msg);
-    b->micro = su->batch / su->micro_batches;
-    if (gp_onnx_load(model, b->micro, &b->g, &err) != GP_OK) fail_msg("%s", err.msg);
-    b->x_row = gp_dataset_row_bytes(&b->ds.x);
-    b->y_row = gp_dataset_row_bytes(&b->ds.y);
-    const struct gp_value *o = &b->g.values[b->g.outputs[0]];
-    struct gp_loss_spec loss = {.ignore_index = GP_LOSS_IGNORE_INDEX, .target_dtype = b->ds.y.dtype};
-    loss.target_shape = b->ds.y.shape;
-    loss.target_shape.dims[0] = b->micro;
-    if (b->ds.y.dtype == GP_DTYPE_INT64) {
-        loss.kind = GP_LOSS_CROSS_ENTROPY;
-        if (gp_loss_class_axis(&o->shape, &loss.target_shape, GP_CLASS_AXIS_AUTO, &loss.class_axis, &err) != GP_OK)
-            fail_msg("%s", err.msg);
-    } else {
-        loss.kind = GP_LOSS_MSE;
-    }
-    b->loss = loss.kind;
-    struct gp_optim_config oc = su->adamw ? gp_adamw_defaults(2e-3) : gp_sgd_defaults(0.05);
-    if (!su->adamw) {
-        oc.momentum = 0.9;
-        oc.weight_decay = 1e-3;
-    }
-    const struct gp_device_ops *ops[8];
-    int index[8];
-    for (int k = 0; k < su->stages; k++) {
-        ops[k] = &gp_cpu_device_ops;
-        index[k] = su->share_device ? 0 : k;
-    }
-    struct gp_pipeline_config pc = {
-        .graph = &b->g,
-        .n_stages = su->stages,
-        .balance = su->balance,
-        .device_ops = ops,
-        .device_index = index,
-        .n_micro = su->micro_batches,
-        .schedule = GP_PIPE_GPIPE,
-        .checkpoint = GP_CHECKPOINT_EXCEPT_LAST,
-        .optim = oc,
-        .deferred_batch_norm = su->deferred_bn,
-        .loss = loss,
-    };
-    if (gp_pipeline_create(&pc, &b->p, &err) != GP_OK) fail_msg("%s: %s", su->fixture, err.msg);
-}
-
-static void bench_close(struct bench *b)
-{
-    gp_pipeline_free(b->p);
-    gp_graph_free(&b->g);
-    gp_dataset_free(&b->ds);
-}
-
-/* Step s's batch, targets and loss denominator. */
-static const void *batch_x(const struct setup *su, const struct bench *b, int s)
-{
-    return (const char *)b->ds.x.data + (size_t)(s * su->batch) * b->x_row;
-}
-
-static const void *batch_y(const struct setup *su, const struct bench *b, int s)
-{
-    return (const char *)b->ds.y.data + (size_t)(s * su->batch) * b->y_row;
-}
-
-static double denominator_of(const struct setup *su, const struct bench *b, const void *y)
-{
-    int64_t n = gp_shape_numel(&b->ds.y.shape) / b->ds.n * su->batch;
-    if (b->loss == GP_LOSS_CROSS_ENTROPY) return (double)gp_loss_count_targets(y, n, GP_LOSS_IGNORE_INDEX);
-    return (double)n;
+    struct pipe_bench_setup bs = {.fixture = su->fixture, .batch = su->batch, .batches = STEPS, .stages = su->stages,
+                                  .chunks = su->micro_batches, .balance = su->balance, .ops = &gp_cpu_device_ops,
+                                  .adamw = su->adamw, .deferred_bn = su->deferred_bn};
+    for (int k = 0; k < su->stages; k++) bs.device[k] = su->share_device ? 0 : k;
+    pipe_bench_open(&bs, b);
 }
 
 /* A schedule that changes the rate at every step (linear warmup over the
@@ -147,41 +66,13 @@ static double lr_of(const struct setup *su, int s)
     return gp_schedule_lr(&sc, s);
 }
 
-/* Everything training keeps: every float parameter and buffer, every
- * optimizer slot of every parameter, in value order, one array. */
+/* Everything training keeps (pipe_bench_keep). */
 struct kept {
     float *v;
     size_t n;
 };
 
-static void keep(struct bench *b, struct kept *out)
-{
-    struct gp_error err = {0};
-    int slots = gp_pipeline_optim_slots(b->p);
-    size_t n = 0;
-    for (int v = 0; v < b->g.n_values; v++) {
-        const struct gp_value *val = &b->g.values[v];
-        if (!val->is_initializer || !gp_dtype_is_float(val->dtype)) continue;
-        if (val->kind != GP_VALUE_PARAMETER && val->kind != GP_VALUE_BUFFER) continue;
-        n += (size_t)gp_shape_numel(&val->shape) * (size_t)(1 + (val->kind == GP_VALUE_PARAMETER ? slots : 0));
-    }
-    out->v = malloc(sizeof(float) * (n + 1));
-    out->n = n;
-    assert_non_null(out->v);
-    float *at = out->v;
-    for (int v = 0; v < b->g.n_values; v++) {
-        const struct gp_value *val = &b->g.values[v];
-        if (!val->is_initializer || !gp_dtype_is_float(val->dtype)) continue;
-        if (val->kind != GP_VALUE_PARAMETER && val->kind != GP_VALUE_BUFFER) continue;
-        int64_t numel = gp_shape_numel(&val->shape);
-        if (gp_pipeline_read(b->p, v, at, &err) != GP_OK) fail_msg("%s", err.msg);
-        at += numel;
-        for (int q = 0; val->kind == GP_VALUE_PARAMETER && q < slots; q++) {
-            if (gp_pipeline_read_optim(b->p, v, q, at, &err) != GP_OK) fail_msg("%s", err.msg);
-            at += numel;
-        }
-    }
-}
+static void keep(struct pipe_bench *b, struct kept *out) { out->v = pipe_bench_keep(b, &out->n); }
 
 struct result {
     double loss[STEPS];
@@ -191,33 +82,36 @@ struct result {
     struct kept kept;
 };
 
+/* One step of b through the combined entry point or the old sequence. */
+static void step(struct pipe_bench *b, bool combined, int s, double lr, double clip, struct gp_step_outcome *out)
+{
+    struct gp_error err = {0};
+    const void *x = pipe_bench_x(b, s), *y = pipe_bench_y(b, s);
+    struct gp_step_opts so = {.seed = 3, .step = (uint64_t)s, .dropout_ratio = -1};
+    double den = pipe_bench_denominator(b, y);
+    memset(out, 0, sizeof *out);
+    gp_status st = combined ? gp_pipeline_train_step(b->p, x, y, &so, den, lr, clip, out, &err)
+                            : gp_pipeline_step(b->p, x, y, &so, den, &out->loss_sum, &err);
+    if (st == GP_OK && !combined) st = gp_pipeline_optimize(b->p, lr, clip, out, &err);
+    if (st != GP_OK) fail_msg("%s, step %d: %s", b->su.fixture, s + 1, err.msg);
+}
+
 /* STEPS steps through the combined entry point or the old sequence. */
 static void run(const struct setup *su, bool combined, struct result *r)
 {
-    struct bench b;
-    bench_open(su, &b);
-    struct gp_error err = {0};
+    struct pipe_bench b;
+    open_cpu(su, &b);
     memset(r, 0, sizeof *r);
     for (int s = 0; s < STEPS; s++) {
-        const void *x = batch_x(su, &b, s), *y = batch_y(su, &b, s);
-        struct gp_step_opts so = {.seed = 3, .step = (uint64_t)s, .dropout_ratio = -1};
-        double den = denominator_of(su, &b, y), lr = lr_of(su, s);
-        struct gp_step_outcome out = {0};
-        if (combined) {
-            if (gp_pipeline_train_step(b.p, x, y, &so, den, lr, su->clip, &out, &err) != GP_OK)
-                fail_msg("%s, step %d: %s", su->fixture, s + 1, err.msg);
-        } else {
-            if (gp_pipeline_step(b.p, x, y, &so, den, &out.loss_sum, &err) != GP_OK ||
-                gp_pipeline_optimize(b.p, lr, su->clip, &out, &err) != GP_OK)
-                fail_msg("%s, step %d: %s", su->fixture, s + 1, err.msg);
-        }
+        struct gp_step_outcome out;
+        step(&b, combined, s, lr_of(su, s), su->clip, &out);
         r->loss[s] = out.loss_sum;
         r->grad_norm[s] = out.grad_norm;
         r->applied[s] = out.applied;
     }
     r->optim_steps = gp_pipeline_optim_steps(b.p);
     keep(&b, &r->kept);
-    bench_close(&b);
+    pipe_bench_close(&b);
 }
 
 static void describe(const struct setup *su, char *buf, size_t size)
@@ -335,27 +229,20 @@ static void test_divergence_changes_nothing(void **state)
     (void)state;
     for (int combined = 0; combined < 2; combined++) {
         struct setup su = {.fixture = "mlp_op17", .batch = 16, .stages = 2, .micro_batches = 2};
-        struct bench b;
-        bench_open(&su, &b);
-        struct gp_error err = {0};
+        struct pipe_bench b;
+        open_cpu(&su, &b);
         int diverged = -1;
         for (int s = 0; s < 40 && diverged < 0; s++) {
             struct kept before;
             keep(&b, &before);
             int64_t steps_before = gp_pipeline_optim_steps(b.p);
-            const void *x = batch_x(&su, &b, s % STEPS), *y = batch_y(&su, &b, s % STEPS);
-            struct gp_step_opts so = {.seed = 3, .step = (uint64_t)s, .dropout_ratio = -1};
-            double den = denominator_of(&su, &b, y);
-            struct gp_step_outcome out = {0};
-            gp_status st = combined ? gp_pipeline_train_step(b.p, x, y, &so, den, 1e4, 0, &out, &err)
-                                    : gp_pipeline_step(b.p, x, y, &so, den, &out.loss_sum, &err);
-            if (st == GP_OK && !combined) st = gp_pipeline_optimize(b.p, 1e4, 0, &out, &err);
-            if (st != GP_OK) fail_msg("step %d: %s", s + 1, err.msg);
-            bool finite = isfinite(out.loss_sum / den);
-            if (out.applied != finite)
-                fail_msg("%s, step %d: loss %g %s applied", combined ? "train step" : "step + optimize", s + 1,
-                         out.loss_sum / den, out.applied ? "was" : "was not");
-            if (!finite) {
+            struct gp_step_outcome out;
+            step(&b, combined, s, 1e4, 0, &out);
+            double loss = out.loss_sum / pipe_bench_denominator(&b, pipe_bench_y(&b, s));
+            if (out.applied != isfinite(loss))
+                fail_msg("%s, step %d: loss %g %s applied", combined ? "train step" : "step + optimize", s + 1, loss,
+                         out.applied ? "was" : "was not");
+            if (!isfinite(loss)) {
                 diverged = s;
                 struct kept after;
                 keep(&b, &after);
@@ -373,7 +260,7 @@ static void test_divergence_changes_nothing(void **state)
         if (diverged < 0) fail_msg("lr 1e4 did not make the MLP diverge in 40 steps");
         printf("%s: the loss diverged at step %d, which changed nothing\n",
                combined ? "gp_pipeline_train_step" : "gp_pipeline_step + gp_pipeline_optimize", diverged + 1);
-        bench_close(&b);
+        pipe_bench_close(&b);
     }
 }
 

@@ -31,11 +31,9 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/device.h"
-#include "data/dataset.h"
 #include "fixtures.h"
 #include "onnx/load.h"
-#include "pipeline/pipeline.h"
-#include "train/loss.h"
+#include "pipeline_bench.h"
 #include "train/trainer.h"
 
 #define STEPS 6
@@ -194,65 +192,14 @@ static void test_graph_vs_eager(void **state)
 
 /* ---- the pipeline itself: the graphed step against the old sequence ---- */
 
-struct bench {
-    struct gp_graph g;
-    struct gp_dataset ds;
-    struct gp_pipeline *p;
-    size_t x_row, y_row;
-    int64_t terms;        /* loss terms per batch (cross-entropy's labels: none ignored here) */
-};
-
-static void bench_open(const struct setup *su, bool graph, struct bench *b)
+static void open_gpu(const struct setup *su, bool graph, struct pipe_bench *b)
 {
-    char model[4096], name[256];
-    snprintf(name, sizeof name, "%s.onnx", su->fixture);
-    fixture_path(name, model, sizeof model);
-    struct gp_error err = {0};
-    memset(b, 0, sizeof *b);
-    if (gp_dataset_synthetic(model, su->batch * STEPS, 11, &b->ds, &err) != GP_OK) fail_msg("%s", err.msg);
-    int64_t micro = su->batch / su->chunks;
-    if (gp_onnx_load(model, micro, &b->g, &err) != GP_OK) fail_msg("%s", err.msg);
-    if (b->ds.y.dtype != GP_DTYPE_INT64) fail_msg("%s: the test expects class labels", su->fixture);
-    b->x_row = gp_dataset_row_bytes(&b->ds.x);
-    b->y_row = gp_dataset_row_bytes(&b->ds.y);
-    b->terms = gp_shape_numel(&b->ds.y.shape) / b->ds.n * su->batch;
-    const struct gp_value *o = &b->g.values[b->g.outputs[0]];
-    struct gp_loss_spec loss = {.kind = GP_LOSS_CROSS_ENTROPY, .ignore_index = GP_LOSS_IGNORE_INDEX,
-                                .target_dtype = GP_DTYPE_INT64, .target_shape = b->ds.y.shape};
-    loss.target_shape.dims[0] = micro;
-    if (gp_loss_class_axis(&o->shape, &loss.target_shape, GP_CLASS_AXIS_AUTO, &loss.class_axis, &err) != GP_OK)
-        fail_msg("%s", err.msg);
-    struct gp_optim_config oc = su->adamw ? gp_adamw_defaults(2e-3) : gp_sgd_defaults(0.05);
-    if (!su->adamw) oc.momentum = 0.9;
-    const struct gp_device_ops *ops[8];
-    int index[8];
-    for (int k = 0; k < su->stages; k++) {
-        ops[k] = &gp_cuda_device_ops;
-        index[k] = su->spread ? k % gpus() : 0;
-    }
-    struct gp_pipeline_config pc = {
-        .graph = &b->g,
-        .n_stages = su->stages,
-        .balance = su->balance,
-        .device_ops = ops,
-        .device_index = index,
-        .n_micro = su->chunks,
-        .schedule = GP_PIPE_GPIPE,
-        .checkpoint = GP_CHECKPOINT_EXCEPT_LAST,
-        .optim = oc,
-        .deferred_batch_norm = su->deferred_bn,
-        .loss = loss,
-        .cuda_graph = graph,
-    };
-    if (gp_pipeline_create(&pc, &b->p, &err) != GP_OK) fail_msg("%s: %s", su->fixture, err.msg);
+    struct pipe_bench_setup bs = {.fixture = su->fixture, .batch = su->batch, .batches = STEPS, .stages = su->stages,
+                                  .chunks = su->chunks, .balance = su->balance, .ops = &gp_cuda_device_ops,
+                                  .adamw = su->adamw, .deferred_bn = su->deferred_bn, .graph = graph};
+    for (int k = 0; k < su->stages; k++) bs.device[k] = su->spread ? k % gpus() : 0;
+    pipe_bench_open(&bs, b);
     if (graph && gp_pipeline_graph_note(b->p)) fail_msg("%s: no graph: %s", su->fixture, gp_pipeline_graph_note(b->p));
-}
-
-static void bench_close(struct bench *b)
-{
-    gp_pipeline_free(b->p);
-    gp_graph_free(&b->g);
-    gp_dataset_free(&b->ds);
 }
 
 static double lr_of(const struct setup *su, int s)
@@ -263,70 +210,34 @@ static double lr_of(const struct setup *su, int s)
     return gp_schedule_lr(&sc, s);
 }
 
-/* Every float parameter and buffer, and every optimizer slot of every
- * parameter, in value order, as one array. */
-static float *keep(struct bench *b, size_t *count)
+/* One step of b: through gp_pipeline_train_step (graphed where b is), or
+ * the old sequence. */
+static void step(struct pipe_bench *b, bool combined, int s, double lr, double clip, struct gp_step_outcome *out)
 {
     struct gp_error err = {0};
-    int slots = gp_pipeline_optim_slots(b->p);
-    size_t n = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        float *out = pass ? malloc(sizeof(float) * (n + 1)) : NULL;
-        float *at = out;
-        for (int v = 0; v < b->g.n_values; v++) {
-            const struct gp_value *val = &b->g.values[v];
-            if (!val->is_initializer || !gp_dtype_is_float(val->dtype)) continue;
-            if (val->kind != GP_VALUE_PARAMETER && val->kind != GP_VALUE_BUFFER) continue;
-            int64_t numel = gp_shape_numel(&val->shape);
-            int tensors = 1 + (val->kind == GP_VALUE_PARAMETER ? slots : 0);
-            if (!pass) {
-                n += (size_t)numel * (size_t)tensors;
-                continue;
-            }
-            if (gp_pipeline_read(b->p, v, at, &err) != GP_OK) fail_msg("%s", err.msg);
-            for (int q = 0; q + 1 < tensors; q++)
-                if (gp_pipeline_read_optim(b->p, v, q, at + (size_t)(q + 1) * (size_t)numel, &err) != GP_OK)
-                    fail_msg("%s", err.msg);
-            at += (size_t)numel * (size_t)tensors;
-        }
-        if (pass) {
-            *count = n;
-            return out;
-        }
-    }
-    return NULL;
-}
-
-/* One step of `b`: graphed through gp_pipeline_train_step, or the old
- * sequence; lr and the outcome. */
-static void step(const struct setup *su, struct bench *b, bool combined, int s, double lr, struct gp_step_outcome *out)
-{
-    struct gp_error err = {0};
-    const void *x = (const char *)b->ds.x.data + (size_t)((s % STEPS) * su->batch) * b->x_row;
-    const void *y = (const char *)b->ds.y.data + (size_t)((s % STEPS) * su->batch) * b->y_row;
+    const void *x = pipe_bench_x(b, s), *y = pipe_bench_y(b, s);
     struct gp_step_opts so = {.seed = 5, .step = (uint64_t)s, .dropout_ratio = -1};
-    double den = (double)b->terms;
+    double den = pipe_bench_denominator(b, y);
     memset(out, 0, sizeof *out);
-    gp_status st = combined ? gp_pipeline_train_step(b->p, x, y, &so, den, lr, su->clip, out, &err)
+    gp_status st = combined ? gp_pipeline_train_step(b->p, x, y, &so, den, lr, clip, out, &err)
                             : gp_pipeline_step(b->p, x, y, &so, den, &out->loss_sum, &err);
-    if (st == GP_OK && !combined) st = gp_pipeline_optimize(b->p, lr, su->clip, out, &err);
-    if (st != GP_OK) fail_msg("%s, step %d: %s", su->fixture, s + 1, err.msg);
+    if (st == GP_OK && !combined) st = gp_pipeline_optimize(b->p, lr, clip, out, &err);
+    if (st != GP_OK) fail_msg("%s, step %d: %s", b->su.fixture, s + 1, err.msg);
 }
 
 static void check_sequence(struct setup su)
 {
     char what[256];
     describe(&su, what, sizeof what);
-    struct bench graph, old;
-    bench_open(&su, true, &graph);
-    bench_open(&su, false, &old);
+    struct pipe_bench graph, old;
+    open_gpu(&su, true, &graph);
+    open_gpu(&su, false, &old);
     for (int s = 0; s < STEPS; s++) {
         struct gp_step_outcome a, b;
-        step(&su, &graph, true, s, lr_of(&su, s), &a);
-        step(&su, &old, false, s, lr_of(&su, s), &b);
+        step(&graph, true, s, lr_of(&su, s), su.clip, &a);
+        step(&old, false, s, lr_of(&su, s), su.clip, &b);
         if (memcmp(&a.loss_sum, &b.loss_sum, sizeof(double)) != 0 ||
-            memcmp(&a.grad_norm, &b.grad_norm, sizeof(float)) != 0 ||
-            a.applied != b.applied || !a.applied)
+            memcmp(&a.grad_norm, &b.grad_norm, sizeof(float)) != 0 || a.applied != b.applied || !a.applied)
             fail_msg("%s, step %d: graphed loss %.17g norm %.9g applied %d, step then optimize %.17g %.9g %d", what,
                      s + 1, a.loss_sum, (double)a.grad_norm, a.applied, b.loss_sum, (double)b.grad_norm, b.applied);
     }
@@ -334,7 +245,7 @@ static void check_sequence(struct setup su)
     assert_int_equal(gp_pipeline_optim_steps(graph.p), STEPS);
     assert_int_equal(gp_pipeline_optim_steps(old.p), STEPS);
     size_t na = 0, nb = 0;
-    float *ka = keep(&graph, &na), *kb = keep(&old, &nb);
+    float *ka = pipe_bench_keep(&graph, &na), *kb = pipe_bench_keep(&old, &nb);
     assert_int_equal(na, nb);
     for (size_t i = 0; i < na; i++)
         if (memcmp(&ka[i], &kb[i], sizeof(float)) != 0)
@@ -343,8 +254,8 @@ static void check_sequence(struct setup su)
     printf("%-72s graphed step = step + optimize, %zu values and state\n", what, na);
     free(ka);
     free(kb);
-    bench_close(&graph);
-    bench_close(&old);
+    pipe_bench_close(&graph);
+    pipe_bench_close(&old);
 }
 
 static void test_graph_vs_old_sequence(void **state)
@@ -366,21 +277,22 @@ static void test_graph_divergence(void **state)
 {
     (void)state;
     struct setup su = {.fixture = "mlp_op17", .batch = 16, .chunks = 2, .stages = 2, .spread = true};
-    struct bench b;
-    bench_open(&su, true, &b);
+    struct pipe_bench b;
+    open_gpu(&su, true, &b);
     int diverged = -1;
     for (int s = 0; s < 40 && diverged < 0; s++) {
         size_t nb = 0, na = 0;
-        float *before = keep(&b, &nb);
+        float *before = pipe_bench_keep(&b, &nb);
         int64_t steps = gp_pipeline_optim_steps(b.p);
         struct gp_step_outcome out;
-        step(&su, &b, true, s, s < 2 ? 0.05 : 1e4, &out);
-        bool finite = isfinite(out.loss_sum / (double)b.terms);
-        if (out.applied != finite) fail_msg("step %d: loss %g, %s applied", s + 1, out.loss_sum, out.applied ? "" : "not");
-        if (!finite) {
+        step(&b, true, s, s < 2 ? 0.05 : 1e4, 0, &out);
+        double loss = out.loss_sum / pipe_bench_denominator(&b, pipe_bench_y(&b, s));
+        if (out.applied != isfinite(loss))
+            fail_msg("step %d: loss %g %s applied", s + 1, loss, out.applied ? "was" : "was not");
+        if (!isfinite(loss)) {
             diverged = s;
             if (!gp_pipeline_graphed(b.p)) fail_msg("the diverged step %d was not a graph", s + 1);
-            float *after = keep(&b, &na);
+            float *after = pipe_bench_keep(&b, &na);
             assert_int_equal(na, nb);
             if (memcmp(before, after, sizeof(float) * na) != 0)
                 fail_msg("the diverged step %d changed parameters, buffers or optimizer state", s + 1);
@@ -393,7 +305,7 @@ static void test_graph_divergence(void **state)
     }
     if (diverged < 2) fail_msg("lr 1e4 did not make the MLP diverge in 40 steps, or at step %d already", diverged + 1);
     printf("graphed: the loss diverged at step %d, which changed nothing\n", diverged + 1);
-    bench_close(&b);
+    pipe_bench_close(&b);
 }
 
 static int setup(void **state)
