@@ -416,6 +416,102 @@ static void test_large_tensors_are_exact(void **state)
     free(v2);
 }
 
+/* A step's scalars (gp_optim_scalars_for, gp_optim_apply), the way a
+ * pipeline takes its steps, give gp_optim_step's bits; a skipped step
+ * changes nothing; the guard's norm of gathered norms is gp_norm2_f32 of
+ * them gathered, its coefficient gp_clip_coef's, and it skips exactly on a
+ * loss or a clipped norm that is not finite. */
+static void test_scalars_and_guard(void **state)
+{
+    (void)state;
+    enum { NP = 3, LEN = 37 };
+    for (int kind = 0; kind < 2; kind++) {
+        struct gp_optim_config c = kind ? gp_adamw_defaults(3e-3) : gp_sgd_defaults(0.1);
+        if (!kind) c.momentum = 0.9, c.weight_decay = 1e-3;
+        float p1[NP * LEN], p2[NP * LEN], g1[NP * LEN], g2[NP * LEN];
+        for (int i = 0; i < NP * LEN; i++) p1[i] = p2[i] = p0[i % N] * (float)(1 + i % 3);
+        struct gp_param a[NP], b[NP];
+        for (int k = 0; k < NP; k++) {
+            a[k] = (struct gp_param){"a", p1 + k * LEN, g1 + k * LEN, LEN};
+            b[k] = (struct gp_param){"b", p2 + k * LEN, g2 + k * LEN, LEN};
+        }
+        struct gp_optim *oa, *ob;
+        struct gp_error err = {0};
+        assert_int_equal(gp_optim_create(&c, a, NP, &oa, &err), GP_OK);
+        assert_int_equal(gp_optim_create(&c, b, NP, &ob, &err), GP_OK);
+        for (int s = 0; s < 4; s++) {
+            double lr = c.lr * (1.0 + 0.5 * s);
+            for (int i = 0; i < NP * LEN; i++) g1[i] = g2[i] = grads[(i + 5 * s) % 33];
+            gp_scale_grads(a, NP, 0.375f);
+            gp_optim_step(oa, lr);
+            struct gp_optim_scalars sc;
+            gp_optim_scalars_for(&c, lr, ++ob->steps, &sc);
+            sc.coef = 0.375f;
+            gp_optim_apply(ob, &sc);
+            assert_memory_equal(p1, p2, sizeof p1);
+            assert_memory_equal(g1, g2, sizeof g1);
+            assert_memory_equal(oa->block, ob->block, gp_optim_state_bytes(oa));
+        }
+        float before[NP * LEN];
+        memcpy(before, p2, sizeof before);
+        void *state_before = malloc(gp_optim_state_bytes(ob) + 1);
+        memcpy(state_before, ob->block, gp_optim_state_bytes(ob));
+        struct gp_optim_scalars skip;
+        gp_optim_scalars_for(&c, 1.0, ob->steps + 1, &skip);
+        skip.coef = 0.5f;
+        skip.skip = 1;
+        for (int i = 0; i < NP * LEN; i++) g2[i] = 1.0f;
+        gp_optim_apply(ob, &skip);
+        assert_memory_equal(p2, before, sizeof before);
+        assert_memory_equal(ob->block, state_before, gp_optim_state_bytes(ob));
+        for (int i = 0; i < NP * LEN; i++) assert_true(g2[i] == 1.0f); /* not even clipped */
+        free(state_before);
+        gp_optim_free(oa);
+        gp_optim_free(ob);
+    }
+
+    /* the guard */
+    float norms[40], gathered[40];
+    int32_t order[40];
+    for (int i = 0; i < 40; i++) norms[i] = fabsf(grads[i % 33]) * (float)(1 + i % 9) * 0.37f;
+    for (int i = 0; i < 40; i++) order[i] = (int32_t)((i * 17 + 3) % 40);
+    double losses[3] = {1.5, 2.25, 0.125};
+    for (int n = 0; n <= 40; n++) {
+        for (int i = 0; i < n; i++) gathered[i] = norms[order[i]];
+        float want = gp_norm2_f32(gathered, n), got = gp_norm2_f32_gather(norms, order, n);
+        assert_memory_equal(&got, &want, sizeof got);
+        struct gp_optim_scalars s;
+        gp_optim_scalars_for(&(struct gp_optim_config){.kind = GP_OPTIM_SGD}, 0.1, 1, &s);
+        s.max_norm = 0.3;
+        s.denominator = 8;
+        gp_optim_guard(norms, order, n, losses, 3, &s);
+        assert_memory_equal(&s.total_norm, &want, sizeof want);
+        float coef = gp_clip_coef(want, 0.3);
+        assert_memory_equal(&s.coef, &coef, sizeof coef);
+        assert_int_equal(s.skip, 0);
+        s.max_norm = 0;
+        gp_optim_guard(norms, order, n, losses, 3, &s);
+        assert_true(s.coef == 1.0f && s.total_norm == 0.0f && !s.skip);
+    }
+    struct gp_optim_scalars s;
+    gp_optim_scalars_for(&(struct gp_optim_config){.kind = GP_OPTIM_SGD}, 0.1, 1, &s);
+    s.max_norm = 0.3;
+    losses[1] = NAN;
+    gp_optim_guard(norms, order, 10, losses, 3, &s);
+    assert_int_equal(s.skip, 1);
+    losses[1] = 2.25;
+    s.denominator = 0; /* no loss terms: the trainer's loss is not finite either */
+    gp_optim_guard(norms, order, 10, losses, 3, &s);
+    assert_int_equal(s.skip, 1);
+    s.denominator = 8;
+    norms[order[4]] = INFINITY;
+    gp_optim_guard(norms, order, 10, losses, 3, &s);
+    assert_int_equal(s.skip, 1);
+    s.max_norm = 0; /* a norm that is not taken does not count */
+    gp_optim_guard(norms, order, 10, losses, 3, &s);
+    assert_int_equal(s.skip, 0);
+}
+
 /* ---- bulk checks: 1000 elements, five steps, compared by hash ----
  * Inputs come from an LCG both sides compute exactly (below); PyTorch's
  * results were hashed with FNV-1a over their float32 bytes (torch 1.13):
@@ -534,6 +630,7 @@ int main(void)
         cmocka_unit_test(test_schedules),
         cmocka_unit_test(test_config_checks_and_state_bytes),
         cmocka_unit_test(test_large_tensors_are_exact),
+        cmocka_unit_test(test_scalars_and_guard),
         cmocka_unit_test(test_bulk_against_pytorch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -176,15 +176,27 @@ struct gp_compute_ops {
      * float32 loss on the widened output, its gradient rounded once. */
     bool loss_bf16;
 
-    /* Deferred BatchNorm (backend/cpu/kernel.h). */
+    /* Deferred BatchNorm (backend/cpu/kernel.h). The sums are cleared
+     * either way; the running statistics are left alone where `skip`
+     * (device memory, the step's gp_optim_scalars.skip; NULL: never) is
+     * nonzero when the commit runs: the step diverged. */
     size_t (*bn_stats_len)(const struct gp_graph *g, const struct gp_node *node);
     gp_status (*bn_commit)(void *ctx, const struct gp_graph *g, const struct gp_node *node, float *rmean,
-                           float *rvar, double *stats, struct gp_error *err);
+                           float *rvar, double *stats, const int32_t *skip, struct gp_error *err);
 
     /* One optimizer step over the stage's parameters (device pointers),
-     * gradients first scaled by clip_coef when it is below 1. */
-    gp_status (*optim_step)(void *ctx, struct gp_optim *opt, double lr, float clip_coef,
+     * gp_optim_apply's: the scalars (learning rate, bias corrections,
+     * clipping coefficient, skip) are read from `scalars`, device memory,
+     * when the step runs, not when it is issued, so a captured step
+     * replays with each step's values. opt->steps is not changed. */
+    gp_status (*optim_step)(void *ctx, struct gp_optim *opt, const struct gp_optim_scalars *scalars,
                             struct gp_error *err);
+    /* The step's guard, gp_optim_guard's arithmetic bit for bit, on device
+     * memory: norms (float), order (int32: which norm is the model's i-th
+     * parameter's, n of them), loss_parts (m doubles), and the scalars it
+     * reads (max_norm, denominator) and completes (total_norm, coef, skip). */
+    gp_status (*optim_guard)(void *ctx, const float *norms, const int32_t *order, int n, const double *loss_parts,
+                             int m, struct gp_optim_scalars *scalars, struct gp_error *err);
     /* Waits until the work launched so far has run (profiling only). */
     gp_status (*synchronize)(void *ctx, struct gp_error *err);
     /* out[k] (device memory) = the 2-norm of tensors[k], for clipping. */

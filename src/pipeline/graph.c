@@ -2,8 +2,13 @@
  * first runs eagerly, so lazy initializations stay outside), every stream
  * forked from the first stage's compute stream and joined back to it, and
  * replayed after with what changes between steps (the batch, its targets,
- * the step number the dropout masks are keyed by) copied from pinned
- * staging into the fixed device buffers the graph reads. */
+ * the step number the dropout masks are keyed by, and the optimizer's
+ * scalars: learning rate, bias corrections, max_norm) copied from pinned
+ * staging into the fixed device buffers the graph reads. With
+ * gp_pipeline_train_step the graph holds the optimizer too (optimizer.c):
+ * tied sums, norms, the guard that computes the clipping coefficient and
+ * whether the step diverged, the updates, the gradients cleared; one
+ * launch per step, and only the losses and the guard's result come back. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +24,12 @@ gp_status gp_pipe_setup_graphs(struct gp_pipeline *p, struct gp_error *err)
 {
     if (!p->cfg.cuda_graph) return GP_OK;
     const char *why = NULL;
+    /* Messages between processes wait on the host inside the step, and
+     * the optimizer's sums over replicas and tied holders, and the norms,
+     * go through it: neither the step nor the optimizer can be captured. */
+    if (p->cfg.remote)
+        why = "stages in other processes exchange frontiers, sums and norms through the host, so the step and "
+              "its optimizer run eagerly";
     for (int k = 0; k < p->K && !why; k++)
         if (!p->stages[k].ops->capture_begin || !p->stages[k].ops->host_alloc)
             why = "a stage's backend has no graphs";
@@ -62,10 +73,11 @@ static int all_streams(struct gp_pipeline *p, struct gp_stream **out, struct sta
     return n;
 }
 
-/* Records the step's actions as one graph: every stream joins the capture
- * from the first stage's compute stream (the origin) and joins back at the
- * end. On failure the streams are left usable and the reason is kept. */
-static gp_status capture_step(struct gp_pipeline *p, struct gp_error *err)
+/* Records the step's actions (and the optimizer after them) as one graph:
+ * every stream joins the capture from the first stage's compute stream (the
+ * origin) and joins back at the end. On failure the streams are left usable
+ * and the reason is kept. */
+static gp_status capture_step(struct gp_pipeline *p, bool optimizer, struct gp_error *err)
 {
     struct stage *fs = &p->stages[0];
     struct gp_stream **streams = malloc(sizeof *streams * (size_t)(3 * p->K));
@@ -86,6 +98,7 @@ static gp_status capture_step(struct gp_pipeline *p, struct gp_error *err)
     for (int i = 0; i < n; i++)
         if (streams[i] != fs->compute) owner[i]->ops->stream_wait(streams[i], p->fork);
     gp_pipe_issue_actions(p);
+    if (optimizer) gp_pipe_issue_optimizer(p);
     for (int i = 0; i < n; i++) {
         if (streams[i] == fs->compute) continue;
         owner[i]->ops->event_record(p->joins[i], streams[i]);
@@ -103,16 +116,21 @@ static gp_status capture_step(struct gp_pipeline *p, struct gp_error *err)
     p->graph_seed = p->opts.seed;
     p->graph_ratio = p->opts.dropout_ratio;
     p->graph_denominator = p->denominator;
+    p->graph_optimizer = optimizer;
+    p->graph_clip = optimizer && p->scalars_host->max_norm > 0;
     return GP_OK;
 }
 
-/* The step as a replayed graph: the batch, its targets and the step number
- * copied from pinned staging into the fixed device buffers the graph reads,
- * the graph launched on the origin stream, the losses copied back. What the
- * graph bakes in (the dropout seed and ratio, the loss's denominator) makes
- * a new capture when it changes. false when the graph could not be made
- * (p->graph_note says why): the caller runs the step eagerly. */
-bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *targets, gp_status *st,
+/* The step as a replayed graph: the batch, its targets, the step number
+ * and (with the optimizer) the step's scalars copied from pinned staging
+ * into the fixed device buffers the graph reads, the graph launched on the
+ * origin stream, the losses (and the guard's result) copied back. What the
+ * graph bakes in (the dropout seed and ratio, the loss's denominator,
+ * whether it holds the optimizer and whether that clips) makes a new
+ * capture when it changes; the learning rate and max_norm are read from
+ * device memory. false when the graph could not be made (p->graph_note
+ * says why): the caller runs the step eagerly. */
+bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *targets, bool optimizer, gp_status *st,
                         struct gp_error *err)
 {
     struct stage *fs = &p->stages[0], *ls = &p->stages[p->K - 1];
@@ -128,14 +146,18 @@ bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *target
     ops->copy(fs->compute, fs->inputs, xs, xb, &tag);
     if (tb) ops->copy(fs->compute, ls->targets, ts, tb, &tag);
     for (int k = 0; k < p->K; k++) ops->copy(fs->compute, p->stages[k].step_dev, p->step_host, sizeof(uint64_t), &tag);
+    /* The last stage's guard completes the scalars and hands them on. */
+    if (optimizer) ops->copy(fs->compute, ls->scalars, p->scalars_host, sizeof(struct gp_optim_scalars), &tag);
+    bool clip = optimizer && p->scalars_host->max_norm > 0;
     if (p->graph && (p->graph_seed != p->opts.seed || p->graph_ratio != p->opts.dropout_ratio ||
-                     p->graph_denominator != p->denominator)) {
+                     p->graph_denominator != p->denominator || p->graph_optimizer != optimizer ||
+                     p->graph_clip != clip)) {
         ops->graph_destroy(p->graph);
         p->graph = NULL;
     }
     if (!p->graph) {
         struct gp_error cerr = {0};
-        if (capture_step(p, &cerr) != GP_OK) {
+        if (capture_step(p, optimizer, &cerr) != GP_OK) {
             snprintf(p->graph_note, sizeof p->graph_note, "the step could not be captured as a CUDA graph (%s): "
                      "running it eagerly", cerr.msg);
             p->graph_ok = false;
@@ -145,6 +167,10 @@ bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *target
     ops->graph_launch(p->graph, fs->compute);
     tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
     ops->copy(fs->compute, p->loss_host, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
+    if (optimizer) {
+        tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read the guard's result");
+        ops->copy(fs->compute, p->scalars_out, ls->scalars, sizeof(struct gp_optim_scalars), &tag);
+    }
     *st = gp_pipe_sync_all(p, err);
     if (*st == GP_OK) memcpy(p->loss_parts, p->loss_host, sizeof(double) * (size_t)p->M);
     return true;

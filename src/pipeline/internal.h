@@ -5,6 +5,8 @@
  *   tasks.c     what runs inside a task: layers forward and backward, the
  *               loss, the optimizer step
  *   graph.c     the step captured as one CUDA graph and replayed
+ *   optimizer.c the optimizer part of a step: scalars, the guard, clipping,
+ *               tied sums on the devices, or through the host
  *   remote.c    stages in other processes: frontiers, losses and reads
  *               sent and received (cfg.remote)
  *   tied.c      parameters held by several stages: their gradients summed
@@ -30,6 +32,9 @@
 
 enum task_kind {
     TASK_FORWARD, TASK_RECOMPUTE, TASK_BACKWARD, TASK_OPTIMIZE, TASK_NORMS, TASK_EVAL,
+    /* The optimizer on the devices (optimizer.c): another holder's gradient
+     * of tied parameter `micro` added into its first holder's; the guard. */
+    TASK_TIED_ADD, TASK_GUARD,
     /* A frontier to or from a stage in another process (remote.c). */
     TASK_SEND_ACTIVATIONS, TASK_RECV_ACTIVATIONS, TASK_SEND_GRADIENTS, TASK_RECV_GRADIENTS,
 };
@@ -55,6 +60,19 @@ struct stage {
     unsigned char *targets, *loss_sums, *norms;
     unsigned char *inputs;         /* first stage: the mini-batch's data, as the host gave it */
     unsigned char *step_dev;       /* the step number (uint64) the dropout masks are keyed by, for graphs */
+    /* The step's optimizer scalars (struct gp_optim_scalars) its optimizer
+     * kernels read; the last stage's are the guard's (optimizer.c). */
+    unsigned char *scalars;
+    /* Last stage, optimizer on the devices: every stage's parameter norms
+     * gathered (floats, stage k's at norm_base[k]) and the order the guard
+     * reads them in (int32, n_norms). First holder of tied parameters:
+     * another holder's gradient, copied here to be added. Their bytes. */
+    unsigned char *norms_all, *norm_order, *tied_scratch;
+    size_t optimizer_bytes;
+    /* The optimizer on the devices: the stage's gradients are final (tied
+     * parameters), the tied sums it makes are done, the stage is ready for
+     * the guard, the guard is done (the last stage's). */
+    struct gp_event *grads_final, *tied_done, *ready, *guard_done;
     unsigned char *libs;           /* the backend's library workspace (cuBLAS) */
     unsigned char *arena;          /* forward-only activations, shared by the micro-batches */
     unsigned char *step_block, *step_grads; /* values made once per step, and their gradients */
@@ -130,6 +148,8 @@ struct gp_pipeline {
      * baked in. */
     bool graph_ok;
     struct gp_step_graph *graph;
+    bool graph_optimizer, graph_clip; /* the graph holds the optimizer (clipping) */
+    bool optimizer_warm;           /* the optimizer ran on the devices once, eagerly, before any capture */
     struct gp_event *fork, **joins;
     int n_joins;
     void *x_host, *t_host;
@@ -146,8 +166,17 @@ struct gp_pipeline {
     float *norms_host;             /* per parameter (all stages), copied back for clipping */
     bool eval;
     bool eval_batch_stats;         /* evaluation with BatchNorm's batch statistics (predict --mode train) */
-    float clip_coef;
-    double lr;
+    /* The optimizer (optimizer.c): the step's scalars as the host computes
+     * them and the guard's as read back (pinned where stage 0's backend
+     * has it); where stage k's norms lie among all stages' (norm_base[k],
+     * n_norm_slots in all) and which of them the model's parameters' are,
+     * in its order (norm_order, n_norms: a tied parameter once); the tasks
+     * of tied sums (one per tied parameter) and of the guard (last). */
+    struct gp_optim_scalars *scalars_host, *scalars_out;
+    bool scalars_pinned;
+    int *norm_base, n_norm_slots, n_norms;
+    int32_t *norm_order;
+    struct task *optimizer_tasks;
     /* Parameters held by several stages, in value order, and host room
      * for summing their gradients (tied.c). */
     struct gp_pipe_tied *tied;
@@ -197,6 +226,12 @@ static inline struct gp_task_tag tag_of(enum gp_task_kind kind, int stage, int m
     return (struct gp_task_tag){.kind = kind, .stage = stage, .microbatch = micro, .name = name};
 }
 
+/* Data-parallel copies of the pipeline (pipeline.h): 1 without. */
+static inline int gp_pipe_replicas(const struct gp_pipeline *p)
+{
+    return p->cfg.remote && p->cfg.remote->replicas > 1 ? p->cfg.remote->replicas : 1;
+}
+
 /* Whether stage k runs in this process (every stage does without cfg.remote). */
 static inline bool stage_local(const struct gp_pipeline *p, int k)
 {
@@ -212,9 +247,10 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
 void gp_pipe_free_stages(struct gp_pipeline *p);
 
 /* graph.c: set up at creation (a note when graphs are off); a step run as a
- * replayed graph (false: it must run eagerly, *st is untouched); release. */
+ * replayed graph, with the optimizer after its backward or not (false: it
+ * must run eagerly, *st is untouched); release. */
 gp_status gp_pipe_setup_graphs(struct gp_pipeline *p, struct gp_error *err);
-bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *targets, gp_status *st,
+bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *targets, bool optimizer, gp_status *st,
                         struct gp_error *err);
 void gp_pipe_free_graphs(struct gp_pipeline *p);
 
@@ -222,6 +258,19 @@ void gp_pipe_free_graphs(struct gp_pipeline *p);
  * every stream (the first error). */
 void gp_pipe_issue_actions(struct gp_pipeline *p);
 gp_status gp_pipe_sync_all(struct gp_pipeline *p, struct gp_error *err);
+
+/* optimizer.c: its plan at creation (after the stages and tied.c's plan):
+ * the norms' places and order, the host's scalars, and, with every stage
+ * in this process, the devices' buffers and events; release (before the
+ * stages). A step's scalars filled for learning rate lr (p->scalars_host);
+ * the optimizer issued onto the streams after the step's backward (every
+ * stage in this process: tied sums, norms, the guard, the updates); the
+ * step counted where it was applied. */
+gp_status gp_pipe_optimizer_plan(struct gp_pipeline *p, struct gp_error *err);
+void gp_pipe_optimizer_free(struct gp_pipeline *p);
+void gp_pipe_scalars_begin(struct gp_pipeline *p, double lr, double clip_norm, double denominator);
+void gp_pipe_issue_optimizer(struct gp_pipeline *p);
+void gp_pipe_optimizer_end(struct gp_pipeline *p, struct gp_step_outcome *out);
 
 /* remote.c: a frontier task (TASK_SEND_* / TASK_RECV_*) of a stage whose
  * neighbour is in another process; after a step, every process gets the

@@ -1,7 +1,8 @@
 /* The pipeline executor: creates the stages, issues a step's actions (from
- * the schedule) onto the stages' streams with events between them, and the
- * optimizer step, evaluation and reads after. The host touches device
- * memory only through copies; the work itself runs in tasks (tasks.c). */
+ * the schedule) onto the stages' streams with events between them (and the
+ * optimizer after them, optimizer.c), and evaluation and reads. The host
+ * touches device memory only through copies; the work itself runs in tasks
+ * (tasks.c). */
 #include "pipeline/pipeline.h"
 
 #include <stdint.h>
@@ -13,18 +14,13 @@
 #include "pipeline/internal.h"
 #include "pipeline/trace.h"
 
-/* Data-parallel copies of the pipeline (pipeline.h): 1 without. */
-static int replicas_of(const struct gp_pipeline *p)
-{
-    return p->cfg.remote && p->cfg.remote->replicas > 1 ? p->cfg.remote->replicas : 1;
-}
-
 void gp_pipeline_free(struct gp_pipeline *p)
 {
     if (!p) return;
     gp_pipe_buckets_free(p);
     gp_pipe_free_host_bufs(p);
     gp_pipe_free_graphs(p);
+    gp_pipe_optimizer_free(p);
     gp_pipe_free_stages(p);
     gp_pipe_tied_free(p);
     gp_layers_free(&p->layers);
@@ -60,8 +56,6 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     struct gp_pipeline *p = calloc(1, sizeof *p);
     if (!p) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     p->cfg = *cfg;
-    /* A graph would capture a step whose messages wait on the host. */
-    if (r) p->cfg.cuda_graph = false;
     p->g = g;
     p->K = cfg->n_stages;
     p->M = cfg->n_micro;
@@ -86,7 +80,7 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     p->needs_grad = calloc((size_t)g->n_values + 1, sizeof(bool));
     p->stages = calloc((size_t)p->K, sizeof *p->stages);
     /* Every replica's micro-batches' loss sums, in the mini-batch's order. */
-    p->loss_parts = calloc((size_t)p->M * (size_t)replicas_of(p), sizeof(double));
+    p->loss_parts = calloc((size_t)p->M * (size_t)gp_pipe_replicas(p), sizeof(double));
     /* Every stage's parameter norms (a tied parameter once per holder). */
     p->norms_host = calloc((size_t)g->n_values * (size_t)p->K + 1, sizeof(float));
     if (cfg->loss.target_dtype != GP_DTYPE_UNDEFINED)
@@ -137,6 +131,7 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
         goto fail;
     }
     if ((st = gp_pipe_tied_plan(p, err)) != GP_OK) goto fail;
+    if ((st = gp_pipe_optimizer_plan(p, err)) != GP_OK) goto fail;
     /* Frontier messages are sent and received from the stage's own memory
      * by its stream's worker: a device whose memory is the host's. */
     if (r && p->stages[r->stage].ops->host_alloc) {
@@ -336,192 +331,149 @@ void gp_pipe_issue_actions(struct gp_pipeline *p)
     }
 }
 
-gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *targets, const struct gp_step_opts *o,
-                           double denominator, double *loss_sum, struct gp_error *err)
+/* What the tasks count per step (its once-per-step layers, its backwards),
+ * from zero: before issuing or capturing the step, and again before
+ * issuing it eagerly after a capture that failed half-way. */
+static void step_counters_reset(struct gp_pipeline *p)
+{
+    for (int k = 0; k < p->K; k++) {
+        p->stages[k].once_valid = false;
+        p->stages[k].backwards_done = 0;
+    }
+}
+
+/* A step's start: its settings, and what the tasks count per step. */
+static void step_begin(struct gp_pipeline *p, const struct gp_step_opts *o, double denominator)
 {
     p->opts = *o;
     p->denominator = denominator;
     p->eval = false;
     clear_traces(p);
-    for (int k = 0; k < p->K; k++) {
-        p->stages[k].once_valid = false;
-        p->stages[k].backwards_done = 0;
-    }
+    step_counters_reset(p);
     for (int k = 0; p->cfg.time_layers && k < p->K; k++) {
         struct stage *st = &p->stages[k];
         memset(st->fwd_ms, 0, sizeof(double) * (size_t)(st->plan.last - st->plan.first));
         memset(st->bwd_ms, 0, sizeof(double) * (size_t)(st->plan.last - st->plan.first));
     }
+}
+
+/* The step issued as it goes (no graph), with the optimizer after the
+ * backward on the devices when `optimizer` (every stage in this process). */
+static gp_status step_eager(struct gp_pipeline *p, const void *x, const void *targets, bool optimizer,
+                            struct gp_error *err)
+{
+    struct stage *fs = &p->stages[0], *ls = &p->stages[p->K - 1];
+    step_counters_reset(p);
+    /* The mini-batch's data and targets reach the devices in one copy
+     * each, before any work of the step (pageable host memory may make
+     * a copy wait for its stream: here the streams are idle). */
+    struct gp_task_tag itag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
+    /* A replica's share: its M consecutive micro-batches. */
+    size_t share = gp_pipe_replicas(p) > 1 ? (size_t)p->cfg.remote->replica * (size_t)p->M : 0;
+    if (stage_local(p, 0))
+        fs->ops->copy(fs->compute, fs->inputs, (const char *)x + share * p->input_bytes,
+                      p->input_bytes * (size_t)p->M, &itag);
+    if (p->target_bytes && stage_local(p, p->K - 1)) {
+        struct gp_task_tag ttag = tag_of(GP_TASK_COPY, p->K - 1, -1, "load targets");
+        ls->ops->copy(ls->compute, ls->targets, (const char *)targets + share * p->target_bytes,
+                      p->target_bytes * (size_t)p->M, &ttag);
+    }
+    /* With graphs on, kernels read the step from the device: set it. */
+    if (p->graph_ok) *p->step_host = p->opts.step;
+    for (int k = 0; p->graph_ok && k < p->K; k++)
+        p->stages[k].ops->copy(p->stages[k].compute, p->stages[k].step_dev, p->step_host, sizeof(uint64_t),
+                               &itag);
+    /* The optimizer's scalars to the last stage, whose guard completes
+     * them and hands them on (optimizer.c). */
+    if (optimizer) {
+        struct gp_task_tag stag = tag_of(GP_TASK_COPY, p->K - 1, -1, "the step's optimizer scalars");
+        ls->ops->copy(ls->compute, ls->scalars, p->scalars_host, sizeof(struct gp_optim_scalars), &stag);
+    }
+    gp_pipe_buckets_begin(p);
+    gp_pipe_issue_actions(p);
+    /* The micro-batches' loss sums come back with the step's one wait. */
+    struct gp_task_tag tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
+    if (stage_local(p, p->K - 1))
+        ls->ops->copy(ls->compute, p->loss_parts + share, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
+    if (optimizer) {
+        gp_pipe_issue_optimizer(p);
+        struct gp_task_tag gtag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read the guard's result");
+        ls->ops->copy(ls->compute, p->scalars_out, ls->scalars, sizeof(struct gp_optim_scalars), &gtag);
+    }
+    gp_status st = gp_pipe_sync_all(p, err);
+    /* The replicas' gradient sums end before anything else talks to
+     * the replicas. */
+    if (gp_pipe_buckets_on(p)) {
+        struct gp_error berr = {0};
+        gp_status bst = gp_pipe_buckets_finish(p, st != GP_OK, &berr);
+        if (st == GP_OK && bst != GP_OK) {
+            st = bst;
+            *err = berr;
+        }
+    }
+    /* Every process gets the loss (every replica's): they decide alike
+     * what comes next. */
+    if (st == GP_OK && p->cfg.remote) st = gp_pipe_remote_losses(p, err);
+    if (st == GP_OK && optimizer) p->optimizer_warm = true;
+    return st;
+}
+
+/* The step's loss terms summed in micro-batch order over the whole
+ * mini-batch: the bits of one pipeline, whatever the number of replicas
+ * (the guard adds them in this order too). */
+static double loss_total(const struct gp_pipeline *p)
+{
+    double sum = 0;
+    for (int j = 0; j < p->M * gp_pipe_replicas(p); j++) sum += p->loss_parts[j];
+    return sum;
+}
+
+gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *targets, const struct gp_step_opts *o,
+                           double denominator, double *loss_sum, struct gp_error *err)
+{
+    step_begin(p, o, denominator);
     gp_status st = GP_OK;
     /* The first step runs eagerly: lazy initializations (library handles'
      * first calls, events) happen outside the capture. */
-    bool graphed = p->graph_ok && p->steps_done > 0 && gp_pipe_step_graph(p, x, targets, &st, err);
-    if (!graphed) {
-        struct stage *fs = &p->stages[0], *ls = &p->stages[p->K - 1];
-        /* The mini-batch's data and targets reach the devices in one copy
-         * each, before any work of the step (pageable host memory may make
-         * a copy wait for its stream: here the streams are idle). */
-        struct gp_task_tag itag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
-        /* A replica's share: its M consecutive micro-batches. */
-        size_t share = replicas_of(p) > 1 ? (size_t)p->cfg.remote->replica * (size_t)p->M : 0;
-        if (stage_local(p, 0))
-            fs->ops->copy(fs->compute, fs->inputs, (const char *)x + share * p->input_bytes,
-                          p->input_bytes * (size_t)p->M, &itag);
-        if (p->target_bytes && stage_local(p, p->K - 1)) {
-            struct gp_task_tag ttag = tag_of(GP_TASK_COPY, p->K - 1, -1, "load targets");
-            ls->ops->copy(ls->compute, ls->targets, (const char *)targets + share * p->target_bytes,
-                          p->target_bytes * (size_t)p->M, &ttag);
-        }
-        /* With graphs on, kernels read the step from the device: set it. */
-        if (p->graph_ok) *p->step_host = p->opts.step;
-        for (int k = 0; p->graph_ok && k < p->K; k++)
-            p->stages[k].ops->copy(p->stages[k].compute, p->stages[k].step_dev, p->step_host, sizeof(uint64_t),
-                                   &itag);
-        gp_pipe_buckets_begin(p);
-        gp_pipe_issue_actions(p);
-        /* The micro-batches' loss sums come back with the step's one wait. */
-        struct gp_task_tag tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read losses");
-        if (stage_local(p, p->K - 1))
-            ls->ops->copy(ls->compute, p->loss_parts + share, ls->loss_sums, sizeof(double) * (size_t)p->M, &tag);
-        st = gp_pipe_sync_all(p, err);
-        /* The replicas' gradient sums end before anything else talks to
-         * the replicas. */
-        if (gp_pipe_buckets_on(p)) {
-            struct gp_error berr = {0};
-            gp_status bst = gp_pipe_buckets_finish(p, st != GP_OK, &berr);
-            if (st == GP_OK && bst != GP_OK) {
-                st = bst;
-                *err = berr;
-            }
-        }
-        /* Every process gets the loss (every replica's): they decide alike
-         * what comes next. */
-        if (st == GP_OK && p->cfg.remote) st = gp_pipe_remote_losses(p, err);
-    }
+    bool graphed = p->graph_ok && p->steps_done > 0 && gp_pipe_step_graph(p, x, targets, false, &st, err);
+    if (!graphed) st = step_eager(p, x, targets, false, err);
     GP_TRY(st);
     p->steps_done++;
-    /* In micro-batch order over the whole mini-batch: the bits of one
-     * pipeline, whatever the number of replicas. */
-    double sum = 0;
-    for (int j = 0; j < p->M * replicas_of(p); j++) sum += p->loss_parts[j];
-    *loss_sum = sum;
+    *loss_sum = loss_total(p);
+    return GP_OK;
+}
+
+gp_status gp_pipeline_train_step(struct gp_pipeline *p, const void *x, const void *targets,
+                                 const struct gp_step_opts *o, double denominator, double lr, double clip_norm,
+                                 struct gp_step_outcome *out, struct gp_error *err)
+{
+    /* Across processes the replicas' and tied holders' sums, the norms and
+     * the losses meet through the host (graph.c's note says so). */
+    if (p->cfg.remote) {
+        double loss_sum = 0;
+        GP_TRY(gp_pipeline_step(p, x, targets, o, denominator, &loss_sum, err));
+        GP_TRY(gp_pipeline_optimize(p, lr, clip_norm, out, err));
+        out->loss_sum = loss_sum;
+        return GP_OK;
+    }
+    step_begin(p, o, denominator);
+    gp_pipe_scalars_begin(p, lr, clip_norm, denominator);
+    gp_status st = GP_OK;
+    /* Captured once the step, optimizer included, ran eagerly: lazy
+     * initializations stay outside the capture. */
+    bool graphed = p->graph_ok && p->steps_done > 0 && p->optimizer_warm &&
+                   gp_pipe_step_graph(p, x, targets, true, &st, err);
+    if (!graphed) st = step_eager(p, x, targets, true, err);
+    GP_TRY(st);
+    p->steps_done++;
+    out->loss_sum = loss_total(p);
+    gp_pipe_optimizer_end(p, out);
     return GP_OK;
 }
 
 const char *gp_pipeline_graph_note(const struct gp_pipeline *p) { return p->graph_note[0] ? p->graph_note : NULL; }
 
 bool gp_pipeline_graphed(const struct gp_pipeline *p) { return p->graph != NULL; }
-
-/* clip_grad_norm_'s coefficient: the norm of the per-tensor norms, in the
- * model's parameter order (value order), each computed on its stage, a
- * parameter several stages hold (tied, its copies' gradients already
- * summed: equal) counted once, from its first holder. Across processes
- * every stage's norms are gathered on each (every rank computes the same
- * coefficient); replicas' gradients are already summed, so each replica
- * computes the same too. */
-static gp_status clip_coefficient(struct gp_pipeline *p, double clip_norm, float *coef, struct gp_error *err)
-{
-    const struct gp_graph *g = p->g;
-    int *base = malloc(sizeof(int) * (size_t)p->K), *count = calloc((size_t)p->K, sizeof(int));
-    int *where = malloc(sizeof(int) * ((size_t)g->n_values + 1));
-    float *ordered = malloc(sizeof(float) * ((size_t)g->n_values + 1));
-    gp_status st = GP_OK;
-    if (!base || !count || !where || !ordered) {
-        st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    /* Stage k's norms are its parameters' in value order (stage.c). */
-    int total = 0;
-    for (int k = 0; k < p->K; k++) {
-        base[k] = total;
-        for (int v = 0; v < g->n_values; v++)
-            count[k] += p->stages[k].plan.home[v] == GP_HOME_STATIC && g->values[v].kind == GP_VALUE_PARAMETER;
-        total += count[k];
-    }
-    for (int v = 0; v < g->n_values; v++) where[v] = -1;
-    for (int k = p->K - 1; k >= 0; k--)
-        for (int v = 0, i = base[k]; v < g->n_values; v++)
-            if (p->stages[k].plan.home[v] == GP_HOME_STATIC && g->values[v].kind == GP_VALUE_PARAMETER)
-                where[v] = i++;
-    for (int k = 0; k < p->K; k++) {
-        if (!stage_local(p, k)) continue;
-        struct stage *s = &p->stages[k];
-        struct task *t = &p->tasks[p->sched.n_actions + 2 * p->K + k];
-        *t = (struct task){.p = p, .stage = k, .micro = -1, .kind = TASK_NORMS};
-        struct gp_task_tag tag = tag_of(GP_TASK_OPTIMIZER, k, -1, "gradient norms");
-        s->ops->enqueue(s->compute, gp_pipe_task_run, t, &tag);
-        struct gp_task_tag ctag = tag_of(GP_TASK_COPY, k, -1, "read gradient norms");
-        s->ops->copy(s->compute, p->norms_host + base[k], s->norms, sizeof(float) * (size_t)s->n_params, &ctag);
-    }
-    if ((st = gp_pipe_sync_all(p, err)) != GP_OK) goto done;
-    if (p->cfg.remote && (st = gp_pipe_remote_norms(p, p->norms_host, base, count, err)) != GP_OK) goto done;
-    int n = 0;
-    for (int v = 0; v < g->n_values; v++)
-        if (where[v] >= 0) ordered[n++] = p->norms_host[where[v]];
-    *coef = gp_clip_coef(gp_norm2_f32(ordered, n), clip_norm);
-done:
-    free(base);
-    free(count);
-    free(where);
-    free(ordered);
-    return st;
-}
-
-/* Data parallelism: the local stage's parameter gradients, and its deferred
- * BatchNorm statistics, become their sums over the stage's replicas (the
- * same bits on each, so the replicas step alike and stay equal). Between
- * steps: the step waited for its streams, the optimizer is not yet issued.
- * The buffers are the stage's device memory, which for stages in other
- * processes is the host's (a CPU device). Each parameter's gradient is the
- * replicas' partial sums added in replica order, g = (G0 + G1) + ..., where
- * one pipeline over all the micro-batches accumulates them one after the
- * other: the same terms, another rounding (README, "Several processes"). */
-static gp_status sum_replicas(struct gp_pipeline *p, struct gp_error *err)
-{
-    const struct gp_pipe_remote *r = p->cfg.remote;
-    struct stage *s = &p->stages[r->stage];
-    /* Every parameter gradient is float32 (fp32 master weights), padding
-     * zero; already summed where buckets overlapped it with the backward. */
-    /* GPU stages sum device memory over their own link (NCCL). */
-    gp_status (*f32)(void *, float *, size_t, struct gp_error *) = r->device_sum_f32 ? r->device_sum_f32 : r->sum_f32;
-    gp_status (*f64)(void *, double *, size_t, struct gp_error *) = r->device_sum_f64 ? r->device_sum_f64 : r->sum_f64;
-    if (s->plan.param_bytes && !gp_pipe_buckets_on(p))
-        GP_TRY(f32(r->ctx, (float *)s->param_grads, s->plan.param_bytes / sizeof(float), err));
-    for (int i = s->plan.first; s->bn_stats && i < s->plan.last; i++) {
-        double *stats = s->bn_stats[i - s->plan.first];
-        if (stats) GP_TRY(f64(r->ctx, stats, s->cops->bn_stats_len(p->g, &p->g->nodes[i]), err));
-    }
-    return GP_OK;
-}
-
-gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_norm, struct gp_error *err)
-{
-    p->lr = lr;
-    p->clip_coef = 1.0f;
-    if (replicas_of(p) > 1) {
-        gp_status st = sum_replicas(p, err);
-        if (st != GP_OK) {
-            gp_error_prefix(err, "stage %d, replica %d: summing gradients over %d replicas: ", p->cfg.remote->stage,
-                            p->cfg.remote->replica, replicas_of(p));
-            return st;
-        }
-    }
-    /* Tied copies' gradients after the replicas' sums: each holder's own
-     * gradient is whole (every replica's) before the holders add theirs. */
-    if (p->n_tied) GP_TRY(gp_pipe_tied_sum(p, err));
-    if (clip_norm > 0) GP_TRY(clip_coefficient(p, clip_norm, &p->clip_coef, err));
-    for (int k = 0; k < p->K; k++) {
-        if (!stage_local(p, k)) continue;
-        struct stage *s = &p->stages[k];
-        struct task *t = &p->tasks[p->sched.n_actions + k];
-        *t = (struct task){.p = p, .stage = k, .micro = -1, .kind = TASK_OPTIMIZE};
-        struct gp_task_tag tag = tag_of(GP_TASK_OPTIMIZER, k, -1, "optimizer");
-        s->ops->enqueue(s->compute, gp_pipe_task_run, t, &tag);
-    }
-    GP_TRY(gp_pipe_sync_all(p, err));
-    p->optim_steps++;
-    return GP_OK;
-}
 
 /* The n bfloat16 values at the start of out widened into n floats, in
  * place (exact): from the last to the first, value i's float covers
@@ -633,7 +585,7 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     r->grad_bytes = (int64_t)s->plan.param_bytes;
     r->optim_bytes = s->opt ? (int64_t)gp_optim_state_bytes(s->opt) : 0;
     r->static_bytes = (int64_t)(s->plan.static_bytes - s->plan.param_bytes + s->plan.step_bytes +
-                                s->plan.step_grad_bytes + s->plan.shadow_bytes);
+                                s->plan.step_grad_bytes + s->plan.shadow_bytes + s->optimizer_bytes);
     const struct gp_stage_slots *sl = &s->slots;
     r->frontier_boxes = sl->n_boxes;
     r->activation_sets = sl->n_sets;

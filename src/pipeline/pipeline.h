@@ -99,9 +99,11 @@ struct gp_pipeline_config {
      * the step; the balancer's profiler uses it. */
     bool time_layers;
     /* CUDA: capture the step (every stage's forward and backward, copies,
-     * losses) as one CUDA graph at the second step and replay it after,
-     * capturing again when what it baked in changes. Ignored (with a note)
-     * where a backend cannot, or with trace or time_layers. */
+     * losses; with gp_pipeline_train_step the optimizer too: tied sums,
+     * clipping, updates) as one CUDA graph at the second step and replay
+     * it after, capturing again when what it baked in changes. Ignored
+     * (with a note) where a backend cannot, with trace or time_layers, or
+     * with stages in other processes (remote). */
     bool cuda_graph;
     /* NULL: every stage in this process. Otherwise this process runs one
      * stage (above) and its calls below are collective: every stage's
@@ -155,12 +157,45 @@ void gp_pipeline_host_free(struct gp_pipeline *p, void *ptr);
 const char *gp_pipeline_graph_note(const struct gp_pipeline *p);
 bool gp_pipeline_graphed(const struct gp_pipeline *p);
 
+/* What a training step did. */
+struct gp_step_outcome {
+    double loss_sum;  /* the sum of the loss terms (every replica's micro-batches) */
+    float grad_norm;  /* clipping: the gradients' total norm before clipping; 0 without */
+    /* The optimizer step was taken. false: the step's loss, (sum of its
+     * terms) / denominator, or the gradients' norm (when clipping) is not
+     * finite, and the step changed no parameter, optimizer state or
+     * deferred BatchNorm statistic (running statistics that the forward
+     * itself updates have moved, as they would have before); the
+     * gradients are cleared, and the optimizer's step count is unchanged. */
+    bool applied;
+};
+
 /* Sums the gradients of parameters several stages hold (tied: each holder's
  * copy gets the sum, added in stage order), clips gradients to a global
  * norm over all stages, each parameter counted once (when clip_norm > 0),
- * and takes one optimizer step on every stage. */
-gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_norm,
+ * and takes one optimizer step on every stage, unless the last
+ * gp_pipeline_step's loss (or the norm) is not finite (out->applied).
+ * The clipping coefficient and that decision are made on the host, from
+ * the norms and losses copied there; the updates read their scalars from
+ * device memory as gp_pipeline_train_step's do. out may be NULL; its
+ * loss_sum is left alone. */
+gp_status gp_pipeline_optimize(struct gp_pipeline *p, double lr, double clip_norm, struct gp_step_outcome *out,
                                struct gp_error *err);
+
+/* gp_pipeline_step, then gp_pipeline_optimize with learning rate lr and
+ * clip_norm, the same bits, as one piece of work: with every stage in this
+ * process the optimizer runs on the devices right after the backward (tied
+ * sums by copies between the holders, the clipping coefficient and the
+ * decision to skip computed on the last stage's device from the norms
+ * gathered there), so with CUDA graphs the whole step, optimizer included,
+ * is one launch, and only the losses and the guard's result come back.
+ * The learning rate and the step's other scalars go to the devices with
+ * the batch, through device memory, so a schedule changes nothing in the
+ * graph. Across processes (cfg.remote) it is gp_pipeline_step followed by
+ * gp_pipeline_optimize, the sums going through the host. */
+gp_status gp_pipeline_train_step(struct gp_pipeline *p, const void *x, const void *targets,
+                                 const struct gp_step_opts *o, double denominator, double lr, double clip_norm,
+                                 struct gp_step_outcome *out, struct gp_error *err);
 
 /* Evaluation (no dropout) on one micro-batch: x has micro-batch rows; out
  * gets the graph's first output, float32. `batch_stats`: BatchNorm
@@ -175,7 +210,8 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
 gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct gp_error *err);
 
 /* ---- what training keeps between steps (persist.c), for saved states ----
- * Called between steps only (after gp_pipeline_optimize returned). */
+ * Called between steps only (after gp_pipeline_optimize or
+ * gp_pipeline_train_step returned). */
 
 /* Sets a parameter or buffer (float32 values [numel]) on every stage that
  * holds it. */
@@ -189,7 +225,8 @@ gp_status gp_pipeline_read_optim(struct gp_pipeline *p, int value, int slot, flo
 gp_status gp_pipeline_write_optim(struct gp_pipeline *p, int value, int slot, const float *in,
                                   struct gp_error *err);
 /* Optimizer steps taken (PyTorch's state['step']: AdamW's bias corrections
- * and SGD's first-step momentum depend on it); the same on every stage. */
+ * and SGD's first-step momentum depend on it); the same on every stage.
+ * A step that was not applied (gp_step_outcome) does not count. */
 int64_t gp_pipeline_optim_steps(const struct gp_pipeline *p);
 void gp_pipeline_set_optim_steps(struct gp_pipeline *p, int64_t steps);
 

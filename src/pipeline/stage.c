@@ -42,6 +42,7 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"targets", last ? p->target_bytes * (size_t)p->M : 0, &s->targets};
     b[n++] = (struct block_plan){"inputs", k == 0 ? p->input_bytes * (size_t)p->M : 0, &s->inputs};
     b[n++] = (struct block_plan){"step number", sizeof(uint64_t), &s->step_dev};
+    b[n++] = (struct block_plan){"optimizer scalars", sizeof(struct gp_optim_scalars), &s->scalars};
     b[n++] = (struct block_plan){"loss sums", last ? sizeof(double) * (size_t)p->M : 0, &s->loss_sums};
     b[n++] = (struct block_plan){"gradient norms", sizeof(float) * (size_t)(s->n_params + 1), &s->norms};
     return n;
@@ -242,13 +243,17 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
                     if (lists[e][j]) ops->event_destroy(lists[e][j]);
                 free(lists[e]);
             }
+            struct gp_event *optimizer_events[4] = {s->grads_final, s->tied_done, s->ready, s->guard_done};
+            for (int e = 0; e < 4; e++)
+                if (optimizer_events[e]) ops->event_destroy(optimizer_events[e]);
             if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
-            unsigned char *blocks[19] = {s->static_block, s->param_grads, s->boxes,       s->locals,
-                                         s->grads,        s->inboxes,     s->scratch,     s->targets,
-                                         s->loss_sums,    s->norms,       s->optim_state, s->inputs,
-                                         s->libs,         s->step_dev,    s->arena,       s->step_block,
-                                         s->step_grads,   s->shadows,     s->staging};
-            for (int b = 0; b < 19; b++)
+            unsigned char *blocks[23] = {s->static_block, s->param_grads,  s->boxes,       s->locals,
+                                         s->grads,        s->inboxes,      s->scratch,     s->targets,
+                                         s->loss_sums,    s->norms,        s->optim_state, s->inputs,
+                                         s->libs,         s->step_dev,     s->arena,       s->step_block,
+                                         s->step_grads,   s->shadows,      s->staging,     s->scalars,
+                                         s->norms_all,    s->norm_order,   s->tied_scratch};
+            for (int b = 0; b < 23; b++)
                 if (blocks[b]) ops->free(s->dev, blocks[b]);
             for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++)
                 if (s->bn_stats[i]) ops->free(s->dev, s->bn_stats[i]);

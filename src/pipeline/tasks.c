@@ -1,7 +1,9 @@
 /* What runs inside the pipeline's tasks: a stage's layers forward (the
  * loss after the last stage's) and backward for one micro-batch,
- * recomputation, and the optimizer step, through the stage backend's
- * compute ops. With layer timing on, each layer is waited for and timed. */
+ * recomputation, and the optimizer's pieces (optimizer.c), through the
+ * stage backend's compute ops. With layer timing on, each layer is waited
+ * for and timed. */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -272,20 +274,35 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         }
         s->live -= (int64_t)s->plan.grad_bytes + (int64_t)s->plan.local_bytes + (int64_t)s->plan.box_bytes;
         return GP_OK;
-    case TASK_OPTIMIZE:
+    case TASK_OPTIMIZE: {
+        /* Everything that changes from step to step is read from the
+         * stage's scalars in device memory (optimizer.c): this runs once
+         * when a step is captured as a graph. */
+        const struct gp_optim_scalars *scalars = (const struct gp_optim_scalars *)s->scalars;
+        const int32_t *skip = (const int32_t *)(s->scalars + offsetof(struct gp_optim_scalars, skip));
         /* Deferred BatchNorm: the whole mini-batch's statistics, once. */
         for (int i = s->plan.first; s->bn_stats && i < s->plan.last; i++) {
             if (!s->bn_stats[i - s->plan.first]) continue;
             const struct gp_node *n = &p->g->nodes[i];
             GP_TRY(s->cops->bn_commit(s->cctx, p->g, n, addr(s, n->inputs[3], 0, 0), addr(s, n->inputs[4], 0, 0),
-                                      s->bn_stats[i - s->plan.first], err));
+                                      s->bn_stats[i - s->plan.first], skip, err));
         }
-        if (s->opt) GP_TRY(s->cops->optim_step(s->cctx, s->opt, p->lr, p->clip_coef, err));
+        if (s->opt) GP_TRY(s->cops->optim_step(s->cctx, s->opt, scalars, err));
         if (s->plan.step_grad_bytes) GP_TRY(s->cops->zero(s->cctx, s->step_grads, s->plan.step_grad_bytes, err));
         return s->cops->zero(s->cctx, s->param_grads, s->plan.param_bytes, err);
+    }
     case TASK_NORMS:
         return s->cops->norms(s->cctx, s->param_grad_ptrs, s->param_numels, s->n_params,
                               (float *)s->norms, err);
+    case TASK_TIED_ADD: {
+        /* Another holder's gradient, copied into the scratch, added. */
+        const struct gp_pipe_tied *tp = &p->tied[j];
+        return s->cops->convert(s->cctx, s->param_grads + s->plan.off[tp->value], GP_DTYPE_FLOAT32, s->tied_scratch,
+                                GP_DTYPE_FLOAT32, tp->numel, true, err);
+    }
+    case TASK_GUARD:
+        return s->cops->optim_guard(s->cctx, (const float *)s->norms_all, (const int32_t *)s->norm_order, p->n_norms,
+                                    (const double *)s->loss_sums, p->M, (struct gp_optim_scalars *)s->scalars, err);
     case TASK_EVAL: {
         /* Evaluation runs as micro-batch 0, in its box and set. */
         /* A bfloat16 output is copied back as it is and widened on the

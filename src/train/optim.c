@@ -161,13 +161,8 @@ size_t gp_optim_state_bytes(const struct gp_optim *opt)
  *   param.add_(d_p, alpha=-lr)
  * add(x, alpha=a) is fma(x, a, self) in ATen's CPU kernel (ufunc add:
  * vec::fmadd, and the scalar tail contracted the same way). */
-struct sgd_scalars {
-    float wd, mom, damp1, neg_lr;
-    bool has_wd, has_mom, nesterov, first;
-};
-
 GP_FMA_CLONES
-static void sgd_kernel(const struct sgd_scalars *s, float *p, const float *g, float *buf, int64_t n)
+static void sgd_kernel(const struct gp_optim_scalars *s, float *p, const float *g, float *buf, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
         float d = g[i];
@@ -181,29 +176,41 @@ static void sgd_kernel(const struct sgd_scalars *s, float *p, const float *g, fl
     }
 }
 
-void gp_sgd_update(const struct gp_optim_config *c, double lr, bool first, float *p, const float *g,
-                   float *buf, int64_t n)
+/* gp_sgd_update's scalars: the hyper-parameters rounded to float32 where
+ * they meet the tensors, as PyTorch's scalar arguments are. */
+static void sgd_scalars(const struct gp_optim_config *c, double lr, bool first, struct gp_optim_scalars *s)
 {
-    struct sgd_scalars s = {
-        .wd = (float)c->weight_decay,
-        .mom = (float)c->momentum,
-        .damp1 = (float)(1.0 - c->dampening),
-        .neg_lr = (float)(-lr),
-        .has_wd = c->weight_decay != 0.0,
-        .has_mom = c->momentum != 0.0,
-        .nesterov = c->nesterov,
-        .first = first,
-    };
+    s->wd = (float)c->weight_decay;
+    s->mom = (float)c->momentum;
+    s->damp1 = (float)(1.0 - c->dampening);
+    s->neg_lr = (float)(-lr);
+    s->has_wd = c->weight_decay != 0.0;
+    s->has_mom = c->momentum != 0.0;
+    s->nesterov = c->nesterov;
+    s->first = first;
+}
+
+static void sgd_run(const struct gp_optim_scalars *s, float *p, const float *g, float *buf, int64_t n)
+{
     if (n < GP_PAR_MIN) {
-        sgd_kernel(&s, p, g, buf, n);
+        sgd_kernel(s, p, g, buf, n);
         return;
     }
     int64_t chunks = (n + GP_CHUNK - 1) / GP_CHUNK;
 #pragma omp parallel for schedule(static)
     for (int64_t k = 0; k < chunks; k++) {
         int64_t i0 = k * GP_CHUNK, len = n - i0 < GP_CHUNK ? n - i0 : GP_CHUNK;
-        sgd_kernel(&s, p + i0, g + i0, buf ? buf + i0 : NULL, len);
+        sgd_kernel(s, p + i0, g + i0, buf ? buf + i0 : NULL, len);
     }
+}
+
+void gp_sgd_update(const struct gp_optim_config *c, double lr, bool first, float *p, const float *g,
+                   float *buf, int64_t n)
+{
+    struct gp_optim_scalars s;
+    memset(&s, 0, sizeof s);
+    sgd_scalars(c, lr, first, &s);
+    sgd_run(&s, p, g, buf, n);
 }
 
 /* ---- AdamW ----
@@ -229,13 +236,8 @@ void gp_sgd_update(const struct gp_optim_config *c, double lr, bool first, float
  *                                          |w| < 0.5 ? fma(w, g - m, m) : fma(w - 1, g - m, g)
  *   bias_correction2_sqrt = bias_correction2 ** 0.5   pow(), which may differ from sqrt by an ulp
  * and skips param.mul_ when weight_decay == 0, a multiply by exactly 1. */
-struct adamw_scalars {
-    float decay, b1, a1, b2, a2, bc2_sqrt, neg_step, eps;
-    bool lerp;
-};
-
 GP_FMA_CLONES
-static void adamw_kernel(const struct adamw_scalars *s, float *p, const float *g, float *m, float *v,
+static void adamw_kernel(const struct gp_optim_scalars *s, float *p, const float *g, float *m, float *v,
                          int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
@@ -244,7 +246,7 @@ static void adamw_kernel(const struct adamw_scalars *s, float *p, const float *g
         float mi;
         if (s->lerp) {
             float diff = gi - m[i];
-            mi = fabsf(s->a1) < 0.5f ? fmaf(s->a1, diff, m[i]) : fmaf(s->a1 - 1.0f, diff, gi);
+            mi = s->lerp_small ? fmaf(s->a1, diff, m[i]) : fmaf(s->a1m1, diff, gi);
         } else {
             mi = fmaf(gi, s->a1, m[i] * s->b1);
         }
@@ -256,8 +258,9 @@ static void adamw_kernel(const struct adamw_scalars *s, float *p, const float *g
     }
 }
 
-void gp_adamw_update(const struct gp_optim_config *c, double lr, int64_t step, float *p,
-                     const float *g, float *exp_avg, float *exp_avg_sq, int64_t n)
+/* gp_adamw_update's scalars, in double as Python computes them, each
+ * rounded to float32 once where it meets a tensor. */
+static void adamw_scalars(const struct gp_optim_config *c, double lr, int64_t step, struct gp_optim_scalars *s)
 {
     /* state['step'] is a float32 tensor in PyTorch: past 2^24 it stops
      * counting. Bias corrections are 1 by then in double anyway. */
@@ -266,40 +269,70 @@ void gp_adamw_update(const struct gp_optim_config *c, double lr, int64_t step, f
     double bc2 = 1.0 - pow(c->beta2, stepf);
     double step_size = lr / bc1;
     double bc2_sqrt = c->arith == GP_TORCH_2 ? pow(bc2, 0.5) : sqrt(bc2);
-    struct adamw_scalars s = {
-        .decay = (float)(1.0 - lr * c->weight_decay),
-        .b1 = (float)c->beta1,
-        .a1 = (float)(1.0 - c->beta1),
-        .b2 = (float)c->beta2,
-        .a2 = (float)(1.0 - c->beta2),
-        .bc2_sqrt = (float)bc2_sqrt,
-        .neg_step = (float)(-step_size),
-        .eps = (float)c->eps,
-        .lerp = c->arith == GP_TORCH_2,
-    };
+    s->decay = (float)(1.0 - lr * c->weight_decay);
+    s->b1 = (float)c->beta1;
+    s->a1 = (float)(1.0 - c->beta1);
+    s->a1m1 = s->a1 - 1.0f;
+    s->b2 = (float)c->beta2;
+    s->a2 = (float)(1.0 - c->beta2);
+    s->bc2_sqrt = (float)bc2_sqrt;
+    s->neg_step = (float)(-step_size);
+    s->eps = (float)c->eps;
+    s->lerp = c->arith == GP_TORCH_2;
+    s->lerp_small = fabsf(s->a1) < 0.5f;
+}
+
+static void adamw_run(const struct gp_optim_scalars *s, float *p, const float *g, float *exp_avg,
+                      float *exp_avg_sq, int64_t n)
+{
     if (n < GP_PAR_MIN) {
-        adamw_kernel(&s, p, g, exp_avg, exp_avg_sq, n);
+        adamw_kernel(s, p, g, exp_avg, exp_avg_sq, n);
         return;
     }
     int64_t chunks = (n + GP_CHUNK - 1) / GP_CHUNK;
 #pragma omp parallel for schedule(static)
     for (int64_t k = 0; k < chunks; k++) {
         int64_t i0 = k * GP_CHUNK, len = n - i0 < GP_CHUNK ? n - i0 : GP_CHUNK;
-        adamw_kernel(&s, p + i0, g + i0, exp_avg + i0, exp_avg_sq + i0, len);
+        adamw_kernel(s, p + i0, g + i0, exp_avg + i0, exp_avg_sq + i0, len);
+    }
+}
+
+void gp_adamw_update(const struct gp_optim_config *c, double lr, int64_t step, float *p,
+                     const float *g, float *exp_avg, float *exp_avg_sq, int64_t n)
+{
+    struct gp_optim_scalars s;
+    memset(&s, 0, sizeof s);
+    adamw_scalars(c, lr, step, &s);
+    adamw_run(&s, p, g, exp_avg, exp_avg_sq, n);
+}
+
+void gp_optim_scalars_for(const struct gp_optim_config *cfg, double lr, int64_t step,
+                          struct gp_optim_scalars *out)
+{
+    memset(out, 0, sizeof *out);
+    out->denominator = 1.0;
+    out->coef = 1.0f;
+    if (cfg->kind == GP_OPTIM_SGD) sgd_scalars(cfg, lr, step == 1, out);
+    else adamw_scalars(cfg, lr, step, out);
+}
+
+void gp_optim_apply(struct gp_optim *opt, const struct gp_optim_scalars *s)
+{
+    if (s->skip) return;
+    if (s->coef < 1.0f) gp_scale_grads(opt->params, opt->n_params, s->coef);
+    for (int i = 0; i < opt->n_params; i++) {
+        const struct gp_param *q = &opt->params[i];
+        if (opt->cfg.kind == GP_OPTIM_SGD) sgd_run(s, q->data, q->grad, opt->state[0][i], q->numel);
+        else adamw_run(s, q->data, q->grad, opt->state[0][i], opt->state[1][i], q->numel);
     }
 }
 
 void gp_optim_step(struct gp_optim *opt, double lr)
 {
     opt->steps++;
-    for (int i = 0; i < opt->n_params; i++) {
-        const struct gp_param *q = &opt->params[i];
-        if (opt->cfg.kind == GP_OPTIM_SGD)
-            gp_sgd_update(&opt->cfg, lr, opt->steps == 1, q->data, q->grad, opt->state[0][i], q->numel);
-        else
-            gp_adamw_update(&opt->cfg, lr, opt->steps, q->data, q->grad, opt->state[0][i],
-                            opt->state[1][i], q->numel);
-    }
+    struct gp_optim_scalars s;
+    gp_optim_scalars_for(&opt->cfg, lr, opt->steps, &s);
+    gp_optim_apply(opt, &s);
 }
 
 /* ---- learning-rate schedules ---- */
@@ -385,6 +418,22 @@ float gp_norm2_f32(const float *x, int64_t n)
     return sqrtf(norm2_tail(sum, x + n8, (int)(n % 8)));
 }
 
+float gp_norm2_f32_gather(const float *x, const int32_t *order, int64_t n)
+{
+    /* gp_norm2_f32's lanes and tail, element k read through order: value k
+     * goes to lane k % 8 while k < n - n % 8, the rest form the tail. */
+    float lane[8] = {0}, tail[8];
+    int64_t n8 = n - n % 8;
+    for (int64_t k = 0; k < n; k++) {
+        float v = x[order ? order[k] : k];
+        if (k < n8) lane[k % 8] = fmaf(v, v, lane[k % 8]);
+        else tail[k - n8] = v;
+    }
+    float sum = lane[0];
+    for (int j = 1; j < 8; j++) sum = sum + lane[j];
+    return sqrtf(norm2_tail(sum, tail, (int)(n - n8)));
+}
+
 float gp_grad_norm(const struct gp_param *params, int n_params)
 {
     /* torch.stack(norms) then the same kernel, streamed: norm k goes to lane
@@ -409,6 +458,22 @@ float gp_clip_coef(float total_norm, double max_norm)
     float coef = (1.0f / shifted) * (float)max_norm;
     /* torch.clamp(coef, max=1.0) keeps a NaN */
     return coef > 1.0f ? 1.0f : coef;
+}
+
+void gp_optim_guard(const float *norms, const int32_t *order, int n, const double *loss_parts, int m,
+                    struct gp_optim_scalars *s)
+{
+    double sum = 0;
+    for (int j = 0; j < m; j++) sum += loss_parts[j];
+    bool finite = isfinite(sum / s->denominator);
+    s->total_norm = 0.0f;
+    s->coef = 1.0f;
+    if (s->max_norm > 0) {
+        s->total_norm = gp_norm2_f32_gather(norms, order, n);
+        s->coef = gp_clip_coef(s->total_norm, s->max_norm);
+        finite = finite && isfinite(s->total_norm);
+    }
+    s->skip = !finite;
 }
 
 void gp_scale_grads(const struct gp_param *params, int n_params, float coef)

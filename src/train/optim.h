@@ -100,6 +100,57 @@ gp_status gp_optim_create_in(const struct gp_optim_config *cfg, const struct gp_
 /* One optimizer.step() with learning rate `lr` (from a schedule, or cfg.lr). */
 void gp_optim_step(struct gp_optim *opt, double lr);
 
+/* ---- one step's scalars, for steps that read them from device memory ----
+ * Everything an update needs besides the tensors, as one struct a backend's
+ * kernels read where it lies (device memory: a CUDA graph replays the same
+ * kernels with another learning rate, step and clipping coefficient).
+ *
+ * The host fills the first part with gp_optim_scalars_for, in exactly the
+ * double and float operations gp_sgd_update and gp_adamw_update use (the
+ * bias corrections' pow() stays on the host: CUDA's pow differs from
+ * glibc's in the last bits). The guard (gp_optim_guard, or a backend's
+ * twin of it) fills the rest from the step's gradient norms and losses.
+ * The layout is shared by C and CUDA code: plain types only. */
+struct gp_optim_scalars {
+    /* by the host, per step */
+    double max_norm;    /* clip_grad_norm_'s max_norm; <= 0: no clipping */
+    double denominator; /* the step's loss is (sum of its loss terms) / denominator */
+    float wd, mom, damp1, neg_lr;                             /* SGD */
+    float decay, b1, a1, a1m1, b2, a2, bc2_sqrt, neg_step, eps; /* AdamW */
+    int32_t has_wd, has_mom, nesterov, first;                 /* SGD */
+    int32_t lerp, lerp_small;                                 /* AdamW (torch 2's lerp) */
+    /* by the guard */
+    float total_norm;   /* the gradients' norm before clipping; 0 without clipping */
+    float coef;         /* gradients are multiplied by it where it is below 1 (gp_clip_coef) */
+    int32_t skip;       /* nonzero: the loss or the norm is not finite; the step changes nothing */
+};
+
+/* The scalars of step `step` (counting from 1: PyTorch's state['step']
+ * after its increment) at learning rate `lr`, for cfg's optimizer; the
+ * guard's part as for a step that is not clipped (coef 1, skip 0),
+ * max_norm 0 and denominator 1. */
+void gp_optim_scalars_for(const struct gp_optim_config *cfg, double lr, int64_t step,
+                          struct gp_optim_scalars *out);
+
+/* One step of every parameter with the given scalars, gp_optim_step's
+ * arithmetic: nothing when s->skip; gradients first multiplied by s->coef
+ * when it is below 1 (gp_scale_grads). opt->steps is left alone (the
+ * caller counts the steps it applied). */
+void gp_optim_apply(struct gp_optim *opt, const struct gp_optim_scalars *s);
+
+/* The step's guard, on the host (a CPU stage; across processes, where the
+ * norms and losses went through host memory):
+ *   loss = (((0 + loss_parts[0]) + loss_parts[1]) + ...) / s->denominator,
+ *     in double, m parts;
+ *   with s->max_norm > 0: total_norm = gp_norm2_f32 of norms[order[0]],
+ *     norms[order[1]], ..., norms[order[n - 1]] (the model's parameter
+ *     order), coef = gp_clip_coef(total_norm, s->max_norm);
+ *     otherwise total_norm 0 and coef 1, and norms are not read;
+ *   skip when the loss or total_norm is not finite.
+ * Writes total_norm, coef and skip of *s. */
+void gp_optim_guard(const float *norms, const int32_t *order, int n, const double *loss_parts, int m,
+                    struct gp_optim_scalars *s);
+
 /* Bytes of optimizer state (what gp_optim_create allocated). */
 size_t gp_optim_state_bytes(const struct gp_optim *opt);
 
@@ -169,6 +220,10 @@ double gp_schedule_lr(const struct gp_schedule *s, int64_t step);
  * (when there are at least four) rounded before the add and the others
  * fused, which is how GCC compiled that loop; sqrtf at the end. */
 float gp_norm2_f32(const float *x, int64_t n);
+/* The same of x[order[0]], x[order[1]], ..., x[order[n - 1]] (order NULL:
+ * x[0 .. n)), bit for bit gp_norm2_f32 of those values gathered into one
+ * array: a norm of norms without a gathered copy. */
+float gp_norm2_f32_gather(const float *x, const int32_t *order, int64_t n);
 
 /* The total norm of the parameters' gradients (as above). */
 float gp_grad_norm(const struct gp_param *params, int n_params);

@@ -595,25 +595,37 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         if (has_labels &&
             (st = check_labels(&s, by, gp_shape_numel(&train->y.shape) / train->n * cfg->batch, err)) != GP_OK)
             break;
-        double step_loss = 0;
         struct gp_step_opts so = {.seed = cfg->seed, .step = (uint64_t)step,
                                   .dropout_ratio = cfg->dropout_ratio};
-        st = gp_pipeline_step(s.pipe, bx, s.loss == GP_LOSS_OUTPUT ? NULL : by, &so, denominator,
-                              &step_loss, err);
+        double lr = lr_at(cfg, step, total);
+        /* The step and its optimizer as one piece of work (one CUDA graph
+         * launch where graphs are on). */
+        struct gp_step_outcome out;
+        st = gp_pipeline_train_step(s.pipe, bx, s.loss == GP_LOSS_OUTPUT ? NULL : by, &so, denominator, lr,
+                                    cfg->clip_norm, &out, err);
         if (st != GP_OK) break;
-        step_loss /= denominator;
+        double step_loss = out.loss_sum / denominator;
         if (step == first_step + 1 && cb && cb->on_note && gp_pipeline_graph_note(s.pipe))
             cb->on_note(cb->user, gp_pipeline_graph_note(s.pipe));
+        /* A step whose loss (or clipped gradients' norm) is not finite was
+         * not applied: the pipeline's weights and optimizer state are the
+         * last finite step's (pipeline.h, gp_step_outcome). The data were
+         * checked finite (CLI), so the weights diverged: stop, saving
+         * nothing. */
         if (!isfinite(step_loss)) {
-            /* The data were checked finite (CLI), so the weights diverged. */
             st = gp_error_set(err, GP_ERR_INVALID,
                               "the loss became %g at step %lld: the training diverged; lower --lr or use "
                               "--clip-norm",
                               step_loss, (long long)step + 1);
             break;
         }
-        double lr = lr_at(cfg, step, total);
-        if ((st = gp_pipeline_optimize(s.pipe, lr, cfg->clip_norm, err)) != GP_OK) break;
+        if (!out.applied) {
+            st = gp_error_set(err, GP_ERR_INVALID,
+                              "the gradients' norm became %g at step %lld (loss %g): the training diverged; "
+                              "lower --lr",
+                              (double)out.grad_norm, (long long)step + 1, step_loss);
+            break;
+        }
 
         epoch_loss += step_loss;
         epoch_steps++;

@@ -435,7 +435,7 @@ static void bn_deferred_run(bool b16)
 
     struct gp_error err = {0};
     gp_cpu_bn_commit_f32(&g, nd, rm_cpu, rv_cpu, stats_cpu);
-    if (gp_cuda_bn_commit(stream, &g, nd, drm, drv, dstats, &err) != GP_OK)
+    if (gp_cuda_bn_commit(stream, &g, nd, drm, drv, dstats, NULL, &err) != GP_OK)
         fail_msg("gp_cuda_bn_commit: %s", err.msg);
     cuda_ok(cudaStreamSynchronize(stream), "commit");
     download(rm_gpu, drm, sizeof rm_gpu);
@@ -449,7 +449,7 @@ static void bn_deferred_run(bool b16)
         if (stats_gpu[i] != 0 || stats_cpu[i] != 0) fail_msg("deferred statistics: sum %d not cleared", i);
 
     /* A commit of nothing (count 0) leaves the running statistics alone. */
-    if (gp_cuda_bn_commit(stream, &g, nd, drm, drv, dstats, &err) != GP_OK)
+    if (gp_cuda_bn_commit(stream, &g, nd, drm, drv, dstats, NULL, &err) != GP_OK)
         fail_msg("gp_cuda_bn_commit: %s", err.msg);
     cuda_ok(cudaStreamSynchronize(stream), "empty commit");
     float rm2[C];

@@ -20,9 +20,15 @@
  *              dampening, nesterov, weight decay) and AdamW (torch 1.13 and
  *              2.x arithmetic, both lerp branches, with and without weight
  *              decay), 3 steps with changing lr, with clip_coef 1 and < 1,
- *              over enough tensors to need several launches, aligned and
- *              misaligned:
- *              parameters, state and (clipped) gradients BIT-IDENTICAL;
+ *              the scalars read from device memory, over enough tensors to
+ *              need several launches, aligned and misaligned:
+ *              parameters, state and (clipped) gradients BIT-IDENTICAL; a
+ *              step marked skip changes none of them;
+ *   guard      gp_cuda_optim_guard against gp_optim_guard (the clipping
+ *              coefficient from a norm of norms read in a given order, the
+ *              skip flag from the losses and the norm): every count of
+ *              norms from 0 to 40 and a few hundred, norms spanning
+ *              magnitudes, infinities and NaNs: BIT-IDENTICAL;
  *   buffers    gp_cuda_accumulate (bit for bit), gp_cuda_norms (1e-6
  *              relative against double and against gp_norm2_f32);
  *   convert    gp_cuda_convert between float32 and bfloat16, copied and
@@ -943,13 +949,20 @@ static void run_optim(const struct opt_case *k, float clip)
     struct gp_optim *dopt = NULL;
     GP(gp_optim_create_in(&k->cfg, dparams, np, dstate, &dopt, &err));
 
+    /* The step's scalars in device memory, as a pipeline keeps them: the
+     * host's gp_optim_scalars_for, the clipping coefficient beside them. */
+    struct gp_optim_scalars *dscalars = dev_alloc(sizeof(struct gp_optim_scalars));
     for (int s = 0; s < 3; s++) {
         memcpy(hg, g[s], sizeof(float) * (size_t)p_total);
         if (clip < 1.0f) gp_scale_grads(hparams, np, clip);
         gp_optim_step(hopt, lrs[s]);
 
         CK(cudaMemcpy(dg, g[s], sizeof(float) * (size_t)p_total, cudaMemcpyHostToDevice));
-        GP(gp_cuda_optim_step(st, dopt, lrs[s], clip, &err));
+        struct gp_optim_scalars sc;
+        gp_optim_scalars_for(&dopt->cfg, lrs[s], ++dopt->steps, &sc);
+        sc.coef = clip;
+        CK(cudaMemcpy(dscalars, &sc, sizeof sc, cudaMemcpyHostToDevice));
+        GP(gp_cuda_optim_step(st, dopt, dscalars, &err));
         sync_stream(st, label);
     }
     assert_int_equal(dopt->steps, hopt->steps);
@@ -980,6 +993,38 @@ static void run_optim(const struct opt_case *k, float clip)
             }
         free(gs);
     }
+    /* A step the guard marked to skip changes nothing: parameters, state
+     * and gradients keep their bits. */
+    float *before = xmalloc(sizeof(float) * (size_t)p_total);
+    to_host(before, dp, sizeof(float) * (size_t)p_total);
+    void *state_before = state_bytes ? xmalloc(state_bytes) : NULL;
+    if (state_bytes) to_host(state_before, dstate, state_bytes);
+    struct gp_optim_scalars skip;
+    gp_optim_scalars_for(&dopt->cfg, lrs[0], dopt->steps + 1, &skip);
+    skip.coef = 0.5f;
+    skip.skip = 1;
+    CK(cudaMemcpy(dscalars, &skip, sizeof skip, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dg, g[0], sizeof(float) * (size_t)p_total, cudaMemcpyHostToDevice));
+    GP(gp_cuda_optim_step(st, dopt, dscalars, &err));
+    sync_stream(st, label);
+    float *after = xmalloc(sizeof(float) * (size_t)p_total);
+    to_host(after, dp, sizeof(float) * (size_t)p_total);
+    if (memcmp(before, after, sizeof(float) * (size_t)p_total) != 0)
+        fail_msg("%s: a skipped step changed the parameters", label);
+    to_host(after, dg, sizeof(float) * (size_t)p_total);
+    if (memcmp(g[0], after, sizeof(float) * (size_t)p_total) != 0)
+        fail_msg("%s: a skipped step clipped the gradients", label);
+    if (state_bytes) {
+        void *state_after = xmalloc(state_bytes);
+        to_host(state_after, dstate, state_bytes);
+        if (memcmp(state_before, state_after, state_bytes) != 0)
+            fail_msg("%s: a skipped step changed the optimizer state", label);
+        free(state_after);
+    }
+    free(state_before);
+    free(before);
+    free(after);
+    CK(cudaFree(dscalars));
     n_cases++;
 
     gp_optim_free(hopt);
@@ -1306,6 +1351,83 @@ static void test_norms(void **state)
     free(h);
 }
 
+/* One guard on the device against gp_optim_guard: the same scalars in,
+ * total_norm, coef and skip out, compared bit for bit. */
+static void run_guard(const float *norms, const int32_t *order, int n, const double *losses, int m,
+                      double max_norm, double denominator, const char *what)
+{
+    float *dn = dev_copy(norms, sizeof(float) * (size_t)(n + 1));
+    int32_t *dorder = dev_copy(order, sizeof(int32_t) * (size_t)(n + 1));
+    double *dl = dev_copy(losses, sizeof(double) * (size_t)(m + 1));
+    struct gp_optim_scalars want, got;
+    gp_optim_scalars_for(&(struct gp_optim_config){.kind = GP_OPTIM_SGD, .lr = 0.1}, 0.1, 3, &want);
+    want.max_norm = max_norm;
+    want.denominator = denominator;
+    struct gp_optim_scalars *ds = dev_copy(&want, sizeof want);
+    cudaStream_t st = new_stream();
+    struct gp_error err = {0};
+    GP(gp_cuda_optim_guard(st, dn, dorder, n, dl, m, ds, &err));
+    sync_stream(st, what);
+    to_host(&got, ds, sizeof got);
+    gp_optim_guard(norms, order, n, losses, m, &want);
+    if (fbits(got.total_norm) != fbits(want.total_norm) || fbits(got.coef) != fbits(want.coef) ||
+        got.skip != want.skip)
+        fail_msg("%s (%d norms, max_norm %g): CUDA norm %.9g coef %.9g skip %d, CPU norm %.9g coef %.9g skip %d",
+                 what, n, max_norm, (double)got.total_norm, (double)got.coef, got.skip, (double)want.total_norm,
+                 (double)want.coef, want.skip);
+    /* the host's part is read, never written */
+    if (got.neg_lr != want.neg_lr || got.max_norm != max_norm || got.denominator != denominator)
+        fail_msg("%s: the guard changed the host's scalars", what);
+    n_cases++;
+    CK(cudaFree(dn));
+    CK(cudaFree(dorder));
+    CK(cudaFree(dl));
+    CK(cudaFree(ds));
+    CK(cudaStreamDestroy(st));
+}
+
+static void test_optim_guard(void **state)
+{
+    (void)state;
+    enum { MOST = 400 };
+    float norms[MOST + 1];
+    int32_t order[MOST + 1];
+    /* Norms over many magnitudes (the last bits of a sum of squares
+     * depend on the order), read in a shuffled order. */
+    for (int i = 0; i < MOST; i++) norms[i] = fabsf(normalish()) * powf(10.0f, (float)(i % 9) - 4.0f);
+    for (int i = 0; i < MOST; i++) order[i] = i;
+    for (int i = MOST - 1; i > 0; i--) {
+        int j = (int)(rng_next() % (uint64_t)(i + 1));
+        int32_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    double losses[9] = {2.5, 1e-3, 7.0, 3.25, 0.125, 11.0, 4.0, 1.5, 0.0};
+    static const double max_norms[4] = {0.0, 0.05, 1.0, 1e9};
+    for (int n = 0; n <= 40; n++)
+        for (int q = 0; q < 4; q++) run_guard(norms, order, n, losses, 8, max_norms[q], 96.0, "norm counts");
+    static const int large[3] = {161, 257, MOST};
+    for (int i = 0; i < 3; i++)
+        for (int q = 1; q < 4; q++) run_guard(norms, order, large[i], losses, 8, max_norms[q], 96.0, "many norms");
+    /* Divergence: a loss or a norm that is not finite sets skip; a
+     * denominator of 0 (every label ignored) too, as the trainer's own
+     * division gives NaN. */
+    double bad[4] = {1.0, INFINITY, 2.0, 0.0};
+    run_guard(norms, order, 12, bad, 3, 0.05, 4.0, "an infinite loss");
+    bad[1] = NAN;
+    run_guard(norms, order, 12, bad, 3, 0.0, 4.0, "a NaN loss, no clipping");
+    run_guard(norms, order, 12, losses, 8, 0.5, 0.0, "a denominator of 0");
+    float saved = norms[order[5]];
+    norms[order[5]] = INFINITY;
+    run_guard(norms, order, 12, losses, 8, 0.5, 96.0, "an infinite norm");
+    run_guard(norms, order, 12, losses, 8, 0.0, 96.0, "an infinite norm, not clipping");
+    norms[order[5]] = NAN;
+    run_guard(norms, order, 12, losses, 8, 0.5, 96.0, "a NaN norm");
+    norms[order[5]] = saved;
+    norms[order[0]] = 3e19f; /* its square overflows float32 */
+    run_guard(norms, order, 12, losses, 8, 0.5, 96.0, "a norm whose square overflows");
+}
+
 int main(void)
 {
     int count = 0;
@@ -1323,7 +1445,7 @@ int main(void)
         cmocka_unit_test(test_fast_exp),
         cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_mse),
         cmocka_unit_test(test_output_loss),   cmocka_unit_test(test_bf16_losses),
-        cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_optimizers),    cmocka_unit_test(test_optim_guard),
         cmocka_unit_test(test_accumulate),    cmocka_unit_test(test_norms),
         cmocka_unit_test(test_relayout),      cmocka_unit_test(test_convert),
     };
@@ -1332,8 +1454,9 @@ int main(void)
         printf("cuda_train_kernels: FAILED, %d test(s) failed (%d cases passed)\n", failed, n_cases);
         return 1;
     }
-    printf("cuda_train_kernels: PASSED, 6 tests (%d cases against the CPU functions: cross-entropy, mse, "
-           "output loss, SGD/AdamW steps bit for bit, accumulate, convert, norms)\n",
+    printf("cuda_train_kernels: PASSED, %d tests (%d cases against the CPU functions: cross-entropy, mse, "
+           "output loss, SGD/AdamW steps bit for bit, the step's guard bit for bit, accumulate, convert, norms)\n",
+           (int)(sizeof tests / sizeof *tests),
            n_cases);
     return 0;
 }

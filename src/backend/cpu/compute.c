@@ -162,19 +162,30 @@ static gp_status loss(void *ctx, const struct gp_loss_call *c, struct gp_error *
 }
 
 static gp_status bn_commit(void *ctx, const struct gp_graph *g, const struct gp_node *node, float *rmean,
-                           float *rvar, double *stats, struct gp_error *err)
+                           float *rvar, double *stats, const int32_t *skip, struct gp_error *err)
 {
     (void)ctx, (void)err;
+    if (skip && *skip) {
+        memset(stats, 0, sizeof(double) * gp_cpu_bn_stats_len_f32(g, node));
+        return GP_OK;
+    }
     gp_cpu_bn_commit_f32(g, node, rmean, rvar, stats);
     return GP_OK;
 }
 
-static gp_status optim_step(void *ctx, struct gp_optim *opt, double lr, float clip_coef,
+static gp_status optim_step(void *ctx, struct gp_optim *opt, const struct gp_optim_scalars *scalars,
                             struct gp_error *err)
 {
     (void)ctx, (void)err;
-    if (clip_coef < 1.0f) gp_scale_grads(opt->params, opt->n_params, clip_coef);
-    gp_optim_step(opt, lr);
+    gp_optim_apply(opt, scalars);
+    return GP_OK;
+}
+
+static gp_status optim_guard(void *ctx, const float *norms, const int32_t *order, int n, const double *loss_parts,
+                             int m, struct gp_optim_scalars *scalars, struct gp_error *err)
+{
+    (void)ctx, (void)err;
+    gp_optim_guard(norms, order, n, loss_parts, m, scalars);
     return GP_OK;
 }
 
@@ -213,6 +224,7 @@ const struct gp_compute_ops gp_cpu_compute_ops = {
     .bn_stats_len = gp_cpu_bn_stats_len_f32,
     .bn_commit = bn_commit,
     .optim_step = optim_step,
+    .optim_guard = optim_guard,
     .synchronize = synchronize,
     .norms = norms,
 };

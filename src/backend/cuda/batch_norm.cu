@@ -464,10 +464,10 @@ extern "C" size_t gp_cuda_bn_stats_len(const struct gp_graph *g, const struct gp
 }
 
 __global__ static void bn_commit_kernel(int64_t c_n, double momentum, float *rmean, float *rvar,
-                                        const double *stats)
+                                        const double *stats, const int32_t *skip)
 {
     double count = stats[2 * c_n];
-    if (count < 2) return;
+    if (count < 2 || (skip && *skip)) return;
     GP_GRID_STRIDE(c, c_n) {
         double m = stats[c] / count;
         double var = DSUB(stats[c_n + c] / count, DMUL(m, m));
@@ -482,13 +482,13 @@ __global__ static void bn_commit_kernel(int64_t c_n, double momentum, float *rme
  * counted at least 2 values per channel), then the sums cleared. */
 extern "C" gp_status gp_cuda_bn_commit(cudaStream_t stream, const struct gp_graph *g,
                                        const struct gp_node *node, float *rmean, float *rvar,
-                                       double *stats, struct gp_error *err)
+                                       double *stats, const int32_t *skip, struct gp_error *err)
 {
     int64_t c_n = gp_node_input(g, node, 0)->shape.dims[1];
     double momentum = gp_node_attr_float(node, "momentum", 0.9f);
     if (c_n > 0) {
         bn_commit_kernel<<<gp_cuda_blocks_for(c_n), GP_CUDA_THREADS, 0, stream>>>(c_n, momentum, rmean,
-                                                                                  rvar, stats);
+                                                                                  rvar, stats, skip);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess)
             return gp_error_set(err, GP_ERR_DEVICE, "node '%s' (%s): deferred statistics commit: %s",

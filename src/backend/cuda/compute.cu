@@ -225,15 +225,22 @@ static gp_status loss(void *ctx, const struct gp_loss_call *c, struct gp_error *
 }
 
 static gp_status bn_commit(void *ctx, const struct gp_graph *g, const struct gp_node *node, float *rmean,
-                           float *rvar, double *stats, struct gp_error *err)
+                           float *rvar, double *stats, const int32_t *skip, struct gp_error *err)
 {
-    return gp_cuda_bn_commit(((const struct stage_ctx *)ctx)->stream, g, node, rmean, rvar, stats, err);
+    return gp_cuda_bn_commit(((const struct stage_ctx *)ctx)->stream, g, node, rmean, rvar, stats, skip, err);
 }
 
-static gp_status optim_step(void *ctx, struct gp_optim *opt, double lr, float clip_coef,
+static gp_status optim_step(void *ctx, struct gp_optim *opt, const struct gp_optim_scalars *scalars,
                             struct gp_error *err)
 {
-    return gp_cuda_optim_step(((const struct stage_ctx *)ctx)->stream, opt, lr, clip_coef, err);
+    return gp_cuda_optim_step(((const struct stage_ctx *)ctx)->stream, opt, scalars, err);
+}
+
+static gp_status optim_guard(void *ctx, const float *norms, const int32_t *order, int n, const double *loss_parts,
+                             int m, struct gp_optim_scalars *scalars, struct gp_error *err)
+{
+    return gp_cuda_optim_guard(((const struct stage_ctx *)ctx)->stream, norms, order, n, loss_parts, m, scalars,
+                               err);
 }
 
 static gp_status synchronize(void *ctx, struct gp_error *err)
@@ -272,6 +279,7 @@ extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     gp_cuda_bn_stats_len,
     bn_commit,
     optim_step,
+    optim_guard,
     synchronize,
     norms,
 };

@@ -159,10 +159,11 @@ extern const struct gp_cuda_kernel gp_cuda_kernels_attention[];
  * gp_cpu_bn_commit: doubles of statistics a BatchNormalization node
  * accumulates in device memory (2C + 1), and the update of its running
  * statistics (device float32) from them, launched on `stream`, which then
- * clears them. */
+ * clears them; `skip` (device memory, or NULL) nonzero when the commit runs
+ * leaves the running statistics alone (the step diverged). */
 size_t gp_cuda_bn_stats_len(const struct gp_graph *g, const struct gp_node *node);
 gp_status gp_cuda_bn_commit(cudaStream_t stream, const struct gp_graph *g, const struct gp_node *node,
-                            float *rmean, float *rvar, double *stats, struct gp_error *err);
+                            float *rmean, float *rvar, double *stats, const int32_t *skip, struct gp_error *err);
 
 /* "node 'name' (Op): message" into err; returns status. */
 gp_status gp_cuda_error(const struct gp_cuda_ctx *c, struct gp_error *err, gp_status status,

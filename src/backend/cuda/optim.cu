@@ -13,10 +13,17 @@
  * approximates, so parameters and state are bit-identical to the CPU build's
  * (gcc -std=c11 does not contract either; its fmaf is exact). The scalars
  * (bias corrections, decay factors) are computed on the host in double
- * exactly as optim.c computes them. With clip_coef below 1 (or NaN, which
- * gp_clip_coef can return) the gradient is first multiplied by it in float32,
- * gp_scale_grads' operation, and the clipped gradient is stored back, as
- * clip_grad_norm_ leaves it; clip_coef >= 1 leaves gradients untouched.
+ * exactly as optim.c computes them (gp_optim_scalars_for) and read by the
+ * kernels from device memory (struct gp_optim_scalars), so a captured step
+ * replays with each step's. With the clipping coefficient below 1 the
+ * gradient is first multiplied by it in float32, gp_scale_grads' operation,
+ * and the clipped gradient is stored back, as clip_grad_norm_ leaves it. A
+ * step whose guard set `skip` (the loss or the norm is not finite) changes
+ * nothing.
+ *
+ * The guard (gp_cuda_optim_guard): the clipping coefficient and the skip
+ * flag computed on the device from the gathered norms and the losses, bit
+ * for bit gp_optim_guard's, so no value of the step has to visit the host.
  *
  * Norms: `tensors` and `numels` are host arrays (of device pointers), `out`
  * device memory. One thread block cluster (Hopper) of NORM_CLUSTER blocks
@@ -54,32 +61,20 @@ struct mt_list {
     uint8_t vec[MT_TENSORS]; /* every pointer of the tensor 16-byte aligned */
 };
 
-/* optim.c's sgd_scalars and adamw_scalars, and the clipping. */
-struct optim_scalars {
-    float coef;
-    bool clip;
-    /* SGD */
-    float wd, mom, damp1, neg_lr;
-    bool has_wd, has_mom, nesterov, first;
-    /* AdamW */
-    float decay, b1, a1, a1m1, b2, a2, bc2_sqrt, neg_step, eps;
-    bool lerp, lerp_small;
-};
-
-static_assert(sizeof(struct mt_list) + sizeof(struct optim_scalars) <= 4000,
+static_assert(sizeof(struct mt_list) + sizeof(void *) <= 4000,
               "multi-tensor kernel arguments must fit CUDA's 4 KiB parameter space");
 
 /* gp_scale_grads' g * coef, stored back as clip_grad_norm_ does. */
-__device__ static inline float clipped(const optim_scalars &s, float &g)
+__device__ static inline float clipped(bool clip, float coef, float &g)
 {
-    if (s.clip) g = __fmul_rn(g, s.coef);
+    if (clip) g = __fmul_rn(g, coef);
     return g;
 }
 
 /* optim.c's sgd_kernel, one element. */
-__device__ static inline float sgd_elem(const optim_scalars &s, float p, float &g, float &buf)
+__device__ static inline float sgd_elem(const gp_optim_scalars &s, bool clip, float p, float &g, float &buf)
 {
-    float d = clipped(s, g);
+    float d = clipped(clip, s.coef, g);
     if (s.has_wd) d = __fmaf_rn(p, s.wd, d);
     if (s.has_mom) {
         const float b = s.first ? d : __fmaf_rn(d, s.damp1, __fmul_rn(buf, s.mom));
@@ -90,10 +85,11 @@ __device__ static inline float sgd_elem(const optim_scalars &s, float p, float &
 }
 
 /* optim.c's adamw_kernel, one element. */
-__device__ static inline float adamw_elem(const optim_scalars &s, float p, float &g, float &m, float &v)
+__device__ static inline float adamw_elem(const gp_optim_scalars &s, bool clip, float p, float &g, float &m,
+                                          float &v)
 {
     const float pi = __fmul_rn(p, s.decay);
-    const float gi = clipped(s, g);
+    const float gi = clipped(clip, s.coef, g);
     float mi;
     if (s.lerp) {
         const float diff = __fsub_rn(gi, m);
@@ -109,28 +105,37 @@ __device__ static inline float adamw_elem(const optim_scalars &s, float p, float
 }
 
 template <bool ADAMW>
-__device__ static inline void optim_elem(const optim_scalars &s, float *p, float *g, float *s0, float *s1,
-                                         int64_t i)
+__device__ static inline void optim_elem(const gp_optim_scalars &s, bool clip, float *p, float *g, float *s0,
+                                         float *s1, int64_t i)
 {
     float gi = g[i], pi = p[i];
     if (ADAMW) {
         float m = s0[i], v = s1[i];
-        p[i] = adamw_elem(s, pi, gi, m, v);
+        p[i] = adamw_elem(s, clip, pi, gi, m, v);
         s0[i] = m;
         s1[i] = v;
     } else {
         float b = 0.0f;
         if (s.has_mom && !s.first) b = s0[i];
-        p[i] = sgd_elem(s, pi, gi, b);
+        p[i] = sgd_elem(s, clip, pi, gi, b);
         if (s.has_mom) s0[i] = b;
     }
-    if (s.clip) g[i] = gi;
+    if (clip) g[i] = gi;
 }
 
+/* The step's scalars come from device memory (S), read when the kernel
+ * runs: a replayed graph takes each step's learning rate, bias
+ * corrections and clipping coefficient. A step the guard marked to skip
+ * changes nothing. */
 template <bool ADAMW>
 __global__ void __launch_bounds__(MT_THREADS) optim_kernel(const __grid_constant__ mt_list L,
-                                                           const __grid_constant__ optim_scalars s)
+                                                           const gp_optim_scalars *__restrict__ S)
 {
+    const gp_optim_scalars s = *S;
+    if (s.skip) return;
+    /* gp_optim_apply's condition (the guard gives at most 1, and a NaN
+     * only with a norm that is not finite: skipped above) */
+    const bool clip = s.coef < 1.0f;
     /* the tensor of this block: the last t with first_block[t] <= block */
     const int32_t b = (int32_t)blockIdx.x;
     int lo = 0, hi = L.count - 1;
@@ -155,87 +160,52 @@ __global__ void __launch_bounds__(MT_THREADS) optim_kernel(const __grid_constant
             float4 pv = p4[j], gv = g4[j];
             if (ADAMW) {
                 float4 mv = a4[j], vv = b4[j];
-                pv.x = adamw_elem(s, pv.x, gv.x, mv.x, vv.x);
-                pv.y = adamw_elem(s, pv.y, gv.y, mv.y, vv.y);
-                pv.z = adamw_elem(s, pv.z, gv.z, mv.z, vv.z);
-                pv.w = adamw_elem(s, pv.w, gv.w, mv.w, vv.w);
+                pv.x = adamw_elem(s, clip, pv.x, gv.x, mv.x, vv.x);
+                pv.y = adamw_elem(s, clip, pv.y, gv.y, mv.y, vv.y);
+                pv.z = adamw_elem(s, clip, pv.z, gv.z, mv.z, vv.z);
+                pv.w = adamw_elem(s, clip, pv.w, gv.w, mv.w, vv.w);
                 a4[j] = mv;
                 b4[j] = vv;
             } else {
                 float4 bv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 if (s.has_mom && !s.first) bv = a4[j];
-                pv.x = sgd_elem(s, pv.x, gv.x, bv.x);
-                pv.y = sgd_elem(s, pv.y, gv.y, bv.y);
-                pv.z = sgd_elem(s, pv.z, gv.z, bv.z);
-                pv.w = sgd_elem(s, pv.w, gv.w, bv.w);
+                pv.x = sgd_elem(s, clip, pv.x, gv.x, bv.x);
+                pv.y = sgd_elem(s, clip, pv.y, gv.y, bv.y);
+                pv.z = sgd_elem(s, clip, pv.z, gv.z, bv.z);
+                pv.w = sgd_elem(s, clip, pv.w, gv.w, bv.w);
                 if (s.has_mom) a4[j] = bv;
             }
             p4[j] = pv;
-            if (s.clip) g4[j] = gv;
+            if (clip) g4[j] = gv;
         }
         done = (int64_t)len4 << 2;
     }
-    for (int64_t i = done + threadIdx.x; i < len; i += MT_THREADS) optim_elem<ADAMW>(s, p, g, s0, s1, i);
+    for (int64_t i = done + threadIdx.x; i < len; i += MT_THREADS) optim_elem<ADAMW>(s, clip, p, g, s0, s1, i);
 }
 
 static gp_status launch_optim(cudaStream_t stream, bool adamw, const mt_list &L, unsigned blocks,
-                              const optim_scalars &s, struct gp_error *err)
+                              const gp_optim_scalars *scalars, struct gp_error *err)
 {
     if (adamw) {
-        optim_kernel<true><<<blocks, MT_THREADS, 0, stream>>>(L, s);
+        optim_kernel<true><<<blocks, MT_THREADS, 0, stream>>>(L, scalars);
         return gp_cuda_launched("gp_cuda_optim_step", "optim_kernel<adamw>", err);
     }
-    optim_kernel<false><<<blocks, MT_THREADS, 0, stream>>>(L, s);
+    optim_kernel<false><<<blocks, MT_THREADS, 0, stream>>>(L, scalars);
     return gp_cuda_launched("gp_cuda_optim_step", "optim_kernel<sgd>", err);
 }
 
-extern "C" gp_status gp_cuda_optim_step(cudaStream_t stream, struct gp_optim *opt, double lr, float clip_coef,
-                                        struct gp_error *err)
+extern "C" gp_status gp_cuda_optim_step(cudaStream_t stream, const struct gp_optim *opt,
+                                        const struct gp_optim_scalars *scalars, struct gp_error *err)
 {
     static const char fn[] = "gp_cuda_optim_step";
     const struct gp_optim_config *c = &opt->cfg;
     if (c->kind != GP_OPTIM_SGD && c->kind != GP_OPTIM_ADAMW)
         return gp_error_set(err, GP_ERR_INVALID, "%s: unknown optimizer kind %d", fn, (int)c->kind);
+    if (!scalars) return gp_error_set(err, GP_ERR_INVALID, "%s: no scalars", fn);
     const bool adamw = c->kind == GP_OPTIM_ADAMW;
-    opt->steps++;
-
-    optim_scalars s;
-    memset(&s, 0, sizeof s);
-    /* gp_scale_grads multiplies unless coef is exactly 1; gp_clip_coef gives
-     * at most 1 (or NaN, which must poison the gradients as on the CPU) */
-    s.clip = !(clip_coef >= 1.0f);
-    s.coef = clip_coef;
-    if (!adamw) {
-        /* gp_sgd_update's */
-        s.wd = (float)c->weight_decay;
-        s.mom = (float)c->momentum;
-        s.damp1 = (float)(1.0 - c->dampening);
-        s.neg_lr = (float)(-lr);
-        s.has_wd = c->weight_decay != 0.0;
-        s.has_mom = c->momentum != 0.0;
-        s.nesterov = c->nesterov;
-        s.first = opt->steps == 1;
-    } else {
-        /* gp_adamw_update's, in the same double operations */
-        const double stepf = (double)(float)opt->steps;
-        const double bc1 = 1.0 - pow(c->beta1, stepf);
-        const double bc2 = 1.0 - pow(c->beta2, stepf);
-        const double step_size = lr / bc1;
-        const double bc2_sqrt = c->arith == GP_TORCH_2 ? pow(bc2, 0.5) : sqrt(bc2);
-        const double wd_lr = lr * c->weight_decay;
-        s.decay = (float)(1.0 - wd_lr);
-        s.b1 = (float)c->beta1;
-        s.a1 = (float)(1.0 - c->beta1);
-        s.a1m1 = s.a1 - 1.0f;
-        s.b2 = (float)c->beta2;
-        s.a2 = (float)(1.0 - c->beta2);
-        s.bc2_sqrt = (float)bc2_sqrt;
-        s.neg_step = (float)(-step_size);
-        s.eps = (float)c->eps;
-        s.lerp = c->arith == GP_TORCH_2;
-        s.lerp_small = fabsf(s.a1) < 0.5f;
-    }
-    const bool need0 = adamw || s.has_mom, need1 = adamw;
+    /* Which state tensors the kernels touch is the configuration's, known
+     * here; every value that changes from step to step is in *scalars. */
+    const bool need0 = adamw || c->momentum != 0.0, need1 = adamw;
 
     mt_list L;
     memset(&L, 0, sizeof L);
@@ -257,7 +227,7 @@ extern "C" gp_status gp_cuda_optim_step(cudaStream_t stream, struct gp_optim *op
         if (nt == MT_TENSORS || nb + chunks > INT32_MAX) {
             L.count = nt;
             L.first_block[nt] = (int32_t)nb;
-            GP_TRY(launch_optim(stream, adamw, L, (unsigned)nb, s, err));
+            GP_TRY(launch_optim(stream, adamw, L, (unsigned)nb, scalars, err));
             nt = 0;
             nb = 0;
         }
@@ -275,9 +245,72 @@ extern "C" gp_status gp_cuda_optim_step(cudaStream_t stream, struct gp_optim *op
     if (nt > 0) {
         L.count = nt;
         L.first_block[nt] = (int32_t)nb;
-        GP_TRY(launch_optim(stream, adamw, L, (unsigned)nb, s, err));
+        GP_TRY(launch_optim(stream, adamw, L, (unsigned)nb, scalars, err));
     }
     return GP_OK;
+}
+
+/* ---- the step's guard ----
+ * gp_optim_guard on one thread, operation for operation: the loss parts
+ * added in order from 0 in double, divided by the denominator; gp_norm2_f32
+ * of the gathered norms (8 lanes of fused multiply-adds, the lanes added
+ * left to right, the tail's first four squares rounded before their adds
+ * and the rest fused, a square root); gp_clip_coef's reciprocal times
+ * max_norm, clamped to 1. Every operation is a correctly rounded one
+ * spelled with its _rn intrinsic, so the bits are the host's. A few
+ * hundred norms at most: one thread is microseconds, once per step. */
+__global__ void optim_guard_kernel(const float *__restrict__ norms, const int32_t *__restrict__ order, int n,
+                                   const double *__restrict__ loss_parts, int m, gp_optim_scalars *s)
+{
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double sum = 0.0;
+    for (int j = 0; j < m; j++) sum = __dadd_rn(sum, loss_parts[j]);
+    bool finite = isfinite(__ddiv_rn(sum, s->denominator));
+    float total = 0.0f, coef = 1.0f;
+    if (s->max_norm > 0.0) {
+        float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        const int n8 = n - n % 8;
+        for (int d = 0; d < n8; d += 8) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float v = norms[order[d + j]];
+                lane[j] = __fmaf_rn(v, v, lane[j]);
+            }
+        }
+        float acc = lane[0];
+#pragma unroll
+        for (int j = 1; j < 8; j++) acc = __fadd_rn(acc, lane[j]);
+        const int t = n - n8;
+        int k = 0;
+        if (t >= 4)
+            for (; k < 4; k++) {
+                const float v = norms[order[n8 + k]];
+                acc = __fadd_rn(acc, __fmul_rn(v, v));
+            }
+        for (; k < t; k++) {
+            const float v = norms[order[n8 + k]];
+            acc = __fmaf_rn(v, v, acc);
+        }
+        total = __fsqrt_rn(acc);
+        const float shifted = __fadd_rn(total, (float)1e-6);
+        coef = __fmul_rn(__fdiv_rn(1.0f, shifted), __double2float_rn(s->max_norm));
+        if (coef > 1.0f) coef = 1.0f;
+        finite = finite && isfinite(total);
+    }
+    s->total_norm = total;
+    s->coef = coef;
+    s->skip = !finite;
+}
+
+extern "C" gp_status gp_cuda_optim_guard(cudaStream_t stream, const float *norms, const int32_t *order, int n,
+                                         const double *loss_parts, int m, struct gp_optim_scalars *scalars,
+                                         struct gp_error *err)
+{
+    static const char fn[] = "gp_cuda_optim_guard";
+    if (n < 0 || m < 0) return gp_error_set(err, GP_ERR_INVALID, "%s: negative count (%d norms, %d losses)", fn, n, m);
+    if (!scalars) return gp_error_set(err, GP_ERR_INVALID, "%s: no scalars", fn);
+    optim_guard_kernel<<<1, 1, 0, stream>>>(norms, order, n, loss_parts, m, scalars);
+    return gp_cuda_launched(fn, "optim_guard_kernel", err);
 }
 
 /* ---- buffers ---- */

@@ -57,12 +57,19 @@ gp_status gp_cuda_output_loss(cudaStream_t stream, const void *out, enum gp_dtyp
 
 /* ---- optimizers ----
  * One optimizer.step() of `opt`, whose parameters' data and grad and whose
- * state (opt->state) are device pointers: gp_optim_step's twin, bit for bit
- * the float32 arithmetic of gp_sgd_update / gp_adamw_update. Gradients are
- * first multiplied by clip_coef when it is below 1 (clip_grad_norm_'s
- * in-place scaling). Increments opt->steps as gp_optim_step does. */
-gp_status gp_cuda_optim_step(cudaStream_t stream, struct gp_optim *opt, double lr, float clip_coef,
+ * state (opt->state) are device pointers: gp_optim_apply's twin, bit for
+ * bit the float32 arithmetic of gp_sgd_update / gp_adamw_update, with the
+ * step's scalars read from `scalars` (device memory) when the kernels run.
+ * Gradients are first multiplied by scalars->coef when it is below 1
+ * (clip_grad_norm_'s in-place scaling); nothing changes when
+ * scalars->skip. opt->steps is left alone. */
+gp_status gp_cuda_optim_step(cudaStream_t stream, const struct gp_optim *opt, const struct gp_optim_scalars *scalars,
                              struct gp_error *err);
+/* gp_optim_guard on device memory (norms, order, loss_parts, scalars), bit
+ * for bit: completes scalars' total_norm, coef and skip. */
+gp_status gp_cuda_optim_guard(cudaStream_t stream, const float *norms, const int32_t *order, int n,
+                              const double *loss_parts, int m, struct gp_optim_scalars *scalars,
+                              struct gp_error *err);
 
 /* ---- buffers ---- */
 /* dst[i] += src[i], float32. */
