@@ -1356,7 +1356,11 @@ static void test_norms(void **state)
 static void run_guard(const float *norms, const int32_t *order, int n, const double *losses, int m,
                       double max_norm, double denominator, const char *what)
 {
-    float *dn = dev_copy(norms, sizeof(float) * (size_t)(n + 1));
+    /* order[] indexes the whole gathered array, not just its first n */
+    int32_t top = 0;
+    for (int i = 0; i < n; i++)
+        if (order[i] > top) top = order[i];
+    float *dn = dev_copy(norms, sizeof(float) * (size_t)(top + 1));
     int32_t *dorder = dev_copy(order, sizeof(int32_t) * (size_t)(n + 1));
     double *dl = dev_copy(losses, sizeof(double) * (size_t)(m + 1));
     struct gp_optim_scalars want, got;
