@@ -6,9 +6,11 @@
  * data-parallel replica, on CPU devices (frontiers and sums over MPI) or on
  * the GPU of its local rank (over NCCL, dist/nccl.h). Rank 0 reports and
  * writes; the others train their stages beside it. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "api/api.h"
 #include "dist/agree.h"
@@ -41,7 +43,22 @@ struct gpo_job {
 
 /* The message of a failure every rank reached alike: rank 0's to say, the
  * others' "" (gpo_job_join's contract). */
-#define FAIL_ALIKE(m, rank, st, ...) ((rank) == 0 ? gpo_fail(m, st, __VA_ARGS__) : gpo_fail(m, st, "%s", ""))
+#define FAIL_ALIKE(m, rank, st, ...) ((rank) == 0 ? gpo_fail(m, st, __VA_ARGS__) : fail_quietly(m, st))
+
+/* How long a rank other than 0 waits before it returns such a failure:
+ * launchers end the whole job at the first non-zero exit, which killed
+ * rank 0 before its message was out when another rank got there first
+ * (the mpi test saw it now and then). Rank 0 exits at once and the
+ * launcher ends the waiting ones. */
+#define QUIET_RANK_WAIT_MS 3000
+
+static gpo_status fail_quietly(gpo_model *m, gpo_status st)
+{
+    struct timespec t = {QUIET_RANK_WAIT_MS / 1000, (QUIET_RANK_WAIT_MS % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+    return gpo_fail(m, st, "%s", "");
+}
 
 void gpo_job_options_init(struct gpo_job_options *o)
 {
