@@ -441,8 +441,8 @@ __device__ static void ce_grad_wide(const T *x, T *g, int64_t C, int64_t y, cons
 
 /* One block per row (blocks loop over rows), classes `S` apart, the split
  * SPLIT (above). Pass 1 takes the row's max and sum of exponentials in one
- * read, pass 2 writes the gradient (a second read, partly from L2). */
-/* bfloat16: four blocks of 256 threads on an SM (64 registers, no spills:
+ * read, pass 2 writes the gradient (a second read, partly from L2).
+ * bfloat16: four blocks of 256 threads on an SM (64 registers, no spills:
  * 50% occupancy; at 96 registers it was 25%, and latency-bound). */
 template <typename T, int SPLIT>
 __global__ void __launch_bounds__(CE_ROW_THREADS, sizeof(T) == 2 ? 4 : 1) ce_rows_kernel(const ce_args a)
