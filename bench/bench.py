@@ -499,7 +499,8 @@ def write_outputs(args, header, rows):
             "- date: %s" % header["date"],
             "- torch %s; gpipe-onnx --version: %s" % (header["torch"], header["gpipe_version"]),
             "- command: `%s`" % md_cell(header["command"]),
-            "- method: SGD (lr %g, momentum %g), synthetic data of the benchmark shapes; "
+            "- method: SGD (lr %g, momentum %g), synthetic data of the benchmark shapes (PyTorch "
+            "repeats one batch, gpipe-onnx alternates two: their losses are not comparable); "
             "%d warm-up step(s), then the median samples/s of %d timed step(s) (PyTorch: %s per "
             "step; gpipe-onnx: its per-step metrics)" % (
                 args.lr, args.momentum, args.warmup, args.steps,
