@@ -214,6 +214,20 @@ struct ce_args {
     bool wide; /* CE_CHUNKS: the gradient pass by 16-byte runs (else value by value) */
 };
 
+/* The running (m, s) moved to the group's maximum when that is larger:
+ * s rescaled once, in double (both folds below). */
+template <int K>
+__device__ static inline void ms_rescale(const float (&v)[K], float &m, double &s, const double *tab)
+{
+    float mx = v[0];
+#pragma unroll
+    for (int u = 1; u < K; u++) mx = fmaxf(mx, v[u]);
+    if (mx > m) {
+        s *= gp_fast_exp((double)m - (double)mx, tab);
+        m = mx;
+    }
+}
+
 /* A group of K elements into a running (max m, sum s of exp(x - m)): one
  * rescale per group at most (when the group holds a new maximum), so the
  * warps do not diverge element by element. m never becomes NaN (fmaxf and >
@@ -225,13 +239,7 @@ struct ce_args {
 template <int K>
 __device__ static inline void ms_group(const float (&v)[K], float &m, double &s, const double *tab)
 {
-    float mx = v[0];
-#pragma unroll
-    for (int u = 1; u < K; u++) mx = fmaxf(mx, v[u]);
-    if (mx > m) {
-        s *= gp_fast_exp((double)m - (double)mx, tab);
-        m = mx;
-    }
+    ms_rescale(v, m, s, tab);
 #pragma unroll
     for (int u = 0; u < K; u++) {
         const double e = gp_fast_exp((double)v[u] - (double)m, tab);
@@ -254,13 +262,7 @@ __device__ static inline void ms_group(const float (&v)[K], float &m, double &s,
 template <int K>
 __device__ static inline void ms_group_f32(const float (&v)[K], float &m, double &s, const double *tab)
 {
-    float mx = v[0];
-#pragma unroll
-    for (int u = 1; u < K; u++) mx = fmaxf(mx, v[u]);
-    if (mx > m) {
-        s *= gp_fast_exp((double)m - (double)mx, tab);
-        m = mx;
-    }
+    ms_rescale(v, m, s, tab);
     float e[K];
 #pragma unroll
     for (int u = 0; u < K; u++) e[u] = v[u] == -INFINITY ? 0.0f : expf(__fsub_rn(v[u], m));
