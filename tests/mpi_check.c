@@ -12,6 +12,10 @@
  *   mpi_check hang TIMEOUT RANK        RANK stops answering; the others sum on
  *   mpi_check die TIMEOUT RANK         RANK is killed (SIGKILL) mid-run
  *   mpi_check quit TIMEOUT RANK        RANK exits 0 mid-run, not finalizing
+ *   mpi_check chain TIMEOUT            rank 0 waits on 1, which waits (longer)
+ *                                      on 2, which is elsewhere: rank 0 times
+ *                                      out first and must name rank 2
+ *   mpi_check circle TIMEOUT           ranks 0 and 1 wait on each other
  *
  * Exit 0 when everything checked; a failure prints its reason and ends the
  * job with exit status 3 (gp_comm_abort). */
@@ -236,6 +240,14 @@ int main(int argc, char **argv)
             check(gp_comm_allreduce_sum_f32(comm, NULL, x, 64, &err), &err);
         }
         fail("the job went on without rank %d", target);
+    } else if (!strcmp(mode, "chain") || !strcmp(mode, "circle")) {
+        /* Rank 0 times out first: the others wait three times as long. */
+        if (me != 0) gp_comm_set_timeout(comm, 3 * timeout);
+        int from = !strcmp(mode, "circle") ? (me == 0 ? 1 : me == 1 ? 0 : -1) : me < 2 ? me + 1 : -1;
+        char byte;
+        if (from >= 0) check(gp_comm_recv(comm, from, 5, &byte, 1, &err), &err);
+        else sleep(600); /* alive, elsewhere in the program: not polling */
+        fail("rank %d heard from rank %d", me, from);
     } else {
         fail("unknown mode '%s'", mode);
     }

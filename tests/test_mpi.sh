@@ -69,6 +69,16 @@ run 4 "$check" hang 3 3
 [ "$status" -ne 0 ] || fail "a hung rank left the job exiting 0"
 [ "$took" -lt 60 ] || fail "a hung rank (timeout 3 s) ended the job only after ${took}s"
 grep -q "heard nothing from rank 3 within 3 s" "$tmp/out" || { fail "the hung rank was not named"; show; }
+# A rank that times out follows the chain of waiting ranks to its end:
+# rank 0 waits on 1, which waits on 2 (silent), and rank 0 fails first.
+run 3 "$check" chain 2
+[ "$status" -ne 0 ] || fail "a chain of waiting ranks left the job exiting 0"
+grep -q "rank 0 heard nothing from rank 1 within 2 s.*; rank 1 has waited [0-9.]* s to hear from rank 2; rank 2 did not answer within 1 s whom it waits for: rank 2 is dead" "$tmp/out" ||
+  { fail "the end of the chain was not named"; show; }
+run 2 "$check" circle 2
+[ "$status" -ne 0 ] || fail "two ranks waiting on each other left the job exiting 0"
+grep -q "rank 1 has waited [0-9.]* s to hear from rank 0 (this rank): the ranks wait on each other" "$tmp/out" ||
+  { fail "two ranks waiting on each other were not said to"; show; }
 for mode in die quit; do
   run 4 "$check" "$mode" 10 2
   [ "$status" -ne 0 ] || { fail "a rank that ${mode}s left the job exiting 0"; show; }
@@ -291,7 +301,9 @@ GP_SIGNAL=KILL GP_TIMEOUT=300 run 4 "$tmp/stage.sh"
 GP_SIGNAL=STOP GP_TIMEOUT=4 run 4 "$tmp/stage.sh"
 [ "$status" -ne 0 ] || { fail "a stage stopped mid-training left the job exiting 0"; show; }
 [ "$took" -lt 40 ] || fail "a stage stopped mid-training (timeout 4 s) ended the job only after ${took}s"
-grep -Eq "heard nothing from rank 2|rank 2 did not take" "$tmp/out" || { fail "the stopped stage was not named"; show; }
+# Whichever waiting rank times out first names rank 2: its neighbours
+# directly, the others at the end of the chain they follow.
+grep -Eq "heard nothing from rank 2|rank 2 did not take|rank 2 did not answer" "$tmp/out" || { fail "the stopped stage was not named"; show; }
 
 if [ "$failures" -eq 0 ]; then
   echo "test_mpi: all passed"

@@ -2,6 +2,7 @@
  * against a deadline, so that no operation waits forever on a lost rank. */
 #include "dist/comm.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +21,30 @@ enum {
     TAG_ALLGATHER = GP_COMM_MAX_TAG + 1,
     TAG_REDUCE,  /* a segment of someone's data, to the member that sums it */
     TAG_SUMMED,  /* a summed segment, to every member */
+    TAG_WHO,     /* "whom are you waiting for?", from a rank that timed out */
+    TAG_WAITING, /* the answer (struct waiting_answer) */
 };
+
+/* The waits this rank's threads are in, for answering TAG_WHO: a thread
+ * registers once its wait outlasts the first polls. */
+#define WAIT_SLOTS 16
+
+struct wait_slot {
+    bool used;
+    int peer;  /* world rank of the first request still pending */
+    bool recv; /* whether that request is a receive */
+    double since;
+};
+
+struct waiting_answer {
+    int32_t peer;    /* -1: not waiting on anyone */
+    int32_t recv;
+    double waited_s;
+};
+
+/* Answers sent without waiting for their completion (MPI_Request_free):
+ * each keeps its buffer until ANSWER_RING answers later. */
+#define ANSWER_RING 16
 
 /* MPI counts are ints: larger messages go in pieces of this many bytes,
  * which arrive in order (MPI does not let messages of one sender, tag and
@@ -40,6 +64,15 @@ struct gp_comm {
     atomic_int why_state;
     char why[400];
     bool concurrent; /* MPI_THREAD_MULTIPLE */
+    bool ready;      /* the duplicate exists: questions can be answered */
+    pthread_mutex_t waits_lock;
+    struct wait_slot waits[WAIT_SLOTS];
+    struct waiting_answer answers[ANSWER_RING];
+    atomic_int next_answer;
+    /* Where the answers to this rank's questions arrive: a question given
+     * up on may still be answered late (into the ring, not a dead frame). */
+    struct waiting_answer heard[ANSWER_RING];
+    atomic_int next_heard;
 };
 
 /* The requests of one operation and, for each, the peer it waits on. */
@@ -149,83 +182,278 @@ static int pending_peers(const struct pending *p, bool recv, char *out, size_t s
     return count;
 }
 
+/* ---- Whom a waiting rank waits for ----
+ *
+ * A rank that times out names the peer it did not hear from; but that peer
+ * is often waiting itself, on a rank further along (a stage waits on the
+ * next, which waits on a stopped one). Which of the waiting ranks times out
+ * first is a matter of timing, and the first to fail ends the job. So every
+ * rank answers, while it waits, its peers' question "whom are you waiting
+ * for?", and a rank that times out follows those answers to the end of the
+ * chain: the rank that does not answer (or the circle, when ranks wait on
+ * each other). Its message thus names the rank that holds the job up,
+ * whichever rank reports it. */
+
+/* The slot of a wait that outlasted the first polls: -1 when every slot is
+ * taken (the wait goes unreported). */
+static int wait_register(struct gp_comm *c, double since)
+{
+    int slot = -1;
+    pthread_mutex_lock(&c->waits_lock);
+    for (int k = 0; k < WAIT_SLOTS && slot < 0; k++)
+        if (!c->waits[k].used) {
+            c->waits[k] = (struct wait_slot){.used = true, .peer = -1, .since = since};
+            slot = k;
+        }
+    pthread_mutex_unlock(&c->waits_lock);
+    return slot;
+}
+
+/* Records the first request of p still pending, receives first (the
+ * message this rank waits for; a send waits only for its taker). */
+static void wait_update(struct gp_comm *c, int slot, const struct pending *p)
+{
+    if (slot < 0) return;
+    int peer = -1;
+    bool recv = false;
+    for (int pass = 0; pass < 2 && peer < 0; pass++)
+        for (int k = 0; k < p->n && peer < 0; k++)
+            if (p->req[k] != MPI_REQUEST_NULL && p->is_recv[k] == (pass == 0)) {
+                peer = p->peer[k];
+                recv = pass == 0;
+            }
+    pthread_mutex_lock(&c->waits_lock);
+    c->waits[slot].peer = peer;
+    c->waits[slot].recv = recv;
+    pthread_mutex_unlock(&c->waits_lock);
+}
+
+static void wait_release(struct gp_comm *c, int slot)
+{
+    if (slot < 0) return;
+    pthread_mutex_lock(&c->waits_lock);
+    c->waits[slot].used = false;
+    pthread_mutex_unlock(&c->waits_lock);
+}
+
+/* Answers every question that has arrived, with this rank's longest wait
+ * on a single peer. Matched probes: two threads never take one question. */
+static void answer_questions(struct gp_comm *c)
+{
+    while (c->ready) {
+        int flag = 0;
+        MPI_Message msg;
+        MPI_Status st;
+        if (MPI_Improbe(MPI_ANY_SOURCE, TAG_WHO, c->comm, &flag, &msg, &st) != MPI_SUCCESS || !flag) return;
+        char question;
+        if (MPI_Mrecv(&question, 1, MPI_BYTE, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+        struct waiting_answer a = {.peer = -1};
+        double now = now_s(), oldest = now;
+        pthread_mutex_lock(&c->waits_lock);
+        for (int k = 0; k < WAIT_SLOTS; k++)
+            if (c->waits[k].used && c->waits[k].peer >= 0 && c->waits[k].since <= oldest) {
+                oldest = c->waits[k].since;
+                a = (struct waiting_answer){.peer = c->waits[k].peer, .recv = c->waits[k].recv, .waited_s = now - oldest};
+            }
+        pthread_mutex_unlock(&c->waits_lock);
+        struct waiting_answer *buf = &c->answers[atomic_fetch_add(&c->next_answer, 1) % ANSWER_RING];
+        *buf = a;
+        MPI_Request req;
+        if (MPI_Isend(buf, (int)sizeof *buf, MPI_BYTE, st.MPI_SOURCE, TAG_WAITING, c->comm, &req) == MPI_SUCCESS)
+            MPI_Request_free(&req);
+    }
+}
+
+/* Sleeps while waiting: spin first (a frontier usually arrives within
+ * microseconds of the first poll), then longer and longer, up to a
+ * millisecond, so that ranks that wait do not take the cores of ranks that
+ * compute (several ranks may share a machine's cores). */
+static void idle_pause(long idle)
+{
+    if (idle <= 64) return;
+    long ns = idle > 64 + 7 ? 1000000 : 8000L << (idle - 65);
+    struct timespec t = {0, ns};
+    nanosleep(&t, NULL);
+}
+
+/* How long a rank that timed out waits for each answer. */
+#define ANSWER_WAIT_S 1.0
+
+static double answer_wait(const struct gp_comm *c) { return c->timeout_s < ANSWER_WAIT_S ? c->timeout_s : ANSWER_WAIT_S; }
+
+/* Asks `peer` whom it waits for: true and the answer, or false when no
+ * answer came within ANSWER_WAIT_S (the question is left behind). */
+static bool ask_peer(struct gp_comm *c, int peer, struct waiting_answer *a)
+{
+    static const char question = 0;
+    struct waiting_answer *into = &c->heard[atomic_fetch_add(&c->next_heard, 1) % ANSWER_RING];
+    MPI_Request req[2];
+    if (MPI_Irecv(into, (int)sizeof *into, MPI_BYTE, peer, TAG_WAITING, c->comm, &req[0]) != MPI_SUCCESS) return false;
+    if (MPI_Isend(&question, 1, MPI_BYTE, peer, TAG_WHO, c->comm, &req[1]) != MPI_SUCCESS) {
+        MPI_Cancel(&req[0]);
+        MPI_Request_free(&req[0]);
+        return false;
+    }
+    double deadline = now_s() + answer_wait(c);
+    int got = 0;
+    for (long idle = 0; !got && now_s() < deadline; idle++) {
+        if (MPI_Test(&req[0], &got, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+        answer_questions(c); /* a rank that asks may be asked in turn */
+        if (!got) idle_pause(idle);
+    }
+    if (got) *a = *into;
+    else {
+        MPI_Cancel(&req[0]);
+        MPI_Request_free(&req[0]);
+    }
+    int sent = 0;
+    MPI_Test(&req[1], &sent, MPI_STATUS_IGNORE);
+    if (!sent) MPI_Request_free(&req[1]); /* a peer that never takes it is the one named */
+    return got;
+}
+
+/* Appends to `out` the chain of waits that starts at `first`, whom this
+ * rank waited for in vain: "; rank 1 has waited 3.9 s to hear from rank 2;
+ * rank 2 did not answer within 1 s whom it waits for: rank 2 is dead, hung,
+ * or elsewhere in the program, and the ranks before it wait on it". */
+static void follow_chain(struct gp_comm *c, int first, char *out, size_t size)
+{
+    size_t len = strlen(out);
+#define SAY(...) (len < size ? (len += (size_t)snprintf(out + len, size - len, __VA_ARGS__)) : 0)
+    bool *seen = calloc((size_t)c->size, sizeof *seen);
+    if (!seen) return;
+    seen[c->rank] = true;
+    int peer = first;
+    for (int hop = 0; hop < c->size; hop++) {
+        seen[peer] = true;
+        struct waiting_answer a;
+        if (!ask_peer(c, peer, &a)) {
+            if (hop == 0) SAY("; nor did it answer within %g s whom it waits for", answer_wait(c));
+            else
+                SAY("; rank %d did not answer within %g s whom it waits for: rank %d is dead, hung, or elsewhere in "
+                    "the program, and the ranks before it wait on it",
+                    peer, answer_wait(c), peer);
+            break;
+        }
+        if (a.peer < 0 || a.peer >= c->size) {
+            SAY("; rank %d answers that it waits for no one (it is elsewhere in the program)", peer);
+            break;
+        }
+        SAY("; rank %d has waited %.1f s %s rank %d", peer, a.waited_s, a.recv ? "to hear from" : "for its message to be taken by",
+            a.peer);
+        if (seen[a.peer]) {
+            SAY(a.peer == c->rank ? " (this rank): the ranks wait on each other (they disagree on what comes next)"
+                                  : ": the ranks wait in a circle (they disagree on what comes next)");
+            break;
+        }
+        peer = a.peer;
+    }
+#undef SAY
+    free(seen);
+}
+
+/* The deadline passed with requests of p pending: names the peers not
+ * heard from (or that did not take this rank's message), and where the
+ * first of them is waiting in turn. */
+static gp_status timed_out(struct gp_comm *c, const struct pending *p, const char *what, struct gp_error *err)
+{
+    char peers[512];
+    int first = -1;
+    for (int pass = 0; pass < 2 && first < 0; pass++)
+        for (int k = 0; k < p->n && first < 0; k++)
+            if (p->req[k] != MPI_REQUEST_NULL && p->is_recv[k] == (pass == 0)) first = p->peer[k];
+    int count = pending_peers(p, true, peers, sizeof peers);
+    if (count > 0)
+        gp_error_set(err, GP_ERR_COMM,
+                     "%s: rank %d heard nothing from rank%s %s within %g s (dead, hung, or elsewhere in the program)",
+                     what, c->rank, count > 1 ? "s" : "", peers, c->timeout_s);
+    else if ((count = pending_peers(p, false, peers, sizeof peers)) > 0)
+        gp_error_set(err, GP_ERR_COMM,
+                     "%s: rank%s %s did not take rank %d's message within %g s (dead, hung, or elsewhere in the "
+                     "program)",
+                     what, count > 1 ? "s" : "", peers, c->rank, c->timeout_s);
+    else
+        return gp_error_set(err, GP_ERR_COMM, "%s: not every rank took part within %g s", what, c->timeout_s);
+    if (first >= 0) follow_chain(c, first, err->msg, sizeof err->msg);
+    return GP_ERR_COMM;
+}
+
 /* Waits for every request of p until the deadline. A receive of another
  * size than posted, an MPI error or the deadline is an error (and breaks
- * the communicator: what is still pending cannot be taken back). */
-static gp_status wait_all(struct gp_comm *c, struct pending *p, double deadline, const char *what, struct gp_error *err)
+ * the communicator: what is still pending cannot be taken back). A wait
+ * that outlasts the first polls answers its peers' questions. */
+static gp_status wait_all(struct gp_comm *c, struct pending *p, double start, const char *what, struct gp_error *err)
 {
+    double deadline = start + c->timeout_s;
     int left = p->n;
     long idle = 0;
+    int slot = -1;
+    bool registered = false;
+    gp_status result = GP_OK;
     while (left > 0) {
         int done = 0;
         int rc = MPI_Testsome(p->n, p->req, &done, p->index, p->status);
-        if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) return mpi_failed(c, rc, what, -1, err);
+        if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+            result = mpi_failed(c, rc, what, -1, err);
+            break;
+        }
         if (done == MPI_UNDEFINED) break;
-        for (int d = 0; d < done; d++) {
+        for (int d = 0; d < done && result == GP_OK; d++) {
             int k = p->index[d];
             const MPI_Status *st = &p->status[d];
             if (rc == MPI_ERR_IN_STATUS && st->MPI_ERROR != MPI_SUCCESS) {
                 if (st->MPI_ERROR == MPI_ERR_TRUNCATE) {
                     c->broken = true;
-                    return gp_error_set(err, GP_ERR_COMM,
-                                        "%s: rank %d sent rank %d a longer message than the %zu bytes expected "
-                                        "(tag %d): the ranks disagree on what they exchange",
-                                        what, p->peer[k], c->rank, p->bytes[k], p->tag[k]);
+                    result = gp_error_set(err, GP_ERR_COMM,
+                                          "%s: rank %d sent rank %d a longer message than the %zu bytes expected "
+                                          "(tag %d): the ranks disagree on what they exchange",
+                                          what, p->peer[k], c->rank, p->bytes[k], p->tag[k]);
+                } else {
+                    result = mpi_failed(c, st->MPI_ERROR, what, p->peer[k], err);
                 }
-                return mpi_failed(c, st->MPI_ERROR, what, p->peer[k], err);
-            }
-            if (p->is_recv[k]) {
+            } else if (p->is_recv[k]) {
                 int got = 0;
                 MPI_Get_count(st, MPI_BYTE, &got);
                 if ((size_t)got != p->bytes[k]) {
                     c->broken = true;
-                    return gp_error_set(err, GP_ERR_COMM,
-                                        "%s: rank %d sent rank %d a message of %d bytes where %zu were expected "
-                                        "(tag %d): the ranks disagree on what they exchange",
-                                        what, p->peer[k], c->rank, got, p->bytes[k], p->tag[k]);
+                    result = gp_error_set(err, GP_ERR_COMM,
+                                          "%s: rank %d sent rank %d a message of %d bytes where %zu were expected "
+                                          "(tag %d): the ranks disagree on what they exchange",
+                                          what, p->peer[k], c->rank, got, p->bytes[k], p->tag[k]);
                 }
             }
         }
+        if (result != GP_OK) break;
         left -= done;
         if (done > 0) {
             idle = 0;
+            if (registered) wait_update(c, slot, p);
             continue;
         }
         if (now_s() > deadline) {
             c->broken = true;
-            char peers[512];
-            int count = pending_peers(p, true, peers, sizeof peers);
-            if (count > 0)
-                return gp_error_set(err, GP_ERR_COMM,
-                                    "%s: rank %d heard nothing from rank%s %s within %g s (dead, hung, or "
-                                    "elsewhere in the program)",
-                                    what, c->rank, count > 1 ? "s" : "", peers, c->timeout_s);
-            count = pending_peers(p, false, peers, sizeof peers);
-            if (count > 0)
-                return gp_error_set(err, GP_ERR_COMM,
-                                    "%s: rank%s %s did not take rank %d's message within %g s (dead, hung, or "
-                                    "elsewhere in the program)",
-                                    what, count > 1 ? "s" : "", peers, c->rank, c->timeout_s);
-            return gp_error_set(err, GP_ERR_COMM, "%s: not every rank took part within %g s", what, c->timeout_s);
+            result = timed_out(c, p, what, err);
+            break;
         }
-        /* Spin first (a frontier usually arrives within microseconds of
-         * the first poll), then sleep longer and longer, up to a
-         * millisecond: ranks that wait do not take the cores of ranks that
-         * compute (several ranks may share a machine's cores). */
         if (++idle > 64) {
-            long ns = idle > 64 + 7 ? 1000000 : 8000L << (idle - 65);
-            struct timespec t = {0, ns};
-            nanosleep(&t, NULL);
+            if (!registered) {
+                registered = true;
+                slot = wait_register(c, start);
+                wait_update(c, slot, p);
+            }
+            answer_questions(c);
         }
+        idle_pause(idle);
     }
-    return GP_OK;
+    if (registered) wait_release(c, slot);
+    return result;
 }
 
 /* p's requests, waited for within the timeout from now, then freed. */
 static gp_status finish(struct gp_comm *c, struct pending *p, double start, const char *what, gp_status st,
                         struct gp_error *err)
 {
-    if (st == GP_OK) st = wait_all(c, p, start + c->timeout_s, what, err);
+    if (st == GP_OK) st = wait_all(c, p, start, what, err);
     else if (p->n > 0) c->broken = true; /* posted requests that will never be waited for */
     pending_free(p);
     int unset = 0;
@@ -279,6 +507,7 @@ gp_status gp_comm_init(const struct gp_launch *launch, double timeout_s, struct 
     c->timeout_s = timeout_s;
     c->concurrent = provided >= MPI_THREAD_MULTIPLE;
     c->comm = MPI_COMM_NULL;
+    pthread_mutex_init(&c->waits_lock, NULL);
     /* Errors come back as codes, to be reported with the ranks involved
      * (MPI's default handler would abort without saying which). */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -308,6 +537,7 @@ gp_status gp_comm_init(const struct gp_launch *launch, double timeout_s, struct 
     st = finish(c, &p, now_s(), "making the communicator", st, err);
     if (st != GP_OK) return st;
     MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+    c->ready = true;
     return GP_OK;
 }
 
@@ -316,6 +546,7 @@ void gp_comm_finalize(struct gp_comm *c)
     if (!c) return;
     if (c->broken) gp_comm_abort(c, 1);
     if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
+    pthread_mutex_destroy(&c->waits_lock);
     free(c);
     MPI_Finalize();
 }
