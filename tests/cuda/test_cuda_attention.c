@@ -16,9 +16,14 @@
  * shape (B 2), and 3 heads of 40 with the bool mask. Each again in
  * bfloat16 storage (bf16_any).
  *
- * Tolerance: float32 sums of up to Tk terms in another order (the CPU sums
- * its dot products in double) and CUDA's expf: 1e-4 relative plus 2e-5 of
- * each tensor's largest element.
+ * Float32 calls run the tensor-core kernels in 3xTF32 (each operand split
+ * in two TF32 parts: about 2^-21 of each product) and, in
+ * test_attention_fma, the CUDA-core kernels (GP_ATTENTION_FP32=fma); every
+ * own-kernel call of the first must have run in 3xTF32, none of the
+ * second's. Tolerance, both: float32 sums of up to Tk terms in another
+ * order (the CPU sums its dot products in double), CUDA's expf or the
+ * hardware's ex2 (2^-22): 1e-4 relative plus 2e-5 of each tensor's largest
+ * element.
  *
  * cuDNN's SDPA (cuda/attention_graph.cpp) runs the bf16 calls it supports
  * (no mask or causal, head sizes multiples of 8): some of the cases above,
@@ -196,6 +201,10 @@ static const struct attn_case tf32_cases[] = {
  * header's), two runs for the same bits. */
 static bool tf32_mode;
 
+/* Set while the float32 cases run on the CUDA-core kernels
+ * (GP_ATTENTION_FP32=fma). */
+static bool fma_mode;
+
 /* The comparison of case c: its tolerances (the header's). */
 static struct op_compare compare_of(const struct attn_case *c, const char *label, bool bf16)
 {
@@ -222,6 +231,20 @@ static void check_tf32_path(const char *label, unsigned long long own0, unsigned
         fail_msg("%s: %llu calls on the own kernels, %llu of them on the TF32 ones", label, own1 - own0, tf1 - tf0);
 }
 
+/* Float32 (no TF32): every own-kernel call since own0 ran in 3xTF32, or
+ * none did (fma_mode), since the count was x30. */
+static void check_x3_path(const char *label, unsigned long long own0, unsigned long long x30)
+{
+    if (tf32_mode) return;
+    unsigned long long cudnn1, own1;
+    char why[512];
+    gp_cuda_attention_paths(&cudnn1, &own1, why, sizeof why);
+    unsigned long long x31 = gp_cuda_attention_x3_calls(), want = fma_mode ? 0 : own1 - own0;
+    if (x31 - x30 != want)
+        fail_msg("%s: %llu calls on the own kernels, %llu of them in 3xTF32 (%llu expected)", label, own1 - own0,
+                 x31 - x30, want);
+}
+
 /* Prints the path of the call (forward and backward) since `cudnn0`
  * cuDNN calls; fails when `must_cudnn` and cuDNN's did not run it, unless
  * the build or the environment rules it out. */
@@ -244,14 +267,16 @@ static void run_case(const struct attn_case *c, bool bf16, bool must_cudnn)
     struct gp_graph g;
     build(&g, c);
     char label[256];
-    snprintf(label, sizeof label, "Attention %s%s%s", c->label, bf16 ? " (bf16)" : "", tf32_mode ? " (TF32)" : "");
+    snprintf(label, sizeof label, "Attention %s%s%s", c->label, bf16 ? " (bf16)" : "",
+             tf32_mode ? " (TF32)" : fma_mode ? " (FMA)" : "");
     struct op_compare o = compare_of(c, label, bf16);
-    unsigned long long cudnn0, own0, tf0 = gp_cuda_attention_tf32_calls();
+    unsigned long long cudnn0, own0, tf0 = gp_cuda_attention_tf32_calls(), x30 = gp_cuda_attention_x3_calls();
     char why[512];
     gp_cuda_attention_paths(&cudnn0, &own0, why, sizeof why);
     op_compare_node(&g, 0, &o);
     if (bf16 && !tf32_mode) report_path(label, cudnn0, must_cudnn);
     check_tf32_path(label, own0, tf0);
+    check_x3_path(label, own0, x30);
     gp_graph_free(&g);
 }
 
@@ -334,6 +359,20 @@ static void test_attention(void **state)
 {
     (void)state;
     run_cases(false);
+}
+
+/* The float32 cases and first writers on the CUDA-core kernels. */
+static void test_attention_fma(void **state)
+{
+    (void)state;
+    fma_mode = true;
+    setenv("GP_ATTENTION_FP32", "fma", 1);
+    run_cases(false);
+    run_first_writer(&cases[3], false, false, false); /* 4-D, D 128, Dv 96, causal + additive mask */
+    run_first_writer(&cases[4], false, false, false); /* 3-D, bool mask with a fully masked row */
+    run_first_writer(&cases[8], false, false, false); /* packed, 3 heads of 40, bool mask */
+    unsetenv("GP_ATTENTION_FP32");
+    fma_mode = false;
 }
 
 /* The bf16 cases on the own kernels (GP_ATTENTION_CUDNN=0), then on the
@@ -422,6 +461,7 @@ int main(void)
     user_choice = getenv("GP_ATTENTION_CUDNN") != NULL;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_fma),
         cmocka_unit_test(test_attention_bf16),
         cmocka_unit_test(test_attention_cudnn),
         cmocka_unit_test(test_attention_first_writer),

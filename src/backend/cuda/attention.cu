@@ -40,8 +40,11 @@
  * take): the tensor-core kernels of attention_tf32.cu run the forward and
  * the dQ and dK / dV passes instead of the kernels below (any mask, head
  * sizes up to 128, the same strides, lse and D, put_grad's first writes);
- * D_i is att_dsum_kernel's. Float32 keeps the kernels below and their
- * results. The struct the kernels read and its helpers (att_args,
+ * D_i is att_dsum_kernel's. Float32 calls run the same kernels in 3xTF32
+ * (each operand split in two TF32 parts, three products each: float32's
+ * accuracy, about 2^-21 of each product, at several times the CUDA cores'
+ * speed); GP_ATTENTION_FP32=fma keeps them on the kernels below (float32
+ * FMAs on the CUDA cores). The struct the kernels read and its helpers (att_args,
  * base_of, mask_term, put_grad) are in attention_args.cuh, for both.
  *
  * cuDNN's SDPA (attention_graph.h: flash attention on tensor cores) runs
@@ -65,7 +68,7 @@
  * run (they are deterministic). GP_ATTENTION_CUDNN=0 keeps every call on
  * the own kernels (the GPU tests run both); GP_ATTENTION_VERBOSE=1
  * reports on stderr which path each problem takes (cudnn-sdpa,
- * tf32-mma-kernels or own-kernels) and, for the kernels, why cuDNN does
+ * tf32-mma-kernels, tf32x3-mma-kernels or own-kernels) and, for the kernels, why cuDNN does
  * not run it. */
 #include <math.h>
 #include <pthread.h>
@@ -410,7 +413,7 @@ static int64_t numel_v(const struct gp_attention_plan *p) { return p->batch * p-
 
 /* Calls so far by path, and why cuDNN last did not run one (tests, and
  * GP_ATTENTION_VERBOSE). */
-static unsigned long long calls_cudnn, calls_own, calls_tf32;
+static unsigned long long calls_cudnn, calls_own, calls_tf32, calls_x3;
 static char last_why[512];
 
 extern "C" void gp_cuda_attention_paths(unsigned long long *cudnn_calls, unsigned long long *own_calls, char *why,
@@ -426,6 +429,11 @@ extern "C" unsigned long long gp_cuda_attention_tf32_calls(void)
     return __atomic_load_n(&calls_tf32, __ATOMIC_RELAXED);
 }
 
+extern "C" unsigned long long gp_cuda_attention_x3_calls(void)
+{
+    return __atomic_load_n(&calls_x3, __ATOMIC_RELAXED);
+}
+
 static bool env_on(const char *name)
 {
     const char *v = getenv(name);
@@ -437,6 +445,15 @@ static bool env_off(const char *name)
 {
     const char *v = getenv(name);
     return v && strcmp(v, "0") == 0;
+}
+
+/* A float32 call (no TF32) on the tensor-core kernels in 3xTF32, unless
+ * GP_ATTENTION_FP32=fma asks for the CUDA-core kernels. */
+static bool att_x3(const struct gp_cuda_ctx *c)
+{
+    if (c->tf32) return false;
+    const char *v = getenv("GP_ATTENTION_FP32");
+    return !(v && strcmp(v, "fma") == 0);
 }
 
 /* cuDNN's deterministic backward on Hopper (before cuDNN 9.25) keeps dP
@@ -552,12 +569,13 @@ static bool att_use_cudnn(struct gp_cuda_ctx *c, const struct gp_attention_plan 
     } else {
         __atomic_add_fetch(&calls_own, 1, __ATOMIC_RELAXED);
         if (c->tf32) __atomic_add_fetch(&calls_tf32, 1, __ATOMIC_RELAXED);
+        if (att_x3(c)) __atomic_add_fetch(&calls_x3, 1, __ATOMIC_RELAXED);
         snprintf(last_why, sizeof last_why, "%s", why);
     }
     if (env_on("GP_ATTENTION_VERBOSE") && !reported(c->node, backward))
         fprintf(stderr, "attention-path %s node=%s %s [%lld x %lld heads, %lld x %lld, %lld/%lld]%s%s%s\n",
                 backward ? "backward" : "forward", c->node->name,
-                yes ? "cudnn-sdpa" : c->tf32 ? "tf32-mma-kernels" : "own-kernels",
+                yes ? "cudnn-sdpa" : c->tf32 ? "tf32-mma-kernels" : att_x3(c) ? "tf32x3-mma-kernels" : "own-kernels",
                 (long long)p->batch, (long long)p->heads, (long long)p->q_len, (long long)p->kv_len,
                 (long long)p->head_size, (long long)p->v_head_size, p->causal ? " causal" : "", yes ? "" : ": ",
                 yes ? "" : why);
@@ -634,8 +652,9 @@ static gp_status att_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     }
 #endif
     if (bh > 65535) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%lld batch-heads: at most 65535", (long long)bh);
-    if (c->tf32) {
-        GP_TRY(gp_cuda_call(c, att_tf32_forward(a, dmax, c->stream), "Attention forward (TF32) shared memory", err));
+    if (c->tf32 || att_x3(c)) {
+        GP_TRY(gp_cuda_call(c, att_tf32_forward(a, dmax, att_x3(c), c->stream), "Attention forward (TF32) shared memory",
+                            err));
         return gp_cuda_check_launch(c, "Attention forward (TF32)", err);
     }
     if (dmax == 64) {
@@ -765,8 +784,9 @@ static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     a.dsum = (float *)c->scratch;
     int64_t rows = bh * a.p.q_len;
     att_dsum_kernel<<<gp_cuda_capped_grid((rows + 7) / 8, 1 << 20), 256, 0, c->stream>>>(a);
-    if (c->tf32) {
-        GP_TRY(gp_cuda_call(c, att_tf32_backward(a, dmax, c->stream), "Attention backward (TF32) shared memory", err));
+    if (c->tf32 || att_x3(c)) {
+        GP_TRY(gp_cuda_call(c, att_tf32_backward(a, dmax, att_x3(c), c->stream),
+                            "Attention backward (TF32) shared memory", err));
         return gp_cuda_check_launch(c, "Attention backward (TF32)", err);
     }
     if (dmax == 64) att_backward_launch<64>(a, c->stream);

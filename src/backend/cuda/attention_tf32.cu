@@ -86,6 +86,17 @@ __device__ static inline float tf32_round(float x)
 
 __device__ static inline uint32_t bits(float x) { return __float_as_uint(x); }
 
+/* What a tile or a weight keeps for its products: TF32, the value rounded
+ * once; 3xTF32 (X3), the float32 value, split where it is multiplied. */
+template <bool X3> __device__ static inline float tf_keep(float x) { return X3 ? x : tf32_round(x); }
+
+/* x = hi + lo + (x's last ~2^-22 relative): two TF32 parts. */
+__device__ static inline void split(float x, float &hi, float &lo)
+{
+    hi = tf32_round(x);
+    lo = tf32_round(x - hi);
+}
+
 /* 2^x as the one MUFU instruction: exp2f wraps the same instruction in
  * scalings for subnormal results, three more instructions per score. */
 __device__ static inline float tf_exp2(float x)
@@ -102,6 +113,33 @@ __device__ static inline void mma8(float c[4], float a0, float a1, float a2, flo
         "{%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(bits(a0)), "r"(bits(a1)), "r"(bits(a2)), "r"(bits(a3)), "r"(bits(b0)), "r"(bits(b1)));
+}
+
+/* c += A B with operands of either kind: TF32 (already rounded), one
+ * product; 3xTF32, float32 values split in two TF32 parts each and the
+ * three products that matter, smallest first: lo hi, hi lo, hi hi. */
+template <bool X3>
+__device__ static inline void mma_any(float c[4], const float a[4], const float alo[4], float b0, float b1)
+{
+    if (!X3) {
+        mma8(c, a[0], a[1], a[2], a[3], b0, b1);
+        return;
+    }
+    float h0, l0, h1, l1;
+    split(b0, h0, l0);
+    split(b1, h1, l1);
+    mma8(c, alo[0], alo[1], alo[2], alo[3], h0, h1);
+    mma8(c, a[0], a[1], a[2], a[3], l0, l1);
+    mma8(c, a[0], a[1], a[2], a[3], h0, h1);
+}
+
+/* An A fragment as mma_any takes it: X3 splits a in place into a (hi) and
+ * alo. */
+template <bool X3> __device__ static inline void split_a(float a[4], float alo[4])
+{
+    if (!X3) return;
+#pragma unroll
+    for (int i = 0; i < 4; i++) split(a[i], a[i], alo[i]);
 }
 
 __device__ static inline float quad_max(float v)
@@ -133,7 +171,7 @@ __device__ static inline float4 ld4(const __nv_bfloat16 *p, int64_t i)
  * waited for the previous one's store. Loads go out in batches of
  * TF_BATCH before any is stored. `vec`: runs of 4 columns (a thread keeps 4
  * columns and every (TF_THREADS / (DMAX / 4))-th row), else one column. */
-template <int DMAX, int ROWS, typename S>
+template <int DMAX, int ROWS, bool X3, typename S>
 __device__ static inline void tf_load_rows(float *s, int n, const S *t, int64_t base, int64_t stride, int64_t first,
                                            int64_t count, bool vec)
 {
@@ -155,7 +193,7 @@ __device__ static inline void tf_load_rows(float *s, int n, const S *t, int64_t 
             for (int u = 0; u < B; u++) {
                 const int r = r0 + (b + u) * STEP;
                 *reinterpret_cast<float4 *>(s + r * LD + c) =
-                    make_float4(tf32_round(v[u].x), tf32_round(v[u].y), tf32_round(v[u].z), tf32_round(v[u].w));
+                    make_float4(tf_keep<X3>(v[u].x), tf_keep<X3>(v[u].y), tf_keep<X3>(v[u].z), tf_keep<X3>(v[u].w));
             }
         }
         return;
@@ -172,7 +210,7 @@ __device__ static inline void tf_load_rows(float *s, int n, const S *t, int64_t 
             v[u] = col && first + r < count ? att_ld1(t, base + (first + r) * stride + d) : 0.0f;
         }
 #pragma unroll
-        for (int u = 0; u < B; u++) s[(r0 + (b + u) * STEP) * LD + d] = tf32_round(v[u]);
+        for (int u = 0; u < B; u++) s[(r0 + (b + u) * STEP) * LD + d] = tf_keep<X3>(v[u]);
     }
 }
 
@@ -181,33 +219,34 @@ __device__ static inline void tf_load_rows(float *s, int n, const S *t, int64_t 
  * to TF32; zeros past the valid rows and n. A warp reads consecutive
  * values of a row (128 bytes or more), so the addresses need no division;
  * runs of 4 where the columns, the strides and the pointer allow. */
-template <int DMAX, int ROWS>
+template <int DMAX, int ROWS, bool X3>
 __device__ static inline void tf_load(float *s, int n, gp_fptr t, int64_t base, int64_t stride, int64_t first,
                                       int64_t count)
 {
     const uintptr_t align = t.bf16 ? 8 : 16;
     const bool vec = n % 4 == 0 && base % 4 == 0 && stride % 4 == 0 && (uintptr_t)t.p % align == 0;
     if (t.bf16)
-        tf_load_rows<DMAX, ROWS>(s, n, (const __nv_bfloat16 *)t.p, base, stride, first, count, vec);
+        tf_load_rows<DMAX, ROWS, X3>(s, n, (const __nv_bfloat16 *)t.p, base, stride, first, count, vec);
     else
-        tf_load_rows<DMAX, ROWS>(s, n, (const float *)t.p, base, stride, first, count, vec);
+        tf_load_rows<DMAX, ROWS, X3>(s, n, (const float *)t.p, base, stride, first, count, vec);
 }
 
 /* acc[NT][4] += A B over k = 0 .. K - 1, a warp's 16 rows: A rows of `a`
  * (row-major, stride LD, from the warp's first row), B^T rows of `b`
  * (B[k][n] = b[n][k]: the product with another row set's transpose),
  * NT tiles of 8 columns. */
-template <int K, int NT, int LD>
+template <int K, int NT, int LD, bool X3>
 __device__ static inline void mma_abt(float (*acc)[4], const float *a, const float *b, int g, int t)
 {
 #pragma unroll
     for (int k = 0; k < K; k += 8) {
         const float *ar = a + g * LD + k + t;
-        float a0 = ar[0], a1 = ar[8 * LD], a2 = ar[4], a3 = ar[8 * LD + 4];
+        float af[4] = {ar[0], ar[8 * LD], ar[4], ar[8 * LD + 4]}, alo[4];
+        split_a<X3>(af, alo);
 #pragma unroll
         for (int n = 0; n < NT; n++) {
             const float *br = b + (n * 8 + g) * LD + k + t;
-            mma8(acc[n], a0, a1, a2, a3, br[0], br[4]);
+            mma_any<X3>(acc[n], af, alo, br[0], br[4]);
         }
     }
 }
@@ -216,14 +255,16 @@ __device__ static inline void mma_abt(float (*acc)[4], const float *a, const flo
  * (already TF32) as A through the slot order of the header (slot t: row
  * 2t of the group, slot t + 4: row 2t + 1), B rows of `b` (stride LD),
  * NT tiles of 8 columns. */
-template <int KT, int NT, int LD>
+template <int KT, int NT, int LD, bool X3>
 __device__ static inline void mma_pb(float (*acc)[4], const float (*p)[4], const float *b, int g, int t)
 {
 #pragma unroll
     for (int k = 0; k < KT; k++) {
         const float *br = b + (k * 8 + 2 * t) * LD + g;
+        float af[4] = {p[k][0], p[k][2], p[k][1], p[k][3]}, alo[4];
+        split_a<X3>(af, alo);
 #pragma unroll
-        for (int n = 0; n < NT; n++) mma8(acc[n], p[k][0], p[k][2], p[k][1], p[k][3], br[n * 8], br[LD + n * 8]);
+        for (int n = 0; n < NT; n++) mma_any<X3>(acc[n], af, alo, br[n * 8], br[LD + n * 8]);
     }
 }
 
@@ -238,7 +279,7 @@ __device__ static inline float lse2_of(const att_args &a, int64_t bh, int64_t i)
 
 /* ---- forward ---- */
 
-template <int DMAX>
+template <int DMAX, bool X3>
 __global__ static void __launch_bounds__(TF_THREADS) att_tf32_forward_kernel(att_args a)
 {
     const int LD = DMAX + 4, NT = DMAX / 8, KT = 64;
@@ -250,7 +291,7 @@ __global__ static void __launch_bounds__(TF_THREADS) att_tf32_forward_kernel(att
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int D = (int)p.head_size, Dv = (int)p.v_head_size;
     int64_t row[2] = {i0 + w * 16 + g, i0 + w * 16 + g + 8}; /* the lane's rows: c0, c1 and c2, c3 */
-    tf_load<DMAX, TF_ROWS>(sQ, D, a.q, o.q, p.q_stride[2], i0, p.q_len);
+    tf_load<DMAX, TF_ROWS, X3>(sQ, D, a.q, o.q, p.q_stride[2], i0, p.q_len);
     float acc[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
 #pragma unroll
     for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
@@ -259,13 +300,13 @@ __global__ static void __launch_bounds__(TF_THREADS) att_tf32_forward_kernel(att
     if (p.causal && i0 + TF_ROWS < kend) kend = i0 + TF_ROWS; /* keys past the block's last row are masked */
     for (int64_t k0 = 0; k0 < kend; k0 += KT) {
         __syncthreads();
-        tf_load<DMAX, KT>(sK, D, a.k, o.k, p.k_stride[2], k0, p.kv_len);
-        tf_load<DMAX, KT>(sV, Dv, a.v, o.v, p.v_stride[2], k0, p.kv_len);
+        tf_load<DMAX, KT, X3>(sK, D, a.k, o.k, p.k_stride[2], k0, p.kv_len);
+        tf_load<DMAX, KT, X3>(sV, Dv, a.v, o.v, p.v_stride[2], k0, p.kv_len);
         __syncthreads();
         float s[KT / 8][4];
 #pragma unroll
         for (int n = 0; n < KT / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
-        mma_abt<DMAX, KT / 8, LD>(s, sQ + w * 16 * LD, sK, g, t);
+        mma_abt<DMAX, KT / 8, LD, X3>(s, sQ + w * 16 * LD, sK, g, t);
         bool full = p.mask == GP_ATTN_MASK_NONE && k0 + KT <= p.kv_len && (!p.causal || k0 + KT - 1 <= i0);
         float mx[2] = {m[0], m[1]};
 #pragma unroll
@@ -299,11 +340,11 @@ __global__ static void __launch_bounds__(TF_THREADS) att_tf32_forward_kernel(att
             for (int e = 0; e < 4; e++) {
                 /* l sums the rounded weights that multiply V: Y is their
                  * weighted mean. */
-                float pe = tf32_round(tf_exp2(s[n][e] - base[e >> 1]));
+                float pe = tf_keep<X3>(tf_exp2(s[n][e] - base[e >> 1]));
                 l[e >> 1] += pe;
                 s[n][e] = pe;
             }
-        mma_pb<KT / 8, NT, LD>(acc, s, sV, g, t);
+        mma_pb<KT / 8, NT, LD, X3>(acc, s, sV, g, t);
     }
     float inv[2];
 #pragma unroll
@@ -327,7 +368,7 @@ __global__ static void __launch_bounds__(TF_THREADS) att_tf32_forward_kernel(att
 
 /* ---- backward ---- */
 
-template <int DMAX>
+template <int DMAX, bool X3>
 __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32_dq_kernel(att_args a)
 {
     const int LD = DMAX + 4, NT = DMAX / 8, KT = tf_walk<DMAX>::n;
@@ -339,8 +380,8 @@ __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int D = (int)p.head_size, Dv = (int)p.v_head_size;
     int64_t row[2] = {i0 + w * 16 + g, i0 + w * 16 + g + 8};
-    tf_load<DMAX, TF_ROWS>(sQ, D, a.q, o.q, p.q_stride[2], i0, p.q_len);
-    tf_load<DMAX, TF_ROWS>(sdY, Dv, a.dy, o.y, p.y_stride[2], i0, p.q_len);
+    tf_load<DMAX, TF_ROWS, X3>(sQ, D, a.q, o.q, p.q_stride[2], i0, p.q_len);
+    tf_load<DMAX, TF_ROWS, X3>(sdY, Dv, a.dy, o.y, p.y_stride[2], i0, p.q_len);
     float lse2[2], dsum[2], dq[NT][4];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -354,16 +395,16 @@ __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32
     if (p.causal && i0 + TF_ROWS < kend) kend = i0 + TF_ROWS;
     for (int64_t k0 = 0; k0 < kend; k0 += KT) {
         __syncthreads();
-        tf_load<DMAX, KT>(sK, D, a.k, o.k, p.k_stride[2], k0, p.kv_len);
-        tf_load<DMAX, KT>(sV, Dv, a.v, o.v, p.v_stride[2], k0, p.kv_len);
+        tf_load<DMAX, KT, X3>(sK, D, a.k, o.k, p.k_stride[2], k0, p.kv_len);
+        tf_load<DMAX, KT, X3>(sV, Dv, a.v, o.v, p.v_stride[2], k0, p.kv_len);
         __syncthreads();
         float s[KT / 8][4], dp[KT / 8][4];
 #pragma unroll
         for (int n = 0; n < KT / 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0;
-        mma_abt<DMAX, KT / 8, LD>(s, sQ + w * 16 * LD, sK, g, t);
-        mma_abt<DMAX, KT / 8, LD>(dp, sdY + w * 16 * LD, sV, g, t);
+        mma_abt<DMAX, KT / 8, LD, X3>(s, sQ + w * 16 * LD, sK, g, t);
+        mma_abt<DMAX, KT / 8, LD, X3>(dp, sdY + w * 16 * LD, sV, g, t);
         bool full = p.mask == GP_ATTN_MASK_NONE && k0 + KT <= p.kv_len && (!p.causal || k0 + KT - 1 <= i0);
 #pragma unroll
         for (int n = 0; n < KT / 8; n++)
@@ -375,9 +416,9 @@ __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32
                     v = mt == -INFINITY ? -INFINITY : v + mt * TF_LOG2E;
                 }
                 float pe = tf_exp2(v - lse2[e >> 1]);
-                s[n][e] = tf32_round(pe * (dp[n][e] - dsum[e >> 1])); /* dS */
+                s[n][e] = tf_keep<X3>(pe * (dp[n][e] - dsum[e >> 1])); /* dS */
             }
-        mma_pb<KT / 8, NT, LD>(dq, s, sK, g, t);
+        mma_pb<KT / 8, NT, LD, X3>(dq, s, sK, g, t);
     }
     if (!a.dq.p) return;
 #pragma unroll
@@ -390,7 +431,7 @@ __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32
         }
 }
 
-template <int DMAX>
+template <int DMAX, bool X3>
 __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32_dkv_kernel(att_args a)
 {
     const int LD = DMAX + 4, NT = DMAX / 8, QT = tf_walk<DMAX>::n;
@@ -403,8 +444,8 @@ __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int D = (int)p.head_size, Dv = (int)p.v_head_size;
     int64_t key[2] = {j0 + w * 16 + g, j0 + w * 16 + g + 8}; /* the lane's keys: rows of S^T */
-    tf_load<DMAX, TF_ROWS>(sK, D, a.k, o.k, p.k_stride[2], j0, p.kv_len);
-    tf_load<DMAX, TF_ROWS>(sV, Dv, a.v, o.v, p.v_stride[2], j0, p.kv_len);
+    tf_load<DMAX, TF_ROWS, X3>(sK, D, a.k, o.k, p.k_stride[2], j0, p.kv_len);
+    tf_load<DMAX, TF_ROWS, X3>(sV, Dv, a.v, o.v, p.v_stride[2], j0, p.kv_len);
     float dk[NT][4], dv[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++)
@@ -415,8 +456,8 @@ __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32
     int64_t qstart = p.causal ? j0 : 0;
     for (int64_t q0 = qstart; q0 < p.q_len; q0 += QT) {
         __syncthreads();
-        tf_load<DMAX, QT>(sQ, D, a.q, o.q, p.q_stride[2], q0, p.q_len);
-        tf_load<DMAX, QT>(sdY, Dv, a.dy, o.y, p.y_stride[2], q0, p.q_len);
+        tf_load<DMAX, QT, X3>(sQ, D, a.q, o.q, p.q_stride[2], q0, p.q_len);
+        tf_load<DMAX, QT, X3>(sdY, Dv, a.dy, o.y, p.y_stride[2], q0, p.q_len);
         if (threadIdx.x < QT) {
             int64_t i = q0 + threadIdx.x;
             sL[threadIdx.x] = lse2_of(a, bh, i);
@@ -428,8 +469,8 @@ __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32
         for (int n = 0; n < QT / 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) st[n][e] = dpt[n][e] = 0;
-        mma_abt<DMAX, QT / 8, LD>(st, sK + w * 16 * LD, sQ, g, t);
-        mma_abt<DMAX, QT / 8, LD>(dpt, sV + w * 16 * LD, sdY, g, t);
+        mma_abt<DMAX, QT / 8, LD, X3>(st, sK + w * 16 * LD, sQ, g, t);
+        mma_abt<DMAX, QT / 8, LD, X3>(dpt, sV + w * 16 * LD, sdY, g, t);
         bool full = p.mask == GP_ATTN_MASK_NONE && j0 + TF_ROWS <= p.kv_len && q0 + QT <= p.q_len &&
                     (!p.causal || j0 + TF_ROWS - 1 <= q0);
 #pragma unroll
@@ -443,11 +484,11 @@ __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32
                     v = mt == -INFINITY ? -INFINITY : v + mt * TF_LOG2E;
                 }
                 float pe = tf_exp2(v - sL[c]);
-                st[n][e] = tf32_round(pe);                           /* P^T */
-                dpt[n][e] = tf32_round(pe * (dpt[n][e] - sD[c]));    /* dS^T */
+                st[n][e] = tf_keep<X3>(pe);                           /* P^T */
+                dpt[n][e] = tf_keep<X3>(pe * (dpt[n][e] - sD[c]));    /* dS^T */
             }
-        mma_pb<QT / 8, NT, LD>(dv, st, sdY, g, t);
-        mma_pb<QT / 8, NT, LD>(dk, dpt, sQ, g, t);
+        mma_pb<QT / 8, NT, LD, X3>(dv, st, sdY, g, t);
+        mma_pb<QT / 8, NT, LD, X3>(dk, dpt, sQ, g, t);
     }
 #pragma unroll
     for (int n = 0; n < NT; n++)
@@ -485,40 +526,42 @@ template <typename K> static cudaError_t allow_smem(K kernel, size_t bytes)
 
 static unsigned blocks(int64_t n) { return (unsigned)((n + TF_ROWS - 1) / TF_ROWS); }
 
-template <int DMAX> static cudaError_t forward_launch(const att_args &a, cudaStream_t stream)
+template <int DMAX, bool X3> static cudaError_t forward_launch(const att_args &a, cudaStream_t stream)
 {
     size_t smem = fwd_smem<DMAX>();
-    cudaError_t e = allow_smem(att_tf32_forward_kernel<DMAX>, smem);
+    cudaError_t e = allow_smem(att_tf32_forward_kernel<DMAX, X3>, smem);
     if (e != cudaSuccess) return e;
     dim3 grid(blocks(a.p.q_len), (unsigned)(a.p.batch * a.p.heads));
-    att_tf32_forward_kernel<DMAX><<<grid, TF_THREADS, smem, stream>>>(a);
+    att_tf32_forward_kernel<DMAX, X3><<<grid, TF_THREADS, smem, stream>>>(a);
     return cudaSuccess;
 }
 
-template <int DMAX> static cudaError_t backward_launch(const att_args &a, cudaStream_t stream)
+template <int DMAX, bool X3> static cudaError_t backward_launch(const att_args &a, cudaStream_t stream)
 {
     unsigned bh = (unsigned)(a.p.batch * a.p.heads);
     if (a.dq.p) {
         size_t smem = dq_smem<DMAX>();
-        cudaError_t e = allow_smem(att_tf32_dq_kernel<DMAX>, smem);
+        cudaError_t e = allow_smem(att_tf32_dq_kernel<DMAX, X3>, smem);
         if (e != cudaSuccess) return e;
-        att_tf32_dq_kernel<DMAX><<<dim3(blocks(a.p.q_len), bh), TF_THREADS, smem, stream>>>(a);
+        att_tf32_dq_kernel<DMAX, X3><<<dim3(blocks(a.p.q_len), bh), TF_THREADS, smem, stream>>>(a);
     }
     if ((a.dk.p || a.dv.p) && a.p.kv_len > 0) {
         size_t smem = dkv_smem<DMAX>();
-        cudaError_t e = allow_smem(att_tf32_dkv_kernel<DMAX>, smem);
+        cudaError_t e = allow_smem(att_tf32_dkv_kernel<DMAX, X3>, smem);
         if (e != cudaSuccess) return e;
-        att_tf32_dkv_kernel<DMAX><<<dim3(blocks(a.p.kv_len), bh), TF_THREADS, smem, stream>>>(a);
+        att_tf32_dkv_kernel<DMAX, X3><<<dim3(blocks(a.p.kv_len), bh), TF_THREADS, smem, stream>>>(a);
     }
     return cudaSuccess;
 }
 
-cudaError_t att_tf32_forward(const att_args &a, int dmax, cudaStream_t stream)
+cudaError_t att_tf32_forward(const att_args &a, int dmax, bool x3, cudaStream_t stream)
 {
-    return dmax == 64 ? forward_launch<64>(a, stream) : forward_launch<128>(a, stream);
+    if (x3) return dmax == 64 ? forward_launch<64, true>(a, stream) : forward_launch<128, true>(a, stream);
+    return dmax == 64 ? forward_launch<64, false>(a, stream) : forward_launch<128, false>(a, stream);
 }
 
-cudaError_t att_tf32_backward(const att_args &a, int dmax, cudaStream_t stream)
+cudaError_t att_tf32_backward(const att_args &a, int dmax, bool x3, cudaStream_t stream)
 {
-    return dmax == 64 ? backward_launch<64>(a, stream) : backward_launch<128>(a, stream);
+    if (x3) return dmax == 64 ? backward_launch<64, true>(a, stream) : backward_launch<128, true>(a, stream);
+    return dmax == 64 ? backward_launch<64, false>(a, stream) : backward_launch<128, false>(a, stream);
 }
