@@ -17,7 +17,7 @@
  * bfloat16 storage (bf16_any).
  *
  * Float32 calls run the tensor-core kernels in 3xTF32 (each operand split
- * in two TF32 parts: about 2^-21 of each product) and, in
+ * in two TF32 parts: within about 2^-20 of each product) and, in
  * test_attention_fma, the CUDA-core kernels (GP_ATTENTION_FP32=fma); every
  * own-kernel call of the first must have run in 3xTF32, none of the
  * second's. Tolerance, both: float32 sums of up to Tk terms in another

@@ -42,7 +42,7 @@
  * sizes up to 128, the same strides, lse and D, put_grad's first writes);
  * D_i is att_dsum_kernel's. Float32 calls run the same kernels in 3xTF32
  * (each operand split in two TF32 parts, three products each: float32's
- * accuracy, about 2^-21 of each product, at several times the CUDA cores'
+ * accuracy, within about 2^-20 of each product, at several times the CUDA cores'
  * speed); GP_ATTENTION_FP32=fma keeps them on the kernels below (float32
  * FMAs on the CUDA cores). The struct the kernels read and its helpers (att_args,
  * base_of, mask_term, put_grad) are in attention_args.cuh, for both.

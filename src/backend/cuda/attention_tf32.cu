@@ -61,7 +61,13 @@
  * hardware's ex2.approx.ftz: within 2^-22 relative, results below 2^-126
  * flushed to 0, far inside the TF32 roundings that follow). Head sizes
  * under the template's are padded with zeros (they add nothing). bfloat16
- * storage: loads widen (exact in TF32), stores round once. */
+ * storage: loads widen (exact in TF32), stores round once.
+ *
+ * 3xTF32 (X3, float32 calls): tiles keep float32 values and nothing is
+ * rounded to TF32; each operand of a product is split where it is used
+ * into hi + lo (split) and each mma becomes three, lo hi, hi lo, hi hi,
+ * smallest first: a product within about 2^-20 of exact, float32
+ * accumulation, at three times the TF32 kernels' products. */
 #include <math.h>
 #include <stdint.h>
 
@@ -90,11 +96,22 @@ __device__ static inline uint32_t bits(float x) { return __float_as_uint(x); }
  * once; 3xTF32 (X3), the float32 value, split where it is multiplied. */
 template <bool X3> __device__ static inline float tf_keep(float x) { return X3 ? x : tf32_round(x); }
 
-/* x = hi + lo + (x's last ~2^-22 relative): two TF32 parts. */
+/* x = hi + lo exactly: hi is x rounded to TF32 (|lo| at most 2^-11 of
+ * x), lo the rest (x - hi is exact in float32), left unrounded: the mma
+ * reads it as TF32 by ignoring its low 13 bits, as CUTLASS's
+ * round-toward-zero TF32 operands rely on, which costs under 2^-10 of lo,
+ * 2^-21 of x. With the lo times lo product left out (under 2^-22), a
+ * product is within about 2^-20 of exact.
+ *
+ * hi rounds as cvt.rna does (to nearest, ties away from zero) by adding
+ * half of TF32's last place to the bits and truncating: two integer
+ * instructions where cvt.rna takes four (its NaN test). A NaN's hi may come
+ * out as anything (0x7fffffff, CUDA's NaN, carries into the sign), but its
+ * lo is x - hi, a NaN, and the lo products carry it into the sum. */
 __device__ static inline void split(float x, float &hi, float &lo)
 {
-    hi = tf32_round(x);
-    lo = tf32_round(x - hi);
+    hi = __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+    lo = x - hi;
 }
 
 /* 2^x as the one MUFU instruction: exp2f wraps the same instruction in
@@ -121,7 +138,7 @@ __device__ static inline void mma8(float c[4], float a0, float a1, float a2, flo
 template <bool X3>
 __device__ static inline void mma_any(float c[4], const float a[4], const float alo[4], float b0, float b1)
 {
-    if (!X3) {
+    if constexpr (!X3) {
         mma8(c, a[0], a[1], a[2], a[3], b0, b1);
         return;
     }
@@ -137,9 +154,10 @@ __device__ static inline void mma_any(float c[4], const float a[4], const float 
  * alo. */
 template <bool X3> __device__ static inline void split_a(float a[4], float alo[4])
 {
-    if (!X3) return;
+    if constexpr (X3) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) split(a[i], a[i], alo[i]);
+        for (int i = 0; i < 4; i++) split(a[i], a[i], alo[i]);
+    }
 }
 
 __device__ static inline float quad_max(float v)
