@@ -465,7 +465,8 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
                              .din_dt = b16 ? din_dt : NULL, .dout_dt = b16 ? dout_dt : NULL,
                              .in_nhwc = lin, .out_nhwc = lout, .din_overwrite = o->overwrite,
                              .saved = gsaved, .scratch = gscratch, .stream = stream,
-                             .cublas = libs.cublas, .cudnn = libs.cudnn, .tf32 = o->tf32,
+                             .cublas = libs.cublas, .cublas_workspace = libs.cublas_workspace,
+                             .cudnn = libs.cudnn, .tf32 = o->tf32,
                              .fast_conv = o->fast_conv,
                              .training = !o->eval, .update_state = !o->eval, .seed = seed, .step = step,
                              .sample_offset = sample_offset, .dropout_ratio = -1};

@@ -149,6 +149,7 @@ static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_la
     k.scratch = c->scratch;
     k.stream = s->stream;
     k.cublas = s->libs.cublas;
+    k.cublas_workspace = s->libs.cublas_workspace;
     k.cudnn = s->libs.cudnn;
     k.tf32 = s->tf32;
     k.fast_conv = s->fast_conv;

@@ -47,6 +47,9 @@ struct gp_cuda_ctx {
     void *scratch;         /* scratch_bytes() of device memory, contents undefined */
     cudaStream_t stream;
     void *cublas;          /* cublasHandle_t bound to `stream`, math mode set by tf32 */
+    void *cublas_workspace; /* cublas's workspace (GP_CUDA_LIBS_WORKSPACE_BYTES), which
+                               cuBLASLt's calls on `stream` share (stream order keeps them
+                               apart); NULL: they take none */
     void *cudnn;           /* cudnnHandle_t bound to `stream` */
     bool tf32;             /* allow TF32 tensor cores; default off: float32 semantics */
     bool fast_conv;        /* convolutions may take the fastest, non-deterministic algorithms */

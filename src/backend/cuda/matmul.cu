@@ -47,10 +47,11 @@
  * goes through cublasGemmEx as before and b is added by a pass of its own
  * (row_runs.cuh's kernel), in float32 and rounded once more to Y's
  * storage; a line on stderr says so, once per process. The algorithm
- * query fixes what it may assume (16-byte alignment of every pointer, no
- * workspace, no split-K reduction), so the choice depends on the shapes
- * and types alone, not on where a stage's buffers happen to lie: the same
- * algorithm, so the same bits, whatever the stage split. b's gradient is
+ * query fixes what it may assume (16-byte alignment of every pointer,
+ * cuBLAS's workspace of GP_CUDA_LIBS_WORKSPACE_BYTES, no split-K
+ * reduction), so the choice depends on the shapes and types alone, not on
+ * where a stage's buffers happen to lie: the same algorithm, so the same
+ * bits, whatever the stage split. b's gradient is
  * the Add's: column sums of dY in chunks (row_grad_part_kernel) folded in
  * a fixed order (reduce_finish_kernel), over the Add's plan and chunks. */
 #include <limits.h>
@@ -584,9 +585,12 @@ static gp_status lt_gemm_bias(const struct gp_cuda_ctx *c, struct gp_error *err,
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&la, t->ab, (uint64_t)k, (uint64_t)m, k);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&ly, t->c, (uint64_t)n, (uint64_t)m, n);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceCreate(&pref);
-    /* No workspace and no split-K: nothing is summed outside the one
-     * accumulator, in the output's type or any other order. */
-    uint64_t ws = 0;
+    /* No split-K: nothing is summed outside the one accumulator, in the
+     * output's type or any other order. The workspace is cuBLAS's, a fixed
+     * size whatever the call: Hopper's TF32 kernels (TMA, sm90) need one,
+     * and without it the heuristic offers sm80 kernels that take 1.3-1.9x
+     * as long (bench/RESULTS.md, 2026-12-03 21:45). */
+    uint64_t ws = c->cublas_workspace ? GP_CUDA_LIBS_WORKSPACE_BYTES : 0;
     uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE, align = 16;
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
@@ -611,8 +615,8 @@ static gp_status lt_gemm_bias(const struct gp_cuda_ctx *c, struct gp_error *err,
             float alpha = 1.0f, beta = 0.0f;
             s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
             if (s == CUBLAS_STATUS_SUCCESS)
-                s = cublasLtMatmul(lt, desc, &alpha, b, lb, a, la, &beta, y, ly, y, ly, &res.algo, NULL, 0,
-                                   c->stream);
+                s = cublasLtMatmul(lt, desc, &alpha, b, lb, a, la, &beta, y, ly, y, ly, &res.algo,
+                                   c->cublas_workspace, (size_t)ws, c->stream);
             st = blas_status(c, err, s, "cublasLtMatmul", "MatMul forward with bias");
             *done = st == GP_OK;
         } else {
