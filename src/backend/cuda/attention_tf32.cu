@@ -105,7 +105,7 @@ template <bool X3> __device__ static inline float tf_keep(float x) { return X3 ?
  *
  * hi rounds as cvt.rna does (to nearest, ties away from zero) by adding
  * half of TF32's last place to the bits and truncating: two integer
- * instructions where cvt.rna takes four (its NaN test). A NaN's hi may come
+ * instructions, where cvt.rna adds a NaN test and a select. A NaN's hi may come
  * out as anything (0x7fffffff, CUDA's NaN, carries into the sign), but its
  * lo is x - hi, a NaN, and the lo products carry it into the sum. */
 __device__ static inline void split(float x, float &hi, float &lo)
