@@ -104,8 +104,9 @@ template <bool X3> __device__ static inline float tf_keep(float x) { return X3 ?
  * product is within about 2^-20 of exact.
  *
  * hi rounds as cvt.rna does (to nearest, ties away from zero) by adding
- * half of TF32's last place to the bits and truncating: two integer
- * instructions, where cvt.rna adds a NaN test and a select. A NaN's hi may come
+ * half of TF32's last place to the bits and truncating: two independent
+ * integer instructions, where cvt.rna is a test for NaN and infinity, an
+ * add under its predicate and, for x - hi, the mask. A NaN's hi may come
  * out as anything (0x7fffffff, CUDA's NaN, carries into the sign), but its
  * lo is x - hi, a NaN, and the lo products carry it into the sum. */
 __device__ static inline void split(float x, float &hi, float &lo)
