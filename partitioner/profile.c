@@ -233,6 +233,8 @@ gp_status gp_profile_save(const struct gp_profile *p, const char *path, struct g
     gp_json_string(&j, p->device);
     gp_json_key(&j, "precision");
     gp_json_string(&j, p->precision[0] ? p->precision : "fp32");
+    gp_json_key(&j, "fast_conv");
+    gp_json_bool(&j, p->fast_conv);
     gp_json_key(&j, "micro_batch");
     gp_json_int(&j, p->micro_batch);
     gp_json_key(&j, "input_frontier_bytes");
@@ -302,6 +304,8 @@ gp_status gp_profile_load(const char *path, const struct gp_graph *g, struct gp_
     /* Profiles written before precisions existed were float32. */
     snprintf(out->precision, sizeof out->precision, "%s",
              (v = field(root, "precision", GP_JSTRING)) ? v->str : "fp32");
+    /* Profiles written before it were timed on the deterministic algorithms. */
+    out->fast_conv = (v = field(root, "fast_conv", GP_JBOOL)) ? v->b : false;
     out->micro_batch = (v = field(root, "micro_batch", GP_JNUMBER)) ? v->i : 0;
     out->input_frontier_bytes = (v = field(root, "input_frontier_bytes", GP_JNUMBER)) ? v->i : 0;
     out->copy_gbps = (v = field(root, "copy_gbps", GP_JNUMBER)) ? v->num : 5.0;

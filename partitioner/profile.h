@@ -29,6 +29,7 @@ struct gp_profile {
     char model[256];
     char device[32];                /* "cpu" */
     char precision[8];              /* "fp32", "tf32", "bf16": what times and bytes were measured in */
+    bool fast_conv;                 /* timed with cuDNN's fastest convolution algorithms (GPU) */
     int64_t micro_batch;
     int n_layers;
     int64_t input_frontier_bytes;   /* at the cut before layer 0 */
@@ -58,8 +59,9 @@ gp_status gp_profile_load(const char *path, const struct gp_graph *g, struct gp_
  * after each layer. copy_gbps is measured from device `index` to device
  * `peer` (the same device when peer < 0). */
 struct gp_device_ops;
+struct gp_compute_options;
 gp_status gp_profile_device(const struct gp_graph *g, const char *model_name, const struct gp_device_ops *ops,
-                            int index, int peer, enum gp_precision precision, int warmup, int repeats,
+                            int index, int peer, const struct gp_compute_options *compute, int warmup, int repeats,
                             void (*progress)(void *user, int done, int total), void *user,
                             struct gp_profile *out, struct gp_error *err);
 

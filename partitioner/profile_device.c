@@ -55,12 +55,14 @@ done:
 }
 
 gp_status gp_profile_device(const struct gp_graph *g, const char *model_name, const struct gp_device_ops *ops,
-                            int index, int peer, enum gp_precision precision, int warmup, int repeats,
+                            int index, int peer, const struct gp_compute_options *compute, int warmup, int repeats,
                             void (*progress)(void *user, int done, int total), void *user,
                             struct gp_profile *out, struct gp_error *err)
 {
     memset(out, 0, sizeof *out);
     if (repeats < 1) repeats = 1;
+    enum gp_precision precision = compute->precision;
+    out->fast_conv = compute->fast_conv;
     if (!ops->compute)
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "the %s backend cannot run kernels in this build", ops->name);
     snprintf(out->model, sizeof out->model, "%s", model_name ? model_name : "");
@@ -112,7 +114,7 @@ gp_status gp_profile_device(const struct gp_graph *g, const char *model_name, co
         .optim = gp_sgd_defaults(0.0),
         .loss = {.kind = GP_LOSS_OUTPUT, .target_dtype = GP_DTYPE_UNDEFINED},
         .time_layers = true,
-        .compute = {.precision = precision},
+        .compute = *compute,
     };
     if ((st = gp_pipeline_create(&pc, &pipe, err)) != GP_OK) goto done;
     double denominator = (double)gp_shape_numel(&g->values[g->outputs[0]].shape);

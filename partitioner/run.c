@@ -21,6 +21,7 @@ gp_status gp_balance_run(const struct gp_balance_run *run, struct gp_profile *pr
     const bool *cuda = run->cuda;
     const int *device = run->device;
     enum gp_precision precision = run->precision;
+    struct gp_compute_options compute = {.precision = precision, .fast_conv = run->fast_conv};
     int repeats = run->repeats;
     int gpu = -1, peer = -1;
     for (int k = 0; k < bc->n_stages; k++) {
@@ -43,14 +44,19 @@ gp_status gp_balance_run(const struct gp_balance_run *run, struct gp_profile *pr
             st = gp_error_set(err, GP_ERR_INVALID, "%s was profiled in %s, not %s: profile again with --precision %s",
                               profile_in, prof->precision, gp_precision_name(precision), gp_precision_name(precision));
             gp_profile_free(prof);
+        } else if (st == GP_OK && gpu >= 0 && prof->fast_conv != run->fast_conv) {
+            /* Only the GPU's convolutions differ; a CPU profile serves both. */
+            st = gp_error_set(err, GP_ERR_INVALID, "%s was profiled %s --fast-conv: profile again %s it",
+                              profile_in, prof->fast_conv ? "with" : "without", run->fast_conv ? "with" : "without");
+            gp_profile_free(prof);
         }
     } else if (gpu >= 0) {
-        st = gp_profile_device(&g, model, gpu_ops, gpu, peer, precision, 3, repeats, run->progress, run->user,
+        st = gp_profile_device(&g, model, gpu_ops, gpu, peer, &compute, 3, repeats, run->progress, run->user,
                                prof, err);
     } else if (precision == GP_PRECISION_BF16) {
         /* The CPU's bf16 runs its kernels on staged float32 copies: timed as
          * a stage runs them, through the executor. */
-        st = gp_profile_device(&g, model, &gp_cpu_device_ops, 0, bc->n_stages > 1 ? 1 : -1, precision, 2, repeats,
+        st = gp_profile_device(&g, model, &gp_cpu_device_ops, 0, bc->n_stages > 1 ? 1 : -1, &compute, 2, repeats,
                                run->progress, run->user, prof, err);
     } else {
         st = gp_profile_cpu(&g, model, cpu_threads_per_device(bc->n_stages), 2, repeats,

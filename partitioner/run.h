@@ -21,6 +21,7 @@ struct gp_balance_run {
     const int *device;                  /* [cfg->n_stages]: its index */
     enum gp_precision precision;
     enum gp_layout_policy layout;
+    bool fast_conv;                     /* GPU: cuDNN's fastest convolution algorithms (compute.h) */
     const char *profile_in;             /* read this profile instead of timing (NULL: time) */
     const char *profile_out;            /* save the profile here (NULL: not saved) */
     void (*progress)(void *user, int done, int total); /* after each pass over the model; may be NULL */

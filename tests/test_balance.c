@@ -191,7 +191,8 @@ static void test_device_profiler(void **state)
     struct gp_error err = {0};
     if (gp_onnx_load(model, 4, &g, &err) != GP_OK) fail_msg("%s", err.msg);
     struct gp_profile dev, cpu;
-    if (gp_profile_device(&g, model, &gp_cpu_device_ops, 0, 1, GP_PRECISION_FP32, 1, 3, NULL, NULL, &dev, &err) != GP_OK)
+    if (gp_profile_device(&g, model, &gp_cpu_device_ops, 0, 1, &(struct gp_compute_options){.precision = GP_PRECISION_FP32}, 1, 3,
+                          NULL, NULL, &dev, &err) != GP_OK)
         fail_msg("%s", err.msg);
     if (gp_profile_cpu(&g, model, 1, 1, 2, NULL, NULL, &cpu, &err) != GP_OK) fail_msg("%s", err.msg);
     assert_int_equal(dev.n_layers, g.n_nodes);

@@ -340,6 +340,20 @@ grep -q "^balance by memory: 3 stages, batch 8 in 4 micro-batches, 1f1b schedule
 grep -q "^train with: .* --pipeline-schedule 1f1b --balance " "$tmp/out.txt" || fail "balance suggests no 1f1b run"
 "$py" -c 'import json, sys; assert json.load(open(sys.argv[1]))["pipeline_schedule"] == "1f1b"' \
   "$tmp/balance_1f1b.json" || fail "balance JSON does not name the 1f1b schedule"
+# --fast-conv: a saved profile records it; a CPU profile serves it on the
+# CPU (its convolutions have one algorithm) and the suggested command
+# carries it; a GPU split refuses a profile timed without it (in a build
+# with the CUDA backend; without one, the GPU itself is refused first).
+"$py" -c 'import json, sys; assert json.load(open(sys.argv[1]))["fast_conv"] is False' "$tmp/profile.json" \
+  || fail "a saved profile does not record --fast-conv"
+"$bin" balance "$m/unet_op17.onnx" --devices cpu:0,cpu:1,cpu:2 --batch 8 --chunks 4 --fast-conv \
+  --profile-in "$tmp/profile.json" >"$tmp/out.txt" 2>&1 || fail "balance --fast-conv failed: $(cat "$tmp/out.txt")"
+grep -q "^train with: .* --fast-conv --balance " "$tmp/out.txt" || fail "balance --fast-conv suggests no --fast-conv run"
+"$bin" balance "$m/unet_op17.onnx" --devices cuda:0,cuda:1 --batch 8 --chunks 4 --fast-conv \
+  --profile-in "$tmp/profile.json" >"$tmp/out.txt" 2>"$tmp/err.txt"
+[ $? -eq 1 ] || fail "a GPU split took a profile timed without --fast-conv"
+grep -qE "was profiled without --fast-conv: profile again with it|this build has no CUDA backend" "$tmp/err.txt" \
+  || fail "a GPU split with --fast-conv and a profile without it: $(cat "$tmp/err.txt")"
 expect_fail 2 "--pipeline-schedule is gpipe or 1f1b (got 'fast')" \
   "$bin" balance "$m/unet_op17.onnx" --devices cpu:0 --pipeline-schedule fast
 expect_fail 2 "--devices is required" "$bin" balance "$m/unet_op17.onnx"

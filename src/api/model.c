@@ -375,6 +375,7 @@ void gpo_train_balance_options(const struct gpo_train_config *cfg, const struct 
     bo->momentum = cfg->momentum;
     bo->precision = cfg->precision;
     bo->layout = cfg->layout;
+    bo->fast_conv = cfg->fast_conv;
     bo->progress = cb ? cb->on_profile : NULL;
     bo->user = cb ? cb->user : NULL;
 }

@@ -17,7 +17,7 @@ static void help(FILE *f)
           "                          [--pipeline-schedule gpipe|1f1b]\n"
           "                          [--optimizer sgd|adamw] [--momentum M] [--json FILE]\n"
           "                          [--profile-out FILE | --profile-in FILE] [--repeats R]\n"
-          "                          [--precision fp32|tf32|bf16] [--svg FILE]\n"
+          "                          [--precision fp32|tf32|bf16] [--fast-conv] [--svg FILE]\n"
           "\n"
           "Profiles every layer (forward and backward, median of R timed runs after a\n"
           "warm-up, with its real inputs at the micro-batch size N/M) on the devices' type,\n"
@@ -45,6 +45,8 @@ static void help(FILE *f)
           "  --optimizer sgd|adamw, --momentum M   optimizer state in the memory figures\n"
           "  --precision P       fp32 (default), tf32, bf16: layers timed, activations and\n"
           "                      frontiers counted as training in P runs and stores them\n"
+          "  --fast-conv         GPU convolutions timed on cuDNN's fastest algorithms, as\n"
+          "                      train --fast-conv runs them (a saved profile records it)\n"
           "  --layout L          auto (default), nchw or nhwc: layers timed in the layout\n"
           "                      training will use (as train --layout)\n"
           "  --json FILE         the report as JSON: 'stages' with first_layer, last_layer\n"
@@ -247,6 +249,8 @@ int gp_cmd_balance(int argc, char **argv)
             if (!gpo_layout_parse(v, &bo.layout))
                 return gp_cli_usage("balance", "--layout takes auto, nchw or nhwc, not '%s'", v);
             layout = bo.layout == GPO_LAYOUT_NCHW ? "nchw" : bo.layout == GPO_LAYOUT_NHWC ? "nhwc" : NULL;
+        } else if (!strcmp(a, "--fast-conv")) {
+            bo.fast_conv = true;
         } else if (!strcmp(a, "--momentum")) {
             bo.momentum = atof(v);
         } else if (a[0] == '-' && a[1]) {
@@ -280,9 +284,9 @@ int gp_cmd_balance(int argc, char **argv)
         return status;
     }
     gp_cli_print_balance(model, &bo, rep);
-    printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s%s%s%s --balance ", model,
+    printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s%s%s%s%s --balance ", model,
            (long long)bo.batch, bo.chunks, bo.devices, bo.schedule == GPO_PIPELINE_1F1B ? " --pipeline-schedule 1f1b" : "",
-           layout ? " --layout " : "", layout ? layout : "");
+           layout ? " --layout " : "", layout ? layout : "", bo.fast_conv ? " --fast-conv" : "");
     for (int s = 0; s < rep->optimal.n_stages; s++) printf("%s%d", s ? "," : "", rep->optimal.balance[s]);
     printf("\n");
     if (json && gpo_balance_write_json(m, json) != GPO_OK) status = gp_cli_fail("%s", gpo_last_error(m));

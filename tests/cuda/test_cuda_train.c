@@ -492,7 +492,8 @@ static void test_gpu_profile(void **state)
     struct gp_error err = {0};
     if (gp_onnx_load(model, 8, &g, &err) != GP_OK) fail_msg("%s", err.msg);
     struct gp_profile prof;
-    if (gp_profile_device(&g, model, &gp_cuda_device_ops, 0, -1, GP_PRECISION_FP32, 2, 3, NULL, NULL, &prof, &err) != GP_OK)
+    if (gp_profile_device(&g, model, &gp_cuda_device_ops, 0, -1,
+                          &(struct gp_compute_options){.precision = GP_PRECISION_FP32}, 2, 3, NULL, NULL, &prof, &err) != GP_OK)
         fail_msg("%s", err.msg);
     double total = 0;
     for (int i = 0; i < prof.n_layers; i++) total += prof.layers[i].forward_ms + prof.layers[i].backward_ms;
