@@ -292,8 +292,8 @@ struct gpo_balance_options {
     double momentum;               /* SGD: > 0 keeps a momentum buffer */
     enum gpo_precision precision;
     enum gpo_layout layout;
-    bool fast_conv;                /* GPU: convolutions timed on cuDNN's fastest algorithms, as
-                                      training with fast_conv runs them (default false) */
+    int fast_conv;                 /* nonzero: GPU convolutions timed on cuDNN's fastest algorithms,
+                                      as training with fast_conv runs them (default 0) */
     int repeats;                   /* timed runs per layer (median), default 5 */
     const char *profile_in;        /* reuse a saved profile (no timing); NULL: time the layers */
     const char *profile_out;       /* save the profile; NULL: not saved */

@@ -250,7 +250,7 @@ int gp_cmd_balance(int argc, char **argv)
                 return gp_cli_usage("balance", "--layout takes auto, nchw or nhwc, not '%s'", v);
             layout = bo.layout == GPO_LAYOUT_NCHW ? "nchw" : bo.layout == GPO_LAYOUT_NHWC ? "nhwc" : NULL;
         } else if (!strcmp(a, "--fast-conv")) {
-            bo.fast_conv = true;
+            bo.fast_conv = 1;
         } else if (!strcmp(a, "--momentum")) {
             bo.momentum = atof(v);
         } else if (a[0] == '-' && a[1]) {
