@@ -563,19 +563,19 @@ static bool att_use_cudnn(struct gp_cuda_ctx *c, const struct gp_attention_plan 
                 (!backward || gp_cuda_is_bf16(c->dout_dt, 0));
     char why[512] = "";
     size_t scratch = 0;
-    bool yes = att_cudnn_problem(c->cudnn, p, bf16, c->fast_conv, &scratch, why, sizeof why);
+    bool yes = att_cudnn_problem(c->cudnn, p, bf16, c->fast_conv, &scratch, why, sizeof why), x3 = att_x3(c);
     if (yes) {
         __atomic_add_fetch(&calls_cudnn, 1, __ATOMIC_RELAXED);
     } else {
         __atomic_add_fetch(&calls_own, 1, __ATOMIC_RELAXED);
         if (c->tf32) __atomic_add_fetch(&calls_tf32, 1, __ATOMIC_RELAXED);
-        if (att_x3(c)) __atomic_add_fetch(&calls_x3, 1, __ATOMIC_RELAXED);
+        if (x3) __atomic_add_fetch(&calls_x3, 1, __ATOMIC_RELAXED);
         snprintf(last_why, sizeof last_why, "%s", why);
     }
     if (env_on("GP_ATTENTION_VERBOSE") && !reported(c->node, backward))
         fprintf(stderr, "attention-path %s node=%s %s [%lld x %lld heads, %lld x %lld, %lld/%lld]%s%s%s\n",
                 backward ? "backward" : "forward", c->node->name,
-                yes ? "cudnn-sdpa" : c->tf32 ? "tf32-mma-kernels" : att_x3(c) ? "tf32x3-mma-kernels" : "own-kernels",
+                yes ? "cudnn-sdpa" : c->tf32 ? "tf32-mma-kernels" : x3 ? "tf32x3-mma-kernels" : "own-kernels",
                 (long long)p->batch, (long long)p->heads, (long long)p->q_len, (long long)p->kv_len,
                 (long long)p->head_size, (long long)p->v_head_size, p->causal ? " causal" : "", yes ? "" : ": ",
                 yes ? "" : why);
@@ -652,9 +652,9 @@ static gp_status att_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     }
 #endif
     if (bh > 65535) return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "%lld batch-heads: at most 65535", (long long)bh);
-    if (c->tf32 || att_x3(c)) {
-        GP_TRY(gp_cuda_call(c, att_tf32_forward(a, dmax, att_x3(c), c->stream), "Attention forward (TF32) shared memory",
-                            err));
+    bool x3 = att_x3(c);
+    if (c->tf32 || x3) {
+        GP_TRY(gp_cuda_call(c, att_tf32_forward(a, dmax, x3, c->stream), "Attention forward (TF32) shared memory", err));
         return gp_cuda_check_launch(c, "Attention forward (TF32)", err);
     }
     if (dmax == 64) {
@@ -784,8 +784,9 @@ static gp_status att_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     a.dsum = (float *)c->scratch;
     int64_t rows = bh * a.p.q_len;
     att_dsum_kernel<<<gp_cuda_capped_grid((rows + 7) / 8, 1 << 20), 256, 0, c->stream>>>(a);
-    if (c->tf32 || att_x3(c)) {
-        GP_TRY(gp_cuda_call(c, att_tf32_backward(a, dmax, att_x3(c), c->stream),
+    bool x3 = att_x3(c);
+    if (c->tf32 || x3) {
+        GP_TRY(gp_cuda_call(c, att_tf32_backward(a, dmax, x3, c->stream),
                             "Attention backward (TF32) shared memory", err));
         return gp_cuda_check_launch(c, "Attention backward (TF32)", err);
     }

@@ -588,8 +588,9 @@ static gp_status lt_gemm_bias(const struct gp_cuda_ctx *c, struct gp_error *err,
     /* No split-K: nothing is summed outside the one accumulator, in the
      * output's type or any other order. The workspace is cuBLAS's, a fixed
      * size whatever the call: Hopper's TF32 kernels (TMA, sm90) need one,
-     * and without it the heuristic offers sm80 kernels that take 1.3-1.9x
-     * as long (bench/RESULTS.md, 2026-12-03 21:45). */
+     * and without it the heuristic offers sm80 kernels that take 1.7-1.9x
+     * as long on GPT-2's forwards (bench/RESULTS.md, 2026-12-03 20:55 and
+     * 21:45). */
     uint64_t ws = c->cublas_workspace ? GP_CUDA_LIBS_WORKSPACE_BYTES : 0;
     uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE, align = 16;
     if (s == CUBLAS_STATUS_SUCCESS)
