@@ -56,8 +56,9 @@
  * mask, lengths) unless it has no mask, lies within both lengths and
  * below the diagonal.
  *
- * Rounding: Q, K, V, dY, P and dS rounded to TF32 (10 mantissa bits, 2^-11
- * relative) before their products, float32 accumulation; tf_exp2 (the
+ * Rounding: Q, K, V and dY rounded to TF32 (10 mantissa bits, 2^-11
+ * relative) as their tiles load, P and dS truncated to TF32 (2^-10:
+ * tf_score) before their products, float32 accumulation; tf_exp2 (the
  * hardware's ex2.approx.ftz: within 2^-22 relative, results below 2^-126
  * flushed to 0, far inside the TF32 roundings that follow). Head sizes
  * under the template's are padded with zeros (they add nothing). bfloat16
@@ -95,6 +96,20 @@ __device__ static inline uint32_t bits(float x) { return __float_as_uint(x); }
 /* What a tile or a weight keeps for its products: TF32, the value rounded
  * once; 3xTF32 (X3), the float32 value, split where it is multiplied. */
 template <bool X3> __device__ static inline float tf_keep(float x) { return X3 ? x : tf32_round(x); }
+
+/* What a score-sized operand (P, dS: one per score, made in registers)
+ * keeps for its product: TF32 truncates it (round toward zero, within
+ * 2^-10 of the value; one AND, where cvt.rna compiles to a test for NaN
+ * and infinity, a constant, a predicated add and the AND: with two such
+ * values a score, the roundings were over a third of the backward's
+ * per-score instructions); a NaN stays a NaN unless only its low 13 bits
+ * were set (it becomes an infinity). 3xTF32 keeps the float32 value. The
+ * tiles loaded from memory (tf_keep) are rounded to nearest, once per
+ * value loaded. */
+template <bool X3> __device__ static inline float tf_score(float x)
+{
+    return X3 ? x : __uint_as_float(__float_as_uint(x) & 0xffffe000u);
+}
 
 /* x = hi + lo exactly: hi is x rounded to TF32 (|lo| at most 2^-11 of
  * x), lo the rest (x - hi is exact in float32), left unrounded: the mma
@@ -296,6 +311,80 @@ __device__ static inline float lse2_of(const att_args &a, int64_t bh, int64_t i)
     return l == -INFINITY ? INFINITY : l * TF_LOG2E;
 }
 
+/* How a tile's scores are masked, decided once per tile, so that the
+ * branch sits outside the unrolled loops over a lane's scores: with the
+ * test inside them, every score branched over its own inlined copy of the
+ * mask's code, and the hot loops spread over 180 KB of mostly cold code
+ * (instruction fetch was a fifth to a third of the warps' stalls). */
+enum tile_kind {
+    TILE_FULL,   /* no mask, within both lengths, below the diagonal */
+    TILE_BOUNDS, /* only the causal triangle and the lengths: comparisons */
+    TILE_MASK    /* a bool or additive mask too: mask_term */
+};
+
+__device__ static inline tile_kind kind_of(const struct gp_attention_plan &p, bool full)
+{
+    return full ? TILE_FULL : p.mask == GP_ATTN_MASK_NONE ? TILE_BOUNDS : TILE_MASK;
+}
+
+template <tile_kind K> struct kind_t { static constexpr tile_kind value = K; };
+
+/* Runs f(kind_t<K>()) for the tile's kind K: the loop over a lane's scores
+ * compiled once per kind, each straight-line. */
+template <typename F> __device__ static inline void by_kind(tile_kind k, F &&f)
+{
+    if (k == TILE_FULL) f(kind_t<TILE_FULL>());
+    else if (k == TILE_BOUNDS) f(kind_t<TILE_BOUNDS>());
+    else f(kind_t<TILE_MASK>());
+}
+
+/* Which columns c (0 .. 63) of a tile row lie within both lengths and on
+ * or below the diagonal: lo[r] <= c < hi[r] for the lane's rows r (its
+ * accumulator rows g and g + 8), so that a TILE_BOUNDS score costs two
+ * comparisons of small integers. KEYS: the rows are queries `fixed` and
+ * the columns keys first + c (forward, dQ); else the rows are keys and the
+ * columns queries (dK / dV). */
+struct tile_bounds {
+    int lo[2], hi[2];
+};
+
+__device__ static inline int clamp_col(int64_t v) { return v < -1 ? -1 : v > 1024 ? 1024 : (int)v; }
+
+template <tile_kind K, bool KEYS>
+__device__ static inline tile_bounds bounds_of(const struct gp_attention_plan &p, const int64_t fixed[2], int64_t first)
+{
+    tile_bounds b = {{0, 0}, {0, 0}};
+    if (K != TILE_BOUNDS) return b; /* not read */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t x = fixed[r];
+        if (KEYS) { /* query x: keys j < kv_len, and j <= x when causal */
+            int64_t end = p.causal && x + 1 < p.kv_len ? x + 1 : p.kv_len;
+            b.lo[r] = 0;
+            b.hi[r] = x < p.q_len ? clamp_col(end - first) : 0;
+        } else { /* key x: queries i < q_len, and i >= x when causal */
+            b.lo[r] = p.causal ? clamp_col(x - first) : 0;
+            b.hi[r] = x < p.kv_len ? clamp_col(p.q_len - first) : 0;
+        }
+    }
+    return b;
+}
+
+/* Score s at column c of the lane's row r (query i, key j) in base 2
+ * (scaled by sl2) with a K tile's mask applied: -INFINITY where masked. */
+template <tile_kind K>
+__device__ static inline float score_at(float s, const att_args &a, int64_t mbase, const tile_bounds &b, int r, int c,
+                                        int64_t i, int64_t j, float sl2)
+{
+    const float v = s * sl2;
+    if constexpr (K == TILE_BOUNDS) return c >= b.lo[r] && c < b.hi[r] ? v : -INFINITY;
+    if constexpr (K == TILE_MASK) {
+        const float mt = mask_term(a, mbase, i, j);
+        return mt == -INFINITY ? -INFINITY : v + mt * TF_LOG2E;
+    }
+    return v;
+}
+
 /* ---- forward ---- */
 
 template <int DMAX, bool X3>
@@ -328,18 +417,18 @@ __global__ static void __launch_bounds__(TF_THREADS) att_tf32_forward_kernel(att
         mma_abt<DMAX, KT / 8, LD, X3>(s, sQ + w * 16 * LD, sK, g, t);
         bool full = p.mask == GP_ATTN_MASK_NONE && k0 + KT <= p.kv_len && (!p.causal || k0 + KT - 1 <= i0);
         float mx[2] = {m[0], m[1]};
+        by_kind(kind_of(p, full), [&](auto kind) {
+            constexpr tile_kind K = decltype(kind)::value;
+            const tile_bounds tb = bounds_of<K, true>(p, row, k0);
 #pragma unroll
-        for (int n = 0; n < KT / 8; n++)
+            for (int n = 0; n < KT / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = s[n][e] * sl2;
-                if (!full) {
-                    float mt = mask_term(a, o.m, row[e >> 1], k0 + n * 8 + 2 * t + (e & 1));
-                    v = mt == -INFINITY ? -INFINITY : v + mt * TF_LOG2E;
+                for (int e = 0; e < 4; e++) {
+                    const int c = n * 8 + 2 * t + (e & 1);
+                    s[n][e] = score_at<K>(s[n][e], a, o.m, tb, e >> 1, c, row[e >> 1], k0 + c, sl2);
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
                 }
-                s[n][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
+        });
         float base[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -359,7 +448,7 @@ __global__ static void __launch_bounds__(TF_THREADS) att_tf32_forward_kernel(att
             for (int e = 0; e < 4; e++) {
                 /* l sums the rounded weights that multiply V: Y is their
                  * weighted mean. */
-                float pe = tf_keep<X3>(tf_exp2(s[n][e] - base[e >> 1]));
+                float pe = tf_score<X3>(tf_exp2(s[n][e] - base[e >> 1]));
                 l[e >> 1] += pe;
                 s[n][e] = pe;
             }
@@ -425,18 +514,19 @@ __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32
         mma_abt<DMAX, KT / 8, LD, X3>(s, sQ + w * 16 * LD, sK, g, t);
         mma_abt<DMAX, KT / 8, LD, X3>(dp, sdY + w * 16 * LD, sV, g, t);
         bool full = p.mask == GP_ATTN_MASK_NONE && k0 + KT <= p.kv_len && (!p.causal || k0 + KT - 1 <= i0);
+        by_kind(kind_of(p, full), [&](auto kind) {
+            constexpr tile_kind K = decltype(kind)::value;
+            const tile_bounds tb = bounds_of<K, true>(p, row, k0);
 #pragma unroll
-        for (int n = 0; n < KT / 8; n++)
+            for (int n = 0; n < KT / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = s[n][e] * sl2;
-                if (!full) {
-                    float mt = mask_term(a, o.m, row[e >> 1], k0 + n * 8 + 2 * t + (e & 1));
-                    v = mt == -INFINITY ? -INFINITY : v + mt * TF_LOG2E;
+                for (int e = 0; e < 4; e++) {
+                    const int c = n * 8 + 2 * t + (e & 1);
+                    float v = score_at<K>(s[n][e], a, o.m, tb, e >> 1, c, row[e >> 1], k0 + c, sl2);
+                    float pe = tf_exp2(v - lse2[e >> 1]);
+                    s[n][e] = tf_score<X3>(pe * (dp[n][e] - dsum[e >> 1])); /* dS */
                 }
-                float pe = tf_exp2(v - lse2[e >> 1]);
-                s[n][e] = tf_keep<X3>(pe * (dp[n][e] - dsum[e >> 1])); /* dS */
-            }
+        });
         mma_pb<KT / 8, NT, LD, X3>(dq, s, sK, g, t);
     }
     if (!a.dq.p) return;
@@ -492,20 +582,20 @@ __global__ static void __launch_bounds__(TF_THREADS, DMAX > 64 ? 2 : 3) att_tf32
         mma_abt<DMAX, QT / 8, LD, X3>(dpt, sV + w * 16 * LD, sdY, g, t);
         bool full = p.mask == GP_ATTN_MASK_NONE && j0 + TF_ROWS <= p.kv_len && q0 + QT <= p.q_len &&
                     (!p.causal || j0 + TF_ROWS - 1 <= q0);
+        by_kind(kind_of(p, full), [&](auto kind) {
+            constexpr tile_kind K = decltype(kind)::value;
+            const tile_bounds tb = bounds_of<K, false>(p, key, q0);
 #pragma unroll
-        for (int n = 0; n < QT / 8; n++)
+            for (int n = 0; n < QT / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int c = n * 8 + 2 * t + (e & 1); /* the query within the tile */
-                float v = st[n][e] * sl2;
-                if (!full) {
-                    float mt = mask_term(a, o.m, q0 + c, key[e >> 1]);
-                    v = mt == -INFINITY ? -INFINITY : v + mt * TF_LOG2E;
+                for (int e = 0; e < 4; e++) {
+                    int c = n * 8 + 2 * t + (e & 1); /* the query within the tile */
+                    float v = score_at<K>(st[n][e], a, o.m, tb, e >> 1, c, q0 + c, key[e >> 1], sl2);
+                    float pe = tf_exp2(v - sL[c]);
+                    st[n][e] = tf_score<X3>(pe);                        /* P^T */
+                    dpt[n][e] = tf_score<X3>(pe * (dpt[n][e] - sD[c])); /* dS^T */
                 }
-                float pe = tf_exp2(v - sL[c]);
-                st[n][e] = tf_keep<X3>(pe);                           /* P^T */
-                dpt[n][e] = tf_keep<X3>(pe * (dpt[n][e] - sD[c]));    /* dS^T */
-            }
+        });
         mma_pb<QT / 8, NT, LD, X3>(dv, st, sdY, g, t);
         mma_pb<QT / 8, NT, LD, X3>(dk, dpt, sQ, g, t);
     }
