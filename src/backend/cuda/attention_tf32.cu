@@ -353,18 +353,18 @@ __device__ static inline int clamp_col(int64_t v) { return v < -1 ? -1 : v > 102
 template <tile_kind K, bool KEYS>
 __device__ static inline tile_bounds bounds_of(const struct gp_attention_plan &p, const int64_t fixed[2], int64_t first)
 {
-    tile_bounds b = {{0, 0}, {0, 0}};
-    if (K != TILE_BOUNDS) return b; /* not read */
+    tile_bounds b = {{0, 0}, {0, 0}}; /* read only by TILE_BOUNDS */
+    if constexpr (K == TILE_BOUNDS) {
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t x = fixed[r];
-        if (KEYS) { /* query x: keys j < kv_len, and j <= x when causal */
-            int64_t end = p.causal && x + 1 < p.kv_len ? x + 1 : p.kv_len;
-            b.lo[r] = 0;
-            b.hi[r] = x < p.q_len ? clamp_col(end - first) : 0;
-        } else { /* key x: queries i < q_len, and i >= x when causal */
-            b.lo[r] = p.causal ? clamp_col(x - first) : 0;
-            b.hi[r] = x < p.kv_len ? clamp_col(p.q_len - first) : 0;
+        for (int r = 0; r < 2; r++) {
+            const int64_t x = fixed[r];
+            if (KEYS) { /* query x: keys j < kv_len, and j <= x when causal */
+                int64_t end = p.causal && x + 1 < p.kv_len ? x + 1 : p.kv_len;
+                b.hi[r] = x < p.q_len ? clamp_col(end - first) : 0;
+            } else { /* key x: queries i < q_len, and i >= x when causal */
+                b.lo[r] = p.causal ? clamp_col(x - first) : 0;
+                b.hi[r] = x < p.kv_len ? clamp_col(p.q_len - first) : 0;
+            }
         }
     }
     return b;
