@@ -418,36 +418,49 @@ float gp_norm2_f32(const float *x, int64_t n)
     return sqrtf(norm2_tail(sum, x + n8, (int)(n % 8)));
 }
 
+/* gp_norm2_f32's lanes and tail fed one value at a time, for a norm of
+ * values that are not one array: value k of n goes to lane k % 8 while
+ * k < n - n % 8, the rest form the tail. */
+struct norm2_stream {
+    float lane[8], tail[8];
+    int64_t n8, k;
+};
+
+static void norm2_stream_init(struct norm2_stream *s, int64_t n)
+{
+    memset(s, 0, sizeof *s);
+    s->n8 = n - n % 8;
+}
+
+static void norm2_stream_add(struct norm2_stream *s, float v)
+{
+    if (s->k < s->n8) s->lane[s->k % 8] = fmaf(v, v, s->lane[s->k % 8]);
+    else s->tail[s->k - s->n8] = v;
+    s->k++;
+}
+
+static float norm2_stream_end(const struct norm2_stream *s)
+{
+    float sum = s->lane[0];
+    for (int j = 1; j < 8; j++) sum = sum + s->lane[j];
+    return sqrtf(norm2_tail(sum, s->tail, (int)(s->k - s->n8)));
+}
+
 float gp_norm2_f32_gather(const float *x, const int32_t *order, int64_t n)
 {
-    /* gp_norm2_f32's lanes and tail, element k read through order: value k
-     * goes to lane k % 8 while k < n - n % 8, the rest form the tail. */
-    float lane[8] = {0}, tail[8];
-    int64_t n8 = n - n % 8;
-    for (int64_t k = 0; k < n; k++) {
-        float v = x[order ? order[k] : k];
-        if (k < n8) lane[k % 8] = fmaf(v, v, lane[k % 8]);
-        else tail[k - n8] = v;
-    }
-    float sum = lane[0];
-    for (int j = 1; j < 8; j++) sum = sum + lane[j];
-    return sqrtf(norm2_tail(sum, tail, (int)(n - n8)));
+    struct norm2_stream s;
+    norm2_stream_init(&s, n);
+    for (int64_t k = 0; k < n; k++) norm2_stream_add(&s, x[order ? order[k] : k]);
+    return norm2_stream_end(&s);
 }
 
 float gp_grad_norm(const struct gp_param *params, int n_params)
 {
-    /* torch.stack(norms) then the same kernel, streamed: norm k goes to lane
-     * k % 8 while k < n - n % 8, the rest form the tail. */
-    float lane[8] = {0}, tail[8];
-    int n8 = n_params - n_params % 8;
-    for (int k = 0; k < n_params; k++) {
-        float v = gp_norm2_f32(params[k].grad, params[k].numel);
-        if (k < n8) lane[k % 8] = fmaf(v, v, lane[k % 8]);
-        else tail[k - n8] = v;
-    }
-    float sum = lane[0];
-    for (int j = 1; j < 8; j++) sum = sum + lane[j];
-    return sqrtf(norm2_tail(sum, tail, n_params - n8));
+    /* torch.stack(norms) then the same kernel, streamed. */
+    struct norm2_stream s;
+    norm2_stream_init(&s, n_params);
+    for (int k = 0; k < n_params; k++) norm2_stream_add(&s, gp_norm2_f32(params[k].grad, params[k].numel));
+    return norm2_stream_end(&s);
 }
 
 float gp_clip_coef(float total_norm, double max_norm)
