@@ -312,6 +312,57 @@ static float rnd(uint64_t *s)
 
 static float round_bf16(float v) { return gp_bf16_to_float(gp_float_to_bf16(v)); }
 
+/* Channels-last values the statistics passes cannot widen with integer
+ * operations (batch_norm.cu, bn_widen_scaled): an infinity (channel 3), a
+ * NaN (5), values whose squares overflow float but not double (7: 2^70),
+ * tiny ones whose float squares fall below float's normal range (9:
+ * 2^-70), beside ordinary channels. Those lanes, rounds and threads take
+ * the F2F paths; every channel must match the CPU (NaN where it has NaN),
+ * in float32 and bfloat16, training and evaluation, with a fused Relu
+ * and without. */
+static void test_bn_nhwc_extremes(void **state)
+{
+    (void)state;
+    const struct bn_case c = {"BN-15 [6,16,12,12] extremes", 15, 4, {6, 16, 12, 12}, 1, false, 0, 0};
+    const int64_t n = 6, ch = 16, hw = 144;
+    float *x = malloc(sizeof(float) * (size_t)(n * ch * hw));
+    assert_non_null(x);
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t k = 0; k < ch; k++)
+            for (int64_t i = 0; i < hw; i++) {
+                float v = rnd(&seed);
+                if (k == 7) v = ldexpf(v, 70);
+                if (k == 9) v = ldexpf(v, -70);
+                x[(b * ch + k) * hw + i] = round_bf16(v); /* the same values in both storages */
+            }
+    x[(2 * ch + 3) * hw + 17] = INFINITY;
+    x[(4 * ch + 5) * hw + 100] = NAN;
+    for (int eval = 0; eval < 2; eval++)
+        for (int relu = 0; relu < 2; relu++)
+            for (int mix = -1; mix < 2; mix++) {
+                struct gp_graph g;
+                build_bn(&g, &c);
+                g.nodes[0].fused_relu = relu;
+                char label[192];
+                const struct bf16_mix *m = mix >= 0 ? &bn_mixes[mix] : NULL;
+                snprintf(label, sizeof label, "%s%s, %s, channels-last%s%s%s", c.label, relu ? " + Relu" : "",
+                         eval ? "evaluation" : "training", m ? ", bf16 (" : "", m ? m->name : "", m ? ")" : "");
+                struct op_compare o = {.label = label, .eval = eval, .nhwc_inputs = 1, .nhwc_outputs = 1,
+                                       .twice = true};
+                o.inputs[0] = x;
+                if (m) {
+                    o.bf16 = true;
+                    o.params = m->params;
+                    o.f32_inputs = m->f32_inputs;
+                    o.f32_outputs = m->f32_outputs;
+                }
+                op_compare_node(&g, 0, &o);
+                gp_graph_free(&g);
+            }
+    free(x);
+}
+
 /* n floats into device memory as bfloat16 (b16) or float32, at d. */
 static void upload_as(void *d, const float *h, int n, bool b16)
 {
@@ -665,6 +716,7 @@ int main(void)
         cmocka_unit_test(test_bn),
         cmocka_unit_test(test_bn_bf16),
         cmocka_unit_test(test_bn_nhwc),
+        cmocka_unit_test(test_bn_nhwc_extremes),
         cmocka_unit_test(test_bn_one_value),
         cmocka_unit_test(test_bn_deferred),
         cmocka_unit_test(test_bn_deferred_bf16),

@@ -792,6 +792,7 @@ struct bn_nhwc_plan {
 #define BN_NHWC_MAX_CHUNKS 4096
 #define BN_NHWC_ILP 8      /* rows in flight per lane */
 #define BN_NHWC_FLAT_ILP 4 /* elementwise passes: runs in flight per thread */
+#define BN_NHWC_DX_ILP 2   /* training dx: 4 runs a thread took 116 registers, 25% occupancy */
 
 /* Tuning knobs, read once (measurement only; the defaults are the ones in
  * use): GP_BN_NHWC_BLOCKS, the statistics passes' target block count;
@@ -806,7 +807,7 @@ static int bn_nhwc_knob(const char *name, int dflt)
 }
 static int bn_nhwc_blocks_target(void)
 {
-    static int k = bn_nhwc_knob("GP_BN_NHWC_BLOCKS", 1024);
+    static int k = bn_nhwc_knob("GP_BN_NHWC_BLOCKS", 512);
     return k;
 }
 static int bn_nhwc_runs_per_thread(void)
@@ -816,7 +817,7 @@ static int bn_nhwc_runs_per_thread(void)
 }
 static int bn_nhwc_stats_vec_bf16(bool backward)
 {
-    static int fwd = bn_nhwc_knob("GP_BN_NHWC_STATS_VEC", 2), bwd = bn_nhwc_knob("GP_BN_NHWC_BWD_VEC", 4);
+    static int fwd = bn_nhwc_knob("GP_BN_NHWC_STATS_VEC", 8), bwd = bn_nhwc_knob("GP_BN_NHWC_BWD_VEC", 4);
     return backward ? bwd : fwd;
 }
 
@@ -831,10 +832,10 @@ static void bn_nhwc_plan_of(int64_t rows, int64_t c, int vec, struct bn_nhwc_pla
     q->tx = tx;
     q->ty = BN_THREADS / tx;
     q->gx = (q->cr + tx - 1) / tx;
-    /* About 1024 blocks (several per SM: the statistics passes are
-     * bound by how many loads are in flight), each lane at least
-     * BN_NHWC_ILP rows; the chunks' partial sums are then folded per
-     * channel by a warp each (bn_nhwc_fold_kernel). */
+    /* About 512 blocks (two waves of 2 blocks an SM on an H200's 132
+     * SMs; 1024 spent more of the passes on their reductions), each lane
+     * at least BN_NHWC_ILP rows; the chunks' partial sums are then folded
+     * per channel by a warp each (bn_nhwc_finish_kernel). */
     int64_t target = bn_nhwc_blocks_target();
     int64_t chunks = (target + q->gx - 1) / q->gx;
     int64_t by_rows = (rows + (int64_t)BN_NHWC_ILP * q->ty - 1) / ((int64_t)BN_NHWC_ILP * q->ty);
@@ -868,17 +869,17 @@ static int64_t bn_nhwc_chunks_max(const struct gp_graph *g, const struct gp_node
     return most;
 }
 
-/* The statistics passes read short runs (forward 2 channels of bfloat16,
- * backward, which reads dY and X, 4; float32 1): few registers per thread
- * (a run's sums are doubles), so the SMs hold enough threads, each
- * BN_NHWC_ILP rows in flight. Measured on ResNet-50 bf16 (H200): both at
- * 2 channels 3680 samples/s, both at 4 3832, both at 8 3555; kernel by
- * kernel at 4, the forward's sums took 2.59 ms against 1.73 at 2 and the
- * backward's 4.20 against 6.27. */
+/* The statistics passes' runs: 16-byte loads where the alignment allows
+ * (8 channels of bfloat16, 4 of float32) in the forward, 4 channels in
+ * the backward, which reads dY and X and keeps 4 per-channel values a
+ * channel (8 a lane in flight: 16 bytes of each). The run-time typed path
+ * takes 1. The knobs (GP_BN_NHWC_STATS_VEC, GP_BN_NHWC_BWD_VEC) give the
+ * bfloat16 lengths; float32 takes at most 4. */
 static int bn_nhwc_stats_vec(enum io_kind kind, int vec, bool backward)
 {
+    if (kind == IO_MIXED) return 1;
     int want = bn_nhwc_stats_vec_bf16(backward);
-    if (kind != IO_BF16) return 1;
+    if (kind == IO_F32 && want > 4) want = 4;
     while (want > 1 && (want > vec || vec % want)) want /= 2;
     return want;
 }
@@ -942,25 +943,39 @@ static struct bn_plan bn_plan_for_finish(const struct gp_node *node, const struc
     return p;
 }
 
-/* v (each lane's VEC sums) added over the block's ty lanes of a run, in a
- * fixed tree; the totals land in lane 0's v. */
+/* a and b (each lane's VEC sums) added over the block's ty lanes of a
+ * run, in a fixed order; the totals land in the threadIdx.y == 0 lane's
+ * a and b. A warp holds 32 / tx lanes of each of tx runs: first shuffles
+ * within the warp, then the warps' partial sums through shared memory
+ * (sh: 2 VEC doubles for each of the block's lanes), added in warp order
+ * by the first warp. One barrier: the tree of shared-memory levels, a
+ * barrier each, that this replaces left the statistics passes waiting on
+ * barriers (ncu, ResNet-50 bf16: 45% of the forward's stall samples). */
 template <int VEC>
-__device__ static inline void bn_nhwc_reduce(const struct bn_nhwc_plan &q, double (&v)[VEC], double *sh)
+__device__ static inline void bn_nhwc_reduce(const struct bn_nhwc_plan &q, double (&a)[VEC], double (&b)[VEC],
+                                             double *sh)
 {
-    const int t = threadIdx.y * q.tx + threadIdx.x;
+    const int t = threadIdx.y * q.tx + threadIdx.x, lane = t & 31, warp = t >> 5;
+    for (int off = q.tx; off < 32; off *= 2)
 #pragma unroll
-    for (int i = 0; i < VEC; i++) sh[t * VEC + i] = v[i];
+        for (int i = 0; i < VEC; i++) {
+            a[i] = DADD(a[i], __shfl_down_sync(0xffffffffu, a[i], off));
+            b[i] = DADD(b[i], __shfl_down_sync(0xffffffffu, b[i], off));
+        }
+    if (lane < q.tx)
+#pragma unroll
+        for (int i = 0; i < VEC; i++) {
+            sh[(warp * q.tx + lane) * 2 * VEC + i] = a[i];
+            sh[(warp * q.tx + lane) * 2 * VEC + VEC + i] = b[i];
+        }
     __syncthreads();
-    for (int half = q.ty / 2; half > 0; half /= 2) {
-        if ((int)threadIdx.y < half)
-#pragma unroll
-            for (int i = 0; i < VEC; i++) sh[t * VEC + i] = DADD(sh[t * VEC + i], sh[(t + half * q.tx) * VEC + i]);
-        __syncthreads();
-    }
     if (threadIdx.y == 0)
+        for (int w = 1; w < BN_THREADS / 32; w++)
 #pragma unroll
-        for (int i = 0; i < VEC; i++) v[i] = sh[t * VEC + i];
-    __syncthreads();
+            for (int i = 0; i < VEC; i++) {
+                a[i] = DADD(a[i], sh[(w * q.tx + lane) * 2 * VEC + i]);
+                b[i] = DADD(b[i], sh[(w * q.tx + lane) * 2 * VEC + VEC + i]);
+            }
 }
 
 /* Walks lane (run, threadIdx.y)'s rows of chunk k, BN_NHWC_ILP at a
@@ -982,26 +997,24 @@ __device__ static inline void bn_nhwc_rows(const struct bn_nhwc_plan &q, int64_t
 
 /* Widening without F2F. A float32 -> float64 conversion (F2F.F64.F32)
  * issues at a quarter of the FP64 adds' rate on sm_90 (16 a clock an SM
- * against 64): in the statistics passes it took 8 of every 14 FP64-pipe
- * cycles a value (the forward: one F2F, one DMUL, two DADDs), 16 of 22 in
- * the backward's (two F2Fs). Shifting a float's bits right by 3 (the sign
- * kept) gives the double f * 2^-896 exactly for every finite f, zeros and
- * subnormals included (1023 - 127 = 896: float32 subnormals land on
- * float64 subnormals of the same significand), two integer operations a
- * value (the low word is 0 for bfloat16); one DMUL by 2^896, exact, brings
- * back (double)f. Infinities and NaNs come out finite (|v| >= 2^128), so
- * the passes below look for values that large (a square >= 2^256, a float
- * check sum that overflows) and then walk their rows again with F2F: the
- * sums are (double)f's in every case, bit for bit. */
+ * against 64). Shifting a float's bits right by 3 (the sign kept: an
+ * arithmetic shift, then the three copies of the sign cleared) gives the
+ * double f * 2^-896 exactly for every finite f, zeros and subnormals
+ * included (1023 - 127 = 896: float32 subnormals land on float64
+ * subnormals of the same significand), two integer operations a value
+ * (the low word is 0 for bfloat16, three for float32). The passes below
+ * add and multiply such scaled values (scaling by a power of two commutes
+ * with rounding) and scale the results back once. Infinities and NaNs
+ * come out finite (|v| >= 2^128 x 2^-896), so each pass checks for them
+ * (a square sum that large, a float check sum that overflows) and then
+ * takes the F2F path: the same results bit for bit wherever F2F's would
+ * be finite (the exceptions each pass names are below float's normal
+ * range). */
 __device__ static inline double bn_widen_scaled(float f, bool low_zero)
 {
     unsigned u = __float_as_uint(f);
-    unsigned hi = (u & 0x80000000u) | ((u >> 3) & 0x0fffffffu);
+    unsigned hi = (unsigned)((int)u >> 3) & 0x8fffffffu;
     return __hiloint2double((int)hi, low_zero ? 0 : (int)(u << 29));
-}
-template <bool F2F> __device__ static inline double bn_widen(float f, bool low_zero)
-{
-    return F2F ? (double)f : DMUL(bn_widen_scaled(f, low_zero), 0x1p896);
 }
 
 /* Whether IO's activations are bfloat16 (their float's low 16 bits 0). */
@@ -1012,11 +1025,44 @@ template <> struct bn_io_bf16<io_typed<__nv_bfloat16>> {
     static const bool v = true;
 };
 
-/* Lane (run, threadIdx.y)'s sums and sums of squares of chunk k. */
-template <class IO, int VEC, bool F2F>
-__device__ static inline void bn_nhwc_sums_walk(const struct bn_nhwc_plan &q, int64_t run, int64_t k, gp_fptr x,
-                                                double (&s)[VEC], double (&sq)[VEC])
+/* The fast walks' loop: lane (run, threadIdx.y)'s rows of chunk k, ILP
+ * at a time with no bounds checks, then the rest one at a time;
+ * load(i) loads the lane's i-th row (row k lr + threadIdx.y + i ty).
+ * bn_nhwc_rows, which checks every row's bounds on 64-bit offsets, took
+ * 22 instructions a value at 2 channels a run (ncu, ResNet-50 bf16),
+ * most of them addressing; its loop is the exact walks' below. */
+template <int ILP, class Load, class Add>
+__device__ static inline void bn_nhwc_lane(const struct bn_nhwc_plan &q, int64_t k, Load load, Add add)
 {
+    const int64_t r0 = k * q.lr + threadIdx.y, end = k * q.lr + q.lr < q.rows ? k * q.lr + q.lr : q.rows;
+    const int64_t n = r0 < end ? (end - r0 + q.ty - 1) / q.ty : 0;
+    int64_t i = 0;
+    for (; i + ILP <= n; i += ILP) {
+        decltype(load((int64_t)0)) v[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; u++) v[u] = load(i + u);
+#pragma unroll
+        for (int u = 0; u < ILP; u++) add(v[u]);
+    }
+#pragma unroll 1
+    for (; i < n; i++) add(load(i));
+}
+
+/* Rows in flight per lane in the fast walks: 64 bytes of each tensor a
+ * lane reads (runs of 8 bfloat16 values: 4 rows). */
+__host__ __device__ constexpr int bn_nhwc_ilp(int vec, int elem) { return vec * elem >= 16 ? 4 : 8; }
+
+/* Lane (run, threadIdx.y)'s sums and sums of squares of chunk k, exactly
+ * as double sums of the values widened with F2F, into out[0 .. VEC) and
+ * out[VEC .. 2 VEC): the statistics pass's fallback for a lane that met
+ * a value it cannot widen with integer operations (an infinity or NaN).
+ * Not inlined, and its results through memory, so that the fast walk's
+ * values stay in registers. */
+template <class IO, int VEC>
+__device__ __noinline__ static void bn_nhwc_sums_exact(struct bn_nhwc_plan q, int64_t run, int64_t k, gp_fptr x,
+                                                       double *out)
+{
+    double s[VEC], sq[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; i++) s[i] = sq[i] = 0;
     bn_nhwc_rows<VEC>(
@@ -1024,34 +1070,75 @@ __device__ static inline void bn_nhwc_sums_walk(const struct bn_nhwc_plan &q, in
         [&](const bn_run<VEC> &r) {
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
-                double v = bn_widen<F2F>(r.v[i], bn_io_bf16<IO>::v);
+                double v = (double)r.v[i];
                 s[i] = DADD(s[i], v);
                 sq[i] = DADD(sq[i], DMUL(v, v));
             }
         });
+#pragma unroll
+    for (int i = 0; i < VEC; i++) out[i] = s[i], out[VEC + i] = sq[i];
 }
 
 /* Block (run group, chunk k): sums and sums of squares of x per channel.
- * A square sum of 2^256 or more (or NaN) may hide an infinity or NaN
- * widened as a finite value (bn_widen_scaled): the lane walks again with
- * F2F (every sum of finite values is the same either way). */
+ *
+ * bfloat16: each value is widened scaled (bn_widen_scaled: x 2^-896,
+ * two integer operations) and added so; its square is taken in float
+ * (exact: 16 significant bits) and widened the same way. The scaled sums
+ * times 2^896 are the double sums of the values and of their squares bit
+ * for bit (scaling by a power of two commutes with rounding; below
+ * double's normal range the sums are exact), with one exception: a
+ * square below float's normal range (|x| < 2^-63) keeps only its bits
+ * from 2^-146 up, which moves no variance that float can hold. Per value: two
+ * DADDs and a handful of integer operations, where widening by F2F and
+ * squaring by DMUL kept the FP64 and conversion pipes busy. A value that
+ * is infinite or NaN (or squares past float's range) makes the scaled
+ * sum of squares 2^-768 or more: the lane then walks again exactly
+ * (bn_nhwc_sums_exact); every sum of finite values is the same either
+ * way. float32: F2F, DMUL and DADD as on the CPU. */
 template <class IO, int VEC>
-__global__ static void bn_nhwc_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, double *psum, double *psq_raw)
+__global__ static void __launch_bounds__(BN_THREADS, VEC >= 8 ? 2 : 3)
+    bn_nhwc_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, double *psum, double *psq_raw)
 {
-    __shared__ double sh[BN_THREADS * VEC];
+    __shared__ double sh[BN_THREADS * VEC * 2]; /* the reduction's, and the exact walk's results */
+    const bool B = bn_io_bf16<IO>::v;
     const int64_t run = blockIdx.x * (int64_t)q.tx + threadIdx.x, k = blockIdx.y;
     double s[VEC], sq[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; i++) s[i] = sq[i] = 0;
     if (run < q.cr) {
-        bn_nhwc_sums_walk<IO, VEC, false>(q, run, k, x, s, sq);
-        bool big = false;
+        const int64_t off = (k * q.lr + threadIdx.y) * q.c + run * VEC, step = (int64_t)q.ty * q.c;
+        bn_nhwc_lane<bn_nhwc_ilp(VEC, B ? 2 : 4)>(
+            q, k, [&](int64_t i) { return bn_load_run<IO, VEC>(x, off + i * step); },
+            [&](const bn_run<VEC> &r) {
 #pragma unroll
-        for (int i = 0; i < VEC; i++) big |= !(sq[i] < 0x1p256);
-        if (big) bn_nhwc_sums_walk<IO, VEC, true>(q, run, k, x, s, sq);
+                for (int i = 0; i < VEC; i++) {
+                    if (B) {
+                        s[i] = DADD(s[i], bn_widen_scaled(r.v[i], true));
+                        sq[i] = DADD(sq[i], bn_widen_scaled(FMUL(r.v[i], r.v[i]), true));
+                    } else {
+                        double v = (double)r.v[i];
+                        s[i] = DADD(s[i], v);
+                        sq[i] = DADD(sq[i], DMUL(v, v));
+                    }
+                }
+            });
+        if (B) {
+            bool big = false;
+#pragma unroll
+            for (int i = 0; i < VEC; i++) big |= !(sq[i] < 0x1p-768);
+            if (big) {
+                double *out = sh + (threadIdx.y * q.tx + threadIdx.x) * 2 * VEC;
+                bn_nhwc_sums_exact<IO, VEC>(q, run, k, x, out);
+#pragma unroll
+                for (int i = 0; i < VEC; i++) s[i] = out[i], sq[i] = out[VEC + i];
+            } else {
+#pragma unroll
+                for (int i = 0; i < VEC; i++) s[i] = DMUL(s[i], 0x1p896), sq[i] = DMUL(sq[i], 0x1p896);
+            }
+        }
     }
-    bn_nhwc_reduce<VEC>(q, s, sh);
-    bn_nhwc_reduce<VEC>(q, sq, sh);
+    __syncthreads(); /* an exact walk's results read back before sh is reused */
+    bn_nhwc_reduce<VEC>(q, s, sq, sh);
     if (threadIdx.y == 0 && run < q.cr)
 #pragma unroll
         for (int i = 0; i < VEC; i++) {
@@ -1087,9 +1174,9 @@ static unsigned bn_nhwc_flat_blocks(const struct bn_nhwc_plan &q)
  * is used; a round's runs are distinct values, each loaded and stored by
  * this thread alone, so the order is safe whatever the tensors alias.
  * Offsets stay in int64 (e + u G < rows cr + 3 G). */
-#define BN_NHWC_ROUNDS(q, e, G)                                                                    \
+#define BN_NHWC_ROUNDS(q, e, G, ILP)                                                               \
     for (int64_t G = (int64_t)gridDim.x * BN_THREADS, e = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x; \
-         e < (q).rows * (q).cr; e += BN_NHWC_FLAT_ILP * G)
+         e < (q).rows * (q).cr; e += (ILP) * G)
 
 /* y = x * alpha + beta per channel (bn_apply_kernel's formula). */
 template <class IO, int VEC>
@@ -1101,7 +1188,7 @@ __global__ static void bn_nhwc_apply_kernel(struct bn_nhwc_plan q, gp_fptr x, co
     float a[VEC], b[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; i++) a[i] = ab[2 * (cb + i)], b[i] = ab[2 * (cb + i) + 1];
-    BN_NHWC_ROUNDS(q, e, G) {
+    BN_NHWC_ROUNDS(q, e, G, ILP) {
         float v[ILP][VEC];
 #pragma unroll
         for (int u = 0; u < ILP; u++)
@@ -1172,12 +1259,12 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
  * stored was > 0, told from x as the forward computed it (the saved
  * alpha, beta: bn_nhwc_apply_kernel's float operations, then the
  * output's storage rounding), so backward need not read Y: the same bits
- * as bn_relu_grad on Y. */
+ * as bn_relu_grad on Y. Rounded to bfloat16 (to nearest even), t stays
+ * above 0 exactly when t > 2^-134, half the least bfloat16 subnormal
+ * (2^-134 itself ties to 0); NaN fails both tests. */
 __device__ static inline bool bn_nhwc_positive(float x, float alpha, float beta, bool y_bf16)
 {
-    float t = FADD(FMUL(x, alpha), beta);
-    if (y_bf16) t = __bfloat162float(__float2bfloat16_rn(t));
-    return t > 0;
+    return FADD(FMUL(x, alpha), beta) > (y_bf16 ? 0x1p-134f : 0.0f);
 }
 
 /* The fused Relu's alpha and beta of this thread's VEC channels from cb
@@ -1193,56 +1280,69 @@ __device__ static inline void bn_nhwc_relu_coefs(const float *ab, int64_t cb, fl
 }
 
 /* Lane (run, threadIdx.y)'s sums of dy and dy * xhat of chunk k (the
- * fused Relu's mask applied to dy when ab is not NULL); chk, without F2F,
- * a float sum of |dy| |xhat|: finite when every dy and xhat is. */
-template <class IO, int VEC, bool F2F>
-__device__ static inline void bn_nhwc_bwd_walk(const struct bn_nhwc_plan &q, int64_t run, int64_t k, gp_fptr x,
-                                               gp_fptr dy, const float *ab, bool y_bf16, const float (&m)[VEC],
-                                               const float (&is)[VEC], const float (&ra)[VEC],
-                                               const float (&rb)[VEC], double (&s)[VEC], double (&sx)[VEC],
-                                               float &chk)
+ * fused Relu's mask applied to dy when ab is not NULL), exactly as double
+ * sums of values widened with F2F, into out[0 .. VEC) and out[VEC ..
+ * 2 VEC): the fallback of bn_nhwc_bwd_sums_kernel for a lane that met an
+ * infinity or NaN. Not inlined, its results through memory and its
+ * per-channel values loaded again, so that the fast walk's values stay
+ * in registers. */
+template <class IO, int VEC>
+__device__ __noinline__ static void bn_nhwc_bwd_exact(struct bn_nhwc_plan q, int64_t run, int64_t k, gp_fptr x,
+                                                      gp_fptr dy, const float *ab, bool y_bf16, const float *mean,
+                                                      const float *invstd, double *out)
 {
+    double s[VEC], sx[VEC];
+    float m[VEC], is[VEC], ra[VEC], rb[VEC];
 #pragma unroll
-    for (int i = 0; i < VEC; i++) s[i] = sx[i] = 0;
-    chk = 0;
+    for (int i = 0; i < VEC; i++) {
+        s[i] = sx[i] = 0;
+        m[i] = mean[run * VEC + i];
+        is[i] = invstd[run * VEC + i];
+    }
+    bn_nhwc_relu_coefs<VEC>(ab, run * VEC, ra, rb);
     bn_nhwc_rows<VEC>(
         q, run, k,
         [&](int64_t off) {
             bn_run2<VEC> r;
             IO::template acts<VEC>(dy, off, r.a);
             IO::template acts<VEC>(x, off, r.b);
-            if (ab)
-#pragma unroll
-                for (int i = 0; i < VEC; i++)
-                    if (!bn_nhwc_positive(r.b[i], ra[i], rb[i], y_bf16)) r.a[i] = 0.0f;
             return r;
         },
         [&](const bn_run2<VEC> &r) {
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
-                float xhat = FMUL(FSUB(r.b[i], m[i]), is[i]);
-                double g = bn_widen<F2F>(r.a[i], bn_io_bf16<IO>::v);
-                s[i] = DADD(s[i], g);
-                sx[i] = DADD(sx[i], DMUL(g, bn_widen<F2F>(xhat, false)));
-                if (!F2F) chk = __fmaf_rn(fabsf(r.a[i]), fabsf(xhat), chk);
+                float g = ab && !bn_nhwc_positive(r.b[i], ra[i], rb[i], y_bf16) ? 0.0f : r.a[i];
+                double gd = (double)g;
+                s[i] = DADD(s[i], gd);
+                sx[i] = DADD(sx[i], DMUL(gd, (double)FMUL(FSUB(r.b[i], m[i]), is[i])));
             }
         });
+#pragma unroll
+    for (int i = 0; i < VEC; i++) out[i] = s[i], out[VEC + i] = sx[i];
 }
 
 /* Block (run group, chunk k): sums of dy and dy * xhat per channel (a
  * fused Relu's mask, from the saved alpha and beta `ab` when not NULL,
- * applied to dy), as bn_bwd_sums_kernel. A check sum that is not finite
- * may hide an infinity or NaN widened as a finite value
- * (bn_widen_scaled): the lane walks again with F2F. */
-/* At most 128 registers, 2 blocks an SM: the two walks (fast, then F2F)
- * took 150 for 4 channels of bfloat16 (ptxas, sm_90), one block an SM;
- * capped, 128 with 4 bytes spilled. */
+ * applied to dy), xhat = (x - mean) * invstd in float, as
+ * bn_bwd_sums_kernel.
+ *
+ * dy is widened scaled (bn_widen_scaled: integer operations) and
+ * multiplied by xhat widened with F2F: the products and sums are the
+ * exact ones x 2^-896, times 2^896 at the end (bit for bit the double
+ * sums but for products below 2^-126, which keep their bits from 2^-178
+ * up). A float check sum of |dy| |xhat| that is not finite may hide an
+ * infinity or NaN widened as a finite value: the lane then walks again
+ * exactly (bn_nhwc_bwd_exact). The loop (bn_nhwc_lane) has no bounds
+ * checks: the walk that checked every row's bounds and widened both
+ * factors with F2F took 37 instructions a value and stalled on its
+ * loads at 25% occupancy (ncu, ResNet-50 bf16: 1.4 TB/s). */
 template <class IO, int VEC>
 __global__ static void __launch_bounds__(BN_THREADS, 2)
     bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab, bool y_bf16,
                             const float *mean, const float *invstd, double *pdy, double *pdyx)
 {
-    __shared__ double sh[BN_THREADS * VEC];
+    __shared__ double sh[BN_THREADS * VEC * 2]; /* the reduction's, and the exact walk's results */
+    const bool B = bn_io_bf16<IO>::v;
     const int64_t run = blockIdx.x * (int64_t)q.tx + threadIdx.x, k = blockIdx.y;
     double s[VEC], sx[VEC];
     float m[VEC], is[VEC], ra[VEC], rb[VEC];
@@ -1254,13 +1354,39 @@ __global__ static void __launch_bounds__(BN_THREADS, 2)
     }
     bn_nhwc_relu_coefs<VEC>(run < q.cr ? ab : NULL, run * VEC, ra, rb);
     if (run < q.cr) {
-        float chk;
-        bn_nhwc_bwd_walk<IO, VEC, false>(q, run, k, x, dy, ab, y_bf16, m, is, ra, rb, s, sx, chk);
-        if (!(chk <= 3.402823466e38f))
-            bn_nhwc_bwd_walk<IO, VEC, true>(q, run, k, x, dy, ab, y_bf16, m, is, ra, rb, s, sx, chk);
+        const int64_t off = (k * q.lr + threadIdx.y) * q.c + run * VEC, step = (int64_t)q.ty * q.c;
+        float chk = 0;
+        bn_nhwc_lane<bn_nhwc_ilp(VEC, B ? 2 : 4)>(
+            q, k,
+            [&](int64_t i) {
+                bn_run2<VEC> r;
+                IO::template acts<VEC>(dy, off + i * step, r.a);
+                IO::template acts<VEC>(x, off + i * step, r.b);
+                return r;
+            },
+            [&](const bn_run2<VEC> &r) {
+#pragma unroll
+                for (int i = 0; i < VEC; i++) {
+                    float g = ab && !bn_nhwc_positive(r.b[i], ra[i], rb[i], y_bf16) ? 0.0f : r.a[i];
+                    float xhat = FMUL(FSUB(r.b[i], m[i]), is[i]);
+                    double gs = bn_widen_scaled(g, B);
+                    s[i] = DADD(s[i], gs);
+                    sx[i] = DADD(sx[i], DMUL(gs, (double)xhat));
+                    chk = __fmaf_rn(fabsf(g), fabsf(xhat), chk);
+                }
+            });
+        if (!(chk <= 3.402823466e38f)) {
+            double *out = sh + (threadIdx.y * q.tx + threadIdx.x) * 2 * VEC;
+            bn_nhwc_bwd_exact<IO, VEC>(q, run, k, x, dy, ab, y_bf16, mean, invstd, out);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) s[i] = out[i], sx[i] = out[VEC + i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < VEC; i++) s[i] = DMUL(s[i], 0x1p896), sx[i] = DMUL(sx[i], 0x1p896);
+        }
     }
-    bn_nhwc_reduce<VEC>(q, s, sh);
-    bn_nhwc_reduce<VEC>(q, sx, sh);
+    __syncthreads(); /* an exact walk's results read back before sh is reused */
+    bn_nhwc_reduce<VEC>(q, s, sx, sh);
     if (threadIdx.y == 0 && run < q.cr)
 #pragma unroll
         for (int i = 0; i < VEC; i++) {
@@ -1270,35 +1396,49 @@ __global__ static void __launch_bounds__(BN_THREADS, 2)
         }
 }
 
-/* Training dx, bn_bwd_dx_train_kernel's formula; the thread's channels'
- * coefficients loaded once. */
+/* Training dx, bn_bwd_dx_train_kernel's formula per channel,
+ *   v = k0 ((dy - k1) - xhat k2) + k3 + k4 xc,  xhat = xc invstd, xc = x - mean,
+ * regrouped in double as v = a dy + b x + c1 (a = k0, b = k4 - k0 k2
+ * invstd, c1 = k3 - k0 k1 - b mean), two FMAs on dy and x widened
+ * exactly; the thread's channels' coefficients loaded once.
+ *
+ * dy and x are widened scaled (bn_widen_scaled: x 2^-896 by integer
+ * operations) against a and b scaled by 2^896, so the products are the
+ * exact ones: one F2F a value (v to float), where F2F-widening dy and
+ * x - mean took four and kept the conversion pipe three quarters busy.
+ * A round whose values are not all finite (an infinity or NaN widens
+ * scaled to a finite value; the check is a float |dy| |x| sum) and a
+ * thread whose a or b is too large to scale take the same formula with
+ * F2F-widened values (times 2^-896 when a and b are scaled: exact). */
 template <class IO, int VEC>
-__global__ static void bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab,
+__global__ static void __launch_bounds__(BN_THREADS, 3) bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab,
                                                bool y_bf16, const float *mean, const float *invstd,
                                                const double *coef, gp_fptr dx, bool ow)
 {
+    const bool B = bn_io_bf16<IO>::v;
     const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x;
     const int64_t cb = (e0 - gp_dev_fdiv(e0, q.cr) * q.cr) * VEC;
-    /* Per channel, bn_bwd_dx_train_kernel's
-     *   v = k0 ((dy - k1) - xhat k2) + k3 + k4 xc,  xhat = xc invstd,
-     * regrouped in double as v = a dy + b xc + c0 (a = k0, b = k4 - k0 k2
-     * invstd, c0 = k3 - k0 k1): three doubles a channel where six values
-     * took the registers that keep enough of these threads resident. */
-    float m[VEC], ra[VEC], rb[VEC];
-    double a[VEC], b[VEC], c0[VEC];
+    float ra[VEC], rb[VEC];
+    double a[VEC], b[VEC], c1[VEC];
+    bool scaled = true;
     bn_nhwc_relu_coefs<VEC>(dy.p ? ab : NULL, cb, ra, rb);
 #pragma unroll
     for (int i = 0; i < VEC; i++) {
         const double *kc = coef + 5 * (cb + i);
-        m[i] = mean[cb + i];
         a[i] = kc[0];
         b[i] = DSUB(kc[4], DMUL(DMUL(kc[0], kc[2]), (double)invstd[cb + i]));
-        c0[i] = DSUB(kc[3], DMUL(kc[0], kc[1]));
+        c1[i] = DSUB(DSUB(kc[3], DMUL(kc[0], kc[1])), DMUL(b[i], (double)mean[cb + i]));
+        scaled = scaled && fabs(a[i]) < 0x1p127 && fabs(b[i]) < 0x1p127;
     }
-    const int ILP = BN_NHWC_FLAT_ILP;
+    if (scaled)
+#pragma unroll
+        for (int i = 0; i < VEC; i++) a[i] = DMUL(a[i], 0x1p896), b[i] = DMUL(b[i], 0x1p896);
+    const double unscale = scaled ? 0x1p-896 : 1.0; /* F2F-widened values to a and b's scale */
+    const int ILP = BN_NHWC_DX_ILP;
     const int64_t total = q.rows * q.cr;
-    BN_NHWC_ROUNDS(q, e, G) {
+    BN_NHWC_ROUNDS(q, e, G, ILP) {
         float xv[ILP][VEC], gv[ILP][VEC], old[ILP][VEC];
+        float chk = 0;
 #pragma unroll
         for (int u = 0; u < ILP; u++) {
             if (e + u * G >= total) continue;
@@ -1320,9 +1460,19 @@ __global__ static void bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x,
             if (e + u * G >= total) continue;
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
-                float g = ab && dy.p && !bn_nhwc_positive(xv[u][i], ra[i], rb[i], y_bf16) ? 0.0f : gv[u][i];
-                double xc = (double)FSUB(xv[u][i], m[i]);
-                double v = DADD(DADD(DMUL(a[i], (double)g), DMUL(b[i], xc)), c0[i]);
+                if (ab && dy.p && !bn_nhwc_positive(xv[u][i], ra[i], rb[i], y_bf16)) gv[u][i] = 0.0f;
+                chk = __fmaf_rn(fabsf(gv[u][i]), fabsf(xv[u][i]), chk);
+            }
+        }
+        const bool fast = scaled && chk <= 3.402823466e38f;
+#pragma unroll
+        for (int u = 0; u < ILP; u++) {
+            if (e + u * G >= total) continue;
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                double gd = fast ? bn_widen_scaled(gv[u][i], B) : DMUL((double)gv[u][i], unscale);
+                double xd = fast ? bn_widen_scaled(xv[u][i], B) : DMUL((double)xv[u][i], unscale);
+                double v = __fma_rn(a[i], gd, __fma_rn(b[i], xd, c1[i]));
                 old[u][i] = FADD(old[u][i], (float)v);
             }
             IO::template set_acts<VEC>(dx, (e + u * G) * VEC, old[u]);
@@ -1343,7 +1493,7 @@ __global__ static void bn_nhwc_dx_eval_kernel(struct bn_nhwc_plan q, gp_fptr x, 
     bn_nhwc_relu_coefs<VEC>(ab, cb, ra, rb);
     const int ILP = BN_NHWC_FLAT_ILP;
     const int64_t total = q.rows * q.cr;
-    BN_NHWC_ROUNDS(q, e, G) {
+    BN_NHWC_ROUNDS(q, e, G, ILP) {
         float xv[ILP][VEC], gv[ILP][VEC], old[ILP][VEC];
 #pragma unroll
         for (int u = 0; u < ILP; u++) {
