@@ -211,6 +211,65 @@ static void test_gradient_lifetimes(void **state)
     }
 }
 
+/* Forward-only convolution outputs: a BatchNormalization without a fused
+ * Relu and a Conv never read their own output in backward
+ * (gp_backward_reads), so such an output that no other backward reads
+ * either (ResNet's normalization before a residual Add, the U-Net
+ * fixture's ConvTranspose before a Concat, the benchmark U-Net's
+ * convolutions before Dropout) is planned in the forward arena, not kept
+ * for the backward, as PyTorch keeps none of them. */
+static void test_forward_only_outputs(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"resnet_op17", "unet_op17"};
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        char name[256], path[4096];
+        snprintf(name, sizeof name, "%s.onnx", fixtures[f]);
+        fixture_path(name, path, sizeof path);
+        struct gp_graph g;
+        struct gp_layers l;
+        struct gp_error err = {0};
+        if (gp_onnx_load(path, 4, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+        if (gp_layers_build(&g, &l, &err) != GP_OK) fail_msg("%s", err.msg);
+        bool *needs = calloc((size_t)g.n_values + 1, sizeof(bool));
+        assert_non_null(needs);
+        gp_plan_needs_grad(&g, needs);
+        struct gp_stage_plan p;
+        if (gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &(struct gp_compute_options){0}, "cpu", 0, g.n_nodes,
+                          &p, &err) != GP_OK)
+            fail_msg("%s", err.msg);
+        int expected = 0;
+        for (int i = 0; i < g.n_nodes; i++) {
+            const struct gp_node *n = &g.nodes[i];
+            bool conv = strcmp(n->op_type, "Conv") == 0 || strcmp(n->op_type, "ConvTranspose") == 0;
+            if (!conv && !(strcmp(n->op_type, "BatchNormalization") == 0 && !n->fused_relu)) continue;
+            int v = n->outputs[0];
+            bool read = false;
+            for (int k = 0; k < g.n_outputs; k++) read |= g.outputs[k] == v;
+            for (int j = i + 1; j < g.n_nodes && !read; j++) {
+                const struct gp_node *m = &g.nodes[j];
+                uint32_t din = 0, in = 0, out = 0;
+                for (int q = 0; q < m->n_inputs && q < 32; q++)
+                    if (m->inputs[q] >= 0 && needs[m->inputs[q]] && !((m->def->nondiff_inputs >> q) & 1))
+                        din |= 1u << q;
+                gp_backward_reads(m, din, &in, &out);
+                for (int q = 0; q < m->n_inputs; q++) read |= m->inputs[q] == v && (q >= 32 || ((in >> q) & 1));
+            }
+            if (read) continue;
+            expected++;
+            if (p.home[v] != GP_HOME_ARENA)
+                fail_msg("%s: '%s' (layer %d, %s) is read by no backward but kept for it", fixtures[f],
+                         g.values[v].name, i, n->op_type);
+        }
+        printf("%-16s %d convolution and normalization outputs forward-only\n", fixtures[f], expected);
+        if (expected == 0) fail_msg("%s: no convolution or normalization output is forward-only", fixtures[f]);
+        gp_plan_free(&p);
+        free(needs);
+        gp_layers_free(&l);
+        gp_graph_free(&g);
+    }
+}
+
 /* Tied parameters: the GPT whose head reads its token embedding, cut
  * between the Gather and the head's Transpose, plans the embedding in both
  * stages as a parameter of each (its copies, pipeline/tied.c), and in one
@@ -505,6 +564,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_schedule_slots), cmocka_unit_test(test_bad_schedule),
                                        cmocka_unit_test(test_gradient_lifetimes),
+                                       cmocka_unit_test(test_forward_only_outputs),
                                        cmocka_unit_test(test_tied_parameters)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

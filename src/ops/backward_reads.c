@@ -36,6 +36,21 @@ void gp_backward_reads(const struct gp_node *n, uint32_t din, uint32_t *in, uint
         *out = n->fused_relu ? BIT(0) : 0;
         return;
     }
+    /* BatchNormalization's gradients read its input (and the statistics
+     * the forward saved for them, the kernel's own), its output only as a
+     * fused Relu's mask; Conv's and ConvTranspose's read the input and the
+     * weights, never the output. A convolution's output read by nothing
+     * else (ResNet's last normalization of a block, before its residual
+     * Add; a U-Net's convolution before Dropout) then lives only until its
+     * last reader's forward. */
+    if (strcmp(n->op_type, "BatchNormalization") == 0) {
+        *out = n->fused_relu ? BIT(0) : 0;
+        return;
+    }
+    if (strcmp(n->op_type, "Conv") == 0 || strcmp(n->op_type, "ConvTranspose") == 0) {
+        *out = 0;
+        return;
+    }
     /* Softmax' gradient is a function of its output alone. */
     if (strcmp(n->op_type, "Softmax") == 0 || strcmp(n->op_type, "LogSoftmax") == 0) {
         *in = 0;
