@@ -1055,8 +1055,8 @@ __device__ static inline void bn_nhwc_lane(const struct bn_nhwc_plan &q, int64_t
     for (; i < n; i++) add(load(i));
 }
 
-/* Rows in flight per lane in the fast walks: 64 bytes of each tensor a
- * lane reads (runs of 8 bfloat16 values: 4 rows). */
+/* Rows in flight per lane in the fast walks: 4 runs of 16 bytes, else 8
+ * (64 bytes of each tensor a lane reads for runs of 8 bytes). */
 __host__ __device__ constexpr int bn_nhwc_ilp(int vec, int elem) { return vec * elem >= 16 ? 4 : 8; }
 
 /* Lane (run, threadIdx.y)'s sums and sums of squares of chunk k, exactly
@@ -1095,9 +1095,9 @@ __device__ __noinline__ static void bn_nhwc_sums_exact(struct bn_nhwc_plan q, in
  * for bit (scaling by a power of two commutes with rounding; below
  * double's normal range the sums are exact), with one exception: a
  * square below float's normal range (|x| < 2^-63) keeps only its bits
- * from 2^-146 up, which moves no variance that float can hold. Per value: two
- * DADDs and a handful of integer operations, where widening by F2F and
- * squaring by DMUL kept the FP64 and conversion pipes busy. A value that
+ * from 2^-146 up, which moves no variance that float can hold. Per value:
+ * two DADDs and a handful of integer operations, where widening by F2F
+ * and squaring by DMUL kept the FP64 and conversion pipes busy. A value that
  * is infinite or NaN (or squares past float's range) makes the scaled
  * sum of squares 2^-768 or more: the lane then walks again exactly
  * (bn_nhwc_sums_exact); every sum of finite values is the same either
@@ -1420,9 +1420,9 @@ __global__ static void __launch_bounds__(BN_THREADS, 2)
  * thread whose a or b is too large to scale take the same formula with
  * F2F-widened values (times 2^-896 when a and b are scaled: exact). */
 template <class IO, int VEC>
-__global__ static void __launch_bounds__(BN_THREADS, 3) bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab,
-                                               bool y_bf16, const float *mean, const float *invstd,
-                                               const double *coef, gp_fptr dx, bool ow)
+__global__ static void __launch_bounds__(BN_THREADS, 3)
+    bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab, bool y_bf16,
+                            const float *mean, const float *invstd, const double *coef, gp_fptr dx, bool ow)
 {
     const bool B = bn_io_bf16<IO>::v;
     const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x;
