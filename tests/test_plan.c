@@ -167,23 +167,31 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
     gp_plan_free(&p);
 }
 
+/* Fixture `name` (models/NAME.onnx) loaded at batch 4 with its layers;
+ * returns which values need gradients (free it). */
+static bool *load_fixture(const char *name, struct gp_graph *g, struct gp_layers *l)
+{
+    char file[256], path[4096];
+    snprintf(file, sizeof file, "%s.onnx", name);
+    fixture_path(file, path, sizeof path);
+    struct gp_error err = {0};
+    if (gp_onnx_load(path, 4, g, &err) != GP_OK) fail_msg("%s", err.msg);
+    if (gp_layers_build(g, l, &err) != GP_OK) fail_msg("%s", err.msg);
+    bool *needs = calloc((size_t)g->n_values + 1, sizeof(bool));
+    assert_non_null(needs);
+    gp_plan_needs_grad(g, needs);
+    return needs;
+}
+
 static void test_gradient_lifetimes(void **state)
 {
     (void)state;
     static const char *const fixtures[] = {"mlp_op17", "digits_cnn_op17", "resnet_op17", "unet_op17", "gpt_op17",
                                            "gpt_torch2_op17"};
     for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
-        char name[256], path[4096];
-        snprintf(name, sizeof name, "%s.onnx", fixtures[f]);
-        fixture_path(name, path, sizeof path);
         struct gp_graph g;
         struct gp_layers l;
-        struct gp_error err = {0};
-        if (gp_onnx_load(path, 4, &g, &err) != GP_OK) fail_msg("%s", err.msg);
-        if (gp_layers_build(&g, &l, &err) != GP_OK) fail_msg("%s", err.msg);
-        bool *needs = calloc((size_t)g.n_values + 1, sizeof(bool));
-        assert_non_null(needs);
-        gp_plan_needs_grad(&g, needs);
+        bool *needs = load_fixture(fixtures[f], &g, &l);
         size_t whole_set = 0, whole_sum = 0;
         int once = 0, written = 0;
         for (int k = 1; k <= 3; k++)
@@ -223,17 +231,10 @@ static void test_forward_only_outputs(void **state)
     (void)state;
     static const char *const fixtures[] = {"resnet_op17", "unet_op17"};
     for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
-        char name[256], path[4096];
-        snprintf(name, sizeof name, "%s.onnx", fixtures[f]);
-        fixture_path(name, path, sizeof path);
         struct gp_graph g;
         struct gp_layers l;
+        bool *needs = load_fixture(fixtures[f], &g, &l);
         struct gp_error err = {0};
-        if (gp_onnx_load(path, 4, &g, &err) != GP_OK) fail_msg("%s", err.msg);
-        if (gp_layers_build(&g, &l, &err) != GP_OK) fail_msg("%s", err.msg);
-        bool *needs = calloc((size_t)g.n_values + 1, sizeof(bool));
-        assert_non_null(needs);
-        gp_plan_needs_grad(&g, needs);
         struct gp_stage_plan p;
         if (gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &(struct gp_compute_options){0}, "cpu", 0, g.n_nodes,
                           &p, &err) != GP_OK)

@@ -219,7 +219,9 @@ static const struct bn_case bn_nhwc_extra[] = {
     {"BN-15 [6,12,9,9] runs of 4", 15, 4, {6, 12, 9, 9}, 1, false, 0, 0},
 };
 
-static void bn_nhwc_case(const struct bn_case *c, int eval, int relu, int mix)
+/* One channels-last case: X from `x_data` ([N, C, H, W] host floats) or
+ * random (NULL); mix < 0 float32, else bn_mixes[mix]. */
+static void bn_nhwc_case(const struct bn_case *c, int eval, int relu, int mix, const float *x_data)
 {
     struct gp_graph g;
     build_bn(&g, c);
@@ -230,6 +232,7 @@ static void bn_nhwc_case(const struct bn_case *c, int eval, int relu, int mix)
              eval ? "evaluation" : "training", x ? ", bf16 (" : "", x ? x->name : "", x ? ")" : "");
     /* Twice: the same bits from the same inputs (fixed reduction orders). */
     struct op_compare o = {.label = label, .eval = eval, .nhwc_inputs = 1, .nhwc_outputs = 1, .twice = true};
+    o.inputs[0] = x_data;
     if (x) {
         o.bf16 = true;
         o.params = x->params;
@@ -249,7 +252,7 @@ static void test_bn_nhwc(void **state)
         if (c->rank != 4) continue;
         for (int eval = 0; eval < 2; eval++)
             for (int relu = 0; relu < 2; relu++)
-                for (int mix = -1; mix < 2; mix++) bn_nhwc_case(c, eval, relu, mix);
+                for (int mix = -1; mix < 2; mix++) bn_nhwc_case(c, eval, relu, mix, NULL);
     }
 }
 
@@ -340,26 +343,7 @@ static void test_bn_nhwc_extremes(void **state)
     x[(4 * ch + 5) * hw + 100] = NAN;
     for (int eval = 0; eval < 2; eval++)
         for (int relu = 0; relu < 2; relu++)
-            for (int mix = -1; mix < 2; mix++) {
-                struct gp_graph g;
-                build_bn(&g, &c);
-                g.nodes[0].fused_relu = relu;
-                char label[192];
-                const struct bf16_mix *m = mix >= 0 ? &bn_mixes[mix] : NULL;
-                snprintf(label, sizeof label, "%s%s, %s, channels-last%s%s%s", c.label, relu ? " + Relu" : "",
-                         eval ? "evaluation" : "training", m ? ", bf16 (" : "", m ? m->name : "", m ? ")" : "");
-                struct op_compare o = {.label = label, .eval = eval, .nhwc_inputs = 1, .nhwc_outputs = 1,
-                                       .twice = true};
-                o.inputs[0] = x;
-                if (m) {
-                    o.bf16 = true;
-                    o.params = m->params;
-                    o.f32_inputs = m->f32_inputs;
-                    o.f32_outputs = m->f32_outputs;
-                }
-                op_compare_node(&g, 0, &o);
-                gp_graph_free(&g);
-            }
+            for (int mix = -1; mix < 2; mix++) bn_nhwc_case(&c, eval, relu, mix, x);
     free(x);
 }
 
