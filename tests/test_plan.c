@@ -31,6 +31,15 @@
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+/* The input gradients node n's backward is asked for (bit k: input k). */
+static uint32_t wanted_din(const struct gp_node *n, const bool *needs)
+{
+    uint32_t din = 0;
+    for (int q = 0; q < n->n_inputs && q < 32; q++)
+        if (n->inputs[q] >= 0 && needs[n->inputs[q]] && !((n->def->nondiff_inputs >> q) & 1)) din |= 1u << q;
+    return din;
+}
+
 static void check_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs, int first, int last,
                         size_t *set_bytes, size_t *sum_bytes, int *once_layers, int *overwritten)
 {
@@ -119,11 +128,8 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
                 if (g->nodes[i].inputs[k] == a) {
                     if (i > ea) ea = i;
                     const struct gp_node *n = &g->nodes[i];
-                    uint32_t din = 0, in = 0, out = 0;
-                    for (int q = 0; q < n->n_inputs && q < 32; q++)
-                        if (n->inputs[q] >= 0 && needs[n->inputs[q]] && !((n->def->nondiff_inputs >> q) & 1))
-                            din |= 1u << q;
-                    gp_backward_reads(n, din, &in, &out);
+                    uint32_t in = 0, out = 0;
+                    gp_backward_reads(n, wanted_din(n, needs), &in, &out);
                     if (k < 32 && ((in >> k) & 1) && needs[g->nodes[i].outputs[0]])
                         fail_msg("'%s' is in the arena but layer %d's backward may read it", g->values[a].name, i);
                 }
@@ -249,11 +255,8 @@ static void test_forward_only_outputs(void **state)
             for (int k = 0; k < g.n_outputs; k++) read |= g.outputs[k] == v;
             for (int j = i + 1; j < g.n_nodes && !read; j++) {
                 const struct gp_node *m = &g.nodes[j];
-                uint32_t din = 0, in = 0, out = 0;
-                for (int q = 0; q < m->n_inputs && q < 32; q++)
-                    if (m->inputs[q] >= 0 && needs[m->inputs[q]] && !((m->def->nondiff_inputs >> q) & 1))
-                        din |= 1u << q;
-                gp_backward_reads(m, din, &in, &out);
+                uint32_t in = 0, out = 0;
+                gp_backward_reads(m, wanted_din(m, needs), &in, &out);
                 for (int q = 0; q < m->n_inputs; q++) read |= m->inputs[q] == v && (q >= 32 || ((in >> q) & 1));
             }
             if (read) continue;
