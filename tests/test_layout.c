@@ -137,13 +137,20 @@ static bool is_op(const struct gp_node *n, const char *op) { return !strcmp(n->o
 
 /* What the header promises of each tagged value: a rank-4 float32
  * activation made by a node, not a graph input or output, made
- * channels-last by its producer (a 2-D Conv; BatchNormalization or MaxPool
- * of a tagged input; a neutral op whose call then runs as the tensors lie),
- * and read as it lies by every reader: a Conv's image, a BatchNormalization
- * or MaxPool's input, GlobalAveragePool, or a neutral op whose own call
+ * channels-last by its producer (a 2-D Conv; a follower, BatchNormalization,
+ * InstanceNormalization, Dropout or MaxPool, of a tagged input; a neutral op
+ * whose call then runs as the tensors lie), and read as it lies by every
+ * reader: a Conv's image, a follower's input, GlobalAveragePool, or a
+ * neutral op whose own call
  * runs as its tensors lie (gp_layout_neutral_call). A neutral reader that
  * would get a copy (its other operand broadcast, its output untagged) means
  * the tag costs a transposition instead of saving one. */
+static bool is_follower(const struct gp_node *n)
+{
+    return is_op(n, "BatchNormalization") || is_op(n, "InstanceNormalization") || is_op(n, "Dropout") ||
+           is_op(n, "MaxPool");
+}
+
 static void check_invariants(const struct gp_graph *g, const char *what)
 {
     for (int v = 0; v < g->n_values; v++) {
@@ -154,7 +161,7 @@ static void check_invariants(const struct gp_graph *g, const char *what)
             fail_msg("%s: '%s' is tagged but is not a rank-4 float activation inside the graph", what, val->name);
         const struct gp_node *p = &g->nodes[val->producer];
         bool made = is_op(p, "Conv") ||
-                    ((is_op(p, "BatchNormalization") || is_op(p, "MaxPool")) && g->values[p->inputs[0]].channels_last) ||
+                    (is_follower(p) && g->values[p->inputs[0]].channels_last) ||
                     (gp_layout_neutral_op(p) &&
                      gp_layout_neutral_call(g, p, gp_layout_in_mask(g, p), gp_layout_out_mask(g, p)));
         if (!made) fail_msg("%s: '%s' is tagged but its producer %s does not make it channels-last", what, val->name,
@@ -163,7 +170,7 @@ static void check_invariants(const struct gp_graph *g, const char *what)
             const struct gp_node *n = &g->nodes[i];
             for (int k = 0; k < n->n_inputs; k++) {
                 if (n->inputs[k] != v) continue;
-                bool reads = ((is_op(n, "Conv") || is_op(n, "BatchNormalization") || is_op(n, "MaxPool")) && k == 0) ||
+                bool reads = ((is_op(n, "Conv") || is_follower(n)) && k == 0) ||
                              is_op(n, "GlobalAveragePool") ||
                              (gp_layout_neutral_op(n) &&
                               gp_layout_neutral_call(g, n, gp_layout_in_mask(g, n), gp_layout_out_mask(g, n)));
@@ -226,10 +233,52 @@ static void test_residual_block(void **state)
     gp_graph_free(&g);
 }
 
+/* The benchmark U-Net's cell, twice, then a Conv: c = Conv(x);
+ * d, mask = Dropout(c); n = InstanceNormalization(d); r = LeakyRelu(n).
+ * The Dropout and InstanceNorm follow their input's layout, LeakyRelu is
+ * neutral: every activation is tagged but the masks (bool, drawn and
+ * stored [N, C, H, W] in either layout) and the last Conv's output, a
+ * graph output. */
+static void test_unet_cell(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    init(&g);
+    input(&g, "x", 3, 8);
+    struct gp_error err = {0};
+    assert_int_equal(gp_graph_add_const_f32(&g, "ratio", &(struct gp_shape){.rank = 0}, (float[]){0.25f}, &err),
+                     GP_OK);
+    for (int cell = 0; cell < 2; cell++) {
+        char c[16], d[16], m[16], n[16], r[16], sc[16], bi[16];
+        snprintf(c, sizeof c, "c%d", cell);
+        snprintf(d, sizeof d, "d%d", cell);
+        snprintf(m, sizeof m, "mask%d", cell);
+        snprintf(n, sizeof n, "n%d", cell);
+        snprintf(r, sizeof r, "r%d", cell);
+        snprintf(sc, sizeof sc, "scale%d", cell);
+        snprintf(bi, sizeof bi, "bias%d", cell);
+        conv(&g, cell ? "r0" : "x", c, cell ? 4 : 3, 4);
+        node(&g, "Dropout", d, 2, (const char *const[]){c, "ratio"}, 2, (const char *const[]){d, m});
+        weight(&g, sc, 1, (int64_t[]){4});
+        weight(&g, bi, 1, (int64_t[]){4});
+        node(&g, "InstanceNormalization", n, 3, (const char *const[]){d, sc, bi}, 1, (const char *const[]){n});
+        node(&g, "LeakyRelu", r, 1, (const char *const[]){n}, 1, (const char *const[]){r});
+    }
+    conv(&g, "r1", "y", 4, 2);
+    output(&g, "y");
+    finalize(&g);
+
+    assert_int_equal(gp_graph_channels_last(&g), 8);
+    expect_tags(&g, S("c0", "d0", "n0", "r0", "c1", "d1", "n1", "r1"), 8, S("x", "mask0", "mask1", "y"), 4);
+    check_invariants(&g, "U-Net cell");
+    gp_graph_free(&g);
+}
+
 /* A Conv whose reader takes [N, C, H, W] (Softmax over the channels,
- * InstanceNormalization, Reshape) keeps the model's layout, as does a Conv
- * with one such reader among others; a BatchNormalization after an
- * untagged Conv follows it. */
+ * Reshape) keeps the model's layout, as does a Conv with one such reader
+ * among others, or one read by an InstanceNormalization whose output is a
+ * graph output (a follower reads both or neither channels-last); a
+ * BatchNormalization after an untagged Conv follows it. */
 static void test_readers_refuse(void **state)
 {
     (void)state;
@@ -467,8 +516,9 @@ static void load(const char *fixture, struct gp_graph *g)
  * reads [N, C, H, W] and so does what feeds it);
  * resnet's every activation from the stem to the last residual Add (19:
  * 8 Convs, 8 BatchNorms, 3 Adds; GlobalAveragePool's output is not);
- * unet's where its InstanceNorms, Concats and Resize do not read; nothing
- * in the models without convolutions; and the invariants on each. */
+ * unet's last block (Conv, InstanceNorm, LeakyRelu: 3), the one whose
+ * values no Concat or Resize reads; nothing in the models without
+ * convolutions; and the invariants on each. */
 static void test_fixtures(void **state)
 {
     (void)state;
@@ -498,18 +548,19 @@ static void test_fixtures(void **state)
     gp_graph_free(&g);
 
     load("unet_op17.onnx", &g);
-    /* Its BatchNorms feed LeakyRelus that Concats read: nothing reads
-     * channels-last all the way (Concat has no channels-last kernel yet). */
+    /* Every other block's output is read by a Concat or Resize (no
+     * channels-last kernels yet), which unties the block back to its Conv. */
     int unet = gp_graph_channels_last(&g);
-    assert_int_equal(unet, 0);
+    assert_int_equal(unet, 3);
     for (int i = 0; i < g.n_nodes; i++) {
         const struct gp_node *n = &g.nodes[i];
-        /* The Conv before each InstanceNorm is read by it: untagged. */
-        if (is_op(n, "InstanceNormalization") && g.values[n->inputs[0]].channels_last)
-            fail_msg("unet: InstanceNormalization '%s' reads a channels-last input", n->name);
+        bool want = i >= g.n_nodes - 4 && i < g.n_nodes - 1;
+        if (g.values[n->outputs[0]].channels_last != want)
+            fail_msg("unet: layer %d (%s '%s') is %s", i, n->op_type, n->name, want ? "not tagged" : "tagged");
         if ((is_op(n, "Concat") || is_op(n, "Resize") || is_op(n, "Upsample")) && g.values[n->outputs[0]].channels_last)
             fail_msg("unet: %s '%s' is tagged", n->op_type, n->name);
     }
+    assert_true(is_op(&g.nodes[g.n_nodes - 3], "InstanceNormalization"));
     check_invariants(&g, "unet");
     gp_graph_free(&g);
 
@@ -675,13 +726,13 @@ static void same_bits_all(const char *fixture, int64_t batch, enum gp_precision 
     for (size_t i = 0; i < sizeof setups / sizeof *setups; i++) same_bits(&setups[i], precision);
 }
 
-/* The fixtures the pass tags (unet gets no tag: training it both ways
- * would compare a run with itself). */
+/* The fixtures the pass tags. */
 static void test_train_fp32(void **state)
 {
     (void)state;
     same_bits_all("digits_cnn_op17", 8, GP_PRECISION_FP32);
     same_bits_all("resnet_op17", 8, GP_PRECISION_FP32);
+    same_bits_all("unet_op17", 4, GP_PRECISION_FP32);
 }
 
 static void test_train_bf16(void **state)
@@ -689,6 +740,7 @@ static void test_train_bf16(void **state)
     (void)state;
     same_bits_all("digits_cnn_op17", 8, GP_PRECISION_BF16);
     same_bits_all("resnet_op17", 8, GP_PRECISION_BF16);
+    same_bits_all("unet_op17", 4, GP_PRECISION_BF16);
 }
 
 static int setup(void **state)
@@ -708,6 +760,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_residual_block),
+        cmocka_unit_test(test_unet_cell),
         cmocka_unit_test(test_readers_refuse),
         cmocka_unit_test(test_broadcast_operand),
         cmocka_unit_test(test_graph_outputs),

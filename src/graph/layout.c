@@ -100,18 +100,22 @@ static bool is_conv2d(const struct gp_graph *g, const struct gp_node *n)
 }
 
 /* An op whose output 0 follows input 0's layout and which reads that
- * layout itself: BatchNormalization, MaxPool over 2 axes without its
- * indices output. */
+ * layout itself: BatchNormalization, InstanceNormalization, Dropout (its
+ * mask, if any, stays [N, C, H, W]: it is drawn and stored by each
+ * element's [N, C, H, W] position in either layout), MaxPool over 2 axes
+ * without its indices output. */
 static bool follows_input0(const struct gp_graph *g, const struct gp_node *n)
 {
     if (is_op(n, "BatchNormalization")) return true;
-    if (is_op(n, "MaxPool"))
-        return n->n_outputs == 1 && n->inputs[0] >= 0 && g->values[n->inputs[0]].shape.rank == 4;
+    bool rank4 = n->n_inputs >= 1 && n->inputs[0] >= 0 && g->values[n->inputs[0]].shape.rank == 4;
+    if (is_op(n, "InstanceNormalization") || is_op(n, "Dropout")) return rank4;
+    if (is_op(n, "MaxPool")) return n->n_outputs == 1 && rank4;
     return false;
 }
 
 /* Whether node n reads value v (as input k) channels-last as it lies:
- * a Conv's image, a follower's input 0, any input of a neutral op, and
+ * a Conv's image, a follower's input 0 (a Dropout's ratio and
+ * training_mode, InstanceNormalization's scale and bias are no images), any input of a neutral op, and
  * GlobalAveragePool, whose [N, C, 1, 1] output is the same memory in
  * both layouts (it reads its input through a cheap [N, C, H, W] copy, or
  * as it lies). */

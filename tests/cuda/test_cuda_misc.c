@@ -463,6 +463,10 @@ static void test_argmax_bf16(void **state)
  * value op_compare uploads: the kernel reads it on the device). */
 enum { MODE_NONE = -1, MODE_FALSE = 0, MODE_TRUE = 1, MODE_INPUT_FALSE = 2, MODE_INPUT_TRUE = 3 };
 
+/* Set by test_dropout_nhwc: X, Y and their gradients channels-last on the
+ * CUDA side (rank 4), dX written whole. */
+static bool dropout_nhwc;
+
 static void dropout_case(const char *label, int opset, int rank, const int64_t *dims, bool has_ratio,
                          float ratio, int mode, bool mask, bool eval)
 {
@@ -484,8 +488,16 @@ static void dropout_case(const char *label, int opset, int rank, const int64_t *
     if (opset < 12) attr_f(&g, n, "ratio", ratio);
     finalize_ok(&g);
     static const uint8_t no = 0, yes = 1;
+    char nhwc_label[192];
     struct op_compare o = {.label = label, .eval = eval};
     if (mode_input) o.inputs[2] = mode == MODE_INPUT_TRUE ? &yes : &no;
+    if (dropout_nhwc && rank == 4) {
+        snprintf(nhwc_label, sizeof nhwc_label, "%s, channels-last", label);
+        o.label = nhwc_label;
+        o.nhwc_inputs = o.nhwc_outputs = 1;
+        o.overwrite = 1;
+        o.twice = true;
+    }
     compare(&g, o);
     gp_graph_free(&g);
 }
@@ -530,6 +542,34 @@ static void test_dropout_bf16(void **state)
     bf16_set(0, 0, IN(1)); /* a float32 float mask beside a bfloat16 Y */
     dropout_case("Dropout-7 float mask", 7, 2, d, false, 0.25f, MODE_NONE, true, false);
     bf16_off();
+}
+
+/* Channels-last (graph/layout.h): X, Y, dY, dX [N, H, W, C] on the CUDA
+ * side, the mask [N, C, H, W] (it is never tagged), dX written whole;
+ * each element's draw is its [N, C, H, W] position's, so masks and values
+ * equal the CPU's. Shapes: runs of 4, 2 and 1 channels over cells taken
+ * 4 at a time (W a multiple of 4), and W = 7 and 5 (a Philox block per
+ * element; op_compare's mini-batch offset of 3 samples puts element 0 at
+ * an index that is not a multiple of 4), in float32 and every bfloat16
+ * mix; opset 7's float mask. */
+static void test_dropout_nhwc(void **state)
+{
+    (void)state;
+    dropout_nhwc = true;
+    static const int64_t shapes[][4] = {{2, 8, 6, 8}, {3, 6, 5, 12}, {2, 5, 3, 4}, {2, 4, 5, 7}, {1, 16, 3, 5}};
+    for (int m = -1; m < N_OF(mixes); m++) {
+        if (m >= 0) bf16_set(mixes[m].params, mixes[m].f32_inputs, mixes[m].f32_outputs);
+        for (int k = 0; k < N_OF(shapes); k++)
+            for (int eval = 0; eval < 2; eval++) {
+                dropout_case("Dropout-13 [N, C, H, W]", 13, 4, shapes[k], true, 0.375f, MODE_NONE, true, eval);
+                dropout_case("Dropout-13 computed mode", 13, 4, shapes[k], true, 0.25f, MODE_INPUT_TRUE, false,
+                             eval);
+            }
+        dropout_case("Dropout-7 float mask", 7, 4, shapes[0], false, 0.25f, MODE_NONE, true, false);
+        dropout_case("Dropout-7 float mask", 7, 4, shapes[3], false, 0.25f, MODE_NONE, true, false);
+    }
+    bf16_off();
+    dropout_nhwc = false;
 }
 
 /* ---- Resize, Upsample ---- */
@@ -788,6 +828,7 @@ int main(void)
         cmocka_unit_test(test_reductions_bf16),
         cmocka_unit_test(test_argmax_bf16),
         cmocka_unit_test(test_dropout_bf16),
+        cmocka_unit_test(test_dropout_nhwc),
         cmocka_unit_test(test_resize_bf16),
         cmocka_unit_test(test_pad_bf16),
     };

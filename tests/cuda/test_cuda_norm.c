@@ -544,20 +544,39 @@ static const struct bf16_mix in_mixes[] = {
     {"dX float32", 0x7, 0x6, 0},
 };
 
-/* mix NULL: float32. */
-static void run_instance_norm(size_t k, bool eval, const struct bf16_mix *mix)
+/* Channels-last cases beside in_cases' rank-4 ones: runs of 8 channels
+ * over 5 groups, of 4 (12 channels), single channels (7), many chunks of
+ * rows per sample (64 channels of 48 x 48, U-Net's second level at a
+ * smaller batch) and rows wider than a block's 32 run lanes (1024
+ * channels, U-Net's deepest). */
+static const struct {
+    int rank;
+    int64_t x[5];
+    float eps;
+} in_nhwc_extra[] = {
+    {4, {3, 40, 5, 5}, 0},
+    {4, {2, 12, 9, 9}, 1e-3f},
+    {4, {2, 7, 6, 5}, 0},
+    {4, {4, 64, 48, 48}, 0},
+    {4, {2, 1024, 3, 3}, 0},
+};
+
+/* mix NULL: float32; nhwc: X, Y and their gradients channels-last on the
+ * CUDA side, dX written whole. */
+static void run_instance_norm_shape(const char *what, int rank, const int64_t *dims, float eps, bool eval,
+                                    const struct bf16_mix *mix, bool nhwc)
 {
     struct gp_graph g;
     begin(&g, 13);
-    input(&g, "x", in_cases[k].rank, in_cases[k].x);
-    input(&g, "s", 1, &in_cases[k].x[1]);
-    input(&g, "b", 1, &in_cases[k].x[1]);
+    input(&g, "x", rank, dims);
+    input(&g, "s", 1, &dims[1]);
+    input(&g, "b", 1, &dims[1]);
     int n = node(&g, "InstanceNormalization", 3, S("x", "s", "b"), 1, S("y"));
-    if (in_cases[k].eps) attr_f(&g, n, "epsilon", in_cases[k].eps);
+    if (eps) attr_f(&g, n, "epsilon", eps);
     finalize_ok(&g);
-    char label[128];
-    snprintf(label, sizeof label, "InstanceNormalization case %zu%s%s%s", k, eval ? " (eval)" : "",
-             mix ? ", bf16 " : "", mix ? mix->name : "");
+    char label[160];
+    snprintf(label, sizeof label, "InstanceNormalization %s%s%s%s%s", what, eval ? " (eval)" : "",
+             nhwc ? ", channels-last" : "", mix ? ", bf16 " : "", mix ? mix->name : "");
     struct op_compare o = {.label = label, .eval = eval};
     if (mix) {
         o.bf16 = true;
@@ -565,8 +584,20 @@ static void run_instance_norm(size_t k, bool eval, const struct bf16_mix *mix)
         o.f32_inputs = mix->f32_inputs;
         o.f32_outputs = mix->f32_outputs;
     }
+    if (nhwc) {
+        o.nhwc_inputs = o.nhwc_outputs = 1;
+        o.overwrite = 1;
+        o.twice = true;
+    }
     op_compare_node(&g, 0, &o);
     gp_graph_free(&g);
+}
+
+static void run_instance_norm(size_t k, bool eval, const struct bf16_mix *mix)
+{
+    char what[32];
+    snprintf(what, sizeof what, "case %zu", k);
+    run_instance_norm_shape(what, in_cases[k].rank, in_cases[k].x, in_cases[k].eps, eval, mix, false);
 }
 
 static void test_instance_norm(void **state)
@@ -583,6 +614,29 @@ static void test_instance_norm_bf16(void **state)
         for (int eval = 0; eval < 2; eval++)
             for (size_t m = 0; m < sizeof in_mixes / sizeof *in_mixes; m++)
                 run_instance_norm(k, eval, &in_mixes[m]);
+}
+
+/* Channels-last: every rank-4 case, in float32 and each bfloat16 mix,
+ * training and evaluation (InstanceNormalization uses each instance's
+ * statistics in both). */
+static void test_instance_norm_nhwc(void **state)
+{
+    (void)state;
+    size_t n_main = sizeof in_cases / sizeof *in_cases, n_extra = sizeof in_nhwc_extra / sizeof *in_nhwc_extra;
+    for (size_t k = 0; k < n_main + n_extra; k++) {
+        int rank = k < n_main ? in_cases[k].rank : in_nhwc_extra[k - n_main].rank;
+        const int64_t *x = k < n_main ? in_cases[k].x : in_nhwc_extra[k - n_main].x;
+        float eps = k < n_main ? in_cases[k].eps : in_nhwc_extra[k - n_main].eps;
+        if (rank != 4) continue;
+        char what[64];
+        snprintf(what, sizeof what, "[%lld,%lld,%lld,%lld]", (long long)x[0], (long long)x[1], (long long)x[2],
+                 (long long)x[3]);
+        for (int eval = 0; eval < 2; eval++) {
+            run_instance_norm_shape(what, rank, x, eps, eval, NULL, true);
+            for (size_t m = 0; m < sizeof in_mixes / sizeof *in_mixes; m++)
+                run_instance_norm_shape(what, rank, x, eps, eval, &in_mixes[m], true);
+        }
+    }
 }
 
 /* ---- LayerNormalization ---- */
@@ -706,6 +760,7 @@ int main(void)
         cmocka_unit_test(test_bn_deferred_bf16),
         cmocka_unit_test(test_instance_norm),
         cmocka_unit_test(test_instance_norm_bf16),
+        cmocka_unit_test(test_instance_norm_nhwc),
         cmocka_unit_test(test_layer_norm),
         cmocka_unit_test(test_layer_norm_bf16),
     };
