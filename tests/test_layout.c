@@ -138,17 +138,27 @@ static bool is_op(const struct gp_node *n, const char *op) { return !strcmp(n->o
 /* What the header promises of each tagged value: a rank-4 float32
  * activation made by a node, not a graph input or output, made
  * channels-last by its producer (a 2-D Conv; a follower, BatchNormalization,
- * InstanceNormalization, Dropout or MaxPool, of a tagged input; a neutral op
- * whose call then runs as the tensors lie), and read as it lies by every
- * reader: a Conv's image, a follower's input, GlobalAveragePool, or a
- * neutral op whose own call
+ * InstanceNormalization, Dropout, Resize or MaxPool, of a tagged input; a
+ * Concat of tagged inputs; a neutral op whose call then runs as the
+ * tensors lie), and read as it lies by every reader: a Conv's image, a
+ * follower's input, a Concat tagged with all its inputs,
+ * GlobalAveragePool, or a neutral op whose own call
  * runs as its tensors lie (gp_layout_neutral_call). A neutral reader that
  * would get a copy (its other operand broadcast, its output untagged) means
  * the tag costs a transposition instead of saving one. */
 static bool is_follower(const struct gp_node *n)
 {
     return is_op(n, "BatchNormalization") || is_op(n, "InstanceNormalization") || is_op(n, "Dropout") ||
-           is_op(n, "MaxPool");
+           is_op(n, "MaxPool") || is_op(n, "Resize") || is_op(n, "Upsample");
+}
+
+/* A Concat whose inputs are all tagged (it then writes its output tagged). */
+static bool concat_all_tagged(const struct gp_graph *g, const struct gp_node *n)
+{
+    if (!is_op(n, "Concat")) return false;
+    for (int k = 0; k < n->n_inputs; k++)
+        if (!g->values[n->inputs[k]].channels_last) return false;
+    return g->values[n->outputs[0]].channels_last;
 }
 
 static void check_invariants(const struct gp_graph *g, const char *what)
@@ -161,7 +171,7 @@ static void check_invariants(const struct gp_graph *g, const char *what)
             fail_msg("%s: '%s' is tagged but is not a rank-4 float activation inside the graph", what, val->name);
         const struct gp_node *p = &g->nodes[val->producer];
         bool made = is_op(p, "Conv") ||
-                    (is_follower(p) && g->values[p->inputs[0]].channels_last) ||
+                    (is_follower(p) && g->values[p->inputs[0]].channels_last) || concat_all_tagged(g, p) ||
                     (gp_layout_neutral_op(p) &&
                      gp_layout_neutral_call(g, p, gp_layout_in_mask(g, p), gp_layout_out_mask(g, p)));
         if (!made) fail_msg("%s: '%s' is tagged but its producer %s does not make it channels-last", what, val->name,
@@ -170,7 +180,7 @@ static void check_invariants(const struct gp_graph *g, const char *what)
             const struct gp_node *n = &g->nodes[i];
             for (int k = 0; k < n->n_inputs; k++) {
                 if (n->inputs[k] != v) continue;
-                bool reads = ((is_op(n, "Conv") || is_follower(n)) && k == 0) ||
+                bool reads = ((is_op(n, "Conv") || is_follower(n)) && k == 0) || concat_all_tagged(g, n) ||
                              is_op(n, "GlobalAveragePool") ||
                              (gp_layout_neutral_op(n) &&
                               gp_layout_neutral_call(g, n, gp_layout_in_mask(g, n), gp_layout_out_mask(g, n)));
@@ -271,6 +281,39 @@ static void test_unet_cell(void **state)
     assert_int_equal(gp_graph_channels_last(&g), 8);
     expect_tags(&g, S("c0", "d0", "n0", "r0", "c1", "d1", "n1", "r1"), 8, S("x", "mask0", "mask1", "y"), 4);
     check_invariants(&g, "U-Net cell");
+    gp_graph_free(&g);
+}
+
+/* A U-Net decoder step: up = Resize(c1) (nearest, x2), cat = Concat(up,
+ * c2) along the channels, then a Conv: all tagged, Resize following its
+ * input and Concat its inputs. A Concat with an untagged input (a graph
+ * input) stays [N, C, H, W], and so does its tagged input's Conv. */
+static void test_concat_resize(void **state)
+{
+    (void)state;
+    struct gp_graph g;
+    init(&g);
+    input(&g, "x", 3, 4);
+    input(&g, "x8", 4, 8);
+    struct gp_error err = {0};
+    assert_int_equal(gp_graph_add_const_f32(&g, "scales", &(struct gp_shape){.rank = 1, .dims = {4}},
+                                            (float[]){1, 1, 2, 2}, &err),
+                     GP_OK);
+    conv(&g, "x", "c1", 3, 4);
+    node(&g, "Resize", "up", 3, S("c1", "", "scales"), 1, S("up"));
+    conv(&g, "x8", "c2", 4, 4);
+    attr_i(&g, node(&g, "Concat", "cat", 2, S("up", "c2"), 1, S("cat")), "axis", 1);
+    conv(&g, "cat", "y", 8, 2);
+    output(&g, "y");
+    conv(&g, "x8", "c3", 4, 4);
+    attr_i(&g, node(&g, "Concat", "cat_in", 2, S("c3", "x8"), 1, S("cat_in")), "axis", 1);
+    conv(&g, "cat_in", "y2", 8, 2);
+    output(&g, "y2");
+    finalize(&g);
+
+    assert_int_equal(gp_graph_channels_last(&g), 4);
+    expect_tags(&g, S("c1", "up", "c2", "cat"), 4, S("x", "x8", "y", "c3", "cat_in", "y2"), 6);
+    check_invariants(&g, "Concat and Resize");
     gp_graph_free(&g);
 }
 
@@ -516,9 +559,8 @@ static void load(const char *fixture, struct gp_graph *g)
  * reads [N, C, H, W] and so does what feeds it);
  * resnet's every activation from the stem to the last residual Add (19:
  * 8 Convs, 8 BatchNorms, 3 Adds; GlobalAveragePool's output is not);
- * unet's last block (Conv, InstanceNorm, LeakyRelu: 3), the one whose
- * values no Concat or Resize reads; nothing in the models without
- * convolutions; and the invariants on each. */
+ * unet's where no ConvTranspose reads or writes (13, below); nothing in
+ * the models without convolutions; and the invariants on each. */
 static void test_fixtures(void **state)
 {
     (void)state;
@@ -548,19 +590,23 @@ static void test_fixtures(void **state)
     gp_graph_free(&g);
 
     load("unet_op17.onnx", &g);
-    /* Every other block's output is read by a Concat or Resize (no
-     * channels-last kernels yet), which unties the block back to its Conv. */
+    /* Tagged: layers 4-13 (Conv, BatchNorm, LeakyRelu, MaxPool, Conv,
+     * BatchNorm, LeakyRelu, Dropout, Resize, Concat) and 19-21 (Conv,
+     * InstanceNorm, LeakyRelu). Not: the first block (0-3), whose LeakyRelu
+     * the last Concat (18) reads beside the ConvTranspose's output, which
+     * no channels-last kernel writes; the block 14-16 that feeds that
+     * ConvTranspose, which reads [N, C, H, W]; the last Conv, a graph
+     * output. */
     int unet = gp_graph_channels_last(&g);
-    assert_int_equal(unet, 3);
+    assert_int_equal(unet, 13);
     for (int i = 0; i < g.n_nodes; i++) {
         const struct gp_node *n = &g.nodes[i];
-        bool want = i >= g.n_nodes - 4 && i < g.n_nodes - 1;
+        bool want = (i >= 4 && i <= 13) || (i >= 19 && i <= 21);
         if (g.values[n->outputs[0]].channels_last != want)
             fail_msg("unet: layer %d (%s '%s') is %s", i, n->op_type, n->name, want ? "not tagged" : "tagged");
-        if ((is_op(n, "Concat") || is_op(n, "Resize") || is_op(n, "Upsample")) && g.values[n->outputs[0]].channels_last)
-            fail_msg("unet: %s '%s' is tagged", n->op_type, n->name);
     }
-    assert_true(is_op(&g.nodes[g.n_nodes - 3], "InstanceNormalization"));
+    assert_true(is_op(&g.nodes[11], "Dropout") && is_op(&g.nodes[12], "Resize") && is_op(&g.nodes[13], "Concat"));
+    assert_true(is_op(&g.nodes[17], "ConvTranspose") && is_op(&g.nodes[20], "InstanceNormalization"));
     check_invariants(&g, "unet");
     gp_graph_free(&g);
 
@@ -761,6 +807,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_residual_block),
         cmocka_unit_test(test_unet_cell),
+        cmocka_unit_test(test_concat_resize),
         cmocka_unit_test(test_readers_refuse),
         cmocka_unit_test(test_broadcast_operand),
         cmocka_unit_test(test_graph_outputs),

@@ -102,15 +102,30 @@ static bool is_conv2d(const struct gp_graph *g, const struct gp_node *n)
 /* An op whose output 0 follows input 0's layout and which reads that
  * layout itself: BatchNormalization, InstanceNormalization, Dropout (its
  * mask, if any, stays [N, C, H, W]: it is drawn and stored by each
- * element's [N, C, H, W] position in either layout), MaxPool over 2 axes
- * without its indices output. */
+ * element's [N, C, H, W] position in either layout), Resize and Upsample
+ * of rank 4 (their scales, sizes and roi are no images), MaxPool over 2
+ * axes without its indices output. */
 static bool follows_input0(const struct gp_graph *g, const struct gp_node *n)
 {
     if (is_op(n, "BatchNormalization")) return true;
     bool rank4 = n->n_inputs >= 1 && n->inputs[0] >= 0 && g->values[n->inputs[0]].shape.rank == 4;
-    if (is_op(n, "InstanceNormalization") || is_op(n, "Dropout")) return rank4;
+    if (is_op(n, "InstanceNormalization") || is_op(n, "Dropout") || is_op(n, "Resize") || is_op(n, "Upsample"))
+        return rank4;
     if (is_op(n, "MaxPool")) return n->n_outputs == 1 && rank4;
     return false;
+}
+
+/* A Concat of rank-4 tensors: its output is channels-last when every
+ * input is (each tensor is read or written through its own strides, so a
+ * Concat along any axis costs the same either way). */
+static bool concat4(const struct gp_graph *g, const struct gp_node *n)
+{
+    if (!is_op(n, "Concat") || n->n_outputs != 1 || n->outputs[0] < 0 ||
+        g->values[n->outputs[0]].shape.rank != 4)
+        return false;
+    for (int k = 0; k < n->n_inputs; k++)
+        if (n->inputs[k] < 0 || g->values[n->inputs[k]].shape.rank != 4) return false;
+    return true;
 }
 
 /* Whether node n reads value v (as input k) channels-last as it lies:
@@ -122,7 +137,7 @@ static bool follows_input0(const struct gp_graph *g, const struct gp_node *n)
 static bool reads_channels_last(const struct gp_graph *g, const struct gp_node *n, int k)
 {
     if (is_conv2d(g, n) || follows_input0(g, n)) return k == 0;
-    return gp_layout_neutral_op(n) || is_op(n, "GlobalAveragePool");
+    return gp_layout_neutral_op(n) || is_op(n, "GlobalAveragePool") || concat4(g, n);
 }
 
 /* agree[v]: value v has readers and each reads it channels-last. */
@@ -154,6 +169,11 @@ static bool makes_channels_last(const struct gp_graph *g, const struct gp_node *
     if (n->n_outputs < 1 || !taggable(g, n->outputs[0])) return false;
     if (is_conv2d(g, n)) return true;
     if (follows_input0(g, n)) return g->values[n->inputs[0]].channels_last;
+    if (concat4(g, n)) {
+        for (int k = 0; k < n->n_inputs; k++)
+            if (!g->values[n->inputs[k]].channels_last) return false;
+        return true;
+    }
     if (!gp_layout_neutral_op(n)) return false;
     /* Every input channels-last or a scalar, at least one channels-last. */
     bool any = false;
@@ -180,11 +200,13 @@ int gp_graph_channels_last_count(const struct gp_graph *g)
 
 /* Withdraws agreement from every tagged value that a reader reads
  * through copies after all: a neutral op whose other operand is broadcast
- * or untagged, or whose own output is untagged; a follower (BatchNorm,
- * MaxPool) whose output is untagged, whose kernels read both or neither
- * channels-last (its input's producer writes [N, C, H, W] then, which a
- * convolution does at the cost of one transpose, where the follower on
- * copies would pay for four). True when any was withdrawn. */
+ * or untagged, or whose own output is untagged; a Concat whose output is
+ * untagged (an input untagged, or the output refused by its readers); a
+ * follower (BatchNorm, MaxPool, ...) whose output is untagged, whose
+ * kernels read both or neither channels-last (its input's producer writes
+ * [N, C, H, W] then, which a convolution does at the cost of one
+ * transpose, where the follower on copies would pay for four). True when
+ * any was withdrawn. */
 static bool withdraw(const struct gp_graph *g, bool *agree)
 {
     bool changed = false;
@@ -195,6 +217,17 @@ static bool withdraw(const struct gp_graph *g, bool *agree)
             if (x >= 0 && g->values[x].channels_last && agree[x] && !g->values[n->outputs[0]].channels_last) {
                 agree[x] = false;
                 changed = true;
+            }
+            continue;
+        }
+        if (concat4(g, n)) { /* all its tensors tagged, or none */
+            bool out = g->values[n->outputs[0]].channels_last;
+            for (int k = 0; k < n->n_inputs; k++) {
+                int v = n->inputs[k];
+                if (g->values[v].channels_last && agree[v] && !out) {
+                    agree[v] = false;
+                    changed = true;
+                }
             }
             continue;
         }

@@ -10,7 +10,8 @@
  * The layout pass (gp_graph_channels_last) tags, in layer order, the
  * output of every 2-D Conv, and the output of every op that follows its
  * input's layout (BatchNormalization, InstanceNormalization, Dropout,
- * MaxPool and the layout-neutral ops below) when its inputs are tagged; a value is tagged only where each of
+ * Resize, MaxPool, Concat and the layout-neutral ops below) when its
+ * inputs are tagged; a value is tagged only where each of
  * its readers reads channels-last cheaply (another such op, or
  * GlobalAveragePool), and never a graph input or output, which stay as
  * the model says. Nothing else changes: shapes, the layer list, the saved
@@ -19,8 +20,8 @@
  * Kernels see a call's layouts (gp_layer_call.in_nhwc, out_nhwc) only when
  * they read them themselves (gp_compute_ops.layout_native: on the GPU the
  * convolutions, BatchNormalization, InstanceNormalization, Dropout,
- * MaxPool and GlobalAveragePool), or when the op is layout-neutral and the
- * call's layouts agree (gp_layout_neutral_call). Every other call
+ * Resize, MaxPool, Concat and GlobalAveragePool), or when the op is
+ * layout-neutral and the call's layouts agree (gp_layout_neutral_call). Every other call
  * gets [N, C, H, W] float32 copies (backend/mixed_call.h), so every kernel
  * stays correct on tagged values, and the CPU backend, which reads no
  * layout itself, trains a tagged graph to the same bits as an untagged

@@ -592,6 +592,10 @@ struct rs_case {
     enum gp_dtype dt; /* 0: float32 */
 };
 
+/* Set by test_resize_nhwc: X, Y and their gradients channels-last on the
+ * CUDA side (rank-4 float cases). */
+static bool resize_nhwc;
+
 static void resize_case(const struct rs_case *c)
 {
     struct gp_graph g;
@@ -635,7 +639,14 @@ static void resize_case(const struct rs_case *c)
     }
     if (c->mode) attr_s(&g, n, "mode", c->mode);
     finalize_ok(&g);
+    char nhwc_label[160];
     struct op_compare o = {.label = c->label};
+    if (resize_nhwc && c->rank == 4 && dt == GP_DTYPE_FLOAT32) {
+        snprintf(nhwc_label, sizeof nhwc_label, "%s, channels-last", c->label);
+        o.label = nhwc_label;
+        o.nhwc_inputs = o.nhwc_outputs = 1;
+        o.twice = true;
+    }
     int64_t *ints = NULL;
     if (dt != GP_DTYPE_FLOAT32) {
         int64_t ne = numel(c->rank, c->x);
@@ -652,61 +663,62 @@ static void resize_case(const struct rs_case *c)
 
 #define X4 4, {2, 3, 5, 7}
 
+static const struct rs_case rs_cases[] = {
+    {"2x nearest (nn.Upsample): asymmetric, floor", NULL, 13, X4, "nearest", "asymmetric", "floor",
+     4, {1, 1, 2, 2}},
+    {"nearest, default modes", NULL, 13, X4, NULL, NULL, NULL, 4, {1, 1, 2, 2}},
+    {"nearest round_prefer_ceil, down and up", NULL, 13, X4, "nearest", "half_pixel",
+     "round_prefer_ceil", 4, {1, 1, 1.5f, 0.5f}},
+    {"nearest align_corners ceil", NULL, 13, X4, "nearest", "align_corners", "ceil", 4,
+     {1, 1, 0.6f, 1.7f}},
+    {"nearest pytorch_half_pixel floor", NULL, 13, X4, "nearest", "pytorch_half_pixel", "floor", 4,
+     {1, 1, 2.5f, 0.3f}},
+    {"nearest tf_half_pixel_for_nn (11)", NULL, 11, X4, "nearest", "tf_half_pixel_for_nn", NULL, 4,
+     {1, 1, 2, 3}},
+    {"linear half_pixel 2x", NULL, 13, X4, "linear", NULL, NULL, 4, {1, 1, 2, 2}},
+    {"linear align_corners", NULL, 13, X4, "linear", "align_corners", NULL, 4, {1, 1, 1.7f, 0.6f}},
+    {"linear pytorch_half_pixel", NULL, 13, X4, "linear", "pytorch_half_pixel", NULL, 4,
+     {1, 1, 0.5f, 2}},
+    {"linear asymmetric", NULL, 13, X4, "linear", "asymmetric", NULL, 4, {1, 1, 3, 1}},
+    {"linear half_pixel_symmetric (19)", NULL, 19, X4, "linear", "half_pixel_symmetric", NULL, 4,
+     {1, 1, 1.7f, 2.3f}},
+    {"linear tf_crop_and_resize", NULL, 13, X4, "linear", "tf_crop_and_resize", NULL, 4,
+     {1, 1, 2, 2}, .roi = true},
+    {"nearest tf_crop_and_resize", NULL, 13, X4, "nearest", "tf_crop_and_resize", NULL, 4,
+     {1, 1, 1.6f, 2}, .roi = true},
+    {"linear to sizes", NULL, 13, X4, "linear", NULL, NULL, 0, {0}, 4, {2, 3, 9, 4}},
+    {"Resize-18 axes, not_larger", NULL, 18, X4, "nearest", NULL, NULL, 0, {0}, 2, {9, 20}, 2,
+     {2, 3}, "not_larger"},
+    {"Resize-18 axes, not_smaller, linear", NULL, 18, X4, "linear", NULL, NULL, 0, {0}, 2, {9, 20},
+     2, {-2, -1}, "not_smaller"},
+    {"nearest over channels", NULL, 13, X4, "nearest", "asymmetric", "floor", 4, {1, 2, 1, 1}},
+    {"identity linear", NULL, 13, X4, "linear", NULL, NULL, 4, {1, 1, 1, 1}},
+    {"Upsample-7", "Upsample", 7, X4, "nearest", NULL, NULL, 4, {1, 1, 2, 3}},
+    {"Upsample-9 linear", "Upsample", 9, X4, "linear", NULL, NULL, 4, {1, 1, 2, 2}},
+    {"Resize-10 nearest", NULL, 10, X4, "nearest", NULL, NULL, 4, {1, 1, 3, 0.5f}},
+    {"trilinear 5-D", NULL, 13, 5, {1, 2, 3, 4, 5}, "linear", NULL, NULL, 5, {1, 1, 2, 1.5f, 0.5f}},
+    /* 40x along H: more output rows read an input row than the row
+     * kernel's backward holds (its per-element fallback). */
+    {"linear 40x along H", NULL, 13, 4, {1, 2, 3, 4}, "linear", "align_corners", NULL, 4,
+     {1, 1, 40, 1}},
+    /* 8 resized axes: 128 corners before the last, the generic kernels. */
+    {"linear over 8 axes", NULL, 13, 8, {2, 2, 2, 2, 2, 2, 2, 3}, "linear", NULL, NULL, 8,
+     {1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 2}},
+    {"nearest over 8 axes", NULL, 13, 8, {2, 2, 2, 2, 2, 2, 2, 3}, "nearest", NULL, NULL, 8,
+     {1.5f, 2, 1.5f, 0.5f, 1.5f, 1.5f, 1.5f, 2}},
+    {"large nearest 2x", NULL, 13, 4, {4, 16, 64, 64}, "nearest", "asymmetric", "floor", 4,
+     {1, 1, 2, 2}},
+    {"large linear 2x", NULL, 13, 4, {4, 16, 64, 64}, "linear", "half_pixel", NULL, 4, {1, 1, 2, 2}},
+    {"int64 nearest", NULL, 13, 4, {1, 2, 3, 4}, "nearest", "asymmetric", "floor", 4, {1, 1, 2, 1.5f},
+     .dt = GP_DTYPE_INT64},
+    {"int64 nearest tf_crop_and_resize", NULL, 13, 4, {1, 2, 3, 4}, "nearest", "tf_crop_and_resize",
+     NULL, 4, {1, 1, 2, 2}, .roi = true, .dt = GP_DTYPE_INT64},
+};
+
 static void test_resize(void **state)
 {
     (void)state;
-    static const struct rs_case cases[] = {
-        {"2x nearest (nn.Upsample): asymmetric, floor", NULL, 13, X4, "nearest", "asymmetric", "floor",
-         4, {1, 1, 2, 2}},
-        {"nearest, default modes", NULL, 13, X4, NULL, NULL, NULL, 4, {1, 1, 2, 2}},
-        {"nearest round_prefer_ceil, down and up", NULL, 13, X4, "nearest", "half_pixel",
-         "round_prefer_ceil", 4, {1, 1, 1.5f, 0.5f}},
-        {"nearest align_corners ceil", NULL, 13, X4, "nearest", "align_corners", "ceil", 4,
-         {1, 1, 0.6f, 1.7f}},
-        {"nearest pytorch_half_pixel floor", NULL, 13, X4, "nearest", "pytorch_half_pixel", "floor", 4,
-         {1, 1, 2.5f, 0.3f}},
-        {"nearest tf_half_pixel_for_nn (11)", NULL, 11, X4, "nearest", "tf_half_pixel_for_nn", NULL, 4,
-         {1, 1, 2, 3}},
-        {"linear half_pixel 2x", NULL, 13, X4, "linear", NULL, NULL, 4, {1, 1, 2, 2}},
-        {"linear align_corners", NULL, 13, X4, "linear", "align_corners", NULL, 4, {1, 1, 1.7f, 0.6f}},
-        {"linear pytorch_half_pixel", NULL, 13, X4, "linear", "pytorch_half_pixel", NULL, 4,
-         {1, 1, 0.5f, 2}},
-        {"linear asymmetric", NULL, 13, X4, "linear", "asymmetric", NULL, 4, {1, 1, 3, 1}},
-        {"linear half_pixel_symmetric (19)", NULL, 19, X4, "linear", "half_pixel_symmetric", NULL, 4,
-         {1, 1, 1.7f, 2.3f}},
-        {"linear tf_crop_and_resize", NULL, 13, X4, "linear", "tf_crop_and_resize", NULL, 4,
-         {1, 1, 2, 2}, .roi = true},
-        {"nearest tf_crop_and_resize", NULL, 13, X4, "nearest", "tf_crop_and_resize", NULL, 4,
-         {1, 1, 1.6f, 2}, .roi = true},
-        {"linear to sizes", NULL, 13, X4, "linear", NULL, NULL, 0, {0}, 4, {2, 3, 9, 4}},
-        {"Resize-18 axes, not_larger", NULL, 18, X4, "nearest", NULL, NULL, 0, {0}, 2, {9, 20}, 2,
-         {2, 3}, "not_larger"},
-        {"Resize-18 axes, not_smaller, linear", NULL, 18, X4, "linear", NULL, NULL, 0, {0}, 2, {9, 20},
-         2, {-2, -1}, "not_smaller"},
-        {"nearest over channels", NULL, 13, X4, "nearest", "asymmetric", "floor", 4, {1, 2, 1, 1}},
-        {"identity linear", NULL, 13, X4, "linear", NULL, NULL, 4, {1, 1, 1, 1}},
-        {"Upsample-7", "Upsample", 7, X4, "nearest", NULL, NULL, 4, {1, 1, 2, 3}},
-        {"Upsample-9 linear", "Upsample", 9, X4, "linear", NULL, NULL, 4, {1, 1, 2, 2}},
-        {"Resize-10 nearest", NULL, 10, X4, "nearest", NULL, NULL, 4, {1, 1, 3, 0.5f}},
-        {"trilinear 5-D", NULL, 13, 5, {1, 2, 3, 4, 5}, "linear", NULL, NULL, 5, {1, 1, 2, 1.5f, 0.5f}},
-        /* 40x along H: more output rows read an input row than the row
-         * kernel's backward holds (its per-element fallback). */
-        {"linear 40x along H", NULL, 13, 4, {1, 2, 3, 4}, "linear", "align_corners", NULL, 4,
-         {1, 1, 40, 1}},
-        /* 8 resized axes: 128 corners before the last, the generic kernels. */
-        {"linear over 8 axes", NULL, 13, 8, {2, 2, 2, 2, 2, 2, 2, 3}, "linear", NULL, NULL, 8,
-         {1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 2}},
-        {"nearest over 8 axes", NULL, 13, 8, {2, 2, 2, 2, 2, 2, 2, 3}, "nearest", NULL, NULL, 8,
-         {1.5f, 2, 1.5f, 0.5f, 1.5f, 1.5f, 1.5f, 2}},
-        {"large nearest 2x", NULL, 13, 4, {4, 16, 64, 64}, "nearest", "asymmetric", "floor", 4,
-         {1, 1, 2, 2}},
-        {"large linear 2x", NULL, 13, 4, {4, 16, 64, 64}, "linear", "half_pixel", NULL, 4, {1, 1, 2, 2}},
-        {"int64 nearest", NULL, 13, 4, {1, 2, 3, 4}, "nearest", "asymmetric", "floor", 4, {1, 1, 2, 1.5f},
-         .dt = GP_DTYPE_INT64},
-        {"int64 nearest tf_crop_and_resize", NULL, 13, 4, {1, 2, 3, 4}, "nearest", "tf_crop_and_resize",
-         NULL, 4, {1, 1, 2, 2}, .roi = true, .dt = GP_DTYPE_INT64},
-    };
-    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) resize_case(&cases[k]);
+    for (size_t k = 0; k < sizeof rs_cases / sizeof *rs_cases; k++) resize_case(&rs_cases[k]);
 }
 
 /* Resize and Upsample in bfloat16: nearest (U-Net's 2x) and linear, the
@@ -750,6 +762,24 @@ static void test_resize_bf16(void **state)
     bf16_set(0, 0, 0); /* the constants bfloat16 too: the kernels do not read them on the device */
     resize_case(&cases[2]);
     bf16_off();
+}
+
+/* Channels-last (graph/layout.h): every rank-4 float case of
+ * test_resize with X, Y and their gradients [N, H, W, C] on the CUDA side
+ * (the kernels run the resize over the storage order of the axes), in
+ * float32 and each bfloat16 mix. */
+static void test_resize_nhwc(void **state)
+{
+    (void)state;
+    resize_nhwc = true;
+    for (int m = -1; m < N_OF(mixes); m++)
+        for (int k = 0; k < N_OF(rs_cases); k++) {
+            if (rs_cases[k].rank != 4 || rs_cases[k].dt) continue;
+            if (m >= 0) bf16_set(mixes[m].params, mixes[m].f32_inputs | ~IN(0), mixes[m].f32_outputs);
+            resize_case(&rs_cases[k]);
+        }
+    bf16_off();
+    resize_nhwc = false;
 }
 
 /* ---- Pad (bfloat16; the float32 cases are in test_cuda_shape.c) ---- */
@@ -829,6 +859,7 @@ int main(void)
         cmocka_unit_test(test_argmax_bf16),
         cmocka_unit_test(test_dropout_bf16),
         cmocka_unit_test(test_dropout_nhwc),
+        cmocka_unit_test(test_resize_nhwc),
         cmocka_unit_test(test_resize_bf16),
         cmocka_unit_test(test_pad_bf16),
     };

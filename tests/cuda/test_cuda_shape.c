@@ -683,6 +683,47 @@ static struct op_compare bf16_o(char *buf, size_t size, const char *label, const
                                .f32_outputs = m->f32_outputs, .abs_tol = abs_tol};
 }
 
+/* Concat of rank-4 tensors with channels-last ones (graph/layout.h) on
+ * the CUDA side: along the channels (U-Net's skip connections: whole rows
+ * of channels), along H and along N, every tensor channels-last; and
+ * mixes (one input channels-last, the output channels-last or not), which
+ * the kernel takes too (each tensor through its own strides). Float32 and
+ * each bfloat16 mode. */
+static void test_concat_nhwc(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *label;
+        int axis;
+        int64_t a[4], b[4];
+        uint32_t in_nhwc, out_nhwc;
+    } cases[] = {
+        {"channels, all channels-last", 1, {2, 8, 5, 6}, {2, 16, 5, 6}, 0x3, 0x1},
+        {"channels of odd counts, all channels-last", 1, {2, 3, 4, 5}, {2, 5, 4, 5}, 0x3, 0x1},
+        {"H, all channels-last", 2, {2, 4, 3, 5}, {2, 4, 6, 5}, 0x3, 0x1},
+        {"N, all channels-last", 0, {1, 4, 3, 5}, {2, 4, 3, 5}, 0x3, 0x1},
+        {"channels, input 0 channels-last", 1, {2, 8, 5, 6}, {2, 4, 5, 6}, 0x1, 0x1},
+        {"channels, inputs channels-last, output not", 1, {2, 8, 5, 6}, {2, 4, 5, 6}, 0x3, 0x0},
+    };
+    char label[200];
+    for (int m = -1; m < N_MODES; m++)
+        for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+            struct gp_graph g;
+            begin(&g, 13);
+            input(&g, "a", 4, cases[k].a);
+            input(&g, "b", 4, cases[k].b);
+            attr_i(&g, node(&g, "Concat", 2, S("a", "b"), 1, S("y")), "axis", cases[k].axis);
+            char what[160];
+            snprintf(what, sizeof what, "Concat axis %d, %s", cases[k].axis, cases[k].label);
+            struct op_compare o = m < 0 ? (struct op_compare){.label = what}
+                                        : bf16_o(label, sizeof label, what, &bf16_modes[m], 0);
+            o.nhwc_inputs = cases[k].in_nhwc;
+            o.nhwc_outputs = cases[k].out_nhwc;
+            o.twice = true;
+            compare(&g, o);
+        }
+}
+
 /* Reshape (a flat copy: groups and a tail), Flatten, Squeeze, Unsqueeze. */
 static void test_copies_bf16(void **state)
 {
@@ -971,7 +1012,7 @@ int main(void)
         cmocka_unit_test(test_tile),    cmocka_unit_test(test_trilu),     cmocka_unit_test(test_pad),
         cmocka_unit_test(test_shape_producers),
         cmocka_unit_test(test_copies_bf16), cmocka_unit_test(test_transpose_bf16),
-        cmocka_unit_test(test_concat_split_bf16), cmocka_unit_test(test_slice_bf16),
+        cmocka_unit_test(test_concat_split_bf16), cmocka_unit_test(test_concat_nhwc), cmocka_unit_test(test_slice_bf16),
         cmocka_unit_test(test_gather_bf16), cmocka_unit_test(test_tile_trilu_bf16),
         cmocka_unit_test(test_shape_producers_bf16),
     };

@@ -230,6 +230,27 @@ static gp_status resize_plan(struct gp_cuda_ctx *c, struct gp_error *err, struct
                 return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
                                      "antialiased downsampling (axis %d, scale %g) is not supported",
                                      d, (double)p->scale[d]);
+    /* Channels-last X and Y: the plan of the same resize over the storage
+     * order of the axes, [N, H, W, C] (gp_cuda_kernel.layout_native). Every
+     * kernel below then works as the tensors lie: each output takes the
+     * same sources and weights (an axis's weights are multiplied in axis
+     * order, and the channel axis, an identity, contributes 1s or skipped
+     * corners wherever it falls), and backward visits a source's outputs in
+     * the same order (H before W). */
+    struct gp_shape xs_st, ys_st;
+    if (r == 4 && gp_cuda_nhwc(c->in_nhwc, 0)) {
+        static const int perm[4] = {0, 2, 3, 1};
+        float scale[4], start[4], end[4];
+        xs_st = *xs, ys_st = *ys;
+        for (int d = 0; d < 4; d++) {
+            xs_st.dims[d] = xs->dims[perm[d]];
+            ys_st.dims[d] = ys->dims[perm[d]];
+            scale[d] = p->scale[perm[d]], start[d] = p->start[perm[d]], end[d] = p->end[perm[d]];
+        }
+        for (int d = 0; d < 4; d++) p->scale[d] = scale[d], p->start[d] = start[d], p->end[d] = end[d];
+        xs = &xs_st;
+        ys = &ys_st;
+    }
     p->rank = r;
     gp_shape_strides(xs, p->xst);
     gp_shape_strides(ys, p->yst);
@@ -719,10 +740,22 @@ static gp_status resize_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     return gp_cuda_check_launch(c, "resize backward", err);
 }
 
+/* X and Y channels-last, both of rank 4 (the layout pass tags both or
+ * neither; scales, sizes and roi are never tagged): resize_plan works in
+ * their storage order. */
+static bool resize_layout_native(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
+                                 uint32_t out_nhwc, bool backward)
+{
+    (void)backward;
+    return in_nhwc == 1u && out_nhwc == 1u && gp_node_input(g, node, 0)->shape.rank == 4;
+}
+
 /* ---- the table ---- */
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_resize[] = {
-    {"Resize", NULL, resize_scratch, resize_forward, resize_backward, false, true},
-    {"Upsample", NULL, resize_scratch, resize_forward, resize_backward, false, true},
+    {"Resize", NULL, resize_scratch, resize_forward, resize_backward, false, true, false, NULL,
+     resize_layout_native},
+    {"Upsample", NULL, resize_scratch, resize_forward, resize_backward, false, true, false, NULL,
+     resize_layout_native},
     {NULL, NULL, NULL, NULL, NULL, false, false},
 };

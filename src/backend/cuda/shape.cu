@@ -127,25 +127,53 @@ static gp_status transpose_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 
 /* ---- Concat, Split ---- */
 
-/* Input k is the view of Y starting at its offset along the axis. */
+/* The strides of a tensor of shape s as it lies: [N, C, H, W] row-major,
+ * or channels-last ([N, H, W, C] storage; rank 4). */
+static void strides_as_laid(const struct gp_shape *s, bool nhwc, int64_t *st)
+{
+    contiguous(s, st);
+    if (!nhwc || s->rank != 4) return;
+    int64_t c = s->dims[1], h = s->dims[2], w = s->dims[3];
+    st[1] = 1, st[3] = c, st[2] = w * c, st[0] = h * w * c;
+}
+
+/* Shape and strides in the axis order [0, 2, 3, 1] (a channels-last
+ * output's storage order: the index space walks Y's memory in order, so a
+ * Concat of channels-last tensors moves whole rows of channels). */
+static void to_storage_order(struct gp_shape *s, int64_t *a, int64_t *b)
+{
+    static const int perm[4] = {0, 2, 3, 1};
+    struct gp_shape t = *s;
+    int64_t ta[4], tb[4];
+    for (int d = 0; d < 4; d++) t.dims[d] = s->dims[perm[d]], ta[d] = a[perm[d]], tb[d] = b[perm[d]];
+    *s = t;
+    memcpy(a, ta, sizeof ta);
+    memcpy(b, tb, sizeof tb);
+}
+
+/* Input k is the view of Y starting at its offset along the axis; each
+ * tensor as it lies (channels-last ones: gp_cuda_kernel.layout_native). */
 static gp_status concat_run(struct gp_cuda_ctx *c, struct gp_error *err, bool backward)
 {
     struct gp_infer_ctx ic = gp_cuda_infer_ctx(c->graph, c->node, err);
     const struct gp_shape *ys = gp_cuda_out_shape(c, 0);
     int axis;
     GP_TRY(gp_norm_axis(&ic, gp_node_attr_int(c->node, "axis", 0), ys->rank, &axis));
+    bool y_nhwc = gp_cuda_nhwc(c->out_nhwc, 0);
     int64_t y_st[GP_MAX_RANK], x_st[GP_MAX_RANK], at = 0;
-    contiguous(ys, y_st);
     for (int k = 0; k < c->node->n_inputs; k++) {
-        const struct gp_shape *xs = gp_cuda_in_shape(c, k);
-        contiguous(xs, x_st);
+        struct gp_shape xs = *gp_cuda_in_shape(c, k);
+        strides_as_laid(ys, y_nhwc, y_st);
+        strides_as_laid(&xs, gp_cuda_nhwc(c->in_nhwc, k), x_st);
+        int64_t y_at = at * y_st[axis];
+        at += xs.dims[axis];
+        if (y_nhwc) to_storage_order(&xs, y_st, x_st);
         if (!backward)
-            GP_TRY(view_run(c, err, c->out[0], out_sto(c, 0), y_st, at * y_st[axis], c->in[k], in_sto(c, k), x_st,
-                            0, xs, false, "Concat forward"));
+            GP_TRY(view_run(c, err, c->out[0], out_sto(c, 0), y_st, y_at, c->in[k], in_sto(c, k), x_st, 0, &xs,
+                            false, "Concat forward"));
         else if (c->din[k] && c->dout[0])
-            GP_TRY(view_run(c, err, c->din[k], din_sto(c, k), x_st, 0, c->dout[0], dout_sto(c, 0), y_st,
-                            at * y_st[axis], xs, true, "Concat backward"));
-        at += xs->dims[axis];
+            GP_TRY(view_run(c, err, c->din[k], din_sto(c, k), x_st, 0, c->dout[0], dout_sto(c, 0), y_st, y_at,
+                            &xs, true, "Concat backward"));
     }
     return GP_OK;
 }
@@ -158,6 +186,18 @@ static gp_status concat_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 static gp_status concat_backward(struct gp_cuda_ctx *c, struct gp_error *err)
 {
     return concat_run(c, err, true);
+}
+
+/* Any layouts of rank-4 tensors: each is read or written through its own
+ * strides (the layout pass tags all or none of a Concat's tensors). */
+static bool concat_layout_native(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
+                                 uint32_t out_nhwc, bool backward)
+{
+    (void)in_nhwc, (void)out_nhwc, (void)backward;
+    if (node->n_inputs > 32 || gp_node_output(g, node, 0)->shape.rank != 4) return false;
+    for (int k = 0; k < node->n_inputs; k++)
+        if (node->inputs[k] < 0 || gp_node_input(g, node, k)->shape.rank != 4) return false;
+    return true;
 }
 
 /* Output k is the view of X from the sum of the sizes before it. The sizes
@@ -613,7 +653,7 @@ static gp_status range_forward(struct gp_cuda_ctx *c, struct gp_error *err)
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_shape[] = {
     COPY("Reshape"), COPY("Flatten"), COPY("Squeeze"), COPY("Unsqueeze"),
     {"Transpose", NULL, NULL, transpose_forward, transpose_backward, false, true},
-    {"Concat", NULL, NULL, concat_forward, concat_backward, false, true},
+    {"Concat", NULL, NULL, concat_forward, concat_backward, false, true, false, NULL, concat_layout_native},
     {"Split", NULL, NULL, split_forward, split_backward, false, true},
     {"Slice", NULL, NULL, slice_forward, slice_backward, false, true},
     {"Tile", NULL, NULL, tile_forward, tile_backward, false, true},
