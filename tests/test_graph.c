@@ -393,6 +393,42 @@ static void test_gelu_chain_fuses(void **state)
     gp_graph_free(&g);
 }
 
+/* A Dropout's mask that nothing reads is dropped (its output omitted: no
+ * kernel writes it); one read by a node, or a graph output, stays. */
+static void test_unread_dropout_mask_dropped(void **state)
+{
+    (void)state;
+    for (int how = 0; how < 3; how++) {
+        struct gp_graph g;
+        struct gp_error err = {0};
+        init(&g, 2);
+        input(&g, "x", 2, (int64_t[]){2, 3});
+        node(&g, "Dropout", "drop", 1, S("x"), 2, S("y", "mask"));
+        output(&g, "y");
+        if (how == 1) {
+            int c = node(&g, "Cast", "cast", 1, S("mask"), 1, S("m"));
+            struct gp_attr *to = gp_graph_add_attr(&g, c, "to", GP_ATTR_INT, 16, &err);
+            if (!to) fail_msg("%s", err.msg);
+            to->i = GP_DTYPE_FLOAT32;
+            output(&g, "m");
+        }
+        if (how == 2) output(&g, "mask");
+        if (gp_graph_finalize(&g, &err) != GP_OK) fail_msg("%s", err.msg);
+        const struct gp_node *d = &g.nodes[0];
+        assert_string_equal(d->op_type, "Dropout");
+        assert_int_equal(d->n_outputs, 2);
+        int mask = gp_graph_find_value(&g, "mask");
+        if (how == 0) {
+            assert_int_equal(d->outputs[1], -1);
+            assert_int_equal(g.values[mask].producer, -1);
+        } else {
+            assert_int_equal(d->outputs[1], mask);
+            assert_int_equal(g.values[mask].producer, 0);
+        }
+        gp_graph_free(&g);
+    }
+}
+
 /* The tanh form in its two exported spellings: Hugging Face's gelu_new
  * (0.5 x first, x^3 by Pow) and torch's symbolic (x^3 as x (x x), the 0.5
  * last); both become one Gelu with approximate="tanh". */
@@ -487,6 +523,7 @@ int main(void)
         cmocka_unit_test(test_trainability),
         cmocka_unit_test(test_frontier_by_hand),
         cmocka_unit_test(test_gelu_chain_fuses),
+        cmocka_unit_test(test_unread_dropout_mask_dropped),
         cmocka_unit_test(test_tanh_gelu_chains_fuse),
         cmocka_unit_test(test_float_constant_arithmetic_folds_into_scales),
         cmocka_unit_test(test_matmul_bias_fuses),

@@ -20,6 +20,9 @@
  * (the next op of the chain) and is not a graph output, x is float32, and
  * the constants are the scalars above (constants, not parameters).
  *
+ * And, not a fusion, a Dropout's mask that nothing reads is dropped (the
+ * output omitted), so no kernel writes it.
+ *
  * And Relu into the BatchNormalization before it (every convolution block
  * of a ResNet), or into the residual Add before it (an Add without
  * broadcasting): y = Relu(BatchNormalization(x, ...)) or Relu(Add(a, b))
@@ -425,6 +428,18 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
             fused++;
             break;
         }
+    }
+    /* Dropout's mask output, read by nothing and not a graph output, goes
+     * (an omitted output): exporters in training mode write it, and the
+     * kernels would store a byte per element every step into memory
+     * planned for it. Not a fusion: the node list stays as it is. */
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct gp_node *n = &g->nodes[i];
+        if (drop[i] || !gp_fuse_is_op(n, "Dropout") || n->n_outputs < 2) continue;
+        int m = n->outputs[1];
+        if (m < 0 || uses[m] || g->values[m].is_output) continue;
+        g->values[m].producer = -1;
+        n->outputs[1] = -1;
     }
     if (fused) {
         int count = 0;

@@ -300,11 +300,17 @@ static gp_status in_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
  * operation. */
 
 #define IN_THREADS 256
-#define IN_NHWC_ILP 4         /* elementwise passes: runs in flight per thread */
-#define IN_NHWC_ROWS_ILP 8    /* sums: rows in flight per lane */
+#define IN_NHWC_ILP 4      /* elementwise passes: runs in flight per thread */
 #define IN_NHWC_MAX_CHUNKS 1024
-#define IN_NHWC_BLOCKS 264    /* sums: blocks wanted (two waves of an H200's 132 SMs) */
-#define IN_NHWC_RUNS 16       /* elementwise passes: runs per thread */
+/* The sums: at most this many blocks, so that they run in one wave (three
+ * blocks an SM, the kernel's launch bounds, on an H200's 132 SMs): a
+ * second, partial wave would take as long as the first. */
+#define IN_NHWC_BLOCKS 396
+#define IN_NHWC_RUNS 16    /* elementwise passes: runs per thread */
+
+/* The sums' rows in flight per lane: 8 of one tensor forward, 4 of two
+ * backward (x and dy). */
+__host__ __device__ constexpr int in_nhwc_rows_ilp(bool backward) { return backward ? 4 : 8; }
 
 struct in_nhwc_plan {
     int64_t n, s, c; /* samples, rows per sample, channels */
@@ -336,11 +342,11 @@ static void in_nhwc_plan_of(const struct gp_graph *g, const struct gp_node *node
     q->tx = tx;
     q->ty = IN_THREADS / tx;
     q->gx = (q->cr + tx - 1) / tx;
-    /* About IN_NHWC_BLOCKS blocks in all, each lane at least
-     * IN_NHWC_ROWS_ILP rows. */
+    /* At most IN_NHWC_BLOCKS blocks in all (at least one chunk a sample),
+     * each lane at least 8 rows. */
     int64_t across = q->gx * (q->n > 0 ? q->n : 1);
-    int64_t chunks = (IN_NHWC_BLOCKS + across - 1) / across;
-    int64_t by_rows = (q->s + (int64_t)IN_NHWC_ROWS_ILP * q->ty - 1) / ((int64_t)IN_NHWC_ROWS_ILP * q->ty);
+    int64_t chunks = IN_NHWC_BLOCKS / across;
+    int64_t by_rows = (q->s + 8 * q->ty - 1) / (8 * q->ty);
     if (chunks > by_rows) chunks = by_rows;
     if (chunks > IN_NHWC_MAX_CHUNKS) chunks = IN_NHWC_MAX_CHUNKS;
     if (chunks < 1) chunks = 1;
@@ -352,6 +358,17 @@ static void in_nhwc_plan_of(const struct gp_graph *g, const struct gp_node *node
 
 /* The sums' run length: at most 4 channels (8 doubles a lane). */
 static int in_nhwc_sums_vec(int vec) { return vec > 4 ? 4 : vec; }
+
+/* IO_VEC_DISPATCH for the passes whose runs are at most 4 channels (the
+ * sums, dX): no 8-channel instances. */
+#define IN_VEC4_DISPATCH(vec, ...)                                                    \
+    do {                                                                              \
+        switch (vec) {                                                                \
+        case 4: { const int VEC = 4; __VA_ARGS__; } break;                            \
+        case 2: { const int VEC = 2; __VA_ARGS__; } break;                            \
+        default: { const int VEC = 1; __VA_ARGS__; } break;                           \
+        }                                                                             \
+    } while (0)
 
 /* Scratch, laid out by in_nhwc_scratch_of: the chunks' two sums per plane
  * (2 N C p doubles, for the most chunks any run length takes), the
@@ -429,9 +446,9 @@ __device__ static inline void in_nhwc_reduce(const struct in_nhwc_plan &q, doubl
  * channel of its runs, the sums over the chunk's rows of f(values) into
  * part_a and part_b at [(n C + c) p + k]. BACKWARD: f = (dy, dy xhat)
  * with xhat = (x - mean) invstd in float, as the CPU; else (x, x^2).
- * Lanes walk their rows IN_NHWC_ROWS_ILP at a time, all loads first. */
+ * Lanes walk their rows in_nhwc_rows_ilp at a time, all loads first. */
 template <class IO, int VEC, bool BACKWARD>
-__global__ static void __launch_bounds__(IN_THREADS)
+__global__ static void __launch_bounds__(IN_THREADS, 3)
     in_nhwc_sums_kernel(struct in_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *mean, const float *invstd,
                         double *part_a, double *part_b)
 {
@@ -451,16 +468,17 @@ __global__ static void __launch_bounds__(IN_THREADS)
         const int64_t base = n * q.s * q.c + run * VEC, step = (int64_t)q.ty * q.c;
         const int64_t rows = r0 < end ? (end - r0 + q.ty - 1) / q.ty : 0;
         int64_t off = base + r0 * q.c;
-        for (int64_t i = 0; i < rows; i += IN_NHWC_ROWS_ILP) {
-            float v[IN_NHWC_ROWS_ILP][VEC], g[IN_NHWC_ROWS_ILP][VEC];
+        const int ILP = in_nhwc_rows_ilp(BACKWARD);
+        for (int64_t i = 0; i < rows; i += ILP) {
+            float v[ILP][VEC], g[ILP][VEC];
 #pragma unroll
-            for (int u = 0; u < IN_NHWC_ROWS_ILP; u++)
+            for (int u = 0; u < ILP; u++)
                 if (i + u < rows) {
                     IO::template acts<VEC>(x, off + u * step, v[u]);
                     if (BACKWARD) IO::template acts<VEC>(dy, off + u * step, g[u]);
                 }
 #pragma unroll
-            for (int u = 0; u < IN_NHWC_ROWS_ILP; u++)
+            for (int u = 0; u < ILP; u++)
                 if (i + u < rows)
 #pragma unroll
                     for (int j = 0; j < VEC; j++) {
@@ -474,7 +492,7 @@ __global__ static void __launch_bounds__(IN_THREADS)
                             b[j] = DADD(b[j], DMUL(xd, xd));
                         }
                     }
-            off += IN_NHWC_ROWS_ILP * step;
+            off += ILP * step;
         }
     }
     in_nhwc_reduce<VEC>(q, a, b, sh);
@@ -591,7 +609,7 @@ static gp_status in_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     struct in_nhwc_scratch sc = in_nhwc_scratch_of(ctx);
     if (q.s > 0) {
         dim3 grid((unsigned)qs.gx, (unsigned)qs.p, (unsigned)qs.n), block((unsigned)qs.tx, (unsigned)qs.ty, 1);
-        IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, in_nhwc_sums_kernel<IO, VEC, false><<<grid, block, 0,
+        IO_DISPATCH(kind, IN_VEC4_DISPATCH(qs.vec, in_nhwc_sums_kernel<IO, VEC, false><<<grid, block, 0,
                                                                                          ctx->stream>>>(
                                                   qs, x, none, NULL, NULL, sc.part_a, sc.part_b)));
         GP_TRY(gp_cuda_check_launch(ctx, "InstanceNormalization sums (channels-last)", err));
@@ -692,7 +710,7 @@ static gp_status in_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     const float *mean = (const float *)ctx->saved, *invstd = mean + q.n * q.c;
     struct in_nhwc_scratch sc = in_nhwc_scratch_of(ctx);
     dim3 grid((unsigned)qs.gx, (unsigned)qs.p, (unsigned)qs.n), block((unsigned)qs.tx, (unsigned)qs.ty, 1);
-    IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, in_nhwc_sums_kernel<IO, VEC, true><<<grid, block, 0, ctx->stream>>>(
+    IO_DISPATCH(kind, IN_VEC4_DISPATCH(qs.vec, in_nhwc_sums_kernel<IO, VEC, true><<<grid, block, 0, ctx->stream>>>(
                                               qs, x, dy, mean, invstd, sc.part_a, sc.part_b)));
     GP_TRY(gp_cuda_check_launch(ctx, "InstanceNormalization backward sums (channels-last)", err));
     in_nhwc_bwd_finish_kernel<<<in_nhwc_warp_blocks(q.n * q.c), 256, 0, ctx->stream>>>(
@@ -701,7 +719,7 @@ static gp_status in_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     if (dx.p) {
         dim3 fgrid(in_nhwc_flat_blocks(q), (unsigned)q.n, 1);
         bool ow = gp_cuda_overwrite(ctx, 0);
-        IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, in_nhwc_dx_kernel<IO, VEC><<<fgrid, IN_THREADS, 0, ctx->stream>>>(
+        IO_DISPATCH(kind, IN_VEC4_DISPATCH(q.vec, in_nhwc_dx_kernel<IO, VEC><<<fgrid, IN_THREADS, 0, ctx->stream>>>(
                                                  q, x, dy, mean, invstd, sc.coef, dx, ow)));
         GP_TRY(gp_cuda_check_launch(ctx, "InstanceNormalization backward dx (channels-last)", err));
     }
