@@ -245,6 +245,11 @@ gpo_status gpo_layer(gpo_model *m, int i, struct gpo_layer *out);
 const char *gpo_layer_input(const gpo_model *m, int i, int k);
 /* Output k of layer i: name, dtype, shape. */
 gpo_status gpo_layer_output(gpo_model *m, int i, int k, struct gpo_value *out);
+/* With the layout pass run (the channels_last load option): 1 when layer
+ * i could write its output channels-last but it stays [N, C, H, W], the
+ * reason written into buf as one line ("read by Softmax 'sm' (input 0),
+ * which reads [N, C, H, W]"); 0 otherwise. */
+int gpo_layer_layout_note(const gpo_model *m, int i, char *buf, size_t size);
 
 /* The summary and the layer list (with every layer's outputs, parameters
  * and frontier) as JSON: what `gpipe-onnx inspect --json` prints. A

@@ -122,6 +122,23 @@ assert nchw["channels_last_activations"] == 0 and not any(l["channels_last"] for
 assert not flags[-1] and flags[0]
 PY
 "$bin" inspect --help | grep -q -- "--layout" || fail "inspect --help lacks --layout"
+# The fixture U-Net: why the layers that could write channels-last do not,
+# as a list after the table and as each layer's layout_note in the JSON
+# (the last Concat: its other input comes from a ConvTranspose, which reads
+# and writes [N, C, H, W]); tagged layers have none.
+u="$root/models/unet_op17.onnx"
+"$bin" inspect "$u" --layout nhwc >"$tmp/unet.txt" 2>"$tmp/err.txt" || fail "inspect unet --layout nhwc failed"
+"$bin" inspect "$u" --layout nhwc --json >"$tmp/unet.json" 2>"$tmp/err.txt" || fail "inspect unet --json failed"
+grep -q '^stays \[N, C, H, W\]:' "$tmp/unet.txt" || fail "inspect --layout nhwc lists no layer staying [N, C, H, W]"
+grep -q "^  #18 Concat '/Concat_1': its input '/up1/ConvTranspose_output_0' is \[N, C, H, W\]" "$tmp/unet.txt" \
+  || fail "inspect --layout nhwc: no reason for the Concat: $(grep '#18' "$tmp/unet.txt")"
+"$py" - "$tmp/unet.json" <<'PY' || fail "inspect --layout nhwc --json: layout notes wrong"
+import json, sys
+layers = json.load(open(sys.argv[1]))["layers"]
+assert "ConvTranspose" in layers[18]["layout_note"], layers[18]
+assert "graph output" in layers[22]["layout_note"], layers[22]
+assert all("layout_note" not in l for l in layers if l["channels_last"])
+PY
 
 # train: bad input is refused with a reason before any work.
 m="$root/models"

@@ -131,6 +131,17 @@ static void expect_tags(const struct gp_graph *g, const char *const *yes, int n_
         if (tagged(g, no[i])) fail_msg("'%s' is channels-last", no[i]);
 }
 
+/* Fails unless gp_layout_why_not explains value `name` with a line
+ * containing `needle`. */
+static void expect_why(const struct gp_graph *g, const char *name, const char *needle)
+{
+    char why[512] = "";
+    int v = gp_graph_find_value(g, name);
+    if (v < 0) fail_msg("no value '%s'", name);
+    if (!gp_layout_why_not(g, v, why, sizeof why)) fail_msg("'%s': no reason given for [N, C, H, W]", name);
+    if (!strstr(why, needle)) fail_msg("'%s': the reason '%s' lacks '%s'", name, why, needle);
+}
+
 /* ---- invariants any tagging must keep ---- */
 
 static bool is_op(const struct gp_node *n, const char *op) { return !strcmp(n->op_type, op); }
@@ -360,6 +371,15 @@ static void test_readers_refuse(void **state)
     assert_int_equal(gp_graph_channels_last(&g), 0);
     expect_tags(&g, NULL, 0, S("c_soft", "c_in", "c_reshape", "c_both", "bn_both", "c_after"), 6);
     check_invariants(&g, "refusing readers");
+    /* Why each stays [N, C, H, W] (what inspect --layout nhwc prints). */
+    expect_why(&g, "c_soft", "read by Softmax 'softmax' (input 0), which reads [N, C, H, W]");
+    expect_why(&g, "c_in", "read by InstanceNormalization 'inorm', whose output stays");
+    expect_why(&g, "inormed", "a graph output");
+    expect_why(&g, "c_reshape", "read by Reshape 'reshape'");
+    expect_why(&g, "c_both", "read by Softmax 'softmax2'");
+    expect_why(&g, "bn_both", "its input 'c_both' is [N, C, H, W]");
+    char why[64];
+    assert_false(gp_layout_why_not(&g, gp_graph_find_value(&g, "x"), why, sizeof why)); /* a graph input */
     gp_graph_free(&g);
 }
 
@@ -608,6 +628,13 @@ static void test_fixtures(void **state)
     assert_true(is_op(&g.nodes[11], "Dropout") && is_op(&g.nodes[12], "Resize") && is_op(&g.nodes[13], "Concat"));
     assert_true(is_op(&g.nodes[17], "ConvTranspose") && is_op(&g.nodes[20], "InstanceNormalization"));
     check_invariants(&g, "unet");
+    /* The reasons chain back to the root: the first block's LeakyRelu is
+     * read by the last Concat, whose other input the ConvTranspose writes
+     * [N, C, H, W]. */
+    expect_why(&g, g.values[g.nodes[0].outputs[0]].name, "read by InstanceNormalization");
+    expect_why(&g, g.values[g.nodes[2].outputs[0]].name, "read by Concat");
+    expect_why(&g, g.values[g.nodes[18].outputs[0]].name, "ConvTranspose_output_0' is [N, C, H, W]");
+    expect_why(&g, g.values[g.nodes[16].outputs[0]].name, "read by ConvTranspose");
     gp_graph_free(&g);
 
     /* Models without 2-D convolutions: nothing to tag. */

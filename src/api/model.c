@@ -295,6 +295,13 @@ gpo_status gpo_layer(gpo_model *m, int i, struct gpo_layer *out)
     return GPO_OK;
 }
 
+int gpo_layer_layout_note(const gpo_model *m, int i, char *buf, size_t size)
+{
+    if (!m || !m->loaded || !m->opts.channels_last || i < 0 || i >= m->g.n_nodes || !buf || size == 0) return 0;
+    const struct gp_node *n = &m->g.nodes[i];
+    return n->n_outputs > 0 && gp_layout_why_not(&m->g, n->outputs[0], buf, size);
+}
+
 const char *gpo_layer_input(const gpo_model *m, int i, int k)
 {
     if (!m || !m->loaded || i < 0 || i >= m->g.n_nodes || k < 0 || k >= m->g.nodes[i].n_inputs) return NULL;

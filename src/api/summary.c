@@ -169,6 +169,11 @@ static void write_json(FILE *f, gpo_model *m, const struct gpo_model_info *info,
         gp_json_array_end(&j);
         gp_json_key(&j, "channels_last");
         gp_json_bool(&j, l.channels_last);
+        char note[512];
+        if (nhwc && gpo_layer_layout_note(m, i, note, sizeof note)) {
+            gp_json_key(&j, "layout_note");
+            gp_json_string(&j, note);
+        }
         gp_json_key(&j, "params");
         gp_json_int(&j, l.params);
         gp_json_key(&j, "frontier_bytes");

@@ -26,11 +26,14 @@ static void help(FILE *f)
           "  --layout L  auto (default), nchw or nhwc: which activations train --layout\n"
           "              would store channels-last ([N, H, W, C]). nhwc runs the layout\n"
           "              pass: the table marks each layer whose output is channels-last\n"
-          "              and counts them; auto is nchw here (it means nhwc on GPUs,\n"
-          "              and inspect has no devices)\n"
+          "              and counts them, and a list says why each layer that could\n"
+          "              write channels-last does not (the reader that refused it);\n"
+          "              auto is nchw here (it means nhwc on GPUs, and inspect has no\n"
+          "              devices)\n"
           "  --json      print the same as JSON: top-level 'layers' (index, op, name,\n"
-          "              output_shapes, params, frontier_bytes, channels_last...),\n"
-          "              'parameters', 'layout' and 'channels_last_activations'\n"
+          "              output_shapes, params, frontier_bytes, channels_last,\n"
+          "              layout_note...), 'parameters', 'layout' and\n"
+          "              'channels_last_activations'\n"
           "  -h, --help  this help\n"
           "\n"
           "Exit status: 0 on success, 1 when the model cannot be loaded (the reason is\n"
@@ -102,6 +105,25 @@ static const char *clip(const char *s, int width, char *buf, size_t size)
     if (len <= width) return s;
     snprintf(buf, size, "...%s", s + len - (width - 3));
     return buf;
+}
+
+
+/* The layers whose output could be channels-last but stays [N, C, H, W],
+ * and why (the first 20; the JSON has them all). */
+static void print_layout_notes(const gpo_model *m, int n_layers)
+{
+    int shown = 0, total = 0;
+    char note[512];
+    for (int i = 0; i < n_layers; i++) {
+        if (!gpo_layer_layout_note(m, i, note, sizeof note)) continue;
+        if (total++ == 0) printf("\nstays [N, C, H, W]:\n");
+        if (shown >= 20) continue;
+        struct gpo_layer l;
+        if (gpo_layer((gpo_model *)m, i, &l) != GPO_OK) continue;
+        printf("  #%d %s '%s': %s\n", i, l.op, l.name, note);
+        shown++;
+    }
+    if (total > shown) printf("  ... and %d more (inspect --json: each layer's layout_note)\n", total - shown);
 }
 
 static void print_table(gpo_model *m, const struct gpo_model_info *info, const char *path, bool nhwc)
@@ -181,6 +203,7 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
                shapes, l.params ? gp_cli_count(l.params, a, sizeof a) : "-", *mark ? front_w : 0,
                gp_cli_bytes(l.frontier_bytes, b, sizeof b), mark);
     }
+    if (nhwc) print_layout_notes(m, info->n_layers);
 }
 
 int gp_cmd_inspect(int argc, char **argv)

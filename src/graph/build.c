@@ -46,6 +46,7 @@ int gp_graph_value(struct gp_graph *g, const char *name, struct gp_error *err)
     v->name = gp_arena_strdup(&g->arena, name);
     v->kind = GP_VALUE_ACTIVATION;
     v->producer = -1;
+    v->layout_blocker = -1;
     if (!v->name || !gp_strmap_put(&g->value_names, v->name, g->n_values)) {
         gp_error_set(err, GP_ERR_NOMEM, "out of memory adding value '%s'", name);
         return -1;

@@ -45,6 +45,10 @@ struct gp_value {
      * says [N, C, H, W] lies in memory as [N, H, W, C], and so does its
      * gradient. Set by the layout pass only; false everywhere by default. */
     bool channels_last;
+    /* The layout pass's record of why it is not channels-last: the layer
+     * whose reading it refused it or withdrew it (-1: none; graph/layout.h,
+     * gp_layout_why_not). Meaningful only after the pass. */
+    int layout_blocker;
 };
 
 enum gp_attr_type {

@@ -2,6 +2,7 @@
  * (graph/layout.h). */
 #include "graph/layout.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,8 +141,9 @@ static bool reads_channels_last(const struct gp_graph *g, const struct gp_node *
     return gp_layout_neutral_op(n) || is_op(n, "GlobalAveragePool") || concat4(g, n);
 }
 
-/* agree[v]: value v has readers and each reads it channels-last. */
-static bool *readers_agree(const struct gp_graph *g)
+/* agree[v]: value v has readers and each reads it channels-last;
+ * blocker[v]: the first reader that does not. */
+static bool *readers_agree(const struct gp_graph *g, int *blocker)
 {
     bool *agree = calloc((size_t)g->n_values + 1, sizeof *agree), *refused = calloc((size_t)g->n_values + 1, 1);
     if (!agree || !refused) {
@@ -154,8 +156,12 @@ static bool *readers_agree(const struct gp_graph *g)
         for (int k = 0; k < n->n_inputs; k++) {
             int v = n->inputs[k];
             if (v < 0) continue;
-            if (reads_channels_last(g, n, k)) agree[v] = true;
-            else refused[v] = true;
+            if (reads_channels_last(g, n, k)) {
+                agree[v] = true;
+            } else if (!refused[v]) {
+                refused[v] = true;
+                blocker[v] = i;
+            }
         }
     }
     for (int v = 0; v < g->n_values; v++) agree[v] &= !refused[v];
@@ -188,7 +194,7 @@ static bool makes_channels_last(const struct gp_graph *g, const struct gp_node *
 
 void gp_graph_clear_layout(struct gp_graph *g)
 {
-    for (int v = 0; v < g->n_values; v++) g->values[v].channels_last = false;
+    for (int v = 0; v < g->n_values; v++) g->values[v].channels_last = false, g->values[v].layout_blocker = -1;
 }
 
 int gp_graph_channels_last_count(const struct gp_graph *g)
@@ -207,7 +213,7 @@ int gp_graph_channels_last_count(const struct gp_graph *g)
  * [N, C, H, W] then, which a convolution does at the cost of one
  * transpose, where the follower on copies would pay for four). True when
  * any was withdrawn. */
-static bool withdraw(const struct gp_graph *g, bool *agree)
+static bool withdraw(const struct gp_graph *g, bool *agree, int *blocker)
 {
     bool changed = false;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -216,6 +222,7 @@ static bool withdraw(const struct gp_graph *g, bool *agree)
             int x = n->inputs[0];
             if (x >= 0 && g->values[x].channels_last && agree[x] && !g->values[n->outputs[0]].channels_last) {
                 agree[x] = false;
+                blocker[x] = i;
                 changed = true;
             }
             continue;
@@ -226,6 +233,7 @@ static bool withdraw(const struct gp_graph *g, bool *agree)
                 int v = n->inputs[k];
                 if (g->values[v].channels_last && agree[v] && !out) {
                     agree[v] = false;
+                    blocker[v] = i;
                     changed = true;
                 }
             }
@@ -237,6 +245,7 @@ static bool withdraw(const struct gp_graph *g, bool *agree)
             int v = n->inputs[k];
             if (v >= 0 && g->values[v].channels_last && agree[v]) {
                 agree[v] = false;
+                blocker[v] = i;
                 changed = true;
             }
         }
@@ -246,8 +255,11 @@ static bool withdraw(const struct gp_graph *g, bool *agree)
 
 int gp_graph_channels_last(struct gp_graph *g)
 {
-    bool *agree = readers_agree(g);
+    int *blocker = malloc(sizeof(int) * ((size_t)g->n_values + 1));
+    for (int v = 0; blocker && v < g->n_values; v++) blocker[v] = -1;
+    bool *agree = blocker ? readers_agree(g, blocker) : NULL;
     if (!agree) {
+        free(blocker);
         gp_graph_clear_layout(g);
         return 0; /* out of memory: the graph stays as the model says */
     }
@@ -264,7 +276,68 @@ int gp_graph_channels_last(struct gp_graph *g)
                 if (agree[v]) g->values[v].channels_last = true;
             }
         }
-    } while (withdraw(g, agree));
+    } while (withdraw(g, agree, blocker));
+    for (int v = 0; v < g->n_values; v++) g->values[v].layout_blocker = blocker[v];
     free(agree);
+    free(blocker);
     return gp_graph_channels_last_count(g);
+}
+
+/* ---- why a value stays [N, C, H, W] ---- */
+
+/* Whether node p's output descends from a 2-D Conv's through followers,
+ * Concats and neutral ops: an image the pass could have tagged (not,
+ * say, a transformer's [B, heads, T, T] attention weights). */
+static bool could_be_tagged(const struct gp_graph *g, const struct gp_node *p, int depth)
+{
+    if (is_conv2d(g, p)) return true;
+    bool follower = follows_input0(g, p);
+    if (depth > 64 || !(follower || concat4(g, p) || gp_layout_neutral_op(p))) return false;
+    for (int k = 0; k < (follower ? 1 : p->n_inputs); k++) {
+        int x = p->inputs[k];
+        int q = x >= 0 ? g->values[x].producer : -1;
+        if (q >= 0 && could_be_tagged(g, &g->nodes[q], depth + 1)) return true;
+    }
+    return false;
+}
+
+bool gp_layout_why_not(const struct gp_graph *g, int v, char *buf, size_t size)
+{
+    if (v < 0 || v >= g->n_values || g->values[v].channels_last || g->values[v].producer < 0) return false;
+    const struct gp_value *val = &g->values[v];
+    const struct gp_node *p = &g->nodes[val->producer];
+    if (p->n_outputs < 1 || p->outputs[0] != v || !could_be_tagged(g, p, 0)) return false;
+    if (val->kind != GP_VALUE_ACTIVATION || !val->has_shape || val->shape.rank != 4 ||
+        val->dtype != GP_DTYPE_FLOAT32) {
+        snprintf(buf, size, "not a float32 activation of rank 4");
+        return true;
+    }
+    if (val->is_output) {
+        snprintf(buf, size, "a graph output (kept as the model says)");
+        return true;
+    }
+    /* The reader that refused it or withdrew it (the pass's record). */
+    int b = val->layout_blocker;
+    if (b >= 0 && b < g->n_nodes) {
+        const struct gp_node *n = &g->nodes[b];
+        int k = 0;
+        while (k < n->n_inputs && n->inputs[k] != v) k++;
+        if (!reads_channels_last(g, n, k))
+            snprintf(buf, size, "read by %s '%s' (input %d), which reads [N, C, H, W]", n->op_type, n->name, k);
+        else
+            snprintf(buf, size, "read by %s '%s', whose output stays [N, C, H, W]", n->op_type, n->name);
+        return true;
+    }
+    /* Else its producer had an input [N, C, H, W] (a Conv always makes
+     * channels-last; its readers agreed). */
+    for (int k = 0; k < p->n_inputs; k++) {
+        int x = p->inputs[k];
+        if (x >= 0 && g->values[x].shape.rank == 4 && !g->values[x].channels_last &&
+            (!follows_input0(g, p) || k == 0)) {
+            snprintf(buf, size, "its input '%s' is [N, C, H, W]", g->values[x].name);
+            return true;
+        }
+    }
+    snprintf(buf, size, "no reader");
+    return true;
 }

@@ -31,6 +31,7 @@
 #define GP_GRAPH_LAYOUT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "graph/graph.h"
@@ -65,6 +66,13 @@ uint32_t gp_layout_out_mask(const struct gp_graph *g, const struct gp_node *node
 /* Tags the graph's values channels-last as the header says (clearing any
  * earlier tags first); returns how many it tagged. */
 int gp_graph_channels_last(struct gp_graph *g);
+/* After the pass: why value v stays [N, C, H, W] although its producer
+ * could write it channels-last (a 2-D Conv, a follower, a Concat): one
+ * line into buf ("a graph output", "read by Softmax 'sm' (input 0), which
+ * reads [N, C, H, W]", "read by LeakyRelu 'r', whose output stays
+ * [N, C, H, W]", "its input 'x' is [N, C, H, W]"). False, buf untouched,
+ * for a tagged value or one whose producer is none of those. */
+bool gp_layout_why_not(const struct gp_graph *g, int v, char *buf, size_t size);
 /* Clears every tag. */
 void gp_graph_clear_layout(struct gp_graph *g);
 /* How many values are tagged. */
