@@ -45,6 +45,9 @@ static const struct unary_case unary_cases[] = {
      {-0.0249999985f, -0.00999999978f, -0.00300000003f, 0, 0.400000006f, 1.20000005f, 3}},
     {"LeakyRelu", 17, "alpha", 0.2f, NULL, false,
      {-0.5f, -0.200000003f, -0.0600000024f, 0, 0.400000006f, 1.20000005f, 3}},
+    /* A negative slope: the gradient's sign test reads X (gp_unary_grad_reads). */
+    {"LeakyRelu", 17, "alpha", -0.5f, NULL, false,
+     {1.25f, 0.5f, 0.150000006f, 0, 0.400000006f, 1.20000005f, 3}},
     {"Sigmoid", 17, NULL, 0, NULL, false,
      {0.0758581758f, 0.268941432f, 0.425557494f, 0.5f, 0.598687649f, 0.768524826f, 0.952574134f}},
     {"Tanh", 17, NULL, 0, NULL, false,
@@ -137,6 +140,7 @@ static void test_unary_kinks_match_pytorch(void **state)
         {"Relu", NULL, 0, {0, 0, 1}},
         {"Abs", NULL, 0, {-1, 0, 1}},
         {"LeakyRelu", NULL, 0, {0.01, 0.01, 1}},
+        {"LeakyRelu", "alpha", -0.5f, {-0.5, -0.5, 1}},
         {"Elu", "alpha", 0.5f, {0.18393972058572117, 0.5, 1}},
         /* 0.6 x + 0.5: saturated at -1 and 1 */
         {"HardSigmoid", "alpha", 0.6f, {0, 0.6000000238418579, 0}},

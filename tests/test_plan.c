@@ -226,10 +226,11 @@ static void test_gradient_lifetimes(void **state)
 }
 
 /* Forward-only convolution outputs: a BatchNormalization without a fused
- * Relu and a Conv never read their own output in backward
- * (gp_backward_reads), so such an output that no other backward reads
- * either (ResNet's normalization before a residual Add, the U-Net
- * fixture's ConvTranspose before a Concat, the benchmark U-Net's
+ * Relu, an InstanceNormalization and a Conv never read their own output
+ * in backward (gp_backward_reads), so such an output that no other
+ * backward reads either (ResNet's normalization before a residual Add, the
+ * U-Net fixture's ConvTranspose before a Concat and its InstanceNorms
+ * before a LeakyRelu, which reads its own output, the benchmark U-Net's
  * convolutions before Dropout) is planned in the forward arena, not kept
  * for the backward, as PyTorch keeps none of them. */
 static void test_forward_only_outputs(void **state)
@@ -245,11 +246,12 @@ static void test_forward_only_outputs(void **state)
         if (gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &(struct gp_compute_options){0}, "cpu", 0, g.n_nodes,
                           &p, &err) != GP_OK)
             fail_msg("%s", err.msg);
-        int expected = 0;
+        int expected = 0, instance_norms = 0;
         for (int i = 0; i < g.n_nodes; i++) {
             const struct gp_node *n = &g.nodes[i];
             bool conv = strcmp(n->op_type, "Conv") == 0 || strcmp(n->op_type, "ConvTranspose") == 0;
-            if (!conv && !(strcmp(n->op_type, "BatchNormalization") == 0 && !n->fused_relu)) continue;
+            bool inorm = strcmp(n->op_type, "InstanceNormalization") == 0;
+            if (!conv && !inorm && !(strcmp(n->op_type, "BatchNormalization") == 0 && !n->fused_relu)) continue;
             int v = n->outputs[0];
             bool read = false;
             for (int k = 0; k < g.n_outputs; k++) read |= g.outputs[k] == v;
@@ -261,17 +263,62 @@ static void test_forward_only_outputs(void **state)
             }
             if (read) continue;
             expected++;
+            instance_norms += inorm;
             if (p.home[v] != GP_HOME_ARENA)
                 fail_msg("%s: '%s' (layer %d, %s) is read by no backward but kept for it", fixtures[f],
                          g.values[v].name, i, n->op_type);
         }
-        printf("%-16s %d convolution and normalization outputs forward-only\n", fixtures[f], expected);
+        printf("%-16s %d convolution and normalization outputs forward-only (%d InstanceNorm)\n", fixtures[f],
+               expected, instance_norms);
         if (expected == 0) fail_msg("%s: no convolution or normalization output is forward-only", fixtures[f]);
+        /* The U-Net fixture's two InstanceNorms feed LeakyRelus. */
+        if (f == 1 && instance_norms != 2) fail_msg("unet_op17: %d InstanceNorm outputs forward-only, not 2", instance_norms);
         gp_plan_free(&p);
         free(needs);
         gp_layers_free(&l);
         gp_graph_free(&g);
     }
+}
+
+/* What the unary activations' backward reads (gp_unary_grad_reads, which
+ * both backends' kernels follow), and gp_backward_reads agreeing: Relu and
+ * LeakyRelu of alpha >= 0 their output (its sign is the input's), LeakyRelu
+ * of a negative alpha its input, Sigmoid its output, Gelu its input, Neg
+ * nothing; another domain's Relu is no ONNX op (everything, the default). */
+static void test_unary_grad_reads(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *op;
+        float alpha; /* LeakyRelu's, or 0: none given */
+        bool x, y;
+    } cases[] = {
+        {"Relu", 0, false, true},     {"LeakyRelu", 0, false, true}, {"LeakyRelu", 0.2f, false, true},
+        {"LeakyRelu", -0.5f, true, false}, {"Sigmoid", 0, false, true}, {"Tanh", 0, false, true},
+        {"Gelu", 0, true, false},     {"Softplus", 0, true, false},  {"Neg", 0, false, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        struct gp_node n = {.name = "n", .op_type = cases[k].op, .domain = "", .n_inputs = 1, .n_outputs = 1};
+        struct gp_attr alpha = {.name = "alpha", .type = GP_ATTR_FLOAT, .f = cases[k].alpha};
+        if (cases[k].alpha) n.n_attrs = 1, n.attrs = &alpha;
+        bool x, y;
+        gp_unary_grad_reads(&n, &x, &y);
+        if (x != cases[k].x || y != cases[k].y)
+            fail_msg("%s (alpha %g): reads X %d, Y %d; expected %d, %d", cases[k].op, (double)cases[k].alpha, x, y,
+                     cases[k].x, cases[k].y);
+        uint32_t in, out;
+        gp_backward_reads(&n, 1, &in, &out);
+        assert_int_equal(in, cases[k].x ? 1u : 0u);
+        assert_int_equal(out, cases[k].y ? 1u : 0u);
+    }
+    struct gp_node custom = {.name = "c", .op_type = "Relu", .domain = "com.example", .n_inputs = 1, .n_outputs = 1};
+    bool x, y;
+    gp_unary_grad_reads(&custom, &x, &y);
+    assert_false(x || y);
+    uint32_t in, out;
+    gp_backward_reads(&custom, 1, &in, &out);
+    assert_int_equal(in, 0xffffffffu);
+    assert_int_equal(out, 0xffffffffu);
 }
 
 /* Tied parameters: the GPT whose head reads its token embedding, cut
@@ -569,6 +616,7 @@ int main(void)
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_schedule_slots), cmocka_unit_test(test_bad_schedule),
                                        cmocka_unit_test(test_gradient_lifetimes),
                                        cmocka_unit_test(test_forward_only_outputs),
+                                       cmocka_unit_test(test_unary_grad_reads),
                                        cmocka_unit_test(test_tied_parameters)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

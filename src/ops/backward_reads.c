@@ -14,6 +14,34 @@ static bool is(const struct gp_node *n, const char *const *names)
     return false;
 }
 
+void gp_unary_grad_reads(const struct gp_node *n, bool *x, bool *y)
+{
+    static const char *const from_y[] = {"Sigmoid", "Tanh", "Sqrt", "Exp", "Reciprocal", NULL};
+    static const char *const from_x[] = {"Erf", "Gelu", "Log", "Abs", "Softplus", "Elu", "HardSigmoid",
+                                         "HardSwish", NULL};
+    *x = *y = false;
+    if (*n->domain && strcmp(n->domain, "ai.onnx") != 0) return;
+    if (strcmp(n->op_type, "Relu") == 0) {
+        *y = true;
+    } else if (strcmp(n->op_type, "LeakyRelu") == 0) {
+        bool y_sign = gp_node_attr_float(n, "alpha", 0.01f) >= 0;
+        *y = y_sign;
+        *x = !y_sign;
+    } else if (is(n, from_y)) {
+        *y = true;
+    } else if (is(n, from_x)) {
+        *x = true;
+    }
+}
+
+static bool is_unary(const struct gp_node *n)
+{
+    static const char *const ops[] = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Reciprocal", "Neg",
+                                      "Erf", "Gelu", "Log", "Abs", "Softplus", "Elu", "HardSigmoid", "HardSwish",
+                                      NULL};
+    return is(n, ops);
+}
+
 void gp_backward_reads(const struct gp_node *n, uint32_t din, uint32_t *in, uint32_t *out)
 {
     *in = ALL;
@@ -49,6 +77,22 @@ void gp_backward_reads(const struct gp_node *n, uint32_t din, uint32_t *in, uint
     }
     if (strcmp(n->op_type, "Conv") == 0 || strcmp(n->op_type, "ConvTranspose") == 0) {
         *out = 0;
+        return;
+    }
+    /* InstanceNormalization's gradients read its input and the statistics
+     * the forward saved, never its output. */
+    if (strcmp(n->op_type, "InstanceNormalization") == 0) {
+        *out = 0;
+        return;
+    }
+    /* The unary activations: as gp_unary_grad_reads says (a U-Net's
+     * LeakyRelu reads its output, which the next convolution keeps anyway,
+     * so the InstanceNorm output before it lives only through the forward). */
+    if (is_unary(n)) {
+        bool x, y;
+        gp_unary_grad_reads(n, &x, &y);
+        *in = x ? BIT(0) : 0;
+        *out = y ? BIT(0) : 0;
         return;
     }
     /* Softmax' gradient is a function of its output alone. */

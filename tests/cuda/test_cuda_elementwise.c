@@ -253,6 +253,7 @@ static void test_unary(void **state)
         {"Relu", 14, NAN, NAN, NULL, -2, 2, 1},
         {"LeakyRelu", 16, NAN, NAN, NULL, -2, 2, 1},
         {"LeakyRelu", 16, 0.2f, NAN, NULL, -2, 2, 1},
+        {"LeakyRelu", 16, -0.5f, NAN, NULL, -2, 2, 1}, /* its gradient reads X, not Y */
         {"Sigmoid", 13, NAN, NAN, NULL, -8, 8, 0},
         {"Tanh", 13, NAN, NAN, NULL, -3, 3, 0},
         {"Erf", 13, NAN, NAN, NULL, -2.5f, 2.5f, 0},

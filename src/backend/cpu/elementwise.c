@@ -12,6 +12,7 @@
 #include <tgmath.h>
 
 #include "backend/cpu/kernel_util.h"
+#include "ops/backward_reads.h"
 
 #define R(x) ((real)(x))
 
@@ -66,7 +67,7 @@ static struct uparams uparams_of(const struct gp_node *node, enum uop op)
     do {                                                                    \
         _Pragma("omp parallel for if (n > GP_CPU_PAR_MIN) schedule(static)") \
         for (int64_t i = 0; i < n; i++) {                                   \
-            real x = X[i], y = Y[i], dy = dY[i];                            \
+            real x = X ? X[i] : 0, y = Y ? Y[i] : 0, dy = dY[i];            \
             (void)x, (void)y;                                               \
             real base_ = ow ? 0 : dX[i];                                    \
             dX[i] = base_ + (__VA_ARGS__);                                  \
@@ -162,7 +163,10 @@ static gp_status unary_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     enum uop op = uop_of(c->node->op_type);
     int64_t n = gp_shape_numel(gp_cpu_in_shape(c, 0));
-    const real *X = c->in[0], *Y = c->out[0], *dY = c->dout[0];
+    /* Only what gp_unary_grad_reads names: the executor keeps no more. */
+    bool rx, ry;
+    gp_unary_grad_reads(c->node, &rx, &ry);
+    const real *X = rx ? c->in[0] : NULL, *Y = ry ? c->out[0] : NULL, *dY = c->dout[0];
     real *dX = c->din[0];
     bool ow = gp_cpu_overwrite(c, 0);
     if (!dX) return GP_OK;
@@ -173,8 +177,11 @@ static gp_status unary_backward(struct gp_cpu_ctx *c, struct gp_error *err)
     struct uparams p = uparams_of(c->node, op);
     real a = p.alpha, b = p.beta;
     switch (op) {
-    case U_RELU: GRAD(x > 0 ? dy : 0); break;
-    case U_LEAKY: GRAD(x > 0 ? dy : a * dy); break;
+    case U_RELU: GRAD(y > 0 ? dy : 0); break;
+    case U_LEAKY: /* the sign of Y for alpha >= 0, else of X */
+        if (ry) GRAD(y > 0 ? dy : a * dy);
+        else GRAD(x > 0 ? dy : a * dy);
+        break;
     case U_SIGMOID: GRAD(dy * (1 - y) * y); break;
     case U_TANH: GRAD(dy * (1 - y * y)); break;
     case U_ERF: GRAD(dy * R(M_2_SQRTPI) * exp(-x * x)); break;

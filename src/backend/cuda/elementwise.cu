@@ -35,6 +35,7 @@
 #include "backend/cuda/kernel_util.cuh"
 
 extern "C" {
+#include "ops/backward_reads.h"
 #include "ops/fold_util.h"
 }
 
@@ -175,8 +176,8 @@ __device__ static inline float unary_grad(const struct uparams &p, float x, floa
 {
     float a = p.alpha;
     switch (p.op) {
-    case U_RELU: return x > 0 ? dy : 0.0f;
-    case U_LEAKY: return x > 0 ? dy : a * dy;
+    case U_RELU: return y > 0 ? dy : 0.0f;
+    case U_LEAKY: return (a >= 0 ? y : x) > 0 ? dy : a * dy; /* gp_unary_grad_reads */
     case U_SIGMOID: return dy * (1.0f - y) * y;
     case U_TANH: return dy * __fsub_rn(1.0f, __fmul_rn(y, y));
     case U_ERF: return dy * (float)M_2_SQRTPI * expf(-x * x);
@@ -249,12 +250,12 @@ __global__ static void unary_forward_kernel(struct uparams p, typename stor<S>::
 }
 
 /* dX [n] += dY [n] * f'(X) (with `ow`, dX = 0 + that: dX not read); X, Y
- * the forward input and output (Y read only where has_y: the gradients that
- * use it); S the storage of all. */
+ * the forward input and output (each read only where has_x, has_y: the
+ * gradients that use it, gp_unary_grad_reads); S the storage of all. */
 template <class S>
-__global__ static void unary_backward_kernel(struct uparams p, typename stor<S>::ptr X, typename stor<S>::ptr Y,
-                                             bool has_y, typename stor<S>::ptr dY, typename stor<S>::ptr dX,
-                                             int64_t n, bool ow)
+__global__ static void unary_backward_kernel(struct uparams p, typename stor<S>::ptr X, bool has_x,
+                                             typename stor<S>::ptr Y, bool has_y, typename stor<S>::ptr dY,
+                                             typename stor<S>::ptr dX, int64_t n, bool ow)
 {
     GP_GRID_STRIDE_ILP(i0, st, n)
     {
@@ -263,7 +264,7 @@ __global__ static void unary_backward_kernel(struct uparams p, typename stor<S>:
         for (int u = 0; u < GP_ILP; u++) {
             int64_t i = i0 + u * st;
             bool in = i < n;
-            x[u] = in ? ldf(X, i) : 0.0f;
+            x[u] = in && has_x ? ldf(X, i) : 0.0f;
             y[u] = in && has_y ? ldf(Y, i) : 0.0f;
             dy[u] = in ? ldf(dY, i) : 0.0f;
             dx[u] = in && !ow ? ldf(dX, i) : 0.0f;
@@ -311,7 +312,11 @@ __global__ static void unary_backward_runs_kernel(struct uparams p, const S *X, 
         for (int u = 0; u < 2; u++) {
             int64_t r = r0 + u * st;
             if (r >= runs) continue;
-            gp_run<S, RUN>::load(X, r * RUN, x[u]);
+            if (X)
+                gp_run<S, RUN>::load(X, r * RUN, x[u]);
+            else
+#pragma unroll
+                for (int k = 0; k < RUN; k++) x[u][k] = 0.0f;
             gp_run<S, RUN>::load(dY, r * RUN, dy[u]);
             if (Y)
                 gp_run<S, RUN>::load(Y, r * RUN, y[u]);
@@ -346,11 +351,11 @@ static void launch_forward_runs(const struct gp_cuda_ctx *c, const struct uparam
 }
 
 template <class S, int F>
-static void launch_backward_runs(const struct gp_cuda_ctx *c, const struct uparams &p, const void *yp, int64_t n,
-                                 bool ow)
+static void launch_backward_runs(const struct gp_cuda_ctx *c, const struct uparams &p, const void *xp, const void *yp,
+                                 int64_t n, bool ow)
 {
     unary_backward_runs_kernel<S, F><<<gp_cuda_blocks_for((n / RUN + 1) / 2), THREADS, 0, c->stream>>>(
-        p, (const S *)c->in[0], (const S *)yp, (const S *)c->dout[0], (S *)c->din[0], n / RUN, ow);
+        p, (const S *)xp, (const S *)yp, (const S *)c->dout[0], (S *)c->din[0], n / RUN, ow);
 }
 
 /* Runs the statement with the constant F set to the ufix value f. */
@@ -369,10 +374,6 @@ static void launch_backward_runs(const struct gp_cuda_ctx *c, const struct upara
     } while (0)
 
 /* The ops whose gradient reads the forward output. */
-static bool grad_reads_y(enum uop op)
-{
-    return op == U_SIGMOID || op == U_TANH || op == U_SQRT || op == U_EXP || op == U_RECIP;
-}
 
 /* Integer and bool inputs: element by element through int64, wrapping like
  * the store (Erf through double, as the CPU). */
@@ -444,22 +445,24 @@ static gp_status unary_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     }
     if (n == 0) return GP_OK;
     struct uparams p = uparams_of(c->node, op);
-    bool ry = grad_reads_y(op);
+    /* Only what gp_unary_grad_reads names: the executor keeps no more. */
+    bool rx, ry;
+    gp_unary_grad_reads(c->node, &rx, &ry);
     bool x16 = in16(c, 0), y16 = out16(c, 0), dy16 = dout16(c, 0), dx16 = din16(c, 0);
-    enum stor_kind k = stor_of({x16, ry ? y16 : x16, dy16, dx16});
-    const void *yp = ry ? c->out[0] : NULL;
-    if (k != STOR_MIX && gp_runs_fit(n, RUN, k == STOR_BF16 ? 2 : 4, {c->in[0], yp, c->dout[0], c->din[0]})) {
+    enum stor_kind k = stor_of({rx ? x16 : dy16, ry ? y16 : dy16, dy16, dx16});
+    const void *xp = rx ? c->in[0] : NULL, *yp = ry ? c->out[0] : NULL;
+    if (k != STOR_MIX && gp_runs_fit(n, RUN, k == STOR_BF16 ? 2 : 4, {xp, yp, c->dout[0], c->din[0]})) {
         enum ufix f = ufix_of(p);
         if (k == STOR_BF16)
-            WITH_FIX(f, launch_backward_runs<__nv_bfloat16, F>(c, p, yp, n, ow));
+            WITH_FIX(f, launch_backward_runs<__nv_bfloat16, F>(c, p, xp, yp, n, ow));
         else
-            WITH_FIX(f, launch_backward_runs<float, F>(c, p, yp, n, ow));
+            WITH_FIX(f, launch_backward_runs<float, F>(c, p, xp, yp, n, ow));
         return gp_cuda_check_launch(c, "unary backward", err);
     }
     WITH_STOR(k,
               unary_backward_kernel<S><<<gp_cuda_blocks_ilp(n), THREADS, 0, c->stream>>>(
-                  p, stor_ptr<S>(c->in[0], x16), stor_ptr<S>(ry ? c->out[0] : NULL, y16), ry,
-                  stor_ptr<S>(c->dout[0], dy16), stor_ptr<S>(c->din[0], dx16), n, ow));
+                  p, stor_ptr<S>(xp, x16), rx, stor_ptr<S>(yp, y16), ry, stor_ptr<S>(c->dout[0], dy16),
+                  stor_ptr<S>(c->din[0], dx16), n, ow));
     return gp_cuda_check_launch(c, "unary backward", err);
 }
 
