@@ -57,6 +57,7 @@
 
 #include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
+#include "backend/cuda/norm_nhwc.cuh"
 #include "backend/cuda/norm_storage.cuh"
 
 /* ---- storage: IO of norm_storage.cuh for X, Y, dY, dX and the parameters;
@@ -765,10 +766,10 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
  * Statistics: blocks of tx x ty threads (tx lanes across a row's runs, ty
  * lanes down the rows), a grid of gx blocks across the runs by p chunks of
  * rows. Each lane sums its rows in order in double, the ty lanes of a run
- * then add in a fixed tree, and each chunk's partial sums go to scratch in
- * the NCHW kernels' places, so one finishing kernel serves both layouts
- * (in one pass: the sum and the sum of squares, the squared deviations
- * from them in double).
+ * then add in a fixed order (norm_nhwc.cuh), and each chunk's partial sums
+ * go to scratch in the NCHW kernels' places, so one finishing kernel serves
+ * both layouts (in one pass: the sum and the sum of squares, the squared
+ * deviations from them in double).
  *
  * Elementwise passes: a grid whose thread count is a multiple of the runs
  * per row, so a thread's runs all belong to the same channels and it loads
@@ -886,23 +887,6 @@ static int bn_nhwc_stats_vec(enum io_kind kind, int vec, bool backward)
     return want;
 }
 
-/* Warp-wide: channel c's `parts` partial sums of a and b (one chunk per
- * lane in turn, then a fixed shuffle tree) into lane 0's sa, sb. */
-__device__ static inline void bn_nhwc_fold(int64_t c, int64_t parts, const double *a, const double *b, double &sa,
-                                           double &sb)
-{
-    int lane = threadIdx.x & 31;
-    sa = 0, sb = 0;
-    for (int64_t k = lane; k < parts; k += 32) {
-        sa = DADD(sa, a[c * parts + k]);
-        sb = DADD(sb, b[c * parts + k]);
-    }
-    for (int off = 16; off > 0; off /= 2) {
-        sa = DADD(sa, __shfl_down_sync(0xffffffffu, sa, off));
-        sb = DADD(sb, __shfl_down_sync(0xffffffffu, sb, off));
-    }
-}
-
 /* Launches of the two finishing kernels below: a warp per channel. */
 static unsigned bn_nhwc_finish_blocks(int64_t c) { return (unsigned)((c * 32 + 255) / 256); }
 
@@ -915,7 +899,7 @@ __global__ static void bn_nhwc_finish_kernel(struct bn_plan p, int64_t parts, bo
     int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (c >= p.c) return; /* whole warps leave together: c is the warp's */
     double sum = 0, sumsq = 0;
-    if (training) bn_nhwc_fold(c, parts, psum, psq, sum, sumsq);
+    if (training) gp_nhwc_fold_parts(c, parts, psum, psq, sum, sumsq);
     if ((threadIdx.x & 31) == 0) bn_finish_channel(p, c, training, update, sum, sumsq, 0, true, o);
 }
 
@@ -926,7 +910,7 @@ __global__ static void bn_nhwc_bwd_finish_kernel(struct bn_plan p, int64_t parts
     int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (c >= p.c) return;
     double sum_dy = 0, sum_dy_xhat = 0;
-    if (have_dy) bn_nhwc_fold(c, parts, pdy, pdyx, sum_dy, sum_dy_xhat);
+    if (have_dy) gp_nhwc_fold_parts(c, parts, pdy, pdyx, sum_dy, sum_dy_xhat);
     if ((threadIdx.x & 31) == 0) bn_bwd_finish_channel(p, c, sum_dy, sum_dy_xhat, g);
 }
 
@@ -943,41 +927,6 @@ static struct bn_plan bn_plan_for_finish(const struct gp_node *node, const struc
     p.eps = gp_node_attr_float(node, "epsilon", 1e-5f);
     p.momentum = gp_node_attr_float(node, "momentum", 0.9f);
     return p;
-}
-
-/* a and b (each lane's VEC sums) added over the block's ty lanes of a
- * run, in a fixed order; the totals land in the threadIdx.y == 0 lane's
- * a and b. A warp holds 32 / tx lanes of each of tx runs: first shuffles
- * within the warp, then the warps' partial sums through shared memory
- * (sh: 2 VEC doubles for each of the block's lanes), added in warp order
- * by the first warp. One barrier: the tree of shared-memory levels, a
- * barrier each, that this replaces left the statistics passes waiting on
- * barriers (ncu, ResNet-50 bf16: 45% of the forward's stall samples). */
-template <int VEC>
-__device__ static inline void bn_nhwc_reduce(const struct bn_nhwc_plan &q, double (&a)[VEC], double (&b)[VEC],
-                                             double *sh)
-{
-    const int t = threadIdx.y * q.tx + threadIdx.x, lane = t & 31, warp = t >> 5;
-    for (int off = q.tx; off < 32; off *= 2)
-#pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            a[i] = DADD(a[i], __shfl_down_sync(0xffffffffu, a[i], off));
-            b[i] = DADD(b[i], __shfl_down_sync(0xffffffffu, b[i], off));
-        }
-    if (lane < q.tx)
-#pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            sh[(warp * q.tx + lane) * 2 * VEC + i] = a[i];
-            sh[(warp * q.tx + lane) * 2 * VEC + VEC + i] = b[i];
-        }
-    __syncthreads();
-    if (threadIdx.y == 0)
-        for (int w = 1; w < BN_THREADS / 32; w++)
-#pragma unroll
-            for (int i = 0; i < VEC; i++) {
-                a[i] = DADD(a[i], sh[(w * q.tx + lane) * 2 * VEC + i]);
-                b[i] = DADD(b[i], sh[(w * q.tx + lane) * 2 * VEC + VEC + i]);
-            }
 }
 
 /* Walks lane (run, threadIdx.y)'s rows of chunk k, BN_NHWC_ILP at a
@@ -1145,7 +1094,7 @@ __global__ static void __launch_bounds__(BN_THREADS, VEC >= 8 ? 2 : 3)
         }
     }
     __syncthreads(); /* an exact walk's results read back before sh is reused */
-    bn_nhwc_reduce<VEC>(q, s, sq, sh);
+    gp_nhwc_reduce_lanes<BN_THREADS, VEC>(q.tx, s, sq, sh);
     if (threadIdx.y == 0 && run < q.cr)
 #pragma unroll
         for (int i = 0; i < VEC; i++) {
@@ -1395,7 +1344,7 @@ __global__ static void __launch_bounds__(BN_THREADS, 2)
         }
     }
     __syncthreads(); /* an exact walk's results read back before sh is reused */
-    bn_nhwc_reduce<VEC>(q, s, sx, sh);
+    gp_nhwc_reduce_lanes<BN_THREADS, VEC>(q.tx, s, sx, sh);
     if (threadIdx.y == 0 && run < q.cr)
 #pragma unroll
         for (int i = 0; i < VEC; i++) {

@@ -28,6 +28,7 @@
 
 #include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
+#include "backend/cuda/norm_nhwc.cuh"
 #include "backend/cuda/norm_storage.cuh"
 
 /* ---- storage: IO of norm_storage.cuh for the plane kernels; the
@@ -282,9 +283,8 @@ static gp_status in_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
  * tx x ty threads, tx lanes across a row's runs and ty lanes down the
  * rows, a grid of gx blocks across the runs by p chunks of a sample's
  * rows by N samples. Each lane adds its rows in order in double, the ty
- * lanes of a run then in a fixed tree (warp shuffles, the warps in order),
- * and each chunk's sums go to scratch; a warp per plane then adds its
- * chunks in order. So results are the same run to run (the order depends
+ * lanes of a run then in a fixed order (norm_nhwc.cuh), and each chunk's
+ * sums go to scratch; a warp per plane then adds its chunks in order. So results are the same run to run (the order depends
  * on the shape and run length only) and equal the CPU's to float
  * rounding: the statistics are the sum and the sum of squares in double
  * (one pass, where the CPU takes the mean first and then the squared
@@ -410,38 +410,6 @@ static struct in_nhwc_scratch in_nhwc_scratch_of(const struct gp_cuda_ctx *ctx)
     return r;
 }
 
-/* a and b (each lane's VEC sums) added over the block's ty lanes of a run
- * in a fixed order; the totals land in the threadIdx.y == 0 lane's. A warp
- * holds 32 / tx lanes of each of tx runs: shuffles within the warp, then
- * the warps' sums through shared memory (sh: 2 VEC doubles a lane), added
- * in warp order by the first row of lanes. */
-template <int VEC>
-__device__ static inline void in_nhwc_reduce(const struct in_nhwc_plan &q, double (&a)[VEC], double (&b)[VEC],
-                                             double *sh)
-{
-    const int t = threadIdx.y * q.tx + threadIdx.x, lane = t & 31, warp = t >> 5;
-    for (int off = q.tx; off < 32; off *= 2)
-#pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            a[i] = DADD(a[i], __shfl_down_sync(0xffffffffu, a[i], off));
-            b[i] = DADD(b[i], __shfl_down_sync(0xffffffffu, b[i], off));
-        }
-    if (lane < q.tx)
-#pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            sh[(warp * q.tx + lane) * 2 * VEC + i] = a[i];
-            sh[(warp * q.tx + lane) * 2 * VEC + VEC + i] = b[i];
-        }
-    __syncthreads();
-    if (threadIdx.y == 0)
-        for (int w = 1; w < IN_THREADS / 32; w++)
-#pragma unroll
-            for (int i = 0; i < VEC; i++) {
-                a[i] = DADD(a[i], sh[(w * q.tx + lane) * 2 * VEC + i]);
-                b[i] = DADD(b[i], sh[(w * q.tx + lane) * 2 * VEC + VEC + i]);
-            }
-}
-
 /* Block (run group blockIdx.x, chunk blockIdx.y, sample blockIdx.z): per
  * channel of its runs, the sums over the chunk's rows of f(values) into
  * part_a and part_b at [(n C + c) p + k]. BACKWARD: f = (dy, dy xhat)
@@ -495,7 +463,7 @@ __global__ static void __launch_bounds__(IN_THREADS, 3)
             off += ILP * step;
         }
     }
-    in_nhwc_reduce<VEC>(q, a, b, sh);
+    gp_nhwc_reduce_lanes<IN_THREADS, VEC>(q.tx, a, b, sh);
     if (threadIdx.y == 0 && run < q.cr)
 #pragma unroll
         for (int i = 0; i < VEC; i++) {
@@ -503,23 +471,6 @@ __global__ static void __launch_bounds__(IN_THREADS, 3)
             part_a[pl * q.p + k] = a[i];
             part_b[pl * q.p + k] = b[i];
         }
-}
-
-/* Warp-wide: plane pl's `parts` chunk sums of a and b (a chunk per lane in
- * turn, then a fixed shuffle tree) into lane 0's sa, sb. */
-__device__ static inline void in_nhwc_fold(int64_t pl, int64_t parts, const double *a, const double *b, double &sa,
-                                           double &sb)
-{
-    int lane = threadIdx.x & 31;
-    sa = 0, sb = 0;
-    for (int64_t k = lane; k < parts; k += 32) {
-        sa = DADD(sa, a[pl * parts + k]);
-        sb = DADD(sb, b[pl * parts + k]);
-    }
-    for (int off = 16; off > 0; off /= 2) {
-        sa = DADD(sa, __shfl_down_sync(0xffffffffu, sa, off));
-        sb = DADD(sb, __shfl_down_sync(0xffffffffu, sb, off));
-    }
 }
 
 static unsigned in_nhwc_warp_blocks(int64_t planes) { return (unsigned)((planes * 32 + 255) / 256); }
@@ -532,7 +483,7 @@ __global__ static void in_nhwc_stats_kernel(struct in_nhwc_plan q, const double 
     int64_t pl = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (pl >= q.n * q.c) return; /* whole warps leave together */
     double s, sq;
-    in_nhwc_fold(pl, q.p, psum, psq, s, sq);
+    gp_nhwc_fold_parts(pl, q.p, psum, psq, s, sq);
     if ((threadIdx.x & 31) != 0) return;
     double m = q.s > 0 ? s / (double)q.s : 0.0;
     double var = q.s > 0 ? DSUB(sq / (double)q.s, DMUL(m, m)) : 0.0;
@@ -633,7 +584,7 @@ __global__ static void in_nhwc_bwd_finish_kernel(struct in_nhwc_plan q, gp_fptr 
     int64_t pl = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (pl >= q.n * q.c) return;
     double s, sx;
-    in_nhwc_fold(pl, q.p, pdy, pdyx, s, sx);
+    gp_nhwc_fold_parts(pl, q.p, pdy, pdyx, s, sx);
     if ((threadIdx.x & 31) != 0) return;
     sums[2 * pl] = s;
     sums[2 * pl + 1] = sx;
