@@ -373,8 +373,6 @@ static void launch_backward_runs(const struct gp_cuda_ctx *c, const struct upara
         }                                                                     \
     } while (0)
 
-/* The ops whose gradient reads the forward output. */
-
 /* Integer and bool inputs: element by element through int64, wrapping like
  * the store (Erf through double, as the CPU). */
 __global__ static void unary_int_kernel(int op, int dt, bool unsig, const void *X, void *Y, int64_t n)
