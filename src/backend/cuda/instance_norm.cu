@@ -136,7 +136,12 @@ __global__ static void in_forward_kernel(struct in_plan p, gp_fptr x, gp_fptr sc
 }
 
 static gp_status in_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err);
-static gp_status in_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err);
+/* Backward's tensors: X, scale, and the gradients (p NULL: not wanted; dY
+ * NULL: none arrived). */
+struct in_bwd_tensors {
+    gp_fptr x, scale, dy, dx, dscale, dbias;
+};
+static gp_status in_nhwc_backward(struct gp_cuda_ctx *ctx, const struct in_bwd_tensors &t, struct gp_error *err);
 
 static gp_status in_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
@@ -250,16 +255,18 @@ static gp_status in_params_grad(struct gp_cuda_ctx *ctx, const struct in_plan &p
 static gp_status in_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
     for (int i = 0; i < 3; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
-    if (gp_cuda_nhwc(ctx->in_nhwc, 0)) return in_nhwc_backward(ctx, err);
+    gp_fptr none = {NULL, false};
+    const struct in_bwd_tensors t = {gp_cuda_in_f(ctx, 0),
+                                     gp_cuda_in_f(ctx, 1),
+                                     ctx->dout[0] ? gp_cuda_dout_f(ctx, 0) : none,
+                                     ctx->din[0] ? gp_cuda_din_f(ctx, 0) : none,
+                                     ctx->din[1] ? gp_cuda_din_f(ctx, 1) : none,
+                                     ctx->din[2] ? gp_cuda_din_f(ctx, 2) : none};
+    if (!t.dy.p) return in_no_dy(ctx, t.dx, err);
+    if (gp_cuda_nhwc(ctx->in_nhwc, 0)) return in_nhwc_backward(ctx, t, err);
     struct in_plan p;
     in_plan_of(ctx, &p);
-    gp_fptr none = {NULL, false};
-    gp_fptr x = gp_cuda_in_f(ctx, 0), scale = gp_cuda_in_f(ctx, 1);
-    gp_fptr dy = ctx->dout[0] ? gp_cuda_dout_f(ctx, 0) : none;
-    gp_fptr dx = ctx->din[0] ? gp_cuda_din_f(ctx, 0) : none;
-    gp_fptr dscale = ctx->din[1] ? gp_cuda_din_f(ctx, 1) : none;
-    gp_fptr dbias = ctx->din[2] ? gp_cuda_din_f(ctx, 2) : none;
-    if (!dy.p) return in_no_dy(ctx, dx, err);
+    gp_fptr x = t.x, scale = t.scale, dy = t.dy, dx = t.dx, dscale = t.dscale, dbias = t.dbias;
     if (p.n * p.c == 0 || (!dx.p && !dscale.p && !dbias.p)) return GP_OK;
     const float *mean = (const float *)ctx->saved, *invstd = mean + p.n * p.c;
     double *sums = (double *)ctx->scratch;
@@ -641,15 +648,9 @@ __global__ static void in_nhwc_dx_kernel(struct in_nhwc_plan q, gp_fptr x, gp_fp
     }
 }
 
-static gp_status in_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
+static gp_status in_nhwc_backward(struct gp_cuda_ctx *ctx, const struct in_bwd_tensors &t, struct gp_error *err)
 {
-    gp_fptr none = {NULL, false};
-    gp_fptr x = gp_cuda_in_f(ctx, 0), scale = gp_cuda_in_f(ctx, 1);
-    gp_fptr dy = ctx->dout[0] ? gp_cuda_dout_f(ctx, 0) : none;
-    gp_fptr dx = ctx->din[0] ? gp_cuda_din_f(ctx, 0) : none;
-    gp_fptr dscale = ctx->din[1] ? gp_cuda_din_f(ctx, 1) : none;
-    gp_fptr dbias = ctx->din[2] ? gp_cuda_din_f(ctx, 2) : none;
-    if (!dy.p) return in_no_dy(ctx, dx, err);
+    gp_fptr x = t.x, scale = t.scale, dy = t.dy, dx = t.dx, dscale = t.dscale, dbias = t.dbias;
     struct in_nhwc_plan q, qs;
     in_nhwc_plan_of(ctx->graph, ctx->node, 1, &q);
     if (q.n * q.c == 0 || q.s == 0 || (!dx.p && !dscale.p && !dbias.p)) return GP_OK;
