@@ -592,10 +592,48 @@ static void test_1f1b_memory(void **state)
     steps = STEPS;
 }
 
+/* Stage 0's gradient set lives in its forward arena's block (plan.h):
+ * its planned activations hold the larger of the two where a later stage
+ * holds both, and the runs train as one stage does (the other tests'
+ * comparisons run every stage 0 so). unet_op17 has both an arena (its
+ * InstanceNorm outputs) and a gradient set on every stage. */
+static void test_gradients_in_arena(void **state)
+{
+    (void)state;
+    const int K = 3, M = 2;
+    struct run_result r;
+    memset(&r, 0, sizeof r);
+    steps = 1;
+    run("unet_op17", 8, K, M, GP_CHECKPOINT_NEVER, NULL, &r);
+    steps = STEPS;
+    assert_int_equal(r.stages, K);
+    int shared_stages = 0;
+    for (int k = 0; k < K; k++) {
+        const struct gp_stage_memory_report *m = &r.memory[k];
+        int64_t per_mb = m->box_bytes * m->frontier_boxes + m->set_bytes * m->activation_sets +
+                         m->inbox_bytes * m->gradient_inboxes;
+        int64_t both = m->gradients_in_arena
+                           ? (m->arena_bytes > m->gradient_set_bytes ? m->arena_bytes : m->gradient_set_bytes)
+                           : m->arena_bytes + m->gradient_set_bytes;
+        printf("unet, stage %d of %d: arena %lld bytes, gradient set %lld, %s; activations planned %lld, peak %lld\n",
+               k, K, (long long)m->arena_bytes, (long long)m->gradient_set_bytes,
+               m->gradients_in_arena ? "one block" : "two blocks", (long long)m->activation_bytes,
+               (long long)m->activation_peak);
+        assert_true(m->gradients_in_arena == (k == 0));
+        assert_true(m->arena_bytes > 0 && m->gradient_set_bytes > 0);
+        assert_true(m->activation_bytes == per_mb + both);
+        assert_true(m->activation_peak <= m->activation_bytes);
+        shared_stages += m->gradients_in_arena;
+    }
+    assert_int_equal(shared_stages, 1);
+    gp_graph_free(&r.saved);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp),
+        cmocka_unit_test(test_gradients_in_arena),
         cmocka_unit_test(test_gpt),
         cmocka_unit_test(test_tied),
         cmocka_unit_test(test_batchnorm_models),

@@ -590,12 +590,17 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     r->frontier_boxes = sl->n_boxes;
     r->activation_sets = sl->n_sets;
     r->gradient_inboxes = sl->n_inboxes;
+    r->arena_bytes = (int64_t)s->plan.arena_bytes;
+    r->gradient_set_bytes = (int64_t)s->plan.grad_bytes;
+    r->gradients_in_arena = s->plan.grads_share_arena;
     r->box_bytes = (int64_t)s->plan.box_bytes;
     r->set_bytes = (int64_t)s->plan.local_bytes;
     r->inbox_bytes = (int64_t)s->plan.inbox_bytes;
     r->activation_bytes = r->box_bytes * sl->n_boxes + r->set_bytes * sl->n_sets + r->inbox_bytes * sl->n_inboxes +
-                          (int64_t)(s->plan.arena_bytes + s->plan.grad_bytes);
-    r->activation_peak = s->peak + r->inbox_bytes * sl->n_inboxes + (int64_t)s->plan.arena_bytes;
+                          (int64_t)gp_plan_shared_bytes(&s->plan);
+    /* The arena is held throughout; a gradient set sharing its block with it too. */
+    r->activation_peak = s->peak + r->inbox_bytes * sl->n_inboxes +
+                         (int64_t)(s->plan.grads_share_arena ? gp_plan_shared_bytes(&s->plan) : s->plan.arena_bytes);
     for (int q = 0; q < s->plan.n_frontier_in; q++)
         r->frontier_in_bytes += (int64_t)gp_plan_value_bytes(p->g, &s->plan, s->plan.frontier_in[q]);
     for (int q = 0; q < s->plan.n_frontier_out; q++)

@@ -241,6 +241,10 @@ struct gp_stage_report {
      * frontier, and how many of each the schedule holds at once. */
     int64_t box_bytes, set_bytes, inbox_bytes;
     int frontier_boxes, activation_sets, gradient_inboxes;
+    /* Of those too: the forward's arena and the gradient set, and whether
+     * they share one block (the larger of the two; stage 0: plan.h). */
+    int64_t arena_bytes, gradient_set_bytes;
+    bool gradients_in_arena;
     int64_t activation_peak;      /* the most in use at once, by the executor's accounting */
     int64_t frontier_in_bytes, frontier_out_bytes; /* per micro-batch */
     int64_t workspace_bytes;      /* kernel workspace and bf16's float32 staging */

@@ -478,6 +478,12 @@ static gp_status plan_calls(const struct gp_graph *g, const bool *needs_grad, co
     return GP_OK;
 }
 
+size_t gp_plan_shared_bytes(const struct gp_stage_plan *p)
+{
+    if (!p->grads_share_arena) return p->arena_bytes + p->grad_bytes;
+    return p->arena_bytes > p->grad_bytes ? p->arena_bytes : p->grad_bytes;
+}
+
 gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs_grad,
                         const struct gp_compute_ops *ops, const struct gp_compute_options *opts,
                         const char *backend, int first, int last, struct gp_stage_plan *p,

@@ -61,6 +61,17 @@ struct gp_stage_plan {
     size_t *saved_off;        /* per layer of the stage: offset of its saved state in a set */
     size_t static_bytes, param_bytes, box_bytes, local_bytes, grad_bytes, inbox_bytes,
         scratch_bytes, arena_bytes, step_bytes;
+    /* The gradient set lives in the forward arena's memory (one block of
+     * the larger of the two): the arena is written and read only inside a
+     * forward task (forward, recompute, evaluation), the gradient set only
+     * inside a backward task, and a stage's tasks run one after another on
+     * its compute stream, so one never meets the other, whatever the
+     * schedule or checkpointing. Set by the pipeline for stage 0, whose
+     * gradient set nothing reads after its backward task; a later stage's
+     * input gradients are copied out of its set on another stream after
+     * the task, which the next forward would have to wait for. The two
+     * blocks' bytes together: gp_plan_shared_bytes. */
+    bool grads_share_arena;
     /* Per layer of the stage: true when it reads static values only (a
      * weight's Transpose, positions' embedding): it runs forward once per
      * step and backward once, after the step's last micro-batch. */
@@ -97,6 +108,10 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
                         const struct gp_compute_ops *ops, const struct gp_compute_options *opts,
                         const char *backend, int first, int last, struct gp_stage_plan *out,
                         struct gp_error *err);
+
+/* Bytes of the arena and the gradient set together: the larger of them
+ * when they share a block (grads_share_arena), else their sum. */
+size_t gp_plan_shared_bytes(const struct gp_stage_plan *p);
 
 /* Stored bytes of value v on the stage (its storage type). */
 size_t gp_plan_value_bytes(const struct gp_graph *g, const struct gp_stage_plan *p, int v);

@@ -30,12 +30,18 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     /* Per-micro-batch blocks: as many as the schedule has in use at once (slots.h). */
     b[n++] = (struct block_plan){"input frontiers", s->plan.box_bytes * (size_t)s->slots.n_boxes, &s->boxes};
     b[n++] = (struct block_plan){"activations", s->plan.local_bytes * (size_t)s->slots.n_sets, &s->locals};
-    b[n++] = (struct block_plan){"forward-only activations", s->plan.arena_bytes, &s->arena};
+    /* The gradient set in the arena's block when they share it (plan.h). */
+    if (s->plan.grads_share_arena)
+        b[n++] = (struct block_plan){"forward-only activations and activation gradients (one block)",
+                                     gp_plan_shared_bytes(&s->plan), &s->arena};
+    else
+        b[n++] = (struct block_plan){"forward-only activations", s->plan.arena_bytes, &s->arena};
     b[n++] = (struct block_plan){"values made once per step", s->plan.step_bytes, &s->step_block};
     b[n++] = (struct block_plan){"their gradients", s->plan.step_grad_bytes, &s->step_grads};
     b[n++] = (struct block_plan){"bfloat16 weight copies", s->plan.shadow_bytes, &s->shadows};
     b[n++] = (struct block_plan){"float32 staging", s->plan.staging_bytes, &s->staging};
-    b[n++] = (struct block_plan){"activation gradients", s->plan.grad_bytes, &s->grads};
+    if (!s->plan.grads_share_arena)
+        b[n++] = (struct block_plan){"activation gradients", s->plan.grad_bytes, &s->grads};
     b[n++] = (struct block_plan){"gradient inboxes", s->plan.inbox_bytes * (size_t)s->slots.n_inboxes, &s->inboxes};
     b[n++] = (struct block_plan){"kernel workspace", scratch, &s->scratch};
     b[n++] = (struct block_plan){"library workspace", s->cops->context_bytes, &s->libs};
@@ -140,6 +146,7 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
                             s->ops->name);
     GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, &p->cfg.compute, s->ops->name, first, last,
                          &s->plan, err));
+    s->plan.grads_share_arena = k == 0;
     /* A stage of another process: its plan says what crosses its
      * boundaries; its memory and streams are that process's. */
     if (!stage_local(p, k)) return GP_OK;
@@ -174,6 +181,7 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
     }
     s->optim_bytes_planned = s->n_params ? gp_optim_state_bytes_for(&p->cfg.optim, s->params, s->n_params) : 0;
     GP_TRY(allocate_stage(p, s, k, err));
+    if (s->plan.grads_share_arena) s->grads = s->arena;
     GP_TRY(s->cops->context_create(s->dev, s->compute, &p->cfg.compute, s->libs, &s->cctx, err));
     for (int i = 0; i < s->n_params; i++) {
         s->params[i].data = (float *)(s->static_block + s->plan.off[s->param_values[i]]);
@@ -247,6 +255,7 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
             for (int e = 0; e < 4; e++)
                 if (optimizer_events[e]) ops->event_destroy(optimizer_events[e]);
             if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
+            if (s->grads == s->arena) s->grads = NULL; /* one block (grads_share_arena) */
             unsigned char *blocks[23] = {s->static_block, s->param_grads,  s->boxes,       s->locals,
                                          s->grads,        s->inboxes,      s->scratch,     s->targets,
                                          s->loss_sums,    s->norms,        s->optim_state, s->inputs,

@@ -264,16 +264,19 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         /* Same dropout key, running statistics untouched: the recomputed
          * activations are the ones the first forward made. */
         return run_forward(p, s, j, s->slots.bwd_set[j], true, false, err);
-    case TASK_BACKWARD:
-        s->live += (int64_t)s->plan.grad_bytes;
+    case TASK_BACKWARD: {
+        /* A gradient set in the arena's block is counted with it (gp_pipeline_report). */
+        int64_t grads = s->plan.grads_share_arena ? 0 : (int64_t)s->plan.grad_bytes;
+        s->live += grads;
         if (s->live > s->peak) s->peak = s->live;
         GP_TRY(run_backward(p, s, j, err));
         if (++s->backwards_done == p->M) {
             GP_TRY(run_once_backward(p, s, err));
             gp_pipe_buckets_progress(p, s->plan.last - s->plan.first + 1);
         }
-        s->live -= (int64_t)s->plan.grad_bytes + (int64_t)s->plan.local_bytes + (int64_t)s->plan.box_bytes;
+        s->live -= grads + (int64_t)s->plan.local_bytes + (int64_t)s->plan.box_bytes;
         return GP_OK;
+    }
     case TASK_OPTIMIZE: {
         /* Everything that changes from step to step is read from the
          * stage's scalars in device memory (optimizer.c): this runs once

@@ -713,7 +713,8 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                 .frontier_in_bytes = r.frontier_in_bytes, .planned_bytes = r.planned_bytes,
                 .box_bytes = r.box_bytes, .set_bytes = r.set_bytes, .inbox_bytes = r.inbox_bytes,
                 .frontier_boxes = r.frontier_boxes, .activation_sets = r.activation_sets,
-                .gradient_inboxes = r.gradient_inboxes};
+                .gradient_inboxes = r.gradient_inboxes, .arena_bytes = r.arena_bytes,
+                .gradient_set_bytes = r.gradient_set_bytes, .gradients_in_arena = r.gradients_in_arena};
             cb->on_memory(cb->user, &m);
         }
     run_free(&s);

@@ -103,6 +103,10 @@ struct gp_stage_memory_report {
      * schedule holds at once. */
     int64_t box_bytes, set_bytes, inbox_bytes;
     int frontier_boxes, activation_sets, gradient_inboxes;
+    /* The forward's arena and the gradient set; sharing one block, the
+     * larger of the two (stage 0), else side by side. */
+    int64_t arena_bytes, gradient_set_bytes;
+    bool gradients_in_arena;
 };
 
 /* Defaults: batch 32, 1 chunk, 1 epoch, shuffle, SGD lr 0.01... */
