@@ -160,6 +160,15 @@ expect_fail 1 "cannot open" "$bin" train "$m/mlp_op17.onnx" --data "$tmp/missing
 # byte: on a 2-stage pipeline recomputing every micro-batch in bf16, and on
 # one device in fp32), says what it stored channels-last, and predict
 # --layout nhwc gives nchw's outputs; auto there is nchw, without a note.
+# GP_MEMORY_VERBOSE=1: each stage's memory account, block by block, on
+# stderr; on 2 stages, stage 0's gradient set shares its arena's block and
+# stage 1's does not (pipeline/plan.h).
+GP_MEMORY_VERBOSE=1 "$bin" train "$m/digits_cnn_op17.onnx" --synthetic 32 --batch 16 --steps 1 --devices cpu:0,cpu:1 \
+  >/dev/null 2>"$tmp/memory.txt" || fail "train with GP_MEMORY_VERBOSE=1 failed: $(cat "$tmp/memory.txt")"
+grep -q "^memory: stage 0 (layers 0-.*activation gradients (one block)" "$tmp/memory.txt" ||
+  fail "GP_MEMORY_VERBOSE: no stage 0 account with its shared block: $(cat "$tmp/memory.txt")"
+grep "^memory: stage 1 " "$tmp/memory.txt" | grep -q ", activation gradients [0-9.]* MiB" ||
+  fail "GP_MEMORY_VERBOSE: no stage 1 account with its own gradient block: $(cat "$tmp/memory.txt")"
 expect_fail 2 "--layout takes auto, nchw or nhwc, not 'bogus'" "$bin" train "$m/digits_cnn_op17.onnx" --synthetic --layout bogus
 expect_fail 2 "--layout takes auto, nchw or nhwc, not ''" "$bin" train "$m/digits_cnn_op17.onnx" --synthetic --layout
 "$bin" train --help | grep -q -- "--layout auto|nchw|nhwc" || fail "train --help lacks --layout"

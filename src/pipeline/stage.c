@@ -54,6 +54,17 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     return n;
 }
 
+/* "what 1.2 MiB, what 3.4 MiB, ...": the blocks that take any bytes. */
+static void block_account(const struct block_plan *b, int n, char *account, size_t size)
+{
+    size_t len = 0;
+    account[0] = '\0';
+    for (int i = 0; i < n && len < size; i++)
+        if (b[i].bytes)
+            len += (size_t)snprintf(account + len, size - len, "%s%s %.1f MiB", len ? ", " : "", b[i].what,
+                                    (double)b[i].bytes / (1 << 20));
+}
+
 /* The refusal with the whole account: what the stage needs, block by
  * block, beside what the device has free. `failed` names the block whose
  * allocation failed after the check passed (NULL: the check refused), as
@@ -62,11 +73,7 @@ static gp_status no_room(const struct stage *s, const struct block_plan *b, int 
                          const char *failed, struct gp_error *err)
 {
     char account[1024];
-    size_t len = 0;
-    for (int i = 0; i < n && len < sizeof account; i++)
-        if (b[i].bytes)
-            len += (size_t)snprintf(account + len, sizeof account - len, "%s%s %.1f MiB", len ? ", " : "",
-                                    b[i].what, (double)b[i].bytes / (1 << 20));
+    block_account(b, n, account, sizeof account);
     char when[160] = "";
     if (failed) snprintf(when, sizeof when, " (allocating the %s failed)", failed);
     return gp_error_set(err, GP_ERR_NOMEM,
@@ -83,6 +90,15 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
     int n = stage_blocks(p, s, k, b);
     size_t total = 0;
     for (int i = 0; i < n; i++) total += align64(b[i].bytes ? b[i].bytes : 64);
+    /* GP_MEMORY_VERBOSE=1: every stage's account on stderr, block by block
+     * (what the trainer's table sums into activations, workspace, ...). */
+    const char *verbose = getenv("GP_MEMORY_VERBOSE");
+    if (verbose && *verbose && strcmp(verbose, "0") != 0) {
+        char account[1024];
+        block_account(b, n, account, sizeof account);
+        fprintf(stderr, "memory: stage %d (layers %d-%d) on %s:%d: %.1f MiB: %s\n", k, s->plan.first,
+                s->plan.last - 1, s->ops->name, s->device, (double)total / (1 << 20), account);
+    }
     /* Stages sharing a device: the earlier ones' memory is already taken,
      * so the device's free bytes are what this stage can have. */
     size_t avail = s->ops->mem_available ? s->ops->mem_available(s->dev) : SIZE_MAX;
