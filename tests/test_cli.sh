@@ -155,11 +155,6 @@ expect_fail 1 "labels have 360 rows but the data has 1437" \
   "$bin" train "$m/digits_cnn_op17.onnx" --data "$m/digits_train_x.npy" --labels "$m/digits_val_y.npy"
 expect_fail 1 "cannot open" "$bin" train "$m/mlp_op17.onnx" --data "$tmp/missing.npy"
 
-# train --layout: a bad name is a usage error; on CPU devices nhwc trains
-# through [N, C, H, W] copies to the bits of nchw (saved models byte for
-# byte: on a 2-stage pipeline recomputing every micro-batch in bf16, and on
-# one device in fp32), says what it stored channels-last, and predict
-# --layout nhwc gives nchw's outputs; auto there is nchw, without a note.
 # GP_MEMORY_VERBOSE=1: each stage's memory account, block by block, on
 # stderr; on 2 stages, stage 0's gradient set shares its arena's block and
 # stage 1's does not (pipeline/plan.h).
@@ -169,6 +164,12 @@ grep -q "^memory: stage 0 (layers 0-.*activation gradients (one block)" "$tmp/me
   fail "GP_MEMORY_VERBOSE: no stage 0 account with its shared block: $(cat "$tmp/memory.txt")"
 grep "^memory: stage 1 " "$tmp/memory.txt" | grep -q ", activation gradients [0-9.]* MiB" ||
   fail "GP_MEMORY_VERBOSE: no stage 1 account with its own gradient block: $(cat "$tmp/memory.txt")"
+
+# train --layout: a bad name is a usage error; on CPU devices nhwc trains
+# through [N, C, H, W] copies to the bits of nchw (saved models byte for
+# byte: on a 2-stage pipeline recomputing every micro-batch in bf16, and on
+# one device in fp32), says what it stored channels-last, and predict
+# --layout nhwc gives nchw's outputs; auto there is nchw, without a note.
 expect_fail 2 "--layout takes auto, nchw or nhwc, not 'bogus'" "$bin" train "$m/digits_cnn_op17.onnx" --synthetic --layout bogus
 expect_fail 2 "--layout takes auto, nchw or nhwc, not ''" "$bin" train "$m/digits_cnn_op17.onnx" --synthetic --layout
 "$bin" train --help | grep -q -- "--layout auto|nchw|nhwc" || fail "train --help lacks --layout"
