@@ -302,7 +302,7 @@ static void test_unary_grad_reads(void **state)
         struct gp_attr alpha = {.name = "alpha", .type = GP_ATTR_FLOAT, .f = cases[k].alpha};
         if (cases[k].alpha) n.n_attrs = 1, n.attrs = &alpha;
         bool x, y;
-        gp_unary_grad_reads(&n, &x, &y);
+        if (!gp_unary_grad_reads(&n, &x, &y)) fail_msg("%s: not taken for a unary activation", cases[k].op);
         if (x != cases[k].x || y != cases[k].y)
             fail_msg("%s (alpha %g): reads X %d, Y %d; expected %d, %d", cases[k].op, (double)cases[k].alpha, x, y,
                      cases[k].x, cases[k].y);
@@ -313,8 +313,10 @@ static void test_unary_grad_reads(void **state)
     }
     struct gp_node custom = {.name = "c", .op_type = "Relu", .domain = "com.example", .n_inputs = 1, .n_outputs = 1};
     bool x, y;
-    gp_unary_grad_reads(&custom, &x, &y);
+    assert_false(gp_unary_grad_reads(&custom, &x, &y));
     assert_false(x || y);
+    struct gp_node softmax = {.name = "s", .op_type = "Softmax", .domain = "", .n_inputs = 1, .n_outputs = 1};
+    assert_false(gp_unary_grad_reads(&softmax, &x, &y));
     uint32_t in, out;
     gp_backward_reads(&custom, 1, &in, &out);
     assert_int_equal(in, 0xffffffffu);

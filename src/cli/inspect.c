@@ -107,7 +107,6 @@ static const char *clip(const char *s, int width, char *buf, size_t size)
     return buf;
 }
 
-
 /* The layers whose output could be channels-last but stays [N, C, H, W],
  * and why (the first 20; the JSON has them all). */
 static void print_layout_notes(const gpo_model *m, int n_layers)

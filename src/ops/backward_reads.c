@@ -14,13 +14,13 @@ static bool is(const struct gp_node *n, const char *const *names)
     return false;
 }
 
-void gp_unary_grad_reads(const struct gp_node *n, bool *x, bool *y)
+bool gp_unary_grad_reads(const struct gp_node *n, bool *x, bool *y)
 {
     static const char *const from_y[] = {"Sigmoid", "Tanh", "Sqrt", "Exp", "Reciprocal", NULL};
     static const char *const from_x[] = {"Erf", "Gelu", "Log", "Abs", "Softplus", "Elu", "HardSigmoid",
                                          "HardSwish", NULL};
     *x = *y = false;
-    if (*n->domain && strcmp(n->domain, "ai.onnx") != 0) return;
+    if (*n->domain && strcmp(n->domain, "ai.onnx") != 0) return false;
     if (strcmp(n->op_type, "Relu") == 0) {
         *y = true;
     } else if (strcmp(n->op_type, "LeakyRelu") == 0) {
@@ -31,15 +31,10 @@ void gp_unary_grad_reads(const struct gp_node *n, bool *x, bool *y)
         *y = true;
     } else if (is(n, from_x)) {
         *x = true;
+    } else if (strcmp(n->op_type, "Neg") != 0) {
+        return false;
     }
-}
-
-static bool is_unary(const struct gp_node *n)
-{
-    static const char *const ops[] = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Reciprocal", "Neg",
-                                      "Erf", "Gelu", "Log", "Abs", "Softplus", "Elu", "HardSigmoid", "HardSwish",
-                                      NULL};
-    return is(n, ops);
+    return true;
 }
 
 void gp_backward_reads(const struct gp_node *n, uint32_t din, uint32_t *in, uint32_t *out)
@@ -88,9 +83,8 @@ void gp_backward_reads(const struct gp_node *n, uint32_t din, uint32_t *in, uint
     /* The unary activations: as gp_unary_grad_reads says (a U-Net's
      * LeakyRelu reads its output, which the next convolution keeps anyway,
      * so the InstanceNorm output before it lives only through the forward). */
-    if (is_unary(n)) {
-        bool x, y;
-        gp_unary_grad_reads(n, &x, &y);
+    bool x, y;
+    if (gp_unary_grad_reads(n, &x, &y)) {
         *in = x ? BIT(0) : 0;
         *out = y ? BIT(0) : 0;
         return;

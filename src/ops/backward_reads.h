@@ -21,8 +21,8 @@ void gp_backward_reads(const struct gp_node *node, uint32_t din_wanted, uint32_t
  * answers from them. Relu, and LeakyRelu of alpha >= 0, read Y alone: Y > 0
  * exactly where X > 0 (Y is X there; X <= 0 and NaN give Y <= 0 or NaN),
  * as PyTorch's relu backward reads its result; Sigmoid, Tanh, Sqrt, Exp
- * and Reciprocal read Y; Neg neither; the others X. False for both when
- * the node is not such an op. */
-void gp_unary_grad_reads(const struct gp_node *node, bool *x, bool *y);
+ * and Reciprocal read Y; Neg neither; the others X. Returns whether the
+ * node is such an op (false, and false for both, when not). */
+bool gp_unary_grad_reads(const struct gp_node *node, bool *x, bool *y);
 
 #endif

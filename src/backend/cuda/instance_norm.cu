@@ -291,8 +291,9 @@ static gp_status in_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
  * rows, a grid of gx blocks across the runs by p chunks of a sample's
  * rows by N samples. Each lane adds its rows in order in double, the ty
  * lanes of a run then in a fixed order (norm_nhwc.cuh), and each chunk's
- * sums go to scratch; a warp per plane then adds its chunks in order. So results are the same run to run (the order depends
- * on the shape and run length only) and equal the CPU's to float
+ * sums go to scratch; a warp per plane then adds its chunks in order. So
+ * results are the same run to run (the order depends on the shape and
+ * run length only) and equal the CPU's to float
  * rounding: the statistics are the sum and the sum of squares in double
  * (one pass, where the CPU takes the mean first and then the squared
  * deviations from it: the variance moves by about 2^-53 S mean^2 / var
