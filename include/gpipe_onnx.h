@@ -402,6 +402,8 @@ struct gpo_train_config {
     enum gpo_precision precision;
     enum gpo_layout layout;
     int fast_conv;                 /* GPUs: cuDNN's fastest convolutions, nondeterministic ones too */
+    int recompute_norm;            /* 1: BatchNormalization outputs written again in the backward
+                                      instead of kept (less memory, the same bits; default 0) */
     int cuda_graph;                /* GPUs: 1 replay each step as a CUDA graph, 0 never,
                                       -1 (default) when every stage is on a GPU and no trace is asked */
     const char *algorithms_path;   /* GPUs: cuDNN's algorithm choices read from / written to this file */

@@ -165,6 +165,19 @@ grep -q "^memory: stage 0 (layers 0-.*activation gradients (one block)" "$tmp/me
 grep "^memory: stage 1 " "$tmp/memory.txt" | grep -q ", activation gradients [0-9.]* MiB" ||
   fail "GP_MEMORY_VERBOSE: no stage 1 account with its own gradient block: $(cat "$tmp/memory.txt")"
 
+# train --recompute-norm: the saved model byte for byte the one kept
+# outputs train (BatchNorm outputs written again in the backward), a note
+# says how many and what it saved, help lists it.
+"$bin" train --help | grep -q -- "--recompute-norm" || fail "train --help lacks --recompute-norm"
+for r in kept remade; do
+  "$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 --steps 2 --momentum 0.9 --save "$tmp/resnet_$r.onnx" \
+    $([ $r = remade ] && echo --recompute-norm) >"$tmp/recompute_$r.txt" 2>&1 ||
+    fail "train ($r BatchNorm outputs) failed: $(cat "$tmp/recompute_$r.txt")"
+done
+cmp -s "$tmp/resnet_kept.onnx" "$tmp/resnet_remade.onnx" || fail "--recompute-norm changed the trained model"
+grep -qE "note: --recompute-norm: [0-9]+ BatchNormalization outputs written again in the backward instead of kept: [0-9.]+ MiB of activations less" \
+  "$tmp/recompute_remade.txt" || fail "--recompute-norm: no note of what it remade: $(cat "$tmp/recompute_remade.txt")"
+
 # train --layout: a bad name is a usage error; on CPU devices nhwc trains
 # through [N, C, H, W] copies to the bits of nchw (saved models byte for
 # byte: on a 2-stage pipeline recomputing every micro-batch in bf16, and on

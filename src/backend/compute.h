@@ -41,6 +41,11 @@ struct gp_compute_options {
     enum gp_precision precision;
     bool fast_conv; /* convolutions may use the fastest, non-deterministic algorithms
                        (as cudnn.benchmark picks); default: deterministic ones */
+    /* The planner (pipeline/plan.h, remade_off; train --recompute-norm):
+     * BatchNormalization outputs written again in the backward from the
+     * kept input and the saved statistics instead of kept in the activation
+     * set: less memory, one more pass over each (the same bits either way). */
+    bool remake_norm;
 };
 
 /* One layer's call: the fields of the backends' kernel contexts
@@ -70,6 +75,11 @@ struct gp_layer_call {
     uint32_t in_nhwc, out_nhwc;
     void *saved, *scratch;
     bool training, update_state;
+    /* Forward only, for a kernel whose `remakes` said yes: write output 0
+     * again, the bits its training forward wrote, from the inputs and the
+     * saved state that forward left, and nothing else (no statistics, no
+     * other output, the saved state untouched; out[k > 0] are NULL). */
+    bool remake;
     uint64_t seed, step;
     const uint64_t *step_dev; /* device memory holding the step, or NULL (CUDA graphs) */
     int64_t sample_offset;
@@ -149,6 +159,9 @@ struct gp_compute_ops {
     bool (*layout_native)(const void *kernel, const struct gp_graph *g, const struct gp_node *node,
                           uint32_t in_nhwc, uint32_t out_nhwc, bool backward);
     size_t (*saved_bytes)(const struct gp_graph *g, const struct gp_node *node);
+    /* Whether the kernel's forward can remake the node's output 0
+     * (gp_layer_call.remake). NULL: never. */
+    bool (*remakes)(const struct gp_graph *g, const struct gp_node *node);
     /* The kernel's workspace with the stage's options (a convolution's
      * algorithm, and so its workspace, depends on precision and policy). */
     size_t (*scratch_bytes)(const struct gp_graph *g, const struct gp_node *node,

@@ -114,6 +114,12 @@ static void help(FILE *f)
         "                        after its forward (which costs no memory): with 1f1b\n"
         "                        every micro-batch of the last stage, with gpipe none\n"
         "                        when M > 1 (it then recomputes as always does)\n"
+        "  --recompute-norm      keep no BatchNormalization output for the backward:\n"
+        "                        write it again there from the kept input and the\n"
+        "                        batch's statistics, just before the first backward\n"
+        "                        that reads it. The same bits; one more pass over each\n"
+        "                        such output, for a fifth less activation memory in a\n"
+        "                        ResNet (README: Memory)\n"
         "  --deferred-batch-norm update BatchNorm running statistics once per mini-batch\n"
         "                        from all its micro-batches (as single-batch training\n"
         "                        would); each micro-batch is still normalized by its own\n"
@@ -165,7 +171,7 @@ static void help(FILE *f)
         "                        an uninterrupted run. May change: --steps and --epochs\n"
         "                        (to train longer; not with --schedule cosine), --devices,\n"
         "                        --balance, --pipeline-schedule, --checkpoint,\n"
-        "                        --cuda-graph, validation data and the outputs. Moving\n"
+        "                        --recompute-norm, --cuda-graph, validation data and the outputs. Moving\n"
         "                        between CPU and GPU, or --fast-conv, continues with a\n"
         "                        note (not bit for bit). Anything else\n"
         "                        (model, data, --batch, --chunks, --seed, optimizer,\n"
@@ -527,6 +533,8 @@ int gp_cmd_train(int argc, char **argv)
                 return gp_cli_usage("train", "--precision takes fp32, tf32 or bf16, not '%s'", name ? name : "");
         } else if (!strcmp(a, "--fast-conv")) {
             tc.fast_conv = 1;
+        } else if (!strcmp(a, "--recompute-norm")) {
+            tc.recompute_norm = 1;
         } else if (!strcmp(a, "--layout")) {
             const char *name = TAKE();
             if (!gpo_layout_parse(name, &tc.layout))

@@ -100,6 +100,10 @@ struct stage {
     double *fwd_ms, *bwd_ms;       /* time_layers: per layer of the stage, summed over a step */
     const void **kernels;          /* per layer of the stage: the backend's kernel */
     size_t optim_bytes_planned;
+    /* --recompute-norm: the values the plan remakes in the backward
+     * (plan.h) and the activation bytes that saves on this stage. */
+    int remade_values;
+    size_t remade_saved_bytes;
 };
 
 /* A parameter held by several stages (tied.c): its holders in stage order. */

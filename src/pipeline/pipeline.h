@@ -245,6 +245,10 @@ struct gp_stage_report {
      * they share one block (the larger of the two; stage 0: plan.h). */
     int64_t arena_bytes, gradient_set_bytes;
     bool gradients_in_arena;
+    /* --recompute-norm: values remade in the backward, and the activation
+     * bytes that saves (the stage planned without them, less with). */
+    int remade_values;
+    int64_t remade_saved_bytes;
     int64_t activation_peak;      /* the most in use at once, by the executor's accounting */
     int64_t frontier_in_bytes, frontier_out_bytes; /* per micro-batch */
     int64_t workspace_bytes;      /* kernel workspace and bf16's float32 staging */

@@ -171,15 +171,20 @@ static void first_writers(const struct gp_graph *g, const struct gp_compute_ops 
     }
 }
 
+/* Values remade in the backward (plan.h) are regions of the set too, from
+ * the backward of their last reader (remade_at) to their own layer's. */
 static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
-                                struct gp_stage_plan *p, const bool *inbox, struct gp_error *err)
+                                struct gp_stage_plan *p, const bool *inbox, const int *remade_at,
+                                struct gp_error *err)
 {
     int nv = g->n_values, first = p->first, last = p->last, nl = last - first;
     int *birth = malloc(sizeof(int) * ((size_t)nv + 1)); /* layer (or last: the start) */
     struct region *live = malloc(sizeof *live * ((size_t)nv + 1));
     p->born_start = calloc((size_t)nl + 2, sizeof(int));
     p->born = malloc(sizeof(int) * ((size_t)nv + 1));
-    if (!birth || !live || !p->born_start || !p->born) {
+    p->remade_start = calloc((size_t)nl + 2, sizeof(int));
+    p->remade = malloc(sizeof(int) * ((size_t)nv + 1));
+    if (!birth || !live || !p->born_start || !p->born || !p->remade_start || !p->remade) {
         free(birth);
         free(live);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
@@ -216,6 +221,16 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
             int t = last - birth[v];
             p->born[p->born_start[t] + fill[t]++] = v;
         }
+    /* The remade values, by time alike. */
+    for (int v = 0; v < nv; v++)
+        if (remade_at[v] != INT_MIN) p->remade_start[last - remade_at[v] + 1]++;
+    for (int t = 0; t <= nl; t++) p->remade_start[t + 1] += p->remade_start[t];
+    memset(fill, 0, sizeof(int) * ((size_t)nl + 2));
+    for (int v = 0; v < nv; v++)
+        if (remade_at[v] != INT_MIN) {
+            int t = last - remade_at[v];
+            p->remade[p->remade_start[t] + fill[t]++] = v;
+        }
     free(fill);
 
     int n_live = 0;
@@ -232,7 +247,16 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
             if (r.off + size > p->grad_bytes) p->grad_bytes = r.off + size;
             insert_sorted(live, &n_live, r);
         }
-        /* After this layer's backward its outputs' gradients are done. */
+        for (int q = p->remade_start[t]; q < p->remade_start[t + 1]; q++) {
+            int v = p->remade[q];
+            size_t size = align64(gp_plan_value_bytes(g, p, v));
+            struct region r = {.off = first_fit(live, n_live, size), .size = size, .until = g->values[v].producer};
+            p->remade_off[v] = r.off;
+            if (r.off + size > p->grad_bytes) p->grad_bytes = r.off + size;
+            insert_sorted(live, &n_live, r);
+        }
+        /* After this layer's backward its outputs' gradients (and its
+         * remade output) are done. */
         if (layer < last) {
             int kept = 0;
             for (int r = 0; r < n_live; r++)
@@ -303,22 +327,51 @@ static bool nondiff_input(const struct gp_node *n, int k)
     return k < 32 && ((n->def->nondiff_inputs >> k) & 1);
 }
 
-static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, struct gp_stage_plan *p,
+/* Whether layer i's output v may be remade in the backward instead of
+ * kept (plan.h, remade_off): asked for, the kernel can, v is its output 0
+ * and stays in the stage, the layer runs per micro-batch, and every input
+ * it reads is static or kept for the whole backward (a box or the set),
+ * not in the arena, which the next forward reuses. */
+static bool remakeable(const struct gp_graph *g, const struct gp_compute_ops *ops,
+                       const struct gp_compute_options *opts, const struct gp_stage_plan *p, int i, int v,
+                       const bool *pinned)
+{
+    const struct gp_node *n = &g->nodes[i];
+    if (!opts || !opts->remake_norm || !ops || !ops->remakes || pinned[v] || n->outputs[0] != v ||
+        p->once[i - p->first] || !ops->remakes(g, n))
+        return false;
+    for (int k = 0; k < n->n_inputs; k++) {
+        int u = n->inputs[k];
+        if (u >= 0 && p->home[u] != GP_HOME_STATIC && p->home[u] != GP_HOME_STEP && p->home[u] != GP_HOME_BOX &&
+            p->home[u] != GP_HOME_LOCAL)
+            return false;
+    }
+    return true;
+}
+
+/* remade_at[v]: for a value remade in the backward, the layer whose
+ * backward reads it first (the last reader); INT_MIN for the others. */
+static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
+                            const struct gp_compute_options *opts, struct gp_stage_plan *p, int *remade_at,
                             struct gp_error *err)
 {
     int nv = g->n_values, first = p->first, last = p->last;
     bool *kept = calloc((size_t)nv + 1, sizeof(bool));
+    bool *pinned = calloc((size_t)nv + 1, sizeof(bool));
     int *last_read = malloc(sizeof(int) * ((size_t)nv + 1));
+    int *first_bwd = malloc(sizeof(int) * ((size_t)nv + 1)); /* the last layer whose backward reads it */
     struct region *live = malloc(sizeof *live * ((size_t)nv + 1));
-    if (!kept || !last_read || !live) {
+    if (!kept || !pinned || !last_read || !first_bwd || !live) {
         free(kept);
+        free(pinned);
         free(last_read);
+        free(first_bwd);
         free(live);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     }
-    for (int v = 0; v < nv; v++) last_read[v] = INT_MIN;
-    for (int k = 0; k < p->n_frontier_out; k++) kept[p->frontier_out[k]] = true;
-    for (int k = 0; k < g->n_outputs; k++) kept[g->outputs[k]] = true;
+    for (int v = 0; v < nv; v++) last_read[v] = first_bwd[v] = remade_at[v] = INT_MIN;
+    for (int k = 0; k < p->n_frontier_out; k++) kept[p->frontier_out[k]] = pinned[p->frontier_out[k]] = true;
+    for (int k = 0; k < g->n_outputs; k++) kept[g->outputs[k]] = pinned[g->outputs[k]] = true;
     for (int i = first; i < last; i++) {
         const struct gp_node *n = &g->nodes[i];
         /* A layer runs its backward only when a gradient flows in and one
@@ -333,11 +386,12 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, st
         for (int k = 0; k < n->n_inputs; k++) {
             int v = n->inputs[k];
             if (v < 0) continue;
-            if (k >= 32 || (reads_in >> k) & 1) kept[v] = true;
+            if (k >= 32 || (reads_in >> k) & 1) kept[v] = true, first_bwd[v] = i;
             if (i > last_read[v]) last_read[v] = i;
         }
         for (int k = 0; k < n->n_outputs; k++)
-            if (n->outputs[k] >= 0 && (k >= 32 || (reads_out >> k) & 1)) kept[n->outputs[k]] = true;
+            if (n->outputs[k] >= 0 && (k >= 32 || (reads_out >> k) & 1))
+                kept[n->outputs[k]] = true, first_bwd[n->outputs[k]] = i;
     }
     int n_live = 0;
     p->arena_bytes = 0;
@@ -345,7 +399,10 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, st
         const struct gp_node *n = &g->nodes[i];
         for (int k = 0; k < n->n_outputs; k++) {
             int v = n->outputs[k];
-            if (v < 0 || p->home[v] != GP_HOME_LOCAL || kept[v]) continue;
+            if (v < 0 || p->home[v] != GP_HOME_LOCAL) continue;
+            /* Layers come in order, so the inputs' homes are settled. */
+            if (kept[v] && !remakeable(g, ops, opts, p, i, v, pinned)) continue;
+            if (kept[v]) remade_at[v] = first_bwd[v];
             p->home[v] = GP_HOME_ARENA;
             size_t size = align64(gp_plan_value_bytes(g, p, v));
             struct region r = {.off = first_fit(live, n_live, size), .size = size,
@@ -360,7 +417,9 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, st
         n_live = kept_n;
     }
     free(kept);
+    free(pinned);
     free(last_read);
+    free(first_bwd);
     free(live);
     return GP_OK;
 }
@@ -506,11 +565,12 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     p->shadow_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
     p->step_grad_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
     p->shadowed = malloc(sizeof(int) * ((size_t)nv + 1));
-    if (!p->home || !p->off || !p->grad_off || !p->inbox_off || !p->saved_off || !p->frontier_in ||
+    p->remade_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
+    if (!p->remade_off || !p->home || !p->off || !p->grad_off || !p->inbox_off || !p->saved_off || !p->frontier_in ||
         !p->frontier_out || !p->dt || !p->shadow_off || !p->step_grad_off || !p->shadowed)
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     for (int v = 0; v < nv; v++)
-        p->grad_off[v] = p->inbox_off[v] = p->shadow_off[v] = p->step_grad_off[v] = SIZE_MAX;
+        p->grad_off[v] = p->inbox_off[v] = p->shadow_off[v] = p->step_grad_off[v] = p->remade_off[v] = SIZE_MAX;
     p->n_frontier_in = gp_layers_frontier(l, g, first, p->frontier_in);
     p->n_frontier_out = gp_layers_frontier(l, g, last, p->frontier_out);
 
@@ -587,7 +647,13 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
             if (param) p->param_bytes = p->static_bytes;
         }
     GP_TRY(plan_once(g, ops, p, err));
-    GP_TRY(plan_arena(g, needs_grad, p, err));
+    int *remade_at = malloc(sizeof(int) * ((size_t)nv + 1));
+    if (!remade_at) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    gp_status st = plan_arena(g, needs_grad, ops, opts, p, remade_at, err);
+    if (st != GP_OK) {
+        free(remade_at);
+        return st;
+    }
     for (int v = 0; v < nv; v++) {
         if (p->home[v] == GP_HOME_BOX) {
             p->off[v] = p->box_bytes;
@@ -608,7 +674,10 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     }
     /* Gradients arriving from the next stage for the output frontier. */
     bool *inbox = calloc((size_t)nv + 1, sizeof(bool));
-    if (!inbox) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    if (!inbox) {
+        free(remade_at);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    }
     for (int k = 0; k < p->n_frontier_out; k++) {
         int v = p->frontier_out[k];
         if (!needs_grad[v]) continue;
@@ -619,8 +688,9 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     /* One gradient set, reused by every micro-batch's backward, for the
      * stage's values and its input frontier that carry gradients
      * (parameters keep theirs in the static gradient block). */
-    gp_status st = plan_gradients(g, needs_grad, ops, p, inbox, err);
+    st = plan_gradients(g, needs_grad, ops, p, inbox, remade_at, err);
     free(inbox);
+    free(remade_at);
     if (st != GP_OK) return st;
     return plan_calls(g, needs_grad, ops, p, err);
 }
@@ -639,6 +709,9 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->zero_start);
     free(p->zeros);
     free(p->din_overwrite);
+    free(p->remade_off);
+    free(p->remade_start);
+    free(p->remade);
     free(p->once);
     free(p->dt);
     free(p->shadow_off);

@@ -17,7 +17,8 @@ enum gp_home {
     GP_HOME_STATIC, /* parameters, buffers, constants: one copy */
     GP_HOME_BOX,    /* the input frontier: one box per micro-batch */
     GP_HOME_LOCAL,  /* made by this stage: one activation set per kept micro-batch */
-    GP_HOME_ARENA,  /* made by this stage and read by no backward: the forward's arena */
+    GP_HOME_ARENA,  /* made by this stage and read by no backward (or remade for it, remade_off):
+                       the forward's arena */
     GP_HOME_STEP,   /* made from static values only: once per step, not per micro-batch */
 };
 
@@ -94,6 +95,19 @@ struct gp_stage_plan {
      * whole (gp_layer_call.din_overwrite, bit k): this layer is the first to
      * write it and its kernel can, so the region is not in `zeros`. */
     uint32_t *din_overwrite;
+    /* Remade activations (gp_compute_options.remake_norm): a value some
+     * backward reads that its layer can write again from its kept inputs and
+     * saved state (gp_compute_ops.remakes: a BatchNormalization's output,
+     * from its input and the batch's statistics) is not kept in the
+     * activation set: the forward holds it in the arena like a forward-only
+     * value, and the backward writes it again (gp_layer_call.remake) into
+     * the gradient set, at remade_off[v] (SIZE_MAX: not remade), just
+     * before the first backward that reads it, where it stays until its
+     * own layer's backward is done. remade[remade_start[t] ..
+     * remade_start[t + 1]) are the values remade at backward time t (as
+     * born). The same bits as keeping it; one more pass over it. */
+    size_t *remade_off;
+    int *remade_start, *remade;
 };
 
 struct gp_compute_ops;

@@ -150,6 +150,45 @@ static gp_status upload_static(struct gp_pipeline *p, struct stage *s, struct gp
     return st;
 }
 
+/* The activation memory a plan takes with the stage's slots: the sets,
+ * the arena and the gradient set (boxes and inboxes do not depend on it). */
+static size_t plan_activation_bytes(const struct stage *s, const struct gp_stage_plan *plan)
+{
+    return plan->local_bytes * (size_t)s->slots.n_sets + gp_plan_shared_bytes(plan);
+}
+
+/* The stage's plan. With --recompute-norm, BatchNorm outputs remade in
+ * the backward (plan.h) unless that costs this stage memory: a remade
+ * value also lives in the arena during the forward and in the gradient
+ * set during the backward, which on a small stage (or with one set, when
+ * checkpointing) can grow those by more than the set shrinks; so the
+ * stage is planned both ways and keeps the smaller (the kept outputs on
+ * a tie: no extra pass). */
+static gp_status plan_stage(struct gp_pipeline *p, struct stage *s, int k, int first, int last, struct gp_error *err)
+{
+    const struct gp_graph *g = p->g;
+    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, &p->cfg.compute, s->ops->name, first, last,
+                         &s->plan, err));
+    s->plan.grads_share_arena = k == 0;
+    int remade = s->plan.remade_start ? s->plan.remade_start[last - first + 1] : 0;
+    if (!remade) return GP_OK;
+    struct gp_compute_options keep = p->cfg.compute;
+    keep.remake_norm = false;
+    struct gp_stage_plan kept;
+    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, &keep, s->ops->name, first, last, &kept, err));
+    kept.grads_share_arena = s->plan.grads_share_arena;
+    size_t with = plan_activation_bytes(s, &s->plan), without = plan_activation_bytes(s, &kept);
+    if (with < without) {
+        s->remade_values = remade;
+        s->remade_saved_bytes = without - with;
+        gp_plan_free(&kept);
+    } else {
+        gp_plan_free(&s->plan);
+        s->plan = kept;
+    }
+    return GP_OK;
+}
+
 gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last, struct gp_error *err)
 {
     const struct gp_graph *g = p->g;
@@ -160,9 +199,7 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
     if (!s->cops)
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "the %s backend cannot run kernels in this build",
                             s->ops->name);
-    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, &p->cfg.compute, s->ops->name, first, last,
-                         &s->plan, err));
-    s->plan.grads_share_arena = k == 0;
+    GP_TRY(plan_stage(p, s, k, first, last, err));
     /* A stage of another process: its plan says what crosses its
      * boundaries; its memory and streams are that process's. */
     if (!stage_local(p, k)) return GP_OK;

@@ -18,8 +18,17 @@ static bool nondiff(const struct gp_node *n, int k)
     return k < 32 && ((n->def->nondiff_inputs >> k) & 1);
 }
 
+/* Where value v is for a call: in the backward (with_grads), a value
+ * remade there is in the gradient set (plan.h, remade_off). */
+static void *call_addr(struct stage *s, int v, int box, int set, bool with_grads)
+{
+    if (with_grads && s->plan.remade_off[v] != SIZE_MAX) return s->grads + s->plan.remade_off[v];
+    return addr(s, v, box, set);
+}
+
 /* Layer `layer` of stage s on micro-batch j (its box), its activations in
- * set `set`. */
+ * set `set`; with_grads: a backward's call (the gradients, and values
+ * remade for the backward where they were remade). */
 static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, int layer, int j, int set,
                                        bool training, bool update_state, bool with_grads)
 {
@@ -42,12 +51,12 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
     for (int k = 0; k < n->n_inputs; k++) {
         int v = n->inputs[k];
         bool shadow = k < 32 && ((shadowed >> k) & 1);
-        s->in[k] = v < 0 ? NULL : shadow ? s->shadows + s->plan.shadow_off[v] : addr(s, v, box, set);
+        s->in[k] = v < 0 ? NULL : shadow ? s->shadows + s->plan.shadow_off[v] : call_addr(s, v, box, set, with_grads);
         s->din[k] = v >= 0 && with_grads && !nondiff(n, k) ? grad_addr(s, &g->values[v], v) : NULL;
     }
     for (int k = 0; k < n->n_outputs; k++) {
         int v = n->outputs[k];
-        s->out[k] = v >= 0 ? addr(s, v, box, set) : NULL;
+        s->out[k] = v >= 0 ? call_addr(s, v, box, set, with_grads) : NULL;
         s->dout[k] = v >= 0 && with_grads ? grad_addr(s, &g->values[v], v) : NULL;
     }
     return (struct gp_layer_call){
@@ -175,6 +184,23 @@ static gp_status zero_unwritten(const struct gp_graph *g, struct stage *s, const
     return GP_OK;
 }
 
+/* Writes the values remade at backward time t (plan.h) into the gradient
+ * set: each one's layer forward in remake mode, from its kept inputs and
+ * the saved state of micro-batch j's set, only its output 0. */
+static gp_status remake_values(struct gp_pipeline *p, struct stage *s, int j, int t, struct gp_error *err)
+{
+    for (int q = s->plan.remade_start[t]; q < s->plan.remade_start[t + 1]; q++) {
+        const struct gp_node *n = &p->g->nodes[p->g->values[s->plan.remade[q]].producer];
+        struct gp_layer_call c = layer_call(p, s, (int)(n - p->g->nodes), j, s->slots.bwd_set[j], true, false, true);
+        memset(s->din, 0, sizeof(float *) * (size_t)s->width);
+        memset(s->dout, 0, sizeof(float *) * (size_t)s->width);
+        for (int k = 1; k < n->n_outputs; k++) s->out[k] = NULL;
+        c.remake = true;
+        GP_TRY(gp_mixed_forward(s->cops, s->cctx, &c, s->staging, err));
+    }
+    return GP_OK;
+}
+
 static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, struct gp_error *err)
 {
     const struct gp_graph *g = p->g;
@@ -203,6 +229,7 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
         if (final) gp_pipe_buckets_progress(p, s->plan.last - 1 - i);
         if (timed && i + 1 < s->plan.last) GP_TRY(lap(s, &t0, &s->bwd_ms[i + 1 - s->plan.first], err));
         GP_TRY(zero_born(s, s->plan.last - i, err));
+        GP_TRY(remake_values(p, s, j, s->plan.last - i, err));
         if (s->plan.once[i - s->plan.first]) continue;
         const struct gp_node *n = &g->nodes[i];
         struct gp_layer_call c = layer_call(p, s, i, j, s->slots.bwd_set[j], true, false, true);

@@ -144,6 +144,31 @@ static double loss_terms(const struct run *s, const struct gp_dataset *d, const 
  * ONNX's Gather asks ([-rows, rows)). Checked once over the whole dataset
  * here, so a bad id is an error naming the sample, not a kernel's silent
  * zeros on a GPU or a failure in the middle of a step. */
+/* --recompute-norm: how many BatchNorm outputs this process's stages remake
+ * in the backward and what that saves (a stage keeps them where remaking
+ * would cost it memory: pipeline/stage.c). */
+static void remade_note(const struct run *s, const struct gp_train_config *cfg, const struct gp_train_callbacks *cb)
+{
+    int values = 0;
+    int64_t saved = 0;
+    for (int k = 0; k < gp_pipeline_stages(s->pipe); k++) {
+        if (cfg->remote && k != cfg->remote->stage) continue;
+        struct gp_stage_report r;
+        gp_pipeline_report(s->pipe, k, &r);
+        values += r.remade_values;
+        saved += r.remade_saved_bytes;
+    }
+    char note[200];
+    if (values)
+        snprintf(note, sizeof note,
+                 "--recompute-norm: %d BatchNormalization outputs written again in the backward instead of kept: "
+                 "%.1f MiB of activations less",
+                 values, (double)saved / (1 << 20));
+    else
+        snprintf(note, sizeof note, "--recompute-norm: every BatchNormalization output kept (none would save memory)");
+    cb->on_note(cb->user, note);
+}
+
 static gp_status check_indices(const struct run *s, const struct gp_dataset *d, const char *which,
                                struct gp_error *err)
 {
@@ -287,7 +312,7 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         .trace = cfg->trace_path != NULL,
         .deferred_batch_norm = cfg->deferred_batch_norm,
         .loss = loss,
-        .compute = {.precision = cfg->precision, .fast_conv = cfg->fast_conv},
+        .compute = {.precision = cfg->precision, .fast_conv = cfg->fast_conv, .remake_norm = cfg->remake_norm},
         .cuda_graph = use_graph,
         .remote = cfg->remote,
     };
@@ -538,6 +563,7 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                  s.channels_last);
         cb->on_note(cb->user, note);
     }
+    if (st == GP_OK && cfg->remake_norm && cb && cb->on_note) remade_note(&s, cfg, cb);
     if (st == GP_OK && val) st = check_indices(&s, val, "validation", err);
     if (st == GP_OK && cfg->choices_path) st = choices_write(cfg, err);
     if (st != GP_OK) {
@@ -714,7 +740,8 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                 .box_bytes = r.box_bytes, .set_bytes = r.set_bytes, .inbox_bytes = r.inbox_bytes,
                 .frontier_boxes = r.frontier_boxes, .activation_sets = r.activation_sets,
                 .gradient_inboxes = r.gradient_inboxes, .arena_bytes = r.arena_bytes,
-                .gradient_set_bytes = r.gradient_set_bytes, .gradients_in_arena = r.gradients_in_arena};
+                .gradient_set_bytes = r.gradient_set_bytes, .gradients_in_arena = r.gradients_in_arena,
+                .remade_values = r.remade_values, .remade_saved_bytes = r.remade_saved_bytes};
             cb->on_memory(cb->user, &m);
         }
     run_free(&s);

@@ -58,6 +58,8 @@ struct gp_train_config {
     enum gp_precision precision; /* fp32 (default), tf32, bf16 (backend/compute.h) */
     bool fast_conv;           /* CUDA: cuDNN's fastest convolution algorithms, even
                                  non-deterministic ones (default: deterministic) */
+    bool remake_norm;         /* BatchNormalization outputs remade in the backward
+                                 (gp_compute_options.remake_norm) */
     enum gp_layout_policy layout; /* channels-last activations (graph/layout.h); auto: on GPUs */
     enum gp_cuda_graph_mode cuda_graph; /* replay each step as a captured CUDA graph */
     int balance[64];          /* layers per stage; all 0: an even split */
@@ -107,6 +109,10 @@ struct gp_stage_memory_report {
      * larger of the two (stage 0), else side by side. */
     int64_t arena_bytes, gradient_set_bytes;
     bool gradients_in_arena;
+    /* --recompute-norm: BatchNorm outputs remade in the backward, and the
+     * activation bytes that saves on the stage. */
+    int remade_values;
+    int64_t remade_saved_bytes;
 };
 
 /* Defaults: batch 32, 1 chunk, 1 epoch, shuffle, SGD lr 0.01... */

@@ -75,6 +75,8 @@ struct setup {
     bool spread; /* stage k on GPU k modulo the GPUs visible */
     bool one_f_one_b; /* the 1F1B schedule (default GPipe) */
     enum gp_layout_policy layout; /* default auto: channels-last on the GPU, as the CPU's model says on it */
+    enum gp_precision precision;  /* default fp32 */
+    bool remake;  /* --recompute-norm: BatchNorm outputs remade in the backward */
 };
 
 /* The reference data of the fixture's model (the fixture's name up to
@@ -138,6 +140,8 @@ static gp_status train(const struct setup *s, struct result *res, struct gp_erro
     cfg.pipeline_schedule = s->one_f_one_b ? GP_PIPE_1F1B : GP_PIPE_GPIPE;
     cfg.cuda_graph = s->graph ? GP_CUDA_GRAPH_ON : GP_CUDA_GRAPH_OFF;
     cfg.layout = s->layout;
+    cfg.precision = s->precision;
+    cfg.remake_norm = s->remake;
     snprintf(saved, sizeof saved, "%s/%s_%d.onnx", tmp, s->fixture, n_runs++);
     cfg.save_path = saved;
     struct gp_train_callbacks cb = {.user = res, .on_step = on_step, .on_memory = on_memory};
@@ -510,6 +514,48 @@ static void test_gpu_profile(void **state)
     gp_graph_free(&g);
 }
 
+/* --recompute-norm on the GPU: BatchNorm outputs remade in the backward
+ * (the normalize pass again on the saved alpha and beta) give the kept
+ * outputs' bits, in fp32 and bf16, channels-last and not, on one stage
+ * and on two sharing the GPU with every micro-batch recomputed, and as a
+ * replayed CUDA graph; and the CPU's result. */
+static void test_remade_norm(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"resnet_op17", "digits_cnn_op17"};
+    static const enum gp_layout_policy layouts[2] = {GP_LAYOUT_NCHW, GP_LAYOUT_NHWC};
+    int failed = 0, runs = 0;
+    for (int f = 0; f < 2; f++)
+        for (int pr = 0; pr < 2; pr++)
+            for (int l = 0; l < 2; l++)
+                for (int v = 0; v < 3; v++) {
+                    struct setup s = {.fixture = fixtures[f], .batch = 8, .chunks = v ? 4 : 2, .stages = v ? 2 : 1,
+                                      .cuda = true, .checkpoint = v ? GP_CHECKPOINT_ALWAYS : GP_CHECKPOINT_NEVER,
+                                      .layout = layouts[l], .graph = v == 2,
+                                      .precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32};
+                    struct result kept, remade;
+                    memset(&kept, 0, sizeof kept);
+                    memset(&remade, 0, sizeof remade);
+                    struct gp_error err = {0};
+                    if (train(&s, &kept, &err) != GP_OK) fail_msg("%s: %s", s.fixture, err.msg);
+                    s.remake = true;
+                    if (train(&s, &remade, &err) != GP_OK) fail_msg("%s remade: %s", s.fixture, err.msg);
+                    char what[200];
+                    snprintf(what, sizeof what, "%s %s %s, %d stage(s) x %d micro-batches, %s%s, remade BatchNorm outputs",
+                             gp_precision_name(s.precision), s.fixture, l ? "nhwc" : "nchw", s.stages, s.chunks,
+                             gp_checkpoint_name(s.checkpoint), s.graph ? ", CUDA graph" : "");
+                    failed += !compare_as(what, &remade, &kept, "remade", "kept", 0);
+                    runs++;
+                    gp_graph_free(&kept.saved);
+                    gp_graph_free(&remade.saved);
+                }
+    for (int f = 0; f < 2; f++)
+        failed += !check((struct setup){.fixture = fixtures[f], .batch = 8, .chunks = 2, .stages = 1,
+                                        .checkpoint = GP_CHECKPOINT_NEVER, .layout = GP_LAYOUT_NHWC, .remake = true});
+    printf("remade BatchNorm outputs on the GPU: %d runs against kept ones, 2 against the CPU\n", runs);
+    if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
+}
+
 int main(void)
 {
     int n = 0;
@@ -525,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_pipeline_modes),
         cmocka_unit_test(test_layouts),
         cmocka_unit_test(test_stages_vs_one_gpu),
+        cmocka_unit_test(test_remade_norm),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_graph_replay),

@@ -48,6 +48,39 @@ static size_t bn_saved(const struct gp_graph *g, const struct gp_node *node)
     return 2 * sizeof(real) * (size_t)gp_node_input(g, node, 0)->shape.dims[1];
 }
 
+/* Channel c of y = x * alpha + beta (PyTorch's transform, alpha = invstd
+ * * scale, beta = bias - mean * alpha), then a fused Relu by Relu's own
+ * formula (NaN passes). */
+static void bn_normalize_channel(const struct bn_plan *p, int64_t c, const real *x, real *y, real alpha, real beta,
+                                 bool relu)
+{
+    for (int64_t n = 0; n < p->n; n++) {
+        const real *xs = x + (n * p->c + c) * p->s;
+        real *ys = y + (n * p->c + c) * p->s;
+        for (int64_t i = 0; i < p->s; i++) ys[i] = xs[i] * alpha + beta;
+        if (relu)
+            for (int64_t i = 0; i < p->s; i++) ys[i] = ys[i] > 0 || ys[i] != ys[i] ? ys[i] : 0;
+    }
+}
+
+/* Y again (gp_cpu_ctx.remake) from the mean and inverse standard deviation
+ * the forward saved, which it normalized with: the same transform on the
+ * same numbers, so the same bits. */
+static gp_status bn_remake(struct gp_cpu_ctx *ctx)
+{
+    struct bn_plan p;
+    bn_plan(ctx, &p);
+    const real *x = ctx->in[0], *scale = ctx->in[1], *bias = ctx->in[2];
+    const real *mean = ctx->saved, *invstd = mean + p.c;
+    real *y = ctx->out[0];
+#pragma omp parallel for if (p.n * p.c * p.s > GP_CPU_PAR_MIN)
+    for (int64_t c = 0; c < p.c; c++) {
+        real alpha = invstd[c] * scale[c], beta = bias[c] - mean[c] * alpha;
+        bn_normalize_channel(&p, c, x, y, alpha, beta, ctx->node->fused_relu);
+    }
+    return GP_OK;
+}
+
 /* Inputs X [N, C, D...], scale [C], B [C], mean [C], var [C] -> Y like X.
  * Optional outputs, all [C]: running mean and running var as updated by
  * this batch (every version), and in opsets 7 and 9 the batch's mean and
@@ -58,6 +91,7 @@ static size_t bn_saved(const struct gp_graph *g, const struct gp_node *node)
  * running variance. Evaluation uses the running statistics. */
 static gp_status bn_forward(struct gp_cpu_ctx *ctx, struct gp_error *err)
 {
+    if (ctx->remake) return bn_remake(ctx);
     struct bn_plan p;
     bn_plan(ctx, &p);
     const real *x = ctx->in[0], *scale = ctx->in[1], *bias = ctx->in[2];
@@ -95,16 +129,8 @@ static gp_status bn_forward(struct gp_cpu_ctx *ctx, struct gp_error *err)
         real is = (real)(1.0 / sqrt(var + p.eps));
         mean[c] = (real)m;
         invstd[c] = is;
-        /* PyTorch's transform: y = x * alpha + beta. */
         real alpha = is * scale[c], beta = bias[c] - mean[c] * alpha;
-        for (int64_t n = 0; n < p.n; n++) {
-            const real *xs = x + (n * p.c + c) * p.s;
-            real *ys = y + (n * p.c + c) * p.s;
-            for (int64_t i = 0; i < p.s; i++) ys[i] = xs[i] * alpha + beta;
-            /* A fused Relu: Relu's own formula (NaN passes). */
-            if (relu)
-                for (int64_t i = 0; i < p.s; i++) ys[i] = ys[i] > 0 || ys[i] != ys[i] ? ys[i] : 0;
-        }
+        bn_normalize_channel(&p, c, x, y, alpha, beta, relu);
         real new_mean = rmean[c], new_var = rvar[c];
         if (training) {
             double unbiased = var * (double)p.count / (double)(p.count - 1);
@@ -232,6 +258,13 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
 
 /* ---- the table ---- */
 
+/* Y can be written again from X and the saved statistics (bn_remake). */
+static bool bn_remakes(const struct gp_graph *g, const struct gp_node *node)
+{
+    (void)g, (void)node;
+    return true;
+}
+
 /* The backward writes dX whole when asked (the scale's and bias's
  * gradients are parameters': always added). */
 static bool bn_overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
@@ -241,6 +274,6 @@ static bool bn_overwrites(const struct gp_graph *g, const struct gp_node *node, 
 }
 
 const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_batch_norm)[] = {
-    {"BatchNormalization", bn_saved, NULL, bn_forward, bn_backward, bn_overwrites},
+    {"BatchNormalization", bn_saved, NULL, bn_forward, bn_backward, bn_overwrites, bn_remakes},
     {0},
 };

@@ -32,6 +32,12 @@ static bool overwrites(const struct gp_graph *g, const struct gp_node *node, int
     return kern && kern->overwrites && kern->overwrites(g, node, k);
 }
 
+static bool remakes(const struct gp_graph *g, const struct gp_node *node)
+{
+    const struct gp_cpu_kernel *kern = gp_cpu_kernel_for_f32(node);
+    return kern && kern->remakes && kern->remakes(g, node);
+}
+
 static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
 {
     const struct gp_cpu_kernel *k = gp_cpu_kernel_for_f32(node);
@@ -63,7 +69,7 @@ static struct gp_cpu_ctx cpu_ctx(const struct gp_layer_call *c)
         .din_overwrite = c->din_overwrite, .saved = c->saved, .scratch = c->scratch, .training = c->training,
         .update_state = c->update_state, .seed = c->seed, .step = c->step,
         .sample_offset = c->sample_offset, .dropout_ratio = c->dropout_ratio,
-        .deferred_stats = c->deferred_stats,
+        .deferred_stats = c->deferred_stats, .remake = c->remake,
     };
 }
 
@@ -211,6 +217,7 @@ const struct gp_compute_ops gp_cpu_compute_ops = {
     .kernel_for = kernel_for,
     .overwrites = overwrites,
     .saved_bytes = saved_bytes,
+    .remakes = remakes,
     .kernel_bf16 = kernel_bf16,
     .scratch_bytes = scratch_bytes,
     .forward = forward,

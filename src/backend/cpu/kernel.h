@@ -54,6 +54,10 @@ struct gp_cpu_ctx {
      * squares [C] and value count [1] here instead of updating its running
      * statistics; gp_cpu_bn_commit applies them once per mini-batch. */
     double *deferred_stats;
+    /* Forward: write output 0 again from the inputs and the saved state, as
+     * the training forward did, and nothing else (backend/compute.h,
+     * gp_layer_call.remake; only where the kernel's `remakes` says). */
+    bool remake;
 };
 
 struct gp_cpu_kernel {
@@ -67,6 +71,8 @@ struct gp_cpu_kernel {
     /* Whether backward can write input k's gradient whole when asked
      * (gp_cpu_ctx.din_overwrite). NULL: never. */
     bool (*overwrites)(const struct gp_graph *g, const struct gp_node *node, int k);
+    /* Whether forward can remake output 0 (gp_cpu_ctx.remake). NULL: never. */
+    bool (*remakes)(const struct gp_graph *g, const struct gp_node *node);
 };
 
 /* Whether bit k of the context's din_overwrite is set. */

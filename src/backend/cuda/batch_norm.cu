@@ -124,20 +124,20 @@ static void bn_plan_of(const struct gp_graph *g, const struct gp_node *node, int
     p->momentum = gp_node_attr_float(node, "momentum", 0.9f);
 }
 
-/* ctx->saved: the mean [C] and inverse standard deviation [C] (float) that
- * normalized the forward, as on the CPU. */
-/* Saved per call: mean and invstd [C] each, then the transform's alpha
- * and beta pairs [C] (channels-last reads them back to tell where a fused
- * Relu's output was positive without reading the output). */
+/* Saved per call: the mean [C] and inverse standard deviation [C] (float)
+ * that normalized the forward, as on the CPU, then the transform's alpha
+ * and beta pairs [C]: channels-last's backward reads them back to tell
+ * where a fused Relu's output was positive without reading the output,
+ * and a remade output (gp_cuda_ctx.remake) is the normalize pass again on
+ * them. */
 static size_t bn_saved(const struct gp_graph *g, const struct gp_node *node)
 {
     return 4 * sizeof(float) * (size_t)gp_node_input(g, node, 0)->shape.dims[1];
 }
 
-/* Scratch (doubles): forward partials psum, psq_raw, psq [C * P] each,
- * then the transform's alpha and beta per channel ([C] float pairs, C
- * doubles' room); backward partials [2 C P] and per-channel coefficients
- * [5 C]; P at its most for any run length. */
+/* Scratch (doubles): forward partials psum, psq_raw, psq [C * P] each;
+ * backward partials [2 C P] and per-channel coefficients [5 C]; P at its
+ * most for any run length. */
 static int64_t bn_nhwc_chunks_max(const struct gp_graph *g, const struct gp_node *node);
 
 /* The most chunks per channel of either layout (scratch's partials). */
@@ -426,7 +426,10 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     enum io_kind kind = io_kind_of({x, y}, {scale, bias});
     bn_plan_of(ctx->graph, ctx->node, io_vec_for(kind, p.s, {x, y}), &p);
     double *psum = (double *)ctx->scratch, *psq_raw = psum + p.c * p.p, *psq = psq_raw + p.c * p.p;
-    if (training) {
+    /* A remade output (ctx->remake): the normalize pass alone, on the
+     * alpha and beta the forward saved. */
+    bool remake = ctx->remake;
+    if (training && !remake) {
         dim3 grid((unsigned)p.c, (unsigned)p.p, 1);
         IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_sums_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
                                                  p, x, psum, psq_raw)));
@@ -447,10 +450,12 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     o.deferred = ctx->deferred_stats;
     o.scale = scale;
     o.bias = bias;
-    o.ab = (float *)(psq + p.c * p.p);
-    bn_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(
-        p, training, update, psum, psq_raw, psq, false, o);
-    GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics", err));
+    o.ab = o.mean + 2 * p.c; /* saved: a remade output's (bn_saved) */
+    if (!remake) {
+        bn_finish_kernel<<<gp_cuda_blocks_for(p.c), GP_CUDA_THREADS, 0, ctx->stream>>>(
+            p, training, update, psum, psq_raw, psq, false, o);
+        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics", err));
+    }
     if (p.n * p.s == 0) return GP_OK;
     IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_apply_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
                                                                    ctx->stream>>>(p, x, o.ab, y,
@@ -1184,7 +1189,8 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     bn_nhwc_plan_of(rows, c, bn_nhwc_stats_vec(kind, vec, false), &qs);
     struct bn_plan p = bn_plan_for_finish(ctx->node, qs);
     double *psum = (double *)ctx->scratch, *psq_raw = psum + c * qs.p;
-    if (training) { /* rows >= 2 */
+    bool remake = ctx->remake; /* the normalize pass alone, on the saved alpha and beta */
+    if (training && !remake) { /* rows >= 2 */
         dim3 grid((unsigned)qs.gx, (unsigned)qs.p, 1), block((unsigned)qs.tx, (unsigned)qs.ty, 1);
         IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_sums_kernel<IO, VEC><<<grid, block, 0, ctx->stream>>>(
                                                   qs, x, psum, psq_raw)));
@@ -1203,9 +1209,11 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     o.scale = scale;
     o.bias = bias;
     o.ab = o.mean + 2 * c; /* saved: backward's Relu mask (bn_nhwc_positive) */
-    bn_nhwc_finish_kernel<<<bn_nhwc_finish_blocks(c), 256, 0, ctx->stream>>>(p, qs.p, training, update, psum,
-                                                                            psq_raw, o);
-    GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics (channels-last)", err));
+    if (!remake) {
+        bn_nhwc_finish_kernel<<<bn_nhwc_finish_blocks(c), 256, 0, ctx->stream>>>(p, qs.p, training, update, psum,
+                                                                                psq_raw, o);
+        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization statistics (channels-last)", err));
+    }
     if (rows == 0) return GP_OK;
     IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_apply_kernel<IO, VEC><<<bn_nhwc_flat_blocks(q), BN_THREADS, 0,
                                                                          ctx->stream>>>(
@@ -1577,8 +1585,15 @@ static bool bn_layout_native(const struct gp_graph *g, const struct gp_node *nod
 
 /* ---- the table ---- */
 
+/* Y can be written again from X and the saved alpha and beta (ctx->remake). */
+static bool bn_remakes(const struct gp_graph *g, const struct gp_node *node)
+{
+    (void)g, (void)node;
+    return true;
+}
+
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_batch_norm[] = {
     {"BatchNormalization", bn_saved, bn_scratch, bn_forward, bn_backward, false, true, false,
-     gp_cuda_overwrites_input0, bn_layout_native},
+     gp_cuda_overwrites_input0, bn_layout_native, bn_remakes},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -101,6 +101,12 @@ static bool overwrites(const struct gp_graph *g, const struct gp_node *node, int
     return kern && kern->overwrites && kern->overwrites(g, node, k);
 }
 
+static bool remakes(const struct gp_graph *g, const struct gp_node *node)
+{
+    const struct gp_cuda_kernel *kern = gp_cuda_kernel_for(node);
+    return kern && kern->remakes && kern->remakes(g, node);
+}
+
 static bool staged_backward(const struct gp_cuda_kernel *k)
 {
     return k->bf16_staged_backward && gp_cuda_conv_backward_staged();
@@ -161,6 +167,7 @@ static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_la
     k.sample_offset = c->sample_offset;
     k.dropout_ratio = c->dropout_ratio;
     k.deferred_stats = c->deferred_stats;
+    k.remake = c->remake;
     return k;
 }
 
@@ -268,6 +275,7 @@ extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     overwrites,
     layout_native,
     saved_bytes,
+    remakes,
     scratch_bytes,
     forward,
     backward,

@@ -60,6 +60,10 @@ struct gp_cuda_ctx {
     int64_t sample_offset;
     double dropout_ratio;  /* < 0: the model's own */
     double *deferred_stats; /* device memory; see backend/cpu/kernel.h */
+    /* Forward: write output 0 again, the bits the training forward wrote,
+     * from the inputs and its saved state, nothing else (backend/compute.h,
+     * gp_layer_call.remake; only where the kernel's `remakes` says). */
+    bool remake;
 };
 
 struct gp_cuda_kernel {
@@ -89,6 +93,8 @@ struct gp_cuda_kernel {
      * the executor hands it [N, C, H, W] copies (backend/mixed_call.h). */
     bool (*layout_native)(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
                           uint32_t out_nhwc, bool backward);
+    /* Whether forward can remake output 0 (gp_cuda_ctx.remake). NULL: never. */
+    bool (*remakes)(const struct gp_graph *g, const struct gp_node *node);
 };
 
 /* Bit k of a layout mask (gp_cuda_ctx.in_nhwc, out_nhwc). */
