@@ -1579,8 +1579,10 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 static bool bn_layout_native(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
                              uint32_t out_nhwc, bool backward)
 {
-    (void)g, (void)node, (void)backward;
-    return in_nhwc == 1u && (out_nhwc & 1u) && !(out_nhwc & ~1u);
+    (void)g, (void)backward;
+    /* X (and a fused residual, input 5) and Y channels-last. */
+    uint32_t in = node->fused_add ? (1u | 1u << 5) : 1u;
+    return in_nhwc == in && (out_nhwc & 1u) && !(out_nhwc & ~1u);
 }
 
 /* ---- the table ---- */
