@@ -19,6 +19,10 @@
  * ones (the parameters' dW and dB: dW passes through bfloat16 once), K the
  * longest sum as for float32 (op_compare.h).
  *
+ * Float32 (no TF32): Conv runs in 3xTF32 where it can (cuda/conv_x3.h),
+ * held to float32's tolerance, which TF32 alone misses; run_conv counts
+ * the calls that did (x3_runs), and with GP_CONV_FP32=fma that none did.
+ *
  * Channels-last: the pools' own [N, H, W, C] kernels (MaxPool over 2
  * axes, GlobalAveragePool) against the same CPU kernels, op_compare
  * transposing the CUDA side's tensors on the host (test_pools_nhwc). */
@@ -35,6 +39,7 @@
 #include <string.h>
 
 #include "backend/compute.h"
+#include "backend/cuda/conv_x3.h"
 #include "backend/cuda/kernel.h"
 #include "kernel_graph.h"
 #include "cuda_test_util.h"
@@ -73,6 +78,16 @@ struct conv_case {
  * 1 Y; cases the kernel does not take channels-last are skipped. */
 static uint32_t nhwc_mode;
 static int nhwc_runs;
+
+/* Float32 calls that ran in 3xTF32, and whether GP_CONV_FP32=fma rules
+ * it out. */
+static int x3_runs;
+
+static bool fma_mode(void)
+{
+    const char *v = getenv("GP_CONV_FP32");
+    return v && strcmp(v, "fma") == 0;
+}
 
 static void run_conv(const struct conv_case *c)
 {
@@ -137,7 +152,13 @@ static void run_conv(const struct conv_case *c)
     }
     o.nhwc_inputs = nhwc_mode & 1u;
     o.nhwc_outputs = nhwc_mode >> 1;
+    unsigned long long x3_before = gp_cuda_conv_x3_calls();
     op_compare_node(&g, 0, &o);
+    if (gp_cuda_conv_x3_calls() != x3_before) {
+        if (tf32_mode || bf16_mode.on || fma_mode() || transpose)
+            fail_msg("%s: ran in 3xTF32, which only float32 Conv calls without GP_CONV_FP32=fma do", label);
+        x3_runs++;
+    }
     gp_graph_free(&g);
 }
 
@@ -226,10 +247,17 @@ static const struct conv_case convt_cases[] = {
      {1, 3, 5, 5}, {3, 2, 3, 3}, true, 0, {1, 1}, {2, 2}, {1, 1}, {0}, false, {0}, NULL, 0},
 };
 
+/* Every Conv case in float32; those of one group whose pads cuDNN takes
+ * (11 of them) in 3xTF32. */
 static void test_conv(void **state)
 {
     (void)state;
+    x3_runs = 0;
     for (int k = 0; k < N_OF(conv_cases); k++) run_conv(&conv_cases[k]);
+    printf("float32: %d of %d convolutions in 3xTF32%s\n", x3_runs, N_OF(conv_cases),
+           fma_mode() ? " (GP_CONV_FP32=fma)" : "");
+    if (fma_mode()) assert_int_equal(x3_runs, 0);
+    else assert_true(x3_runs >= 10);
 }
 
 /* Channels-last (graph/layout.h): every 2-D Conv case cuDNN takes so
@@ -240,8 +268,11 @@ static void test_conv_nhwc(void **state)
 {
     (void)state;
     nhwc_runs = 0;
+    x3_runs = 0;
     for (nhwc_mode = 1; nhwc_mode <= 3; nhwc_mode++)
         for (int k = 0; k < N_OF(conv_cases); k++) run_conv(&conv_cases[k]);
+    printf("channels-last float32: %d convolutions in 3xTF32\n", x3_runs);
+    if (!fma_mode()) assert_true(x3_runs >= 15); /* 7 a layout mode */
     nhwc_mode = 3;
     tf32_mode = true;
     run_conv(&conv_cases[11]);
@@ -383,6 +414,112 @@ static void test_conv_scratch_modes(void **state)
     assert_true(own > 0); /* a broadcast operand: per-entry products */
     assert_int_equal(gp_cuda_conv_scratch_bytes(&g, &g.nodes[0], &o), own);
     gp_graph_free(&g);
+}
+
+/* ---- 3xTF32 operand splits (cuda/conv_x3.h) ---- */
+
+static uint32_t bits_of(float x)
+{
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+static float float_of(uint32_t b)
+{
+    float x;
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
+
+/* The split as conv_x3.h says: hi x rounded to TF32 (to nearest, ties away
+ * from zero; truncated where that would overflow), lo the rest rounded so;
+ * a NaN or an infinity its own hi, lo 0. */
+static void split_ref(float x, float *hi, float *lo)
+{
+    uint32_t b = bits_of(x);
+    if ((b & 0x7f800000u) == 0x7f800000u) {
+        *hi = x;
+        *lo = 0.0f;
+        return;
+    }
+    uint32_t r = (b + 0x1000u) & 0xffffe000u;
+    if ((r & 0x7f800000u) == 0x7f800000u) r = b & 0xffffe000u;
+    *hi = float_of(r);
+    float rest = x - *hi;
+    *lo = float_of((bits_of(rest) + 0x1000u) & 0xffffe000u);
+}
+
+/* Values of every kind: random magnitudes and signs, ties at TF32's last
+ * place, zeros, the largest floats (rounding up would overflow), tiny and
+ * subnormal ones, infinities and a NaN. */
+static float split_value(int64_t i)
+{
+    switch (i % 16) {
+    case 0: return 0.0f;
+    case 1: return -0.0f;
+    case 2: return float_of(0x3f801000u);                 /* 1 + 2^-11: a tie, away from zero */
+    case 3: return float_of(0xbf803000u);                 /* a negative tie */
+    case 4: return float_of(0x7f7fffffu);                 /* FLT_MAX */
+    case 5: return float_of(0x00000123u);                 /* subnormal */
+    case 6: return i % 32 == 6 ? INFINITY : NAN;
+    case 7: return -INFINITY;
+    default: return (float)((next_unit() - 0.5) * ldexp(1.0, (int)(next_u64() % 60) - 30));
+    }
+}
+
+/* One split of [outer, ch, inner] against split_ref, bit for bit, and the
+ * parts' properties: both TF32 (low 13 bits clear), hi + lo within 2^-22
+ * of x. `offset` floats shift both buffers off 16-byte alignment (the
+ * one-value kernel). */
+static void run_split(int64_t outer, int64_t ch, int64_t inner, unsigned lo_parts, int offset)
+{
+    int64_t n = outer * ch * inner;
+    float *src = malloc(sizeof(float) * (size_t)n), *out = malloc(3 * sizeof(float) * (size_t)n);
+    assert_non_null(src);
+    assert_non_null(out);
+    for (int64_t i = 0; i < n; i++) src[i] = split_value(i);
+    float *dsrc, *ddst;
+    assert_int_equal(cudaMalloc((void **)&dsrc, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&ddst, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dsrc + offset, src, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(gp_cuda_conv_x3_split(NULL, ddst + offset, dsrc + offset, outer, ch, inner, lo_parts),
+                     cudaSuccess);
+    assert_int_equal(cudaMemcpy(out, ddst + offset, 3 * sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    for (int64_t e = 0; e < n; e++) {
+        int64_t i = e % inner, c = (e / inner) % ch, o = e / inner / ch;
+        float hi, lo;
+        split_ref(src[e], &hi, &lo);
+        for (int j = 0; j < 3; j++) {
+            float want = (lo_parts >> j) & 1u ? lo : hi;
+            float got = out[(o * 3 * ch + 3 * c + j) * inner + i];
+            if (bits_of(got) != bits_of(want))
+                fail_msg("split [%lld, %lld, %lld] of %a, copy %d: %a, want %a", (long long)outer, (long long)ch,
+                         (long long)inner, (double)src[e], j, (double)got, (double)want);
+        }
+        if (!isfinite(src[e])) continue;
+        if ((bits_of(hi) | bits_of(lo)) & 0x1fffu) fail_msg("%a: parts %a, %a not TF32", (double)src[e], (double)hi, (double)lo);
+        double d = fabs((double)src[e] - ((double)hi + (double)lo));
+        if (d > ldexp(fabs((double)src[e]), -22) + ldexp(1.0, -136))
+            fail_msg("%a: hi + lo = %a, off by %a", (double)src[e], (double)hi + (double)lo, d);
+    }
+    cudaFree(dsrc);
+    cudaFree(ddst);
+    free(src);
+    free(out);
+}
+
+/* Each kernel of the split: planes (inner a multiple of 4), channels
+ * (inner 1, ch a multiple of 4), and any shape or alignment. */
+static void test_x3_split(void **state)
+{
+    (void)state;
+    run_split(2, 3, 8, CONV_X3_HI_HI_LO, 0);
+    run_split(10, 8, 1, CONV_X3_HI_LO_HI, 0);
+    run_split(3, 5, 7, CONV_X3_HI_HI_LO, 0);
+    run_split(1, 4, 16, CONV_X3_HI_LO_HI, 1);
+    run_split(5, 64, 1, CONV_X3_HI_HI_LO, 3);
 }
 
 /* ---- pools ---- */
@@ -707,6 +844,7 @@ int main(void)
         cmocka_unit_test(test_conv_transpose_bf16),
         cmocka_unit_test(test_conv_bf16_modes),
         cmocka_unit_test(test_conv_scratch_modes),
+        cmocka_unit_test(test_x3_split),
         cmocka_unit_test(test_pools),
         cmocka_unit_test(test_pools_bf16),
         cmocka_unit_test(test_pools_nhwc),

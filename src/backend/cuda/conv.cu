@@ -53,6 +53,7 @@
 
 #include "backend/cuda/bf16.cuh"
 #include "backend/cuda/conv_problem.cuh"
+#include "backend/cuda/conv_x3.h"
 #include "backend/cuda/convert.h"
 #include "backend/cuda/kernel_util.cuh"
 
@@ -174,12 +175,21 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
 
 /* ---- mode ---- */
 
+/* Float32 convolutions (no TF32) run in 3xTF32 (conv_x3.h) where they
+ * can, unless GP_CONV_FP32=fma asks for cuDNN's float32 arithmetic. */
+static bool x3_wanted(void)
+{
+    const char *v = getenv("GP_CONV_FP32");
+    return !(v && strcmp(v, "fma") == 0);
+}
+
 static struct conv_mode ctx_mode(const struct gp_cuda_ctx *c)
 {
     struct conv_mode m;
     m.bf16 = gp_cuda_is_bf16(c->in_dt, 0);
     m.tf32 = !m.bf16 && c->tf32;
     m.fast = c->fast_conv;
+    m.x3 = !m.bf16 && !m.tf32 && x3_wanted();
     return m;
 }
 
@@ -189,6 +199,7 @@ static struct conv_mode options_mode(const struct gp_compute_options *o)
     m.bf16 = o->precision == GP_PRECISION_BF16;
     m.tf32 = o->precision == GP_PRECISION_TF32;
     m.fast = o->fast_conv;
+    m.x3 = o->precision == GP_PRECISION_FP32 && x3_wanted();
     return m;
 }
 
@@ -221,12 +232,93 @@ static gp_status dnn_error(const struct gp_cuda_ctx *c, struct gp_error *err, co
                          cudnnGetErrorString(e->st));
 }
 
+/* ---- float32 in 3xTF32 (conv_x3.h) ---- */
+
+static bool conv_padded(const struct conv_geom *g);
+
+/* Whether a call of geometry g in `mode` runs in 3xTF32: float32 without
+ * TF32, a Conv of one group whose image is the tensor itself (no pad
+ * buffer, no zero channels), its tripled tensors within cuDNN's int
+ * sizes. The rest stays on cuDNN's float32 algorithms. */
+static bool x3_applies(const struct conv_geom *g, struct conv_mode mode)
+{
+    if (!mode.x3 || g->transpose || g->group != 1 || !g->direct || conv_padded(g)) return false;
+    int64_t img = g->n * g->img_ch * g->img_size, col = g->n * g->col_ch * g->col_size;
+    return 3 * img <= INT_MAX && 3 * col <= INT_MAX && 3 * filter_numel(g) <= INT_MAX;
+}
+
+/* The TF32 problem of direction k (0 forward, 1 data, 2 filter): its
+ * summed axis tripled (input channels, output channels, the batch). */
+static void x3_geom(const struct conv_geom *g, int k, struct conv_geom *out)
+{
+    *out = *g;
+    if (k == 0) out->c *= 3, out->img_ch *= 3;
+    else if (k == 1) out->m *= 3, out->col_ch *= 3;
+    else out->n *= 3;
+}
+
+static struct conv_mode x3_mode(struct conv_mode m)
+{
+    struct conv_mode t = {false, true, m.fast, false};
+    return t;
+}
+
+/* The three TF32 problems' algorithms, each chosen for its own direction
+ * only, as one choice. */
+static bool x3_lookup(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode, struct algo_choice *ch,
+                      struct dnn_err *e, const char **why)
+{
+    memset(ch, 0, sizeof *ch);
+    for (int k = 0; k < 3; k++) {
+        struct conv_geom gk;
+        x3_geom(g, k, &gk);
+        struct algo_choice one;
+        if (!conv_lookup_algos(h, &gk, x3_mode(mode), 1u << k, &one, e, why)) return false;
+        if (k == 0) {
+            ch->fwd = one.fwd, ch->m_fwd = one.m_fwd, ch->ws_fwd = one.ws_fwd;
+            memcpy(ch->graph_fwd, one.graph_fwd, CONV_GRAPH_NAME);
+        } else if (k == 1) {
+            ch->bwd_data = one.bwd_data, ch->m_data = one.m_data, ch->ws_data = one.ws_data;
+            memcpy(ch->graph_data, one.graph_data, CONV_GRAPH_NAME);
+        } else {
+            ch->bwd_filter = one.bwd_filter, ch->m_filter = one.m_filter, ch->ws_filter = one.ws_filter;
+            memcpy(ch->graph_filter, one.graph_filter, CONV_GRAPH_NAME);
+        }
+    }
+    return true;
+}
+
+/* Bytes of the split operands: forward X and W tripled, data dY and W,
+ * filter X and dY (the backward's two reuse one region). */
+static size_t x3_buffer_bytes(const struct conv_geom *g)
+{
+    size_t img = align_up(3 * sizeof(float) * (size_t)(g->n * g->img_ch * g->img_size));
+    size_t col = align_up(3 * sizeof(float) * (size_t)(g->n * g->col_ch * g->col_size));
+    size_t w = align_up(3 * sizeof(float) * (size_t)filter_numel(g));
+    size_t most = img + w;
+    if (col + w > most) most = col + w;
+    if (img + col > most) most = img + col;
+    return most;
+}
+
+static unsigned long long x3_calls;
+
+extern "C" unsigned long long gp_cuda_conv_x3_calls(void) { return __atomic_load_n(&x3_calls, __ATOMIC_RELAXED); }
+
 static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *g, struct conv_mode mode,
                            struct algo_choice *ch, struct gp_error *err)
 {
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
     const char *why = NULL;
-    if (conv_lookup_algos((cudnnHandle_t)c->cudnn, g, mode, ch, &e, &why)) return GP_OK;
+    bool x3 = x3_applies(g, mode);
+    if (x3 ? x3_lookup((cudnnHandle_t)c->cudnn, g, mode, ch, &e, &why)
+           : conv_lookup_algos((cudnnHandle_t)c->cudnn, g, mode, CONV_DIRS_ALL, ch, &e, &why))
+        return GP_OK;
+    if (why && x3)
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
+                             "cuDNN offers no TF32 %s algorithm for this float32 convolution in 3xTF32 "
+                             "(GP_CONV_FP32=fma runs it on cuDNN's float32 algorithms)",
+                             why);
     if (why)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
                              "cuDNN offers no %s algorithm with a workspace of at most "
@@ -250,22 +342,29 @@ static size_t acc_buffer_bytes(const struct conv_geom *g, const struct algo_choi
 }
 
 /* Scratch in `mode`: the image buffer, a float32 dW's bfloat16 buffer,
- * the accumulation buffer, then the workspace of the largest of the three
- * algorithms. */
+ * the accumulation buffer, in 3xTF32 the split operands, then the
+ * workspace of the largest of the three algorithms. */
 static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode)
 {
     struct algo_choice ch;
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
     const char *why;
+    bool x3 = x3_applies(g, mode);
     size_t ws = conv_ws_cap(g); /* when nothing is found: the run chooses again and reports what fails */
+    if (x3) /* the TF32 problems' caps: the filter problem's tripled batch is the largest */
+        for (int k = 0; k < 3; k++) {
+            struct conv_geom gk;
+            x3_geom(g, k, &gk);
+            if (conv_ws_cap(&gk) > ws) ws = conv_ws_cap(&gk);
+        }
     size_t acc = 0;
-    if (conv_lookup_algos(NULL, g, mode, &ch, &e, &why)) {
+    if (x3 ? x3_lookup(NULL, g, mode, &ch, &e, &why) : conv_lookup_algos(NULL, g, mode, CONV_DIRS_ALL, &ch, &e, &why)) {
         ws = ch.ws_fwd;
         if (ch.ws_data > ws) ws = ch.ws_data;
         if (ch.ws_filter > ws) ws = ch.ws_filter;
         acc = acc_buffer_bytes(g, &ch);
     }
-    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc + ws;
+    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc + (x3 ? x3_buffer_bytes(g) : 0) + ws;
 }
 
 /* Whether X's and W's channels are convolved padded with zeros to
@@ -529,6 +628,12 @@ struct conv_run {
      * gradient (NULL when not needed). */
     bool x_cl, y_cl;
     void *xt, *yt, *wt, *dwt;
+    /* 3xTF32 (x3_applies): each direction's TF32 problem (x3_geom), its
+     * descriptors, and the split operands' region (x3_buffer_bytes). */
+    bool x3;
+    struct conv_geom g3[3];
+    struct descs d3[3];
+    char *x3buf;
 };
 
 static const char *dt_name(bool bf16) { return bf16 ? "bfloat16" : "float32"; }
@@ -569,9 +674,13 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
     GP_TRY(check_storage(c, r->mode.bf16, backward, err));
     GP_TRY(ctx_algos(c, &r->g, r->mode, &r->ch, err));
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
-    if (!conv_descs_create(&r->g, r->mode.bf16, conv_base_math(r->mode), &r->d, &e)) {
-        conv_descs_destroy(&r->d);
+    if (!conv_descs_create(&r->g, r->mode.bf16, conv_base_math(r->mode), &r->d, &e))
         return dnn_error(c, err, &e, "descriptors");
+    r->x3 = x3_applies(&r->g, r->mode);
+    for (int k = 0; k < 3 && r->x3; k++) {
+        x3_geom(&r->g, k, &r->g3[k]);
+        if (!conv_descs_create(&r->g3[k], false, conv_base_math(x3_mode(r->mode)), &r->d3[k], &e))
+            return dnn_error(c, err, &e, "descriptors of a 3xTF32 problem");
     }
     /* Scratch: channels-last buffers (nhwc_bytes), then image buffer, dW
      * buffer, workspace (mode_scratch). */
@@ -590,7 +699,9 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
     r->buf = bb ? next : NULL;
     r->dwbuf = wb ? (bf16_t *)(next + bb) : NULL;
     r->acc = ab ? next + bb + wb : NULL;
-    r->ws = next + bb + wb + ab;
+    size_t xb = r->x3 ? x3_buffer_bytes(&r->g) : 0;
+    r->x3buf = xb ? next + bb + wb + ab : NULL;
+    r->ws = next + bb + wb + ab + xb;
     return GP_OK;
 }
 
@@ -646,12 +757,12 @@ static void accumulate(cudaStream_t stream, D *out, const S *acc, int64_t n)
 /* out = a graph API convolution `op` of (a, b), or out += it when beta is
  * 1: computed into the accumulation buffer (float32 where the problem says
  * so), then added, each sum rounded once. `n` is out's element count. */
-static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, enum conv_graph_op op,
-                           const char *name, const void *a, const void *b, void *out, int64_t n, float beta,
-                           struct gp_error *err)
+static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, const struct conv_geom *g,
+                           struct conv_mode mode, enum conv_graph_op op, const char *name, const void *a,
+                           const void *b, void *out, int64_t n, float beta, struct gp_error *err)
 {
     struct conv_graph_problem p;
-    conv_graph_problem_of(&r->g, r->mode, op, &p);
+    conv_graph_problem_of(g, mode, op, &p);
     void *dst = beta != 0.0f ? r->acc : out;
     if (!dst)
         return gp_cuda_error(c, err, GP_ERR_DEVICE, "conv: no accumulation buffer for an accumulated %s",
@@ -660,7 +771,7 @@ static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, enum
     if (!conv_graph_run((cudnnHandle_t)c->cudnn, &p, op, name, a, b, dst, r->ws, why, sizeof why))
         return gp_cuda_error(c, err, GP_ERR_DEVICE, "cuDNN graph convolution (%s): %s", name, why);
     if (beta == 0.0f || n == 0) return GP_OK;
-    if (!r->mode.bf16)
+    if (!mode.bf16)
         accumulate(c->stream, (float *)out, (const float *)dst, n);
     else if (p.float_out)
         accumulate(c->stream, (bf16_t *)out, (const float *)dst, n);
@@ -669,20 +780,73 @@ static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, enum
     return gp_cuda_check_launch(c, "convolution result added to its gradient", err);
 }
 
+/* ---- the calls, in 3xTF32 on the split operands (conv_x3.h) ---- */
+
+/* The problem direction k runs (0 forward, 1 data, 2 filter): the node's,
+ * or in 3xTF32 its TF32 problem. */
+static const struct conv_geom *dir_geom(const struct conv_run *r, int k) { return r->x3 ? &r->g3[k] : &r->g; }
+static const struct descs *dir_descs(const struct conv_run *r, int k) { return r->x3 ? &r->d3[k] : &r->d; }
+static struct conv_mode dir_mode(const struct conv_run *r) { return r->x3 ? x3_mode(r->mode) : r->mode; }
+
+static gp_status x3_split(const struct gp_cuda_ctx *c, float *dst, const void *src, int64_t outer, int64_t ch,
+                          int64_t inner, unsigned lo_parts, struct gp_error *err)
+{
+    cudaError_t e = gp_cuda_conv_x3_split(c->stream, dst, (const float *)src, outer, ch, inner, lo_parts);
+    if (e != cudaSuccess)
+        return gp_cuda_error(c, err, GP_ERR_DEVICE, "3xTF32 operand split: %s", cudaGetErrorString(e));
+    return GP_OK;
+}
+
+/* A tensor [n, ch, cells] in the run's layout split along its channels. */
+static gp_status x3_split_channels(const struct gp_cuda_ctx *c, const struct conv_run *r, float *dst,
+                                   const void *src, int64_t n, int64_t ch, int64_t cells, unsigned lo_parts,
+                                   struct gp_error *err)
+{
+    if (r->g.nhwc) return x3_split(c, dst, src, n * cells, ch, 1, lo_parts, err);
+    return x3_split(c, dst, src, n, ch, cells, lo_parts, err);
+}
+
+/* The operands of direction k split into the region: *a, *b become the
+ * split image and filter (forward), columns and filter (data), image and
+ * columns (filter). */
+static gp_status x3_operands(const struct gp_cuda_ctx *c, struct conv_run *r, int k, const void **a,
+                             const void **b, struct gp_error *err)
+{
+    const struct conv_geom *g = &r->g;
+    int64_t img = g->n * g->img_ch * g->img_size, col = g->n * g->col_ch * g->col_size;
+    int64_t kk = filter_numel(g) / (g->col_ch * g->img_ch);
+    float *first = (float *)r->x3buf;
+    float *second = (float *)(r->x3buf + align_up(3 * sizeof(float) * (size_t)(k == 1 ? col : img)));
+    if (k == 0) { /* X (hi, hi, lo) . W (hi, lo, hi) over the input channels */
+        GP_TRY(x3_split_channels(c, r, first, *a, g->n, g->img_ch, g->img_size, CONV_X3_HI_HI_LO, err));
+        GP_TRY(x3_split_channels(c, r, second, *b, g->col_ch, g->img_ch, kk, CONV_X3_HI_LO_HI, err));
+    } else if (k == 1) { /* dY (hi, lo, hi) . W (hi, hi, lo) over the output channels */
+        GP_TRY(x3_split_channels(c, r, first, *a, g->n, g->col_ch, g->col_size, CONV_X3_HI_LO_HI, err));
+        GP_TRY(x3_split(c, second, *b, 1, g->col_ch, g->img_ch * kk, CONV_X3_HI_HI_LO, err));
+    } else { /* X (hi, lo, hi) . dY (hi, hi, lo) over the batch */
+        GP_TRY(x3_split(c, first, *a, 1, g->n, g->img_ch * g->img_size, CONV_X3_HI_LO_HI, err));
+        GP_TRY(x3_split(c, second, *b, 1, g->n, g->col_ch * g->col_size, CONV_X3_HI_HI_LO, err));
+    }
+    *a = first;
+    *b = second;
+    __atomic_add_fetch(&x3_calls, 1, __ATOMIC_RELAXED);
+    return GP_OK;
+}
+
 /* col = conv(img, W) (+ col when beta is 1). */
 static gp_status run_forward(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img,
                              const void *w, void *col, float beta, struct gp_error *err)
 {
+    if (r->x3) GP_TRY(x3_operands(c, r, 0, &img, &w, err));
     if (r->ch.graph_fwd[0])
-        return run_graph(c, r, CONV_GRAPH_FPROP, r->ch.graph_fwd, img, w, col, r->g.n * r->g.col_ch * r->g.col_size,
-                         beta, err);
+        return run_graph(c, r, dir_geom(r, 0), dir_mode(r), CONV_GRAPH_FPROP, r->ch.graph_fwd, img, w, col,
+                         r->g.n * r->g.col_ch * r->g.col_size, beta, err);
+    const struct descs *d = dir_descs(r, 0);
     float one = 1.0f;
-    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_fwd),
-                    "cudnnSetConvolutionMathType"));
+    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, r->ch.m_fwd), "cudnnSetConvolutionMathType"));
     return dnn_call(c, err,
-                    cudnnConvolutionForward((cudnnHandle_t)c->cudnn, &one, r->d.img, img, r->d.w, w,
-                                            r->d.conv, r->ch.fwd, r->ws, r->ch.ws_fwd, &beta, r->d.col,
-                                            col),
+                    cudnnConvolutionForward((cudnnHandle_t)c->cudnn, &one, d->img, img, d->w, w, d->conv, r->ch.fwd,
+                                            r->ws, r->ch.ws_fwd, &beta, d->col, col),
                     "cudnnConvolutionForward");
 }
 
@@ -690,16 +854,16 @@ static gp_status run_forward(const struct gp_cuda_ctx *c, struct conv_run *r, co
 static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const void *w,
                           const void *col, void *img, float beta, struct gp_error *err)
 {
+    if (r->x3) GP_TRY(x3_operands(c, r, 1, &col, &w, err));
     if (r->ch.graph_data[0])
-        return run_graph(c, r, CONV_GRAPH_DGRAD, r->ch.graph_data, col, w, img,
+        return run_graph(c, r, dir_geom(r, 1), dir_mode(r), CONV_GRAPH_DGRAD, r->ch.graph_data, col, w, img,
                          r->g.n * r->g.img_ch * r->g.imgb_size, beta, err);
+    const struct descs *d = dir_descs(r, 1);
     float one = 1.0f;
-    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_data),
-                    "cudnnSetConvolutionMathType"));
+    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, r->ch.m_data), "cudnnSetConvolutionMathType"));
     return dnn_call(c, err,
-                    cudnnConvolutionBackwardData((cudnnHandle_t)c->cudnn, &one, r->d.w, w, r->d.col, col,
-                                                 r->d.conv, r->ch.bwd_data, r->ws, r->ch.ws_data, &beta,
-                                                 r->d.img, img),
+                    cudnnConvolutionBackwardData((cudnnHandle_t)c->cudnn, &one, d->w, w, d->col, col, d->conv,
+                                                 r->ch.bwd_data, r->ws, r->ch.ws_data, &beta, d->img, img),
                     "cudnnConvolutionBackwardData");
 }
 
@@ -708,15 +872,16 @@ static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const
 static gp_status run_filter_call(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img,
                                  const void *col, void *dw, float beta, struct gp_error *err)
 {
+    if (r->x3) GP_TRY(x3_operands(c, r, 2, &img, &col, err));
     if (r->ch.graph_filter[0])
-        return run_graph(c, r, CONV_GRAPH_WGRAD, r->ch.graph_filter, img, col, dw, filter_numel(&r->g), beta, err);
+        return run_graph(c, r, dir_geom(r, 2), dir_mode(r), CONV_GRAPH_WGRAD, r->ch.graph_filter, img, col, dw,
+                         filter_numel(&r->g), beta, err);
+    const struct descs *d = dir_descs(r, 2);
     float one = 1.0f;
-    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_filter),
-                    "cudnnSetConvolutionMathType"));
+    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, r->ch.m_filter), "cudnnSetConvolutionMathType"));
     return dnn_call(c, err,
-                    cudnnConvolutionBackwardFilter((cudnnHandle_t)c->cudnn, &one, r->d.img, img, r->d.col,
-                                                   col, r->d.conv, r->ch.bwd_filter, r->ws,
-                                                   r->ch.ws_filter, &beta, r->d.w, dw),
+                    cudnnConvolutionBackwardFilter((cudnnHandle_t)c->cudnn, &one, d->img, img, d->col, col, d->conv,
+                                                   r->ch.bwd_filter, r->ws, r->ch.ws_filter, &beta, d->w, dw),
                     "cudnnConvolutionBackwardFilter");
 }
 
@@ -1025,6 +1190,7 @@ static gp_status with_run(struct gp_cuda_ctx *c, bool transpose, bool backward, 
     gp_status st = run_begin(c, transpose, backward, &r, err);
     if (st == GP_OK) st = fn(c, &r, err);
     conv_descs_destroy(&r.d);
+    for (int k = 0; k < 3; k++) conv_descs_destroy(&r.d3[k]);
     return st;
 }
 

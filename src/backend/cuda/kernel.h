@@ -139,6 +139,9 @@ void gp_cuda_attention_paths(unsigned long long *cudnn_calls, unsigned long long
 unsigned long long gp_cuda_attention_tf32_calls(void);
 /* Of the own-kernel calls, those on the tensor-core kernels in 3xTF32 (float32 calls). */
 unsigned long long gp_cuda_attention_x3_calls(void);
+/* Convolution directions (forward, data or filter gradient) run so far in
+ * 3xTF32 (float32 calls: cuda/conv_x3.h), for tests. */
+unsigned long long gp_cuda_conv_x3_calls(void);
 
 /* Kernel tables, one per family file (src/backend/cuda/<family>.cu, twin of
  * src/backend/cpu/<family>.c, whose kernel.h says what each family holds),
