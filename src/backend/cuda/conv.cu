@@ -683,7 +683,8 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
             return dnn_error(c, err, &e, "descriptors of a 3xTF32 problem");
     }
     /* Scratch: channels-last buffers (nhwc_bytes), then image buffer, dW
-     * buffer, workspace (mode_scratch). */
+     * buffer, accumulation buffer, 3xTF32's split operands, workspace
+     * (mode_scratch). */
     char *next = (char *)c->scratch;
     if (r->x_cl || r->y_cl) {
         size_t es = gp_cuda_float_size(r->mode.bf16);
