@@ -89,25 +89,32 @@ static bool fma_mode(void)
     return v && strcmp(v, "fma") == 0;
 }
 
-static void run_conv(const struct conv_case *c)
+/* The case's graph: its node alone, inputs x, w (and b). */
+static void conv_graph(struct gp_graph *g, const struct conv_case *c)
 {
-    struct gp_graph g;
-    begin(&g, c->opset ? c->opset : 13);
+    begin(g, c->opset ? c->opset : 13);
     int ns = c->rank - 2;
     bool transpose = strcmp(c->op, "ConvTranspose") == 0;
     int64_t m = transpose ? c->w[1] * (c->group ? c->group : 1) : c->w[0];
-    input(&g, "x", c->rank, c->x);
-    input(&g, "w", c->rank, c->w);
-    if (c->bias) input(&g, "b", 1, &m);
-    int n = node(&g, c->op, c->bias ? 3 : 2, S("x", "w", "b"), 1, S("y"));
-    if (c->group) attr_i(&g, n, "group", c->group);
-    if (c->strides[0]) attr_ints(&g, n, "strides", ns, c->strides);
-    if (c->dilations[0]) attr_ints(&g, n, "dilations", ns, c->dilations);
-    if (c->output_padding[0]) attr_ints(&g, n, "output_padding", ns, c->output_padding);
-    if (c->output_shape[0]) attr_ints(&g, n, "output_shape", ns, c->output_shape);
-    if (c->has_pads) attr_ints(&g, n, "pads", 2 * ns, c->pads);
-    if (c->auto_pad) attr_s(&g, n, "auto_pad", c->auto_pad);
-    finalize_ok(&g);
+    input(g, "x", c->rank, c->x);
+    input(g, "w", c->rank, c->w);
+    if (c->bias) input(g, "b", 1, &m);
+    int n = node(g, c->op, c->bias ? 3 : 2, S("x", "w", "b"), 1, S("y"));
+    if (c->group) attr_i(g, n, "group", c->group);
+    if (c->strides[0]) attr_ints(g, n, "strides", ns, c->strides);
+    if (c->dilations[0]) attr_ints(g, n, "dilations", ns, c->dilations);
+    if (c->output_padding[0]) attr_ints(g, n, "output_padding", ns, c->output_padding);
+    if (c->output_shape[0]) attr_ints(g, n, "output_shape", ns, c->output_shape);
+    if (c->has_pads) attr_ints(g, n, "pads", 2 * ns, c->pads);
+    if (c->auto_pad) attr_s(g, n, "auto_pad", c->auto_pad);
+    finalize_ok(g);
+}
+
+static void run_conv(const struct conv_case *c)
+{
+    struct gp_graph g;
+    conv_graph(&g, c);
+    bool transpose = strcmp(c->op, "ConvTranspose") == 0;
     /* Longest sums: forward over a group's channels and the kernel (and for
      * ConvTranspose, the taps landing on a cell); weight and bias
      * gradients over the batch and the columns' cells. */
@@ -364,22 +371,7 @@ static void test_conv_scratch_modes(void **state)
     for (int i = 0; i < N_OF(cases); i++) {
         const struct conv_case *c = cases[i];
         struct gp_graph g;
-        begin(&g, c->opset ? c->opset : 13);
-        int ns = c->rank - 2;
-        bool transpose = strcmp(c->op, "ConvTranspose") == 0;
-        int64_t m = transpose ? c->w[1] * (c->group ? c->group : 1) : c->w[0];
-        input(&g, "x", c->rank, c->x);
-        input(&g, "w", c->rank, c->w);
-        if (c->bias) input(&g, "b", 1, &m);
-        int n = node(&g, c->op, c->bias ? 3 : 2, S("x", "w", "b"), 1, S("y"));
-        if (c->group) attr_i(&g, n, "group", c->group);
-        if (c->strides[0]) attr_ints(&g, n, "strides", ns, c->strides);
-        if (c->dilations[0]) attr_ints(&g, n, "dilations", ns, c->dilations);
-        if (c->output_padding[0]) attr_ints(&g, n, "output_padding", ns, c->output_padding);
-        if (c->output_shape[0]) attr_ints(&g, n, "output_shape", ns, c->output_shape);
-        if (c->has_pads) attr_ints(&g, n, "pads", 2 * ns, c->pads);
-        if (c->auto_pad) attr_s(&g, n, "auto_pad", c->auto_pad);
-        finalize_ok(&g);
+        conv_graph(&g, c);
         const struct gp_node *nd = &g.nodes[0];
         const struct gp_cuda_kernel *k = gp_cuda_kernel_for(nd);
         assert_non_null(k);
@@ -390,7 +382,7 @@ static void test_conv_scratch_modes(void **state)
         for (int p = 0; p < N_OF(precisions); p++)
             for (int fast = 0; fast < 2; fast++) {
                 struct gp_compute_options o = {.precision = precisions[p], .fast_conv = fast != 0};
-                size_t s = gp_cuda_conv_scratch_bytes(&g, nd, &o);
+                size_t s = gp_cuda_conv_scratch_bytes(&g, nd, &o, ~0u);
                 if (s > most)
                     fail_msg("%s: %s: %s%s needs %zu bytes, more than scratch_bytes' %zu", c->op, c->label,
                              gp_precision_name(o.precision), fast ? " fast_conv" : "", s, most);
@@ -412,8 +404,123 @@ static void test_conv_scratch_modes(void **state)
     struct gp_compute_options o = {.precision = GP_PRECISION_BF16};
     size_t own = k->scratch_bytes ? k->scratch_bytes(&g, &g.nodes[0]) : 0;
     assert_true(own > 0); /* a broadcast operand: per-entry products */
-    assert_int_equal(gp_cuda_conv_scratch_bytes(&g, &g.nodes[0], &o), own);
+    assert_int_equal(gp_cuda_conv_scratch_bytes(&g, &g.nodes[0], &o, ~0u), own);
     gp_graph_free(&g);
+}
+
+/* ---- a backward asked for some gradients only ---- */
+
+static float *device_random(int64_t n)
+{
+    float *h = malloc(sizeof(float) * (size_t)n), *d = NULL;
+    assert_non_null(h);
+    for (int64_t i = 0; i < n; i++) h[i] = (float)(next_unit() - 0.5);
+    assert_int_equal(cudaMalloc((void **)&d, sizeof(float) * (size_t)(n ? n : 1)), cudaSuccess);
+    assert_int_equal(cudaMemcpy(d, h, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), cudaSuccess);
+    free(h);
+    return d;
+}
+
+static float *device_zeros(int64_t n)
+{
+    float *d = NULL;
+    assert_int_equal(cudaMalloc((void **)&d, sizeof(float) * (size_t)(n ? n : 1)), cudaSuccess);
+    assert_int_equal(cudaMemset(d, 0, sizeof(float) * (size_t)(n ? n : 1)), cudaSuccess);
+    return d;
+}
+
+#define GUARD_BYTES 4096
+
+/* Forward and a backward computing the gradients in `din` (bit 0 dX, bit
+ * 1 dW; dB always), float32, in exactly the scratch the planner gives for
+ * that din (gp_cuda_conv_scratch_bytes) followed by a guard that must come
+ * back untouched; dW into *dw_out (a host copy) when asked. */
+static void run_partial(const struct gp_graph *g, uint32_t din, float **dw_out)
+{
+    const struct gp_node *node = &g->nodes[0];
+    const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
+    assert_non_null(k);
+    int64_t nx = gp_shape_numel(&gp_node_input(g, node, 0)->shape), nw = gp_shape_numel(&gp_node_input(g, node, 1)->shape);
+    int64_t ny = gp_shape_numel(&gp_node_output(g, node, 0)->shape);
+    bool bias = node->n_inputs > 2;
+    int64_t nb = bias ? gp_shape_numel(&gp_node_input(g, node, 2)->shape) : 0;
+    struct gp_compute_options opts = {.precision = GP_PRECISION_FP32};
+    size_t scratch_bytes = gp_cuda_conv_scratch_bytes(g, node, &opts, din | 4u);
+    unsigned char *scratch = NULL;
+    assert_int_equal(cudaMalloc((void **)&scratch, scratch_bytes + GUARD_BYTES), cudaSuccess);
+    assert_int_equal(cudaMemset(scratch, 0xff, scratch_bytes), cudaSuccess);
+    assert_int_equal(cudaMemset(scratch + scratch_bytes, 0x5a, GUARD_BYTES), cudaSuccess);
+    float *x = device_random(nx), *w = device_random(nw), *b = bias ? device_random(nb) : NULL;
+    float *y = device_zeros(ny), *dy = device_random(ny);
+    float *dx = (din & 1u) ? device_zeros(nx) : NULL, *dw = (din & 2u) ? device_zeros(nw) : NULL;
+    float *db = bias ? device_zeros(nb) : NULL;
+    void *in[3] = {x, w, b};
+    void *out[1] = {y};
+    float *dins[3] = {dx, dw, db}, *douts[1] = {dy}, *no_grads[3] = {NULL, NULL, NULL};
+    cudaStream_t stream;
+    assert_int_equal(cudaStreamCreate(&stream), cudaSuccess);
+    struct gp_cuda_libs libs;
+    struct gp_error err = {0};
+    if (gp_cuda_libs_create(stream, false, NULL, &libs, &err) != GP_OK) fail_msg("%s", err.msg);
+    struct gp_cuda_ctx c = {.graph = g, .node = node, .in = in, .out = out, .din = no_grads, .scratch = scratch,
+                            .stream = stream, .cublas = libs.cublas, .cublas_workspace = libs.cublas_workspace,
+                            .cudnn = libs.cudnn, .training = true, .update_state = true, .dropout_ratio = -1};
+    if (k->forward(&c, &err) != GP_OK) fail_msg("forward: %s", err.msg);
+    c.din = dins;
+    c.dout = douts;
+    if (k->backward(&c, &err) != GP_OK) fail_msg("backward (din %u): %s", din, err.msg);
+    assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+    unsigned char guard[GUARD_BYTES];
+    assert_int_equal(cudaMemcpy(guard, scratch + scratch_bytes, GUARD_BYTES, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int i = 0; i < GUARD_BYTES; i++)
+        if (guard[i] != 0x5a)
+            fail_msg("%s, backward for din %u: wrote byte %d past its %zu bytes of planned scratch", node->name, din, i,
+                     scratch_bytes);
+    if (dw_out) {
+        *dw_out = malloc(sizeof(float) * (size_t)nw);
+        assert_non_null(*dw_out);
+        assert_int_equal(cudaMemcpy(*dw_out, dw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    gp_cuda_libs_destroy(&libs);
+    cudaStreamDestroy(stream);
+    void *bufs[] = {scratch, x, w, b, y, dy, dx, dw, db};
+    for (int i = 0; i < (int)N_OF(bufs); i++) cudaFree(bufs[i]);
+}
+
+/* The planner asks a convolution's scratch for the gradients its backward
+ * computes (gp_compute_ops.scratch_bytes's din): a network's first
+ * convolution, whose input is the data, plans none for its data gradient.
+ * A backward with dW only, dX only, or both runs within its planned
+ * scratch; asking fewer gradients never plans more; dW is the same bits
+ * whether dX was asked too. The ResNet stem and a 3x3 layer, float32
+ * (3xTF32 unless GP_CONV_FP32=fma) and bf16's sizes. */
+static void test_conv_partial_backward(void **state)
+{
+    (void)state;
+    const struct conv_case *cases[] = {&conv_cases[10], &conv_cases[11], &conv_cases[12]};
+    for (int i = 0; i < (int)N_OF(cases); i++) {
+        struct gp_graph g;
+        conv_graph(&g, cases[i]);
+        const struct gp_node *nd = &g.nodes[0];
+        for (int p = 0; p < 2; p++) {
+            struct gp_compute_options o = {.precision = p ? GP_PRECISION_BF16 : GP_PRECISION_FP32};
+            size_t all = gp_cuda_conv_scratch_bytes(&g, nd, &o, ~0u), both = gp_cuda_conv_scratch_bytes(&g, nd, &o, 7u);
+            size_t w_only = gp_cuda_conv_scratch_bytes(&g, nd, &o, 6u), none = gp_cuda_conv_scratch_bytes(&g, nd, &o, 0u);
+            printf("%s, %s: scratch %zu bytes for every gradient, %zu for dW and dB, %zu for none\n", cases[i]->label,
+                   p ? "bf16" : "float32", both, w_only, none);
+            assert_true(all == both && w_only <= both && none <= w_only);
+        }
+        float *dw_both = NULL, *dw_alone = NULL;
+        run_partial(&g, 3u, &dw_both);
+        run_partial(&g, 2u, &dw_alone);
+        run_partial(&g, 1u, NULL);
+        int64_t nw = gp_shape_numel(&gp_node_input(&g, nd, 1)->shape);
+        if (memcmp(dw_both, dw_alone, sizeof(float) * (size_t)nw) != 0)
+            fail_msg("%s: dW differs between a backward with dX and one without", cases[i]->label);
+        free(dw_both);
+        free(dw_alone);
+        gp_graph_free(&g);
+    }
 }
 
 /* ---- 3xTF32 operand splits (cuda/conv_x3.h) ---- */
@@ -845,6 +952,7 @@ int main(void)
         cmocka_unit_test(test_conv_bf16_modes),
         cmocka_unit_test(test_conv_scratch_modes),
         cmocka_unit_test(test_x3_split),
+        cmocka_unit_test(test_conv_partial_backward),
         cmocka_unit_test(test_pools),
         cmocka_unit_test(test_pools_bf16),
         cmocka_unit_test(test_pools_nhwc),

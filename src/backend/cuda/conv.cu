@@ -288,16 +288,18 @@ static bool x3_lookup(cudnnHandle_t h, const struct conv_geom *g, struct conv_mo
     return true;
 }
 
-/* Bytes of the split operands: forward X and W tripled, data dY and W,
- * filter X and dY (the backward's two reuse one region). */
-static size_t x3_buffer_bytes(const struct conv_geom *g)
+/* Bytes of the split operands of the directions in `dirs`: forward X
+ * and W tripled, data dY and W, filter X and dY (a backward's two reuse
+ * one region). */
+static size_t x3_buffer_bytes(const struct conv_geom *g, unsigned dirs)
 {
     size_t img = align_up(3 * sizeof(float) * (size_t)(g->n * g->img_ch * g->img_size));
     size_t col = align_up(3 * sizeof(float) * (size_t)(g->n * g->col_ch * g->col_size));
     size_t w = align_up(3 * sizeof(float) * (size_t)filter_numel(g));
-    size_t most = img + w;
-    if (col + w > most) most = col + w;
-    if (img + col > most) most = img + col;
+    size_t most = 0;
+    if ((dirs & CONV_DIR_FWD) && img + w > most) most = img + w;
+    if ((dirs & CONV_DIR_DATA) && col + w > most) most = col + w;
+    if ((dirs & CONV_DIR_FILTER) && img + col > most) most = img + col;
     return most;
 }
 
@@ -327,44 +329,83 @@ static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *
     return dnn_error(c, err, &e, "choosing algorithms");
 }
 
-/* ---- scratch ---- */
+/* ---- scratch ----
+ * A call lays out its scratch for the directions it runs (call_dirs):
+ * the forward its one, the backward those of the gradients asked for. The
+ * planner gives a node the larger of its forward's and its backward's
+ * layouts, so a direction that never runs takes nothing: the data
+ * gradient of a network's first convolution, whose input is the data
+ * (ResNet-50's stem in bf16: 312 MB of workspace for its data gradient
+ * algorithm, 26 times the next largest of the network). */
+
+/* The directions (CONV_DIR_*) a call runs: a forward its own (ConvTranspose's
+ * is the data gradient's algorithm); a backward those of the gradients in
+ * din (bit 0 X, bit 1 W; the bias's needs none). */
+static unsigned call_dirs(bool transpose, bool backward, uint32_t din)
+{
+    if (!backward) return transpose ? CONV_DIR_DATA : CONV_DIR_FWD;
+    unsigned d = 0;
+    if (din & 1u) d |= transpose ? CONV_DIR_FWD : CONV_DIR_DATA;
+    if (din & 2u) d |= CONV_DIR_FILTER;
+    return d;
+}
 
 /* Bytes of the buffer a graph API result is accumulated from (its output
  * then gets the buffer added): float32 elements of the largest output that
- * a direction on the graph API accumulates. 0 when none does. */
-static size_t acc_buffer_bytes(const struct conv_geom *g, const struct algo_choice *ch)
+ * a direction of `dirs` on the graph API accumulates. 0 when none does. */
+static size_t acc_buffer_bytes(const struct conv_geom *g, const struct algo_choice *ch, unsigned dirs)
 {
     int64_t img = g->n * g->img_ch * g->imgb_size, col = g->n * g->col_ch * g->col_size, n = 0;
-    if (ch->graph_fwd[0] && g->transpose) n = col;                       /* ConvTranspose's dX */
-    if (ch->graph_data[0] && !g->transpose && img > n) n = img;          /* Conv's dX */
-    if (ch->graph_filter[0] && filter_numel(g) > n) n = filter_numel(g); /* dW */
+    if ((dirs & CONV_DIR_FWD) && ch->graph_fwd[0] && g->transpose) n = col;              /* ConvTranspose's dX */
+    if ((dirs & CONV_DIR_DATA) && ch->graph_data[0] && !g->transpose && img > n) n = img; /* Conv's dX */
+    if ((dirs & CONV_DIR_FILTER) && ch->graph_filter[0] && filter_numel(g) > n) n = filter_numel(g); /* dW */
     return n ? align_up(sizeof(float) * (size_t)n) : 0;
 }
 
-/* Scratch in `mode`: the image buffer, a float32 dW's bfloat16 buffer,
- * the accumulation buffer, in 3xTF32 the split operands, then the
- * workspace of the largest of the three algorithms. */
-static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode)
+/* The workspace of the directions in `dirs`: their largest algorithm's. */
+static size_t ws_bytes(const struct algo_choice *ch, unsigned dirs)
+{
+    size_t ws = 0;
+    if ((dirs & CONV_DIR_FWD) && ch->ws_fwd > ws) ws = ch->ws_fwd;
+    if ((dirs & CONV_DIR_DATA) && ch->ws_data > ws) ws = ch->ws_data;
+    if ((dirs & CONV_DIR_FILTER) && ch->ws_filter > ws) ws = ch->ws_filter;
+    return ws;
+}
+
+/* A call's layout after its channels-last buffers: the image buffer, a
+ * float32 dW's bfloat16 buffer, the accumulation buffer, in 3xTF32 the
+ * split operands, then the workspace (run_begin places them so). */
+static size_t call_bytes(const struct conv_geom *g, struct conv_mode mode, bool x3, const struct algo_choice *ch,
+                         unsigned dirs)
+{
+    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc_buffer_bytes(g, ch, dirs) +
+           (x3 ? x3_buffer_bytes(g, dirs) : 0) + ws_bytes(ch, dirs);
+}
+
+/* Scratch in `mode` for the node's forward and a backward computing the
+ * gradients in din: the larger of the two calls' layouts. */
+static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode, uint32_t din)
 {
     struct algo_choice ch;
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
     const char *why;
     bool x3 = x3_applies(g, mode);
-    size_t ws = conv_ws_cap(g); /* when nothing is found: the run chooses again and reports what fails */
-    if (x3) /* the TF32 problems' caps: the filter problem's tripled batch is the largest */
-        for (int k = 0; k < 3; k++) {
+    unsigned fwd = call_dirs(g->transpose, false, din), bwd = call_dirs(g->transpose, true, din);
+    if (!(x3 ? x3_lookup(NULL, g, mode, &ch, &e, &why)
+             : conv_lookup_algos(NULL, g, mode, CONV_DIRS_ALL, &ch, &e, &why))) {
+        /* Nothing found: the run chooses again and reports what fails;
+         * plan for the most any algorithm may take. */
+        size_t ws = conv_ws_cap(g);
+        for (int k = 0; k < 3 && x3; k++) { /* the TF32 problems' caps */
             struct conv_geom gk;
             x3_geom(g, k, &gk);
             if (conv_ws_cap(&gk) > ws) ws = conv_ws_cap(&gk);
         }
-    size_t acc = 0;
-    if (x3 ? x3_lookup(NULL, g, mode, &ch, &e, &why) : conv_lookup_algos(NULL, g, mode, CONV_DIRS_ALL, &ch, &e, &why)) {
-        ws = ch.ws_fwd;
-        if (ch.ws_data > ws) ws = ch.ws_data;
-        if (ch.ws_filter > ws) ws = ch.ws_filter;
-        acc = acc_buffer_bytes(g, &ch);
+        memset(&ch, 0, sizeof ch);
+        ch.ws_fwd = ch.ws_data = ch.ws_filter = ws;
     }
-    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc + (x3 ? x3_buffer_bytes(g) : 0) + ws;
+    size_t f = call_bytes(g, mode, x3, &ch, fwd), b = call_bytes(g, mode, x3, &ch, bwd);
+    return f > b ? f : b;
 }
 
 /* Whether X's and W's channels are convolved padded with zeros to
@@ -413,11 +454,11 @@ static size_t conv_scratch_common(const struct gp_graph *graph, const struct gp_
             memset(&o, 0, sizeof o);
             o.precision = precisions[p];
             o.fast_conv = fast != 0;
-            size_t s = mode_scratch(&g, options_mode(&o));
+            size_t s = mode_scratch(&g, options_mode(&o), ~0u);
             if (s > most) most = s;
             /* X and Y relaid: the most a layout call takes */
             s = gc.relayable ? nhwc_bytes(&gc, options_mode(&o).bf16, !gc.nhwc, !gc.nhwc) +
-                                   mode_scratch(&gc, options_mode(&o))
+                                   mode_scratch(&gc, options_mode(&o), ~0u)
                              : 0;
             if (s > most) most = s;
         }
@@ -695,12 +736,16 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
         if (r->y_cl != r->g.nhwc) r->yt = next, next += yb;
         if (filter_relaid(&r->g)) r->wt = next, r->dwt = next + fb, next += 2 * fb;
     }
+    /* This call's directions (call_dirs): the planner gave the larger of
+     * the forward's and the backward's layouts. */
+    uint32_t din = (c->din && c->din[0] ? 1u : 0u) | (c->din && c->din[1] ? 2u : 0u);
+    unsigned dirs = call_dirs(transpose, backward, din);
     size_t bb = buffer_bytes(&r->g, r->mode.bf16), wb = dw_buffer_bytes(&r->g, r->mode.bf16);
-    size_t ab = acc_buffer_bytes(&r->g, &r->ch);
+    size_t ab = acc_buffer_bytes(&r->g, &r->ch, dirs);
     r->buf = bb ? next : NULL;
     r->dwbuf = wb ? (bf16_t *)(next + bb) : NULL;
     r->acc = ab ? next + bb + wb : NULL;
-    size_t xb = r->x3 ? x3_buffer_bytes(&r->g) : 0;
+    size_t xb = r->x3 ? x3_buffer_bytes(&r->g, dirs) : 0;
     r->x3buf = xb ? next + bb + wb + ab : NULL;
     r->ws = next + bb + wb + ab + xb;
     return GP_OK;
@@ -1236,7 +1281,7 @@ extern "C" const struct gp_cuda_kernel gp_cuda_kernels_conv[] = {
 };
 
 extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
-                                             const struct gp_compute_options *opts)
+                                             const struct gp_compute_options *opts, uint32_t din)
 {
     const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
     if (!k) return 0;
@@ -1251,7 +1296,7 @@ extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const str
     bool x_cl = !transpose && gp_node_input(g, node, 0)->channels_last;
     bool y_cl = !transpose && gp_node_output(g, node, 0)->channels_last;
     if (conv_geom_init(g, node, transpose, x_cl || y_cl, &geom, &err) != GP_OK) return 0; /* the run reports it */
-    size_t ws = nhwc_bytes(&geom, options_mode(opts).bf16, x_cl, y_cl) + mode_scratch(&geom, options_mode(opts));
+    size_t ws = nhwc_bytes(&geom, options_mode(opts).bf16, x_cl, y_cl) + mode_scratch(&geom, options_mode(opts), din);
     if (opts->precision == GP_PRECISION_BF16) {
         /* A mixed-type call (and with GP_CONV_BF16_BACKWARD=staged the
          * backward) runs on float32 copies with TF32 (ctx_mode of a bf16
@@ -1259,7 +1304,7 @@ extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const str
         struct conv_mode staged = {false, true, opts->fast_conv};
         struct conv_geom flat; /* staged calls get [N, C, H, W] copies */
         if (conv_geom_init(g, node, transpose, false, &flat, &err) != GP_OK) return ws;
-        size_t s = mode_scratch(&flat, staged);
+        size_t s = mode_scratch(&flat, staged, din);
         if (s > ws) ws = s;
     }
     return ws;

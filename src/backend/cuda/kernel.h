@@ -114,13 +114,15 @@ const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node);
 
 /* The workspace a Conv or ConvTranspose node takes with a stage's options
  * (its algorithms, and so their workspace, depend on the precision and on
- * fast_conv; cuda/conv.cu), for the planner: exactly that mode's, where the
- * kernel's scratch_bytes is the most of any mode. Attention nodes:
+ * fast_conv; cuda/conv.cu) and a backward computing the gradients of the
+ * inputs in `din` (bit k: input k; ~0u: all), for the planner: exactly
+ * that mode's and those directions', where the kernel's scratch_bytes is
+ * the most of any mode and direction. Attention nodes:
  * gp_cuda_attention_scratch_bytes. Other nodes: their kernel's
  * scratch_bytes. */
 struct gp_compute_options;
 size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
-                                  const struct gp_compute_options *opts);
+                                  const struct gp_compute_options *opts, uint32_t din);
 
 /* An Attention node's scratch with a stage's options: in bfloat16, what
  * cuDNN's SDPA takes where it runs the node (cuda/attention.cu; the plans
