@@ -351,15 +351,32 @@ static unsigned call_dirs(bool transpose, bool backward, uint32_t din)
 }
 
 /* Bytes of the buffer a graph API result is accumulated from (its output
- * then gets the buffer added): float32 elements of the largest output that
- * a direction of `dirs` on the graph API accumulates. 0 when none does. */
-static size_t acc_buffer_bytes(const struct conv_geom *g, const struct algo_choice *ch, unsigned dirs)
+ * then gets the buffer added): the largest output that a direction of
+ * `dirs` on the graph API accumulates, in the type run_graph computes it
+ * in (float32, or bfloat16 where the problem's result is: a bfloat16
+ * data gradient by default, conv_graph_problem_of). 0 when none does. */
+static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode, const struct algo_choice *ch,
+                               unsigned dirs)
 {
-    int64_t img = g->n * g->img_ch * g->imgb_size, col = g->n * g->col_ch * g->col_size, n = 0;
-    if ((dirs & CONV_DIR_FWD) && ch->graph_fwd[0] && g->transpose) n = col;              /* ConvTranspose's dX */
-    if ((dirs & CONV_DIR_DATA) && ch->graph_data[0] && !g->transpose && img > n) n = img; /* Conv's dX */
-    if ((dirs & CONV_DIR_FILTER) && ch->graph_filter[0] && filter_numel(g) > n) n = filter_numel(g); /* dW */
-    return n ? align_up(sizeof(float) * (size_t)n) : 0;
+    int64_t img = g->n * g->img_ch * g->imgb_size, col = g->n * g->col_ch * g->col_size;
+    const struct {
+        bool on;
+        enum conv_graph_op op;
+        int64_t n;
+    } acc[3] = {
+        {(dirs & CONV_DIR_FWD) && ch->graph_fwd[0] && g->transpose, CONV_GRAPH_FPROP, col},   /* ConvTranspose's dX */
+        {(dirs & CONV_DIR_DATA) && ch->graph_data[0] && !g->transpose, CONV_GRAPH_DGRAD, img}, /* Conv's dX */
+        {(dirs & CONV_DIR_FILTER) && ch->graph_filter[0], CONV_GRAPH_WGRAD, filter_numel(g)},  /* dW */
+    };
+    size_t most = 0;
+    for (int k = 0; k < 3; k++) {
+        if (!acc[k].on) continue;
+        struct conv_graph_problem p;
+        conv_graph_problem_of(g, mode, acc[k].op, &p);
+        size_t bytes = (mode.bf16 && !p.float_out ? sizeof(uint16_t) : sizeof(float)) * (size_t)acc[k].n;
+        if (bytes > most) most = bytes;
+    }
+    return most ? align_up(most) : 0;
 }
 
 /* The workspace of the directions in `dirs`: their largest algorithm's. */
@@ -378,7 +395,7 @@ static size_t ws_bytes(const struct algo_choice *ch, unsigned dirs)
 static size_t call_bytes(const struct conv_geom *g, struct conv_mode mode, bool x3, const struct algo_choice *ch,
                          unsigned dirs)
 {
-    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc_buffer_bytes(g, ch, dirs) +
+    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc_buffer_bytes(g, mode, ch, dirs) +
            (x3 ? x3_buffer_bytes(g, dirs) : 0) + ws_bytes(ch, dirs);
 }
 
@@ -741,7 +758,7 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
     uint32_t din = (c->din && c->din[0] ? 1u : 0u) | (c->din && c->din[1] ? 2u : 0u);
     unsigned dirs = call_dirs(transpose, backward, din);
     size_t bb = buffer_bytes(&r->g, r->mode.bf16), wb = dw_buffer_bytes(&r->g, r->mode.bf16);
-    size_t ab = acc_buffer_bytes(&r->g, &r->ch, dirs);
+    size_t ab = acc_buffer_bytes(&r->g, r->mode, &r->ch, dirs);
     r->buf = bb ? next : NULL;
     r->dwbuf = wb ? (bf16_t *)(next + bb) : NULL;
     r->acc = ab ? next + bb + wb : NULL;
