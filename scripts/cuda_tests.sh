@@ -59,7 +59,8 @@ run() { # label, command...
 
 for t in "${tests[@]}"; do run "$(basename "$t")" "$t"; done
 # The convolutions again on each of cuDNN's APIs alone (the default measures
-# both and runs the faster), and with the backward on float32 copies.
+# both and runs the faster), with the backward on float32 copies, and
+# float32 on cuDNN's float32 algorithms instead of 3xTF32.
 graph_conv=()
 if [ -x "$build/tests/test_cuda_conv" ]; then
     graph_conv=(env GP_CONV_API=graph "$build/tests/test_cuda_conv")
@@ -67,6 +68,7 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     run "test_cuda_conv (legacy API)" env GP_CONV_API=legacy "$build/tests/test_cuda_conv"
     run "test_cuda_conv (staged backward)" env GP_CONV_BF16_BACKWARD=staged GP_CONV_ACCUMULATE=float \
         "$build/tests/test_cuda_conv"
+    run "test_cuda_conv (float32 on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_conv"
 fi
 # Training on the GPU with the kernels' first writes of gradients turned
 # off (they are on by default), so both ways stay tested.

@@ -240,7 +240,7 @@ void layer_run(const struct gp_device_ops *ops, int index, enum gp_precision p, 
             ops->copy(stream, dout[k], hd, (size_t)n * gp_dtype_size(dout_dt[k]), &tag);
         }
     }
-    size_t saved_bytes = cops->saved_bytes(g, node), scratch_bytes = cops->scratch_bytes(g, node, &opts);
+    size_t saved_bytes = cops->saved_bytes(g, node), scratch_bytes = cops->scratch_bytes(g, node, &opts, ~0u);
     size_t fs = gp_mixed_staging_bytes(cops, kernel, g, node, in_dt, out_dt, NULL, NULL, false, 0);
     size_t bs = io->backward ? gp_mixed_staging_bytes(cops, kernel, g, node, in_dt, out_dt, din_dt, dout_dt, true,
                                                       din_wanted)

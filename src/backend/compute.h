@@ -169,9 +169,13 @@ struct gp_compute_ops {
      * (gp_layer_call.remake). NULL: never. */
     bool (*remakes)(const struct gp_graph *g, const struct gp_node *node);
     /* The kernel's workspace with the stage's options (a convolution's
-     * algorithm, and so its workspace, depends on precision and policy). */
+     * algorithm, and so its workspace, depends on precision and policy),
+     * for a backward that computes the gradients of the inputs in `din`
+     * (bit k: input k; all bits when the caller does not know): a
+     * convolution plans no workspace for a direction it never runs (the
+     * data gradient of a network's first convolution). */
     size_t (*scratch_bytes)(const struct gp_graph *g, const struct gp_node *node,
-                            const struct gp_compute_options *opts);
+                            const struct gp_compute_options *opts, uint32_t din);
     gp_status (*forward)(void *ctx, const struct gp_layer_call *c, struct gp_error *err);
     gp_status (*backward)(void *ctx, const struct gp_layer_call *c, struct gp_error *err);
 

@@ -667,7 +667,18 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         const struct gp_node *n = &g->nodes[i];
         p->saved_off[i - first] = p->local_bytes;
         p->local_bytes += align64(ops->saved_bytes(g, n));
-        size_t scratch = ops->scratch_bytes(g, n, opts);
+        /* The gradients its backward computes, when it runs one (tasks.c:
+         * a gradient flows in and one is wanted out): every input the
+         * executor gives a gradient pointer (grad_addr: those that carry
+         * one, and once-per-step values always). */
+        uint32_t din = 0;
+        bool flows = false;
+        for (int k = 0; k < n->n_inputs && k < 32; k++) {
+            int v = n->inputs[k];
+            if (v >= 0 && (needs_grad[v] || p->home[v] == GP_HOME_STEP) && !nondiff(n, k)) din |= 1u << k;
+        }
+        for (int k = 0; k < n->n_outputs; k++) flows |= n->outputs[k] >= 0 && needs_grad[n->outputs[k]];
+        size_t scratch = ops->scratch_bytes(g, n, opts, flows ? din : 0);
         if (scratch > p->scratch_bytes) p->scratch_bytes = scratch;
         if (n->n_inputs > p->max_inputs) p->max_inputs = n->n_inputs;
         if (n->n_outputs > p->max_outputs) p->max_outputs = n->n_outputs;

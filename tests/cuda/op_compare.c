@@ -453,7 +453,7 @@ void op_compare_node(const struct gp_graph *g, int node_index, const struct op_c
             was_out[k] = tg->values[node->outputs[k]].channels_last;
             if (bit(lout, k)) tg->values[node->outputs[k]].channels_last = true;
         }
-    size_t g_scratch = gp_cuda_conv_scratch_bytes(g, node, &copts);
+    size_t g_scratch = gp_cuda_conv_scratch_bytes(g, node, &copts, ~0u);
     for (int k = 0; k < node->n_inputs && k < OP_COMPARE_MAX_INPUTS; k++)
         if (node->inputs[k] >= 0) tg->values[node->inputs[k]].channels_last = was_in[k];
     for (int k = 0; k < node->n_outputs && k < OP_COMPARE_MAX_INPUTS; k++)

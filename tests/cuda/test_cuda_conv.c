@@ -19,6 +19,10 @@
  * ones (the parameters' dW and dB: dW passes through bfloat16 once), K the
  * longest sum as for float32 (op_compare.h).
  *
+ * Float32 (no TF32): Conv runs in 3xTF32 where it can (cuda/conv_x3.h),
+ * held to float32's tolerance, which TF32 alone misses; run_conv counts
+ * the calls that did (x3_runs), and with GP_CONV_FP32=fma that none did.
+ *
  * Channels-last: the pools' own [N, H, W, C] kernels (MaxPool over 2
  * axes, GlobalAveragePool) against the same CPU kernels, op_compare
  * transposing the CUDA side's tensors on the host (test_pools_nhwc). */
@@ -35,6 +39,7 @@
 #include <string.h>
 
 #include "backend/compute.h"
+#include "backend/cuda/conv_x3.h"
 #include "backend/cuda/kernel.h"
 #include "kernel_graph.h"
 #include "cuda_test_util.h"
@@ -74,25 +79,42 @@ struct conv_case {
 static uint32_t nhwc_mode;
 static int nhwc_runs;
 
-static void run_conv(const struct conv_case *c)
+/* Float32 calls that ran in 3xTF32, and whether GP_CONV_FP32=fma rules
+ * it out. */
+static int x3_runs;
+
+static bool fma_mode(void)
 {
-    struct gp_graph g;
-    begin(&g, c->opset ? c->opset : 13);
+    const char *v = getenv("GP_CONV_FP32");
+    return v && strcmp(v, "fma") == 0;
+}
+
+/* The case's graph: its node alone, inputs x, w (and b). */
+static void conv_graph(struct gp_graph *g, const struct conv_case *c)
+{
+    begin(g, c->opset ? c->opset : 13);
     int ns = c->rank - 2;
     bool transpose = strcmp(c->op, "ConvTranspose") == 0;
     int64_t m = transpose ? c->w[1] * (c->group ? c->group : 1) : c->w[0];
-    input(&g, "x", c->rank, c->x);
-    input(&g, "w", c->rank, c->w);
-    if (c->bias) input(&g, "b", 1, &m);
-    int n = node(&g, c->op, c->bias ? 3 : 2, S("x", "w", "b"), 1, S("y"));
-    if (c->group) attr_i(&g, n, "group", c->group);
-    if (c->strides[0]) attr_ints(&g, n, "strides", ns, c->strides);
-    if (c->dilations[0]) attr_ints(&g, n, "dilations", ns, c->dilations);
-    if (c->output_padding[0]) attr_ints(&g, n, "output_padding", ns, c->output_padding);
-    if (c->output_shape[0]) attr_ints(&g, n, "output_shape", ns, c->output_shape);
-    if (c->has_pads) attr_ints(&g, n, "pads", 2 * ns, c->pads);
-    if (c->auto_pad) attr_s(&g, n, "auto_pad", c->auto_pad);
-    finalize_ok(&g);
+    input(g, "x", c->rank, c->x);
+    input(g, "w", c->rank, c->w);
+    if (c->bias) input(g, "b", 1, &m);
+    int n = node(g, c->op, c->bias ? 3 : 2, S("x", "w", "b"), 1, S("y"));
+    if (c->group) attr_i(g, n, "group", c->group);
+    if (c->strides[0]) attr_ints(g, n, "strides", ns, c->strides);
+    if (c->dilations[0]) attr_ints(g, n, "dilations", ns, c->dilations);
+    if (c->output_padding[0]) attr_ints(g, n, "output_padding", ns, c->output_padding);
+    if (c->output_shape[0]) attr_ints(g, n, "output_shape", ns, c->output_shape);
+    if (c->has_pads) attr_ints(g, n, "pads", 2 * ns, c->pads);
+    if (c->auto_pad) attr_s(g, n, "auto_pad", c->auto_pad);
+    finalize_ok(g);
+}
+
+static void run_conv(const struct conv_case *c)
+{
+    struct gp_graph g;
+    conv_graph(&g, c);
+    bool transpose = strcmp(c->op, "ConvTranspose") == 0;
     /* Longest sums: forward over a group's channels and the kernel (and for
      * ConvTranspose, the taps landing on a cell); weight and bias
      * gradients over the batch and the columns' cells. */
@@ -137,7 +159,13 @@ static void run_conv(const struct conv_case *c)
     }
     o.nhwc_inputs = nhwc_mode & 1u;
     o.nhwc_outputs = nhwc_mode >> 1;
+    unsigned long long x3_before = gp_cuda_conv_x3_calls();
     op_compare_node(&g, 0, &o);
+    if (gp_cuda_conv_x3_calls() != x3_before) {
+        if (tf32_mode || bf16_mode.on || fma_mode() || transpose)
+            fail_msg("%s: ran in 3xTF32, which only float32 Conv calls without GP_CONV_FP32=fma do", label);
+        x3_runs++;
+    }
     gp_graph_free(&g);
 }
 
@@ -226,10 +254,17 @@ static const struct conv_case convt_cases[] = {
      {1, 3, 5, 5}, {3, 2, 3, 3}, true, 0, {1, 1}, {2, 2}, {1, 1}, {0}, false, {0}, NULL, 0},
 };
 
+/* Every Conv case in float32; those of one group whose pads cuDNN takes
+ * (11 of them) in 3xTF32. */
 static void test_conv(void **state)
 {
     (void)state;
+    x3_runs = 0;
     for (int k = 0; k < N_OF(conv_cases); k++) run_conv(&conv_cases[k]);
+    printf("float32: %d of %d convolutions in 3xTF32%s\n", x3_runs, N_OF(conv_cases),
+           fma_mode() ? " (GP_CONV_FP32=fma)" : "");
+    if (fma_mode()) assert_int_equal(x3_runs, 0);
+    else assert_true(x3_runs >= 10);
 }
 
 /* Channels-last (graph/layout.h): every 2-D Conv case cuDNN takes so
@@ -240,8 +275,11 @@ static void test_conv_nhwc(void **state)
 {
     (void)state;
     nhwc_runs = 0;
+    x3_runs = 0;
     for (nhwc_mode = 1; nhwc_mode <= 3; nhwc_mode++)
         for (int k = 0; k < N_OF(conv_cases); k++) run_conv(&conv_cases[k]);
+    printf("channels-last float32: %d convolutions in 3xTF32\n", x3_runs);
+    if (!fma_mode()) assert_true(x3_runs >= 15); /* 7 a layout mode */
     nhwc_mode = 3;
     tf32_mode = true;
     run_conv(&conv_cases[11]);
@@ -333,22 +371,7 @@ static void test_conv_scratch_modes(void **state)
     for (int i = 0; i < N_OF(cases); i++) {
         const struct conv_case *c = cases[i];
         struct gp_graph g;
-        begin(&g, c->opset ? c->opset : 13);
-        int ns = c->rank - 2;
-        bool transpose = strcmp(c->op, "ConvTranspose") == 0;
-        int64_t m = transpose ? c->w[1] * (c->group ? c->group : 1) : c->w[0];
-        input(&g, "x", c->rank, c->x);
-        input(&g, "w", c->rank, c->w);
-        if (c->bias) input(&g, "b", 1, &m);
-        int n = node(&g, c->op, c->bias ? 3 : 2, S("x", "w", "b"), 1, S("y"));
-        if (c->group) attr_i(&g, n, "group", c->group);
-        if (c->strides[0]) attr_ints(&g, n, "strides", ns, c->strides);
-        if (c->dilations[0]) attr_ints(&g, n, "dilations", ns, c->dilations);
-        if (c->output_padding[0]) attr_ints(&g, n, "output_padding", ns, c->output_padding);
-        if (c->output_shape[0]) attr_ints(&g, n, "output_shape", ns, c->output_shape);
-        if (c->has_pads) attr_ints(&g, n, "pads", 2 * ns, c->pads);
-        if (c->auto_pad) attr_s(&g, n, "auto_pad", c->auto_pad);
-        finalize_ok(&g);
+        conv_graph(&g, c);
         const struct gp_node *nd = &g.nodes[0];
         const struct gp_cuda_kernel *k = gp_cuda_kernel_for(nd);
         assert_non_null(k);
@@ -359,7 +382,7 @@ static void test_conv_scratch_modes(void **state)
         for (int p = 0; p < N_OF(precisions); p++)
             for (int fast = 0; fast < 2; fast++) {
                 struct gp_compute_options o = {.precision = precisions[p], .fast_conv = fast != 0};
-                size_t s = gp_cuda_conv_scratch_bytes(&g, nd, &o);
+                size_t s = gp_cuda_conv_scratch_bytes(&g, nd, &o, ~0u);
                 if (s > most)
                     fail_msg("%s: %s: %s%s needs %zu bytes, more than scratch_bytes' %zu", c->op, c->label,
                              gp_precision_name(o.precision), fast ? " fast_conv" : "", s, most);
@@ -381,8 +404,229 @@ static void test_conv_scratch_modes(void **state)
     struct gp_compute_options o = {.precision = GP_PRECISION_BF16};
     size_t own = k->scratch_bytes ? k->scratch_bytes(&g, &g.nodes[0]) : 0;
     assert_true(own > 0); /* a broadcast operand: per-entry products */
-    assert_int_equal(gp_cuda_conv_scratch_bytes(&g, &g.nodes[0], &o), own);
+    assert_int_equal(gp_cuda_conv_scratch_bytes(&g, &g.nodes[0], &o, ~0u), own);
     gp_graph_free(&g);
+}
+
+/* ---- a backward asked for some gradients only ---- */
+
+static float *device_random(int64_t n)
+{
+    float *h = malloc(sizeof(float) * (size_t)n), *d = NULL;
+    assert_non_null(h);
+    for (int64_t i = 0; i < n; i++) h[i] = (float)(next_unit() - 0.5);
+    assert_int_equal(cudaMalloc((void **)&d, sizeof(float) * (size_t)(n ? n : 1)), cudaSuccess);
+    assert_int_equal(cudaMemcpy(d, h, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), cudaSuccess);
+    free(h);
+    return d;
+}
+
+static float *device_zeros(int64_t n)
+{
+    float *d = NULL;
+    assert_int_equal(cudaMalloc((void **)&d, sizeof(float) * (size_t)(n ? n : 1)), cudaSuccess);
+    assert_int_equal(cudaMemset(d, 0, sizeof(float) * (size_t)(n ? n : 1)), cudaSuccess);
+    return d;
+}
+
+#define GUARD_BYTES 4096
+
+/* Forward and a backward computing the gradients in `din` (bit 0 dX, bit
+ * 1 dW; dB always), float32, in exactly the scratch the planner gives for
+ * that din (gp_cuda_conv_scratch_bytes) followed by a guard that must come
+ * back untouched; dW into *dw_out (a host copy) when asked. */
+static void run_partial(const struct gp_graph *g, uint32_t din, float **dw_out)
+{
+    const struct gp_node *node = &g->nodes[0];
+    const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
+    assert_non_null(k);
+    int64_t nx = gp_shape_numel(&gp_node_input(g, node, 0)->shape), nw = gp_shape_numel(&gp_node_input(g, node, 1)->shape);
+    int64_t ny = gp_shape_numel(&gp_node_output(g, node, 0)->shape);
+    bool bias = node->n_inputs > 2;
+    int64_t nb = bias ? gp_shape_numel(&gp_node_input(g, node, 2)->shape) : 0;
+    struct gp_compute_options opts = {.precision = GP_PRECISION_FP32};
+    size_t scratch_bytes = gp_cuda_conv_scratch_bytes(g, node, &opts, din | 4u);
+    unsigned char *scratch = NULL;
+    assert_int_equal(cudaMalloc((void **)&scratch, scratch_bytes + GUARD_BYTES), cudaSuccess);
+    assert_int_equal(cudaMemset(scratch, 0xff, scratch_bytes), cudaSuccess);
+    assert_int_equal(cudaMemset(scratch + scratch_bytes, 0x5a, GUARD_BYTES), cudaSuccess);
+    float *x = device_random(nx), *w = device_random(nw), *b = bias ? device_random(nb) : NULL;
+    float *y = device_zeros(ny), *dy = device_random(ny);
+    float *dx = (din & 1u) ? device_zeros(nx) : NULL, *dw = (din & 2u) ? device_zeros(nw) : NULL;
+    float *db = bias ? device_zeros(nb) : NULL;
+    void *in[3] = {x, w, b};
+    void *out[1] = {y};
+    float *dins[3] = {dx, dw, db}, *douts[1] = {dy}, *no_grads[3] = {NULL, NULL, NULL};
+    cudaStream_t stream;
+    assert_int_equal(cudaStreamCreate(&stream), cudaSuccess);
+    struct gp_cuda_libs libs;
+    struct gp_error err = {0};
+    if (gp_cuda_libs_create(stream, false, NULL, &libs, &err) != GP_OK) fail_msg("%s", err.msg);
+    struct gp_cuda_ctx c = {.graph = g, .node = node, .in = in, .out = out, .din = no_grads, .scratch = scratch,
+                            .stream = stream, .cublas = libs.cublas, .cublas_workspace = libs.cublas_workspace,
+                            .cudnn = libs.cudnn, .training = true, .update_state = true, .dropout_ratio = -1};
+    if (k->forward(&c, &err) != GP_OK) fail_msg("forward: %s", err.msg);
+    c.din = dins;
+    c.dout = douts;
+    if (k->backward(&c, &err) != GP_OK) fail_msg("backward (din %u): %s", din, err.msg);
+    assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+    unsigned char guard[GUARD_BYTES];
+    assert_int_equal(cudaMemcpy(guard, scratch + scratch_bytes, GUARD_BYTES, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int i = 0; i < GUARD_BYTES; i++)
+        if (guard[i] != 0x5a)
+            fail_msg("%s, backward for din %u: wrote byte %d past its %zu bytes of planned scratch", node->name, din, i,
+                     scratch_bytes);
+    if (dw_out) {
+        *dw_out = malloc(sizeof(float) * (size_t)nw);
+        assert_non_null(*dw_out);
+        assert_int_equal(cudaMemcpy(*dw_out, dw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    gp_cuda_libs_destroy(&libs);
+    cudaStreamDestroy(stream);
+    void *bufs[] = {scratch, x, w, b, y, dy, dx, dw, db};
+    for (int i = 0; i < (int)N_OF(bufs); i++) cudaFree(bufs[i]);
+}
+
+/* The planner asks a convolution's scratch for the gradients its backward
+ * computes (gp_compute_ops.scratch_bytes's din): a network's first
+ * convolution, whose input is the data, plans none for its data gradient.
+ * A backward with dW only, dX only, or both runs within its planned
+ * scratch; asking fewer gradients never plans more; dW is the same bits
+ * whether dX was asked too. The ResNet stem and a 3x3 layer, float32
+ * (3xTF32 unless GP_CONV_FP32=fma) and bf16's sizes. */
+static void test_conv_partial_backward(void **state)
+{
+    (void)state;
+    const struct conv_case *cases[] = {&conv_cases[10], &conv_cases[11], &conv_cases[12]};
+    for (int i = 0; i < (int)N_OF(cases); i++) {
+        struct gp_graph g;
+        conv_graph(&g, cases[i]);
+        const struct gp_node *nd = &g.nodes[0];
+        for (int p = 0; p < 2; p++) {
+            struct gp_compute_options o = {.precision = p ? GP_PRECISION_BF16 : GP_PRECISION_FP32};
+            size_t all = gp_cuda_conv_scratch_bytes(&g, nd, &o, ~0u), both = gp_cuda_conv_scratch_bytes(&g, nd, &o, 7u);
+            size_t w_only = gp_cuda_conv_scratch_bytes(&g, nd, &o, 6u), none = gp_cuda_conv_scratch_bytes(&g, nd, &o, 0u);
+            printf("%s, %s: scratch %zu bytes for every gradient, %zu for dW and dB, %zu for none\n", cases[i]->label,
+                   p ? "bf16" : "float32", both, w_only, none);
+            assert_true(all == both && w_only <= both && none <= w_only);
+        }
+        float *dw_both = NULL, *dw_alone = NULL;
+        run_partial(&g, 3u, &dw_both);
+        run_partial(&g, 2u, &dw_alone);
+        run_partial(&g, 1u, NULL);
+        int64_t nw = gp_shape_numel(&gp_node_input(&g, nd, 1)->shape);
+        if (memcmp(dw_both, dw_alone, sizeof(float) * (size_t)nw) != 0)
+            fail_msg("%s: dW differs between a backward with dX and one without", cases[i]->label);
+        free(dw_both);
+        free(dw_alone);
+        gp_graph_free(&g);
+    }
+}
+
+/* ---- 3xTF32 operand splits (cuda/conv_x3.h) ---- */
+
+static uint32_t bits_of(float x)
+{
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+static float float_of(uint32_t b)
+{
+    float x;
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
+
+/* The split as conv_x3.h says: hi x rounded to TF32 (to nearest, ties away
+ * from zero; truncated where that would overflow), lo the rest rounded so;
+ * a NaN or an infinity its own hi, lo 0. */
+static void split_ref(float x, float *hi, float *lo)
+{
+    uint32_t b = bits_of(x);
+    if ((b & 0x7f800000u) == 0x7f800000u) {
+        *hi = x;
+        *lo = 0.0f;
+        return;
+    }
+    uint32_t r = (b + 0x1000u) & 0xffffe000u;
+    if ((r & 0x7f800000u) == 0x7f800000u) r = b & 0xffffe000u;
+    *hi = float_of(r);
+    float rest = x - *hi;
+    *lo = float_of((bits_of(rest) + 0x1000u) & 0xffffe000u);
+}
+
+/* Values of every kind: random magnitudes and signs, ties at TF32's last
+ * place, zeros, the largest floats (rounding up would overflow), tiny and
+ * subnormal ones, infinities and a NaN. */
+static float split_value(int64_t i)
+{
+    switch (i % 16) {
+    case 0: return 0.0f;
+    case 1: return -0.0f;
+    case 2: return float_of(0x3f801000u);                 /* 1 + 2^-11: a tie, away from zero */
+    case 3: return float_of(0xbf803000u);                 /* a negative tie */
+    case 4: return float_of(0x7f7fffffu);                 /* FLT_MAX */
+    case 5: return float_of(0x00000123u);                 /* subnormal */
+    case 6: return i % 32 == 6 ? INFINITY : NAN;
+    case 7: return -INFINITY;
+    default: return (float)((next_unit() - 0.5) * ldexp(1.0, (int)(next_u64() % 60) - 30));
+    }
+}
+
+/* One split of [outer, ch, inner] against split_ref, bit for bit, and the
+ * parts' properties: both TF32 (low 13 bits clear), hi + lo within 2^-22
+ * of x. `offset` floats shift both buffers off 16-byte alignment (the
+ * one-value kernel). */
+static void run_split(int64_t outer, int64_t ch, int64_t inner, unsigned lo_parts, int offset)
+{
+    int64_t n = outer * ch * inner;
+    float *src = malloc(sizeof(float) * (size_t)n), *out = malloc(3 * sizeof(float) * (size_t)n);
+    assert_non_null(src);
+    assert_non_null(out);
+    for (int64_t i = 0; i < n; i++) src[i] = split_value(i);
+    float *dsrc, *ddst;
+    assert_int_equal(cudaMalloc((void **)&dsrc, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&ddst, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dsrc + offset, src, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(gp_cuda_conv_x3_split(NULL, ddst + offset, dsrc + offset, outer, ch, inner, lo_parts),
+                     cudaSuccess);
+    assert_int_equal(cudaMemcpy(out, ddst + offset, 3 * sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    for (int64_t e = 0; e < n; e++) {
+        int64_t i = e % inner, c = (e / inner) % ch, o = e / inner / ch;
+        float hi, lo;
+        split_ref(src[e], &hi, &lo);
+        for (int j = 0; j < 3; j++) {
+            float want = (lo_parts >> j) & 1u ? lo : hi;
+            float got = out[(o * 3 * ch + 3 * c + j) * inner + i];
+            if (bits_of(got) != bits_of(want))
+                fail_msg("split [%lld, %lld, %lld] of %a, copy %d: %a, want %a", (long long)outer, (long long)ch,
+                         (long long)inner, (double)src[e], j, (double)got, (double)want);
+        }
+        if (!isfinite(src[e])) continue;
+        if ((bits_of(hi) | bits_of(lo)) & 0x1fffu) fail_msg("%a: parts %a, %a not TF32", (double)src[e], (double)hi, (double)lo);
+        double d = fabs((double)src[e] - ((double)hi + (double)lo));
+        if (d > ldexp(fabs((double)src[e]), -22) + ldexp(1.0, -136))
+            fail_msg("%a: hi + lo = %a, off by %a", (double)src[e], (double)hi + (double)lo, d);
+    }
+    cudaFree(dsrc);
+    cudaFree(ddst);
+    free(src);
+    free(out);
+}
+
+/* Each kernel of the split: planes (inner a multiple of 4), channels
+ * (inner 1, ch a multiple of 4), and any shape or alignment. */
+static void test_x3_split(void **state)
+{
+    (void)state;
+    run_split(2, 3, 8, CONV_X3_HI_HI_LO, 0);
+    run_split(10, 8, 1, CONV_X3_HI_LO_HI, 0);
+    run_split(3, 5, 7, CONV_X3_HI_HI_LO, 0);
+    run_split(1, 4, 16, CONV_X3_HI_LO_HI, 1);
+    run_split(5, 64, 1, CONV_X3_HI_HI_LO, 3);
 }
 
 /* ---- pools ---- */
@@ -707,6 +951,8 @@ int main(void)
         cmocka_unit_test(test_conv_transpose_bf16),
         cmocka_unit_test(test_conv_bf16_modes),
         cmocka_unit_test(test_conv_scratch_modes),
+        cmocka_unit_test(test_x3_split),
+        cmocka_unit_test(test_conv_partial_backward),
         cmocka_unit_test(test_pools),
         cmocka_unit_test(test_pools_bf16),
         cmocka_unit_test(test_pools_nhwc),

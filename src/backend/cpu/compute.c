@@ -55,9 +55,10 @@ static enum gp_bf16_calls kernel_bf16(const void *kernel, bool backward)
 }
 
 static size_t scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
-                            const struct gp_compute_options *opts)
+                            const struct gp_compute_options *opts, uint32_t din)
 {
     (void)opts;
+    (void)din;
     const struct gp_cpu_kernel *k = gp_cpu_kernel_for_f32(node);
     return k && k->scratch_bytes ? k->scratch_bytes(g, node) : 0;
 }

@@ -129,9 +129,9 @@ static enum gp_bf16_calls kernel_bf16(const void *kernel, bool backward)
 /* A convolution's workspace is its algorithm's for exactly this precision
  * and policy; other kernels' do not depend on them. */
 static size_t scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
-                            const struct gp_compute_options *opts)
+                            const struct gp_compute_options *opts, uint32_t din)
 {
-    return gp_cuda_conv_scratch_bytes(g, node, opts);
+    return gp_cuda_conv_scratch_bytes(g, node, opts, din);
 }
 
 static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_layer_call *c)

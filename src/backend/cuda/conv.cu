@@ -53,6 +53,7 @@
 
 #include "backend/cuda/bf16.cuh"
 #include "backend/cuda/conv_problem.cuh"
+#include "backend/cuda/conv_x3.h"
 #include "backend/cuda/convert.h"
 #include "backend/cuda/kernel_util.cuh"
 
@@ -174,12 +175,21 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
 
 /* ---- mode ---- */
 
+/* Float32 convolutions (no TF32) run in 3xTF32 (conv_x3.h) where they
+ * can, unless GP_CONV_FP32=fma asks for cuDNN's float32 arithmetic. */
+static bool x3_wanted(void)
+{
+    const char *v = getenv("GP_CONV_FP32");
+    return !(v && strcmp(v, "fma") == 0);
+}
+
 static struct conv_mode ctx_mode(const struct gp_cuda_ctx *c)
 {
     struct conv_mode m;
     m.bf16 = gp_cuda_is_bf16(c->in_dt, 0);
     m.tf32 = !m.bf16 && c->tf32;
     m.fast = c->fast_conv;
+    m.x3 = !m.bf16 && !m.tf32 && x3_wanted();
     return m;
 }
 
@@ -189,6 +199,7 @@ static struct conv_mode options_mode(const struct gp_compute_options *o)
     m.bf16 = o->precision == GP_PRECISION_BF16;
     m.tf32 = o->precision == GP_PRECISION_TF32;
     m.fast = o->fast_conv;
+    m.x3 = o->precision == GP_PRECISION_FP32 && x3_wanted();
     return m;
 }
 
@@ -221,12 +232,95 @@ static gp_status dnn_error(const struct gp_cuda_ctx *c, struct gp_error *err, co
                          cudnnGetErrorString(e->st));
 }
 
+/* ---- float32 in 3xTF32 (conv_x3.h) ---- */
+
+static bool conv_padded(const struct conv_geom *g);
+
+/* Whether a call of geometry g in `mode` runs in 3xTF32: float32 without
+ * TF32, a Conv of one group whose image is the tensor itself (no pad
+ * buffer, no zero channels), its tripled tensors within cuDNN's int
+ * sizes. The rest stays on cuDNN's float32 algorithms. */
+static bool x3_applies(const struct conv_geom *g, struct conv_mode mode)
+{
+    if (!mode.x3 || g->transpose || g->group != 1 || !g->direct || conv_padded(g)) return false;
+    int64_t img = g->n * g->img_ch * g->img_size, col = g->n * g->col_ch * g->col_size;
+    return 3 * img <= INT_MAX && 3 * col <= INT_MAX && 3 * filter_numel(g) <= INT_MAX;
+}
+
+/* The TF32 problem of direction k (0 forward, 1 data, 2 filter): its
+ * summed axis tripled (input channels, output channels, the batch). */
+static void x3_geom(const struct conv_geom *g, int k, struct conv_geom *out)
+{
+    *out = *g;
+    if (k == 0) out->c *= 3, out->img_ch *= 3;
+    else if (k == 1) out->m *= 3, out->col_ch *= 3;
+    else out->n *= 3;
+}
+
+static struct conv_mode x3_mode(struct conv_mode m)
+{
+    struct conv_mode t = {false, true, m.fast, false};
+    return t;
+}
+
+/* The three TF32 problems' algorithms, each chosen for its own direction
+ * only, as one choice. */
+static bool x3_lookup(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode, struct algo_choice *ch,
+                      struct dnn_err *e, const char **why)
+{
+    memset(ch, 0, sizeof *ch);
+    for (int k = 0; k < 3; k++) {
+        struct conv_geom gk;
+        x3_geom(g, k, &gk);
+        struct algo_choice one;
+        if (!conv_lookup_algos(h, &gk, x3_mode(mode), 1u << k, &one, e, why)) return false;
+        if (k == 0) {
+            ch->fwd = one.fwd, ch->m_fwd = one.m_fwd, ch->ws_fwd = one.ws_fwd;
+            memcpy(ch->graph_fwd, one.graph_fwd, CONV_GRAPH_NAME);
+        } else if (k == 1) {
+            ch->bwd_data = one.bwd_data, ch->m_data = one.m_data, ch->ws_data = one.ws_data;
+            memcpy(ch->graph_data, one.graph_data, CONV_GRAPH_NAME);
+        } else {
+            ch->bwd_filter = one.bwd_filter, ch->m_filter = one.m_filter, ch->ws_filter = one.ws_filter;
+            memcpy(ch->graph_filter, one.graph_filter, CONV_GRAPH_NAME);
+        }
+    }
+    return true;
+}
+
+/* Bytes of the split operands of the directions in `dirs`: forward X
+ * and W tripled, data dY and W, filter X and dY (a backward's two reuse
+ * one region). */
+static size_t x3_buffer_bytes(const struct conv_geom *g, unsigned dirs)
+{
+    size_t img = align_up(3 * sizeof(float) * (size_t)(g->n * g->img_ch * g->img_size));
+    size_t col = align_up(3 * sizeof(float) * (size_t)(g->n * g->col_ch * g->col_size));
+    size_t w = align_up(3 * sizeof(float) * (size_t)filter_numel(g));
+    size_t most = 0;
+    if ((dirs & CONV_DIR_FWD) && img + w > most) most = img + w;
+    if ((dirs & CONV_DIR_DATA) && col + w > most) most = col + w;
+    if ((dirs & CONV_DIR_FILTER) && img + col > most) most = img + col;
+    return most;
+}
+
+static unsigned long long x3_calls;
+
+extern "C" unsigned long long gp_cuda_conv_x3_calls(void) { return __atomic_load_n(&x3_calls, __ATOMIC_RELAXED); }
+
 static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *g, struct conv_mode mode,
                            struct algo_choice *ch, struct gp_error *err)
 {
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
     const char *why = NULL;
-    if (conv_lookup_algos((cudnnHandle_t)c->cudnn, g, mode, ch, &e, &why)) return GP_OK;
+    bool x3 = x3_applies(g, mode);
+    if (x3 ? x3_lookup((cudnnHandle_t)c->cudnn, g, mode, ch, &e, &why)
+           : conv_lookup_algos((cudnnHandle_t)c->cudnn, g, mode, CONV_DIRS_ALL, ch, &e, &why))
+        return GP_OK;
+    if (why && x3)
+        return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
+                             "cuDNN offers no TF32 %s algorithm for this float32 convolution in 3xTF32 "
+                             "(GP_CONV_FP32=fma runs it on cuDNN's float32 algorithms)",
+                             why);
     if (why)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
                              "cuDNN offers no %s algorithm with a workspace of at most "
@@ -235,37 +329,100 @@ static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *
     return dnn_error(c, err, &e, "choosing algorithms");
 }
 
-/* ---- scratch ---- */
+/* ---- scratch ----
+ * A call lays out its scratch for the directions it runs (call_dirs):
+ * the forward its one, the backward those of the gradients asked for. The
+ * planner gives a node the larger of its forward's and its backward's
+ * layouts, so a direction that never runs takes nothing: the data
+ * gradient of a network's first convolution, whose input is the data
+ * (ResNet-50's stem in bf16: 312 MB of workspace for its data gradient
+ * algorithm, 26 times the next largest of the network). */
 
-/* Bytes of the buffer a graph API result is accumulated from (its output
- * then gets the buffer added): float32 elements of the largest output that
- * a direction on the graph API accumulates. 0 when none does. */
-static size_t acc_buffer_bytes(const struct conv_geom *g, const struct algo_choice *ch)
+/* The directions (CONV_DIR_*) a call runs: a forward its own (ConvTranspose's
+ * is the data gradient's algorithm); a backward those of the gradients in
+ * din (bit 0 X, bit 1 W; the bias's needs none). */
+static unsigned call_dirs(bool transpose, bool backward, uint32_t din)
 {
-    int64_t img = g->n * g->img_ch * g->imgb_size, col = g->n * g->col_ch * g->col_size, n = 0;
-    if (ch->graph_fwd[0] && g->transpose) n = col;                       /* ConvTranspose's dX */
-    if (ch->graph_data[0] && !g->transpose && img > n) n = img;          /* Conv's dX */
-    if (ch->graph_filter[0] && filter_numel(g) > n) n = filter_numel(g); /* dW */
-    return n ? align_up(sizeof(float) * (size_t)n) : 0;
+    if (!backward) return transpose ? CONV_DIR_DATA : CONV_DIR_FWD;
+    unsigned d = 0;
+    if (din & 1u) d |= transpose ? CONV_DIR_FWD : CONV_DIR_DATA;
+    if (din & 2u) d |= CONV_DIR_FILTER;
+    return d;
 }
 
-/* Scratch in `mode`: the image buffer, a float32 dW's bfloat16 buffer,
- * the accumulation buffer, then the workspace of the largest of the three
- * algorithms. */
-static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode)
+/* Bytes of the buffer a graph API result is accumulated from (its output
+ * then gets the buffer added): the largest output that a direction of
+ * `dirs` on the graph API accumulates, in the type run_graph computes it
+ * in (float32, or bfloat16 where the problem's result is: a bfloat16
+ * data gradient by default, conv_graph_problem_of). 0 when none does. */
+static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode, const struct algo_choice *ch,
+                               unsigned dirs)
+{
+    int64_t img = g->n * g->img_ch * g->imgb_size, col = g->n * g->col_ch * g->col_size;
+    const struct {
+        bool on;
+        enum conv_graph_op op;
+        int64_t n;
+    } acc[3] = {
+        {(dirs & CONV_DIR_FWD) && ch->graph_fwd[0] && g->transpose, CONV_GRAPH_FPROP, col},   /* ConvTranspose's dX */
+        {(dirs & CONV_DIR_DATA) && ch->graph_data[0] && !g->transpose, CONV_GRAPH_DGRAD, img}, /* Conv's dX */
+        {(dirs & CONV_DIR_FILTER) && ch->graph_filter[0], CONV_GRAPH_WGRAD, filter_numel(g)},  /* dW */
+    };
+    size_t most = 0;
+    for (int k = 0; k < 3; k++) {
+        if (!acc[k].on) continue;
+        struct conv_graph_problem p;
+        conv_graph_problem_of(g, mode, acc[k].op, &p);
+        size_t bytes = (mode.bf16 && !p.float_out ? sizeof(uint16_t) : sizeof(float)) * (size_t)acc[k].n;
+        if (bytes > most) most = bytes;
+    }
+    return most ? align_up(most) : 0;
+}
+
+/* The workspace of the directions in `dirs`: their largest algorithm's. */
+static size_t ws_bytes(const struct algo_choice *ch, unsigned dirs)
+{
+    size_t ws = 0;
+    if ((dirs & CONV_DIR_FWD) && ch->ws_fwd > ws) ws = ch->ws_fwd;
+    if ((dirs & CONV_DIR_DATA) && ch->ws_data > ws) ws = ch->ws_data;
+    if ((dirs & CONV_DIR_FILTER) && ch->ws_filter > ws) ws = ch->ws_filter;
+    return ws;
+}
+
+/* A call's layout after its channels-last buffers: the image buffer, a
+ * float32 dW's bfloat16 buffer, the accumulation buffer, in 3xTF32 the
+ * split operands, then the workspace (run_begin places them so). */
+static size_t call_bytes(const struct conv_geom *g, struct conv_mode mode, bool x3, const struct algo_choice *ch,
+                         unsigned dirs)
+{
+    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc_buffer_bytes(g, mode, ch, dirs) +
+           (x3 ? x3_buffer_bytes(g, dirs) : 0) + ws_bytes(ch, dirs);
+}
+
+/* Scratch in `mode` for the node's forward and a backward computing the
+ * gradients in din: the larger of the two calls' layouts. */
+static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode, uint32_t din)
 {
     struct algo_choice ch;
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
     const char *why;
-    size_t ws = conv_ws_cap(g); /* when nothing is found: the run chooses again and reports what fails */
-    size_t acc = 0;
-    if (conv_lookup_algos(NULL, g, mode, &ch, &e, &why)) {
-        ws = ch.ws_fwd;
-        if (ch.ws_data > ws) ws = ch.ws_data;
-        if (ch.ws_filter > ws) ws = ch.ws_filter;
-        acc = acc_buffer_bytes(g, &ch);
+    bool x3 = x3_applies(g, mode);
+    unsigned fwd = call_dirs(g->transpose, false, din), bwd = call_dirs(g->transpose, true, din);
+    if (!(x3 ? x3_lookup(NULL, g, mode, &ch, &e, &why)
+             : conv_lookup_algos(NULL, g, mode, CONV_DIRS_ALL, &ch, &e, &why))) {
+        /* Nothing found: the run chooses again and reports what fails;
+         * plan for the most any algorithm may take. */
+        size_t ws = conv_ws_cap(g);
+        for (int k = 0; k < 3 && x3; k++) { /* the TF32 problems' caps */
+            struct conv_geom gk;
+            x3_geom(g, k, &gk);
+            if (conv_ws_cap(&gk) > ws) ws = conv_ws_cap(&gk);
+        }
+        memset(&ch, 0, sizeof ch);
+        ch.ws_fwd = ch.ws_data = ch.ws_filter = ws;
     }
-    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc + ws;
+    size_t f = call_bytes(g, mode, x3, &ch, fwd), b = call_bytes(g, mode, x3, &ch, bwd);
+    return f > b ? f : b;
 }
 
 /* Whether X's and W's channels are convolved padded with zeros to
@@ -314,11 +471,11 @@ static size_t conv_scratch_common(const struct gp_graph *graph, const struct gp_
             memset(&o, 0, sizeof o);
             o.precision = precisions[p];
             o.fast_conv = fast != 0;
-            size_t s = mode_scratch(&g, options_mode(&o));
+            size_t s = mode_scratch(&g, options_mode(&o), ~0u);
             if (s > most) most = s;
             /* X and Y relaid: the most a layout call takes */
             s = gc.relayable ? nhwc_bytes(&gc, options_mode(&o).bf16, !gc.nhwc, !gc.nhwc) +
-                                   mode_scratch(&gc, options_mode(&o))
+                                   mode_scratch(&gc, options_mode(&o), ~0u)
                              : 0;
             if (s > most) most = s;
         }
@@ -529,6 +686,12 @@ struct conv_run {
      * gradient (NULL when not needed). */
     bool x_cl, y_cl;
     void *xt, *yt, *wt, *dwt;
+    /* 3xTF32 (x3_applies): each direction's TF32 problem (x3_geom), its
+     * descriptors, and the split operands' region (x3_buffer_bytes). */
+    bool x3;
+    struct conv_geom g3[3];
+    struct descs d3[3];
+    char *x3buf;
 };
 
 static const char *dt_name(bool bf16) { return bf16 ? "bfloat16" : "float32"; }
@@ -569,12 +732,17 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
     GP_TRY(check_storage(c, r->mode.bf16, backward, err));
     GP_TRY(ctx_algos(c, &r->g, r->mode, &r->ch, err));
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
-    if (!conv_descs_create(&r->g, r->mode.bf16, conv_base_math(r->mode), &r->d, &e)) {
-        conv_descs_destroy(&r->d);
+    if (!conv_descs_create(&r->g, r->mode.bf16, conv_base_math(r->mode), &r->d, &e))
         return dnn_error(c, err, &e, "descriptors");
+    r->x3 = x3_applies(&r->g, r->mode);
+    for (int k = 0; k < 3 && r->x3; k++) {
+        x3_geom(&r->g, k, &r->g3[k]);
+        if (!conv_descs_create(&r->g3[k], false, conv_base_math(x3_mode(r->mode)), &r->d3[k], &e))
+            return dnn_error(c, err, &e, "descriptors of a 3xTF32 problem");
     }
     /* Scratch: channels-last buffers (nhwc_bytes), then image buffer, dW
-     * buffer, workspace (mode_scratch). */
+     * buffer, accumulation buffer, 3xTF32's split operands, workspace
+     * (mode_scratch). */
     char *next = (char *)c->scratch;
     if (r->x_cl || r->y_cl) {
         size_t es = gp_cuda_float_size(r->mode.bf16);
@@ -585,12 +753,18 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
         if (r->y_cl != r->g.nhwc) r->yt = next, next += yb;
         if (filter_relaid(&r->g)) r->wt = next, r->dwt = next + fb, next += 2 * fb;
     }
+    /* This call's directions (call_dirs): the planner gave the larger of
+     * the forward's and the backward's layouts. */
+    uint32_t din = (c->din && c->din[0] ? 1u : 0u) | (c->din && c->din[1] ? 2u : 0u);
+    unsigned dirs = call_dirs(transpose, backward, din);
     size_t bb = buffer_bytes(&r->g, r->mode.bf16), wb = dw_buffer_bytes(&r->g, r->mode.bf16);
-    size_t ab = acc_buffer_bytes(&r->g, &r->ch);
+    size_t ab = acc_buffer_bytes(&r->g, r->mode, &r->ch, dirs);
     r->buf = bb ? next : NULL;
     r->dwbuf = wb ? (bf16_t *)(next + bb) : NULL;
     r->acc = ab ? next + bb + wb : NULL;
-    r->ws = next + bb + wb + ab;
+    size_t xb = r->x3 ? x3_buffer_bytes(&r->g, dirs) : 0;
+    r->x3buf = xb ? next + bb + wb + ab : NULL;
+    r->ws = next + bb + wb + ab + xb;
     return GP_OK;
 }
 
@@ -646,12 +820,12 @@ static void accumulate(cudaStream_t stream, D *out, const S *acc, int64_t n)
 /* out = a graph API convolution `op` of (a, b), or out += it when beta is
  * 1: computed into the accumulation buffer (float32 where the problem says
  * so), then added, each sum rounded once. `n` is out's element count. */
-static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, enum conv_graph_op op,
-                           const char *name, const void *a, const void *b, void *out, int64_t n, float beta,
-                           struct gp_error *err)
+static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, const struct conv_geom *g,
+                           struct conv_mode mode, enum conv_graph_op op, const char *name, const void *a,
+                           const void *b, void *out, int64_t n, float beta, struct gp_error *err)
 {
     struct conv_graph_problem p;
-    conv_graph_problem_of(&r->g, r->mode, op, &p);
+    conv_graph_problem_of(g, mode, op, &p);
     void *dst = beta != 0.0f ? r->acc : out;
     if (!dst)
         return gp_cuda_error(c, err, GP_ERR_DEVICE, "conv: no accumulation buffer for an accumulated %s",
@@ -660,7 +834,7 @@ static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, enum
     if (!conv_graph_run((cudnnHandle_t)c->cudnn, &p, op, name, a, b, dst, r->ws, why, sizeof why))
         return gp_cuda_error(c, err, GP_ERR_DEVICE, "cuDNN graph convolution (%s): %s", name, why);
     if (beta == 0.0f || n == 0) return GP_OK;
-    if (!r->mode.bf16)
+    if (!mode.bf16)
         accumulate(c->stream, (float *)out, (const float *)dst, n);
     else if (p.float_out)
         accumulate(c->stream, (bf16_t *)out, (const float *)dst, n);
@@ -669,20 +843,73 @@ static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, enum
     return gp_cuda_check_launch(c, "convolution result added to its gradient", err);
 }
 
+/* ---- the calls, in 3xTF32 on the split operands (conv_x3.h) ---- */
+
+/* The problem direction k runs (0 forward, 1 data, 2 filter): the node's,
+ * or in 3xTF32 its TF32 problem. */
+static const struct conv_geom *dir_geom(const struct conv_run *r, int k) { return r->x3 ? &r->g3[k] : &r->g; }
+static const struct descs *dir_descs(const struct conv_run *r, int k) { return r->x3 ? &r->d3[k] : &r->d; }
+static struct conv_mode dir_mode(const struct conv_run *r) { return r->x3 ? x3_mode(r->mode) : r->mode; }
+
+static gp_status x3_split(const struct gp_cuda_ctx *c, float *dst, const void *src, int64_t outer, int64_t ch,
+                          int64_t inner, unsigned lo_parts, struct gp_error *err)
+{
+    cudaError_t e = gp_cuda_conv_x3_split(c->stream, dst, (const float *)src, outer, ch, inner, lo_parts);
+    if (e != cudaSuccess)
+        return gp_cuda_error(c, err, GP_ERR_DEVICE, "3xTF32 operand split: %s", cudaGetErrorString(e));
+    return GP_OK;
+}
+
+/* A tensor [n, ch, cells] in the run's layout split along its channels. */
+static gp_status x3_split_channels(const struct gp_cuda_ctx *c, const struct conv_run *r, float *dst,
+                                   const void *src, int64_t n, int64_t ch, int64_t cells, unsigned lo_parts,
+                                   struct gp_error *err)
+{
+    if (r->g.nhwc) return x3_split(c, dst, src, n * cells, ch, 1, lo_parts, err);
+    return x3_split(c, dst, src, n, ch, cells, lo_parts, err);
+}
+
+/* The operands of direction k split into the region: *a, *b become the
+ * split image and filter (forward), columns and filter (data), image and
+ * columns (filter). */
+static gp_status x3_operands(const struct gp_cuda_ctx *c, struct conv_run *r, int k, const void **a,
+                             const void **b, struct gp_error *err)
+{
+    const struct conv_geom *g = &r->g;
+    int64_t img = g->n * g->img_ch * g->img_size, col = g->n * g->col_ch * g->col_size;
+    int64_t kk = filter_numel(g) / (g->col_ch * g->img_ch);
+    float *first = (float *)r->x3buf;
+    float *second = (float *)(r->x3buf + align_up(3 * sizeof(float) * (size_t)(k == 1 ? col : img)));
+    if (k == 0) { /* X (hi, hi, lo) . W (hi, lo, hi) over the input channels */
+        GP_TRY(x3_split_channels(c, r, first, *a, g->n, g->img_ch, g->img_size, CONV_X3_HI_HI_LO, err));
+        GP_TRY(x3_split_channels(c, r, second, *b, g->col_ch, g->img_ch, kk, CONV_X3_HI_LO_HI, err));
+    } else if (k == 1) { /* dY (hi, lo, hi) . W (hi, hi, lo) over the output channels */
+        GP_TRY(x3_split_channels(c, r, first, *a, g->n, g->col_ch, g->col_size, CONV_X3_HI_LO_HI, err));
+        GP_TRY(x3_split(c, second, *b, 1, g->col_ch, g->img_ch * kk, CONV_X3_HI_HI_LO, err));
+    } else { /* X (hi, lo, hi) . dY (hi, hi, lo) over the batch */
+        GP_TRY(x3_split(c, first, *a, 1, g->n, g->img_ch * g->img_size, CONV_X3_HI_LO_HI, err));
+        GP_TRY(x3_split(c, second, *b, 1, g->n, g->col_ch * g->col_size, CONV_X3_HI_HI_LO, err));
+    }
+    *a = first;
+    *b = second;
+    __atomic_add_fetch(&x3_calls, 1, __ATOMIC_RELAXED);
+    return GP_OK;
+}
+
 /* col = conv(img, W) (+ col when beta is 1). */
 static gp_status run_forward(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img,
                              const void *w, void *col, float beta, struct gp_error *err)
 {
+    if (r->x3) GP_TRY(x3_operands(c, r, 0, &img, &w, err));
     if (r->ch.graph_fwd[0])
-        return run_graph(c, r, CONV_GRAPH_FPROP, r->ch.graph_fwd, img, w, col, r->g.n * r->g.col_ch * r->g.col_size,
-                         beta, err);
+        return run_graph(c, r, dir_geom(r, 0), dir_mode(r), CONV_GRAPH_FPROP, r->ch.graph_fwd, img, w, col,
+                         r->g.n * r->g.col_ch * r->g.col_size, beta, err);
+    const struct descs *d = dir_descs(r, 0);
     float one = 1.0f;
-    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_fwd),
-                    "cudnnSetConvolutionMathType"));
+    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, r->ch.m_fwd), "cudnnSetConvolutionMathType"));
     return dnn_call(c, err,
-                    cudnnConvolutionForward((cudnnHandle_t)c->cudnn, &one, r->d.img, img, r->d.w, w,
-                                            r->d.conv, r->ch.fwd, r->ws, r->ch.ws_fwd, &beta, r->d.col,
-                                            col),
+                    cudnnConvolutionForward((cudnnHandle_t)c->cudnn, &one, d->img, img, d->w, w, d->conv, r->ch.fwd,
+                                            r->ws, r->ch.ws_fwd, &beta, d->col, col),
                     "cudnnConvolutionForward");
 }
 
@@ -690,16 +917,16 @@ static gp_status run_forward(const struct gp_cuda_ctx *c, struct conv_run *r, co
 static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const void *w,
                           const void *col, void *img, float beta, struct gp_error *err)
 {
+    if (r->x3) GP_TRY(x3_operands(c, r, 1, &col, &w, err));
     if (r->ch.graph_data[0])
-        return run_graph(c, r, CONV_GRAPH_DGRAD, r->ch.graph_data, col, w, img,
+        return run_graph(c, r, dir_geom(r, 1), dir_mode(r), CONV_GRAPH_DGRAD, r->ch.graph_data, col, w, img,
                          r->g.n * r->g.img_ch * r->g.imgb_size, beta, err);
+    const struct descs *d = dir_descs(r, 1);
     float one = 1.0f;
-    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_data),
-                    "cudnnSetConvolutionMathType"));
+    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, r->ch.m_data), "cudnnSetConvolutionMathType"));
     return dnn_call(c, err,
-                    cudnnConvolutionBackwardData((cudnnHandle_t)c->cudnn, &one, r->d.w, w, r->d.col, col,
-                                                 r->d.conv, r->ch.bwd_data, r->ws, r->ch.ws_data, &beta,
-                                                 r->d.img, img),
+                    cudnnConvolutionBackwardData((cudnnHandle_t)c->cudnn, &one, d->w, w, d->col, col, d->conv,
+                                                 r->ch.bwd_data, r->ws, r->ch.ws_data, &beta, d->img, img),
                     "cudnnConvolutionBackwardData");
 }
 
@@ -708,15 +935,16 @@ static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const
 static gp_status run_filter_call(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img,
                                  const void *col, void *dw, float beta, struct gp_error *err)
 {
+    if (r->x3) GP_TRY(x3_operands(c, r, 2, &img, &col, err));
     if (r->ch.graph_filter[0])
-        return run_graph(c, r, CONV_GRAPH_WGRAD, r->ch.graph_filter, img, col, dw, filter_numel(&r->g), beta, err);
+        return run_graph(c, r, dir_geom(r, 2), dir_mode(r), CONV_GRAPH_WGRAD, r->ch.graph_filter, img, col, dw,
+                         filter_numel(&r->g), beta, err);
+    const struct descs *d = dir_descs(r, 2);
     float one = 1.0f;
-    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(r->d.conv, r->ch.m_filter),
-                    "cudnnSetConvolutionMathType"));
+    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, r->ch.m_filter), "cudnnSetConvolutionMathType"));
     return dnn_call(c, err,
-                    cudnnConvolutionBackwardFilter((cudnnHandle_t)c->cudnn, &one, r->d.img, img, r->d.col,
-                                                   col, r->d.conv, r->ch.bwd_filter, r->ws,
-                                                   r->ch.ws_filter, &beta, r->d.w, dw),
+                    cudnnConvolutionBackwardFilter((cudnnHandle_t)c->cudnn, &one, d->img, img, d->col, col, d->conv,
+                                                   r->ch.bwd_filter, r->ws, r->ch.ws_filter, &beta, d->w, dw),
                     "cudnnConvolutionBackwardFilter");
 }
 
@@ -1025,6 +1253,7 @@ static gp_status with_run(struct gp_cuda_ctx *c, bool transpose, bool backward, 
     gp_status st = run_begin(c, transpose, backward, &r, err);
     if (st == GP_OK) st = fn(c, &r, err);
     conv_descs_destroy(&r.d);
+    for (int k = 0; k < 3; k++) conv_descs_destroy(&r.d3[k]);
     return st;
 }
 
@@ -1069,7 +1298,7 @@ extern "C" const struct gp_cuda_kernel gp_cuda_kernels_conv[] = {
 };
 
 extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
-                                             const struct gp_compute_options *opts)
+                                             const struct gp_compute_options *opts, uint32_t din)
 {
     const struct gp_cuda_kernel *k = gp_cuda_kernel_for(node);
     if (!k) return 0;
@@ -1084,7 +1313,7 @@ extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const str
     bool x_cl = !transpose && gp_node_input(g, node, 0)->channels_last;
     bool y_cl = !transpose && gp_node_output(g, node, 0)->channels_last;
     if (conv_geom_init(g, node, transpose, x_cl || y_cl, &geom, &err) != GP_OK) return 0; /* the run reports it */
-    size_t ws = nhwc_bytes(&geom, options_mode(opts).bf16, x_cl, y_cl) + mode_scratch(&geom, options_mode(opts));
+    size_t ws = nhwc_bytes(&geom, options_mode(opts).bf16, x_cl, y_cl) + mode_scratch(&geom, options_mode(opts), din);
     if (opts->precision == GP_PRECISION_BF16) {
         /* A mixed-type call (and with GP_CONV_BF16_BACKWARD=staged the
          * backward) runs on float32 copies with TF32 (ctx_mode of a bf16
@@ -1092,7 +1321,7 @@ extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const str
         struct conv_mode staged = {false, true, opts->fast_conv};
         struct conv_geom flat; /* staged calls get [N, C, H, W] copies */
         if (conv_geom_init(g, node, transpose, false, &flat, &err) != GP_OK) return ws;
-        size_t s = mode_scratch(&flat, staged);
+        size_t s = mode_scratch(&flat, staged, din);
         if (s > ws) ws = s;
     }
     return ws;

@@ -124,13 +124,15 @@ bool conv_descs_create(const struct conv_geom *g, bool bf16, cudnnMathType_t mat
 
 struct algo_key {
     int ns, group, bf16, tf32, fastest, transpose, direct, nhwc;
+    int dirs; /* 0: all three directions; else the one CONV_DIR_* chosen for */
     int img[MAX_AXES + 2], col[MAX_AXES + 2], w[MAX_AXES + 2];
     int q[MAX_AXES], s[MAX_AXES], d[MAX_AXES];
 };
 
-static void algo_key_init(const struct conv_geom *g, struct conv_mode mode, struct algo_key *k)
+static void algo_key_init(const struct conv_geom *g, struct conv_mode mode, unsigned dirs, struct algo_key *k)
 {
     memset(k, 0, sizeof *k); /* padding too: keys compare with memcmp */
+    k->dirs = (dirs & CONV_DIRS_ALL) == CONV_DIRS_ALL ? 0 : (int)dirs;
     k->ns = g->ns;
     k->group = (int)g->group;
     k->bf16 = mode.bf16;
@@ -374,11 +376,13 @@ struct graph_choice {
     float ms[3];
 };
 
-static void choose_graphs(const struct conv_geom *g, struct conv_mode mode, struct graph_choice *gc)
+static void choose_graphs(const struct conv_geom *g, struct conv_mode mode, unsigned dirs,
+                          struct graph_choice *gc)
 {
     memset(gc, 0, sizeof *gc);
     static const enum conv_graph_op ops[3] = {CONV_GRAPH_FPROP, CONV_GRAPH_DGRAD, CONV_GRAPH_WGRAD};
     for (int k = 0; k < 3; k++) {
+        if (!(dirs & (1u << k))) continue;
         struct conv_graph_problem p;
         conv_graph_problem_of(g, mode, ops[k], &p);
         char why[256];
@@ -388,9 +392,10 @@ static void choose_graphs(const struct conv_geom *g, struct conv_mode mode, stru
     }
 }
 
-/* Chooses the three algorithms of the problem with handle h, on the API
- * conv_api() says. On failure *why says which step found nothing. */
-static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
+/* Chooses the algorithms of the problem's directions in `dirs` with
+ * handle h, on the API conv_api() says. On failure *why says which step
+ * found nothing. */
+static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode, unsigned dirs,
                          struct algo_choice *ch, struct dnn_err *e, const char **why)
 {
     struct descs d;
@@ -401,12 +406,13 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
     if (conv_verbose()) report_problem(g, mode);
     struct graph_choice gc;
     memset(&gc, 0, sizeof gc);
-    if (api != API_LEGACY) choose_graphs(g, mode, &gc);
+    if (api != API_LEGACY) choose_graphs(g, mode, dirs, &gc);
     /* The legacy API's measured times (-1: not measured, from its heuristics). */
     float legacy_ms[3] = {-1, -1, -1};
-    /* "graph" asks the legacy API only where the graph API has nothing. */
+    /* "graph" asks the legacy API only where the graph API has nothing;
+     * directions not asked for are skipped. */
     bool skip[3];
-    for (int k = 0; k < 3; k++) skip[k] = api == API_GRAPH && gc.name[k][0];
+    for (int k = 0; k < 3; k++) skip[k] = (api == API_GRAPH && gc.name[k][0]) || !(dirs & (1u << k));
     bool ok = conv_descs_create(g, mode.bf16, conv_base_math(mode), &d, e);
     int count = 0;
     bool found = false;
@@ -497,19 +503,23 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             any_graph = true;
         }
     }
-    if (!ok && any_graph && names[0][0] && names[1][0] && names[2][0]) {
-        ok = true; /* the legacy API failed, but the graph API has all three */
+    bool all_graph = any_graph;
+    for (int k = 0; k < 3; k++)
+        if ((dirs & (1u << k)) && !names[k][0]) all_graph = false;
+    if (!ok && all_graph) {
+        ok = true; /* the legacy API failed, but the graph API has every direction asked for */
         *why = NULL;
     }
     if (conv_verbose() && ok) {
-        static const char *dirs[3] = {"fwd", "data", "filter"};
+        static const char *dir_names[3] = {"fwd", "data", "filter"};
         int legacy[3] = {(int)ch->fwd, (int)ch->bwd_data, (int)ch->bwd_filter};
         for (int k = 0; k < 3; k++) {
+            if (!(dirs & (1u << k))) continue;
             if (names[k][0])
-                fprintf(stderr, "conv-choice chosen %s graph name=%s ms=%.4f legacy_ms=%.4f\n", dirs[k], names[k],
+                fprintf(stderr, "conv-choice chosen %s graph name=%s ms=%.4f legacy_ms=%.4f\n", dir_names[k], names[k],
                         (double)gc.ms[k], (double)legacy_ms[k]);
             else
-                fprintf(stderr, "conv-choice chosen %s legacy algo=%d ms=%.4f graph_ms=%.4f\n", dirs[k], legacy[k],
+                fprintf(stderr, "conv-choice chosen %s legacy algo=%d ms=%.4f graph_ms=%.4f\n", dir_names[k], legacy[k],
                         (double)legacy_ms[k], (double)gc.ms[k]);
         }
     }
@@ -528,11 +538,12 @@ static int cache_len, cache_cap;
 /* The choice for the problem in `mode`, from the table or made now with
  * `h` (NULL: a handle of its own, created for the choice and destroyed
  * after it, so that nothing outlives the stages) and added to it. */
-bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
-                         struct algo_choice *ch, struct dnn_err *e, const char **why)
+bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode, unsigned dirs,
+                       struct algo_choice *ch, struct dnn_err *e, const char **why)
 {
     struct algo_key key;
-    algo_key_init(g, mode, &key);
+    algo_key_init(g, mode, dirs, &key);
+    if (key.dirs == 0) dirs = CONV_DIRS_ALL;
     *why = NULL;
     pthread_mutex_lock(&cache_mu);
     for (int i = 0; i < cache_len; i++)
@@ -548,7 +559,7 @@ bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_m
         if (st != CUDNN_STATUS_SUCCESS) own = NULL, e->st = st, e->call = "cudnnCreate", ok = false;
         h = own;
     }
-    ok = ok && choose_algos(h, g, mode, ch, e, why);
+    ok = ok && choose_algos(h, g, mode, dirs, ch, e, why);
     if (own) cudnnDestroy(own);
     if (ok) {
         if (cache_len == cache_cap) {
@@ -577,7 +588,18 @@ bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_m
  * API configurations' names ("-" where the legacy algorithm runs). A
  * channels-last problem's line starts "conv-nhwc" instead (the key's other
  * numbers as "conv"'s: states saved before channels-last read as they did,
- * and a reader that does not know the word skips the line). */
+ * and a reader that does not know the word skips the line), and a choice
+ * made for one direction only (the 3xTF32 problems of conv_x3.h) ends the
+ * word with "-fwd", "-data" or "-filter". */
+
+static const char *const dir_words[3] = {"-fwd", "-data", "-filter"};
+
+static const char *dirs_word(int dirs)
+{
+    for (int k = 0; k < 3; k++)
+        if (dirs == (1 << k)) return dir_words[k];
+    return "";
+}
 
 #define KEY_INTS (7 + 3 * (MAX_AXES + 2) + 3 * MAX_AXES)
 
@@ -623,7 +645,7 @@ static void identity(char *out, size_t size)
 extern "C" char *gp_cuda_choices_export(void)
 {
     pthread_mutex_lock(&cache_mu);
-    size_t cap = 256 + (size_t)cache_len * (KEY_INTS * 12 + 9 * 24 + 3 * (CONV_GRAPH_NAME + 1)), len = 0;
+    size_t cap = 256 + (size_t)cache_len * (24 + KEY_INTS * 12 + 9 * 24 + 3 * (CONV_GRAPH_NAME + 1)), len = 0;
     char *text = cache_len ? (char *)malloc(cap) : NULL;
     if (text) {
         identity(text, cap);
@@ -631,7 +653,8 @@ extern "C" char *gp_cuda_choices_export(void)
         for (int i = 0; i < cache_len; i++) {
             int v[KEY_INTS];
             key_ints(&cache[i].key, v);
-            len += (size_t)snprintf(text + len, cap - len, "\nconv%s", cache[i].key.nhwc ? "-nhwc" : "");
+            len += (size_t)snprintf(text + len, cap - len, "\nconv%s%s", cache[i].key.nhwc ? "-nhwc" : "",
+                                    dirs_word(cache[i].key.dirs));
             for (int j = 0; j < KEY_INTS; j++) len += (size_t)snprintf(text + len, cap - len, " %d", v[j]);
             const struct algo_choice *c = &cache[i].ch;
             len += (size_t)snprintf(text + len, cap - len, " %d %d %zu %d %d %zu %d %d %zu", (int)c->fwd,
@@ -665,9 +688,16 @@ extern "C" gp_status gp_cuda_choices_import(const char *text, char *note, size_t
     pthread_mutex_lock(&cache_mu);
     for (const char *line = eol; line && *line; line = strchr(line + 1, '\n')) {
         const char *p = line + 1;
-        bool nhwc = strncmp(p, "conv-nhwc ", 10) == 0;
-        if (strncmp(p, "conv ", 5) != 0 && !nhwc) continue;
-        p += nhwc ? 9 : 4;
+        if (strncmp(p, "conv", 4) != 0) continue;
+        p += 4;
+        bool nhwc = strncmp(p, "-nhwc", 5) == 0;
+        if (nhwc) p += 5;
+        int dirs = 0;
+        for (int k = 0; k < 3 && !dirs; k++) {
+            size_t wl = strlen(dir_words[k]);
+            if (strncmp(p, dir_words[k], wl) == 0 && p[wl] == ' ') dirs = 1 << k, p += wl;
+        }
+        if (*p != ' ') continue; /* a word this reader does not know */
         long long v[KEY_INTS + 9];
         int n = 0;
         for (char *end; n < KEY_INTS + 9; n++, p = end) {
@@ -692,6 +722,7 @@ extern "C" gp_status gp_cuda_choices_import(const char *text, char *note, size_t
         }
         key_from_ints(v, &e.key);
         e.key.nhwc = nhwc;
+        e.key.dirs = dirs;
         const long long *c = v + KEY_INTS;
         e.ch.fwd = (cudnnConvolutionFwdAlgo_t)c[0], e.ch.m_fwd = (cudnnMathType_t)c[1], e.ch.ws_fwd = (size_t)c[2];
         e.ch.bwd_data = (cudnnConvolutionBwdDataAlgo_t)c[3], e.ch.m_data = (cudnnMathType_t)c[4];

@@ -41,9 +41,19 @@ struct conv_geom {
 };
 
 /* What a convolution runs in: the storage of X, W, Y and their gradients,
- * TF32 (float32 storage only) and the fast_conv policy. */
+ * TF32 (float32 storage only) and the fast_conv policy; x3: float32
+ * without TF32 runs in 3xTF32 where the geometry allows (conv_x3.h). */
 struct conv_mode {
-    bool bf16, tf32, fast;
+    bool bf16, tf32, fast, x3;
+};
+
+/* The directions of a convolution, as masks: a choice of algorithms made
+ * for some of them only (conv_lookup_algos; CONV_DIRS_ALL: all three). */
+enum {
+    CONV_DIR_FWD = 1,
+    CONV_DIR_DATA = 2,
+    CONV_DIR_FILTER = 4,
+    CONV_DIRS_ALL = 7,
 };
 
 struct dnn_err {
@@ -103,9 +113,10 @@ const char *conv_math_name(struct conv_mode m);
 
 /* The choice for the problem in `mode`, from the process-wide table or made
  * now with `h` (NULL: a handle of its own, destroyed after the choice) and
- * added to it. On failure *why says which step found nothing (NULL: e says
- * which cuDNN call failed). */
-bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
+ * added to it: for the directions in `dirs` (CONV_DIR_* masks; the others'
+ * fields are left zero and nothing is measured for them). On failure *why
+ * says which step found nothing (NULL: e says which cuDNN call failed). */
+bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode, unsigned dirs,
                        struct algo_choice *ch, struct dnn_err *e, const char **why);
 
 #endif

@@ -120,13 +120,15 @@ const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node);
 
 /* The workspace a Conv or ConvTranspose node takes with a stage's options
  * (its algorithms, and so their workspace, depend on the precision and on
- * fast_conv; cuda/conv.cu), for the planner: exactly that mode's, where the
- * kernel's scratch_bytes is the most of any mode. Attention nodes:
+ * fast_conv; cuda/conv.cu) and a backward computing the gradients of the
+ * inputs in `din` (bit k: input k; ~0u: all), for the planner: exactly
+ * that mode's and those directions', where the kernel's scratch_bytes is
+ * the most of any mode and direction. Attention nodes:
  * gp_cuda_attention_scratch_bytes. Other nodes: their kernel's
  * scratch_bytes. */
 struct gp_compute_options;
 size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const struct gp_node *node,
-                                  const struct gp_compute_options *opts);
+                                  const struct gp_compute_options *opts, uint32_t din);
 
 /* An Attention node's scratch with a stage's options: in bfloat16, what
  * cuDNN's SDPA takes where it runs the node (cuda/attention.cu; the plans
@@ -145,6 +147,9 @@ void gp_cuda_attention_paths(unsigned long long *cudnn_calls, unsigned long long
 unsigned long long gp_cuda_attention_tf32_calls(void);
 /* Of the own-kernel calls, those on the tensor-core kernels in 3xTF32 (float32 calls). */
 unsigned long long gp_cuda_attention_x3_calls(void);
+/* Convolution directions (forward, data or filter gradient) run so far in
+ * 3xTF32 (float32 calls: cuda/conv_x3.h), for tests. */
+unsigned long long gp_cuda_conv_x3_calls(void);
 
 /* Kernel tables, one per family file (src/backend/cuda/<family>.cu, twin of
  * src/backend/cpu/<family>.c, whose kernel.h says what each family holds),

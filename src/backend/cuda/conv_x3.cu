@@ -1,0 +1,103 @@
+/* The operand splits of float32 convolutions in 3xTF32 (conv_x3.h). */
+#include <stdint.h>
+
+#include "backend/cuda/conv_x3.h"
+#include "backend/cuda/kernel_util.cuh"
+
+/* x = hi + lo: hi x rounded to TF32 (to nearest, ties away from zero, as
+ * cvt.rna: half a TF32 last place added to the bits, then truncated), lo
+ * = x - hi (exact in float32) rounded the same way. Where rounding up would
+ * overflow hi to an infinity it truncates instead; a NaN or an infinity is
+ * its own hi, with lo 0. */
+__device__ static inline void tf32_split(float x, float &hi, float &lo)
+{
+    uint32_t b = __float_as_uint(x);
+    if ((b & 0x7f800000u) == 0x7f800000u) {
+        hi = x;
+        lo = 0.0f;
+        return;
+    }
+    uint32_t r = (b + 0x1000u) & 0xffffe000u;
+    if ((r & 0x7f800000u) == 0x7f800000u) r = b & 0xffffe000u;
+    hi = __uint_as_float(r);
+    float rest = __fsub_rn(x, hi);
+    lo = __uint_as_float((__float_as_uint(rest) + 0x1000u) & 0xffffe000u);
+}
+
+__device__ static inline float part(float hi, float lo, unsigned lo_parts, int j)
+{
+    return (lo_parts >> j) & 1u ? lo : hi;
+}
+
+/* inner a multiple of 4 (planar: [N, C, H, W] tensors): a thread splits
+ * 4 consecutive cells of one channel into three float4 stores. */
+__global__ static void split_planes_kernel(float4 *dst, const float4 *src, int64_t ch, int64_t inner4,
+                                           int64_t quads, unsigned lo_parts)
+{
+    GP_GRID_STRIDE(q, quads) {
+        int64_t i = q % inner4, oc = q / inner4, c = oc % ch, o = oc / ch;
+        float4 v = src[q], h, l;
+        tf32_split(v.x, h.x, l.x);
+        tf32_split(v.y, h.y, l.y);
+        tf32_split(v.z, h.z, l.z);
+        tf32_split(v.w, h.w, l.w);
+        float4 *d = dst + ((o * 3 * ch + 3 * c) * inner4 + i);
+#pragma unroll
+        for (int j = 0; j < 3; j++) d[j * inner4] = (lo_parts >> j) & 1u ? l : h;
+    }
+}
+
+/* inner 1, ch a multiple of 4 (channels-last tensors, filters): a thread
+ * splits 4 consecutive channels into 12 consecutive values, three float4
+ * stores. */
+__global__ static void split_channels_kernel(float4 *dst, const float4 *src, int64_t quads, unsigned lo_parts)
+{
+    GP_GRID_STRIDE(q, quads) {
+        float4 v = src[q];
+        float x[4] = {v.x, v.y, v.z, v.w}, out[12];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float h, l;
+            tf32_split(x[k], h, l);
+#pragma unroll
+            for (int j = 0; j < 3; j++) out[3 * k + j] = part(h, l, lo_parts, j);
+        }
+        float4 *d = dst + 3 * q;
+        d[0] = make_float4(out[0], out[1], out[2], out[3]);
+        d[1] = make_float4(out[4], out[5], out[6], out[7]);
+        d[2] = make_float4(out[8], out[9], out[10], out[11]);
+    }
+}
+
+/* Any shape: one value a thread. */
+__global__ static void split_any_kernel(float *dst, const float *src, int64_t ch, int64_t inner, int64_t n,
+                                        unsigned lo_parts)
+{
+    GP_GRID_STRIDE(e, n) {
+        int64_t i = e % inner, oc = e / inner, c = oc % ch, o = oc / ch;
+        float h, l;
+        tf32_split(src[e], h, l);
+        float *d = dst + ((o * 3 * ch + 3 * c) * inner + i);
+#pragma unroll
+        for (int j = 0; j < 3; j++) d[j * inner] = part(h, l, lo_parts, j);
+    }
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+extern "C" cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, const float *src, int64_t outer,
+                                             int64_t ch, int64_t inner, unsigned lo_parts)
+{
+    int64_t n = outer * ch * inner;
+    if (n == 0) return cudaSuccess;
+    bool vec = aligned16(dst) && aligned16(src);
+    if (vec && inner % 4 == 0)
+        split_planes_kernel<<<gp_cuda_blocks_for(n / 4), GP_CUDA_THREADS, 0, stream>>>(
+            (float4 *)dst, (const float4 *)src, ch, inner / 4, n / 4, lo_parts);
+    else if (vec && inner == 1 && ch % 4 == 0)
+        split_channels_kernel<<<gp_cuda_blocks_for(n / 4), GP_CUDA_THREADS, 0, stream>>>(
+            (float4 *)dst, (const float4 *)src, n / 4, lo_parts);
+    else
+        split_any_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(dst, src, ch, inner, n, lo_parts);
+    return cudaGetLastError();
+}

@@ -1,0 +1,53 @@
+/* Float32 convolutions in 3xTF32 (cuda/conv_x3.cu, used by cuda/conv.cu).
+ *
+ * A float32 convolution without TF32 is a sum of products x w. Each
+ * operand splits exactly into hi + lo, hi its value rounded to TF32 and lo
+ * the rest (at most 2^-11 of it, itself rounded to TF32: a further 2^-11
+ * of lo); x w is then hi hi + hi lo + lo hi within about 2^-21 of the
+ * product (lo lo, under 2^-22, is left out), float32's accuracy, where
+ * TF32 alone is within 2^-10. The three products run as ONE TF32
+ * convolution on tensor cores, over three times the summed axis:
+ *
+ *   Y = conv(X, W):           X's channels tripled into (hi, hi, lo), W's
+ *                             input channels into (hi, lo, hi);
+ *   dX = conv_data(dY, W):    dY's channels into (hi, lo, hi), W's output
+ *                             channels into (hi, hi, lo);
+ *   dW = conv_filter(X, dY):  the batch: X's samples into (hi, lo, hi),
+ *                             dY's into (hi, hi, lo).
+ *
+ * Every operand is TF32 exactly, so the result does not depend on how a
+ * cuDNN kernel reads float32 (truncating or rounding it), nor on whether it
+ * runs on tensor cores at all. Copy j of channel c lies at channel 3c + j
+ * (sample 3n + j), so one kernel makes each split in either layout. At
+ * three times TF32's work this is still 2.5x float32's rate on the
+ * H200's tensor cores (495 against 67 TFLOP/s dense), the copies costing
+ * a pass over each operand. A NaN or an infinity in an operand stays in
+ * its hi part (its lo is 0): the result is not finite wherever float32's
+ * would not be, but an infinity may come out as NaN (infinity times a 0
+ * lo part). */
+#ifndef GP_CUDA_CONV_X3_H
+#define GP_CUDA_CONV_X3_H
+
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dst [outer, 3 ch, inner] from src [outer, ch, inner] (float32): dst's
+ * channel 3c + j is src's channel c's TF32 hi part, or its lo part where
+ * bit j of lo_parts is set. Returns the launch's error. */
+cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, const float *src, int64_t outer, int64_t ch,
+                                  int64_t inner, unsigned lo_parts);
+
+/* The parts' patterns (bit j: copy j is lo). */
+#define CONV_X3_HI_HI_LO 4u
+#define CONV_X3_HI_LO_HI 2u
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
