@@ -58,6 +58,26 @@ static bool nondiff(const struct gp_node *n, int k)
     return k < 32 && ((n->def->nondiff_inputs >> k) & 1);
 }
 
+/* The input gradients a layer's backward is asked for (bit k), as the
+ * executor asks them (tasks.c, grad_addr): every input in a
+ * differentiable slot below 32 that carries a gradient or is a
+ * once-per-step value (whose gradient block is always there); 0 when no
+ * output carries a gradient, as then no gradient flows in and that
+ * backward does not run. Reads p->home: after plan_once. */
+static uint32_t backward_din(const struct gp_graph *g, const bool *needs_grad, const struct gp_stage_plan *p,
+                             const struct gp_node *n)
+{
+    bool flows = false;
+    for (int k = 0; k < n->n_outputs; k++) flows |= n->outputs[k] >= 0 && needs_grad[n->outputs[k]];
+    if (!flows) return 0;
+    uint32_t din = 0;
+    for (int k = 0; k < n->n_inputs && k < 32; k++) {
+        int v = n->inputs[k];
+        if (v >= 0 && (needs_grad[v] || p->home[v] == GP_HOME_STEP) && !nondiff(n, k)) din |= 1u << k;
+    }
+    return din;
+}
+
 void gp_plan_needs_grad(const struct gp_graph *g, bool *needs)
 {
     for (int v = 0; v < g->n_values; v++)
@@ -322,10 +342,6 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
  * are placed before its inputs that end there are released), so the arena
  * takes about the largest number of bytes alive at once. Every micro-batch
  * reuses it: nothing in it outlives its forward. */
-static bool nondiff_input(const struct gp_node *n, int k)
-{
-    return k < 32 && ((n->def->nondiff_inputs >> k) & 1);
-}
 
 /* Whether layer i's output v may be remade in the backward instead of
  * kept (plan.h, remade_off): asked for, the kernel can, v is its output 0
@@ -376,13 +392,9 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, co
         const struct gp_node *n = &g->nodes[i];
         /* A layer runs its backward only when a gradient flows in and one
          * is wanted out of it (tasks.c): otherwise it reads nothing. */
-        uint32_t din = 0;
-        bool flows = false;
-        for (int k = 0; k < n->n_inputs && k < 32; k++)
-            if (n->inputs[k] >= 0 && needs_grad[n->inputs[k]] && !nondiff_input(n, k)) din |= 1u << k;
-        for (int k = 0; k < n->n_outputs; k++) flows |= n->outputs[k] >= 0 && needs_grad[n->outputs[k]];
+        uint32_t din = backward_din(g, needs_grad, p, n);
         uint32_t reads_in = 0, reads_out = 0;
-        if (din && flows) gp_backward_reads(n, din, &reads_in, &reads_out);
+        if (din) gp_backward_reads(n, din, &reads_in, &reads_out);
         for (int k = 0; k < n->n_inputs; k++) {
             int v = n->inputs[k];
             if (v < 0) continue;
@@ -478,9 +490,7 @@ static gp_status plan_layout_staging(const struct gp_graph *g, const bool *needs
 {
     for (int i = p->first; i < p->last; i++) {
         const struct gp_node *n = &g->nodes[i];
-        uint32_t din = 0;
-        for (int k = 0; k < n->n_inputs && k < 32; k++)
-            if (n->inputs[k] >= 0 && needs_grad[n->inputs[k]] && !nondiff(n, k)) din |= 1u << k;
+        uint32_t din = backward_din(g, needs_grad, p, n);
         const void *kernel = ops->kernel_for(n);
         size_t f = gp_mixed_staging_bytes(ops, kernel, g, n, NULL, NULL, NULL, NULL, false, 0);
         size_t b = din ? gp_mixed_staging_bytes(ops, kernel, g, n, NULL, NULL, NULL, NULL, true, din) : 0;
@@ -518,10 +528,8 @@ static gp_status plan_calls(const struct gp_graph *g, const bool *needs_grad, co
         const struct gp_node *n = &g->nodes[i];
         enum gp_dtype *in_dt = p->call_dt + p->call_dt_off[i - p->first], *out_dt = in_dt + n->n_inputs + 1;
         enum gp_dtype *din_dt = out_dt + n->n_outputs + 1, *dout_dt = din_dt + n->n_inputs + 1;
-        uint32_t din = 0;
         call_types(p, n, in_dt, out_dt, din_dt, dout_dt, &p->call_shadowed[i - p->first]);
-        for (int k = 0; k < n->n_inputs && k < 32; k++)
-            if (n->inputs[k] >= 0 && needs_grad[n->inputs[k]] && !nondiff(n, k)) din |= 1u << k;
+        uint32_t din = backward_din(g, needs_grad, p, n);
         const void *kernel = ops->kernel_for(n);
         size_t f = gp_mixed_staging_bytes(ops, kernel, g, n, in_dt, out_dt, NULL, NULL, false, 0);
         size_t b = din ? gp_mixed_staging_bytes(ops, kernel, g, n, in_dt, out_dt, din_dt, dout_dt, true, din) : 0;
@@ -667,18 +675,8 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         const struct gp_node *n = &g->nodes[i];
         p->saved_off[i - first] = p->local_bytes;
         p->local_bytes += align64(ops->saved_bytes(g, n));
-        /* The gradients its backward computes, when it runs one (tasks.c:
-         * a gradient flows in and one is wanted out): every input the
-         * executor gives a gradient pointer (grad_addr: those that carry
-         * one, and once-per-step values always). */
-        uint32_t din = 0;
-        bool flows = false;
-        for (int k = 0; k < n->n_inputs && k < 32; k++) {
-            int v = n->inputs[k];
-            if (v >= 0 && (needs_grad[v] || p->home[v] == GP_HOME_STEP) && !nondiff(n, k)) din |= 1u << k;
-        }
-        for (int k = 0; k < n->n_outputs; k++) flows |= n->outputs[k] >= 0 && needs_grad[n->outputs[k]];
-        size_t scratch = ops->scratch_bytes(g, n, opts, flows ? din : 0);
+        /* Its workspace for the gradients its backward computes. */
+        size_t scratch = ops->scratch_bytes(g, n, opts, backward_din(g, needs_grad, p, n));
         if (scratch > p->scratch_bytes) p->scratch_bytes = scratch;
         if (n->n_inputs > p->max_inputs) p->max_inputs = n->n_inputs;
         if (n->n_outputs > p->max_outputs) p->max_outputs = n->n_outputs;
