@@ -734,6 +734,65 @@ static void test_fused_residual(void **state)
     printf("fused residual Adds: %d runs identical to the unfused nodes, bit for bit\n", runs);
 }
 
+/* Gradients in the activation set's dead bytes (plan.h, grad_in_set) train
+ * to the bits of a separate gradient set (GP_GRADIENTS_IN_SETS=0), in fp32
+ * and bf16, on 1 to 3 stages, with and without checkpointing, under GPipe
+ * and 1F1B, with remade BatchNorm outputs too; no stage plans more, the
+ * whole model on one stage plans less, and the executor stays within the
+ * plan. */
+static void test_gradients_in_sets(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"resnet_op17", "unet_op17", "gpt_op17"};
+    const char *san = getenv("GP_SANITIZED");
+    size_t n_fixtures = san && !strcmp(san, "1") ? 1 : 3;
+    steps = 2;
+    int runs = 0;
+    for (size_t f = 0; f < n_fixtures; f++)
+        for (int pr = 0; pr < 2; pr++)
+            for (int K = 1; K <= 3; K++) {
+                precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32;
+                enum gp_checkpoint mode = (K + pr) % 2 ? GP_CHECKPOINT_ALWAYS : GP_CHECKPOINT_NEVER;
+                schedule = K == 3 ? GP_PIPE_1F1B : GP_PIPE_GPIPE;
+                remake_norm = pr == 1;
+                int M = K == 1 ? 2 : 4;
+                struct run_result apart, in_sets;
+                memset(&apart, 0, sizeof apart);
+                memset(&in_sets, 0, sizeof in_sets);
+                setenv("GP_GRADIENTS_IN_SETS", "0", 1);
+                run(fixtures[f], 8, K, M, mode, NULL, &apart);
+                unsetenv("GP_GRADIENTS_IN_SETS");
+                run(fixtures[f], 8, K, M, mode, NULL, &in_sets);
+                char what[200];
+                snprintf(what, sizeof what, "%s %s, gradients in the sets' dead bytes, %d stage(s) x %d micro-batches "
+                         "(%s), checkpoint %s%s", gp_precision_name(precision), fixtures[f], K, M,
+                         gp_pipe_schedule_name(schedule), gp_checkpoint_name(mode), remake_norm ? ", remade norms" : "");
+                assert_identical(what, &in_sets, &apart, "a separate gradient set");
+                int64_t before = 0, after = 0;
+                for (int k = 0; k < K; k++) {
+                    const struct gp_stage_memory_report *a = &apart.memory[k], *b = &in_sets.memory[k];
+                    assert_true(b->gradient_set_bytes <= a->gradient_set_bytes);
+                    assert_true(b->activation_bytes <= a->activation_bytes);
+                    assert_true(b->activation_peak <= b->activation_bytes);
+                    before += a->activation_bytes, after += b->activation_bytes;
+                }
+                if (K == 1) {
+                    assert_true(after < before);
+                    printf("%s %s, one stage: activations planned %lld -> %lld bytes (gradient set %lld -> %lld)\n",
+                           gp_precision_name(precision), fixtures[f], (long long)before, (long long)after,
+                           (long long)apart.memory[0].gradient_set_bytes, (long long)in_sets.memory[0].gradient_set_bytes);
+                }
+                gp_graph_free(&apart.saved);
+                gp_graph_free(&in_sets.saved);
+                runs++;
+            }
+    precision = GP_PRECISION_FP32;
+    schedule = GP_PIPE_GPIPE;
+    remake_norm = false;
+    steps = STEPS;
+    printf("gradients in the activation sets: %d runs identical to a separate gradient set, bit for bit\n", runs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -741,6 +800,7 @@ int main(void)
         cmocka_unit_test(test_gradients_in_arena),
         cmocka_unit_test(test_remade_norm),
         cmocka_unit_test(test_fused_residual),
+        cmocka_unit_test(test_gradients_in_sets),
         cmocka_unit_test(test_gpt),
         cmocka_unit_test(test_tied),
         cmocka_unit_test(test_batchnorm_models),

@@ -217,12 +217,21 @@ static inline unsigned char *inbox_of(struct stage *s, int j)
     return s->inboxes + (size_t)s->slots.inbox[j] * s->plan.inbox_bytes;
 }
 
-static inline float *grad_addr(struct stage *s, const struct gp_value *val, int v)
+/* Where the gradient set's bytes at `off` are for a micro-batch whose
+ * activations are in set `set`: in that set's dead bytes when `in_set`
+ * (plan.h, grad_in_set), else in the gradient set. */
+static inline unsigned char *grad_place(struct stage *s, bool in_set, size_t off, int set)
+{
+    return in_set ? s->locals + (size_t)set * s->plan.local_bytes + off : s->grads + off;
+}
+
+/* Value v's gradient for the micro-batch in activation set `set`. */
+static inline float *grad_addr(struct stage *s, const struct gp_value *val, int v, int set)
 {
     if (s->plan.home[v] == GP_HOME_STATIC)
         return val->kind == GP_VALUE_PARAMETER ? (float *)(s->param_grads + s->plan.off[v]) : NULL;
     if (s->plan.home[v] == GP_HOME_STEP) return (float *)(s->step_grads + s->plan.step_grad_off[v]);
-    return s->plan.grad_off[v] == SIZE_MAX ? NULL : (float *)(s->grads + s->plan.grad_off[v]);
+    return s->plan.grad_off[v] == SIZE_MAX ? NULL : (float *)grad_place(s, s->plan.grad_in_set[v], s->plan.grad_off[v], set);
 }
 
 static inline struct gp_task_tag tag_of(enum gp_task_kind kind, int stage, int micro, const char *name)

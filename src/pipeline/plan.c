@@ -165,6 +165,47 @@ static void insert_sorted(struct region *live, int *n_live, struct region r)
     (*n_live)++;
 }
 
+/* ---- gradients in the activation set's dead bytes ----
+ * As the backward goes down the layers, more of the micro-batch's
+ * activation set is read by nothing to come: a kept value after the
+ * backward of its last reader (set_death), a layer's saved state after its
+ * own backward. A gradient region born then may lie there, in that
+ * micro-batch's set, if it fits in bytes that are dead (they stay dead to
+ * the end of the backward) and meets no other region placed there; else it
+ * goes to the gradient set as before. ResNet's largest gradients come last,
+ * when most of the set is dead. */
+
+/* Adds [off, off + size) to the dead intervals (sorted, touching ones merged). */
+static void add_dead(struct region *dead, int *n_dead, size_t off, size_t size)
+{
+    if (!size) return;
+    insert_sorted(dead, n_dead, (struct region){.off = off, .size = size});
+    int m = 0;
+    for (int i = 0; i < *n_dead; i++) {
+        if (m && dead[m - 1].off + dead[m - 1].size >= dead[i].off) {
+            size_t end = dead[i].off + dead[i].size;
+            if (end > dead[m - 1].off + dead[m - 1].size) dead[m - 1].size = end - dead[m - 1].off;
+        } else {
+            dead[m++] = dead[i];
+        }
+    }
+    *n_dead = m;
+}
+
+/* The first offset where [at, at + size) lies inside one dead interval and
+ * meets none of the regions placed in the set (live, sorted by offset);
+ * SIZE_MAX when there is none. */
+static size_t set_fit(const struct region *dead, int n_dead, const struct region *live, int n_live, size_t size)
+{
+    for (int d = 0; d < n_dead; d++) {
+        size_t at = dead[d].off, end = dead[d].off + dead[d].size;
+        for (int r = 0; r < n_live && at + size <= end; r++)
+            if (live[r].off < at + size && live[r].off + live[r].size > at) at = live[r].off + live[r].size;
+        if (at + size <= end) return at;
+    }
+    return SIZE_MAX;
+}
+
 /* First writers: the backward of a value's birth layer writes its
  * gradient whole (gp_layer_call.din_overwrite) instead of adding into a
  * cleared region, where its kernel can (gp_compute_ops.overwrites), the
@@ -192,23 +233,39 @@ static void first_writers(const struct gp_graph *g, const struct gp_compute_ops 
 }
 
 /* Values remade in the backward (plan.h) are regions of the set too, from
- * the backward of their last reader (remade_at) to their own layer's. */
+ * the backward of their last reader (remade_at) to their own layer's. A
+ * region lies in the activation set's dead bytes where it fits (above;
+ * set_death from plan_arena), but for the input frontier's gradients,
+ * which are copied out after the backward while the set may be reused,
+ * and the output frontier's, born before anything is dead. */
 static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
                                 struct gp_stage_plan *p, const bool *inbox, const int *remade_at,
-                                struct gp_error *err)
+                                const int *set_death, struct gp_error *err)
 {
     int nv = g->n_values, first = p->first, last = p->last, nl = last - first;
     int *birth = malloc(sizeof(int) * ((size_t)nv + 1)); /* layer (or last: the start) */
+    /* Regions in the gradient set, regions in the set, the set's dead
+     * intervals (at most one a value and one a layer). */
     struct region *live = malloc(sizeof *live * ((size_t)nv + 1));
+    struct region *in_set = malloc(sizeof *in_set * ((size_t)nv + 1));
+    struct region *dead = malloc(sizeof *dead * ((size_t)nv + (size_t)nl + 2));
     p->born_start = calloc((size_t)nl + 2, sizeof(int));
     p->born = malloc(sizeof(int) * ((size_t)nv + 1));
     p->remade_start = calloc((size_t)nl + 2, sizeof(int));
     p->remade = malloc(sizeof(int) * ((size_t)nv + 1));
-    if (!birth || !live || !p->born_start || !p->born || !p->remade_start || !p->remade) {
+    p->grad_in_set = calloc((size_t)nv + 1, sizeof(bool));
+    p->remade_in_set = calloc((size_t)nv + 1, sizeof(bool));
+    if (!birth || !live || !in_set || !dead || !p->born_start || !p->born || !p->remade_start || !p->remade ||
+        !p->grad_in_set || !p->remade_in_set) {
         free(birth);
         free(live);
+        free(in_set);
+        free(dead);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     }
+    const char *env = getenv("GP_GRADIENTS_IN_SETS");
+    bool use_sets = !(env && !strcmp(env, "0"));
+    int n_set = 0, n_dead = 0;
     for (int v = 0; v < nv; v++) birth[v] = INT_MIN;
     for (int v = 0; v < nv; v++) {
         if (!needs_grad[v] || (p->home[v] != GP_HOME_BOX && p->home[v] != GP_HOME_LOCAL &&
@@ -234,6 +291,8 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
     if (!fill) {
         free(birth);
         free(live);
+        free(in_set);
+        free(dead);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     }
     for (int v = 0; v < nv; v++)
@@ -257,36 +316,52 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
     p->grad_bytes = 0;
     for (int t = 0; t <= nl; t++) {
         int layer = last - t; /* t = 0: the start (layer == last) */
-        for (int q = p->born_start[t]; q < p->born_start[t + 1]; q++) {
-            int v = p->born[q];
+        /* The gradients born now, then the values remade now. */
+        int n_born = p->born_start[t + 1] - p->born_start[t], n_remade = p->remade_start[t + 1] - p->remade_start[t];
+        for (int q = 0; q < n_born + n_remade; q++) {
+            bool remade = q >= n_born;
+            int v = remade ? p->remade[p->remade_start[t] + q - n_born] : p->born[p->born_start[t] + q];
             size_t size = align64(gp_plan_value_bytes(g, p, v));
             int producer = g->values[v].producer;
-            struct region r = {.off = first_fit(live, n_live, size), .size = size,
+            struct region r = {.size = size,
                                .until = p->home[v] == GP_HOME_BOX || producer < first ? INT_MIN : producer};
-            p->grad_off[v] = r.off;
-            if (r.off + size > p->grad_bytes) p->grad_bytes = r.off + size;
-            insert_sorted(live, &n_live, r);
-        }
-        for (int q = p->remade_start[t]; q < p->remade_start[t + 1]; q++) {
-            int v = p->remade[q];
-            size_t size = align64(gp_plan_value_bytes(g, p, v));
-            struct region r = {.off = first_fit(live, n_live, size), .size = size, .until = g->values[v].producer};
-            p->remade_off[v] = r.off;
-            if (r.off + size > p->grad_bytes) p->grad_bytes = r.off + size;
-            insert_sorted(live, &n_live, r);
+            size_t at = use_sets && r.until != INT_MIN && !(inbox[v] && !remade)
+                            ? set_fit(dead, n_dead, in_set, n_set, size)
+                            : SIZE_MAX;
+            if (at != SIZE_MAX) {
+                r.off = at;
+                insert_sorted(in_set, &n_set, r);
+            } else {
+                r.off = first_fit(live, n_live, size);
+                if (r.off + size > p->grad_bytes) p->grad_bytes = r.off + size;
+                insert_sorted(live, &n_live, r);
+            }
+            *(remade ? &p->remade_off[v] : &p->grad_off[v]) = r.off;
+            *(remade ? &p->remade_in_set[v] : &p->grad_in_set[v]) = at != SIZE_MAX;
         }
         /* After this layer's backward its outputs' gradients (and its
-         * remade output) are done. */
+         * remade output) are done, and the set's bytes that only it read
+         * (its saved state, the values it was the last to read) are dead. */
         if (layer < last) {
             int kept = 0;
             for (int r = 0; r < n_live; r++)
                 if (live[r].until != layer) live[kept++] = live[r];
             n_live = kept;
+            kept = 0;
+            for (int r = 0; r < n_set; r++)
+                if (in_set[r].until != layer) in_set[kept++] = in_set[r];
+            n_set = kept;
+            add_dead(dead, &n_dead, p->saved_off[layer - first], align64(ops->saved_bytes(g, &g->nodes[layer])));
+            for (int v = 0; v < nv; v++)
+                if (set_death[v] == layer) add_dead(dead, &n_dead, p->off[v], align64(gp_plan_value_bytes(g, p, v)));
         }
     }
+    free(in_set);
+    free(dead);
     /* What to zero at each time, as byte ranges: the regions born together
-     * and not written whole by their first writer, sorted by offset,
-     * touching ones merged, so the step issues one clear per range rather
+     * and not written whole by their first writer, sorted by place (the
+     * gradient set's, then the activation set's) and offset, touching ones
+     * of one place merged, so the step issues one clear per range rather
      * than one per value. */
     p->zero_start = calloc((size_t)nl + 2, sizeof(int));
     p->zeros = malloc(sizeof *p->zeros * ((size_t)p->born_start[nl + 1] + 1));
@@ -312,19 +387,24 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
         for (int q = p->born_start[t]; q < p->born_start[t + 1]; q++) {
             int v = p->born[q];
             if (overwritten[v]) continue;
-            live[n++] = (struct region){.off = p->grad_off[v], .size = align64(gp_plan_value_bytes(g, p, v))};
+            /* `until` holds the place here: 1 in the activation set. */
+            live[n++] = (struct region){.off = p->grad_off[v], .size = align64(gp_plan_value_bytes(g, p, v)),
+                                        .until = p->grad_in_set[v]};
         }
         for (int i = 1; i < n; i++) /* insertion sort: few regions per time */
-            for (int k = i; k > 0 && live[k - 1].off > live[k].off; k--) {
+            for (int k = i; k > 0 && (live[k - 1].until > live[k].until ||
+                                      (live[k - 1].until == live[k].until && live[k - 1].off > live[k].off));
+                 k--) {
                 struct region tmp = live[k];
                 live[k] = live[k - 1];
                 live[k - 1] = tmp;
             }
         for (int i = 0; i < n; i++) {
-            if (nz > p->zero_start[t] && p->zeros[nz - 1].off + p->zeros[nz - 1].bytes == live[i].off)
-                p->zeros[nz - 1].bytes += live[i].size;
+            struct gp_byte_range *prev = nz > p->zero_start[t] ? &p->zeros[nz - 1] : NULL;
+            if (prev && prev->in_set == (live[i].until != 0) && prev->off + prev->bytes == live[i].off)
+                prev->bytes += live[i].size;
             else
-                p->zeros[nz++] = (struct gp_byte_range){live[i].off, live[i].size};
+                p->zeros[nz++] = (struct gp_byte_range){live[i].off, live[i].size, live[i].until != 0};
         }
     }
     p->zero_start[nl + 1] = nz;
@@ -366,10 +446,16 @@ static bool remakeable(const struct gp_graph *g, const struct gp_compute_ops *op
 }
 
 /* remade_at[v]: for a value remade in the backward, the layer whose
- * backward reads it first (the last reader); INT_MIN for the others. */
+ * backward reads it first (the last reader); INT_MIN for the others.
+ * set_death[v]: for a value kept in the activation set, the layer after
+ * whose backward nothing reads it again (its first reader, the remake of
+ * a value made from it counting as a read by that value's remade_at
+ * layer), so its bytes of the set may hold gradients from then on; INT_MIN
+ * where that never comes (read by no backward, or copied to the next
+ * stage or a graph output: other streams read those). */
 static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
                             const struct gp_compute_options *opts, struct gp_stage_plan *p, int *remade_at,
-                            struct gp_error *err)
+                            int *set_death, struct gp_error *err)
 {
     int nv = g->n_values, first = p->first, last = p->last;
     bool *kept = calloc((size_t)nv + 1, sizeof(bool));
@@ -385,7 +471,7 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, co
         free(live);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     }
-    for (int v = 0; v < nv; v++) last_read[v] = first_bwd[v] = remade_at[v] = INT_MIN;
+    for (int v = 0; v < nv; v++) last_read[v] = first_bwd[v] = remade_at[v] = set_death[v] = INT_MIN;
     for (int k = 0; k < p->n_frontier_out; k++) kept[p->frontier_out[k]] = pinned[p->frontier_out[k]] = true;
     for (int k = 0; k < g->n_outputs; k++) kept[g->outputs[k]] = pinned[g->outputs[k]] = true;
     for (int i = first; i < last; i++) {
@@ -398,12 +484,18 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, co
         for (int k = 0; k < n->n_inputs; k++) {
             int v = n->inputs[k];
             if (v < 0) continue;
-            if (k >= 32 || (reads_in >> k) & 1) kept[v] = true, first_bwd[v] = i;
+            if (k >= 32 || (reads_in >> k) & 1) {
+                kept[v] = true, first_bwd[v] = i;
+                if (set_death[v] == INT_MIN) set_death[v] = i;
+            }
             if (i > last_read[v]) last_read[v] = i;
         }
-        for (int k = 0; k < n->n_outputs; k++)
-            if (n->outputs[k] >= 0 && (k >= 32 || (reads_out >> k) & 1))
-                kept[n->outputs[k]] = true, first_bwd[n->outputs[k]] = i;
+        for (int k = 0; k < n->n_outputs; k++) {
+            int v = n->outputs[k];
+            if (v < 0 || !(k >= 32 || (reads_out >> k) & 1)) continue;
+            kept[v] = true, first_bwd[v] = i;
+            if (set_death[v] == INT_MIN) set_death[v] = i;
+        }
     }
     int n_live = 0;
     p->arena_bytes = 0;
@@ -414,7 +506,14 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, co
             if (v < 0 || p->home[v] != GP_HOME_LOCAL) continue;
             /* Layers come in order, so the inputs' homes are settled. */
             if (kept[v] && !remakeable(g, ops, opts, p, i, v, pinned)) continue;
-            if (kept[v]) remade_at[v] = first_bwd[v];
+            if (kept[v]) {
+                remade_at[v] = first_bwd[v];
+                /* The remake reads the layer's inputs then. */
+                for (int q = 0; q < n->n_inputs; q++) {
+                    int u = n->inputs[q];
+                    if (u >= 0 && set_death[u] > remade_at[v]) set_death[u] = remade_at[v];
+                }
+            }
             p->home[v] = GP_HOME_ARENA;
             size_t size = align64(gp_plan_value_bytes(g, p, v));
             struct region r = {.off = first_fit(live, n_live, size), .size = size,
@@ -428,6 +527,8 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, co
             if (live[r].until != i) live[kept_n++] = live[r];
         n_live = kept_n;
     }
+    for (int v = 0; v < nv; v++)
+        if (pinned[v] || p->home[v] != GP_HOME_LOCAL) set_death[v] = INT_MIN;
     free(kept);
     free(pinned);
     free(last_read);
@@ -655,11 +756,16 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
             if (param) p->param_bytes = p->static_bytes;
         }
     GP_TRY(plan_once(g, ops, p, err));
-    int *remade_at = malloc(sizeof(int) * ((size_t)nv + 1));
-    if (!remade_at) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
-    gp_status st = plan_arena(g, needs_grad, ops, opts, p, remade_at, err);
+    int *remade_at = malloc(sizeof(int) * ((size_t)nv + 1)), *set_death = malloc(sizeof(int) * ((size_t)nv + 1));
+    if (!remade_at || !set_death) {
+        free(remade_at);
+        free(set_death);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    }
+    gp_status st = plan_arena(g, needs_grad, ops, opts, p, remade_at, set_death, err);
     if (st != GP_OK) {
         free(remade_at);
+        free(set_death);
         return st;
     }
     for (int v = 0; v < nv; v++) {
@@ -685,6 +791,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     bool *inbox = calloc((size_t)nv + 1, sizeof(bool));
     if (!inbox) {
         free(remade_at);
+        free(set_death);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     }
     for (int k = 0; k < p->n_frontier_out; k++) {
@@ -697,9 +804,10 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     /* One gradient set, reused by every micro-batch's backward, for the
      * stage's values and its input frontier that carry gradients
      * (parameters keep theirs in the static gradient block). */
-    st = plan_gradients(g, needs_grad, ops, p, inbox, remade_at, err);
+    st = plan_gradients(g, needs_grad, ops, p, inbox, remade_at, set_death, err);
     free(inbox);
     free(remade_at);
+    free(set_death);
     if (st != GP_OK) return st;
     return plan_calls(g, needs_grad, ops, p, err);
 }
@@ -721,6 +829,8 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->remade_off);
     free(p->remade_start);
     free(p->remade);
+    free(p->grad_in_set);
+    free(p->remade_in_set);
     free(p->once);
     free(p->dt);
     free(p->shadow_off);

@@ -90,6 +90,7 @@ struct gp_stage_plan {
     int *zero_start;
     struct gp_byte_range {
         size_t off, bytes;
+        bool in_set; /* in the micro-batch's activation set (grad_in_set) */
     } *zeros;
     /* Per layer of the stage: the inputs whose gradient its backward writes
      * whole (gp_layer_call.din_overwrite, bit k): this layer is the first to
@@ -108,6 +109,17 @@ struct gp_stage_plan {
      * born). The same bits as keeping it; one more pass over it. */
     size_t *remade_off;
     int *remade_start, *remade;
+    /* Gradients in the activation set's dead bytes (plan.c): a gradient
+     * region (or remade value) born when part of the micro-batch's set is
+     * read by nothing to come (kept values past their last backward reader,
+     * layers' saved state past their backward) lies there where it fits
+     * rather than in the gradient set: grad_off[v] (remade_off[v]) then
+     * counts from the start of that micro-batch's set when grad_in_set[v]
+     * (remade_in_set[v]). Never the input frontier's gradients (copied out
+     * after the backward, when the set may be reused) nor the output
+     * frontier's (born before anything is dead). GP_GRADIENTS_IN_SETS=0:
+     * every one in the gradient set, for comparisons. */
+    bool *grad_in_set, *remade_in_set;
 };
 
 struct gp_compute_ops;

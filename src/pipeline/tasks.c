@@ -22,7 +22,8 @@ static bool nondiff(const struct gp_node *n, int k)
  * remade there is in the gradient set (plan.h, remade_off). */
 static void *call_addr(struct stage *s, int v, int box, int set, bool with_grads)
 {
-    if (with_grads && s->plan.remade_off[v] != SIZE_MAX) return s->grads + s->plan.remade_off[v];
+    if (with_grads && s->plan.remade_off[v] != SIZE_MAX)
+        return grad_place(s, s->plan.remade_in_set[v], s->plan.remade_off[v], set);
     return addr(s, v, box, set);
 }
 
@@ -52,12 +53,12 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
         int v = n->inputs[k];
         bool shadow = k < 32 && ((shadowed >> k) & 1);
         s->in[k] = v < 0 ? NULL : shadow ? s->shadows + s->plan.shadow_off[v] : call_addr(s, v, box, set, with_grads);
-        s->din[k] = v >= 0 && with_grads && !nondiff(n, k) ? grad_addr(s, &g->values[v], v) : NULL;
+        s->din[k] = v >= 0 && with_grads && !nondiff(n, k) ? grad_addr(s, &g->values[v], v, set) : NULL;
     }
     for (int k = 0; k < n->n_outputs; k++) {
         int v = n->outputs[k];
         s->out[k] = v >= 0 ? call_addr(s, v, box, set, with_grads) : NULL;
-        s->dout[k] = v >= 0 && with_grads ? grad_addr(s, &g->values[v], v) : NULL;
+        s->dout[k] = v >= 0 && with_grads ? grad_addr(s, &g->values[v], v, set) : NULL;
     }
     return (struct gp_layer_call){
         .graph = g,
@@ -149,11 +150,14 @@ static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, int 
     return GP_OK;
 }
 
-/* Zeroes the gradient regions born at backward time t (plan.h). */
-static gp_status zero_born(struct stage *s, int t, struct gp_error *err)
+/* Zeroes the gradient regions born at backward time t (plan.h) of the
+ * micro-batch in activation set `set`. */
+static gp_status zero_born(struct stage *s, int t, int set, struct gp_error *err)
 {
-    for (int q = s->plan.zero_start[t]; q < s->plan.zero_start[t + 1]; q++)
-        GP_TRY(s->cops->zero(s->cctx, s->grads + s->plan.zeros[q].off, s->plan.zeros[q].bytes, err));
+    for (int q = s->plan.zero_start[t]; q < s->plan.zero_start[t + 1]; q++) {
+        const struct gp_byte_range *z = &s->plan.zeros[q];
+        GP_TRY(s->cops->zero(s->cctx, grad_place(s, z->in_set, z->off, set), z->bytes, err));
+    }
     return GP_OK;
 }
 
@@ -211,13 +215,15 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
      * add onto zeros: the bits the sending layer wrote, where 0 + x
      * made a -0 +0 (and, on the GPU, every NaN the one canonical NaN).
      * Kernels accumulate. */
-    GP_TRY(zero_born(s, 0, err));
+    int set = s->slots.bwd_set[j];
+    GP_TRY(zero_born(s, 0, set, err));
     const unsigned char *inbox = inbox_of(s, j);
     for (int k = 0; k < s->plan.n_frontier_out; k++) {
         int v = s->plan.frontier_out[k];
         if (s->plan.inbox_off[v] == SIZE_MAX) continue;
-        GP_TRY(s->cops->convert(s->cctx, s->grads + s->plan.grad_off[v], s->plan.dt[v], inbox + s->plan.inbox_off[v],
-                                s->plan.dt[v], gp_shape_numel(&g->values[v].shape), false, err));
+        GP_TRY(s->cops->convert(s->cctx, grad_addr(s, &g->values[v], v, set), s->plan.dt[v],
+                                inbox + s->plan.inbox_off[v], s->plan.dt[v], gp_shape_numel(&g->values[v].shape),
+                                false, err));
     }
     bool timed = p->cfg.time_layers;
     double t0 = timed ? now_ms() : 0;
@@ -228,11 +234,11 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
     for (int i = s->plan.last - 1; i >= s->plan.first; i--) {
         if (final) gp_pipe_buckets_progress(p, s->plan.last - 1 - i);
         if (timed && i + 1 < s->plan.last) GP_TRY(lap(s, &t0, &s->bwd_ms[i + 1 - s->plan.first], err));
-        GP_TRY(zero_born(s, s->plan.last - i, err));
+        GP_TRY(zero_born(s, s->plan.last - i, set, err));
         GP_TRY(remake_values(p, s, j, s->plan.last - i, err));
         if (s->plan.once[i - s->plan.first]) continue;
         const struct gp_node *n = &g->nodes[i];
-        struct gp_layer_call c = layer_call(p, s, i, j, s->slots.bwd_set[j], true, false, true);
+        struct gp_layer_call c = layer_call(p, s, i, j, set, true, false, true);
         c.din_overwrite = s->plan.din_overwrite ? s->plan.din_overwrite[i - s->plan.first] : 0;
         bool any_in = false, any_out = false;
         for (int k = 0; k < n->n_inputs; k++) any_in |= s->din[k] != NULL;
