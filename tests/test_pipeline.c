@@ -766,7 +766,8 @@ static void test_gradients_in_sets(void **state)
                 char what[200];
                 snprintf(what, sizeof what, "%s %s, gradients in the sets' dead bytes, %d stage(s) x %d micro-batches "
                          "(%s), checkpoint %s%s", gp_precision_name(precision), fixtures[f], K, M,
-                         gp_pipe_schedule_name(schedule), gp_checkpoint_name(mode), remake_norm ? ", remade norms" : "");
+                         gp_pipe_schedule_name(schedule), gp_checkpoint_name(mode),
+                         remake_norm ? ", remade norms" : "");
                 assert_identical(what, &in_sets, &apart, "a separate gradient set");
                 int64_t before = 0, after = 0;
                 for (int k = 0; k < K; k++) {
@@ -780,7 +781,8 @@ static void test_gradients_in_sets(void **state)
                     assert_true(after < before);
                     printf("%s %s, one stage: activations planned %lld -> %lld bytes (gradient set %lld -> %lld)\n",
                            gp_precision_name(precision), fixtures[f], (long long)before, (long long)after,
-                           (long long)apart.memory[0].gradient_set_bytes, (long long)in_sets.memory[0].gradient_set_bytes);
+                           (long long)apart.memory[0].gradient_set_bytes,
+                           (long long)in_sets.memory[0].gradient_set_bytes);
                 }
                 gp_graph_free(&apart.saved);
                 gp_graph_free(&in_sets.saved);

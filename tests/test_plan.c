@@ -260,8 +260,10 @@ static void test_gradient_lifetimes(void **state)
                 size_t set, sum;
                 int stage_once = 0, stage_written = 0, stage_in_set = 0;
                 check_stage(&g, &l, needs, first, last, &set, &sum, &stage_once, &stage_written, &stage_in_set);
-                if (k == 1)
-                    whole_set = set, whole_sum = sum, once = stage_once, written = stage_written, in_sets = stage_in_set;
+                if (k == 1) {
+                    whole_set = set, whole_sum = sum, once = stage_once;
+                    written = stage_written, in_sets = stage_in_set;
+                }
             }
         printf("%-16s gradient set %8zu bytes, %8zu without sharing; %d layers once per step; "
                "%d gradients written whole by their first writer; %d in the activation set's dead bytes\n",

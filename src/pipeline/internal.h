@@ -231,7 +231,8 @@ static inline float *grad_addr(struct stage *s, const struct gp_value *val, int 
     if (s->plan.home[v] == GP_HOME_STATIC)
         return val->kind == GP_VALUE_PARAMETER ? (float *)(s->param_grads + s->plan.off[v]) : NULL;
     if (s->plan.home[v] == GP_HOME_STEP) return (float *)(s->step_grads + s->plan.step_grad_off[v]);
-    return s->plan.grad_off[v] == SIZE_MAX ? NULL : (float *)grad_place(s, s->plan.grad_in_set[v], s->plan.grad_off[v], set);
+    if (s->plan.grad_off[v] == SIZE_MAX) return NULL;
+    return (float *)grad_place(s, s->plan.grad_in_set[v], s->plan.grad_off[v], set);
 }
 
 static inline struct gp_task_tag tag_of(enum gp_task_kind kind, int stage, int micro, const char *name)

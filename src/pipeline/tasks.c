@@ -19,7 +19,8 @@ static bool nondiff(const struct gp_node *n, int k)
 }
 
 /* Where value v is for a call: in the backward (with_grads), a value
- * remade there is in the gradient set (plan.h, remade_off). */
+ * remade there is where the plan put it (plan.h, remade_off: the gradient
+ * set, or the micro-batch's activation set's dead bytes). */
 static void *call_addr(struct stage *s, int v, int box, int set, bool with_grads)
 {
     if (with_grads && s->plan.remade_off[v] != SIZE_MAX)
@@ -188,8 +189,8 @@ static gp_status zero_unwritten(const struct gp_graph *g, struct stage *s, const
     return GP_OK;
 }
 
-/* Writes the values remade at backward time t (plan.h) into the gradient
- * set: each one's layer forward in remake mode, from its kept inputs and
+/* Writes the values remade at backward time t (plan.h) where the plan put
+ * them: each one's layer forward in remake mode, from its kept inputs and
  * the saved state of micro-batch j's set, only its output 0. */
 static gp_status remake_values(struct gp_pipeline *p, struct stage *s, int j, int t, struct gp_error *err)
 {

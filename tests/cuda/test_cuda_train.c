@@ -541,7 +541,8 @@ static void test_remade_norm(void **state)
                     s.remake = true;
                     if (train(&s, &remade, &err) != GP_OK) fail_msg("%s remade: %s", s.fixture, err.msg);
                     char what[200];
-                    snprintf(what, sizeof what, "%s %s %s, %d stage(s) x %d micro-batches, %s%s, remade BatchNorm outputs",
+                    snprintf(what, sizeof what,
+                             "%s %s %s, %d stage(s) x %d micro-batches, %s%s, remade BatchNorm outputs",
                              gp_precision_name(s.precision), s.fixture, l ? "nhwc" : "nchw", s.stages, s.chunks,
                              gp_checkpoint_name(s.checkpoint), s.graph ? ", CUDA graph" : "");
                     failed += !compare_as(what, &remade, &kept, "remade", "kept", 0);
