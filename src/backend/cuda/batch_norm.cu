@@ -135,6 +135,14 @@ static gp_fptr bn_residual(const struct gp_cuda_ctx *ctx)
     return ctx->node->fused_add ? gp_cuda_in_f(ctx, 5) : none;
 }
 
+/* Whether the normalized value is rounded to bfloat16 before a fused
+ * residual is added: the output is stored as bfloat16 (as the unfused
+ * BatchNorm's was), also when this call got float32 copies. */
+static bool bn_round_bf16(const struct gp_cuda_ctx *ctx, gp_fptr y)
+{
+    return ctx->stored_out_dt ? ctx->stored_out_dt[0] == GP_DTYPE_BFLOAT16 : y.bf16;
+}
+
 /* Saved per call: the mean [C] and inverse standard deviation [C] (float)
  * that normalized the forward, as on the CPU, then the transform's alpha
  * and beta pairs [C]: channels-last's backward reads them back to tell
@@ -377,9 +385,9 @@ __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool up
  * output's storage (as the unfused BatchNorm stored it; exact in float32),
  * the Add's float32 sum; then a fused Relu, by Relu's formula (NaN passes),
  * before the store's rounding, which keeps the sign (and 0). */
-__device__ static inline float bn_out_value(float t, const float *r, int i, bool y_bf16, bool relu)
+__device__ static inline float bn_out_value(float t, const float *r, int i, bool round_bf16, bool relu)
 {
-    if (r) t = FADD(y_bf16 ? __bfloat162float(__float2bfloat16_rn(t)) : t, r[i]);
+    if (r) t = FADD(round_bf16 ? __bfloat162float(__float2bfloat16_rn(t)) : t, r[i]);
     return !relu || t > 0 || t != t ? t : 0.0f;
 }
 
@@ -387,7 +395,8 @@ __device__ static inline float bn_out_value(float t, const float *r, int i, bool
  * (PyTorch's transform, as the CPU computes it; alpha and beta from the
  * finishing kernel), plus a fused residual `res` (p NULL: none). */
 template <class IO, int VEC>
-__global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float *ab, gp_fptr res, gp_fptr y, bool relu)
+__global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float *ab, gp_fptr res, bool round_bf16,
+                                       gp_fptr y, bool relu)
 {
     const int ILP = bn_ilp<VEC>::n;
     const int64_t total = p.n * p.c * p.sg;
@@ -411,7 +420,7 @@ __global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float 
             float a = ab[2 * ch[k]], b = ab[2 * ch[k] + 1];
 #pragma unroll
             for (int i = 0; i < VEC; i++)
-                v[k][i] = bn_out_value(FADD(FMUL(v[k][i], a), b), res.p ? rv[k] : NULL, i, y.bf16, relu);
+                v[k][i] = bn_out_value(FADD(FMUL(v[k][i], a), b), res.p ? rv[k] : NULL, i, round_bf16, relu);
             IO::template set_acts<VEC>(y, e * VEC, v[k]);
         }
     }
@@ -476,7 +485,8 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     }
     if (p.n * p.s == 0) return GP_OK;
     IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_apply_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
-                                                                   ctx->stream>>>(p, x, o.ab, res, y,
+                                                                   ctx->stream>>>(p, x, o.ab, res,
+                                                                                  bn_round_bf16(ctx, y), y,
                                                                                   ctx->node->fused_relu)));
     return gp_cuda_check_launch(ctx, "BatchNormalization normalize", err);
 }
@@ -1234,8 +1244,8 @@ static unsigned bn_nhwc_flat_blocks(const struct bn_nhwc_plan &q)
 
 /* y = x * alpha + beta per channel (bn_apply_kernel's formula). */
 template <class IO, int VEC>
-__global__ static void bn_nhwc_apply_kernel(struct bn_nhwc_plan q, gp_fptr x, const float *ab, gp_fptr res, gp_fptr y,
-                                            bool relu)
+__global__ static void bn_nhwc_apply_kernel(struct bn_nhwc_plan q, gp_fptr x, const float *ab, gp_fptr res,
+                                            bool round_bf16, gp_fptr y, bool relu)
 {
     const int ILP = BN_NHWC_FLAT_ILP;
     const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x, total = q.rows * q.cr;
@@ -1255,7 +1265,7 @@ __global__ static void bn_nhwc_apply_kernel(struct bn_nhwc_plan q, gp_fptr x, co
             if (e + u * G >= total) continue;
 #pragma unroll
             for (int i = 0; i < VEC; i++)
-                v[u][i] = bn_out_value(FADD(FMUL(v[u][i], a[i]), b[i]), res.p ? rv[u] : NULL, i, y.bf16, relu);
+                v[u][i] = bn_out_value(FADD(FMUL(v[u][i], a[i]), b[i]), res.p ? rv[u] : NULL, i, round_bf16, relu);
             IO::template set_acts<VEC>(y, (e + u * G) * VEC, v[u]);
         }
     }
@@ -1309,7 +1319,7 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     if (rows == 0) return GP_OK;
     IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_apply_kernel<IO, VEC><<<bn_nhwc_flat_blocks(q), BN_THREADS, 0,
                                                                          ctx->stream>>>(
-                                             q, x, o.ab, res, y, ctx->node->fused_relu)));
+                                             q, x, o.ab, res, bn_round_bf16(ctx, y), y, ctx->node->fused_relu)));
     return gp_cuda_check_launch(ctx, "BatchNormalization normalize (channels-last)", err);
 }
 
