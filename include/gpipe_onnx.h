@@ -269,6 +269,7 @@ int gpo_frontier(gpo_model *m, int cut, const char **names, int cap);
 enum gpo_balance_by { GPO_BALANCE_TIME = 0, GPO_BALANCE_MEMORY = 1 };
 enum gpo_checkpoint { GPO_CHECKPOINT_EXCEPT_LAST = 0, GPO_CHECKPOINT_ALWAYS = 1, GPO_CHECKPOINT_NEVER = 2 };
 enum gpo_pipeline_schedule { GPO_PIPELINE_GPIPE = 0, GPO_PIPELINE_1F1B = 1 };
+enum gpo_recompute { GPO_RECOMPUTE_AUTO = 0, GPO_RECOMPUTE_ALWAYS = 1, GPO_RECOMPUTE_NEVER = 2 };
 enum gpo_precision { GPO_PRECISION_FP32 = 0, GPO_PRECISION_TF32 = 1, GPO_PRECISION_BF16 = 2 };
 enum gpo_layout { GPO_LAYOUT_AUTO = 0, GPO_LAYOUT_NCHW = 1, GPO_LAYOUT_NHWC = 2 };
 enum gpo_optimizer { GPO_OPTIMIZER_SGD = 0, GPO_OPTIMIZER_ADAMW = 1 };
@@ -404,8 +405,9 @@ struct gpo_train_config {
     enum gpo_precision precision;
     enum gpo_layout layout;
     int fast_conv;                 /* GPUs: cuDNN's fastest convolutions, nondeterministic ones too */
-    int recompute_norm;            /* 1: BatchNormalization outputs written again in the backward
-                                      instead of kept (less memory, the same bits; default 0) */
+    enum gpo_recompute recompute_norm; /* BatchNormalization outputs written again in the backward
+                                      instead of kept (less memory, the same bits): only where a stage
+                                      would not fit otherwise (AUTO, the default), ALWAYS or NEVER */
     int cuda_graph;                /* GPUs: 1 replay each step as a CUDA graph, 0 never,
                                       -1 (default) when every stage is on a GPU and no trace is asked */
     const char *algorithms_path;   /* GPUs: cuDNN's algorithm choices read from / written to this file */

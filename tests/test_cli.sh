@@ -165,18 +165,40 @@ grep -q "^memory: stage 0 (layers 0-.*activation gradients (one block)" "$tmp/me
 grep "^memory: stage 1 " "$tmp/memory.txt" | grep -q ", activation gradients [0-9.]* MiB" ||
   fail "GP_MEMORY_VERBOSE: no stage 1 account with its own gradient block: $(cat "$tmp/memory.txt")"
 
-# train --recompute-norm: the saved model byte for byte the one kept
-# outputs train (BatchNorm outputs written again in the backward), a note
-# says how many and what it saved, help lists it.
-"$bin" train --help | grep -q -- "--recompute-norm" || fail "train --help lacks --recompute-norm"
-for r in kept remade; do
+# train --recompute-norm always|auto|never: the saved model byte for byte
+# the one kept outputs train (BatchNorm outputs written again in the
+# backward), a note says how many and what it saved; auto (the default)
+# remakes nothing where the stage fits, and on a device with less free
+# memory than the kept plan takes (GP_CPU_MEMORY_AVAILABLE, between the
+# two plans) plans again with them remade and says so, where never refuses
+# with the stage's account; a bad value is a usage error.
+"$bin" train --help | grep -q -- "--recompute-norm always|auto|never" || fail "train --help lacks --recompute-norm"
+expect_fail 2 "--recompute-norm is always, auto or never (got 'sometimes')" \
+  "$bin" train "$m/resnet_op17.onnx" --synthetic --recompute-norm sometimes
+for r in never always auto; do
   "$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 --steps 2 --momentum 0.9 --save "$tmp/resnet_$r.onnx" \
-    $([ $r = remade ] && echo --recompute-norm) >"$tmp/recompute_$r.txt" 2>&1 ||
-    fail "train ($r BatchNorm outputs) failed: $(cat "$tmp/recompute_$r.txt")"
+    --recompute-norm $r --metrics "$tmp/recompute_$r.jsonl" >"$tmp/recompute_$r.txt" 2>&1 ||
+    fail "train --recompute-norm $r failed: $(cat "$tmp/recompute_$r.txt")"
+  cmp -s "$tmp/resnet_never.onnx" "$tmp/resnet_$r.onnx" || fail "--recompute-norm $r changed the trained model"
 done
-cmp -s "$tmp/resnet_kept.onnx" "$tmp/resnet_remade.onnx" || fail "--recompute-norm changed the trained model"
 remade_note="note: --recompute-norm: [0-9]+ BatchNormalization outputs written again in the backward instead of kept"
-grep -qE "$remade_note: [0-9.]+ MiB of activations less" "$tmp/recompute_remade.txt" || fail "--recompute-norm: no note of what it remade: $(cat "$tmp/recompute_remade.txt")"
+grep -qE "$remade_note: [0-9.]+ MiB of activations less" "$tmp/recompute_always.txt" ||
+  fail "--recompute-norm always: no note of what it remade: $(cat "$tmp/recompute_always.txt")"
+! grep -q "note: --recompute-norm" "$tmp/recompute_auto.txt" "$tmp/recompute_never.txt" ||
+  fail "--recompute-norm auto or never remade outputs on a stage that fits"
+planned() { "$py" -c 'import json, sys
+print([json.loads(l)["memory"]["planned_bytes"] for l in open(sys.argv[1]) if "memory" in l][0])' "$1"; }
+kept=$(planned "$tmp/recompute_never.jsonl") remade=$(planned "$tmp/recompute_always.jsonl")
+[ "$remade" -lt "$kept" ] || fail "--recompute-norm always planned $remade bytes, never $kept"
+limit=$(( (kept + remade) / 2 ))
+GP_CPU_MEMORY_AVAILABLE=$limit "$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 --steps 2 --momentum 0.9 \
+  --save "$tmp/resnet_short.onnx" >"$tmp/recompute_short.txt" 2>&1 ||
+  fail "train --recompute-norm auto on a short device failed: $(cat "$tmp/recompute_short.txt")"
+grep -qE "$remade_note: [0-9.]+ MiB of activations less \(auto: a stage did not fit with them kept\)" \
+  "$tmp/recompute_short.txt" || fail "--recompute-norm auto: no note on a short device: $(cat "$tmp/recompute_short.txt")"
+cmp -s "$tmp/resnet_never.onnx" "$tmp/resnet_short.onnx" || fail "--recompute-norm auto changed the trained model"
+GP_CPU_MEMORY_AVAILABLE=$limit expect_fail 1 "but only" "$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 \
+  --steps 2 --momentum 0.9 --recompute-norm never
 
 # train --layout: a bad name is a usage error; on CPU devices nhwc trains
 # through [N, C, H, W] copies to the bits of nchw (saved models byte for

@@ -83,7 +83,7 @@ static void run(const char *fixture, int64_t batch, int K, int M, enum gp_checkp
     cfg.checkpoint = mode;
     cfg.pipeline_schedule = schedule;
     cfg.trace_path = trace;
-    cfg.remake_norm = remake_norm;
+    cfg.remake_norm = remake_norm ? GP_REMAKE_ALWAYS : GP_REMAKE_NEVER;
     const char *base = strrchr(fixture, '/') ? strrchr(fixture, '/') + 1 : fixture;
     snprintf(saved, sizeof saved, "%s/%s_%d_%d_%d_%s_%s.onnx", tmp, base, K, M, (int)mode,
              gp_precision_name(precision), gp_pipe_schedule_name(schedule));

@@ -204,7 +204,8 @@ static void describe_run(const struct gpo_train_config *given, const struct gp_t
     gp_agree_add(r, "--clip-norm", "%s", c->clip_norm > 0 ? fmt_double(c->clip_norm, a, sizeof a) : "(none)");
     gp_agree_add(r, "--precision", "%s", gp_precision_name(c->precision));
     gp_agree_add(r, "--fast-conv", "%s", c->fast_conv ? "on" : "off");
-    gp_agree_add(r, "--recompute-norm", "%s", c->remake_norm ? "on" : "off");
+    static const char *const remakes[] = {"auto", "always", "never"};
+    gp_agree_add(r, "--recompute-norm", "%s", remakes[c->remake_norm]);
     gp_agree_add(r, "--layout", "%s", gp_layout_policy_name(c->layout));
     gp_agree_add(r, "--deferred-batch-norm", "%s", c->deferred_batch_norm ? "on" : "off");
     gp_agree_add(r, "--pipeline-schedule", "%s", gp_pipe_schedule_name(c->pipeline_schedule));

@@ -241,7 +241,9 @@ gpo_status gpo_train_resolve(gpo_model *m, const struct gpo_train_config *c, str
     t->loss_auto = c->loss == GPO_LOSS_AUTO;
     t->loss = c->loss == GPO_LOSS_MSE ? GP_LOSS_MSE : c->loss == GPO_LOSS_OUTPUT ? GP_LOSS_OUTPUT : GP_LOSS_CROSS_ENTROPY;
     t->fast_conv = c->fast_conv;
-    t->remake_norm = c->recompute_norm != 0;
+    t->remake_norm = c->recompute_norm == GPO_RECOMPUTE_ALWAYS  ? GP_REMAKE_ALWAYS
+                     : c->recompute_norm == GPO_RECOMPUTE_NEVER ? GP_REMAKE_NEVER
+                                                                : GP_REMAKE_AUTO;
     t->class_axis = c->class_axis == GPO_CLASS_AXIS_AUTO ? GP_CLASS_AXIS_AUTO : c->class_axis;
     t->torch_1_13 = c->torch_1_13;
     t->cuda_graph = c->cuda_graph < 0 ? GP_CUDA_GRAPH_AUTO : c->cuda_graph ? GP_CUDA_GRAPH_ON : GP_CUDA_GRAPH_OFF;

@@ -114,12 +114,13 @@ static void help(FILE *f)
         "                        after its forward (which costs no memory): with 1f1b\n"
         "                        every micro-batch of the last stage, with gpipe none\n"
         "                        when M > 1 (it then recomputes as always does)\n"
-        "  --recompute-norm      keep no BatchNormalization output for the backward:\n"
-        "                        write it again there from the kept input and the\n"
-        "                        batch's statistics, just before the first backward\n"
-        "                        that reads it. The same bits; one more pass over each\n"
-        "                        such output, for a fifth less activation memory in a\n"
-        "                        ResNet (README: Memory)\n"
+        "  --recompute-norm always|auto|never  whether BatchNormalization outputs are\n"
+        "                        kept for the backward or written again there from the\n"
+        "                        kept input and the batch's statistics, just before the\n"
+        "                        first backward that reads them: the same bits, one more\n"
+        "                        pass over each such output, a fifth less activation\n"
+        "                        memory in a ResNet. auto (default): only on a stage that\n"
+        "                        would not fit on its device otherwise (README: Memory)\n"
         "  --deferred-batch-norm update BatchNorm running statistics once per mini-batch\n"
         "                        from all its micro-batches (as single-batch training\n"
         "                        would); each micro-batch is still normalized by its own\n"
@@ -534,7 +535,12 @@ int gp_cmd_train(int argc, char **argv)
         } else if (!strcmp(a, "--fast-conv")) {
             tc.fast_conv = 1;
         } else if (!strcmp(a, "--recompute-norm")) {
-            tc.recompute_norm = 1;
+            const char *c = TAKE();
+            if (!c || !(!strcmp(c, "auto") || !strcmp(c, "always") || !strcmp(c, "never")))
+                return gp_cli_usage("train", "--recompute-norm is always, auto or never (got '%s')", c ? c : "");
+            tc.recompute_norm = !strcmp(c, "always") ? GPO_RECOMPUTE_ALWAYS
+                                : !strcmp(c, "never") ? GPO_RECOMPUTE_NEVER
+                                                      : GPO_RECOMPUTE_AUTO;
         } else if (!strcmp(a, "--layout")) {
             const char *name = TAKE();
             if (!gpo_layout_parse(name, &tc.layout))

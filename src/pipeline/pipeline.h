@@ -94,6 +94,11 @@ struct gp_pipeline_config {
     /* Precision (fp32, tf32, bf16: backend/compute.h) and the convolution
      * algorithm policy, for every stage. */
     struct gp_compute_options compute;
+    /* --recompute-norm auto (compute.remake_norm is `always`): a stage
+     * that would not fit on its device is planned again with its
+     * BatchNorm outputs remade in the backward (pipeline/stage.c) before
+     * the out-of-memory refusal. */
+    bool remake_norm_if_short;
     /* Profiling: every layer's forward and backward timed on its own (the
      * device waited for after each), for gp_pipeline_layer_times. Slows
      * the step; the balancer's profiler uses it. */

@@ -84,12 +84,34 @@ static gp_status no_room(const struct stage *s, const struct block_plan *b, int 
                         (double)avail / (1 << 20), when, account);
 }
 
+static size_t blocks_total(const struct block_plan *b, int n)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += align64(b[i].bytes ? b[i].bytes : 64);
+    return total;
+}
+
+static gp_status plan_stage(struct gp_pipeline *p, struct stage *s, int k, int first, int last, bool remake,
+                            struct gp_error *err);
+
 static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
 {
     struct block_plan b[24];
     int n = stage_blocks(p, s, k, b);
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += align64(b[i].bytes ? b[i].bytes : 64);
+    size_t total = blocks_total(b, n);
+    /* Stages sharing a device: the earlier ones' memory is already taken,
+     * so the device's free bytes are what this stage can have. */
+    size_t avail = s->ops->mem_available ? s->ops->mem_available(s->dev) : SIZE_MAX;
+    /* --recompute-norm auto: a stage that does not fit as planned is
+     * planned again with its BatchNorm outputs remade in the backward, and
+     * keeps that plan where it is smaller (plan_stage). */
+    if (avail && total > avail && p->cfg.remake_norm_if_short && !s->remade_values) {
+        int first = s->plan.first, last = s->plan.last;
+        gp_plan_free(&s->plan);
+        GP_TRY(plan_stage(p, s, k, first, last, true, err));
+        n = stage_blocks(p, s, k, b);
+        total = blocks_total(b, n);
+    }
     /* GP_MEMORY_VERBOSE=1: every stage's account on stderr, block by block
      * (what the trainer's table sums into activations, workspace, ...). */
     const char *verbose = getenv("GP_MEMORY_VERBOSE");
@@ -99,9 +121,6 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
         fprintf(stderr, "memory: stage %d (layers %d-%d) on %s:%d: %.1f MiB: %s\n", k, s->plan.first,
                 s->plan.last - 1, s->ops->name, s->device, (double)total / (1 << 20), account);
     }
-    /* Stages sharing a device: the earlier ones' memory is already taken,
-     * so the device's free bytes are what this stage can have. */
-    size_t avail = s->ops->mem_available ? s->ops->mem_available(s->dev) : SIZE_MAX;
     if (avail && total > avail) return no_room(s, b, n, total, avail, NULL, err);
     for (int i = 0; i < n; i++) {
         *b[i].at = s->ops->alloc(s->dev, b[i].bytes ? b[i].bytes : 64);
@@ -157,18 +176,21 @@ static size_t plan_activation_bytes(const struct stage *s, const struct gp_stage
     return plan->local_bytes * (size_t)s->slots.n_sets + gp_plan_shared_bytes(plan);
 }
 
-/* The stage's plan. With --recompute-norm, BatchNorm outputs remade in
- * the backward (plan.h) unless that costs this stage memory: a remade
- * value also lives in the arena during the forward and in the gradient
- * set during the backward, which on a small stage (or with one set, when
+/* The stage's plan. With `remake` (--recompute-norm always, or auto for a
+ * stage that did not fit otherwise), BatchNorm outputs remade in the
+ * backward (plan.h) unless that costs this stage memory: a remade value
+ * also lives in the arena during the forward and in the gradient set
+ * during the backward, which on a small stage (or with one set, when
  * checkpointing) can grow those by more than the set shrinks; so the
  * stage is planned both ways and keeps the smaller (the kept outputs on
  * a tie: no extra pass). */
-static gp_status plan_stage(struct gp_pipeline *p, struct stage *s, int k, int first, int last, struct gp_error *err)
+static gp_status plan_stage(struct gp_pipeline *p, struct stage *s, int k, int first, int last, bool remake,
+                            struct gp_error *err)
 {
     const struct gp_graph *g = p->g;
-    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, &p->cfg.compute, s->ops->name, first, last,
-                         &s->plan, err));
+    struct gp_compute_options opts = p->cfg.compute;
+    opts.remake_norm = remake;
+    GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, &opts, s->ops->name, first, last, &s->plan, err));
     s->plan.grads_share_arena = k == 0;
     int remade = s->plan.remade_start ? s->plan.remade_start[last - first + 1] : 0;
     if (!remade) return GP_OK;
@@ -199,7 +221,7 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
     if (!s->cops)
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "the %s backend cannot run kernels in this build",
                             s->ops->name);
-    GP_TRY(plan_stage(p, s, k, first, last, err));
+    GP_TRY(plan_stage(p, s, k, first, last, p->cfg.compute.remake_norm, err));
     /* A stage of another process: its plan says what crosses its
      * boundaries; its memory and streams are that process's. */
     if (!stage_local(p, k)) return GP_OK;

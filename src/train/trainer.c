@@ -146,7 +146,8 @@ static double loss_terms(const struct run *s, const struct gp_dataset *d, const 
  * zeros on a GPU or a failure in the middle of a step. */
 /* --recompute-norm: how many BatchNorm outputs this process's stages remake
  * in the backward and what that saves (a stage keeps them where remaking
- * would cost it memory: pipeline/stage.c). */
+ * would cost it memory, and under auto where it fits without: pipeline/
+ * stage.c); under auto, nothing when no stage needed it. */
 static void remade_note(const struct run *s, const struct gp_train_config *cfg, const struct gp_train_callbacks *cb)
 {
     int values = 0;
@@ -158,12 +159,14 @@ static void remade_note(const struct run *s, const struct gp_train_config *cfg, 
         values += r.remade_values;
         saved += r.remade_saved_bytes;
     }
-    char note[200];
+    char note[240];
+    if (!values && cfg->remake_norm == GP_REMAKE_AUTO) return;
     if (values)
         snprintf(note, sizeof note,
                  "--recompute-norm: %d BatchNormalization outputs written again in the backward instead of kept: "
-                 "%.1f MiB of activations less",
-                 values, (double)saved / (1 << 20));
+                 "%.1f MiB of activations less%s",
+                 values, (double)saved / (1 << 20),
+                 cfg->remake_norm == GP_REMAKE_AUTO ? " (auto: a stage did not fit with them kept)" : "");
     else
         snprintf(note, sizeof note, "--recompute-norm: every BatchNormalization output kept (none would save memory)");
     cb->on_note(cb->user, note);
@@ -312,7 +315,9 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         .trace = cfg->trace_path != NULL,
         .deferred_batch_norm = cfg->deferred_batch_norm,
         .loss = loss,
-        .compute = {.precision = cfg->precision, .fast_conv = cfg->fast_conv, .remake_norm = cfg->remake_norm},
+        .compute = {.precision = cfg->precision, .fast_conv = cfg->fast_conv,
+                    .remake_norm = cfg->remake_norm == GP_REMAKE_ALWAYS},
+        .remake_norm_if_short = cfg->remake_norm == GP_REMAKE_AUTO,
         .cuda_graph = use_graph,
         .remote = cfg->remote,
     };
@@ -563,7 +568,7 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                  s.channels_last);
         cb->on_note(cb->user, note);
     }
-    if (st == GP_OK && cfg->remake_norm && cb && cb->on_note) remade_note(&s, cfg, cb);
+    if (st == GP_OK && cfg->remake_norm != GP_REMAKE_NEVER && cb && cb->on_note) remade_note(&s, cfg, cb);
     if (st == GP_OK && val) st = check_indices(&s, val, "validation", err);
     if (st == GP_OK && cfg->choices_path) st = choices_write(cfg, err);
     if (st != GP_OK) {

@@ -58,8 +58,10 @@ struct gp_train_config {
     enum gp_precision precision; /* fp32 (default), tf32, bf16 (backend/compute.h) */
     bool fast_conv;           /* CUDA: cuDNN's fastest convolution algorithms, even
                                  non-deterministic ones (default: deterministic) */
-    bool remake_norm;         /* BatchNormalization outputs remade in the backward
-                                 (gp_compute_options.remake_norm) */
+    /* BatchNormalization outputs remade in the backward (pipeline/plan.h):
+     * only on a stage that would not fit otherwise (auto, the default),
+     * always, or never. */
+    enum gp_remake_policy { GP_REMAKE_AUTO, GP_REMAKE_ALWAYS, GP_REMAKE_NEVER } remake_norm;
     enum gp_layout_policy layout; /* channels-last activations (graph/layout.h); auto: on GPUs */
     enum gp_cuda_graph_mode cuda_graph; /* replay each step as a captured CUDA graph */
     int balance[64];          /* layers per stage; all 0: an even split */

@@ -141,7 +141,7 @@ static gp_status train(const struct setup *s, struct result *res, struct gp_erro
     cfg.cuda_graph = s->graph ? GP_CUDA_GRAPH_ON : GP_CUDA_GRAPH_OFF;
     cfg.layout = s->layout;
     cfg.precision = s->precision;
-    cfg.remake_norm = s->remake;
+    cfg.remake_norm = s->remake ? GP_REMAKE_ALWAYS : GP_REMAKE_NEVER;
     snprintf(saved, sizeof saved, "%s/%s_%d.onnx", tmp, s->fixture, n_runs++);
     cfg.save_path = saved;
     struct gp_train_callbacks cb = {.user = res, .on_step = on_step, .on_memory = on_memory};

@@ -504,10 +504,18 @@ static const struct gp_trace_span *cpu_trace_spans(struct gp_stream *s, int *cou
 
 /* No limit known in advance: host memory is virtual and overcommitted (free
  * pages exclude the page cache, which the kernel gives back), so the
- * allocation itself is what tells. */
+ * allocation itself is what tells. GP_CPU_MEMORY_AVAILABLE=BYTES makes a
+ * CPU device report that much free, as a GPU reports its own, to try what
+ * a stage does when it does not fit (tests). */
 static size_t cpu_mem_available(struct gp_device *dev)
 {
     (void)dev;
+    const char *limit = getenv("GP_CPU_MEMORY_AVAILABLE");
+    if (limit && *limit) {
+        char *end;
+        unsigned long long bytes = strtoull(limit, &end, 10);
+        if (!*end && bytes > 0) return (size_t)bytes;
+    }
     return SIZE_MAX;
 }
 
