@@ -238,6 +238,8 @@ struct gpo_layer {
     int channels_last;             /* its output 0 is stored [N, H, W, C] */
     int packed_qkv;                /* Attention: Q, K, V read from one packed input (its Split absorbed) */
     int fused_bias;                /* MatMul: adds a bias (input 2) to its product (the Add after it absorbed) */
+    int fused_add;                 /* BatchNormalization: adds a residual (input 5) to its result (the
+                                      Add after it absorbed, that Add's Relu as fused_relu) */
 };
 gpo_status gpo_layer(gpo_model *m, int i, struct gpo_layer *out);
 /* Input k of layer i by name ("" for an optional input left out), NULL when

@@ -177,8 +177,9 @@ static bool in_frontier(const struct gp_layers *l, int value, int cut)
     return l->born[value] <= cut && cut < l->dies[value];
 }
 
-/* A residual block's input is read again by its Add: it must cross every
- * cut inside the block, and each frontier's bytes must count it. */
+/* A residual block's input is read again by its Add (fused into the
+ * block's last BatchNorm): it must cross every cut inside the block, and
+ * each frontier's bytes must count it. */
 static void test_resnet_residual_in_frontiers(void **state)
 {
     (void)state;
@@ -189,11 +190,11 @@ static void test_resnet_residual_in_frontiers(void **state)
     assert_int_equal(gp_layers_build(&g, &l, &err), GP_OK);
     int adds = 0, *ids = malloc(sizeof(int) * (size_t)g.n_values);
     for (int i = 0; i < g.n_nodes; i++) {
-        if (strcmp(g.nodes[i].op_type, "Add") != 0) continue;
+        /* The residual Adds, fused into the BatchNorm before them
+         * (gp_node.fused_add): the skip operand is the fused input 5. */
+        if (!g.nodes[i].fused_add) continue;
         adds++;
-        /* The skip operand is the one produced earlier. */
-        int a = g.nodes[i].inputs[0], b = g.nodes[i].inputs[1];
-        int skip = g.values[a].producer < g.values[b].producer ? a : b;
+        int skip = g.nodes[i].inputs[5];
         int from = g.values[skip].producer + 1;
         assert_true(i - from >= 2); /* a block has layers inside it */
         for (int cut = from; cut <= i; cut++) {

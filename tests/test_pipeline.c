@@ -695,6 +695,45 @@ static void test_remade_norm(void **state)
     assert_true(2 * remaking > runs);
 }
 
+/* A residual Add fused into the BatchNormalization before it (graph/fuse.c,
+ * gp_node.fused_add) trains to the unfused nodes' bits (GP_FUSE_BN_ADD=0),
+ * in fp32 and bf16 (where the normalized value is rounded to bfloat16
+ * before the Add, as the unfused BatchNorm stored it), on one stage and
+ * two, with every micro-batch recomputed, with its output remade in the
+ * backward (--recompute-norm) too. */
+static void test_fused_residual(void **state)
+{
+    (void)state;
+    steps = 2;
+    int runs = 0;
+    for (int pr = 0; pr < 2; pr++)
+        for (int v = 0; v < 3; v++) {
+            precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32;
+            int K = v ? 2 : 1, M = v ? 2 : 1;
+            enum gp_checkpoint mode = v == 1 ? GP_CHECKPOINT_ALWAYS : GP_CHECKPOINT_NEVER;
+            struct run_result fused, apart;
+            memset(&fused, 0, sizeof fused);
+            memset(&apart, 0, sizeof apart);
+            remake_norm = v == 2;
+            setenv("GP_FUSE_BN_ADD", "0", 1);
+            run("resnet_op17", 8, K, M, mode, NULL, &apart);
+            unsetenv("GP_FUSE_BN_ADD");
+            run("resnet_op17", 8, K, M, mode, NULL, &fused);
+            remake_norm = false;
+            char what[200];
+            snprintf(what, sizeof what, "%s resnet_op17 with the residual Adds fused, %d stage(s) x %d micro-batches, "
+                     "checkpoint %s%s", gp_precision_name(precision), K, M, gp_checkpoint_name(mode),
+                     v == 2 ? ", outputs remade" : "");
+            assert_identical(what, &fused, &apart, "the unfused nodes");
+            gp_graph_free(&fused.saved);
+            gp_graph_free(&apart.saved);
+            runs++;
+        }
+    precision = GP_PRECISION_FP32;
+    steps = STEPS;
+    printf("fused residual Adds: %d runs identical to the unfused nodes, bit for bit\n", runs);
+}
+
 /* Gradients in the activation set's dead bytes (plan.h, grad_in_set) train
  * to the bits of a separate gradient set (GP_GRADIENTS_IN_SETS=0), in fp32
  * and bf16, on 1 to 3 stages, with and without checkpointing, under GPipe
@@ -762,6 +801,7 @@ int main(void)
         cmocka_unit_test(test_mlp),
         cmocka_unit_test(test_gradients_in_arena),
         cmocka_unit_test(test_remade_norm),
+        cmocka_unit_test(test_fused_residual),
         cmocka_unit_test(test_gradients_in_sets),
         cmocka_unit_test(test_gpt),
         cmocka_unit_test(test_tied),

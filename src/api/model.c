@@ -291,7 +291,7 @@ gpo_status gpo_layer(gpo_model *m, int i, struct gpo_layer *out)
         .params = m->layers.layer_params[i], .frontier_bytes = m->layers.frontier_bytes[i + 1],
         .frontier_count = m->layers.frontier_count[i + 1],
         .channels_last = n->n_outputs > 0 && n->outputs[0] >= 0 && m->g.values[n->outputs[0]].channels_last,
-        .packed_qkv = n->packed_qkv, .fused_bias = n->fused_bias};
+        .packed_qkv = n->packed_qkv, .fused_bias = n->fused_bias, .fused_add = n->fused_add};
     return GPO_OK;
 }
 

@@ -123,9 +123,9 @@ static void write_json(FILE *f, gpo_model *m, const struct gpo_model_info *info,
         gp_json_int(&j, i);
         gp_json_key(&j, "op");
         gp_json_string(&j, l.op);
-        if (l.fused_relu) {
+        if (l.fused_relu || l.fused_add) {
             gp_json_key(&j, "fused");
-            gp_json_string(&j, "Relu");
+            gp_json_string(&j, !l.fused_add ? "Relu" : l.fused_relu ? "Add+Relu" : "Add");
         }
         if (l.trans_b) {
             gp_json_key(&j, "transposed_b");

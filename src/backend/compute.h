@@ -62,6 +62,12 @@ struct gp_layer_call {
      * every float tensor is float32. Only kernels that say they read bfloat16
      * (kernel_bf16) see bfloat16 here: backend/mixed_call.h stages the rest. */
     const enum gp_dtype *in_dt, *out_dt, *din_dt, *dout_dt;
+    /* How the outputs are stored (as out_dt), also when the kernel is given
+     * float32 copies instead (backend/mixed_call.h sets it): a fused kernel
+     * rounds an intermediate result as the unfused nodes stored it (a
+     * BatchNormalization's normalized value before its fused residual Add).
+     * NULL: float32. */
+    const enum gp_dtype *stored_out_dt;
     /* Bit k: din[k] holds no gradient yet and was not cleared (this layer is
      * the first to write it: the planner skipped its zeroing), so the
      * backward writes every element of it (=, as 0 + x) instead of adding.

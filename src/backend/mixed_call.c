@@ -234,6 +234,7 @@ gp_status gp_mixed_forward(const struct gp_compute_ops *ops, void *ctx, const st
 {
     if (direct(ops, c, false)) {
         struct gp_layer_call d = as_it_lies(c);
+        d.stored_out_dt = c->out_dt;
         return ops->forward(ctx, &d, err);
     }
     const struct gp_node *n = c->node;
@@ -257,6 +258,7 @@ gp_status gp_mixed_forward(const struct gp_compute_ops *ops, void *ctx, const st
     struct gp_layer_call f = *c;
     f.in = in;
     f.out = out;
+    f.stored_out_dt = c->out_dt;
     f.in_dt = f.out_dt = f.din_dt = f.dout_dt = NULL;
     f.in_nhwc = f.out_nhwc = 0;
     GP_TRY(ops->forward(ctx, &f, err));

@@ -146,7 +146,8 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
     printf("%-12s %d in the file, %d folded at load time, ", "nodes", info->source_nodes, info->folded_nodes);
     if (info->fused_nodes)
         printf("%d fused into %d (exported attention and the Split making its Q, K, V into Attention, GELU chains into Gelu, Relu into the BatchNormalization or residual Add "
-               "before it, weight Transposes into their MatMul), ",
+               "before it, residual Adds into the BatchNormalization before them, weight Transposes and bias Adds "
+               "into their MatMul), ",
                info->fused_nodes + info->fusions, info->fusions);
     printf("%d layers\n", info->n_layers);
     struct op_tally *t = calloc((size_t)info->folded_nodes + 1, sizeof *t);
@@ -168,14 +169,14 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
         struct gpo_layer l;
         if (gpo_layer(m, i, &l) != GPO_OK) continue;
         int len = (int)strlen(l.name);
-        /* "+Relu", "(B^T)", "(QKV)", "+bias" */
-        int olen = (int)strlen(l.op) + (l.fused_relu ? 5 : 0) + (l.trans_b ? 5 : 0) + (l.packed_qkv ? 5 : 0) +
-                   (l.fused_bias ? 5 : 0);
+        /* "+Add", "+Relu", "(B^T)", "(QKV)", "+bias" */
+        int olen = (int)strlen(l.op) + (l.fused_add ? 4 : 0) + (l.fused_relu ? 5 : 0) + (l.trans_b ? 5 : 0) +
+                   (l.packed_qkv ? 5 : 0) + (l.fused_bias ? 5 : 0);
         if (len > name_w) name_w = len;
         if (olen > op_w) op_w = olen;
     }
     if (name_w > 40) name_w = 40;
-    if (op_w > 24) op_w = 24;
+    if (op_w > 28) op_w = 28;
     /* With the layout pass, a last column marks channels-last outputs. */
     int front_w = nhwc ? 14 : 0;
     printf("%5s  %-*s  %-*s  %-24s %12s  %-*s%s\n", "#", op_w, "op", name_w, "name", "output shape",
@@ -195,8 +196,8 @@ static void print_table(gpo_model *m, const struct gpo_model_info *info, const c
             used += (size_t)w;
         }
         char op[64];
-        snprintf(op, sizeof op, "%s%s%s%s%s", l.op, l.fused_relu ? "+Relu" : "", l.trans_b ? "(B^T)" : "",
-                 l.packed_qkv ? "(QKV)" : "", l.fused_bias ? "+bias" : "");
+        snprintf(op, sizeof op, "%s%s%s%s%s%s", l.op, l.fused_add ? "+Add" : "", l.fused_relu ? "+Relu" : "",
+                 l.trans_b ? "(B^T)" : "", l.packed_qkv ? "(QKV)" : "", l.fused_bias ? "+bias" : "");
         const char *mark = nhwc && l.channels_last ? "  nhwc" : "";
         printf("%5d  %-*s  %-*s  %-24s %12s  %-*s%s\n", i, op_w, op, name_w, clip(l.name, name_w, name, sizeof name),
                shapes, l.params ? gp_cli_count(l.params, a, sizeof a) : "-", *mark ? front_w : 0,

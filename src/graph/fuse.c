@@ -33,6 +33,21 @@
  * pair's bits, at two passes over the activation fewer forward and two
  * backward, and without the tensor before the Relu kept for its backward.
  *
+ * And a residual Add into the BatchNormalization making one of its
+ * operands (every block of a ResNet: y = Relu(BN(x) + r)): the
+ * BatchNormalization, flagged fused_add, takes the Add's other operand r
+ * as input 5, writes the Add's output (Relu'd when the Add had the Relu
+ * fused), and sits in the Add's place in the order (r may be made after
+ * the BatchNorm: a downsampling branch exported after the main one). Its
+ * kernels add r to the normalized value, rounded first to the output's
+ * storage type as the unfused BatchNorm stored it, so the results are the
+ * unfused nodes' bits; r's gradient is the masked dY, as the Add wrote it.
+ * Forward that is the BatchNorm output's write and read fewer; backward
+ * the BatchNorm's own copy of dY. Only when the BatchNorm's output has the
+ * Add as its only reader, its other outputs (running statistics) none,
+ * and neither is a graph output; of two such operands, the one made last.
+ * (GP_FUSE_BN_ADD=0: not, for comparisons.)
+ *
  * And the Transpose of a weight into the MatMul reading it: nn.Linear (and
  * GPT-2's Conv1D) export y = MatMul(x, Transpose(W)) with W [N, K] a
  * parameter; the MatMul, flagged trans_b, reads W in place as B^T (BLAS's
@@ -355,6 +370,50 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
         g->values[r->outputs[0]].producer = b;
         g->values[v].producer = -1;
         drop[i] = true;
+        fused++;
+    }
+    /* Residual Adds into the BatchNormalization making an operand. */
+    const char *ba_env = getenv("GP_FUSE_BN_ADD");
+    for (int i = 0; !(ba_env && !strcmp(ba_env, "0")) && i < g->n_nodes; i++) {
+        struct gp_node *add = &g->nodes[i];
+        if (drop[i] || !same_shape_add(g, add)) continue;
+        /* The operand made last (the main branch's BatchNorm after a
+         * downsampling branch's), whose BatchNorm qualifies. */
+        int pick = -1;
+        for (int s = 0; s < 2; s++) {
+            int p = add->inputs[s], b = g->values[p].producer;
+            if (add->inputs[1 - s] == p || b < 0 || drop[b] || gp_fuse_sole_consumer(g, uses, user, p) != i) continue;
+            const struct gp_node *bn = &g->nodes[b];
+            bool ok = gp_fuse_is_op(bn, "BatchNormalization") && !bn->fused_relu && !bn->fused_add &&
+                      bn->n_inputs == 5 && bn->outputs[0] == p;
+            for (int k = 1; ok && k < bn->n_outputs; k++)
+                ok = bn->outputs[k] < 0 || (!uses[bn->outputs[k]] && !g->values[bn->outputs[k]].is_output);
+            if (ok && (pick < 0 || b > g->values[add->inputs[pick]].producer)) pick = s;
+        }
+        if (pick < 0) continue;
+        int p = add->inputs[pick], r = add->inputs[1 - pick], b = g->values[p].producer;
+        int *in = gp_arena_alloc(&g->arena, sizeof(int) * 6);
+        if (!in) {
+            free(uses);
+            free(user);
+            free(drop);
+            return gp_error_set(err, GP_ERR_NOMEM, "out of memory fusing the graph");
+        }
+        struct gp_node fused_node = g->nodes[b];
+        memcpy(in, fused_node.inputs, sizeof(int) * 5);
+        in[5] = r;
+        fused_node.inputs = in;
+        fused_node.n_inputs = 6;
+        fused_node.outputs[0] = add->outputs[0];
+        fused_node.fused_relu = add->fused_relu;
+        fused_node.fused_add = true;
+        /* In the Add's place: r may be made after the BatchNorm. */
+        g->nodes[i] = fused_node;
+        for (int k = 0; k < 5; k++)
+            if (in[k] >= 0 && user[in[k]] == b) user[in[k]] = i;
+        g->values[p].producer = -1;
+        uses[p] = 0;
+        drop[b] = true;
         fused++;
     }
     /* Weight Transposes into the MatMul reading them (GP_FUSE_WEIGHT_TRANSPOSE=0:

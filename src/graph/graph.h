@@ -94,6 +94,14 @@ struct gp_node {
      * is the Relu's, max(y, 0), and the backward masks dY by output 0 > 0.
      * Set by fusion only, never read from a file. */
     bool fused_relu;
+    /* A BatchNormalization that adds a residual to its result (graph/fuse.c:
+     * the same-shape Add reading its output absorbed, that Add's Relu
+     * too): input 5 is the Add's other operand r, output 0 the Add's
+     * output, y = BN(x) + r (then Relu's max if fused_relu), where BN(x)
+     * is rounded to the output's storage type first, as the unfused BN
+     * stored it; in backward r's gradient is dY (masked by a fused Relu),
+     * as the Add's was. Set by fusion only. */
+    bool fused_add;
     /* A MatMul whose B is a 2-D parameter stored transposed, [N, K] (the
      * exporter's Transpose of the weight absorbed, graph/fuse.c): the
      * product is A B^T and B's gradient is dY^T A. Set by fusion only. */

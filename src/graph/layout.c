@@ -131,13 +131,16 @@ static bool concat4(const struct gp_graph *g, const struct gp_node *n)
 
 /* Whether node n reads value v (as input k) channels-last as it lies:
  * a Conv's image, a follower's input 0 (a Dropout's ratio and
- * training_mode, InstanceNormalization's scale and bias are no images), any input of a neutral op, and
+ * training_mode, InstanceNormalization's scale and bias are no images)
+ * and a BatchNormalization's fused residual (gp_node.fused_add, input 5,
+ * which lies as input 0 does), any input of a neutral op, and
  * GlobalAveragePool, whose [N, C, 1, 1] output is the same memory in
  * both layouts (it reads its input through a cheap [N, C, H, W] copy, or
  * as it lies). */
 static bool reads_channels_last(const struct gp_graph *g, const struct gp_node *n, int k)
 {
-    if (is_conv2d(g, n) || follows_input0(g, n)) return k == 0;
+    if (is_conv2d(g, n)) return k == 0;
+    if (follows_input0(g, n)) return k == 0 || (n->fused_add && k == 5);
     return gp_layout_neutral_op(n) || is_op(n, "GlobalAveragePool") || concat4(g, n);
 }
 
@@ -174,7 +177,9 @@ static bool makes_channels_last(const struct gp_graph *g, const struct gp_node *
 {
     if (n->n_outputs < 1 || !taggable(g, n->outputs[0])) return false;
     if (is_conv2d(g, n)) return true;
-    if (follows_input0(g, n)) return g->values[n->inputs[0]].channels_last;
+    /* A fused residual (gp_node.fused_add) lies as input 0 does, or neither is read so. */
+    if (follows_input0(g, n))
+        return g->values[n->inputs[0]].channels_last && (!n->fused_add || g->values[n->inputs[5]].channels_last);
     if (concat4(g, n)) {
         for (int k = 0; k < n->n_inputs; k++)
             if (!g->values[n->inputs[k]].channels_last) return false;
@@ -219,11 +224,13 @@ static bool withdraw(const struct gp_graph *g, bool *agree, int *blocker)
     for (int i = 0; i < g->n_nodes; i++) {
         const struct gp_node *n = &g->nodes[i];
         if (follows_input0(g, n)) {
-            int x = n->inputs[0];
-            if (x >= 0 && g->values[x].channels_last && agree[x] && !g->values[n->outputs[0]].channels_last) {
-                agree[x] = false;
-                blocker[x] = i;
-                changed = true;
+            for (int k = 0; k <= (n->fused_add ? 5 : 0); k += 5) { /* input 0, and a fused residual */
+                int x = n->inputs[k];
+                if (x >= 0 && g->values[x].channels_last && agree[x] && !g->values[n->outputs[0]].channels_last) {
+                    agree[x] = false;
+                    blocker[x] = i;
+                    changed = true;
+                }
             }
             continue;
         }

@@ -557,6 +557,41 @@ static void test_remade_norm(void **state)
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
 }
 
+/* The residual Adds fused into their BatchNorms (graph/fuse.c,
+ * gp_node.fused_add) give the unfused nodes' bits on the GPU too
+ * (GP_FUSE_BN_ADD=0), in fp32 and bf16, both layouts; the residual's
+ * gradient written first (the default) and, in the suite's run with
+ * GP_CUDA_FIRST_WRITERS=0, accumulated (dY masked in place). */
+static void test_fused_residual(void **state)
+{
+    (void)state;
+    static const enum gp_layout_policy layouts[2] = {GP_LAYOUT_NCHW, GP_LAYOUT_NHWC};
+    int failed = 0, runs = 0;
+    for (int pr = 0; pr < 2; pr++)
+        for (int l = 0; l < 2; l++) {
+            struct setup s = {.fixture = "resnet_op17", .batch = 8, .chunks = 2, .stages = 1, .cuda = true,
+                              .checkpoint = GP_CHECKPOINT_NEVER, .layout = layouts[l],
+                              .precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32};
+            struct result fused, apart;
+            memset(&fused, 0, sizeof fused);
+            memset(&apart, 0, sizeof apart);
+            struct gp_error err = {0};
+            setenv("GP_FUSE_BN_ADD", "0", 1);
+            if (train(&s, &apart, &err) != GP_OK) fail_msg("unfused: %s", err.msg);
+            unsetenv("GP_FUSE_BN_ADD");
+            if (train(&s, &fused, &err) != GP_OK) fail_msg("fused: %s", err.msg);
+            char what[160];
+            snprintf(what, sizeof what, "%s resnet_op17 %s, residual Adds fused", gp_precision_name(s.precision),
+                     l ? "nhwc" : "nchw");
+            failed += !compare_as(what, &fused, &apart, "fused", "unfused", 0);
+            runs++;
+            gp_graph_free(&fused.saved);
+            gp_graph_free(&apart.saved);
+        }
+    printf("fused residual Adds on the GPU: %d runs against the unfused nodes\n", runs);
+    if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
+}
+
 int main(void)
 {
     int n = 0;
@@ -573,6 +608,7 @@ int main(void)
         cmocka_unit_test(test_layouts),
         cmocka_unit_test(test_stages_vs_one_gpu),
         cmocka_unit_test(test_remade_norm),
+        cmocka_unit_test(test_fused_residual),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_graph_replay),

@@ -6,6 +6,10 @@
  * A fused Relu (gp_node.fused_relu, graph/fuse.c): y = Relu's max(y, 0),
  * and the backward masks dY where that output is not positive, which is
  * where Relu's input was not: the unfused pair's results, bit for bit.
+ * A fused residual Add (gp_node.fused_add): r (input 5) is added before
+ * the Relu to the normalized value as stored (rounded to bfloat16 where
+ * the output is bfloat16), and r's gradient is the masked dY: the unfused
+ * nodes' bits.
  *
  * Statistics and parameter gradients are sums over many elements: each is
  * accumulated in double by one thread, in a fixed order, and added to its
@@ -48,16 +52,41 @@ static size_t bn_saved(const struct gp_graph *g, const struct gp_node *node)
     return 2 * sizeof(real) * (size_t)gp_node_input(g, node, 0)->shape.dims[1];
 }
 
+/* A fused residual Add (gp_node.fused_add): r, input 5, and whether the
+ * normalized value is rounded to bfloat16 before r is added (the output is
+ * stored so: the unfused BatchNorm's output was, and the Add read it). */
+struct bn_residual {
+    const real *r;
+    bool round_bf16;
+};
+
+static struct bn_residual bn_residual_of(const struct gp_cpu_ctx *ctx)
+{
+    struct bn_residual res = {NULL, false};
+    if (!ctx->node->fused_add) return res;
+    res.r = ctx->in[5];
+    res.round_bf16 = ctx->stored_out_dt && ctx->stored_out_dt[0] == GP_DTYPE_BFLOAT16;
+    return res;
+}
+
 /* Channel c of y = x * alpha + beta (PyTorch's transform, alpha = invstd
- * * scale, beta = bias - mean * alpha), then a fused Relu by Relu's own
+ * * scale, beta = bias - mean * alpha), plus a fused residual (the Add's
+ * float32 sum of the two stored operands), then a fused Relu by Relu's own
  * formula (NaN passes). */
 static void bn_normalize_channel(const struct bn_plan *p, int64_t c, const real *x, real *y, real alpha, real beta,
-                                 bool relu)
+                                 struct bn_residual res, bool relu)
 {
     for (int64_t n = 0; n < p->n; n++) {
         const real *xs = x + (n * p->c + c) * p->s;
         real *ys = y + (n * p->c + c) * p->s;
         for (int64_t i = 0; i < p->s; i++) ys[i] = xs[i] * alpha + beta;
+        if (res.r) {
+            const real *rs = res.r + (n * p->c + c) * p->s;
+            for (int64_t i = 0; i < p->s; i++) {
+                real t = res.round_bf16 ? (real)gp_bf16_to_float(gp_float_to_bf16((float)ys[i])) : ys[i];
+                ys[i] = t + rs[i];
+            }
+        }
         if (relu)
             for (int64_t i = 0; i < p->s; i++) ys[i] = ys[i] > 0 || ys[i] != ys[i] ? ys[i] : 0;
     }
@@ -76,7 +105,7 @@ static gp_status bn_remake(struct gp_cpu_ctx *ctx)
 #pragma omp parallel for if (p.n * p.c * p.s > GP_CPU_PAR_MIN)
     for (int64_t c = 0; c < p.c; c++) {
         real alpha = invstd[c] * scale[c], beta = bias[c] - mean[c] * alpha;
-        bn_normalize_channel(&p, c, x, y, alpha, beta, ctx->node->fused_relu);
+        bn_normalize_channel(&p, c, x, y, alpha, beta, bn_residual_of(ctx), ctx->node->fused_relu);
     }
     return GP_OK;
 }
@@ -108,6 +137,7 @@ static gp_status bn_forward(struct gp_cpu_ctx *ctx, struct gp_error *err)
                             (long long)p.n, (long long)p.c);
     bool training = ctx->training, update = ctx->training && ctx->update_state;
     bool relu = ctx->node->fused_relu;
+    struct bn_residual res = bn_residual_of(ctx);
 #pragma omp parallel for if (p.n * p.c * p.s > GP_CPU_PAR_MIN)
     for (int64_t c = 0; c < p.c; c++) {
         double m, var;
@@ -130,7 +160,7 @@ static gp_status bn_forward(struct gp_cpu_ctx *ctx, struct gp_error *err)
         mean[c] = (real)m;
         invstd[c] = is;
         real alpha = is * scale[c], beta = bias[c] - mean[c] * alpha;
-        bn_normalize_channel(&p, c, x, y, alpha, beta, relu);
+        bn_normalize_channel(&p, c, x, y, alpha, beta, res, relu);
         real new_mean = rmean[c], new_var = rvar[c];
         if (training) {
             double unbiased = var * (double)p.count / (double)(p.count - 1);
@@ -207,6 +237,10 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
     /* A fused Relu passes dY where its output is > 0 (where Relu's input
      * was), zero elsewhere: Relu's backward, as the unfused pair computes. */
     const real *y = ctx->node->fused_relu ? ctx->out[0] : NULL;
+    /* A fused residual's gradient (input 5) is the (masked) dY, as the Add
+     * wrote it: written whole when it is the first to write it. */
+    real *dres = ctx->node->fused_add ? ctx->din[5] : NULL;
+    bool ow_res = gp_cpu_overwrite(ctx, 5);
 #define DY(k) (y && !(y[k] > 0) ? (real)0 : dy[k])
 #pragma omp parallel for if (p.n * p.c * p.s > GP_CPU_PAR_MIN)
     for (int64_t c = 0; c < p.c; c++) {
@@ -218,6 +252,13 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
                     int64_t k = (n * p.c + c) * p.s + i;
                     sum_dy += DY(k);
                     sum_dy_xhat += (double)DY(k) * ((x[k] - m) * is);
+                }
+        if (dres)
+            for (int64_t n = 0; n < p.n; n++)
+                for (int64_t i = 0; i < p.s; i++) {
+                    int64_t k = (n * p.c + c) * p.s + i;
+                    real base = ow_res ? 0 : dres[k];
+                    dres[k] = dy ? base + DY(k) : base;
                 }
         if (dscale) dscale[c] += (real)sum_dy_xhat;
         if (dbias) dbias[c] += (real)sum_dy;
@@ -265,12 +306,13 @@ static bool bn_remakes(const struct gp_graph *g, const struct gp_node *node)
     return true;
 }
 
-/* The backward writes dX whole when asked (the scale's and bias's
- * gradients are parameters': always added). */
+/* The backward writes dX whole when asked, and a fused residual's
+ * gradient (the scale's and bias's gradients are parameters': always
+ * added). */
 static bool bn_overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
 {
-    (void)g, (void)node;
-    return k == 0;
+    (void)g;
+    return k == 0 || (k == 5 && node->fused_add);
 }
 
 const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_batch_norm)[] = {

@@ -69,7 +69,7 @@ static struct gp_cpu_ctx cpu_ctx(const struct gp_layer_call *c)
         .din_overwrite = c->din_overwrite, .saved = c->saved, .scratch = c->scratch, .training = c->training,
         .update_state = c->update_state, .seed = c->seed, .step = c->step,
         .sample_offset = c->sample_offset, .dropout_ratio = c->dropout_ratio,
-        .deferred_stats = c->deferred_stats, .remake = c->remake,
+        .deferred_stats = c->deferred_stats, .remake = c->remake, .stored_out_dt = c->stored_out_dt,
     };
 }
 

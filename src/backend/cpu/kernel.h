@@ -58,6 +58,9 @@ struct gp_cpu_ctx {
      * the training forward did, and nothing else (backend/compute.h,
      * gp_layer_call.remake; only where the kernel's `remakes` says). */
     bool remake;
+    /* How the outputs are stored (gp_layer_call.stored_out_dt; the kernel
+     * sees float32 copies of bfloat16 ones): NULL, float32. */
+    const enum gp_dtype *stored_out_dt;
 };
 
 struct gp_cpu_kernel {

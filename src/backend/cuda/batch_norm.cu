@@ -7,6 +7,9 @@
  * A fused Relu (gp_node.fused_relu, graph/fuse.c): the normalize pass
  * writes max(y, 0) by Relu's formula, and the backward passes read the
  * output to mask dY where it is not positive, as the CPU kernel does.
+ * A fused residual Add (gp_node.fused_add, input 5): the normalize pass
+ * adds it (bn_out_value), and the backward writes its gradient first, then
+ * runs the plain backward on it (bn_residual_backward).
  *
  * Statistics are accumulated in double, as the CPU does: the mean first,
  * then the sum of squared deviations from it (two passes), so the float
@@ -122,6 +125,22 @@ static void bn_plan_of(const struct gp_graph *g, const struct gp_node *node, int
     p->wc = p->sg > 0 && p->c > 0 ? (BN_THREADS / p->sg) % p->c : 0;
     p->eps = gp_node_attr_float(node, "epsilon", 1e-5f);
     p->momentum = gp_node_attr_float(node, "momentum", 0.9f);
+}
+
+/* A fused residual (gp_node.fused_add): input 5, added to the normalized
+ * value (bn_out_value); p NULL without one. */
+static gp_fptr bn_residual(const struct gp_cuda_ctx *ctx)
+{
+    gp_fptr none = {NULL, false};
+    return ctx->node->fused_add ? gp_cuda_in_f(ctx, 5) : none;
+}
+
+/* Whether the normalized value is rounded to bfloat16 before a fused
+ * residual is added: the output is stored as bfloat16 (as the unfused
+ * BatchNorm's was), also when this call got float32 copies. */
+static bool bn_round_bf16(const struct gp_cuda_ctx *ctx, gp_fptr y)
+{
+    return ctx->stored_out_dt ? ctx->stored_out_dt[0] == GP_DTYPE_BFLOAT16 : y.bf16;
 }
 
 /* Saved per call: the mean [C] and inverse standard deviation [C] (float)
@@ -362,24 +381,36 @@ __global__ static void bn_finish_kernel(struct bn_plan p, bool training, bool up
     }
 }
 
+/* A fused residual (gp_node.fused_add): t + r, t rounded first to the
+ * output's storage (as the unfused BatchNorm stored it; exact in float32),
+ * the Add's float32 sum; then a fused Relu, by Relu's formula (NaN passes),
+ * before the store's rounding, which keeps the sign (and 0). */
+__device__ static inline float bn_out_value(float t, const float *r, int i, bool round_bf16, bool relu)
+{
+    if (r) t = FADD(round_bf16 ? __bfloat162float(__float2bfloat16_rn(t)) : t, r[i]);
+    return !relu || t > 0 || t != t ? t : 0.0f;
+}
+
 /* y = x * alpha + beta, alpha = invstd * scale, beta = bias - mean * alpha
  * (PyTorch's transform, as the CPU computes it; alpha and beta from the
- * finishing kernel). */
+ * finishing kernel), plus a fused residual `res` (p NULL: none). */
 template <class IO, int VEC>
-__global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float *ab, gp_fptr y, bool relu)
+__global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float *ab, gp_fptr res, bool round_bf16,
+                                       gp_fptr y, bool relu)
 {
     const int ILP = bn_ilp<VEC>::n;
     const int64_t total = p.n * p.c * p.sg;
     BN_FLAT_LOOP(total, ILP, e0) {
         int64_t r, c;
         bn_walk_init(p, e0, &r, &c);
-        float v[ILP][VEC];
+        float v[ILP][VEC], rv[ILP][VEC];
         int ch[ILP];
 #pragma unroll
         for (int k = 0; k < ILP; k++) {
             int64_t e = e0 + k * BN_THREADS;
             ch[k] = (int)c;
             if (e < total) IO::template acts<VEC>(x, e * VEC, v[k]);
+            if (e < total && res.p) IO::template acts<VEC>(res, e * VEC, rv[k]);
             bn_walk_next(p, &r, &c);
         }
 #pragma unroll
@@ -388,12 +419,8 @@ __global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float 
             if (e >= total) continue;
             float a = ab[2 * ch[k]], b = ab[2 * ch[k] + 1];
 #pragma unroll
-            for (int i = 0; i < VEC; i++) {
-                float t = FADD(FMUL(v[k][i], a), b);
-                /* A fused Relu, by Relu's formula (NaN passes); before
-                 * the store's rounding, which keeps the sign (and 0). */
-                v[k][i] = !relu || t > 0 || t != t ? t : 0.0f;
-            }
+            for (int i = 0; i < VEC; i++)
+                v[k][i] = bn_out_value(FADD(FMUL(v[k][i], a), b), res.p ? rv[k] : NULL, i, round_bf16, relu);
             IO::template set_acts<VEC>(y, e * VEC, v[k]);
         }
     }
@@ -406,7 +433,7 @@ __global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float 
  * the unbiased batch variance, or adds the batch's sums to
  * ctx->deferred_stats; evaluation uses the running statistics. */
 static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err);
-static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err);
+static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, struct gp_error *err);
 
 static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
@@ -421,10 +448,10 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
                              (long long)p.n, (long long)p.c);
     if (p.c == 0) return GP_OK;
     bool training = ctx->training, update = ctx->training && ctx->update_state;
-    gp_fptr x = gp_cuda_in_f(ctx, 0), y = gp_cuda_out_f(ctx, 0);
+    gp_fptr x = gp_cuda_in_f(ctx, 0), y = gp_cuda_out_f(ctx, 0), res = bn_residual(ctx);
     gp_fptr scale = gp_cuda_in_f(ctx, 1), bias = gp_cuda_in_f(ctx, 2);
-    enum io_kind kind = io_kind_of({x, y}, {scale, bias});
-    bn_plan_of(ctx->graph, ctx->node, io_vec_for(kind, p.s, {x, y}), &p);
+    enum io_kind kind = io_kind_of({x, y, res}, {scale, bias});
+    bn_plan_of(ctx->graph, ctx->node, io_vec_for(kind, p.s, {x, y, res}), &p);
     double *psum = (double *)ctx->scratch, *psq_raw = psum + p.c * p.p, *psq = psq_raw + p.c * p.p;
     /* A remade output (ctx->remake): the normalize pass alone, on the
      * alpha and beta the forward saved. */
@@ -458,7 +485,8 @@ static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     }
     if (p.n * p.s == 0) return GP_OK;
     IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_apply_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
-                                                                   ctx->stream>>>(p, x, o.ab, y,
+                                                                   ctx->stream>>>(p, x, o.ab, res,
+                                                                                  bn_round_bf16(ctx, y), y,
                                                                                   ctx->node->fused_relu)));
     return gp_cuda_check_launch(ctx, "BatchNormalization normalize", err);
 }
@@ -702,10 +730,8 @@ __global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr dy, gp_fp
  *   dx = scale invstd (dy - sum(dy) / count - xhat sum(dy xhat) / count)
  * plus what flows back through the statistics' outputs; in evaluation
  * dx = dy scale invstd. */
-static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
+static gp_status bn_nchw_backward(struct gp_cuda_ctx *ctx, bool relu, struct gp_error *err)
 {
-    for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
-    if (gp_cuda_nhwc(ctx->in_nhwc, 0)) return bn_nhwc_backward(ctx, err);
     struct bn_plan p;
     bn_plan_of(ctx->graph, ctx->node, 1, &p);
     if (p.c == 0) return GP_OK;
@@ -713,7 +739,7 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     gp_fptr scale = gp_cuda_in_f(ctx, 1);
     const float *mean = (const float *)ctx->saved, *invstd = mean + p.c;
     /* A fused Relu's output, whose sign masks dY. */
-    gp_fptr y = ctx->node->fused_relu ? gp_cuda_out_f(ctx, 0) : gp_fptr{NULL, false};
+    gp_fptr y = relu ? gp_cuda_out_f(ctx, 0) : gp_fptr{NULL, false};
     enum io_kind kind = io_kind_of({x, dy, dx, y}, {scale});
     bn_plan_of(ctx->graph, ctx->node, io_vec_for(kind, p.s, {x, dy, dx, y}), &p);
     double *pdy = (double *)ctx->scratch, *pdyx = pdy + p.c * p.p, *coef = pdyx + p.c * p.p;
@@ -759,6 +785,81 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
                                                  p, dy, y, scale, invstd, dx, ow)));
     }
     return gp_cuda_check_launch(ctx, "BatchNormalization backward dx", err);
+}
+
+/* A fused residual's backward (gp_node.fused_add): g = dY where the
+ * output is > 0 (a fused Relu; dY everywhere without one), written into
+ * the residual's gradient (dres: =, or += with one rounding, as the Add's
+ * backward wrote it) and, when `in_place`, over dY itself, whose region
+ * this backward is the last to read. Runs of VEC values. */
+template <class IO, int VEC>
+__global__ static void bn_residual_grad_kernel(int64_t runs, gp_fptr dy, gp_fptr y, gp_fptr dres, bool accumulate,
+                                               bool in_place)
+{
+    GP_GRID_STRIDE(e, runs) {
+        float g[VEC], m[VEC], old[VEC];
+        IO::template acts<VEC>(dy, e * VEC, g);
+        if (y.p) IO::template acts<VEC>(y, e * VEC, m);
+        if (dres.p && accumulate) IO::template acts<VEC>(dres, e * VEC, old);
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            if (y.p && !(m[i] > 0)) g[i] = 0.0f;
+        if (in_place) IO::template set_acts<VEC>(dy, e * VEC, g);
+        if (dres.p) {
+            if (accumulate)
+#pragma unroll
+                for (int i = 0; i < VEC; i++) old[i] = FADD(old[i], g[i]);
+            IO::template set_acts<VEC>(dres, e * VEC, accumulate ? old : g);
+        }
+    }
+}
+
+/* The backward of a BatchNormalization with a fused residual Add: the
+ * residual's gradient first (bn_residual_grad_kernel), then the plain
+ * BatchNorm backward on that same masked dY, read from where it was just
+ * written: the residual's gradient when this writes it whole (its first
+ * writer, the usual case: three passes where the unfused Add + Relu and
+ * BatchNorm took four), else dY's own region, masked in place. */
+static gp_status bn_residual_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
+{
+    gp_fptr dy = gp_cuda_dout_f(ctx, 0), dres = gp_cuda_din_f(ctx, 5);
+    gp_fptr y = ctx->node->fused_relu ? gp_cuda_out_f(ctx, 0) : gp_fptr{NULL, false};
+    int64_t n = gp_shape_numel(&gp_cuda_out_value(ctx, 0)->shape);
+    bool ow = gp_cuda_overwrite(ctx, 5);
+    bool nhwc = gp_cuda_nhwc(ctx->in_nhwc, 0);
+    if (!dy.p) { /* no gradient: the residual's is zero, owed when it is not cleared */
+        if (dres.p && ow)
+            GP_TRY(gp_cuda_call(ctx, cudaMemsetAsync(dres.p, 0, (size_t)n * (dres.bf16 ? 2 : 4), ctx->stream),
+                                "cudaMemsetAsync", err));
+        return nhwc ? bn_nhwc_backward(ctx, false, err) : bn_nchw_backward(ctx, false, err);
+    }
+    /* dY's stand-in for the BatchNorm: the residual's gradient, written
+     * whole in dY's storage type, or dY masked in place. */
+    bool into_dres = dres.p && ow && dres.bf16 == dy.bf16;
+    bool in_place = !into_dres && y.p;
+    if (n > 0 && (dres.p || in_place)) {
+        enum io_kind kind = io_kind_of({dy, y, dres}, {});
+        int vec = io_vec_for(kind, n, {dy, y, dres});
+        int64_t runs = n / vec;
+        IO_DISPATCH(kind, IO_VEC_DISPATCH(vec, bn_residual_grad_kernel<IO, VEC><<<gp_cuda_blocks_for(runs),
+                                                                           GP_CUDA_THREADS, 0, ctx->stream>>>(
+                                                 runs, dy, y, dres, dres.p && !ow, in_place)));
+        GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization residual gradient", err));
+    }
+    float *dout[8] = {0};
+    for (int k = 0; k < ctx->node->n_outputs && k < 8; k++) dout[k] = ctx->dout[k];
+    if (into_dres) dout[0] = (float *)dres.p;
+    struct gp_cuda_ctx plain = *ctx;
+    plain.dout = dout;
+    return nhwc ? bn_nhwc_backward(&plain, false, err) : bn_nchw_backward(&plain, false, err);
+}
+
+static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
+{
+    for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
+    if (ctx->node->fused_add) return bn_residual_backward(ctx, err);
+    bool relu = ctx->node->fused_relu;
+    return gp_cuda_nhwc(ctx->in_nhwc, 0) ? bn_nhwc_backward(ctx, relu, err) : bn_nchw_backward(ctx, relu, err);
 }
 
 /* ---- channels-last ----
@@ -1143,7 +1244,8 @@ static unsigned bn_nhwc_flat_blocks(const struct bn_nhwc_plan &q)
 
 /* y = x * alpha + beta per channel (bn_apply_kernel's formula). */
 template <class IO, int VEC>
-__global__ static void bn_nhwc_apply_kernel(struct bn_nhwc_plan q, gp_fptr x, const float *ab, gp_fptr y, bool relu)
+__global__ static void bn_nhwc_apply_kernel(struct bn_nhwc_plan q, gp_fptr x, const float *ab, gp_fptr res,
+                                            bool round_bf16, gp_fptr y, bool relu)
 {
     const int ILP = BN_NHWC_FLAT_ILP;
     const int64_t e0 = blockIdx.x * (int64_t)BN_THREADS + threadIdx.x, total = q.rows * q.cr;
@@ -1152,18 +1254,18 @@ __global__ static void bn_nhwc_apply_kernel(struct bn_nhwc_plan q, gp_fptr x, co
 #pragma unroll
     for (int i = 0; i < VEC; i++) a[i] = ab[2 * (cb + i)], b[i] = ab[2 * (cb + i) + 1];
     BN_NHWC_ROUNDS(q, e, G, ILP) {
-        float v[ILP][VEC];
+        float v[ILP][VEC], rv[ILP][VEC];
 #pragma unroll
-        for (int u = 0; u < ILP; u++)
+        for (int u = 0; u < ILP; u++) {
             if (e + u * G < total) IO::template acts<VEC>(x, (e + u * G) * VEC, v[u]);
+            if (e + u * G < total && res.p) IO::template acts<VEC>(res, (e + u * G) * VEC, rv[u]);
+        }
 #pragma unroll
         for (int u = 0; u < ILP; u++) {
             if (e + u * G >= total) continue;
 #pragma unroll
-            for (int i = 0; i < VEC; i++) {
-                float t = FADD(FMUL(v[u][i], a[i]), b[i]);
-                v[u][i] = !relu || t > 0 || t != t ? t : 0.0f;
-            }
+            for (int i = 0; i < VEC; i++)
+                v[u][i] = bn_out_value(FADD(FMUL(v[u][i], a[i]), b[i]), res.p ? rv[u] : NULL, i, round_bf16, relu);
             IO::template set_acts<VEC>(y, (e + u * G) * VEC, v[u]);
         }
     }
@@ -1180,11 +1282,11 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
                              (long long)gp_node_input(ctx->graph, ctx->node, 0)->shape.dims[0], (long long)c);
     if (c == 0) return GP_OK;
     bool training = ctx->training, update = ctx->training && ctx->update_state;
-    gp_fptr x = gp_cuda_in_f(ctx, 0), y = gp_cuda_out_f(ctx, 0);
+    gp_fptr x = gp_cuda_in_f(ctx, 0), y = gp_cuda_out_f(ctx, 0), res = bn_residual(ctx);
     gp_fptr scale = gp_cuda_in_f(ctx, 1), bias = gp_cuda_in_f(ctx, 2);
-    enum io_kind kind = io_kind_of({x, y}, {scale, bias});
+    enum io_kind kind = io_kind_of({x, y, res}, {scale, bias});
     struct bn_nhwc_plan q, qs; /* the elementwise pass's runs, the statistics' */
-    int vec = io_vec_for(kind, c, {x, y});
+    int vec = io_vec_for(kind, c, {x, y, res});
     bn_nhwc_plan_of(rows, c, vec, &q);
     bn_nhwc_plan_of(rows, c, bn_nhwc_stats_vec(kind, vec, false), &qs);
     struct bn_plan p = bn_plan_for_finish(ctx->node, qs);
@@ -1217,7 +1319,7 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     if (rows == 0) return GP_OK;
     IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_apply_kernel<IO, VEC><<<bn_nhwc_flat_blocks(q), BN_THREADS, 0,
                                                                          ctx->stream>>>(
-                                             q, x, o.ab, y, ctx->node->fused_relu)));
+                                             q, x, o.ab, res, bn_round_bf16(ctx, y), y, ctx->node->fused_relu)));
     return gp_cuda_check_launch(ctx, "BatchNormalization normalize (channels-last)", err);
 }
 
@@ -1505,7 +1607,7 @@ __global__ static void bn_nhwc_dx_eval_kernel(struct bn_nhwc_plan q, gp_fptr x, 
     }
 }
 
-static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
+static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, struct gp_error *err)
 {
     int64_t rows, c;
     bn_nhwc_shape(ctx->graph, ctx->node, &rows, &c);
@@ -1515,8 +1617,8 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     const float *mean = (const float *)ctx->saved, *invstd = mean + c;
     /* A fused Relu's mask from x and the saved alpha and beta, in Y's
      * storage rounding (bn_nhwc_positive): Y is not read. */
-    const float *ab = ctx->node->fused_relu ? mean + 2 * c : NULL;
-    bool y_bf16 = ctx->node->fused_relu && gp_cuda_out_f(ctx, 0).bf16;
+    const float *ab = relu ? mean + 2 * c : NULL;
+    bool y_bf16 = relu && gp_cuda_out_f(ctx, 0).bf16;
     enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
     struct bn_nhwc_plan q, qs; /* the elementwise pass's runs, the statistics' */
     int vec = io_vec_for(kind, c, {x, dy, dx});
@@ -1579,11 +1681,19 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 static bool bn_layout_native(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
                              uint32_t out_nhwc, bool backward)
 {
-    (void)g, (void)node, (void)backward;
-    return in_nhwc == 1u && (out_nhwc & 1u) && !(out_nhwc & ~1u);
+    (void)g, (void)backward;
+    /* X (and a fused residual, input 5) and Y channels-last. */
+    uint32_t in = node->fused_add ? (1u | 1u << 5) : 1u;
+    return in_nhwc == in && (out_nhwc & 1u) && !(out_nhwc & ~1u);
 }
 
 /* ---- the table ---- */
+
+/* dX whole when asked, and a fused residual's gradient (bn_residual_grad_kernel). */
+static bool bn_overwrites(const struct gp_graph *g, const struct gp_node *node, int k)
+{
+    return gp_cuda_overwrites_input0(g, node, k) || (k == 5 && node->fused_add);
+}
 
 /* Y can be written again from X and the saved alpha and beta (ctx->remake). */
 static bool bn_remakes(const struct gp_graph *g, const struct gp_node *node)
@@ -1594,6 +1704,6 @@ static bool bn_remakes(const struct gp_graph *g, const struct gp_node *node)
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_batch_norm[] = {
     {"BatchNormalization", bn_saved, bn_scratch, bn_forward, bn_backward, false, true, false,
-     gp_cuda_overwrites_input0, bn_layout_native, bn_remakes},
+     bn_overwrites, bn_layout_native, bn_remakes},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -168,6 +168,7 @@ static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_la
     k.dropout_ratio = c->dropout_ratio;
     k.deferred_stats = c->deferred_stats;
     k.remake = c->remake;
+    k.stored_out_dt = c->stored_out_dt;
     return k;
 }
 

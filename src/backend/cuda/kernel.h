@@ -64,6 +64,9 @@ struct gp_cuda_ctx {
      * from the inputs and its saved state, nothing else (backend/compute.h,
      * gp_layer_call.remake; only where the kernel's `remakes` says). */
     bool remake;
+    /* How the outputs are stored (gp_layer_call.stored_out_dt): out_dt's,
+     * also when the kernel is handed float32 copies. NULL: float32. */
+    const enum gp_dtype *stored_out_dt;
 };
 
 struct gp_cuda_kernel {
