@@ -257,9 +257,11 @@ static void x3_geom(const struct conv_geom *g, int k, struct conv_geom *out)
     else out->n *= 3;
 }
 
+/* The TF32 problems' mode: TF32 whose algorithms keep the exact split
+ * operands as they are (conv_problem.cuh). */
 static struct conv_mode x3_mode(struct conv_mode m)
 {
-    struct conv_mode t = {false, true, m.fast, false};
+    struct conv_mode t = {false, true, m.fast, true};
     return t;
 }
 

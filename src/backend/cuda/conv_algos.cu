@@ -136,7 +136,7 @@ static void algo_key_init(const struct conv_geom *g, struct conv_mode mode, unsi
     k->ns = g->ns;
     k->group = (int)g->group;
     k->bf16 = mode.bf16;
-    k->tf32 = mode.tf32;
+    k->tf32 = mode.tf32 ? (mode.x3 ? 2 : 1) : 0; /* 2: 3xTF32's problems, precise algorithms only */
     k->fastest = mode.fast;
     k->transpose = g->transpose;
     k->direct = g->direct;
@@ -170,6 +170,12 @@ size_t conv_ws_cap(const struct conv_geom *g)
 /* Tensor cores allowed: TF32 for float32 storage with ctx->tf32, and
  * always for bfloat16 storage, which has no float32 semantics to keep. */
 static bool tensor_ops(struct conv_mode m) { return m.tf32 || m.bf16; }
+
+/* Whether the mode promises float32's precision, which FFT and Winograd
+ * (precise() below) do not keep: float32 on FMA, and 3xTF32's TF32
+ * problems (the split operands are exact in TF32 only as they are; a
+ * transform of them is rounded to TF32 again). */
+static bool float32_precision(struct conv_mode m) { return !tensor_ops(m) || m.x3; }
 
 /* Whether a result's math type is allowed: without tensor cores only FMA
  * (or the default, which the descriptor's FMA setting then restricts);
@@ -216,8 +222,7 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
 
 /* Picks among `n` heuristic results (best first) the first one that
  * succeeds, meets `level` (0: deterministic and precise, 1: precise, 2: any;
- * precision matters only without tensor cores, where the promise is
- * float32 semantics), whose math type is allowed and whose workspace
+ * precision matters only where the promise is float32's: float32_precision), whose math type is allowed and whose workspace
  * (asked of cuDNN for that algorithm and math type) fits `cap`. `ws_of`
  * returns false when cuDNN refuses the algorithm. */
 #define PICK_LEVEL(perf, count, mode, cap, level, conv, ws_of, out_algo, out_math, out_ws, out_ms, found) \
@@ -226,7 +231,7 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
         for (int i_ = 0; i_ < (count) && !found; i_++) {                                     \
             if ((perf)[i_].status != CUDNN_STATUS_SUCCESS) continue;                         \
             if ((level) < 1 && (perf)[i_].determinism != CUDNN_DETERMINISTIC) continue;      \
-            if ((level) < 2 && !tensor_ops(mode) && !precise((perf)[i_].algo)) continue;     \
+            if ((level) < 2 && float32_precision(mode) && !precise((perf)[i_].algo)) continue; \
             if (!math_ok((perf)[i_].mathType, mode)) continue;                               \
             cudnnMathType_t m_ = exec_math((perf)[i_].mathType, mode);                       \
             if (cudnnSetConvolutionMathType(conv, m_) != CUDNN_STATUS_SUCCESS) continue;     \
@@ -266,7 +271,10 @@ bool conv_verbose(void)
     return v && *v && strcmp(v, "0") != 0;
 }
 
-static const char *mode_name(struct conv_mode m) { return m.bf16 ? "bf16" : m.tf32 ? "tf32" : "fp32"; }
+static const char *mode_name(struct conv_mode m)
+{
+    return m.bf16 ? "bf16" : m.tf32 ? (m.x3 ? "tf32-x3" : "tf32") : "fp32";
+}
 
 static void dims_text(char *out, size_t size, const int64_t *v, int n)
 {
@@ -345,6 +353,7 @@ void conv_graph_problem_of(const struct conv_geom *g, struct conv_mode mode, enu
     }
     p->bf16 = mode.bf16;
     p->tf32 = mode.tf32;
+    p->precise = float32_precision(mode);
     p->nondeterministic = mode.fast;
     p->float_out = mode.bf16 && conv_graph_accumulates(g, op) && !bf16_accumulation();
     p->nhwc = g->nhwc;

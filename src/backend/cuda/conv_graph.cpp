@@ -121,13 +121,14 @@ fe::error_t make_graph(cudnnHandle_t h, const conv_graph_problem *p, conv_graph_
      * engines, unless nondeterministic (--fast-conv: the fastest whatever
      * its numerics, as PyTorch's benchmark mode, which bans only the
      * down-conversion, chooses); float32 without TF32 keeps float32
-     * products and sums: no tensor cores, FFT or Winograd. */
+     * products and sums: no tensor cores; where float32's precision is
+     * promised (that, and 3xTF32's problems), no FFT or Winograd. */
     std::vector<fe::NumericalNote_t> banned = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS};
     if (!p->nondeterministic) banned.push_back(fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION);
-    if (!p->bf16 && !p->tf32)
-        banned.insert(banned.end(), {fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::FFT,
-                                     fe::NumericalNote_t::WINOGRAD, fe::NumericalNote_t::WINOGRAD_TILE_4x4,
-                                     fe::NumericalNote_t::WINOGRAD_TILE_6x6,
+    if (!p->bf16 && !p->tf32) banned.push_back(fe::NumericalNote_t::TENSOR_CORE);
+    if (p->precise)
+        banned.insert(banned.end(), {fe::NumericalNote_t::FFT, fe::NumericalNote_t::WINOGRAD,
+                                     fe::NumericalNote_t::WINOGRAD_TILE_4x4, fe::NumericalNote_t::WINOGRAD_TILE_6x6,
                                      fe::NumericalNote_t::WINOGRAD_TILE_13x13});
     if (!p->nondeterministic) banned.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
     g.graph.deselect_numeric_notes(banned);
@@ -195,7 +196,7 @@ std::string problem_bytes(const conv_graph_problem *p)
     memcpy(q.pad, p->pad, sizeof q.pad);
     memcpy(q.stride, p->stride, sizeof q.stride);
     memcpy(q.dilation, p->dilation, sizeof q.dilation);
-    q.bf16 = p->bf16, q.tf32 = p->tf32, q.nondeterministic = p->nondeterministic, q.float_out = p->float_out;
+    q.bf16 = p->bf16, q.tf32 = p->tf32, q.precise = p->precise, q.nondeterministic = p->nondeterministic, q.float_out = p->float_out;
     q.nhwc = p->nhwc;
     return std::string((const char *)&q, sizeof q);
 }

@@ -45,6 +45,7 @@ struct conv_graph_problem {
     int64_t img[5], w[5], col[5];
     int64_t pad[3], stride[3], dilation[3];
     bool bf16, tf32;
+    bool precise;          /* float32's precision promised: no FFT or Winograd (float32, and 3xTF32's problems) */
     bool nondeterministic; /* engines whose results vary run to run allowed (--fast-conv) */
     bool float_out;        /* the result in float32 whatever the storage (to accumulate it in float32) */
     bool nhwc;             /* channels-last: image and columns [n, spatial, ch], filter [out, kernel, in / groups]

@@ -42,7 +42,11 @@ struct conv_geom {
 
 /* What a convolution runs in: the storage of X, W, Y and their gradients,
  * TF32 (float32 storage only) and the fast_conv policy; x3: float32
- * without TF32 runs in 3xTF32 where the geometry allows (conv_x3.h). */
+ * without TF32 runs in 3xTF32 where the geometry allows (conv_x3.h). A
+ * 3xTF32 call's TF32 problems run in {tf32, x3}: TF32 on operands split
+ * exactly, whose algorithms must multiply them as they are (no FFT or
+ * Winograd, which transform the operands and round the transforms to
+ * TF32 again, at TF32's error). */
 struct conv_mode {
     bool bf16, tf32, fast, x3;
 };
