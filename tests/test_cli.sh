@@ -164,6 +164,8 @@ grep -q "^memory: stage 0 (layers 0-.*activation gradients (one block)" "$tmp/me
   fail "GP_MEMORY_VERBOSE: no stage 0 account with its shared block: $(cat "$tmp/memory.txt")"
 grep "^memory: stage 1 " "$tmp/memory.txt" | grep -q ", activation gradients [0-9.]* MiB" ||
   fail "GP_MEMORY_VERBOSE: no stage 1 account with its own gradient block: $(cat "$tmp/memory.txt")"
+grep -q "^memory: stage 0: its kernel workspace, [0-9.]* MiB, is layer [0-9]*'s ('.*', Conv)" "$tmp/memory.txt" ||
+  fail "GP_MEMORY_VERBOSE: no layer named for stage 0's kernel workspace: $(cat "$tmp/memory.txt")"
 
 # train --recompute-norm always|auto|never: the saved model byte for byte
 # the one kept outputs train (BatchNorm outputs written again in the

@@ -658,6 +658,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
                         struct gp_error *err)
 {
     memset(p, 0, sizeof *p);
+    p->scratch_layer = -1;
     p->precision = opts->precision;
     GP_TRY(check_kernels(g, ops, backend, needs_grad, first, last, err));
     int nv = g->n_values;
@@ -783,7 +784,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         p->local_bytes += align64(ops->saved_bytes(g, n));
         /* Its workspace for the gradients its backward computes. */
         size_t scratch = ops->scratch_bytes(g, n, opts, backward_din(g, needs_grad, p, n));
-        if (scratch > p->scratch_bytes) p->scratch_bytes = scratch;
+        if (scratch > p->scratch_bytes) p->scratch_bytes = scratch, p->scratch_layer = i;
         if (n->n_inputs > p->max_inputs) p->max_inputs = n->n_inputs;
         if (n->n_outputs > p->max_outputs) p->max_outputs = n->n_outputs;
     }

@@ -62,6 +62,7 @@ struct gp_stage_plan {
     size_t *saved_off;        /* per layer of the stage: offset of its saved state in a set */
     size_t static_bytes, param_bytes, box_bytes, local_bytes, grad_bytes, inbox_bytes,
         scratch_bytes, arena_bytes, step_bytes;
+    int scratch_layer; /* the node whose workspace is scratch_bytes (-1: none needs any) */
     /* The gradient set lives in the forward arena's memory (one block of
      * the larger of the two): the arena is written and read only inside a
      * forward task (forward, recompute, evaluation), the gradient set only

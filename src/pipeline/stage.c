@@ -120,6 +120,13 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
         block_account(b, n, account, sizeof account);
         fprintf(stderr, "memory: stage %d (layers %d-%d) on %s:%d: %.1f MiB: %s\n", k, s->plan.first,
                 s->plan.last - 1, s->ops->name, s->device, (double)total / (1 << 20), account);
+        /* Which layer the kernel workspace is sized for (one layer's
+         * call sets it: the one to look at when it is large). */
+        if (s->plan.scratch_layer >= 0) {
+            const struct gp_node *nd = &p->g->nodes[s->plan.scratch_layer];
+            fprintf(stderr, "memory: stage %d: its kernel workspace, %.1f MiB, is layer %d's ('%s', %s)\n", k,
+                    (double)s->plan.scratch_bytes / (1 << 20), s->plan.scratch_layer, nd->name, nd->op_type);
+        }
     }
     if (avail && total > avail) return no_room(s, b, n, total, avail, NULL, err);
     for (int i = 0; i < n; i++) {
