@@ -442,6 +442,89 @@ static void test_tied_parameters(void **state)
     gp_graph_free(&g);
 }
 
+/* ---- kernel workspace: the calls each layer makes ----
+ * A layer's workspace is asked (scratch_bytes) for the gradients its
+ * backward computes and, in bf16, with GP_SCRATCH_FLOAT_CALL exactly where
+ * some call of it computes on float32 tensors (staged copies, or float32
+ * storage of its output): a convolution's float32 problem may ask far more
+ * than its bfloat16 one, and a stage whose layers all read bfloat16 must
+ * not plan for it. The stage's workspace is the largest ask, and
+ * scratch_layer names it. */
+
+static uint32_t asked_din[64];
+static bool asked[64];
+
+static size_t recording_scratch(const struct gp_graph *g, const struct gp_node *node,
+                                const struct gp_compute_options *opts, uint32_t din)
+{
+    (void)opts;
+    int i = (int)(node - g->nodes);
+    asked_din[i] = din;
+    asked[i] = true;
+    return (din & GP_SCRATCH_FLOAT_CALL ? 1000u : 0u) + 10u * (size_t)i; /* the last float32 call's is largest */
+}
+
+static enum gp_bf16_calls all_read_bf16(const void *kernel, bool backward)
+{
+    (void)kernel;
+    (void)backward;
+    return GP_BF16_ANY;
+}
+
+static void test_scratch_float_calls(void **state)
+{
+    (void)state;
+    char path[4096];
+    fixture_path("digits_cnn_op17.onnx", path, sizeof path);
+    struct gp_graph g;
+    struct gp_layers l;
+    struct gp_error err = {0};
+    if (gp_onnx_load(path, 2, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+    if (gp_layers_build(&g, &l, &err) != GP_OK) fail_msg("%s", err.msg);
+    assert_true(g.n_nodes <= 64);
+    bool *needs = calloc((size_t)g.n_values + 1, sizeof(bool));
+    assert_non_null(needs);
+    gp_plan_needs_grad(&g, needs);
+    /* fp32; bf16 on the CPU's kernels (every call staged); bf16 with
+     * kernels that all read bfloat16 (only float32 outputs make one). */
+    for (int run = 0; run < 3; run++) {
+        struct gp_compute_ops ops = gp_cpu_compute_ops;
+        ops.scratch_bytes = recording_scratch;
+        if (run == 2) ops.kernel_bf16 = all_read_bf16;
+        struct gp_compute_options opts = {.precision = run ? GP_PRECISION_BF16 : GP_PRECISION_FP32};
+        memset(asked, 0, sizeof asked);
+        struct gp_stage_plan p;
+        if (gp_plan_stage(&g, &l, needs, &ops, &opts, "cpu", 0, g.n_nodes, &p, &err) != GP_OK) fail_msg("%s", err.msg);
+        size_t most = 0;
+        int most_at = -1, flagged = 0;
+        for (int i = 0; i < g.n_nodes; i++) {
+            const struct gp_node *n = &g.nodes[i];
+            assert_true(asked[i]);
+            bool flag = (asked_din[i] & GP_SCRATCH_FLOAT_CALL) != 0;
+            bool expect = run == 1;
+            if (run == 2) {
+                const enum gp_dtype *out_dt = p.call_dt + p.call_dt_off[i] + n->n_inputs + 1;
+                expect = n->n_outputs > 0 && out_dt[0] == GP_DTYPE_FLOAT32;
+            }
+            if (flag != expect)
+                fail_msg("run %d, layer %d (%s): scratch asked %s float32 calls", run, i, n->op_type,
+                         flag ? "with" : "without");
+            flagged += flag;
+            size_t s = recording_scratch(&g, n, &opts, asked_din[i]);
+            if (s > most) most = s, most_at = i;
+        }
+        printf("run %d: %d of %d layers asked with float32 calls; workspace %zu bytes, layer %d's\n", run, flagged,
+               g.n_nodes, p.scratch_bytes, p.scratch_layer);
+        if (run == 2) assert_true(flagged < g.n_nodes); /* the bfloat16 layers plan for no float32 problem */
+        assert_int_equal(p.scratch_bytes, most);
+        assert_int_equal(p.scratch_layer, most_at);
+        gp_plan_free(&p);
+    }
+    free(needs);
+    gp_layers_free(&l);
+    gp_graph_free(&g);
+}
+
 /* ---- the schedules and their slots ----
  * Every schedule of 1..8 stages and 1..16 micro-batches, each generator
  * and checkpoint mode, checked from the action list alone: every stage
@@ -679,6 +762,7 @@ int main(void)
                                        cmocka_unit_test(test_gradient_lifetimes),
                                        cmocka_unit_test(test_forward_only_outputs),
                                        cmocka_unit_test(test_unary_grad_reads),
-                                       cmocka_unit_test(test_tied_parameters)};
+                                       cmocka_unit_test(test_tied_parameters),
+                                       cmocka_unit_test(test_scratch_float_calls)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

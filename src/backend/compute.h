@@ -48,6 +48,10 @@ struct gp_compute_options {
     bool remake_norm;
 };
 
+/* scratch_bytes's din bit for a layer with a call on float32 tensors in
+ * bf16 (gp_compute_ops.scratch_bytes). */
+#define GP_SCRATCH_FLOAT_CALL (1u << 31)
+
 /* One layer's call: the fields of the backends' kernel contexts
  * (backend/cpu/kernel.h says what each means). */
 struct gp_layer_call {
@@ -173,7 +177,11 @@ struct gp_compute_ops {
      * for a backward that computes the gradients of the inputs in `din`
      * (bit k: input k; all bits when the caller does not know): a
      * convolution plans no workspace for a direction it never runs (the
-     * data gradient of a network's first convolution). */
+     * data gradient of a network's first convolution). Bit 31
+     * (GP_SCRATCH_FLOAT_CALL) says that in bf16 some call of the layer
+     * computes on float32 tensors (its own float32 storage, or copies:
+     * backend/mixed_call.h), where a convolution runs another problem;
+     * without it, only its bfloat16 calls are planned for. */
     size_t (*scratch_bytes)(const struct gp_graph *g, const struct gp_node *node,
                             const struct gp_compute_options *opts, uint32_t din);
     gp_status (*forward)(void *ctx, const struct gp_layer_call *c, struct gp_error *err);

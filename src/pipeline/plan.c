@@ -581,13 +581,28 @@ static gp_status plan_once(const struct gp_graph *g, const struct gp_compute_ops
     return GP_OK;
 }
 
+/* ---- kernel workspace ----
+ * Layer i's workspace for the gradients its backward computes (din), and
+ * in bf16 for its calls on float32 tensors where it has any (float_call:
+ * a convolution then runs a float32 problem, whose algorithms may ask
+ * far more than its bfloat16 ones: up to ~1 GiB against ~0.2 on
+ * ResNet-50 at batch 128); the stage's is the largest. */
+static void plan_scratch(const struct gp_graph *g, const struct gp_compute_ops *ops,
+                         const struct gp_compute_options *opts, struct gp_stage_plan *p, int i, uint32_t din,
+                         bool float_call)
+{
+    size_t s = ops->scratch_bytes(g, &g->nodes[i], opts, din | (float_call ? GP_SCRATCH_FLOAT_CALL : 0));
+    if (s > p->scratch_bytes) p->scratch_bytes = s, p->scratch_layer = i;
+}
+
 /* ---- float32 staging ----
  * The most any call of the stage needs for float32 [N, C, H, W] copies of
  * its channels-last tensors, for kernels that read them otherwise
  * (backend/mixed_call.h), forward or backward; nothing when no value is
- * channels-last. */
+ * channels-last. And each layer's workspace (no bfloat16 here). */
 static gp_status plan_layout_staging(const struct gp_graph *g, const bool *needs_grad,
-                                     const struct gp_compute_ops *ops, struct gp_stage_plan *p)
+                                     const struct gp_compute_ops *ops, const struct gp_compute_options *opts,
+                                     struct gp_stage_plan *p)
 {
     for (int i = p->first; i < p->last; i++) {
         const struct gp_node *n = &g->nodes[i];
@@ -597,6 +612,7 @@ static gp_status plan_layout_staging(const struct gp_graph *g, const bool *needs
         size_t b = din ? gp_mixed_staging_bytes(ops, kernel, g, n, NULL, NULL, NULL, NULL, true, din) : 0;
         if (f > p->staging_bytes) p->staging_bytes = f;
         if (b > p->staging_bytes) p->staging_bytes = b;
+        plan_scratch(g, ops, opts, p, i, din, false);
     }
     return GP_OK;
 }
@@ -606,13 +622,14 @@ static gp_status plan_layout_staging(const struct gp_graph *g, const bool *needs
  * most any call of the stage needs for float32 copies of its bfloat16
  * (or channels-last) tensors (kernels that compute in float32), forward or
  * backward, the loss on the last stage's output (nothing where the
- * backend's loss reads bfloat16 itself). Evaluation reads a bfloat16
+ * backend's loss reads bfloat16 itself); each layer's workspace for the
+ * calls it makes (plan_scratch). Evaluation reads a bfloat16
  * output back as it is and widens it on the host (gp_pipeline_eval). */
 static gp_status plan_calls(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
-                            struct gp_stage_plan *p, struct gp_error *err)
+                            const struct gp_compute_options *opts, struct gp_stage_plan *p, struct gp_error *err)
 {
     p->staging_bytes = 0;
-    if (p->precision != GP_PRECISION_BF16) return plan_layout_staging(g, needs_grad, ops, p);
+    if (p->precision != GP_PRECISION_BF16) return plan_layout_staging(g, needs_grad, ops, opts, p);
     int nl = p->last - p->first;
     size_t total = 0;
     p->call_dt_off = malloc(sizeof(size_t) * ((size_t)nl + 1));
@@ -636,6 +653,8 @@ static gp_status plan_calls(const struct gp_graph *g, const bool *needs_grad, co
         size_t b = din ? gp_mixed_staging_bytes(ops, kernel, g, n, in_dt, out_dt, din_dt, dout_dt, true, din) : 0;
         if (f > p->staging_bytes) p->staging_bytes = f;
         if (b > p->staging_bytes) p->staging_bytes = b;
+        /* On float32 tensors: staged (copies), or its output stored so. */
+        plan_scratch(g, ops, opts, p, i, din, f > 0 || b > 0 || (n->n_outputs > 0 && out_dt[0] == GP_DTYPE_FLOAT32));
     }
     for (int k = 0; k < g->n_outputs; k++) {
         int v = g->outputs[k];
@@ -782,9 +801,6 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         const struct gp_node *n = &g->nodes[i];
         p->saved_off[i - first] = p->local_bytes;
         p->local_bytes += align64(ops->saved_bytes(g, n));
-        /* Its workspace for the gradients its backward computes. */
-        size_t scratch = ops->scratch_bytes(g, n, opts, backward_din(g, needs_grad, p, n));
-        if (scratch > p->scratch_bytes) p->scratch_bytes = scratch, p->scratch_layer = i;
         if (n->n_inputs > p->max_inputs) p->max_inputs = n->n_inputs;
         if (n->n_outputs > p->max_outputs) p->max_outputs = n->n_outputs;
     }
@@ -810,7 +826,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     free(remade_at);
     free(set_death);
     if (st != GP_OK) return st;
-    return plan_calls(g, needs_grad, ops, p, err);
+    return plan_calls(g, needs_grad, ops, opts, p, err);
 }
 
 void gp_plan_free(struct gp_stage_plan *p)

@@ -1316,10 +1316,11 @@ extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const str
     bool y_cl = !transpose && gp_node_output(g, node, 0)->channels_last;
     if (conv_geom_init(g, node, transpose, x_cl || y_cl, &geom, &err) != GP_OK) return 0; /* the run reports it */
     size_t ws = nhwc_bytes(&geom, options_mode(opts).bf16, x_cl, y_cl) + mode_scratch(&geom, options_mode(opts), din);
-    if (opts->precision == GP_PRECISION_BF16) {
-        /* A mixed-type call (and with GP_CONV_BF16_BACKWARD=staged the
-         * backward) runs on float32 copies with TF32 (ctx_mode of a bf16
-         * stage's staged call). */
+    if (opts->precision == GP_PRECISION_BF16 && (din & GP_SCRATCH_FLOAT_CALL)) {
+        /* A call on float32 tensors (mixed types, staged on float32
+         * copies, and with GP_CONV_BF16_BACKWARD=staged every backward)
+         * runs with TF32 (ctx_mode of a bf16 stage's float32 call); the
+         * planner says whether the layer makes one. */
         struct conv_mode staged = {false, true, opts->fast_conv};
         struct conv_geom flat; /* staged calls get [N, C, H, W] copies */
         if (conv_geom_init(g, node, transpose, false, &flat, &err) != GP_OK) return ws;

@@ -124,7 +124,8 @@ const struct gp_cuda_kernel *gp_cuda_kernel_for(const struct gp_node *node);
 /* The workspace a Conv or ConvTranspose node takes with a stage's options
  * (its algorithms, and so their workspace, depend on the precision and on
  * fast_conv; cuda/conv.cu) and a backward computing the gradients of the
- * inputs in `din` (bit k: input k; ~0u: all), for the planner: exactly
+ * inputs in `din` (bit k: input k; ~0u: all; GP_SCRATCH_FLOAT_CALL: in bf16,
+ * its float32 calls too, backend/compute.h), for the planner: exactly
  * that mode's and those directions', where the kernel's scratch_bytes is
  * the most of any mode and direction. Attention nodes:
  * gp_cuda_attention_scratch_bytes. Other nodes: their kernel's
