@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "op_compare.h"
 
@@ -33,6 +34,21 @@ static inline uint64_t next_u64(void)
 
 /* Uniform in [0, 1). */
 static inline double next_unit(void) { return (double)next_u64() * (1.0 / 9007199254740992.0); }
+
+/* A float's bits and back (bit-for-bit comparisons). */
+static inline uint32_t bits_of(float x)
+{
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+static inline float float_of(uint32_t b)
+{
+    float x;
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
 
 static inline int64_t *ints64(int64_t n, int64_t lo, int64_t hi)
 {

@@ -535,20 +535,6 @@ static void test_conv_partial_backward(void **state)
 
 /* ---- 3xTF32 operand splits (cuda/conv_x3.h) ---- */
 
-static uint32_t bits_of(float x)
-{
-    uint32_t b;
-    memcpy(&b, &x, sizeof b);
-    return b;
-}
-
-static float float_of(uint32_t b)
-{
-    float x;
-    memcpy(&x, &b, sizeof x);
-    return x;
-}
-
 /* The split as conv_x3.h says: hi x rounded to TF32 (to nearest, ties away
  * from zero; truncated where that would overflow), lo the rest rounded so;
  * a NaN or an infinity its own hi, lo 0. */
