@@ -3,7 +3,8 @@
 (torch.distributed.pipelining, ScheduleGPipe) on the same models and the same split.
 
     python3 bench/pipeline.py --gpipe build/src/gpipe-onnx \\
-        [--models resnet50,unet,gpt2] [--m 1,4,8,32] [--gpus 2] [--share-gpu] [--precision fp32] \\
+        [--models resnet50,unet,gpt2] [--m 1,4,8,32] [--gpus 2] [--share-gpu] [--mpi mpirun] \\
+        [--precision fp32] \\
         [--warmup 3] [--steps 6] [--deadline SECONDS] [--trace-dir DIR] \\
         [--out pipeline.json] [--markdown pipeline.md]
 
@@ -379,12 +380,23 @@ class Bench(object):
             return None, {"method": "even", "balance_error": str(e)}
 
     def gpipe_train(self, name, onnx_path, batch, m, devices, checkpoint, balance, precision,
-                    workdir, trace=None):
+                    workdir, trace=None, processes=0, replicas=1):
+        """One gpipe-onnx run: in one process, or (processes > 0) under --mpi as that many
+        ranks, each a stage (--pipeline K) or, with replicas > 1, a replica of one stage
+        training batch / replicas of the mini-batch (--pipeline 1)."""
         a = self.args
         k = len(devices.split(","))
-        tag = "%s-%s-m%d-%s-%s" % (name, precision, m, "k%d" % k, checkpoint)
+        tag = "%s-%s-m%d-%s-%s%s" % (name, precision, m, "k%d" % k, checkpoint,
+                                     "-np%d-d%d" % (processes, replicas) if processes else "")
         metrics = os.path.join(workdir, tag + ".metrics.jsonl")
-        cmd = [a.gpipe, "train", onnx_path,
+        launcher = []
+        if processes:
+            launcher = [a.mpi, "-np", str(processes), "-x", "NCCL_NVLS_ENABLE", "-x", "TORCH_SYMM_MEM_DISABLE_MULTICAST"]
+            if self.cpu:
+                launcher.append("--oversubscribe")   # more ranks than cores on a small machine
+            if hasattr(os, "geteuid") and os.geteuid() == 0:
+                launcher.append("--allow-run-as-root")
+        cmd = launcher + [a.gpipe, "train", onnx_path,
                "--synthetic", str(2 * batch), "--batch", str(batch),
                "--steps", str(a.warmup + a.steps), "--devices", devices, "--chunks", str(m),
                "--checkpoint", checkpoint,
@@ -392,13 +404,17 @@ class Bench(object):
                "--loss", LOSS[name], "--metrics", metrics]
         if balance and k > 1:
             cmd += ["--balance", ",".join(str(b) for b in balance)]
+        if processes:
+            cmd += ["--pipeline", str(processes // replicas)]
         if precision != "fp32":
             cmd += ["--precision", precision]
         if trace:
             cmd += ["--trace", trace]
         cmd += shlex.split(a.gpipe_args)
-        label = "%s %s M=%d: gpipe-onnx %d %s%s, checkpoint %s" % (
-            name, precision, m, k, self.word, "s" if k > 1 else "", checkpoint)
+        label = "%s %s M=%d: gpipe-onnx %d %s%s, checkpoint %s%s" % (
+            name, precision, m, k, self.word, "s" if k > 1 else "", checkpoint,
+            "" if not processes else ", %d processes%s" % (
+                processes, " (%d replicas)" % replicas if replicas > 1 else ""))
         t = self.deadline.timeout(a.timeout)
         if t is None:
             return {"error": SKIPPED}
@@ -509,7 +525,8 @@ class Bench(object):
         def fail_all(msg):
             split["error"] = msg
             for row in rows:
-                for key in ("gpipe_1_never", "gpipe_k_never", "gpipe_1_always", "gpipe_k_always"):
+                for key in ("gpipe_1_never", "gpipe_k_never", "gpipe_1_always", "gpipe_k_always") + (
+                        ("gpipe_k_mpi", "gpipe_dp") if a.mpi else ()):
                     row.setdefault(key, {"error": msg})
                 row.setdefault("torch", {"error": msg})
             self.write()
@@ -562,6 +579,18 @@ class Bench(object):
                 row["gpipe_1_never"] = self.gpipe_train(name, onnx_path, batch, m, self.dev1, "never",
                                                         None, precision, workdir)
                 self.write()
+            if a.mpi:
+                # The same pipeline as K processes, and K data-parallel replicas of the
+                # whole model, each with the 1-device run's share (K x the batch).
+                for row in prow:
+                    m = row["m"]
+                    row["gpipe_k_mpi"] = self.gpipe_train(name, onnx_path, batch, m, self.devk, "never",
+                                                          bal, precision, workdir, processes=a.gpus)
+                    self.write()
+                    row["gpipe_dp"] = self.gpipe_train(name, onnx_path, a.gpus * batch, m, self.dev1, "never",
+                                                       None, precision, workdir, processes=a.gpus,
+                                                       replicas=a.gpus)
+                    self.write()
             res = self.torch_side(name, precision, batch, [r["m"] for r in prow],
                                   [c["unit_index"] for c in cuts] if cuts else None)
             for row in prow:
@@ -714,6 +743,8 @@ class Bench(object):
                 ]
                 for r in rows:
                     lines.append(self.table_row(r))
+                if a.mpi:
+                    lines += [""] + self.mpi_lines(rows)
                 for r in rows:
                     tr = (r.get("gpipe_k_never") or {}).get("trace")
                     if tr:
@@ -725,6 +756,33 @@ class Bench(object):
                     lines.append("M = %s skipped: does not divide the batch." %
                                  ", ".join(str(m) for m in sp["skipped_m"]))
         return lines
+
+    def mpi_lines(self, rows):
+        """The --mpi table: the K-stage pipeline as K processes against in one process, and
+        K data-parallel replicas (each the 1-device run's batch) against one device."""
+        K, w = self.args.gpus, self.word
+
+        def rate(side):
+            if side is None:
+                return "not run"
+            if side.get("error"):
+                return md_cell(side["error"])
+            return "%.1f" % side["samples_per_s"]
+
+        def ratio(x, y):
+            ok = all(v is not None and not v.get("error") for v in (x, y))
+            return "%.3fx" % (x["samples_per_s"] / y["samples_per_s"]) if ok else "-"
+
+        out = ["| M | gpipe-onnx %d %ss, one process | %d processes (`mpirun -np %d ... --pipeline %d`) | "
+               "processes / one process | %d replicas of the model (`--pipeline 1`, %d x the batch) | "
+               "replicas / one %s (ideal %dx) |" % (K, w, K, K, K, K, K, w, K),
+               "|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            mp, dp = r.get("gpipe_k_mpi"), r.get("gpipe_dp")
+            out.append("| %d | %s | %s | %s | %s | %s |" % (
+                r["m"], rate(r.get("gpipe_k_never")), rate(mp), ratio(mp, r.get("gpipe_k_never")), rate(dp),
+                ratio(dp, r.get("gpipe_1_never"))))
+        return out
 
     def split_lines(self, name, sp):
         out = []
@@ -860,6 +918,9 @@ def main():
     ap.add_argument("--m", default=DEFAULT_M,
                     help="micro-batch counts M (default %s; an M that does not divide the batch is skipped)" % DEFAULT_M)
     ap.add_argument("--gpus", type=int, default=2, help="K, the pipeline's GPUs/stages (default 2)")
+    ap.add_argument("--mpi", default=None, metavar="MPIRUN",
+                    help="also run the K-stage pipeline as K processes and K data-parallel replicas "
+                         "under this Open MPI mpirun (e.g. mpirun), beside the in-process runs")
     ap.add_argument("--share-gpu", action="store_true",
                     help="the K stages on the first GPU (a machine with one): the pipeline's own cost, ideal 1x; "
                          "no PyTorch side")
@@ -915,6 +976,13 @@ def main():
         ap.error("--m wants positive numbers")
     if args.gpus < 2:
         ap.error("--gpus must be at least 2")
+    if args.mpi:
+        found = shutil.which(args.mpi)
+        if not found:
+            ap.error("--mpi %s: no such launcher" % args.mpi)
+        args.mpi = found
+        if args.share_gpu:
+            ap.error("--mpi runs a process a GPU: not with --share-gpu")
     if args.warmup is None:
         args.warmup = 1 if args.tiny else 3
     if args.steps is None:
