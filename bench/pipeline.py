@@ -37,7 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import (LOSS, MODELS, NO_MULTICAST_ENV, PRECISIONS, error_line, export,  # noqa: E402
+from common import (LOSS, MODELS, NO_MULTICAST_ENV, PRECISIONS, error_line, export, fmt_rate,  # noqa: E402
                     gpipe_run, gpipe_version, last_line, log, md_cell, quote, run, run_stream,
                     set_log_prefix, summarize)
 
@@ -762,13 +762,6 @@ class Bench(object):
         K data-parallel replicas (each the 1-device run's batch) against one device."""
         K, w = self.args.gpus, self.word
 
-        def rate(side):
-            if side is None:
-                return "not run"
-            if side.get("error"):
-                return md_cell(side["error"])
-            return "%.1f" % side["samples_per_s"]
-
         def ratio(x, y):
             ok = all(v is not None and not v.get("error") for v in (x, y))
             return "%.3fx" % (x["samples_per_s"] / y["samples_per_s"]) if ok else "-"
@@ -780,7 +773,8 @@ class Bench(object):
         for r in rows:
             mp, dp = r.get("gpipe_k_mpi"), r.get("gpipe_dp")
             out.append("| %d | %s | %s | %s | %s | %s |" % (
-                r["m"], rate(r.get("gpipe_k_never")), rate(mp), ratio(mp, r.get("gpipe_k_never")), rate(dp),
+                r["m"], fmt_rate(r.get("gpipe_k_never")), fmt_rate(mp), ratio(mp, r.get("gpipe_k_never")),
+                fmt_rate(dp),
                 ratio(dp, r.get("gpipe_1_never"))))
         return out
 
@@ -822,13 +816,6 @@ class Bench(object):
         def ok(side):
             return side is not None and not side.get("error")
 
-        def rate(side):
-            if side is None:
-                return "not run"
-            if side.get("error"):
-                return md_cell(side["error"])
-            return "%.1f" % side["samples_per_s"]
-
         g1, gk = r.get("gpipe_1_never"), r.get("gpipe_k_never")
         a1, ak = r.get("gpipe_1_always"), r.get("gpipe_k_always")
         t = r.get("torch")
@@ -867,7 +854,7 @@ class Bench(object):
             else:
                 tmem = ", ".join(fmt_bytes(p["max_memory_allocated"]) for p in t["per_rank"])
         return "| %d | %d | %s | %s | %s | %.2fx | %s | %s | %s | %s | %s | %s | %s |" % (
-            m, r["micro_batch"], rate(g1), rate(gk), speed, ideal, eff, rate(t), ratio,
+            m, r["micro_batch"], fmt_rate(g1), fmt_rate(gk), speed, ideal, eff, fmt_rate(t), ratio,
             overhead(g1, a1), overhead(gk, ak), "<br>".join(mem) or "-", tmem)
 
 
