@@ -143,15 +143,23 @@ struct region {
     int until; /* layer whose backward ends it; INT_MIN: the end of the backward */
 };
 
-static size_t first_fit(const struct region *live, int n_live, size_t size)
+static size_t align_to(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* The first offset (a multiple of `align`) where `size` bytes meet none of
+ * the regions in live (sorted by offset). */
+static size_t first_fit_aligned(const struct region *live, int n_live, size_t size, size_t align)
 {
-    /* live is sorted by offset. */
     size_t at = 0;
     for (int r = 0; r < n_live; r++) {
         if (live[r].off >= at + size) return at;
-        if (live[r].off + live[r].size > at) at = live[r].off + live[r].size;
+        if (live[r].off + live[r].size > at) at = align_to(live[r].off + live[r].size, align);
     }
     return at;
+}
+
+static size_t first_fit(const struct region *live, int n_live, size_t size)
+{
+    return first_fit_aligned(live, n_live, size, 1);
 }
 
 static void insert_sorted(struct region *live, int *n_live, struct region r)
@@ -195,15 +203,22 @@ static void add_dead(struct region *dead, int *n_dead, size_t off, size_t size)
 /* The first offset where [at, at + size) lies inside one dead interval and
  * meets none of the regions placed in the set (live, sorted by offset);
  * SIZE_MAX when there is none. */
-static size_t set_fit(const struct region *dead, int n_dead, const struct region *live, int n_live, size_t size)
+static size_t set_fit_aligned(const struct region *dead, int n_dead, const struct region *live, int n_live,
+                              size_t size, size_t align)
 {
     for (int d = 0; d < n_dead; d++) {
-        size_t at = dead[d].off, end = dead[d].off + dead[d].size;
+        size_t at = align_to(dead[d].off, align), end = dead[d].off + dead[d].size;
         for (int r = 0; r < n_live && at + size <= end; r++)
-            if (live[r].off < at + size && live[r].off + live[r].size > at) at = live[r].off + live[r].size;
+            if (live[r].off < at + size && live[r].off + live[r].size > at)
+                at = align_to(live[r].off + live[r].size, align);
         if (at + size <= end) return at;
     }
     return SIZE_MAX;
+}
+
+static size_t set_fit(const struct region *dead, int n_dead, const struct region *live, int n_live, size_t size)
+{
+    return set_fit_aligned(dead, n_dead, live, n_live, size, 1);
 }
 
 /* First writers: the backward of a value's birth layer writes its
@@ -338,6 +353,19 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
             }
             *(remade ? &p->remade_off[v] : &p->grad_off[v]) = r.off;
             *(remade ? &p->remade_in_set[v] : &p->grad_in_set[v]) = at != SIZE_MAX;
+        }
+        /* Then this layer's backward workspace, alive for its call only:
+         * in the set's dead bytes where it fits, else the block's. */
+        size_t ws = layer < last ? p->bwd_scratch_bytes[layer - first] : 0;
+        if (ws) {
+            size_t at = use_sets ? set_fit_aligned(dead, n_dead, in_set, n_set, align64(ws), GP_SCRATCH_ALIGN)
+                                 : SIZE_MAX;
+            if (at != SIZE_MAX) {
+                insert_sorted(in_set, &n_set, (struct region){.off = at, .size = align64(ws), .until = layer});
+                p->bwd_scratch_off[layer - first] = at;
+            } else if (ws > p->scratch_bytes) {
+                p->scratch_bytes = ws, p->scratch_layer = layer;
+            }
         }
         /* After this layer's backward its outputs' gradients (and its
          * remade output) are done, and the set's bytes that only it read
@@ -591,8 +619,14 @@ static void plan_scratch(const struct gp_graph *g, const struct gp_compute_ops *
                          const struct gp_compute_options *opts, struct gp_stage_plan *p, int i, uint32_t din,
                          bool float_call)
 {
-    size_t s = ops->scratch_bytes(g, &g->nodes[i], opts, din | (float_call ? GP_SCRATCH_FLOAT_CALL : 0));
+    uint32_t flags = float_call ? GP_SCRATCH_FLOAT_CALL : 0;
+    /* A backward of its own (plan_gradients places its workspace); a
+     * once-per-step layer's runs after every micro-batch's, in the block. */
+    const char *env = getenv("GP_SCRATCH_IN_SETS");
+    bool apart = din && !p->once[i - p->first] && !(env && !strcmp(env, "0"));
+    size_t s = ops->scratch_bytes(g, &g->nodes[i], opts, (apart ? 0 : din) | flags);
     if (s > p->scratch_bytes) p->scratch_bytes = s, p->scratch_layer = i;
+    if (apart) p->bwd_scratch_bytes[i - p->first] = ops->scratch_bytes(g, &g->nodes[i], opts, din | flags | GP_SCRATCH_BACKWARD);
 }
 
 /* ---- float32 staging ----
@@ -629,6 +663,11 @@ static gp_status plan_calls(const struct gp_graph *g, const bool *needs_grad, co
                             const struct gp_compute_options *opts, struct gp_stage_plan *p, struct gp_error *err)
 {
     p->staging_bytes = 0;
+    int n_layers = p->last - p->first;
+    p->bwd_scratch_bytes = calloc((size_t)n_layers + 1, sizeof(size_t));
+    p->bwd_scratch_off = malloc(sizeof(size_t) * ((size_t)n_layers + 1));
+    if (!p->bwd_scratch_bytes || !p->bwd_scratch_off) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    for (int i = 0; i < n_layers; i++) p->bwd_scratch_off[i] = SIZE_MAX;
     if (p->precision != GP_PRECISION_BF16) return plan_layout_staging(g, needs_grad, ops, opts, p);
     int nl = p->last - p->first;
     size_t total = 0;
@@ -804,6 +843,9 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         if (n->n_inputs > p->max_inputs) p->max_inputs = n->n_inputs;
         if (n->n_outputs > p->max_outputs) p->max_outputs = n->n_outputs;
     }
+    /* Every set starts where a workspace may (plan_gradients places
+     * backward workspaces in a set's dead bytes). */
+    p->local_bytes = align_to(p->local_bytes, GP_SCRATCH_ALIGN);
     /* Gradients arriving from the next stage for the output frontier. */
     bool *inbox = calloc((size_t)nv + 1, sizeof(bool));
     if (!inbox) {
@@ -821,12 +863,14 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     /* One gradient set, reused by every micro-batch's backward, for the
      * stage's values and its input frontier that carry gradients
      * (parameters keep theirs in the static gradient block). */
-    st = plan_gradients(g, needs_grad, ops, p, inbox, remade_at, set_death, err);
+    /* The calls' types, staging and workspaces first: the gradients' plan
+     * places the backward workspaces. */
+    st = plan_calls(g, needs_grad, ops, opts, p, err);
+    if (st == GP_OK) st = plan_gradients(g, needs_grad, ops, p, inbox, remade_at, set_death, err);
     free(inbox);
     free(remade_at);
     free(set_death);
-    if (st != GP_OK) return st;
-    return plan_calls(g, needs_grad, ops, opts, p, err);
+    return st;
 }
 
 void gp_plan_free(struct gp_stage_plan *p)
@@ -848,6 +892,8 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->remade);
     free(p->grad_in_set);
     free(p->remade_in_set);
+    free(p->bwd_scratch_bytes);
+    free(p->bwd_scratch_off);
     free(p->once);
     free(p->dt);
     free(p->shadow_off);
