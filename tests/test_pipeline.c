@@ -795,8 +795,9 @@ static void test_gradients_in_sets(void **state)
     printf("gradients in the activation sets: %d runs identical to a separate gradient set, bit for bit\n", runs);
 }
 
-/* Backward workspaces in the activation sets' dead bytes (plan.h,
- * bwd_scratch_off): the same bits as every workspace in the kernel
+/* Workspaces in the timelines (plan.h): backward ones in the activation
+ * sets' dead bytes (bwd_scratch_off), forward ones in the arena
+ * (fwd_scratch_off): the same bits as every workspace in the kernel
  * workspace block (GP_SCRATCH_IN_SETS=0), no stage planned larger, on the
  * fixtures whose kernels use workspaces (convolutions, GPT's matrix
  * products), fp32 and bf16, 1-3 stages, checkpointing, 1F1B. */
@@ -823,7 +824,7 @@ static void test_workspaces_in_sets(void **state)
                 unsetenv("GP_SCRATCH_IN_SETS");
                 run(fixtures[f], 8, K, M, mode, NULL, &in_sets);
                 char what[200];
-                snprintf(what, sizeof what, "%s %s, backward workspaces in the sets' dead bytes, %d stage(s) x %d "
+                snprintf(what, sizeof what, "%s %s, workspaces in the arena and the sets' dead bytes, %d stage(s) x %d "
                          "micro-batches (%s), checkpoint %s", gp_precision_name(precision), fixtures[f], K, M,
                          gp_pipe_schedule_name(schedule), gp_checkpoint_name(mode));
                 assert_identical(what, &in_sets, &block, "every workspace in the block");
@@ -839,7 +840,7 @@ static void test_workspaces_in_sets(void **state)
     precision = GP_PRECISION_FP32;
     schedule = GP_PIPE_GPIPE;
     steps = STEPS;
-    printf("backward workspaces in the activation sets: %d runs identical to the block's, bit for bit\n", runs);
+    printf("workspaces in the arena and the activation sets: %d runs identical to the block's, bit for bit\n", runs);
 }
 
 int main(void)

@@ -69,8 +69,9 @@ static void check_in_set(const struct gp_graph *g, const struct gp_stage_plan *p
     }
 }
 
-/* Backward workspaces check_stage found in the activation sets. */
-static int workspaces_in_sets;
+/* Backward workspaces check_stage found in the activation sets, forward
+ * ones in the arena. */
+static int workspaces_in_sets, workspaces_in_arena;
 
 static void check_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs, int first, int last,
                         size_t *set_bytes, size_t *sum_bytes, int *once_layers, int *overwritten, int *in_set)
@@ -239,6 +240,30 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
                          last - 1, g->values[a].name, g->values[b].name);
         }
     }
+    /* Forward workspaces in the arena (plan.h, fwd_scratch_off): aligned,
+     * inside it, apart from every arena value alive during their layer's
+     * forward (from its producer's forward to its last reader's); never a
+     * once-per-step layer's. */
+    for (int i = first; i < last; i++) {
+        size_t o = p.fwd_scratch_off[i - first], ws = p.fwd_scratch_bytes[i - first];
+        if (o == SIZE_MAX) {
+            assert_true(ws <= p.scratch_bytes); /* the block holds it */
+            continue;
+        }
+        assert_false(p.once[i - first]);
+        assert_true(ws > 0 && o % GP_SCRATCH_ALIGN == 0 && o + ws <= p.arena_bytes);
+        for (int a = 0; a < nv; a++) {
+            if (p.home[a] != GP_HOME_ARENA) continue;
+            int pa = g->values[a].producer, ea = pa;
+            for (int q = first; q < last; q++)
+                for (int k = 0; k < g->nodes[q].n_inputs; k++)
+                    if (g->nodes[q].inputs[k] == a && q > ea) ea = q;
+            size_t sa = align64(gp_value_bytes(&g->values[a]));
+            if (pa <= i && i <= ea && p.off[a] < o + ws && o < p.off[a] + sa)
+                fail_msg("layer %d's forward workspace overlaps '%s' in the arena", i, g->values[a].name);
+        }
+        workspaces_in_arena++;
+    }
     /* Layers computed once per step read static values only, and their
      * outputs stay in the stage. */
     int once = 0;
@@ -304,11 +329,11 @@ static void test_gradient_lifetimes(void **state)
         printf("%-16s gradient set %8zu bytes, %8zu without sharing; %d layers once per step; "
                "%d gradients written whole by their first writer; %d in the activation set's dead bytes\n",
                fixtures[f], whole_set, whole_sum, once, written, in_sets);
-        printf("%-16s %d backward workspaces in the activation sets' dead bytes (1 to 3 stages)\n", fixtures[f],
-               workspaces_in_sets);
-        if (strncmp(fixtures[f], "resnet", 6) == 0 && workspaces_in_sets == 0)
-            fail_msg("%s: no backward workspace lies in the activation set's dead bytes", fixtures[f]);
-        workspaces_in_sets = 0;
+        printf("%-16s %d backward workspaces in the activation sets' dead bytes, %d forward ones in the arena "
+               "(1 to 3 stages)\n", fixtures[f], workspaces_in_sets, workspaces_in_arena);
+        if (strncmp(fixtures[f], "resnet", 6) == 0 && (workspaces_in_sets == 0 || workspaces_in_arena == 0))
+            fail_msg("%s: no workspace lies in the activation set's dead bytes or in the arena", fixtures[f]);
+        workspaces_in_sets = workspaces_in_arena = 0;
         /* A deep convolution net's late gradients find dead bytes. */
         if ((strncmp(fixtures[f], "resnet", 6) == 0 || strncmp(fixtures[f], "unet", 4) == 0) && in_sets == 0)
             fail_msg("%s: no gradient lies in the activation set's dead bytes", fixtures[f]);
@@ -556,10 +581,9 @@ static void test_scratch_float_calls(void **state)
                 fail_msg("run %d, layer %d (%s): scratch asked %s float32 calls", run, i, n->op_type,
                          flag ? "with" : "without");
             flagged += flag;
-            /* The block holds every forward's, and each backward's
-             * (256-byte aligned) that found no dead bytes of the set. */
-            size_t s = (asked_din[i] & GP_SCRATCH_FLOAT_CALL ? 1000u : 0u) + 10u * (size_t)i;
-            if (s > most) most = s;
+            /* The block holds each workspace that found no place in the
+             * arena (forward) or in the set's dead bytes (backward). */
+            if (p.fwd_scratch_off[i] == SIZE_MAX && p.fwd_scratch_bytes[i] > most) most = p.fwd_scratch_bytes[i];
             if (p.bwd_scratch_off[i] == SIZE_MAX && p.bwd_scratch_bytes[i] > most) most = p.bwd_scratch_bytes[i];
         }
         printf("run %d: %d of %d layers asked with float32 calls; workspace %zu bytes, layer %d's\n", run, flagged,
@@ -569,8 +593,8 @@ static void test_scratch_float_calls(void **state)
         /* scratch_layer names a layer that asks that much (ties: any). */
         int at = p.scratch_layer;
         assert_true(at >= 0 && at < g.n_nodes);
-        size_t named = (asked_din[at] & GP_SCRATCH_FLOAT_CALL ? 1000u : 0u) + 10u * (size_t)at;
-        assert_true(named == most || (p.bwd_scratch_off[at] == SIZE_MAX && p.bwd_scratch_bytes[at] == most));
+        assert_true((p.fwd_scratch_off[at] == SIZE_MAX && p.fwd_scratch_bytes[at] == most) ||
+                    (p.bwd_scratch_off[at] == SIZE_MAX && p.bwd_scratch_bytes[at] == most));
         gp_plan_free(&p);
     }
     free(needs);

@@ -363,8 +363,6 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
             if (at != SIZE_MAX) {
                 insert_sorted(in_set, &n_set, (struct region){.off = at, .size = align64(ws), .until = layer});
                 p->bwd_scratch_off[layer - first] = at;
-            } else if (ws > p->scratch_bytes) {
-                p->scratch_bytes = ws, p->scratch_layer = layer;
             }
         }
         /* After this layer's backward its outputs' gradients (and its
@@ -481,6 +479,14 @@ static bool remakeable(const struct gp_graph *g, const struct gp_compute_ops *op
  * layer), so its bytes of the set may hold gradients from then on; INT_MIN
  * where that never comes (read by no backward, or copied to the next
  * stage or a graph output: other streams read those). */
+/* Workspaces placed in the arena and the sets (plan.h), unless
+ * GP_SCRATCH_IN_SETS=0 keeps them all in the block. */
+static bool scratch_in_sets(void)
+{
+    const char *env = getenv("GP_SCRATCH_IN_SETS");
+    return !(env && !strcmp(env, "0"));
+}
+
 static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
                             const struct gp_compute_options *opts, struct gp_stage_plan *p, int *remade_at,
                             int *set_death, struct gp_error *err)
@@ -555,6 +561,34 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, co
             if (live[r].until != i) live[kept_n++] = live[r];
         n_live = kept_n;
     }
+    /* The forwards' workspaces (plan.h, fwd_scratch_off), each alive during
+     * its layer's call, beside the arena values alive then, where that
+     * fits below the arena's size: a second walk over the same regions,
+     * which never grows the arena. Not a once-per-step layer's, nor one
+     * whose output is remade (its remake is a forward in the backward,
+     * when the arena is not the forward's). */
+    n_live = 0;
+    for (int i = first; i < last && scratch_in_sets(); i++) {
+        const struct gp_node *n = &g->nodes[i];
+        bool remakes_here = false;
+        for (int k = 0; k < n->n_outputs; k++) {
+            int v = n->outputs[k];
+            if (v < 0 || p->home[v] != GP_HOME_ARENA) continue;
+            remakes_here |= remade_at[v] != INT_MIN;
+            insert_sorted(live, &n_live,
+                          (struct region){.off = p->off[v], .size = align64(gp_plan_value_bytes(g, p, v)),
+                                          .until = last_read[v] >= i ? last_read[v] : i});
+        }
+        size_t ws = align64(p->fwd_scratch_bytes[i - first]);
+        if (ws && !p->once[i - first] && !remakes_here) {
+            size_t at = first_fit_aligned(live, n_live, ws, GP_SCRATCH_ALIGN);
+            if (at + ws <= p->arena_bytes) p->fwd_scratch_off[i - first] = at;
+        }
+        int kept_n = 0;
+        for (int r = 0; r < n_live; r++)
+            if (live[r].until != i) live[kept_n++] = live[r];
+        n_live = kept_n;
+    }
     for (int v = 0; v < nv; v++)
         if (pinned[v] || p->home[v] != GP_HOME_LOCAL) set_death[v] = INT_MIN;
     free(kept);
@@ -615,18 +649,33 @@ static gp_status plan_once(const struct gp_graph *g, const struct gp_compute_ops
  * a convolution then runs a float32 problem, whose algorithms may ask
  * far more than its bfloat16 ones: up to ~1 GiB against ~0.2 on
  * ResNet-50 at batch 128); the stage's is the largest. */
+/* Layer i's asks: its forward's workspace and its backward's apart (the
+ * arena and the sets place them: plan_arena, plan_gradients), or, for a
+ * once-per-step layer (its calls run outside the micro-batches' timelines)
+ * and with GP_SCRATCH_IN_SETS=0, the most of both, for the block. */
 static void plan_scratch(const struct gp_graph *g, const struct gp_compute_ops *ops,
                          const struct gp_compute_options *opts, struct gp_stage_plan *p, int i, uint32_t din,
                          bool float_call)
 {
     uint32_t flags = float_call ? GP_SCRATCH_FLOAT_CALL : 0;
-    /* A backward of its own (plan_gradients places its workspace); a
-     * once-per-step layer's runs after every micro-batch's, in the block. */
-    const char *env = getenv("GP_SCRATCH_IN_SETS");
-    bool apart = din && !p->once[i - p->first] && !(env && !strcmp(env, "0"));
-    size_t s = ops->scratch_bytes(g, &g->nodes[i], opts, (apart ? 0 : din) | flags);
-    if (s > p->scratch_bytes) p->scratch_bytes = s, p->scratch_layer = i;
-    if (apart) p->bwd_scratch_bytes[i - p->first] = ops->scratch_bytes(g, &g->nodes[i], opts, din | flags | GP_SCRATCH_BACKWARD);
+    bool apart = !p->once[i - p->first] && scratch_in_sets();
+    p->fwd_scratch_bytes[i - p->first] = ops->scratch_bytes(g, &g->nodes[i], opts, (apart ? 0 : din) | flags);
+    if (apart && din)
+        p->bwd_scratch_bytes[i - p->first] = ops->scratch_bytes(g, &g->nodes[i], opts, din | flags | GP_SCRATCH_BACKWARD);
+}
+
+/* The kernel workspace block: the most any call asks that has no place in
+ * the arena or a set (the loss's is added by the stage). */
+static void plan_block(struct gp_stage_plan *p)
+{
+    p->scratch_bytes = 0;
+    p->scratch_layer = -1;
+    for (int i = p->first; i < p->last; i++) {
+        size_t f = p->fwd_scratch_off[i - p->first] == SIZE_MAX ? p->fwd_scratch_bytes[i - p->first] : 0;
+        size_t b = p->bwd_scratch_off[i - p->first] == SIZE_MAX ? p->bwd_scratch_bytes[i - p->first] : 0;
+        if (f > p->scratch_bytes) p->scratch_bytes = f, p->scratch_layer = i;
+        if (b > p->scratch_bytes) p->scratch_bytes = b, p->scratch_layer = i;
+    }
 }
 
 /* ---- float32 staging ----
@@ -666,8 +715,11 @@ static gp_status plan_calls(const struct gp_graph *g, const bool *needs_grad, co
     int n_layers = p->last - p->first;
     p->bwd_scratch_bytes = calloc((size_t)n_layers + 1, sizeof(size_t));
     p->bwd_scratch_off = malloc(sizeof(size_t) * ((size_t)n_layers + 1));
-    if (!p->bwd_scratch_bytes || !p->bwd_scratch_off) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
-    for (int i = 0; i < n_layers; i++) p->bwd_scratch_off[i] = SIZE_MAX;
+    p->fwd_scratch_bytes = calloc((size_t)n_layers + 1, sizeof(size_t));
+    p->fwd_scratch_off = malloc(sizeof(size_t) * ((size_t)n_layers + 1));
+    if (!p->bwd_scratch_bytes || !p->bwd_scratch_off || !p->fwd_scratch_bytes || !p->fwd_scratch_off)
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    for (int i = 0; i < n_layers; i++) p->bwd_scratch_off[i] = p->fwd_scratch_off[i] = SIZE_MAX;
     if (p->precision != GP_PRECISION_BF16) return plan_layout_staging(g, needs_grad, ops, opts, p);
     int nl = p->last - p->first;
     size_t total = 0;
@@ -821,7 +873,10 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         free(set_death);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     }
-    gp_status st = plan_arena(g, needs_grad, ops, opts, p, remade_at, set_death, err);
+    /* The calls' types, staging and workspace asks first: the arena and
+     * the gradients' plan place the workspaces. */
+    gp_status st = plan_calls(g, needs_grad, ops, opts, p, err);
+    if (st == GP_OK) st = plan_arena(g, needs_grad, ops, opts, p, remade_at, set_death, err);
     if (st != GP_OK) {
         free(remade_at);
         free(set_death);
@@ -863,13 +918,11 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     /* One gradient set, reused by every micro-batch's backward, for the
      * stage's values and its input frontier that carry gradients
      * (parameters keep theirs in the static gradient block). */
-    /* The calls' types, staging and workspaces first: the gradients' plan
-     * places the backward workspaces. */
-    st = plan_calls(g, needs_grad, ops, opts, p, err);
-    if (st == GP_OK) st = plan_gradients(g, needs_grad, ops, p, inbox, remade_at, set_death, err);
+    st = plan_gradients(g, needs_grad, ops, p, inbox, remade_at, set_death, err);
     free(inbox);
     free(remade_at);
     free(set_death);
+    if (st == GP_OK) plan_block(p);
     return st;
 }
 
@@ -894,6 +947,8 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->remade_in_set);
     free(p->bwd_scratch_bytes);
     free(p->bwd_scratch_off);
+    free(p->fwd_scratch_bytes);
+    free(p->fwd_scratch_off);
     free(p->once);
     free(p->dt);
     free(p->shadow_off);

@@ -145,6 +145,9 @@ static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, int 
     for (int i = s->plan.first; i < s->plan.last; i++) {
         if (s->plan.once[i - s->plan.first] && !once) continue;
         struct gp_layer_call c = layer_call(p, s, i, j, set, training, update_state, false);
+        /* Its workspace where the plan put it: the arena (plan.h). */
+        size_t ws_off = s->plan.fwd_scratch_off ? s->plan.fwd_scratch_off[i - s->plan.first] : SIZE_MAX;
+        if (ws_off != SIZE_MAX) c.scratch = s->arena + ws_off;
         GP_TRY(gp_mixed_forward(s->cops, s->cctx, &c, s->staging, err));
         if (timed) GP_TRY(lap(s, &t0, &s->fwd_ms[i - s->plan.first], err));
     }

@@ -592,12 +592,12 @@ static void test_fused_residual(void **state)
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
 }
 
-/* Backward workspaces in the activation sets' dead bytes (plan.h,
- * bwd_scratch_off) give the bits of every workspace in the kernel
- * workspace block (GP_SCRATCH_IN_SETS=0) on the GPU: cuDNN's convolution
- * backward (its data gradient's accumulation buffer, the algorithms'
- * workspaces) in a set, fp32 and bf16, both layouts, 2 stages with
- * checkpointing, a CUDA graph. */
+/* Workspaces in the timelines (plan.h: backward ones in the activation
+ * sets' dead bytes, forward ones in the arena) give the bits of every
+ * workspace in the kernel workspace block (GP_SCRATCH_IN_SETS=0) on the
+ * GPU: cuDNN's convolutions (a data gradient's accumulation buffer, the
+ * algorithms' workspaces, channels-last copies) there, fp32 and bf16,
+ * both layouts, 2 stages with checkpointing, a CUDA graph. */
 static void test_workspaces_in_sets(void **state)
 {
     (void)state;
@@ -619,14 +619,14 @@ static void test_workspaces_in_sets(void **state)
                 unsetenv("GP_SCRATCH_IN_SETS");
                 if (train(&s, &in_sets, &err) != GP_OK) fail_msg("workspaces in the sets: %s", err.msg);
                 char what[200];
-                snprintf(what, sizeof what, "%s %s %s, %d stage(s), backward workspaces in the sets",
+                snprintf(what, sizeof what, "%s %s %s, %d stage(s), workspaces in the arena and the sets",
                          gp_precision_name(s.precision), s.fixture, l ? "nhwc" : "nchw", s.stages);
                 failed += !compare_as(what, &in_sets, &block, "in sets", "in the block", 0);
                 runs++;
                 gp_graph_free(&block.saved);
                 gp_graph_free(&in_sets.saved);
             }
-    printf("backward workspaces in the activation sets on the GPU: %d runs against the block\n", runs);
+    printf("workspaces in the arena and the activation sets on the GPU: %d runs against the block\n", runs);
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
 }
 
