@@ -644,15 +644,15 @@ static gp_status plan_once(const struct gp_graph *g, const struct gp_compute_ops
 }
 
 /* ---- kernel workspace ----
- * Layer i's workspace for the gradients its backward computes (din), and
- * in bf16 for its calls on float32 tensors where it has any (float_call:
- * a convolution then runs a float32 problem, whose algorithms may ask
- * far more than its bfloat16 ones: up to ~1 GiB against ~0.2 on
- * ResNet-50 at batch 128); the stage's is the largest. */
-/* Layer i's asks: its forward's workspace and its backward's apart (the
- * arena and the sets place them: plan_arena, plan_gradients), or, for a
- * once-per-step layer (its calls run outside the micro-batches' timelines)
- * and with GP_SCRATCH_IN_SETS=0, the most of both, for the block. */
+ * Layer i's asks: its forward's workspace and, for the gradients its
+ * backward computes (din), its backward's, apart (the arena and the sets
+ * place them: plan_arena, plan_gradients), or, for a once-per-step layer
+ * (its calls run outside the micro-batches' timelines) and with
+ * GP_SCRATCH_IN_SETS=0, the most of both, for the block. In bf16 also for
+ * its calls on float32 tensors where it has any (float_call: a
+ * convolution then runs a float32 problem, whose algorithms may ask far
+ * more than its bfloat16 ones: up to ~1 GiB against ~0.2 on ResNet-50 at
+ * batch 128). */
 static void plan_scratch(const struct gp_graph *g, const struct gp_compute_ops *ops,
                          const struct gp_compute_options *opts, struct gp_stage_plan *p, int i, uint32_t din,
                          bool float_call)
