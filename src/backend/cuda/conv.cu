@@ -326,7 +326,7 @@ static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *
     if (why && x3)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
                              "cuDNN offers no TF32 %s algorithm for this float32 convolution in 3xTF32 "
-                             "(GP_CONV_FP32=fma runs it on cuDNN's float32 algorithms)",
+                             "(without GP_CONV_FP32=3xtf32 it runs on cuDNN's float32 algorithms)",
                              why);
     if (why)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
