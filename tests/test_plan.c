@@ -529,7 +529,7 @@ static size_t recording_scratch(const struct gp_graph *g, const struct gp_node *
      * asks carry the same float-call bit. */
     if (asked[i] && (asked_din[i] & GP_SCRATCH_FLOAT_CALL) != (din & GP_SCRATCH_FLOAT_CALL))
         fail_msg("layer %d: workspace asked with and without float32 calls", i);
-    if (!(din & GP_SCRATCH_BACKWARD)) asked_din[i] = din;
+    if (!gp_scratch_backward_only(din)) asked_din[i] = din;
     asked[i] = true;
     return (din & GP_SCRATCH_FLOAT_CALL ? 1000u : 0u) + 10u * (size_t)i; /* the last float32 call's is largest */
 }
@@ -544,6 +544,11 @@ static enum gp_bf16_calls all_read_bf16(const void *kernel, bool backward)
 static void test_scratch_float_calls(void **state)
 {
     (void)state;
+    /* ~0u, every bit, asks for every call's most (a test's or a tool's one
+     * workspace for the layer), never for the backward's alone. */
+    assert_false(gp_scratch_backward_only(~0u));
+    assert_true(gp_scratch_backward_only(3u | GP_SCRATCH_FLOAT_CALL | GP_SCRATCH_BACKWARD));
+    assert_false(gp_scratch_backward_only(3u | GP_SCRATCH_FLOAT_CALL));
     char path[4096];
     fixture_path("digits_cnn_op17.onnx", path, sizeof path);
     struct gp_graph g;

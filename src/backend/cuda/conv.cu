@@ -430,7 +430,7 @@ static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode, uin
         ch.ws_fwd = ch.ws_data = ch.ws_filter = ws;
     }
     size_t f = call_bytes(g, mode, x3, &ch, fwd), b = call_bytes(g, mode, x3, &ch, bwd);
-    if (din & GP_SCRATCH_BACKWARD) return b;
+    if (gp_scratch_backward_only(din)) return b;
     return f > b ? f : b;
 }
 
