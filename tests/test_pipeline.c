@@ -795,12 +795,61 @@ static void test_gradients_in_sets(void **state)
     printf("gradients in the activation sets: %d runs identical to a separate gradient set, bit for bit\n", runs);
 }
 
+/* Workspaces in the timelines (plan.h): backward ones in the activation
+ * sets' dead bytes (bwd_scratch_off), forward ones in the arena
+ * (fwd_scratch_off): the same bits as every workspace in the kernel
+ * workspace block (GP_SCRATCH_IN_SETS=0), no stage planned larger, on the
+ * fixtures whose kernels use workspaces (convolutions, GPT's matrix
+ * products), fp32 and bf16, 1-3 stages, checkpointing, 1F1B. */
+static void test_workspaces_in_sets(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"resnet_op17", "unet_op17", "gpt_op17"};
+    const char *san = getenv("GP_SANITIZED");
+    size_t n_fixtures = san && !strcmp(san, "1") ? 1 : 3;
+    steps = 2;
+    int runs = 0;
+    for (size_t f = 0; f < n_fixtures; f++)
+        for (int pr = 0; pr < 2; pr++)
+            for (int K = 1; K <= 3; K++) {
+                precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32;
+                enum gp_checkpoint mode = (K + pr) % 2 ? GP_CHECKPOINT_ALWAYS : GP_CHECKPOINT_NEVER;
+                schedule = K == 3 ? GP_PIPE_1F1B : GP_PIPE_GPIPE;
+                int M = K == 1 ? 2 : 4;
+                struct run_result block, in_sets;
+                memset(&block, 0, sizeof block);
+                memset(&in_sets, 0, sizeof in_sets);
+                setenv("GP_SCRATCH_IN_SETS", "0", 1);
+                run(fixtures[f], 8, K, M, mode, NULL, &block);
+                unsetenv("GP_SCRATCH_IN_SETS");
+                run(fixtures[f], 8, K, M, mode, NULL, &in_sets);
+                char what[200];
+                snprintf(what, sizeof what, "%s %s, workspaces in the arena and the sets' dead bytes, %d stage(s) x %d "
+                         "micro-batches (%s), checkpoint %s", gp_precision_name(precision), fixtures[f], K, M,
+                         gp_pipe_schedule_name(schedule), gp_checkpoint_name(mode));
+                assert_identical(what, &in_sets, &block, "every workspace in the block");
+                for (int k = 0; k < K; k++) {
+                    const struct gp_stage_memory_report *a = &block.memory[k], *b = &in_sets.memory[k];
+                    assert_true(b->planned_bytes <= a->planned_bytes);
+                    assert_true(b->activation_bytes <= a->activation_bytes);
+                }
+                gp_graph_free(&block.saved);
+                gp_graph_free(&in_sets.saved);
+                runs++;
+            }
+    precision = GP_PRECISION_FP32;
+    schedule = GP_PIPE_GPIPE;
+    steps = STEPS;
+    printf("workspaces in the arena and the activation sets: %d runs identical to the block's, bit for bit\n", runs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp),
         cmocka_unit_test(test_gradients_in_arena),
         cmocka_unit_test(test_remade_norm),
+        cmocka_unit_test(test_workspaces_in_sets),
         cmocka_unit_test(test_fused_residual),
         cmocka_unit_test(test_gradients_in_sets),
         cmocka_unit_test(test_gpt),

@@ -51,6 +51,15 @@ struct gp_compute_options {
 /* scratch_bytes's din bit for a layer with a call on float32 tensors in
  * bf16 (gp_compute_ops.scratch_bytes). */
 #define GP_SCRATCH_FLOAT_CALL (1u << 31)
+/* scratch_bytes's din bit asking for the backward call's workspace alone
+ * (without it: the most of the forward's and the backward's). ~0u, every
+ * bit, still asks for the most of every call: the callers that plan one
+ * workspace for the whole layer pass it (gp_scratch_backward_only). A
+ * workspace starts 256-byte aligned. */
+#define GP_SCRATCH_BACKWARD (1u << 30)
+#define GP_SCRATCH_ALIGN 256
+
+static inline bool gp_scratch_backward_only(uint32_t din) { return din != ~0u && (din & GP_SCRATCH_BACKWARD); }
 
 /* One layer's call: the fields of the backends' kernel contexts
  * (backend/cpu/kernel.h says what each means). */

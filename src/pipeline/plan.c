@@ -144,15 +144,23 @@ struct region {
     int until; /* layer whose backward ends it; INT_MIN: the end of the backward */
 };
 
-static size_t first_fit(const struct region *live, int n_live, size_t size)
+static size_t align_to(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* The first offset (a multiple of `align`) where `size` bytes meet none of
+ * the regions in live (sorted by offset). */
+static size_t first_fit_aligned(const struct region *live, int n_live, size_t size, size_t align)
 {
-    /* live is sorted by offset. */
     size_t at = 0;
     for (int r = 0; r < n_live; r++) {
         if (live[r].off >= at + size) return at;
-        if (live[r].off + live[r].size > at) at = live[r].off + live[r].size;
+        if (live[r].off + live[r].size > at) at = align_to(live[r].off + live[r].size, align);
     }
     return at;
+}
+
+static size_t first_fit(const struct region *live, int n_live, size_t size)
+{
+    return first_fit_aligned(live, n_live, size, 1);
 }
 
 static void insert_sorted(struct region *live, int *n_live, struct region r)
@@ -196,15 +204,22 @@ static void add_dead(struct region *dead, int *n_dead, size_t off, size_t size)
 /* The first offset where [at, at + size) lies inside one dead interval and
  * meets none of the regions placed in the set (live, sorted by offset);
  * SIZE_MAX when there is none. */
-static size_t set_fit(const struct region *dead, int n_dead, const struct region *live, int n_live, size_t size)
+static size_t set_fit_aligned(const struct region *dead, int n_dead, const struct region *live, int n_live,
+                              size_t size, size_t align)
 {
     for (int d = 0; d < n_dead; d++) {
-        size_t at = dead[d].off, end = dead[d].off + dead[d].size;
+        size_t at = align_to(dead[d].off, align), end = dead[d].off + dead[d].size;
         for (int r = 0; r < n_live && at + size <= end; r++)
-            if (live[r].off < at + size && live[r].off + live[r].size > at) at = live[r].off + live[r].size;
+            if (live[r].off < at + size && live[r].off + live[r].size > at)
+                at = align_to(live[r].off + live[r].size, align);
         if (at + size <= end) return at;
     }
     return SIZE_MAX;
+}
+
+static size_t set_fit(const struct region *dead, int n_dead, const struct region *live, int n_live, size_t size)
+{
+    return set_fit_aligned(dead, n_dead, live, n_live, size, 1);
 }
 
 /* First writers: the backward of a value's birth layer writes its
@@ -340,6 +355,17 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
             *(remade ? &p->remade_off[v] : &p->grad_off[v]) = r.off;
             *(remade ? &p->remade_in_set[v] : &p->grad_in_set[v]) = at != SIZE_MAX;
         }
+        /* Then this layer's backward workspace, alive for its call only:
+         * in the set's dead bytes where it fits, else the block's. */
+        size_t ws = layer < last ? p->bwd_scratch_bytes[layer - first] : 0;
+        if (ws) {
+            size_t at = use_sets ? set_fit_aligned(dead, n_dead, in_set, n_set, align64(ws), GP_SCRATCH_ALIGN)
+                                 : SIZE_MAX;
+            if (at != SIZE_MAX) {
+                insert_sorted(in_set, &n_set, (struct region){.off = at, .size = align64(ws), .until = layer});
+                p->bwd_scratch_off[layer - first] = at;
+            }
+        }
         /* After this layer's backward its outputs' gradients (and its
          * remade output) are done, and the set's bytes that only it read
          * (its saved state, the values it was the last to read) are dead. */
@@ -454,6 +480,14 @@ static bool remakeable(const struct gp_graph *g, const struct gp_compute_ops *op
  * layer), so its bytes of the set may hold gradients from then on; INT_MIN
  * where that never comes (read by no backward, or copied to the next
  * stage or a graph output: other streams read those). */
+/* Workspaces placed in the arena and the sets (plan.h), unless
+ * GP_SCRATCH_IN_SETS=0 keeps them all in the block. */
+static bool scratch_in_sets(void)
+{
+    const char *env = getenv("GP_SCRATCH_IN_SETS");
+    return !(env && !strcmp(env, "0"));
+}
+
 static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,
                             const struct gp_compute_options *opts, struct gp_stage_plan *p, int *remade_at,
                             int *set_death, struct gp_error *err)
@@ -522,6 +556,34 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, co
             p->off[v] = r.off;
             if (r.off + size > p->arena_bytes) p->arena_bytes = r.off + size;
             insert_sorted(live, &n_live, r);
+        }
+        int kept_n = 0;
+        for (int r = 0; r < n_live; r++)
+            if (live[r].until != i) live[kept_n++] = live[r];
+        n_live = kept_n;
+    }
+    /* The forwards' workspaces (plan.h, fwd_scratch_off), each alive during
+     * its layer's call, beside the arena values alive then, where that
+     * fits below the arena's size: a second walk over the same regions,
+     * which never grows the arena. Not a once-per-step layer's, nor one
+     * whose output is remade (its remake is a forward in the backward,
+     * when the arena is not the forward's). */
+    n_live = 0;
+    for (int i = first; i < last && scratch_in_sets(); i++) {
+        const struct gp_node *n = &g->nodes[i];
+        bool remakes_here = false;
+        for (int k = 0; k < n->n_outputs; k++) {
+            int v = n->outputs[k];
+            if (v < 0 || p->home[v] != GP_HOME_ARENA) continue;
+            remakes_here |= remade_at[v] != INT_MIN;
+            insert_sorted(live, &n_live,
+                          (struct region){.off = p->off[v], .size = align64(gp_plan_value_bytes(g, p, v)),
+                                          .until = last_read[v] >= i ? last_read[v] : i});
+        }
+        size_t ws = align64(p->fwd_scratch_bytes[i - first]);
+        if (ws && !p->once[i - first] && !remakes_here) {
+            size_t at = first_fit_aligned(live, n_live, ws, GP_SCRATCH_ALIGN);
+            if (at + ws <= p->arena_bytes) p->fwd_scratch_off[i - first] = at;
         }
         int kept_n = 0;
         for (int r = 0; r < n_live; r++)
@@ -637,17 +699,38 @@ bool gp_plan_backward_kept(const struct gp_graph *g, const bool *needs_grad,
 }
 
 /* ---- kernel workspace ----
- * Layer i's workspace for the gradients its backward computes (din), and
- * in bf16 for its calls on float32 tensors where it has any (float_call:
- * a convolution then runs a float32 problem, whose algorithms may ask
- * far more than its bfloat16 ones: up to ~1 GiB against ~0.2 on
- * ResNet-50 at batch 128); the stage's is the largest. */
+ * Layer i's asks: its forward's workspace and, for the gradients its
+ * backward computes (din), its backward's, apart (the arena and the sets
+ * place them: plan_arena, plan_gradients), or, for a once-per-step layer
+ * (its calls run outside the micro-batches' timelines) and with
+ * GP_SCRATCH_IN_SETS=0, the most of both, for the block. In bf16 also for
+ * its calls on float32 tensors where it has any (float_call: a
+ * convolution then runs a float32 problem, whose algorithms may ask far
+ * more than its bfloat16 ones: up to ~1 GiB against ~0.2 on ResNet-50 at
+ * batch 128). */
 static void plan_scratch(const struct gp_graph *g, const struct gp_compute_ops *ops,
                          const struct gp_compute_options *opts, struct gp_stage_plan *p, int i, uint32_t din,
                          bool float_call)
 {
-    size_t s = ops->scratch_bytes(g, &g->nodes[i], opts, din | (float_call ? GP_SCRATCH_FLOAT_CALL : 0));
-    if (s > p->scratch_bytes) p->scratch_bytes = s, p->scratch_layer = i;
+    uint32_t flags = float_call ? GP_SCRATCH_FLOAT_CALL : 0;
+    bool apart = !p->once[i - p->first] && scratch_in_sets();
+    p->fwd_scratch_bytes[i - p->first] = ops->scratch_bytes(g, &g->nodes[i], opts, (apart ? 0 : din) | flags);
+    if (apart && din)
+        p->bwd_scratch_bytes[i - p->first] = ops->scratch_bytes(g, &g->nodes[i], opts, din | flags | GP_SCRATCH_BACKWARD);
+}
+
+/* The kernel workspace block: the most any call asks that has no place in
+ * the arena or a set (the loss's is added by the stage). */
+static void plan_block(struct gp_stage_plan *p)
+{
+    p->scratch_bytes = 0;
+    p->scratch_layer = -1;
+    for (int i = p->first; i < p->last; i++) {
+        size_t f = p->fwd_scratch_off[i - p->first] == SIZE_MAX ? p->fwd_scratch_bytes[i - p->first] : 0;
+        size_t b = p->bwd_scratch_off[i - p->first] == SIZE_MAX ? p->bwd_scratch_bytes[i - p->first] : 0;
+        if (f > p->scratch_bytes) p->scratch_bytes = f, p->scratch_layer = i;
+        if (b > p->scratch_bytes) p->scratch_bytes = b, p->scratch_layer = i;
+    }
 }
 
 /* ---- float32 staging ----
@@ -684,6 +767,14 @@ static gp_status plan_calls(const struct gp_graph *g, const bool *needs_grad, co
                             const struct gp_compute_options *opts, struct gp_stage_plan *p, struct gp_error *err)
 {
     p->staging_bytes = 0;
+    int n_layers = p->last - p->first;
+    p->bwd_scratch_bytes = calloc((size_t)n_layers + 1, sizeof(size_t));
+    p->bwd_scratch_off = malloc(sizeof(size_t) * ((size_t)n_layers + 1));
+    p->fwd_scratch_bytes = calloc((size_t)n_layers + 1, sizeof(size_t));
+    p->fwd_scratch_off = malloc(sizeof(size_t) * ((size_t)n_layers + 1));
+    if (!p->bwd_scratch_bytes || !p->bwd_scratch_off || !p->fwd_scratch_bytes || !p->fwd_scratch_off)
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    for (int i = 0; i < n_layers; i++) p->bwd_scratch_off[i] = p->fwd_scratch_off[i] = SIZE_MAX;
     if (p->precision != GP_PRECISION_BF16) return plan_layout_staging(g, needs_grad, ops, opts, p);
     int nl = p->last - p->first;
     size_t total = 0;
@@ -837,7 +928,10 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         free(set_death);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     }
-    gp_status st = plan_arena(g, needs_grad, ops, opts, p, remade_at, set_death, err);
+    /* The calls' types, staging and workspace asks first: the arena and
+     * the gradients' plan place the workspaces. */
+    gp_status st = plan_calls(g, needs_grad, ops, opts, p, err);
+    if (st == GP_OK) st = plan_arena(g, needs_grad, ops, opts, p, remade_at, set_death, err);
     if (st != GP_OK) {
         free(remade_at);
         free(set_death);
@@ -859,6 +953,9 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         if (n->n_inputs > p->max_inputs) p->max_inputs = n->n_inputs;
         if (n->n_outputs > p->max_outputs) p->max_outputs = n->n_outputs;
     }
+    /* Every set starts where a workspace may (plan_gradients places
+     * backward workspaces in a set's dead bytes). */
+    p->local_bytes = align_to(p->local_bytes, GP_SCRATCH_ALIGN);
     /* Gradients arriving from the next stage for the output frontier. */
     bool *inbox = calloc((size_t)nv + 1, sizeof(bool));
     if (!inbox) {
@@ -880,8 +977,8 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     free(inbox);
     free(remade_at);
     free(set_death);
-    if (st != GP_OK) return st;
-    return plan_calls(g, needs_grad, ops, opts, p, err);
+    if (st == GP_OK) plan_block(p);
+    return st;
 }
 
 void gp_plan_free(struct gp_stage_plan *p)
@@ -903,6 +1000,10 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->remade);
     free(p->grad_in_set);
     free(p->remade_in_set);
+    free(p->bwd_scratch_bytes);
+    free(p->bwd_scratch_off);
+    free(p->fwd_scratch_bytes);
+    free(p->fwd_scratch_off);
     free(p->once);
     free(p->dt);
     free(p->shadow_off);

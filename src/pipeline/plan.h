@@ -121,6 +121,25 @@ struct gp_stage_plan {
      * frontier's (born before anything is dead). GP_GRADIENTS_IN_SETS=0:
      * every one in the gradient set, for comparisons. */
     bool *grad_in_set, *remade_in_set;
+    /* Backward workspaces (plan.c, plan_scratch): a layer's backward call
+     * needs bwd_scratch_bytes[layer - first] of workspace only while it
+     * runs, so it lies, where it fits, in the micro-batch's activation
+     * set's dead bytes at bwd_scratch_off (counted from the set's start,
+     * 256-byte aligned; SIZE_MAX: in the kernel workspace block, which
+     * holds the loss's, the remakes' and the once-per-step layers'
+     * workspaces and the others that find no place). A
+     * convolution's backward asks far more than its forward (a data
+     * gradient's accumulation buffer, the weight gradient's algorithm).
+     * GP_SCRATCH_IN_SETS=0: every workspace in the block, for comparisons
+     * (the forwards' too, below). */
+    size_t *bwd_scratch_bytes, *bwd_scratch_off;
+    /* Forward workspaces alike, in the forward arena's timeline (plan.c,
+     * plan_arena): a layer's forward call's workspace lies in the arena at
+     * fwd_scratch_off[layer - first] (256-byte aligned; SIZE_MAX: in the
+     * block), alive during that call only. Not a once-per-step layer's
+     * nor one whose output is remade (its remake runs in the backward,
+     * when the arena is not the forward's). */
+    size_t *fwd_scratch_bytes, *fwd_scratch_off;
 };
 
 struct gp_compute_ops;

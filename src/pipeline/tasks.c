@@ -145,6 +145,9 @@ static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, int 
     for (int i = s->plan.first; i < s->plan.last; i++) {
         if (s->plan.once[i - s->plan.first] && !once) continue;
         struct gp_layer_call c = layer_call(p, s, i, j, set, training, update_state, false);
+        /* Its workspace where the plan put it: the arena (plan.h). */
+        size_t ws_off = s->plan.fwd_scratch_off ? s->plan.fwd_scratch_off[i - s->plan.first] : SIZE_MAX;
+        if (ws_off != SIZE_MAX) c.scratch = s->arena + ws_off;
         GP_TRY(gp_mixed_forward(s->cops, s->cctx, &c, s->staging, err));
         if (timed) GP_TRY(lap(s, &t0, &s->fwd_ms[i - s->plan.first], err));
     }
@@ -241,6 +244,9 @@ static gp_status run_backward(struct gp_pipeline *p, struct stage *s, int j, str
         const struct gp_node *n = &g->nodes[i];
         struct gp_layer_call c = layer_call(p, s, i, j, set, true, false, true);
         c.din_overwrite = s->plan.din_overwrite ? s->plan.din_overwrite[i - s->plan.first] : 0;
+        /* Its workspace where the plan put it: the set's dead bytes (plan.h). */
+        size_t ws_off = s->plan.bwd_scratch_off ? s->plan.bwd_scratch_off[i - s->plan.first] : SIZE_MAX;
+        if (ws_off != SIZE_MAX) c.scratch = grad_place(s, true, ws_off, set);
         bool any_in = false, any_out = false;
         for (int k = 0; k < n->n_inputs; k++) any_in |= s->din[k] != NULL;
         for (int k = 0; k < n->n_outputs; k++) any_out |= s->dout[k] != NULL;

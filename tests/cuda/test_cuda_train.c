@@ -592,6 +592,44 @@ static void test_fused_residual(void **state)
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
 }
 
+/* Workspaces in the timelines (plan.h: backward ones in the activation
+ * sets' dead bytes, forward ones in the arena) give the bits of every
+ * workspace in the kernel workspace block (GP_SCRATCH_IN_SETS=0) on the
+ * GPU: cuDNN's convolutions (a data gradient's accumulation buffer, the
+ * algorithms' workspaces, channels-last copies) there, fp32 and bf16,
+ * both layouts, 2 stages with checkpointing, a CUDA graph. */
+static void test_workspaces_in_sets(void **state)
+{
+    (void)state;
+    static const enum gp_layout_policy layouts[2] = {GP_LAYOUT_NCHW, GP_LAYOUT_NHWC};
+    int failed = 0, runs = 0;
+    for (int pr = 0; pr < 2; pr++)
+        for (int l = 0; l < 2; l++)
+            for (int v = 0; v < 2; v++) {
+                struct setup s = {.fixture = v ? "unet_op17" : "resnet_op17", .batch = 8, .chunks = v ? 4 : 2,
+                                  .stages = v ? 2 : 1, .cuda = true,
+                                  .checkpoint = v ? GP_CHECKPOINT_ALWAYS : GP_CHECKPOINT_NEVER, .layout = layouts[l],
+                                  .graph = v == 1, .precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32};
+                struct result block, in_sets;
+                memset(&block, 0, sizeof block);
+                memset(&in_sets, 0, sizeof in_sets);
+                struct gp_error err = {0};
+                setenv("GP_SCRATCH_IN_SETS", "0", 1);
+                if (train(&s, &block, &err) != GP_OK) fail_msg("workspaces in the block: %s", err.msg);
+                unsetenv("GP_SCRATCH_IN_SETS");
+                if (train(&s, &in_sets, &err) != GP_OK) fail_msg("workspaces in the sets: %s", err.msg);
+                char what[200];
+                snprintf(what, sizeof what, "%s %s %s, %d stage(s), workspaces in the arena and the sets",
+                         gp_precision_name(s.precision), s.fixture, l ? "nhwc" : "nchw", s.stages);
+                failed += !compare_as(what, &in_sets, &block, "in sets", "in the block", 0);
+                runs++;
+                gp_graph_free(&block.saved);
+                gp_graph_free(&in_sets.saved);
+            }
+    printf("workspaces in the arena and the activation sets on the GPU: %d runs against the block\n", runs);
+    if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
+}
+
 int main(void)
 {
     int n = 0;
@@ -609,6 +647,7 @@ int main(void)
         cmocka_unit_test(test_stages_vs_one_gpu),
         cmocka_unit_test(test_remade_norm),
         cmocka_unit_test(test_fused_residual),
+        cmocka_unit_test(test_workspaces_in_sets),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_graph_replay),

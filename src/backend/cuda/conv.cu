@@ -407,7 +407,8 @@ static size_t call_bytes(const struct conv_geom *g, struct conv_mode mode, bool 
 }
 
 /* Scratch in `mode` for the node's forward and a backward computing the
- * gradients in din: the larger of the two calls' layouts. */
+ * gradients in din: the larger of the two calls' layouts (the backward's
+ * alone with GP_SCRATCH_BACKWARD in din). */
 static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode, uint32_t din)
 {
     struct algo_choice ch;
@@ -429,6 +430,7 @@ static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode, uin
         ch.ws_fwd = ch.ws_data = ch.ws_filter = ws;
     }
     size_t f = call_bytes(g, mode, x3, &ch, fwd), b = call_bytes(g, mode, x3, &ch, bwd);
+    if (gp_scratch_backward_only(din)) return b;
     return f > b ? f : b;
 }
 
