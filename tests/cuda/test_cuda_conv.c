@@ -575,7 +575,7 @@ static float split_value(int64_t i)
  * parts' properties: both TF32 (low 13 bits clear), hi + lo within 2^-22
  * of x. `offset` floats shift both buffers off 16-byte alignment (the
  * one-value kernel). */
-static void run_split(int64_t outer, int64_t ch, int64_t inner, unsigned lo_parts, int offset)
+static void run_split(int64_t outer, int64_t ch, int64_t inner, unsigned lo_parts, int offset, bool planar)
 {
     int64_t n = outer * ch * inner;
     float *src = malloc(sizeof(float) * (size_t)n), *out = malloc(3 * sizeof(float) * (size_t)n);
@@ -586,7 +586,7 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, unsigned lo_part
     assert_int_equal(cudaMalloc((void **)&dsrc, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
     assert_int_equal(cudaMalloc((void **)&ddst, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
     assert_int_equal(cudaMemcpy(dsrc + offset, src, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(gp_cuda_conv_x3_split(NULL, ddst + offset, dsrc + offset, outer, ch, inner, lo_parts),
+    assert_int_equal(gp_cuda_conv_x3_split(NULL, ddst + offset, dsrc + offset, outer, ch, inner, lo_parts, planar),
                      cudaSuccess);
     assert_int_equal(cudaMemcpy(out, ddst + offset, 3 * sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost),
                      cudaSuccess);
@@ -596,10 +596,10 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, unsigned lo_part
         split_ref(src[e], &hi, &lo);
         for (int j = 0; j < 3; j++) {
             float want = (lo_parts >> j) & 1u ? lo : hi;
-            float got = out[(o * 3 * ch + 3 * c + j) * inner + i];
+            float got = out[(o * 3 * ch + (planar ? j * ch + c : 3 * c + j)) * inner + i];
             if (bits_of(got) != bits_of(want))
-                fail_msg("split [%lld, %lld, %lld] of %a, copy %d: %a, want %a", (long long)outer, (long long)ch,
-                         (long long)inner, (double)src[e], j, (double)got, (double)want);
+                fail_msg("split [%lld, %lld, %lld]%s of %a, copy %d: %a, want %a", (long long)outer, (long long)ch,
+                         (long long)inner, planar ? " (planar)" : "", (double)src[e], j, (double)got, (double)want);
         }
         if (!isfinite(src[e])) continue;
         if ((bits_of(hi) | bits_of(lo)) & 0x1fffu) fail_msg("%a: parts %a, %a not TF32", (double)src[e], (double)hi, (double)lo);
@@ -614,15 +614,19 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, unsigned lo_part
 }
 
 /* Each kernel of the split: planes (inner a multiple of 4), channels
- * (inner 1, ch a multiple of 4), and any shape or alignment. */
+ * (inner 1, ch a multiple of 4), and any shape or alignment; the copies
+ * interleaved and planar. */
 static void test_x3_split(void **state)
 {
     (void)state;
-    run_split(2, 3, 8, CONV_X3_HI_HI_LO, 0);
-    run_split(10, 8, 1, CONV_X3_HI_LO_HI, 0);
-    run_split(3, 5, 7, CONV_X3_HI_HI_LO, 0);
-    run_split(1, 4, 16, CONV_X3_HI_LO_HI, 1);
-    run_split(5, 64, 1, CONV_X3_HI_HI_LO, 3);
+    for (int planar = 0; planar < 2; planar++) {
+        run_split(2, 3, 8, CONV_X3_HI_HI_LO, 0, planar);
+        run_split(10, 8, 1, CONV_X3_HI_LO_HI, 0, planar);
+        run_split(3, 5, 7, CONV_X3_HI_HI_LO, 0, planar);
+        run_split(1, 4, 16, CONV_X3_HI_LO_HI, 1, planar);
+        run_split(5, 64, 1, CONV_X3_LO_HI_HI, 3, planar);
+        run_split(7, 12, 1, CONV_X3_LO_HI_HI, 0, planar);
+    }
 }
 
 /* ---- pools ---- */

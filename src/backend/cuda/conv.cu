@@ -858,10 +858,24 @@ static const struct conv_geom *dir_geom(const struct conv_run *r, int k) { retur
 static const struct descs *dir_descs(const struct conv_run *r, int k) { return r->x3 ? &r->d3[k] : &r->d; }
 static struct conv_mode dir_mode(const struct conv_run *r) { return r->x3 ? x3_mode(r->mode) : r->mode; }
 
+/* How the three copies of a channel (or sample) lie (GP_CONV_X3_ORDER):
+ * "interleaved" (the default), copies 3c, 3c + 1, 3c + 2, each product
+ * kind in every k-group of a tensor-core instruction; "planar", three
+ * blocks of the channels, the small products' blocks (hi lo, lo hi)
+ * before the large one (hi hi), as CUTLASS's 3xTF32 orders its
+ * instructions. An experiment on 3xTF32's lost precision (conv.cu
+ * x3_wanted). */
+static bool x3_planar(void)
+{
+    const char *v = getenv("GP_CONV_X3_ORDER");
+    return v && strcmp(v, "planar") == 0;
+}
+
 static gp_status x3_split(const struct gp_cuda_ctx *c, float *dst, const void *src, int64_t outer, int64_t ch,
                           int64_t inner, unsigned lo_parts, struct gp_error *err)
 {
-    cudaError_t e = gp_cuda_conv_x3_split(c->stream, dst, (const float *)src, outer, ch, inner, lo_parts);
+    cudaError_t e =
+        gp_cuda_conv_x3_split(c->stream, dst, (const float *)src, outer, ch, inner, lo_parts, x3_planar());
     if (e != cudaSuccess)
         return gp_cuda_error(c, err, GP_ERR_DEVICE, "3xTF32 operand split: %s", cudaGetErrorString(e));
     return GP_OK;
@@ -887,15 +901,21 @@ static gp_status x3_operands(const struct gp_cuda_ctx *c, struct conv_run *r, in
     int64_t kk = filter_numel(g) / (g->col_ch * g->img_ch);
     float *first = (float *)r->x3buf;
     float *second = (float *)(r->x3buf + align_up(3 * sizeof(float) * (size_t)(k == 1 ? col : img)));
-    if (k == 0) { /* X (hi, hi, lo) . W (hi, lo, hi) over the input channels */
-        GP_TRY(x3_split_channels(c, r, first, *a, g->n, g->img_ch, g->img_size, CONV_X3_HI_HI_LO, err));
-        GP_TRY(x3_split_channels(c, r, second, *b, g->col_ch, g->img_ch, kk, CONV_X3_HI_LO_HI, err));
-    } else if (k == 1) { /* dY (hi, lo, hi) . W (hi, hi, lo) over the output channels */
-        GP_TRY(x3_split_channels(c, r, first, *a, g->n, g->col_ch, g->col_size, CONV_X3_HI_LO_HI, err));
-        GP_TRY(x3_split(c, second, *b, 1, g->col_ch, g->img_ch * kk, CONV_X3_HI_HI_LO, err));
-    } else { /* X (hi, lo, hi) . dY (hi, hi, lo) over the batch */
-        GP_TRY(x3_split(c, first, *a, 1, g->n, g->img_ch * g->img_size, CONV_X3_HI_LO_HI, err));
-        GP_TRY(x3_split(c, second, *b, 1, g->n, g->col_ch * g->col_size, CONV_X3_HI_HI_LO, err));
+    /* Copy j of one operand meets copy j of the other: (hi, hi, lo) .
+     * (hi, lo, hi) gives hi hi, hi lo, lo hi; planar, (hi, lo, hi) .
+     * (lo, hi, hi) gives hi lo, lo hi, hi hi (the small ones first). */
+    bool planar = x3_planar();
+    unsigned a_parts = planar ? CONV_X3_HI_LO_HI : CONV_X3_HI_HI_LO;
+    unsigned b_parts = planar ? CONV_X3_LO_HI_HI : CONV_X3_HI_LO_HI;
+    if (k == 0) { /* X (a) . W (b) over the input channels */
+        GP_TRY(x3_split_channels(c, r, first, *a, g->n, g->img_ch, g->img_size, a_parts, err));
+        GP_TRY(x3_split_channels(c, r, second, *b, g->col_ch, g->img_ch, kk, b_parts, err));
+    } else if (k == 1) { /* dY (b) . W (a) over the output channels */
+        GP_TRY(x3_split_channels(c, r, first, *a, g->n, g->col_ch, g->col_size, b_parts, err));
+        GP_TRY(x3_split(c, second, *b, 1, g->col_ch, g->img_ch * kk, a_parts, err));
+    } else { /* X (b) . dY (a) over the batch */
+        GP_TRY(x3_split(c, first, *a, 1, g->n, g->img_ch * g->img_size, b_parts, err));
+        GP_TRY(x3_split(c, second, *b, 1, g->n, g->col_ch * g->col_size, a_parts, err));
     }
     *a = first;
     *b = second;

@@ -28,6 +28,7 @@
 #ifndef GP_CUDA_CONV_X3_H
 #define GP_CUDA_CONV_X3_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <cuda_runtime.h>
@@ -36,15 +37,17 @@
 extern "C" {
 #endif
 
-/* dst [outer, 3 ch, inner] from src [outer, ch, inner] (float32): dst's
- * channel 3c + j is src's channel c's TF32 hi part, or its lo part where
- * bit j of lo_parts is set. Returns the launch's error. */
+/* dst [outer, 3 ch, inner] from src [outer, ch, inner] (float32): copy j
+ * of src's channel c is its TF32 hi part, or its lo part where bit j of
+ * lo_parts is set, at dst's channel 3c + j (interleaved) or, with planar,
+ * j ch + c (three blocks of ch channels). Returns the launch's error. */
 cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, const float *src, int64_t outer, int64_t ch,
-                                  int64_t inner, unsigned lo_parts);
+                                  int64_t inner, unsigned lo_parts, bool planar);
 
 /* The parts' patterns (bit j: copy j is lo). */
 #define CONV_X3_HI_HI_LO 4u
 #define CONV_X3_HI_LO_HI 2u
+#define CONV_X3_LO_HI_HI 1u
 
 #ifdef __cplusplus
 }
