@@ -222,8 +222,9 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
 
 /* Picks among `n` heuristic results (best first) the first one that
  * succeeds, meets `level` (0: deterministic and precise, 1: precise, 2: any;
- * precision matters only where the promise is float32's: float32_precision), whose math type is allowed and whose workspace
- * (asked of cuDNN for that algorithm and math type) fits `cap`. `ws_of`
+ * precision matters only where the promise is float32's: float32_precision),
+ * whose math type is allowed and whose workspace (asked of cuDNN for that
+ * algorithm and math type) fits `cap`. `ws_of`
  * returns false when cuDNN refuses the algorithm. */
 #define PICK_LEVEL(perf, count, mode, cap, level, conv, ws_of, out_algo, out_math, out_ws, out_ms, found) \
     do {                                                                                     \

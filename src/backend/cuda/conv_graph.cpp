@@ -196,7 +196,8 @@ std::string problem_bytes(const conv_graph_problem *p)
     memcpy(q.pad, p->pad, sizeof q.pad);
     memcpy(q.stride, p->stride, sizeof q.stride);
     memcpy(q.dilation, p->dilation, sizeof q.dilation);
-    q.bf16 = p->bf16, q.tf32 = p->tf32, q.precise = p->precise, q.nondeterministic = p->nondeterministic, q.float_out = p->float_out;
+    q.bf16 = p->bf16, q.tf32 = p->tf32, q.precise = p->precise, q.nondeterministic = p->nondeterministic;
+    q.float_out = p->float_out;
     q.nhwc = p->nhwc;
     return std::string((const char *)&q, sizeof q);
 }
