@@ -242,12 +242,15 @@ static gp_status dnn_error(const struct gp_cuda_ctx *c, struct gp_error *err, co
 static bool conv_padded(const struct conv_geom *g);
 
 /* Whether a call of geometry g in `mode` runs in 3xTF32: float32 without
- * TF32, a Conv of one group whose image is the tensor itself (no pad
- * buffer, no zero channels), its tripled tensors within cuDNN's int
- * sizes. The rest stays on cuDNN's float32 algorithms. */
+ * TF32, a Conv or ConvTranspose of one group whose image is the tensor
+ * itself (no pad buffer, no zero channels), its tripled tensors within
+ * cuDNN's int sizes. The rest stays on cuDNN's float32 algorithms. A
+ * ConvTranspose runs the same three directions with the roles swapped
+ * (its forward is the data direction), on the same split operands: the
+ * summed axes are img_ch and col_ch whichever op it is (x3_geom). */
 static bool x3_applies(const struct conv_geom *g, struct conv_mode mode)
 {
-    if (!mode.x3 || g->transpose || g->group != 1 || !g->direct || conv_padded(g)) return false;
+    if (!mode.x3 || g->group != 1 || !g->direct || conv_padded(g)) return false;
     int64_t img = g->n * g->img_ch * g->img_size, col = g->n * g->col_ch * g->col_size;
     return 3 * img <= INT_MAX && 3 * col <= INT_MAX && 3 * filter_numel(g) <= INT_MAX;
 }
@@ -279,15 +282,24 @@ static int x3_parts(void) { return x3_order() == X3_SEPARATE ? 2 : 1; }
 static int x3_copies(int part) { return x3_order() != X3_SEPARATE ? 3 : part == 0 ? 1 : 2; }
 
 /* The TF32 problem of direction k (0 forward, 1 data, 2 filter), part
- * `part`: its summed axis (input channels, output channels, the batch)
- * times x3_copies(part). */
+ * `part`: its summed axis (the image's channels, the columns' channels,
+ * the batch) times x3_copies(part). The image's channels are X's of a
+ * Conv (c) and Y's of a ConvTranspose (m). */
 static void x3_geom(const struct conv_geom *g, int k, int part, struct conv_geom *out)
 {
     int copies = x3_copies(part);
     *out = *g;
-    if (k == 0) out->c *= copies, out->img_ch *= copies;
-    else if (k == 1) out->m *= copies, out->col_ch *= copies;
-    else out->n *= copies;
+    if (k == 0) {
+        out->img_ch *= copies;
+        if (g->transpose) out->m *= copies;
+        else out->c *= copies;
+    } else if (k == 1) {
+        out->col_ch *= copies;
+        if (g->transpose) out->c *= copies;
+        else out->m *= copies;
+    } else {
+        out->n *= copies;
+    }
 }
 
 /* The TF32 problems' mode: TF32 whose algorithms keep the exact split
@@ -422,7 +434,7 @@ static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode,
     int64_t img = g->n * g->img_ch * g->imgb_size, col = g->n * g->col_ch * g->col_size;
     const struct algo_choice *ch = &cc->ch[0];
     /* A separate 3xTF32 call's second part adds to its output in every
-     * direction (Conv only: x3_applies). */
+     * direction. */
     const struct algo_choice *add = cc->parts > 1 ? &cc->ch[1] : NULL;
     const struct {
         bool on;
@@ -432,7 +444,7 @@ static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode,
         {(dirs & CONV_DIR_FWD) && ((ch->graph_fwd[0] && g->transpose) || (add && add->graph_fwd[0])),
          CONV_GRAPH_FPROP, col}, /* ConvTranspose's dX, a Conv's Y in parts */
         {(dirs & CONV_DIR_DATA) && ((ch->graph_data[0] && !g->transpose) || (add && add->graph_data[0])),
-         CONV_GRAPH_DGRAD, img}, /* Conv's dX */
+         CONV_GRAPH_DGRAD, img}, /* Conv's dX, a ConvTranspose's Y in parts */
         {(dirs & CONV_DIR_FILTER) && (ch->graph_filter[0] || (add && add->graph_filter[0])), CONV_GRAPH_WGRAD,
          filter_numel(g)}, /* dW */
     };
