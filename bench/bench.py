@@ -33,14 +33,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 # Shared with pipeline.py and profile.py.
-from common import (LOSS, MODELS, device_name, export, fmt_rate,  # noqa: E402
+from common import (LOSS, MODELS, PRECISIONS, device_name, export, fmt_rate,  # noqa: E402
                     gpipe_run, last_line, log, md_cell, run, summarize, worker_result)
 
 
 # --------------------------------------------------------------------------
 # PyTorch side: runs in its own process (`bench.py _torch ...`), prints one JSON line
 # --------------------------------------------------------------------------
-PRECISIONS = ("fp32", "tf32", "bf16")           # bench.py's; pipeline.py has fp32, tf32
 TORCH_VARIANTS = ("eager", "best", "compile")
 VARIANT_TITLE = {"eager": "PyTorch eager", "best": "PyTorch best layout",
                  "compile": "PyTorch compiled"}

@@ -17,7 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # gpipe-onnx train --loss for each exported model (see export.py)
 LOSS = {"resnet50": "cross-entropy", "gpt2": "cross-entropy", "unet": "output"}
 MODELS = ("resnet50", "gpt2", "unet")
-PRECISIONS = ("fp32", "tf32")
+PRECISIONS = ("fp32", "tf32", "bf16")
 
 # Never let NCCL or PyTorch's symmetric memory use NVLink multicast (NVLS): set in
 # every process a driver starts.

@@ -3,7 +3,8 @@
 (torch.distributed.pipelining, ScheduleGPipe) on the same models and the same split.
 
     python3 bench/pipeline.py --gpipe build/src/gpipe-onnx \\
-        [--models resnet50,unet,gpt2] [--m 1,4,8,32] [--gpus 2] [--precision fp32] \\
+        [--models resnet50,unet,gpt2] [--m 1,4,8,32] [--gpus 2] [--share-gpu] [--mpi mpirun] \\
+        [--precision fp32] \\
         [--warmup 3] [--steps 6] [--deadline SECONDS] [--trace-dir DIR] \\
         [--out pipeline.json] [--markdown pipeline.md]
 
@@ -20,6 +21,7 @@ per mini-batch) that divides the batch: gpipe-onnx on one GPU and on K GPUs, eac
 bench/README.md ("Pipelines").
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -116,6 +118,9 @@ def _torch_rank(rank, world, argv):
 
     cuda = a.device == "cuda"
     tf32 = a.precision == "tf32"
+    # bf16 as bench.py's PyTorch side trains it: autocast over the step, float32 weights.
+    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if a.precision == "bf16"
+           else contextlib.nullcontext())
     if cuda:
         dev = torch.device("cuda", rank)
         torch.cuda.set_device(dev)
@@ -168,12 +173,13 @@ def _torch_rank(rank, world, argv):
 
             def step():
                 del losses[:]
-                if rank == 0:
-                    sched.step(x, **step_kw)
-                elif rank == world - 1:
-                    sched.step(target=y, losses=losses, **step_kw)
-                else:
-                    sched.step(**step_kw)
+                with amp:
+                    if rank == 0:
+                        sched.step(x, **step_kw)
+                    elif rank == world - 1:
+                        sched.step(target=y, losses=losses, **step_kw)
+                    else:
+                        sched.step(**step_kw)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
@@ -316,7 +322,9 @@ class Bench(object):
         self.cpu = args.device == "cpu"
         kind = "cpu" if self.cpu else "cuda"
         self.dev1 = "%s:0" % kind
-        self.devk = ",".join("%s:%d" % (kind, i) for i in range(args.gpus))
+        # --share-gpu: the K stages on the first GPU (the pipeline's own cost: no speed-up
+        # to gain, so the ideal is 1x).
+        self.devk = ",".join("%s:%d" % (kind, 0 if args.share_gpu else i) for i in range(args.gpus))
         self.word = "dev" if self.cpu else "GPU"
 
     # ---- gpipe-onnx --------------------------------------------------------
@@ -351,6 +359,8 @@ class Bench(object):
         cmd = [a.gpipe, "balance", onnx_path, "--devices", self.devk, "--by", "time",
                "--batch", str(batch), "--chunks", str(chunks), "--checkpoint", "never",
                "--optimizer", "sgd", "--momentum", repr(a.momentum), "--json", path]
+        if a.precisions[0] != "fp32":  # timed as the first precision trains (one split for all)
+            cmd += ["--precision", a.precisions[0]]
         if a.trace_dir:  # the per-layer profile too: where each model's time goes
             cmd += ["--profile-out", os.path.join(os.path.abspath(a.trace_dir), "%s_profile.json" % name)]
         log("%s: gpipe-onnx balance: %s" % (name, quote(cmd)))
@@ -359,7 +369,7 @@ class Bench(object):
             with open(path) as f:
                 doc = json.load(f)
             bal = [int(v) for v in doc["balance"]]
-            desc = {"method": "gpipe-onnx balance --by time", "chunks": chunks,
+            desc = {"method": "gpipe-onnx balance --by time", "chunks": chunks, "precision": a.precisions[0],
                     "checkpoint": "never", "command": cmd, "seconds": round(secs, 1),
                     "predicted_step_ms": doc.get("predicted_step_ms"),
                     "imbalance": doc.get("imbalance"),
@@ -370,12 +380,23 @@ class Bench(object):
             return None, {"method": "even", "balance_error": str(e)}
 
     def gpipe_train(self, name, onnx_path, batch, m, devices, checkpoint, balance, precision,
-                    workdir, trace=None):
+                    workdir, trace=None, processes=0, replicas=1):
+        """One gpipe-onnx run: in one process, or (processes > 0) under --mpi as that many
+        ranks, each a stage (--pipeline K) or, with replicas > 1, a replica of one stage
+        training batch / replicas of the mini-batch (--pipeline 1)."""
         a = self.args
         k = len(devices.split(","))
-        tag = "%s-%s-m%d-%s-%s" % (name, precision, m, "k%d" % k, checkpoint)
+        tag = "%s-%s-m%d-%s-%s%s" % (name, precision, m, "k%d" % k, checkpoint,
+                                     "-np%d-d%d" % (processes, replicas) if processes else "")
         metrics = os.path.join(workdir, tag + ".metrics.jsonl")
-        cmd = [a.gpipe, "train", onnx_path,
+        launcher = []
+        if processes:
+            launcher = [a.mpi, "-np", str(processes), "-x", "NCCL_NVLS_ENABLE", "-x", "TORCH_SYMM_MEM_DISABLE_MULTICAST"]
+            if self.cpu:
+                launcher.append("--oversubscribe")   # more ranks than cores on a small machine
+            if hasattr(os, "geteuid") and os.geteuid() == 0:
+                launcher.append("--allow-run-as-root")
+        cmd = launcher + [a.gpipe, "train", onnx_path,
                "--synthetic", str(2 * batch), "--batch", str(batch),
                "--steps", str(a.warmup + a.steps), "--devices", devices, "--chunks", str(m),
                "--checkpoint", checkpoint,
@@ -383,13 +404,17 @@ class Bench(object):
                "--loss", LOSS[name], "--metrics", metrics]
         if balance and k > 1:
             cmd += ["--balance", ",".join(str(b) for b in balance)]
-        if precision == "tf32":
-            cmd.append("--tf32")
+        if processes:
+            cmd += ["--pipeline", str(processes // replicas)]
+        if precision != "fp32":
+            cmd += ["--precision", precision]
         if trace:
             cmd += ["--trace", trace]
         cmd += shlex.split(a.gpipe_args)
-        label = "%s %s M=%d: gpipe-onnx %d %s%s, checkpoint %s" % (
-            name, precision, m, k, self.word, "s" if k > 1 else "", checkpoint)
+        label = "%s %s M=%d: gpipe-onnx %d %s%s, checkpoint %s%s" % (
+            name, precision, m, k, self.word, "s" if k > 1 else "", checkpoint,
+            "" if not processes else ", %d processes%s" % (
+                processes, " (%d replicas)" % replicas if replicas > 1 else ""))
         t = self.deadline.timeout(a.timeout)
         if t is None:
             return {"error": SKIPPED}
@@ -418,6 +443,8 @@ class Bench(object):
         out = {}
         if a.no_torch:
             return {m: None for m in ms}
+        if a.share_gpu:
+            return {m: {"error": "not run: PyTorch's pipeline takes one %s a stage" % self.word} for m in ms}
         if cuts is None:
             return {m: {"error": "PyTorch: no split"} for m in ms}
         missing = pipelining_missing()
@@ -498,7 +525,8 @@ class Bench(object):
         def fail_all(msg):
             split["error"] = msg
             for row in rows:
-                for key in ("gpipe_1_never", "gpipe_k_never", "gpipe_1_always", "gpipe_k_always"):
+                for key in ("gpipe_1_never", "gpipe_k_never", "gpipe_1_always", "gpipe_k_always") + (
+                        ("gpipe_k_mpi", "gpipe_dp") if a.mpi else ()):
                     row.setdefault(key, {"error": msg})
                 row.setdefault("torch", {"error": msg})
             self.write()
@@ -551,6 +579,18 @@ class Bench(object):
                 row["gpipe_1_never"] = self.gpipe_train(name, onnx_path, batch, m, self.dev1, "never",
                                                         None, precision, workdir)
                 self.write()
+            if a.mpi:
+                # The same pipeline as K processes, and K data-parallel replicas of the
+                # whole model, each with the 1-device run's share (K x the batch).
+                for row in prow:
+                    m = row["m"]
+                    row["gpipe_k_mpi"] = self.gpipe_train(name, onnx_path, batch, m, self.devk, "never",
+                                                          bal, precision, workdir, processes=a.gpus)
+                    self.write()
+                    row["gpipe_dp"] = self.gpipe_train(name, onnx_path, a.gpus * batch, m, self.dev1, "never",
+                                                       None, precision, workdir, processes=a.gpus,
+                                                       replicas=a.gpus)
+                    self.write()
             res = self.torch_side(name, precision, batch, [r["m"] for r in prow],
                                   [c["unit_index"] for c in cuts] if cuts else None)
             for row in prow:
@@ -664,7 +704,8 @@ class Bench(object):
         a, h = self.args, self.header
         K = a.gpus
         lines = [
-            "## gpipe-onnx pipelines vs PyTorch pipelining (ScheduleGPipe), %d %ss" % (K, self.word),
+            "## gpipe-onnx pipelines vs PyTorch pipelining (ScheduleGPipe), %d %ss" % (K, self.word)
+            if not a.share_gpu else "## gpipe-onnx pipelines of %d stages sharing one %s" % (K, self.word),
             "",
             "- devices: %s" % h.get("device"),
             "- date: %s" % h.get("date"),
@@ -674,11 +715,14 @@ class Bench(object):
             "samples/s of %d timed steps (gpipe-onnx: its per-step metrics; PyTorch: "
             "synchronize + perf_counter per step, the slowest rank's). gpipe-onnx on %s (1) and "
             "%s (K) with the split below for every M; PyTorch one process per %s (%s), "
-            "ScheduleGPipe, the same M, split at the nearest module boundary. Ideal speed-up "
-            "K*M/(M+K-1); efficiency = speed-up / ideal; checkpoint overhead = step time with "
+            "ScheduleGPipe, the same M, split at the nearest module boundary%s. Ideal speed-up "
+            "%s; efficiency = speed-up / ideal; checkpoint overhead = step time with "
             "--checkpoint always / never - 1." % (
                 a.lr, a.momentum, a.warmup, a.steps, self.dev1, self.devk, self.word,
-                "gloo" if self.cpu else "NCCL"),
+                "gloo" if self.cpu else "NCCL",
+                ", its stages under torch.autocast(bfloat16) in bf16" if "bf16" in a.precisions else "",
+                "1x (--share-gpu: the K stages share one %s, so the speed-up measures what "
+                "the pipeline costs)" % self.word if a.share_gpu else "K*M/(M+K-1)"),
         ]
         for name in a.models:
             sp = self.splits.get(name)
@@ -699,6 +743,8 @@ class Bench(object):
                 ]
                 for r in rows:
                     lines.append(self.table_row(r))
+                if a.mpi:
+                    lines += [""] + self.mpi_lines(rows)
                 for r in rows:
                     tr = (r.get("gpipe_k_never") or {}).get("trace")
                     if tr:
@@ -711,6 +757,33 @@ class Bench(object):
                                  ", ".join(str(m) for m in sp["skipped_m"]))
         return lines
 
+    def mpi_lines(self, rows):
+        """The --mpi table: the K-stage pipeline as K processes against in one process, and
+        K data-parallel replicas (each the 1-device run's batch) against one device."""
+        K, w = self.args.gpus, self.word
+
+        def rate(side):
+            if side is None:
+                return "not run"
+            if side.get("error"):
+                return md_cell(side["error"])
+            return "%.1f" % side["samples_per_s"]
+
+        def ratio(x, y):
+            ok = all(v is not None and not v.get("error") for v in (x, y))
+            return "%.3fx" % (x["samples_per_s"] / y["samples_per_s"]) if ok else "-"
+
+        out = ["| M | gpipe-onnx %d %ss, one process | %d processes (`mpirun -np %d ... --pipeline %d`) | "
+               "processes / one process | %d replicas of the model (`--pipeline 1`, %d x the batch) | "
+               "replicas / one %s (ideal %dx) |" % (K, w, K, K, K, K, K, w, K),
+               "|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            mp, dp = r.get("gpipe_k_mpi"), r.get("gpipe_dp")
+            out.append("| %d | %s | %s | %s | %s | %s |" % (
+                r["m"], rate(r.get("gpipe_k_never")), rate(mp), ratio(mp, r.get("gpipe_k_never")), rate(dp),
+                ratio(dp, r.get("gpipe_1_never"))))
+        return out
+
     def split_lines(self, name, sp):
         out = []
         bal = sp.get("balance")
@@ -721,7 +794,8 @@ class Bench(object):
                 s += b
             how = sp.get("method", "")
             if how.startswith("gpipe-onnx balance"):
-                how += " at %d micro-batches, checkpoint never" % sp.get("chunks", 0)
+                how += " at %d micro-batches, checkpoint never, %s" % (sp.get("chunks", 0),
+                                                                       sp.get("precision", "fp32"))
                 if sp.get("predicted_step_ms"):
                     how += "; predicted step %.1f ms" % sp["predicted_step_ms"]
             elif sp.get("balance_error"):
@@ -759,7 +833,7 @@ class Bench(object):
         a1, ak = r.get("gpipe_1_always"), r.get("gpipe_k_always")
         t = r.get("torch")
         m = r["m"]
-        ideal = K * m / float(m + K - 1)
+        ideal = 1.0 if self.args.share_gpu else K * m / float(m + K - 1)
         speed = eff = ratio = "-"
         if ok(g1) and ok(gk):
             sp = gk["samples_per_s"] / g1["samples_per_s"]
@@ -844,9 +918,16 @@ def main():
     ap.add_argument("--m", default=DEFAULT_M,
                     help="micro-batch counts M (default %s; an M that does not divide the batch is skipped)" % DEFAULT_M)
     ap.add_argument("--gpus", type=int, default=2, help="K, the pipeline's GPUs/stages (default 2)")
+    ap.add_argument("--mpi", default=None, metavar="MPIRUN",
+                    help="also run the K-stage pipeline as K processes and K data-parallel replicas "
+                         "under this Open MPI mpirun (e.g. mpirun), beside the in-process runs")
+    ap.add_argument("--share-gpu", action="store_true",
+                    help="the K stages on the first GPU (a machine with one): the pipeline's own cost, ideal 1x; "
+                         "no PyTorch side")
     ap.add_argument("--batch", default=None,
                     help="mini-batch per model, e.g. resnet50=256,gpt2=16 (default resnet50=512, unet=128, gpt2=32; 16 with --tiny)")
-    ap.add_argument("--precision", default="fp32", help="fp32, tf32 or fp32,tf32 (default fp32)")
+    ap.add_argument("--precision", default="fp32",
+                    help="fp32, tf32, bf16 or a list such as fp32,tf32 (default fp32)")
     ap.add_argument("--tf32", action="store_true", help="the same as --precision tf32")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps per run (default 3; 1 with --tiny)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default 6; 3 with --tiny)")
@@ -884,9 +965,9 @@ def main():
     args.precisions = ["tf32"] if args.tf32 else [p.strip() for p in args.precision.split(",") if p.strip()]
     for p in args.precisions:
         if p not in PRECISIONS:
-            ap.error("unknown precision '%s' (fp32, tf32)" % p)
-    if args.device == "cpu" and "tf32" in args.precisions:
-        ap.error("tf32 needs GPUs")
+            ap.error("unknown precision '%s' (fp32, tf32, bf16)" % p)
+    if args.device == "cpu" and ("tf32" in args.precisions or "bf16" in args.precisions):
+        ap.error("tf32 and bf16 need GPUs")
     try:
         args.ms = sorted(set(int(x) for x in args.m.split(",") if x.strip()))
     except ValueError:
@@ -895,6 +976,13 @@ def main():
         ap.error("--m wants positive numbers")
     if args.gpus < 2:
         ap.error("--gpus must be at least 2")
+    if args.mpi:
+        found = shutil.which(args.mpi)
+        if not found:
+            ap.error("--mpi %s: no such launcher" % args.mpi)
+        args.mpi = found
+        if args.share_gpu:
+            ap.error("--mpi runs a process a GPU: not with --share-gpu")
     if args.warmup is None:
         args.warmup = 1 if args.tiny else 3
     if args.steps is None:

@@ -36,8 +36,9 @@ static gp_status stage_loads(const struct gp_balance_config *c, struct stage_loa
 static double layer_time(const struct gp_profile *p, const struct stage_load *load, int i)
 {
     const struct gp_layer_profile *l = &p->layers[i];
-    /* Before each micro-batch's backward the executor clears the gradients
-     * of the stage's activations: about one memory pass over them. */
+    /* Before each micro-batch's backward the executor clears the gradient
+     * regions that no kernel writes first: estimated as one memory pass
+     * over the layer's kept activations. */
     double clear_ms = (double)l->activation_bytes / (p->copy_gbps * 1e6);
     return l->forward_ms + l->backward_ms + load->recompute * l->forward_ms + clear_ms;
 }

@@ -11,6 +11,7 @@
 #include "backend/compute.h"
 #include "backend/cpu/runner.h"
 #include "graph/layers.h"
+#include "pipeline/plan.h"
 #include "util/json_parse.h"
 #include "util/json_writer.h"
 #include "util/atomic_file.h"
@@ -106,19 +107,32 @@ void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
 {
     snprintf(out->precision, sizeof out->precision, "%s", gp_precision_name(precision));
     int *ids = malloc(sizeof(int) * ((size_t)g->n_values + 1));
+    /* Outputs no backward reads live only through the forward, in an
+     * arena the layers share (pipeline/plan.h): not the layer's. Without
+     * memory for the flags, every output counts (an upper bound). */
+    bool *needs = calloc((size_t)g->n_values + 1, sizeof(bool)), *kept = calloc((size_t)g->n_values + 1, sizeof(bool));
+    if (needs && kept) gp_plan_needs_grad(g, needs);
+    if (needs && kept && !gp_plan_backward_kept(g, needs, saved_bytes, kept)) {
+        free(kept);
+        kept = NULL;
+    }
     for (int i = 0; i < g->n_nodes; i++) {
         const struct gp_node *n = &g->nodes[i];
         struct gp_layer_profile *lp = &out->layers[i];
         snprintf(lp->op, sizeof lp->op, "%s", n->op_type);
         lp->param_bytes = l->layer_params[i] * 4;
         lp->activation_bytes = 0;
-        for (int k = 0; k < n->n_outputs; k++)
-            if (n->outputs[k] >= 0) lp->activation_bytes += stored_bytes(&g->values[n->outputs[k]], precision);
+        for (int k = 0; k < n->n_outputs; k++) {
+            int v = n->outputs[k];
+            if (v >= 0 && (!kept || !needs || kept[v])) lp->activation_bytes += stored_bytes(&g->values[v], precision);
+        }
         lp->activation_bytes += (int64_t)saved_bytes(g, n);
         lp->frontier_bytes = ids ? cut_bytes(g, l, i + 1, precision, ids) : l->frontier_bytes[i + 1];
     }
     out->input_frontier_bytes = ids ? cut_bytes(g, l, 0, precision, ids) : l->frontier_bytes[0];
     free(ids);
+    free(needs);
+    free(kept);
     fill_tied(g, out);
 }
 

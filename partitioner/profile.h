@@ -21,7 +21,8 @@ struct gp_layer_profile {
      * From the model, never from a saved profile. */
     int64_t tied_bytes;
     int tied_prev;
-    int64_t activation_bytes;       /* what it keeps for backward: outputs and saved state */
+    int64_t activation_bytes;       /* what it keeps for backward: the outputs some backward reads
+                                       (gp_plan_backward_kept) and its saved state */
     int64_t frontier_bytes;         /* at the cut after it, per micro-batch */
 };
 

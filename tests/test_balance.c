@@ -21,7 +21,9 @@
 #include "backend/device.h"
 #include "fixtures.h"
 #include "onnx/load.h"
+#include "graph/layers.h"
 #include "partitioner/balance.h"
+#include "pipeline/plan.h"
 #include "train/trainer.h"
 #include "util/json_parse.h"
 
@@ -288,6 +290,54 @@ static void test_tied(void **state)
     gp_profile_free(&prof);
 }
 
+/* The balancer's memory model against the planner: a layer's
+ * activation_bytes are what a stage keeps of it for the backward (the
+ * outputs some backward reads, its saved state), so over the whole graph
+ * as one stage they sum to that stage's activation set, give or take the
+ * set's alignment (64 bytes a region, 256 the set); every output counted
+ * would over-count the forward-only ones, which live in the shared arena. */
+static void test_memory_model(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"resnet_op17.onnx", "unet_op17.onnx", "gpt_op17.onnx",
+                                           "../tests/data/tied_gpt_op17.onnx"};
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        char model[4096];
+        fixture_path(fixtures[f], model, sizeof model);
+        struct gp_graph g;
+        struct gp_layers l;
+        struct gp_error err = {0};
+        if (gp_onnx_load(model, 4, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+        if (gp_layers_build(&g, &l, &err) != GP_OK) fail_msg("%s", err.msg);
+        struct gp_profile prof;
+        if (gp_profile_cpu(&g, model, 1, 0, 1, NULL, NULL, &prof, &err) != GP_OK) fail_msg("%s", err.msg);
+        bool *needs = calloc((size_t)g.n_values + 1, sizeof(bool));
+        assert_non_null(needs);
+        gp_plan_needs_grad(&g, needs);
+        struct gp_stage_plan p;
+        if (gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &(struct gp_compute_options){0}, "cpu", 0, g.n_nodes,
+                          &p, &err) != GP_OK)
+            fail_msg("%s", err.msg);
+        int64_t model_bytes = 0, outputs = 0, slack = 256;
+        for (int i = 0; i < g.n_nodes; i++) {
+            model_bytes += prof.layers[i].activation_bytes;
+            slack += 64 * (1 + g.nodes[i].n_outputs);
+            for (int k = 0; k < g.nodes[i].n_outputs; k++)
+                if (g.nodes[i].outputs[k] >= 0) outputs += gp_value_bytes(&g.values[g.nodes[i].outputs[k]]);
+        }
+        printf("%-16s activations by the balancer's model %lld bytes, the plan's set %zu (every output: %lld)\n",
+               fixtures[f], (long long)model_bytes, p.local_bytes, (long long)outputs);
+        if (model_bytes > (int64_t)p.local_bytes || (int64_t)p.local_bytes > model_bytes + slack)
+            fail_msg("%s: the balancer counts %lld bytes of activations, the plan keeps %zu", fixtures[f],
+                     (long long)model_bytes, p.local_bytes);
+        gp_plan_free(&p);
+        free(needs);
+        gp_profile_free(&prof);
+        gp_layers_free(&l);
+        gp_graph_free(&g);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -295,6 +345,7 @@ int main(void)
         cmocka_unit_test(test_resnet),
         cmocka_unit_test(test_gpt),
         cmocka_unit_test(test_tied),
+        cmocka_unit_test(test_memory_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

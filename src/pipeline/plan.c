@@ -63,7 +63,8 @@ static bool nondiff(const struct gp_node *n, int k)
  * differentiable slot below 32 that carries a gradient or is a
  * once-per-step value (whose gradient block is always there); 0 when no
  * output carries a gradient, as then no gradient flows in and that
- * backward does not run. Reads p->home: after plan_once. */
+ * backward does not run. Reads p->home: after plan_once (p NULL: no
+ * once-per-step values). */
 static uint32_t backward_din(const struct gp_graph *g, const bool *needs_grad, const struct gp_stage_plan *p,
                              const struct gp_node *n)
 {
@@ -73,7 +74,7 @@ static uint32_t backward_din(const struct gp_graph *g, const bool *needs_grad, c
     uint32_t din = 0;
     for (int k = 0; k < n->n_inputs && k < 32; k++) {
         int v = n->inputs[k];
-        if (v >= 0 && (needs_grad[v] || p->home[v] == GP_HOME_STEP) && !nondiff(n, k)) din |= 1u << k;
+        if (v >= 0 && (needs_grad[v] || (p && p->home[v] == GP_HOME_STEP)) && !nondiff(n, k)) din |= 1u << k;
     }
     return din;
 }
@@ -545,31 +546,44 @@ static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, co
  * per step (with a gradient that accumulates over the micro-batches, as a
  * parameter's does). Exporters make such layers of every Linear weight's
  * transpose, so this saves two transposes of every weight per micro-batch. */
+/* Whether layer n runs once per step: it saves nothing, is no Dropout or
+ * BatchNormalization, makes no leaf (an output frontier's value, a graph
+ * output: those are per micro-batch) and reads only fixed values (static
+ * ones, or those of once-per-step layers before it). */
+static bool runs_once(const struct gp_graph *g, size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
+                      const struct gp_node *n, const bool *fixed, const bool *leaves)
+{
+    bool ok = saved_bytes(g, n) == 0 && strcmp(n->op_type, "Dropout") != 0 &&
+              strcmp(n->op_type, "BatchNormalization") != 0 && n->n_outputs > 0;
+    for (int k = 0; ok && k < n->n_inputs; k++) ok = n->inputs[k] < 0 || fixed[n->inputs[k]];
+    for (int k = 0; ok && k < n->n_outputs; k++) ok = n->outputs[k] < 0 || !leaves[n->outputs[k]];
+    return ok;
+}
+
 static gp_status plan_once(const struct gp_graph *g, const struct gp_compute_ops *ops, struct gp_stage_plan *p,
                            struct gp_error *err)
 {
     int first = p->first, last = p->last;
     p->once = calloc((size_t)(last - first) + 1, sizeof(bool));
     if (!p->once) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
-    bool *leaves = calloc((size_t)g->n_values + 1, sizeof(bool));
-    if (!leaves) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    bool *leaves = calloc((size_t)g->n_values + 1, sizeof(bool)), *fixed = calloc((size_t)g->n_values + 1, sizeof(bool));
+    if (!leaves || !fixed) {
+        free(leaves);
+        free(fixed);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    }
     for (int k = 0; k < p->n_frontier_out; k++) leaves[p->frontier_out[k]] = true;
     for (int k = 0; k < g->n_outputs; k++) leaves[g->outputs[k]] = true;
+    for (int v = 0; v < g->n_values; v++) fixed[v] = p->home[v] == GP_HOME_STATIC || p->home[v] == GP_HOME_STEP;
     for (int i = first; i < last; i++) {
         const struct gp_node *n = &g->nodes[i];
-        bool ok = ops->saved_bytes(g, n) == 0 && strcmp(n->op_type, "Dropout") != 0 &&
-                  strcmp(n->op_type, "BatchNormalization") != 0 && n->n_outputs > 0;
-        for (int k = 0; ok && k < n->n_inputs; k++) {
-            int v = n->inputs[k];
-            ok = v < 0 || p->home[v] == GP_HOME_STATIC || p->home[v] == GP_HOME_STEP;
-        }
-        for (int k = 0; ok && k < n->n_outputs; k++) ok = n->outputs[k] < 0 || !leaves[n->outputs[k]];
-        if (!ok) continue;
+        if (!runs_once(g, ops->saved_bytes, n, fixed, leaves)) continue;
         p->once[i - first] = true;
         for (int k = 0; k < n->n_outputs; k++) {
             int v = n->outputs[k];
             if (v < 0) continue;
             p->home[v] = GP_HOME_STEP;
+            fixed[v] = true;
             p->off[v] = p->step_bytes;
             p->step_bytes += align64(gp_plan_value_bytes(g, p, v));
             /* Its gradient sums over the micro-batches, like a parameter's: float32. */
@@ -578,7 +592,48 @@ static gp_status plan_once(const struct gp_graph *g, const struct gp_compute_ops
         }
     }
     free(leaves);
+    free(fixed);
     return GP_OK;
+}
+
+bool gp_plan_backward_kept(const struct gp_graph *g, const bool *needs_grad,
+                           size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *), bool *kept)
+{
+    int nv = g->n_values;
+    bool *leaves = calloc((size_t)nv + 1, sizeof(bool)), *fixed = calloc((size_t)nv + 1, sizeof(bool));
+    if (!leaves || !fixed) {
+        free(leaves);
+        free(fixed);
+        return false;
+    }
+    /* One stage holding the whole graph: static values are those known at
+     * load time that no layer makes (plan_stage's homes). */
+    for (int v = 0; v < nv; v++) fixed[v] = g->values[v].constant;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_outputs; k++)
+            if (g->nodes[i].outputs[k] >= 0) fixed[g->nodes[i].outputs[k]] = false;
+    for (int k = 0; k < g->n_outputs; k++)
+        if (g->outputs[k] >= 0) leaves[g->outputs[k]] = true;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (runs_once(g, saved_bytes, &g->nodes[i], fixed, leaves))
+            for (int k = 0; k < g->nodes[i].n_outputs; k++)
+                if (g->nodes[i].outputs[k] >= 0) fixed[g->nodes[i].outputs[k]] = true;
+    for (int v = 0; v < nv; v++) kept[v] = leaves[v];
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        uint32_t din = backward_din(g, needs_grad, NULL, n), reads_in = 0, reads_out = 0;
+        if (!din) continue;
+        gp_backward_reads(n, din, &reads_in, &reads_out);
+        for (int k = 0; k < n->n_inputs; k++)
+            if (n->inputs[k] >= 0 && (k >= 32 || (reads_in >> k) & 1)) kept[n->inputs[k]] = true;
+        for (int k = 0; k < n->n_outputs; k++)
+            if (n->outputs[k] >= 0 && (k >= 32 || (reads_out >> k) & 1)) kept[n->outputs[k]] = true;
+    }
+    /* Once-per-step values live in the step's block, not a set. */
+    for (int v = 0; v < nv; v++) kept[v] = kept[v] && !fixed[v];
+    free(leaves);
+    free(fixed);
+    return true;
 }
 
 /* ---- kernel workspace ----

@@ -153,4 +153,15 @@ void gp_plan_free(struct gp_stage_plan *p);
  * a node with such an input in a differentiable slot. */
 void gp_plan_needs_grad(const struct gp_graph *g, bool *needs);
 
+/* kept[v]: whether v is kept for the backward in a micro-batch's
+ * activation set, as a stage holding the whole graph keeps values (its
+ * kernels' saved_bytes decide which layers run once per step): some
+ * backward reads v (gp_backward_reads, given the gradients it is asked
+ * for), or v is a graph output, and no once-per-step layer makes it (those
+ * live in the step's block). The rest live only through the forward, in
+ * the arena. What the balancer counts per layer (partitioner/profile.c).
+ * False when out of memory. */
+bool gp_plan_backward_kept(const struct gp_graph *g, const bool *needs_grad,
+                           size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *), bool *kept);
+
 #endif
