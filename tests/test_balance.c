@@ -294,13 +294,15 @@ static void test_tied(void **state)
  * activation_bytes are what a stage keeps of it for the backward (the
  * outputs some backward reads, its saved state), so over the whole graph
  * as one stage they sum to that stage's activation set, give or take the
- * set's alignment (64 bytes a region, 256 the set); every output counted
- * would over-count the forward-only ones, which live in the shared arena. */
+ * set's alignment (64 bytes a region, 256 the set), in float32 and in
+ * bf16 (bfloat16 activations); every output counted would over-count the
+ * forward-only ones, which live in the shared arena. */
 static void test_memory_model(void **state)
 {
     (void)state;
     static const char *const fixtures[] = {"resnet_op17.onnx", "unet_op17.onnx", "gpt_op17.onnx",
                                            "../tests/data/tied_gpt_op17.onnx"};
+    static const enum gp_precision precisions[] = {GP_PRECISION_FP32, GP_PRECISION_BF16};
     for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
         char model[4096];
         fixture_path(fixtures[f], model, sizeof model);
@@ -314,23 +316,28 @@ static void test_memory_model(void **state)
         bool *needs = calloc((size_t)g.n_values + 1, sizeof(bool));
         assert_non_null(needs);
         gp_plan_needs_grad(&g, needs);
-        struct gp_stage_plan p;
-        if (gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &(struct gp_compute_options){0}, "cpu", 0, g.n_nodes,
-                          &p, &err) != GP_OK)
-            fail_msg("%s", err.msg);
-        int64_t model_bytes = 0, outputs = 0, slack = 256;
-        for (int i = 0; i < g.n_nodes; i++) {
-            model_bytes += prof.layers[i].activation_bytes;
-            slack += 64 * (1 + g.nodes[i].n_outputs);
-            for (int k = 0; k < g.nodes[i].n_outputs; k++)
-                if (g.nodes[i].outputs[k] >= 0) outputs += gp_value_bytes(&g.values[g.nodes[i].outputs[k]]);
+        for (size_t q = 0; q < sizeof precisions / sizeof *precisions; q++) {
+            struct gp_stage_plan p;
+            if (gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &(struct gp_compute_options){.precision = precisions[q]},
+                              "cpu", 0, g.n_nodes, &p, &err) != GP_OK)
+                fail_msg("%s", err.msg);
+            gp_profile_fill_bytes(&g, &l, gp_cpu_compute_ops.saved_bytes, precisions[q], &prof);
+            int64_t model_bytes = 0, outputs = 0, slack = 256;
+            for (int i = 0; i < g.n_nodes; i++) {
+                model_bytes += prof.layers[i].activation_bytes;
+                slack += 64 * (1 + g.nodes[i].n_outputs);
+                for (int k = 0; k < g.nodes[i].n_outputs; k++)
+                    if (g.nodes[i].outputs[k] >= 0) outputs += gp_value_bytes(&g.values[g.nodes[i].outputs[k]]);
+            }
+            const char *pn = gp_precision_name(precisions[q]);
+            printf("%-16s %s: activations by the balancer's model %lld bytes, the plan's set %zu (every output in "
+                   "float32: %lld)\n",
+                   fixtures[f], pn, (long long)model_bytes, p.local_bytes, (long long)outputs);
+            if (model_bytes > (int64_t)p.local_bytes || (int64_t)p.local_bytes > model_bytes + slack)
+                fail_msg("%s, %s: the balancer counts %lld bytes of activations, the plan keeps %zu", fixtures[f], pn,
+                         (long long)model_bytes, p.local_bytes);
+            gp_plan_free(&p);
         }
-        printf("%-16s activations by the balancer's model %lld bytes, the plan's set %zu (every output: %lld)\n",
-               fixtures[f], (long long)model_bytes, p.local_bytes, (long long)outputs);
-        if (model_bytes > (int64_t)p.local_bytes || (int64_t)p.local_bytes > model_bytes + slack)
-            fail_msg("%s: the balancer counts %lld bytes of activations, the plan keeps %zu", fixtures[f],
-                     (long long)model_bytes, p.local_bytes);
-        gp_plan_free(&p);
         free(needs);
         gp_profile_free(&prof);
         gp_layers_free(&l);
