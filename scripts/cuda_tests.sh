@@ -61,7 +61,8 @@ for t in "${tests[@]}"; do run "$(basename "$t")" "$t"; done
 # The convolutions again on each of cuDNN's APIs alone (the default measures
 # both and runs the faster), with the backward on float32 copies, and
 # float32 in 3xTF32 (GP_CONV_FP32=3xtf32: experimental, off by default;
-# it fails its float32 comparisons on some shapes, cuda/conv.cu x3_wanted).
+# in one call over the tripled axis it fails its float32 comparisons on
+# some shapes, cuda/conv_x3.h says why), also in separate calls.
 graph_conv=()
 if [ -x "$build/tests/test_cuda_conv" ]; then
     graph_conv=(env GP_CONV_API=graph "$build/tests/test_cuda_conv")
@@ -70,6 +71,8 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     run "test_cuda_conv (staged backward)" env GP_CONV_BF16_BACKWARD=staged GP_CONV_ACCUMULATE=float \
         "$build/tests/test_cuda_conv"
     run "test_cuda_conv (float32 in 3xTF32)" env GP_CONV_FP32=3xtf32 "$build/tests/test_cuda_conv"
+    run "test_cuda_conv (3xTF32, separate calls)" env GP_CONV_FP32=3xtf32 GP_CONV_X3_ORDER=separate \
+        "$build/tests/test_cuda_conv"
 fi
 # Training on the GPU with the kernels' first writes of gradients turned
 # off (they are on by default), so both ways stay tested.

@@ -163,8 +163,8 @@ static void run_conv(const struct conv_case *c)
     unsigned long long x3_before = gp_cuda_conv_x3_calls();
     op_compare_node(&g, 0, &o);
     if (gp_cuda_conv_x3_calls() != x3_before) {
-        if (tf32_mode || bf16_mode.on || !x3_asked() || transpose)
-            fail_msg("%s: ran in 3xTF32, which only float32 Conv calls with GP_CONV_FP32=3xtf32 do", label);
+        if (tf32_mode || bf16_mode.on || !x3_asked())
+            fail_msg("%s: ran in 3xTF32, which only float32 calls with GP_CONV_FP32=3xtf32 do", label);
         x3_runs++;
     }
     gp_graph_free(&g);
@@ -299,10 +299,17 @@ static void test_conv_nhwc(void **state)
     assert_true(nhwc_runs >= 40); /* most 2-D cases qualify: about 10 per mode and precision */
 }
 
+/* Every ConvTranspose case in float32; with GP_CONV_FP32=3xtf32 those of
+ * one group without a pad buffer in 3xTF32 (the U-Net's and DCGAN's
+ * up-convolutions among them). */
 static void test_conv_transpose(void **state)
 {
     (void)state;
+    x3_runs = 0;
     for (int k = 0; k < N_OF(convt_cases); k++) run_conv(&convt_cases[k]);
+    printf("ConvTranspose float32: %d of %d in 3xTF32\n", x3_runs, N_OF(convt_cases));
+    if (!x3_asked()) assert_int_equal(x3_runs, 0);
+    else assert_true(x3_runs >= 2);
 }
 
 /* TF32 allowed: cuDNN's algorithm choice and math type in that mode. */
@@ -571,11 +578,12 @@ static float split_value(int64_t i)
     }
 }
 
-/* One split of [outer, ch, inner] against split_ref, bit for bit, and the
- * parts' properties: both TF32 (low 13 bits clear), hi + lo within 2^-22
- * of x. `offset` floats shift both buffers off 16-byte alignment (the
- * one-value kernel). */
-static void run_split(int64_t outer, int64_t ch, int64_t inner, unsigned lo_parts, int offset)
+/* One split of [outer, ch, inner] into `copies` copies against
+ * split_ref, bit for bit, and the parts' properties: both TF32 (low 13
+ * bits clear), hi + lo within 2^-22 of x. `offset` floats shift both
+ * buffers off 16-byte alignment (the one-value kernel). */
+static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsigned lo_parts, int offset,
+                      bool planar)
 {
     int64_t n = outer * ch * inner;
     float *src = malloc(sizeof(float) * (size_t)n), *out = malloc(3 * sizeof(float) * (size_t)n);
@@ -586,20 +594,28 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, unsigned lo_part
     assert_int_equal(cudaMalloc((void **)&dsrc, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
     assert_int_equal(cudaMalloc((void **)&ddst, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
     assert_int_equal(cudaMemcpy(dsrc + offset, src, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(gp_cuda_conv_x3_split(NULL, ddst + offset, dsrc + offset, outer, ch, inner, lo_parts),
-                     cudaSuccess);
+    /* The copies past `copies` stay NaN: written nowhere. */
+    assert_int_equal(cudaMemset(ddst, 0xff, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
+    assert_int_equal(
+        gp_cuda_conv_x3_split(NULL, ddst + offset, dsrc + offset, outer, ch, inner, copies, lo_parts, planar),
+        cudaSuccess);
     assert_int_equal(cudaMemcpy(out, ddst + offset, 3 * sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost),
                      cudaSuccess);
+    for (int64_t e = copies * n; e < 3 * n; e++)
+        if (bits_of(out[e]) != 0xffffffffu)
+            fail_msg("split [%lld, %lld, %lld] into %d copies wrote past them, at %lld", (long long)outer,
+                     (long long)ch, (long long)inner, copies, (long long)e);
     for (int64_t e = 0; e < n; e++) {
         int64_t i = e % inner, c = (e / inner) % ch, o = e / inner / ch;
         float hi, lo;
         split_ref(src[e], &hi, &lo);
-        for (int j = 0; j < 3; j++) {
+        for (int j = 0; j < copies; j++) {
             float want = (lo_parts >> j) & 1u ? lo : hi;
-            float got = out[(o * 3 * ch + 3 * c + j) * inner + i];
+            float got = out[(o * copies * ch + (planar ? j * ch + c : copies * c + j)) * inner + i];
             if (bits_of(got) != bits_of(want))
-                fail_msg("split [%lld, %lld, %lld] of %a, copy %d: %a, want %a", (long long)outer, (long long)ch,
-                         (long long)inner, (double)src[e], j, (double)got, (double)want);
+                fail_msg("split [%lld, %lld, %lld] into %d%s of %a, copy %d: %a, want %a", (long long)outer,
+                         (long long)ch, (long long)inner, copies, planar ? " (planar)" : "", (double)src[e], j,
+                         (double)got, (double)want);
         }
         if (!isfinite(src[e])) continue;
         if ((bits_of(hi) | bits_of(lo)) & 0x1fffu) fail_msg("%a: parts %a, %a not TF32", (double)src[e], (double)hi, (double)lo);
@@ -614,15 +630,27 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, unsigned lo_part
 }
 
 /* Each kernel of the split: planes (inner a multiple of 4), channels
- * (inner 1, ch a multiple of 4), and any shape or alignment. */
+ * (inner 1, ch a multiple of 4), and any shape or alignment; the copies
+ * interleaved and planar; three copies (one call over the tripled axis),
+ * two and one (the separate order's calls); an unknown count refused. */
 static void test_x3_split(void **state)
 {
     (void)state;
-    run_split(2, 3, 8, CONV_X3_HI_HI_LO, 0);
-    run_split(10, 8, 1, CONV_X3_HI_LO_HI, 0);
-    run_split(3, 5, 7, CONV_X3_HI_HI_LO, 0);
-    run_split(1, 4, 16, CONV_X3_HI_LO_HI, 1);
-    run_split(5, 64, 1, CONV_X3_HI_HI_LO, 3);
+    for (int planar = 0; planar < 2; planar++) {
+        run_split(2, 3, 8, 3, CONV_X3_HI_HI_LO, 0, planar);
+        run_split(10, 8, 1, 3, CONV_X3_HI_LO_HI, 0, planar);
+        run_split(3, 5, 7, 3, CONV_X3_HI_HI_LO, 0, planar);
+        run_split(1, 4, 16, 3, CONV_X3_HI_LO_HI, 1, planar);
+        run_split(5, 64, 1, 3, CONV_X3_LO_HI_HI, 3, planar);
+        run_split(7, 12, 1, 3, CONV_X3_LO_HI_HI, 0, planar);
+        run_split(2, 3, 8, 2, CONV_X3_LO_HI, 0, planar);
+        run_split(10, 8, 1, 2, CONV_X3_HI_LO, 0, planar);
+        run_split(3, 5, 7, 2, CONV_X3_LO_HI, 2, planar);
+        run_split(2, 3, 8, 1, CONV_X3_HI, 0, planar);
+        run_split(10, 8, 1, 1, CONV_X3_HI, 0, planar);
+        run_split(3, 5, 7, 1, CONV_X3_HI, 1, planar);
+    }
+    assert_int_equal(gp_cuda_conv_x3_split(NULL, NULL, NULL, 1, 1, 1, 4, 0, false), cudaErrorInvalidValue);
 }
 
 /* ---- pools ---- */

@@ -177,11 +177,11 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
 
 /* Float32 convolutions (no TF32) run on cuDNN's float32 (FMA) algorithms;
  * GP_CONV_FP32=3xtf32 runs them in 3xTF32 (conv_x3.h) where they can.
- * Experimental, off by default: on an H200 some of cuDNN's TF32 engines
- * (the choice is measured, so it varies from run to run) give results
- * 1e-4 relative off float32 on 3x3 convolutions of 64 channels
- * (test_cuda_conv's comparisons with the CPU), well above 3xTF32's
- * 2^-21: something in those engines loses the lo parts' products. */
+ * Experimental, off by default: in one call over the tripled axis the
+ * tensor cores' truncating accumulation leaves 3x3 convolutions of 64
+ * channels 2.5e-4 off the CPU's float32 on an H200 (test_cuda_conv's
+ * comparisons), above float32's bound; GP_CONV_X3_ORDER (x3_order) tries
+ * other ways to meet the products. */
 static bool x3_wanted(void)
 {
     const char *v = getenv("GP_CONV_FP32");
@@ -242,24 +242,64 @@ static gp_status dnn_error(const struct gp_cuda_ctx *c, struct gp_error *err, co
 static bool conv_padded(const struct conv_geom *g);
 
 /* Whether a call of geometry g in `mode` runs in 3xTF32: float32 without
- * TF32, a Conv of one group whose image is the tensor itself (no pad
- * buffer, no zero channels), its tripled tensors within cuDNN's int
- * sizes. The rest stays on cuDNN's float32 algorithms. */
+ * TF32, a Conv or ConvTranspose of one group whose image is the tensor
+ * itself (no pad buffer, no zero channels), its tripled tensors within
+ * cuDNN's int sizes. The rest stays on cuDNN's float32 algorithms. A
+ * ConvTranspose runs the same three directions with the roles swapped
+ * (its forward is the data direction), on the same split operands: the
+ * summed axes are img_ch and col_ch whichever op it is (x3_geom). */
 static bool x3_applies(const struct conv_geom *g, struct conv_mode mode)
 {
-    if (!mode.x3 || g->transpose || g->group != 1 || !g->direct || conv_padded(g)) return false;
+    if (!mode.x3 || g->group != 1 || !g->direct || conv_padded(g)) return false;
     int64_t img = g->n * g->img_ch * g->img_size, col = g->n * g->col_ch * g->col_size;
     return 3 * img <= INT_MAX && 3 * col <= INT_MAX && 3 * filter_numel(g) <= INT_MAX;
 }
 
-/* The TF32 problem of direction k (0 forward, 1 data, 2 filter): its
- * summed axis tripled (input channels, output channels, the batch). */
-static void x3_geom(const struct conv_geom *g, int k, struct conv_geom *out)
+/* How a 3xTF32 call meets its three products (GP_CONV_X3_ORDER; conv_x3.h
+ * says why it matters): "interleaved" (the default), one TF32 call over
+ * the tripled summed axis, copies 3c, 3c + 1, 3c + 2 of a channel (or
+ * sample), each product kind in every k-group of a tensor-core
+ * instruction; "planar", that call with three blocks of copies, the small
+ * products' (hi lo, lo hi) before the large one's (hi hi); "separate",
+ * two calls: hi hi over the node's own axis, then hi lo and lo hi over
+ * the doubled axis, added to it. An experiment on 3xTF32's lost
+ * precision (x3_wanted). */
+enum x3_order { X3_INTERLEAVED, X3_PLANAR, X3_SEPARATE };
+
+static enum x3_order x3_order(void)
 {
+    const char *v = getenv("GP_CONV_X3_ORDER");
+    if (v && strcmp(v, "planar") == 0) return X3_PLANAR;
+    if (v && strcmp(v, "separate") == 0) return X3_SEPARATE;
+    return X3_INTERLEAVED;
+}
+
+/* The TF32 calls a 3xTF32 direction makes (its parts): 2 separate, else 1. */
+static int x3_parts(void) { return x3_order() == X3_SEPARATE ? 2 : 1; }
+
+/* The copies of each operand part `part` convolves: 3 over the tripled
+ * axis; separate, 1 (hi hi) and 2 (hi lo, lo hi). */
+static int x3_copies(int part) { return x3_order() != X3_SEPARATE ? 3 : part == 0 ? 1 : 2; }
+
+/* The TF32 problem of direction k (0 forward, 1 data, 2 filter), part
+ * `part`: its summed axis (the image's channels, the columns' channels,
+ * the batch) times x3_copies(part). The image's channels are X's of a
+ * Conv (c) and Y's of a ConvTranspose (m). */
+static void x3_geom(const struct conv_geom *g, int k, int part, struct conv_geom *out)
+{
+    int copies = x3_copies(part);
     *out = *g;
-    if (k == 0) out->c *= 3, out->img_ch *= 3;
-    else if (k == 1) out->m *= 3, out->col_ch *= 3;
-    else out->n *= 3;
+    if (k == 0) {
+        out->img_ch *= copies;
+        if (g->transpose) out->m *= copies;
+        else out->c *= copies;
+    } else if (k == 1) {
+        out->col_ch *= copies;
+        if (g->transpose) out->c *= copies;
+        else out->m *= copies;
+    } else {
+        out->n *= copies;
+    }
 }
 
 /* The TF32 problems' mode: TF32 whose algorithms keep the exact split
@@ -270,15 +310,15 @@ static struct conv_mode x3_mode(struct conv_mode m)
     return t;
 }
 
-/* The three TF32 problems' algorithms, each chosen for its own direction
- * only, as one choice. */
-static bool x3_lookup(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode, struct algo_choice *ch,
-                      struct dnn_err *e, const char **why)
+/* The algorithms of part `part`'s three TF32 problems, each chosen for
+ * its own direction only, as one choice. */
+static bool x3_lookup(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode, int part,
+                      struct algo_choice *ch, struct dnn_err *e, const char **why)
 {
     memset(ch, 0, sizeof *ch);
     for (int k = 0; k < 3; k++) {
         struct conv_geom gk;
-        x3_geom(g, k, &gk);
+        x3_geom(g, k, part, &gk);
         struct algo_choice one;
         if (!conv_lookup_algos(h, &gk, x3_mode(mode), 1u << k, &one, e, why)) return false;
         if (k == 0) {
@@ -295,14 +335,43 @@ static bool x3_lookup(cudnnHandle_t h, const struct conv_geom *g, struct conv_mo
     return true;
 }
 
+/* A call's algorithms: ch[0] the node's problem's (or in 3xTF32 its first
+ * part's), ch[1] the second part's where a 3xTF32 direction makes two
+ * calls (parts 2; else 1). */
+struct conv_choice {
+    struct algo_choice ch[2];
+    int parts;
+};
+
+/* Every part's algorithms in `mode`; false (e, why) when a lookup fails. */
+static bool lookup_choice(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
+                          struct conv_choice *cc, struct dnn_err *e, const char **why)
+{
+    memset(cc, 0, sizeof *cc);
+    cc->parts = 1;
+    if (!x3_applies(g, mode)) return conv_lookup_algos(h, g, mode, CONV_DIRS_ALL, &cc->ch[0], e, why);
+    cc->parts = x3_parts();
+    for (int p = 0; p < cc->parts; p++)
+        if (!x3_lookup(h, g, mode, p, &cc->ch[p], e, why)) return false;
+    return true;
+}
+
+/* Bytes of one operand's split copies (n values): one region of three
+ * copies, or separate, hi's and the two small copies' regions. */
+static size_t x3_operand_bytes(int64_t n)
+{
+    if (x3_order() == X3_SEPARATE) return align_up(sizeof(float) * (size_t)n) + align_up(2 * sizeof(float) * (size_t)n);
+    return align_up(3 * sizeof(float) * (size_t)n);
+}
+
 /* Bytes of the split operands of the directions in `dirs`: forward X
  * and W tripled, data dY and W, filter X and dY (a backward's two reuse
  * one region). */
 static size_t x3_buffer_bytes(const struct conv_geom *g, unsigned dirs)
 {
-    size_t img = align_up(3 * sizeof(float) * (size_t)(g->n * g->img_ch * g->img_size));
-    size_t col = align_up(3 * sizeof(float) * (size_t)(g->n * g->col_ch * g->col_size));
-    size_t w = align_up(3 * sizeof(float) * (size_t)filter_numel(g));
+    size_t img = x3_operand_bytes(g->n * g->img_ch * g->img_size);
+    size_t col = x3_operand_bytes(g->n * g->col_ch * g->col_size);
+    size_t w = x3_operand_bytes(filter_numel(g));
     size_t most = 0;
     if ((dirs & CONV_DIR_FWD) && img + w > most) most = img + w;
     if ((dirs & CONV_DIR_DATA) && col + w > most) most = col + w;
@@ -315,15 +384,12 @@ static unsigned long long x3_calls;
 extern "C" unsigned long long gp_cuda_conv_x3_calls(void) { return __atomic_load_n(&x3_calls, __ATOMIC_RELAXED); }
 
 static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *g, struct conv_mode mode,
-                           struct algo_choice *ch, struct gp_error *err)
+                           struct conv_choice *cc, struct gp_error *err)
 {
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
     const char *why = NULL;
-    bool x3 = x3_applies(g, mode);
-    if (x3 ? x3_lookup((cudnnHandle_t)c->cudnn, g, mode, ch, &e, &why)
-           : conv_lookup_algos((cudnnHandle_t)c->cudnn, g, mode, CONV_DIRS_ALL, ch, &e, &why))
-        return GP_OK;
-    if (why && x3)
+    if (lookup_choice((cudnnHandle_t)c->cudnn, g, mode, cc, &e, &why)) return GP_OK;
+    if (why && x3_applies(g, mode))
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
                              "cuDNN offers no TF32 %s algorithm for this float32 convolution in 3xTF32 "
                              "(without GP_CONV_FP32=3xtf32 it runs on cuDNN's float32 algorithms)",
@@ -362,18 +428,25 @@ static unsigned call_dirs(bool transpose, bool backward, uint32_t din)
  * `dirs` on the graph API accumulates, in the type run_graph computes it
  * in (float32, or bfloat16 where the problem's result is: a bfloat16
  * data gradient by default, conv_graph_problem_of). 0 when none does. */
-static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode, const struct algo_choice *ch,
+static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode, const struct conv_choice *cc,
                                unsigned dirs)
 {
     int64_t img = g->n * g->img_ch * g->imgb_size, col = g->n * g->col_ch * g->col_size;
+    const struct algo_choice *ch = &cc->ch[0];
+    /* A separate 3xTF32 call's second part adds to its output in every
+     * direction. */
+    const struct algo_choice *add = cc->parts > 1 ? &cc->ch[1] : NULL;
     const struct {
         bool on;
         enum conv_graph_op op;
         int64_t n;
     } acc[3] = {
-        {(dirs & CONV_DIR_FWD) && ch->graph_fwd[0] && g->transpose, CONV_GRAPH_FPROP, col},   /* ConvTranspose's dX */
-        {(dirs & CONV_DIR_DATA) && ch->graph_data[0] && !g->transpose, CONV_GRAPH_DGRAD, img}, /* Conv's dX */
-        {(dirs & CONV_DIR_FILTER) && ch->graph_filter[0], CONV_GRAPH_WGRAD, filter_numel(g)},  /* dW */
+        {(dirs & CONV_DIR_FWD) && ((ch->graph_fwd[0] && g->transpose) || (add && add->graph_fwd[0])),
+         CONV_GRAPH_FPROP, col}, /* ConvTranspose's dX, a Conv's Y in parts */
+        {(dirs & CONV_DIR_DATA) && ((ch->graph_data[0] && !g->transpose) || (add && add->graph_data[0])),
+         CONV_GRAPH_DGRAD, img}, /* Conv's dX, a ConvTranspose's Y in parts */
+        {(dirs & CONV_DIR_FILTER) && (ch->graph_filter[0] || (add && add->graph_filter[0])), CONV_GRAPH_WGRAD,
+         filter_numel(g)}, /* dW */
     };
     size_t most = 0;
     for (int k = 0; k < 3; k++) {
@@ -386,24 +459,28 @@ static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode,
     return most ? align_up(most) : 0;
 }
 
-/* The workspace of the directions in `dirs`: their largest algorithm's. */
-static size_t ws_bytes(const struct algo_choice *ch, unsigned dirs)
+/* The workspace of the directions in `dirs`: their largest algorithm's,
+ * over every part. */
+static size_t ws_bytes(const struct conv_choice *cc, unsigned dirs)
 {
     size_t ws = 0;
-    if ((dirs & CONV_DIR_FWD) && ch->ws_fwd > ws) ws = ch->ws_fwd;
-    if ((dirs & CONV_DIR_DATA) && ch->ws_data > ws) ws = ch->ws_data;
-    if ((dirs & CONV_DIR_FILTER) && ch->ws_filter > ws) ws = ch->ws_filter;
+    for (int p = 0; p < cc->parts; p++) {
+        const struct algo_choice *ch = &cc->ch[p];
+        if ((dirs & CONV_DIR_FWD) && ch->ws_fwd > ws) ws = ch->ws_fwd;
+        if ((dirs & CONV_DIR_DATA) && ch->ws_data > ws) ws = ch->ws_data;
+        if ((dirs & CONV_DIR_FILTER) && ch->ws_filter > ws) ws = ch->ws_filter;
+    }
     return ws;
 }
 
 /* A call's layout after its channels-last buffers: the image buffer, a
  * float32 dW's bfloat16 buffer, the accumulation buffer, in 3xTF32 the
  * split operands, then the workspace (run_begin places them so). */
-static size_t call_bytes(const struct conv_geom *g, struct conv_mode mode, bool x3, const struct algo_choice *ch,
+static size_t call_bytes(const struct conv_geom *g, struct conv_mode mode, bool x3, const struct conv_choice *cc,
                          unsigned dirs)
 {
-    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc_buffer_bytes(g, mode, ch, dirs) +
-           (x3 ? x3_buffer_bytes(g, dirs) : 0) + ws_bytes(ch, dirs);
+    return buffer_bytes(g, mode.bf16) + dw_buffer_bytes(g, mode.bf16) + acc_buffer_bytes(g, mode, cc, dirs) +
+           (x3 ? x3_buffer_bytes(g, dirs) : 0) + ws_bytes(cc, dirs);
 }
 
 /* Scratch in `mode` for the node's forward and a backward computing the
@@ -411,25 +488,26 @@ static size_t call_bytes(const struct conv_geom *g, struct conv_mode mode, bool 
  * alone with GP_SCRATCH_BACKWARD in din). */
 static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode, uint32_t din)
 {
-    struct algo_choice ch;
+    struct conv_choice cc;
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
     const char *why;
     bool x3 = x3_applies(g, mode);
     unsigned fwd = call_dirs(g->transpose, false, din), bwd = call_dirs(g->transpose, true, din);
-    if (!(x3 ? x3_lookup(NULL, g, mode, &ch, &e, &why)
-             : conv_lookup_algos(NULL, g, mode, CONV_DIRS_ALL, &ch, &e, &why))) {
+    if (!lookup_choice(NULL, g, mode, &cc, &e, &why)) {
         /* Nothing found: the run chooses again and reports what fails;
          * plan for the most any algorithm may take. */
         size_t ws = conv_ws_cap(g);
-        for (int k = 0; k < 3 && x3; k++) { /* the TF32 problems' caps */
-            struct conv_geom gk;
-            x3_geom(g, k, &gk);
-            if (conv_ws_cap(&gk) > ws) ws = conv_ws_cap(&gk);
-        }
-        memset(&ch, 0, sizeof ch);
-        ch.ws_fwd = ch.ws_data = ch.ws_filter = ws;
+        for (int p = 0; p < (x3 ? x3_parts() : 0); p++)
+            for (int k = 0; k < 3; k++) { /* the TF32 problems' caps */
+                struct conv_geom gk;
+                x3_geom(g, k, p, &gk);
+                if (conv_ws_cap(&gk) > ws) ws = conv_ws_cap(&gk);
+            }
+        memset(&cc, 0, sizeof cc);
+        cc.parts = x3 ? x3_parts() : 1;
+        for (int p = 0; p < cc.parts; p++) cc.ch[p].ws_fwd = cc.ch[p].ws_data = cc.ch[p].ws_filter = ws;
     }
-    size_t f = call_bytes(g, mode, x3, &ch, fwd), b = call_bytes(g, mode, x3, &ch, bwd);
+    size_t f = call_bytes(g, mode, x3, &cc, fwd), b = call_bytes(g, mode, x3, &cc, bwd);
     if (gp_scratch_backward_only(din)) return b;
     return f > b ? f : b;
 }
@@ -684,7 +762,7 @@ static gp_status launch_bias_grad(const struct gp_cuda_ctx *c, void *db, bool db
 struct conv_run {
     struct conv_geom g;
     struct conv_mode mode;
-    struct algo_choice ch;
+    struct conv_choice cc; /* cc.ch[0] the node's problem's (in 3xTF32 its first part's) */
     struct descs d;
     void *buf;   /* image buffer (NULL when direct) */
     bf16_t *dwbuf; /* a float32 dW's bfloat16 buffer (bfloat16 storage only) */
@@ -695,11 +773,12 @@ struct conv_run {
      * gradient (NULL when not needed). */
     bool x_cl, y_cl;
     void *xt, *yt, *wt, *dwt;
-    /* 3xTF32 (x3_applies): each direction's TF32 problem (x3_geom), its
-     * descriptors, and the split operands' region (x3_buffer_bytes). */
+    /* 3xTF32 (x3_applies): each part's TF32 problem of each direction
+     * (x3_geom), their descriptors, and the split operands' region
+     * (x3_buffer_bytes). */
     bool x3;
-    struct conv_geom g3[3];
-    struct descs d3[3];
+    struct conv_geom g3[2][3];
+    struct descs d3[2][3];
     char *x3buf;
 };
 
@@ -739,16 +818,17 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
         return gp_cuda_error(c, err, GP_ERR_INVALID, "channels-last tensors given to a convolution that takes none");
     r->mode = ctx_mode(c);
     GP_TRY(check_storage(c, r->mode.bf16, backward, err));
-    GP_TRY(ctx_algos(c, &r->g, r->mode, &r->ch, err));
+    GP_TRY(ctx_algos(c, &r->g, r->mode, &r->cc, err));
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
     if (!conv_descs_create(&r->g, r->mode.bf16, conv_base_math(r->mode), &r->d, &e))
         return dnn_error(c, err, &e, "descriptors");
     r->x3 = x3_applies(&r->g, r->mode);
-    for (int k = 0; k < 3 && r->x3; k++) {
-        x3_geom(&r->g, k, &r->g3[k]);
-        if (!conv_descs_create(&r->g3[k], false, conv_base_math(x3_mode(r->mode)), &r->d3[k], &e))
-            return dnn_error(c, err, &e, "descriptors of a 3xTF32 problem");
-    }
+    for (int p = 0; p < (r->x3 ? r->cc.parts : 0); p++)
+        for (int k = 0; k < 3; k++) {
+            x3_geom(&r->g, k, p, &r->g3[p][k]);
+            if (!conv_descs_create(&r->g3[p][k], false, conv_base_math(x3_mode(r->mode)), &r->d3[p][k], &e))
+                return dnn_error(c, err, &e, "descriptors of a 3xTF32 problem");
+        }
     /* Scratch: channels-last buffers (nhwc_bytes), then image buffer, dW
      * buffer, accumulation buffer, 3xTF32's split operands, workspace
      * (mode_scratch). */
@@ -767,7 +847,7 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
     uint32_t din = (c->din && c->din[0] ? 1u : 0u) | (c->din && c->din[1] ? 2u : 0u);
     unsigned dirs = call_dirs(transpose, backward, din);
     size_t bb = buffer_bytes(&r->g, r->mode.bf16), wb = dw_buffer_bytes(&r->g, r->mode.bf16);
-    size_t ab = acc_buffer_bytes(&r->g, r->mode, &r->ch, dirs);
+    size_t ab = acc_buffer_bytes(&r->g, r->mode, &r->cc, dirs);
     r->buf = bb ? next : NULL;
     r->dwbuf = wb ? (bf16_t *)(next + bb) : NULL;
     r->acc = ab ? next + bb + wb : NULL;
@@ -854,54 +934,126 @@ static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, cons
 
 /* ---- the calls, in 3xTF32 on the split operands (conv_x3.h) ---- */
 
-/* The problem direction k runs (0 forward, 1 data, 2 filter): the node's,
- * or in 3xTF32 its TF32 problem. */
-static const struct conv_geom *dir_geom(const struct conv_run *r, int k) { return r->x3 ? &r->g3[k] : &r->g; }
-static const struct descs *dir_descs(const struct conv_run *r, int k) { return r->x3 ? &r->d3[k] : &r->d; }
-static struct conv_mode dir_mode(const struct conv_run *r) { return r->x3 ? x3_mode(r->mode) : r->mode; }
-
 static gp_status x3_split(const struct gp_cuda_ctx *c, float *dst, const void *src, int64_t outer, int64_t ch,
-                          int64_t inner, unsigned lo_parts, struct gp_error *err)
+                          int64_t inner, int copies, unsigned lo_parts, struct gp_error *err)
 {
-    cudaError_t e = gp_cuda_conv_x3_split(c->stream, dst, (const float *)src, outer, ch, inner, lo_parts);
+    cudaError_t e = gp_cuda_conv_x3_split(c->stream, dst, (const float *)src, outer, ch, inner, copies, lo_parts,
+                                          x3_order() == X3_PLANAR);
     if (e != cudaSuccess)
         return gp_cuda_error(c, err, GP_ERR_DEVICE, "3xTF32 operand split: %s", cudaGetErrorString(e));
     return GP_OK;
 }
 
-/* A tensor [n, ch, cells] in the run's layout split along its channels. */
-static gp_status x3_split_channels(const struct gp_cuda_ctx *c, const struct conv_run *r, float *dst,
-                                   const void *src, int64_t n, int64_t ch, int64_t cells, unsigned lo_parts,
-                                   struct gp_error *err)
+/* How one operand of a direction splits: `n` values as [outer, ch, inner]
+ * along its summed axis `ch`. */
+struct x3_axis {
+    int64_t outer, ch, inner;
+};
+
+/* An operand's split copies into `dst` (x3_operand_bytes), `lo3` its
+ * parts' pattern in one call over the tripled axis; separate, hi alone,
+ * then the two small copies after it, `lo2` their pattern. part[p] gets
+ * part p's copies. */
+static gp_status x3_operand(const struct gp_cuda_ctx *c, char *dst, const void *src, struct x3_axis ax,
+                            unsigned lo3, unsigned lo2, const void **part, struct gp_error *err)
 {
-    if (r->g.nhwc) return x3_split(c, dst, src, n * cells, ch, 1, lo_parts, err);
-    return x3_split(c, dst, src, n, ch, cells, lo_parts, err);
+    if (x3_order() != X3_SEPARATE) {
+        part[0] = dst;
+        return x3_split(c, (float *)dst, src, ax.outer, ax.ch, ax.inner, 3, lo3, err);
+    }
+    char *small = dst + align_up(sizeof(float) * (size_t)(ax.outer * ax.ch * ax.inner));
+    part[0] = dst;
+    part[1] = small;
+    GP_TRY(x3_split(c, (float *)dst, src, ax.outer, ax.ch, ax.inner, 1, CONV_X3_HI, err));
+    return x3_split(c, (float *)small, src, ax.outer, ax.ch, ax.inner, 2, lo2, err);
 }
 
-/* The operands of direction k split into the region: *a, *b become the
- * split image and filter (forward), columns and filter (data), image and
- * columns (filter). */
-static gp_status x3_operands(const struct gp_cuda_ctx *c, struct conv_run *r, int k, const void **a,
-                             const void **b, struct gp_error *err)
+/* Direction k's operands (forward: image and filter; data: columns and
+ * filter; filter: image and columns) split into the region: a[p], b[p]
+ * what part p convolves. */
+static gp_status x3_operands(const struct gp_cuda_ctx *c, struct conv_run *r, int k, const void *a0,
+                             const void *b0, const void **a, const void **b, struct gp_error *err)
 {
     const struct conv_geom *g = &r->g;
-    int64_t img = g->n * g->img_ch * g->img_size, col = g->n * g->col_ch * g->col_size;
     int64_t kk = filter_numel(g) / (g->col_ch * g->img_ch);
-    float *first = (float *)r->x3buf;
-    float *second = (float *)(r->x3buf + align_up(3 * sizeof(float) * (size_t)(k == 1 ? col : img)));
-    if (k == 0) { /* X (hi, hi, lo) . W (hi, lo, hi) over the input channels */
-        GP_TRY(x3_split_channels(c, r, first, *a, g->n, g->img_ch, g->img_size, CONV_X3_HI_HI_LO, err));
-        GP_TRY(x3_split_channels(c, r, second, *b, g->col_ch, g->img_ch, kk, CONV_X3_HI_LO_HI, err));
-    } else if (k == 1) { /* dY (hi, lo, hi) . W (hi, hi, lo) over the output channels */
-        GP_TRY(x3_split_channels(c, r, first, *a, g->n, g->col_ch, g->col_size, CONV_X3_HI_LO_HI, err));
-        GP_TRY(x3_split(c, second, *b, 1, g->col_ch, g->img_ch * kk, CONV_X3_HI_HI_LO, err));
-    } else { /* X (hi, lo, hi) . dY (hi, hi, lo) over the batch */
-        GP_TRY(x3_split(c, first, *a, 1, g->n, g->img_ch * g->img_size, CONV_X3_HI_LO_HI, err));
-        GP_TRY(x3_split(c, second, *b, 1, g->n, g->col_ch * g->col_size, CONV_X3_HI_HI_LO, err));
-    }
-    *a = first;
-    *b = second;
+    /* The summed axis: channels of a channels-last tensor are its last
+     * axis; W's output channels are its first. */
+    struct x3_axis img_ax = g->nhwc ? (struct x3_axis){g->n * g->img_size, g->img_ch, 1}
+                                    : (struct x3_axis){g->n, g->img_ch, g->img_size};
+    struct x3_axis col_ax = g->nhwc ? (struct x3_axis){g->n * g->col_size, g->col_ch, 1}
+                                    : (struct x3_axis){g->n, g->col_ch, g->col_size};
+    struct x3_axis w_in = g->nhwc ? (struct x3_axis){g->col_ch * kk, g->img_ch, 1}
+                                  : (struct x3_axis){g->col_ch, g->img_ch, kk};
+    struct x3_axis w_out = {1, g->col_ch, g->img_ch * kk};
+    struct x3_axis img_n = {1, g->n, g->img_ch * g->img_size}, col_n = {1, g->n, g->col_ch * g->col_size};
+    struct x3_axis ax_a = k == 0 ? img_ax : k == 1 ? col_ax : img_n;
+    struct x3_axis ax_b = k == 0 ? w_in : k == 1 ? w_out : col_n;
+    char *first = r->x3buf;
+    char *second = r->x3buf + x3_operand_bytes(ax_a.outer * ax_a.ch * ax_a.inner);
+    /* Copy j of one operand meets copy j of the other: (hi, hi, lo) .
+     * (hi, lo, hi) gives hi hi, hi lo, lo hi; planar, (hi, lo, hi) .
+     * (lo, hi, hi) gives hi lo, lo hi, hi hi (the small ones first);
+     * separate, hi . hi, then (lo, hi) . (hi, lo). */
+    bool planar = x3_order() == X3_PLANAR;
+    unsigned a3 = planar ? CONV_X3_HI_LO_HI : CONV_X3_HI_HI_LO;
+    unsigned b3 = planar ? CONV_X3_LO_HI_HI : CONV_X3_HI_LO_HI;
+    GP_TRY(x3_operand(c, first, a0, ax_a, a3, CONV_X3_LO_HI, a, err));
+    GP_TRY(x3_operand(c, second, b0, ax_b, b3, CONV_X3_HI_LO, b, err));
     __atomic_add_fetch(&x3_calls, 1, __ATOMIC_RELAXED);
+    return GP_OK;
+}
+
+/* out = direction k's convolution of (a, b) (+ out when beta is 1): part
+ * p's TF32 problem in 3xTF32, else the node's own. a, b as x3_operands
+ * names them. */
+static gp_status dir_call(const struct gp_cuda_ctx *c, struct conv_run *r, int k, int p, const void *a,
+                          const void *b, void *out, float beta, struct gp_error *err)
+{
+    const struct algo_choice *ch = &r->cc.ch[p];
+    const struct conv_geom *g = r->x3 ? &r->g3[p][k] : &r->g;
+    const struct descs *d = r->x3 ? &r->d3[p][k] : &r->d;
+    struct conv_mode mode = r->x3 ? x3_mode(r->mode) : r->mode;
+    cudnnHandle_t h = (cudnnHandle_t)c->cudnn;
+    float one = 1.0f;
+    if (k == 0) {
+        if (ch->graph_fwd[0])
+            return run_graph(c, r, g, mode, CONV_GRAPH_FPROP, ch->graph_fwd, a, b, out,
+                             r->g.n * r->g.col_ch * r->g.col_size, beta, err);
+        GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, ch->m_fwd), "cudnnSetConvolutionMathType"));
+        return dnn_call(c, err,
+                        cudnnConvolutionForward(h, &one, d->img, a, d->w, b, d->conv, ch->fwd, r->ws, ch->ws_fwd,
+                                                &beta, d->col, out),
+                        "cudnnConvolutionForward");
+    }
+    if (k == 1) {
+        if (ch->graph_data[0])
+            return run_graph(c, r, g, mode, CONV_GRAPH_DGRAD, ch->graph_data, a, b, out,
+                             r->g.n * r->g.img_ch * r->g.imgb_size, beta, err);
+        GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, ch->m_data), "cudnnSetConvolutionMathType"));
+        return dnn_call(c, err,
+                        cudnnConvolutionBackwardData(h, &one, d->w, b, d->col, a, d->conv, ch->bwd_data, r->ws,
+                                                     ch->ws_data, &beta, d->img, out),
+                        "cudnnConvolutionBackwardData");
+    }
+    if (ch->graph_filter[0])
+        return run_graph(c, r, g, mode, CONV_GRAPH_WGRAD, ch->graph_filter, a, b, out, filter_numel(&r->g), beta,
+                         err);
+    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, ch->m_filter), "cudnnSetConvolutionMathType"));
+    return dnn_call(c, err,
+                    cudnnConvolutionBackwardFilter(h, &one, d->img, a, d->col, b, d->conv, ch->bwd_filter, r->ws,
+                                                   ch->ws_filter, &beta, d->w, out),
+                    "cudnnConvolutionBackwardFilter");
+}
+
+/* Direction k into out (+ out when beta is 1): one call, or in 3xTF32 on
+ * the split operands, each part's call after the first adding to out. */
+static gp_status run_dir(const struct gp_cuda_ctx *c, struct conv_run *r, int k, const void *a, const void *b,
+                         void *out, float beta, struct gp_error *err)
+{
+    if (!r->x3) return dir_call(c, r, k, 0, a, b, out, beta, err);
+    const void *pa[2] = {NULL, NULL}, *pb[2] = {NULL, NULL};
+    GP_TRY(x3_operands(c, r, k, a, b, pa, pb, err));
+    for (int p = 0; p < r->cc.parts; p++) GP_TRY(dir_call(c, r, k, p, pa[p], pb[p], out, p ? 1.0f : beta, err));
     return GP_OK;
 }
 
@@ -909,34 +1061,14 @@ static gp_status x3_operands(const struct gp_cuda_ctx *c, struct conv_run *r, in
 static gp_status run_forward(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img,
                              const void *w, void *col, float beta, struct gp_error *err)
 {
-    if (r->x3) GP_TRY(x3_operands(c, r, 0, &img, &w, err));
-    if (r->ch.graph_fwd[0])
-        return run_graph(c, r, dir_geom(r, 0), dir_mode(r), CONV_GRAPH_FPROP, r->ch.graph_fwd, img, w, col,
-                         r->g.n * r->g.col_ch * r->g.col_size, beta, err);
-    const struct descs *d = dir_descs(r, 0);
-    float one = 1.0f;
-    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, r->ch.m_fwd), "cudnnSetConvolutionMathType"));
-    return dnn_call(c, err,
-                    cudnnConvolutionForward((cudnnHandle_t)c->cudnn, &one, d->img, img, d->w, w, d->conv, r->ch.fwd,
-                                            r->ws, r->ch.ws_fwd, &beta, d->col, col),
-                    "cudnnConvolutionForward");
+    return run_dir(c, r, 0, img, w, col, beta, err);
 }
 
 /* img = the data gradient of col through W (+ img when beta is 1). */
 static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const void *w,
                           const void *col, void *img, float beta, struct gp_error *err)
 {
-    if (r->x3) GP_TRY(x3_operands(c, r, 1, &col, &w, err));
-    if (r->ch.graph_data[0])
-        return run_graph(c, r, dir_geom(r, 1), dir_mode(r), CONV_GRAPH_DGRAD, r->ch.graph_data, col, w, img,
-                         r->g.n * r->g.img_ch * r->g.imgb_size, beta, err);
-    const struct descs *d = dir_descs(r, 1);
-    float one = 1.0f;
-    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, r->ch.m_data), "cudnnSetConvolutionMathType"));
-    return dnn_call(c, err,
-                    cudnnConvolutionBackwardData((cudnnHandle_t)c->cudnn, &one, d->w, w, d->col, col, d->conv,
-                                                 r->ch.bwd_data, r->ws, r->ch.ws_data, &beta, d->img, img),
-                    "cudnnConvolutionBackwardData");
+    return run_dir(c, r, 1, col, w, img, beta, err);
 }
 
 /* dw = the filter gradient of (img, col) (+ dw when beta is 1), dw in the
@@ -944,17 +1076,7 @@ static gp_status run_data(const struct gp_cuda_ctx *c, struct conv_run *r, const
 static gp_status run_filter_call(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img,
                                  const void *col, void *dw, float beta, struct gp_error *err)
 {
-    if (r->x3) GP_TRY(x3_operands(c, r, 2, &img, &col, err));
-    if (r->ch.graph_filter[0])
-        return run_graph(c, r, dir_geom(r, 2), dir_mode(r), CONV_GRAPH_WGRAD, r->ch.graph_filter, img, col, dw,
-                         filter_numel(&r->g), beta, err);
-    const struct descs *d = dir_descs(r, 2);
-    float one = 1.0f;
-    GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, r->ch.m_filter), "cudnnSetConvolutionMathType"));
-    return dnn_call(c, err,
-                    cudnnConvolutionBackwardFilter((cudnnHandle_t)c->cudnn, &one, d->img, img, d->col, col, d->conv,
-                                                   r->ch.bwd_filter, r->ws, r->ch.ws_filter, &beta, d->w, dw),
-                    "cudnnConvolutionBackwardFilter");
+    return run_dir(c, r, 2, img, col, dw, beta, err);
 }
 
 /* dW (c->din[1]) += the filter gradient of (img, col): directly when dW
@@ -1262,7 +1384,8 @@ static gp_status with_run(struct gp_cuda_ctx *c, bool transpose, bool backward, 
     gp_status st = run_begin(c, transpose, backward, &r, err);
     if (st == GP_OK) st = fn(c, &r, err);
     conv_descs_destroy(&r.d);
-    for (int k = 0; k < 3; k++) conv_descs_destroy(&r.d3[k]);
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 3; k++) conv_descs_destroy(&r.d3[p][k]);
     return st;
 }
 

@@ -24,10 +24,32 @@
  * a pass over each operand. A NaN or an infinity in an operand stays in
  * its hi part (its lo is 0): the result is not finite wherever float32's
  * would not be, but an infinity may come out as NaN (infinity times a 0
- * lo part). */
+ * lo part).
+ *
+ * Where the three products meet matters. Tensor cores add each
+ * instruction's products into their float32 accumulator with truncation,
+ * not rounding to nearest (Fasi, Higham, Mikaitis and Pranesh measured it
+ * on V100, T4 and A100, 2021; the H200's errors below fit it): up to one last place of the running sum lost per instruction,
+ * always toward zero, so a long sum drifts by about half a last place of
+ * its size per instruction whatever the operands' precision. One call
+ * over the tripled axis runs three times the instructions at the large
+ * sum's size. bench/x3_model.py models it: on test_cuda_conv's 3x3 64 ->
+ * 64 data (576 terms) that call is 4-8e-4 off the exact sums, float32
+ * summed in order 1.1e-4; the GPU was 2.5e-4 off the CPU, above the
+ * test's float32 bound (2.3e-4). Separate calls (conv.cu,
+ * GP_CONV_X3_ORDER=separate) sum hi hi alone over the node's own axis,
+ * then the two small products over the doubled axis, added to it (beta =
+ * 1): a third of the instructions at the large sum's size, 2-3x closer in
+ * the model, whichever order a cuDNN kernel takes the summed axis in.
+ * Blocks of copies in one call ("planar") help only kernels that take
+ * the channels outermost: channels-last ones take the kernel's taps
+ * outermost, and the small products of every tap but the first still
+ * meet the large sum.
+ */
 #ifndef GP_CUDA_CONV_X3_H
 #define GP_CUDA_CONV_X3_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <cuda_runtime.h>
@@ -36,15 +58,22 @@
 extern "C" {
 #endif
 
-/* dst [outer, 3 ch, inner] from src [outer, ch, inner] (float32): dst's
- * channel 3c + j is src's channel c's TF32 hi part, or its lo part where
- * bit j of lo_parts is set. Returns the launch's error. */
+/* dst [outer, copies ch, inner] from src [outer, ch, inner] (float32),
+ * copies 1, 2 or 3: copy j of src's channel c is its TF32 hi part, or its
+ * lo part where bit j of lo_parts is set, at dst's channel copies c + j
+ * (interleaved) or, with planar, j ch + c (blocks of ch channels). Returns
+ * the launch's error (cudaErrorInvalidValue for other copies). */
 cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, const float *src, int64_t outer, int64_t ch,
-                                  int64_t inner, unsigned lo_parts);
+                                  int64_t inner, int copies, unsigned lo_parts, bool planar);
 
-/* The parts' patterns (bit j: copy j is lo). */
+/* The parts' patterns (bit j: copy j is lo): three copies, */
 #define CONV_X3_HI_HI_LO 4u
 #define CONV_X3_HI_LO_HI 2u
+#define CONV_X3_LO_HI_HI 1u
+/* two (the small products' call of the separate order), one (hi alone). */
+#define CONV_X3_LO_HI 1u
+#define CONV_X3_HI_LO 2u
+#define CONV_X3_HI 0u
 
 #ifdef __cplusplus
 }
