@@ -14,12 +14,12 @@ largest error against the exact sum over `--samples` outputs for:
 
   float32 in order     a sequential float32 sum (the CPU's kind of error)
   tripled, interleaved one TF32 call over 3K terms, the products of each
-                       channel adjacent (GP_CONV_X3_ORDER's default)
+                       channel adjacent (gpipe-onnx's first 3xTF32, dropped)
   tripled, planar      the same call, copies in blocks of channels: per tap
                        (channels-last kernels take the taps outermost) and,
-                       for kernels taking channels outermost, globally
+                       for kernels taking channels outermost, globally (tried)
   separate             hi hi in one call over K, then the two small products
-                       over 2K added to it once (GP_CONV_X3_ORDER=separate)
+                       over 2K added to it once (what GP_CONV_FP32=3xtf32 runs)
 
 Usage: python3 bench/x3_model.py [--samples N] [--k-step 8] [--markdown]   (needs numpy)
 """

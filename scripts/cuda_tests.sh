@@ -60,9 +60,8 @@ run() { # label, command...
 for t in "${tests[@]}"; do run "$(basename "$t")" "$t"; done
 # The convolutions again on each of cuDNN's APIs alone (the default measures
 # both and runs the faster), with the backward on float32 copies, and
-# float32 in 3xTF32 (GP_CONV_FP32=3xtf32: experimental, off by default;
-# in one call over the tripled axis it fails its float32 comparisons on
-# some shapes, cuda/conv_x3.h says why), also in separate calls.
+# float32 in 3xTF32 (GP_CONV_FP32=3xtf32, not yet the default; cuda/conv_x3.h)
+# on the default choice and on each API alone.
 graph_conv=()
 if [ -x "$build/tests/test_cuda_conv" ]; then
     graph_conv=(env GP_CONV_API=graph "$build/tests/test_cuda_conv")
@@ -71,8 +70,8 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     run "test_cuda_conv (staged backward)" env GP_CONV_BF16_BACKWARD=staged GP_CONV_ACCUMULATE=float \
         "$build/tests/test_cuda_conv"
     run "test_cuda_conv (float32 in 3xTF32)" env GP_CONV_FP32=3xtf32 "$build/tests/test_cuda_conv"
-    run "test_cuda_conv (3xTF32, separate calls)" env GP_CONV_FP32=3xtf32 GP_CONV_X3_ORDER=separate \
-        "$build/tests/test_cuda_conv"
+    run "test_cuda_conv (3xTF32, graph API)" env GP_CONV_FP32=3xtf32 GP_CONV_API=graph "$build/tests/test_cuda_conv"
+    run "test_cuda_conv (3xTF32, legacy API)" env GP_CONV_FP32=3xtf32 GP_CONV_API=legacy "$build/tests/test_cuda_conv"
 fi
 # Training on the GPU with the kernels' first writes of gradients turned
 # off (they are on by default), so both ways stay tested.

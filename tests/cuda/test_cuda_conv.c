@@ -582,8 +582,7 @@ static float split_value(int64_t i)
  * split_ref, bit for bit, and the parts' properties: both TF32 (low 13
  * bits clear), hi + lo within 2^-22 of x. `offset` floats shift both
  * buffers off 16-byte alignment (the one-value kernel). */
-static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsigned lo_parts, int offset,
-                      bool planar)
+static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsigned lo_parts, int offset)
 {
     int64_t n = outer * ch * inner;
     float *src = malloc(sizeof(float) * (size_t)n), *out = malloc(3 * sizeof(float) * (size_t)n);
@@ -597,7 +596,7 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsi
     /* The copies past `copies` stay NaN: written nowhere. */
     assert_int_equal(cudaMemset(ddst, 0xff, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
     assert_int_equal(
-        gp_cuda_conv_x3_split(NULL, ddst + offset, dsrc + offset, outer, ch, inner, copies, lo_parts, planar),
+        gp_cuda_conv_x3_split(NULL, ddst + offset, dsrc + offset, outer, ch, inner, copies, lo_parts),
         cudaSuccess);
     assert_int_equal(cudaMemcpy(out, ddst + offset, 3 * sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost),
                      cudaSuccess);
@@ -611,11 +610,10 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsi
         split_ref(src[e], &hi, &lo);
         for (int j = 0; j < copies; j++) {
             float want = (lo_parts >> j) & 1u ? lo : hi;
-            float got = out[(o * copies * ch + (planar ? j * ch + c : copies * c + j)) * inner + i];
+            float got = out[((o * ch + c) * copies + j) * inner + i];
             if (bits_of(got) != bits_of(want))
-                fail_msg("split [%lld, %lld, %lld] into %d%s of %a, copy %d: %a, want %a", (long long)outer,
-                         (long long)ch, (long long)inner, copies, planar ? " (planar)" : "", (double)src[e], j,
-                         (double)got, (double)want);
+                fail_msg("split [%lld, %lld, %lld] into %d of %a, copy %d: %a, want %a", (long long)outer,
+                         (long long)ch, (long long)inner, copies, (double)src[e], j, (double)got, (double)want);
         }
         if (!isfinite(src[e])) continue;
         if ((bits_of(hi) | bits_of(lo)) & 0x1fffu) fail_msg("%a: parts %a, %a not TF32", (double)src[e], (double)hi, (double)lo);
@@ -630,27 +628,20 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsi
 }
 
 /* Each kernel of the split: planes (inner a multiple of 4), channels
- * (inner 1, ch a multiple of 4), and any shape or alignment; the copies
- * interleaved and planar; three copies (one call over the tripled axis),
- * two and one (the separate order's calls); an unknown count refused. */
+ * (inner 1, ch a multiple of 4), and any shape or alignment; two copies
+ * (the small products' call) and one (hi's); an unknown count refused. */
 static void test_x3_split(void **state)
 {
     (void)state;
-    for (int planar = 0; planar < 2; planar++) {
-        run_split(2, 3, 8, 3, CONV_X3_HI_HI_LO, 0, planar);
-        run_split(10, 8, 1, 3, CONV_X3_HI_LO_HI, 0, planar);
-        run_split(3, 5, 7, 3, CONV_X3_HI_HI_LO, 0, planar);
-        run_split(1, 4, 16, 3, CONV_X3_HI_LO_HI, 1, planar);
-        run_split(5, 64, 1, 3, CONV_X3_LO_HI_HI, 3, planar);
-        run_split(7, 12, 1, 3, CONV_X3_LO_HI_HI, 0, planar);
-        run_split(2, 3, 8, 2, CONV_X3_LO_HI, 0, planar);
-        run_split(10, 8, 1, 2, CONV_X3_HI_LO, 0, planar);
-        run_split(3, 5, 7, 2, CONV_X3_LO_HI, 2, planar);
-        run_split(2, 3, 8, 1, CONV_X3_HI, 0, planar);
-        run_split(10, 8, 1, 1, CONV_X3_HI, 0, planar);
-        run_split(3, 5, 7, 1, CONV_X3_HI, 1, planar);
-    }
-    assert_int_equal(gp_cuda_conv_x3_split(NULL, NULL, NULL, 1, 1, 1, 4, 0, false), cudaErrorInvalidValue);
+    run_split(2, 3, 8, 2, CONV_X3_LO_HI, 0);
+    run_split(10, 8, 1, 2, CONV_X3_HI_LO, 0);
+    run_split(3, 5, 7, 2, CONV_X3_LO_HI, 2);
+    run_split(1, 4, 16, 2, CONV_X3_HI_LO, 1);
+    run_split(5, 64, 1, 2, CONV_X3_LO_HI, 3);
+    run_split(2, 3, 8, 1, CONV_X3_HI, 0);
+    run_split(10, 8, 1, 1, CONV_X3_HI, 0);
+    run_split(3, 5, 7, 1, CONV_X3_HI, 1);
+    assert_int_equal(gp_cuda_conv_x3_split(NULL, NULL, NULL, 1, 1, 1, 3, 0), cudaErrorInvalidValue);
 }
 
 /* ---- pools ---- */

@@ -176,12 +176,10 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
 /* ---- mode ---- */
 
 /* Float32 convolutions (no TF32) run on cuDNN's float32 (FMA) algorithms;
- * GP_CONV_FP32=3xtf32 runs them in 3xTF32 (conv_x3.h) where they can.
- * Experimental, off by default: in one call over the tripled axis the
- * tensor cores' truncating accumulation leaves 3x3 convolutions of 64
- * channels 2.5e-4 off the CPU's float32 on an H200 (test_cuda_conv's
- * comparisons), above float32's bound; GP_CONV_X3_ORDER (x3_order) tries
- * other ways to meet the products. */
+ * GP_CONV_FP32=3xtf32 runs them in 3xTF32 (conv_x3.h) where they can:
+ * within test_cuda_conv's float32 bounds on the H100 on both cuDNN APIs,
+ * not yet the default (its speed and training runs are still to be
+ * measured on a GPU). */
 static bool x3_wanted(void)
 {
     const char *v = getenv("GP_CONV_FP32");
@@ -243,7 +241,7 @@ static bool conv_padded(const struct conv_geom *g);
 
 /* Whether a call of geometry g in `mode` runs in 3xTF32: float32 without
  * TF32, a Conv or ConvTranspose of one group whose image is the tensor
- * itself (no pad buffer, no zero channels), its tripled tensors within
+ * itself (no pad buffer, no zero channels), its doubled tensors within
  * cuDNN's int sizes. The rest stays on cuDNN's float32 algorithms. A
  * ConvTranspose runs the same three directions with the roles swapped
  * (its forward is the data direction), on the same split operands: the
@@ -252,34 +250,17 @@ static bool x3_applies(const struct conv_geom *g, struct conv_mode mode)
 {
     if (!mode.x3 || g->group != 1 || !g->direct || conv_padded(g)) return false;
     int64_t img = g->n * g->img_ch * g->img_size, col = g->n * g->col_ch * g->col_size;
-    return 3 * img <= INT_MAX && 3 * col <= INT_MAX && 3 * filter_numel(g) <= INT_MAX;
+    return 2 * img <= INT_MAX && 2 * col <= INT_MAX && 2 * filter_numel(g) <= INT_MAX;
 }
 
-/* How a 3xTF32 call meets its three products (GP_CONV_X3_ORDER; conv_x3.h
- * says why it matters): "interleaved" (the default), one TF32 call over
- * the tripled summed axis, copies 3c, 3c + 1, 3c + 2 of a channel (or
- * sample), each product kind in every k-group of a tensor-core
- * instruction; "planar", that call with three blocks of copies, the small
- * products' (hi lo, lo hi) before the large one's (hi hi); "separate",
- * two calls: hi hi over the node's own axis, then hi lo and lo hi over
- * the doubled axis, added to it. An experiment on 3xTF32's lost
- * precision (x3_wanted). */
-enum x3_order { X3_INTERLEAVED, X3_PLANAR, X3_SEPARATE };
+/* A 3xTF32 direction makes two TF32 calls, its parts (conv_x3.h): part 0
+ * hi hi over the node's own summed axis, part 1 hi lo and lo hi over that
+ * axis doubled, added to part 0's result. */
+#define X3_PARTS 2
 
-static enum x3_order x3_order(void)
-{
-    const char *v = getenv("GP_CONV_X3_ORDER");
-    if (v && strcmp(v, "planar") == 0) return X3_PLANAR;
-    if (v && strcmp(v, "separate") == 0) return X3_SEPARATE;
-    return X3_INTERLEAVED;
-}
-
-/* The TF32 calls a 3xTF32 direction makes (its parts): 2 separate, else 1. */
-static int x3_parts(void) { return x3_order() == X3_SEPARATE ? 2 : 1; }
-
-/* The copies of each operand part `part` convolves: 3 over the tripled
- * axis; separate, 1 (hi hi) and 2 (hi lo, lo hi). */
-static int x3_copies(int part) { return x3_order() != X3_SEPARATE ? 3 : part == 0 ? 1 : 2; }
+/* The copies of each operand part `part` convolves: 1 (hi), 2 (the small
+ * products' (lo, hi) and (hi, lo)). */
+static int x3_copies(int part) { return part == 0 ? 1 : 2; }
 
 /* The TF32 problem of direction k (0 forward, 1 data, 2 filter), part
  * `part`: its summed axis (the image's channels, the columns' channels,
@@ -350,23 +331,22 @@ static bool lookup_choice(cudnnHandle_t h, const struct conv_geom *g, struct con
     memset(cc, 0, sizeof *cc);
     cc->parts = 1;
     if (!x3_applies(g, mode)) return conv_lookup_algos(h, g, mode, CONV_DIRS_ALL, &cc->ch[0], e, why);
-    cc->parts = x3_parts();
+    cc->parts = X3_PARTS;
     for (int p = 0; p < cc->parts; p++)
         if (!x3_lookup(h, g, mode, p, &cc->ch[p], e, why)) return false;
     return true;
 }
 
-/* Bytes of one operand's split copies (n values): one region of three
- * copies, or separate, hi's and the two small copies' regions. */
+/* Bytes of one operand's split copies (n values): hi's region, then the
+ * two small copies'. */
 static size_t x3_operand_bytes(int64_t n)
 {
-    if (x3_order() == X3_SEPARATE) return align_up(sizeof(float) * (size_t)n) + align_up(2 * sizeof(float) * (size_t)n);
-    return align_up(3 * sizeof(float) * (size_t)n);
+    return align_up(sizeof(float) * (size_t)n) + align_up(2 * sizeof(float) * (size_t)n);
 }
 
 /* Bytes of the split operands of the directions in `dirs`: forward X
- * and W tripled, data dY and W, filter X and dY (a backward's two reuse
- * one region). */
+ * and W, data dY and W, filter X and dY (a backward's two reuse one
+ * region). */
 static size_t x3_buffer_bytes(const struct conv_geom *g, unsigned dirs)
 {
     size_t img = x3_operand_bytes(g->n * g->img_ch * g->img_size);
@@ -497,14 +477,14 @@ static size_t mode_scratch(const struct conv_geom *g, struct conv_mode mode, uin
         /* Nothing found: the run chooses again and reports what fails;
          * plan for the most any algorithm may take. */
         size_t ws = conv_ws_cap(g);
-        for (int p = 0; p < (x3 ? x3_parts() : 0); p++)
+        for (int p = 0; p < (x3 ? X3_PARTS : 0); p++)
             for (int k = 0; k < 3; k++) { /* the TF32 problems' caps */
                 struct conv_geom gk;
                 x3_geom(g, k, p, &gk);
                 if (conv_ws_cap(&gk) > ws) ws = conv_ws_cap(&gk);
             }
         memset(&cc, 0, sizeof cc);
-        cc.parts = x3 ? x3_parts() : 1;
+        cc.parts = x3 ? X3_PARTS : 1;
         for (int p = 0; p < cc.parts; p++) cc.ch[p].ws_fwd = cc.ch[p].ws_data = cc.ch[p].ws_filter = ws;
     }
     size_t f = call_bytes(g, mode, x3, &cc, fwd), b = call_bytes(g, mode, x3, &cc, bwd);
@@ -937,8 +917,7 @@ static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, cons
 static gp_status x3_split(const struct gp_cuda_ctx *c, float *dst, const void *src, int64_t outer, int64_t ch,
                           int64_t inner, int copies, unsigned lo_parts, struct gp_error *err)
 {
-    cudaError_t e = gp_cuda_conv_x3_split(c->stream, dst, (const float *)src, outer, ch, inner, copies, lo_parts,
-                                          x3_order() == X3_PLANAR);
+    cudaError_t e = gp_cuda_conv_x3_split(c->stream, dst, (const float *)src, outer, ch, inner, copies, lo_parts);
     if (e != cudaSuccess)
         return gp_cuda_error(c, err, GP_ERR_DEVICE, "3xTF32 operand split: %s", cudaGetErrorString(e));
     return GP_OK;
@@ -950,17 +929,12 @@ struct x3_axis {
     int64_t outer, ch, inner;
 };
 
-/* An operand's split copies into `dst` (x3_operand_bytes), `lo3` its
- * parts' pattern in one call over the tripled axis; separate, hi alone,
+/* An operand's split copies into `dst` (x3_operand_bytes): hi alone,
  * then the two small copies after it, `lo2` their pattern. part[p] gets
  * part p's copies. */
 static gp_status x3_operand(const struct gp_cuda_ctx *c, char *dst, const void *src, struct x3_axis ax,
-                            unsigned lo3, unsigned lo2, const void **part, struct gp_error *err)
+                            unsigned lo2, const void **part, struct gp_error *err)
 {
-    if (x3_order() != X3_SEPARATE) {
-        part[0] = dst;
-        return x3_split(c, (float *)dst, src, ax.outer, ax.ch, ax.inner, 3, lo3, err);
-    }
     char *small = dst + align_up(sizeof(float) * (size_t)(ax.outer * ax.ch * ax.inner));
     part[0] = dst;
     part[1] = small;
@@ -990,15 +964,10 @@ static gp_status x3_operands(const struct gp_cuda_ctx *c, struct conv_run *r, in
     struct x3_axis ax_b = k == 0 ? w_in : k == 1 ? w_out : col_n;
     char *first = r->x3buf;
     char *second = r->x3buf + x3_operand_bytes(ax_a.outer * ax_a.ch * ax_a.inner);
-    /* Copy j of one operand meets copy j of the other: (hi, hi, lo) .
-     * (hi, lo, hi) gives hi hi, hi lo, lo hi; planar, (hi, lo, hi) .
-     * (lo, hi, hi) gives hi lo, lo hi, hi hi (the small ones first);
-     * separate, hi . hi, then (lo, hi) . (hi, lo). */
-    bool planar = x3_order() == X3_PLANAR;
-    unsigned a3 = planar ? CONV_X3_HI_LO_HI : CONV_X3_HI_HI_LO;
-    unsigned b3 = planar ? CONV_X3_LO_HI_HI : CONV_X3_HI_LO_HI;
-    GP_TRY(x3_operand(c, first, a0, ax_a, a3, CONV_X3_LO_HI, a, err));
-    GP_TRY(x3_operand(c, second, b0, ax_b, b3, CONV_X3_HI_LO, b, err));
+    /* Copy j of one operand meets copy j of the other: hi . hi, then
+     * (lo, hi) . (hi, lo), the small products. */
+    GP_TRY(x3_operand(c, first, a0, ax_a, CONV_X3_LO_HI, a, err));
+    GP_TRY(x3_operand(c, second, b0, ax_b, CONV_X3_HI_LO, b, err));
     __atomic_add_fetch(&x3_calls, 1, __ATOMIC_RELAXED);
     return GP_OK;
 }

@@ -30,18 +30,18 @@ __device__ static inline float part(float hi, float lo, unsigned lo_parts, int j
 }
 
 /* Where copy 0 of channel c of outer index o goes, in units of `inner`:
- * interleaved, channel COPIES c; planar, channel c (copy j at j ch + c). */
+ * channel COPIES c (copy j next to it, at COPIES c + j). */
 template <int COPIES>
-__device__ static inline int64_t copy0_row(int64_t o, int64_t c, int64_t ch, bool planar)
+__device__ static inline int64_t copy0_row(int64_t o, int64_t c, int64_t ch)
 {
-    return o * COPIES * ch + (planar ? c : COPIES * c);
+    return (o * ch + c) * COPIES;
 }
 
 /* inner a multiple of 4 ([N, C, H, W] tensors): a thread splits 4
  * consecutive cells of one channel into COPIES float4 stores. */
 template <int COPIES>
 __global__ static void split_planes_kernel(float4 *dst, const float4 *src, int64_t ch, int64_t inner4,
-                                           int64_t quads, unsigned lo_parts, bool planar)
+                                           int64_t quads, unsigned lo_parts)
 {
     GP_GRID_STRIDE(q, quads) {
         int64_t i = q % inner4, oc = q / inner4, c = oc % ch, o = oc / ch;
@@ -50,34 +50,23 @@ __global__ static void split_planes_kernel(float4 *dst, const float4 *src, int64
         tf32_split(v.y, h.y, l.y);
         tf32_split(v.z, h.z, l.z);
         tf32_split(v.w, h.w, l.w);
-        float4 *d = dst + (copy0_row<COPIES>(o, c, ch, planar) * inner4 + i);
-        int64_t apart = (planar ? ch : 1) * inner4;
+        float4 *d = dst + (copy0_row<COPIES>(o, c, ch) * inner4 + i);
 #pragma unroll
-        for (int j = 0; j < COPIES; j++) d[j * apart] = (lo_parts >> j) & 1u ? l : h;
+        for (int j = 0; j < COPIES; j++) d[j * inner4] = (lo_parts >> j) & 1u ? l : h;
     }
 }
 
 /* inner 1, ch a multiple of 4 (channels-last tensors, filters): a thread
- * splits 4 consecutive channels into 4 COPIES values, COPIES float4
- * stores (consecutive, interleaved; ch apart, planar). */
+ * splits 4 consecutive channels into 4 COPIES values, COPIES consecutive
+ * float4 stores. */
 template <int COPIES>
-__global__ static void split_channels_kernel(float4 *dst, const float4 *src, int64_t ch4, int64_t quads,
-                                             unsigned lo_parts, bool planar)
+__global__ static void split_channels_kernel(float4 *dst, const float4 *src, int64_t quads, unsigned lo_parts)
 {
     GP_GRID_STRIDE(q, quads) {
         float4 v = src[q];
         float x[4] = {v.x, v.y, v.z, v.w}, h[4], l[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) tf32_split(x[k], h[k], l[k]);
-        if (planar) {
-            int64_t c4 = q % ch4, o = q / ch4;
-            float4 *d = dst + o * COPIES * ch4 + c4;
-#pragma unroll
-            for (int j = 0; j < COPIES; j++)
-                d[j * ch4] = (lo_parts >> j) & 1u ? make_float4(l[0], l[1], l[2], l[3])
-                                                  : make_float4(h[0], h[1], h[2], h[3]);
-            continue;
-        }
         float out[4 * COPIES];
 #pragma unroll
         for (int k = 0; k < 4; k++)
@@ -93,16 +82,15 @@ __global__ static void split_channels_kernel(float4 *dst, const float4 *src, int
 /* Any shape: one value a thread. */
 template <int COPIES>
 __global__ static void split_any_kernel(float *dst, const float *src, int64_t ch, int64_t inner, int64_t n,
-                                        unsigned lo_parts, bool planar)
+                                        unsigned lo_parts)
 {
     GP_GRID_STRIDE(e, n) {
         int64_t i = e % inner, oc = e / inner, c = oc % ch, o = oc / ch;
         float h, l;
         tf32_split(src[e], h, l);
-        float *d = dst + (copy0_row<COPIES>(o, c, ch, planar) * inner + i);
-        int64_t apart = (planar ? ch : 1) * inner;
+        float *d = dst + (copy0_row<COPIES>(o, c, ch) * inner + i);
 #pragma unroll
-        for (int j = 0; j < COPIES; j++) d[j * apart] = part(h, l, lo_parts, j);
+        for (int j = 0; j < COPIES; j++) d[j * inner] = part(h, l, lo_parts, j);
     }
 }
 
@@ -110,30 +98,29 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 template <int COPIES>
 static cudaError_t split(cudaStream_t stream, float *dst, const float *src, int64_t outer, int64_t ch,
-                         int64_t inner, unsigned lo_parts, bool planar)
+                         int64_t inner, unsigned lo_parts)
 {
     int64_t n = outer * ch * inner;
     if (n == 0) return cudaSuccess;
     bool vec = aligned16(dst) && aligned16(src);
     if (vec && inner % 4 == 0)
         split_planes_kernel<COPIES><<<gp_cuda_blocks_for(n / 4), GP_CUDA_THREADS, 0, stream>>>(
-            (float4 *)dst, (const float4 *)src, ch, inner / 4, n / 4, lo_parts, planar);
+            (float4 *)dst, (const float4 *)src, ch, inner / 4, n / 4, lo_parts);
     else if (vec && inner == 1 && ch % 4 == 0)
         split_channels_kernel<COPIES><<<gp_cuda_blocks_for(n / 4), GP_CUDA_THREADS, 0, stream>>>(
-            (float4 *)dst, (const float4 *)src, ch / 4, n / 4, lo_parts, planar);
+            (float4 *)dst, (const float4 *)src, n / 4, lo_parts);
     else
         split_any_kernel<COPIES><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(dst, src, ch, inner, n,
-                                                                                         lo_parts, planar);
+                                                                                         lo_parts);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, const float *src, int64_t outer,
-                                             int64_t ch, int64_t inner, int copies, unsigned lo_parts, bool planar)
+                                             int64_t ch, int64_t inner, int copies, unsigned lo_parts)
 {
     switch (copies) {
-    case 1: return split<1>(stream, dst, src, outer, ch, inner, lo_parts, planar);
-    case 2: return split<2>(stream, dst, src, outer, ch, inner, lo_parts, planar);
-    case 3: return split<3>(stream, dst, src, outer, ch, inner, lo_parts, planar);
+    case 1: return split<1>(stream, dst, src, outer, ch, inner, lo_parts);
+    case 2: return split<2>(stream, dst, src, outer, ch, inner, lo_parts);
     default: return cudaErrorInvalidValue;
     }
 }

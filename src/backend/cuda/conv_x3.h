@@ -5,51 +5,49 @@
  * the rest (at most 2^-11 of it, itself rounded to TF32: a further 2^-11
  * of lo); x w is then hi hi + hi lo + lo hi within about 2^-21 of the
  * product (lo lo, under 2^-22, is left out), float32's accuracy, where
- * TF32 alone is within 2^-10. The three products run as ONE TF32
- * convolution on tensor cores, over three times the summed axis:
+ * TF32 alone is within 2^-10. Every operand is TF32 exactly, so the result
+ * does not depend on how a cuDNN kernel reads float32 (truncating or
+ * rounding it), nor on whether it runs on tensor cores at all. A NaN or an
+ * infinity in an operand stays in its hi part (its lo is 0): the result is
+ * not finite wherever float32's would not be, but an infinity may come out
+ * as NaN (infinity times a 0 lo part).
  *
- *   Y = conv(X, W):           X's channels tripled into (hi, hi, lo), W's
- *                             input channels into (hi, lo, hi);
- *   dX = conv_data(dY, W):    dY's channels into (hi, lo, hi), W's output
- *                             channels into (hi, hi, lo);
- *   dW = conv_filter(X, dY):  the batch: X's samples into (hi, lo, hi),
- *                             dY's into (hi, hi, lo).
+ * Each direction runs as two TF32 calls (cuda/conv.cu's parts): hi hi over
+ * the node's own summed axis, then hi lo + lo hi as one call over that
+ * axis doubled, added to the first's result (beta = 1):
  *
- * Every operand is TF32 exactly, so the result does not depend on how a
- * cuDNN kernel reads float32 (truncating or rounding it), nor on whether it
- * runs on tensor cores at all. Copy j of channel c lies at channel 3c + j
- * (sample 3n + j), so one kernel makes each split in either layout. At
- * three times TF32's work this is still 2.5x float32's rate on the
- * H200's tensor cores (495 against 67 TFLOP/s dense), the copies costing
- * a pass over each operand. A NaN or an infinity in an operand stays in
- * its hi part (its lo is 0): the result is not finite wherever float32's
- * would not be, but an infinity may come out as NaN (infinity times a 0
- * lo part).
+ *   Y = conv(X, W):           X hi . W hi over the input channels, then
+ *                             X's channels doubled into (lo, hi), W's
+ *                             input channels into (hi, lo);
+ *   dX = conv_data(dY, W):    over the output channels, the same way;
+ *   dW = conv_filter(X, dY):  over the batch, the same way.
  *
- * Where the three products meet matters. Tensor cores add each
- * instruction's products into their float32 accumulator with truncation,
- * not rounding to nearest (Fasi, Higham, Mikaitis and Pranesh measured it
- * on V100, T4 and A100, 2021; the H200's errors below fit it): up to one last place of the running sum lost per instruction,
- * always toward zero, so a long sum drifts by about half a last place of
- * its size per instruction whatever the operands' precision. One call
- * over the tripled axis runs three times the instructions at the large
- * sum's size. bench/x3_model.py models it: on test_cuda_conv's 3x3 64 ->
- * 64 data (576 terms) that call is 4-8e-4 off the exact sums, float32
- * summed in order 1.1e-4; the GPU was 2.5e-4 off the CPU, above the
- * test's float32 bound (2.3e-4). Separate calls (conv.cu,
- * GP_CONV_X3_ORDER=separate) sum hi hi alone over the node's own axis,
- * then the two small products over the doubled axis, added to it (beta =
- * 1): a third of the instructions at the large sum's size, 2-3x closer in
- * the model, whichever order a cuDNN kernel takes the summed axis in.
- * Blocks of copies in one call ("planar") help only kernels that take
- * the channels outermost: channels-last ones take the kernel's taps
- * outermost, and the small products of every tap but the first still
- * meet the large sum.
+ * Copy j of channel c lies at channel 2c + j (sample 2n + j), so one
+ * kernel makes each split in either layout. At three times TF32's work
+ * this is still 2.5x float32's rate on the H200's tensor cores (495
+ * against 67 TFLOP/s dense), the copies costing passes over each operand.
+ *
+ * Why not one call over the tripled axis, (hi, hi, lo) . (hi, lo, hi):
+ * tensor cores add each instruction's products into their float32
+ * accumulator with truncation, not rounding to nearest (Fasi, Higham,
+ * Mikaitis and Pranesh measured it on V100, T4 and A100, 2021; the H200's
+ * errors fit it): up to one last place of the running sum lost per
+ * instruction, always toward zero, so a long sum drifts by about half a
+ * last place of its size per instruction whatever the operands' precision.
+ * One call runs three times the instructions at the large sum's size.
+ * bench/x3_model.py models it: on test_cuda_conv's 3x3 64 -> 64 data (576
+ * terms) that call is 4-8e-4 off the exact sums, float32 summed in order
+ * 1.1e-4; the H200 was 2.5e-4 off the CPU, above the test's float32 bound
+ * (2.3e-4). Separate calls put a third of the instructions at the large
+ * sum's size, 2-3x closer in the model whichever order a cuDNN kernel
+ * takes the summed axis in, and pass the test's bounds on the H100 on
+ * both cuDNN APIs (bench/RESULTS.md). Blocks of copies in one call help
+ * only kernels that take the channels outermost: channels-last ones take
+ * the kernel's taps outermost.
  */
 #ifndef GP_CUDA_CONV_X3_H
 #define GP_CUDA_CONV_X3_H
 
-#include <stdbool.h>
 #include <stdint.h>
 
 #include <cuda_runtime.h>
@@ -59,21 +57,17 @@ extern "C" {
 #endif
 
 /* dst [outer, copies ch, inner] from src [outer, ch, inner] (float32),
- * copies 1, 2 or 3: copy j of src's channel c is its TF32 hi part, or its
- * lo part where bit j of lo_parts is set, at dst's channel copies c + j
- * (interleaved) or, with planar, j ch + c (blocks of ch channels). Returns
- * the launch's error (cudaErrorInvalidValue for other copies). */
+ * copies 1 or 2: copy j of src's channel c is its TF32 hi part, or its lo
+ * part where bit j of lo_parts is set, at dst's channel copies c + j.
+ * Returns the launch's error (cudaErrorInvalidValue for other copies). */
 cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, const float *src, int64_t outer, int64_t ch,
-                                  int64_t inner, int copies, unsigned lo_parts, bool planar);
+                                  int64_t inner, int copies, unsigned lo_parts);
 
-/* The parts' patterns (bit j: copy j is lo): three copies, */
-#define CONV_X3_HI_HI_LO 4u
-#define CONV_X3_HI_LO_HI 2u
-#define CONV_X3_LO_HI_HI 1u
-/* two (the small products' call of the separate order), one (hi alone). */
+/* The parts' patterns (bit j: copy j is lo): hi alone (the first call),
+ * (lo, hi) and (hi, lo) (the small products' call). */
+#define CONV_X3_HI 0u
 #define CONV_X3_LO_HI 1u
 #define CONV_X3_HI_LO 2u
-#define CONV_X3_HI 0u
 
 #ifdef __cplusplus
 }
