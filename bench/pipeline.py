@@ -732,13 +732,15 @@ class Bench(object):
                 rows = [r for r in self.rows if r["model"] == name and r["precision"] == precision]
                 lines += ["", "### %s, %s, batch %d" % (name, precision, sp["batch"]), ""]
                 lines += self.split_lines(name, sp)
+                # --share-gpu: the K-stage run's column says its stages share one device.
+                many = "%d stages on 1 %s" % (K, self.word) if a.share_gpu else "%d %ss" % (K, self.word)
                 lines += [
                     "",
-                    "| M | micro-batch | gpipe-onnx 1 %s samples/s | gpipe-onnx %d %ss samples/s | "
+                    "| M | micro-batch | gpipe-onnx 1 %s samples/s | gpipe-onnx %s samples/s | "
                     "speed-up | ideal | efficiency | PyTorch pipelining samples/s | gpipe-onnx / PyTorch | "
-                    "checkpoint overhead 1 %s | checkpoint overhead %d %ss | "
+                    "checkpoint overhead 1 %s | checkpoint overhead %s | "
                     "gpipe-onnx memory per %s (planned; act. peak) | PyTorch memory per %s (max allocated) |"
-                    % (self.word, K, self.word, self.word, K, self.word, self.word, self.word),
+                    % (self.word, many, self.word, many, self.word, self.word),
                     "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
                 ]
                 for r in rows:
