@@ -270,6 +270,10 @@ grep -q '"F s1 m' "$tmp/t.rank0.json" && fail "--trace: rank 0's file holds stag
 # which one process running that split trains to the same model.
 run 2 "$bin" "${digits[@]:0:12}" --pipeline 2 --devices cpu:0 --balance memory --steps 2 --save "$tmp/many.onnx"
 [ "$status" -eq 0 ] || { fail "--balance memory on 2 ranks exited $status"; show; }
+# Rank 0's memory table has every stage's row, stage 1's sent by its process.
+for r in 0 1; do
+  grep -Eq "^$r +[0-9]+-[0-9]+ +cpu:0 " "$tmp/out" || { fail "2 ranks: rank 0's memory table lacks stage $r"; show; }
+done
 split=$(grep -A2 '^split' "$tmp/out" | grep -Eo '^(optimal)? +[01] +[0-9]+-[0-9]+' | grep -Eo '[0-9]+-[0-9]+$')
 counts=$(echo "$split" | awk -F- '{printf "%s%d", (NR > 1 ? "," : ""), $2 - $1 + 1}')
 if [ -z "$counts" ]; then fail "--balance memory on 2 ranks: rank 0 printed no split"; show; else

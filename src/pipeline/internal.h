@@ -122,6 +122,7 @@ enum {
     GP_PIPE_TAG_TIED = 5,
     GP_PIPE_TAG_NORMS = 6,
     GP_PIPE_TAG_OUTPUTS = 7,
+    GP_PIPE_TAG_REPORT = 8,
 };
 
 struct gp_pipeline {
@@ -303,6 +304,11 @@ gp_status gp_pipe_remote_outputs(struct gp_pipeline *p, float *out, size_t bytes
  * fills its own part before. */
 gp_status gp_pipe_remote_norms(struct gp_pipeline *p, float *norms, const int *base, const int *n,
                                struct gp_error *err);
+/* remote.c, for the memory table: each stage's report (gp_pipeline_report)
+ * sent to stage 0 of its replica; out[k] and known[k] as
+ * gp_pipeline_reports says. */
+gp_status gp_pipe_remote_reports(struct gp_pipeline *p, struct gp_stage_report *out, bool *known,
+                                 struct gp_error *err);
 
 /* buckets.c: with replicas (cfg.remote), the local stage's gradient
  * buckets and the thread that sums them (after the stages exist; nothing

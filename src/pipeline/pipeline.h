@@ -267,6 +267,12 @@ int gp_pipeline_stages(const struct gp_pipeline *p);
  * into fwd_ms[n_layers] and bwd_ms[n_layers]. */
 void gp_pipeline_layer_times(const struct gp_pipeline *p, double *fwd_ms, double *bwd_ms);
 void gp_pipeline_report(const struct gp_pipeline *p, int stage, struct gp_stage_report *out);
+/* Every stage's report, out[K], known[K]. With stages in other processes
+ * (cfg.remote) every stage's process must call it (its replica's stages
+ * meet): stage 0's then knows them all, another's only its own (known[k]
+ * false: the plan's figures, without that process's activation peak and
+ * optimizer state). */
+gp_status gp_pipeline_reports(struct gp_pipeline *p, struct gp_stage_report *out, bool *known, struct gp_error *err);
 
 /* Writes the timeline of the last step as Chrome trace JSON (with stages
  * in other processes: this process's stage, trace.h's per-rank form). */

@@ -36,6 +36,7 @@ enum {
     TAG_READ = GP_PIPE_TAG_READ,
     TAG_NORMS = GP_PIPE_TAG_NORMS,
     TAG_OUTPUTS = GP_PIPE_TAG_OUTPUTS,
+    TAG_REPORT = GP_PIPE_TAG_REPORT,
 };
 
 static gp_status send_to(struct gp_pipeline *p, int to, int tag, const void *buf, size_t bytes, struct gp_error *err)
@@ -234,5 +235,35 @@ gp_status gp_pipe_remote_outputs(struct gp_pipeline *p, float *out, size_t bytes
     if (me != last) st = recv_from(p, last, TAG_OUTPUTS, out, bytes, err);
     for (int k = 0; me == last && k < last && st == GP_OK; k++) st = send_to(p, k, TAG_OUTPUTS, out, bytes, err);
     if (st != GP_OK) gp_error_prefix(err, "stage %d: evaluating: ", me);
+    return st;
+}
+
+/* The memory table across processes: a stage's activation peak (and its
+ * optimizer's bytes) are known only to its own process, so every stage but
+ * the first sends its report to stage 0 of its replica; the same binary
+ * runs every rank, so the struct goes as it is, its one pointer (the
+ * backend's name) replaced by the receiver's own plan's. */
+gp_status gp_pipe_remote_reports(struct gp_pipeline *p, struct gp_stage_report *out, bool *known,
+                                 struct gp_error *err)
+{
+    int me = p->cfg.remote->stage;
+    for (int k = 0; k < p->K; k++) {
+        gp_pipeline_report(p, k, &out[k]);
+        known[k] = k == me;
+    }
+    gp_status st = GP_OK;
+    if (me != 0) {
+        struct gp_stage_report mine = out[me];
+        mine.backend = NULL;
+        st = send_to(p, 0, TAG_REPORT, &mine, sizeof mine, err);
+    } else {
+        for (int k = 1; k < p->K && st == GP_OK; k++) {
+            const char *backend = out[k].backend;
+            st = recv_from(p, k, TAG_REPORT, &out[k], sizeof out[k], err);
+            out[k].backend = backend;
+            known[k] = st == GP_OK;
+        }
+    }
+    if (st != GP_OK) gp_error_prefix(err, "stage %d: gathering the stages' memory: ", me);
     return st;
 }

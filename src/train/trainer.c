@@ -731,12 +731,23 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         free(out);
     }
     if (st == GP_OK && cfg->trace_path) st = gp_pipeline_write_trace(s.pipe, cfg->trace_path, err);
+    /* The memory table: across processes every stage's process takes part
+     * (the stages' reports meet at stage 0's, which reports them all). */
+    int n_stages = gp_pipeline_stages(s.pipe);
+    struct gp_stage_report *reports = NULL;
+    bool *known = NULL;
+    if (st == GP_OK && ((cb && cb->on_memory) || cfg->remote)) {
+        reports = calloc((size_t)n_stages, sizeof *reports);
+        known = calloc((size_t)n_stages, sizeof *known);
+        if (!reports || !known) st = gp_error_set(err, GP_ERR_NOMEM, "out of memory reporting the stages' memory");
+        else st = gp_pipeline_reports(s.pipe, reports, known, err);
+    }
     if (st == GP_OK && cb && cb->on_memory)
-        for (int k = 0; k < gp_pipeline_stages(s.pipe); k++) {
-            /* Another process's stage: its peak is that process's to know. */
-            if (cfg->remote && k != cfg->remote->stage) continue;
-            struct gp_stage_report r;
-            gp_pipeline_report(s.pipe, k, &r);
+        for (int k = 0; k < n_stages; k++) {
+            /* Another process's stage, reported from a process other than
+             * stage 0's: its peak is that process's to know. */
+            if (!known[k]) continue;
+            const struct gp_stage_report r = reports[k];
             struct gp_stage_memory_report m = {
                 .stage = k, .first_layer = r.first_layer, .last_layer = r.last_layer,
                 .device = r.device, .backend = r.backend, .param_bytes = r.param_bytes, .optim_bytes = r.optim_bytes,
@@ -749,6 +760,8 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                 .remade_values = r.remade_values, .remade_saved_bytes = r.remade_saved_bytes};
             cb->on_memory(cb->user, &m);
         }
+    free(reports);
+    free(known);
     run_free(&s);
     return st;
 }
