@@ -734,15 +734,15 @@ static void test_fused_residual(void **state)
     printf("fused residual Adds: %d runs identical to the unfused nodes, bit for bit\n", runs);
 }
 
-/* Gradients in the activation set's dead bytes (plan.h, grad_in_set) train
- * to the bits of a separate gradient set (GP_GRADIENTS_IN_SETS=0), in fp32
- * and bf16, on 1 to 3 stages, with and without checkpointing, under GPipe
- * and 1F1B, with remade BatchNorm outputs too; no stage plans more, the
- * whole model on one stage plans less, and the executor stays within the
- * plan. */
-static void test_gradients_in_sets(void **state)
+/* A planning choice against its off switch (`env` set to 0): the same
+ * bits on the fixtures, fp32 and bf16, 1 to 3 stages, with and without
+ * checkpointing, under GPipe and 1F1B (with `remade`, bf16's runs remake
+ * BatchNorm outputs too); check(off, on, K, label) then compares the
+ * stages' memory. Returns the runs. */
+static int against_switch(const char *env, const char *what_on, const char *what_off, bool remade,
+                          void (*check)(const struct run_result *off, const struct run_result *on, int K,
+                                        const char *label))
 {
-    (void)state;
     static const char *const fixtures[] = {"resnet_op17", "unet_op17", "gpt_op17"};
     const char *san = getenv("GP_SANITIZED");
     size_t n_fixtures = san && !strcmp(san, "1") ? 1 : 3;
@@ -754,92 +754,88 @@ static void test_gradients_in_sets(void **state)
                 precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32;
                 enum gp_checkpoint mode = (K + pr) % 2 ? GP_CHECKPOINT_ALWAYS : GP_CHECKPOINT_NEVER;
                 schedule = K == 3 ? GP_PIPE_1F1B : GP_PIPE_GPIPE;
-                remake_norm = pr == 1;
+                remake_norm = remade && pr == 1;
                 int M = K == 1 ? 2 : 4;
-                struct run_result apart, in_sets;
-                memset(&apart, 0, sizeof apart);
-                memset(&in_sets, 0, sizeof in_sets);
-                setenv("GP_GRADIENTS_IN_SETS", "0", 1);
-                run(fixtures[f], 8, K, M, mode, NULL, &apart);
-                unsetenv("GP_GRADIENTS_IN_SETS");
-                run(fixtures[f], 8, K, M, mode, NULL, &in_sets);
-                char what[200];
-                snprintf(what, sizeof what, "%s %s, gradients in the sets' dead bytes, %d stage(s) x %d micro-batches "
-                         "(%s), checkpoint %s%s", gp_precision_name(precision), fixtures[f], K, M,
-                         gp_pipe_schedule_name(schedule), gp_checkpoint_name(mode),
-                         remake_norm ? ", remade norms" : "");
-                assert_identical(what, &in_sets, &apart, "a separate gradient set");
-                int64_t before = 0, after = 0;
-                for (int k = 0; k < K; k++) {
-                    const struct gp_stage_memory_report *a = &apart.memory[k], *b = &in_sets.memory[k];
-                    assert_true(b->gradient_set_bytes <= a->gradient_set_bytes);
-                    assert_true(b->activation_bytes <= a->activation_bytes);
-                    assert_true(b->activation_peak <= b->activation_bytes);
-                    before += a->activation_bytes, after += b->activation_bytes;
-                }
-                if (K == 1) {
-                    assert_true(after < before);
-                    printf("%s %s, one stage: activations planned %lld -> %lld bytes (gradient set %lld -> %lld)\n",
-                           gp_precision_name(precision), fixtures[f], (long long)before, (long long)after,
-                           (long long)apart.memory[0].gradient_set_bytes,
-                           (long long)in_sets.memory[0].gradient_set_bytes);
-                }
-                gp_graph_free(&apart.saved);
-                gp_graph_free(&in_sets.saved);
+                struct run_result off, on;
+                memset(&off, 0, sizeof off);
+                memset(&on, 0, sizeof on);
+                setenv(env, "0", 1);
+                run(fixtures[f], 8, K, M, mode, NULL, &off);
+                unsetenv(env);
+                run(fixtures[f], 8, K, M, mode, NULL, &on);
+                char what[240];
+                snprintf(what, sizeof what, "%s %s, %s, %d stage(s) x %d micro-batches (%s), checkpoint %s%s",
+                         gp_precision_name(precision), fixtures[f], what_on, K, M, gp_pipe_schedule_name(schedule),
+                         gp_checkpoint_name(mode), remake_norm ? ", remade norms" : "");
+                assert_identical(what, &on, &off, what_off);
+                char label[80];
+                snprintf(label, sizeof label, "%s %s", gp_precision_name(precision), fixtures[f]);
+                check(&off, &on, K, label);
+                gp_graph_free(&off.saved);
+                gp_graph_free(&on.saved);
                 runs++;
             }
     precision = GP_PRECISION_FP32;
     schedule = GP_PIPE_GPIPE;
     remake_norm = false;
     steps = STEPS;
+    return runs;
+}
+
+/* No stage plans more with gradients in the sets, the whole model on one
+ * stage plans less, and the executor stays within the plan. */
+static void check_gradients_in_sets(const struct run_result *apart, const struct run_result *in_sets, int K,
+                                    const char *label)
+{
+    int64_t before = 0, after = 0;
+    for (int k = 0; k < K; k++) {
+        const struct gp_stage_memory_report *a = &apart->memory[k], *b = &in_sets->memory[k];
+        assert_true(b->gradient_set_bytes <= a->gradient_set_bytes);
+        assert_true(b->activation_bytes <= a->activation_bytes);
+        assert_true(b->activation_peak <= b->activation_bytes);
+        before += a->activation_bytes, after += b->activation_bytes;
+    }
+    if (K == 1) {
+        assert_true(after < before);
+        printf("%s, one stage: activations planned %lld -> %lld bytes (gradient set %lld -> %lld)\n", label,
+               (long long)before, (long long)after, (long long)apart->memory[0].gradient_set_bytes,
+               (long long)in_sets->memory[0].gradient_set_bytes);
+    }
+}
+
+/* Gradients in the activation set's dead bytes (plan.h, grad_in_set) train
+ * to the bits of a separate gradient set (GP_GRADIENTS_IN_SETS=0), with
+ * remade BatchNorm outputs too. */
+static void test_gradients_in_sets(void **state)
+{
+    (void)state;
+    int runs = against_switch("GP_GRADIENTS_IN_SETS", "gradients in the sets' dead bytes", "a separate gradient set",
+                              true, check_gradients_in_sets);
     printf("gradients in the activation sets: %d runs identical to a separate gradient set, bit for bit\n", runs);
+}
+
+/* No stage plans more with the workspaces in the timelines. */
+static void check_workspaces_in_sets(const struct run_result *block, const struct run_result *in_sets, int K,
+                                     const char *label)
+{
+    (void)label;
+    for (int k = 0; k < K; k++) {
+        const struct gp_stage_memory_report *a = &block->memory[k], *b = &in_sets->memory[k];
+        assert_true(b->planned_bytes <= a->planned_bytes);
+        assert_true(b->activation_bytes <= a->activation_bytes);
+    }
 }
 
 /* Workspaces in the timelines (plan.h): backward ones in the activation
  * sets' dead bytes (bwd_scratch_off), forward ones in the arena
  * (fwd_scratch_off): the same bits as every workspace in the kernel
- * workspace block (GP_SCRATCH_IN_SETS=0), no stage planned larger, on the
- * fixtures whose kernels use workspaces (convolutions, GPT's matrix
- * products), fp32 and bf16, 1-3 stages, checkpointing, 1F1B. */
+ * workspace block (GP_SCRATCH_IN_SETS=0), on the fixtures whose kernels
+ * use workspaces (convolutions, GPT's matrix products). */
 static void test_workspaces_in_sets(void **state)
 {
     (void)state;
-    static const char *const fixtures[] = {"resnet_op17", "unet_op17", "gpt_op17"};
-    const char *san = getenv("GP_SANITIZED");
-    size_t n_fixtures = san && !strcmp(san, "1") ? 1 : 3;
-    steps = 2;
-    int runs = 0;
-    for (size_t f = 0; f < n_fixtures; f++)
-        for (int pr = 0; pr < 2; pr++)
-            for (int K = 1; K <= 3; K++) {
-                precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32;
-                enum gp_checkpoint mode = (K + pr) % 2 ? GP_CHECKPOINT_ALWAYS : GP_CHECKPOINT_NEVER;
-                schedule = K == 3 ? GP_PIPE_1F1B : GP_PIPE_GPIPE;
-                int M = K == 1 ? 2 : 4;
-                struct run_result block, in_sets;
-                memset(&block, 0, sizeof block);
-                memset(&in_sets, 0, sizeof in_sets);
-                setenv("GP_SCRATCH_IN_SETS", "0", 1);
-                run(fixtures[f], 8, K, M, mode, NULL, &block);
-                unsetenv("GP_SCRATCH_IN_SETS");
-                run(fixtures[f], 8, K, M, mode, NULL, &in_sets);
-                char what[200];
-                snprintf(what, sizeof what, "%s %s, workspaces in the arena and the sets' dead bytes, %d stage(s) x %d "
-                         "micro-batches (%s), checkpoint %s", gp_precision_name(precision), fixtures[f], K, M,
-                         gp_pipe_schedule_name(schedule), gp_checkpoint_name(mode));
-                assert_identical(what, &in_sets, &block, "every workspace in the block");
-                for (int k = 0; k < K; k++) {
-                    const struct gp_stage_memory_report *a = &block.memory[k], *b = &in_sets.memory[k];
-                    assert_true(b->planned_bytes <= a->planned_bytes);
-                    assert_true(b->activation_bytes <= a->activation_bytes);
-                }
-                gp_graph_free(&block.saved);
-                gp_graph_free(&in_sets.saved);
-                runs++;
-            }
-    precision = GP_PRECISION_FP32;
-    schedule = GP_PIPE_GPIPE;
-    steps = STEPS;
+    int runs = against_switch("GP_SCRATCH_IN_SETS", "workspaces in the arena and the sets' dead bytes",
+                              "every workspace in the block", false, check_workspaces_in_sets);
     printf("workspaces in the arena and the activation sets: %d runs identical to the block's, bit for bit\n", runs);
 }
 
