@@ -768,16 +768,24 @@ class Bench(object):
             ok = all(v is not None and not v.get("error") for v in (x, y))
             return "%.3fx" % (x["samples_per_s"] / y["samples_per_s"]) if ok else "-"
 
+        def memory(x):
+            # Rank 0's memory table: every stage of replica 0, each row from its own
+            # process (planned per device; the activation peak that process measured).
+            if x is None or x.get("error") or not x.get("stages"):
+                return "-"
+            return "%s (act. peak %s)" % (", ".join(fmt_bytes(v) for v in x["planned_per_device"].values()),
+                                          ", ".join(fmt_bytes(v) for v in x["act_peak_per_device"].values()))
+
         out = ["| M | gpipe-onnx %d %ss, one process | %d processes (`mpirun -np %d ... --pipeline %d`) | "
                "processes / one process | %d replicas of the model (`--pipeline 1`, %d x the batch) | "
-               "replicas / one %s (ideal %dx) |" % (K, w, K, K, K, K, K, w, K),
-               "|---:|---:|---:|---:|---:|---:|"]
+               "replicas / one %s (ideal %dx) | memory per %s, %d processes (planned) | "
+               "memory per %s, %d replicas (planned) |" % (K, w, K, K, K, K, K, w, K, w, K, w, K),
+               "|---:|---:|---:|---:|---:|---:|---|---|"]
         for r in rows:
             mp, dp = r.get("gpipe_k_mpi"), r.get("gpipe_dp")
-            out.append("| %d | %s | %s | %s | %s | %s |" % (
+            out.append("| %d | %s | %s | %s | %s | %s | %s | %s |" % (
                 r["m"], fmt_rate(r.get("gpipe_k_never")), fmt_rate(mp), ratio(mp, r.get("gpipe_k_never")),
-                fmt_rate(dp),
-                ratio(dp, r.get("gpipe_1_never"))))
+                fmt_rate(dp), ratio(dp, r.get("gpipe_1_never")), memory(mp), memory(dp)))
         return out
 
     def split_lines(self, name, sp):
