@@ -302,6 +302,9 @@ struct gpo_balance_options {
     enum gpo_layout layout;
     int fast_conv;                 /* nonzero: GPU convolutions timed on cuDNN's fastest algorithms,
                                       as training with fast_conv runs them (default 0) */
+    int recompute_norm;            /* nonzero: BatchNorm outputs remade in the backward, as training
+                                      with recompute_norm GPO_RECOMPUTE_ALWAYS (their bytes not kept,
+                                      their layers' backward also runs the forward; default 0) */
     int repeats;                   /* timed runs per layer (median), default 5 */
     const char *profile_in;        /* reuse a saved profile (no timing); NULL: time the layers */
     const char *profile_out;       /* save the profile; NULL: not saved */

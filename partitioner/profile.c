@@ -112,7 +112,7 @@ void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
      * memory for the flags, every output counts (an upper bound). */
     bool *needs = calloc((size_t)g->n_values + 1, sizeof(bool)), *kept = calloc((size_t)g->n_values + 1, sizeof(bool));
     if (needs && kept) gp_plan_needs_grad(g, needs);
-    if (needs && kept && !gp_plan_backward_kept(g, needs, saved_bytes, kept)) {
+    if (needs && kept && !gp_plan_backward_kept(g, needs, saved_bytes, NULL, kept)) {
         free(kept);
         kept = NULL;
     }
@@ -134,6 +134,36 @@ void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
     free(needs);
     free(kept);
     fill_tied(g, out);
+}
+
+void gp_profile_remake(const struct gp_graph *g, size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
+                       bool (*remakes)(const struct gp_graph *, const struct gp_node *), enum gp_precision precision,
+                       struct gp_profile *prof)
+{
+    int nv = g->n_values;
+    bool *needs = calloc((size_t)nv + 1, sizeof(bool)), *kept = calloc((size_t)nv + 1, sizeof(bool));
+    bool *stays = calloc((size_t)nv + 1, sizeof(bool));
+    if (needs && kept && stays) {
+        gp_plan_needs_grad(g, needs);
+        if (gp_plan_backward_kept(g, needs, saved_bytes, NULL, kept) &&
+            gp_plan_backward_kept(g, needs, saved_bytes, remakes, stays))
+            for (int i = 0; i < g->n_nodes && i < prof->n_layers; i++) {
+                const struct gp_node *n = &g->nodes[i];
+                struct gp_layer_profile *lp = &prof->layers[i];
+                bool remade = false;
+                for (int k = 0; k < n->n_outputs; k++) {
+                    int v = n->outputs[k];
+                    if (v < 0 || !kept[v] || stays[v]) continue;
+                    lp->activation_bytes -= stored_bytes(&g->values[v], precision);
+                    remade = true;
+                }
+                /* Remade in the backward: the layer's forward runs again there. */
+                if (remade) lp->backward_ms += lp->forward_ms;
+            }
+    }
+    free(needs);
+    free(kept);
+    free(stays);
 }
 
 gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int threads, int warmup,

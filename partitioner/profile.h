@@ -78,4 +78,15 @@ void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
                            enum gp_precision precision, struct gp_profile *out);
 double gp_profile_median(double *v, int n);
 
+/* The profile of a training that remakes normalization outputs in the
+ * backward (train --recompute-norm always; `remakes` the stages' kernels'
+ * gp_compute_ops.remakes): each output a stage holding the whole graph
+ * would remake (gp_plan_backward_kept) leaves its layer's activation
+ * bytes, and the layer's backward gains its forward's time. An output a
+ * cut sends to the next stage is kept there after all (the stage then
+ * holds a little more than counted). Left unchanged when out of memory. */
+void gp_profile_remake(const struct gp_graph *g, size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
+                       bool (*remakes)(const struct gp_graph *, const struct gp_node *), enum gp_precision precision,
+                       struct gp_profile *prof);
+
 #endif

@@ -62,9 +62,17 @@ gp_status gp_balance_run(const struct gp_balance_run *run, struct gp_profile *pr
         st = gp_profile_cpu(&g, model, cpu_threads_per_device(bc->n_stages), 2, repeats,
                             run->progress, run->user, prof, err);
     }
-    gp_graph_free(&g);
-    GP_TRY(st);
+    if (st != GP_OK) {
+        gp_graph_free(&g);
+        return st;
+    }
+    /* The profile is saved as measured; remade outputs are the model's. */
     if (profile_out) st = gp_profile_save(prof, profile_out, err);
+    if (st == GP_OK && run->remake_norm) {
+        const struct gp_compute_ops *ops = gpu >= 0 ? gpu_ops->compute : &gp_cpu_compute_ops;
+        gp_profile_remake(&g, ops->saved_bytes, ops->remakes, precision, prof);
+    }
+    gp_graph_free(&g);
     if (st == GP_OK) st = gp_balance(prof, bc, rep, err);
     if (st != GP_OK) gp_profile_free(prof); /* the caller gets a profile only with a report */
     return st;

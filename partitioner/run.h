@@ -22,6 +22,7 @@ struct gp_balance_run {
     enum gp_precision precision;
     enum gp_layout_policy layout;
     bool fast_conv;                     /* GPU: cuDNN's fastest convolution algorithms (compute.h) */
+    bool remake_norm;                   /* train --recompute-norm always: gp_profile_remake */
     const char *profile_in;             /* read this profile instead of timing (NULL: time) */
     const char *profile_out;            /* save the profile here (NULL: not saved) */
     void (*progress)(void *user, int done, int total); /* after each pass over the model; may be NULL */

@@ -316,12 +316,16 @@ static void test_memory_model(void **state)
         bool *needs = calloc((size_t)g.n_values + 1, sizeof(bool));
         assert_non_null(needs);
         gp_plan_needs_grad(&g, needs);
-        for (size_t q = 0; q < sizeof precisions / sizeof *precisions; q++) {
+        for (size_t q = 0; q < 2 * sizeof precisions / sizeof *precisions; q++) {
+            /* Then with BatchNorm outputs remade (train --recompute-norm always). */
+            enum gp_precision pr = precisions[q % 2];
+            bool remake = q >= 2;
             struct gp_stage_plan p;
-            if (gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &(struct gp_compute_options){.precision = precisions[q]},
-                              "cpu", 0, g.n_nodes, &p, &err) != GP_OK)
+            struct gp_compute_options opts = {.precision = pr, .remake_norm = remake};
+            if (gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &opts, "cpu", 0, g.n_nodes, &p, &err) != GP_OK)
                 fail_msg("%s", err.msg);
-            gp_profile_fill_bytes(&g, &l, gp_cpu_compute_ops.saved_bytes, precisions[q], &prof);
+            gp_profile_fill_bytes(&g, &l, gp_cpu_compute_ops.saved_bytes, pr, &prof);
+            if (remake) gp_profile_remake(&g, gp_cpu_compute_ops.saved_bytes, gp_cpu_compute_ops.remakes, pr, &prof);
             int64_t model_bytes = 0, outputs = 0, slack = 256;
             for (int i = 0; i < g.n_nodes; i++) {
                 model_bytes += prof.layers[i].activation_bytes;
@@ -329,7 +333,8 @@ static void test_memory_model(void **state)
                 for (int k = 0; k < g.nodes[i].n_outputs; k++)
                     if (g.nodes[i].outputs[k] >= 0) outputs += gp_value_bytes(&g.values[g.nodes[i].outputs[k]]);
             }
-            const char *pn = gp_precision_name(precisions[q]);
+            char pn[48];
+            snprintf(pn, sizeof pn, "%s%s", gp_precision_name(pr), remake ? ", norms remade" : "");
             printf("%-16s %s: activations by the balancer's model %lld bytes, the plan's set %zu (every output in "
                    "float32: %lld)\n",
                    fixtures[f], pn, (long long)model_bytes, p.local_bytes, (long long)outputs);

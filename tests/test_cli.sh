@@ -418,6 +418,23 @@ grep -q "^train with: .* --fast-conv --balance " "$tmp/out.txt" || fail "balance
 [ $? -eq 1 ] || fail "a GPU split took a profile timed without --fast-conv"
 grep -qE "was profiled without --fast-conv: profile again with it|this build has no CUDA backend" "$tmp/err.txt" \
   || fail "a GPU split with --fast-conv and a profile without it: $(cat "$tmp/err.txt")"
+# --recompute-norm always: the remade BatchNorm outputs leave the stages'
+# memory (test_balance checks the count against the plan's), and the
+# suggested command carries it.
+for r in never always; do
+  "$bin" balance "$m/resnet_op17.onnx" --devices cpu:0,cpu:1 --batch 8 --chunks 4 --by memory --repeats 1 \
+    --recompute-norm $r --json "$tmp/balance_$r.json" >"$tmp/out_$r.txt" 2>&1 \
+    || fail "balance --recompute-norm $r failed: $(cat "$tmp/out_$r.txt")"
+done
+grep -q "^train with: .* --recompute-norm always --balance " "$tmp/out_always.txt" \
+  || fail "balance --recompute-norm always suggests a run without it"
+grep -q "recompute-norm" "$tmp/out_never.txt" && fail "balance --recompute-norm never suggests remaking"
+"$py" -c 'import json, sys
+mem = [sum(s["memory_bytes"] for s in json.load(open(f))["stages"]) for f in sys.argv[1:]]
+assert mem[1] < mem[0], mem' "$tmp/balance_never.json" "$tmp/balance_always.json" \
+  || fail "balance --recompute-norm always counts no less memory than never"
+expect_fail 2 "--recompute-norm is always or never" \
+  "$bin" balance "$m/resnet_op17.onnx" --devices cpu:0 --recompute-norm auto
 expect_fail 2 "--pipeline-schedule is gpipe or 1f1b (got 'fast')" \
   "$bin" balance "$m/unet_op17.onnx" --devices cpu:0 --pipeline-schedule fast
 expect_fail 2 "--devices is required" "$bin" balance "$m/unet_op17.onnx"

@@ -64,7 +64,7 @@ gpo_status gpo_balance(gpo_model *m, const struct gpo_balance_options *opts, con
     struct gp_balance_run run = {.model = m->current, .cfg = &bc, .repeats = opts->repeats, .cuda = cuda,
                                  .device = device, .precision = gpo_precision_of(opts->precision),
                                  .layout = gpo_layout_of(opts->layout), .fast_conv = opts->fast_conv,
-                                 .profile_in = opts->profile_in,
+                                 .remake_norm = opts->recompute_norm != 0, .profile_in = opts->profile_in,
                                  .profile_out = opts->profile_out, .progress = opts->progress, .user = opts->user};
     gp_status gst = gp_balance_run(&run, &m->prof, &m->rep, &m->err);
     if (gst != GP_OK) return gpo_status_of(gst);

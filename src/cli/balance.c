@@ -18,6 +18,7 @@ static void help(FILE *f)
           "                          [--optimizer sgd|adamw] [--momentum M] [--json FILE]\n"
           "                          [--profile-out FILE | --profile-in FILE] [--repeats R]\n"
           "                          [--precision fp32|tf32|bf16] [--fast-conv] [--svg FILE]\n"
+          "                          [--recompute-norm always|never]\n"
           "\n"
           "Profiles every layer (forward and backward, median of R timed runs after a\n"
           "warm-up, with its real inputs at the micro-batch size N/M) on the devices' type,\n"
@@ -47,6 +48,11 @@ static void help(FILE *f)
           "                      frontiers counted as training in P runs and stores them\n"
           "  --fast-conv         GPU convolutions timed on cuDNN's fastest algorithms, as\n"
           "                      train --fast-conv runs them (a saved profile records it)\n"
+          "  --recompute-norm always|never   as train --recompute-norm always: BatchNorm\n"
+          "                      outputs remade in the backward, so not counted as kept,\n"
+          "                      and their layers' backward runs their forward again\n"
+          "                      (default never; train's auto remakes only on a stage\n"
+          "                      that does not fit, so it balances as never)\n"
           "  --layout L          auto (default), nchw or nhwc: layers timed in the layout\n"
           "                      training will use (as train --layout)\n"
           "  --json FILE         the report as JSON: 'stages' with first_layer, last_layer\n"
@@ -205,7 +211,7 @@ int gp_cmd_balance(int argc, char **argv)
                      !strcmp(a, "--chunks") || !strcmp(a, "--checkpoint") || !strcmp(a, "--json") || !strcmp(a, "--svg") ||
                      !strcmp(a, "--profile-in") || !strcmp(a, "--profile-out") || !strcmp(a, "--repeats") ||
                      !strcmp(a, "--optimizer") || !strcmp(a, "--momentum") || !strcmp(a, "--precision") ||
-                     !strcmp(a, "--pipeline-schedule") || !strcmp(a, "--layout");
+                     !strcmp(a, "--pipeline-schedule") || !strcmp(a, "--layout") || !strcmp(a, "--recompute-norm");
         if (takes && !v) return gp_cli_usage("balance", "%s needs a value", a);
         if (takes) i++;
         if (!strcmp(a, "--devices")) {
@@ -251,6 +257,10 @@ int gp_cmd_balance(int argc, char **argv)
             layout = bo.layout == GPO_LAYOUT_NCHW ? "nchw" : bo.layout == GPO_LAYOUT_NHWC ? "nhwc" : NULL;
         } else if (!strcmp(a, "--fast-conv")) {
             bo.fast_conv = 1;
+        } else if (!strcmp(a, "--recompute-norm")) {
+            if (strcmp(v, "always") && strcmp(v, "never"))
+                return gp_cli_usage("balance", "--recompute-norm is always or never, not '%s'", v);
+            bo.recompute_norm = !strcmp(v, "always");
         } else if (!strcmp(a, "--momentum")) {
             bo.momentum = atof(v);
         } else if (a[0] == '-' && a[1]) {
@@ -284,9 +294,10 @@ int gp_cmd_balance(int argc, char **argv)
         return status;
     }
     gp_cli_print_balance(model, &bo, rep);
-    printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s%s%s%s%s --balance ", model,
+    printf("train with: gpipe-onnx train %s --batch %lld --chunks %d --devices %s%s%s%s%s%s --balance ", model,
            (long long)bo.batch, bo.chunks, bo.devices, bo.schedule == GPO_PIPELINE_1F1B ? " --pipeline-schedule 1f1b" : "",
-           layout ? " --layout " : "", layout ? layout : "", bo.fast_conv ? " --fast-conv" : "");
+           layout ? " --layout " : "", layout ? layout : "", bo.fast_conv ? " --fast-conv" : "",
+           bo.recompute_norm ? " --recompute-norm always" : "");
     for (int s = 0; s < rep->optimal.n_stages; s++) printf("%s%d", s ? "," : "", rep->optimal.balance[s]);
     printf("\n");
     if (json && gpo_balance_write_json(m, json) != GPO_OK) status = gp_cli_fail("%s", gpo_last_error(m));

@@ -659,7 +659,8 @@ static gp_status plan_once(const struct gp_graph *g, const struct gp_compute_ops
 }
 
 bool gp_plan_backward_kept(const struct gp_graph *g, const bool *needs_grad,
-                           size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *), bool *kept)
+                           size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
+                           bool (*remakes)(const struct gp_graph *, const struct gp_node *), bool *kept)
 {
     int nv = g->n_values;
     bool *leaves = calloc((size_t)nv + 1, sizeof(bool)), *fixed = calloc((size_t)nv + 1, sizeof(bool));
@@ -693,9 +694,29 @@ bool gp_plan_backward_kept(const struct gp_graph *g, const bool *needs_grad,
     }
     /* Once-per-step values live in the step's block, not a set. */
     for (int v = 0; v < nv; v++) kept[v] = kept[v] && !fixed[v];
+    /* Remade outputs (remakeable's rule, in forward order): their inputs
+     * must stay for the backward, as constants (static), once-per-step
+     * values (fixed), the stage's inputs (no layer makes them) or kept. */
+    bool *made = remakes ? calloc((size_t)nv + 1, sizeof(bool)) : NULL;
+    for (int i = 0; made && i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_outputs; k++)
+            if (g->nodes[i].outputs[k] >= 0) made[g->nodes[i].outputs[k]] = true;
+    for (int i = 0; made && i < g->n_nodes; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        int v = n->n_outputs > 0 ? n->outputs[0] : -1;
+        if (v < 0 || !kept[v] || leaves[v] || !remakes(g, n)) continue;
+        bool stays = true;
+        for (int k = 0; k < n->n_inputs; k++) {
+            int u = n->inputs[k];
+            if (u >= 0 && made[u] && !fixed[u] && !kept[u]) stays = false;
+        }
+        if (stays) kept[v] = false;
+    }
+    bool ok = !remakes || made;
+    free(made);
     free(leaves);
     free(fixed);
-    return true;
+    return ok;
 }
 
 /* ---- kernel workspace ----

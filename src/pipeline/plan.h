@@ -178,9 +178,14 @@ void gp_plan_needs_grad(const struct gp_graph *g, bool *needs);
  * backward reads v (gp_backward_reads, given the gradients it is asked
  * for), or v is a graph output, and no once-per-step layer makes it (those
  * live in the step's block). The rest live only through the forward, in
- * the arena. What the balancer counts per layer (partitioner/profile.c).
- * False when out of memory. */
+ * the arena. With `remakes` (gp_compute_ops.remakes; NULL: none), as
+ * with gp_compute_options.remake_norm: a layer's output 0 that its kernel
+ * can write again in the backward, made per micro-batch, not a graph
+ * output, from inputs that stay (static, the stage's input or kept) is
+ * remade, not kept (remakeable). What the balancer counts per layer
+ * (partitioner/profile.c). False when out of memory. */
 bool gp_plan_backward_kept(const struct gp_graph *g, const bool *needs_grad,
-                           size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *), bool *kept);
+                           size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
+                           bool (*remakes)(const struct gp_graph *, const struct gp_node *), bool *kept);
 
 #endif
