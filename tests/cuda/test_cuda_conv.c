@@ -20,7 +20,7 @@
  * longest sum as for float32 (op_compare.h).
  *
  * Float32 (no TF32): Conv runs on cuDNN's float32 algorithms, and with
- * GP_CONV_FP32=3xtf32 (experimental) in 3xTF32 where it can
+ * GP_CONV_FP32=3xtf32 (not yet the default) in 3xTF32 where it can
  * (cuda/conv_x3.h), held to float32's tolerance, which TF32 alone misses;
  * run_conv counts the calls that did (x3_runs): none without it.
  *
