@@ -60,8 +60,8 @@ run() { # label, command...
 for t in "${tests[@]}"; do run "$(basename "$t")" "$t"; done
 # The convolutions again on each of cuDNN's APIs alone (the default measures
 # both and runs the faster), with the backward on float32 copies, and
-# float32 in 3xTF32 (GP_CONV_FP32=3xtf32, not yet the default; cuda/conv_x3.h)
-# on the default choice and on each API alone.
+# float32 on cuDNN's FMA algorithms (GP_CONV_FP32=fma; the default 3xTF32,
+# cuda/conv_x3.h, runs in every other run).
 graph_conv=()
 if [ -x "$build/tests/test_cuda_conv" ]; then
     graph_conv=(env GP_CONV_API=graph "$build/tests/test_cuda_conv")
@@ -69,14 +69,14 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     run "test_cuda_conv (legacy API)" env GP_CONV_API=legacy "$build/tests/test_cuda_conv"
     run "test_cuda_conv (staged backward)" env GP_CONV_BF16_BACKWARD=staged GP_CONV_ACCUMULATE=float \
         "$build/tests/test_cuda_conv"
-    run "test_cuda_conv (float32 in 3xTF32)" env GP_CONV_FP32=3xtf32 "$build/tests/test_cuda_conv"
-    run "test_cuda_conv (3xTF32, graph API)" env GP_CONV_FP32=3xtf32 GP_CONV_API=graph "$build/tests/test_cuda_conv"
-    run "test_cuda_conv (3xTF32, legacy API)" env GP_CONV_FP32=3xtf32 GP_CONV_API=legacy "$build/tests/test_cuda_conv"
+    run "test_cuda_conv (float32 on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_conv"
 fi
 # Training on the GPU with the kernels' first writes of gradients turned
 # off (they are on by default), so both ways stay tested.
 if [ -x "$build/tests/test_cuda_train" ]; then
     run "test_cuda_train (no first writers)" env GP_CUDA_FIRST_WRITERS=0 "$build/tests/test_cuda_train"
+    # float32 training with the convolutions on FMA too (3xTF32 by default).
+    run "test_cuda_train (convolutions on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_train"
 fi
 # The kill -9 and resume runs of test_state, training on the GPU (it runs the
 # command line as child processes, so it stays out of the memcheck pass).

@@ -19,10 +19,10 @@
  * ones (the parameters' dW and dB: dW passes through bfloat16 once), K the
  * longest sum as for float32 (op_compare.h).
  *
- * Float32 (no TF32): Conv runs on cuDNN's float32 algorithms, and with
- * GP_CONV_FP32=3xtf32 (not yet the default) in 3xTF32 where it can
- * (cuda/conv_x3.h), held to float32's tolerance, which TF32 alone misses;
- * run_conv counts the calls that did (x3_runs): none without it.
+ * Float32 (no TF32): Conv runs in 3xTF32 where it can (cuda/conv_x3.h),
+ * held to float32's tolerance, which TF32 alone misses, and with
+ * GP_CONV_FP32=fma on cuDNN's float32 algorithms; run_conv counts the
+ * calls that ran in 3xTF32 (x3_runs): none with fma.
  *
  * Channels-last: the pools' own [N, H, W, C] kernels (MaxPool over 2
  * axes, GlobalAveragePool) against the same CPU kernels, op_compare
@@ -80,14 +80,14 @@ struct conv_case {
 static uint32_t nhwc_mode;
 static int nhwc_runs;
 
-/* Float32 calls that ran in 3xTF32, and whether GP_CONV_FP32=3xtf32 asks
- * for it (experimental, off by default: cuda/conv.cu x3_wanted). */
+/* Float32 calls that ran in 3xTF32, and whether they may (the default;
+ * not with GP_CONV_FP32=fma: cuda/conv.cu x3_wanted). */
 static int x3_runs;
 
 static bool x3_asked(void)
 {
     const char *v = getenv("GP_CONV_FP32");
-    return v && strcmp(v, "3xtf32") == 0;
+    return !(v && strcmp(v, "fma") == 0);
 }
 
 /* The case's graph: its node alone, inputs x, w (and b). */
@@ -164,7 +164,7 @@ static void run_conv(const struct conv_case *c)
     op_compare_node(&g, 0, &o);
     if (gp_cuda_conv_x3_calls() != x3_before) {
         if (tf32_mode || bf16_mode.on || !x3_asked())
-            fail_msg("%s: ran in 3xTF32, which only float32 calls with GP_CONV_FP32=3xtf32 do", label);
+            fail_msg("%s: ran in 3xTF32, which only float32 calls without GP_CONV_FP32=fma do", label);
         x3_runs++;
     }
     gp_graph_free(&g);
@@ -255,7 +255,7 @@ static const struct conv_case convt_cases[] = {
      {1, 3, 5, 5}, {3, 2, 3, 3}, true, 0, {1, 1}, {2, 2}, {1, 1}, {0}, false, {0}, NULL, 0},
 };
 
-/* Every Conv case in float32; with GP_CONV_FP32=3xtf32 those of one group
+/* Every Conv case in float32; without GP_CONV_FP32=fma those of one group
  * whose pads cuDNN takes (11 of them) in 3xTF32. */
 static void test_conv(void **state)
 {
@@ -263,7 +263,7 @@ static void test_conv(void **state)
     x3_runs = 0;
     for (int k = 0; k < N_OF(conv_cases); k++) run_conv(&conv_cases[k]);
     printf("float32: %d of %d convolutions in 3xTF32%s\n", x3_runs, N_OF(conv_cases),
-           x3_asked() ? " (GP_CONV_FP32=3xtf32)" : "");
+           x3_asked() ? "" : " (GP_CONV_FP32=fma)");
     if (!x3_asked()) assert_int_equal(x3_runs, 0);
     else assert_true(x3_runs >= 10);
 }
@@ -299,7 +299,7 @@ static void test_conv_nhwc(void **state)
     assert_true(nhwc_runs >= 40); /* most 2-D cases qualify: about 10 per mode and precision */
 }
 
-/* Every ConvTranspose case in float32; with GP_CONV_FP32=3xtf32 those of
+/* Every ConvTranspose case in float32; without GP_CONV_FP32=fma those of
  * one group without a pad buffer in 3xTF32 (the U-Net's and DCGAN's
  * up-convolutions among them). */
 static void test_conv_transpose(void **state)
@@ -502,7 +502,7 @@ static void run_partial(const struct gp_graph *g, uint32_t din, float **dw_out)
  * A backward with dW only, dX only, or both runs within its planned
  * scratch; asking fewer gradients never plans more; dW is the same bits
  * whether dX was asked too. The ResNet stem and a 3x3 layer, float32
- * (3xTF32 with GP_CONV_FP32=3xtf32) and bf16's sizes. */
+ * (3xTF32 unless GP_CONV_FP32=fma) and bf16's sizes. */
 static void test_conv_partial_backward(void **state)
 {
     (void)state;

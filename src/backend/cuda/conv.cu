@@ -175,15 +175,14 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
 
 /* ---- mode ---- */
 
-/* Float32 convolutions (no TF32) run on cuDNN's float32 (FMA) algorithms;
- * GP_CONV_FP32=3xtf32 runs them in 3xTF32 (conv_x3.h) where they can:
- * within test_cuda_conv's float32 bounds on the H100 on both cuDNN APIs,
- * not yet the default (its speed and training runs are still to be
- * measured on a GPU). */
+/* Float32 convolutions (no TF32) run in 3xTF32 (conv_x3.h) where they
+ * can: within test_cuda_conv's float32 bounds on both cuDNN APIs, at
+ * tensor-core speed. GP_CONV_FP32=fma keeps them on cuDNN's float32 (FMA)
+ * algorithms. */
 static bool x3_wanted(void)
 {
     const char *v = getenv("GP_CONV_FP32");
-    return v && strcmp(v, "3xtf32") == 0;
+    return !(v && strcmp(v, "fma") == 0);
 }
 
 static struct conv_mode ctx_mode(const struct gp_cuda_ctx *c)
@@ -372,7 +371,7 @@ static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *
     if (why && x3_applies(g, mode))
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
                              "cuDNN offers no TF32 %s algorithm for this float32 convolution in 3xTF32 "
-                             "(without GP_CONV_FP32=3xtf32 it runs on cuDNN's float32 algorithms)",
+                             "(with GP_CONV_FP32=fma it runs on cuDNN's float32 algorithms)",
                              why);
     if (why)
         return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED,
