@@ -411,8 +411,10 @@ class Bench(object):
         if trace:
             cmd += ["--trace", trace]
         cmd += shlex.split(a.gpipe_args)
-        label = "%s %s M=%d: gpipe-onnx %d %s%s, checkpoint %s%s" % (
-            name, precision, m, k, self.word, "s" if k > 1 else "", checkpoint,
+        where = ("%d stages on 1 %s" % (k, self.word) if k > 1 and a.share_gpu
+                 else "%d %s%s" % (k, self.word, "s" if k > 1 else ""))
+        label = "%s %s M=%d: gpipe-onnx %s, checkpoint %s%s" % (
+            name, precision, m, where, checkpoint,
             "" if not processes else ", %d processes%s" % (
                 processes, " (%d replicas)" % replicas if replicas > 1 else ""))
         t = self.deadline.timeout(a.timeout)

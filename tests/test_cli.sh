@@ -428,6 +428,8 @@ for r in never always; do
 done
 grep -q "^train with: .* --recompute-norm always --balance " "$tmp/out_always.txt" \
   || fail "balance --recompute-norm always suggests a run without it"
+grep -q "^balance by memory: .*, BatchNorm outputs remade$" "$tmp/out_always.txt" \
+  || fail "balance --recompute-norm always: the report does not say so"
 grep -q "recompute-norm" "$tmp/out_never.txt" && fail "balance --recompute-norm never suggests remaking"
 "$py" -c 'import json, sys
 mem = [sum(s["memory_bytes"] for s in json.load(open(f))["stages"]) for f in sys.argv[1:]]

@@ -181,9 +181,10 @@ void gp_cli_print_balance(const char *model, const struct gpo_balance_options *o
                p->layers[top[q]].forward_ms + p->layers[top[q]].backward_ms, q < 4 && top[q + 1] >= 0 ? "," : "");
     printf("\n");
     print_time_by_op(p, total_f + total_b);
-    printf("\nbalance by %s: %d stages, batch %lld in %d micro-batches, %s schedule, checkpoint %s\n\n",
+    printf("\nbalance by %s: %d stages, batch %lld in %d micro-batches, %s schedule, checkpoint %s%s\n\n",
            by_time ? "time" : "memory", p->optimal.n_stages, (long long)o->batch, o->chunks,
-           gpo_pipeline_schedule_name(o->schedule), gpo_checkpoint_name(o->checkpoint));
+           gpo_pipeline_schedule_name(o->schedule), gpo_checkpoint_name(o->checkpoint),
+           o->recompute_norm ? ", BatchNorm outputs remade" : "");
     printf("%-10s %5s  %-9s %-38s %12s %10s %10s %10s\n", "split", "stage", "layers", "first .. last op",
            "time/micro", "memory", "in", "out");
     print_split("optimal", p, &p->optimal, by_time);

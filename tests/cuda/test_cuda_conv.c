@@ -580,9 +580,12 @@ static float split_value(int64_t i)
 
 /* One split of [outer, ch, inner] into `copies` copies against
  * split_ref, bit for bit, and the parts' properties: both TF32 (low 13
- * bits clear), hi + lo within 2^-22 of x. `offset` floats shift both
- * buffers off 16-byte alignment (the one-value kernel). */
-static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsigned lo_parts, int offset)
+ * bits clear), hi + lo within 2^-22 of x; with_hi, the hi parts also
+ * written alone in src's layout, in the same pass (the first call's
+ * operand). `offset` floats shift the buffers off 16-byte alignment (the
+ * one-value kernel). */
+static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsigned lo_parts, int offset,
+                      bool with_hi)
 {
     int64_t n = outer * ch * inner;
     float *src = malloc(sizeof(float) * (size_t)n), *out = malloc(3 * sizeof(float) * (size_t)n);
@@ -592,12 +595,22 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsi
     float *dsrc, *ddst;
     assert_int_equal(cudaMalloc((void **)&dsrc, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
     assert_int_equal(cudaMalloc((void **)&ddst, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
+    float *dhi = NULL, *hi_out = malloc(sizeof(float) * (size_t)(n + 1));
+    assert_non_null(hi_out);
+    if (with_hi) {
+        assert_int_equal(cudaMalloc((void **)&dhi, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
+        assert_int_equal(cudaMemset(dhi, 0xff, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
+    }
     assert_int_equal(cudaMemcpy(dsrc + offset, src, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), cudaSuccess);
     /* The copies past `copies` stay NaN: written nowhere. */
     assert_int_equal(cudaMemset(ddst, 0xff, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
     assert_int_equal(
-        gp_cuda_conv_x3_split(NULL, ddst + offset, dsrc + offset, outer, ch, inner, copies, lo_parts),
+        gp_cuda_conv_x3_split(NULL, ddst + offset, with_hi ? dhi + offset : NULL, dsrc + offset, outer, ch, inner,
+                              copies, lo_parts),
         cudaSuccess);
+    if (with_hi)
+        assert_int_equal(cudaMemcpy(hi_out, dhi + offset, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost),
+                         cudaSuccess);
     assert_int_equal(cudaMemcpy(out, ddst + offset, 3 * sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost),
                      cudaSuccess);
     for (int64_t e = copies * n; e < 3 * n; e++)
@@ -608,6 +621,9 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsi
         int64_t i = e % inner, c = (e / inner) % ch, o = e / inner / ch;
         float hi, lo;
         split_ref(src[e], &hi, &lo);
+        if (with_hi && bits_of(hi_out[e]) != bits_of(hi))
+            fail_msg("split [%lld, %lld, %lld] of %a: hi alone %a, want %a", (long long)outer, (long long)ch,
+                     (long long)inner, (double)src[e], (double)hi_out[e], (double)hi);
         for (int j = 0; j < copies; j++) {
             float want = (lo_parts >> j) & 1u ? lo : hi;
             float got = out[((o * ch + c) * copies + j) * inner + i];
@@ -623,25 +639,30 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsi
     }
     cudaFree(dsrc);
     cudaFree(ddst);
+    cudaFree(dhi);
     free(src);
     free(out);
+    free(hi_out);
 }
 
 /* Each kernel of the split: planes (inner a multiple of 4), channels
  * (inner 1, ch a multiple of 4), and any shape or alignment; two copies
- * (the small products' call) and one (hi's); an unknown count refused. */
+ * with hi alone beside them (what conv.cu runs), two and one without; an
+ * unknown count refused. */
 static void test_x3_split(void **state)
 {
     (void)state;
-    run_split(2, 3, 8, 2, CONV_X3_LO_HI, 0);
-    run_split(10, 8, 1, 2, CONV_X3_HI_LO, 0);
-    run_split(3, 5, 7, 2, CONV_X3_LO_HI, 2);
-    run_split(1, 4, 16, 2, CONV_X3_HI_LO, 1);
-    run_split(5, 64, 1, 2, CONV_X3_LO_HI, 3);
-    run_split(2, 3, 8, 1, CONV_X3_HI, 0);
-    run_split(10, 8, 1, 1, CONV_X3_HI, 0);
-    run_split(3, 5, 7, 1, CONV_X3_HI, 1);
-    assert_int_equal(gp_cuda_conv_x3_split(NULL, NULL, NULL, 1, 1, 1, 3, 0), cudaErrorInvalidValue);
+    for (int with_hi = 1; with_hi >= 0; with_hi--) {
+        run_split(2, 3, 8, 2, CONV_X3_LO_HI, 0, with_hi);
+        run_split(10, 8, 1, 2, CONV_X3_HI_LO, 0, with_hi);
+        run_split(3, 5, 7, 2, CONV_X3_LO_HI, 2, with_hi);
+        run_split(1, 4, 16, 2, CONV_X3_HI_LO, 1, with_hi);
+        run_split(5, 64, 1, 2, CONV_X3_LO_HI, 3, with_hi);
+    }
+    run_split(2, 3, 8, 1, CONV_X3_HI, 0, false);
+    run_split(10, 8, 1, 1, CONV_X3_HI, 0, false);
+    run_split(3, 5, 7, 1, CONV_X3_HI, 1, false);
+    assert_int_equal(gp_cuda_conv_x3_split(NULL, NULL, NULL, NULL, 1, 1, 1, 3, 0), cudaErrorInvalidValue);
 }
 
 /* ---- pools ---- */

@@ -913,10 +913,10 @@ static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, cons
 
 /* ---- the calls, in 3xTF32 on the split operands (conv_x3.h) ---- */
 
-static gp_status x3_split(const struct gp_cuda_ctx *c, float *dst, const void *src, int64_t outer, int64_t ch,
-                          int64_t inner, int copies, unsigned lo_parts, struct gp_error *err)
+static gp_status x3_split(const struct gp_cuda_ctx *c, float *dst, float *hi, const void *src, int64_t outer,
+                          int64_t ch, int64_t inner, int copies, unsigned lo_parts, struct gp_error *err)
 {
-    cudaError_t e = gp_cuda_conv_x3_split(c->stream, dst, (const float *)src, outer, ch, inner, copies, lo_parts);
+    cudaError_t e = gp_cuda_conv_x3_split(c->stream, dst, hi, (const float *)src, outer, ch, inner, copies, lo_parts);
     if (e != cudaSuccess)
         return gp_cuda_error(c, err, GP_ERR_DEVICE, "3xTF32 operand split: %s", cudaGetErrorString(e));
     return GP_OK;
@@ -929,16 +929,15 @@ struct x3_axis {
 };
 
 /* An operand's split copies into `dst` (x3_operand_bytes): hi alone,
- * then the two small copies after it, `lo2` their pattern. part[p] gets
- * part p's copies. */
+ * then the two small copies after it, `lo2` their pattern, in one pass
+ * over the operand. part[p] gets part p's copies. */
 static gp_status x3_operand(const struct gp_cuda_ctx *c, char *dst, const void *src, struct x3_axis ax,
                             unsigned lo2, const void **part, struct gp_error *err)
 {
     char *small = dst + align_up(sizeof(float) * (size_t)(ax.outer * ax.ch * ax.inner));
     part[0] = dst;
     part[1] = small;
-    GP_TRY(x3_split(c, (float *)dst, src, ax.outer, ax.ch, ax.inner, 1, CONV_X3_HI, err));
-    return x3_split(c, (float *)small, src, ax.outer, ax.ch, ax.inner, 2, lo2, err);
+    return x3_split(c, (float *)small, (float *)dst, src, ax.outer, ax.ch, ax.inner, 2, lo2, err);
 }
 
 /* Direction k's operands (forward: image and filter; data: columns and

@@ -37,10 +37,13 @@ __device__ static inline int64_t copy0_row(int64_t o, int64_t c, int64_t ch)
     return (o * ch + c) * COPIES;
 }
 
+/* Each kernel also stores the hi parts in src's own layout into `hi`
+ * where it is not NULL (gp_cuda_conv_x3_split). */
+
 /* inner a multiple of 4 ([N, C, H, W] tensors): a thread splits 4
  * consecutive cells of one channel into COPIES float4 stores. */
 template <int COPIES>
-__global__ static void split_planes_kernel(float4 *dst, const float4 *src, int64_t ch, int64_t inner4,
+__global__ static void split_planes_kernel(float4 *dst, float4 *hi, const float4 *src, int64_t ch, int64_t inner4,
                                            int64_t quads, unsigned lo_parts)
 {
     GP_GRID_STRIDE(q, quads) {
@@ -50,6 +53,7 @@ __global__ static void split_planes_kernel(float4 *dst, const float4 *src, int64
         tf32_split(v.y, h.y, l.y);
         tf32_split(v.z, h.z, l.z);
         tf32_split(v.w, h.w, l.w);
+        if (hi) hi[q] = h;
         float4 *d = dst + (copy0_row<COPIES>(o, c, ch) * inner4 + i);
 #pragma unroll
         for (int j = 0; j < COPIES; j++) d[j * inner4] = (lo_parts >> j) & 1u ? l : h;
@@ -60,13 +64,15 @@ __global__ static void split_planes_kernel(float4 *dst, const float4 *src, int64
  * splits 4 consecutive channels into 4 COPIES values, COPIES consecutive
  * float4 stores. */
 template <int COPIES>
-__global__ static void split_channels_kernel(float4 *dst, const float4 *src, int64_t quads, unsigned lo_parts)
+__global__ static void split_channels_kernel(float4 *dst, float4 *hi, const float4 *src, int64_t quads,
+                                             unsigned lo_parts)
 {
     GP_GRID_STRIDE(q, quads) {
         float4 v = src[q];
         float x[4] = {v.x, v.y, v.z, v.w}, h[4], l[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) tf32_split(x[k], h[k], l[k]);
+        if (hi) hi[q] = make_float4(h[0], h[1], h[2], h[3]);
         float out[4 * COPIES];
 #pragma unroll
         for (int k = 0; k < 4; k++)
@@ -81,13 +87,14 @@ __global__ static void split_channels_kernel(float4 *dst, const float4 *src, int
 
 /* Any shape: one value a thread. */
 template <int COPIES>
-__global__ static void split_any_kernel(float *dst, const float *src, int64_t ch, int64_t inner, int64_t n,
-                                        unsigned lo_parts)
+__global__ static void split_any_kernel(float *dst, float *hi, const float *src, int64_t ch, int64_t inner,
+                                        int64_t n, unsigned lo_parts)
 {
     GP_GRID_STRIDE(e, n) {
         int64_t i = e % inner, oc = e / inner, c = oc % ch, o = oc / ch;
         float h, l;
         tf32_split(src[e], h, l);
+        if (hi) hi[e] = h;
         float *d = dst + (copy0_row<COPIES>(o, c, ch) * inner + i);
 #pragma unroll
         for (int j = 0; j < COPIES; j++) d[j * inner] = part(h, l, lo_parts, j);
@@ -97,30 +104,30 @@ __global__ static void split_any_kernel(float *dst, const float *src, int64_t ch
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 template <int COPIES>
-static cudaError_t split(cudaStream_t stream, float *dst, const float *src, int64_t outer, int64_t ch,
+static cudaError_t split(cudaStream_t stream, float *dst, float *hi, const float *src, int64_t outer, int64_t ch,
                          int64_t inner, unsigned lo_parts)
 {
     int64_t n = outer * ch * inner;
     if (n == 0) return cudaSuccess;
-    bool vec = aligned16(dst) && aligned16(src);
+    bool vec = aligned16(dst) && aligned16(src) && (!hi || aligned16(hi));
     if (vec && inner % 4 == 0)
         split_planes_kernel<COPIES><<<gp_cuda_blocks_for(n / 4), GP_CUDA_THREADS, 0, stream>>>(
-            (float4 *)dst, (const float4 *)src, ch, inner / 4, n / 4, lo_parts);
+            (float4 *)dst, (float4 *)hi, (const float4 *)src, ch, inner / 4, n / 4, lo_parts);
     else if (vec && inner == 1 && ch % 4 == 0)
         split_channels_kernel<COPIES><<<gp_cuda_blocks_for(n / 4), GP_CUDA_THREADS, 0, stream>>>(
-            (float4 *)dst, (const float4 *)src, n / 4, lo_parts);
+            (float4 *)dst, (float4 *)hi, (const float4 *)src, n / 4, lo_parts);
     else
-        split_any_kernel<COPIES><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(dst, src, ch, inner, n,
+        split_any_kernel<COPIES><<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(dst, hi, src, ch, inner, n,
                                                                                          lo_parts);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, const float *src, int64_t outer,
-                                             int64_t ch, int64_t inner, int copies, unsigned lo_parts)
+extern "C" cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, float *hi, const float *src,
+                                             int64_t outer, int64_t ch, int64_t inner, int copies, unsigned lo_parts)
 {
     switch (copies) {
-    case 1: return split<1>(stream, dst, src, outer, ch, inner, lo_parts);
-    case 2: return split<2>(stream, dst, src, outer, ch, inner, lo_parts);
+    case 1: return split<1>(stream, dst, hi, src, outer, ch, inner, lo_parts);
+    case 2: return split<2>(stream, dst, hi, src, outer, ch, inner, lo_parts);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -58,10 +58,12 @@ extern "C" {
 
 /* dst [outer, copies ch, inner] from src [outer, ch, inner] (float32),
  * copies 1 or 2: copy j of src's channel c is its TF32 hi part, or its lo
- * part where bit j of lo_parts is set, at dst's channel copies c + j.
- * Returns the launch's error (cudaErrorInvalidValue for other copies). */
-cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, const float *src, int64_t outer, int64_t ch,
-                                  int64_t inner, int copies, unsigned lo_parts);
+ * part where bit j of lo_parts is set, at dst's channel copies c + j; and
+ * where hi is not NULL, the hi parts alone into hi in src's layout (the
+ * first call's operand, made in the same pass over src). Returns the
+ * launch's error (cudaErrorInvalidValue for other copies). */
+cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, float *hi, const float *src, int64_t outer,
+                                  int64_t ch, int64_t inner, int copies, unsigned lo_parts);
 
 /* The parts' patterns (bit j: copy j is lo): hi alone (the first call),
  * (lo, hi) and (hi, lo) (the small products' call). */
