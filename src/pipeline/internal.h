@@ -304,9 +304,9 @@ gp_status gp_pipe_remote_outputs(struct gp_pipeline *p, float *out, size_t bytes
  * fills its own part before. */
 gp_status gp_pipe_remote_norms(struct gp_pipeline *p, float *norms, const int *base, const int *n,
                                struct gp_error *err);
-/* remote.c, for the memory table: each stage's report (gp_pipeline_report)
- * sent to stage 0 of its replica; out[k] and known[k] as
- * gp_pipeline_reports says. */
+/* remote.c, for the memory table: each stage's report (gp_pipeline_report,
+ * in out[] already) sent to stage 0 of its replica, known[k] set for those
+ * received, as gp_pipeline_reports says. */
 gp_status gp_pipe_remote_reports(struct gp_pipeline *p, struct gp_stage_report *out, bool *known,
                                  struct gp_error *err);
 

@@ -614,12 +614,11 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
 
 gp_status gp_pipeline_reports(struct gp_pipeline *p, struct gp_stage_report *out, bool *known, struct gp_error *err)
 {
-    if (p->cfg.remote) return gp_pipe_remote_reports(p, out, known, err);
     for (int k = 0; k < p->K; k++) {
         gp_pipeline_report(p, k, &out[k]);
-        known[k] = true;
+        known[k] = stage_local(p, k);
     }
-    return GP_OK;
+    return p->cfg.remote ? gp_pipe_remote_reports(p, out, known, err) : GP_OK;
 }
 
 gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struct gp_error *err)

@@ -242,15 +242,12 @@ gp_status gp_pipe_remote_outputs(struct gp_pipeline *p, float *out, size_t bytes
  * optimizer's bytes) are known only to its own process, so every stage but
  * the first sends its report to stage 0 of its replica; the same binary
  * runs every rank, so the struct goes as it is, its one pointer (the
- * backend's name) replaced by the receiver's own plan's. */
+ * backend's name) replaced by the receiver's own plan's. out and known
+ * come filled for the local stage (gp_pipeline_reports). */
 gp_status gp_pipe_remote_reports(struct gp_pipeline *p, struct gp_stage_report *out, bool *known,
                                  struct gp_error *err)
 {
     int me = p->cfg.remote->stage;
-    for (int k = 0; k < p->K; k++) {
-        gp_pipeline_report(p, k, &out[k]);
-        known[k] = k == me;
-    }
     gp_status st = GP_OK;
     if (me != 0) {
         struct gp_stage_report mine = out[me];
