@@ -3,7 +3,9 @@
  * A problem's graph is one convolution node between packed tensors. Its
  * candidates are cuDNN's heuristics list (modes A, then FALLBACK), less
  * what the mode forbids (numerical notes, below) and what needs runtime
- * compilation (seconds per plan; plain convolutions have kernels built in).
+ * compilation (seconds per plan; plain convolutions have kernels built in;
+ * GP_CONV_RUNTIME_COMPILED=1 keeps those too, to measure them: PyTorch's
+ * benchmark mode does not exclude them).
  * Choosing builds the first MAX_CANDIDATES that build, runs each once to
  * warm up and TIMED_RUNS times timed, and keeps the fastest: what
  * cudnnFind does for the legacy API and PyTorch's benchmark mode for the
@@ -16,6 +18,7 @@
 #include <cudnn_frontend.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -38,6 +41,18 @@ struct built {
     tensor_ptr a, b, out;
     int64_t index = -1; /* of the plan that runs */
 };
+
+/* GP_CONV_RUNTIME_COMPILED=1: engines that cuDNN compiles at run time
+ * (NVRTC) are candidates too. Read once; a choice file made with it may
+ * name engines a run without it does not offer. */
+bool runtime_compiled()
+{
+    static const bool on = [] {
+        const char *v = getenv("GP_CONV_RUNTIME_COMPILED");
+        return v && strcmp(v, "1") == 0;
+    }();
+    return on;
+}
 
 const char *op_name(conv_graph_op op)
 {
@@ -132,7 +147,7 @@ fe::error_t make_graph(cudnnHandle_t h, const conv_graph_problem *p, conv_graph_
                                      fe::NumericalNote_t::WINOGRAD_TILE_13x13});
     if (!p->nondeterministic) banned.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
     g.graph.deselect_numeric_notes(banned);
-    g.graph.deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+    if (!runtime_compiled()) g.graph.deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
     return g.graph.check_support(h);
 }
 
