@@ -70,13 +70,20 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     run "test_cuda_conv (staged backward)" env GP_CONV_BF16_BACKWARD=staged GP_CONV_ACCUMULATE=float \
         "$build/tests/test_cuda_conv"
     run "test_cuda_conv (float32 on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_conv"
+    # A Conv's data gradient added into dX on the legacy API wherever the
+    # graph API won the plain call (the default measures which is faster).
+    run "test_cuda_conv (data gradients added on the legacy API)" env GP_CONV_DATA_ACCUMULATE=legacy \
+        "$build/tests/test_cuda_conv"
 fi
 # Training on the GPU with the kernels' first writes of gradients turned
-# off (they are on by default), so both ways stay tested.
+# off (they are on by default), so both ways stay tested; and with every
+# Conv's added data gradient on the legacy API (residual blocks' inputs).
 if [ -x "$build/tests/test_cuda_train" ]; then
     run "test_cuda_train (no first writers)" env GP_CUDA_FIRST_WRITERS=0 "$build/tests/test_cuda_train"
     # float32 training with the convolutions on FMA too (3xTF32 by default).
     run "test_cuda_train (convolutions on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_train"
+    run "test_cuda_train (data gradients added on the legacy API)" env GP_CONV_DATA_ACCUMULATE=legacy \
+        "$build/tests/test_cuda_train"
 fi
 # The kill -9 and resume runs of test_state, training on the GPU (it runs the
 # command line as child processes, so it stays out of the memcheck pass).

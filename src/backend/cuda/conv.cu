@@ -422,8 +422,9 @@ static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode,
     } acc[3] = {
         {(dirs & CONV_DIR_FWD) && ((ch->graph_fwd[0] && g->transpose) || (add && add->graph_fwd[0])),
          CONV_GRAPH_FPROP, col}, /* ConvTranspose's dX, a Conv's Y in parts */
-        {(dirs & CONV_DIR_DATA) && ((ch->graph_data[0] && !g->transpose) || (add && add->graph_data[0])),
-         CONV_GRAPH_DGRAD, img}, /* Conv's dX, a ConvTranspose's Y in parts */
+        {(dirs & CONV_DIR_DATA) &&
+             ((ch->graph_data[0] && !g->transpose && !ch->data_acc_legacy) || (add && add->graph_data[0])),
+         CONV_GRAPH_DGRAD, img}, /* Conv's dX (not when the legacy API adds it), a ConvTranspose's Y in parts */
         {(dirs & CONV_DIR_FILTER) && (ch->graph_filter[0] || (add && add->graph_filter[0])), CONV_GRAPH_WGRAD,
          filter_numel(g)}, /* dW */
     };
@@ -447,6 +448,7 @@ static size_t ws_bytes(const struct conv_choice *cc, unsigned dirs)
         const struct algo_choice *ch = &cc->ch[p];
         if ((dirs & CONV_DIR_FWD) && ch->ws_fwd > ws) ws = ch->ws_fwd;
         if ((dirs & CONV_DIR_DATA) && ch->ws_data > ws) ws = ch->ws_data;
+        if ((dirs & CONV_DIR_DATA) && ch->data_acc_legacy && ch->ws_data_acc > ws) ws = ch->ws_data_acc;
         if ((dirs & CONV_DIR_FILTER) && ch->ws_filter > ws) ws = ch->ws_filter;
     }
     return ws;
@@ -902,13 +904,20 @@ static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, cons
     if (!conv_graph_run((cudnnHandle_t)c->cudnn, &p, op, name, a, b, dst, r->ws, why, sizeof why))
         return gp_cuda_error(c, err, GP_ERR_DEVICE, "cuDNN graph convolution (%s): %s", name, why);
     if (beta == 0.0f || n == 0) return GP_OK;
-    if (!mode.bf16)
-        accumulate(c->stream, (float *)out, (const float *)dst, n);
-    else if (p.float_out)
-        accumulate(c->stream, (bf16_t *)out, (const float *)dst, n);
-    else
-        accumulate(c->stream, (bf16_t *)out, (const bf16_t *)dst, n);
+    conv_accumulate_launch(c->stream, out, dst, n, mode.bf16, p.float_out);
     return gp_cuda_check_launch(c, "convolution result added to its gradient", err);
+}
+
+cudaError_t conv_accumulate_launch(cudaStream_t stream, void *dst, const void *src, int64_t n, bool bf16,
+                                   bool float_src)
+{
+    if (!bf16)
+        accumulate(stream, (float *)dst, (const float *)src, n);
+    else if (float_src)
+        accumulate(stream, (bf16_t *)dst, (const float *)src, n);
+    else
+        accumulate(stream, (bf16_t *)dst, (const bf16_t *)src, n);
+    return cudaPeekAtLastError();
 }
 
 /* ---- the calls, in 3xTF32 on the split operands (conv_x3.h) ---- */
@@ -993,13 +1002,16 @@ static gp_status dir_call(const struct gp_cuda_ctx *c, struct conv_run *r, int k
                         "cudnnConvolutionForward");
     }
     if (k == 1) {
-        if (ch->graph_data[0])
+        /* Added into dX on the legacy API where that measured faster than
+         * the graph API's buffer and add (algo_choice.data_acc_legacy). */
+        bool acc_legacy = beta != 0.0f && ch->data_acc_legacy;
+        if (ch->graph_data[0] && !acc_legacy)
             return run_graph(c, r, g, mode, CONV_GRAPH_DGRAD, ch->graph_data, a, b, out,
                              r->g.n * r->g.img_ch * r->g.imgb_size, beta, err);
         GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, ch->m_data), "cudnnSetConvolutionMathType"));
         return dnn_call(c, err,
                         cudnnConvolutionBackwardData(h, &one, d->w, b, d->col, a, d->conv, ch->bwd_data, r->ws,
-                                                     ch->ws_data, &beta, d->img, out),
+                                                     acc_legacy ? ch->ws_data_acc : ch->ws_data, &beta, d->img, out),
                         "cudnnConvolutionBackwardData");
     }
     if (ch->graph_filter[0])

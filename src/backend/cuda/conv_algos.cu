@@ -402,6 +402,125 @@ static void choose_graphs(const struct conv_geom *g, struct conv_mode mode, unsi
     }
 }
 
+/* ---- a Conv's data gradient added into dX ----
+ * The graph API has no beta: a data gradient added into dX (beta 1: dX
+ * is not its first writer, as at a residual block's input, where the
+ * shortcut's gradient came first) is computed into a buffer and then added
+ * (conv.cu, run_graph): two passes more over dX than the legacy API's own
+ * beta = 1. Where the graph API won the plain call, the added call is
+ * measured both ways, the legacy algorithm with beta 1 against the graph
+ * API's time plus the add's, and the faster kept (algo_choice.
+ * data_acc_legacy). GP_CONV_DATA_ACCUMULATE=legacy or graph decides
+ * without measuring (the tests run both). */
+enum data_acc_policy { DATA_ACC_MEASURED, DATA_ACC_LEGACY, DATA_ACC_GRAPH };
+
+static enum data_acc_policy data_acc_policy(void)
+{
+    const char *v = getenv("GP_CONV_DATA_ACCUMULATE");
+    if (v && !strcmp(v, "legacy")) return DATA_ACC_LEGACY;
+    if (v && !strcmp(v, "graph")) return DATA_ACC_GRAPH;
+    return DATA_ACC_MEASURED;
+}
+
+/* Device buffers freed on scope exit. */
+struct acc_buffers {
+    void *p[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+    int n = 0;
+    void *get(size_t bytes)
+    {
+        void *q = nullptr;
+        if (cudaMalloc(&q, bytes ? bytes : 1) != cudaSuccess) {
+            cudaGetLastError();
+            return nullptr;
+        }
+        if (cudaMemset(q, 0, bytes ? bytes : 1) != cudaSuccess) cudaGetLastError();
+        p[n++] = q;
+        return q;
+    }
+    ~acc_buffers()
+    {
+        for (int i = 0; i < n; i++) cudaFree(p[i]);
+    }
+};
+
+/* The best of 3 timed runs of call() on stream s (after one untimed), in
+ * ms; -1 when a run fails. */
+template <class Call>
+static float time_best(cudaStream_t s, Call call)
+{
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    float best = -1;
+    if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess && call() &&
+        cudaStreamSynchronize(s) == cudaSuccess) {
+        for (int r = 0; r < 3; r++) {
+            float t = 0;
+            cudaEventRecord(e0, s);
+            bool ok = call();
+            cudaEventRecord(e1, s);
+            if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&t, e0, e1) != cudaSuccess) {
+                best = -1;
+                break;
+            }
+            if (best < 0 || t < best) best = t;
+        }
+    }
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return best;
+}
+
+/* Decides ch->data_acc_legacy for a Conv whose plain data gradient runs
+ * on the graph API (graph_ms, measured into a buffer) and whose legacy
+ * algorithm ch->bwd_data (m_data) takes legacy_ws: the measured times of
+ * both ways of adding it into dX. Descriptors d as the choice's. */
+static void choose_data_accumulation(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
+                                     const struct descs *d, float graph_ms, size_t legacy_ws,
+                                     struct algo_choice *ch)
+{
+    enum data_acc_policy pol = data_acc_policy();
+    ch->data_acc_legacy = false;
+    ch->ws_data_acc = 0;
+    if (pol == DATA_ACC_GRAPH) return;
+    if (pol == DATA_ACC_LEGACY) {
+        ch->data_acc_legacy = true;
+        ch->ws_data_acc = legacy_ws;
+        if (conv_verbose()) fprintf(stderr, "conv-choice data-accumulate legacy (GP_CONV_DATA_ACCUMULATE)\n");
+        return;
+    }
+    if (graph_ms < 0) return;
+    struct conv_graph_problem p;
+    conv_graph_problem_of(g, mode, CONV_GRAPH_DGRAD, &p);
+    size_t es = mode.bf16 ? 2 : 4, acc_es = mode.bf16 && !p.float_out ? 2 : 4;
+    int64_t n_img = g->n * g->img_ch * g->imgb_size, n_col = g->n * g->col_ch * g->col_size;
+    int64_t n_w = g->col_ch * (g->img_ch / g->group);
+    for (int i = 0; i < g->ns; i++) n_w *= g->k[i];
+    acc_buffers buf;
+    void *img = buf.get(es * (size_t)n_img), *col = buf.get(es * (size_t)n_col), *w = buf.get(es * (size_t)n_w);
+    void *acc = buf.get(acc_es * (size_t)n_img), *ws = buf.get(legacy_ws);
+    if (!img || !col || !w || !acc || !ws) return; /* no memory to measure in: as before, the graph API's */
+    cudaStream_t s = nullptr;
+    cudnnGetStream(h, &s);
+    if (cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) cudaGetLastError(); /* the clears */
+    if (cudnnSetConvolutionMathType(d->conv, ch->m_data) != CUDNN_STATUS_SUCCESS) return;
+    float one = 1.0f;
+    float legacy_ms = time_best(s, [&] {
+        return cudnnConvolutionBackwardData(h, &one, d->w, w, d->col, col, d->conv, ch->bwd_data, ws, legacy_ws, &one,
+                                            d->img, img) == CUDNN_STATUS_SUCCESS;
+    });
+    float add_ms = time_best(s, [&] {
+        return conv_accumulate_launch(s, img, acc, n_img, mode.bf16, p.float_out) == cudaSuccess;
+    });
+    if (legacy_ms >= 0 && add_ms >= 0 && legacy_ms < graph_ms + add_ms) {
+        ch->data_acc_legacy = true;
+        ch->ws_data_acc = legacy_ws;
+    }
+    if (conv_verbose())
+        fprintf(stderr, "conv-choice data-accumulate %s legacy algo=%d ms=%.4f graph ms=%.4f add ms=%.4f\n",
+                ch->data_acc_legacy ? "legacy" : "graph", (int)ch->bwd_data, (double)legacy_ms, (double)graph_ms,
+                (double)add_ms);
+}
+
 /* Chooses the algorithms of the problem's directions in `dirs` with
  * handle h, on the API conv_api() says. On failure *why says which step
  * found nothing. */
@@ -474,6 +593,10 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             }
         }
     }
+    /* The legacy data algorithm, kept for adding into dX when the graph
+     * API wins the plain call (choose_data_accumulation). */
+    bool legacy_data = ok && !skip[1];
+    size_t legacy_data_ws = ch->ws_data;
     if (ok && !skip[2]) {
         cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
         cudnnConvolutionBwdFilterAlgoPerf_t perf[MAX_PERF];
@@ -498,7 +621,6 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             }
         }
     }
-    conv_descs_destroy(&d);
     /* The graph API's where it was asked first, or where it measured faster
      * (or the legacy API has no measurement). Where the legacy API found
      * nothing, a graph choice keeps the convolution running. */
@@ -513,6 +635,12 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             any_graph = true;
         }
     }
+    /* A Conv's data gradient on the graph API, added into dX: measured
+     * against the legacy algorithm's beta 1 (not the 3xTF32 problems,
+     * whose parts add on their own path). */
+    if (ok && legacy_data && names[1][0] && !mode.x3 && conv_graph_accumulates(g, CONV_GRAPH_DGRAD))
+        choose_data_accumulation(h, g, mode, &d, gc.ms[1], legacy_data_ws, ch);
+    conv_descs_destroy(&d);
     bool all_graph = any_graph;
     for (int k = 0; k < 3; k++)
         if ((dirs & (1u << k)) && !names[k][0]) all_graph = false;
@@ -595,7 +723,9 @@ bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_m
  * The text names the cuDNN version and the GPU they were measured on,
  * then one line per problem: "conv" and the key's numbers, then the three
  * legacy algorithms, their math types and workspaces, then the three graph
- * API configurations' names ("-" where the legacy algorithm runs). A
+ * API configurations' names ("-" where the legacy algorithm runs), then,
+ * where a Conv's data gradient added into dX runs on the legacy API, the
+ * word data-acc-legacy and that call's workspace. A
  * channels-last problem's line starts "conv-nhwc" instead (the key's other
  * numbers as "conv"'s: states saved before channels-last read as they did,
  * and a reader that does not know the word skips the line), and a choice
@@ -603,6 +733,11 @@ bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_m
  * word with "-fwd", "-data" or "-filter". */
 
 static const char *const dir_words[3] = {"-fwd", "-data", "-filter"};
+
+/* After the names: the data gradient added into dX on the legacy API,
+ * and that call's workspace (algo_choice.data_acc_legacy; absent: on the
+ * plain call's choice, as lines written before it read). */
+static const char data_acc_word[] = "data-acc-legacy";
 
 static const char *dirs_word(int dirs)
 {
@@ -655,7 +790,7 @@ static void identity(char *out, size_t size)
 extern "C" char *gp_cuda_choices_export(void)
 {
     pthread_mutex_lock(&cache_mu);
-    size_t cap = 256 + (size_t)cache_len * (24 + KEY_INTS * 12 + 9 * 24 + 3 * (CONV_GRAPH_NAME + 1)), len = 0;
+    size_t cap = 256 + (size_t)cache_len * (24 + KEY_INTS * 12 + 10 * 24 + 3 * (CONV_GRAPH_NAME + 1) + 32), len = 0;
     char *text = cache_len ? (char *)malloc(cap) : NULL;
     if (text) {
         identity(text, cap);
@@ -673,6 +808,8 @@ extern "C" char *gp_cuda_choices_export(void)
             const char *names[3] = {c->graph_fwd, c->graph_data, c->graph_filter};
             for (int k = 0; k < 3; k++)
                 len += (size_t)snprintf(text + len, cap - len, " %s", names[k][0] ? names[k] : "-");
+            if (c->data_acc_legacy)
+                len += (size_t)snprintf(text + len, cap - len, " %s %zu", data_acc_word, c->ws_data_acc);
         }
         len += (size_t)snprintf(text + len, cap - len, "\n");
     }
@@ -724,6 +861,18 @@ extern "C" gp_status gp_cuda_choices_import(const char *text, char *note, size_t
             named = len > 0 && len < CONV_GRAPH_NAME;
             if (named && !(len == 1 && *p == '-')) memcpy(names[k], p, len);
             p += len;
+        }
+        while (named && *p == ' ') p++;
+        if (named && strncmp(p, data_acc_word, sizeof data_acc_word - 1) == 0 && p[sizeof data_acc_word - 1] == ' ') {
+            char *end;
+            long long ws = strtoll(p + sizeof data_acc_word, &end, 10);
+            if (end == p + sizeof data_acc_word || ws < 0) {
+                named = false;
+            } else {
+                e.ch.data_acc_legacy = true;
+                e.ch.ws_data_acc = (size_t)ws;
+                p = end;
+            }
         }
         if (!named || (*p && *p != '\n')) {
             pthread_mutex_unlock(&cache_mu);

@@ -81,7 +81,20 @@ struct algo_choice {
     cudnnMathType_t m_fwd, m_data, m_filter;
     size_t ws_fwd, ws_data, ws_filter;
     char graph_fwd[CONV_GRAPH_NAME], graph_data[CONV_GRAPH_NAME], graph_filter[CONV_GRAPH_NAME];
+    /* A Conv's data gradient added into dX (beta 1) where graph_data is
+     * the plain call's choice: on the legacy algorithm bwd_data, m_data
+     * with a workspace of ws_data_acc when data_acc_legacy (measured
+     * faster than the graph API's result computed into a buffer and then
+     * added: conv_choose_data_accumulation), else as the plain call. */
+    bool data_acc_legacy;
+    size_t ws_data_acc;
 };
+
+/* dst += src over n values, in the convolution's storage (bfloat16 when
+ * bf16), src float32 when float_src (conv.cu's add of a graph API result
+ * into the gradient it accumulates). */
+cudaError_t conv_accumulate_launch(cudaStream_t stream, void *dst, const void *src, int64_t n, bool bf16,
+                                   bool float_src);
 
 /* Whether the graph API's result of `op` is accumulated into its output
  * (beta = 1 in the legacy API: through a buffer and an add), and then in
