@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include "backend/cuda/conv_measure.h"
 #include "backend/cuda/conv_problem.cuh"
 #include "backend/cuda/device.h"
 
@@ -422,54 +423,6 @@ static enum data_acc_policy data_acc_policy(void)
     return DATA_ACC_MEASURED;
 }
 
-/* Device buffers freed on scope exit. */
-struct acc_buffers {
-    void *p[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
-    int n = 0;
-    void *get(size_t bytes)
-    {
-        void *q = nullptr;
-        if (cudaMalloc(&q, bytes ? bytes : 1) != cudaSuccess) {
-            cudaGetLastError();
-            return nullptr;
-        }
-        if (cudaMemset(q, 0, bytes ? bytes : 1) != cudaSuccess) cudaGetLastError();
-        p[n++] = q;
-        return q;
-    }
-    ~acc_buffers()
-    {
-        for (int i = 0; i < n; i++) cudaFree(p[i]);
-    }
-};
-
-/* The best of 3 timed runs of call() on stream s (after one untimed), in
- * ms; -1 when a run fails. */
-template <class Call>
-static float time_best(cudaStream_t s, Call call)
-{
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
-    float best = -1;
-    if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess && call() &&
-        cudaStreamSynchronize(s) == cudaSuccess) {
-        for (int r = 0; r < 3; r++) {
-            float t = 0;
-            cudaEventRecord(e0, s);
-            bool ok = call();
-            cudaEventRecord(e1, s);
-            if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&t, e0, e1) != cudaSuccess) {
-                best = -1;
-                break;
-            }
-            if (best < 0 || t < best) best = t;
-        }
-    }
-    cudaGetLastError();
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    return best;
-}
-
 /* Decides ch->data_acc_legacy for a Conv whose plain data gradient runs
  * on the graph API (graph_ms, measured into a buffer) and whose legacy
  * algorithm ch->bwd_data (m_data) takes legacy_ws: the measured times of
@@ -495,7 +448,7 @@ static void choose_data_accumulation(cudnnHandle_t h, const struct conv_geom *g,
     int64_t n_img = g->n * g->img_ch * g->imgb_size, n_col = g->n * g->col_ch * g->col_size;
     int64_t n_w = g->col_ch * (g->img_ch / g->group);
     for (int i = 0; i < g->ns; i++) n_w *= g->k[i];
-    acc_buffers buf;
+    conv_device_buffers buf;
     void *img = buf.get(es * (size_t)n_img), *col = buf.get(es * (size_t)n_col), *w = buf.get(es * (size_t)n_w);
     void *acc = buf.get(acc_es * (size_t)n_img), *ws = buf.get(legacy_ws);
     if (!img || !col || !w || !acc || !ws) return; /* no memory to measure in: as before, the graph API's */
@@ -504,11 +457,11 @@ static void choose_data_accumulation(cudnnHandle_t h, const struct conv_geom *g,
     if (cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) cudaGetLastError(); /* the clears */
     if (cudnnSetConvolutionMathType(d->conv, ch->m_data) != CUDNN_STATUS_SUCCESS) return;
     float one = 1.0f;
-    float legacy_ms = time_best(s, [&] {
+    float legacy_ms = conv_time_best(s, 3, [&] {
         return cudnnConvolutionBackwardData(h, &one, d->w, w, d->col, col, d->conv, ch->bwd_data, ws, legacy_ws, &one,
                                             d->img, img) == CUDNN_STATUS_SUCCESS;
     });
-    float add_ms = time_best(s, [&] {
+    float add_ms = conv_time_best(s, 3, [&] {
         return conv_accumulate_launch(s, img, acc, n_img, mode.bf16, p.float_out) == cudaSuccess;
     });
     if (legacy_ms >= 0 && add_ms >= 0 && legacy_ms < graph_ms + add_ms) {

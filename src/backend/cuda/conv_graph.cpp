@@ -12,6 +12,7 @@
  * graph API. Built plans are kept per GPU, problem and name for the
  * process's life (a few kilobytes each). */
 #include "backend/cuda/conv_graph.h"
+#include "backend/cuda/conv_measure.h"
 
 #include <cuda_runtime.h>
 
@@ -165,25 +166,6 @@ size_t numel(const int64_t *d, int nd)
 }
 
 /* Device buffers freed on every path out. */
-struct device_buffers {
-    std::vector<void *> p;
-    ~device_buffers()
-    {
-        for (void *q : p) cudaFree(q);
-    }
-    void *get(size_t bytes)
-    {
-        void *q = nullptr;
-        if (cudaMalloc(&q, bytes ? bytes : 1) != cudaSuccess) {
-            cudaGetLastError();
-            return nullptr;
-        }
-        cudaMemset(q, 0, bytes ? bytes : 1);
-        p.push_back(q);
-        return q;
-    }
-};
-
 struct cache_key {
     int device;
     conv_graph_op op;
@@ -265,11 +247,9 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
     }
     int64_t best = candidates[0];
     size_t best_ws = (size_t)workspaces[0];
-    device_buffers buf;
+    conv_device_buffers buf;
     void *a = buf.get(a_bytes), *b = buf.get(b_bytes), *out = buf.get(out_bytes), *wsp = buf.get((size_t)max_ws);
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
-    bool timed = a && b && out && wsp && cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess;
-    if (timed) {
+    if (a && b && out && wsp) {
         /* Without memory to measure in, the heuristics' first. */
         cudaStream_t stream = nullptr;
         cudnnGetStream(h, &stream);
@@ -282,24 +262,8 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
         float best_ms = -1;
         for (size_t k = 0; k < candidates.size(); k++) {
             int64_t i = candidates[k];
-            if (!g.graph.execute_plan_at_index(h, pack, wsp, i).is_good() ||
-                cudaStreamSynchronize(stream) != cudaSuccess) {
-                cudaGetLastError();
-                continue;
-            }
-            float ms = -1;
-            for (int r = 0; r < TIMED_RUNS; r++) {
-                cudaEventRecord(e0, stream);
-                bool ok = g.graph.execute_plan_at_index(h, pack, wsp, i).is_good();
-                cudaEventRecord(e1, stream);
-                float t = 0;
-                if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&t, e0, e1) != cudaSuccess) {
-                    cudaGetLastError();
-                    ms = -1;
-                    break;
-                }
-                if (ms < 0 || t < ms) ms = t;
-            }
+            float ms = conv_time_best(stream, TIMED_RUNS,
+                                      [&] { return g.graph.execute_plan_at_index(h, pack, wsp, i).is_good(); });
             if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_ws = (size_t)workspaces[k];
             std::string tag;
             if (conv_verbose() && g.graph.get_plan_name_at_index(i, tag).is_good())
@@ -308,8 +272,6 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
         }
         *ms_out = best_ms;
     }
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
     std::string tag;
     if (!g.graph.get_plan_name_at_index(best, tag).is_good() || tag.empty() || tag.size() >= name_size) {
         set_why(why, why_size, "the chosen engine configuration has no usable name");
