@@ -592,6 +592,45 @@ static void test_fused_residual(void **state)
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
 }
 
+/* A channels-last fused residual's gradient written by the BatchNorm
+ * backward's statistics pass as it reads dY (GP_BN_RES_SUMS=1) gives the
+ * bits of its own kernel before that pass (the default), fp32 and bf16,
+ * eager and as a CUDA graph. */
+static void test_residual_sums(void **state)
+{
+    (void)state;
+    int failed = 0, runs = 0;
+    /* The suite's run with GP_BN_RES_SUMS=1 keeps it for the tests after. */
+    const char *set = getenv("GP_BN_RES_SUMS");
+    char was[16];
+    snprintf(was, sizeof was, "%s", set ? set : "");
+    for (int pr = 0; pr < 2; pr++)
+        for (int gr = 0; gr < 2; gr++) {
+            struct setup s = {.fixture = "resnet_op17", .batch = 8, .chunks = 2, .stages = 1, .cuda = true,
+                              .checkpoint = GP_CHECKPOINT_NEVER, .layout = GP_LAYOUT_NHWC, .graph = gr == 1,
+                              .precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32};
+            struct result in_sums, apart;
+            memset(&in_sums, 0, sizeof in_sums);
+            memset(&apart, 0, sizeof apart);
+            struct gp_error err = {0};
+            setenv("GP_BN_RES_SUMS", "0", 1);
+            if (train(&s, &apart, &err) != GP_OK) fail_msg("own pass: %s", err.msg);
+            setenv("GP_BN_RES_SUMS", "1", 1);
+            if (train(&s, &in_sums, &err) != GP_OK) fail_msg("in the statistics pass: %s", err.msg);
+            if (set) setenv("GP_BN_RES_SUMS", was, 1);
+            else unsetenv("GP_BN_RES_SUMS");
+            char what[160];
+            snprintf(what, sizeof what, "%s resnet_op17 nhwc%s, residual gradients in the statistics pass",
+                     gp_precision_name(s.precision), s.graph ? ", CUDA graph" : "");
+            failed += !compare_as(what, &in_sums, &apart, "in sums", "own pass", 0);
+            runs++;
+            gp_graph_free(&in_sums.saved);
+            gp_graph_free(&apart.saved);
+        }
+    printf("residual gradients written by the statistics pass: %d runs against their own pass\n", runs);
+    if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
+}
+
 /* Workspaces in the timelines (plan.h: backward ones in the activation
  * sets' dead bytes, forward ones in the arena) give the bits of every
  * workspace in the kernel workspace block (GP_SCRATCH_IN_SETS=0) on the
@@ -647,6 +686,7 @@ int main(void)
         cmocka_unit_test(test_stages_vs_one_gpu),
         cmocka_unit_test(test_remade_norm),
         cmocka_unit_test(test_fused_residual),
+        cmocka_unit_test(test_residual_sums),
         cmocka_unit_test(test_workspaces_in_sets),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_validation),

@@ -433,7 +433,15 @@ __global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float 
  * the unbiased batch variance, or adds the batch's sums to
  * ctx->deferred_stats; evaluation uses the running statistics. */
 static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err);
-static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, struct gp_error *err);
+/* A fused residual's gradient for the channels-last statistics pass to
+ * write (bn_residual_backward): the incoming dY and the fused Relu's
+ * output Y (p NULL: no Relu). */
+struct bn_res_src {
+    gp_fptr dy, y;
+};
+static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, const struct bn_res_src *res,
+                                  struct gp_error *err);
+static bool bn_nhwc_bwd_sums_run(const struct gp_cuda_ctx *ctx);
 
 static gp_status bn_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
@@ -814,6 +822,16 @@ __global__ static void bn_residual_grad_kernel(int64_t runs, gp_fptr dy, gp_fptr
     }
 }
 
+/* GP_BN_RES_SUMS=1: a channels-last fused residual's gradient written by
+ * the statistics pass (bn_nhwc_bwd_sums_kernel's RES) instead of its own
+ * kernel before it. Off by default until the GPU suite has run it; read
+ * at each call, so that one process can compare both ways. */
+static bool bn_res_sums(void)
+{
+    const char *v = getenv("GP_BN_RES_SUMS");
+    return v && strcmp(v, "1") == 0;
+}
+
 /* The backward of a BatchNormalization with a fused residual Add: the
  * residual's gradient first (bn_residual_grad_kernel), then the plain
  * BatchNorm backward on that same masked dY, read from where it was just
@@ -831,13 +849,17 @@ static gp_status bn_residual_backward(struct gp_cuda_ctx *ctx, struct gp_error *
         if (dres.p && ow)
             GP_TRY(gp_cuda_call(ctx, cudaMemsetAsync(dres.p, 0, (size_t)n * (dres.bf16 ? 2 : 4), ctx->stream),
                                 "cudaMemsetAsync", err));
-        return nhwc ? bn_nhwc_backward(ctx, false, err) : bn_nchw_backward(ctx, false, err);
+        return nhwc ? bn_nhwc_backward(ctx, false, NULL, err) : bn_nchw_backward(ctx, false, err);
     }
     /* dY's stand-in for the BatchNorm: the residual's gradient, written
      * whole in dY's storage type, or dY masked in place. */
     bool into_dres = dres.p && ow && dres.bf16 == dy.bf16;
     bool in_place = !into_dres && y.p;
-    if (n > 0 && (dres.p || in_place)) {
+    /* Channels-last, the statistics pass writes it as it reads dY
+     * (GP_BN_RES_SUMS=1, bn_nhwc_bwd_sums_kernel's RES) where it runs. */
+    struct bn_res_src src = {dy, y};
+    bool in_sums = into_dres && nhwc && n > 0 && bn_res_sums() && bn_nhwc_bwd_sums_run(ctx);
+    if (n > 0 && !in_sums && (dres.p || in_place)) {
         enum io_kind kind = io_kind_of({dy, y, dres}, {});
         int vec = io_vec_for(kind, n, {dy, y, dres});
         int64_t runs = n / vec;
@@ -851,7 +873,7 @@ static gp_status bn_residual_backward(struct gp_cuda_ctx *ctx, struct gp_error *
     if (into_dres) dout[0] = (float *)dres.p;
     struct gp_cuda_ctx plain = *ctx;
     plain.dout = dout;
-    return nhwc ? bn_nhwc_backward(&plain, false, err) : bn_nchw_backward(&plain, false, err);
+    return nhwc ? bn_nhwc_backward(&plain, false, in_sums ? &src : NULL, err) : bn_nchw_backward(&plain, false, err);
 }
 
 static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
@@ -859,7 +881,8 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
     if (ctx->node->fused_add) return bn_residual_backward(ctx, err);
     bool relu = ctx->node->fused_relu;
-    return gp_cuda_nhwc(ctx->in_nhwc, 0) ? bn_nhwc_backward(ctx, relu, err) : bn_nchw_backward(ctx, relu, err);
+    return gp_cuda_nhwc(ctx->in_nhwc, 0) ? bn_nhwc_backward(ctx, relu, NULL, err)
+                                         : bn_nchw_backward(ctx, relu, err);
 }
 
 /* ---- channels-last ----
@@ -1403,11 +1426,21 @@ __device__ __noinline__ static void bn_nhwc_bwd_exact(struct bn_nhwc_plan q, int
  * exactly (bn_nhwc_bwd_exact). The loop (bn_nhwc_lane) has no bounds
  * checks: the walk that checked every row's bounds and widened both
  * factors with F2F took 37 instructions a value and stalled on its
- * loads at 25% occupancy (ncu, ResNet-50 bf16: 1.4 TB/s). */
-template <class IO, int VEC>
+ * loads at 25% occupancy (ncu, ResNet-50 bf16: 1.4 TB/s).
+ *
+ * RES: dy is a fused residual's gradient that this pass writes whole as
+ * it reads its source: rdy masked where the fused Relu's output ry is not
+ * > 0 (ry NULL: no Relu), the values bn_residual_grad_kernel writes (one
+ * pass fewer over the block's output: that kernel's read back of them
+ * goes). An exact walk then reads dy back, the lane's own writes. As
+ * many rows in flight: at the default run lengths (4 channels) ptxas
+ * (sm_90) spills no more than without RES (bfloat16 none, float32 20
+ * bytes). */
+template <class IO, int VEC, bool RES>
 __global__ static void __launch_bounds__(BN_THREADS, 2)
     bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab, bool y_bf16,
-                            const float *mean, const float *invstd, double *pdy, double *pdyx)
+                            const float *mean, const float *invstd, double *pdy, double *pdyx, gp_fptr rdy,
+                            gp_fptr ry)
 {
     __shared__ double sh[BN_THREADS * VEC * 2]; /* the reduction's, and the exact walk's results */
     const bool B = bn_io_bf16<IO>::v;
@@ -1428,7 +1461,21 @@ __global__ static void __launch_bounds__(BN_THREADS, 2)
             q, k,
             [&](int64_t i) {
                 bn_run2<VEC> r;
-                IO::template acts<VEC>(dy, off + i * step, r.a);
+                if (RES) {
+                    /* The residual's gradient, bn_residual_grad_kernel's
+                     * values, written as they are read. */
+                    IO::template acts<VEC>(rdy, off + i * step, r.a);
+                    if (ry.p) {
+                        float m[VEC];
+                        IO::template acts<VEC>(ry, off + i * step, m);
+#pragma unroll
+                        for (int j = 0; j < VEC; j++)
+                            if (!(m[j] > 0)) r.a[j] = 0.0f;
+                    }
+                    IO::template set_acts<VEC>(dy, off + i * step, r.a);
+                } else {
+                    IO::template acts<VEC>(dy, off + i * step, r.a);
+                }
                 IO::template acts<VEC>(x, off + i * step, r.b);
                 return r;
             },
@@ -1607,21 +1654,35 @@ __global__ static void bn_nhwc_dx_eval_kernel(struct bn_nhwc_plan q, gp_fptr x, 
     }
 }
 
-static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, struct gp_error *err)
+/* Whether the channels-last backward runs its statistics pass: dScale,
+ * dBias or training's dX asked, of a gradient with rows. */
+static bool bn_nhwc_bwd_sums_run(const struct gp_cuda_ctx *ctx)
+{
+    int64_t rows, c;
+    bn_nhwc_shape(ctx->graph, ctx->node, &rows, &c);
+    return c > 0 && rows > 0 && ctx->dout[0] && (ctx->din[1] || ctx->din[2] || (ctx->din[0] && ctx->training));
+}
+
+/* res (not NULL: a fused residual's, bn_residual_backward): dY is its
+ * gradient, which the statistics pass (bn_nhwc_bwd_sums_run true) writes
+ * from res->dy and res->y as it sums it. */
+static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, const struct bn_res_src *res,
+                                  struct gp_error *err)
 {
     int64_t rows, c;
     bn_nhwc_shape(ctx->graph, ctx->node, &rows, &c);
     if (c == 0) return GP_OK;
     gp_fptr x = gp_cuda_in_f(ctx, 0), dy = gp_cuda_dout_f(ctx, 0), dx = gp_cuda_din_f(ctx, 0);
+    gp_fptr none = {NULL, false}, rdy = res ? res->dy : none, ry = res ? res->y : none;
     gp_fptr scale = gp_cuda_in_f(ctx, 1);
     const float *mean = (const float *)ctx->saved, *invstd = mean + c;
     /* A fused Relu's mask from x and the saved alpha and beta, in Y's
      * storage rounding (bn_nhwc_positive): Y is not read. */
     const float *ab = relu ? mean + 2 * c : NULL;
     bool y_bf16 = relu && gp_cuda_out_f(ctx, 0).bf16;
-    enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
+    enum io_kind kind = io_kind_of({x, dy, dx, rdy, ry}, {scale});
     struct bn_nhwc_plan q, qs; /* the elementwise pass's runs, the statistics' */
-    int vec = io_vec_for(kind, c, {x, dy, dx});
+    int vec = io_vec_for(kind, c, {x, dy, dx, rdy, ry});
     /* dX's runs at most 4 channels (8 bytes of bfloat16, 16 of float32):
      * a channel's coefficients are three doubles and three floats. 8
      * channels a run, one run at a time, took 104 registers (2 blocks an
@@ -1632,17 +1693,23 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, struct gp_
     bn_nhwc_plan_of(rows, c, bn_nhwc_stats_vec(kind, vec, true), &qs);
     struct bn_plan p = bn_plan_for_finish(ctx->node, qs);
     double *pdy = (double *)ctx->scratch, *pdyx = pdy + c * qs.p, *coef = pdyx + c * qs.p;
-    bool have_dy = dy.p && rows > 0;
-    if (have_dy && (ctx->din[1] || ctx->din[2] || (dx.p && ctx->training))) {
+    bool have_dy = bn_nhwc_bwd_sums_run(ctx);
+    if (have_dy) {
         dim3 grid((unsigned)qs.gx, (unsigned)qs.p, 1), block((unsigned)qs.tx, (unsigned)qs.ty, 1);
-        IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC><<<grid, block, 0, ctx->stream>>>(
-                                                  qs, x, dy, ab, y_bf16, mean, invstd, pdy, pdyx)));
+        if (res)
+            IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC, true>
+                                                      <<<grid, block, 0, ctx->stream>>>(
+                                                          qs, x, dy, ab, y_bf16, mean, invstd, pdy, pdyx, rdy, ry)));
+        else
+            IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC, false>
+                                                      <<<grid, block, 0, ctx->stream>>>(
+                                                          qs, x, dy, ab, y_bf16, mean, invstd, pdy, pdyx, rdy, ry)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward sums (channels-last)", err));
-    } else {
-        have_dy = false;
+    } else if (res) {
+        return gp_cuda_error(ctx, err, GP_ERR_INVALID, "the residual's gradient left to a statistics pass that "
+                             "does not run");
     }
     struct bn_grads g;
-    gp_fptr none = {NULL, false};
     g.scale = scale;
     g.invstd = invstd;
     g.d_rmean = opt_dout_f(ctx, 1);
