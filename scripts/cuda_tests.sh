@@ -70,19 +70,26 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     run "test_cuda_conv (staged backward)" env GP_CONV_BF16_BACKWARD=staged GP_CONV_ACCUMULATE=float \
         "$build/tests/test_cuda_conv"
     run "test_cuda_conv (float32 on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_conv"
-    # A Conv's data gradient added into dX on the legacy API wherever the
-    # graph API won the plain call (the default measures which is faster).
-    run "test_cuda_conv (data gradients added on the legacy API)" env GP_CONV_DATA_ACCUMULATE=legacy \
+    # Every result added into its output (a Conv's dX, a float32 dW,
+    # 3xTF32's second parts) on the legacy API wherever the graph API won
+    # the plain call, then chosen by measuring (by default only a Conv's
+    # dX is measured).
+    run "test_cuda_conv (added results on the legacy API)" env GP_CONV_ADD_API=legacy \
         "$build/tests/test_cuda_conv"
+    run "test_cuda_conv (added results measured)" env GP_CONV_ADD_API=measured "$build/tests/test_cuda_conv"
 fi
 # Training on the GPU with the kernels' first writes of gradients turned
-# off (they are on by default), so both ways stay tested; and with every
-# Conv's added data gradient on the legacy API (residual blocks' inputs).
+# off (they are on by default), so both ways stay tested; with every
+# convolution result added into its output on the legacy API (residual
+# blocks' inputs, float32 weight gradients, 3xTF32's second parts); and
+# with residual gradients written by the BatchNorm statistics pass.
 if [ -x "$build/tests/test_cuda_train" ]; then
     run "test_cuda_train (no first writers)" env GP_CUDA_FIRST_WRITERS=0 "$build/tests/test_cuda_train"
     # float32 training with the convolutions on FMA too (3xTF32 by default).
     run "test_cuda_train (convolutions on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_train"
-    run "test_cuda_train (data gradients added on the legacy API)" env GP_CONV_DATA_ACCUMULATE=legacy \
+    run "test_cuda_train (added results on the legacy API)" env GP_CONV_ADD_API=legacy \
+        "$build/tests/test_cuda_train"
+    run "test_cuda_train (residual gradients in the statistics pass)" env GP_BN_RES_SUMS=1 \
         "$build/tests/test_cuda_train"
 fi
 # The kill -9 and resume runs of test_state, training on the GPU (it runs the

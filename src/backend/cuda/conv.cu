@@ -301,6 +301,7 @@ static bool x3_lookup(cudnnHandle_t h, const struct conv_geom *g, struct conv_mo
         x3_geom(g, k, part, &gk);
         struct algo_choice one;
         if (!conv_lookup_algos(h, &gk, x3_mode(mode), 1u << k, &one, e, why)) return false;
+        ch->acc_legacy[k] = one.acc_legacy[k], ch->ws_acc[k] = one.ws_acc[k];
         if (k == 0) {
             ch->fwd = one.fwd, ch->m_fwd = one.m_fwd, ch->ws_fwd = one.ws_fwd;
             memcpy(ch->graph_fwd, one.graph_fwd, CONV_GRAPH_NAME);
@@ -413,20 +414,24 @@ static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode,
     int64_t img = g->n * g->img_ch * g->imgb_size, col = g->n * g->col_ch * g->col_size;
     const struct algo_choice *ch = &cc->ch[0];
     /* A separate 3xTF32 call's second part adds to its output in every
-     * direction. */
+     * direction. Where the legacy API adds (algo_choice.acc_legacy) no
+     * buffer is needed. */
     const struct algo_choice *add = cc->parts > 1 ? &cc->ch[1] : NULL;
+    bool graph[3] = {ch->graph_fwd[0] && !ch->acc_legacy[0], ch->graph_data[0] && !ch->acc_legacy[1],
+                     ch->graph_filter[0] && !ch->acc_legacy[2]};
+    bool graph_add[3] = {add && add->graph_fwd[0] && !add->acc_legacy[0],
+                         add && add->graph_data[0] && !add->acc_legacy[1],
+                         add && add->graph_filter[0] && !add->acc_legacy[2]};
     const struct {
         bool on;
         enum conv_graph_op op;
         int64_t n;
     } acc[3] = {
-        {(dirs & CONV_DIR_FWD) && ((ch->graph_fwd[0] && g->transpose) || (add && add->graph_fwd[0])),
-         CONV_GRAPH_FPROP, col}, /* ConvTranspose's dX, a Conv's Y in parts */
-        {(dirs & CONV_DIR_DATA) &&
-             ((ch->graph_data[0] && !g->transpose && !ch->data_acc_legacy) || (add && add->graph_data[0])),
-         CONV_GRAPH_DGRAD, img}, /* Conv's dX (not when the legacy API adds it), a ConvTranspose's Y in parts */
-        {(dirs & CONV_DIR_FILTER) && (ch->graph_filter[0] || (add && add->graph_filter[0])), CONV_GRAPH_WGRAD,
-         filter_numel(g)}, /* dW */
+        {(dirs & CONV_DIR_FWD) && ((graph[0] && g->transpose) || graph_add[0]), CONV_GRAPH_FPROP,
+         col}, /* ConvTranspose's dX, a Conv's Y in parts */
+        {(dirs & CONV_DIR_DATA) && ((graph[1] && !g->transpose) || graph_add[1]), CONV_GRAPH_DGRAD,
+         img}, /* Conv's dX, a ConvTranspose's Y in parts */
+        {(dirs & CONV_DIR_FILTER) && (graph[2] || graph_add[2]), CONV_GRAPH_WGRAD, filter_numel(g)}, /* dW */
     };
     size_t most = 0;
     for (int k = 0; k < 3; k++) {
@@ -448,7 +453,8 @@ static size_t ws_bytes(const struct conv_choice *cc, unsigned dirs)
         const struct algo_choice *ch = &cc->ch[p];
         if ((dirs & CONV_DIR_FWD) && ch->ws_fwd > ws) ws = ch->ws_fwd;
         if ((dirs & CONV_DIR_DATA) && ch->ws_data > ws) ws = ch->ws_data;
-        if ((dirs & CONV_DIR_DATA) && ch->data_acc_legacy && ch->ws_data_acc > ws) ws = ch->ws_data_acc;
+        for (int k = 0; k < 3; k++)
+            if ((dirs & (1u << k)) && ch->acc_legacy[k] && ch->ws_acc[k] > ws) ws = ch->ws_acc[k];
         if ((dirs & CONV_DIR_FILTER) && ch->ws_filter > ws) ws = ch->ws_filter;
     }
     return ws;
@@ -991,36 +997,36 @@ static gp_status dir_call(const struct gp_cuda_ctx *c, struct conv_run *r, int k
     struct conv_mode mode = r->x3 ? x3_mode(r->mode) : r->mode;
     cudnnHandle_t h = (cudnnHandle_t)c->cudnn;
     float one = 1.0f;
+    /* Added into out on the legacy API where that measured faster than
+     * the graph API's buffer and add (algo_choice.acc_legacy). */
+    bool acc_legacy = beta != 0.0f && ch->acc_legacy[k];
     if (k == 0) {
-        if (ch->graph_fwd[0])
+        if (ch->graph_fwd[0] && !acc_legacy)
             return run_graph(c, r, g, mode, CONV_GRAPH_FPROP, ch->graph_fwd, a, b, out,
                              r->g.n * r->g.col_ch * r->g.col_size, beta, err);
         GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, ch->m_fwd), "cudnnSetConvolutionMathType"));
         return dnn_call(c, err,
-                        cudnnConvolutionForward(h, &one, d->img, a, d->w, b, d->conv, ch->fwd, r->ws, ch->ws_fwd,
-                                                &beta, d->col, out),
+                        cudnnConvolutionForward(h, &one, d->img, a, d->w, b, d->conv, ch->fwd, r->ws,
+                                                acc_legacy ? ch->ws_acc[0] : ch->ws_fwd, &beta, d->col, out),
                         "cudnnConvolutionForward");
     }
     if (k == 1) {
-        /* Added into dX on the legacy API where that measured faster than
-         * the graph API's buffer and add (algo_choice.data_acc_legacy). */
-        bool acc_legacy = beta != 0.0f && ch->data_acc_legacy;
         if (ch->graph_data[0] && !acc_legacy)
             return run_graph(c, r, g, mode, CONV_GRAPH_DGRAD, ch->graph_data, a, b, out,
                              r->g.n * r->g.img_ch * r->g.imgb_size, beta, err);
         GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, ch->m_data), "cudnnSetConvolutionMathType"));
         return dnn_call(c, err,
                         cudnnConvolutionBackwardData(h, &one, d->w, b, d->col, a, d->conv, ch->bwd_data, r->ws,
-                                                     acc_legacy ? ch->ws_data_acc : ch->ws_data, &beta, d->img, out),
+                                                     acc_legacy ? ch->ws_acc[1] : ch->ws_data, &beta, d->img, out),
                         "cudnnConvolutionBackwardData");
     }
-    if (ch->graph_filter[0])
+    if (ch->graph_filter[0] && !acc_legacy)
         return run_graph(c, r, g, mode, CONV_GRAPH_WGRAD, ch->graph_filter, a, b, out, filter_numel(&r->g), beta,
                          err);
     GP_TRY(dnn_call(c, err, cudnnSetConvolutionMathType(d->conv, ch->m_filter), "cudnnSetConvolutionMathType"));
     return dnn_call(c, err,
                     cudnnConvolutionBackwardFilter(h, &one, d->img, a, d->col, b, d->conv, ch->bwd_filter, r->ws,
-                                                   ch->ws_filter, &beta, d->w, out),
+                                                   acc_legacy ? ch->ws_acc[2] : ch->ws_filter, &beta, d->w, out),
                     "cudnnConvolutionBackwardFilter");
 }
 

@@ -403,75 +403,109 @@ static void choose_graphs(const struct conv_geom *g, struct conv_mode mode, unsi
     }
 }
 
-/* ---- a Conv's data gradient added into dX ----
- * The graph API has no beta: a data gradient added into dX (beta 1: dX
- * is not its first writer, as at a residual block's input, where the
- * shortcut's gradient came first) is computed into a buffer and then added
- * (conv.cu, run_graph): two passes more over dX than the legacy API's own
+/* ---- a result added into its output ----
+ * The graph API has no beta: a result added into its output (beta 1: a
+ * Conv's dX that another layer wrote first, as at a residual block's
+ * input; a float32 dW, which sums the micro-batches; every direction of a
+ * 3xTF32 call's second part, conv_x3.h) is computed into a buffer and then
+ * added, two passes more over the output than the legacy API's own
  * beta = 1. Where the graph API won the plain call, the added call is
  * measured both ways, the legacy algorithm with beta 1 against the graph
- * API's time plus the add's, and the faster kept (algo_choice.
- * data_acc_legacy). GP_CONV_DATA_ACCUMULATE=legacy or graph decides
- * without measuring (the tests run both). */
-enum data_acc_policy { DATA_ACC_MEASURED, DATA_ACC_LEGACY, DATA_ACC_GRAPH };
+ * API's time plus the add's, and the faster kept (algo_choice.acc_legacy).
+ * GP_CONV_ADD_API says which calls: unset, a Conv's data gradient only
+ * (measured on the GPU; the others stay on the graph API's add until the
+ * GPU suite has run them); "measured", every added call; "legacy" or
+ * "graph", every added call on that API without measuring (the tests run
+ * both). */
+enum add_policy { ADD_DATA_MEASURED, ADD_MEASURED, ADD_LEGACY, ADD_GRAPH };
 
-static enum data_acc_policy data_acc_policy(void)
+static enum add_policy add_policy(void)
 {
-    const char *v = getenv("GP_CONV_DATA_ACCUMULATE");
-    if (v && !strcmp(v, "legacy")) return DATA_ACC_LEGACY;
-    if (v && !strcmp(v, "graph")) return DATA_ACC_GRAPH;
-    return DATA_ACC_MEASURED;
+    const char *v = getenv("GP_CONV_ADD_API");
+    if (v && !strcmp(v, "measured")) return ADD_MEASURED;
+    if (v && !strcmp(v, "legacy")) return ADD_LEGACY;
+    if (v && !strcmp(v, "graph")) return ADD_GRAPH;
+    return ADD_DATA_MEASURED;
 }
 
-/* Decides ch->data_acc_legacy for a Conv whose plain data gradient runs
- * on the graph API (graph_ms, measured into a buffer) and whose legacy
- * algorithm ch->bwd_data (m_data) takes legacy_ws: the measured times of
- * both ways of adding it into dX. Descriptors d as the choice's. */
-static void choose_data_accumulation(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
-                                     const struct descs *d, float graph_ms, size_t legacy_ws,
-                                     struct algo_choice *ch)
+/* Whether direction k of the problem may be called adding into its
+ * output: ConvTranspose's dX (the forward direction) and a Conv's dX
+ * where another layer wrote them first (conv_graph_accumulates), a
+ * float32 dW (a bfloat16 convolution's is computed into a buffer with
+ * beta 0), and, in a 3xTF32 part's problem, every direction. */
+static bool may_add(const struct conv_geom *g, struct conv_mode mode, int k)
 {
-    enum data_acc_policy pol = data_acc_policy();
-    ch->data_acc_legacy = false;
-    ch->ws_data_acc = 0;
-    if (pol == DATA_ACC_GRAPH) return;
-    if (pol == DATA_ACC_LEGACY) {
-        ch->data_acc_legacy = true;
-        ch->ws_data_acc = legacy_ws;
-        if (conv_verbose()) fprintf(stderr, "conv-choice data-accumulate legacy (GP_CONV_DATA_ACCUMULATE)\n");
+    if (mode.x3) return true;
+    if (k == 0) return conv_graph_accumulates(g, CONV_GRAPH_FPROP);
+    if (k == 1) return conv_graph_accumulates(g, CONV_GRAPH_DGRAD);
+    return !mode.bf16;
+}
+
+static const char *const dir_names[3] = {"fwd", "data", "filter"};
+
+/* Decides ch->acc_legacy[k] for direction k of a problem whose plain call
+ * runs on the graph API (graph_ms, measured into a buffer) and whose
+ * legacy algorithm (ch's, for direction k) takes legacy_ws: the measured
+ * times of both ways of adding its result into the output. Descriptors d
+ * as the choice's. */
+static void choose_accumulation(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
+                                const struct descs *d, int k, float graph_ms, size_t legacy_ws,
+                                struct algo_choice *ch)
+{
+    enum add_policy pol = add_policy();
+    ch->acc_legacy[k] = false;
+    ch->ws_acc[k] = 0;
+    if (pol == ADD_GRAPH || (pol == ADD_DATA_MEASURED && (k != 1 || mode.x3))) return;
+    if (pol == ADD_LEGACY) {
+        ch->acc_legacy[k] = true;
+        ch->ws_acc[k] = legacy_ws;
+        if (conv_verbose())
+            fprintf(stderr, "conv-choice %s-accumulate legacy (GP_CONV_ADD_API)\n", dir_names[k]);
         return;
     }
     if (graph_ms < 0) return;
+    static const enum conv_graph_op ops[3] = {CONV_GRAPH_FPROP, CONV_GRAPH_DGRAD, CONV_GRAPH_WGRAD};
     struct conv_graph_problem p;
-    conv_graph_problem_of(g, mode, CONV_GRAPH_DGRAD, &p);
+    conv_graph_problem_of(g, mode, ops[k], &p);
     size_t es = mode.bf16 ? 2 : 4, acc_es = mode.bf16 && !p.float_out ? 2 : 4;
     int64_t n_img = g->n * g->img_ch * g->imgb_size, n_col = g->n * g->col_ch * g->col_size;
     int64_t n_w = g->col_ch * (g->img_ch / g->group);
     for (int i = 0; i < g->ns; i++) n_w *= g->k[i];
+    const int64_t n_out = k == 0 ? n_col : k == 1 ? n_img : n_w;
     conv_device_buffers buf;
     void *img = buf.get(es * (size_t)n_img), *col = buf.get(es * (size_t)n_col), *w = buf.get(es * (size_t)n_w);
-    void *acc = buf.get(acc_es * (size_t)n_img), *ws = buf.get(legacy_ws);
+    void *acc = buf.get(acc_es * (size_t)n_out), *ws = buf.get(legacy_ws);
     if (!img || !col || !w || !acc || !ws) return; /* no memory to measure in: as before, the graph API's */
     cudaStream_t s = nullptr;
     cudnnGetStream(h, &s);
     if (cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) cudaGetLastError(); /* the clears */
-    if (cudnnSetConvolutionMathType(d->conv, ch->m_data) != CUDNN_STATUS_SUCCESS) return;
+    const cudnnMathType_t math[3] = {ch->m_fwd, ch->m_data, ch->m_filter};
+    if (cudnnSetConvolutionMathType(d->conv, math[k]) != CUDNN_STATUS_SUCCESS) return;
     float one = 1.0f;
     float legacy_ms = conv_time_best(s, 3, [&] {
-        return cudnnConvolutionBackwardData(h, &one, d->w, w, d->col, col, d->conv, ch->bwd_data, ws, legacy_ws, &one,
-                                            d->img, img) == CUDNN_STATUS_SUCCESS;
+        cudnnStatus_t st =
+            k == 0 ? cudnnConvolutionForward(h, &one, d->img, img, d->w, w, d->conv, ch->fwd, ws, legacy_ws, &one,
+                                             d->col, col)
+            : k == 1 ? cudnnConvolutionBackwardData(h, &one, d->w, w, d->col, col, d->conv, ch->bwd_data, ws,
+                                                    legacy_ws, &one, d->img, img)
+                     : cudnnConvolutionBackwardFilter(h, &one, d->img, img, d->col, col, d->conv, ch->bwd_filter, ws,
+                                                      legacy_ws, &one, d->w, w);
+        return st == CUDNN_STATUS_SUCCESS;
     });
+    void *out = k == 0 ? col : k == 1 ? img : w;
     float add_ms = conv_time_best(s, 3, [&] {
-        return conv_accumulate_launch(s, img, acc, n_img, mode.bf16, p.float_out) == cudaSuccess;
+        return conv_accumulate_launch(s, out, acc, n_out, mode.bf16, p.float_out) == cudaSuccess;
     });
     if (legacy_ms >= 0 && add_ms >= 0 && legacy_ms < graph_ms + add_ms) {
-        ch->data_acc_legacy = true;
-        ch->ws_data_acc = legacy_ws;
+        ch->acc_legacy[k] = true;
+        ch->ws_acc[k] = legacy_ws;
     }
-    if (conv_verbose())
-        fprintf(stderr, "conv-choice data-accumulate %s legacy algo=%d ms=%.4f graph ms=%.4f add ms=%.4f\n",
-                ch->data_acc_legacy ? "legacy" : "graph", (int)ch->bwd_data, (double)legacy_ms, (double)graph_ms,
+    if (conv_verbose()) {
+        const int algo[3] = {(int)ch->fwd, (int)ch->bwd_data, (int)ch->bwd_filter};
+        fprintf(stderr, "conv-choice %s-accumulate %s legacy algo=%d ms=%.4f graph ms=%.4f add ms=%.4f\n",
+                dir_names[k], ch->acc_legacy[k] ? "legacy" : "graph", algo[k], (double)legacy_ms, (double)graph_ms,
                 (double)add_ms);
+    }
 }
 
 /* Chooses the algorithms of the problem's directions in `dirs` with
@@ -546,10 +580,6 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             }
         }
     }
-    /* The legacy data algorithm, kept for adding into dX when the graph
-     * API wins the plain call (choose_data_accumulation). */
-    bool legacy_data = ok && !skip[1];
-    size_t legacy_data_ws = ch->ws_data;
     if (ok && !skip[2]) {
         cudnnSetConvolutionMathType(d.conv, conv_base_math(mode));
         cudnnConvolutionBwdFilterAlgoPerf_t perf[MAX_PERF];
@@ -579,6 +609,9 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
      * nothing, a graph choice keeps the convolution running. */
     char *names[3] = {ch->graph_fwd, ch->graph_data, ch->graph_filter};
     size_t *ws[3] = {&ch->ws_fwd, &ch->ws_data, &ch->ws_filter};
+    /* The legacy algorithms' workspaces, kept for adding into the output
+     * where the graph API wins the plain call (choose_accumulation). */
+    const size_t legacy_ws[3] = {ch->ws_fwd, ch->ws_data, ch->ws_filter};
     bool any_graph = false;
     for (int k = 0; k < 3; k++) {
         if (!gc.name[k][0]) continue;
@@ -588,11 +621,11 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             any_graph = true;
         }
     }
-    /* A Conv's data gradient on the graph API, added into dX: measured
-     * against the legacy algorithm's beta 1 (not the 3xTF32 problems,
-     * whose parts add on their own path). */
-    if (ok && legacy_data && names[1][0] && !mode.x3 && conv_graph_accumulates(g, CONV_GRAPH_DGRAD))
-        choose_data_accumulation(h, g, mode, &d, gc.ms[1], legacy_data_ws, ch);
+    /* A result on the graph API added into its output: against the
+     * legacy algorithm's beta 1, where the legacy API found one. */
+    for (int k = 0; k < 3; k++)
+        if (ok && !skip[k] && names[k][0] && may_add(g, mode, k))
+            choose_accumulation(h, g, mode, &d, k, gc.ms[k], legacy_ws[k], ch);
     conv_descs_destroy(&d);
     bool all_graph = any_graph;
     for (int k = 0; k < 3; k++)
@@ -602,7 +635,6 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
         *why = NULL;
     }
     if (conv_verbose() && ok) {
-        static const char *dir_names[3] = {"fwd", "data", "filter"};
         int legacy[3] = {(int)ch->fwd, (int)ch->bwd_data, (int)ch->bwd_filter};
         for (int k = 0; k < 3; k++) {
             if (!(dirs & (1u << k))) continue;
@@ -677,9 +709,9 @@ bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_m
  * then one line per problem: "conv" and the key's numbers, then the three
  * legacy algorithms, their math types and workspaces, then the three graph
  * API configurations' names ("-" where the legacy algorithm runs), then,
- * where a Conv's data gradient added into dX runs on the legacy API, the
- * word data-acc-legacy and that call's workspace. A
- * channels-last problem's line starts "conv-nhwc" instead (the key's other
+ * for each direction whose added call runs on the legacy API, the word
+ * fwd-acc-legacy, data-acc-legacy or filter-acc-legacy and that call's
+ * workspace. A channels-last problem's line starts "conv-nhwc" instead (the key's other
  * numbers as "conv"'s: states saved before channels-last read as they did,
  * and a reader that does not know the word skips the line), and a choice
  * made for one direction only (the 3xTF32 problems of conv_x3.h) ends the
@@ -687,10 +719,10 @@ bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_m
 
 static const char *const dir_words[3] = {"-fwd", "-data", "-filter"};
 
-/* After the names: the data gradient added into dX on the legacy API,
- * and that call's workspace (algo_choice.data_acc_legacy; absent: on the
- * plain call's choice, as lines written before it read). */
-static const char data_acc_word[] = "data-acc-legacy";
+/* After the names: a direction's result added into its output on the
+ * legacy API, and that call's workspace (algo_choice.acc_legacy; absent:
+ * on the plain call's choice, as lines written before it read). */
+static const char *const acc_words[3] = {"fwd-acc-legacy", "data-acc-legacy", "filter-acc-legacy"};
 
 static const char *dirs_word(int dirs)
 {
@@ -743,7 +775,8 @@ static void identity(char *out, size_t size)
 extern "C" char *gp_cuda_choices_export(void)
 {
     pthread_mutex_lock(&cache_mu);
-    size_t cap = 256 + (size_t)cache_len * (24 + KEY_INTS * 12 + 10 * 24 + 3 * (CONV_GRAPH_NAME + 1) + 32), len = 0;
+    size_t cap = 256 + (size_t)cache_len * (24 + KEY_INTS * 12 + 10 * 24 + 3 * (CONV_GRAPH_NAME + 1) + 3 * 48),
+           len = 0;
     char *text = cache_len ? (char *)malloc(cap) : NULL;
     if (text) {
         identity(text, cap);
@@ -761,8 +794,9 @@ extern "C" char *gp_cuda_choices_export(void)
             const char *names[3] = {c->graph_fwd, c->graph_data, c->graph_filter};
             for (int k = 0; k < 3; k++)
                 len += (size_t)snprintf(text + len, cap - len, " %s", names[k][0] ? names[k] : "-");
-            if (c->data_acc_legacy)
-                len += (size_t)snprintf(text + len, cap - len, " %s %zu", data_acc_word, c->ws_data_acc);
+            for (int k = 0; k < 3; k++)
+                if (c->acc_legacy[k])
+                    len += (size_t)snprintf(text + len, cap - len, " %s %zu", acc_words[k], c->ws_acc[k]);
         }
         len += (size_t)snprintf(text + len, cap - len, "\n");
     }
@@ -815,15 +849,18 @@ extern "C" gp_status gp_cuda_choices_import(const char *text, char *note, size_t
             if (named && !(len == 1 && *p == '-')) memcpy(names[k], p, len);
             p += len;
         }
-        while (named && *p == ' ') p++;
-        if (named && strncmp(p, data_acc_word, sizeof data_acc_word - 1) == 0 && p[sizeof data_acc_word - 1] == ' ') {
+        /* Each direction's word at most once, in order. */
+        for (int k = 0; k < 3 && named; k++) {
+            while (*p == ' ') p++;
+            size_t wl = strlen(acc_words[k]);
+            if (strncmp(p, acc_words[k], wl) != 0 || p[wl] != ' ') continue;
             char *end;
-            long long ws = strtoll(p + sizeof data_acc_word, &end, 10);
-            if (end == p + sizeof data_acc_word || ws < 0) {
+            long long ws = strtoll(p + wl + 1, &end, 10);
+            if (end == p + wl + 1 || ws < 0) {
                 named = false;
             } else {
-                e.ch.data_acc_legacy = true;
-                e.ch.ws_data_acc = (size_t)ws;
+                e.ch.acc_legacy[k] = true;
+                e.ch.ws_acc[k] = (size_t)ws;
                 p = end;
             }
         }

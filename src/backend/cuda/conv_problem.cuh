@@ -81,13 +81,16 @@ struct algo_choice {
     cudnnMathType_t m_fwd, m_data, m_filter;
     size_t ws_fwd, ws_data, ws_filter;
     char graph_fwd[CONV_GRAPH_NAME], graph_data[CONV_GRAPH_NAME], graph_filter[CONV_GRAPH_NAME];
-    /* A Conv's data gradient added into dX (beta 1) where graph_data is
-     * the plain call's choice: on the legacy algorithm bwd_data, m_data
-     * with a workspace of ws_data_acc when data_acc_legacy (measured
-     * faster than the graph API's result computed into a buffer and then
-     * added: conv_choose_data_accumulation), else as the plain call. */
-    bool data_acc_legacy;
-    size_t ws_data_acc;
+    /* A direction's result added into its output (beta 1: a Conv's dX
+     * that another layer wrote first, a float32 dW, a 3xTF32 call's
+     * second part) where the graph API is the plain call's choice: on
+     * direction k's legacy algorithm (fwd, bwd_data, bwd_filter and its
+     * math type) with a workspace of ws_acc[k] when acc_legacy[k]
+     * (measured faster than the graph API's result computed into a
+     * buffer and then added: conv_algos.cu, choose_accumulation), else
+     * as the plain call. */
+    bool acc_legacy[3];
+    size_t ws_acc[3];
 };
 
 /* dst += src over n values, in the convolution's storage (bfloat16 when
