@@ -761,8 +761,9 @@ static void key_from_ints(const long long *v, struct algo_key *k)
     for (int i = 0; i < MAX_AXES; i++) k->d[i] = (int)v[n++];
 }
 
-/* "cuda cudnn VERSION device NAME": where choices are valid. */
-static void identity(char *out, size_t size)
+/* "cuda cudnn VERSION device NAME": where choices are valid (the first
+ * line of the text; device "unknown" where no GPU is visible). */
+extern "C" void gp_cuda_choices_identity(char *out, size_t size)
 {
     int dev = 0;
     cudaDeviceProp p;
@@ -779,7 +780,7 @@ extern "C" char *gp_cuda_choices_export(void)
            len = 0;
     char *text = cache_len ? (char *)malloc(cap) : NULL;
     if (text) {
-        identity(text, cap);
+        gp_cuda_choices_identity(text, cap);
         len = strlen(text);
         for (int i = 0; i < cache_len; i++) {
             int v[KEY_INTS];
@@ -810,7 +811,7 @@ extern "C" gp_status gp_cuda_choices_import(const char *text, char *note, size_t
     const char *eol = strchr(text, '\n');
     size_t head = eol ? (size_t)(eol - text) : strlen(text);
     char here[512];
-    identity(here, sizeof here);
+    gp_cuda_choices_identity(here, sizeof here);
     if (head != strlen(here) || strncmp(text, here, head) != 0) {
         /* Measured elsewhere: measured again here; the run goes on. */
         snprintf(note, note_size,

@@ -36,6 +36,9 @@ int gp_cuda_device_index(struct gp_device *dev);
  * left out with a note (the device ops' choices_export / choices_import). */
 char *gp_cuda_choices_export(void);
 gp_status gp_cuda_choices_import(const char *text, char *note, size_t note_size, struct gp_error *err);
+/* The text's first line here: the cuDNN version and the GPU that choices
+ * measured in this process are valid for. */
+void gp_cuda_choices_identity(char *out, size_t size);
 
 /* The CUDA backend's compute ops (backend/compute.h; cuda/compute.cu). */
 extern const struct gp_compute_ops gp_cuda_compute_ops;
