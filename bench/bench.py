@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import sys
@@ -326,6 +327,18 @@ def gpipe_precision_flags(precision):
     return ["--precision", precision]
 
 
+def variant_settings(text):
+    """A --gpipe-variant's ARGS as (environment settings, flags): leading
+    NAME=VALUE words (NAME in capitals, as `env` takes them) set the
+    variable for that run only; the rest are gpipe-onnx train flags."""
+    words = shlex.split(text)
+    settings = {}
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        k, _, v = words.pop(0).partition("=")
+        settings[k] = v
+    return settings, words
+
+
 def gpipe_side(args, name, precision, batch, onnx_path, workdir, variant=None):
     """One gpipe-onnx run; `variant` = (label, extra args) for a --gpipe-variant."""
     tag = "%s-%s%s" % (name, precision, "-" + variant[0] if variant else "")
@@ -340,12 +353,16 @@ def gpipe_side(args, name, precision, batch, onnx_path, workdir, variant=None):
     if not args.gpipe_verbose:
         cmd.append("--quiet")
     cmd += shlex.split(args.gpipe_args)
+    settings = {}
     if variant:
-        cmd += shlex.split(variant[1])
+        settings, extra = variant_settings(variant[1])
+        cmd += extra
+    env = dict(os.environ, **settings) if settings else None
     what = "gpipe-onnx" + (" [%s]" % variant[0] if variant else "")
     log("%s %s: %s, batch %d, %d+%d steps: %s" % (
-        name, precision, what, batch, args.warmup, args.steps, " ".join(shlex.quote(c) for c in cmd)))
-    res, err = gpipe_run(cmd, metrics, args.timeout, args.warmup, batch)
+        name, precision, what, batch, args.warmup, args.steps,
+        " ".join(shlex.quote(c) for c in ["%s=%s" % kv for kv in sorted(settings.items())] + cmd)))
+    res, err = gpipe_run(cmd, metrics, args.timeout, args.warmup, batch, env=env)
     if args.gpipe_verbose and err:
         sys.stdout.write(err)
         sys.stdout.flush()
@@ -559,7 +576,8 @@ def main():
     ap.add_argument("--gpipe-args", default="", help="extra gpipe-onnx train flags, e.g. '--chunks 4'")
     ap.add_argument("--gpipe-variant", action="append", default=[], metavar="LABEL=ARGS",
                     help="also run gpipe-onnx with these extra flags, in a column of its own, "
-                         "e.g. 'fast-conv=--fast-conv' (repeatable)")
+                         "e.g. 'fast-conv=--fast-conv' (repeatable); leading NAME=VALUE words set "
+                         "environment variables for that run, e.g. 'res-sums=GP_BN_RES_SUMS=1'")
     ap.add_argument("--gpipe-verbose", action="store_true", help="no --quiet; echo gpipe-onnx's progress")
     ap.add_argument("--torch-variants", default=",".join(TORCH_VARIANTS),
                     help="PyTorch columns, comma-separated: eager (the model as exported), best "

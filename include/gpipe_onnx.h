@@ -463,6 +463,12 @@ struct gpo_train_callbacks {
     void (*on_balance)(void *user, const struct gpo_balance_options *o, const struct gpo_balance_report *r);
     void (*on_state)(void *user, const char *path, int64_t step);   /* a training state written */
     void (*on_resume)(void *user, const char *path, int64_t step, int64_t total_steps);
+    /* Before the first step, kernel choices measured (cuDNN's convolution
+     * algorithms, seconds each on a large net; none where the algorithms
+     * file or a resumed state has them): after each, the count and seconds
+     * so far, on the thread measuring (a stage's, one call at a time);
+     * then once with done = 1 after the last, on the calling thread. */
+    void (*on_measure)(void *user, int problems, double seconds, int done);
 };
 
 struct gpo_train_result {

@@ -120,6 +120,21 @@ static void relay_resume(void *user, const char *path, int64_t step, int64_t tot
     if (r->cb && r->cb->on_resume) r->cb->on_resume(r->cb->user, path, step, total);
 }
 
+static void relay_measure(void *user, int problems, double seconds, bool done)
+{
+    struct relay *r = user;
+    if (r->cb && r->cb->on_measure) r->cb->on_measure(r->cb->user, problems, seconds, done);
+}
+
+/* The trainer's callbacks, each relaying to r's. */
+static struct gp_train_callbacks relay_callbacks(struct relay *r)
+{
+    return (struct gp_train_callbacks){.user = r, .on_start = relay_start, .on_step = relay_step,
+                                       .on_epoch = relay_epoch, .on_note = relay_note, .on_memory = relay_memory,
+                                       .on_state = relay_state, .on_resume = relay_resume,
+                                       .on_measure = r->cb && r->cb->on_measure ? relay_measure : NULL};
+}
+
 /* ---- training ---- */
 
 /* "4,4,5": layers per stage. */
@@ -352,10 +367,7 @@ static gpo_status train(gpo_model *m, const struct gpo_train_config *c, const st
     if (st == GPO_OK) {
         if (keep) t.save_path = trained;
         struct relay relay = {.cb = cb, .result = &result};
-        struct gp_train_callbacks tcb = {.user = &relay, .on_start = relay_start, .on_step = relay_step,
-                                         .on_epoch = relay_epoch, .on_note = relay_note,
-                                         .on_memory = relay_memory, .on_state = relay_state,
-                                         .on_resume = relay_resume};
+        struct gp_train_callbacks tcb = relay_callbacks(&relay);
         st = gpo_status_of(gp_train(&t, &train_set, paths[2] ? &val : NULL, &tcb, &m->err));
     }
     if (st == GPO_OK) {
@@ -402,10 +414,7 @@ gpo_status gpo_train_resolved(gpo_model *m, const struct gpo_train_config *c, co
     gpo_status st = gather_data(m, c, owned, paths, &train_set, &val);
     if (st == GPO_OK) {
         struct relay relay = {.cb = cb, .result = &result};
-        struct gp_train_callbacks tcb = {.user = &relay, .on_start = relay_start, .on_step = relay_step,
-                                         .on_epoch = relay_epoch, .on_note = relay_note,
-                                         .on_memory = relay_memory, .on_state = relay_state,
-                                         .on_resume = relay_resume};
+        struct gp_train_callbacks tcb = relay_callbacks(&relay);
         st = gpo_status_of(gp_train(engine, &train_set, paths[2] ? &val : NULL, &tcb, &m->err));
     }
     if (st == GPO_OK) {

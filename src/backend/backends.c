@@ -43,6 +43,15 @@ gp_status gp_backend_choices_import(const char *text, char *note, size_t note_si
     return ops->choices_import(text, note, note_size, err);
 }
 
+void gp_backend_on_measure(gp_measure_fn fn, void *user)
+{
+#ifdef GP_HAVE_CUDA
+    gp_cuda_on_measure(fn, user); /* only the CUDA backend measures */
+#else
+    (void)fn, (void)user;
+#endif
+}
+
 gp_status gp_device_list_parse(const char *list, int max, int *n_out, bool *cuda, int *index, struct gp_error *err)
 {
     if (!list || !*list)

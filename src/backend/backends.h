@@ -19,6 +19,14 @@ const struct gp_device_ops *gp_backend_find(const char *name);
 char *gp_backend_choices_export(void);
 gp_status gp_backend_choices_import(const char *text, char *note, size_t note_size, struct gp_error *err);
 
+/* Called after each kernel choice measured in this process (one cuDNN
+ * convolution problem's algorithms, seconds each on ResNet-50): the
+ * seconds it took, on the thread that measured it (a stage's, a planner's),
+ * one call at a time. Process-wide; fn NULL: none. A run that reads every
+ * choice from a file or a state measures nothing. */
+typedef void (*gp_measure_fn)(void *user, double seconds);
+void gp_backend_on_measure(gp_measure_fn fn, void *user);
+
 /* A device list as the command line and the library take it ("cpu[:N]",
  * "cuda[:N]" or a bare GPU index "N", comma-separated; at most `max`):
  * per entry whether it is a GPU and its index. The message names the bad

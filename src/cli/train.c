@@ -204,6 +204,8 @@ struct progress {
     FILE *metrics;
     const char *model;
     int64_t total, per_epoch;
+    bool algorithms;     /* --algorithms given */
+    double measure_said; /* seconds of measuring at the last line (not a terminal) */
 };
 
 static void on_start(void *user, int64_t total, int64_t per_epoch, const char *summary)
@@ -305,6 +307,29 @@ static void on_resume(void *user, const char *path, int64_t step, int64_t total)
     struct progress *p = user;
     if (!p->quiet)
         fprintf(stderr, "resumed from %s (step %lld of %lld)\n", path, (long long)step, (long long)total);
+}
+
+/* cuDNN's algorithms measured before the first step: a line rewritten on
+ * a terminal, else one every 15 s; then what they took, and where the
+ * choices are kept for the next run. */
+static void on_measure(void *user, int problems, double seconds, int done)
+{
+    struct progress *p = user;
+    if (p->quiet) return;
+    if (done) {
+        fprintf(stderr, "%smeasured cuDNN's convolution algorithms: %d problem%s in %.1f s (%s)\n", p->tty ? "\r" : "",
+                problems, problems == 1 ? "" : "s", seconds,
+                p->algorithms ? "kept in the algorithms file for the next run"
+                              : "--algorithms FILE keeps them for the next run");
+        return;
+    }
+    if (p->tty) {
+        fprintf(stderr, "\rmeasuring cuDNN's convolution algorithms: %d problem%s, %.0f s ", problems,
+                problems == 1 ? "" : "s", seconds);
+    } else if (seconds >= p->measure_said + 15) {
+        fprintf(stderr, "measuring cuDNN's convolution algorithms: %d problems, %.0f s\n", problems, seconds);
+        p->measure_said = seconds;
+    }
 }
 
 static void on_balance(void *user, const struct gpo_balance_options *o, const struct gpo_balance_report *r)
@@ -648,11 +673,12 @@ int gp_cmd_train(int argc, char **argv)
         return gp_cli_usage("train", "--chunks %lld does not divide --batch %lld", (long long)tc.chunks,
                             (long long)tc.batch);
     }
-    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute, .model = model};
+    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute, .model = model,
+                            .algorithms = tc.algorithms_path != NULL};
     struct gpo_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step, .on_epoch = on_epoch,
                                      .on_note = on_note, .on_profile = quiet ? NULL : gp_cli_balance_progress,
                                      .on_memory = on_memory, .on_balance = on_balance, .on_state = on_state,
-                                     .on_resume = on_resume};
+                                     .on_resume = on_resume, .on_measure = on_measure};
     /* The program keeps no trained weights in memory: --save has them. */
     tc.discard_weights = 1;
     /* --pipeline: this process is one rank of a job; the ranks meet and

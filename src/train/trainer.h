@@ -151,6 +151,11 @@ struct gp_train_callbacks {
     void (*on_state)(void *user, const char *path, int64_t step);
     /* Training continues from the state at `path`: `step` of `total` steps done. */
     void (*on_resume)(void *user, const char *path, int64_t step, int64_t total);
+    /* Kernel choices measured while the pipeline is made (cuDNN's
+     * convolution algorithms, not in the algorithms file or the state):
+     * after each, the count and seconds so far, on the thread measuring;
+     * once more with `done` after the last, on the caller's thread. */
+    void (*on_measure)(void *user, int problems, double seconds, bool done);
 };
 
 /* Trains the model on `train`, validating on `val` (may be NULL) after each

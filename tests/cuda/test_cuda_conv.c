@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backends.h"
 #include "backend/compute.h"
 #include "backend/cuda/conv_x3.h"
 #include "backend/cuda/kernel.h"
@@ -266,6 +267,42 @@ static void test_conv(void **state)
            x3_asked() ? "" : " (GP_CONV_FP32=fma)");
     if (!x3_asked()) assert_int_equal(x3_runs, 0);
     else assert_true(x3_runs >= 10);
+}
+
+/* gp_backend_on_measure's hook: told of each problem whose algorithms
+ * are measured (the progress a first run shows), not of those already
+ * chosen. */
+static int measured_problems;
+static double measured_seconds;
+
+static void count_measured(void *user, double seconds)
+{
+    assert_ptr_equal(user, &measured_problems);
+    measured_problems++;
+    measured_seconds += seconds;
+}
+
+static void test_measure_hook(void **state)
+{
+    (void)state;
+    /* A problem no other case has: its directions chosen when it first runs. */
+    static const struct conv_case fresh = {"7->5 3x3 on 9x11, measured once", "Conv", 4,
+                                           {2, 7, 9, 11}, {5, 7, 3, 3}, true, 0, {0}, {0}, {0}, {0},
+                                           false, {0}, NULL, 0};
+    gp_backend_on_measure(count_measured, &measured_problems);
+    measured_problems = 0;
+    measured_seconds = 0;
+    run_conv(&fresh);
+    int first = measured_problems;
+    double seconds = measured_seconds;
+    measured_problems = 0;
+    run_conv(&fresh);
+    int again = measured_problems;
+    gp_backend_on_measure(NULL, NULL);
+    printf("measure hook: %d problem(s) measured in %.3f s, %d when run again\n", first, seconds, again);
+    assert_true(first >= 1);
+    assert_true(seconds > 0);
+    assert_int_equal(again, 0);
 }
 
 /* Channels-last (graph/layout.h): every 2-D Conv case cuDNN takes so
@@ -981,6 +1018,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv),
         cmocka_unit_test(test_conv_nhwc),
+        cmocka_unit_test(test_measure_hook),
         cmocka_unit_test(test_conv_transpose),
         cmocka_unit_test(test_conv_tf32),
         cmocka_unit_test(test_conv_bf16),

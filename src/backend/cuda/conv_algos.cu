@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -658,6 +659,26 @@ static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct cache_entry *cache;
 static int cache_len, cache_cap;
 
+/* Told after each choice measured (gp_cuda_on_measure), under cache_mu:
+ * one call at a time. */
+static void (*measure_fn)(void *user, double seconds);
+static void *measure_user;
+
+extern "C" void gp_cuda_on_measure(void (*fn)(void *user, double seconds), void *user)
+{
+    pthread_mutex_lock(&cache_mu);
+    measure_fn = fn;
+    measure_user = user;
+    pthread_mutex_unlock(&cache_mu);
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* The choice for the problem in `mode`, from the table or made now with
  * `h` (NULL: a handle of its own, created for the choice and destroyed
  * after it, so that nothing outlives the stages) and added to it. */
@@ -676,6 +697,7 @@ bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_m
             return true;
         }
     bool ok = true;
+    double t0 = now_s();
     cudnnHandle_t own = NULL;
     if (!h) {
         cudnnStatus_t st = cudnnCreate(&own);
@@ -695,6 +717,7 @@ bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_m
             cache[cache_len].ch = *ch;
             cache_len++;
         }
+        if (measure_fn) measure_fn(measure_user, now_s() - t0);
     }
     pthread_mutex_unlock(&cache_mu);
     return ok;

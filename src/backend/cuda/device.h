@@ -40,6 +40,9 @@ gp_status gp_cuda_choices_import(const char *text, char *note, size_t note_size,
  * measured in this process are valid for. */
 void gp_cuda_choices_identity(char *out, size_t size);
 
+/* backends.h's gp_backend_on_measure for the convolution algorithms. */
+void gp_cuda_on_measure(void (*fn)(void *user, double seconds), void *user);
+
 /* The CUDA backend's compute ops (backend/compute.h; cuda/compute.cu). */
 extern const struct gp_compute_ops gp_cuda_compute_ops;
 
