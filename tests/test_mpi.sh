@@ -266,6 +266,12 @@ for r in 0 1; do
   grep -q "\"F s$r m3\"" "$tmp/t.rank$r.json" 2>/dev/null || fail "--trace: rank $r's file lacks its forwards"
 done
 grep -q '"F s1 m' "$tmp/t.rank0.json" && fail "--trace: rank 0's file holds stage 1's work"
+# Each rank receives on a stream of its own (the compute stream only waits
+# for it), and names the receive as the copy from the other stage.
+grep -q '"receive from previous stage"' "$tmp/t.rank1.json" || fail "--trace: rank 1 has no receive stream"
+grep -q '"receive from next stage"' "$tmp/t.rank0.json" || fail "--trace: rank 0 has no receive stream"
+grep -q '"copy s0->s1 m3"' "$tmp/t.rank1.json" || fail "--trace: rank 1's receive of micro-batch 3 is not named"
+grep -q '"copy s1->s0 m3"' "$tmp/t.rank0.json" || fail "--trace: rank 0's receive of micro-batch 3 is not named"
 # --balance memory: rank 0 profiles and splits, every rank takes its split,
 # which one process running that split trains to the same model.
 run 2 "$bin" "${digits[@]:0:12}" --pipeline 2 --devices cpu:0 --balance memory --steps 2 --save "$tmp/many.onnx"

@@ -47,13 +47,13 @@ gp_status gp_pipe_setup_graphs(struct gp_pipeline *p, struct gp_error *err)
     if (!p->x_host || (p->target_bytes && !p->t_host) || !p->loss_host || !p->step_host)
         return gp_error_set(err, GP_ERR_NOMEM, "out of pinned host memory for the CUDA graph's staging");
     GP_TRY(ops->event_create(p->stages[0].dev, &p->fork, err));
-    p->joins = calloc((size_t)(3 * p->K), sizeof *p->joins);
+    p->joins = calloc((size_t)(STAGE_STREAMS * p->K), sizeof *p->joins);
     if (!p->joins) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     for (int k = 0; k < p->K; k++) {
         struct stage *s = &p->stages[k];
-        struct gp_stream *list[3] = {s->compute, s->copy_next, s->copy_prev};
-        for (int q = 0; q < 3; q++)
-            if (list[q]) GP_TRY(s->ops->event_create(s->dev, &p->joins[p->n_joins++], err));
+        struct gp_stream *list[STAGE_STREAMS];
+        int n = gp_pipe_stage_streams(s, list, NULL);
+        for (int q = 0; q < n; q++) GP_TRY(s->ops->event_create(s->dev, &p->joins[p->n_joins++], err));
     }
     p->graph_ok = true;
     return GP_OK;
@@ -66,9 +66,9 @@ static int all_streams(struct gp_pipeline *p, struct gp_stream **out, struct sta
     int n = 0;
     for (int k = 0; k < p->K; k++) {
         struct stage *s = &p->stages[k];
-        struct gp_stream *list[3] = {s->compute, s->copy_next, s->copy_prev};
-        for (int q = 0; q < 3; q++)
-            if (list[q]) owner[n] = s, out[n++] = list[q];
+        struct gp_stream *list[STAGE_STREAMS];
+        int m = gp_pipe_stage_streams(s, list, NULL);
+        for (int q = 0; q < m; q++) owner[n] = s, out[n++] = list[q];
     }
     return n;
 }
@@ -80,8 +80,8 @@ static int all_streams(struct gp_pipeline *p, struct gp_stream **out, struct sta
 static gp_status capture_step(struct gp_pipeline *p, bool optimizer, struct gp_error *err)
 {
     struct stage *fs = &p->stages[0];
-    struct gp_stream **streams = malloc(sizeof *streams * (size_t)(3 * p->K));
-    struct stage **owner = malloc(sizeof *owner * (size_t)(3 * p->K));
+    struct gp_stream **streams = malloc(sizeof *streams * (size_t)(STAGE_STREAMS * p->K));
+    struct stage **owner = malloc(sizeof *owner * (size_t)(STAGE_STREAMS * p->K));
     if (!streams || !owner) {
         free(streams);
         free(owner);

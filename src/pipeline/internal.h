@@ -53,6 +53,14 @@ struct stage {
     struct gp_device *dev;
     int device;
     struct gp_stream *compute, *copy_next, *copy_prev;
+    /* Receives from a stage in another process (remote.c), on streams of
+     * their own so that a transfer overlaps the compute stream's work: the
+     * previous stage's activations into micro-batch j's box on recv_prev,
+     * then act_in[j]; the next stage's gradients into j's inbox on
+     * recv_next, then grad_in[j]. NULL where that neighbour is local (or
+     * absent). */
+    struct gp_stream *recv_prev, *recv_next;
+    struct gp_event **act_in, **grad_in; /* per micro-batch */
     unsigned char *static_block, *param_grads, *boxes, *locals, *grads, *inboxes, *scratch;
     /* Last stage: the mini-batch's targets (per micro-batch) and the loss
      * sums the backend writes (doubles, per micro-batch). Every stage:
@@ -246,6 +254,11 @@ static inline int gp_pipe_replicas(const struct gp_pipeline *p)
 {
     return p->cfg.remote && p->cfg.remote->replicas > 1 ? p->cfg.remote->replicas : 1;
 }
+
+/* A local stage's streams (compute first; at most STAGE_STREAMS) and
+ * their names in a timeline (names may be NULL): how many it has. */
+#define STAGE_STREAMS 5
+int gp_pipe_stage_streams(const struct stage *s, struct gp_stream **out, const char **names);
 
 /* Whether stage k runs in this process (every stage does without cfg.remote). */
 static inline bool stage_local(const struct gp_pipeline *p, int k)

@@ -191,7 +191,7 @@ static void issue_forward_copy(struct gp_pipeline *p, int k, int j)
     struct gp_task_tag tag = tag_of(GP_TASK_COPY, k, j, "send activations");
     s->ops->stream_wait(s->copy_next, s->fwd_done[j]);
     if (!stage_local(p, k + 1)) {
-        /* The receiver takes them on its compute stream, before its forward. */
+        /* The receiver takes them on a stream of its own (issue_forward_receive). */
         s->ops->enqueue(s->copy_next, gp_pipe_task_run, remote_task(p, TASK_SEND_ACTIVATIONS, k, j), &tag);
         s->ops->event_record(s->fwd_copied[j], s->copy_next);
         return;
@@ -228,14 +228,43 @@ static void issue_backward_copy(struct gp_pipeline *p, int k, int j)
     s->ops->event_record(s->bwd_copied[j], s->copy_prev);
 }
 
+/* Stage k (local) receives micro-batch j's activations from stage k-1 in
+ * another process into j's box, on its recv_prev stream, once the
+ * backward that last read that box is done: where the local copy would be
+ * issued (the box free, the same order on both sides, so that the sender's
+ * messages meet their receives); its forward waits for act_in[j]. */
+static void issue_forward_receive(struct gp_pipeline *p, int k, int j)
+{
+    struct stage *s = &p->stages[k];
+    /* Named as the copy it is: from stage k-1 (the span "copy s(k-1)->sk"). */
+    struct gp_task_tag tag = tag_of(GP_TASK_COPY, k - 1, j, "receive activations");
+    if (s->slots.box_after[j] >= 0) s->ops->stream_wait(s->recv_prev, s->bwd_done[s->slots.box_after[j]]);
+    s->ops->enqueue(s->recv_prev, gp_pipe_task_run, remote_task(p, TASK_RECV_ACTIVATIONS, k, j), &tag);
+    s->ops->event_record(s->act_in[j], s->recv_prev);
+}
+
+/* Stage k (local) receives micro-batch j's gradients from stage k+1 in
+ * another process into j's inbox, on its recv_next stream, once the
+ * backward that last read that inbox is done: issued where stage k+1's
+ * backward of j is (its send follows it); k's backward waits for
+ * grad_in[j]. */
+static void issue_backward_receive(struct gp_pipeline *p, int k, int j)
+{
+    struct stage *s = &p->stages[k];
+    struct gp_task_tag tag = tag_of(GP_TASK_COPY, k + 1, j, "receive gradients");
+    if (s->slots.inbox_after[j] >= 0) s->ops->stream_wait(s->recv_next, s->bwd_done[s->slots.inbox_after[j]]);
+    s->ops->enqueue(s->recv_next, gp_pipe_task_run, remote_task(p, TASK_RECV_GRADIENTS, k, j), &tag);
+    s->ops->event_record(s->grad_in[j], s->recv_next);
+}
+
 gp_status gp_pipe_sync_all(struct gp_pipeline *p, struct gp_error *err)
 {
     gp_status first = GP_OK;
     for (int k = 0; k < p->K; k++) {
         struct stage *s = &p->stages[k];
-        struct gp_stream *streams[3] = {s->compute, s->copy_next, s->copy_prev};
-        for (int q = 0; q < 3; q++) {
-            if (!streams[q]) continue;
+        struct gp_stream *streams[STAGE_STREAMS];
+        int n = gp_pipe_stage_streams(s, streams, NULL);
+        for (int q = 0; q < n; q++) {
             gp_status st = s->ops->stream_synchronize(streams[q], err);
             if (st != GP_OK && first == GP_OK) first = st;
         }
@@ -248,9 +277,9 @@ static void clear_traces(struct gp_pipeline *p)
     if (!p->cfg.trace) return;
     for (int k = 0; k < p->K; k++) {
         struct stage *s = &p->stages[k];
-        struct gp_stream *streams[3] = {s->compute, s->copy_next, s->copy_prev};
-        for (int q = 0; q < 3; q++)
-            if (streams[q]) s->ops->trace_enable(streams[q], 1); /* restarts the recording */
+        struct gp_stream *streams[STAGE_STREAMS];
+        int n = gp_pipe_stage_streams(s, streams, NULL);
+        for (int q = 0; q < n; q++) s->ops->trace_enable(streams[q], 1); /* restarts the recording */
     }
 }
 
@@ -278,8 +307,7 @@ void gp_pipe_issue_actions(struct gp_pipeline *p)
                 s->ops->copy(s->compute, addr(s, p->input, sl->box[j], 0), s->inputs + (size_t)j * in_bytes, in_bytes,
                              &tag);
             } else if (k > 0 && !stage_local(p, k - 1)) {
-                struct gp_task_tag rtag = tag_of(GP_TASK_COPY, k, j, "receive activations");
-                s->ops->enqueue(s->compute, gp_pipe_task_run, remote_task(p, TASK_RECV_ACTIVATIONS, k, j), &rtag);
+                s->ops->stream_wait(s->compute, s->act_in[j]);
             } else if (k > 0) {
                 s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[j]);
             }
@@ -303,8 +331,7 @@ void gp_pipe_issue_actions(struct gp_pipeline *p)
         case GP_ACT_BACKWARD: {
             t->kind = TASK_BACKWARD;
             if (k + 1 < p->K && !stage_local(p, k + 1)) {
-                struct gp_task_tag rtag = tag_of(GP_TASK_COPY, k, j, "receive gradients");
-                s->ops->enqueue(s->compute, gp_pipe_task_run, remote_task(p, TASK_RECV_GRADIENTS, k, j), &rtag);
+                s->ops->stream_wait(s->compute, s->grad_in[j]);
             } else if (k + 1 < p->K) {
                 s->ops->stream_wait(s->compute, p->stages[k + 1].bwd_copied[j]);
             }
@@ -319,12 +346,17 @@ void gp_pipe_issue_actions(struct gp_pipeline *p)
             break;
         }
         }
+        /* Another process's backward of j sends its input gradients to
+         * this process's stage: their receive is due now. */
+        if (act->kind == GP_ACT_BACKWARD && !stage_local(p, k) && k > 0 && stage_local(p, k - 1))
+            issue_backward_receive(p, k - 1, j);
         /* The forward copies due now: after the forward that made them and
          * the backward that freed their box (slots.h). */
         for (int r = 1; r < p->K; r++) {
             const struct gp_stage_slots *in = &p->stages[r].slots;
             while (p->next_copy[r] < p->M && in->copy_after[p->next_copy[r]] <= a) {
                 if (stage_local(p, r - 1)) issue_forward_copy(p, r - 1, p->next_copy[r]);
+                else if (stage_local(p, r)) issue_forward_receive(p, r, p->next_copy[r]);
                 p->next_copy[r]++;
             }
         }
@@ -516,7 +548,7 @@ gp_status gp_pipeline_eval(struct gp_pipeline *p, const void *x, bool batch_stat
             s->ops->copy(s->compute, p->convert_input ? s->inputs : addr(s, p->input, s->slots.box[0], 0), x, in_bytes,
                          &tag);
         } else if (!stage_local(p, k - 1)) {
-            struct gp_task_tag rtag = tag_of(GP_TASK_COPY, k, 0, "receive activations");
+            struct gp_task_tag rtag = tag_of(GP_TASK_COPY, k - 1, 0, "receive activations");
             s->ops->enqueue(s->compute, gp_pipe_task_run, remote_task(p, TASK_RECV_ACTIVATIONS, k, 0), &rtag);
         } else {
             s->ops->stream_wait(s->compute, p->stages[k - 1].fwd_copied[0]);
@@ -624,15 +656,15 @@ gp_status gp_pipeline_reports(struct gp_pipeline *p, struct gp_stage_report *out
 gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struct gp_error *err)
 {
     if (!p->cfg.trace) return gp_error_set(err, GP_ERR_INVALID, "the timeline was not recorded");
-    struct gp_trace_stream streams[3 * 64];
+    struct gp_trace_stream streams[STAGE_STREAMS * 64];
     int n = 0;
-    for (int k = 0; k < p->K && n + 3 <= (int)(sizeof streams / sizeof *streams); k++) {
+    for (int k = 0; k < p->K && n + STAGE_STREAMS <= (int)(sizeof streams / sizeof *streams); k++) {
         if (!stage_local(p, k)) continue;
         struct stage *s = &p->stages[k];
-        struct gp_stream *list[3] = {s->compute, s->copy_next, s->copy_prev};
-        static const char *const names[3] = {"compute", "copy to next stage", "copy to previous stage"};
-        for (int q = 0; q < 3; q++) {
-            if (!list[q]) continue;
+        struct gp_stream *list[STAGE_STREAMS];
+        const char *names[STAGE_STREAMS];
+        int m = gp_pipe_stage_streams(s, list, names);
+        for (int q = 0; q < m; q++) {
             int count = 0;
             const struct gp_trace_span *spans = s->ops->trace_spans(list[q], &count);
             streams[n++] = (struct gp_trace_stream){.device = s->device, .device_name = s->ops->name,

@@ -246,6 +246,14 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
         snprintf(name, sizeof name, "copy s%d->s%d", k, k - 1);
         GP_TRY(s->ops->stream_create(s->dev, name, &s->copy_prev, err));
     }
+    if (k > 0 && !stage_local(p, k - 1)) {
+        snprintf(name, sizeof name, "receive s%d->s%d", k - 1, k);
+        GP_TRY(s->ops->stream_create(s->dev, name, &s->recv_prev, err));
+    }
+    if (k + 1 < p->K && !stage_local(p, k + 1)) {
+        snprintf(name, sizeof name, "receive s%d->s%d", k + 1, k);
+        GP_TRY(s->ops->stream_create(s->dev, name, &s->recv_next, err));
+    }
 
     /* Parameters in value order, which is the model's initializer order:
      * the order PyTorch's parameters() has, which gradient clipping's norm
@@ -280,8 +288,9 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
         GP_TRY(gp_optim_create_in(&p->cfg.optim, s->params, s->n_params, s->optim_state, &s->opt, err));
     GP_TRY(upload_static(p, s, err));
 
-    struct gp_event ***lists[4] = {&s->fwd_done, &s->fwd_copied, &s->bwd_done, &s->bwd_copied};
-    for (int e = 0; e < 4; e++) {
+    struct gp_event ***lists[6] = {&s->fwd_done, &s->fwd_copied, &s->bwd_done, &s->bwd_copied, &s->act_in, &s->grad_in};
+    for (int e = 0; e < 6; e++) {
+        if ((e == 4 && !s->recv_prev) || (e == 5 && !s->recv_next)) continue;
         *lists[e] = calloc((size_t)p->M, sizeof(struct gp_event *));
         if (!*lists[e]) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
         for (int j = 0; j < p->M; j++) GP_TRY(s->ops->event_create(s->dev, &(*lists[e])[j], err));
@@ -311,11 +320,25 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
         }
     }
     if (p->cfg.trace) {
-        s->ops->trace_enable(s->compute, 1);
-        if (s->copy_next) s->ops->trace_enable(s->copy_next, 1);
-        if (s->copy_prev) s->ops->trace_enable(s->copy_prev, 1);
+        struct gp_stream *streams[STAGE_STREAMS];
+        int n = gp_pipe_stage_streams(s, streams, NULL);
+        for (int q = 0; q < n; q++) s->ops->trace_enable(streams[q], 1);
     }
     return GP_OK;
+}
+
+int gp_pipe_stage_streams(const struct stage *s, struct gp_stream **out, const char **names)
+{
+    struct gp_stream *all[STAGE_STREAMS] = {s->compute, s->copy_next, s->copy_prev, s->recv_prev, s->recv_next};
+    static const char *const all_names[STAGE_STREAMS] = {"compute", "copy to next stage", "copy to previous stage",
+                                                         "receive from previous stage", "receive from next stage"};
+    int n = 0;
+    for (int q = 0; q < STAGE_STREAMS; q++) {
+        if (!all[q]) continue;
+        if (names) names[n] = all_names[q];
+        out[n++] = all[q];
+    }
+    return n;
 }
 
 void gp_pipe_free_stages(struct gp_pipeline *p)
@@ -324,11 +347,11 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
         struct stage *s = &p->stages[k];
         const struct gp_device_ops *ops = s->ops;
         if (ops) {
-            if (s->compute) ops->stream_destroy(s->compute);
-            if (s->copy_next) ops->stream_destroy(s->copy_next);
-            if (s->copy_prev) ops->stream_destroy(s->copy_prev);
-            struct gp_event **lists[4] = {s->fwd_done, s->fwd_copied, s->bwd_done, s->bwd_copied};
-            for (int e = 0; e < 4; e++) {
+            struct gp_stream *streams[STAGE_STREAMS];
+            int n = gp_pipe_stage_streams(s, streams, NULL);
+            for (int q = 0; q < n; q++) ops->stream_destroy(streams[q]);
+            struct gp_event **lists[6] = {s->fwd_done, s->fwd_copied, s->bwd_done, s->bwd_copied, s->act_in, s->grad_in};
+            for (int e = 0; e < 6; e++) {
                 for (int j = 0; lists[e] && j < p->M; j++)
                     if (lists[e][j]) ops->event_destroy(lists[e][j]);
                 free(lists[e]);
