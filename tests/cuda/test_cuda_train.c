@@ -557,6 +557,36 @@ static void test_remade_norm(void **state)
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
 }
 
+/* Trains s with the environment variable `var` set to `off`, then to `on`
+ * (NULL: unset), its value before restored after, and compares the runs
+ * bit for bit: whether they are the same (MISMATCH lines say where not).
+ * `what` names the pair in messages, `a` and `b` the two runs. */
+static bool same_either_way(const struct setup *s, const char *var, const char *off, const char *on,
+                            const char *what, const char *a, const char *b)
+{
+    const char *set = getenv(var);
+    char was[64];
+    snprintf(was, sizeof was, "%s", set ? set : "");
+    struct result r_off, r_on;
+    memset(&r_off, 0, sizeof r_off);
+    memset(&r_on, 0, sizeof r_on);
+    struct gp_error err = {0};
+    setenv(var, off, 1);
+    gp_status st = train(s, &r_off, &err);
+    if (st == GP_OK) {
+        if (on) setenv(var, on, 1);
+        else unsetenv(var);
+        st = train(s, &r_on, &err);
+    }
+    if (set) setenv(var, was, 1);
+    else unsetenv(var);
+    if (st != GP_OK) fail_msg("%s: %s", what, err.msg);
+    bool same = compare_as(what, &r_on, &r_off, a, b, 0);
+    gp_graph_free(&r_on.saved);
+    gp_graph_free(&r_off.saved);
+    return same;
+}
+
 /* The residual Adds fused into their BatchNorms (graph/fuse.c,
  * gp_node.fused_add) give the unfused nodes' bits on the GPU too
  * (GP_FUSE_BN_ADD=0), in fp32 and bf16, both layouts; the residual's
@@ -572,21 +602,11 @@ static void test_fused_residual(void **state)
             struct setup s = {.fixture = "resnet_op17", .batch = 8, .chunks = 2, .stages = 1, .cuda = true,
                               .checkpoint = GP_CHECKPOINT_NEVER, .layout = layouts[l],
                               .precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32};
-            struct result fused, apart;
-            memset(&fused, 0, sizeof fused);
-            memset(&apart, 0, sizeof apart);
-            struct gp_error err = {0};
-            setenv("GP_FUSE_BN_ADD", "0", 1);
-            if (train(&s, &apart, &err) != GP_OK) fail_msg("unfused: %s", err.msg);
-            unsetenv("GP_FUSE_BN_ADD");
-            if (train(&s, &fused, &err) != GP_OK) fail_msg("fused: %s", err.msg);
             char what[160];
             snprintf(what, sizeof what, "%s resnet_op17 %s, residual Adds fused", gp_precision_name(s.precision),
                      l ? "nhwc" : "nchw");
-            failed += !compare_as(what, &fused, &apart, "fused", "unfused", 0);
+            failed += !same_either_way(&s, "GP_FUSE_BN_ADD", "0", NULL, what, "fused", "unfused");
             runs++;
-            gp_graph_free(&fused.saved);
-            gp_graph_free(&apart.saved);
         }
     printf("fused residual Adds on the GPU: %d runs against the unfused nodes\n", runs);
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
@@ -600,32 +620,16 @@ static void test_residual_sums(void **state)
 {
     (void)state;
     int failed = 0, runs = 0;
-    /* The suite's run with GP_BN_RES_SUMS=1 keeps it for the tests after. */
-    const char *set = getenv("GP_BN_RES_SUMS");
-    char was[16];
-    snprintf(was, sizeof was, "%s", set ? set : "");
     for (int pr = 0; pr < 2; pr++)
         for (int gr = 0; gr < 2; gr++) {
             struct setup s = {.fixture = "resnet_op17", .batch = 8, .chunks = 2, .stages = 1, .cuda = true,
                               .checkpoint = GP_CHECKPOINT_NEVER, .layout = GP_LAYOUT_NHWC, .graph = gr == 1,
                               .precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32};
-            struct result in_sums, apart;
-            memset(&in_sums, 0, sizeof in_sums);
-            memset(&apart, 0, sizeof apart);
-            struct gp_error err = {0};
-            setenv("GP_BN_RES_SUMS", "0", 1);
-            if (train(&s, &apart, &err) != GP_OK) fail_msg("own pass: %s", err.msg);
-            setenv("GP_BN_RES_SUMS", "1", 1);
-            if (train(&s, &in_sums, &err) != GP_OK) fail_msg("in the statistics pass: %s", err.msg);
-            if (set) setenv("GP_BN_RES_SUMS", was, 1);
-            else unsetenv("GP_BN_RES_SUMS");
             char what[160];
             snprintf(what, sizeof what, "%s resnet_op17 nhwc%s, residual gradients in the statistics pass",
                      gp_precision_name(s.precision), s.graph ? ", CUDA graph" : "");
-            failed += !compare_as(what, &in_sums, &apart, "in sums", "own pass", 0);
+            failed += !same_either_way(&s, "GP_BN_RES_SUMS", "0", "1", what, "in sums", "own pass");
             runs++;
-            gp_graph_free(&in_sums.saved);
-            gp_graph_free(&apart.saved);
         }
     printf("residual gradients written by the statistics pass: %d runs against their own pass\n", runs);
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
@@ -649,21 +653,11 @@ static void test_workspaces_in_sets(void **state)
                                   .stages = v ? 2 : 1, .cuda = true,
                                   .checkpoint = v ? GP_CHECKPOINT_ALWAYS : GP_CHECKPOINT_NEVER, .layout = layouts[l],
                                   .graph = v == 1, .precision = pr ? GP_PRECISION_BF16 : GP_PRECISION_FP32};
-                struct result block, in_sets;
-                memset(&block, 0, sizeof block);
-                memset(&in_sets, 0, sizeof in_sets);
-                struct gp_error err = {0};
-                setenv("GP_SCRATCH_IN_SETS", "0", 1);
-                if (train(&s, &block, &err) != GP_OK) fail_msg("workspaces in the block: %s", err.msg);
-                unsetenv("GP_SCRATCH_IN_SETS");
-                if (train(&s, &in_sets, &err) != GP_OK) fail_msg("workspaces in the sets: %s", err.msg);
                 char what[200];
                 snprintf(what, sizeof what, "%s %s %s, %d stage(s), workspaces in the arena and the sets",
                          gp_precision_name(s.precision), s.fixture, l ? "nhwc" : "nchw", s.stages);
-                failed += !compare_as(what, &in_sets, &block, "in sets", "in the block", 0);
+                failed += !same_either_way(&s, "GP_SCRATCH_IN_SETS", "0", NULL, what, "in sets", "in the block");
                 runs++;
-                gp_graph_free(&block.saved);
-                gp_graph_free(&in_sets.saved);
             }
     printf("workspaces in the arena and the activation sets on the GPU: %d runs against the block\n", runs);
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
