@@ -372,6 +372,9 @@ def gpipe_side(args, name, precision, batch, onnx_path, workdir, variant=None):
     log("%s %s: %s %.1f samples/s (median step %.4f s, loss %.4f -> %.4f%s)" % (
         name, precision, what, res["samples_per_s"], res["median_step_s"], res["first_loss"],
         res["last_loss"], ", planned %.2f GiB" % res["planned_gib"] if "planned_gib" in res else ""))
+    if res.get("measured_problems"):
+        log("%s %s: %s measured cuDNN's algorithms of %d problems first, in %.1f s" % (
+            name, precision, what, res["measured_problems"], res["measure_s"]))
     return res
 
 

@@ -139,9 +139,12 @@ def read_metrics(path, warmup, batch):
     step's wall time, host work included); the step's time is batch / samples_per_s.
     The summary also has 'planned_gib': the device memory the stages planned (parameters,
     optimizer state, activations, scratch; the metrics' memory records, summed over stages),
-    without cuDNN's and cuBLAS's workspaces and the CUDA context."""
+    without cuDNN's and cuBLAS's workspaces and the CUDA context; and where cuDNN's
+    algorithms were measured before the first step (no --algorithms file had them),
+    'measure_s' and 'measured_problems'."""
     steps = []
     planned = 0
+    measured = None
     try:
         with open(path) as f:
             for line in f:
@@ -152,6 +155,8 @@ def read_metrics(path, warmup, batch):
                         steps.append(rec)
                     elif "memory" in rec:
                         planned += rec["memory"].get("planned_bytes", 0)
+                    elif "measured" in rec:
+                        measured = rec["measured"]
     except (OSError, ValueError) as e:
         return None, steps, "gpipe-onnx metrics unreadable: %s" % e
     timed = [r for r in steps if r["step"] > warmup]
@@ -161,6 +166,9 @@ def read_metrics(path, warmup, batch):
         return None, steps, "gpipe-onnx: no timed steps in the metrics (%d steps recorded)" % len(steps)
     if planned:
         s["planned_gib"] = round(planned / 2**30, 2)
+    if measured:
+        s["measure_s"] = measured.get("seconds")
+        s["measured_problems"] = measured.get("problems")
     return s, steps, None
 
 

@@ -311,10 +311,14 @@ static void on_resume(void *user, const char *path, int64_t step, int64_t total)
 
 /* cuDNN's algorithms measured before the first step: a line rewritten on
  * a terminal, else one every 15 s; then what they took, and where the
- * choices are kept for the next run. */
+ * choices are kept for the next run (and a --metrics record of it). */
 static void on_measure(void *user, int problems, double seconds, int done)
 {
     struct progress *p = user;
+    if (done && p->metrics) {
+        fprintf(p->metrics, "{\"measured\": {\"problems\": %d, \"seconds\": %.3f}}\n", problems, seconds);
+        fflush(p->metrics);
+    }
     if (p->quiet) return;
     if (done) {
         fprintf(stderr, "%smeasured cuDNN's convolution algorithms: %d problem%s in %.1f s (%s)\n", p->tty ? "\r" : "",
