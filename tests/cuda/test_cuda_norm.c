@@ -347,6 +347,105 @@ static void test_bn_nhwc_extremes(void **state)
     free(x);
 }
 
+/* x -> BatchNormalization -> + r -> (Relu) -> y, as a ResNet block ends:
+ * graph/fuse.c makes it one BatchNormalization with the residual r as
+ * input 5 (gp_node.fused_add) and the Relu fused; shape c->x. */
+static void build_bn_residual(struct gp_graph *g, const struct bn_case *c, bool relu)
+{
+    struct gp_error err = {0};
+    begin(g, c->opset);
+    int64_t ch = c->x[1];
+    input(g, "x", c->rank, c->x);
+    input(g, "s", 1, &ch);
+    input(g, "b", 1, &ch);
+    input(g, "r", c->rank, c->x);
+    float *m = malloc(sizeof(float) * (size_t)ch), *v = malloc(sizeof(float) * (size_t)ch);
+    assert_non_null(m);
+    assert_non_null(v);
+    for (int64_t i = 0; i < ch; i++) {
+        m[i] = 0.1f * (float)(i % 7) - 0.3f;
+        v[i] = 0.5f + 0.25f * (float)(i % 5);
+    }
+    const_f32(g, "m", ch, m);
+    const_f32(g, "v", ch, v);
+    free(m);
+    free(v);
+    if (gp_graph_add_node(g, "BatchNormalization", "", "bn", 5, S("x", "s", "b", "m", "v"), 1, S("h"), &err) < 0 ||
+        gp_graph_add_node(g, "Add", "", "add", 2, S("h", "r"), 1, S(relu ? "a" : "y"), &err) < 0 ||
+        (relu && gp_graph_add_node(g, "Relu", "", "relu", 1, S("a"), 1, S("y"), &err) < 0) ||
+        gp_graph_add_output(g, "y", &err) != GP_OK)
+        fail_msg("%s", err.msg);
+    finalize_ok(g);
+    if (g->n_nodes != 1 || !g->nodes[0].fused_add || g->nodes[0].fused_relu != relu)
+        fail_msg("%s: BatchNormalization, Add%s not fused into one node (%d nodes)", c->label, relu ? ", Relu" : "",
+                 g->n_nodes);
+}
+
+/* The residual Add (and Relu) fused into the BatchNormalization, on its
+ * own against the CPU: channels-last X, R and Y, float32 and the
+ * executor's bfloat16 mix, with R's gradient written whole (its first
+ * writer: NaN before, as the executor plans a residual block's input) and
+ * added into, dX written whole and added into, with R's gradient written
+ * by the statistics pass (GP_BN_RES_SUMS=1) and by its own kernel; X with
+ * an infinity and a NaN (the statistics passes' exact walks, which then
+ * read that gradient back) in one case. Each twice for the same bits. */
+static void test_bn_residual_nhwc(void **state)
+{
+    (void)state;
+    static const struct bn_case cases[] = {
+        {"BN-15 [4,16,10,10] + residual", 15, 4, {4, 16, 10, 10}, 1, false, 0, 0},
+        {"BN-15 [8,64,28,28] + residual", 15, 4, {8, 64, 28, 28}, 1, false, 0, 0},
+        {"BN-15 [3,24,7,7] + residual, extremes", 15, 4, {3, 24, 7, 7}, 1, false, 0, 0},
+    };
+    const char *set = getenv("GP_BN_RES_SUMS");
+    char was[16];
+    snprintf(was, sizeof was, "%s", set ? set : "");
+    int runs = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const struct bn_case *c = &cases[k];
+        int64_t n = c->x[0] * c->x[1] * c->x[2] * c->x[3];
+        float *x = NULL;
+        if (strstr(c->label, "extremes")) {
+            x = malloc(sizeof(float) * (size_t)n);
+            assert_non_null(x);
+            uint64_t seed = 0x2545f4914f6cdd1dull;
+            for (int64_t i = 0; i < n; i++) x[i] = round_bf16(rnd(&seed));
+            x[5 * c->x[2] * c->x[3] + 11] = INFINITY; /* channel 5 of sample 0 */
+            x[(c->x[1] + 9) * c->x[2] * c->x[3] + 3] = NAN; /* channel 9 of sample 1 */
+        }
+        for (int relu = 0; relu < 2; relu++)
+            for (int mix = -1; mix < 1; mix++)
+                for (int ow = 0; ow < 4; ow++)
+                    for (int sums = 0; sums < 2; sums++) {
+                        struct gp_graph g;
+                        build_bn_residual(&g, c, relu);
+                        char label[224];
+                        snprintf(label, sizeof label, "%s%s, %s, dR %s, dX %s, R's gradient by %s", c->label,
+                                 relu ? " + Relu" : "", mix < 0 ? "float32" : "bf16 (executor)",
+                                 ow & 1 ? "written" : "added", ow & 2 ? "written" : "added",
+                                 sums ? "the statistics pass" : "its own pass");
+                        struct op_compare o = {.label = label, .nhwc_inputs = 1u | 1u << 5, .nhwc_outputs = 1,
+                                               .overwrite = (ow & 1 ? 1u << 5 : 0) | (ow & 2 ? 1u : 0),
+                                               .twice = true};
+                        o.inputs[0] = x;
+                        if (mix >= 0) {
+                            o.bf16 = true;
+                            o.params = bn_mixes[0].params;
+                            o.f32_inputs = bn_mixes[0].f32_inputs;
+                            o.f32_outputs = bn_mixes[0].f32_outputs;
+                        }
+                        setenv("GP_BN_RES_SUMS", sums ? "1" : "0", 1);
+                        op_compare_node(&g, 0, &o);
+                        gp_graph_free(&g);
+                        runs++;
+                    }
+        free(x);
+    }
+    if (set) setenv("GP_BN_RES_SUMS", was, 1);
+    else unsetenv("GP_BN_RES_SUMS");
+    printf("fused residual BatchNorm, channels-last: %d cases against the CPU\n", runs);
+}
+
 /* n floats into device memory as bfloat16 (b16) or float32, at d. */
 static void upload_as(void *d, const float *h, int n, bool b16)
 {
@@ -755,6 +854,7 @@ int main(void)
         cmocka_unit_test(test_bn_bf16),
         cmocka_unit_test(test_bn_nhwc),
         cmocka_unit_test(test_bn_nhwc_extremes),
+        cmocka_unit_test(test_bn_residual_nhwc),
         cmocka_unit_test(test_bn_one_value),
         cmocka_unit_test(test_bn_deferred),
         cmocka_unit_test(test_bn_deferred_bf16),
