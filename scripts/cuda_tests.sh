@@ -77,6 +77,9 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     run "test_cuda_conv (added results on the legacy API)" env GP_CONV_ADD_API=legacy \
         "$build/tests/test_cuda_conv"
     run "test_cuda_conv (added results measured)" env GP_CONV_ADD_API=measured "$build/tests/test_cuda_conv"
+    # 3xTF32's weight gradients with their operands split in two blocks of
+    # the batch (one copy fewer written; off by default).
+    run "test_cuda_conv (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_conv"
 fi
 # Training on the GPU with the kernels' first writes of gradients turned
 # off (they are on by default), so both ways stay tested; with every
@@ -91,6 +94,7 @@ if [ -x "$build/tests/test_cuda_train" ]; then
         "$build/tests/test_cuda_train"
     run "test_cuda_train (residual gradients in the statistics pass)" env GP_BN_RES_SUMS=1 \
         "$build/tests/test_cuda_train"
+    run "test_cuda_train (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_train"
 fi
 # The kill -9 and resume runs of test_state, training on the GPU (it runs the
 # command line as child processes, so it stays out of the memcheck pass).

@@ -682,10 +682,46 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsi
     free(hi_out);
 }
 
+/* The batch axis's copies as two whole blocks (GP_CONV_X3_BATCH=blocked):
+ * block j of copy j, bit for bit split_ref's, nothing written past them;
+ * `offset` floats off 16-byte alignment (the one-value kernel). */
+static void run_split_blocks(int64_t n, unsigned lo_parts, int offset)
+{
+    float *src = malloc(sizeof(float) * (size_t)n), *out = malloc(3 * sizeof(float) * (size_t)n);
+    assert_non_null(src);
+    assert_non_null(out);
+    for (int64_t i = 0; i < n; i++) src[i] = split_value(i);
+    float *dsrc, *ddst;
+    assert_int_equal(cudaMalloc((void **)&dsrc, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&ddst, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dsrc + offset, src, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemset(ddst, 0xff, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
+    assert_int_equal(gp_cuda_conv_x3_split_blocks(NULL, ddst + offset, dsrc + offset, n, lo_parts), cudaSuccess);
+    assert_int_equal(cudaMemcpy(out, ddst + offset, 3 * sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    for (int64_t e = 2 * n; e < 3 * n; e++)
+        if (bits_of(out[e]) != 0xffffffffu)
+            fail_msg("split of %lld values into blocks wrote past them, at %lld", (long long)n, (long long)e);
+    for (int64_t e = 0; e < n; e++) {
+        float hi, lo;
+        split_ref(src[e], &hi, &lo);
+        for (int j = 0; j < 2; j++) {
+            float want = (lo_parts >> j) & 1u ? lo : hi, got = out[j * n + e];
+            if (bits_of(got) != bits_of(want))
+                fail_msg("split of %lld values into blocks, %a, block %d: %a, want %a", (long long)n,
+                         (double)src[e], j, (double)got, (double)want);
+        }
+    }
+    cudaFree(dsrc);
+    cudaFree(ddst);
+    free(src);
+    free(out);
+}
+
 /* Each kernel of the split: planes (inner a multiple of 4), channels
  * (inner 1, ch a multiple of 4), and any shape or alignment; two copies
  * with hi alone beside them (what conv.cu runs), two and one without; an
- * unknown count refused. */
+ * unknown count refused; the batch's blocks. */
 static void test_x3_split(void **state)
 {
     (void)state;
@@ -700,6 +736,12 @@ static void test_x3_split(void **state)
     run_split(10, 8, 1, 1, CONV_X3_HI, 0, false);
     run_split(3, 5, 7, 1, CONV_X3_HI, 1, false);
     assert_int_equal(gp_cuda_conv_x3_split(NULL, NULL, NULL, NULL, 1, 1, 1, 3, 0), cudaErrorInvalidValue);
+    /* As blocks: 4 values a thread, and one at a time (a count not a
+     * multiple of 4, or off alignment). */
+    run_split_blocks(4096, CONV_X3_LO_HI, 0);
+    run_split_blocks(4096, CONV_X3_HI_LO, 0);
+    run_split_blocks(1001, CONV_X3_LO_HI, 0);
+    run_split_blocks(4096, CONV_X3_HI_LO, 1);
 }
 
 /* ---- pools ---- */

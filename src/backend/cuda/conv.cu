@@ -344,18 +344,44 @@ static size_t x3_operand_bytes(int64_t n)
     return align_up(sizeof(float) * (size_t)n) + align_up(2 * sizeof(float) * (size_t)n);
 }
 
+/* GP_CONV_X3_BATCH=blocked: the filter gradient's operands split along
+ * the batch as two whole blocks (gp_cuda_conv_x3_split_blocks), hi's
+ * block also the first call's operand: one copy fewer written for each.
+ * Off by default until the GPU suite has run it. Read once: the plan and
+ * the calls must agree. */
+static bool x3_batch_blocked(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("GP_CONV_X3_BATCH");
+        on = v && !strcmp(v, "blocked");
+    }
+    return on;
+}
+
+/* Whether the filter gradient's operands of n_img and n_col values split
+ * as blocks: asked, and each block 256-byte aligned (a multiple of 64
+ * values), as every operand cuDNN was measured with. */
+static bool x3_blocks_apply(int64_t n_img, int64_t n_col)
+{
+    return x3_batch_blocked() && n_img % 64 == 0 && n_col % 64 == 0;
+}
+
+/* Bytes of one operand's two copies as blocks (n values each). */
+static size_t x3_blocks_bytes(int64_t n) { return align_up(2 * sizeof(float) * (size_t)n); }
+
 /* Bytes of the split operands of the directions in `dirs`: forward X
  * and W, data dY and W, filter X and dY (a backward's two reuse one
  * region). */
 static size_t x3_buffer_bytes(const struct conv_geom *g, unsigned dirs)
 {
-    size_t img = x3_operand_bytes(g->n * g->img_ch * g->img_size);
-    size_t col = x3_operand_bytes(g->n * g->col_ch * g->col_size);
-    size_t w = x3_operand_bytes(filter_numel(g));
+    int64_t n_img = g->n * g->img_ch * g->img_size, n_col = g->n * g->col_ch * g->col_size;
+    size_t img = x3_operand_bytes(n_img), col = x3_operand_bytes(n_col), w = x3_operand_bytes(filter_numel(g));
+    size_t filter = x3_blocks_apply(n_img, n_col) ? x3_blocks_bytes(n_img) + x3_blocks_bytes(n_col) : img + col;
     size_t most = 0;
     if ((dirs & CONV_DIR_FWD) && img + w > most) most = img + w;
     if ((dirs & CONV_DIR_DATA) && col + w > most) most = col + w;
-    if ((dirs & CONV_DIR_FILTER) && img + col > most) most = img + col;
+    if ((dirs & CONV_DIR_FILTER) && filter > most) most = filter;
     return most;
 }
 
@@ -955,6 +981,19 @@ static gp_status x3_operand(const struct gp_cuda_ctx *c, char *dst, const void *
     return x3_split(c, (float *)small, (float *)dst, src, ax.outer, ax.ch, ax.inner, 2, lo2, err);
 }
 
+/* An operand's two copies as whole blocks of the batch (x3_blocks_bytes),
+ * `lo2` their pattern: part[1] both, part[0] hi's block. */
+static gp_status x3_operand_blocks(const struct gp_cuda_ctx *c, char *dst, const void *src, int64_t n,
+                                   unsigned lo2, const void **part, struct gp_error *err)
+{
+    cudaError_t e = gp_cuda_conv_x3_split_blocks(c->stream, (float *)dst, (const float *)src, n, lo2);
+    if (e != cudaSuccess)
+        return gp_cuda_error(c, err, GP_ERR_DEVICE, "3xTF32 operand split: %s", cudaGetErrorString(e));
+    part[1] = dst;
+    part[0] = (const float *)dst + (lo2 & 1u ? n : 0); /* copy 0 lo: hi is block 1 */
+    return GP_OK;
+}
+
 /* Direction k's operands (forward: image and filter; data: columns and
  * filter; filter: image and columns) split into the region: a[p], b[p]
  * what part p convolves. */
@@ -975,6 +1014,14 @@ static gp_status x3_operands(const struct gp_cuda_ctx *c, struct conv_run *r, in
     struct x3_axis img_n = {1, g->n, g->img_ch * g->img_size}, col_n = {1, g->n, g->col_ch * g->col_size};
     struct x3_axis ax_a = k == 0 ? img_ax : k == 1 ? col_ax : img_n;
     struct x3_axis ax_b = k == 0 ? w_in : k == 1 ? w_out : col_n;
+    int64_t n_img = img_n.ch * img_n.inner, n_col = col_n.ch * col_n.inner;
+    if (k == 2 && x3_blocks_apply(n_img, n_col)) {
+        /* Sample j of one block meets sample j of the other's: (lo, hi) . (hi, lo). */
+        GP_TRY(x3_operand_blocks(c, r->x3buf, a0, n_img, CONV_X3_LO_HI, a, err));
+        GP_TRY(x3_operand_blocks(c, r->x3buf + x3_blocks_bytes(n_img), b0, n_col, CONV_X3_HI_LO, b, err));
+        __atomic_add_fetch(&x3_calls, 1, __ATOMIC_RELAXED);
+        return GP_OK;
+    }
     char *first = r->x3buf;
     char *second = r->x3buf + x3_operand_bytes(ax_a.outer * ax_a.ch * ax_a.inner);
     /* Copy j of one operand meets copy j of the other: hi . hi, then

@@ -101,7 +101,45 @@ __global__ static void split_any_kernel(float *dst, float *hi, const float *src,
     }
 }
 
+/* Two whole blocks: b0[e], b1[e] copies 0 and 1 of src[e], 4 values a
+ * thread (n a multiple of 4, 16-byte aligned). */
+__global__ static void split_blocks4_kernel(float4 *b0, float4 *b1, const float4 *src, int64_t quads,
+                                            unsigned lo_parts)
+{
+    GP_GRID_STRIDE(q, quads) {
+        float4 v = src[q], h, l;
+        tf32_split(v.x, h.x, l.x);
+        tf32_split(v.y, h.y, l.y);
+        tf32_split(v.z, h.z, l.z);
+        tf32_split(v.w, h.w, l.w);
+        b0[q] = lo_parts & 1u ? l : h;
+        b1[q] = lo_parts & 2u ? l : h;
+    }
+}
+
+__global__ static void split_blocks_kernel(float *b0, float *b1, const float *src, int64_t n, unsigned lo_parts)
+{
+    GP_GRID_STRIDE(e, n) {
+        float h, l;
+        tf32_split(src[e], h, l);
+        b0[e] = part(h, l, lo_parts, 0);
+        b1[e] = part(h, l, lo_parts, 1);
+    }
+}
+
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+extern "C" cudaError_t gp_cuda_conv_x3_split_blocks(cudaStream_t stream, float *dst, const float *src, int64_t n,
+                                                    unsigned lo_parts)
+{
+    if (n == 0) return cudaSuccess;
+    if (n % 4 == 0 && aligned16(dst) && aligned16(src))
+        split_blocks4_kernel<<<gp_cuda_blocks_for(n / 4), GP_CUDA_THREADS, 0, stream>>>(
+            (float4 *)dst, (float4 *)(dst + n), (const float4 *)src, n / 4, lo_parts);
+    else
+        split_blocks_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(dst, dst + n, src, n, lo_parts);
+    return cudaGetLastError();
+}
 
 template <int COPIES>
 static cudaError_t split(cudaStream_t stream, float *dst, float *hi, const float *src, int64_t outer, int64_t ch,

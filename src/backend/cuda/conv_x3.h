@@ -23,7 +23,10 @@
  *   dW = conv_filter(X, dY):  over the batch, the same way.
  *
  * Copy j of channel c lies at channel 2c + j (sample 2n + j), so one
- * kernel makes each split in either layout. At three times TF32's work
+ * kernel makes each split in either layout; or, along the batch
+ * (GP_CONV_X3_BATCH=blocked, not yet the default), copy j of sample n at
+ * sample jN + n: two whole blocks, one of them hi's, which the first call
+ * reads too (a pass fewer over each of the filter gradient's operands). At three times TF32's work
  * this is still 2.5x float32's rate on the H200's tensor cores (495
  * against 67 TFLOP/s dense), the copies costing passes over each operand.
  *
@@ -64,6 +67,16 @@ extern "C" {
  * launch's error (cudaErrorInvalidValue for other copies). */
 cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, float *hi, const float *src, int64_t outer,
                                   int64_t ch, int64_t inner, int copies, unsigned lo_parts);
+
+/* The batch axis's two copies as two whole blocks (cuda/conv.cu with
+ * GP_CONV_X3_BATCH=blocked, the filter gradient's operands): dst[0, n)
+ * copy 0 and dst[n, 2n) copy 1 of src's n values (lo where bit j of
+ * lo_parts is set, else hi), in one pass over src. The block that holds
+ * the hi parts is then the first call's operand as well, so nothing more
+ * is written for it: two copies where the interleaved split writes three.
+ * Returns the launch's error. */
+cudaError_t gp_cuda_conv_x3_split_blocks(cudaStream_t stream, float *dst, const float *src, int64_t n,
+                                         unsigned lo_parts);
 
 /* The parts' patterns (bit j: copy j is lo): hi alone (the first call),
  * (lo, hi) and (hi, lo) (the small products' call). */
