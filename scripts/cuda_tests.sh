@@ -8,10 +8,12 @@
 #   scripts/cuda_tests.sh [--no-sanitizer] [BUILD_DIR]   (default: build)
 #
 # With CUDA_TEST_LOGS=DIR, each test's whole output is kept in DIR/<test>.log.
-# With CUDA_TEST_JOBS=N (default 1), the memcheck pass runs N binaries at a
-# time: under the sanitizer each is bound by its host thread, not the GPU, so
-# on a machine with several cores N of them take about the time of the
-# slowest (the lines of that pass then come in the order they finish).
+# With CUDA_TEST_JOBS=N (default 1), N binaries run at a time, in the plain
+# pass (the GPU holds several small tests at once: the whole suite, with its
+# settings' variants, then fits in a few minutes) and in the memcheck pass
+# (under the sanitizer each is bound by its host thread, not the GPU, so on
+# a machine with several cores N of them take about the time of the
+# slowest); the lines then come in the order the runs finish.
 #
 # The same binaries that `meson test -C build --suite cuda` runs; this script
 # exists for machines that have the binaries but not the build system.
@@ -57,7 +59,21 @@ run() { # label, command...
     fi
 }
 
-for t in "${tests[@]}"; do run "$(basename "$t")" "$t"; done
+# Runs `run LABEL COMMAND...` in the background, at most CUDA_TEST_JOBS at a
+# time; each job reports its failure through a file, since a subshell cannot
+# change `failed`.
+jobs_max=${CUDA_TEST_JOBS:-1}
+fail_dir=$(mktemp -d)
+trap 'rm -rf "$fail_dir"' EXIT
+# Tests that take the whole GPU's memory skip themselves beside others,
+# and run alone after the plain pass.
+[ "$jobs_max" -gt 1 ] && export GP_TEST_GPU_SHARED=1
+run_bg() {
+    if [ "$jobs_max" -le 1 ]; then run "$@"; return; fi
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+    (failed=0; run "$@"; [ $failed -eq 0 ] || touch "$fail_dir/$BASHPID") &
+}
+for t in "${tests[@]}"; do run_bg "$(basename "$t")" "$t"; done
 # The convolutions again on each of cuDNN's APIs alone (the default measures
 # both and runs the faster), with the backward on float32 copies, and
 # float32 on cuDNN's FMA algorithms (GP_CONV_FP32=fma; the default 3xTF32,
@@ -65,21 +81,21 @@ for t in "${tests[@]}"; do run "$(basename "$t")" "$t"; done
 graph_conv=()
 if [ -x "$build/tests/test_cuda_conv" ]; then
     graph_conv=(env GP_CONV_API=graph "$build/tests/test_cuda_conv")
-    run "test_cuda_conv (graph API)" "${graph_conv[@]}"
-    run "test_cuda_conv (legacy API)" env GP_CONV_API=legacy "$build/tests/test_cuda_conv"
-    run "test_cuda_conv (staged backward)" env GP_CONV_BF16_BACKWARD=staged GP_CONV_ACCUMULATE=float \
+    run_bg "test_cuda_conv (graph API)" "${graph_conv[@]}"
+    run_bg "test_cuda_conv (legacy API)" env GP_CONV_API=legacy "$build/tests/test_cuda_conv"
+    run_bg "test_cuda_conv (staged backward)" env GP_CONV_BF16_BACKWARD=staged GP_CONV_ACCUMULATE=float \
         "$build/tests/test_cuda_conv"
-    run "test_cuda_conv (float32 on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_conv"
+    run_bg "test_cuda_conv (float32 on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_conv"
     # Every result added into its output (a Conv's dX, a float32 dW,
     # 3xTF32's second parts) on the legacy API wherever the graph API won
     # the plain call, then chosen by measuring (by default only a Conv's
     # dX is measured).
-    run "test_cuda_conv (added results on the legacy API)" env GP_CONV_ADD_API=legacy \
+    run_bg "test_cuda_conv (added results on the legacy API)" env GP_CONV_ADD_API=legacy \
         "$build/tests/test_cuda_conv"
-    run "test_cuda_conv (added results measured)" env GP_CONV_ADD_API=measured "$build/tests/test_cuda_conv"
+    run_bg "test_cuda_conv (added results measured)" env GP_CONV_ADD_API=measured "$build/tests/test_cuda_conv"
     # 3xTF32's weight gradients with their operands split in two blocks of
     # the batch (one copy fewer written; off by default).
-    run "test_cuda_conv (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_conv"
+    run_bg "test_cuda_conv (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_conv"
 fi
 # Training on the GPU with the kernels' first writes of gradients turned
 # off (they are on by default), so both ways stay tested; with every
@@ -87,14 +103,23 @@ fi
 # blocks' inputs, float32 weight gradients, 3xTF32's second parts); and
 # with residual gradients written by the BatchNorm statistics pass.
 if [ -x "$build/tests/test_cuda_train" ]; then
-    run "test_cuda_train (no first writers)" env GP_CUDA_FIRST_WRITERS=0 "$build/tests/test_cuda_train"
+    run_bg "test_cuda_train (no first writers)" env GP_CUDA_FIRST_WRITERS=0 "$build/tests/test_cuda_train"
     # float32 training with the convolutions on FMA too (3xTF32 by default).
-    run "test_cuda_train (convolutions on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_train"
-    run "test_cuda_train (added results on the legacy API)" env GP_CONV_ADD_API=legacy \
+    run_bg "test_cuda_train (convolutions on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_train"
+    run_bg "test_cuda_train (added results on the legacy API)" env GP_CONV_ADD_API=legacy \
         "$build/tests/test_cuda_train"
-    run "test_cuda_train (residual gradients in the statistics pass)" env GP_BN_RES_SUMS=1 \
+    run_bg "test_cuda_train (residual gradients in the statistics pass)" env GP_BN_RES_SUMS=1 \
         "$build/tests/test_cuda_train"
-    run "test_cuda_train (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_train"
+    run_bg "test_cuda_train (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_train"
+fi
+# The plain runs in flight finish first (test_state below times its
+# children and kills them: alone on the GPU).
+wait
+failed=$((failed + $(find "$fail_dir" -type f | wc -l)))
+rm -f "$fail_dir"/*
+if [ -n "${GP_TEST_GPU_SHARED:-}" ] && [ -x "$build/tests/test_cuda_train" ]; then
+    run "test_cuda_train (out of memory, alone)" env GP_TEST_GPU_SHARED=0 GP_TEST_FILTER=test_out_of_memory \
+        "$build/tests/test_cuda_train"
 fi
 # The kill -9 and resume runs of test_state, training on the GPU (it runs the
 # command line as child processes, so it stays out of the memcheck pass).
@@ -104,17 +129,6 @@ else
     echo "test_state or gpipe-onnx not in $build: the GPU kill and resume runs were not run"
     failed=$((failed + 1))
 fi
-# Runs `run LABEL COMMAND...` in the background, at most CUDA_TEST_JOBS at a
-# time; each job reports its failure through a file, since a subshell cannot
-# change `failed`.
-jobs_max=${CUDA_TEST_JOBS:-1}
-fail_dir=$(mktemp -d)
-trap 'rm -rf "$fail_dir"' EXIT
-run_bg() {
-    if [ "$jobs_max" -le 1 ]; then run "$@"; return; fi
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
-    (failed=0; run "$@"; [ $failed -eq 0 ] || touch "$fail_dir/$BASHPID") &
-}
 if [ $sanitize = 1 ]; then
     if command -v compute-sanitizer >/dev/null 2>&1; then
         # Leaks and memcheck errors both fail: --error-exitcode makes them count.

@@ -350,6 +350,13 @@ static void test_optimizers(void **state)
 static void test_out_of_memory(void **state)
 {
     (void)state;
+    /* It takes the GPU's free memory: not beside other tests
+     * (scripts/cuda_tests.sh runs it alone after them). */
+    const char *shared = getenv("GP_TEST_GPU_SHARED");
+    if (shared && strcmp(shared, "1") == 0) {
+        printf("out of memory: skipped, the GPU is shared with other tests (GP_TEST_GPU_SHARED=1)\n");
+        skip();
+    }
     struct setup s = {.fixture = "unet_op17", .batch = 32, .chunks = 1, .stages = 1, .cuda = true,
                       .checkpoint = GP_CHECKPOINT_NEVER};
     struct result r;
@@ -688,6 +695,10 @@ int main(void)
         cmocka_unit_test(test_gpu_profile),
         cmocka_unit_test(test_out_of_memory),
     };
+    /* GP_TEST_FILTER=PATTERN: only the tests whose names match (cmocka's
+     * filter, * a wildcard). */
+    const char *filter = getenv("GP_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     printf("cuda_train: %s, %d training runs compared\n", failed ? "FAILED" : "PASSED", n_runs);
     return failed ? 1 : 0;
