@@ -9,8 +9,9 @@
 #
 # With CUDA_TEST_LOGS=DIR, each test's whole output is kept in DIR/<test>.log.
 # With CUDA_TEST_JOBS=N (default 1), N binaries run at a time, in the plain
-# pass (the GPU holds several small tests at once: the whole suite, with its
-# settings' variants, then fits in a few minutes) and in the memcheck pass
+# pass (the GPU holds several small tests at once; one at a time, the suite
+# with its settings' variants ran past 400 s before the last four were
+# added) and in the memcheck pass
 # (under the sanitizer each is bound by its host thread, not the GPU, so on
 # a machine with several cores N of them take about the time of the
 # slowest); the lines then come in the order the runs finish.
