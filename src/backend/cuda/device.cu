@@ -88,6 +88,12 @@ static gp_status cuda_open(int index, struct gp_device **out, struct gp_error *e
     *out = NULL;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+        cudaGetLastError();
+        return gp_error_set(err, GP_ERR_DEVICE,
+                            "cuda:%d: no GPU is usable on this machine (%s); --devices cpu:0 trains on the CPU",
+                            index, cudaGetErrorString(e));
+    }
     if (e != cudaSuccess) return dev_check(err, e, index, "cudaGetDeviceCount");
     if (index < 0 || index >= n)
         return gp_error_set(err, GP_ERR_INVALID, "cuda:%d: no such device (%d visible)", index, n);
