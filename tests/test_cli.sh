@@ -418,6 +418,13 @@ grep -q "^train with: .* --fast-conv --balance " "$tmp/out.txt" || fail "balance
 [ $? -eq 1 ] || fail "a GPU split took a profile timed without --fast-conv"
 grep -qE "was profiled without --fast-conv: profile again with it|this build has no CUDA backend" "$tmp/err.txt" \
   || fail "a GPU split with --fast-conv and a profile without it: $(cat "$tmp/err.txt")"
+# A GPU asked for where none is usable: one line that says so and how to
+# train on the CPU (or, without the CUDA backend, that the build has none).
+if "$bin" devices 2>/dev/null | grep -q "no GPU visible"; then
+  expect_fail 1 "" "$bin" train "$m/mlp_op17.onnx" --synthetic 16 --batch 8 --steps 1 --devices cuda:0
+  grep -qE "no GPU is usable on this machine .*--devices cpu:0|this build has no CUDA backend" "$tmp/err.txt" \
+    || fail "train --devices cuda:0 without a GPU: $(cat "$tmp/err.txt")"
+fi
 # --recompute-norm always: the remade BatchNorm outputs leave the stages'
 # memory (test_balance checks the count against the plan's), and the
 # suggested command carries it.
