@@ -310,6 +310,10 @@ struct gpo_balance_options {
     const char *profile_out;       /* save the profile; NULL: not saved */
     gpo_progress_fn progress;      /* may be NULL */
     void *user;
+    /* GPU profiles: kernel choices measured before the first pass (cuDNN's
+     * convolution algorithms), as gpo_train_callbacks.on_measure; may be
+     * NULL. */
+    void (*measure)(void *user, int problems, double seconds, int done);
 };
 void gpo_balance_options_init(struct gpo_balance_options *o);
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "backend/backends.h"
 #include "partitioner/report.h"
 #include "partitioner/run.h"
 
@@ -41,6 +42,13 @@ static void split_of(const struct gp_split_report *r, struct gpo_stage *stages, 
                               .predicted_step_ms = r->predicted_step_ms, .throughput = r->throughput};
 }
 
+/* The options' measure callback (user: the options), from the backend's counts. */
+static void relay_measure(void *user, int problems, double seconds, bool done)
+{
+    const struct gpo_balance_options *o = user;
+    o->measure(o->user, problems, seconds, done);
+}
+
 gpo_status gpo_balance(gpo_model *m, const struct gpo_balance_options *opts, const struct gpo_balance_report **out)
 {
     if (!m) return GPO_ERR_ARGUMENT;
@@ -66,7 +74,10 @@ gpo_status gpo_balance(gpo_model *m, const struct gpo_balance_options *opts, con
                                  .layout = gpo_layout_of(opts->layout), .fast_conv = opts->fast_conv,
                                  .remake_norm = opts->recompute_norm != 0, .profile_in = opts->profile_in,
                                  .profile_out = opts->profile_out, .progress = opts->progress, .user = opts->user};
+    struct gp_measure_count meas = {.report = opts->measure ? relay_measure : NULL, .user = (void *)opts};
+    gp_measure_begin(&meas);
     gp_status gst = gp_balance_run(&run, &m->prof, &m->rep, &m->err);
+    gp_measure_end(&meas);
     if (gst != GP_OK) return gpo_status_of(gst);
     m->has_report = true;
     const struct gp_profile *p = &m->prof;

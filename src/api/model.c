@@ -385,6 +385,7 @@ void gpo_train_balance_options(const struct gpo_train_config *cfg, const struct 
     bo->fast_conv = cfg->fast_conv;
     bo->recompute_norm = cfg->recompute_norm == GPO_RECOMPUTE_ALWAYS;
     bo->progress = cb ? cb->on_profile : NULL;
+    bo->measure = cb ? cb->on_measure : NULL;
     bo->user = cb ? cb->user : NULL;
 }
 

@@ -52,6 +52,28 @@ void gp_backend_on_measure(gp_measure_fn fn, void *user)
 #endif
 }
 
+static void measure_one(void *user, double seconds)
+{
+    struct gp_measure_count *m = user;
+    m->problems++;
+    m->seconds += seconds;
+    m->report(m->user, m->problems, m->seconds, false);
+}
+
+void gp_measure_begin(struct gp_measure_count *m)
+{
+    m->problems = 0;
+    m->seconds = 0;
+    if (m->report) gp_backend_on_measure(measure_one, m);
+}
+
+void gp_measure_end(struct gp_measure_count *m)
+{
+    if (!m->report) return;
+    gp_backend_on_measure(NULL, NULL);
+    if (m->problems) m->report(m->user, m->problems, m->seconds, true);
+}
+
 gp_status gp_device_list_parse(const char *list, int max, int *n_out, bool *cuda, int *index, struct gp_error *err)
 {
     if (!list || !*list)

@@ -27,6 +27,19 @@ gp_status gp_backend_choices_import(const char *text, char *note, size_t note_si
 typedef void (*gp_measure_fn)(void *user, double seconds);
 void gp_backend_on_measure(gp_measure_fn fn, void *user);
 
+/* The choices measured during some work, reported as they go: between
+ * gp_measure_begin and gp_measure_end, report(user, problems, seconds,
+ * false) after each (the counts so far), then once at the end with done
+ * true where any was measured. report NULL: nothing. */
+struct gp_measure_count {
+    void (*report)(void *user, int problems, double seconds, bool done);
+    void *user;
+    int problems;
+    double seconds;
+};
+void gp_measure_begin(struct gp_measure_count *m);
+void gp_measure_end(struct gp_measure_count *m);
+
 /* A device list as the command line and the library take it ("cpu[:N]",
  * "cuda[:N]" or a bare GPU index "N", comma-separated; at most `max`):
  * per entry whether it is a GPU and its index. The message names the bad

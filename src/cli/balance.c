@@ -75,6 +75,13 @@ void gp_cli_balance_progress(void *user, int done, int total)
     if (done == total) fputc('\n', stderr);
 }
 
+/* cuDNN's algorithms measured before the first profiling pass (user: the
+ * command's struct gp_cli_measure). */
+static void balance_measure(void *user, int problems, double seconds, int done)
+{
+    gp_cli_measure_progress(user, problems, seconds, done);
+}
+
 static void print_split(const char *name, const struct gpo_balance_report *p, const struct gpo_split *r,
                         bool by_time)
 {
@@ -283,6 +290,9 @@ int gp_cmd_balance(int argc, char **argv)
     if (bo.profile_in && bo.profile_out)
         return gp_cli_usage("balance", "--profile-in and --profile-out exclude each other");
     bo.progress = gp_cli_balance_progress;
+    struct gp_cli_measure measure = {.tty = isatty(STDERR_FILENO)};
+    bo.measure = balance_measure;
+    bo.user = &measure;
 
     gpo_model *m = NULL;
     const struct gpo_balance_report *rep = NULL;

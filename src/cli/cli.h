@@ -27,6 +27,16 @@ void gp_cli_print_balance(const char *model, const struct gpo_balance_options *o
                           const struct gpo_balance_report *r);
 /* Profiling passes on stderr when it is a terminal. */
 void gp_cli_balance_progress(void *user, int done, int total);
+/* cuDNN's algorithms measured before the first step or profiling pass
+ * (gpo_train_callbacks.on_measure, gpo_balance_options.measure), on
+ * stderr: a line rewritten on a terminal (tty), else one every 15 s; then
+ * what they took, and `hint` (NULL: none). */
+struct gp_cli_measure {
+    bool tty;
+    const char *hint;
+    double said; /* seconds at the last line written (not a terminal) */
+};
+void gp_cli_measure_progress(struct gp_cli_measure *m, int problems, double seconds, int done);
 
 /* "gpipe-onnx: error: ..." on stderr; returns GP_EXIT_FAIL. */
 int gp_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -88,3 +88,17 @@ bool gp_cli_parse_devices(const char *command, const char *list, int *n_out, str
     gp_cli_usage(command, "--devices: %s", why);
     return false;
 }
+
+void gp_cli_measure_progress(struct gp_cli_measure *m, int problems, double seconds, int done)
+{
+    const char *what = "cuDNN's convolution algorithms";
+    if (done) {
+        fprintf(stderr, "%smeasured %s: %d problem%s in %.1f s%s%s%s\n", m->tty ? "\r" : "", what, problems,
+                problems == 1 ? "" : "s", seconds, m->hint ? " (" : "", m->hint ? m->hint : "", m->hint ? ")" : "");
+    } else if (m->tty) {
+        fprintf(stderr, "\rmeasuring %s: %d problem%s, %.0f s ", what, problems, problems == 1 ? "" : "s", seconds);
+    } else if (seconds >= m->said + 15) {
+        fprintf(stderr, "measuring %s: %d problems, %.0f s\n", what, problems, seconds);
+        m->said = seconds;
+    }
+}

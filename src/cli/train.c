@@ -204,8 +204,7 @@ struct progress {
     FILE *metrics;
     const char *model;
     int64_t total, per_epoch;
-    bool algorithms;     /* --algorithms given */
-    double measure_said; /* seconds of measuring at the last line (not a terminal) */
+    struct gp_cli_measure measure; /* cuDNN's algorithms measured before the first step */
 };
 
 static void on_start(void *user, int64_t total, int64_t per_epoch, const char *summary)
@@ -309,9 +308,8 @@ static void on_resume(void *user, const char *path, int64_t step, int64_t total)
         fprintf(stderr, "resumed from %s (step %lld of %lld)\n", path, (long long)step, (long long)total);
 }
 
-/* cuDNN's algorithms measured before the first step: a line rewritten on
- * a terminal, else one every 15 s; then what they took, and where the
- * choices are kept for the next run (and a --metrics record of it). */
+/* cuDNN's algorithms measured before the first step (gp_cli_measure_progress),
+ * and a --metrics record of it. */
 static void on_measure(void *user, int problems, double seconds, int done)
 {
     struct progress *p = user;
@@ -319,21 +317,7 @@ static void on_measure(void *user, int problems, double seconds, int done)
         fprintf(p->metrics, "{\"measured\": {\"problems\": %d, \"seconds\": %.3f}}\n", problems, seconds);
         fflush(p->metrics);
     }
-    if (p->quiet) return;
-    if (done) {
-        fprintf(stderr, "%smeasured cuDNN's convolution algorithms: %d problem%s in %.1f s (%s)\n", p->tty ? "\r" : "",
-                problems, problems == 1 ? "" : "s", seconds,
-                p->algorithms ? "kept in the algorithms file for the next run"
-                              : "--algorithms FILE keeps them for the next run");
-        return;
-    }
-    if (p->tty) {
-        fprintf(stderr, "\rmeasuring cuDNN's convolution algorithms: %d problem%s, %.0f s ", problems,
-                problems == 1 ? "" : "s", seconds);
-    } else if (seconds >= p->measure_said + 15) {
-        fprintf(stderr, "measuring cuDNN's convolution algorithms: %d problems, %.0f s\n", problems, seconds);
-        p->measure_said = seconds;
-    }
+    if (!p->quiet) gp_cli_measure_progress(&p->measure, problems, seconds, done);
 }
 
 static void on_balance(void *user, const struct gpo_balance_options *o, const struct gpo_balance_report *r)
@@ -677,8 +661,10 @@ int gp_cmd_train(int argc, char **argv)
         return gp_cli_usage("train", "--chunks %lld does not divide --batch %lld", (long long)tc.chunks,
                             (long long)tc.batch);
     }
-    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute, .model = model,
-                            .algorithms = tc.algorithms_path != NULL};
+    struct progress prog = {.tty = isatty(STDERR_FILENO), .quiet = quiet, .mute = mute, .model = model};
+    prog.measure = (struct gp_cli_measure){.tty = prog.tty,
+                                           .hint = tc.algorithms_path ? "kept in the algorithms file for the next run"
+                                                                      : "--algorithms FILE keeps them for the next run"};
     struct gpo_train_callbacks cb = {.user = &prog, .on_start = on_start, .on_step = on_step, .on_epoch = on_epoch,
                                      .on_note = on_note, .on_profile = quiet ? NULL : gp_cli_balance_progress,
                                      .on_memory = on_memory, .on_balance = on_balance, .on_state = on_state,

@@ -532,22 +532,6 @@ static gp_status resume(struct gp_state *state, const struct gp_resume_run *rr, 
     return st;
 }
 
-/* The kernel choices measured while the pipeline is made, for
- * cb->on_measure (gp_backend_on_measure's hook). */
-struct measured {
-    const struct gp_train_callbacks *cb;
-    int problems;
-    double seconds;
-};
-
-static void measured_one(void *user, double seconds)
-{
-    struct measured *m = user;
-    m->problems++;
-    m->seconds += seconds;
-    m->cb->on_measure(m->cb->user, m->problems, m->seconds, false);
-}
-
 gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *train,
                    const struct gp_dataset *val, const struct gp_train_callbacks *cb,
                    struct gp_error *err)
@@ -577,11 +561,11 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
     if (cfg->choices_path && !state) GP_TRY(choices_read(cfg, cb, err));
     struct run s;
     memset(&s, 0, sizeof s);
-    struct measured meas = {cb, 0, 0};
-    if (cb && cb->on_measure) gp_backend_on_measure(measured_one, &meas);
+    /* The kernel choices measured while the pipeline is made (cuDNN's). */
+    struct gp_measure_count meas = {.report = cb ? cb->on_measure : NULL, .user = cb ? cb->user : NULL};
+    gp_measure_begin(&meas);
     gp_status st = setup(&s, cfg, train, err);
-    gp_backend_on_measure(NULL, NULL);
-    if (meas.problems) cb->on_measure(cb->user, meas.problems, meas.seconds, true);
+    gp_measure_end(&meas);
     if (st == GP_OK && s.channels_last && cb && cb->on_note) {
         char note[160];
         snprintf(note, sizeof note, "%d activations stored channels-last (--layout nchw keeps them as the model says)",
