@@ -80,15 +80,10 @@ struct bn_case {
     float eps, momentum; /* 0: absent */
 };
 
-/* X, scale "s" and B "b" graph inputs (random); running mean "m" and var
- * "v" initializers (var positive). */
-static void build_bn(struct gp_graph *g, const struct bn_case *c)
+/* The running mean "m" and var "v" initializers of ch channels (var
+ * positive). */
+static void bn_running_stats(struct gp_graph *g, int64_t ch)
 {
-    begin(g, c->opset);
-    int64_t ch = c->x[1];
-    input(g, "x", c->rank, c->x);
-    input(g, "s", 1, &ch);
-    input(g, "b", 1, &ch);
     float *m = malloc(sizeof(float) * (size_t)ch), *v = malloc(sizeof(float) * (size_t)ch);
     assert_non_null(m);
     assert_non_null(v);
@@ -100,6 +95,18 @@ static void build_bn(struct gp_graph *g, const struct bn_case *c)
     const_f32(g, "v", ch, v);
     free(m);
     free(v);
+}
+
+/* X, scale "s" and B "b" graph inputs (random); running mean "m" and var
+ * "v" initializers (var positive). */
+static void build_bn(struct gp_graph *g, const struct bn_case *c)
+{
+    begin(g, c->opset);
+    int64_t ch = c->x[1];
+    input(g, "x", c->rank, c->x);
+    input(g, "s", 1, &ch);
+    input(g, "b", 1, &ch);
+    bn_running_stats(g, ch);
     int n = node(g, "BatchNormalization", 5, S("x", "s", "b", "m", "v"), c->n_outputs,
                  S("y", "rm", "rv", "sm", "sv"));
     if (c->training_mode) attr_i(g, n, "training_mode", 1);
@@ -359,17 +366,7 @@ static void build_bn_residual(struct gp_graph *g, const struct bn_case *c, bool 
     input(g, "s", 1, &ch);
     input(g, "b", 1, &ch);
     input(g, "r", c->rank, c->x);
-    float *m = malloc(sizeof(float) * (size_t)ch), *v = malloc(sizeof(float) * (size_t)ch);
-    assert_non_null(m);
-    assert_non_null(v);
-    for (int64_t i = 0; i < ch; i++) {
-        m[i] = 0.1f * (float)(i % 7) - 0.3f;
-        v[i] = 0.5f + 0.25f * (float)(i % 5);
-    }
-    const_f32(g, "m", ch, m);
-    const_f32(g, "v", ch, v);
-    free(m);
-    free(v);
+    bn_running_stats(g, ch);
     if (gp_graph_add_node(g, "BatchNormalization", "", "bn", 5, S("x", "s", "b", "m", "v"), 1, S("h"), &err) < 0 ||
         gp_graph_add_node(g, "Add", "", "add", 2, S("h", "r"), 1, S(relu ? "a" : "y"), &err) < 0 ||
         (relu && gp_graph_add_node(g, "Relu", "", "relu", 1, S("a"), 1, S("y"), &err) < 0) ||
