@@ -615,6 +615,34 @@ static float split_value(int64_t i)
     }
 }
 
+/* A split's buffers: n values of every kind on the host (src) and on the
+ * device at dsrc + offset, and a device destination of 3n values (+
+ * offset) filled with NaN, so that what a split leaves unwritten shows. */
+struct split_bufs {
+    float *src, *dsrc, *ddst;
+};
+
+static struct split_bufs split_bufs_make(int64_t n, int offset)
+{
+    struct split_bufs b;
+    b.src = malloc(sizeof(float) * (size_t)n);
+    assert_non_null(b.src);
+    for (int64_t i = 0; i < n; i++) b.src[i] = split_value(i);
+    assert_int_equal(cudaMalloc((void **)&b.dsrc, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&b.ddst, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
+    assert_int_equal(cudaMemcpy(b.dsrc + offset, b.src, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice),
+                     cudaSuccess);
+    assert_int_equal(cudaMemset(b.ddst, 0xff, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
+    return b;
+}
+
+static void split_bufs_free(struct split_bufs *b)
+{
+    cudaFree(b->dsrc);
+    cudaFree(b->ddst);
+    free(b->src);
+}
+
 /* One split of [outer, ch, inner] into `copies` copies against
  * split_ref, bit for bit, and the parts' properties: both TF32 (low 13
  * bits clear), hi + lo within 2^-22 of x; with_hi, the hi parts also
@@ -625,22 +653,17 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsi
                       bool with_hi)
 {
     int64_t n = outer * ch * inner;
-    float *src = malloc(sizeof(float) * (size_t)n), *out = malloc(3 * sizeof(float) * (size_t)n);
-    assert_non_null(src);
+    float *out = malloc(3 * sizeof(float) * (size_t)n);
     assert_non_null(out);
-    for (int64_t i = 0; i < n; i++) src[i] = split_value(i);
-    float *dsrc, *ddst;
-    assert_int_equal(cudaMalloc((void **)&dsrc, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
-    assert_int_equal(cudaMalloc((void **)&ddst, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
+    /* The copies past `copies` stay NaN: written nowhere. */
+    struct split_bufs bufs = split_bufs_make(n, offset);
+    float *src = bufs.src, *dsrc = bufs.dsrc, *ddst = bufs.ddst;
     float *dhi = NULL, *hi_out = malloc(sizeof(float) * (size_t)(n + 1));
     assert_non_null(hi_out);
     if (with_hi) {
         assert_int_equal(cudaMalloc((void **)&dhi, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
         assert_int_equal(cudaMemset(dhi, 0xff, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
     }
-    assert_int_equal(cudaMemcpy(dsrc + offset, src, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), cudaSuccess);
-    /* The copies past `copies` stay NaN: written nowhere. */
-    assert_int_equal(cudaMemset(ddst, 0xff, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
     assert_int_equal(
         gp_cuda_conv_x3_split(NULL, ddst + offset, with_hi ? dhi + offset : NULL, dsrc + offset, outer, ch, inner,
                               copies, lo_parts),
@@ -674,10 +697,8 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsi
         if (d > ldexp(fabs((double)src[e]), -22) + ldexp(1.0, -136))
             fail_msg("%a: hi + lo = %a, off by %a", (double)src[e], (double)hi + (double)lo, d);
     }
-    cudaFree(dsrc);
-    cudaFree(ddst);
+    split_bufs_free(&bufs);
     cudaFree(dhi);
-    free(src);
     free(out);
     free(hi_out);
 }
@@ -687,15 +708,10 @@ static void run_split(int64_t outer, int64_t ch, int64_t inner, int copies, unsi
  * `offset` floats off 16-byte alignment (the one-value kernel). */
 static void run_split_blocks(int64_t n, unsigned lo_parts, int offset)
 {
-    float *src = malloc(sizeof(float) * (size_t)n), *out = malloc(3 * sizeof(float) * (size_t)n);
-    assert_non_null(src);
+    float *out = malloc(3 * sizeof(float) * (size_t)n);
     assert_non_null(out);
-    for (int64_t i = 0; i < n; i++) src[i] = split_value(i);
-    float *dsrc, *ddst;
-    assert_int_equal(cudaMalloc((void **)&dsrc, sizeof(float) * (size_t)(n + offset)), cudaSuccess);
-    assert_int_equal(cudaMalloc((void **)&ddst, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
-    assert_int_equal(cudaMemcpy(dsrc + offset, src, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(cudaMemset(ddst, 0xff, sizeof(float) * (size_t)(3 * n + offset)), cudaSuccess);
+    struct split_bufs bufs = split_bufs_make(n, offset);
+    float *src = bufs.src, *dsrc = bufs.dsrc, *ddst = bufs.ddst;
     assert_int_equal(gp_cuda_conv_x3_split_blocks(NULL, ddst + offset, dsrc + offset, n, lo_parts), cudaSuccess);
     assert_int_equal(cudaMemcpy(out, ddst + offset, 3 * sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost),
                      cudaSuccess);
@@ -712,9 +728,7 @@ static void run_split_blocks(int64_t n, unsigned lo_parts, int offset)
                          (double)src[e], j, (double)got, (double)want);
         }
     }
-    cudaFree(dsrc);
-    cudaFree(ddst);
-    free(src);
+    split_bufs_free(&bufs);
     free(out);
 }
 
