@@ -74,7 +74,25 @@ run_bg() {
     while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
     (failed=0; run "$@"; [ $failed -eq 0 ] || touch "$fail_dir/$BASHPID") &
 }
-for t in "${tests[@]}"; do run_bg "$(basename "$t")" "$t"; done
+# Longest first (test_cuda_train and its variants, the slowest binaries),
+# so that N at a time end together instead of behind the last long one.
+for t in "${tests[@]}"; do [ "$(basename "$t")" = test_cuda_train ] && run_bg "$(basename "$t")" "$t"; done
+# Training on the GPU with the kernels' first writes of gradients turned
+# off (they are on by default), so both ways stay tested; with every
+# convolution result added into its output on the legacy API (residual
+# blocks' inputs, float32 weight gradients, 3xTF32's second parts); and
+# with residual gradients written by the BatchNorm statistics pass.
+if [ -x "$build/tests/test_cuda_train" ]; then
+    run_bg "test_cuda_train (no first writers)" env GP_CUDA_FIRST_WRITERS=0 "$build/tests/test_cuda_train"
+    # float32 training with the convolutions on FMA too (3xTF32 by default).
+    run_bg "test_cuda_train (convolutions on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_train"
+    run_bg "test_cuda_train (added results on the legacy API)" env GP_CONV_ADD_API=legacy \
+        "$build/tests/test_cuda_train"
+    run_bg "test_cuda_train (residual gradients in the statistics pass)" env GP_BN_RES_SUMS=1 \
+        "$build/tests/test_cuda_train"
+    run_bg "test_cuda_train (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_train"
+fi
+for t in "${tests[@]}"; do [ "$(basename "$t")" != test_cuda_train ] && run_bg "$(basename "$t")" "$t"; done
 # The convolutions again on each of cuDNN's APIs alone (the default measures
 # both and runs the faster), with the backward on float32 copies, and
 # float32 on cuDNN's FMA algorithms (GP_CONV_FP32=fma; the default 3xTF32,
@@ -97,21 +115,6 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     # 3xTF32's weight gradients with their operands split in two blocks of
     # the batch (one copy fewer written; off by default).
     run_bg "test_cuda_conv (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_conv"
-fi
-# Training on the GPU with the kernels' first writes of gradients turned
-# off (they are on by default), so both ways stay tested; with every
-# convolution result added into its output on the legacy API (residual
-# blocks' inputs, float32 weight gradients, 3xTF32's second parts); and
-# with residual gradients written by the BatchNorm statistics pass.
-if [ -x "$build/tests/test_cuda_train" ]; then
-    run_bg "test_cuda_train (no first writers)" env GP_CUDA_FIRST_WRITERS=0 "$build/tests/test_cuda_train"
-    # float32 training with the convolutions on FMA too (3xTF32 by default).
-    run_bg "test_cuda_train (convolutions on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_train"
-    run_bg "test_cuda_train (added results on the legacy API)" env GP_CONV_ADD_API=legacy \
-        "$build/tests/test_cuda_train"
-    run_bg "test_cuda_train (residual gradients in the statistics pass)" env GP_BN_RES_SUMS=1 \
-        "$build/tests/test_cuda_train"
-    run_bg "test_cuda_train (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_train"
 fi
 # The plain runs in flight finish first (test_state below times its
 # children and kills them: alone on the GPU).
