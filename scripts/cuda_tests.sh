@@ -74,15 +74,15 @@ run_bg() {
     while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
     (failed=0; run "$@"; [ $failed -eq 0 ] || touch "$fail_dir/$BASHPID") &
 }
-# Longest first (test_cuda_train and its variants, the slowest binaries),
-# so that N at a time end together instead of behind the last long one.
-for t in "${tests[@]}"; do [ "$(basename "$t")" = test_cuda_train ] && run_bg "$(basename "$t")" "$t"; done
-# Training on the GPU with the kernels' first writes of gradients turned
+# test_cuda_train and its variants first, the slowest binaries, so that N
+# at a time end together instead of behind the last long one. Training on
+# the GPU also with the kernels' first writes of gradients turned
 # off (they are on by default), so both ways stay tested; with every
 # convolution result added into its output on the legacy API (residual
 # blocks' inputs, float32 weight gradients, 3xTF32's second parts); and
 # with residual gradients written by the BatchNorm statistics pass.
 if [ -x "$build/tests/test_cuda_train" ]; then
+    run_bg test_cuda_train "$build/tests/test_cuda_train"
     run_bg "test_cuda_train (no first writers)" env GP_CUDA_FIRST_WRITERS=0 "$build/tests/test_cuda_train"
     # float32 training with the convolutions on FMA too (3xTF32 by default).
     run_bg "test_cuda_train (convolutions on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_train"
