@@ -383,7 +383,7 @@ static void build_bn_residual(struct gp_graph *g, const struct bn_case *c, bool 
  * executor's bfloat16 mix, with R's gradient written whole (its first
  * writer: NaN before, as the executor plans a residual block's input) and
  * added into, dX written whole and added into, with R's gradient written
- * by the statistics pass (GP_BN_RES_SUMS=1) and by its own kernel; X with
+ * by the statistics pass (the default) and by its own kernel (GP_BN_RES_SUMS=0); X with
  * an infinity and a NaN (the statistics passes' exact walks, which then
  * read that gradient back) in one case. Each twice for the same bits. */
 static void test_bn_residual_nhwc(void **state)

@@ -620,8 +620,8 @@ static void test_fused_residual(void **state)
 }
 
 /* A channels-last fused residual's gradient written by the BatchNorm
- * backward's statistics pass as it reads dY (GP_BN_RES_SUMS=1) gives the
- * bits of its own kernel before that pass (the default), fp32 and bf16,
+ * backward's statistics pass as it reads dY (the default) gives the bits
+ * of its own kernel before that pass (GP_BN_RES_SUMS=0), fp32 and bf16,
  * eager and as a CUDA graph. */
 static void test_residual_sums(void **state)
 {

@@ -822,14 +822,15 @@ __global__ static void bn_residual_grad_kernel(int64_t runs, gp_fptr dy, gp_fptr
     }
 }
 
-/* GP_BN_RES_SUMS=1: a channels-last fused residual's gradient written by
- * the statistics pass (bn_nhwc_bwd_sums_kernel's RES) instead of its own
- * kernel before it. Off by default until the GPU suite has run it; read
- * at each call, so that one process can compare both ways. */
+/* A channels-last fused residual's gradient written by the statistics
+ * pass (bn_nhwc_bwd_sums_kernel's RES) as it reads dY, one pass fewer than
+ * its own kernel before it (the same bits); GP_BN_RES_SUMS=0 runs that
+ * kernel instead. Read at each call (a getenv per BatchNorm backward, nothing
+ * beside its passes), so that one process can compare both ways. */
 static bool bn_res_sums(void)
 {
     const char *v = getenv("GP_BN_RES_SUMS");
-    return v && strcmp(v, "1") == 0;
+    return !(v && strcmp(v, "0") == 0);
 }
 
 /* The backward of a BatchNormalization with a fused residual Add: the
@@ -856,7 +857,7 @@ static gp_status bn_residual_backward(struct gp_cuda_ctx *ctx, struct gp_error *
     bool into_dres = dres.p && ow && dres.bf16 == dy.bf16;
     bool in_place = !into_dres && y.p;
     /* Channels-last, the statistics pass writes it as it reads dY
-     * (GP_BN_RES_SUMS=1, bn_nhwc_bwd_sums_kernel's RES) where it runs. */
+     * (bn_nhwc_bwd_sums_kernel's RES) where it runs, unless GP_BN_RES_SUMS=0. */
     struct bn_res_src src = {dy, y};
     bool in_sums = into_dres && nhwc && n > 0 && bn_res_sums() && bn_nhwc_bwd_sums_run(ctx);
     if (n > 0 && !in_sums && (dres.p || in_place)) {
