@@ -37,7 +37,8 @@
  * over 2 axes with cuDNN's own padding takes X and Y in either layout; it
  * convolves channels-last (cuDNN's NHWC kernels, no transposes of its own)
  * when its channels per group come in runs of 8 (fewer than 8 input
- * channels are padded to 8 with zeros), and relays whichever of X and Y
+ * channels are padded to 8 with zeros; a float32 call's to 4 with
+ * GP_CONV_FLOAT32_RUN=4), and relays whichever of X and Y
  * lies otherwise through scratch (see "Conv, channels-last").
  *
  * Algorithms: chosen and cached by conv_algos.cu: the legacy API's, or
@@ -64,10 +65,23 @@ extern "C" {
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* The input channels of a channels-last float32 convolution come in runs
+ * of GP_CONV_FLOAT32_RUN=4 (16 bytes, what cuDNN's TF32 channels-last
+ * kernels align to: the ResNet stem's 3 channels padded to 4, half of the
+ * 8 bfloat16 needs, and half the stem's work) or, by default, of 8 as in
+ * bfloat16 (until the GPU suite and a benchmark have run it). Bfloat16's
+ * are always runs of 8. Read at each call, as the other settings here. */
+static int64_t image_channel_run(bool bf16)
+{
+    const char *v = getenv("GP_CONV_FLOAT32_RUN");
+    return !bf16 && v && strcmp(v, "4") == 0 ? 4 : 8;
+}
+
 /* `nhwc`: the call's tensors (either of X and Y) are channels-last; the
- * geometry then convolves channels-last where it can (conv_geom.nhwc). */
+ * geometry then convolves channels-last where it can (conv_geom.nhwc).
+ * `bf16`: the call's storage type is bfloat16 (image_channel_run). */
 static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_node *node,
-                                bool transpose, bool nhwc, struct conv_geom *g, struct gp_error *err)
+                                bool transpose, bool nhwc, bool bf16, struct conv_geom *g, struct gp_error *err)
 {
     memset(g, 0, sizeof *g);
     const struct gp_value *x = gp_node_input(graph, node, 0), *w = gp_node_input(graph, node, 1);
@@ -158,10 +172,14 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
      * fewer input channels (ResNet's stem: 3) convolves them padded to 8,
      * X and W relaid with zero channels (conv_padded): cuDNN's own
      * padding of such a call went through a float32 copy, TF32 kernels
-     * and three transposes of its own, at 8x the time. */
+     * and three transposes of its own, at 8x the time. With
+     * GP_CONV_FLOAT32_RUN=4 a float32 call's input channels pad to and
+     * come in runs of 4 (image_channel_run). */
+    int64_t run = image_channel_run(bf16);
     g->relayable = !transpose && win.n_spatial == 2 && g->direct;
-    if (nhwc && g->relayable && g->group == 1 && g->img_ch < 8 && g->col_ch % 8 == 0) g->img_ch = 8;
-    g->nhwc = nhwc && g->relayable && (g->img_ch / g->group) % 8 == 0 && (g->col_ch / g->group) % 8 == 0;
+    if (nhwc && g->relayable && g->group == 1 && g->img_ch < 8 && g->img_ch % run != 0 && g->col_ch % 8 == 0)
+        g->img_ch = (g->img_ch + run - 1) / run * run;
+    g->nhwc = nhwc && g->relayable && (g->img_ch / g->group) % run == 0 && (g->col_ch / g->group) % 8 == 0;
     /* cuDNN's legacy API takes int dimensions and strides. */
     int64_t biggest = g->n * g->img_ch * (g->imgb_size > g->img_size ? g->imgb_size : g->img_size);
     if (g->n * g->col_ch * g->col_size > biggest) biggest = g->n * g->col_ch * g->col_size;
@@ -560,9 +578,6 @@ static size_t conv_scratch_common(const struct gp_graph *graph, const struct gp_
     struct conv_geom g;
     struct gp_error err;
     memset(&err, 0, sizeof err);
-    if (conv_geom_init(graph, node, transpose, false, &g, &err) != GP_OK) return 0;
-    struct conv_geom gc; /* channels-last, X and Y both transposed: the most it takes */
-    if (conv_geom_init(graph, node, transpose, true, &gc, &err) != GP_OK) return 0;
     static const enum gp_precision precisions[] = {GP_PRECISION_FP32, GP_PRECISION_TF32, GP_PRECISION_BF16};
     size_t most = 0;
     for (int p = 0; p < 3; p++)
@@ -571,6 +586,10 @@ static size_t conv_scratch_common(const struct gp_graph *graph, const struct gp_
             memset(&o, 0, sizeof o);
             o.precision = precisions[p];
             o.fast_conv = fast != 0;
+            bool bf16 = options_mode(&o).bf16;
+            if (conv_geom_init(graph, node, transpose, false, bf16, &g, &err) != GP_OK) return 0;
+            struct conv_geom gc; /* channels-last, X and Y both transposed: the most it takes */
+            if (conv_geom_init(graph, node, transpose, true, bf16, &gc, &err) != GP_OK) return 0;
             size_t s = mode_scratch(&g, options_mode(&o), ~0u);
             if (s > most) most = s;
             /* X and Y relaid: the most a layout call takes */
@@ -826,10 +845,10 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
     memset(r, 0, sizeof *r);
     r->x_cl = gp_cuda_nhwc(c->in_nhwc, 0);
     r->y_cl = gp_cuda_nhwc(c->out_nhwc, 0);
-    GP_TRY(conv_geom_init(c->graph, c->node, transpose, r->x_cl || r->y_cl, &r->g, err));
+    r->mode = ctx_mode(c);
+    GP_TRY(conv_geom_init(c->graph, c->node, transpose, r->x_cl || r->y_cl, r->mode.bf16, &r->g, err));
     if ((r->x_cl || r->y_cl) && !r->g.relayable)
         return gp_cuda_error(c, err, GP_ERR_INVALID, "channels-last tensors given to a convolution that takes none");
-    r->mode = ctx_mode(c);
     GP_TRY(check_storage(c, r->mode.bf16, backward, err));
     GP_TRY(ctx_algos(c, &r->g, r->mode, &r->cc, err));
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
@@ -1131,9 +1150,9 @@ static gp_status run_filter(const struct gp_cuda_ctx *c, struct conv_run *r, con
  * (where the model's graph input meets the first convolution), and W and
  * dW, which stay [M, C/g, k...] for the optimizer and the saved model,
  * whenever the kernel is larger than 1x1, and X and W of a padded call
- * (conv_padded: X [N, H, W, 8] and W [M, k..., 8] with zero channels past
- * the tensors', dX and dW without them). The bias runs along the last
- * axis. */
+ * (conv_padded: X [N, H, W, 8] and W [M, k..., 8], or 4 channels, with
+ * zero channels past the tensors', dX and dW without them). The bias runs
+ * along the last axis. */
 
 static enum gp_dtype conv_dt(const struct conv_run *r) { return r->mode.bf16 ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32; }
 
@@ -1305,7 +1324,7 @@ static bool conv_layout_native(const struct gp_graph *g, const struct gp_node *n
     struct conv_geom geom;
     struct gp_error err;
     memset(&err, 0, sizeof err);
-    return conv_geom_init(g, node, false, true, &geom, &err) == GP_OK && geom.relayable;
+    return conv_geom_init(g, node, false, true, false, &geom, &err) == GP_OK && geom.relayable;
 }
 
 /* ---- Conv ---- */
@@ -1409,7 +1428,7 @@ static gp_status with_run(struct gp_cuda_ctx *c, bool transpose, bool backward, 
                           struct gp_error *err)
 {
     struct conv_geom g;
-    GP_TRY(conv_geom_init(c->graph, c->node, transpose, false, &g, err));
+    GP_TRY(conv_geom_init(c->graph, c->node, transpose, false, false, &g, err));
     if (g.n == 0 || g.img_ch == 0 || g.col_ch == 0 || g.img_size == 0 || g.col_size == 0)
         return backward ? no_gradient(c, err) : GP_OK; /* an empty tensor: nothing for cuDNN to do */
     struct conv_run r;
@@ -1476,7 +1495,8 @@ extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const str
      * call gives the kernel those). */
     bool x_cl = !transpose && gp_node_input(g, node, 0)->channels_last;
     bool y_cl = !transpose && gp_node_output(g, node, 0)->channels_last;
-    if (conv_geom_init(g, node, transpose, x_cl || y_cl, &geom, &err) != GP_OK) return 0; /* the run reports it */
+    if (conv_geom_init(g, node, transpose, x_cl || y_cl, options_mode(opts).bf16, &geom, &err) != GP_OK)
+        return 0; /* the run reports it */
     size_t ws = nhwc_bytes(&geom, options_mode(opts).bf16, x_cl, y_cl) + mode_scratch(&geom, options_mode(opts), din);
     if (opts->precision == GP_PRECISION_BF16 && (din & GP_SCRATCH_FLOAT_CALL)) {
         /* A call on float32 tensors (mixed types, staged on float32
@@ -1485,7 +1505,7 @@ extern "C" size_t gp_cuda_conv_scratch_bytes(const struct gp_graph *g, const str
          * planner says whether the layer makes one. */
         struct conv_mode staged = {false, true, opts->fast_conv};
         struct conv_geom flat; /* staged calls get [N, C, H, W] copies */
-        if (conv_geom_init(g, node, transpose, false, &flat, &err) != GP_OK) return ws;
+        if (conv_geom_init(g, node, transpose, false, false, &flat, &err) != GP_OK) return ws;
         size_t s = mode_scratch(&flat, staged, din);
         if (s > ws) ws = s;
     }
