@@ -416,18 +416,25 @@ def fmt_mem(side):
     return "%.2f" % side["max_memory_gib"]
 
 
+def fmt_planned(side):
+    """gpipe-onnx's planned device memory (common.read_metrics' planned_gib)."""
+    if not ok(side) or side.get("planned_gib") is None:
+        return "-"
+    return "%.2f" % side["planned_gib"]
+
+
 def table_lines(args, rows):
     """The results table (stdout and --markdown): per PyTorch variant its samples/s and
-    peak memory, gpipe-onnx's samples/s with its ratios to PyTorch eager and to the
-    row's fastest PyTorch variant, and a column pair per --gpipe-variant."""
+    peak memory, gpipe-onnx's samples/s and planned memory with its ratios to PyTorch
+    eager and to the row's fastest PyTorch variant, and a column pair per --gpipe-variant."""
     tv = args.torch_variants
     head = "| model | precision | batch |"
     rule = "|---|---|---:|"
     for v in tv:
         head += " %s samples/s | %s peak GiB |" % (VARIANT_TITLE[v], VARIANT_SHORT[v])
         rule += "---:|---:|"
-    head += " gpipe-onnx samples/s |"
-    rule += "---:|"
+    head += " gpipe-onnx samples/s | gpipe-onnx planned GiB |"
+    rule += "---:|---:|"
     if "eager" in tv:
         head += " gpipe-onnx / PyTorch eager |"
         rule += "---:|"
@@ -449,7 +456,7 @@ def table_lines(args, rows):
         for v in tv:
             side = sides.get(v)
             line += " %s | %s |" % (fmt_torch(args, r["model"], side, v), fmt_mem(side))
-        line += " %s |" % fmt_rate(g)
+        line += " %s | %s |" % (fmt_rate(g), fmt_planned(g))
         if "eager" in tv:
             line += " %s |" % ratio_of(sides.get("eager"), g)
         if tv:
@@ -498,6 +505,11 @@ def legend_lines(args):
     if args.torch_variants:
         out.append("- peak GiB: `torch.cuda.max_memory_allocated` of that variant's own process; "
                    "best PyTorch: the fastest PyTorch column of the row")
+    if args.gpipe:
+        out.append("- gpipe-onnx planned GiB: the device memory its stages planned (parameters and "
+                   "their gradients, optimizer state, activations, kernel workspaces: the --metrics "
+                   "memory records, summed over stages); the CUDA context and what libraries "
+                   "allocate for themselves are not in it")
     for v in args.variants:
         out.append("- variant %s: gpipe-onnx with `%s`" % v)
     return out

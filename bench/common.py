@@ -137,9 +137,10 @@ def read_metrics(path, warmup, batch):
     """Reads a `gpipe-onnx train --metrics` file: (summary of the steps after `warmup`,
     all step records, error or None). The metrics give samples/s per step (batch / the
     step's wall time, host work included); the step's time is batch / samples_per_s.
-    The summary also has 'planned_gib': the device memory the stages planned (parameters,
-    optimizer state, activations, scratch; the metrics' memory records, summed over stages),
-    without cuDNN's and cuBLAS's workspaces and the CUDA context; and where cuDNN's
+    The summary also has 'planned_gib': the device memory the stages planned (parameters and
+    their gradients, optimizer state, activations, kernel workspaces such as cuDNN's algorithms'
+    in scratch; the metrics' memory records, summed over stages), without the CUDA context and
+    what libraries allocate for themselves; and where cuDNN's
     algorithms were measured before the first step (no --algorithms file had them),
     'measure_s' and 'measured_problems'."""
     steps = []
