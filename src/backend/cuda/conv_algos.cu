@@ -362,6 +362,13 @@ void conv_graph_problem_of(const struct conv_geom *g, struct conv_mode mode, enu
     p->nhwc = g->nhwc;
 }
 
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* Which API convolutions run on (GP_CONV_API): "fastest" (the default
  * where the graph API is built in: both measured, per direction the
  * faster), "graph" (the graph API first, the legacy API where it has
@@ -533,6 +540,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
     bool ok = conv_descs_create(g, mode.bf16, conv_base_math(mode), &d, e);
     int count = 0;
     bool found = false;
+    const double t_legacy = now_s();
     if (ok && !skip[0]) {
         cudnnConvolutionFwdAlgoPerf_t perf[MAX_PERF];
         auto ws_of = [&](cudnnConvolutionFwdAlgo_t a, size_t *ws) {
@@ -605,6 +613,7 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
             }
         }
     }
+    if (conv_verbose()) fprintf(stderr, "conv-choice legacy seconds: %.3f\n", now_s() - t_legacy);
     /* The graph API's where it was asked first, or where it measured faster
      * (or the legacy API has no measurement). Where the legacy API found
      * nothing, a graph choice keeps the convolution running. */
@@ -670,13 +679,6 @@ extern "C" void gp_cuda_on_measure(void (*fn)(void *user, double seconds), void 
     measure_fn = fn;
     measure_user = user;
     pthread_mutex_unlock(&cache_mu);
-}
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* The choice for the problem in `mode`, from the table or made now with

@@ -9,7 +9,8 @@
  * Choosing builds the first MAX_CANDIDATES that build, runs each once to
  * warm up and TIMED_RUNS times timed, and keeps the fastest: what
  * cudnnFind does for the legacy API and PyTorch's benchmark mode for the
- * graph API. Built plans are kept per GPU, problem and name for the
+ * graph API. A candidate whose timed run is GIVE_UP_RATIO times the
+ * fastest so far is not run again (conv_time_best). Built plans are kept per GPU, problem and name for the
  * process's life (a few kilobytes each). */
 #include "backend/cuda/conv_graph.h"
 #include "backend/cuda/conv_measure.h"
@@ -21,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +38,16 @@ namespace {
  * samples/s with the first 12, 1018 with the first 64. */
 const int MAX_CANDIDATES = 64;
 const int TIMED_RUNS = 3;      /* the best of these is the plan's time */
+/* Timed runs of one plan differ by a few percent; one this much slower
+ * than the best so far has lost. */
+const float GIVE_UP_RATIO = 1.25f;
+
+double seconds_now()
+{
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 struct built {
     fe::graph::Graph graph;
@@ -225,6 +237,7 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
     std::vector<int64_t> candidates;
     std::vector<int64_t> workspaces;
     int64_t max_ws = 0;
+    const double t_build = seconds_now();
     for (int64_t i = 0; i < g.graph.get_execution_plan_count() && (int)candidates.size() < MAX_CANDIDATES; i++) {
         if (!g.graph.build_plan_at_index(i).is_good()) continue;
         int64_t w = 0;
@@ -245,6 +258,7 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
     case CONV_GRAPH_DGRAD: a_bytes = n_col * es, b_bytes = n_w * es, out_bytes = n_img * out_es; break;
     case CONV_GRAPH_WGRAD: a_bytes = n_img * es, b_bytes = n_col * es, out_bytes = n_w * out_es; break;
     }
+    const double t_run = seconds_now();
     int64_t best = candidates[0];
     size_t best_ws = (size_t)workspaces[0];
     conv_device_buffers buf;
@@ -262,8 +276,9 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
         float best_ms = -1;
         for (size_t k = 0; k < candidates.size(); k++) {
             int64_t i = candidates[k];
-            float ms = conv_time_best(stream, TIMED_RUNS,
-                                      [&] { return g.graph.execute_plan_at_index(h, pack, wsp, i).is_good(); });
+            float ms = conv_time_best(
+                stream, TIMED_RUNS, [&] { return g.graph.execute_plan_at_index(h, pack, wsp, i).is_good(); },
+                best_ms > 0 ? GIVE_UP_RATIO * best_ms : -1.0f);
             if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_ws = (size_t)workspaces[k];
             std::string tag;
             if (conv_verbose() && g.graph.get_plan_name_at_index(i, tag).is_good())
@@ -272,6 +287,9 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
         }
         *ms_out = best_ms;
     }
+    if (conv_verbose())
+        fprintf(stderr, "conv-choice graph %s seconds: %zu plans built in %.3f, measured in %.3f\n", op_name(op),
+                candidates.size(), t_run - t_build, seconds_now() - t_run);
     std::string tag;
     if (!g.graph.get_plan_name_at_index(best, tag).is_good() || tag.empty() || tag.size() >= name_size) {
         set_why(why, why_size, "the chosen engine configuration has no usable name");

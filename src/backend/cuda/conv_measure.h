@@ -32,9 +32,14 @@ struct conv_device_buffers {
 };
 
 /* The best of `runs` timed calls of call() on stream s (CUDA events),
- * after one untimed call waited for, in ms; -1 when any call fails. */
+ * after one untimed call waited for, in ms; -1 when any call fails. With
+ * give_up_above > 0, a timed call slower than it ends the timing there
+ * and returns that call's time: a candidate that far behind the fastest
+ * so far does not win on its later runs (their spread is a few percent),
+ * and measuring a network's convolutions spends most of its time on
+ * such candidates. */
 template <class Call>
-static inline float conv_time_best(cudaStream_t s, int runs, Call call)
+static inline float conv_time_best(cudaStream_t s, int runs, Call call, float give_up_above = -1)
 {
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     float best = -1;
@@ -50,6 +55,7 @@ static inline float conv_time_best(cudaStream_t s, int runs, Call call)
                 break;
             }
             if (best < 0 || t < best) best = t;
+            if (give_up_above > 0 && t > give_up_above) break;
         }
     }
     cudaGetLastError();
