@@ -116,9 +116,10 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     # 3xTF32's weight gradients with their operands split in two blocks of
     # the batch (one copy fewer written; off by default).
     run_bg "test_cuda_conv (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_conv"
-    # Float32 channels-last input channels in runs of 4: fewer than 4
-    # padded to 4, not 8 (conv.cu image_channel_run; off by default).
-    run_bg "test_cuda_conv (float32 channel runs of 4)" env GP_CONV_FLOAT32_RUN=4 "$build/tests/test_cuda_conv"
+    # Float32 channels-last input channels in runs of 8, as before runs of
+    # 4 became the default: fewer than 8 padded to 8 (conv.cu
+    # image_channel_run).
+    run_bg "test_cuda_conv (float32 channel runs of 8)" env GP_CONV_FLOAT32_RUN=8 "$build/tests/test_cuda_conv"
 fi
 # The plain runs in flight finish first (test_state below times its
 # children and kills them: alone on the GPU).

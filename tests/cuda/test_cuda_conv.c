@@ -217,8 +217,9 @@ static const struct conv_case conv_cases[] = {
      {0}, true, {1, 1, 1, 1}, "VALID", 0},
     {"1-D, 40 channels, kernel 5, pads 2", "Conv", 3, {4, 40, 100}, {48, 40, 5}, true, 0, {0}, {0},
      {0}, {0}, true, {2, 2}, NULL, 0},
-    /* Fewer than 8 input channels: channels-last pads them to 8 (conv.cu;
-     * float32 to 4 where fewer than 4, with GP_CONV_FLOAT32_RUN=4). */
+    /* Input channels not in whole runs: channels-last pads them to 8
+     * (conv.cu; float32 to 4 where fewer than 4, to 8 with
+     * GP_CONV_FLOAT32_RUN=8). */
     {"1x1, 5 -> 16 (channels padded), bias", "Conv", 4, {2, 5, 6, 7}, {16, 5, 1, 1}, true, 0, {0}, {0},
      {0}, {0}, false, {0}, NULL, 0},
     {"3x3 stride 2, 1 -> 8 (channels padded), pads 1", "Conv", 4, {3, 1, 11, 10}, {8, 1, 3, 3}, false, 0,

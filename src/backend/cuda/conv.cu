@@ -36,9 +36,9 @@
  * Channels-last (gp_cuda_ctx.in_nhwc / out_nhwc, graph/layout.h): a Conv
  * over 2 axes with cuDNN's own padding takes X and Y in either layout; it
  * convolves channels-last (cuDNN's NHWC kernels, no transposes of its own)
- * when its channels per group come in runs of 8 (fewer than 8 input
- * channels are padded to 8 with zeros; a float32 call's to 4 with
- * GP_CONV_FLOAT32_RUN=4), and relays whichever of X and Y
+ * when its channels per group come in runs of 8 (a float32 call's input
+ * channels in runs of 4; fewer input channels are padded with zeros to
+ * the run), and relays whichever of X and Y
  * lies otherwise through scratch (see "Conv, channels-last").
  *
  * Algorithms: chosen and cached by conv_algos.cu: the legacy API's, or
@@ -66,15 +66,16 @@ extern "C" {
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* The input channels of a channels-last float32 convolution come in runs
- * of GP_CONV_FLOAT32_RUN=4 (16 bytes, what cuDNN's TF32 channels-last
- * kernels align to: the ResNet stem's 3 channels padded to 4, half of the
- * 8 bfloat16 needs, and half the stem's work) or, by default, of 8 as in
- * bfloat16 (until the GPU suite and a benchmark have run it). Bfloat16's
- * are always runs of 8. Read at each call, as the other settings here. */
+ * of 4 (16 bytes, what cuDNN's TF32 channels-last kernels align to: the
+ * ResNet stem's 3 channels padded to 4, half of the 8 bfloat16 needs and
+ * half the stem's work: ResNet-50 +2.1% in tf32, +3.3% in fp32 on an
+ * H100, bench/RESULTS.md 2026-12-06), or with GP_CONV_FLOAT32_RUN=8 of 8
+ * as in bfloat16, as before. Bfloat16's are always runs of 8. Read at
+ * each call, as the other settings here. */
 static int64_t image_channel_run(bool bf16)
 {
     const char *v = getenv("GP_CONV_FLOAT32_RUN");
-    return !bf16 && v && strcmp(v, "4") == 0 ? 4 : 8;
+    return bf16 || (v && strcmp(v, "8") == 0) ? 8 : 4;
 }
 
 /* `nhwc`: the call's tensors (either of X and Y) are channels-last; the
@@ -172,9 +173,8 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
      * fewer input channels (ResNet's stem: 3) convolves them padded to 8,
      * X and W relaid with zero channels (conv_padded): cuDNN's own
      * padding of such a call went through a float32 copy, TF32 kernels
-     * and three transposes of its own, at 8x the time. With
-     * GP_CONV_FLOAT32_RUN=4 a float32 call's input channels pad to and
-     * come in runs of 4 (image_channel_run). */
+     * and three transposes of its own, at 8x the time. A float32 call's
+     * input channels pad to and come in runs of 4 (image_channel_run). */
     int64_t run = image_channel_run(bf16);
     g->relayable = !transpose && win.n_spatial == 2 && g->direct;
     if (nhwc && g->relayable && g->group == 1 && g->img_ch < 8 && g->img_ch % run != 0 && g->col_ch % 8 == 0)

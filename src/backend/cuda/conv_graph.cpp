@@ -10,8 +10,9 @@
  * warm up and TIMED_RUNS times timed, and keeps the fastest: what
  * cudnnFind does for the legacy API and PyTorch's benchmark mode for the
  * graph API. A candidate whose timed run is GIVE_UP_RATIO times the
- * fastest so far is not run again (conv_time_best). Built plans are kept per GPU, problem and name for the
- * process's life (a few kilobytes each). */
+ * fastest so far is not run again, nor timed at all when its first run
+ * is far behind (conv_time_best). Built plans are kept per GPU, problem
+ * and name for the process's life (a few kilobytes each). */
 #include "backend/cuda/conv_graph.h"
 #include "backend/cuda/conv_measure.h"
 
@@ -19,6 +20,7 @@
 
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +43,11 @@ const int TIMED_RUNS = 3;      /* the best of these is the plan's time */
 /* Timed runs of one plan differ by a few percent; one this much slower
  * than the best so far has lost. */
 const float GIVE_UP_RATIO = 1.25f;
+/* A first run includes one-off costs (the kernel's module loaded), so it
+ * gives up only this far behind: both 10 times the best so far and 50 ms
+ * more (the fallback engines at a second a call). */
+const float WARM_GIVE_UP_RATIO = 10.0f;
+const float WARM_GIVE_UP_MS = 50.0f;
 
 double seconds_now()
 {
@@ -276,9 +283,14 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
         float best_ms = -1;
         for (size_t k = 0; k < candidates.size(); k++) {
             int64_t i = candidates[k];
+            conv_give_up give_up;
+            if (best_ms > 0) {
+                give_up.timed = GIVE_UP_RATIO * best_ms;
+                give_up.warm = std::max(WARM_GIVE_UP_RATIO * best_ms, best_ms + WARM_GIVE_UP_MS);
+            }
             float ms = conv_time_best(
                 stream, TIMED_RUNS, [&] { return g.graph.execute_plan_at_index(h, pack, wsp, i).is_good(); },
-                best_ms > 0 ? GIVE_UP_RATIO * best_ms : -1.0f);
+                give_up);
             if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_ws = (size_t)workspaces[k];
             std::string tag;
             if (conv_verbose() && g.graph.get_plan_name_at_index(i, tag).is_good())

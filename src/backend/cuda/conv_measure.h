@@ -31,20 +31,32 @@ struct conv_device_buffers {
     }
 };
 
+/* When a candidate has lost (conv_time_best): `timed`, a timed call
+ * slower than it ends the timing there; `warm`, a first (untimed) call
+ * slower than it ends it before any timed call. -1: never. */
+struct conv_give_up {
+    float timed = -1;
+    float warm = -1;
+};
+
 /* The best of `runs` timed calls of call() on stream s (CUDA events),
- * after one untimed call waited for, in ms; -1 when any call fails. With
- * give_up_above > 0, a timed call slower than it ends the timing there
- * and returns that call's time: a candidate that far behind the fastest
- * so far does not win on its later runs (their spread is a few percent),
- * and measuring a network's convolutions spends most of its time on
- * such candidates. */
+ * after one untimed call waited for, in ms; -1 when any call fails. A
+ * call slower than `give_up` says ends the timing there and returns that
+ * call's time: a candidate that far behind the fastest so far does not
+ * win on its later runs (their spread is a few percent), and measuring a
+ * network's convolutions spends most of its time on such candidates
+ * (ResNet-50 in fp32: a fallback engine at about a second a call, against
+ * the fastest's milliseconds). The first call's time includes its one-off
+ * costs (a kernel's module loaded on first use), so its bound is looser. */
 template <class Call>
-static inline float conv_time_best(cudaStream_t s, int runs, Call call, float give_up_above = -1)
+static inline float conv_time_best(cudaStream_t s, int runs, Call call, conv_give_up give_up = conv_give_up())
 {
     cudaEvent_t e0 = nullptr, e1 = nullptr;
-    float best = -1;
-    if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess && call() &&
-        cudaStreamSynchronize(s) == cudaSuccess) {
+    float best = -1, first = 0;
+    if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess &&
+        cudaEventRecord(e0, s) == cudaSuccess && call() && cudaEventRecord(e1, s) == cudaSuccess &&
+        cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&first, e0, e1) == cudaSuccess) {
+        if (give_up.warm > 0 && first > give_up.warm) runs = 0, best = first;
         for (int r = 0; r < runs; r++) {
             float t = 0;
             cudaEventRecord(e0, s);
@@ -55,7 +67,7 @@ static inline float conv_time_best(cudaStream_t s, int runs, Call call, float gi
                 break;
             }
             if (best < 0 || t < best) best = t;
-            if (give_up_above > 0 && t > give_up_above) break;
+            if (give_up.timed > 0 && t > give_up.timed) break;
         }
     }
     cudaGetLastError();
