@@ -84,7 +84,8 @@ const char *gpo_version(void);
 /* ---- the machine ---- */
 
 struct gpo_system {
-    int cpu_cores;                 /* online cores: CPU devices share them */
+    int cpu_cores;                 /* cores this process may use (its affinity mask, at most
+                                      OMP_NUM_THREADS): CPU devices share them */
     int cuda;                      /* 1: built with the CUDA backend */
     int cuda_runtime, cuda_driver, cublas; /* versions (CUDA builds; 0 when unknown) */
     int64_t cudnn;

@@ -1,16 +1,16 @@
 #include "partitioner/run.h"
 
 #include <string.h>
-#include <unistd.h>
 
 #include "backend/backends.h"
 #include "onnx/load.h"
+#include "util/cpu_cores.h"
 
 /* What the pipeline gives each CPU device: the cores shared among them. */
 static int cpu_threads_per_device(int devices)
 {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    return cores / devices > 1 ? (int)(cores / devices) : 1;
+    int cores = gp_cpu_cores();
+    return cores / devices > 1 ? cores / devices : 1;
 }
 
 gp_status gp_balance_run(const struct gp_balance_run *run, struct gp_profile *prof, struct gp_balance_report *rep,

@@ -69,6 +69,16 @@ trap 'rm -rf "$fail_dir"' EXIT
 # Tests that take the whole GPU's memory skip themselves beside others,
 # and run alone after the plain pass.
 [ "$jobs_max" -gt 1 ] && export GP_TEST_GPU_SHARED=1
+# The tests' CPU references run on OpenMP threads, as many as the cores the
+# process may use (util/cpu_cores.h). As tests/meson.build does, they wait
+# by sleeping, not spinning; and N binaries at once share the cores instead
+# of each taking them all (N x cores threads otherwise, spinning by
+# default).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+if [ "$jobs_max" -gt 1 ] && [ -z "${OMP_NUM_THREADS:-}" ]; then
+    cores=$(nproc)
+    export OMP_NUM_THREADS=$(( cores / jobs_max > 1 ? cores / jobs_max : 1 ))
+fi
 run_bg() {
     if [ "$jobs_max" -le 1 ]; then run "$@"; return; fi
     while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done

@@ -25,6 +25,7 @@
 #include "partitioner/balance.h"
 #include "pipeline/plan.h"
 #include "train/trainer.h"
+#include "util/cpu_cores.h"
 #include "util/json_parse.h"
 
 static char tmp[256];
@@ -62,8 +63,8 @@ static double attempt(const char *fixture, int64_t batch, int k)
     struct gp_graph g;
     if (gp_onnx_load(model, batch, &g, &err) != GP_OK) fail_msg("%s", err.msg);
     struct gp_profile prof;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = cores / k > 1 ? (int)(cores / k) : 1;
+    int cores = gp_cpu_cores(); /* what the pipeline gives each CPU device */
+    int threads = cores / k > 1 ? cores / k : 1;
     if (gp_profile_cpu(&g, model, threads, 3, 9, NULL, NULL, &prof, &err) != GP_OK) fail_msg("%s", err.msg);
     gp_graph_free(&g);
     struct gp_balance_config bc = {.by = GP_BALANCE_TIME, .n_stages = k, .batch = batch, .n_micro = 1,

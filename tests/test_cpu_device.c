@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -33,6 +34,7 @@
 
 #include "backend/device.h"
 #include "pipeline/trace.h"
+#include "util/cpu_cores.h"
 #include "util/json_parse.h"
 
 static const struct gp_device_ops *ops = &gp_cpu_device_ops;
@@ -1264,6 +1266,39 @@ static void test_token_ring(void **state)
     free(slots);
 }
 
+/* The cores a process takes (util/cpu_cores.h): its affinity mask's CPUs,
+ * at most OMP_NUM_THREADS (its first level, where it lists several) when
+ * that is a positive number; nonsense in it is ignored. */
+static void test_cpu_cores(void **state)
+{
+    (void)state;
+    const char *had = getenv("OMP_NUM_THREADS");
+    char *saved = had ? strdup(had) : NULL;
+    unsetenv("OMP_NUM_THREADS");
+    int all = gp_cpu_cores();
+    assert_true(all >= 1);
+    assert_true(all <= sysconf(_SC_NPROCESSORS_ONLN));
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    assert_int_equal(sched_getaffinity(0, sizeof set, &set), 0);
+    assert_int_equal(all, CPU_COUNT(&set));
+#endif
+    setenv("OMP_NUM_THREADS", "1", 1);
+    assert_int_equal(gp_cpu_cores(), 1);
+    setenv("OMP_NUM_THREADS", "1,4", 1);
+    assert_int_equal(gp_cpu_cores(), 1);
+    setenv("OMP_NUM_THREADS", "100000", 1); /* more than there are: the mask's */
+    assert_int_equal(gp_cpu_cores(), all);
+    const char *ignored[] = {"0", "-3", "many", ""};
+    for (size_t i = 0; i < sizeof ignored / sizeof *ignored; i++) {
+        setenv("OMP_NUM_THREADS", ignored[i], 1);
+        assert_int_equal(gp_cpu_cores(), all);
+    }
+    if (saved) setenv("OMP_NUM_THREADS", saved, 1);
+    else unsetenv("OMP_NUM_THREADS");
+    free(saved);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1282,6 +1317,7 @@ int main(void)
         cmocka_unit_test(test_span_names),
         cmocka_unit_test(test_destroy_with_queued_work),
         cmocka_unit_test(test_token_ring),
+        cmocka_unit_test(test_cpu_cores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 #include "graph/layout.h"
 #include "onnx/load.h"
 #include "util/atomic_file.h"
+#include "util/cpu_cores.h"
 #include "util/mapped.h"
 #include "ops/registry.h"
 #include "partitioner/profile.h"
@@ -491,8 +492,7 @@ const char *gpo_metadata(const gpo_model *m, const char *key)
 void gpo_system_info(struct gpo_system *out)
 {
     memset(out, 0, sizeof *out);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    out->cpu_cores = cores > 0 ? (int)cores : 1;
+    out->cpu_cores = gp_cpu_cores();
 #ifdef GP_HAVE_CUDA
     out->cuda = 1;
     struct gp_error err = {0};

@@ -26,7 +26,7 @@ int gp_cmd_devices(int argc, char **argv)
     }
     struct gpo_system sys;
     gpo_system_info(&sys);
-    printf("cpu      %d cores\n", sys.cpu_cores);
+    printf("cpu      %d core%s\n", sys.cpu_cores, sys.cpu_cores == 1 ? "" : "s");
     if (!sys.cuda) {
         printf("cuda     not built (configure with -Dcuda=enabled on a machine with nvcc)\n");
         return GP_EXIT_OK;

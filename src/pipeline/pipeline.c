@@ -9,10 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "pipeline/internal.h"
 #include "pipeline/trace.h"
+#include "util/cpu_cores.h"
 
 void gp_pipeline_free(struct gp_pipeline *p)
 {
@@ -153,7 +153,7 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     }
     if ((st = gp_pipe_setup_graphs(p, err)) != GP_OK) goto fail;
     /* OpenMP threads per device: the cores shared among the devices. */
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long cores = gp_cpu_cores();
     int devices = 0;
     for (int k = 0; k < p->K; k++) {
         bool seen = !stage_local(p, k);
