@@ -15,6 +15,9 @@
 # (under the sanitizer each is bound by its host thread, not the GPU, so on
 # a machine with several cores N of them take about the time of the
 # slowest); the lines then come in the order the runs finish.
+# With CUDA_TEST_PART=K/N, only the K-th of N shares of the runs (every
+# N-th, from the K-th, in the order above): a suite too long for one sitting
+# runs as N calls, K = 1..N, which together run everything once.
 #
 # The same binaries that `meson test -C build --suite cuda` runs; this script
 # exists for machines that have the binaries but not the build system.
@@ -26,6 +29,24 @@ if [ "${1:-}" = "--no-sanitizer" ]; then sanitize=0; shift; fi
 build=${1:-build}
 export GP_SOURCE_ROOT=${GP_SOURCE_ROOT:-$PWD}
 export GP_BUILD_ROOT=${GP_BUILD_ROOT:-$PWD/$build}
+
+part_k=1 part_n=1
+if [ -n "${CUDA_TEST_PART:-}" ]; then
+    if [[ "$CUDA_TEST_PART" =~ ^([0-9]+)/([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 1 ] &&
+        [ "${BASH_REMATCH[1]}" -le "${BASH_REMATCH[2]}" ]; then
+        part_k=${BASH_REMATCH[1]} part_n=${BASH_REMATCH[2]}
+    else
+        echo "cuda_tests.sh: CUDA_TEST_PART must be K/N with 1 <= K <= N, not '$CUDA_TEST_PART'" >&2
+        exit 2
+    fi
+fi
+n_runs=0 n_mine=0
+# Whether the next run is this part's (counted in the order they are asked for).
+mine() {
+    n_runs=$((n_runs + 1))
+    [ $(((n_runs - 1) % part_n)) -eq $((part_k - 1)) ] || return 1
+    n_mine=$((n_mine + 1))
+}
 
 shopt -s nullglob
 # Test binaries only: a build tree also holds the test_cuda_*.p object folders.
@@ -80,6 +101,7 @@ if [ "$jobs_max" -gt 1 ] && [ -z "${OMP_NUM_THREADS:-}" ]; then
     export OMP_NUM_THREADS=$(( cores / jobs_max > 1 ? cores / jobs_max : 1 ))
 fi
 run_bg() {
+    mine || return 0
     if [ "$jobs_max" -le 1 ]; then run "$@"; return; fi
     while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
     (failed=0; run "$@"; [ $failed -eq 0 ] || touch "$fail_dir/$BASHPID") &
@@ -136,13 +158,15 @@ fi
 wait
 failed=$((failed + $(find "$fail_dir" -type f | wc -l)))
 rm -f "$fail_dir"/*
-if [ -n "${GP_TEST_GPU_SHARED:-}" ] && [ -x "$build/tests/test_cuda_train" ]; then
+if [ -n "${GP_TEST_GPU_SHARED:-}" ] && [ -x "$build/tests/test_cuda_train" ] && mine; then
     run "test_cuda_train (out of memory, alone)" env GP_TEST_GPU_SHARED=0 GP_TEST_FILTER=test_out_of_memory \
         "$build/tests/test_cuda_train"
 fi
 # The kill -9 and resume runs of test_state, training on the GPU (it runs the
 # command line as child processes, so it stays out of the memcheck pass).
-if [ -x "$build/tests/test_state" ] && [ -x "$build/src/gpipe-onnx" ]; then
+if ! mine; then
+    :
+elif [ -x "$build/tests/test_state" ] && [ -x "$build/src/gpipe-onnx" ]; then
     run "test_state (cuda:0)" env GP_STATE_DEVICE=cuda:0 "$build/tests/test_state" "$build/src/gpipe-onnx"
 else
     echo "test_state or gpipe-onnx not in $build: the GPU kill and resume runs were not run"
@@ -166,5 +190,7 @@ if [ $sanitize = 1 ]; then
         failed=$((failed + 1))
     fi
 fi
-if [ $failed -eq 0 ]; then echo "cuda suite: all passed"; else echo "cuda suite: $failed FAILED"; fi
+what="cuda suite"
+[ "$part_n" -gt 1 ] && what="cuda suite (part $part_k of $part_n: $n_mine of $n_runs runs)"
+if [ $failed -eq 0 ]; then echo "$what: all passed"; else echo "$what: $failed FAILED"; fi
 [ $failed -eq 0 ]
