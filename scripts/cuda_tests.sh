@@ -124,6 +124,8 @@ if [ -x "$build/tests/test_cuda_train" ]; then
     run_bg "test_cuda_train (residual gradients in their own pass)" env GP_BN_RES_SUMS=0 \
         "$build/tests/test_cuda_train"
     run_bg "test_cuda_train (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_train"
+    run_bg "test_cuda_train (graph API adding with beta 1)" env GP_CONV_API=graph GP_CONV_ADD_API=graph-beta \
+        "$build/tests/test_cuda_train"
 fi
 for t in "${tests[@]}"; do [ "$(basename "$t")" != test_cuda_train ] && run_bg "$(basename "$t")" "$t"; done
 # The convolutions again on each of cuDNN's APIs alone (the default measures
@@ -152,6 +154,11 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     # 4 became the default: fewer than 8 padded to 8 (conv.cu
     # image_channel_run).
     run_bg "test_cuda_conv (float32 channel runs of 8)" env GP_CONV_FLOAT32_RUN=8 "$build/tests/test_cuda_conv"
+    # Results added by the graph API's engines themselves (beta 1 through
+    # cuDNN's backend descriptors; off by default), every added call, on
+    # the graph API alone so that every added call is one of its.
+    run_bg "test_cuda_conv (graph API adding with beta 1)" env GP_CONV_API=graph GP_CONV_ADD_API=graph-beta \
+        "$build/tests/test_cuda_conv"
 fi
 # The plain runs in flight finish first (test_state below times its
 # children and kills them: alone on the GPU).

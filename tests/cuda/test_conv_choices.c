@@ -1,8 +1,8 @@
 /* The convolution choices as text (cuda/conv_algos.cu: what a saved
  * training state keeps, so that a resumed run computes as the first): a
  * text read back is written out the same, lines of every form (channels-
- * last, one direction, results added on the legacy API in each direction,
- * lines from before those words); malformed lines are refused with a
+ * last, one direction, results added on the legacy API or by the graph
+ * API's engine (beta 1) in each direction, lines from before those words); malformed lines are refused with a
  * message, and choices measured elsewhere are left out with a note. No
  * GPU needed: nothing is measured. */
 #include <stdarg.h>
@@ -46,7 +46,7 @@ static char *text_of(const char *const *lines, int n)
 static void test_round_trip(void **state)
 {
     (void)state;
-    char l[6][512];
+    char l[9][512];
     key_line(l[0], sizeof l[0], "conv", 8, " - - -");
     key_line(l[1], sizeof l[1], "conv-nhwc", 9, " eng0_k2=1 - eng7 data-acc-legacy 2048");
     key_line(l[2], sizeof l[2], "conv-nhwc", 10,
@@ -54,8 +54,12 @@ static void test_round_trip(void **state)
     key_line(l[3], sizeof l[3], "conv-nhwc-filter", 11, " - - eng4 filter-acc-legacy 64");
     key_line(l[4], sizeof l[4], "conv-data", 12, " - eng5 - data-acc-legacy 1");
     key_line(l[5], sizeof l[5], "conv-fwd", 13, " eng6 - - fwd-acc-legacy 16");
-    const char *lines[6] = {l[0], l[1], l[2], l[3], l[4], l[5]};
-    char *in = text_of(lines, 6);
+    key_line(l[6], sizeof l[6], "conv-nhwc", 14, " eng1 eng2 eng3 data-acc-graph eng62_k25=2 0");
+    key_line(l[7], sizeof l[7], "conv-nhwc", 15,
+             " eng1 eng2 eng3 fwd-acc-graph eng9 4 data-acc-legacy 512 filter-acc-graph eng10_k2=1_k3=0 8192");
+    key_line(l[8], sizeof l[8], "conv-filter", 16, " - - eng4 filter-acc-graph eng11 64");
+    const char *lines[9] = {l[0], l[1], l[2], l[3], l[4], l[5], l[6], l[7], l[8]};
+    char *in = text_of(lines, 9);
     char note[512];
     struct gp_error err = {0};
     assert_int_equal(gp_cuda_choices_import(in, note, sizeof note, &err), GP_OK);
@@ -83,6 +87,11 @@ static void test_malformed(void **state)
         " - eng5 - data-acc-legacy 1 data-acc-legacy 2",      /* twice */
         " - eng5 - bwd-acc-legacy 1",                         /* a word this reader does not know */
         " - eng5",                                            /* a name missing */
+        " - eng5 - data-acc-graph 1",                         /* the graph word without its name */
+        " - eng5 - data-acc-graph eng3",                      /* ... or without its workspace */
+        " - eng5 - data-acc-graph eng3 x",                    /* not a number */
+        " - eng5 - data-acc-legacy 1 data-acc-graph eng3 2",  /* both ways for one direction */
+        " - eng5 - filter-acc-graph eng3 2 data-acc-legacy 1", /* out of order */
     };
     for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
         char line[512];

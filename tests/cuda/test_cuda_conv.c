@@ -24,6 +24,13 @@
  * GP_CONV_FP32=fma on cuDNN's float32 algorithms; run_conv counts the
  * calls that ran in 3xTF32 (x3_runs): none with fma.
  *
+ * With GP_CONV_ADD_API=graph-beta (and GP_CONV_API=graph, so that every
+ * call is the graph API's) every result added into its output
+ * (3xTF32's second parts, float32 weight gradients, ConvTranspose's dX)
+ * is added by the graph API's engine itself where one builds with beta 1;
+ * test_graph_beta_ran checks that some did, so that the cases above
+ * covered that path.
+ *
  * Channels-last: the pools' own [N, H, W, C] kernels (MaxPool over 2
  * axes, GlobalAveragePool) against the same CPU kernels, op_compare
  * transposing the CUDA side's tensors on the host (test_pools_nhwc). */
@@ -738,6 +745,21 @@ static void run_split_blocks(int64_t n, unsigned lo_parts, int offset)
  * (inner 1, ch a multiple of 4), and any shape or alignment; two copies
  * with hi alone beside them (what conv.cu runs), two and one without; an
  * unknown count refused; the batch's blocks. */
+/* Runs last: with GP_CONV_ADD_API=graph-beta, the cases above must have
+ * added some results on the graph API with beta 1 (if cuDNN builds none,
+ * that way does not exist on this GPU and the setting must not be
+ * offered); without it, none. */
+static void test_graph_beta_ran(void **state)
+{
+    (void)state;
+    const char *v = getenv("GP_CONV_ADD_API");
+    bool forced = v && !strcmp(v, "graph-beta"), measured = v && !strcmp(v, "measured-beta");
+    unsigned long long n = gp_cuda_conv_graph_beta_calls();
+    printf("graph API calls adding with beta 1: %llu\n", n);
+    if (forced) assert_true(n > 0);
+    else if (!measured) assert_int_equal(n, 0);
+}
+
 static void test_x3_split(void **state)
 {
     (void)state;
@@ -1089,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_pools_bf16),
         cmocka_unit_test(test_pools_nhwc),
         cmocka_unit_test(test_pools_nhwc_bf16),
+        cmocka_unit_test(test_graph_beta_ran),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed == 0)

@@ -320,6 +320,7 @@ static bool x3_lookup(cudnnHandle_t h, const struct conv_geom *g, struct conv_mo
         struct algo_choice one;
         if (!conv_lookup_algos(h, &gk, x3_mode(mode), 1u << k, &one, e, why)) return false;
         ch->acc_legacy[k] = one.acc_legacy[k], ch->ws_acc[k] = one.ws_acc[k];
+        memcpy(ch->graph_acc[k], one.graph_acc[k], CONV_GRAPH_NAME);
         if (k == 0) {
             ch->fwd = one.fwd, ch->m_fwd = one.m_fwd, ch->ws_fwd = one.ws_fwd;
             memcpy(ch->graph_fwd, one.graph_fwd, CONV_GRAPH_NAME);
@@ -407,6 +408,13 @@ static unsigned long long x3_calls;
 
 extern "C" unsigned long long gp_cuda_conv_x3_calls(void) { return __atomic_load_n(&x3_calls, __ATOMIC_RELAXED); }
 
+static unsigned long long graph_beta_calls;
+
+extern "C" unsigned long long gp_cuda_conv_graph_beta_calls(void)
+{
+    return __atomic_load_n(&graph_beta_calls, __ATOMIC_RELAXED);
+}
+
 static gp_status ctx_algos(const struct gp_cuda_ctx *c, const struct conv_geom *g, struct conv_mode mode,
                            struct conv_choice *cc, struct gp_error *err)
 {
@@ -458,14 +466,17 @@ static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode,
     int64_t img = g->n * g->img_ch * g->imgb_size, col = g->n * g->col_ch * g->col_size;
     const struct algo_choice *ch = &cc->ch[0];
     /* A separate 3xTF32 call's second part adds to its output in every
-     * direction. Where the legacy API adds (algo_choice.acc_legacy) no
-     * buffer is needed. */
+     * direction. Where the legacy API or the graph API's engine adds
+     * (algo_choice.acc_legacy, graph_acc) no buffer is needed. */
     const struct algo_choice *add = cc->parts > 1 ? &cc->ch[1] : NULL;
-    bool graph[3] = {ch->graph_fwd[0] && !ch->acc_legacy[0], ch->graph_data[0] && !ch->acc_legacy[1],
-                     ch->graph_filter[0] && !ch->acc_legacy[2]};
-    bool graph_add[3] = {add && add->graph_fwd[0] && !add->acc_legacy[0],
-                         add && add->graph_data[0] && !add->acc_legacy[1],
-                         add && add->graph_filter[0] && !add->acc_legacy[2]};
+    bool graph[3], graph_add[3];
+    const char *const names[3] = {ch->graph_fwd, ch->graph_data, ch->graph_filter};
+    const char *const add_names[3] = {add ? add->graph_fwd : "", add ? add->graph_data : "",
+                                      add ? add->graph_filter : ""};
+    for (int k = 0; k < 3; k++) {
+        graph[k] = names[k][0] && !ch->acc_legacy[k] && !ch->graph_acc[k][0];
+        graph_add[k] = add && add_names[k][0] && !add->acc_legacy[k] && !add->graph_acc[k][0];
+    }
     const struct {
         bool on;
         enum conv_graph_op op;
@@ -498,7 +509,8 @@ static size_t ws_bytes(const struct conv_choice *cc, unsigned dirs)
         if ((dirs & CONV_DIR_FWD) && ch->ws_fwd > ws) ws = ch->ws_fwd;
         if ((dirs & CONV_DIR_DATA) && ch->ws_data > ws) ws = ch->ws_data;
         for (int k = 0; k < 3; k++)
-            if ((dirs & (1u << k)) && ch->acc_legacy[k] && ch->ws_acc[k] > ws) ws = ch->ws_acc[k];
+            if ((dirs & (1u << k)) && (ch->acc_legacy[k] || ch->graph_acc[k][0]) && ch->ws_acc[k] > ws)
+                ws = ch->ws_acc[k];
         if ((dirs & CONV_DIR_FILTER) && ch->ws_filter > ws) ws = ch->ws_filter;
     }
     return ws;
@@ -959,6 +971,24 @@ static gp_status run_graph(const struct gp_cuda_ctx *c, struct conv_run *r, cons
     return gp_cuda_check_launch(c, "convolution result added to its gradient", err);
 }
 
+/* Direction k's call adding its result into out on the graph API's
+ * engine configuration `name` (an algo_choice's graph_acc[k]: beta 1,
+ * conv_graph_beta_run): no buffer, no add. */
+static gp_status run_graph_beta(const struct gp_cuda_ctx *c, struct conv_run *r, const struct conv_geom *g,
+                                struct conv_mode mode, int k, const char *name, const void *a, const void *b,
+                                void *out, struct gp_error *err)
+{
+    static const enum conv_graph_op ops[3] = {CONV_GRAPH_FPROP, CONV_GRAPH_DGRAD, CONV_GRAPH_WGRAD};
+    struct conv_graph_problem p;
+    conv_graph_problem_of(g, mode, ops[k], &p);
+    p.float_out = false; /* the output in the storage type, as the choice measured it */
+    char why[512];
+    if (!conv_graph_beta_run((cudnnHandle_t)c->cudnn, &p, ops[k], name, a, b, out, r->ws, why, sizeof why))
+        return gp_cuda_error(c, err, GP_ERR_DEVICE, "cuDNN graph convolution with beta 1 (%s): %s", name, why);
+    __atomic_add_fetch(&graph_beta_calls, 1, __ATOMIC_RELAXED);
+    return GP_OK;
+}
+
 cudaError_t conv_accumulate_launch(cudaStream_t stream, void *dst, const void *src, int64_t n, bool bf16,
                                    bool float_src)
 {
@@ -1063,9 +1093,11 @@ static gp_status dir_call(const struct gp_cuda_ctx *c, struct conv_run *r, int k
     struct conv_mode mode = r->x3 ? x3_mode(r->mode) : r->mode;
     cudnnHandle_t h = (cudnnHandle_t)c->cudnn;
     float one = 1.0f;
-    /* Added into out on the legacy API where that measured faster than
-     * the graph API's buffer and add (algo_choice.acc_legacy). */
+    /* Added into out on the legacy API, or by the graph API's engine
+     * itself, where that measured faster than the graph API's buffer and
+     * add (algo_choice.acc_legacy, graph_acc). */
     bool acc_legacy = beta != 0.0f && ch->acc_legacy[k];
+    if (beta != 0.0f && ch->graph_acc[k][0]) return run_graph_beta(c, r, g, mode, k, ch->graph_acc[k], a, b, out, err);
     if (k == 0) {
         if (ch->graph_fwd[0] && !acc_legacy)
             return run_graph(c, r, g, mode, CONV_GRAPH_FPROP, ch->graph_fwd, a, b, out,

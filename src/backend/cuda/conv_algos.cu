@@ -412,27 +412,35 @@ static void choose_graphs(const struct conv_geom *g, struct conv_mode mode, unsi
 }
 
 /* ---- a result added into its output ----
- * The graph API has no beta: a result added into its output (beta 1: a
- * Conv's dX that another layer wrote first, as at a residual block's
- * input; a float32 dW, which sums the micro-batches; every direction of a
- * 3xTF32 call's second part, conv_x3.h) is computed into a buffer and then
- * added, two passes more over the output than the legacy API's own
- * beta = 1. Where the graph API won the plain call, the added call is
- * measured both ways, the legacy algorithm with beta 1 against the graph
- * API's time plus the add's, and the faster kept (algo_choice.acc_legacy).
- * GP_CONV_ADD_API says which calls: unset, a Conv's data gradient only
- * (measured on the GPU; the others stay on the graph API's add until the
- * GPU suite has run them); "measured", every added call; "legacy" or
- * "graph", every added call on that API without measuring (the tests run
- * both). */
-enum add_policy { ADD_DATA_MEASURED, ADD_MEASURED, ADD_LEGACY, ADD_GRAPH };
+ * cudnn-frontend's graphs have no beta: a result added into its output
+ * (beta 1: a Conv's dX that another layer wrote first, as at a residual
+ * block's input; a float32 dW, which sums the micro-batches; every
+ * direction of a 3xTF32 call's second part, conv_x3.h) is computed into a
+ * buffer and then added, two passes more over the output than the legacy
+ * API's own beta = 1. Where the graph API won the plain call, the added
+ * call is measured both ways, the legacy algorithm with beta 1 against
+ * the graph API's time plus the add's, and the faster kept
+ * (algo_choice.acc_legacy). A third way: the graph API's engines adding
+ * the result themselves, built through cuDNN's backend descriptors with
+ * beta 1 (conv_graph.h, conv_graph_beta_choose; algo_choice.graph_acc).
+ * GP_CONV_ADD_API says which calls and ways: unset, a Conv's data
+ * gradient only, the first two ways (measured on the GPU; the others stay
+ * on the graph API's add until the GPU suite has run them); "measured",
+ * every added call, the first two ways; "measured-beta", every added
+ * call, all three ways; "legacy", "graph" or "graph-beta", every added
+ * call that way without measuring against the others ("graph-beta" where
+ * an engine builds with beta 1, else the graph API's add; the tests run
+ * each). "measured-beta" and "graph-beta" are not yet run on a GPU. */
+enum add_policy { ADD_DATA_MEASURED, ADD_MEASURED, ADD_MEASURED_BETA, ADD_LEGACY, ADD_GRAPH, ADD_GRAPH_BETA };
 
 static enum add_policy add_policy(void)
 {
     const char *v = getenv("GP_CONV_ADD_API");
     if (v && !strcmp(v, "measured")) return ADD_MEASURED;
+    if (v && !strcmp(v, "measured-beta")) return ADD_MEASURED_BETA;
     if (v && !strcmp(v, "legacy")) return ADD_LEGACY;
     if (v && !strcmp(v, "graph")) return ADD_GRAPH;
+    if (v && !strcmp(v, "graph-beta")) return ADD_GRAPH_BETA;
     return ADD_DATA_MEASURED;
 }
 
@@ -451,17 +459,21 @@ static bool may_add(const struct conv_geom *g, struct conv_mode mode, int k)
 
 static const char *const dir_names[3] = {"fwd", "data", "filter"};
 
-/* Decides ch->acc_legacy[k] for direction k of a problem whose plain call
- * runs on the graph API (graph_ms, measured into a buffer) and whose
- * legacy algorithm (ch's, for direction k) takes legacy_ws: the measured
- * times of both ways of adding its result into the output. Descriptors d
- * as the choice's. */
+/* Decides how direction k of a problem whose plain call runs on the graph
+ * API (graph_ms, measured into a buffer) adds its result into the output
+ * (ch->acc_legacy[k], ch->graph_acc[k], ch->ws_acc[k]): the measured
+ * times of the legacy algorithm (ch's, for direction k, whose workspace
+ * is legacy_ws) with beta 1, of the graph API's result and an add, and
+ * of the graph API's engines with beta 1, as GP_CONV_ADD_API asks; the
+ * fastest kept. Descriptors d as the choice's. */
 static void choose_accumulation(cudnnHandle_t h, const struct conv_geom *g, struct conv_mode mode,
                                 const struct descs *d, int k, float graph_ms, size_t legacy_ws,
                                 struct algo_choice *ch)
 {
     enum add_policy pol = add_policy();
+    const bool beta = pol == ADD_MEASURED_BETA || pol == ADD_GRAPH_BETA;
     ch->acc_legacy[k] = false;
+    ch->graph_acc[k][0] = '\0';
     ch->ws_acc[k] = 0;
     if (pol == ADD_GRAPH || (pol == ADD_DATA_MEASURED && (k != 1 || mode.x3))) return;
     if (pol == ADD_LEGACY) {
@@ -475,44 +487,76 @@ static void choose_accumulation(cudnnHandle_t h, const struct conv_geom *g, stru
     static const enum conv_graph_op ops[3] = {CONV_GRAPH_FPROP, CONV_GRAPH_DGRAD, CONV_GRAPH_WGRAD};
     struct conv_graph_problem p;
     conv_graph_problem_of(g, mode, ops[k], &p);
+    /* The engines' own add, on buffers of their own: first, before this
+     * function's buffers are taken. Where a bfloat16 result is added in
+     * bfloat16 (GP_CONV_ACCUMULATE=bf16: rounded twice, as the add
+     * kernel does) it is not a candidate: the engine rounds once. */
+    float beta_ms = -1;
+    size_t beta_ws = 0;
+    char beta_name[CONV_GRAPH_NAME] = "";
+    if (beta && (!mode.bf16 || p.float_out)) {
+        struct conv_graph_problem pb = p;
+        pb.float_out = false;
+        char why[256];
+        if (!conv_graph_beta_choose(&pb, ops[k], conv_ws_cap(g), beta_name, sizeof beta_name, &beta_ws, &beta_ms,
+                                    why, sizeof why)) {
+            beta_ms = -1;
+            if (conv_verbose()) fprintf(stderr, "conv-choice %s-accumulate graph-beta none: %s\n", dir_names[k], why);
+        }
+    }
     size_t es = mode.bf16 ? 2 : 4, acc_es = mode.bf16 && !p.float_out ? 2 : 4;
     int64_t n_img = g->n * g->img_ch * g->imgb_size, n_col = g->n * g->col_ch * g->col_size;
     int64_t n_w = g->col_ch * (g->img_ch / g->group);
     for (int i = 0; i < g->ns; i++) n_w *= g->k[i];
     const int64_t n_out = k == 0 ? n_col : k == 1 ? n_img : n_w;
-    conv_device_buffers buf;
-    void *img = buf.get(es * (size_t)n_img), *col = buf.get(es * (size_t)n_col), *w = buf.get(es * (size_t)n_w);
-    void *acc = buf.get(acc_es * (size_t)n_out), *ws = buf.get(legacy_ws);
-    if (!img || !col || !w || !acc || !ws) return; /* no memory to measure in: as before, the graph API's */
-    cudaStream_t s = nullptr;
-    cudnnGetStream(h, &s);
-    if (cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) cudaGetLastError(); /* the clears */
-    const cudnnMathType_t math[3] = {ch->m_fwd, ch->m_data, ch->m_filter};
-    if (cudnnSetConvolutionMathType(d->conv, math[k]) != CUDNN_STATUS_SUCCESS) return;
-    float one = 1.0f;
-    float legacy_ms = conv_time_best(s, 3, [&] {
-        cudnnStatus_t st =
-            k == 0 ? cudnnConvolutionForward(h, &one, d->img, img, d->w, w, d->conv, ch->fwd, ws, legacy_ws, &one,
-                                             d->col, col)
-            : k == 1 ? cudnnConvolutionBackwardData(h, &one, d->w, w, d->col, col, d->conv, ch->bwd_data, ws,
-                                                    legacy_ws, &one, d->img, img)
-                     : cudnnConvolutionBackwardFilter(h, &one, d->img, img, d->col, col, d->conv, ch->bwd_filter, ws,
-                                                      legacy_ws, &one, d->w, w);
-        return st == CUDNN_STATUS_SUCCESS;
-    });
-    void *out = k == 0 ? col : k == 1 ? img : w;
-    float add_ms = conv_time_best(s, 3, [&] {
-        return conv_accumulate_launch(s, out, acc, n_out, mode.bf16, p.float_out) == cudaSuccess;
-    });
-    if (legacy_ms >= 0 && add_ms >= 0 && legacy_ms < graph_ms + add_ms) {
+    float legacy_ms = -1, add_ms = -1;
+    if (pol != ADD_GRAPH_BETA) {
+        conv_device_buffers buf;
+        void *img = buf.get(es * (size_t)n_img), *col = buf.get(es * (size_t)n_col), *w = buf.get(es * (size_t)n_w);
+        void *acc = buf.get(acc_es * (size_t)n_out), *ws = buf.get(legacy_ws);
+        cudaStream_t s = nullptr;
+        cudnnGetStream(h, &s);
+        const cudnnMathType_t math[3] = {ch->m_fwd, ch->m_data, ch->m_filter};
+        /* No memory to measure in: the graph API's add (or its beta). */
+        if (img && col && w && acc && ws && cudnnSetConvolutionMathType(d->conv, math[k]) == CUDNN_STATUS_SUCCESS) {
+            if (cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) cudaGetLastError(); /* the clears */
+            float one = 1.0f;
+            legacy_ms = conv_time_best(s, 3, [&] {
+                cudnnStatus_t st =
+                    k == 0 ? cudnnConvolutionForward(h, &one, d->img, img, d->w, w, d->conv, ch->fwd, ws, legacy_ws,
+                                                     &one, d->col, col)
+                    : k == 1 ? cudnnConvolutionBackwardData(h, &one, d->w, w, d->col, col, d->conv, ch->bwd_data, ws,
+                                                            legacy_ws, &one, d->img, img)
+                             : cudnnConvolutionBackwardFilter(h, &one, d->img, img, d->col, col, d->conv,
+                                                              ch->bwd_filter, ws, legacy_ws, &one, d->w, w);
+                return st == CUDNN_STATUS_SUCCESS;
+            });
+            void *out = k == 0 ? col : k == 1 ? img : w;
+            add_ms = conv_time_best(s, 3, [&] {
+                return conv_accumulate_launch(s, out, acc, n_out, mode.bf16, p.float_out) == cudaSuccess;
+            });
+        }
+    }
+    /* The fastest of the three; the graph API's add where nothing else
+     * was measured. */
+    float best = add_ms >= 0 ? graph_ms + add_ms : -1;
+    if (legacy_ms >= 0 && best >= 0 && legacy_ms < best) {
+        best = legacy_ms;
         ch->acc_legacy[k] = true;
         ch->ws_acc[k] = legacy_ws;
     }
+    if (beta_ms >= 0 && (best < 0 || beta_ms < best)) {
+        ch->acc_legacy[k] = false;
+        memcpy(ch->graph_acc[k], beta_name, CONV_GRAPH_NAME);
+        ch->ws_acc[k] = beta_ws;
+    }
     if (conv_verbose()) {
         const int algo[3] = {(int)ch->fwd, (int)ch->bwd_data, (int)ch->bwd_filter};
-        fprintf(stderr, "conv-choice %s-accumulate %s legacy algo=%d ms=%.4f graph ms=%.4f add ms=%.4f\n",
-                dir_names[k], ch->acc_legacy[k] ? "legacy" : "graph", algo[k], (double)legacy_ms, (double)graph_ms,
-                (double)add_ms);
+        fprintf(stderr,
+                "conv-choice %s-accumulate %s legacy algo=%d ms=%.4f graph ms=%.4f add ms=%.4f graph-beta %s ms=%.4f\n",
+                dir_names[k], ch->graph_acc[k][0] ? "graph-beta" : ch->acc_legacy[k] ? "legacy" : "graph", algo[k],
+                (double)legacy_ms, (double)graph_ms, (double)add_ms, beta_name[0] ? beta_name : "-",
+                (double)beta_ms);
     }
 }
 
@@ -736,7 +780,9 @@ bool conv_lookup_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv_m
  * API configurations' names ("-" where the legacy algorithm runs), then,
  * for each direction whose added call runs on the legacy API, the word
  * fwd-acc-legacy, data-acc-legacy or filter-acc-legacy and that call's
- * workspace. A channels-last problem's line starts "conv-nhwc" instead (the key's other
+ * workspace, or where it runs on the graph API with beta 1,
+ * fwd-acc-graph (data-, filter-), its configuration's name and workspace.
+ * A channels-last problem's line starts "conv-nhwc" instead (the key's other
  * numbers as "conv"'s: states saved before channels-last read as they did,
  * and a reader that does not know the word skips the line), and a choice
  * made for one direction only (the 3xTF32 problems of conv_x3.h) ends the
@@ -748,6 +794,9 @@ static const char *const dir_words[3] = {"-fwd", "-data", "-filter"};
  * legacy API, and that call's workspace (algo_choice.acc_legacy; absent:
  * on the plain call's choice, as lines written before it read). */
 static const char *const acc_words[3] = {"fwd-acc-legacy", "data-acc-legacy", "filter-acc-legacy"};
+/* Or on the graph API's configuration NAME adding it itself, and that
+ * call's workspace: "data-acc-graph NAME WS" (algo_choice.graph_acc). */
+static const char *const acc_graph_words[3] = {"fwd-acc-graph", "data-acc-graph", "filter-acc-graph"};
 
 static const char *dirs_word(int dirs)
 {
@@ -801,7 +850,7 @@ extern "C" void gp_cuda_choices_identity(char *out, size_t size)
 extern "C" char *gp_cuda_choices_export(void)
 {
     pthread_mutex_lock(&cache_mu);
-    size_t cap = 256 + (size_t)cache_len * (24 + KEY_INTS * 12 + 10 * 24 + 3 * (CONV_GRAPH_NAME + 1) + 3 * 48),
+    size_t cap = 256 + (size_t)cache_len * (24 + KEY_INTS * 12 + 10 * 24 + 6 * (CONV_GRAPH_NAME + 1) + 3 * 48),
            len = 0;
     char *text = cache_len ? (char *)malloc(cap) : NULL;
     if (text) {
@@ -823,6 +872,9 @@ extern "C" char *gp_cuda_choices_export(void)
             for (int k = 0; k < 3; k++)
                 if (c->acc_legacy[k])
                     len += (size_t)snprintf(text + len, cap - len, " %s %zu", acc_words[k], c->ws_acc[k]);
+                else if (c->graph_acc[k][0])
+                    len += (size_t)snprintf(text + len, cap - len, " %s %s %zu", acc_graph_words[k], c->graph_acc[k],
+                                            c->ws_acc[k]);
         }
         len += (size_t)snprintf(text + len, cap - len, "\n");
     }
@@ -875,17 +927,29 @@ extern "C" gp_status gp_cuda_choices_import(const char *text, char *note, size_t
             if (named && !(len == 1 && *p == '-')) memcpy(names[k], p, len);
             p += len;
         }
-        /* Each direction's word at most once, in order. */
+        /* Each direction's word (legacy or graph) at most once, in order. */
         for (int k = 0; k < 3 && named; k++) {
             while (*p == ' ') p++;
-            size_t wl = strlen(acc_words[k]);
-            if (strncmp(p, acc_words[k], wl) != 0 || p[wl] != ' ') continue;
+            size_t wl = strlen(acc_words[k]), gl = strlen(acc_graph_words[k]);
+            bool legacy = strncmp(p, acc_words[k], wl) == 0 && p[wl] == ' ';
+            bool graph = strncmp(p, acc_graph_words[k], gl) == 0 && p[gl] == ' ';
+            if (!legacy && !graph) continue;
+            p += (legacy ? wl : gl) + 1;
+            if (graph) {
+                size_t len = strcspn(p, " \n");
+                if (len == 0 || len >= CONV_GRAPH_NAME || p[len] != ' ') {
+                    named = false;
+                    break;
+                }
+                memcpy(e.ch.graph_acc[k], p, len);
+                p += len + 1;
+            }
             char *end;
-            long long ws = strtoll(p + wl + 1, &end, 10);
-            if (end == p + wl + 1 || ws < 0) {
+            long long ws = strtoll(p, &end, 10);
+            if (end == p || ws < 0) {
                 named = false;
             } else {
-                e.ch.acc_legacy[k] = true;
+                e.ch.acc_legacy[k] = legacy;
                 e.ch.ws_acc[k] = (size_t)ws;
                 p = end;
             }

@@ -363,3 +363,250 @@ extern "C" bool conv_graph_run(cudnnHandle_t h, const struct conv_graph_problem 
     }
     return true;
 }
+
+/* ---- a result added into its output (beta 1) ----
+ * cudnn-frontend's graphs (above) build every convolution with beta 0
+ * (its node/conv_*.h set it so), so a result added into its output went
+ * through a buffer and an add, or to the legacy API's algorithms with
+ * beta 1 (conv_algos.cu, choose_accumulation): 0.50 ms against the graph
+ * API's 0.20 plus an add of 0.43 for the data gradient of ResNet-50's
+ * layer1 block inputs in tf32 on an H100. cuDNN's backend convolution
+ * operations take beta themselves (CUDNN_ATTR_OPERATION_CONVOLUTION_*_BETA),
+ * and cudnn-frontend's descriptor builders (its v0.x API) set it: the
+ * graph API's engines, each adding in its own epilogue. Engines that do
+ * not take beta 1 are not offered or fail to build; the candidates follow
+ * the same rules as the graph's (numerical and behaviour notes). */
+
+namespace {
+
+namespace cf = cudnn_frontend;
+
+cudnnBackendDescriptorType_t beta_kind(conv_graph_op op)
+{
+    return op == CONV_GRAPH_FPROP   ? CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR
+           : op == CONV_GRAPH_DGRAD ? CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR
+                                    : CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR;
+}
+
+/* Tensor ids of the variant pack. */
+const int64_t BETA_IMG = 'x', BETA_W = 'w', BETA_COL = 'y';
+
+/* One problem's operation graph with beta 1 and its candidate engine
+ * configurations, in cuDNN's order (heuristics mode A, then its fallback
+ * list). Throws cudnn_frontend's exceptions. */
+struct beta_graph {
+    cf::OperationGraph graph;
+    cf::EngineConfigList configs;
+};
+
+/* Whether a configuration breaks the problem's rules (make_graph's). */
+bool beta_banned(cudnnBackendDescriptor_t c, const conv_graph_problem *p)
+{
+    if (cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS>(c)) return true;
+    if (!p->nondeterministic && (cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION>(c) ||
+                                 cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC>(c)))
+        return true;
+    if (!p->bf16 && !p->tf32 && cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_TENSOR_CORE>(c)) return true;
+    if (p->precise && (cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_FFT>(c) ||
+                       cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_WINOGRAD>(c) ||
+                       cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4>(c) ||
+                       cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6>(c) ||
+                       cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13>(c)))
+        return true;
+    return !runtime_compiled() && cf::hasBehaviorNote<CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION>(c);
+}
+
+std::unique_ptr<beta_graph> make_beta_graph(cudnnHandle_t h, const conv_graph_problem *p, conv_graph_op op)
+{
+    const int nd = p->nd, ns = nd - 2;
+    const cudnnDataType_t io = p->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    auto tensor = [&](int64_t id, const int64_t *d) {
+        std::vector<int64_t> dims(d, d + nd), strides = packed_strides(dims, p->nhwc);
+        return cf::TensorBuilder()
+            .setDim(nd, dims.data())
+            .setStride(nd, strides.data())
+            .setId(id)
+            .setAlignment(16)
+            .setDataType(io)
+            .build();
+    };
+    cf::Tensor img = tensor(BETA_IMG, p->img), w = tensor(BETA_W, p->w), col = tensor(BETA_COL, p->col);
+    cf::ConvDesc conv = cf::ConvDescBuilder()
+                            .setComputeType(CUDNN_DATA_FLOAT)
+                            .setMathMode(CUDNN_CROSS_CORRELATION)
+                            .setSpatialDimCount(ns)
+                            .setSpatialStride(ns, p->stride)
+                            .setPrePadding(ns, p->pad)
+                            .setPostPadding(ns, p->pad)
+                            .setDilation(ns, p->dilation)
+                            .build();
+    cf::OperationBuilder b(beta_kind(op));
+    if (op == CONV_GRAPH_FPROP) b.setxDesc(img).setwDesc(w).setyDesc(col);
+    else if (op == CONV_GRAPH_DGRAD) b.setdxDesc(img).setwDesc(w).setdyDesc(col);
+    else b.setxDesc(img).setdwDesc(w).setdyDesc(col);
+    cf::Operation operation = b.setcDesc(conv).setAlpha(1.0f).setBeta(1.0f).build();
+    const cf::Operation *ops[1] = {&operation};
+    auto g = std::unique_ptr<beta_graph>(
+        new beta_graph{cf::OperationGraphBuilder().setHandle(h).setOperationGraph(1, ops).build(), {}});
+    auto banned = [p](cudnnBackendDescriptor_t c) { return beta_banned(c, p); };
+    for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+        auto heur = cf::EngineHeuristicsBuilder().setOperationGraph(g->graph).setHeurMode(mode).build();
+        cf::filter(heur.getEngineConfig(heur.getEngineConfigCount()), g->configs, banned);
+    }
+    return g;
+}
+
+/* Engine configuration k of g built into a plan; its name is the plan's
+ * tag (engine and knobs, as the graph's names). Throws on failure. */
+cf::ExecutionPlan build_beta_plan(cudnnHandle_t h, const beta_graph &g, size_t k)
+{
+    return cf::ExecutionPlanBuilder().setHandle(h).setEngineConfig(g.configs[k]).build();
+}
+
+cudnnStatus_t run_beta_plan(cudnnHandle_t h, const cf::ExecutionPlan &plan, conv_graph_op op, const void *a,
+                            const void *b, void *out, void *ws)
+{
+    /* a and b as conv_graph_run names them: FPROP (img, w), DGRAD (col,
+     * w), WGRAD (img, col); out the third. */
+    int64_t uids[3];
+    void *ptrs[3] = {const_cast<void *>(a), const_cast<void *>(b), out};
+    if (op == CONV_GRAPH_FPROP) uids[0] = BETA_IMG, uids[1] = BETA_W, uids[2] = BETA_COL;
+    else if (op == CONV_GRAPH_DGRAD) uids[0] = BETA_COL, uids[1] = BETA_W, uids[2] = BETA_IMG;
+    else uids[0] = BETA_IMG, uids[1] = BETA_COL, uids[2] = BETA_W;
+    auto pack = cf::VariantPackBuilder().setWorkspacePointer(ws).setDataPointers(3, ptrs).setUids(3, uids).build();
+    return cudnnBackendExecute(h, plan.get_raw_desc(), pack.get_raw_desc());
+}
+
+std::mutex beta_mu;
+std::map<cache_key, std::unique_ptr<cf::ExecutionPlan>> beta_plans; /* kept for the process's life */
+
+} // namespace
+
+extern "C" bool conv_graph_beta_choose(const struct conv_graph_problem *p, enum conv_graph_op op, size_t ws_cap,
+                                       char *name, size_t name_size, size_t *ws, float *ms_out, char *why,
+                                       size_t why_size)
+{
+    *ms_out = -1;
+    cudnnHandle_t h = nullptr;
+    if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) {
+        set_why(why, why_size, "cudnnCreate failed");
+        return false;
+    }
+    struct handle_guard {
+        cudnnHandle_t h;
+        ~handle_guard() { cudnnDestroy(h); }
+    } guard{h};
+    try {
+        std::unique_ptr<beta_graph> g = make_beta_graph(h, p, op);
+        std::vector<cf::ExecutionPlan> plans;
+        int64_t max_ws = 0;
+        for (size_t k = 0; k < g->configs.size() && (int)plans.size() < MAX_CANDIDATES; k++) {
+            try {
+                cf::ExecutionPlan plan = build_beta_plan(h, *g, k);
+                int64_t w = plan.getWorkspaceSize();
+                if (w < 0 || (size_t)w > ws_cap) continue;
+                if (w > max_ws) max_ws = w;
+                plans.push_back(std::move(plan));
+            } catch (cf::cudnnException &) {
+                continue; /* this engine does not take the problem with beta 1 */
+            }
+        }
+        if (plans.empty()) {
+            set_why(why, why_size, "no engine configuration builds with beta 1 within the workspace cap");
+            return false;
+        }
+        size_t es = p->bf16 ? 2 : 4;
+        size_t n_img = numel(p->img, p->nd), n_w = numel(p->w, p->nd), n_col = numel(p->col, p->nd);
+        size_t a_bytes = (op == CONV_GRAPH_DGRAD ? n_col : n_img) * es;
+        size_t b_bytes = (op == CONV_GRAPH_FPROP ? n_w : n_col) * es;
+        size_t out_bytes = (op == CONV_GRAPH_FPROP ? n_col : op == CONV_GRAPH_DGRAD ? n_img : n_w) * es;
+        conv_device_buffers buf;
+        void *a = buf.get(a_bytes), *b = buf.get(b_bytes), *out = buf.get(out_bytes), *wsp = buf.get((size_t)max_ws);
+        if (!a || !b || !out || !wsp) {
+            set_why(why, why_size, "no memory to measure in");
+            return false;
+        }
+        cudaStream_t stream = nullptr;
+        cudnnGetStream(h, &stream);
+        if (cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) cudaGetLastError(); /* the clears */
+        float best_ms = -1;
+        size_t best = 0;
+        for (size_t k = 0; k < plans.size(); k++) {
+            conv_give_up give_up;
+            if (best_ms > 0) {
+                give_up.timed = GIVE_UP_RATIO * best_ms;
+                give_up.warm = std::max(WARM_GIVE_UP_RATIO * best_ms, best_ms + WARM_GIVE_UP_MS);
+            }
+            float ms = conv_time_best(
+                stream, TIMED_RUNS,
+                [&] { return run_beta_plan(h, plans[k], op, a, b, out, wsp) == CUDNN_STATUS_SUCCESS; }, give_up);
+            if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = k;
+            if (conv_verbose())
+                fprintf(stderr, "conv-choice graph-beta %s name=%s ms=%.4f ws=%lld\n", op_name(op),
+                        plans[k].getTag().c_str(), (double)ms, (long long)plans[k].getWorkspaceSize());
+        }
+        if (best_ms < 0) {
+            set_why(why, why_size, "no engine configuration ran with beta 1");
+            return false;
+        }
+        const std::string &tag = plans[best].getTag();
+        if (tag.empty() || tag.size() >= name_size) {
+            set_why(why, why_size, "the chosen engine configuration has no usable name");
+            return false;
+        }
+        snprintf(name, name_size, "%s", tag.c_str());
+        *ws = (size_t)plans[best].getWorkspaceSize();
+        *ms_out = best_ms;
+        return true;
+    } catch (cf::cudnnException &e) {
+        set_why(why, why_size, e.what());
+    } catch (std::exception &e) {
+        set_why(why, why_size, e.what());
+    }
+    return false;
+}
+
+extern "C" bool conv_graph_beta_run(cudnnHandle_t h, const struct conv_graph_problem *p, enum conv_graph_op op,
+                                    const char *name, const void *a, const void *b, void *out, void *ws, char *why,
+                                    size_t why_size)
+{
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        cudaGetLastError();
+        set_why(why, why_size, "cudaGetDevice failed");
+        return false;
+    }
+    cache_key key{device, op, problem_bytes(p), name};
+    std::lock_guard<std::mutex> lock(beta_mu);
+    try {
+        auto it = beta_plans.find(key);
+        if (it == beta_plans.end()) {
+            std::unique_ptr<beta_graph> g = make_beta_graph(h, p, op);
+            std::unique_ptr<cf::ExecutionPlan> found;
+            for (size_t k = 0; k < g->configs.size() && !found; k++) {
+                try {
+                    cf::ExecutionPlan plan = build_beta_plan(h, *g, k);
+                    if (plan.getTag() == name) found.reset(new cf::ExecutionPlan(std::move(plan)));
+                } catch (cf::cudnnException &) {
+                }
+            }
+            if (!found) {
+                set_why(why, why_size, std::string("cuDNN no longer offers engine configuration ") + name +
+                                           " with beta 1");
+                return false;
+            }
+            it = beta_plans.emplace(key, std::move(found)).first;
+        }
+        cudnnStatus_t st = run_beta_plan(h, *it->second, op, a, b, out, ws);
+        if (st != CUDNN_STATUS_SUCCESS) {
+            set_why(why, why_size, cudnnGetErrorString(st));
+            return false;
+        }
+        return true;
+    } catch (cf::cudnnException &e) {
+        set_why(why, why_size, e.what());
+    } catch (std::exception &e) {
+        set_why(why, why_size, e.what());
+    }
+    return false;
+}

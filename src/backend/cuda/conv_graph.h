@@ -76,6 +76,18 @@ bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_graph_op op
 bool conv_graph_run(cudnnHandle_t h, const struct conv_graph_problem *p, enum conv_graph_op op, const char *name,
                     const void *a, const void *b, void *out, void *ws, char *why, size_t why_size);
 
+/* The same with beta 1: the result added into `out` by the engine itself
+ * (cuDNN's backend convolution operations take beta; cudnn-frontend's
+ * graphs above always build beta 0, conv_graph.cpp). `name`s are of
+ * these configurations, not the graph's; `out` is in the storage type
+ * (p->float_out is not read: the engine adds in float32 and rounds once).
+ * choose measures the candidates as conv_graph_choose does, adding into a
+ * buffer of its own. */
+bool conv_graph_beta_choose(const struct conv_graph_problem *p, enum conv_graph_op op, size_t ws_cap, char *name,
+                            size_t name_size, size_t *ws, float *ms, char *why, size_t why_size);
+bool conv_graph_beta_run(cudnnHandle_t h, const struct conv_graph_problem *p, enum conv_graph_op op, const char *name,
+                         const void *a, const void *b, void *out, void *ws, char *why, size_t why_size);
+
 #ifdef __cplusplus
 }
 #endif

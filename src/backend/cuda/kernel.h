@@ -154,6 +154,9 @@ unsigned long long gp_cuda_attention_x3_calls(void);
 /* Convolution directions (forward, data or filter gradient) run so far in
  * 3xTF32 (float32 calls: cuda/conv_x3.h), for tests. */
 unsigned long long gp_cuda_conv_x3_calls(void);
+/* Convolution calls run so far adding their result into the output on the
+ * graph API with beta 1 (cuda/conv_graph.h conv_graph_beta_run), for tests. */
+unsigned long long gp_cuda_conv_graph_beta_calls(void);
 
 /* Kernel tables, one per family file (src/backend/cuda/<family>.cu, twin of
  * src/backend/cpu/<family>.c, whose kernel.h says what each family holds),
