@@ -676,10 +676,14 @@ static bool choose_algos(cudnnHandle_t h, const struct conv_geom *g, struct conv
         }
     }
     /* A result on the graph API added into its output: against the
-     * legacy algorithm's beta 1, where the legacy API found one. */
-    for (int k = 0; k < 3; k++)
-        if (ok && !skip[k] && names[k][0] && may_add(g, mode, k))
+     * legacy algorithm's beta 1, where the legacy API found one; with
+     * GP_CONV_ADD_API=graph-beta, which needs no legacy algorithm, also
+     * where GP_CONV_API=graph left the legacy API unasked. */
+    for (int k = 0; k < 3; k++) {
+        bool asked = !skip[k] || (add_policy() == ADD_GRAPH_BETA && (dirs & (1u << k)));
+        if (ok && asked && names[k][0] && may_add(g, mode, k))
             choose_accumulation(h, g, mode, &d, k, gc.ms[k], legacy_ws[k], ch);
+    }
     conv_descs_destroy(&d);
     bool all_graph = any_graph;
     for (int k = 0; k < 3; k++)
