@@ -45,7 +45,8 @@ const int TIMED_RUNS = 3;      /* the best of these is the plan's time */
 const float GIVE_UP_RATIO = 1.25f;
 /* A first run includes one-off costs (the kernel's module loaded), so it
  * gives up only this far behind: both 10 times the best so far and 50 ms
- * more (the fallback engines at a second a call). */
+ * more (cuDNN's fallback engine took 7 ms to 1.4 s a call on ResNet-50's
+ * float32 problems on an H100). */
 const float WARM_GIVE_UP_RATIO = 10.0f;
 const float WARM_GIVE_UP_MS = 50.0f;
 
@@ -218,6 +219,64 @@ std::string problem_bytes(const conv_graph_problem *p)
     return std::string((const char *)&q, sizeof q);
 }
 
+/* The key of a plan for the problem on the current GPU; false (why) when
+ * there is none. */
+bool key_here(const conv_graph_problem *p, conv_graph_op op, const char *name, cache_key *key, char *why,
+              size_t why_size)
+{
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        cudaGetLastError();
+        set_why(why, why_size, "cudaGetDevice failed");
+        return false;
+    }
+    *key = cache_key{device, op, problem_bytes(p), name};
+    return true;
+}
+
+/* A cuDNN handle of a choice's own, destroyed with the scope (h is NULL
+ * when cudnnCreate failed). */
+struct own_handle {
+    cudnnHandle_t h = nullptr;
+    own_handle()
+    {
+        if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) h = nullptr;
+    }
+    ~own_handle()
+    {
+        if (h) cudnnDestroy(h);
+    }
+};
+
+/* Bytes of op's operands a and b (as conv_graph_run names them) in the
+ * storage type, and of its output at out_es bytes a value. */
+struct operand_bytes {
+    size_t a, b, out;
+};
+
+operand_bytes bytes_of(const conv_graph_problem *p, conv_graph_op op, size_t out_es)
+{
+    size_t es = p->bf16 ? 2 : 4;
+    size_t img = numel(p->img, p->nd), w = numel(p->w, p->nd), col = numel(p->col, p->nd);
+    switch (op) {
+    case CONV_GRAPH_FPROP: return {img * es, w * es, col * out_es};
+    case CONV_GRAPH_DGRAD: return {col * es, w * es, img * out_es};
+    default: return {img * es, col * es, w * out_es};
+    }
+}
+
+/* When a candidate has lost against the fastest so far (best_ms; none
+ * yet where it is not positive): conv_time_best's bounds. */
+conv_give_up give_up_after(float best_ms)
+{
+    conv_give_up g;
+    if (best_ms > 0) {
+        g.timed = GIVE_UP_RATIO * best_ms;
+        g.warm = std::max(WARM_GIVE_UP_RATIO * best_ms, best_ms + WARM_GIVE_UP_MS);
+    }
+    return g;
+}
+
 } // namespace
 
 extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_graph_op op, size_t ws_cap,
@@ -225,15 +284,12 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
                                   size_t why_size)
 {
     *ms_out = -1;
-    cudnnHandle_t h = nullptr;
-    if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) {
+    own_handle own;
+    cudnnHandle_t h = own.h;
+    if (!h) {
         set_why(why, why_size, "cudnnCreate failed");
         return false;
     }
-    struct handle_guard {
-        cudnnHandle_t h;
-        ~handle_guard() { cudnnDestroy(h); }
-    } guard{h};
     built g;
     fe::error_t st = make_graph(h, p, op, g);
     if (!st.is_good()) {
@@ -257,19 +313,12 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
         set_why(why, why_size, "no engine configuration builds within the workspace cap");
         return false;
     }
-    size_t es = p->bf16 ? 2 : 4, out_es = p->float_out ? 4 : es;
-    size_t n_img = numel(p->img, p->nd), n_w = numel(p->w, p->nd), n_col = numel(p->col, p->nd);
-    size_t a_bytes = 0, b_bytes = 0, out_bytes = 0;
-    switch (op) {
-    case CONV_GRAPH_FPROP: a_bytes = n_img * es, b_bytes = n_w * es, out_bytes = n_col * out_es; break;
-    case CONV_GRAPH_DGRAD: a_bytes = n_col * es, b_bytes = n_w * es, out_bytes = n_img * out_es; break;
-    case CONV_GRAPH_WGRAD: a_bytes = n_img * es, b_bytes = n_col * es, out_bytes = n_w * out_es; break;
-    }
+    const operand_bytes nb = bytes_of(p, op, p->float_out ? 4 : p->bf16 ? 2 : 4);
     const double t_run = seconds_now();
     int64_t best = candidates[0];
     size_t best_ws = (size_t)workspaces[0];
     conv_device_buffers buf;
-    void *a = buf.get(a_bytes), *b = buf.get(b_bytes), *out = buf.get(out_bytes), *wsp = buf.get((size_t)max_ws);
+    void *a = buf.get(nb.a), *b = buf.get(nb.b), *out = buf.get(nb.out), *wsp = buf.get((size_t)max_ws);
     if (a && b && out && wsp) {
         /* Without memory to measure in, the heuristics' first. */
         cudaStream_t stream = nullptr;
@@ -283,14 +332,9 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
         float best_ms = -1;
         for (size_t k = 0; k < candidates.size(); k++) {
             int64_t i = candidates[k];
-            conv_give_up give_up;
-            if (best_ms > 0) {
-                give_up.timed = GIVE_UP_RATIO * best_ms;
-                give_up.warm = std::max(WARM_GIVE_UP_RATIO * best_ms, best_ms + WARM_GIVE_UP_MS);
-            }
             float ms = conv_time_best(
                 stream, TIMED_RUNS, [&] { return g.graph.execute_plan_at_index(h, pack, wsp, i).is_good(); },
-                give_up);
+                give_up_after(best_ms));
             if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_ws = (size_t)workspaces[k];
             std::string tag;
             if (conv_verbose() && g.graph.get_plan_name_at_index(i, tag).is_good())
@@ -316,13 +360,8 @@ extern "C" bool conv_graph_run(cudnnHandle_t h, const struct conv_graph_problem 
                                const char *name, const void *a, const void *b, void *out, void *ws, char *why,
                                size_t why_size)
 {
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) {
-        cudaGetLastError();
-        set_why(why, why_size, "cudaGetDevice failed");
-        return false;
-    }
-    cache_key key{device, op, problem_bytes(p), name};
+    cache_key key;
+    if (!key_here(p, op, name, &key, why, why_size)) return false;
     built *g = nullptr;
     /* Under the lock to the launch: a plan's first execution fills its
      * variant-pack template. */
@@ -486,15 +525,12 @@ extern "C" bool conv_graph_beta_choose(const struct conv_graph_problem *p, enum 
                                        size_t why_size)
 {
     *ms_out = -1;
-    cudnnHandle_t h = nullptr;
-    if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) {
+    own_handle own;
+    cudnnHandle_t h = own.h;
+    if (!h) {
         set_why(why, why_size, "cudnnCreate failed");
         return false;
     }
-    struct handle_guard {
-        cudnnHandle_t h;
-        ~handle_guard() { cudnnDestroy(h); }
-    } guard{h};
     try {
         std::unique_ptr<beta_graph> g = make_beta_graph(h, p, op);
         std::vector<cf::ExecutionPlan> plans;
@@ -514,13 +550,9 @@ extern "C" bool conv_graph_beta_choose(const struct conv_graph_problem *p, enum 
             set_why(why, why_size, "no engine configuration builds with beta 1 within the workspace cap");
             return false;
         }
-        size_t es = p->bf16 ? 2 : 4;
-        size_t n_img = numel(p->img, p->nd), n_w = numel(p->w, p->nd), n_col = numel(p->col, p->nd);
-        size_t a_bytes = (op == CONV_GRAPH_DGRAD ? n_col : n_img) * es;
-        size_t b_bytes = (op == CONV_GRAPH_FPROP ? n_w : n_col) * es;
-        size_t out_bytes = (op == CONV_GRAPH_FPROP ? n_col : op == CONV_GRAPH_DGRAD ? n_img : n_w) * es;
+        const operand_bytes nb = bytes_of(p, op, p->bf16 ? 2 : 4); /* the output in the storage type */
         conv_device_buffers buf;
-        void *a = buf.get(a_bytes), *b = buf.get(b_bytes), *out = buf.get(out_bytes), *wsp = buf.get((size_t)max_ws);
+        void *a = buf.get(nb.a), *b = buf.get(nb.b), *out = buf.get(nb.out), *wsp = buf.get((size_t)max_ws);
         if (!a || !b || !out || !wsp) {
             set_why(why, why_size, "no memory to measure in");
             return false;
@@ -530,23 +562,18 @@ extern "C" bool conv_graph_beta_choose(const struct conv_graph_problem *p, enum 
         if (cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) cudaGetLastError(); /* the clears */
         /* One pack for every candidate, made before the timing: its host
          * time between a timed run's events would count against the
-         * candidates (tens of microseconds against kernels of 0.1 ms). */
+         * candidates. */
         cf::VariantPack pack = beta_pack(op, a, b, out, wsp);
         float best_ms = -1;
         size_t best = 0;
         for (size_t k = 0; k < plans.size(); k++) {
-            conv_give_up give_up;
-            if (best_ms > 0) {
-                give_up.timed = GIVE_UP_RATIO * best_ms;
-                give_up.warm = std::max(WARM_GIVE_UP_RATIO * best_ms, best_ms + WARM_GIVE_UP_MS);
-            }
             float ms = conv_time_best(
                 stream, TIMED_RUNS,
                 [&] {
                     return cudnnBackendExecute(h, plans[k].get_raw_desc(), pack.get_raw_desc()) ==
                            CUDNN_STATUS_SUCCESS;
                 },
-                give_up);
+                give_up_after(best_ms));
             if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = k;
             if (conv_verbose())
                 fprintf(stderr, "conv-choice graph-beta %s name=%s ms=%.4f ws=%lld\n", op_name(op),
@@ -577,13 +604,8 @@ extern "C" bool conv_graph_beta_run(cudnnHandle_t h, const struct conv_graph_pro
                                     const char *name, const void *a, const void *b, void *out, void *ws, char *why,
                                     size_t why_size)
 {
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) {
-        cudaGetLastError();
-        set_why(why, why_size, "cudaGetDevice failed");
-        return false;
-    }
-    cache_key key{device, op, problem_bytes(p), name};
+    cache_key key;
+    if (!key_here(p, op, name, &key, why, why_size)) return false;
     std::lock_guard<std::mutex> lock(beta_mu);
     try {
         auto it = beta_plans.find(key);
