@@ -142,8 +142,9 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     run_bg "test_cuda_conv (float32 on FMA)" env GP_CONV_FP32=fma "$build/tests/test_cuda_conv"
     # Every result added into its output (a Conv's dX, a float32 dW,
     # 3xTF32's second parts) on the legacy API wherever the graph API won
-    # the plain call, then chosen by measuring (by default only a Conv's
-    # dX is measured).
+    # the plain call, then measured against the graph API's add alone,
+    # without the engines' own beta 1 (by default all three ways are
+    # measured).
     run_bg "test_cuda_conv (added results on the legacy API)" env GP_CONV_ADD_API=legacy \
         "$build/tests/test_cuda_conv"
     run_bg "test_cuda_conv (added results measured)" env GP_CONV_ADD_API=measured "$build/tests/test_cuda_conv"
@@ -154,8 +155,13 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     # 4 became the default: fewer than 8 padded to 8 (conv.cu
     # image_channel_run).
     run_bg "test_cuda_conv (float32 channel runs of 8)" env GP_CONV_FLOAT32_RUN=8 "$build/tests/test_cuda_conv"
+    # Candidates timed behind a held stream, their GPU time alone
+    # (cuda/conv_measure.h; off by default): any choice must give results
+    # within the bounds, and the gate must never hang a call.
+    run_bg "test_cuda_conv (timed behind a stream gate)" env GP_CONV_TIME_GATE=1 "$build/tests/test_cuda_conv"
     # Results added by the graph API's engines themselves (beta 1 through
-    # cuDNN's backend descriptors; off by default), every added call, on
+    # cuDNN's backend descriptors; by default measured against the other
+    # two ways), forced for every added call, on
     # the graph API alone so that every added call is one of its.
     run_bg "test_cuda_conv (graph API adding with beta 1)" env GP_CONV_API=graph GP_CONV_ADD_API=graph-beta \
         "$build/tests/test_cuda_conv"
