@@ -11,8 +11,13 @@
  * cudnnFind does for the legacy API and PyTorch's benchmark mode for the
  * graph API. A candidate whose timed run is GIVE_UP_RATIO times the
  * fastest so far is not run again, nor timed at all when its first run
- * is far behind (conv_time_best). Built plans are kept per GPU, problem
- * and name for the process's life (a few kilobytes each). */
+ * is far behind (conv_time_best). A configuration the list holds twice
+ * is a candidate once: cuDNN's generic engine eng0 comes twice in almost
+ * every list (the only name that does), at 10 to 500 times the fastest
+ * (7 ms to 1.4 s a call); measuring ResNet-50's choices in fp32 on an
+ * H100 spent 45 of its 104 s of timing on eng0's second runs
+ * (GP_CONV_VERBOSE's lines, 2026-12-06). Built plans are kept per GPU,
+ * problem and name for the process's life (a few kilobytes each). */
 #include "backend/cuda/conv_graph.h"
 #include "backend/cuda/conv_measure.h"
 
@@ -28,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -299,12 +305,15 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
     /* Build the first candidates that build and fit. */
     std::vector<int64_t> candidates;
     std::vector<int64_t> workspaces;
+    std::set<std::string> names; /* each configuration once */
     int64_t max_ws = 0;
     const double t_build = seconds_now();
     for (int64_t i = 0; i < g.graph.get_execution_plan_count() && (int)candidates.size() < MAX_CANDIDATES; i++) {
         if (!g.graph.build_plan_at_index(i).is_good()) continue;
         int64_t w = 0;
         if (!g.graph.get_workspace_size_plan_at_index(i, w).is_good() || w < 0 || (size_t)w > ws_cap) continue;
+        std::string tag;
+        if (g.graph.get_plan_name_at_index(i, tag).is_good() && !names.insert(tag).second) continue;
         candidates.push_back(i);
         workspaces.push_back(w);
         if (w > max_ws) max_ws = w;
@@ -534,12 +543,14 @@ extern "C" bool conv_graph_beta_choose(const struct conv_graph_problem *p, enum 
     try {
         std::unique_ptr<beta_graph> g = make_beta_graph(h, p, op);
         std::vector<cf::ExecutionPlan> plans;
+        std::set<std::string> names; /* each configuration once, as above */
         int64_t max_ws = 0;
         for (size_t k = 0; k < g->configs.size() && (int)plans.size() < MAX_CANDIDATES; k++) {
             try {
                 cf::ExecutionPlan plan = build_beta_plan(h, *g, k);
                 int64_t w = plan.getWorkspaceSize();
                 if (w < 0 || (size_t)w > ws_cap) continue;
+                if (!names.insert(plan.getTag()).second) continue;
                 if (w > max_ws) max_ws = w;
                 plans.push_back(std::move(plan));
             } catch (cf::cudnnException &) {
