@@ -7,12 +7,12 @@
  * test sets it to 1, whatever the environment says.
  *
  * The convolutions run on cuDNN's legacy API alone, which adds with its
- * own beta on the plain call's algorithm: by default a result added
- * into its output is measured on up to three ways (cuda/conv_algos.cu)
- * and may run another algorithm than the call that writes it whole, a
- * different order of summation (on an H200, ResNet's stem's bf16 data
- * gradient then differed by one last place): the choice, not the write,
- * which this test is not about.
+ * own beta on the plain call's algorithm. By default a result added into
+ * its output is measured three ways (cuda/conv_algos.cu) and may run
+ * another algorithm than the call that writes it whole, another order of
+ * summation: on an H200, ResNet's stem's bf16 data gradient then differed
+ * by one last place, a difference of the choices, not of the writes this
+ * test checks.
  *
  * Without a CUDA device the test prints why and exits 77 (a skip). */
 #include <stdarg.h>
