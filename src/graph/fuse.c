@@ -95,6 +95,7 @@
 
 #include "graph/fuse_util.h"
 #include "ops/registry.h"
+#include "util/env.h"
 
 static bool near(double a, double b) { return fabs(a - b) <= 1e-6 * fabs(b); }
 
@@ -373,8 +374,8 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
         fused++;
     }
     /* Residual Adds into the BatchNormalization making an operand. */
-    const char *ba_env = getenv("GP_FUSE_BN_ADD");
-    for (int i = 0; !(ba_env && !strcmp(ba_env, "0")) && i < g->n_nodes; i++) {
+    const bool bn_add = gp_env_flag("GP_FUSE_BN_ADD", true);
+    for (int i = 0; bn_add && i < g->n_nodes; i++) {
         struct gp_node *add = &g->nodes[i];
         if (drop[i] || !same_shape_add(g, add)) continue;
         /* The operand made last (the main branch's BatchNorm after a
@@ -418,8 +419,8 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
     }
     /* Weight Transposes into the MatMul reading them (GP_FUSE_WEIGHT_TRANSPOSE=0:
      * not, for comparisons). */
-    const char *wt_env = getenv("GP_FUSE_WEIGHT_TRANSPOSE");
-    for (int i = 0; !(wt_env && !strcmp(wt_env, "0")) && i < g->n_nodes; i++) {
+    const bool weight_t = gp_env_flag("GP_FUSE_WEIGHT_TRANSPOSE", true);
+    for (int i = 0; weight_t && i < g->n_nodes; i++) {
         struct gp_node *t = &g->nodes[i];
         if (drop[i] || !weight_transpose(g, t)) continue;
         int v = t->outputs[0];
@@ -445,8 +446,8 @@ gp_status gp_graph_fuse(struct gp_graph *g, struct gp_error *err)
     }
     /* Bias Adds into the MatMul making their other operand
      * (GP_FUSE_MATMUL_BIAS=0: not, for comparisons). */
-    const char *mb_env = getenv("GP_FUSE_MATMUL_BIAS");
-    for (int i = 0; !(mb_env && !strcmp(mb_env, "0")) && i < g->n_nodes; i++) {
+    const bool matmul_bias = gp_env_flag("GP_FUSE_MATMUL_BIAS", true);
+    for (int i = 0; matmul_bias && i < g->n_nodes; i++) {
         struct gp_node *add = &g->nodes[i];
         if (drop[i] || !gp_fuse_is_op(add, "Add") || add->n_inputs != 2 || add->n_outputs != 1 ||
             add->outputs[0] < 0 || add->fused_relu)

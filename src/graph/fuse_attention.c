@@ -85,6 +85,7 @@
 
 #include "graph/fuse_util.h"
 #include "ops/registry.h"
+#include "util/env.h"
 
 #define MASK_FILL_MAX -1e4 /* exp(-1e4) is 0 in float32 and below */
 
@@ -530,13 +531,6 @@ static gp_status rewrite(struct gp_graph *g, const struct attn_match *m, const s
     return GP_OK;
 }
 
-/* Whether the environment variable turns its part off. */
-static bool disabled(const char *name)
-{
-    const char *v = getenv(name);
-    return v && (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "no"));
-}
-
 /* For 3-D Attention node a: the Split making its Q, K and V as the equal
  * thirds, in order, of one tensor along its last axis, each read by a
  * alone, that tensor read by the Split alone; -1 otherwise. The parts'
@@ -599,7 +593,7 @@ static void absorb_qkv_splits(struct gp_graph *g, bool *drop, const bool *fresh,
 gp_status gp_graph_fuse_attention(struct gp_graph *g, bool *drop, int *fused, struct gp_error *err)
 {
     const struct gp_op_def *def = gp_op_lookup("", "Attention", 23, NULL);
-    if (!def || disabled("GP_FUSE_ATTENTION")) return GP_OK;
+    if (!def || !gp_env_flag("GP_FUSE_ATTENTION", true)) return GP_OK;
     int *uses = calloc((size_t)g->n_values + 1, sizeof(int));
     int *user = malloc(sizeof(int) * ((size_t)g->n_values + 1));
     bool *fresh = calloc((size_t)g->n_nodes + 1, sizeof(bool));
@@ -671,7 +665,7 @@ gp_status gp_graph_fuse_attention(struct gp_graph *g, bool *drop, int *fused, st
         }
         (*fused)++;
     }
-    if (st == GP_OK && !disabled("GP_FUSE_QKV_SPLIT")) absorb_qkv_splits(g, drop, fresh, uses, user, fused);
+    if (st == GP_OK && gp_env_flag("GP_FUSE_QKV_SPLIT", true)) absorb_qkv_splits(g, drop, fresh, uses, user, fused);
     free(uses);
     free(user);
     free(dead);

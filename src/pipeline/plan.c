@@ -10,6 +10,7 @@
 #include "backend/mixed_call.h"
 #include "ops/backward_reads.h"
 #include "ops/registry.h"
+#include "util/env.h"
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
@@ -279,8 +280,7 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
         free(dead);
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     }
-    const char *env = getenv("GP_GRADIENTS_IN_SETS");
-    bool use_sets = !(env && !strcmp(env, "0"));
+    bool use_sets = gp_env_flag("GP_GRADIENTS_IN_SETS", true);
     int n_set = 0, n_dead = 0;
     for (int v = 0; v < nv; v++) birth[v] = INT_MIN;
     for (int v = 0; v < nv; v++) {
@@ -484,8 +484,7 @@ static bool remakeable(const struct gp_graph *g, const struct gp_compute_ops *op
  * GP_SCRATCH_IN_SETS=0 keeps them all in the block. */
 static bool scratch_in_sets(void)
 {
-    const char *env = getenv("GP_SCRATCH_IN_SETS");
-    return !(env && !strcmp(env, "0"));
+    return gp_env_flag("GP_SCRATCH_IN_SETS", true);
 }
 
 static gp_status plan_arena(const struct gp_graph *g, const bool *needs_grad, const struct gp_compute_ops *ops,

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "pipeline/internal.h"
+#include "util/env.h"
 
 /* The stage's device memory, all planned here: what each block holds and
  * its bytes. Checked against what the device has free before anything is
@@ -114,8 +115,7 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
     }
     /* GP_MEMORY_VERBOSE=1: every stage's account on stderr, block by block
      * (what the trainer's table sums into activations, workspace, ...). */
-    const char *verbose = getenv("GP_MEMORY_VERBOSE");
-    if (verbose && *verbose && strcmp(verbose, "0") != 0) {
+    if (gp_env_flag("GP_MEMORY_VERBOSE", false)) {
         char account[1024];
         block_account(b, n, account, sizeof account);
         fprintf(stderr, "memory: stage %d (layers %d-%d) on %s:%d: %.1f MiB: %s\n", k, s->plan.first,

@@ -37,6 +37,7 @@
 #include "backend/device.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -49,6 +50,8 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include "util/env.h"
 
 #define ALIGN 64
 #define RING_INITIAL 64 /* items; a ring doubles when full, so steady state allocates nothing */
@@ -510,13 +513,8 @@ static const struct gp_trace_span *cpu_trace_spans(struct gp_stream *s, int *cou
 static size_t cpu_mem_available(struct gp_device *dev)
 {
     (void)dev;
-    const char *limit = getenv("GP_CPU_MEMORY_AVAILABLE");
-    if (limit && *limit) {
-        char *end;
-        unsigned long long bytes = strtoull(limit, &end, 10);
-        if (!*end && bytes > 0) return (size_t)bytes;
-    }
-    return SIZE_MAX;
+    long bytes = gp_env_positive("GP_CPU_MEMORY_AVAILABLE", LONG_MAX, 0);
+    return bytes > 0 ? (size_t)bytes : SIZE_MAX;
 }
 
 const struct gp_device_ops gp_cpu_device_ops = {

@@ -88,6 +88,7 @@
 extern "C" {
 #include "backend/compute.h"
 #include "ops/attention.h"
+#include "util/env.h"
 }
 
 #define ATT_WARPS 4
@@ -434,26 +435,13 @@ extern "C" unsigned long long gp_cuda_attention_x3_calls(void)
     return __atomic_load_n(&calls_x3, __ATOMIC_RELAXED);
 }
 
-static bool env_on(const char *name)
-{
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}
-
-/* Set to "0": off. Unset or anything else: on. */
-static bool env_off(const char *name)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, "0") == 0;
-}
-
 /* A float32 call (no TF32) on the tensor-core kernels in 3xTF32, unless
  * GP_ATTENTION_FP32=fma asks for the CUDA-core kernels. */
 static bool att_x3(const struct gp_cuda_ctx *c)
 {
     if (c->tf32) return false;
-    const char *v = getenv("GP_ATTENTION_FP32");
-    return !(v && strcmp(v, "fma") == 0);
+    static const char *const ways[] = {"3xtf32", "fma", NULL};
+    return gp_env_choice("GP_ATTENTION_FP32", ways, 0) == 0;
 }
 
 /* cuDNN's deterministic backward on Hopper (before cuDNN 9.25) keeps dP
@@ -504,7 +492,7 @@ static bool att_cudnn_problem(void *cudnn, const struct gp_attention_plan *p, bo
                               size_t *scratch, char *why, size_t why_size)
 {
 #ifdef GP_HAVE_CUDNN_GRAPH
-    if (env_off("GP_ATTENTION_CUDNN")) return snprintf(why, why_size, "GP_ATTENTION_CUDNN=0"), false;
+    if (!gp_env_flag("GP_ATTENTION_CUDNN", true)) return snprintf(why, why_size, "GP_ATTENTION_CUDNN=0"), false;
     if (!bf16) return snprintf(why, why_size, "not all of Q, K, V, Y, dY are bfloat16"), false;
     if (p->mask != GP_ATTN_MASK_NONE) return snprintf(why, why_size, "a mask other than the causal one"), false;
     if (p->head_size % 8 || p->v_head_size % 8 || p->head_size > 128 || p->v_head_size > 128)
@@ -572,7 +560,7 @@ static bool att_use_cudnn(struct gp_cuda_ctx *c, const struct gp_attention_plan 
         if (x3) __atomic_add_fetch(&calls_x3, 1, __ATOMIC_RELAXED);
         snprintf(last_why, sizeof last_why, "%s", why);
     }
-    if (env_on("GP_ATTENTION_VERBOSE") && !reported(c->node, backward))
+    if (gp_env_flag("GP_ATTENTION_VERBOSE", false) && !reported(c->node, backward))
         fprintf(stderr, "attention-path %s node=%s %s [%lld x %lld heads, %lld x %lld, %lld/%lld]%s%s%s\n",
                 backward ? "backward" : "forward", c->node->name,
                 yes ? "cudnn-sdpa" : c->tf32 ? "tf32-mma-kernels" : x3 ? "tf32x3-mma-kernels" : "own-kernels",

@@ -62,6 +62,7 @@
 #include "backend/cuda/kernel_util.cuh"
 #include "backend/cuda/norm_nhwc.cuh"
 #include "backend/cuda/norm_storage.cuh"
+#include "util/env.h"
 
 /* ---- storage: IO of norm_storage.cuh for X, Y, dY, dX and the parameters;
  * the per-channel finishing kernels read and write their [C] tensors with
@@ -829,8 +830,7 @@ __global__ static void bn_residual_grad_kernel(int64_t runs, gp_fptr dy, gp_fptr
  * beside its passes), so that one process can compare both ways. */
 static bool bn_res_sums(void)
 {
-    const char *v = getenv("GP_BN_RES_SUMS");
-    return !(v && strcmp(v, "0") == 0);
+    return gp_env_flag("GP_BN_RES_SUMS", true);
 }
 
 /* The backward of a BatchNormalization with a fused residual Add: the
@@ -932,9 +932,7 @@ struct bn_nhwc_plan {
  * elementwise passes' runs per thread. */
 static int bn_nhwc_knob(const char *name, int dflt)
 {
-    const char *v = getenv(name);
-    int k = v && *v ? atoi(v) : 0;
-    return k > 0 ? k : dflt;
+    return (int)gp_env_positive(name, 1 << 20, dflt);
 }
 static int bn_nhwc_blocks_target(void)
 {

@@ -13,6 +13,7 @@
 
 extern "C" {
 #include "backend/compute.h"
+#include "util/env.h"
 }
 
 struct stage_ctx {
@@ -88,8 +89,7 @@ static bool first_writers_on(void)
 {
     static int on = -1; /* every thread computes the same value */
     if (on < 0) {
-        const char *v = getenv("GP_CUDA_FIRST_WRITERS");
-        on = !(v && strcmp(v, "0") == 0);
+        on = gp_env_flag("GP_CUDA_FIRST_WRITERS", true);
     }
     return on != 0;
 }

@@ -61,6 +61,7 @@
 extern "C" {
 #include "backend/compute.h"
 #include "ops/window.h"
+#include "util/env.h"
 }
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -74,8 +75,8 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * each call, as the other settings here. */
 static int64_t image_channel_run(bool bf16)
 {
-    const char *v = getenv("GP_CONV_FLOAT32_RUN");
-    return bf16 || (v && strcmp(v, "8") == 0) ? 8 : 4;
+    static const char *const runs[] = {"4", "8", NULL};
+    return bf16 || gp_env_choice("GP_CONV_FLOAT32_RUN", runs, 0) == 1 ? 8 : 4;
 }
 
 /* `nhwc`: the call's tensors (either of X and Y) are channels-last; the
@@ -199,8 +200,8 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
  * algorithms. */
 static bool x3_wanted(void)
 {
-    const char *v = getenv("GP_CONV_FP32");
-    return !(v && strcmp(v, "fma") == 0);
+    static const char *const ways[] = {"3xtf32", "fma", NULL};
+    return gp_env_choice("GP_CONV_FP32", ways, 0) == 0;
 }
 
 static struct conv_mode ctx_mode(const struct gp_cuda_ctx *c)
@@ -372,8 +373,8 @@ static bool x3_batch_blocked(void)
 {
     static int on = -1;
     if (on < 0) {
-        const char *v = getenv("GP_CONV_X3_BATCH");
-        on = v && !strcmp(v, "blocked");
+        static const char *const ways[] = {"interleaved", "blocked", NULL};
+        on = gp_env_choice("GP_CONV_X3_BATCH", ways, 0) == 1;
     }
     return on;
 }
@@ -1496,8 +1497,8 @@ static gp_status conv_transpose_backward(struct gp_cuda_ctx *c, struct gp_error 
 
 extern "C" bool gp_cuda_conv_backward_staged(void)
 {
-    const char *v = getenv("GP_CONV_BF16_BACKWARD");
-    return v && !strcmp(v, "staged");
+    static const char *const ways[] = {"native", "staged", NULL};
+    return gp_env_choice("GP_CONV_BF16_BACKWARD", ways, 0) == 1;
 }
 
 extern "C" const struct gp_cuda_kernel gp_cuda_kernels_conv[] = {

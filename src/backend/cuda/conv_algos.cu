@@ -27,6 +27,7 @@
 #include "backend/cuda/conv_measure.h"
 #include "backend/cuda/conv_problem.cuh"
 #include "backend/cuda/device.h"
+#include "util/env.h"
 
 #define MAX_PERF 32 /* results asked of cuDNN's heuristics */
 
@@ -270,8 +271,7 @@ static bool precise(cudnnConvolutionBwdFilterAlgo_t a)
  * PyTorch runs for the same problem (bench/conv_torch.py reads these). */
 bool conv_verbose(void)
 {
-    const char *v = getenv("GP_CONV_VERBOSE");
-    return v && *v && strcmp(v, "0") != 0;
+    return gp_env_flag("GP_CONV_VERBOSE", false);
 }
 
 static const char *mode_name(struct conv_mode m)
@@ -332,8 +332,8 @@ bool conv_graph_accumulates(const struct conv_geom *g, enum conv_graph_op op)
  * result (one rounding, as the CPU backend's). */
 static bool bf16_accumulation(void)
 {
-    const char *v = getenv("GP_CONV_ACCUMULATE");
-    return !(v && !strcmp(v, "float"));
+    static const char *const ways[] = {"bf16", "float", NULL};
+    return gp_env_choice("GP_CONV_ACCUMULATE", ways, 0) == 0;
 }
 
 void conv_graph_problem_of(const struct conv_geom *g, struct conv_mode mode, enum conv_graph_op op,
@@ -378,10 +378,9 @@ enum conv_api { API_LEGACY, API_GRAPH, API_FASTEST };
 static enum conv_api conv_api(void)
 {
 #ifdef GP_HAVE_CUDNN_GRAPH
-    const char *api = getenv("GP_CONV_API");
-    if (api && !strcmp(api, "graph")) return API_GRAPH;
-    if (api && !strcmp(api, "legacy")) return API_LEGACY;
-    return API_FASTEST;
+    static const char *const apis[] = {"fastest", "graph", "legacy", NULL};
+    static const enum conv_api as[] = {API_FASTEST, API_GRAPH, API_LEGACY};
+    return as[gp_env_choice("GP_CONV_API", apis, 0)];
 #else
     return API_LEGACY;
 #endif
@@ -434,13 +433,9 @@ enum add_policy { ADD_MEASURED, ADD_MEASURED_BETA, ADD_LEGACY, ADD_GRAPH, ADD_GR
 
 static enum add_policy add_policy(void)
 {
-    const char *v = getenv("GP_CONV_ADD_API");
-    if (v && !strcmp(v, "measured")) return ADD_MEASURED;
-    if (v && !strcmp(v, "measured-beta")) return ADD_MEASURED_BETA;
-    if (v && !strcmp(v, "legacy")) return ADD_LEGACY;
-    if (v && !strcmp(v, "graph")) return ADD_GRAPH;
-    if (v && !strcmp(v, "graph-beta")) return ADD_GRAPH_BETA;
-    return ADD_MEASURED_BETA;
+    static const char *const ways[] = {"measured-beta", "measured", "legacy", "graph", "graph-beta", NULL};
+    static const enum add_policy as[] = {ADD_MEASURED_BETA, ADD_MEASURED, ADD_LEGACY, ADD_GRAPH, ADD_GRAPH_BETA};
+    return as[gp_env_choice("GP_CONV_ADD_API", ways, 0)];
 }
 
 /* Whether direction k of the problem may be called adding into its

@@ -20,6 +20,7 @@
  * problem and name for the process's life (a few kilobytes each). */
 #include "backend/cuda/conv_graph.h"
 #include "backend/cuda/conv_measure.h"
+#include "util/env.h"
 
 #include <cuda_runtime.h>
 
@@ -75,8 +76,7 @@ struct built {
 bool runtime_compiled()
 {
     static const bool on = [] {
-        const char *v = getenv("GP_CONV_RUNTIME_COMPILED");
-        return v && strcmp(v, "1") == 0;
+        return gp_env_flag("GP_CONV_RUNTIME_COMPILED", false);
     }();
     return on;
 }

@@ -7,8 +7,7 @@
 
 #include <cuda_runtime.h>
 
-#include <stdlib.h>
-#include <string.h>
+#include "util/env.h"
 
 #include <atomic>
 #include <chrono>
@@ -87,8 +86,7 @@ struct conv_stream_gate {
     void open() { opened.store(true, std::memory_order_release); }
     static bool wanted()
     {
-        const char *v = getenv("GP_CONV_TIME_GATE");
-        return v && !strcmp(v, "1");
+        return gp_env_flag("GP_CONV_TIME_GATE", false);
     }
 };
 
