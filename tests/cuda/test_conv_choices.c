@@ -2,9 +2,10 @@
  * training state keeps, so that a resumed run computes as the first): a
  * text read back is written out the same, lines of every form (channels-
  * last, one direction, results added on the legacy API or by the graph
- * API's engine (beta 1) in each direction, lines from before those words); malformed lines are refused with a
- * message, and choices measured elsewhere are left out with a note. No
- * GPU needed: nothing is measured. */
+ * API's engine (beta 1) in each direction, lines from before those
+ * words); malformed lines are refused with a message, and choices
+ * measured elsewhere are left out with a note. No GPU needed: nothing is
+ * measured. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>

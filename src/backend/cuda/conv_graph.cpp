@@ -283,6 +283,24 @@ conv_give_up give_up_after(float best_ms)
     return g;
 }
 
+/* Times candidates 0..n-1 on stream s, run(k) making one call of
+ * candidate k, each under conv_time_best's give-up rules against the
+ * fastest so far, and tells report(k, ms) its time (-1: failed or not
+ * run). Returns the fastest's index, -1 when none ran, its time in
+ * *best_ms. */
+template <class Run, class Report>
+long fastest_candidate(cudaStream_t s, size_t n, Run run, Report report, float *best_ms)
+{
+    long best = -1;
+    *best_ms = -1;
+    for (size_t k = 0; k < n; k++) {
+        float ms = conv_time_best(s, TIMED_RUNS, [&] { return run(k); }, give_up_after(*best_ms));
+        if (ms >= 0 && (*best_ms < 0 || ms < *best_ms)) *best_ms = ms, best = (long)k;
+        report(k, ms);
+    }
+    return best;
+}
+
 } // namespace
 
 extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_graph_op op, size_t ws_cap,
@@ -338,19 +356,17 @@ extern "C" bool conv_graph_choose(const struct conv_graph_problem *p, enum conv_
          * timed runs and tilt the choice. */
         if (cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) cudaGetLastError();
         auto pack = variant_pack(g, a, b, out);
-        float best_ms = -1;
-        for (size_t k = 0; k < candidates.size(); k++) {
-            int64_t i = candidates[k];
-            float ms = conv_time_best(
-                stream, TIMED_RUNS, [&] { return g.graph.execute_plan_at_index(h, pack, wsp, i).is_good(); },
-                give_up_after(best_ms));
-            if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_ws = (size_t)workspaces[k];
-            std::string tag;
-            if (conv_verbose() && g.graph.get_plan_name_at_index(i, tag).is_good())
-                fprintf(stderr, "conv-choice graph %s name=%s ms=%.4f ws=%lld\n", op_name(op), tag.c_str(), (double)ms,
-                        (long long)workspaces[k]);
-        }
-        *ms_out = best_ms;
+        long k = fastest_candidate(
+            stream, candidates.size(),
+            [&](size_t j) { return g.graph.execute_plan_at_index(h, pack, wsp, candidates[j]).is_good(); },
+            [&](size_t j, float ms) {
+                std::string tag;
+                if (conv_verbose() && g.graph.get_plan_name_at_index(candidates[j], tag).is_good())
+                    fprintf(stderr, "conv-choice graph %s name=%s ms=%.4f ws=%lld\n", op_name(op), tag.c_str(),
+                            (double)ms, (long long)workspaces[j]);
+            },
+            ms_out);
+        if (k >= 0) best = candidates[k], best_ws = (size_t)workspaces[k];
     }
     if (conv_verbose())
         fprintf(stderr, "conv-choice graph %s seconds: %zu plans built in %.3f, measured in %.3f\n", op_name(op),
@@ -576,21 +592,18 @@ extern "C" bool conv_graph_beta_choose(const struct conv_graph_problem *p, enum 
          * candidates. */
         cf::VariantPack pack = beta_pack(op, a, b, out, wsp);
         float best_ms = -1;
-        size_t best = 0;
-        for (size_t k = 0; k < plans.size(); k++) {
-            float ms = conv_time_best(
-                stream, TIMED_RUNS,
-                [&] {
-                    return cudnnBackendExecute(h, plans[k].get_raw_desc(), pack.get_raw_desc()) ==
-                           CUDNN_STATUS_SUCCESS;
-                },
-                give_up_after(best_ms));
-            if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = k;
-            if (conv_verbose())
-                fprintf(stderr, "conv-choice graph-beta %s name=%s ms=%.4f ws=%lld\n", op_name(op),
-                        plans[k].getTag().c_str(), (double)ms, (long long)plans[k].getWorkspaceSize());
-        }
-        if (best_ms < 0) {
+        long best = fastest_candidate(
+            stream, plans.size(),
+            [&](size_t k) {
+                return cudnnBackendExecute(h, plans[k].get_raw_desc(), pack.get_raw_desc()) == CUDNN_STATUS_SUCCESS;
+            },
+            [&](size_t k, float ms) {
+                if (conv_verbose())
+                    fprintf(stderr, "conv-choice graph-beta %s name=%s ms=%.4f ws=%lld\n", op_name(op),
+                            plans[k].getTag().c_str(), (double)ms, (long long)plans[k].getWorkspaceSize());
+            },
+            &best_ms);
+        if (best < 0) {
             set_why(why, why_size, "no engine configuration ran with beta 1");
             return false;
         }

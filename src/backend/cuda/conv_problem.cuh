@@ -90,8 +90,8 @@ struct algo_choice {
      * buffer and then added: conv_algos.cu, choose_accumulation); on the
      * graph API's engine configuration graph_acc[k] adding the result
      * itself (conv_graph_beta_run) with a workspace of ws_acc[k] where
-     * that is not empty (GP_CONV_ADD_API=graph-beta or measured-beta);
-     * else as the plain call. */
+     * that is not empty (where it measured fastest, or with
+     * GP_CONV_ADD_API=graph-beta); else as the plain call. */
     bool acc_legacy[3];
     char graph_acc[3][CONV_GRAPH_NAME];
     size_t ws_acc[3];
