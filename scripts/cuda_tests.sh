@@ -148,8 +148,9 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     run_bg "test_cuda_conv (added results on the legacy API)" env GP_CONV_ADD_API=legacy \
         "$build/tests/test_cuda_conv"
     run_bg "test_cuda_conv (added results measured)" env GP_CONV_ADD_API=measured "$build/tests/test_cuda_conv"
-    # 3xTF32's weight gradients with their operands split in two blocks of
-    # the batch (one copy fewer written; off by default).
+    # 3xTF32's ConvTranspose weight gradients with their operands split in
+    # two blocks of the batch (one copy fewer written; off by default; a
+    # Conv's take the data gradient's split of dY instead).
     run_bg "test_cuda_conv (3xTF32 batch blocks)" env GP_CONV_X3_BATCH=blocked "$build/tests/test_cuda_conv"
     # Float32 channels-last input channels in runs of 8, as before runs of
     # 4 became the default: fewer than 8 padded to 8 (conv.cu

@@ -760,6 +760,10 @@ static void test_x3_split(void **state)
     run_split(2, 3, 8, 1, CONV_X3_HI, 0, false);
     run_split(10, 8, 1, 1, CONV_X3_HI, 0, false);
     run_split(3, 5, 7, 1, CONV_X3_HI, 1, false);
+    /* A Conv's filter gradient's split of X (conv.cu x3_filter_run): one
+     * copy, lo, over the whole tensor as channels, hi alone beside it. */
+    run_split(1, 4096, 1, 1, 1u, 0, true);
+    run_split(1, 1001, 1, 1, 1u, 1, true);
     assert_int_equal(gp_cuda_conv_x3_split(NULL, NULL, NULL, NULL, 1, 1, 1, 3, 0), cudaErrorInvalidValue);
     /* As blocks: 4 values a thread, and one at a time (a count not a
      * multiple of 4, or off alignment). */
@@ -767,6 +771,56 @@ static void test_x3_split(void **state)
     run_split_blocks(4096, CONV_X3_HI_LO, 0);
     run_split_blocks(1001, CONV_X3_LO_HI, 0);
     run_split_blocks(4096, CONV_X3_HI_LO, 1);
+}
+
+/* A Conv's filter gradient from its 3xTF32 parts
+ * (gp_cuda_conv_x3_filter_sum): out = hi hi + (lo hi + hi lo), or added
+ * to out, in that order, bit for bit; nothing written past M R values. */
+static void run_filter_sum(int64_t m, int64_t r, bool add)
+{
+    int64_t n = m * r;
+    float *a = malloc(sizeof(float) * (size_t)(2 * n)), *b = malloc(sizeof(float) * (size_t)n);
+    float *out = malloc(sizeof(float) * (size_t)(n + 1)), *got = malloc(sizeof(float) * (size_t)(n + 1));
+    assert_true(a && b && out && got);
+    for (int64_t e = 0; e < 2 * n; e++) a[e] = (float)(next_unit() * 2.0 - 1.0);
+    for (int64_t e = 0; e < n; e++) b[e] = (float)(next_unit() * 2e-3 - 1e-3);
+    for (int64_t e = 0; e < n; e++) out[e] = (float)(next_unit() * 4.0 - 2.0);
+    out[n] = 7.0f;
+    float *da, *db, *dout;
+    assert_int_equal(cudaMalloc((void **)&da, sizeof(float) * (size_t)(2 * n)), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&db, sizeof(float) * (size_t)n), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&dout, sizeof(float) * (size_t)(n + 1)), cudaSuccess);
+    assert_int_equal(cudaMemcpy(da, a, sizeof(float) * (size_t)(2 * n), cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(db, b, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dout, out, sizeof(float) * (size_t)(n + 1), cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(gp_cuda_conv_x3_filter_sum(NULL, dout, da, db, m, r, add), cudaSuccess);
+    assert_int_equal(cudaMemcpy(got, dout, sizeof(float) * (size_t)(n + 1), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t e = 0; e < n; e++) {
+        int64_t k = e / r, i = e % r;
+        volatile float hh = a[(2 * k + 1) * r + i], small = a[2 * k * r + i] + b[e];
+        volatile float base = add ? out[e] + hh : hh;
+        float want = base + small;
+        if (bits_of(got[e]) != bits_of(want))
+            fail_msg("filter sum [%lld, %lld]%s at %lld: %a, want %a", (long long)m, (long long)r,
+                     add ? " added" : "", (long long)e, (double)got[e], (double)want);
+    }
+    if (got[n] != 7.0f) fail_msg("filter sum [%lld, %lld] wrote past its values", (long long)m, (long long)r);
+    cudaFree(da);
+    cudaFree(db);
+    cudaFree(dout);
+    free(a);
+    free(b);
+    free(out);
+    free(got);
+}
+
+static void test_x3_filter_sum(void **state)
+{
+    (void)state;
+    run_filter_sum(64, 576, false);
+    run_filter_sum(64, 576, true);
+    run_filter_sum(3, 7, true);
+    assert_int_equal(gp_cuda_conv_x3_filter_sum(NULL, NULL, NULL, NULL, 0, 9, true), cudaSuccess);
 }
 
 /* ---- pools ---- */
@@ -1110,6 +1164,7 @@ int main(void)
         cmocka_unit_test(test_conv_bf16_modes),
         cmocka_unit_test(test_conv_scratch_modes),
         cmocka_unit_test(test_x3_split),
+        cmocka_unit_test(test_x3_filter_sum),
         cmocka_unit_test(test_conv_partial_backward),
         cmocka_unit_test(test_pools),
         cmocka_unit_test(test_pools_bf16),

@@ -282,7 +282,9 @@ static int x3_copies(int part) { return part == 0 ? 1 : 2; }
 
 /* The TF32 problem of direction k (0 forward, 1 data, 2 filter), part
  * `part`: its summed axis (the image's channels, the columns' channels,
- * the batch) times x3_copies(part). The image's channels are X's of a
+ * a ConvTranspose's batch) times x3_copies(part); a Conv's filter
+ * gradient's second part has the columns' channels doubled, its output
+ * channels with them (x3_filter_run). The image's channels are X's of a
  * Conv (c) and Y's of a ConvTranspose (m). */
 static void x3_geom(const struct conv_geom *g, int k, int part, struct conv_geom *out)
 {
@@ -296,8 +298,11 @@ static void x3_geom(const struct conv_geom *g, int k, int part, struct conv_geom
         out->col_ch *= copies;
         if (g->transpose) out->c *= copies;
         else out->m *= copies;
-    } else {
+    } else if (g->transpose) {
         out->n *= copies;
+    } else {
+        out->col_ch *= copies;
+        out->m *= copies;
     }
 }
 
@@ -364,11 +369,12 @@ static size_t x3_operand_bytes(int64_t n)
     return align_up(sizeof(float) * (size_t)n) + align_up(2 * sizeof(float) * (size_t)n);
 }
 
-/* GP_CONV_X3_BATCH=blocked: the filter gradient's operands split along
- * the batch as two whole blocks (gp_cuda_conv_x3_split_blocks), hi's
- * block also the first call's operand: one copy fewer written for each.
- * Off by default until the GPU suite has run it. Read once: the plan and
- * the calls must agree. */
+/* GP_CONV_X3_BATCH=blocked: a ConvTranspose's filter gradient's operands
+ * split along the batch as two whole blocks
+ * (gp_cuda_conv_x3_split_blocks), hi's block also the first call's
+ * operand: one copy fewer written for each. Off by default. (A Conv's
+ * filter gradient splits otherwise: x3_filter_run.) Read once: the plan
+ * and the calls must agree. */
 static bool x3_batch_blocked(void)
 {
     static int on = -1;
@@ -390,6 +396,15 @@ static bool x3_blocks_apply(int64_t n_img, int64_t n_col)
 /* Bytes of one operand's two copies as blocks (n values each). */
 static size_t x3_blocks_bytes(int64_t n) { return align_up(2 * sizeof(float) * (size_t)n); }
 
+/* A Conv's filter gradient's region (x3_filter_run): the columns' split
+ * (where the data gradient leaves it), the image's hi and lo, the filter
+ * gradient's parts ([2M, R] and [M, R]). */
+static size_t x3_filter_run_bytes(int64_t n_img, int64_t n_col, int64_t n_w)
+{
+    return x3_operand_bytes(n_col) + 2 * align_up(sizeof(float) * (size_t)n_img) +
+           align_up(2 * sizeof(float) * (size_t)n_w) + align_up(sizeof(float) * (size_t)n_w);
+}
+
 /* Bytes of the split operands of the directions in `dirs`: forward X
  * and W, data dY and W, filter X and dY (a backward's two reuse one
  * region). */
@@ -397,7 +412,9 @@ static size_t x3_buffer_bytes(const struct conv_geom *g, unsigned dirs)
 {
     int64_t n_img = g->n * g->img_ch * g->img_size, n_col = g->n * g->col_ch * g->col_size;
     size_t img = x3_operand_bytes(n_img), col = x3_operand_bytes(n_col), w = x3_operand_bytes(filter_numel(g));
-    size_t filter = x3_blocks_apply(n_img, n_col) ? x3_blocks_bytes(n_img) + x3_blocks_bytes(n_col) : img + col;
+    size_t filter = !g->transpose                    ? x3_filter_run_bytes(n_img, n_col, filter_numel(g))
+                    : x3_blocks_apply(n_img, n_col) ? x3_blocks_bytes(n_img) + x3_blocks_bytes(n_col)
+                                                    : img + col;
     size_t most = 0;
     if ((dirs & CONV_DIR_FWD) && img + w > most) most = img + w;
     if ((dirs & CONV_DIR_DATA) && col + w > most) most = col + w;
@@ -467,8 +484,10 @@ static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode,
     int64_t img = g->n * g->img_ch * g->imgb_size, col = g->n * g->col_ch * g->col_size;
     const struct algo_choice *ch = &cc->ch[0];
     /* A separate 3xTF32 call's second part adds to its output in every
-     * direction. Where the legacy API or the graph API's engine adds
-     * (algo_choice.acc_legacy, graph_acc) no buffer is needed. */
+     * direction but a Conv's filter gradient, whose parts are written
+     * whole and summed apart (x3_filter_run). Where the legacy API or the
+     * graph API's engine adds (algo_choice.acc_legacy, graph_acc) no
+     * buffer is needed. */
     const struct algo_choice *add = cc->parts > 1 ? &cc->ch[1] : NULL;
     bool graph[3], graph_add[3];
     const char *const names[3] = {ch->graph_fwd, ch->graph_data, ch->graph_filter};
@@ -487,7 +506,8 @@ static size_t acc_buffer_bytes(const struct conv_geom *g, struct conv_mode mode,
          col}, /* ConvTranspose's dX, a Conv's Y in parts */
         {(dirs & CONV_DIR_DATA) && ((graph[1] && !g->transpose) || graph_add[1]), CONV_GRAPH_DGRAD,
          img}, /* Conv's dX, a ConvTranspose's Y in parts */
-        {(dirs & CONV_DIR_FILTER) && (graph[2] || graph_add[2]), CONV_GRAPH_WGRAD, filter_numel(g)}, /* dW */
+        {(dirs & CONV_DIR_FILTER) && (graph[2] || graph_add[2]) && !(add && !g->transpose), CONV_GRAPH_WGRAD,
+         filter_numel(g)}, /* dW */
     };
     size_t most = 0;
     for (int k = 0; k < 3; k++) {
@@ -825,6 +845,10 @@ struct conv_run {
     struct conv_geom g3[2][3];
     struct descs d3[2][3];
     char *x3buf;
+    /* The dY whose split along its channels (a Conv's data gradient's
+     * first operand) lies at the start of x3buf, for the filter gradient
+     * after it in the same call (x3_filter_run); NULL when none does. */
+    const void *x3_dy;
 };
 
 static const char *dt_name(bool bf16) { return bf16 ? "bfloat16" : "float32"; }
@@ -1065,7 +1089,7 @@ static gp_status x3_operands(const struct gp_cuda_ctx *c, struct conv_run *r, in
     struct x3_axis ax_a = k == 0 ? img_ax : k == 1 ? col_ax : img_n;
     struct x3_axis ax_b = k == 0 ? w_in : k == 1 ? w_out : col_n;
     int64_t n_img = img_n.ch * img_n.inner, n_col = col_n.ch * col_n.inner;
-    if (k == 2 && x3_blocks_apply(n_img, n_col)) {
+    if (k == 2 && x3_blocks_apply(n_img, n_col)) { /* a ConvTranspose's (a Conv's: x3_filter_run) */
         /* Sample j of one block meets sample j of the other's: (lo, hi) . (hi, lo). */
         GP_TRY(x3_operand_blocks(c, r->x3buf, a0, n_img, CONV_X3_LO_HI, a, err));
         GP_TRY(x3_operand_blocks(c, r->x3buf + x3_blocks_bytes(n_img), b0, n_col, CONV_X3_HI_LO, b, err));
@@ -1078,6 +1102,7 @@ static gp_status x3_operands(const struct gp_cuda_ctx *c, struct conv_run *r, in
      * (lo, hi) . (hi, lo), the small products. */
     GP_TRY(x3_operand(c, first, a0, ax_a, CONV_X3_LO_HI, a, err));
     GP_TRY(x3_operand(c, second, b0, ax_b, CONV_X3_HI_LO, b, err));
+    r->x3_dy = k == 1 && !g->transpose ? a0 : NULL;
     __atomic_add_fetch(&x3_calls, 1, __ATOMIC_RELAXED);
     return GP_OK;
 }
@@ -1129,12 +1154,48 @@ static gp_status dir_call(const struct gp_cuda_ctx *c, struct conv_run *r, int k
                     "cudnnConvolutionBackwardFilter");
 }
 
+/* A Conv's filter gradient in 3xTF32 (conv_x3.h): out (+ out when beta is
+ * 1) = hi hi + (lo hi + hi lo) of X (img) and dY (col), from dY's split
+ * along its channels that the data gradient left at the start of the
+ * region (or made here, the same way), X split in one pass into hi and
+ * lo, two calls writing their parts whole and a sum. */
+static gp_status x3_filter_run(const struct gp_cuda_ctx *c, struct conv_run *r, const void *img, const void *col,
+                               void *out, float beta, struct gp_error *err)
+{
+    const struct conv_geom *g = &r->g;
+    int64_t n_img = g->n * g->img_ch * g->img_size, n_col = g->n * g->col_ch * g->col_size;
+    int64_t n_w = filter_numel(g);
+    const void *dy[2]; /* hi; (lo, hi) along the channels */
+    if (r->x3_dy == col) {
+        dy[0] = r->x3buf;
+        dy[1] = r->x3buf + align_up(sizeof(float) * (size_t)n_col);
+    } else {
+        struct x3_axis col_ax = g->nhwc ? (struct x3_axis){g->n * g->col_size, g->col_ch, 1}
+                                        : (struct x3_axis){g->n, g->col_ch, g->col_size};
+        GP_TRY(x3_operand(c, r->x3buf, col, col_ax, CONV_X3_LO_HI, dy, err));
+    }
+    char *x_hi = r->x3buf + x3_operand_bytes(n_col);
+    char *x_lo = x_hi + align_up(sizeof(float) * (size_t)n_img);
+    float *pa = (float *)(x_lo + align_up(sizeof(float) * (size_t)n_img)); /* [2M, R] */
+    float *pb = (float *)((char *)pa + align_up(2 * sizeof(float) * (size_t)n_w)); /* [M, R] */
+    GP_TRY(x3_split(c, (float *)x_lo, (float *)x_hi, img, 1, n_img, 1, 1, 1u, err)); /* copy 0 lo, hi apart */
+    GP_TRY(dir_call(c, r, 2, 1, x_hi, dy[1], pa, 0.0f, err)); /* lo hi, hi hi: part 1's doubled channels */
+    GP_TRY(dir_call(c, r, 2, 0, x_lo, dy[0], pb, 0.0f, err)); /* hi lo: the node's own problem */
+    cudaError_t e = gp_cuda_conv_x3_filter_sum(c->stream, (float *)out, pa, pb, g->col_ch, n_w / g->col_ch,
+                                               beta != 0.0f);
+    if (e != cudaSuccess)
+        return gp_cuda_error(c, err, GP_ERR_DEVICE, "3xTF32 filter gradient's sum: %s", cudaGetErrorString(e));
+    __atomic_add_fetch(&x3_calls, 1, __ATOMIC_RELAXED);
+    return GP_OK;
+}
+
 /* Direction k into out (+ out when beta is 1): one call, or in 3xTF32 on
  * the split operands, each part's call after the first adding to out. */
 static gp_status run_dir(const struct gp_cuda_ctx *c, struct conv_run *r, int k, const void *a, const void *b,
                          void *out, float beta, struct gp_error *err)
 {
     if (!r->x3) return dir_call(c, r, k, 0, a, b, out, beta, err);
+    if (k == 2 && !r->g.transpose) return x3_filter_run(c, r, a, b, out, beta, err);
     const void *pa[2] = {NULL, NULL}, *pb[2] = {NULL, NULL};
     GP_TRY(x3_operands(c, r, k, a, b, pa, pb, err));
     for (int p = 0; p < r->cc.parts; p++) GP_TRY(dir_call(c, r, k, p, pa[p], pb[p], out, p ? 1.0f : beta, err));

@@ -413,8 +413,8 @@ static void choose_graphs(const struct conv_geom *g, struct conv_mode mode, unsi
 /* ---- a result added into its output ----
  * cudnn-frontend's graphs have no beta: a result added into its output
  * (beta 1: a Conv's dX that another layer wrote first, as at a residual
- * block's input; a float32 dW, which sums the micro-batches; every
- * direction of a 3xTF32 call's second part, conv_x3.h) is computed into a
+ * block's input; a float32 dW, which sums the micro-batches; a 3xTF32
+ * call's second part but a Conv's filter gradient's, conv_x3.h) is computed into a
  * buffer and then added, two passes more over the output than the legacy
  * API's own beta = 1. Where the graph API won the plain call, the added
  * call is measured both ways, the legacy algorithm with beta 1 against
@@ -442,10 +442,13 @@ static enum add_policy add_policy(void)
  * output: ConvTranspose's dX (the forward direction) and a Conv's dX
  * where another layer wrote them first (conv_graph_accumulates), a
  * float32 dW (a bfloat16 convolution's is computed into a buffer with
- * beta 0), and, in a 3xTF32 part's problem, every direction. */
+ * beta 0), and, in a 3xTF32 part's problem, every direction but a
+ * Conv's filter gradient. */
 static bool may_add(const struct conv_geom *g, struct conv_mode mode, int k)
 {
-    if (mode.x3) return true;
+    /* 3xTF32's second parts add, but for a Conv's filter gradient, whose
+     * parts are written whole and summed apart (conv.cu x3_filter_run). */
+    if (mode.x3) return k != 2 || g->transpose;
     if (k == 0) return conv_graph_accumulates(g, CONV_GRAPH_FPROP);
     if (k == 1) return conv_graph_accumulates(g, CONV_GRAPH_DGRAD);
     return !mode.bf16;

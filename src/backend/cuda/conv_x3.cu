@@ -169,3 +169,23 @@ extern "C" cudaError_t gp_cuda_conv_x3_split(cudaStream_t stream, float *dst, fl
     default: return cudaErrorInvalidValue;
     }
 }
+
+/* One value of dW a thread: its hi hi, and its two small products summed
+ * first (conv_x3.h). */
+__global__ static void filter_sum_kernel(float *out, const float *a, const float *b, int64_t r, int64_t n, bool add)
+{
+    GP_GRID_STRIDE(e, n) {
+        int64_t m = e / r, i = e - m * r;
+        float hh = a[(2 * m + 1) * r + i], small = a[2 * m * r + i] + b[e];
+        out[e] = add ? (out[e] + hh) + small : hh + small;
+    }
+}
+
+extern "C" cudaError_t gp_cuda_conv_x3_filter_sum(cudaStream_t stream, float *out, const float *a, const float *b,
+                                                  int64_t m, int64_t r, bool add)
+{
+    int64_t n = m * r;
+    if (n == 0) return cudaSuccess;
+    filter_sum_kernel<<<gp_cuda_blocks_for(n), GP_CUDA_THREADS, 0, stream>>>(out, a, b, r, n, add);
+    return cudaGetLastError();
+}
