@@ -72,7 +72,12 @@ struct built {
 
 /* GP_CONV_RUNTIME_COMPILED=1: engines that cuDNN compiles at run time
  * (NVRTC) are candidates too. Read once; a choice file made with it may
- * name engines a run without it does not offer. */
+ * name engines a run without it does not offer. Off by default not only
+ * for their compile time: with cuDNN 9.14 on an H100 (2026-12-06), eng41
+ * (cudnn_generated_fort_native_sm80_convFwd) wrote 16-byte stores 8 bytes
+ * off alignment into its own workspace while being measured on
+ * test_cuda_conv's 1 -> 8 channel 3x3 stride-2 case, a sticky memory
+ * fault that ends the process (compute-sanitizer found it). */
 bool runtime_compiled()
 {
     static const bool on = [] {
