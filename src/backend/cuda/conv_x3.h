@@ -34,7 +34,8 @@
  * copies instead of three and dY not at all (where the data gradient ran
  * first in the same call; else dY is split as it would have split it):
  * on ResNet-50 b128 about 25 GB a step fewer bytes moved, predicted 7-9
- * ms of the float32 step's 114 on an H100. Each output sums one kind of
+ * ms of the float32 step's 114 on an H100, measured 9.9 (115.4 -> 105.5
+ * ms, bench/RESULTS.md 2026-12-06). Each output sums one kind of
  * product, as the separate calls do: hi hi alone, the small ones after.
  *
  * Copy j of channel c lies at channel 2c + j (sample 2n + j), so one
