@@ -70,8 +70,8 @@ struct built {
     int64_t index = -1; /* of the plan that runs */
 };
 
-/* GP_CONV_RUNTIME_COMPILED=1: engines that cuDNN compiles at run time
- * (NVRTC) are candidates too. Read once; a choice file made with it may
+/* GP_CONV_RUNTIME_COMPILED=1 (or "added", below): engines that cuDNN
+ * compiles at run time (NVRTC) are candidates too. Read once; a choice file made with it may
  * name engines a run without it does not offer. Off by default not only
  * for their compile time: with cuDNN 9.14 on an H100 (2026-12-06), eng41
  * (cudnn_generated_fort_native_sm80_convFwd) wrote 16-byte stores 8 bytes
@@ -80,13 +80,24 @@ struct built {
  * fault that ends the process (compute-sanitizer found it). Some eng41
  * configurations are offered without the setting too (ResNet-50's fp32
  * choice timed 39 of them, odd workspace sizes, chose none). */
-bool runtime_compiled()
+enum rtc_scope { RTC_OFF, RTC_ALL, RTC_ADDED };
+
+/* "added": only among the engines that add their result themselves (beta
+ * 1, conv_graph_beta_choose), where they won on ResNet-50 tf32 (eng78,
+ * the added data gradients: +1.2%, 2026-12-06). */
+rtc_scope runtime_compiled_scope()
 {
-    static const bool on = [] {
-        return gp_env_flag("GP_CONV_RUNTIME_COMPILED", false);
+    static const rtc_scope scope = [] {
+        static const char *const ways[] = {"off", "on", "added", "0", "1", "no", "yes", "false", "true", NULL};
+        static const rtc_scope as[] = {RTC_OFF, RTC_ALL, RTC_ADDED, RTC_OFF, RTC_ALL,
+                                       RTC_OFF, RTC_ALL, RTC_OFF,   RTC_ALL};
+        return as[gp_env_choice("GP_CONV_RUNTIME_COMPILED", ways, 0)];
     }();
-    return on;
+    return scope;
 }
+
+/* Whether the plain graphs (beta 0) offer runtime-compiled engines. */
+bool runtime_compiled() { return runtime_compiled_scope() == RTC_ALL; }
 
 /* Engines never offered: eng41 (above), seen to fault with
  * GP_CONV_RUNTIME_COMPILED=1 and offered in some configurations without
@@ -504,7 +515,7 @@ bool beta_banned(cudnnBackendDescriptor_t c, const conv_graph_problem *p)
                        cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6>(c) ||
                        cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13>(c)))
         return true;
-    return !runtime_compiled() && cf::hasBehaviorNote<CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION>(c);
+    return runtime_compiled_scope() == RTC_OFF && cf::hasBehaviorNote<CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION>(c);
 }
 
 std::unique_ptr<beta_graph> make_beta_graph(cudnnHandle_t h, const conv_graph_problem *p, conv_graph_op op)
