@@ -70,8 +70,8 @@ struct built {
     int64_t index = -1; /* of the plan that runs */
 };
 
-/* GP_CONV_RUNTIME_COMPILED=1: engines that cuDNN compiles at run time
- * (NVRTC) are candidates too. Read once; a choice file made with it may
+/* GP_CONV_RUNTIME_COMPILED=1 (or "added", below): engines that cuDNN
+ * compiles at run time (NVRTC) are candidates too. Read once; a choice file made with it may
  * name engines a run without it does not offer. Off by default not only
  * for their compile time: with cuDNN 9.14 on an H100 (2026-12-06), eng41
  * (cudnn_generated_fort_native_sm80_convFwd) wrote 16-byte stores 8 bytes
@@ -80,12 +80,42 @@ struct built {
  * fault that ends the process (compute-sanitizer found it). Some eng41
  * configurations are offered without the setting too (ResNet-50's fp32
  * choice timed 39 of them, odd workspace sizes, chose none). */
-bool runtime_compiled()
+enum rtc_scope { RTC_OFF, RTC_ALL, RTC_ADDED };
+
+/* "added": only among the engines that add their result themselves (beta
+ * 1, conv_graph_beta_choose), where they won on ResNet-50 tf32 (eng78,
+ * the added data gradients: +1.2%, 2026-12-06). */
+rtc_scope runtime_compiled_scope()
 {
-    static const bool on = [] {
-        return gp_env_flag("GP_CONV_RUNTIME_COMPILED", false);
+    static const rtc_scope scope = [] {
+        static const char *const ways[] = {"off", "on", "added", "0", "1", "no", "yes", "false", "true", NULL};
+        static const rtc_scope as[] = {RTC_OFF, RTC_ALL, RTC_ADDED, RTC_OFF, RTC_ALL,
+                                       RTC_OFF, RTC_ALL, RTC_OFF,   RTC_ALL};
+        return as[gp_env_choice("GP_CONV_RUNTIME_COMPILED", ways, 0)];
     }();
-    return on;
+    return scope;
+}
+
+/* Whether the plain graphs (beta 0) offer runtime-compiled engines. */
+bool runtime_compiled() { return runtime_compiled_scope() == RTC_ALL; }
+
+/* Engines never offered: eng41 (above), seen to fault with
+ * GP_CONV_RUNTIME_COMPILED=1 and offered in some configurations without
+ * it (never chosen there: slow). Matched as cudnn-frontend's
+ * deselect_engines matches, as a part of the tag ("eng41" or
+ * "eng41_k2=8_..."): no engine number of cuDNN 9 has three digits, so
+ * "eng41" names one engine. */
+const std::vector<std::string> &barred_engines()
+{
+    static const std::vector<std::string> names = {"eng41"};
+    return names;
+}
+
+bool barred(const std::string &tag)
+{
+    for (const std::string &n : barred_engines())
+        if (tag.find(n) != std::string::npos) return true;
+    return false;
 }
 
 const char *op_name(conv_graph_op op)
@@ -182,6 +212,7 @@ fe::error_t make_graph(cudnnHandle_t h, const conv_graph_problem *p, conv_graph_
     if (!p->nondeterministic) banned.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
     g.graph.deselect_numeric_notes(banned);
     if (!runtime_compiled()) g.graph.deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+    g.graph.deselect_engines(barred_engines());
     return g.graph.check_support(h);
 }
 
@@ -484,7 +515,7 @@ bool beta_banned(cudnnBackendDescriptor_t c, const conv_graph_problem *p)
                        cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6>(c) ||
                        cf::hasNumericalNote<CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13>(c)))
         return true;
-    return !runtime_compiled() && cf::hasBehaviorNote<CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION>(c);
+    return runtime_compiled_scope() == RTC_OFF && cf::hasBehaviorNote<CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION>(c);
 }
 
 std::unique_ptr<beta_graph> make_beta_graph(cudnnHandle_t h, const conv_graph_problem *p, conv_graph_op op)
@@ -573,7 +604,7 @@ extern "C" bool conv_graph_beta_choose(const struct conv_graph_problem *p, enum 
                 cf::ExecutionPlan plan = build_beta_plan(h, *g, k);
                 int64_t w = plan.getWorkspaceSize();
                 if (w < 0 || (size_t)w > ws_cap) continue;
-                if (!names.insert(plan.getTag()).second) continue;
+                if (barred(plan.getTag()) || !names.insert(plan.getTag()).second) continue;
                 if (w > max_ws) max_ws = w;
                 plans.push_back(std::move(plan));
             } catch (cf::cudnnException &) {
@@ -646,7 +677,8 @@ extern "C" bool conv_graph_beta_run(cudnnHandle_t h, const struct conv_graph_pro
             for (size_t k = 0; k < g->configs.size() && !found; k++) {
                 try {
                     cf::ExecutionPlan plan = build_beta_plan(h, *g, k);
-                    if (plan.getTag() == name) found.reset(new cf::ExecutionPlan(std::move(plan)));
+                    if (plan.getTag() == name && !barred(name))
+                        found.reset(new cf::ExecutionPlan(std::move(plan)));
                 } catch (cf::cudnnException &) {
                 }
             }
