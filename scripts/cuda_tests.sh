@@ -156,6 +156,10 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     # 4 became the default: fewer than 8 padded to 8 (conv.cu
     # image_channel_run).
     run_bg "test_cuda_conv (float32 channel runs of 8)" env GP_CONV_FLOAT32_RUN=8 "$build/tests/test_cuda_conv"
+    # Float32 channels-last input channels not padded at all (cuDNN pads
+    # inside the engines that need it), convolutions and whole training runs.
+    run_bg "test_cuda_conv (float32 channels unpadded)" env GP_CONV_FLOAT32_RUN=1 "$build/tests/test_cuda_conv"
+    run_bg "test_cuda_train (float32 channels unpadded)" env GP_CONV_FLOAT32_RUN=1 "$build/tests/test_cuda_train"
     # Candidates timed behind a held stream, their GPU time alone
     # (cuda/conv_measure.h; off by default): any choice must give results
     # within the bounds, and the gate must never hang a call.

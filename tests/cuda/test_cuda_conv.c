@@ -228,7 +228,7 @@ static const struct conv_case conv_cases[] = {
      {0}, {0}, true, {2, 2}, NULL, 0},
     /* Input channels not in whole runs: channels-last pads them to 8
      * (conv.cu; float32 to 4 where fewer than 4, to 8 with
-     * GP_CONV_FLOAT32_RUN=8). */
+     * GP_CONV_FLOAT32_RUN=8, not at all with GP_CONV_FLOAT32_RUN=1). */
     {"1x1, 5 -> 16 (channels padded), bias", "Conv", 4, {2, 5, 6, 7}, {16, 5, 1, 1}, true, 0, {0}, {0},
      {0}, {0}, false, {0}, NULL, 0},
     {"3x3 stride 2, 1 -> 8 (channels padded), pads 1", "Conv", 4, {3, 1, 11, 10}, {8, 1, 3, 3}, false, 0,

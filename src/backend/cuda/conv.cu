@@ -71,12 +71,17 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * ResNet stem's 3 channels padded to 4, half of the 8 bfloat16 needs and
  * half the stem's work: ResNet-50 +2.1% in tf32, +3.3% in fp32 on an
  * H100, bench/RESULTS.md 2026-12-06), or with GP_CONV_FLOAT32_RUN=8 of 8
- * as in bfloat16, as before. Bfloat16's are always runs of 8. Read at
- * each call, as the other settings here. */
+ * as in bfloat16, as before. GP_CONV_FLOAT32_RUN=1 pads none: cuDNN gets
+ * the stem's 3 channels as they are and pads them itself inside the
+ * engines that need it (PyTorch's channels-last stem on an H100: weight
+ * gradient 0.61 ms with cuDNN's padding kernel, ours on 4 padded
+ * channels 0.91). Bfloat16's are always runs of 8. Read at each call, as
+ * the other settings here. */
 static int64_t image_channel_run(bool bf16)
 {
-    static const char *const runs[] = {"4", "8", NULL};
-    return bf16 || gp_env_choice("GP_CONV_FLOAT32_RUN", runs, 0) == 1 ? 8 : 4;
+    static const char *const runs[] = {"4", "8", "1", NULL};
+    static const int64_t run_of[] = {4, 8, 1};
+    return bf16 ? 8 : run_of[gp_env_choice("GP_CONV_FLOAT32_RUN", runs, 0)];
 }
 
 /* `nhwc`: the call's tensors (either of X and Y) are channels-last; the
@@ -175,7 +180,8 @@ static gp_status conv_geom_init(const struct gp_graph *graph, const struct gp_no
      * X and W relaid with zero channels (conv_padded): cuDNN's own
      * padding of such a call went through a float32 copy, TF32 kernels
      * and three transposes of its own, at 8x the time. A float32 call's
-     * input channels pad to and come in runs of 4 (image_channel_run). */
+     * input channels pad to and come in runs of 4 (image_channel_run; of 1
+     * with GP_CONV_FLOAT32_RUN=1: none padded). */
     int64_t run = image_channel_run(bf16);
     g->relayable = !transpose && win.n_spatial == 2 && g->direct;
     if (nhwc && g->relayable && g->group == 1 && g->img_ch < 8 && g->img_ch % run != 0 && g->col_ch % 8 == 0)
