@@ -84,7 +84,9 @@ enum rtc_scope { RTC_OFF, RTC_ALL, RTC_ADDED };
 
 /* "added": only among the engines that add their result themselves (beta
  * 1, conv_graph_beta_choose), where they won on ResNet-50 tf32 (eng78,
- * the added data gradients: +1.2%, 2026-12-06). */
+ * the added data gradients: +0.8 to +1.2%, 2026-12-06). Not safe either:
+ * under compute-sanitizer, whose timing picks other engines, a bfloat16
+ * weight gradient came out about 1% off (bench/RESULTS.md). */
 rtc_scope runtime_compiled_scope()
 {
     static const rtc_scope scope = [] {
