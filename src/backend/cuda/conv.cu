@@ -75,8 +75,8 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * the stem's 3 channels as they are and pads them itself inside the
  * engines that need it (PyTorch's channels-last stem on an H100: weight
  * gradient 0.61 ms with cuDNN's padding kernel, ours on 4 padded
- * channels 0.91; not yet run on a GPU). Bfloat16's are always runs of 8. Read at each call, as
- * the other settings here. */
+ * channels 0.91; not yet run on a GPU). Bfloat16's are always runs of
+ * 8. Read at each call, as the other settings here. */
 static int64_t image_channel_run(bool bf16)
 {
     static const char *const runs[] = {"4", "8", "1", NULL};

@@ -71,8 +71,8 @@ struct built {
 };
 
 /* GP_CONV_RUNTIME_COMPILED=1 (or "added", below): engines that cuDNN
- * compiles at run time (NVRTC) are candidates too. Read once; a choice file made with it may
- * name engines a run without it does not offer. Off by default not only
+ * compiles at run time (NVRTC) are candidates too. Read once; a choice
+ * file made with it may name engines a run without it does not offer. Off by default not only
  * for their compile time: with cuDNN 9.14 on an H100 (2026-12-06), eng41
  * (cudnn_generated_fort_native_sm80_convFwd) wrote 16-byte stores 8 bytes
  * off alignment into its own workspace while being measured on
