@@ -73,10 +73,13 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * H100, bench/RESULTS.md 2026-12-06), or with GP_CONV_FLOAT32_RUN=8 of 8
  * as in bfloat16, as before. GP_CONV_FLOAT32_RUN=1 pads none: cuDNN gets
  * the stem's 3 channels as they are and pads them itself inside the
- * engines that need it (PyTorch's channels-last stem on an H100: weight
- * gradient 0.61 ms with cuDNN's padding kernel, ours on 4 padded
- * channels 0.91; not yet run on a GPU). Bfloat16's are always runs of
- * 8. Read at each call, as the other settings here. */
+ * engines that need it, as PyTorch's channels-last stem does (its weight
+ * gradient 0.61 ms on an H100 with cuDNN's padding kernel, ours on 4
+ * padded channels 0.91). Measured: correct (the GPU suite passes with
+ * it) but slower, ResNet-50 tf32 2918.7 -> 2840.8 samples/s (H100,
+ * bench/RESULTS.md 2026-12-06 19:19): cuDNN chose the same weight
+ * gradient engine on 3 channels, so it stays off. Bfloat16's are always
+ * runs of 8. Read at each call, as the other settings here. */
 static int64_t image_channel_run(bool bf16)
 {
     static const char *const runs[] = {"4", "8", "1", NULL};
