@@ -92,6 +92,12 @@ struct gp_layer_call {
      * that call's layouts itself (gp_compute_ops.layout_native): the others
      * get [N, C, H, W] copies (backend/mixed_call.h). */
     uint32_t in_nhwc, out_nhwc;
+    /* Bit k: in[k] is the executor's channels-last copy of a static value
+     * the graph keeps [N, C, H, W] (a Conv's filter W [M, C/g, kh, kw] as
+     * [M, kh, kw, C/g]: pipeline/plan.h, filter copies), while din[k], its
+     * gradient, lies as the value does. Set only where layout_native said
+     * yes to the call with bit k in in_nhwc; in_nhwc carries it too. */
+    uint32_t held_nhwc;
     void *saved, *scratch;
     bool training, update_state;
     /* Forward only, for a kernel whose `remakes` said yes: write output 0

@@ -214,19 +214,39 @@ static gp_status too_wide(const struct gp_node *n, struct gp_error *err)
                         n->name, n->op_type, MAX_ARGS);
 }
 
+/* The call's layouts: the graph's, and the executor's channels-last
+ * copies (gp_layer_call.held_nhwc). */
+static struct layouts call_layouts(const struct gp_layer_call *c)
+{
+    struct layouts l = layouts_of(c->graph, c->node);
+    l.in |= c->held_nhwc;
+    return l;
+}
+
 static bool direct(const struct gp_compute_ops *ops, const struct gp_layer_call *c, bool backward)
 {
-    return native(ops, c->kernel, c->graph, c->node, c->in_dt, c->out_dt, c->dout_dt, backward);
+    return native_bf16(ops, c->kernel, c->node, c->in_dt, c->out_dt, c->dout_dt, backward) &&
+           native_layout(ops, c->kernel, c->graph, c->node, call_layouts(c), backward);
 }
 
 /* The call as it is, with its layouts. */
 static struct gp_layer_call as_it_lies(const struct gp_layer_call *c)
 {
     struct gp_layer_call d = *c;
-    struct layouts l = layouts_of(c->graph, c->node);
+    struct layouts l = call_layouts(c);
     d.in_nhwc = l.in;
     d.out_nhwc = l.out;
     return d;
+}
+
+/* The planner gives channels-last copies only to calls that read them as
+ * they lie (pipeline/plan.c): staging one would transpose its gradient
+ * too, which lies otherwise. */
+static gp_status held_not_read(const struct gp_layer_call *c, struct gp_error *err)
+{
+    return gp_error_set(err, GP_ERR_INVALID,
+                        "node '%s' (%s): given a channels-last copy of an input that its kernel does not read so",
+                        c->node->name, c->node->op_type);
 }
 
 gp_status gp_mixed_forward(const struct gp_compute_ops *ops, void *ctx, const struct gp_layer_call *c,
@@ -237,6 +257,7 @@ gp_status gp_mixed_forward(const struct gp_compute_ops *ops, void *ctx, const st
         d.stored_out_dt = c->out_dt;
         return ops->forward(ctx, &d, err);
     }
+    if (c->held_nhwc) return held_not_read(c, err);
     const struct gp_node *n = c->node;
     const struct gp_graph *g = c->graph;
     if (n->n_inputs > MAX_ARGS || n->n_outputs > MAX_ARGS) return too_wide(n, err);
@@ -272,6 +293,7 @@ gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const s
         struct gp_layer_call d = as_it_lies(c);
         return ops->backward(ctx, &d, err);
     }
+    if (c->held_nhwc) return held_not_read(c, err);
     const struct gp_node *n = c->node;
     if (n->n_inputs > MAX_ARGS || n->n_outputs > MAX_ARGS) return too_wide(n, err);
     uint32_t din_wanted = 0;

@@ -8,6 +8,7 @@
 
 #include "backend/compute.h"
 #include "backend/mixed_call.h"
+#include "graph/layout.h"
 #include "ops/backward_reads.h"
 #include "ops/registry.h"
 #include "util/env.h"
@@ -52,6 +53,70 @@ static void call_types(const struct gp_stage_plan *p, const struct gp_node *n, e
         out_dt[k] = t;
         dout_dt[k] = v >= 0 && p->home[v] == GP_HOME_STEP ? GP_DTYPE_FLOAT32 : t;
     }
+}
+
+/* ---- channels-last filter copies (plan.h) ---- */
+
+/* How many input slots of the graph's nodes read value v. */
+static int readers_of(const struct gp_graph *g, int v)
+{
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_inputs; k++) n += g->nodes[i].inputs[k] == v;
+    return n;
+}
+
+/* Whether layer n's filter gets a channels-last copy: a 2-D Conv's W with
+ * more than one kernel cell (a 1x1 filter lies the same either way), a
+ * float static value read by this node alone and only as W (so its
+ * gradient has one writer and tied copies stay as they are), called as it
+ * lies in both directions with W channels-last: the kernel says so, and
+ * in bf16 it reads bfloat16 itself (a staged call would transpose the
+ * gradient too). */
+static bool filter_copy_fits(const struct gp_graph *g, const struct gp_compute_ops *ops,
+                             const struct gp_stage_plan *p, const struct gp_node *n)
+{
+    if ((*n->domain && strcmp(n->domain, "ai.onnx") != 0) || strcmp(n->op_type, "Conv") != 0 || n->n_inputs < 2)
+        return false;
+    int v = n->inputs[1];
+    if (v < 0 || p->home[v] != GP_HOME_STATIC || p->dt[v] != GP_DTYPE_FLOAT32) return false;
+    const struct gp_value *w = &g->values[v];
+    if (w->is_output || w->shape.rank != 4 || w->shape.dims[2] * w->shape.dims[3] <= 1 || readers_of(g, v) != 1)
+        return false;
+    const void *kernel = ops->kernel_for(n);
+    if (!kernel || !ops->layout_native) return false;
+    if (p->precision == GP_PRECISION_BF16 &&
+        (!ops->kernel_bf16 || ops->kernel_bf16(kernel, false) == GP_BF16_STAGED ||
+         ops->kernel_bf16(kernel, true) == GP_BF16_STAGED || p->shadow_off[v] == SIZE_MAX))
+        return false;
+    uint32_t in = gp_layout_in_mask(g, n) | 2u, out = gp_layout_out_mask(g, n);
+    return ops->layout_native(kernel, g, n, in, out, false) && ops->layout_native(kernel, g, n, in, out, true);
+}
+
+static gp_status plan_filter_copies(const struct gp_graph *g, const struct gp_compute_ops *ops,
+                                    struct gp_stage_plan *p, struct gp_error *err)
+{
+    int nv = g->n_values, nl = p->last - p->first;
+    p->filter_nhwc = calloc((size_t)nv + 1, sizeof(bool));
+    p->filter_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
+    p->filtered = malloc(sizeof(int) * ((size_t)nv + 1));
+    p->call_held = calloc((size_t)nl + 1, sizeof(uint32_t));
+    if (!p->filter_nhwc || !p->filter_off || !p->filtered || !p->call_held)
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    for (int v = 0; v < nv; v++) p->filter_off[v] = SIZE_MAX;
+    if (!gp_env_flag("GP_CHANNELS_LAST_FILTERS", false)) return GP_OK;
+    for (int i = p->first; i < p->last; i++) {
+        const struct gp_node *n = &g->nodes[i];
+        if (!filter_copy_fits(g, ops, p, n)) continue;
+        int v = n->inputs[1];
+        p->filter_nhwc[v] = true;
+        p->filtered[p->n_filtered++] = v;
+        p->call_held[i - p->first] = 2u;
+        if (p->shadow_off[v] != SIZE_MAX) continue; /* bf16: the shadow is the copy */
+        p->filter_off[v] = p->filter_bytes;
+        p->filter_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float));
+    }
+    return GP_OK;
 }
 
 static bool nondiff(const struct gp_node *n, int k)
@@ -930,6 +995,8 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         }
     }
 
+    GP_TRY(plan_filter_copies(g, ops, p, err));
+
     /* Offsets: static values (parameters first, so their gradients can
      * mirror them), boxes, local sets with each layer's saved state. */
     for (int pass = 0; pass < 2; pass++)
@@ -1032,5 +1099,9 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->call_dt);
     free(p->call_dt_off);
     free(p->call_shadowed);
+    free(p->filter_nhwc);
+    free(p->filter_off);
+    free(p->filtered);
+    free(p->call_held);
     memset(p, 0, sizeof *p);
 }

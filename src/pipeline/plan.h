@@ -39,6 +39,21 @@ struct gp_stage_plan {
     size_t *shadow_off;
     size_t shadow_bytes;
     int *shadowed, n_shadowed; /* the value ids that have a shadow */
+    /* Channels-last filter copies (GP_CHANNELS_LAST_FILTERS=1; off by
+     * default until measured on a GPU): a Conv's filter W [M, C/g, kh, kw],
+     * a static value no other node reads, also held as [M, kh, kw, C/g], as
+     * cuDNN's channels-last kernels read it, where the kernel says it reads
+     * it so (gp_compute_ops.layout_native with bit 1): made from the master
+     * once per step (before the step's first forward, as the shadows)
+     * instead of relaid on every call, forward and data gradient alike. In
+     * bf16 the value's bfloat16 shadow is that copy (relaid as it is
+     * rounded); otherwise a float32 copy at filter_off[v] in the filter
+     * block. The gradient stays as the master lies. */
+    bool *filter_nhwc;        /* per value: its copy (shadow or filter block) lies channels-last */
+    size_t *filter_off;       /* per value: offset in the filter block, or SIZE_MAX */
+    size_t filter_bytes;
+    int *filtered, n_filtered; /* the value ids with a channels-last copy */
+    uint32_t *call_held;      /* per layer: inputs read through a channels-last copy (bit k) */
     /* bf16: per layer of the stage, its call's storage types (gp_layer_call's
      * in_dt, out_dt, din_dt and dout_dt, in that order, n_inputs + 1,
      * n_outputs + 1, n_inputs + 1 and n_outputs + 1 long: kernels may look one

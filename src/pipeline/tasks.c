@@ -49,11 +49,18 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
     const enum gp_dtype *din_dt = in_dt ? out_dt + n->n_outputs + 1 : NULL;
     const enum gp_dtype *dout_dt = in_dt ? din_dt + n->n_inputs + 1 : NULL;
     uint32_t shadowed = in_dt ? s->plan.call_shadowed[layer - s->plan.first] : 0;
+    /* Channels-last filter copies (plan.h): the shadow in bf16, else the
+     * filter block's. */
+    uint32_t held = s->plan.call_held ? s->plan.call_held[layer - s->plan.first] : 0;
     int box = s->slots.box[j];
     for (int k = 0; k < n->n_inputs; k++) {
         int v = n->inputs[k];
         bool shadow = k < 32 && ((shadowed >> k) & 1);
-        s->in[k] = v < 0 ? NULL : shadow ? s->shadows + s->plan.shadow_off[v] : call_addr(s, v, box, set, with_grads);
+        bool copy = !shadow && k < 32 && ((held >> k) & 1);
+        s->in[k] = v < 0    ? NULL
+                   : shadow ? s->shadows + s->plan.shadow_off[v]
+                   : copy   ? s->filters + s->plan.filter_off[v]
+                            : call_addr(s, v, box, set, with_grads);
         s->din[k] = v >= 0 && with_grads && !nondiff(n, k) ? grad_addr(s, &g->values[v], v, set) : NULL;
     }
     for (int k = 0; k < n->n_outputs; k++) {
@@ -73,6 +80,7 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
         .out_dt = out_dt,
         .din_dt = din_dt,
         .dout_dt = dout_dt,
+        .held_nhwc = held,
         .saved = s->locals + (size_t)set * s->plan.local_bytes + s->plan.saved_off[layer - s->plan.first],
         .scratch = s->scratch,
         .training = training,
@@ -105,16 +113,30 @@ static gp_status lap(struct stage *s, double *t0, double *acc, struct gp_error *
     return GP_OK;
 }
 
-/* bf16: the weights' bfloat16 copies from their float32 masters, once per
- * step (before its first forward, after the last optimizer step). */
-static gp_status refresh_shadows(struct gp_pipeline *p, struct stage *s, struct gp_error *err)
+/* The weights' copies from their float32 masters, once per step (before
+ * its first forward, after the last optimizer step): bf16's bfloat16
+ * shadows, and the channels-last filter copies (plan.h), a shadow that is
+ * one relaid as it is rounded. */
+static gp_status refresh_copies(struct gp_pipeline *p, struct stage *s, struct gp_error *err)
 {
     const struct gp_graph *g = p->g;
     for (int q = 0; q < s->plan.n_shadowed; q++) {
         int v = s->plan.shadowed[q];
-        GP_TRY(s->cops->convert(s->cctx, s->shadows + s->plan.shadow_off[v], GP_DTYPE_BFLOAT16,
-                                s->static_block + s->plan.off[v], GP_DTYPE_FLOAT32,
-                                gp_shape_numel(&g->values[v].shape), false, err));
+        void *shadow = s->shadows + s->plan.shadow_off[v];
+        const void *master = s->static_block + s->plan.off[v];
+        if (s->plan.filter_nhwc[v])
+            GP_TRY(s->cops->relayout(s->cctx, shadow, GP_DTYPE_BFLOAT16, true, master, GP_DTYPE_FLOAT32, false,
+                                     &g->values[v].shape, false, err));
+        else
+            GP_TRY(s->cops->convert(s->cctx, shadow, GP_DTYPE_BFLOAT16, master, GP_DTYPE_FLOAT32,
+                                    gp_shape_numel(&g->values[v].shape), false, err));
+    }
+    for (int q = 0; q < s->plan.n_filtered; q++) {
+        int v = s->plan.filtered[q];
+        if (s->plan.filter_off[v] == SIZE_MAX) continue; /* its shadow, above */
+        GP_TRY(s->cops->relayout(s->cctx, s->filters + s->plan.filter_off[v], GP_DTYPE_FLOAT32, true,
+                                 s->static_block + s->plan.off[v], GP_DTYPE_FLOAT32, false, &g->values[v].shape,
+                                 false, err));
     }
     return GP_OK;
 }
@@ -140,7 +162,7 @@ static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, int 
     /* Layers of static values only run in the step's first forward here. */
     bool once = !s->once_valid;
     s->once_valid = true;
-    if (once && s->plan.shadow_bytes) GP_TRY(refresh_shadows(p, s, err));
+    if (once && (s->plan.shadow_bytes || s->plan.n_filtered)) GP_TRY(refresh_copies(p, s, err));
     if (s == &p->stages[0] && p->convert_input) GP_TRY(load_input(p, s, j, err));
     for (int i = s->plan.first; i < s->plan.last; i++) {
         if (s->plan.once[i - s->plan.first] && !once) continue;

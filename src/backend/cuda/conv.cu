@@ -844,8 +844,9 @@ struct conv_run {
     void *ws;    /* workspace */
     /* Channels-last (g.nhwc): whether X and Y lie so, and the buffers of
      * what does not (nhwc_bytes): X or dX, Y or dY, the filter and its
-     * gradient (NULL when not needed). */
-    bool x_cl, y_cl;
+     * gradient (NULL when not needed); w_cl: W itself lies [M, k..., C/g]
+     * (the executor's copy, gp_layer_call.held_nhwc: no filter buffer). */
+    bool x_cl, y_cl, w_cl;
     void *xt, *yt, *wt, *dwt;
     /* 3xTF32 (x3_applies): each part's TF32 problem of each direction
      * (x3_geom), their descriptors, and the split operands' region
@@ -891,10 +892,15 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
     memset(r, 0, sizeof *r);
     r->x_cl = gp_cuda_nhwc(c->in_nhwc, 0);
     r->y_cl = gp_cuda_nhwc(c->out_nhwc, 0);
+    r->w_cl = gp_cuda_nhwc(c->in_nhwc, 1);
     r->mode = ctx_mode(c);
     GP_TRY(conv_geom_init(c->graph, c->node, transpose, r->x_cl || r->y_cl, r->mode.bf16, &r->g, err));
     if ((r->x_cl || r->y_cl) && !r->g.relayable)
         return gp_cuda_error(c, err, GP_ERR_INVALID, "channels-last tensors given to a convolution that takes none");
+    if (r->w_cl && (!r->g.nhwc || conv_padded(&r->g)))
+        return gp_cuda_error(c, err, GP_ERR_INVALID,
+                             "a channels-last filter given to a convolution that does not run channels-last "
+                             "on its channels as they are");
     GP_TRY(check_storage(c, r->mode.bf16, backward, err));
     GP_TRY(ctx_algos(c, &r->g, r->mode, &r->cc, err));
     struct dnn_err e = {CUDNN_STATUS_SUCCESS, NULL};
@@ -918,7 +924,9 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
         size_t fb = align_up(es * (size_t)filter_numel(&r->g));
         if (image_relaid(&r->g, r->x_cl)) r->xt = next, next += xb;
         if (r->y_cl != r->g.nhwc) r->yt = next, next += yb;
-        if (filter_relaid(&r->g)) r->wt = next, r->dwt = next + fb, next += 2 * fb;
+        /* A channels-last W (w_cl) is read as it lies; dW still goes
+         * through its buffer. */
+        if (filter_relaid(&r->g)) r->wt = r->w_cl ? NULL : next, r->dwt = next + fb, next += 2 * fb;
     }
     /* This call's directions (call_dirs): the planner gave the larger of
      * the forward's and the backward's layouts. */
@@ -1254,8 +1262,10 @@ static gp_status run_filter(const struct gp_cuda_ctx *c, struct conv_run *r, con
  * dW, which stay [M, C/g, k...] for the optimizer and the saved model,
  * whenever the kernel is larger than 1x1, and X and W of a padded call
  * (conv_padded: X [N, H, W, 8] and W [M, k..., 8], or 4 channels, with
- * zero channels past the tensors', dX and dW without them). The bias runs
- * along the last axis. */
+ * zero channels past the tensors', dX and dW without them). The executor
+ * may hold W channels-last itself, made once per step (in_nhwc bit 1:
+ * pipeline/plan.h's filter copies): then W is read as it lies and only
+ * dW goes through its buffer. The bias runs along the last axis. */
 
 static enum gp_dtype conv_dt(const struct conv_run *r) { return r->mode.bf16 ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32; }
 
@@ -1418,16 +1428,23 @@ static gp_status conv_nhwc_backward_run(struct gp_cuda_ctx *c, struct conv_run *
 
 /* The executor's question (gp_cuda_kernel.layout_native): a Conv over 2
  * axes with cuDNN's own padding reads channels-last X and Y, either or
- * both. */
+ * both; and W channels-last ([M, k..., C/g], the executor's copy:
+ * gp_layer_call.held_nhwc, dW staying [M, C/g, k...]) when X or Y is, so
+ * that the run is channels-last, and its channels are not padded in
+ * either precision (a padded filter has zero channels W lacks). */
 static bool conv_layout_native(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
                                uint32_t out_nhwc, bool backward)
 {
     (void)backward;
-    if ((in_nhwc & ~1u) || (out_nhwc & ~1u)) return false; /* only X and Y can be */
-    struct conv_geom geom;
+    if ((in_nhwc & ~3u) || (out_nhwc & ~1u)) return false; /* only X, W and Y can be */
+    struct conv_geom geom, b16;
     struct gp_error err;
     memset(&err, 0, sizeof err);
-    return conv_geom_init(g, node, false, true, false, &geom, &err) == GP_OK && geom.relayable;
+    if (conv_geom_init(g, node, false, true, false, &geom, &err) != GP_OK || !geom.relayable) return false;
+    if (!(in_nhwc & 2u)) return true;
+    if (!((in_nhwc | out_nhwc) & 1u)) return false;
+    return !conv_padded(&geom) && conv_geom_init(g, node, false, true, true, &b16, &err) == GP_OK &&
+           !conv_padded(&b16);
 }
 
 /* ---- Conv ---- */
