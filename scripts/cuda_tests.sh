@@ -160,6 +160,12 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     # inside the engines that need it), convolutions and whole training runs.
     run_bg "test_cuda_conv (float32 channels unpadded)" env GP_CONV_FLOAT32_RUN=1 "$build/tests/test_cuda_conv"
     run_bg "test_cuda_train (float32 channels unpadded)" env GP_CONV_FLOAT32_RUN=1 "$build/tests/test_cuda_train"
+    # Convolution filters held channels-last by the executor, made once per
+    # step (pipeline/plan.h; off by default until measured): whole
+    # training runs against the CPU, eager and captured as CUDA graphs.
+    run_bg "test_cuda_train (channels-last filter copies)" env GP_CHANNELS_LAST_FILTERS=1 "$build/tests/test_cuda_train"
+    run_bg "test_cuda_step_graph (channels-last filter copies)" env GP_CHANNELS_LAST_FILTERS=1 \
+        "$build/tests/test_cuda_step_graph"
     # Candidates timed behind a held stream, their GPU time alone
     # (cuda/conv_measure.h; off by default): any choice must give results
     # within the bounds, and the gate must never hang a call.

@@ -248,6 +248,13 @@ struct gp_compute_ops {
     /* out[k] (device memory) = the 2-norm of tensors[k], for clipping. */
     gp_status (*norms)(void *ctx, const float *const *tensors, const int64_t *numels, int count, float *out,
                        struct gp_error *err);
+    /* dst[t] (channels-last, dst_type) = src[t] (float32 [N, C, H, W] of
+     * shapes[t]) for t < n: relayout's, for many tensors in as few
+     * launches as the backend can (a stage's filter copies, once per step,
+     * pipeline/plan.h). NULL: the caller relays them one at a time. */
+    gp_status (*to_channels_last_many)(void *ctx, int n, void *const *dst, enum gp_dtype dst_type,
+                                       const float *const *src, const struct gp_shape *const *shapes,
+                                       struct gp_error *err);
 };
 
 extern const struct gp_compute_ops gp_cpu_compute_ops;

@@ -122,21 +122,38 @@ static gp_status refresh_copies(struct gp_pipeline *p, struct stage *s, struct g
     const struct gp_graph *g = p->g;
     for (int q = 0; q < s->plan.n_shadowed; q++) {
         int v = s->plan.shadowed[q];
-        void *shadow = s->shadows + s->plan.shadow_off[v];
-        const void *master = s->static_block + s->plan.off[v];
-        if (s->plan.filter_nhwc[v])
-            GP_TRY(s->cops->relayout(s->cctx, shadow, GP_DTYPE_BFLOAT16, true, master, GP_DTYPE_FLOAT32, false,
-                                     &g->values[v].shape, false, err));
-        else
-            GP_TRY(s->cops->convert(s->cctx, shadow, GP_DTYPE_BFLOAT16, master, GP_DTYPE_FLOAT32,
-                                    gp_shape_numel(&g->values[v].shape), false, err));
+        if (s->plan.filter_nhwc[v]) continue; /* a filter copy, below */
+        GP_TRY(s->cops->convert(s->cctx, s->shadows + s->plan.shadow_off[v], GP_DTYPE_BFLOAT16,
+                                s->static_block + s->plan.off[v], GP_DTYPE_FLOAT32,
+                                gp_shape_numel(&g->values[v].shape), false, err));
     }
-    for (int q = 0; q < s->plan.n_filtered; q++) {
-        int v = s->plan.filtered[q];
-        if (s->plan.filter_off[v] == SIZE_MAX) continue; /* its shadow, above */
-        GP_TRY(s->cops->relayout(s->cctx, s->filters + s->plan.filter_off[v], GP_DTYPE_FLOAT32, true,
-                                 s->static_block + s->plan.off[v], GP_DTYPE_FLOAT32, false, &g->values[v].shape,
-                                 false, err));
+    /* The filter copies (all bfloat16 shadows in bf16, all float32
+     * otherwise), in as few launches as the backend can: they are many
+     * and mostly small. */
+    enum { CHUNK = 64 };
+    void *dst[CHUNK];
+    const float *src[CHUNK];
+    const struct gp_shape *shapes[CHUNK];
+    enum gp_dtype dt = p->cfg.compute.precision == GP_PRECISION_BF16 ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+    for (int q0 = 0; q0 < s->plan.n_filtered; q0 += CHUNK) {
+        int m = s->plan.n_filtered - q0 < CHUNK ? s->plan.n_filtered - q0 : CHUNK;
+        for (int q = 0; q < m; q++) {
+            int v = s->plan.filtered[q0 + q];
+            dst[q] = s->plan.filter_off[v] == SIZE_MAX ? s->shadows + s->plan.shadow_off[v]
+                                                        : s->filters + s->plan.filter_off[v];
+            src[q] = (const float *)(s->static_block + s->plan.off[v]);
+            shapes[q] = &g->values[v].shape;
+            if ((s->plan.filter_off[v] == SIZE_MAX) != (dt == GP_DTYPE_BFLOAT16))
+                return gp_error_set(err, GP_ERR_INVALID, "filter copy of '%s': not of the stage's precision",
+                                    g->values[v].name);
+        }
+        if (s->cops->to_channels_last_many) {
+            GP_TRY(s->cops->to_channels_last_many(s->cctx, m, dst, dt, src, shapes, err));
+            continue;
+        }
+        for (int q = 0; q < m; q++)
+            GP_TRY(s->cops->relayout(s->cctx, dst[q], dt, true, src[q], GP_DTYPE_FLOAT32, false, shapes[q], false,
+                                     err));
     }
     return GP_OK;
 }

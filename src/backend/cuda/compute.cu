@@ -266,6 +266,28 @@ static gp_status norms(void *ctx, const float *const *tensors, const int64_t *nu
     return gp_cuda_norms(((const struct stage_ctx *)ctx)->stream, tensors, numels, count, out, err);
 }
 
+/* The stage's filter copies in launches of up to 32 (convert.cu). */
+static gp_status to_channels_last_many(void *ctx, int n, void *const *dst, enum gp_dtype dst_type,
+                                       const float *const *src, const struct gp_shape *const *shapes,
+                                       struct gp_error *err)
+{
+    enum { CHUNK = 64 };
+    int64_t batch[CHUNK], channels[CHUNK], cells[CHUNK];
+    for (int t0 = 0; t0 < n; t0 += CHUNK) {
+        int m = n - t0 < CHUNK ? n - t0 : CHUNK;
+        for (int t = 0; t < m; t++) {
+            const struct gp_shape *s = shapes[t0 + t];
+            if (s->rank != 4)
+                return gp_error_set(err, GP_ERR_INVALID, "to_channels_last_many: a tensor of rank %d is not [N, C, H, W]",
+                                    s->rank);
+            batch[t] = s->dims[0], channels[t] = s->dims[1], cells[t] = s->dims[2] * s->dims[3];
+        }
+        GP_TRY(gp_cuda_to_channels_last_many(((const struct stage_ctx *)ctx)->stream, m, dst + t0, dst_type, src + t0,
+                                             batch, channels, cells, err));
+    }
+    return GP_OK;
+}
+
 extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     GP_CUDA_LIBS_WORKSPACE_BYTES,
     context_create,
@@ -292,4 +314,5 @@ extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     optim_guard,
     synchronize,
     norms,
+    to_channels_last_many,
 };

@@ -6,6 +6,7 @@
  * payload top bits: bf16.cuh's, which the losses share), so both backends
  * store the same bits. */
 #include <stdint.h>
+#include <string.h>
 
 #include <cuda_runtime.h>
 
@@ -331,4 +332,69 @@ extern "C" gp_status gp_cuda_relayout(cudaStream_t stream, void *dst, enum gp_dt
     else
         launch_relayout<float, float>(stream, dst, src, dst_nhwc, n, c, hw, accumulate);
     return relayout_launched("gp_cuda_relayout", err);
+}
+
+/* ---- many tensors to channels-last in one launch ----
+ * A stage's filter copies, made once per step (pipeline/plan.h): most are
+ * small, so one launch per tensor costs more than the copying. Up to
+ * RELAY_LIST tensors go by value as the kernel's argument (kernel
+ * parameters are limited to 4 KiB); each thread finds its element's
+ * tensor by binary search over their first elements. */
+
+#define RELAY_LIST 32
+
+struct relay_list {
+    void *dst[RELAY_LIST];
+    const float *src[RELAY_LIST];
+    int64_t c[RELAY_LIST], hw[RELAY_LIST];
+    int64_t first[RELAY_LIST + 1]; /* tensor t: elements [first[t], first[t + 1]) of the launch */
+    int count;
+};
+
+template <typename D>
+__global__ void relay_many_kernel(const struct relay_list L)
+{
+    const int64_t total = L.first[L.count];
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int lo = 0, hi = L.count - 1; /* the last t with first[t] <= e */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (L.first[mid] <= e) lo = mid;
+            else hi = mid - 1;
+        }
+        const int64_t local = e - L.first[lo], c = L.c[lo], hw = L.hw[lo];
+        const int64_t bp = local / c, ch = local - bp * c, b = bp / hw, p = bp - b * hw;
+        store_f32<D>(L.dst[lo], local, L.src[lo][(b * c + ch) * hw + p], false);
+    }
+}
+
+extern "C" gp_status gp_cuda_to_channels_last_many(cudaStream_t stream, int n, void *const *dst,
+                                                   enum gp_dtype dst_type, const float *const *src,
+                                                   const int64_t *batch, const int64_t *channels,
+                                                   const int64_t *cells, struct gp_error *err)
+{
+    const char *fn = "gp_cuda_to_channels_last_many";
+    GP_TRY(check_relayout_types(fn, dst_type, GP_DTYPE_FLOAT32, err));
+    for (int t0 = 0; t0 < n; t0 += RELAY_LIST) {
+        struct relay_list L;
+        memset(&L, 0, sizeof L);
+        for (int t = t0; t < n && L.count < RELAY_LIST; t++) {
+            if (batch[t] < 0 || channels[t] < 0 || cells[t] < 0)
+                return gp_error_set(err, GP_ERR_INVALID, "%s: negative size", fn);
+            int64_t numel = batch[t] * channels[t] * cells[t];
+            if (numel == 0) continue;
+            L.dst[L.count] = dst[t];
+            L.src[L.count] = src[t];
+            L.c[L.count] = channels[t];
+            L.hw[L.count] = cells[t];
+            L.first[L.count + 1] = L.first[L.count] + numel;
+            L.count++;
+        }
+        if (!L.count) continue;
+        unsigned blocks = gp_cuda_blocks_for(L.first[L.count]);
+        if (dst_type == GP_DTYPE_BFLOAT16) relay_many_kernel<uint16_t><<<blocks, GP_CUDA_THREADS, 0, stream>>>(L);
+        else relay_many_kernel<float><<<blocks, GP_CUDA_THREADS, 0, stream>>>(L);
+        GP_TRY(relayout_launched(fn, err));
+    }
+    return GP_OK;
 }
