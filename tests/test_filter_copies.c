@@ -1,16 +1,19 @@
 /* Channels-last filter copies (pipeline/plan.h, GP_CHANNELS_LAST_FILTERS=1):
  * the executor holds a Conv's filter [M, C/g, kh, kw] also as
- * [M, kh, kw, C/g], made once per step, for kernels that read it so.
+ * [M, kh, kw, C/g], made once per step, and its gradient's copy, which
+ * the Conv's backward accumulates into and the executor adds into the
+ * gradient once per step, for kernels that read them so.
  *
  * The CPU's kernels read no layout, so the test stands in a backend whose
- * Conv says it reads W channels-last (layout_native with bit 1) and reads
- * it back to [M, C/g, kh, kw] itself before the CPU's kernel: training
- * through the copies then gives the bits of training without them, and
- * anything the executor gets wrong shows: a copy stale after an optimizer
- * step or a parameter written between steps, a gradient written into the
- * copy, a copy given to a call that does not read it so. It also counts
- * what the executor does: each copy made once per step, every call of a
- * copied filter given the copy. And the planner's choice: which filters
+ * Conv says it reads W channels-last (layout_native with bit 1) and relays
+ * W and dW itself around the CPU's kernel: training through the copies
+ * then gives the bits of training without them, and anything the executor
+ * gets wrong shows: a copy stale after an optimizer step or a parameter
+ * written between steps, a gradient copy not cleared between steps or not
+ * added, a copy given to a call that does not read it so. It also counts
+ * what the executor does: each copy made and each gradient copy added once
+ * per step, every call of a copied filter given the copies. And the
+ * planner's choice: which filters
  * get copies (3x3 and 7x7 ones read by their Conv alone, not 1x1 ones),
  * none with the setting off, none in bf16 where the kernel does not read
  * bfloat16 itself. */
@@ -38,7 +41,7 @@
 
 static struct gp_compute_ops held_ops;
 static struct gp_device_ops held_dev;
-static int held_forwards, held_backwards, filter_relayouts;
+static int held_forwards, held_backwards, filter_relayouts, gradient_relayouts;
 
 static bool is_conv(const struct gp_node *n) { return !strcmp(n->op_type, "Conv"); }
 
@@ -49,37 +52,57 @@ static bool reads_held(const void *kernel, const struct gp_graph *g, const struc
     return is_conv(node) && in_nhwc == 2u && out_nhwc == 0;
 }
 
-/* W [M, kh, kw, C] back to [M, C, kh, kw] (malloc'd). */
-static float *filter_as_model(const struct gp_layer_call *c)
+/* A filter [M, kh, kw, C] as [M, C, kh, kw] (malloc'd), or back. */
+static float *filter_as_model(const struct gp_layer_call *c, const float *cl)
 {
     const struct gp_shape *s = &gp_node_input(c->graph, c->node, 1)->shape;
     int64_t m = s->dims[0], ch = s->dims[1], cells = s->dims[2] * s->dims[3];
     float *w = malloc(sizeof(float) * (size_t)(m * ch * cells));
     assert_non_null(w);
-    const float *cl = c->in[1];
     for (int64_t o = 0; o < m; o++)
         for (int64_t k = 0; k < ch; k++)
             for (int64_t e = 0; e < cells; e++) w[(o * ch + k) * cells + e] = cl[(o * cells + e) * ch + k];
     return w;
 }
 
+static void filter_back(const struct gp_layer_call *c, const float *w, float *cl)
+{
+    const struct gp_shape *s = &gp_node_input(c->graph, c->node, 1)->shape;
+    int64_t m = s->dims[0], ch = s->dims[1], cells = s->dims[2] * s->dims[3];
+    for (int64_t o = 0; o < m; o++)
+        for (int64_t k = 0; k < ch; k++)
+            for (int64_t e = 0; e < cells; e++) cl[(o * cells + e) * ch + k] = w[(o * ch + k) * cells + e];
+}
+
 static gp_status call_cpu(void *ctx, const struct gp_layer_call *c, bool backward, struct gp_error *err)
 {
     const struct gp_compute_ops *cpu = gp_cpu_device_ops.compute;
     if (!(c->in_nhwc & 2u)) return backward ? cpu->backward(ctx, c, err) : cpu->forward(ctx, c, err);
-    /* The executor's copy, and its bit in in_nhwc, only where the kernel said yes. */
+    /* The executor's copy, and its bit in in_nhwc, only where the kernel
+     * said yes; in backward its gradient's copy too (every filter here is
+     * a trained parameter). */
     assert_int_equal(c->held_nhwc, 2u);
     assert_int_equal(c->in_nhwc, 2u);
-    float *w = filter_as_model(c);
+    assert_int_equal(c->held_grad_nhwc, backward && c->din[1] ? 2u : 0u);
+    float *w = filter_as_model(c, c->in[1]), *dw = NULL;
     void *in[64];
+    float *din[64];
     assert_true(c->node->n_inputs < 64);
     for (int k = 0; k <= c->node->n_inputs; k++) in[k] = c->in[k];
     in[1] = w;
     struct gp_layer_call d = *c;
     d.in = in;
-    d.in_nhwc = d.held_nhwc = 0;
+    d.in_nhwc = d.held_nhwc = d.held_grad_nhwc = 0;
+    if (c->held_grad_nhwc) { /* accumulated into as it lies */
+        dw = filter_as_model(c, c->din[1]);
+        for (int k = 0; k <= c->node->n_inputs; k++) din[k] = c->din[k];
+        din[1] = dw;
+        d.din = din;
+    }
     gp_status st = backward ? cpu->backward(ctx, &d, err) : cpu->forward(ctx, &d, err);
+    if (dw) filter_back(c, dw, c->din[1]);
     free(w);
+    free(dw);
     if (backward) held_backwards++;
     else held_forwards++;
     return st;
@@ -100,6 +123,7 @@ static gp_status counted_relayout(void *ctx, void *dst, enum gp_dtype dst_type, 
                                   struct gp_error *err)
 {
     filter_relayouts += dst_nhwc && !src_nhwc;
+    gradient_relayouts += src_nhwc && !dst_nhwc && accumulate;
     return gp_cpu_device_ops.compute->relayout(ctx, dst, dst_type, dst_nhwc, src, src_type, src_nhwc, shape,
                                                accumulate, err);
 }
@@ -161,7 +185,7 @@ static void run(const struct setup *su, bool copies, struct result *r)
     pipe_bench_open(&bs, &b);
     unsetenv("GP_CHANNELS_LAST_FILTERS");
     memset(r, 0, sizeof *r);
-    held_forwards = held_backwards = filter_relayouts = 0;
+    held_forwards = held_backwards = filter_relayouts = gradient_relayouts = 0;
     for (int s = 0; s < STEPS; s++) {
         if (s == 1) rewrite_first_copied(&b);
         struct gp_error err = {0};
@@ -212,6 +236,9 @@ static void same_bits(const struct setup *su)
     int expect = wide_filters(su->fixture);
     if (filter_relayouts != expect * STEPS)
         fail_msg("%s: %d copies made in %d steps, %d expected", what, filter_relayouts, STEPS, expect * STEPS);
+    if (gradient_relayouts != expect * STEPS)
+        fail_msg("%s: %d gradient copies added in %d steps, %d expected", what, gradient_relayouts, STEPS,
+                 expect * STEPS);
     assert_in_range(held_forwards, expect * STEPS * su->chunks, 2 * expect * STEPS * su->chunks);
     assert_int_equal(held_backwards, expect * STEPS * su->chunks);
     for (int s = 0; s < STEPS; s++)

@@ -98,6 +98,10 @@ struct gp_layer_call {
      * gradient, lies as the value does. Set only where layout_native said
      * yes to the call with bit k in in_nhwc; in_nhwc carries it too. */
     uint32_t held_nhwc;
+    /* Bit k (only where held_nhwc has it): din[k] too is the executor's
+     * channels-last copy, of the value's gradient, which the executor adds
+     * into the gradient once the step's backward is done. */
+    uint32_t held_grad_nhwc;
     void *saved, *scratch;
     bool training, update_state;
     /* Forward only, for a kernel whose `remakes` said yes: write output 0
@@ -248,13 +252,14 @@ struct gp_compute_ops {
     /* out[k] (device memory) = the 2-norm of tensors[k], for clipping. */
     gp_status (*norms)(void *ctx, const float *const *tensors, const int64_t *numels, int count, float *out,
                        struct gp_error *err);
-    /* dst[t] (channels-last, dst_type) = src[t] (float32 [N, C, H, W] of
-     * shapes[t]) for t < n: relayout's, for many tensors in as few
-     * launches as the backend can (a stage's filter copies, once per step,
-     * pipeline/plan.h). NULL: the caller relays them one at a time. */
-    gp_status (*to_channels_last_many)(void *ctx, int n, void *const *dst, enum gp_dtype dst_type,
-                                       const float *const *src, const struct gp_shape *const *shapes,
-                                       struct gp_error *err);
+    /* relayout's dst[t] (dst_type; channels-last when to_nhwc) = src[t]
+     * (float32, laid out the other way; logical shape shapes[t], [N, C,
+     * H, W]), or += with accumulate, for t < n, in as few launches as the
+     * backend can (a stage's filter copies and their gradients, once per
+     * step, pipeline/plan.h). NULL: the caller relays them one at a time. */
+    gp_status (*relayout_many)(void *ctx, int n, void *const *dst, enum gp_dtype dst_type, bool to_nhwc,
+                               const float *const *src, const struct gp_shape *const *shapes, bool accumulate,
+                               struct gp_error *err);
 };
 
 extern const struct gp_compute_ops gp_cpu_compute_ops;

@@ -293,7 +293,7 @@ gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const s
         struct gp_layer_call d = as_it_lies(c);
         return ops->backward(ctx, &d, err);
     }
-    if (c->held_nhwc) return held_not_read(c, err);
+    if (c->held_nhwc || c->held_grad_nhwc) return held_not_read(c, err);
     const struct gp_node *n = c->node;
     if (n->n_inputs > MAX_ARGS || n->n_outputs > MAX_ARGS) return too_wide(n, err);
     uint32_t din_wanted = 0;

@@ -86,6 +86,7 @@ struct stage {
     unsigned char *step_block, *step_grads; /* values made once per step, and their gradients */
     unsigned char *shadows;        /* bf16: bfloat16 copies of the weights matrix products read */
     unsigned char *filters;        /* channels-last float32 copies of convolution filters (plan.h) */
+    unsigned char *filter_grads;   /* and of their gradients */
     unsigned char *staging;        /* bf16: float32 copies for kernels that compute in float32 */
     bool once_valid;               /* the once-per-step layers have run for this step (or evaluation) */
     int backwards_done;            /* micro-batches' backwards of this step so far */

@@ -617,7 +617,7 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     r->grad_bytes = (int64_t)s->plan.param_bytes;
     r->optim_bytes = s->opt ? (int64_t)gp_optim_state_bytes(s->opt) : 0;
     r->static_bytes = (int64_t)(s->plan.static_bytes - s->plan.param_bytes + s->plan.step_bytes +
-                                s->plan.step_grad_bytes + s->plan.shadow_bytes + s->plan.filter_bytes +
+                                s->plan.step_grad_bytes + s->plan.shadow_bytes + s->plan.filter_bytes + s->plan.filter_grad_bytes +
                                 s->optimizer_bytes);
     const struct gp_stage_slots *sl = &s->slots;
     r->frontier_boxes = sl->n_boxes;

@@ -93,17 +93,18 @@ static bool filter_copy_fits(const struct gp_graph *g, const struct gp_compute_o
     return ops->layout_native(kernel, g, n, in, out, false) && ops->layout_native(kernel, g, n, in, out, true);
 }
 
-static gp_status plan_filter_copies(const struct gp_graph *g, const struct gp_compute_ops *ops,
-                                    struct gp_stage_plan *p, struct gp_error *err)
+static gp_status plan_filter_copies(const struct gp_graph *g, const bool *needs_grad,
+                                    const struct gp_compute_ops *ops, struct gp_stage_plan *p, struct gp_error *err)
 {
     int nv = g->n_values, nl = p->last - p->first;
     p->filter_nhwc = calloc((size_t)nv + 1, sizeof(bool));
     p->filter_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
+    p->filter_grad_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
     p->filtered = malloc(sizeof(int) * ((size_t)nv + 1));
     p->call_held = calloc((size_t)nl + 1, sizeof(uint32_t));
-    if (!p->filter_nhwc || !p->filter_off || !p->filtered || !p->call_held)
+    if (!p->filter_nhwc || !p->filter_off || !p->filter_grad_off || !p->filtered || !p->call_held)
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
-    for (int v = 0; v < nv; v++) p->filter_off[v] = SIZE_MAX;
+    for (int v = 0; v < nv; v++) p->filter_off[v] = p->filter_grad_off[v] = SIZE_MAX;
     if (!gp_env_flag("GP_CHANNELS_LAST_FILTERS", false)) return GP_OK;
     for (int i = p->first; i < p->last; i++) {
         const struct gp_node *n = &g->nodes[i];
@@ -112,9 +113,14 @@ static gp_status plan_filter_copies(const struct gp_graph *g, const struct gp_co
         p->filter_nhwc[v] = true;
         p->filtered[p->n_filtered++] = v;
         p->call_held[i - p->first] = 2u;
+        size_t bytes = align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float));
+        if (needs_grad[v] && g->values[v].kind == GP_VALUE_PARAMETER) {
+            p->filter_grad_off[v] = p->filter_grad_bytes;
+            p->filter_grad_bytes += bytes;
+        }
         if (p->shadow_off[v] != SIZE_MAX) continue; /* bf16: the shadow is the copy */
         p->filter_off[v] = p->filter_bytes;
-        p->filter_bytes += align64((size_t)gp_shape_numel(&g->values[v].shape) * sizeof(float));
+        p->filter_bytes += bytes;
     }
     return GP_OK;
 }
@@ -995,7 +1001,7 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
         }
     }
 
-    GP_TRY(plan_filter_copies(g, ops, p, err));
+    GP_TRY(plan_filter_copies(g, needs_grad, ops, p, err));
 
     /* Offsets: static values (parameters first, so their gradients can
      * mirror them), boxes, local sets with each layer's saved state. */
@@ -1101,6 +1107,7 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->call_shadowed);
     free(p->filter_nhwc);
     free(p->filter_off);
+    free(p->filter_grad_off);
     free(p->filtered);
     free(p->call_held);
     memset(p, 0, sizeof *p);

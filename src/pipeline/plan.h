@@ -48,10 +48,16 @@ struct gp_stage_plan {
      * instead of relaid on every call, forward and data gradient alike. In
      * bf16 the value's bfloat16 shadow is that copy (relaid as it is
      * rounded); otherwise a float32 copy at filter_off[v] in the filter
-     * block. The gradient stays as the master lies. */
+     * block. A parameter's gradient has a float32 channels-last copy too
+     * (filter_grad_off in the filter gradient block), which its Conv's
+     * backward accumulates into over the step's micro-batches and the
+     * executor adds into the gradient, relaid, once the step's backward is
+     * done (and clears with the gradients). */
     bool *filter_nhwc;        /* per value: its copy (shadow or filter block) lies channels-last */
     size_t *filter_off;       /* per value: offset in the filter block, or SIZE_MAX */
     size_t filter_bytes;
+    size_t *filter_grad_off;  /* per value: offset in the filter gradient block, or SIZE_MAX */
+    size_t filter_grad_bytes;
     int *filtered, n_filtered; /* the value ids with a channels-last copy */
     uint32_t *call_held;      /* per layer: inputs read through a channels-last copy (bit k) */
     /* bf16: per layer of the stage, its call's storage types (gp_layer_call's

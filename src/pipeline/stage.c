@@ -41,6 +41,7 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"their gradients", s->plan.step_grad_bytes, &s->step_grads};
     b[n++] = (struct block_plan){"bfloat16 weight copies", s->plan.shadow_bytes, &s->shadows};
     b[n++] = (struct block_plan){"channels-last filter copies", s->plan.filter_bytes, &s->filters};
+    b[n++] = (struct block_plan){"their gradients' copies", s->plan.filter_grad_bytes, &s->filter_grads};
     b[n++] = (struct block_plan){"float32 staging", s->plan.staging_bytes, &s->staging};
     if (!s->plan.grads_share_arena)
         b[n++] = (struct block_plan){"activation gradients", s->plan.grad_bytes, &s->grads};
@@ -98,7 +99,7 @@ static gp_status plan_stage(struct gp_pipeline *p, struct stage *s, int k, int f
 
 static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
 {
-    struct block_plan b[24];
+    struct block_plan b[26];
     int n = stage_blocks(p, s, k, b);
     size_t total = blocks_total(b, n);
     /* Stages sharing a device: the earlier ones' memory is already taken,
@@ -362,13 +363,14 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
                 if (optimizer_events[e]) ops->event_destroy(optimizer_events[e]);
             if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
             if (s->grads == s->arena) s->grads = NULL; /* one block (grads_share_arena) */
-            unsigned char *blocks[24] = {s->static_block, s->param_grads,  s->boxes,       s->locals,
+            unsigned char *blocks[25] = {s->static_block, s->param_grads,  s->boxes,       s->locals,
                                          s->grads,        s->inboxes,      s->scratch,     s->targets,
                                          s->loss_sums,    s->norms,        s->optim_state, s->inputs,
                                          s->libs,         s->step_dev,     s->arena,       s->step_block,
                                          s->step_grads,   s->shadows,      s->staging,     s->scalars,
-                                         s->norms_all,    s->norm_order,   s->tied_scratch, s->filters};
-            for (int b = 0; b < 24; b++)
+                                         s->norms_all,    s->norm_order,   s->tied_scratch, s->filters,
+                                         s->filter_grads};
+            for (int b = 0; b < 25; b++)
                 if (blocks[b]) ops->free(s->dev, blocks[b]);
             for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++)
                 if (s->bn_stats[i]) ops->free(s->dev, s->bn_stats[i]);

@@ -50,8 +50,9 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
     const enum gp_dtype *dout_dt = in_dt ? din_dt + n->n_inputs + 1 : NULL;
     uint32_t shadowed = in_dt ? s->plan.call_shadowed[layer - s->plan.first] : 0;
     /* Channels-last filter copies (plan.h): the shadow in bf16, else the
-     * filter block's. */
-    uint32_t held = s->plan.call_held ? s->plan.call_held[layer - s->plan.first] : 0;
+     * filter block's; their gradients' copies where they have one (not
+     * while replicas sum the gradients during the backward: buckets.c). */
+    uint32_t held = s->plan.call_held ? s->plan.call_held[layer - s->plan.first] : 0, held_grad = 0;
     int box = s->slots.box[j];
     for (int k = 0; k < n->n_inputs; k++) {
         int v = n->inputs[k];
@@ -62,6 +63,10 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
                    : copy   ? s->filters + s->plan.filter_off[v]
                             : call_addr(s, v, box, set, with_grads);
         s->din[k] = v >= 0 && with_grads && !nondiff(n, k) ? grad_addr(s, &g->values[v], v, set) : NULL;
+        if (copy && s->din[k] && s->plan.filter_grad_off[v] != SIZE_MAX && !gp_pipe_buckets_on(p)) {
+            s->din[k] = (float *)(s->filter_grads + s->plan.filter_grad_off[v]);
+            held_grad |= 1u << k;
+        }
     }
     for (int k = 0; k < n->n_outputs; k++) {
         int v = n->outputs[k];
@@ -81,6 +86,7 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
         .din_dt = din_dt,
         .dout_dt = dout_dt,
         .held_nhwc = held,
+        .held_grad_nhwc = held_grad,
         .saved = s->locals + (size_t)set * s->plan.local_bytes + s->plan.saved_off[layer - s->plan.first],
         .scratch = s->scratch,
         .training = training,
@@ -113,6 +119,49 @@ static gp_status lap(struct stage *s, double *t0, double *acc, struct gp_error *
     return GP_OK;
 }
 
+/* The stage's filter copies from their masters (to_nhwc), or their
+ * gradients' copies added into the gradients, in as few launches as the
+ * backend can: they are many and mostly small. dt: the copies' storage
+ * (to_nhwc), float32 throughout otherwise. */
+static gp_status relay_filters(struct gp_pipeline *p, struct stage *s, bool to_nhwc, enum gp_dtype dt,
+                               struct gp_error *err)
+{
+    const struct gp_graph *g = p->g;
+    enum { CHUNK = 64 };
+    void *dst[CHUNK];
+    const float *src[CHUNK];
+    const struct gp_shape *shapes[CHUNK];
+    int m = 0;
+    for (int q = 0; q <= s->plan.n_filtered; q++) {
+        if (q < s->plan.n_filtered) {
+            int v = s->plan.filtered[q];
+            if (to_nhwc) {
+                if ((s->plan.filter_off[v] == SIZE_MAX) != (dt == GP_DTYPE_BFLOAT16))
+                    return gp_error_set(err, GP_ERR_INVALID, "filter copy of '%s': not of the stage's precision",
+                                        g->values[v].name);
+                dst[m] = s->plan.filter_off[v] == SIZE_MAX ? s->shadows + s->plan.shadow_off[v]
+                                                            : s->filters + s->plan.filter_off[v];
+                src[m] = (const float *)(s->static_block + s->plan.off[v]);
+            } else {
+                if (s->plan.filter_grad_off[v] == SIZE_MAX) continue;
+                dst[m] = s->param_grads + s->plan.off[v];
+                src[m] = (const float *)(s->filter_grads + s->plan.filter_grad_off[v]);
+            }
+            shapes[m++] = &g->values[v].shape;
+        }
+        if (m < CHUNK && q < s->plan.n_filtered) continue;
+        if (s->cops->relayout_many) {
+            GP_TRY(s->cops->relayout_many(s->cctx, m, dst, dt, to_nhwc, src, shapes, !to_nhwc, err));
+        } else {
+            for (int t = 0; t < m; t++)
+                GP_TRY(s->cops->relayout(s->cctx, dst[t], dt, to_nhwc, src[t], GP_DTYPE_FLOAT32, !to_nhwc, shapes[t],
+                                         !to_nhwc, err));
+        }
+        m = 0;
+    }
+    return GP_OK;
+}
+
 /* The weights' copies from their float32 masters, once per step (before
  * its first forward, after the last optimizer step): bf16's bfloat16
  * shadows, and the channels-last filter copies (plan.h), a shadow that is
@@ -128,34 +177,9 @@ static gp_status refresh_copies(struct gp_pipeline *p, struct stage *s, struct g
                                 gp_shape_numel(&g->values[v].shape), false, err));
     }
     /* The filter copies (all bfloat16 shadows in bf16, all float32
-     * otherwise), in as few launches as the backend can: they are many
-     * and mostly small. */
-    enum { CHUNK = 64 };
-    void *dst[CHUNK];
-    const float *src[CHUNK];
-    const struct gp_shape *shapes[CHUNK];
+     * otherwise). */
     enum gp_dtype dt = p->cfg.compute.precision == GP_PRECISION_BF16 ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
-    for (int q0 = 0; q0 < s->plan.n_filtered; q0 += CHUNK) {
-        int m = s->plan.n_filtered - q0 < CHUNK ? s->plan.n_filtered - q0 : CHUNK;
-        for (int q = 0; q < m; q++) {
-            int v = s->plan.filtered[q0 + q];
-            dst[q] = s->plan.filter_off[v] == SIZE_MAX ? s->shadows + s->plan.shadow_off[v]
-                                                        : s->filters + s->plan.filter_off[v];
-            src[q] = (const float *)(s->static_block + s->plan.off[v]);
-            shapes[q] = &g->values[v].shape;
-            if ((s->plan.filter_off[v] == SIZE_MAX) != (dt == GP_DTYPE_BFLOAT16))
-                return gp_error_set(err, GP_ERR_INVALID, "filter copy of '%s': not of the stage's precision",
-                                    g->values[v].name);
-        }
-        if (s->cops->to_channels_last_many) {
-            GP_TRY(s->cops->to_channels_last_many(s->cctx, m, dst, dt, src, shapes, err));
-            continue;
-        }
-        for (int q = 0; q < m; q++)
-            GP_TRY(s->cops->relayout(s->cctx, dst[q], dt, true, src[q], GP_DTYPE_FLOAT32, false, shapes[q], false,
-                                     err));
-    }
-    return GP_OK;
+    return relay_filters(p, s, true, dt, err);
 }
 
 /* The first stage's data input, when its box stores another type than the
@@ -350,6 +374,9 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         if (s->live > s->peak) s->peak = s->live;
         GP_TRY(run_backward(p, s, j, err));
         if (++s->backwards_done == p->M) {
+            /* The filter gradients' copies into the gradients (plan.h). */
+            if (s->plan.filter_grad_bytes && !gp_pipe_buckets_on(p))
+                GP_TRY(relay_filters(p, s, false, GP_DTYPE_FLOAT32, err));
             GP_TRY(run_once_backward(p, s, err));
             gp_pipe_buckets_progress(p, s->plan.last - s->plan.first + 1);
         }
@@ -371,6 +398,8 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         }
         if (s->opt) GP_TRY(s->cops->optim_step(s->cctx, s->opt, scalars, err));
         if (s->plan.step_grad_bytes) GP_TRY(s->cops->zero(s->cctx, s->step_grads, s->plan.step_grad_bytes, err));
+        if (s->plan.filter_grad_bytes)
+            GP_TRY(s->cops->zero(s->cctx, s->filter_grads, s->plan.filter_grad_bytes, err));
         return s->cops->zero(s->cctx, s->param_grads, s->plan.param_bytes, err);
     }
     case TASK_NORMS:

@@ -145,6 +145,7 @@ static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_la
     k.din = c->din;
     k.din_overwrite = c->din_overwrite;
     k.in_nhwc = c->in_nhwc;
+    k.held_grad_nhwc = c->held_grad_nhwc;
     k.out_nhwc = c->out_nhwc;
     k.dout = c->dout;
     k.in_dt = c->in_dt;
@@ -266,10 +267,11 @@ static gp_status norms(void *ctx, const float *const *tensors, const int64_t *nu
     return gp_cuda_norms(((const struct stage_ctx *)ctx)->stream, tensors, numels, count, out, err);
 }
 
-/* The stage's filter copies in launches of up to 32 (convert.cu). */
-static gp_status to_channels_last_many(void *ctx, int n, void *const *dst, enum gp_dtype dst_type,
-                                       const float *const *src, const struct gp_shape *const *shapes,
-                                       struct gp_error *err)
+/* The stage's filter copies and their gradients in launches of up to 32
+ * (convert.cu). */
+static gp_status relayout_many(void *ctx, int n, void *const *dst, enum gp_dtype dst_type, bool to_nhwc,
+                               const float *const *src, const struct gp_shape *const *shapes, bool accumulate,
+                               struct gp_error *err)
 {
     enum { CHUNK = 64 };
     int64_t batch[CHUNK], channels[CHUNK], cells[CHUNK];
@@ -278,12 +280,12 @@ static gp_status to_channels_last_many(void *ctx, int n, void *const *dst, enum 
         for (int t = 0; t < m; t++) {
             const struct gp_shape *s = shapes[t0 + t];
             if (s->rank != 4)
-                return gp_error_set(err, GP_ERR_INVALID, "to_channels_last_many: a tensor of rank %d is not [N, C, H, W]",
+                return gp_error_set(err, GP_ERR_INVALID, "relayout_many: a tensor of rank %d is not [N, C, H, W]",
                                     s->rank);
             batch[t] = s->dims[0], channels[t] = s->dims[1], cells[t] = s->dims[2] * s->dims[3];
         }
-        GP_TRY(gp_cuda_to_channels_last_many(((const struct stage_ctx *)ctx)->stream, m, dst + t0, dst_type, src + t0,
-                                             batch, channels, cells, err));
+        GP_TRY(gp_cuda_relayout_many(((const struct stage_ctx *)ctx)->stream, m, dst + t0, dst_type, to_nhwc, src + t0,
+                                     batch, channels, cells, accumulate, err));
     }
     return GP_OK;
 }
@@ -314,5 +316,5 @@ extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     optim_guard,
     synchronize,
     norms,
-    to_channels_last_many,
+    relayout_many,
 };

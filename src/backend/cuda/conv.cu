@@ -845,8 +845,9 @@ struct conv_run {
     /* Channels-last (g.nhwc): whether X and Y lie so, and the buffers of
      * what does not (nhwc_bytes): X or dX, Y or dY, the filter and its
      * gradient (NULL when not needed); w_cl: W itself lies [M, k..., C/g]
-     * (the executor's copy, gp_layer_call.held_nhwc: no filter buffer). */
-    bool x_cl, y_cl, w_cl;
+     * (the executor's copy, gp_layer_call.held_nhwc: no filter buffer), and
+     * dw_cl: dW too (held_grad_nhwc: written where it lies). */
+    bool x_cl, y_cl, w_cl, dw_cl;
     void *xt, *yt, *wt, *dwt;
     /* 3xTF32 (x3_applies): each part's TF32 problem of each direction
      * (x3_geom), their descriptors, and the split operands' region
@@ -893,6 +894,7 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
     r->x_cl = gp_cuda_nhwc(c->in_nhwc, 0);
     r->y_cl = gp_cuda_nhwc(c->out_nhwc, 0);
     r->w_cl = gp_cuda_nhwc(c->in_nhwc, 1);
+    r->dw_cl = r->w_cl && gp_cuda_nhwc(c->held_grad_nhwc, 1);
     r->mode = ctx_mode(c);
     GP_TRY(conv_geom_init(c->graph, c->node, transpose, r->x_cl || r->y_cl, r->mode.bf16, &r->g, err));
     if ((r->x_cl || r->y_cl) && !r->g.relayable)
@@ -924,8 +926,8 @@ static gp_status run_begin(const struct gp_cuda_ctx *c, bool transpose, bool bac
         size_t fb = align_up(es * (size_t)filter_numel(&r->g));
         if (image_relaid(&r->g, r->x_cl)) r->xt = next, next += xb;
         if (r->y_cl != r->g.nhwc) r->yt = next, next += yb;
-        /* A channels-last W (w_cl) is read as it lies; dW still goes
-         * through its buffer. */
+        /* A channels-last W (w_cl) is read as it lies; dW goes through
+         * its buffer unless it lies so too (dw_cl). */
         if (filter_relaid(&r->g)) r->wt = r->w_cl ? NULL : next, r->dwt = next + fb, next += 2 * fb;
     }
     /* This call's directions (call_dirs): the planner gave the larger of
@@ -1264,8 +1266,10 @@ static gp_status run_filter(const struct gp_cuda_ctx *c, struct conv_run *r, con
  * (conv_padded: X [N, H, W, 8] and W [M, k..., 8], or 4 channels, with
  * zero channels past the tensors', dX and dW without them). The executor
  * may hold W channels-last itself, made once per step (in_nhwc bit 1:
- * pipeline/plan.h's filter copies): then W is read as it lies and only
- * dW goes through its buffer. The bias runs along the last axis. */
+ * pipeline/plan.h's filter copies): then W is read as it lies, and dW
+ * goes through its buffer, or, where the executor holds a channels-last
+ * copy of the gradient too (held_grad_nhwc), is added into it as it lies.
+ * The bias runs along the last axis. */
 
 static enum gp_dtype conv_dt(const struct conv_run *r) { return r->mode.bf16 ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32; }
 
@@ -1408,7 +1412,7 @@ static gp_status conv_nhwc_backward_run(struct gp_cuda_ctx *c, struct conv_run *
     if (dw) {
         const void *x;
         GP_TRY(run_image(c, r, &x, err)); /* after dX: the same buffer */
-        if (!r->dwt) {
+        if (!r->dwt || r->dw_cl) {
             GP_TRY(run_filter(c, r, x, dy, err));
         } else { /* [M, k..., C/g] in its buffer, then added to dW's [M, C/g, k...] */
             GP_TRY(run_filter_call(c, r, x, dy, r->dwt, 0.0f, err));

@@ -334,12 +334,12 @@ extern "C" gp_status gp_cuda_relayout(cudaStream_t stream, void *dst, enum gp_dt
     return relayout_launched("gp_cuda_relayout", err);
 }
 
-/* ---- many tensors to channels-last in one launch ----
- * A stage's filter copies, made once per step (pipeline/plan.h): most are
- * small, so one launch per tensor costs more than the copying. Up to
- * RELAY_LIST tensors go by value as the kernel's argument (kernel
- * parameters are limited to 4 KiB); each thread finds its element's
- * tensor by binary search over their first elements. */
+/* ---- many float32 tensors between layouts in one launch ----
+ * A stage's filter copies and their gradients, once per step
+ * (pipeline/plan.h): most are small, so one launch per tensor costs more
+ * than the copying. Up to RELAY_LIST tensors go by value as the kernel's
+ * argument (kernel parameters are limited to 4 KiB); each thread finds its
+ * element's tensor by binary search over their first elements. */
 
 #define RELAY_LIST 32
 
@@ -351,8 +351,10 @@ struct relay_list {
     int count;
 };
 
+/* Element e of dst ([b, p, ch] when to_nhwc, else [b, ch, p]) from src,
+ * which lies the other way. */
 template <typename D>
-__global__ void relay_many_kernel(const struct relay_list L)
+__global__ void relay_many_kernel(const struct relay_list L, bool to_nhwc, bool acc)
 {
     const int64_t total = L.first[L.count];
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -363,22 +365,31 @@ __global__ void relay_many_kernel(const struct relay_list L)
             else hi = mid - 1;
         }
         const int64_t local = e - L.first[lo], c = L.c[lo], hw = L.hw[lo];
-        const int64_t bp = local / c, ch = local - bp * c, b = bp / hw, p = bp - b * hw;
-        store_f32<D>(L.dst[lo], local, L.src[lo][(b * c + ch) * hw + p], false);
+        int64_t b, ch, p;
+        if (to_nhwc) {
+            const int64_t bp = local / c;
+            ch = local - bp * c, b = bp / hw, p = bp - b * hw;
+        } else {
+            const int64_t bc = local / hw;
+            p = local - bc * hw, b = bc / c, ch = bc - b * c;
+        }
+        const int64_t from = to_nhwc ? (b * c + ch) * hw + p : (b * hw + p) * c + ch;
+        store_f32<D>(L.dst[lo], local, L.src[lo][from], acc);
     }
 }
 
-extern "C" gp_status gp_cuda_to_channels_last_many(cudaStream_t stream, int n, void *const *dst,
-                                                   enum gp_dtype dst_type, const float *const *src,
-                                                   const int64_t *batch, const int64_t *channels,
-                                                   const int64_t *cells, struct gp_error *err)
+extern "C" gp_status gp_cuda_relayout_many(cudaStream_t stream, int n, void *const *dst, enum gp_dtype dst_type,
+                                           bool to_nhwc, const float *const *src, const int64_t *batch,
+                                           const int64_t *channels, const int64_t *cells, bool accumulate,
+                                           struct gp_error *err)
 {
-    const char *fn = "gp_cuda_to_channels_last_many";
+    const char *fn = "gp_cuda_relayout_many";
     GP_TRY(check_relayout_types(fn, dst_type, GP_DTYPE_FLOAT32, err));
-    for (int t0 = 0; t0 < n; t0 += RELAY_LIST) {
+    int t = 0;
+    while (t < n) {
         struct relay_list L;
         memset(&L, 0, sizeof L);
-        for (int t = t0; t < n && L.count < RELAY_LIST; t++) {
+        for (; t < n && L.count < RELAY_LIST; t++) {
             if (batch[t] < 0 || channels[t] < 0 || cells[t] < 0)
                 return gp_error_set(err, GP_ERR_INVALID, "%s: negative size", fn);
             int64_t numel = batch[t] * channels[t] * cells[t];
@@ -392,8 +403,10 @@ extern "C" gp_status gp_cuda_to_channels_last_many(cudaStream_t stream, int n, v
         }
         if (!L.count) continue;
         unsigned blocks = gp_cuda_blocks_for(L.first[L.count]);
-        if (dst_type == GP_DTYPE_BFLOAT16) relay_many_kernel<uint16_t><<<blocks, GP_CUDA_THREADS, 0, stream>>>(L);
-        else relay_many_kernel<float><<<blocks, GP_CUDA_THREADS, 0, stream>>>(L);
+        if (dst_type == GP_DTYPE_BFLOAT16)
+            relay_many_kernel<uint16_t><<<blocks, GP_CUDA_THREADS, 0, stream>>>(L, to_nhwc, accumulate);
+        else
+            relay_many_kernel<float><<<blocks, GP_CUDA_THREADS, 0, stream>>>(L, to_nhwc, accumulate);
         GP_TRY(relayout_launched(fn, err));
     }
     return GP_OK;

@@ -29,12 +29,13 @@ gp_status gp_cuda_relayout(cudaStream_t stream, void *dst, enum gp_dtype dst_typ
                            enum gp_dtype src_type, bool src_nhwc, int64_t n, int64_t c, int64_t hw,
                            bool accumulate, struct gp_error *err);
 
-/* dst[t] (channels-last [batch, cells, channels], dst_type) = src[t]
- * (float32 [batch, channels, cells]) for t < n, up to 32 tensors a launch
- * (a stage's filter copies, made once per step). */
-gp_status gp_cuda_to_channels_last_many(cudaStream_t stream, int n, void *const *dst, enum gp_dtype dst_type,
-                                        const float *const *src, const int64_t *batch, const int64_t *channels,
-                                        const int64_t *cells, struct gp_error *err);
+/* dst[t] (dst_type: [batch, cells, channels] when to_nhwc, else [batch,
+ * channels, cells]) = src[t] (float32, laid out the other way), or +=
+ * with accumulate, for t < n: up to 32 tensors a launch (a stage's filter
+ * copies and their gradients, once per step). */
+gp_status gp_cuda_relayout_many(cudaStream_t stream, int n, void *const *dst, enum gp_dtype dst_type, bool to_nhwc,
+                                const float *const *src, const int64_t *batch, const int64_t *channels,
+                                const int64_t *cells, bool accumulate, struct gp_error *err);
 
 /* Between channel counts too: dst [n, dst_c, hw] (laid out [n, hw, dst_c]
  * when dst_nhwc) from src [n, src_c, hw] (likewise), channel for channel;

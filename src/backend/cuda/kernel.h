@@ -35,8 +35,13 @@ struct gp_cuda_ctx {
     /* Bit k: input k (in_nhwc) or output k (out_nhwc), and its gradient,
      * lies channels-last, [N, H, W, C] for the graph's [N, C, H, W]. Only
      * for a kernel whose `layout_native` said yes to the call; zero for
-     * every other. */
+     * every other. A Conv's W (bit 1 of in_nhwc) is the executor's copy
+     * (gp_layer_call.held_nhwc), its gradient channels-last only where
+     * held_grad_nhwc says. */
     uint32_t in_nhwc, out_nhwc;
+    /* Bit k: din[k] is the executor's channels-last copy of input k's
+     * gradient (gp_layer_call.held_grad_nhwc; input k channels-last too). */
+    uint32_t held_grad_nhwc;
     float *const *dout;    /* incoming gradients, or NULL (zero) */
     /* Storage types of in/out/din/dout (backend/compute.h, gp_layer_call):
      * GP_DTYPE_FLOAT32 or GP_DTYPE_BFLOAT16 for float tensors. Non-NULL and
