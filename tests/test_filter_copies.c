@@ -13,10 +13,9 @@
  * added, a copy given to a call that does not read it so. It also counts
  * what the executor does: each copy made and each gradient copy added once
  * per step, every call of a copied filter given the copies. And the
- * planner's choice: which filters
- * get copies (3x3 and 7x7 ones read by their Conv alone, not 1x1 ones),
- * none with the setting off, none in bf16 where the kernel does not read
- * bfloat16 itself. */
+ * planner's choice: which filters get copies (3x3 and 7x7 ones read by
+ * their Conv alone, not 1x1 ones), none with the setting off, none in bf16
+ * where the kernel does not read bfloat16 itself. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
