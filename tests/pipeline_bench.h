@@ -24,6 +24,7 @@ struct pipe_bench_setup {
     int device[8];         /* each stage's device index */
     bool adamw;            /* AdamW (defaults, lr 2e-3); else SGD, momentum 0.9, weight decay 1e-3 */
     bool deferred_bn, graph;
+    enum gp_precision precision; /* default (0): fp32 */
 };
 
 struct pipe_bench {

@@ -106,6 +106,7 @@ static gp_status plan_filter_copies(const struct gp_graph *g, const bool *needs_
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     for (int v = 0; v < nv; v++) p->filter_off[v] = p->filter_grad_off[v] = SIZE_MAX;
     if (!gp_env_flag("GP_CHANNELS_LAST_FILTERS", false)) return GP_OK;
+    p->batch_shadows = p->n_shadowed > 0;
     for (int i = p->first; i < p->last; i++) {
         const struct gp_node *n = &g->nodes[i];
         if (!filter_copy_fits(g, ops, p, n)) continue;

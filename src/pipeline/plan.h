@@ -59,6 +59,10 @@ struct gp_stage_plan {
     size_t *filter_grad_off;  /* per value: offset in the filter gradient block, or SIZE_MAX */
     size_t filter_grad_bytes;
     int *filtered, n_filtered; /* the value ids with a channels-last copy */
+    /* With the setting on: every bfloat16 shadow made in the filter
+     * copies' launches (a flat tensor relaid is itself), not one launch
+     * each. */
+    bool batch_shadows;
     uint32_t *call_held;      /* per layer: inputs read through a channels-last copy (bit k) */
     /* bf16: per layer of the stage, its call's storage types (gp_layer_call's
      * in_dt, out_dt, din_dt and dout_dt, in that order, n_inputs + 1,

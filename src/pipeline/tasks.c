@@ -119,10 +119,12 @@ static gp_status lap(struct stage *s, double *t0, double *acc, struct gp_error *
     return GP_OK;
 }
 
-/* The stage's filter copies from their masters (to_nhwc), or their
- * gradients' copies added into the gradients, in as few launches as the
- * backend can: they are many and mostly small. dt: the copies' storage
- * (to_nhwc), float32 throughout otherwise. */
+/* The stage's filter copies from their masters (to_nhwc; with
+ * plan.batch_shadows every other bfloat16 shadow too, as a flat tensor,
+ * which relaying leaves as it is), or their gradients' copies added into
+ * the gradients, in as few launches as the backend can: they are many and
+ * mostly small. dt: the copies' storage (to_nhwc), float32 throughout
+ * otherwise. */
 static gp_status relay_filters(struct gp_pipeline *p, struct stage *s, bool to_nhwc, enum gp_dtype dt,
                                struct gp_error *err)
 {
@@ -131,8 +133,10 @@ static gp_status relay_filters(struct gp_pipeline *p, struct stage *s, bool to_n
     void *dst[CHUNK];
     const float *src[CHUNK];
     const struct gp_shape *shapes[CHUNK];
-    int m = 0;
-    for (int q = 0; q <= s->plan.n_filtered; q++) {
+    struct gp_shape flat[CHUNK];
+    int n_shadows = to_nhwc && s->plan.batch_shadows ? s->plan.n_shadowed : 0;
+    int items = s->plan.n_filtered + n_shadows, m = 0;
+    for (int q = 0; q <= items; q++) {
         if (q < s->plan.n_filtered) {
             int v = s->plan.filtered[q];
             if (to_nhwc) {
@@ -148,8 +152,16 @@ static gp_status relay_filters(struct gp_pipeline *p, struct stage *s, bool to_n
                 src[m] = (const float *)(s->filter_grads + s->plan.filter_grad_off[v]);
             }
             shapes[m++] = &g->values[v].shape;
+        } else if (q < items) {
+            int v = s->plan.shadowed[q - s->plan.n_filtered];
+            if (s->plan.filter_nhwc[v]) continue; /* above */
+            dst[m] = s->shadows + s->plan.shadow_off[v];
+            src[m] = (const float *)(s->static_block + s->plan.off[v]);
+            flat[m] = (struct gp_shape){.rank = 4, .dims = {1, 1, 1, gp_shape_numel(&g->values[v].shape)}};
+            shapes[m] = &flat[m];
+            m++;
         }
-        if (m < CHUNK && q < s->plan.n_filtered) continue;
+        if (m < CHUNK && q < items) continue;
         if (s->cops->relayout_many) {
             GP_TRY(s->cops->relayout_many(s->cctx, m, dst, dt, to_nhwc, src, shapes, !to_nhwc, err));
         } else {
@@ -169,7 +181,7 @@ static gp_status relay_filters(struct gp_pipeline *p, struct stage *s, bool to_n
 static gp_status refresh_copies(struct gp_pipeline *p, struct stage *s, struct gp_error *err)
 {
     const struct gp_graph *g = p->g;
-    for (int q = 0; q < s->plan.n_shadowed; q++) {
+    for (int q = 0; q < s->plan.n_shadowed && !s->plan.batch_shadows; q++) {
         int v = s->plan.shadowed[q];
         if (s->plan.filter_nhwc[v]) continue; /* a filter copy, below */
         GP_TRY(s->cops->convert(s->cctx, s->shadows + s->plan.shadow_off[v], GP_DTYPE_BFLOAT16,
@@ -177,7 +189,7 @@ static gp_status refresh_copies(struct gp_pipeline *p, struct stage *s, struct g
                                 gp_shape_numel(&g->values[v].shape), false, err));
     }
     /* The filter copies (all bfloat16 shadows in bf16, all float32
-     * otherwise). */
+     * otherwise), and with them the other shadows where batched. */
     enum gp_dtype dt = p->cfg.compute.precision == GP_PRECISION_BF16 ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
     return relay_filters(p, s, true, dt, err);
 }
