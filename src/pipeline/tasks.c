@@ -56,14 +56,14 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
     int box = s->slots.box[j];
     for (int k = 0; k < n->n_inputs; k++) {
         int v = n->inputs[k];
-        bool shadow = k < 32 && ((shadowed >> k) & 1);
-        bool copy = !shadow && k < 32 && ((held >> k) & 1);
+        bool shadow = k < 32 && ((shadowed >> k) & 1), held_k = k < 32 && ((held >> k) & 1);
+        bool copy = !shadow && held_k; /* in bf16 the shadow is the copy */
         s->in[k] = v < 0    ? NULL
                    : shadow ? s->shadows + s->plan.shadow_off[v]
                    : copy   ? s->filters + s->plan.filter_off[v]
                             : call_addr(s, v, box, set, with_grads);
         s->din[k] = v >= 0 && with_grads && !nondiff(n, k) ? grad_addr(s, &g->values[v], v, set) : NULL;
-        if (copy && s->din[k] && s->plan.filter_grad_off[v] != SIZE_MAX && !gp_pipe_buckets_on(p)) {
+        if (held_k && s->din[k] && s->plan.filter_grad_off[v] != SIZE_MAX && !gp_pipe_buckets_on(p)) {
             s->din[k] = (float *)(s->filter_grads + s->plan.filter_grad_off[v]);
             held_grad |= 1u << k;
         }
