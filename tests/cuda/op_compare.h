@@ -81,6 +81,9 @@ struct op_compare {
     uint32_t f32_inputs, f32_outputs;           /* bf16: inputs, outputs (bit k) stored as float32 */
     uint32_t nhwc_inputs, nhwc_outputs;         /* CUDA side: inputs, outputs (bit k; rank 4) and their
                                                    gradients channels-last (above) */
+    uint32_t held_grads;                        /* inputs (bit k, in nhwc_inputs too) given as the
+                                                   executor's channels-last copies with their gradients'
+                                                   (gp_cuda_ctx.held_grad_nhwc: a Conv's W) */
     uint32_t overwrite;                         /* inputs (bit k) whose gradient the CUDA kernel writes
                                                    whole (gp_cuda_ctx.din_overwrite): both sides start
                                                    it at zero, the CUDA buffer poisoned with NaN */

@@ -32,9 +32,12 @@
  * covered that path (by default that way is measured against the others
  * and may or may not win; with the others alone, it never runs).
  *
- * Channels-last: the pools' own [N, H, W, C] kernels (MaxPool over 2
- * axes, GlobalAveragePool) against the same CPU kernels, op_compare
- * transposing the CUDA side's tensors on the host (test_pools_nhwc). */
+ * Channels-last: the convolutions with X, Y or both [N, H, W, C]
+ * (test_conv_nhwc), and with W and dW [M, kh, kw, C] too, as the
+ * executor's filter copies give them (test_conv_filter_copies); the pools'
+ * own [N, H, W, C] kernels (MaxPool over 2 axes, GlobalAveragePool);
+ * against the same CPU kernels, op_compare transposing the CUDA side's
+ * tensors on the host. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -89,6 +92,10 @@ struct conv_case {
  * 1 Y; cases the kernel does not take channels-last are skipped. */
 static uint32_t nhwc_mode;
 static int nhwc_runs;
+/* With nhwc_mode: W and dW channels-last too, as the executor's filter
+ * copies give them (pipeline/plan.h; gp_cuda_ctx.held_grad_nhwc). */
+static bool filter_copies;
+static int filter_runs;
 
 /* Float32 calls that ran in 3xTF32, and whether they may (the default;
  * not with GP_CONV_FP32=fma: cuda/conv.cu x3_wanted). */
@@ -142,14 +149,17 @@ static void run_conv(const struct conv_case *c)
     char label[260];
     if (nhwc_mode) {
         const struct gp_cuda_kernel *k = gp_cuda_kernel_for(&g.nodes[0]);
-        if (!k->layout_native || !k->layout_native(&g, &g.nodes[0], nhwc_mode & 1u, nhwc_mode >> 1, false)) {
+        uint32_t in = (nhwc_mode & 1u) | (filter_copies ? 2u : 0u);
+        if (!k->layout_native || !k->layout_native(&g, &g.nodes[0], in, nhwc_mode >> 1, false)) {
             gp_graph_free(&g);
             return;
         }
         nhwc_runs++;
+        filter_runs += filter_copies;
     }
     static const char *const layouts[] = {"", " [X channels-last]", " [Y channels-last]", " [channels-last]"};
-    snprintf(label, sizeof label, "%s: %s%s%s%s%s%s%s", c->op, c->label, layouts[nhwc_mode & 3u],
+    snprintf(label, sizeof label, "%s: %s%s%s%s%s%s%s%s", c->op, c->label, layouts[nhwc_mode & 3u],
+             filter_copies ? " [W and dW channels-last]" : "",
              tf32_mode ? " (TF32)" : "", bf16_mode.on ? " (bf16" : "",
              bf16_mode.on && bf16_mode.activations ? ", W and B activations" : "",
              bf16_mode.on && bf16_mode.bias_f32 && c->bias ? ", B float32" : "",
@@ -168,8 +178,9 @@ static void run_conv(const struct conv_case *c)
         o.abs_tol = 1.0 / 64;
         o.scale_abs_tol = true;
     }
-    o.nhwc_inputs = nhwc_mode & 1u;
+    o.nhwc_inputs = (nhwc_mode & 1u) | (nhwc_mode && filter_copies ? 2u : 0u);
     o.nhwc_outputs = nhwc_mode >> 1;
+    o.held_grads = nhwc_mode && filter_copies ? 2u : 0u;
     unsigned long long x3_before = gp_cuda_conv_x3_calls();
     op_compare_node(&g, 0, &o);
     if (gp_cuda_conv_x3_calls() != x3_before) {
@@ -345,6 +356,32 @@ static void test_conv_nhwc(void **state)
     nhwc_mode = 0;
     printf("channels-last: %d convolutions against the CPU\n", nhwc_runs);
     assert_true(nhwc_runs >= 40); /* most 2-D cases qualify: about 10 per mode and precision */
+}
+
+/* The executor's filter copies (pipeline/plan.h): W and dW given
+ * channels-last, [M, kh, kw, C], with X, Y or both, in float32, TF32 and
+ * bfloat16, wherever the kernel takes them (2-D, channels not padded in
+ * either precision: the 3x3 cases of 32 and 64 channels). */
+static void test_conv_filter_copies(void **state)
+{
+    (void)state;
+    filter_copies = true;
+    filter_runs = 0;
+    for (int mode = 0; mode < 3; mode++) {
+        tf32_mode = mode == 1;
+        bf16_mode.on = mode == 2;
+        for (nhwc_mode = 1; nhwc_mode <= 3; nhwc_mode++)
+            for (int k = 0; k < N_OF(conv_cases); k++) {
+                bf16_mode.bias_f32 = k % 2 == 1;
+                run_conv(&conv_cases[k]);
+            }
+    }
+    tf32_mode = false;
+    memset(&bf16_mode, 0, sizeof bf16_mode);
+    nhwc_mode = 0;
+    filter_copies = false;
+    printf("channels-last filters: %d convolutions against the CPU\n", filter_runs);
+    assert_true(filter_runs >= 12); /* two cases, three layouts, three precisions: 18 */
 }
 
 /* Every ConvTranspose case in float32; without GP_CONV_FP32=fma those of
@@ -1156,6 +1193,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv),
         cmocka_unit_test(test_conv_nhwc),
+        cmocka_unit_test(test_conv_filter_copies),
         cmocka_unit_test(test_measure_hook),
         cmocka_unit_test(test_conv_transpose),
         cmocka_unit_test(test_conv_tf32),

@@ -37,8 +37,11 @@
  *              for bit against a loop on the host;
  *   layouts    gp_cuda_relayout and gp_cuda_relayout_channels (between
  *              [n, c, hw] and [n, hw, c], channels padded with zeros and
- *              dropped, float32 and bfloat16, written and accumulated):
- *              bit for bit against a loop on the host.
+ *              dropped, float32 and bfloat16, written and accumulated),
+ *              and gp_cuda_relayout_many (a stage's filter copies: many
+ *              tensors of float32 in launches of 32, both ways, into
+ *              float32 or bfloat16, written and accumulated): bit for bit
+ *              against a loop on the host.
  * Sizes are odd and large enough that the grid-stride loops wrap.
  *
  * Without a CUDA device the test prints why and exits 77 (a skip). */
@@ -1296,6 +1299,81 @@ static void test_relayout(void **state)
     run_relayout(true, true, 8, false, false, 3, true, 16, 224 * 224, false); /* a stem batch's image */
 }
 
+/* gp_cuda_relayout_many on `count` float32 tensors [n, c, hw] of sizes
+ * that vary (one empty), into dst of storage db, to channels-last or back,
+ * onto dst's earlier values when acc: against the host, bit for bit. */
+static void run_relayout_many(int count, bool to_nhwc, bool db, bool acc)
+{
+    enum { MAX = 80 };
+    assert_true(count <= MAX);
+    int64_t batch[MAX], channels[MAX], cells[MAX];
+    void *dst[MAX];
+    const float *src[MAX];
+    float *sv[MAX], *dv[MAX];
+    size_t ed = db ? 2 : 4;
+    cudaStream_t st = new_stream();
+    for (int t = 0; t < count; t++) {
+        static const int64_t cs[] = {8, 16, 64, 3, 256}, hws[] = {9, 49, 1, 25, 9};
+        batch[t] = t == 5 ? 0 : 1 + t % 7, channels[t] = cs[t % 5], cells[t] = hws[(t / 5) % 5];
+        int64_t n = batch[t] * channels[t] * cells[t];
+        sv[t] = xmalloc(sizeof(float) * (size_t)(n + 1));
+        dv[t] = xmalloc(sizeof(float) * (size_t)(n + 1));
+        char *dh = xmalloc(ed * (size_t)(n + 1));
+        for (int64_t i = 0; i < n; i++) {
+            sv[t][i] = normalish();
+            float v = normalish();
+            if (db) ((uint16_t *)dh)[i] = gp_float_to_bf16(v), v = gp_bf16_to_float(((uint16_t *)dh)[i]);
+            else ((float *)dh)[i] = v;
+            dv[t][i] = v;
+        }
+        src[t] = dev_copy(sv[t], sizeof(float) * (size_t)(n + 1));
+        dst[t] = dev_copy(dh, ed * (size_t)(n + 1));
+        free(dh);
+    }
+    struct gp_error err = {0};
+    GP(gp_cuda_relayout_many(st, count, dst, db ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32, to_nhwc, src, batch, channels,
+                             cells, acc, &err));
+    assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+    for (int t = 0; t < count; t++) {
+        int64_t n = batch[t] * channels[t] * cells[t], c = channels[t], hw = cells[t];
+        char *got = xmalloc(ed * (size_t)(n + 1));
+        assert_int_equal(cudaMemcpy(got, dst[t], ed * (size_t)(n + 1), cudaMemcpyDeviceToHost), cudaSuccess);
+        for (int64_t b = 0; b < batch[t]; b++)
+            for (int64_t ch = 0; ch < c; ch++)
+                for (int64_t p = 0; p < hw; p++) {
+                    int64_t d = layout_index(to_nhwc, c, hw, b, ch, p);
+                    float v = sv[t][layout_index(!to_nhwc, c, hw, b, ch, p)];
+                    if (acc) v = dv[t][d] + v;
+                    bool same = db ? ((uint16_t *)got)[d] == gp_float_to_bf16(v)
+                                   : !memcmp(&((float *)got)[d], &v, sizeof v);
+                    if (!same)
+                        fail_msg("relayout_many of %d (%s, %s%s): tensor %d [%lld, %lld, %lld] at (%lld, %lld, %lld)",
+                                 count, to_nhwc ? "to channels-last" : "back", db ? "bfloat16" : "float32",
+                                 acc ? ", accumulated" : "", t, (long long)batch[t], (long long)c, (long long)hw,
+                                 (long long)b, (long long)ch, (long long)p);
+                }
+        free(got);
+    }
+    n_cases++;
+    for (int t = 0; t < count; t++) {
+        cudaFree((void *)src[t]);
+        cudaFree(dst[t]);
+        free(sv[t]), free(dv[t]);
+    }
+    cudaStreamDestroy(st);
+}
+
+/* One tensor, a launch's 32, and 80 (three launches), each way. */
+static void test_relayout_many(void **state)
+{
+    (void)state;
+    static const int counts[] = {1, 32, 80};
+    for (int i = 0; i < 3; i++)
+        for (int way = 0; way < 2; way++)
+            for (int db = 0; db < 2; db++)
+                for (int acc = 0; acc < 2; acc++) run_relayout_many(counts[i], way == 0, db, acc);
+}
+
 static void test_norms(void **state)
 {
     (void)state;
@@ -1455,7 +1533,8 @@ int main(void)
         cmocka_unit_test(test_output_loss),   cmocka_unit_test(test_bf16_losses),
         cmocka_unit_test(test_optimizers),    cmocka_unit_test(test_optim_guard),
         cmocka_unit_test(test_accumulate),    cmocka_unit_test(test_norms),
-        cmocka_unit_test(test_relayout),      cmocka_unit_test(test_convert),
+        cmocka_unit_test(test_relayout),      cmocka_unit_test(test_relayout_many),
+        cmocka_unit_test(test_convert),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (failed) {
