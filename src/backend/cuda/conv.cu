@@ -1433,7 +1433,8 @@ static gp_status conv_nhwc_backward_run(struct gp_cuda_ctx *c, struct conv_run *
 /* The executor's question (gp_cuda_kernel.layout_native): a Conv over 2
  * axes with cuDNN's own padding reads channels-last X and Y, either or
  * both; and W channels-last ([M, k..., C/g], the executor's copy:
- * gp_layer_call.held_nhwc, dW staying [M, C/g, k...]) when X or Y is, so
+ * gp_layer_call.held_nhwc; dW [M, C/g, k...] or, held_grad_nhwc, as W
+ * lies) when X or Y is, so
  * that the run is channels-last, and its channels are not padded in
  * either precision (a padded filter has zero channels W lacks). */
 static bool conv_layout_native(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
