@@ -1,8 +1,10 @@
-/* train/prefetch.c: the batches gathered one step ahead on a worker thread
- * are those the trainer would gather itself, in its visiting order (each
- * epoch's shuffle, the rows after the last whole batch dropped), from any
- * first step (a resumed run starts mid-epoch), whether or not the step
- * asked for is the one prefetched, and with labels or without. */
+/* train/prefetch.c: the batches gathered two steps ahead on a worker
+ * thread are those the trainer would gather itself, in its visiting order
+ * (each epoch's shuffle, the rows after the last whole batch dropped),
+ * from any first step (a resumed run starts mid-epoch), whether or not the
+ * step asked for is the one prefetched, and with labels or without; the
+ * next step's inputs, handed out with the step's, are that step's and stay
+ * as they were until the call after (their upload runs meanwhile). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -59,11 +61,16 @@ static void check_steps(bool labels, int64_t first, int64_t last, int64_t skip)
     struct gp_prefetch *f = NULL;
     struct gp_error err = {0};
     assert_int_equal(gp_prefetch_create(NULL, &d, BATCH, PER_EPOCH, true, 7, &f, &err), GP_OK);
+    const void *prev_next = NULL; /* the last call's next inputs */
+    float prev_want[BATCH * F];
     for (int64_t s = first; s <= last; s++) {
         if (s == skip) continue; /* the batch prefetched is not the one asked for next */
-        const void *x = NULL, *y = NULL;
-        int64_t next = s + 1 == skip ? s + 2 : s + 1;
-        gp_prefetch_get(f, s, next <= last ? next : -1, &x, &y);
+        const void *x = NULL, *y = NULL, *xn = NULL;
+        int64_t next = s + 1 == skip ? s + 2 : s + 1, after = next + 1 == skip ? next + 2 : next + 1;
+        gp_prefetch_get(f, s, next <= last ? next : -1, after <= last ? after : -1, &x, &y, &xn);
+        if (prev_next && memcmp(prev_next, prev_want, sizeof prev_want))
+            fail_msg("step %lld: the inputs handed out as the next step's changed before this call returned",
+                     (long long)s);
         float want_x[BATCH * F];
         int64_t want_y[BATCH];
         expected(&d, s, want_x, labels ? want_y : NULL);
@@ -71,6 +78,14 @@ static void check_steps(bool labels, int64_t first, int64_t last, int64_t skip)
             fail_msg("step %lld: inputs differ from the trainer's gather", (long long)s);
         if (labels ? memcmp(y, want_y, sizeof want_y) != 0 : y != NULL)
             fail_msg("step %lld: labels differ", (long long)s);
+        prev_next = xn;
+        if (next > last) {
+            assert_null(xn);
+            continue;
+        }
+        expected(&d, next, prev_want, NULL);
+        if (!xn || memcmp(xn, prev_want, sizeof prev_want))
+            fail_msg("step %lld: the next step's inputs differ from its gather", (long long)s);
     }
     gp_prefetch_free(f);
     gp_dataset_free(&d);

@@ -143,7 +143,8 @@ bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *target
     if (tb && !gp_pipe_pinned(p, targets, tb)) memcpy(p->t_host, targets, tb), ts = p->t_host;
     *p->step_host = p->opts.step;
     struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
-    ops->copy(fs->compute, fs->inputs, xs, xb, &tag);
+    gp_pipe_inputs_load(p, x, xs, xb, &tag);
+    gp_pipe_inputs_ahead(p, xb);
     if (tb) ops->copy(fs->compute, ls->targets, ts, tb, &tag);
     for (int k = 0; k < p->K; k++) ops->copy(fs->compute, p->stages[k].step_dev, p->step_host, sizeof(uint64_t), &tag);
     /* The last stage's guard completes the scalars and hands them on. */

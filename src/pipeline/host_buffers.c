@@ -31,6 +31,11 @@ void *gp_pipeline_host_alloc(struct gp_pipeline *p, size_t bytes)
 void gp_pipeline_host_free(struct gp_pipeline *p, void *ptr)
 {
     if (!p || !ptr) return;
+    /* An upload of the next step's inputs may still read it (inputs_ahead.c). */
+    if (p->ahead_stream) {
+        struct gp_error err = {0};
+        (void)p->stages[0].ops->stream_synchronize(p->ahead_stream, &err);
+    }
     for (int i = 0; i < GP_PIPE_MAX_HOST_BUFS; i++) {
         if (p->host_bufs[i].ptr != ptr) continue;
         if (p->host_bufs[i].pinned)

@@ -175,6 +175,16 @@ struct gp_pipeline {
     struct { void *ptr; size_t bytes; bool pinned; } host_bufs[GP_PIPE_MAX_HOST_BUFS];
     double *loss_host;
     uint64_t *step_host;
+    /* The next step's inputs uploaded during this step (inputs_ahead.c):
+     * the first stage's device buffer and its stream, the events marking
+     * the upload done and the buffer read, and the host batch it holds
+     * (NULL: none). */
+    unsigned char *ahead_dev;
+    size_t ahead_bytes;
+    struct gp_stream *ahead_stream;
+    struct gp_event *ahead_done, *ahead_free;
+    const void *ahead_x;
+    int64_t ahead_taken;           /* steps whose inputs came from ahead_dev */
     uint64_t graph_seed;
     double graph_ratio, graph_denominator;
     char graph_note[2304];
@@ -203,6 +213,15 @@ struct gp_pipeline {
 };
 
 /* Whether [ptr, ptr + bytes) lies in a pinned gp_pipeline_host_alloc buffer. */
+/* inputs_ahead.c: the first stage's inputs of this step into its inputs
+ * block on its compute stream, from the batch uploaded ahead when it is
+ * x's, else from x (xs: where x's bytes are, a pinned staging copy when x
+ * is not pinned); then the next step's (p->opts.next_inputs), when given,
+ * uploaded on their own stream. */
+void gp_pipe_inputs_load(struct gp_pipeline *p, const void *x, const void *xs, size_t bytes,
+                         const struct gp_task_tag *tag);
+void gp_pipe_inputs_ahead(struct gp_pipeline *p, size_t bytes);
+void gp_pipe_inputs_ahead_free(struct gp_pipeline *p);
 bool gp_pipe_pinned(const struct gp_pipeline *p, const void *ptr, size_t bytes);
 void gp_pipe_free_host_bufs(struct gp_pipeline *p);
 

@@ -18,6 +18,7 @@ void gp_pipeline_free(struct gp_pipeline *p)
 {
     if (!p) return;
     gp_pipe_buckets_free(p);
+    gp_pipe_inputs_ahead_free(p); /* its upload may read a host buffer */
     gp_pipe_free_host_bufs(p);
     gp_pipe_free_graphs(p);
     gp_pipe_optimizer_free(p);
@@ -394,7 +395,7 @@ static void step_begin(struct gp_pipeline *p, const struct gp_step_opts *o, doub
 static gp_status step_eager(struct gp_pipeline *p, const void *x, const void *targets, bool optimizer,
                             struct gp_error *err)
 {
-    struct stage *fs = &p->stages[0], *ls = &p->stages[p->K - 1];
+    struct stage *ls = &p->stages[p->K - 1];
     step_counters_reset(p);
     /* The mini-batch's data and targets reach the devices in one copy
      * each, before any work of the step (pageable host memory may make
@@ -402,9 +403,11 @@ static gp_status step_eager(struct gp_pipeline *p, const void *x, const void *ta
     struct gp_task_tag itag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
     /* A replica's share: its M consecutive micro-batches. */
     size_t share = gp_pipe_replicas(p) > 1 ? (size_t)p->cfg.remote->replica * (size_t)p->M : 0;
-    if (stage_local(p, 0))
-        fs->ops->copy(fs->compute, fs->inputs, (const char *)x + share * p->input_bytes,
-                      p->input_bytes * (size_t)p->M, &itag);
+    if (stage_local(p, 0)) {
+        const char *xs = (const char *)x + share * p->input_bytes;
+        gp_pipe_inputs_load(p, xs, xs, p->input_bytes * (size_t)p->M, &itag);
+        gp_pipe_inputs_ahead(p, p->input_bytes * (size_t)p->M);
+    }
     if (p->target_bytes && stage_local(p, p->K - 1)) {
         struct gp_task_tag ttag = tag_of(GP_TASK_COPY, p->K - 1, -1, "load targets");
         ls->ops->copy(ls->compute, ls->targets, (const char *)targets + share * p->target_bytes,
@@ -616,9 +619,11 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     r->param_bytes = (int64_t)s->plan.param_bytes;
     r->grad_bytes = (int64_t)s->plan.param_bytes;
     r->optim_bytes = s->opt ? (int64_t)gp_optim_state_bytes(s->opt) : 0;
-    r->static_bytes = (int64_t)(s->plan.static_bytes - s->plan.param_bytes + s->plan.step_bytes +
-                                s->plan.step_grad_bytes + s->plan.shadow_bytes + s->plan.filter_bytes + s->plan.filter_grad_bytes +
-                                s->optimizer_bytes);
+    /* The first stage's buffer of the next step's inputs (inputs_ahead.c) with its static blocks. */
+    r->static_bytes = (int64_t)(k == 0 ? p->ahead_bytes : 0) +
+                      (int64_t)(s->plan.static_bytes - s->plan.param_bytes + s->plan.step_bytes +
+                                s->plan.step_grad_bytes + s->plan.shadow_bytes + s->plan.filter_bytes +
+                                s->plan.filter_grad_bytes + s->optimizer_bytes);
     const struct gp_stage_slots *sl = &s->slots;
     r->frontier_boxes = sl->n_boxes;
     r->activation_sets = sl->n_sets;

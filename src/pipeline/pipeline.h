@@ -125,10 +125,21 @@ struct gp_pipeline_config {
     const struct gp_pipe_remote *remote;
 };
 
-/* Per-step settings: the dropout key, and whether running statistics move. */
+/* How many steps took their inputs from an upload during the step before
+ * (gp_step_opts.next_inputs). */
+int64_t gp_pipeline_inputs_taken_ahead(const struct gp_pipeline *p);
+
+/* Per-step settings: the dropout key, and whether running statistics move;
+ * and the next step's batch, when the caller has it already. */
 struct gp_step_opts {
     uint64_t seed, step;
     double dropout_ratio;         /* < 0: the model's own */
+    /* The next step's inputs (its x, in memory from gp_pipeline_host_alloc,
+     * unchanged until that step has run; NULL: not known): with
+     * GP_INPUTS_AHEAD=1 they are copied to the first stage's device on a
+     * stream of their own while this step computes (inputs_ahead.c), and
+     * the next step given the same x takes them from there. */
+    const void *next_inputs;
 };
 
 gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pipeline **out,

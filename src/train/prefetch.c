@@ -1,11 +1,15 @@
-/* Two sets of batch buffers: the step running reads one while the worker
- * fills the other with the next step's rows. Only one party touches the
- * epoch order at a time (the worker is joined before anything else
- * gathers), and the data set is only read. */
+/* Three sets of batch buffers: the step running reads one, the next
+ * step's waits in another (its inputs uploaded to the device during this
+ * step: gp_step_opts.next_inputs), and the worker fills the third with
+ * the step after it. Only one party touches the epoch order at a time (the
+ * worker is joined before anything else gathers), and the data set is
+ * only read. */
 #include "train/prefetch.h"
 
 #include <pthread.h>
 #include <stdlib.h>
+
+enum { BUFS = 3 };
 
 struct gp_prefetch {
     struct gp_pipeline *pipe;
@@ -14,8 +18,8 @@ struct gp_prefetch {
     bool shuffle;
     uint64_t seed;
     int64_t *order, order_epoch;  /* the order of epoch order_epoch (-1: none yet) */
-    void *x[2], *labels[2];
-    int64_t holds[2];             /* the step each buffer holds; -1: none */
+    void *x[BUFS], *labels[BUFS];
+    int64_t holds[BUFS];          /* the step each buffer holds; -1: none */
     pthread_t worker;
     bool running;
     int64_t job_step;
@@ -63,38 +67,58 @@ gp_status gp_prefetch_create(struct gp_pipeline *pipe, const struct gp_dataset *
     struct gp_prefetch *f = calloc(1, sizeof *f);
     if (!f) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
     *f = (struct gp_prefetch){.pipe = pipe, .d = d, .batch = batch, .per_epoch = per_epoch > 0 ? per_epoch : 1,
-                              .shuffle = shuffle, .seed = seed, .order_epoch = -1, .holds = {-1, -1}};
+                              .shuffle = shuffle, .seed = seed, .order_epoch = -1, .holds = {-1, -1, -1}};
     f->order = malloc(sizeof(int64_t) * (size_t)(d->n + 1));
     bool ok = f->order != NULL;
     bool has_labels = d->y.dtype != GP_DTYPE_UNDEFINED;
-    for (int b = 0; b < 2 && ok; b++) {
+    for (int b = 0; b < BUFS && ok; b++) {
         f->x[b] = buffer(pipe, gp_dataset_row_bytes(&d->x) * (size_t)batch);
         if (has_labels) f->labels[b] = buffer(pipe, gp_dataset_row_bytes(&d->y) * (size_t)batch);
         ok = f->x[b] && (!has_labels || f->labels[b]);
     }
     if (!ok) {
         gp_prefetch_free(f);
-        return gp_error_set(err, GP_ERR_NOMEM, "out of host memory for two batches of %lld samples",
+        return gp_error_set(err, GP_ERR_NOMEM, "out of host memory for %d batches of %lld samples", BUFS,
                             (long long)batch);
     }
     *out = f;
     return GP_OK;
 }
 
-void gp_prefetch_get(struct gp_prefetch *f, int64_t step, int64_t next, const void **x, const void **labels)
+/* The buffer holding `step`, or -1. */
+static int holding(const struct gp_prefetch *f, int64_t step)
+{
+    for (int b = 0; b < BUFS; b++)
+        if (f->holds[b] == step) return b;
+    return -1;
+}
+
+/* A buffer other than a and b (either may be -1). */
+static int other(int a, int b)
+{
+    for (int c = 0; c < BUFS; c++)
+        if (c != a && c != b) return c;
+    return -1;
+}
+
+void gp_prefetch_get(struct gp_prefetch *f, int64_t step, int64_t next, int64_t after, const void **x,
+                     const void **labels, const void **x_next)
 {
     if (f->running) {
         pthread_join(f->worker, NULL);
         f->running = false;
     }
-    int b = f->holds[0] == step ? 0 : f->holds[1] == step ? 1 : -1;
-    if (b < 0) gather(f, step, b = 0);
+    int b = holding(f, step);
+    int n = next < 0 ? -1 : holding(f, next);
+    if (b < 0) gather(f, step, b = other(n, -1));
+    if (next >= 0 && n < 0) gather(f, next, n = other(b, -1));
     *x = f->x[b];
     *labels = f->labels[b];
-    if (next < 0) return;
-    f->job_step = next;
-    f->job_buf = 1 - b;
-    f->holds[1 - b] = -1;
+    if (x_next) *x_next = n >= 0 ? f->x[n] : NULL;
+    if (after < 0) return;
+    f->job_step = after;
+    f->job_buf = other(b, n);
+    f->holds[f->job_buf] = -1;
     /* Without a thread, the next call gathers it itself. */
     f->running = pthread_create(&f->worker, NULL, work, f) == 0;
 }
@@ -103,7 +127,7 @@ void gp_prefetch_free(struct gp_prefetch *f)
 {
     if (!f) return;
     if (f->running) pthread_join(f->worker, NULL);
-    for (int b = 0; b < 2; b++) {
+    for (int b = 0; b < BUFS; b++) {
         unbuffer(f->pipe, f->x[b]);
         unbuffer(f->pipe, f->labels[b]);
     }

@@ -624,14 +624,15 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         double t0 = now();
         int64_t in_epoch = step % per_epoch;
         epoch = step / per_epoch;
-        const void *bx = NULL, *by = NULL;
-        gp_prefetch_get(batches, step, step + 1 < total ? step + 1 : -1, &bx, &by);
+        const void *bx = NULL, *by = NULL, *bnext = NULL;
+        gp_prefetch_get(batches, step, step + 1 < total ? step + 1 : -1, step + 2 < total ? step + 2 : -1, &bx, &by,
+                        &bnext);
         double denominator = loss_terms(&s, train, by, cfg->batch);
         if (has_labels &&
             (st = check_labels(&s, by, gp_shape_numel(&train->y.shape) / train->n * cfg->batch, err)) != GP_OK)
             break;
         struct gp_step_opts so = {.seed = cfg->seed, .step = (uint64_t)step,
-                                  .dropout_ratio = cfg->dropout_ratio};
+                                  .dropout_ratio = cfg->dropout_ratio, .next_inputs = bnext};
         double lr = lr_at(cfg, step, total);
         /* The step and its optimizer as one piece of work (one CUDA graph
          * launch where graphs are on). */
