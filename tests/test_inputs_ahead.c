@@ -41,8 +41,9 @@ static void run(const char *fixture, int stages, int chunks, enum next_kind next
                                   .chunks = chunks, .ops = &gp_cpu_device_ops};
     for (int k = 0; k < stages; k++) bs.device[k] = k;
     struct pipe_bench b;
+    if (setting) setenv("GP_INPUTS_AHEAD", "1", 1); /* read as the pipeline is made */
     pipe_bench_open(&bs, &b);
-    if (setting) setenv("GP_INPUTS_AHEAD", "1", 1);
+    unsetenv("GP_INPUTS_AHEAD");
     memset(r, 0, sizeof *r);
     for (int s = 0; s < STEPS; s++) {
         struct gp_error err = {0};
@@ -56,7 +57,6 @@ static void run(const char *fixture, int stages, int chunks, enum next_kind next
             fail_msg("%s, step %d: %s", fixture, s + 1, err.msg);
         r->loss[s] = out.loss_sum;
     }
-    unsetenv("GP_INPUTS_AHEAD");
     r->taken = gp_pipeline_inputs_taken_ahead(b.p);
     r->kept = pipe_bench_keep(&b, &r->n);
     pipe_bench_close(&b);

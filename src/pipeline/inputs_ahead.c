@@ -6,8 +6,9 @@
  * memory: 1.4 ms on an H200, bench/RESULTS.md 2026-12-02), and nothing
  * else runs meanwhile. The trainer has the next step's batch gathered
  * while this step runs (train/prefetch.h, two steps ahead), so its copy can
- * run on a stream of its own, beside this step's kernels, into a device
- * buffer of the first stage; the next step then takes it with a device
+ * run on a stream of its own, beside this step's kernels, into a buffer of
+ * the first stage (planned with its blocks when the setting is on at the
+ * pipeline's creation); the next step then takes it with a device
  * copy (77 MB at the memory's speed: about 0.05 ms) into its inputs block,
  * which this step's recomputations may still read while the upload runs,
  * so the upload cannot go there directly.
@@ -21,7 +22,6 @@
  * memory: a copy from pageable memory does not run beside the kernels (a
  * CPU device's streams copy from any memory in their order). */
 #include "pipeline/internal.h"
-#include "util/env.h"
 
 void gp_pipe_inputs_load(struct gp_pipeline *p, const void *x, const void *xs, size_t bytes,
                          const struct gp_task_tag *tag)
@@ -32,7 +32,7 @@ void gp_pipe_inputs_load(struct gp_pipeline *p, const void *x, const void *xs, s
         struct gp_task_tag t = *tag;
         t.name = "load inputs (uploaded ahead)";
         ops->stream_wait(fs->compute, p->ahead_done);
-        ops->copy(fs->compute, fs->inputs, p->ahead_dev, bytes, &t);
+        ops->copy(fs->compute, fs->inputs, fs->inputs_ahead, bytes, &t);
         ops->event_record(p->ahead_free, fs->compute);
         p->ahead_x = NULL;
         p->ahead_taken++;
@@ -42,21 +42,21 @@ void gp_pipe_inputs_load(struct gp_pipeline *p, const void *x, const void *xs, s
     ops->copy(fs->compute, fs->inputs, xs, bytes, tag);
 }
 
-/* The buffer, its stream and events, made at the first upload; false when
- * they could not be (the steps then copy from the host, as without). */
+/* The upload's stream and events, made at its first use (the buffer is
+ * the first stage's, planned with its blocks); false when they could not
+ * be made (the steps then copy from the host, as without). */
 static bool ahead_ready(struct gp_pipeline *p, size_t bytes)
 {
     struct stage *fs = &p->stages[0];
     const struct gp_device_ops *ops = fs->ops;
-    if (p->ahead_dev) return p->ahead_bytes == bytes;
+    if (!p->ahead_bytes || bytes != p->ahead_bytes || !fs->inputs_ahead) return false;
+    if (p->ahead_stream) return true;
     struct gp_error err = {0};
-    p->ahead_dev = ops->alloc(fs->dev, bytes);
-    if (!p->ahead_dev) return false;
-    p->ahead_bytes = bytes;
     if (ops->stream_create(fs->dev, "inputs ahead", &p->ahead_stream, &err) != GP_OK ||
         ops->event_create(fs->dev, &p->ahead_done, &err) != GP_OK ||
         ops->event_create(fs->dev, &p->ahead_free, &err) != GP_OK) {
         gp_pipe_inputs_ahead_free(p);
+        p->ahead_bytes = 0; /* not again */
         return false;
     }
     return true;
@@ -70,10 +70,10 @@ void gp_pipe_inputs_ahead(struct gp_pipeline *p, size_t bytes)
     /* Pinned memory where the backend has it (a CPU device's streams copy
      * from any memory in their order). */
     bool async = !ops->host_alloc || gp_pipe_pinned(p, next, bytes);
-    if (!next || p->cfg.remote || !gp_env_flag("GP_INPUTS_AHEAD", false) || !async || !ahead_ready(p, bytes)) return;
+    if (!next || p->cfg.remote || !async || !ahead_ready(p, bytes)) return;
     struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, -1, "upload the next step's inputs");
     ops->stream_wait(p->ahead_stream, p->ahead_free);
-    ops->copy(p->ahead_stream, p->ahead_dev, next, bytes, &tag);
+    ops->copy(p->ahead_stream, fs->inputs_ahead, next, bytes, &tag);
     ops->event_record(p->ahead_done, p->ahead_stream);
     p->ahead_x = next;
 }
@@ -90,12 +90,9 @@ void gp_pipe_inputs_ahead_free(struct gp_pipeline *p)
     }
     if (p->ahead_done) ops->event_destroy(p->ahead_done);
     if (p->ahead_free) ops->event_destroy(p->ahead_free);
-    if (p->ahead_dev) ops->free(fs->dev, p->ahead_dev);
     p->ahead_stream = NULL;
     p->ahead_done = p->ahead_free = NULL;
-    p->ahead_dev = NULL;
     p->ahead_x = NULL;
-    p->ahead_bytes = 0;
 }
 
 int64_t gp_pipeline_inputs_taken_ahead(const struct gp_pipeline *p) { return p->ahead_taken; }

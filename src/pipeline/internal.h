@@ -87,6 +87,7 @@ struct stage {
     unsigned char *shadows;        /* bf16: bfloat16 copies of the weights matrix products read */
     unsigned char *filters;        /* channels-last float32 copies of convolution filters (plan.h) */
     unsigned char *filter_grads;   /* and of their gradients */
+    unsigned char *inputs_ahead;   /* stage 0: the next step's inputs, uploaded during this step */
     unsigned char *staging;        /* bf16: float32 copies for kernels that compute in float32 */
     bool once_valid;               /* the once-per-step layers have run for this step (or evaluation) */
     int backwards_done;            /* micro-batches' backwards of this step so far */
@@ -176,15 +177,14 @@ struct gp_pipeline {
     double *loss_host;
     uint64_t *step_host;
     /* The next step's inputs uploaded during this step (inputs_ahead.c):
-     * the first stage's device buffer and its stream, the events marking
-     * the upload done and the buffer read, and the host batch it holds
-     * (NULL: none). */
-    unsigned char *ahead_dev;
+     * the bytes of the first stage's buffer for them (stage.inputs_ahead;
+     * 0: the setting is off), its stream, the events marking the upload
+     * done and the buffer read, and the host batch it holds (NULL: none). */
     size_t ahead_bytes;
     struct gp_stream *ahead_stream;
     struct gp_event *ahead_done, *ahead_free;
     const void *ahead_x;
-    int64_t ahead_taken;           /* steps whose inputs came from ahead_dev */
+    int64_t ahead_taken;           /* steps whose inputs came from the upload */
     uint64_t graph_seed;
     double graph_ratio, graph_denominator;
     char graph_note[2304];

@@ -136,9 +136,10 @@ struct gp_step_opts {
     double dropout_ratio;         /* < 0: the model's own */
     /* The next step's inputs (its x, in memory from gp_pipeline_host_alloc,
      * unchanged until that step has run; NULL: not known): with
-     * GP_INPUTS_AHEAD=1 they are copied to the first stage's device on a
-     * stream of their own while this step computes (inputs_ahead.c), and
-     * the next step given the same x takes them from there. */
+     * GP_INPUTS_AHEAD=1 when the pipeline was made, they are copied to the
+     * first stage's device on a stream of their own while this step
+     * computes (inputs_ahead.c), and the next step given the same x takes
+     * them from there. */
     const void *next_inputs;
 };
 

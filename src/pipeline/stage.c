@@ -50,6 +50,7 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"library workspace", s->cops->context_bytes, &s->libs};
     b[n++] = (struct block_plan){"targets", last ? p->target_bytes * (size_t)p->M : 0, &s->targets};
     b[n++] = (struct block_plan){"inputs", k == 0 ? p->input_bytes * (size_t)p->M : 0, &s->inputs};
+    b[n++] = (struct block_plan){"the next step's inputs", k == 0 ? p->ahead_bytes : 0, &s->inputs_ahead};
     b[n++] = (struct block_plan){"step number", sizeof(uint64_t), &s->step_dev};
     b[n++] = (struct block_plan){"optimizer scalars", sizeof(struct gp_optim_scalars), &s->scalars};
     b[n++] = (struct block_plan){"loss sums", last ? sizeof(double) * (size_t)p->M : 0, &s->loss_sums};
@@ -99,7 +100,7 @@ static gp_status plan_stage(struct gp_pipeline *p, struct stage *s, int k, int f
 
 static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
 {
-    struct block_plan b[26];
+    struct block_plan b[28];
     int n = stage_blocks(p, s, k, b);
     size_t total = blocks_total(b, n);
     /* Stages sharing a device: the earlier ones' memory is already taken,
@@ -363,14 +364,14 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
                 if (optimizer_events[e]) ops->event_destroy(optimizer_events[e]);
             if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
             if (s->grads == s->arena) s->grads = NULL; /* one block (grads_share_arena) */
-            unsigned char *blocks[25] = {s->static_block, s->param_grads,  s->boxes,       s->locals,
+            unsigned char *blocks[26] = {s->static_block, s->param_grads,  s->boxes,       s->locals,
                                          s->grads,        s->inboxes,      s->scratch,     s->targets,
                                          s->loss_sums,    s->norms,        s->optim_state, s->inputs,
                                          s->libs,         s->step_dev,     s->arena,       s->step_block,
                                          s->step_grads,   s->shadows,      s->staging,     s->scalars,
                                          s->norms_all,    s->norm_order,   s->tied_scratch, s->filters,
-                                         s->filter_grads};
-            for (int b = 0; b < 25; b++)
+                                         s->filter_grads,   s->inputs_ahead};
+            for (int b = 0; b < 26; b++)
                 if (blocks[b]) ops->free(s->dev, blocks[b]);
             for (int i = 0; s->bn_stats && i < s->plan.last - s->plan.first; i++)
                 if (s->bn_stats[i]) ops->free(s->dev, s->bn_stats[i]);
