@@ -86,14 +86,15 @@ static bool native_layout(const struct gp_compute_ops *ops, const void *kernel, 
     return ops->layout_native && kernel && ops->layout_native(kernel, g, n, l.in, l.out, backward);
 }
 
-/* Whether the call runs as it is; otherwise every tensor of it that is
- * bfloat16 or channels-last goes through a float32 [N, C, H, W] copy. */
+/* Whether the call, with layouts l, runs as it is; otherwise every tensor
+ * of it that is bfloat16 or channels-last goes through a float32
+ * [N, C, H, W] copy. */
 static bool native(const struct gp_compute_ops *ops, const void *kernel, const struct gp_graph *g,
-                   const struct gp_node *n, const enum gp_dtype *in_dt, const enum gp_dtype *out_dt,
-                   const enum gp_dtype *dout_dt, bool backward)
+                   const struct gp_node *n, struct layouts l, const enum gp_dtype *in_dt,
+                   const enum gp_dtype *out_dt, const enum gp_dtype *dout_dt, bool backward)
 {
     return native_bf16(ops, kernel, n, in_dt, out_dt, dout_dt, backward) &&
-           native_layout(ops, kernel, g, n, layouts_of(g, n), backward);
+           native_layout(ops, kernel, g, n, l, backward);
 }
 
 size_t gp_mixed_staging_bytes(const struct gp_compute_ops *ops, const void *kernel, const struct gp_graph *g,
@@ -101,8 +102,8 @@ size_t gp_mixed_staging_bytes(const struct gp_compute_ops *ops, const void *kern
                               const enum gp_dtype *out_dt, const enum gp_dtype *din_dt,
                               const enum gp_dtype *dout_dt, bool backward, uint32_t din_wanted)
 {
-    if (native(ops, kernel, g, node, in_dt, out_dt, dout_dt, backward)) return 0;
     struct layouts l = layouts_of(g, node);
+    if (native(ops, kernel, g, node, l, in_dt, out_dt, dout_dt, backward)) return 0;
     uint32_t reads_in = ~0u, reads_out = ~0u;
     if (backward) backward_reads(node, din_wanted, &reads_in, &reads_out);
     size_t bytes = 0;
@@ -225,8 +226,7 @@ static struct layouts call_layouts(const struct gp_layer_call *c)
 
 static bool direct(const struct gp_compute_ops *ops, const struct gp_layer_call *c, bool backward)
 {
-    return native_bf16(ops, c->kernel, c->node, c->in_dt, c->out_dt, c->dout_dt, backward) &&
-           native_layout(ops, c->kernel, c->graph, c->node, call_layouts(c), backward);
+    return native(ops, c->kernel, c->graph, c->node, call_layouts(c), c->in_dt, c->out_dt, c->dout_dt, backward);
 }
 
 /* The call as it is, with its layouts. */

@@ -9,7 +9,8 @@
  * run on a stream of its own, beside this step's kernels, into a buffer of
  * the first stage (planned with its blocks when the setting is on at the
  * pipeline's creation); the next step then takes it with a device
- * copy (77 MB at the memory's speed: about 0.05 ms) into its inputs block,
+ * copy (77 MB read and written at the memory's speed: about 0.05 ms by
+ * that count, not measured) into its inputs block,
  * which this step's recomputations may still read while the upload runs,
  * so the upload cannot go there directly.
  *
