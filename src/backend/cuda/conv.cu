@@ -1434,9 +1434,9 @@ static gp_status conv_nhwc_backward_run(struct gp_cuda_ctx *c, struct conv_run *
  * axes with cuDNN's own padding reads channels-last X and Y, either or
  * both; and W channels-last ([M, k..., C/g], the executor's copy:
  * gp_layer_call.held_nhwc; dW [M, C/g, k...] or, held_grad_nhwc, as W
- * lies) when X or Y is, so
- * that the run is channels-last, and its channels are not padded in
- * either precision (a padded filter has zero channels W lacks). */
+ * lies) when X or Y is and the run is channels-last with its channels
+ * as they are, in either precision (a padded filter has zero channels W
+ * lacks). */
 static bool conv_layout_native(const struct gp_graph *g, const struct gp_node *node, uint32_t in_nhwc,
                                uint32_t out_nhwc, bool backward)
 {
@@ -1448,8 +1448,11 @@ static bool conv_layout_native(const struct gp_graph *g, const struct gp_node *n
     if (conv_geom_init(g, node, false, true, false, &geom, &err) != GP_OK || !geom.relayable) return false;
     if (!(in_nhwc & 2u)) return true;
     if (!((in_nhwc | out_nhwc) & 1u)) return false;
-    return !conv_padded(&geom) && conv_geom_init(g, node, false, true, true, &b16, &err) == GP_OK &&
-           !conv_padded(&b16);
+    /* Channels-last runs only on whole channel runs per group (conv_geom.nhwc:
+     * not depthwise or odd channel counts, which the layout pass tags
+     * channels-last all the same), in both precisions. */
+    return geom.nhwc && !conv_padded(&geom) && conv_geom_init(g, node, false, true, true, &b16, &err) == GP_OK &&
+           b16.nhwc && !conv_padded(&b16);
 }
 
 /* ---- Conv ---- */
