@@ -50,9 +50,10 @@ struct gp_stage_plan {
      * rounded); otherwise a float32 copy at filter_off[v] in the filter
      * block. A parameter's gradient has a float32 channels-last copy too
      * (filter_grad_off in the filter gradient block), which its Conv's
-     * backward accumulates into over the step's micro-batches and the
-     * executor adds into the gradient, relaid, once the step's backward is
-     * done (and clears with the gradients). */
+     * backward accumulates into over the micro-batches and the executor
+     * writes over the gradient, relaid, once the step's backward is done
+     * (it holds the gradient's whole sum: the filter has no other reader),
+     * and clears with the gradients at the optimizer step. */
     bool *filter_nhwc;        /* per value: its copy (shadow or filter block) lies channels-last */
     size_t *filter_off;       /* per value: offset in the filter block, or SIZE_MAX */
     size_t filter_bytes;

@@ -121,10 +121,13 @@ static gp_status lap(struct stage *s, double *t0, double *acc, struct gp_error *
 
 /* The stage's filter copies from their masters (to_nhwc; with
  * plan.batch_shadows every other bfloat16 shadow too, as a flat tensor,
- * which relaying leaves as it is), or their gradients' copies added into
- * the gradients, in as few launches as the backend can: they are many and
- * mostly small. dt: the copies' storage (to_nhwc), float32 throughout
- * otherwise. */
+ * which relaying leaves as it is), or their gradients' copies written
+ * over the gradients, in as few launches as the backend can: they are
+ * many and mostly small. A copy holds its gradient's whole sum since the
+ * last optimizer step (the filter has no other reader, tied sums come
+ * later), so writing it, not adding it, keeps the gradients of several
+ * steps before one update right and their bits those of the sum in place.
+ * dt: the copies' storage (to_nhwc), float32 throughout otherwise. */
 static gp_status relay_filters(struct gp_pipeline *p, struct stage *s, bool to_nhwc, enum gp_dtype dt,
                                struct gp_error *err)
 {
@@ -163,11 +166,11 @@ static gp_status relay_filters(struct gp_pipeline *p, struct stage *s, bool to_n
         }
         if (m < CHUNK && q < items) continue;
         if (s->cops->relayout_many) {
-            GP_TRY(s->cops->relayout_many(s->cctx, m, dst, dt, to_nhwc, src, shapes, !to_nhwc, err));
+            GP_TRY(s->cops->relayout_many(s->cctx, m, dst, dt, to_nhwc, src, shapes, false, err));
         } else {
             for (int t = 0; t < m; t++)
                 GP_TRY(s->cops->relayout(s->cctx, dst[t], dt, to_nhwc, src[t], GP_DTYPE_FLOAT32, !to_nhwc, shapes[t],
-                                         !to_nhwc, err));
+                                         false, err));
         }
         m = 0;
     }
