@@ -31,13 +31,21 @@ void *gp_pipeline_host_alloc(struct gp_pipeline *p, size_t bytes)
 void gp_pipeline_host_free(struct gp_pipeline *p, void *ptr)
 {
     if (!p || !ptr) return;
-    /* An upload of the next step's inputs may still read it (inputs_ahead.c). */
+    /* An upload of the next step's inputs may still read it (inputs_ahead.c);
+     * one that failed makes no more. */
     if (p->ahead_stream) {
         struct gp_error err = {0};
-        (void)p->stages[0].ops->stream_synchronize(p->ahead_stream, &err);
+        if (p->stages[0].ops->stream_synchronize(p->ahead_stream, &err) != GP_OK) {
+            gp_pipe_inputs_ahead_free(p);
+            p->ahead_bytes = 0;
+        }
     }
     for (int i = 0; i < GP_PIPE_MAX_HOST_BUFS; i++) {
         if (p->host_bufs[i].ptr != ptr) continue;
+        /* The upload from it is not the next step's inputs, whatever a
+         * later buffer at the same address holds. */
+        const char *a = p->ahead_x, *b = ptr;
+        if (a && a >= b && a < b + p->host_bufs[i].bytes) p->ahead_x = NULL;
         if (p->host_bufs[i].pinned)
             p->stages[0].ops->host_free(ptr);
         else

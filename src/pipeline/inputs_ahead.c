@@ -29,6 +29,18 @@ void gp_pipe_inputs_load(struct gp_pipeline *p, const void *x, const void *xs, s
 {
     struct stage *fs = &p->stages[0];
     const struct gp_device_ops *ops = fs->ops;
+    /* The upload's stream reports a failed copy only when synchronized (it
+     * is not among the step's streams): an upload that failed is not
+     * taken, and no more are made; the step copies its own from the host.
+     * The upload was issued a whole step ago, so this wait is for a copy
+     * already done. */
+    if (p->ahead_x && p->ahead_stream) {
+        struct gp_error uerr = {0};
+        if (ops->stream_synchronize(p->ahead_stream, &uerr) != GP_OK) {
+            gp_pipe_inputs_ahead_free(p);
+            p->ahead_bytes = 0; /* not again */
+        }
+    }
     if (p->ahead_x && p->ahead_x == x && bytes == p->ahead_bytes) {
         struct gp_task_tag t = *tag;
         t.name = "load inputs (uploaded ahead)";

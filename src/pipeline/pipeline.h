@@ -135,7 +135,8 @@ struct gp_step_opts {
     uint64_t seed, step;
     double dropout_ratio;         /* < 0: the model's own */
     /* The next step's inputs (its x, in memory from gp_pipeline_host_alloc,
-     * unchanged until that step has run; NULL: not known): with
+     * complete when this step is called and unchanged until the next has
+     * run: not a buffer still being filled; NULL: not known): with
      * GP_INPUTS_AHEAD=1 when the pipeline was made, they are copied to the
      * first stage's device on a stream of their own while this step
      * computes (inputs_ahead.c), and the next step given the same x takes
@@ -163,7 +164,8 @@ gp_status gp_pipeline_step(struct gp_pipeline *p, const void *x, const void *tar
 /* Host memory for the batches and targets handed to gp_pipeline_step:
  * pinned where the first stage's backend has it (CUDA), so that a step
  * copies a batch lying in it to the device directly, at the link's speed,
- * and a caller can fill the next batch while a step runs. Plain memory
+ * and a caller can fill another batch while a step runs (not the one
+ * given as gp_step_opts.next_inputs: that one is being read). Plain memory
  * otherwise (or when no page-locked memory is left). At most GP_PIPE_MAX_HOST_BUFS at a time (8); NULL when out of
  * memory or buffers. Freed by gp_pipeline_host_free or with the pipeline. */
 void *gp_pipeline_host_alloc(struct gp_pipeline *p, size_t bytes);
