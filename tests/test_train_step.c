@@ -214,6 +214,99 @@ static void test_schedule_matters(void **state)
     free(constant.kept.v);
 }
 
+/* ---- two steps' gradients, one update ---- */
+
+/* Every parameter of b, in value order (malloc'd; *count floats). */
+static float *read_params(struct pipe_bench *b, size_t *count)
+{
+    size_t n = 0;
+    for (int v = 0; v < b->g.n_values; v++)
+        if (b->g.values[v].kind == GP_VALUE_PARAMETER) n += (size_t)gp_shape_numel(&b->g.values[v].shape);
+    float *w = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(w);
+    size_t at = 0;
+    for (int v = 0; v < b->g.n_values; v++) {
+        if (b->g.values[v].kind != GP_VALUE_PARAMETER) continue;
+        struct gp_error err = {0};
+        if (gp_pipeline_read(b->p, v, w + at, &err) != GP_OK) fail_msg("%s", err.msg);
+        at += (size_t)gp_shape_numel(&b->g.values[v].shape);
+    }
+    *count = n;
+    return w;
+}
+
+/* From a fresh pipeline: gp_pipeline_step on each batch of `batches`
+ * (-1 ends), then one gp_pipeline_optimize; the parameters after. */
+static float *update_from(const struct setup *su, const int *batches, float **start, size_t *count)
+{
+    struct pipe_bench b;
+    open_cpu(su, &b);
+    if (start) *start = read_params(&b, count);
+    for (const int *s = batches; *s >= 0; s++) {
+        struct gp_error err = {0};
+        const void *x = pipe_bench_x(&b, *s), *y = pipe_bench_y(&b, *s);
+        struct gp_step_opts so = {.seed = 3, .step = 0, .dropout_ratio = 0};
+        double loss = 0;
+        if (gp_pipeline_step(b.p, x, y, &so, pipe_bench_denominator(&b, y), &loss, &err) != GP_OK)
+            fail_msg("%s: %s", su->fixture, err.msg);
+    }
+    struct gp_error err = {0};
+    struct gp_step_outcome out;
+    if (gp_pipeline_optimize(b.p, 0.05, 0, &out, &err) != GP_OK) fail_msg("%s: %s", su->fixture, err.msg);
+    assert_true(out.applied);
+    float *w = read_params(&b, count);
+    pipe_bench_close(&b);
+    return w;
+}
+
+/* gp_pipeline_step leaves the gradients accumulated for
+ * gp_pipeline_optimize: two steps before one update take both batches'
+ * gradients, each once, also those that reach a parameter through a layer
+ * run once per step (the tied GPT's head Transpose, whose gradient sums
+ * its micro-batches before the Transpose's backward adds it in). SGD's
+ * first update is lr (g + decay w), so the update from batches 0 and 1
+ * moves each parameter by the moves of batch 0 alone and of batch 1 alone,
+ * less one decay term, to float rounding. */
+static void accumulated(const struct setup *su)
+{
+    size_t n = 0, na = 0, nb = 0;
+    float *w0 = NULL;
+    float *both = update_from(su, (const int[]){0, 1, -1}, &w0, &n);
+    float *a = update_from(su, (const int[]){0, -1}, NULL, &na), *b = update_from(su, (const int[]){1, -1}, NULL, &nb);
+    assert_true(n == na && n == nb && n > 0);
+    const double lr = 0.05, decay = 1e-3; /* pipe_bench's SGD */
+    double scale = 0, worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)w0[i] - a[i]) + fabs((double)w0[i] - b[i]));
+    for (size_t i = 0; i < n; i++) {
+        double expect = (double)w0[i] - ((double)w0[i] - a[i]) - ((double)w0[i] - b[i]) + lr * decay * w0[i];
+        double off = fabs(both[i] - expect);
+        if (off > worst) worst = off, at = i;
+    }
+    char what[256];
+    describe(su, what, sizeof what);
+    printf("%s: two steps, one update: largest difference %.3g (moves up to %.3g)\n", what, worst, scale);
+    if (!(worst <= 1e-5 * scale + 1e-7))
+        fail_msg("%s: parameter float %zu is %.9g after two steps and one update, %.9g expected (%.9g and %.9g "
+                 "after each batch alone, %.9g before)",
+                 what, at, (double)both[at], (double)w0[at] - ((double)w0[at] - a[at]) - ((double)w0[at] - b[at]) +
+                 lr * decay * w0[at], (double)a[at], (double)b[at], (double)w0[at]);
+    free(w0);
+    free(both);
+    free(a);
+    free(b);
+}
+
+static void test_accumulated_steps(void **state)
+{
+    (void)state;
+    const char *tied = "../tests/data/tied_gpt_op17";
+    accumulated(&(struct setup){.fixture = tied, .batch = 8, .stages = 1, .micro_batches = 2});
+    accumulated(&(struct setup){.fixture = tied, .batch = 8, .stages = 2, .micro_batches = 2,
+                                .balance = (const int[]){17, 16}});
+    accumulated(&(struct setup){.fixture = "mlp_op17", .batch = 16, .stages = 2, .micro_batches = 2});
+}
+
 static bool all_finite(const struct kept *k)
 {
     for (size_t i = 0; i < k->n; i++)
@@ -370,6 +463,7 @@ int main(void)
         cmocka_unit_test(test_cnn),
         cmocka_unit_test(test_tied),
         cmocka_unit_test(test_schedule_matters),
+        cmocka_unit_test(test_accumulated_steps),
         cmocka_unit_test(test_divergence_changes_nothing),
         cmocka_unit_test(test_infinite_norm),
         cmocka_unit_test(test_trainer_stops),

@@ -393,6 +393,11 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
             if (s->plan.filter_grad_bytes && !gp_pipe_buckets_on(p))
                 GP_TRY(relay_filters(p, s, false, GP_DTYPE_FLOAT32, err));
             GP_TRY(run_once_backward(p, s, err));
+            /* The once-per-step layers' output gradients, summed over the
+             * micro-batches, are in the parameters' gradients now: cleared
+             * for the next step's, whether or not an update comes between. */
+            if (s->plan.step_grad_bytes)
+                GP_TRY(s->cops->zero(s->cctx, s->step_grads, s->plan.step_grad_bytes, err));
             gp_pipe_buckets_progress(p, s->plan.last - s->plan.first + 1);
         }
         s->live -= grads + (int64_t)s->plan.local_bytes + (int64_t)s->plan.box_bytes;
@@ -412,7 +417,6 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
                                       s->bn_stats[i - s->plan.first], skip, err));
         }
         if (s->opt) GP_TRY(s->cops->optim_step(s->cctx, s->opt, scalars, err));
-        if (s->plan.step_grad_bytes) GP_TRY(s->cops->zero(s->cctx, s->step_grads, s->plan.step_grad_bytes, err));
         if (s->plan.filter_grad_bytes)
             GP_TRY(s->cops->zero(s->cctx, s->filter_grads, s->plan.filter_grad_bytes, err));
         return s->cops->zero(s->cctx, s->param_grads, s->plan.param_bytes, err);
