@@ -59,6 +59,7 @@ void pipe_bench_open(const struct pipe_bench_setup *su, struct pipe_bench *b)
         .loss = loss,
         .cuda_graph = su->graph,
         .compute = {.precision = su->precision},
+        .remote = su->remote,
     };
     if (gp_pipeline_create(&pc, &b->p, &err) != GP_OK) fail_msg("%s: %s", su->fixture, err.msg);
 }

@@ -25,6 +25,7 @@ struct pipe_bench_setup {
     bool adamw;            /* AdamW (defaults, lr 2e-3); else SGD, momentum 0.9, weight decay 1e-3 */
     bool deferred_bn, graph;
     enum gp_precision precision; /* default (0): fp32 */
+    const struct gp_pipe_remote *remote; /* NULL: every stage here */
 };
 
 struct pipe_bench {

@@ -23,6 +23,8 @@
 
 #include "fixtures.h"
 #include "pipeline/pipeline.h"
+#include "onnx/load.h"
+#include "pipeline_bench.h"
 #include "train/trainer.h"
 
 #define STEPS 3
@@ -406,6 +408,166 @@ static void test_refusals(void **state)
     gp_dataset_free(&ds);
 }
 
+/* ---- stages in device memory: the device links ---- */
+
+/* A CPU device that says its memory is a device's: it has pinned host
+ * memory, as CUDA has, so a stage on it takes the GPU stages' paths across
+ * processes: frontiers through the remote's device links (NCCL's place),
+ * replica sums through device_sum, no buckets. */
+static struct gp_device_ops device_like;
+
+static void *standin_host_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
+static void standin_host_free(void *ptr) { free(ptr); }
+
+/* A device link carries no tag: like NCCL's send and receive on one
+ * communicator, messages are taken in the order they were sent, so the
+ * stages must issue their transfers in the same order on both ends. */
+enum { LINK_TAG = 1 << 20 };
+static int link_sends, link_recvs; /* under box.mu */
+
+static gp_status link_send(void *ctx, int to, const void *buf, size_t bytes, struct gp_error *err)
+{
+    pthread_mutex_lock(&box.mu);
+    link_sends++;
+    pthread_mutex_unlock(&box.mu);
+    return box_send(ctx, to, LINK_TAG, buf, bytes, err);
+}
+
+static gp_status link_recv(void *ctx, int from, void *buf, size_t bytes, struct gp_error *err)
+{
+    pthread_mutex_lock(&box.mu);
+    link_recvs++;
+    pthread_mutex_unlock(&box.mu);
+    return box_recv(ctx, from, LINK_TAG, buf, bytes, err);
+}
+
+struct device_stage {
+    struct pipe_bench b;
+    double loss[STEPS];
+    gp_status st;
+    struct gp_error err;
+};
+
+static double device_lr(int s) { return 0.05 / (1 + s); }
+
+/* Trains one stage's pipeline (made on the main thread); no cmocka calls
+ * here: a failure is kept, and ends the other stages' waits. */
+static void *train_device_stage(void *arg)
+{
+    struct device_stage *d = arg;
+    for (int s = 0; s < STEPS && d->st == GP_OK; s++) {
+        const void *x = pipe_bench_x(&d->b, s), *y = pipe_bench_y(&d->b, s);
+        struct gp_step_opts so = {.seed = 3, .step = (uint64_t)s, .dropout_ratio = -1};
+        struct gp_step_outcome out = {0};
+        d->st = gp_pipeline_train_step(d->b.p, x, y, &so, pipe_bench_denominator(&d->b, y), device_lr(s), 0, &out,
+                                       &d->err);
+        d->loss[s] = out.loss_sum;
+    }
+    if (d->st != GP_OK) {
+        pthread_mutex_lock(&box.mu);
+        box.closed = true;
+        pthread_cond_broadcast(&box.cv);
+        pthread_mutex_unlock(&box.mu);
+    }
+    return NULL;
+}
+
+/* K stages of `fixture` on device-like memory, one thread each, linked by
+ * the device links only, give the losses of one pipeline of K stages on
+ * CPU devices, bit for bit. */
+static void device_links(const char *fixture, int K, const int *balance, int chunks)
+{
+    box_reset(0);
+    struct pipe_bench_setup su = {.fixture = fixture, .batch = 16, .batches = STEPS, .stages = K,
+                                  .chunks = chunks, .balance = balance, .ops = &gp_cpu_device_ops};
+    for (int k = 0; k < K; k++) su.device[k] = k;
+    struct pipe_bench one;
+    pipe_bench_open(&su, &one);
+    double expect[STEPS];
+    for (int s = 0; s < STEPS; s++) {
+        const void *x = pipe_bench_x(&one, s), *y = pipe_bench_y(&one, s);
+        struct gp_step_opts so = {.seed = 3, .step = (uint64_t)s, .dropout_ratio = -1};
+        struct gp_step_outcome out = {0};
+        struct gp_error err = {0};
+        if (gp_pipeline_train_step(one.p, x, y, &so, pipe_bench_denominator(&one, y), device_lr(s), 0, &out, &err) !=
+            GP_OK)
+            fail_msg("%s: %s", fixture, err.msg);
+        expect[s] = out.loss_sum;
+    }
+    pipe_bench_close(&one);
+
+    struct link links[MAX_K];
+    struct gp_pipe_remote remotes[MAX_K];
+    struct device_stage stages[MAX_K];
+    pthread_t threads[MAX_K];
+    memset(stages, 0, sizeof stages);
+    for (int k = 0; k < K; k++) {
+        links[k] = (struct link){.stage = k, .replica = 0, .stages = K};
+        remotes[k] = (struct gp_pipe_remote){.stage = k, .replicas = 1, .ctx = &links[k], .send = box_send,
+                                             .recv = box_recv, .device_send = link_send, .device_recv = link_recv};
+        struct pipe_bench_setup mine = su;
+        mine.ops = &device_like;
+        mine.remote = &remotes[k];
+        pipe_bench_open(&mine, &stages[k].b);
+    }
+    link_sends = link_recvs = 0;
+    for (int k = 0; k < K; k++) assert_int_equal(pthread_create(&threads[k], NULL, train_device_stage, &stages[k]), 0);
+    for (int k = 0; k < K; k++) pthread_join(threads[k], NULL);
+    for (int k = 0; k < K; k++) {
+        if (stages[k].st != GP_OK) fail_msg("%s, stage %d of %d: %s", fixture, k, K, stages[k].err.msg);
+        for (int s = 0; s < STEPS; s++)
+            if (memcmp(&stages[k].loss[s], &expect[s], sizeof(double)))
+                fail_msg("%s, stage %d of %d: step %d loss %.17g through the device links, %.17g in one pipeline",
+                         fixture, k, K, s + 1, stages[k].loss[s], expect[s]);
+        pipe_bench_close(&stages[k].b);
+    }
+    /* Every frontier crossed a link: each micro-batch's activations forward
+     * and gradients back at each of the K - 1 cuts, every step (at least:
+     * a cut may carry several values). */
+    if (link_sends != link_recvs || link_sends < 2 * (K - 1) * chunks * STEPS)
+        fail_msg("%s: %d sends and %d receives over the device links, at least %d expected", fixture, link_sends,
+                 link_recvs, 2 * (K - 1) * chunks * STEPS);
+    printf("%s on %d stages in device-like memory: the losses of one pipeline, bit for bit, through the device "
+           "links (%d transfers)\n", fixture, K, link_sends);
+}
+
+static void test_device_links(void **state)
+{
+    (void)state;
+    device_like = gp_cpu_device_ops;
+    device_like.host_alloc = standin_host_alloc;
+    device_like.host_free = standin_host_free;
+    device_links("mlp_op17", 2, (const int[]){2, 3}, 4);
+    device_links("digits_cnn_op17", 3, (const int[]){3, 3, 4}, 2);
+}
+
+/* A stage in device memory without device links is refused with the
+ * reason, not run through host messages it cannot send from. */
+static void test_device_without_links(void **state)
+{
+    (void)state;
+    device_like = gp_cpu_device_ops;
+    device_like.host_alloc = standin_host_alloc;
+    device_like.host_free = standin_host_free;
+    char model[4096];
+    fixture_path("mlp_op17.onnx", model, sizeof model);
+    struct gp_graph g;
+    struct gp_error err = {0};
+    if (gp_onnx_load(model, 4, &g, &err) != GP_OK) fail_msg("%s", err.msg);
+    struct link l = {.stage = 1, .stages = 2};
+    struct gp_pipe_remote r = {.stage = 1, .replicas = 1, .ctx = &l, .send = box_send, .recv = box_recv};
+    const struct gp_device_ops *ops[2] = {&device_like, &device_like};
+    struct gp_pipeline_config pc = {.graph = &g, .n_stages = 2, .device_ops = ops, .device_index = (const int[]){0, 1},
+                                    .n_micro = 4, .optim = gp_sgd_defaults(0.05), .remote = &r,
+                                    .loss = {.kind = GP_LOSS_MSE}};
+    struct gp_pipeline *p = NULL;
+    assert_int_not_equal(gp_pipeline_create(&pc, &p, &err), GP_OK);
+    assert_null(p);
+    if (!strstr(err.msg, "needs device links")) fail_msg("not said: %s", err.msg);
+    printf("refused: %s\n", err.msg);
+    gp_graph_free(&g);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -428,6 +590,8 @@ int main(void)
         cmocka_unit_test(test_tied),
         cmocka_unit_test(test_failed_send_ends_every_stage),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_device_links),
+        cmocka_unit_test(test_device_without_links),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

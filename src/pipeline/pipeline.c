@@ -137,12 +137,16 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     }
     if ((st = gp_pipe_tied_plan(p, err)) != GP_OK) goto fail;
     if ((st = gp_pipe_optimizer_plan(p, err)) != GP_OK) goto fail;
-    /* Frontier messages are sent and received from the stage's own memory
-     * by its stream's worker: a device whose memory is the host's. */
-    if (r && p->stages[r->stage].ops->host_alloc) {
+    /* Frontier messages go from the stage's own memory: through send and
+     * recv where it is the host's (CPU devices), through the device links
+     * where it is a device's (a backend with pinned host memory: CUDA, over
+     * NCCL), as are the replicas' sums of its gradients. */
+    if (r && p->stages[r->stage].ops->host_alloc &&
+        (!r->device_send || !r->device_recv ||
+         (r->replicas > 1 && (!r->device_sum_f32 || !r->device_sum_f64)))) {
         st = gp_error_set(err, GP_ERR_UNSUPPORTED,
-                          "stage %d: not yet implemented: stages in other processes with a %s device (CPU devices "
-                          "only, for now)",
+                          "stage %d: a stage on a %s device in another process needs device links between the "
+                          "processes (NCCL), and this job has none",
                           r->stage, p->stages[r->stage].ops->name);
         goto fail;
     }
