@@ -442,8 +442,10 @@ static gp_status link_recv(void *ctx, int from, void *buf, size_t bytes, struct 
 }
 
 struct device_stage {
+    int stage;
     struct pipe_bench b;
     double loss[STEPS];
+    char *gathered;       /* gp_pipeline_gather_texts after training */
     gp_status st;
     struct gp_error err;
 };
@@ -463,6 +465,11 @@ static void *train_device_stage(void *arg)
                                        &d->err);
         d->loss[s] = out.loss_sum;
     }
+    /* Each stage's text at stage 0 (the trainer's kernel choices): stage
+     * 1 has none. */
+    char mine[64];
+    snprintf(mine, sizeof mine, "text of stage %d\n", d->stage);
+    if (d->st == GP_OK) d->st = gp_pipeline_gather_texts(d->b.p, d->stage == 1 ? NULL : mine, &d->gathered, &d->err);
     if (d->st != GP_OK) {
         pthread_mutex_lock(&box.mu);
         box.closed = true;
@@ -474,7 +481,7 @@ static void *train_device_stage(void *arg)
 
 /* K stages of `fixture` on device-like memory, one thread each, linked by
  * the device links only, give the losses of one pipeline of K stages on
- * CPU devices, bit for bit. */
+ * CPU devices, bit for bit; then stage 0 gathers the stages' texts. */
 static void device_links(const char *fixture, int K, const int *balance, int chunks)
 {
     box_reset(0);
@@ -508,6 +515,7 @@ static void device_links(const char *fixture, int K, const int *balance, int chu
         struct pipe_bench_setup mine = su;
         mine.ops = &device_like;
         mine.remote = &remotes[k];
+        stages[k].stage = k;
         pipe_bench_open(&mine, &stages[k].b);
     }
     link_sends = link_recvs = 0;
@@ -519,6 +527,16 @@ static void device_links(const char *fixture, int K, const int *balance, int chu
             if (memcmp(&stages[k].loss[s], &expect[s], sizeof(double)))
                 fail_msg("%s, stage %d of %d: step %d loss %.17g through the device links, %.17g in one pipeline",
                          fixture, k, K, s + 1, stages[k].loss[s], expect[s]);
+        if (k == 0) {
+            char want[256] = "text of stage 0\n";
+            for (int q = 2; q < K; q++)
+                snprintf(want + strlen(want), sizeof want - strlen(want), "text of stage %d\n", q);
+            assert_non_null(stages[0].gathered);
+            assert_string_equal(stages[0].gathered, want);
+        } else {
+            assert_null(stages[k].gathered);
+        }
+        free(stages[k].gathered);
         pipe_bench_close(&stages[k].b);
     }
     /* Every frontier crossed a link: each micro-batch's activations forward

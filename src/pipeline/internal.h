@@ -134,6 +134,7 @@ enum {
     GP_PIPE_TAG_NORMS = 6,
     GP_PIPE_TAG_OUTPUTS = 7,
     GP_PIPE_TAG_REPORT = 8,
+    GP_PIPE_TAG_TEXT = 9,
 };
 
 struct gp_pipeline {

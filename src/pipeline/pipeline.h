@@ -288,6 +288,13 @@ void gp_pipeline_report(const struct gp_pipeline *p, int stage, struct gp_stage_
  * optimizer state). */
 gp_status gp_pipeline_reports(struct gp_pipeline *p, struct gp_stage_report *out, bool *known, struct gp_error *err);
 
+/* Stage 0 of each replica gets the texts of its replica's stages, `mine`
+ * (may be NULL: none) first, then stage 1's and on, concatenated
+ * (malloc'd into *out); every other stage's process sends its own and
+ * gets *out NULL. With stages in other processes every stage's process
+ * must call it at the same point; without, *out is a copy of mine. */
+gp_status gp_pipeline_gather_texts(struct gp_pipeline *p, const char *mine, char **out, struct gp_error *err);
+
 /* Writes the timeline of the last step as Chrome trace JSON (with stages
  * in other processes: this process's stage, trace.h's per-rank form). */
 gp_status gp_pipeline_write_trace(struct gp_pipeline *p, const char *path, struct gp_error *err);

@@ -25,6 +25,7 @@
  * sums over a stage's replicas (the losses here, gradients and deferred
  * BatchNorm statistics in pipeline.c). */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pipeline/internal.h"
@@ -37,6 +38,7 @@ enum {
     TAG_NORMS = GP_PIPE_TAG_NORMS,
     TAG_OUTPUTS = GP_PIPE_TAG_OUTPUTS,
     TAG_REPORT = GP_PIPE_TAG_REPORT,
+    TAG_TEXT = GP_PIPE_TAG_TEXT,
 };
 
 static gp_status send_to(struct gp_pipeline *p, int to, int tag, const void *buf, size_t bytes, struct gp_error *err)
@@ -263,4 +265,47 @@ gp_status gp_pipe_remote_reports(struct gp_pipeline *p, struct gp_stage_report *
     }
     if (st != GP_OK) gp_error_prefix(err, "stage %d: gathering the stages' memory: ", me);
     return st;
+}
+
+gp_status gp_pipeline_gather_texts(struct gp_pipeline *p, const char *mine, char **out, struct gp_error *err)
+{
+    *out = NULL;
+    const struct gp_pipe_remote *r = p->cfg.remote;
+    int me = r ? r->stage : 0;
+    size_t len = mine ? strlen(mine) : 0;
+    gp_status st = GP_OK;
+    if (me != 0) {
+        /* Its length, then (if any) its bytes. */
+        uint64_t n = len;
+        st = send_to(p, 0, TAG_TEXT, &n, sizeof n, err);
+        if (st == GP_OK && len) st = send_to(p, 0, TAG_TEXT, mine, len, err);
+        if (st != GP_OK) gp_error_prefix(err, "stage %d: sending its kernel choices: ", me);
+        return st;
+    }
+    size_t total = len, cap = len + 1;
+    char *all = malloc(cap);
+    if (!all) return gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+    if (len) memcpy(all, mine, len);
+    for (int k = 1; r && k < p->K && st == GP_OK; k++) {
+        uint64_t n = 0;
+        st = recv_from(p, k, TAG_TEXT, &n, sizeof n, err);
+        if (st != GP_OK || !n) continue;
+        char *grown = n < SIZE_MAX - total - 1 ? realloc(all, total + (size_t)n + 1) : NULL;
+        if (!grown) {
+            st = gp_error_set(err, GP_ERR_NOMEM, "out of memory for stage %d's kernel choices (%llu bytes)", k,
+                              (unsigned long long)n);
+            break;
+        }
+        all = grown;
+        st = recv_from(p, k, TAG_TEXT, all + total, (size_t)n, err);
+        total += (size_t)n;
+    }
+    if (st != GP_OK) {
+        free(all);
+        gp_error_prefix(err, "stage 0: gathering the stages' kernel choices: ");
+        return st;
+    }
+    all[total] = '\0';
+    *out = all;
+    return GP_OK;
 }

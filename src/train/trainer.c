@@ -499,6 +499,41 @@ static gp_status choices_write(const struct gp_train_config *cfg, struct gp_erro
     return st;
 }
 
+/* Across processes each measured the convolutions of its own stage: the
+ * writing process (stage 0 of replica 0) takes its replica's other
+ * stages' choices too, so that the --algorithms file and the states it
+ * writes hold every stage's, and every process, reading them back, gets
+ * its own (replicas of a stage take replica 0's). Every stage's process
+ * calls this at the same point. */
+static gp_status gather_choices(struct run *s, const struct gp_train_config *cfg, const struct gp_train_callbacks *cb,
+                                struct gp_error *err)
+{
+    if (!cfg->remote) return GP_OK;
+    char *mine = gp_backend_choices_export(), *all = NULL;
+    gp_status st = gp_pipeline_gather_texts(s->pipe, mine, &all, err);
+    free(mine);
+    if (st != GP_OK || !all) return st;
+    /* Each stage's text begins with its backend's identity line (the CUDA
+     * backend's: "cuda cudnn VERSION device NAME", conv_algos.cu); taken in
+     * one by one (stage 0's own again: the same entries). */
+    char note[1024];
+    for (const char *at = all; *at && st == GP_OK;) {
+        const char *next = strstr(at, "\ncuda cudnn ");
+        size_t n = next ? (size_t)(next - at) + 1 : strlen(at);
+        char *one = strndup(at, n);
+        if (!one) {
+            st = gp_error_set(err, GP_ERR_NOMEM, "out of memory");
+            break;
+        }
+        st = gp_backend_choices_import(one, note, sizeof note, err);
+        if (st == GP_OK && note[0]) note_through((void *)cb, note);
+        free(one);
+        at += n;
+    }
+    free(all);
+    return st;
+}
+
 /* Opens the newest whole state of cfg->resume_path and takes back its
  * kernel choices: before the pipeline is made, which measures them (and
  * plans their workspaces) for whatever is not in the table. */
@@ -574,7 +609,8 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
     }
     if (st == GP_OK && cfg->remake_norm != GP_REMAKE_NEVER && cb && cb->on_note) remade_note(&s, cfg, cb);
     if (st == GP_OK && val) st = check_indices(&s, val, "validation", err);
-    if (st == GP_OK && cfg->choices_path) st = choices_write(cfg, err);
+    if (st == GP_OK) st = gather_choices(&s, cfg, cb, err);
+    if (st == GP_OK && cfg->choices_path && writer) st = choices_write(cfg, err);
     if (st != GP_OK) {
         gp_state_close(state);
         run_free(&s);
