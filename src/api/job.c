@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "api/api.h"
+#include "backend/backends.h"
 #include "dist/agree.h"
 #include "dist/comm.h"
 #include "dist/launch.h"
@@ -293,6 +294,13 @@ static gp_status gpu_sum_f64(void *ctx, double *data, size_t n, struct gp_error 
     return gp_nccl_sum_f64(((struct gpo_job *)ctx)->nccl, data, n, err);
 }
 
+/* The GPU streams' waits, watched: their frontier transfers end only with
+ * the neighbours' (gp_nccl_watch). */
+static gp_status gpu_watch(void *user, double waited_s, struct gp_error *err)
+{
+    return gp_nccl_watch(user, waited_s, err);
+}
+
 /* The GPU of this rank: one per process of a host, by local rank; the only
  * one it sees when the launcher gave each process its own (srun
  * --gpus-per-task=1, or CUDA_VISIBLE_DEVICES set per rank). -1 with a
@@ -339,6 +347,7 @@ static const char *not_yet(const struct gp_train_config *c)
 static void leave(gpo_model *m)
 {
     struct gpo_job *d = m->job;
+    if (d->nccl) gp_backend_on_wait(NULL, NULL);
     gp_nccl_free(d->nccl);
     gp_comm_finalize(d->comm);
     free(d);
@@ -454,6 +463,7 @@ static gpo_status join(gpo_model *m, const struct gpo_train_config *cfg, const s
             d->remote.device_recv = gpu_recv;
             d->remote.device_sum_f32 = gpu_sum_f32;
             d->remote.device_sum_f64 = gpu_sum_f64;
+            gp_backend_on_wait(gpu_watch, d->nccl);
         }
     }
     return GPO_OK;

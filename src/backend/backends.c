@@ -52,6 +52,15 @@ void gp_backend_on_measure(gp_measure_fn fn, void *user)
 #endif
 }
 
+void gp_backend_on_wait(gp_wait_fn fn, void *user)
+{
+#ifdef GP_HAVE_CUDA
+    gp_cuda_on_wait(fn, user); /* a CPU device's transfers have deadlines of their own */
+#else
+    (void)fn, (void)user;
+#endif
+}
+
 static void measure_one(void *user, double seconds)
 {
     struct gp_measure_count *m = user;

@@ -27,6 +27,18 @@ gp_status gp_backend_choices_import(const char *text, char *note, size_t note_si
 typedef void (*gp_measure_fn)(void *user, double seconds);
 void gp_backend_on_measure(gp_measure_fn fn, void *user);
 
+/* A watch over the host's waits for a device stream (stream_synchronize):
+ * while the stream has work left, fn is asked every fraction of a
+ * millisecond with the seconds waited so far; an error from it ends the
+ * wait with that error as the stream's (fn having aborted whatever the
+ * stream waits on, so its work ends). Across processes a GPU stream holds
+ * NCCL transfers that a dead or hung peer never completes, which a plain
+ * wait would wait for forever. Process-wide, set before the streams run
+ * and cleared (NULL) after; only the CUDA backend's waits are watched (a
+ * CPU device's transfers have their own deadlines). */
+typedef gp_status (*gp_wait_fn)(void *user, double waited_s, struct gp_error *err);
+void gp_backend_on_wait(gp_wait_fn fn, void *user);
+
 /* The choices measured during some work, reported as they go: between
  * gp_measure_begin and gp_measure_end, report(user, problems, seconds,
  * false) after each (the counts so far), then once at the end with done

@@ -44,8 +44,15 @@ gp_status gp_nccl_sum_f64(struct gp_nccl *n, double *data, size_t count, struct 
     return gp_error_set(err, GP_ERR_UNSUPPORTED, "built without NCCL");
 }
 
+gp_status gp_nccl_watch(struct gp_nccl *n, double waited_s, struct gp_error *err)
+{
+    (void)n, (void)waited_s, (void)err;
+    return GP_OK;
+}
+
 #else
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -69,6 +76,7 @@ struct gp_nccl {
     ncclComm_t replicas_comm; /* this stage over its replicas; NULL with one */
     cudaStream_t sum_stream;
     bool broken;
+    pthread_mutex_t watch_mu; /* gp_nccl_watch: one abort of the links */
 };
 
 static gp_status nccl_fail(struct gp_nccl *n, ncclComm_t comm, ncclResult_t r, const char *what,
@@ -143,6 +151,7 @@ gp_status gp_nccl_init(struct gp_comm *c, int device, int pipeline, int replicas
     n->replica = n->rank / pipeline;
     n->device = device;
     n->timeout_s = timeout_s;
+    pthread_mutex_init(&n->watch_mu, NULL);
     *out = n;
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) return cuda_fail(n, e, "cudaSetDevice", err);
@@ -176,6 +185,7 @@ void gp_nccl_free(struct gp_nccl *n)
             else ncclCommDestroy(*all[i]);
         }
     if (n->sum_stream) cudaStreamDestroy(n->sum_stream);
+    pthread_mutex_destroy(&n->watch_mu);
     free(n);
 }
 
@@ -250,6 +260,47 @@ gp_status gp_nccl_sum_f32(struct gp_nccl *n, float *data, size_t count, struct g
 gp_status gp_nccl_sum_f64(struct gp_nccl *n, double *data, size_t count, struct gp_error *err)
 {
     return sum(n, data, count, ncclFloat64, err);
+}
+
+/* The links aborted (under watch_mu): their operations end, the stuck
+ * ones included; gp_nccl_free then has them no more. */
+static void abort_links(struct gp_nccl *n)
+{
+    n->broken = true;
+    ncclComm_t *links[4] = {&n->act_next, &n->act_prev, &n->grad_prev, &n->grad_next};
+    for (int i = 0; i < 4; i++)
+        if (*links[i]) {
+            ncclCommAbort(*links[i]);
+            *links[i] = NULL;
+        }
+}
+
+gp_status gp_nccl_watch(struct gp_nccl *n, double waited_s, struct gp_error *err)
+{
+    if (!n) return GP_OK;
+    pthread_mutex_lock(&n->watch_mu);
+    gp_status st = GP_OK;
+    ncclComm_t links[4] = {n->act_next, n->act_prev, n->grad_prev, n->grad_next};
+    const char *names[4] = {"activations to the next stage", "activations from the previous stage",
+                            "gradients to the previous stage", "gradients from the next stage"};
+    for (int i = 0; i < 4 && st == GP_OK; i++) {
+        if (!links[i]) continue;
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(links[i], &async);
+        if (async != ncclSuccess && async != ncclInProgress) {
+            char what[96];
+            snprintf(what, sizeof what, "sending or receiving %s", names[i]);
+            st = nccl_fail(n, links[i], async, what, err);
+        }
+    }
+    if (st == GP_OK && waited_s > n->timeout_s)
+        st = gp_error_set(err, GP_ERR_COMM,
+                          "rank %d (stage %d, replica %d): its stage's work, with transfers to and from the "
+                          "neighbouring stages, did not end within %g s (--comm-timeout): a neighbour died or hangs",
+                          n->rank, n->stage, n->replica, n->timeout_s);
+    if (st != GP_OK) abort_links(n);
+    pthread_mutex_unlock(&n->watch_mu);
+    return st;
 }
 
 #endif

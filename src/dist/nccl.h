@@ -21,7 +21,8 @@
  * them (the CUDA backend's gp_cuda_current_stream: a stage's copy stream
  * for sends, its compute stream for receives), so they overlap compute as
  * the in-process copies do. Sums run on a stream of their own and are
- * waited for, within the communicator's timeout: ncclAllReduce with a
+ * waited for, within the communicator's timeout (the frontiers, within
+ * the same timeout, by gp_nccl_watch): ncclAllReduce with a
  * fixed communicator and size gives the same bits run after run, but not
  * the serial sum in replica order that comm.c's sums (the CPU reference)
  * give, since NCCL's ring or tree adds in its own order.
@@ -63,5 +64,12 @@ gp_status gp_nccl_recv(struct gp_nccl *n, int from_stage, void *buf, size_t byte
  * the same bits on each; returns once it is done. */
 gp_status gp_nccl_sum_f32(struct gp_nccl *n, float *data, size_t count, struct gp_error *err);
 gp_status gp_nccl_sum_f64(struct gp_nccl *n, double *data, size_t count, struct gp_error *err);
+
+/* The watch over a wait for this rank's GPU streams (backends.h,
+ * gp_backend_on_wait), whose frontier transfers only the neighbours
+ * complete: an asynchronous error on a link (a peer that died), or a wait
+ * past the timeout (a peer that hangs), aborts the links, which ends their
+ * stuck transfers, and fails with the reason. Thread-safe. */
+gp_status gp_nccl_watch(struct gp_nccl *n, double waited_s, struct gp_error *err);
 
 #endif

@@ -45,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static thread_local cudaStream_t tl_current_stream = NULL;
 
@@ -301,12 +302,68 @@ static void cuda_copy(struct gp_stream *s, void *dst, const void *src, size_t by
     gp_cuda_span_end(s, span);
 }
 
+/* The watch over host waits (backends.h, gp_backend_on_wait): set before
+ * the streams run, read by every wait after. */
+static gp_status (*volatile wait_watch)(void *user, double waited_s, struct gp_error *err);
+static void *volatile wait_user;
+
+extern "C" void gp_cuda_on_wait(gp_status (*fn)(void *user, double waited_s, struct gp_error *err), void *user)
+{
+    wait_user = user;
+    wait_watch = fn;
+}
+
+static double wall_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The stream's work waited for by polling, the watch asked between polls
+ * (spinning for the first millisecond, a step's end usually comes within
+ * it, then napping 0.1 ms); the watch's error becomes the stream's. */
+static void watched_synchronize(struct gp_stream *s,
+                                gp_status (*watch)(void *user, double waited_s, struct gp_error *err), void *user)
+{
+    double start = wall_seconds();
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(s->stream);
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) {
+            stream_check(s, e, "cudaStreamQuery");
+            return;
+        }
+        double waited = wall_seconds() - start;
+        struct gp_error werr;
+        gp_error_clear(&werr);
+        if (watch(user, waited, &werr) != GP_OK) {
+            /* What the stream waited on was aborted: its work ends now, in
+             * errors of its own, which the watch's reason replaces. */
+            if (cudaStreamSynchronize(s->stream) != cudaSuccess) (void)cudaGetLastError();
+            if (werr.status == GP_OK) werr.status = GP_ERR_COMM;
+            fail(s, &werr);
+            return;
+        }
+        if (waited > 1e-3) {
+            struct timespec nap = {0, 100000};
+            nanosleep(&nap, NULL);
+        }
+    }
+}
+
 /* Blocks until the stream's work is done. An asynchronous fault of that work
  * surfaces here and becomes the stream's error unless a task failed first. */
 static gp_status cuda_stream_synchronize(struct gp_stream *s, struct gp_error *err)
 {
-    if (stream_check(s, cudaSetDevice(s->dev->index), "cudaSetDevice"))
-        stream_check(s, cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
+    gp_status (*watch)(void *, double, struct gp_error *) = wait_watch;
+    void *user = wait_user;
+    if (stream_check(s, cudaSetDevice(s->dev->index), "cudaSetDevice")) {
+        if (watch)
+            watched_synchronize(s, watch, user);
+        else
+            stream_check(s, cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
+    }
     pthread_mutex_lock(&s->mu);
     gp_status st = GP_OK;
     if (s->failed) {

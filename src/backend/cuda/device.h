@@ -42,6 +42,8 @@ void gp_cuda_choices_identity(char *out, size_t size);
 
 /* backends.h's gp_backend_on_measure for the convolution algorithms. */
 void gp_cuda_on_measure(void (*fn)(void *user, double seconds), void *user);
+/* backends.h's gp_backend_on_wait: the watch over stream_synchronize. */
+void gp_cuda_on_wait(gp_status (*fn)(void *user, double waited_s, struct gp_error *err), void *user);
 
 /* The CUDA backend's compute ops (backend/compute.h; cuda/compute.cu). */
 extern const struct gp_compute_ops gp_cuda_compute_ops;
