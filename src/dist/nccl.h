@@ -19,7 +19,8 @@
  *
  * Sends and receives are enqueued on the stream of the task that calls
  * them (the CUDA backend's gp_cuda_current_stream: a stage's copy stream
- * for sends, its compute stream for receives), so they overlap compute as
+ * for sends, its receive stream from that neighbour for receives in
+ * training, its compute stream in evaluation), so they overlap compute as
  * the in-process copies do. Sums run on a stream of their own and are
  * waited for, within the communicator's timeout (the frontiers, within
  * the same timeout, by gp_nccl_watch): ncclAllReduce with a

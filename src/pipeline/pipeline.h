@@ -29,10 +29,11 @@ struct gp_pipeline;
  * them through these calls. Each blocks until the message went or came
  * (bytes known to both sides), fails rather than waiting forever, and must
  * let sends and receives of different threads run at once: a stage
- * receives on its compute stream while its copy streams send. Messages of
- * one tag from one stage to another arrive in the order sent. The stage's
- * device must compute on host memory (a CPU device): its stream tasks
- * send and receive the device buffers themselves.
+ * receives on its receive streams while its copy streams send. Messages of
+ * one tag from one stage to another arrive in the order sent. A stage on
+ * a device that computes on host memory (a CPU device) sends and receives
+ * its buffers through these from its stream tasks; one on a device with
+ * memory of its own (a GPU) through the device links below.
  *
  * Data parallelism: `replicas` copies of the whole pipeline (0 or 1: one),
  * this process's stage being in copy `replica`. send and recv reach the
@@ -63,7 +64,7 @@ struct gp_pipe_remote {
     /* Stages on GPUs (NULL for CPU stages): the frontiers, device memory,
      * go through device_send and device_recv, called from inside the
      * frontier task, which enqueue the transfer on that task's stream (a
-     * copy stream for sends, the compute stream for receives) rather than
+     * copy stream for sends, a receive stream for receives) rather than
      * move it at once; the replicas' sums of device memory (gradients,
      * deferred BatchNorm statistics) through device_sum_f32/f64, which
      * return once done. Everything else (losses, reads, norms, tied
