@@ -348,6 +348,7 @@ static void leave(gpo_model *m)
 {
     struct gpo_job *d = m->job;
     if (d->nccl) gp_backend_on_wait(NULL, NULL);
+    gp_backend_peer_access(true);
     gp_nccl_free(d->nccl);
     gp_comm_finalize(d->comm);
     free(d);
@@ -403,6 +404,10 @@ static gpo_status join(gpo_model *m, const struct gpo_train_config *cfg, const s
         return FAIL_ALIKE(m, l->rank, GPO_ERR_ARGUMENT, "%s has %d stages but --pipeline %d",
                           c.balance[0] ? "--balance" : "--devices", c.n_stages, pipeline);
 
+    /* NCCL's setting, before MPI starts threads that may read the
+     * environment (gp_nccl_init sets it too, then finding it set). */
+    for (int k = 0; k < c.n_stages; k++)
+        if (c.stage_cuda[k]) setenv("NCCL_NVLS_ENABLE", "0", 0);
     if (gp_comm_init(l, o->comm_timeout, &d->comm, &err) != GP_OK) {
         /* (finalized, or the job aborted when the communicator broke, by
          * gpo_job_join's leave) */
@@ -438,6 +443,7 @@ static gpo_status join(gpo_model *m, const struct gpo_train_config *cfg, const s
          * between them (collective: a rank that cannot ends the job). */
         if (c.stage_cuda[rank % pipeline]) {
             char msg[512];
+            gp_backend_peer_access(false); /* one GPU here: no contexts on the others' */
             d->gpu = pick_gpu(l, msg, sizeof msg);
             if (d->gpu < 0) {
                 d->failed_alone = true;

@@ -61,6 +61,15 @@ void gp_backend_on_wait(gp_wait_fn fn, void *user)
 #endif
 }
 
+void gp_backend_peer_access(bool on)
+{
+#ifdef GP_HAVE_CUDA
+    gp_cuda_peer_access(on);
+#else
+    (void)on;
+#endif
+}
+
 static void measure_one(void *user, double seconds)
 {
     struct gp_measure_count *m = user;

@@ -39,6 +39,13 @@ void gp_backend_on_measure(gp_measure_fn fn, void *user);
 typedef gp_status (*gp_wait_fn)(void *user, double waited_s, struct gp_error *err);
 void gp_backend_on_wait(gp_wait_fn fn, void *user);
 
+/* Whether devices opened from now on reach their peers directly (CUDA
+ * peer access, for copies between GPUs of one process; on by default).
+ * Off in a process of a job across processes, which uses one GPU:
+ * enabling it would make a context, and take memory, on every other GPU
+ * of the host, which other processes compute on. */
+void gp_backend_peer_access(bool on);
+
 /* The choices measured during some work, reported as they go: between
  * gp_measure_begin and gp_measure_end, report(user, problems, seconds,
  * false) after each (the counts so far), then once at the end with done

@@ -61,6 +61,14 @@ struct gp_event {
 
 static pthread_mutex_t peer_mu = PTHREAD_MUTEX_INITIALIZER;
 static bool peer_enabled[MAX_DEVICES]; /* the device's peer access is set up */
+static bool peers_wanted = true;        /* gp_cuda_peer_access */
+
+extern "C" void gp_cuda_peer_access(bool on)
+{
+    pthread_mutex_lock(&peer_mu);
+    peers_wanted = on;
+    pthread_mutex_unlock(&peer_mu);
+}
 
 /* Enables access from device `index` (current) to every peer that can. */
 static gp_status enable_peers(int index, int n, struct gp_error *err)
@@ -105,10 +113,15 @@ static gp_status cuda_open(int index, struct gp_device **out, struct gp_error *e
     /* Peer access is per direction: this enables index -> j. Copies work
      * without it too (CUDA stages them through the host), only slower, so a
      * pair that cannot is not an error. It lasts as long as the process, so
-     * later opens of the device skip it. */
+     * later opens of the device skip it. Not wanted (gp_cuda_peer_access)
+     * where the process uses one GPU: enabling it makes a context on each
+     * peer, memory taken on GPUs other processes compute on. */
     pthread_mutex_lock(&peer_mu);
-    gp_status st = peer_enabled[index] ? GP_OK : enable_peers(index, n, err);
-    if (st == GP_OK) peer_enabled[index] = true;
+    gp_status st = GP_OK;
+    if (peers_wanted && !peer_enabled[index]) {
+        st = enable_peers(index, n, err);
+        if (st == GP_OK) peer_enabled[index] = true;
+    }
     pthread_mutex_unlock(&peer_mu);
     if (st != GP_OK) return st;
     struct gp_device *dev = (struct gp_device *)calloc(1, sizeof *dev);

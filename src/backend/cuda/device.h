@@ -10,6 +10,7 @@
 #define GP_CUDA_DEVICE_H
 
 #include <cuda_runtime_api.h>
+#include <stdbool.h>
 
 #include "backend/device.h"
 
@@ -42,6 +43,8 @@ void gp_cuda_choices_identity(char *out, size_t size);
 
 /* backends.h's gp_backend_on_measure for the convolution algorithms. */
 void gp_cuda_on_measure(void (*fn)(void *user, double seconds), void *user);
+/* backends.h's gp_backend_peer_access. */
+void gp_cuda_peer_access(bool on);
 /* backends.h's gp_backend_on_wait: the watch over stream_synchronize. */
 void gp_cuda_on_wait(gp_status (*fn)(void *user, double waited_s, struct gp_error *err), void *user);
 
