@@ -294,6 +294,10 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err);
 /* stage.c: stage k of layers [first, last) (its slots already set), and
  * every stage's release. */
 gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last, struct gp_error *err);
+/* Every byte allocated for local stage k: its blocks' sum as allocated
+ * (each aligned, an empty one taking 64 bytes), the figure the fit check
+ * compares with the device's free memory. */
+size_t gp_pipe_stage_allocated(const struct gp_pipeline *p, int k);
 void gp_pipe_free_stages(struct gp_pipeline *p);
 
 /* graph.c: set up at creation (a note when graphs are off); a step run as a

@@ -654,8 +654,13 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     for (int q = 0; q < s->plan.n_frontier_out; q++)
         r->frontier_out_bytes += (int64_t)gp_plan_value_bytes(p->g, &s->plan, s->plan.frontier_out[q]);
     r->workspace_bytes = (int64_t)(align64(s->plan.scratch_bytes) + align64(s->plan.staging_bytes));
-    r->planned_bytes = r->param_bytes * 2 + r->optim_bytes + r->static_bytes + r->activation_bytes +
-                       r->workspace_bytes;
+    /* A local stage's: what was allocated, block by block (the figures
+     * above leave out its inputs and targets, the libraries' workspace and
+     * the small blocks); another process's: the sum of those figures. */
+    r->planned_bytes = stage_local(p, k) && s->dev
+                           ? (int64_t)gp_pipe_stage_allocated(p, k)
+                           : r->param_bytes * 2 + r->optim_bytes + r->static_bytes + r->activation_bytes +
+                                 r->workspace_bytes;
 }
 
 gp_status gp_pipeline_reports(struct gp_pipeline *p, struct gp_stage_report *out, bool *known, struct gp_error *err)

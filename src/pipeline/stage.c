@@ -98,6 +98,14 @@ static size_t blocks_total(const struct block_plan *b, int n)
 static gp_status plan_stage(struct gp_pipeline *p, struct stage *s, int k, int first, int last, bool remake,
                             struct gp_error *err);
 
+size_t gp_pipe_stage_allocated(const struct gp_pipeline *p, int k)
+{
+    struct block_plan b[28];
+    /* stage_blocks only reads (its block pointers are where allocation writes). */
+    int n = stage_blocks((struct gp_pipeline *)p, (struct stage *)&p->stages[k], k, b);
+    return blocks_total(b, n);
+}
+
 static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
 {
     struct block_plan b[28];
