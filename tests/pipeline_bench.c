@@ -52,7 +52,7 @@ void pipe_bench_open(const struct pipe_bench_setup *su, struct pipe_bench *b)
         .device_ops = ops,
         .device_index = su->device,
         .n_micro = su->chunks,
-        .schedule = GP_PIPE_GPIPE,
+        .schedule = su->schedule,
         .checkpoint = GP_CHECKPOINT_EXCEPT_LAST,
         .optim = oc,
         .deferred_batch_norm = su->deferred_bn,

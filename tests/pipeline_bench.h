@@ -26,6 +26,7 @@ struct pipe_bench_setup {
     bool deferred_bn, graph;
     enum gp_precision precision; /* default (0): fp32 */
     const struct gp_pipe_remote *remote; /* NULL: every stage here */
+    enum gp_pipe_schedule_kind schedule; /* default (0): GPipe */
 };
 
 struct pipe_bench {

@@ -67,6 +67,7 @@ struct stage {
      * its parameters' gradient norms (floats), for clipping. */
     unsigned char *targets, *loss_sums, *norms;
     unsigned char *inputs;         /* first stage: the mini-batch's data, as the host gave it */
+    bool inputs_inside;            /* inputs lie in the arena's block (stage.c, inputs_in_block) */
     unsigned char *step_dev;       /* the step number (uint64) the dropout masks are keyed by, for graphs */
     /* The step's optimizer scalars (struct gp_optim_scalars) its optimizer
      * kernels read; the last stage's are the guard's (optimizer.c). */

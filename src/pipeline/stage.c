@@ -19,6 +19,39 @@ struct block_plan {
     unsigned char **at;
 };
 
+/* The first stage's float32 inputs inside its arena-and-gradients block
+ * (GP_INPUTS_IN_BLOCK=0: a block of their own). Where the stage stores its
+ * data input in another type (bf16), the step's first forward converts
+ * every micro-batch's rows into its box (tasks.c), which holds them until
+ * that micro-batch's backward (a recomputation reads the box): the float32
+ * rows are dead before any layer runs, so the forward's arena and the
+ * backward's gradient set may take their place. That needs a box per
+ * micro-batch, none reused in the step, and the stage's first forward to
+ * be micro-batch 0's (GPipe and 1F1B both start so). The next step's rows
+ * arrive after this step's last task, on the same stream. */
+static bool inputs_in_block(const struct gp_pipeline *p, const struct stage *s, int k)
+{
+    if (k != 0 || !s->plan.grads_share_arena || !gp_env_flag("GP_INPUTS_IN_BLOCK", true)) return false;
+    if (p->g->values[p->input].dtype != GP_DTYPE_FLOAT32 || s->plan.dt[p->input] == GP_DTYPE_FLOAT32) return false;
+    const struct gp_stage_slots *sl = &s->slots;
+    if (sl->n_boxes < p->M) return false;
+    for (int j = 0; j < p->M; j++)
+        if (sl->box[j] != j || sl->box_after[j] >= 0) return false;
+    for (int a = 0; a < p->sched.n_actions; a++) {
+        const struct gp_action *act = &p->sched.actions[a];
+        if (act->stage == 0 && act->kind == GP_ACT_FORWARD) return act->microbatch == 0;
+    }
+    return false;
+}
+
+/* The arena-and-gradients block of a stage where they share one, at
+ * least the inputs' where they lie there (s->inputs_inside). */
+static size_t shared_block_bytes(const struct gp_pipeline *p, const struct stage *s)
+{
+    size_t bytes = gp_plan_shared_bytes(&s->plan), in_bytes = p->input_bytes * (size_t)p->M;
+    return s->inputs_inside && in_bytes > bytes ? in_bytes : bytes;
+}
+
 static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct block_plan *b)
 {
     bool last = k == p->K - 1;
@@ -32,9 +65,12 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"input frontiers", s->plan.box_bytes * (size_t)s->slots.n_boxes, &s->boxes};
     b[n++] = (struct block_plan){"activations", s->plan.local_bytes * (size_t)s->slots.n_sets, &s->locals};
     /* The gradient set in the arena's block when they share it (plan.h). */
+    bool inputs_inside = s->inputs_inside; /* decided with the plan (allocate_stage) */
     if (s->plan.grads_share_arena)
-        b[n++] = (struct block_plan){"forward-only activations and activation gradients (one block)",
-                                     gp_plan_shared_bytes(&s->plan), &s->arena};
+        b[n++] = (struct block_plan){inputs_inside ? "forward-only activations, activation gradients and the "
+                                                     "float32 inputs (one block)"
+                                                   : "forward-only activations and activation gradients (one block)",
+                                     shared_block_bytes(p, s), &s->arena};
     else
         b[n++] = (struct block_plan){"forward-only activations", s->plan.arena_bytes, &s->arena};
     b[n++] = (struct block_plan){"values made once per step", s->plan.step_bytes, &s->step_block};
@@ -49,7 +85,8 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"kernel workspace", scratch, &s->scratch};
     b[n++] = (struct block_plan){"library workspace", s->cops->context_bytes, &s->libs};
     b[n++] = (struct block_plan){"targets", last ? p->target_bytes * (size_t)p->M : 0, &s->targets};
-    b[n++] = (struct block_plan){"inputs", k == 0 ? p->input_bytes * (size_t)p->M : 0, &s->inputs};
+    if (!inputs_inside)
+        b[n++] = (struct block_plan){"inputs", k == 0 ? p->input_bytes * (size_t)p->M : 0, &s->inputs};
     b[n++] = (struct block_plan){"the next step's inputs", k == 0 ? p->ahead_bytes : 0, &s->inputs_ahead};
     b[n++] = (struct block_plan){"step number", sizeof(uint64_t), &s->step_dev};
     b[n++] = (struct block_plan){"optimizer scalars", sizeof(struct gp_optim_scalars), &s->scalars};
@@ -109,6 +146,7 @@ size_t gp_pipe_stage_allocated(const struct gp_pipeline *p, int k)
 static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
 {
     struct block_plan b[28];
+    s->inputs_inside = inputs_in_block(p, s, k);
     int n = stage_blocks(p, s, k, b);
     size_t total = blocks_total(b, n);
     /* Stages sharing a device: the earlier ones' memory is already taken,
@@ -121,6 +159,7 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
         int first = s->plan.first, last = s->plan.last;
         gp_plan_free(&s->plan);
         GP_TRY(plan_stage(p, s, k, first, last, true, err));
+        s->inputs_inside = inputs_in_block(p, s, k);
         n = stage_blocks(p, s, k, b);
         total = blocks_total(b, n);
     }
@@ -146,6 +185,8 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
             return no_room(s, b, n, total, s->ops->mem_available ? s->ops->mem_available(s->dev) : 0,
                            b[i].what, err);
     }
+    /* The inputs at the shared block's start (inputs_in_block). */
+    if (s->inputs_inside) s->inputs = s->arena;
     return GP_OK;
 }
 
@@ -372,6 +413,7 @@ void gp_pipe_free_stages(struct gp_pipeline *p)
                 if (optimizer_events[e]) ops->event_destroy(optimizer_events[e]);
             if (s->cops && s->cctx) s->cops->context_destroy(s->cctx);
             if (s->grads == s->arena) s->grads = NULL; /* one block (grads_share_arena) */
+            if (s->inputs_inside) s->inputs = NULL; /* in the arena's block */
             unsigned char *blocks[26] = {s->static_block, s->param_grads,  s->boxes,       s->locals,
                                          s->grads,        s->inboxes,      s->scratch,     s->targets,
                                          s->loss_sums,    s->norms,        s->optim_state, s->inputs,

@@ -198,18 +198,28 @@ static gp_status refresh_copies(struct gp_pipeline *p, struct stage *s, struct g
 }
 
 /* The first stage's data input, when its box stores another type than the
- * host gave (bf16: float32 data into a bfloat16 box). */
-static gp_status load_input(struct gp_pipeline *p, struct stage *s, int j, struct gp_error *err)
+ * host gave (bf16: float32 data into a bfloat16 box): micro-batch j's, or
+ * where the inputs lie in the arena's block (stage.c, inputs_in_block)
+ * every micro-batch's at the step's first forward, before anything else
+ * writes that block. */
+static gp_status load_input(struct gp_pipeline *p, struct stage *s, int j, bool training, struct gp_error *err)
 {
     const struct gp_value *x = &p->g->values[p->input];
-    return s->cops->convert(s->cctx, addr(s, p->input, s->slots.box[j], 0), s->plan.dt[p->input],
-                            s->inputs + (size_t)j * p->input_bytes, GP_DTYPE_FLOAT32, gp_shape_numel(&x->shape),
-                            false, err);
+    int from = j, to = j + 1;
+    if (s->inputs_inside && training) {
+        if (j != 0) return GP_OK; /* converted with micro-batch 0's */
+        to = p->M;
+    }
+    for (int q = from; q < to; q++)
+        GP_TRY(s->cops->convert(s->cctx, addr(s, p->input, s->slots.box[q], 0), s->plan.dt[p->input],
+                                s->inputs + (size_t)q * p->input_bytes, GP_DTYPE_FLOAT32, gp_shape_numel(&x->shape),
+                                false, err));
+    return GP_OK;
 }
 
 /* The stage's layers forward on micro-batch j, into activation set `set`. */
 static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, int set, bool training,
-                             bool update_state, struct gp_error *err)
+                             bool update_state, bool recompute, struct gp_error *err)
 {
     /* Timing counts first forwards only (update_state), not recomputations. */
     bool timed = p->cfg.time_layers && update_state;
@@ -219,7 +229,9 @@ static gp_status run_forward(struct gp_pipeline *p, struct stage *s, int j, int 
     bool once = !s->once_valid;
     s->once_valid = true;
     if (once && (s->plan.shadow_bytes || s->plan.n_filtered)) GP_TRY(refresh_copies(p, s, err));
-    if (s == &p->stages[0] && p->convert_input) GP_TRY(load_input(p, s, j, err));
+    /* A recomputation finds the input converted in its box (kept until the
+     * backward), and the float32 rows may be gone (stage.c, inputs_in_block). */
+    if (s == &p->stages[0] && p->convert_input && !recompute) GP_TRY(load_input(p, s, j, update_state, err));
     for (int i = s->plan.first; i < s->plan.last; i++) {
         if (s->plan.once[i - s->plan.first] && !once) continue;
         struct gp_layer_call c = layer_call(p, s, i, j, set, training, update_state, false);
@@ -351,7 +363,7 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         bool kept = !s->slots.checkpointed[j];
         s->live += (int64_t)s->plan.box_bytes + (int64_t)s->plan.local_bytes;
         if (s->live > s->peak) s->peak = s->live;
-        GP_TRY(run_forward(p, s, j, s->slots.fwd_set[j], true, true, err));
+        GP_TRY(run_forward(p, s, j, s->slots.fwd_set[j], true, true, false, err));
         if (last) {
             void *dout = s->plan.inbox_off[p->output] == SIZE_MAX ? NULL : inbox_of(s, j) + s->plan.inbox_off[p->output];
             if (!dout)
@@ -381,7 +393,7 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         if (s->live > s->peak) s->peak = s->live;
         /* Same dropout key, running statistics untouched: the recomputed
          * activations are the ones the first forward made. */
-        return run_forward(p, s, j, s->slots.bwd_set[j], true, false, err);
+        return run_forward(p, s, j, s->slots.bwd_set[j], true, false, true, err);
     case TASK_BACKWARD: {
         /* A gradient set in the arena's block is counted with it (gp_pipeline_report). */
         int64_t grads = s->plan.grads_share_arena ? 0 : (int64_t)s->plan.grad_bytes;
@@ -437,7 +449,7 @@ gp_status gp_pipe_task_run(void *arg, struct gp_error *err)
         /* Evaluation runs as micro-batch 0, in its box and set. */
         /* A bfloat16 output is copied back as it is and widened on the
          * host (gp_pipeline_eval): no float32 copy on the device. */
-        return run_forward(p, s, 0, s->slots.fwd_set[0], p->eval_batch_stats, false, err);
+        return run_forward(p, s, 0, s->slots.fwd_set[0], p->eval_batch_stats, false, false, err);
     }
     case TASK_SEND_ACTIVATIONS:
     case TASK_RECV_ACTIVATIONS:
