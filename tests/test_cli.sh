@@ -286,7 +286,7 @@ printf 'cuda cudnn 1 device another GPU\nconv 1 2 3\n' > "$tmp/algorithms.txt"
 grep -q "not bit for bit" "$tmp/alg.txt" || fail "no note about the foreign choices: $(cat "$tmp/alg.txt")"
 "$bin" train "$m/digits_cnn_op17.onnx" --save /proc/nope/x.onnx 2>&1 | grep -q "^step\|^saved" \
   && fail "an unwritable --save trained or said saved"
-"$py" - "$tmp/nan_x.npy" "$tmp/nan_y.npy" <<'PY'
+"$py" - "$tmp/nan_x.npy" "$tmp/nan_y.npy" "$tmp/empty_x.npy" "$tmp/empty_y.npy" <<'PY'
 import struct, sys
 def save(path, fmt, descr, values, shape):
     header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
@@ -298,9 +298,14 @@ x = [0.5] * (16 * 32)
 x[5 * 32 + 26] = float("nan")
 save(sys.argv[1], "f", "<f4", x, "(16, 32)")
 save(sys.argv[2], "q", "<i8", [0] * 16, "(16,)")
+save(sys.argv[3], "f", "<f4", [], "(0, 1, 8, 8)")
+save(sys.argv[4], "q", "<i8", [], "(0,)")
 PY
 expect_fail 1 "nan_x.npy: sample 5 holds NaN (element 26 of the sample)" \
   "$bin" train "$m/mlp_op17.onnx" --data "$tmp/nan_x.npy" --labels "$tmp/nan_y.npy" --batch 8 --steps 1
+# An empty validation set is refused, not evaluated to a loss of 0.
+expect_fail 1 "the validation data has no samples" "$bin" train "$m/digits_cnn_op17.onnx" --data "$m/digits_train_x.npy" \
+  --labels "$m/digits_train_y.npy" --val-data "$tmp/empty_x.npy" --val-labels "$tmp/empty_y.npy" --batch 8 --steps 1
 # A failed run writes no model.
 "$bin" train "$m/mlp_op17.onnx" --synthetic 8 --batch 8 --lr 1e30 --steps 3 --save "$tmp/diverged.onnx" \
   --quiet >/dev/null 2>&1

@@ -588,6 +588,9 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
     if (cfg->resume_path && access(cfg->resume_path, F_OK) != 0)
         return gp_error_set(err, GP_ERR_IO, "cannot resume from '%s': %s", cfg->resume_path, strerror(errno));
     GP_TRY(gp_dataset_check_finite(train, "training", err));
+    /* An empty set would print a loss of 0 every epoch, as if measured. */
+    if (val && val->n < 1)
+        return gp_error_set(err, GP_ERR_INVALID, "the validation data has no samples");
     if (val) GP_TRY(gp_dataset_check_finite(val, "validation", err));
     if (cfg->choices_path) GP_TRY(gp_atomic_check(cfg->choices_path, err));
     /* A resumed run's choices are its state's, before the file's. */
