@@ -16,6 +16,7 @@
 #include "dist/agree.h"
 #include "dist/comm.h"
 #include "dist/launch.h"
+#include "dist/rank_gpus.h"
 
 /* A fake environment: NULL-terminated name, value pairs. */
 static const char *fake_get(void *user, const char *name)
@@ -278,6 +279,37 @@ static void test_agree_full(void **state)
     if (!strstr(msg, "settings past the")) fail_msg("%s", msg);
 }
 
+/* Ranks computing on one GPU of one host are found, by host and UUID (the
+ * number each rank's CUDA gives it may differ), the first pair named. */
+static void test_rank_gpus(void **state)
+{
+    (void)state;
+    struct gp_rank_gpu r[4] = {{.host = "a", .uuid = {1}, .index = 0},
+                               {.host = "a", .uuid = {2}, .index = 1},
+                               {.host = "b", .uuid = {1}, .index = 0},
+                               {.host = "b", .uuid = {2}, .index = 1}};
+    int a = -1, b = -1;
+    /* The same UUID on two hosts is two GPUs (hosts are told apart). */
+    assert_false(gp_rank_gpus_shared(r, 4, &a, &b));
+    assert_false(gp_rank_gpus_shared(r, 1, &a, &b));
+    /* Rank 3 shown host b's first GPU as its only one (cuda:0 to it). */
+    r[3].uuid[0] = 1;
+    r[3].index = 0;
+    assert_true(gp_rank_gpus_shared(r, 4, &a, &b));
+    assert_int_equal(a, 2);
+    assert_int_equal(b, 3);
+    char msg[512];
+    gp_rank_gpus_message(r, a, b, msg, sizeof msg);
+    assert_non_null(strstr(msg, "ranks 2 and 3 would both compute on GPU 01000000000000000000000000000000 of host b"));
+    assert_non_null(strstr(msg, "CUDA_VISIBLE_DEVICES"));
+    /* The first pair by the later rank: 1 and 2 before 0 and 3. */
+    struct gp_rank_gpu q[4] = {{.host = "h", .uuid = {7}}, {.host = "h", .uuid = {8}}, {.host = "h", .uuid = {8}},
+                               {.host = "h", .uuid = {7}}};
+    assert_true(gp_rank_gpus_shared(q, 4, &a, &b));
+    assert_int_equal(a, 1);
+    assert_int_equal(b, 2);
+}
+
 static void test_comm_without_launch(void **state)
 {
     (void)state;
@@ -306,6 +338,7 @@ int main(void)
         cmocka_unit_test(test_agree_detail),
         cmocka_unit_test(test_agree_errors_and_many),
         cmocka_unit_test(test_agree_full),
+        cmocka_unit_test(test_rank_gpus),
         cmocka_unit_test(test_comm_without_launch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "api/api.h"
 #include "backend/backends.h"
@@ -18,12 +19,16 @@
 #include "dist/comm.h"
 #include "dist/launch.h"
 #include "dist/nccl.h"
+#include "dist/rank_gpus.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schedule.h"
 #include "train/state.h"
 #include "train/trainer.h"
 #include "util/atomic_file.h"
 #include "util/xxh64.h"
+#ifdef GP_HAVE_CUDA
+#include "backend/cuda/device_query.h"
+#endif
 
 struct gpo_job {
     struct gp_launch launch;
@@ -323,6 +328,32 @@ static int pick_gpu(const struct gp_launch *l, char *msg, size_t size)
     return -1;
 }
 
+/* Whether two ranks would compute on one GPU (NCCL needs a GPU per
+ * process): every rank's host and GPU UUID gathered, so that every rank
+ * reaches the same verdict and rank 0 names the two ranks, before NCCL
+ * fails with its own "duplicate GPU" error. Collective. */
+static gp_status gpus_shared(struct gpo_job *d, int gpu, bool *shared, char *msg, size_t size, struct gp_error *err)
+{
+    *shared = false;
+    struct gp_rank_gpu mine = {.index = gpu};
+    if (gethostname(mine.host, sizeof mine.host - 1) != 0) snprintf(mine.host, sizeof mine.host, "?");
+    mine.host[sizeof mine.host - 1] = '\0';
+#ifdef GP_HAVE_CUDA
+    GP_TRY(gp_cuda_device_uuid(gpu, mine.uuid, err));
+#endif
+    int n = d->launch.size;
+    struct gp_rank_gpu *all = calloc((size_t)n, sizeof *all);
+    if (!all) return gp_error_set(err, GP_ERR_NOMEM, "out of memory gathering the ranks' GPUs");
+    gp_status st = gp_comm_allgather(d->comm, NULL, &mine, sizeof mine, all, err);
+    int a, b;
+    if (st == GP_OK && gp_rank_gpus_shared(all, n, &a, &b)) {
+        *shared = true;
+        gp_rank_gpus_message(all, a, b, msg, size);
+    }
+    free(all);
+    return st;
+}
+
 /* What several processes cannot do yet; NULL when the run is fine. */
 static const char *not_yet(const struct gp_train_config *c)
 {
@@ -449,6 +480,12 @@ static gpo_status join(gpo_model *m, const struct gpo_train_config *cfg, const s
                 d->failed_alone = true;
                 return gpo_fail(m, GPO_ERR_UNSUPPORTED, "%s", msg);
             }
+            bool shared;
+            if (gpus_shared(d, d->gpu, &shared, msg, sizeof msg, &err) != GP_OK) {
+                d->failed_alone = true;
+                return gpo_fail(m, gpo_status_of(err.status), "rank %d (cuda:%d): %s", rank, d->gpu, err.msg);
+            }
+            if (shared) return FAIL_ALIKE(m, rank, GPO_ERR_UNSUPPORTED, "%s", msg);
             if (gp_nccl_init(d->comm, d->gpu, pipeline, d->replicas, o->comm_timeout, &d->nccl, &err) != GP_OK) {
                 d->failed_alone = true;
                 return gpo_fail(m, gpo_status_of(err.status), "rank %d (cuda:%d): setting up NCCL: %s", rank, d->gpu,

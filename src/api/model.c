@@ -403,10 +403,10 @@ gpo_status gpo_parse_devices(gpo_model *m, const char *list, int *n_out, bool *c
 int gpo_gpu_count(void)
 {
 #ifdef GP_HAVE_CUDA
-    struct gp_cuda_device devs[1];
-    struct gp_error err = {0};
-    int count = 0;
-    return gp_cuda_devices(devs, 1, &count, &err) == GP_OK ? count : 0;
+    /* No context: a rank of a job across processes counts before it picks
+     * its GPU, and a context on GPU 0 (hundreds of MiB) in every rank would
+     * take the memory of the rank computing there. */
+    return gp_cuda_device_count();
 #else
     return 0;
 #endif

@@ -51,3 +51,23 @@ extern "C" gp_status gp_cuda_devices(struct gp_cuda_device *out, int max, int *c
     }
     return GP_OK;
 }
+
+extern "C" int gp_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* no GPU or no driver: not sticky for later calls */
+        return 0;
+    }
+    return n;
+}
+
+extern "C" gp_status gp_cuda_device_uuid(int index, unsigned char uuid[16], struct gp_error *err)
+{
+    cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, index);
+    if (e != cudaSuccess)
+        return gp_error_set(err, GP_ERR_DEVICE, "cudaGetDeviceProperties(%d): %s", index, cudaGetErrorString(e));
+    memcpy(uuid, p.uuid.bytes, 16);
+    return GP_OK;
+}
