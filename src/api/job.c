@@ -335,12 +335,15 @@ static int pick_gpu(const struct gp_launch *l, char *msg, size_t size)
 static gp_status gpus_shared(struct gpo_job *d, int gpu, bool *shared, char *msg, size_t size, struct gp_error *err)
 {
     *shared = false;
+#ifndef GP_HAVE_CUDA
+    /* No GPU stages without CUDA (not_yet): every rank returns here. */
+    (void)d, (void)gpu, (void)msg, (void)size, (void)err;
+    return GP_OK;
+#else
     struct gp_rank_gpu mine = {.index = gpu};
     if (gethostname(mine.host, sizeof mine.host - 1) != 0) snprintf(mine.host, sizeof mine.host, "?");
     mine.host[sizeof mine.host - 1] = '\0';
-#ifdef GP_HAVE_CUDA
     GP_TRY(gp_cuda_device_uuid(gpu, mine.uuid, err));
-#endif
     int n = d->launch.size;
     struct gp_rank_gpu *all = calloc((size_t)n, sizeof *all);
     if (!all) return gp_error_set(err, GP_ERR_NOMEM, "out of memory gathering the ranks' GPUs");
@@ -352,6 +355,7 @@ static gp_status gpus_shared(struct gpo_job *d, int gpu, bool *shared, char *msg
     }
     free(all);
     return st;
+#endif
 }
 
 /* What several processes cannot do yet; NULL when the run is fine. */
