@@ -67,6 +67,9 @@ struct costs {
     const double *boundary; /* [n], [k][n] with stage boundaries (at s * bstride), or NULL */
     size_t bstride;         /* 0 or n */
     bool by_stage;          /* some cost depends on the stage */
+    /* The peaks' sparse table (NULL without peaks): level L at L * n holds
+     * at i the max of peak[i .. i + 2^L), for the O(1) max over a stage. */
+    double *peak_max;
 };
 
 static inline double bnd(const struct costs *c, int s, int i)
@@ -74,11 +77,33 @@ static inline double bnd(const struct costs *c, int s, int i)
     return c->boundary ? c->boundary[(size_t)s * c->bstride + (size_t)i] : 0.0;
 }
 
-/* The one definition of a stage's cost: stage s holding layers [i, j). */
+/* The largest peak of layers [i, j), i < j (0 without peaks): two
+ * overlapping power-of-two windows of the table. */
+static inline double peak_of(const struct costs *c, int i, int j)
+{
+    if (!c->peak_max || j <= i) return 0.0;
+    int level = 0;
+    while ((2 << level) <= j - i) level++;
+    const double *row = c->peak_max + (size_t)level * (size_t)c->n;
+    double a = row[i], b = row[j - (1 << level)];
+    return a > b ? a : b;
+}
+
+/* The one definition of a stage's cost: stage s holding layers [i, j).
+ * Each term is non-decreasing in j, and rounded addition is monotone, so
+ * the cost is too (what the search below needs). */
 static inline double stage_cost(const struct costs *c, int s, int i, int j)
 {
     const double *prefix = c->prefix + (size_t)s * c->pstride;
-    return (prefix[j] - prefix[i]) + bnd(c, s, i);
+    return ((prefix[j] - prefix[i]) + bnd(c, s, i)) + peak_of(c, i, j);
+}
+
+static void costs_free(struct costs *c)
+{
+    free(c->prefix);
+    free(c->peak_max);
+    c->prefix = NULL;
+    c->peak_max = NULL;
 }
 
 gp_status gp_partition_validate(const struct gp_partition_problem *p, struct gp_error *err)
@@ -101,6 +126,14 @@ gp_status gp_partition_validate(const struct gp_partition_problem *p, struct gp_
                                 i, w);
         total += w;
     }
+    if (p->peak)
+        for (int i = 0; i < p->n; i++) {
+            double v = p->peak[i];
+            if (!isfinite(v) || v < 0)
+                return gp_error_set(err, GP_ERR_INVALID, "partition: layer %d has peak %g (must be finite and >= 0)",
+                                    i, v);
+            total += v;
+        }
     if (p->boundary)
         for (int c = 0; c < p->n; c++) {
             double b = p->boundary[c];
@@ -141,7 +174,25 @@ static gp_status costs_init(const struct gp_partition_problem *p, struct costs *
     c->pstride = p->stage_weight ? n + 1 : 0;
     c->by_stage = p->stage_weight || p->stage_boundary;
     c->prefix = malloc(sizeof(double) * (n + 1) * stages);
+    c->peak_max = NULL;
     if (!c->prefix) return gp_error_set(err, GP_ERR_NOMEM, "partition: out of memory for %d layers", p->n);
+    if (p->peak) {
+        size_t levels = 1;
+        while (((size_t)2 << (levels - 1)) <= n) levels++;
+        c->peak_max = malloc(sizeof(double) * n * levels);
+        if (!c->peak_max) {
+            costs_free(c);
+            return gp_error_set(err, GP_ERR_NOMEM, "partition: out of memory for %d layers", p->n);
+        }
+        memcpy(c->peak_max, p->peak, sizeof(double) * n);
+        for (size_t L = 1; L < levels; L++) {
+            const double *below = c->peak_max + (L - 1) * n;
+            double *row = c->peak_max + L * n;
+            size_t half = (size_t)1 << (L - 1);
+            for (size_t i = 0; i + 2 * half <= n; i++)
+                row[i] = below[i] > below[i + half] ? below[i] : below[i + half];
+        }
+    }
     for (size_t s = 0; s < stages; s++) {
         double *prefix = c->prefix + s * (n + 1);
         const double *w = p->stage_weight ? p->stage_weight + s * n : p->weight;
@@ -182,7 +233,7 @@ gp_status gp_partition_eval(const struct gp_partition_problem *p, struct gp_part
     struct costs c;
     GP_TRY(costs_init(p, &c, err));
     fill_costs(&c, part);
-    free(c.prefix);
+    costs_free(&c);
     return GP_OK;
 }
 
@@ -359,7 +410,7 @@ gp_status gp_partition_optimal(const struct gp_partition_problem *p, struct gp_p
     if (k == 1) {
         out->first[1] = n;
         fill_costs(&c, out);
-        free(c.prefix);
+        costs_free(&c);
         return GP_OK;
     }
 
@@ -409,7 +460,7 @@ done:
     free(h);
     free(stack);
     free(nxt);
-    free(c.prefix);
+    costs_free(&c);
     return st;
 }
 

@@ -5,6 +5,7 @@
  * and costs
  *
  *     cost(s) = (P[first[s+1]] - P[first[s]]) + boundary[first[s]]
+ *               + max(peak[first[s]], ..., peak[first[s+1] - 1])
  *
  * where P[j] = weight[0] + ... + weight[j-1] (prefix sums added left to right
  * in double) and boundary[c] is what a stage pays for starting at layer c.
@@ -13,8 +14,9 @@
  *           micro-batch; boundary[c] = ms to receive the frontier at cut c
  *           (plus any fixed per-boundary cost), boundary[0] = 0.
  *   memory: weight[i] = bytes layer i costs its stage (parameters, gradients,
- *           optimizer state, activations in flight); boundary[c] = per-stage
- *           workspace + frontier bytes at c times the boxes kept in flight.
+ *           optimizer state, activations in flight); boundary[c] = the
+ *           frontier bytes at c times the boxes kept in flight; peak[i] =
+ *           what lives only while layer i runs (the max term, 0 without peak).
  *
  * A stage may also cost differently by its position: with stage_weight
  * and stage_boundary (1F1B keeps fewer micro-batches in flight on later
@@ -49,6 +51,12 @@ struct gp_partition_problem {
      * weight[] still feeds the heuristic, which knows no stages. */
     const double *stage_weight;
     const double *stage_boundary;
+    /* Optional, [n], finite, >= 0: a cost a stage pays once, for the
+     * largest of its layers' peak[] (NULL: none). Memory lives so: the one
+     * block a stage plans for what is alive only while one layer runs (the
+     * forward-only values, the activation gradients, a kernel's workspace)
+     * is as large as its largest layer needs, not the sum over its layers. */
+    const double *peak;
 };
 
 struct gp_partition {

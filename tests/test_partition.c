@@ -335,6 +335,43 @@ static void test_medium_against_dp(void **state)
     }
 }
 
+/* The same with peaks, against a quadratic DP whose stage maximum is taken
+ * layer by layer: sizes up to 800 exercise every level of the optimizer's
+ * table of maxima, at lengths that are no power of two. */
+static void test_medium_peaks_against_dp(void **state)
+{
+    (void)state;
+    rng_state = 0x2545F4914F6CDD1DULL;
+    static double w[800], boundary[800], peak[800], prefix[801], best[13][801];
+    for (int it = 0; it < 8; it++) {
+        int n = rng_int(100, 800), k = rng_int(2, 12);
+        int has_boundary;
+        make_instance(MEMORY_LIKE, n, w, boundary, &has_boundary);
+        for (int i = 0; i < n; i++) peak[i] = (double)(rng_next() % (1u << 24));
+        prefix[0] = 0;
+        for (int i = 0; i < n; i++) prefix[i + 1] = prefix[i] + w[i];
+        for (int j = 0; j <= n; j++) best[0][j] = j == 0 ? 0 : INFINITY;
+        for (int s = 1; s <= k; s++)
+            for (int j = 0; j <= n; j++) {
+                best[s][j] = INFINITY;
+                double most = 0;
+                for (int i = j - 1; i >= 0; i--) {
+                    if (peak[i] > most) most = peak[i];
+                    double c = ((prefix[j] - prefix[i]) + boundary[i]) + most;
+                    double b = best[s - 1][i] > c ? best[s - 1][i] : c;
+                    if (b < best[s][j]) best[s][j] = b;
+                }
+            }
+        struct gp_partition_problem p = {.n = n, .weight = w, .boundary = boundary, .k = k, .peak = peak};
+        struct gp_partition opt;
+        struct gp_error err = {0};
+        assert_int_equal(gp_partition_optimal(&p, &opt, &err), GP_OK);
+        assert_valid(&opt, n, k);
+        if (opt.bottleneck != best[k][n])
+            fail_msg("instance %d (n=%d k=%d): optimum %.17g, DP %.17g", it, n, k, opt.bottleneck, best[k][n]);
+    }
+}
+
 /* ---- edge cases ---- */
 
 static void expect_cuts(const struct gp_partition_problem *p, const int *want, double want_bottleneck)
@@ -571,6 +608,10 @@ static void test_invalid(void **state)
     p.weight = NULL;
     expect_error(&p, GP_ERR_INVALID, "no layer weights");
     p.weight = w;
+    double pk[4] = {0, 0, 0, -1};
+    p.peak = pk;
+    expect_error(&p, GP_ERR_INVALID, "layer 3 has peak -1");
+    p.peak = NULL;
     w[2] = NAN;
     expect_error(&p, GP_ERR_INVALID, "layer 2");
     w[2] = -1;
@@ -637,18 +678,20 @@ static void test_invalid(void **state)
  * count once per micro-batch the stage holds, fewer on later stages); the
  * tie order's keys are the boundary terms of the stages at their cuts. */
 
-static double stage_ref_cost(int n, const double *sw, const double *sb, int s, int i, int j)
+static double stage_ref_cost(int n, const double *sw, const double *sb, const double *peak, int s, int i, int j)
 {
-    double prefix_i = 0, prefix_j = 0;
+    double prefix_i = 0, prefix_j = 0, most = 0;
     for (int x = 0; x < j; x++) {
         if (x == i) prefix_i = prefix_j;
         prefix_j += sw[s * n + x];
+        if (peak && x >= i && peak[x] > most) most = peak[x];
     }
     if (i == j) prefix_i = prefix_j;
-    return (prefix_j - prefix_i) + sb[s * n + i];
+    return ((prefix_j - prefix_i) + sb[s * n + i]) + most;
 }
 
-static void brute_force_by_stage(int n, const double *sw, const double *sb, int k, int *best, double *bottleneck)
+static void brute_force_by_stage(int n, const double *sw, const double *sb, const double *peak, int k, int *best,
+                                 double *bottleneck)
 {
     int f[GP_MAX_STAGES + 1];
     for (int s = 0; s < k; s++) f[s] = s;
@@ -658,7 +701,7 @@ static void brute_force_by_stage(int n, const double *sw, const double *sb, int 
     for (;;) {
         double b = 0, key[GP_MAX_STAGES + 1];
         for (int s = 0; s < k; s++) {
-            double c = stage_ref_cost(n, sw, sb, s, f[s], f[s + 1]);
+            double c = stage_ref_cost(n, sw, sb, peak, s, f[s], f[s + 1]);
             if (c > b) b = c;
         }
         key[k] = 0;
@@ -685,11 +728,15 @@ static void test_brute_force_by_stage(void **state)
 {
     (void)state;
     rng_state = 0x51A6E5;
-    double w[10], sw[5 * 10], sb[5 * 10];
-    int instances = 0, stage_matters = 0;
-    for (int it = 0; it < 2000; it++) {
+    double w[10], sw[5 * 10], sb[5 * 10], pk[10];
+    int instances = 0, stage_matters = 0, peak_matters = 0;
+    for (int it = 0; it < 4000; it++) {
         int n = rng_int(1, 10), k = rng_int(1, n < 5 ? n : 5);
         bool ties = it % 3 == 2;
+        /* Every other instance with peaks (memory's one block: the largest
+         * layer's working set), as large as the rest or larger. */
+        const double *peak = it % 2 ? pk : NULL;
+        for (int i = 0; i < n; i++) pk[i] = ties ? rng_int(0, 3) : (double)(rng_next() % (1u << 22));
         for (int i = 0; i < n; i++) {
             /* 1F1B-like: a fixed part and activations times the micro-batches
              * stage s holds (k - s), boundaries the frontier times its boxes. */
@@ -702,7 +749,8 @@ static void test_brute_force_by_stage(void **state)
             }
             w[i] = sw[i];
         }
-        struct gp_partition_problem p = {.n = n, .weight = w, .k = k, .stage_weight = sw, .stage_boundary = sb};
+        struct gp_partition_problem p = {.n = n, .weight = w, .k = k, .stage_weight = sw, .stage_boundary = sb,
+                                         .peak = peak};
         struct gp_partition opt, even, heur;
         struct gp_error err = {0};
         assert_int_equal(gp_partition_optimal(&p, &opt, &err), GP_OK);
@@ -710,11 +758,11 @@ static void test_brute_force_by_stage(void **state)
         assert_int_equal(gp_partition_heuristic(&p, &heur, &err), GP_OK);
         int best[GP_MAX_STAGES + 1];
         double bottleneck;
-        brute_force_by_stage(n, sw, sb, k, best, &bottleneck);
+        brute_force_by_stage(n, sw, sb, peak, k, best, &bottleneck);
         if (opt.bottleneck != bottleneck || memcmp(opt.first, best, sizeof(int) * (size_t)(k + 1)))
             fail_msg("instance %d (n=%d k=%d): optimum %.17g, brute force %.17g", it, n, k, opt.bottleneck, bottleneck);
         for (int s = 0; s < k; s++)
-            assert_true(opt.cost[s] == stage_ref_cost(n, sw, sb, s, opt.first[s], opt.first[s + 1]));
+            assert_true(opt.cost[s] == stage_ref_cost(n, sw, sb, peak, s, opt.first[s], opt.first[s + 1]));
         assert_true(opt.bottleneck <= even.bottleneck && opt.bottleneck <= heur.bottleneck);
         /* The same problem without the stages (stage 0's costs everywhere)
          * often cuts elsewhere: the stages are not ignored. */
@@ -722,11 +770,21 @@ static void test_brute_force_by_stage(void **state)
         struct gp_partition plain;
         assert_int_equal(gp_partition_optimal(&flat, &plain, &err), GP_OK);
         stage_matters += memcmp(plain.first, opt.first, sizeof(int) * (size_t)(k + 1)) != 0;
+        if (peak) {
+            /* Nor are the peaks. */
+            struct gp_partition_problem no_peak = p;
+            no_peak.peak = NULL;
+            struct gp_partition without;
+            assert_int_equal(gp_partition_optimal(&no_peak, &without, &err), GP_OK);
+            peak_matters += memcmp(without.first, opt.first, sizeof(int) * (size_t)(k + 1)) != 0;
+        }
         instances++;
     }
-    printf("stage costs: %d instances match brute force; %d cut otherwise than without stages\n", instances,
-           stage_matters);
+    printf("stage costs: %d instances match brute force; %d cut otherwise than without stages, %d than without "
+           "peaks\n",
+           instances, stage_matters, peak_matters);
     assert_true(stage_matters > 0);
+    assert_true(peak_matters > 0);
 }
 
 int main(void)
@@ -736,6 +794,7 @@ int main(void)
         cmocka_unit_test(test_brute_force_memory_like),
         cmocka_unit_test(test_brute_force_ties),
         cmocka_unit_test(test_medium_against_dp),
+        cmocka_unit_test(test_medium_peaks_against_dp),
         cmocka_unit_test(test_edge_cases),
         cmocka_unit_test(test_even),
         cmocka_unit_test(test_heuristic_matches_torchgpipe),
