@@ -60,6 +60,17 @@ static double layer_memory(const struct gp_profile *p, const struct gp_balance_c
     return (double)params * (2 + c->optim_state_floats) + (double)l->activation_bytes * load->sets;
 }
 
+/* What stage [first, last) pays once for its largest layer's working set
+ * (gp_layer_profile.peak_bytes: the one block of forward-only values and
+ * activation gradients a stage plans, sized by its largest need). */
+static double stage_peak(const struct gp_profile *p, int first, int last)
+{
+    double most = 0;
+    for (int i = first; i < last; i++)
+        if ((double)p->layers[i].peak_bytes > most) most = (double)p->layers[i].peak_bytes;
+    return most;
+}
+
 /* The frontier at cut c (before layer c), per micro-batch. */
 static int64_t frontier_at(const struct gp_profile *p, int c)
 {
@@ -95,6 +106,7 @@ static void figures(const struct gp_profile *p, const struct gp_balance_config *
             t += layer_time(p, &load[s], i);
             m += layer_memory(p, c, &load[s], i, f->first_layer);
         }
+        m += stage_peak(p, f->first_layer, f->last_layer);
         f->time_ms = t;
         f->memory_bytes = (int64_t)m;
         f->frontier_in_bytes = frontier_at(p, f->first_layer);
@@ -126,7 +138,8 @@ gp_status gp_balance(const struct gp_profile *prof, const struct gp_balance_conf
     struct stage_load *load = calloc((size_t)k, sizeof *load);
     double *weight = malloc(sizeof(double) * ((size_t)n + 1));
     double *stage_weight = malloc(sizeof(double) * (kn + 1)), *stage_boundary = malloc(sizeof(double) * (kn + 1));
-    gp_status st = load && weight && stage_weight && stage_boundary
+    double *peak = malloc(sizeof(double) * ((size_t)n + 1));
+    gp_status st = load && weight && stage_weight && stage_boundary && peak
                        ? stage_loads(cfg, load, err)
                        : gp_error_set(err, GP_ERR_NOMEM, "out of memory balancing");
     if (st == GP_OK) {
@@ -145,8 +158,10 @@ gp_status gp_balance(const struct gp_profile *prof, const struct gp_balance_conf
             weight[i] = w0 + spread > 0 ? w0 + spread : 0;
         }
     }
+    bool by_memory = cfg->by == GP_BALANCE_MEMORY;
+    for (int i = 0; st == GP_OK && by_memory && i < n; i++) peak[i] = (double)prof->layers[i].peak_bytes;
     struct gp_partition_problem problem = {.n = n, .weight = weight, .k = k, .stage_weight = stage_weight,
-                                           .stage_boundary = stage_boundary};
+                                           .stage_boundary = stage_boundary, .peak = by_memory ? peak : NULL};
     struct gp_partition opt, even, heur;
     if (st == GP_OK) st = gp_partition_optimal(&problem, &opt, err);
     if (st == GP_OK) st = gp_partition_even(&problem, &even, err);
@@ -154,6 +169,7 @@ gp_status gp_balance(const struct gp_profile *prof, const struct gp_balance_conf
     free(weight);
     free(stage_weight);
     free(stage_boundary);
+    free(peak);
     if (st == GP_OK) {
         figures(prof, cfg, load, &opt, &out->optimal);
         figures(prof, cfg, load, &even, &out->even);

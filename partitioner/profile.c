@@ -101,6 +101,31 @@ static void fill_tied(const struct gp_graph *g, struct gp_profile *out)
     }
 }
 
+/* gp_layer_profile.peak_bytes of node n: what its forward holds that no
+ * backward keeps (its inputs and outputs not in kept[]), or what its
+ * backward holds (the gradients of its outputs and activation inputs,
+ * needs[]), the larger. */
+static int64_t peak_bytes(const struct gp_graph *g, const struct gp_node *n, const bool *needs, const bool *kept,
+                          enum gp_precision precision)
+{
+    int64_t fwd = 0, bwd = 0;
+    for (int k = 0; k < n->n_outputs; k++) {
+        int v = n->outputs[k];
+        if (v < 0) continue;
+        int64_t b = stored_bytes(&g->values[v], precision);
+        if (!kept[v]) fwd += b;
+        if (needs[v]) bwd += b;
+    }
+    for (int k = 0; k < n->n_inputs; k++) {
+        int u = n->inputs[k];
+        if (u < 0 || g->values[u].is_initializer) continue;
+        int64_t b = stored_bytes(&g->values[u], precision);
+        if (!kept[u]) fwd += b;
+        if (needs[u]) bwd += b;
+    }
+    return fwd > bwd ? fwd : bwd;
+}
+
 void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
                            size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
                            enum gp_precision precision, struct gp_profile *out)
@@ -127,6 +152,7 @@ void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
             if (v >= 0 && (!kept || !needs || kept[v])) lp->activation_bytes += stored_bytes(&g->values[v], precision);
         }
         lp->activation_bytes += (int64_t)saved_bytes(g, n);
+        lp->peak_bytes = kept && needs ? peak_bytes(g, n, needs, kept, precision) : 0;
         lp->frontier_bytes = ids ? cut_bytes(g, l, i + 1, precision, ids) : l->frontier_bytes[i + 1];
     }
     out->input_frontier_bytes = ids ? cut_bytes(g, l, 0, precision, ids) : l->frontier_bytes[0];
@@ -150,6 +176,9 @@ void gp_profile_remake(const struct gp_graph *g, size_t (*saved_bytes)(const str
             for (int i = 0; i < g->n_nodes && i < prof->n_layers; i++) {
                 const struct gp_node *n = &g->nodes[i];
                 struct gp_layer_profile *lp = &prof->layers[i];
+                /* A remade output is forward-only now (its remake lives
+                 * in the backward's block). */
+                lp->peak_bytes = peak_bytes(g, n, needs, stays, precision);
                 bool remade = false;
                 for (int k = 0; k < n->n_outputs; k++) {
                     int v = n->outputs[k];
@@ -304,6 +333,8 @@ gp_status gp_profile_save(const struct gp_profile *p, const char *path, struct g
         gp_json_int(&j, l->activation_bytes);
         gp_json_key(&j, "frontier_bytes");
         gp_json_int(&j, l->frontier_bytes);
+        gp_json_key(&j, "peak_bytes");
+        gp_json_int(&j, l->peak_bytes);
         gp_json_object_end(&j);
     }
     gp_json_array_end(&j);
@@ -373,6 +404,8 @@ gp_status gp_profile_load(const char *path, const struct gp_graph *g, struct gp_
         lp->param_bytes = (v = field(l, "param_bytes", GP_JNUMBER)) ? v->i : 0;
         lp->activation_bytes = (v = field(l, "activation_bytes", GP_JNUMBER)) ? v->i : 0;
         lp->frontier_bytes = (v = field(l, "frontier_bytes", GP_JNUMBER)) ? v->i : 0;
+        /* Profiles saved before the field: 0, the sums alone. */
+        lp->peak_bytes = (v = field(l, "peak_bytes", GP_JNUMBER)) ? v->i : 0;
     }
     if (st == GP_OK) fill_tied(g, out);
 done:

@@ -24,6 +24,13 @@ struct gp_layer_profile {
     int64_t activation_bytes;       /* what it keeps for backward: the outputs some backward reads
                                        (gp_plan_backward_kept) and its saved state */
     int64_t frontier_bytes;         /* at the cut after it, per micro-batch */
+    /* What lives only while it runs: its inputs and outputs that no
+     * backward keeps (its forward), or the gradients of its outputs and
+     * activation inputs (its backward), the larger. A stage's one block for
+     * such values (pipeline/plan.c: the forward-only arena, the gradients
+     * its sets' dead bytes cannot hold) is about its largest layer's, not
+     * the sum over its layers. */
+    int64_t peak_bytes;
 };
 
 struct gp_profile {

@@ -342,6 +342,21 @@ static void test_memory_model(void **state)
             if (model_bytes > (int64_t)p.local_bytes || (int64_t)p.local_bytes > model_bytes + slack)
                 fail_msg("%s, %s: the balancer counts %lld bytes of activations, the plan keeps %zu", fixtures[f], pn,
                          (long long)model_bytes, p.local_bytes);
+            /* The largest layer's peak against the plan's forward-only
+             * arena and gradient set: at least the arena (in its largest
+             * layer's inputs and outputs alive together), at most twice the larger
+             * of the two here (over the whole graph as one stage, most
+             * gradients lie in the sets' dead bytes; a short stage's sets
+             * have few, and there the gradient set is about the peak). */
+            int64_t peak = 0;
+            for (int i = 0; i < g.n_nodes; i++)
+                if (prof.layers[i].peak_bytes > peak) peak = prof.layers[i].peak_bytes;
+            int64_t block = (int64_t)(p.arena_bytes > p.grad_bytes ? p.arena_bytes : p.grad_bytes);
+            printf("%-16s %s: the largest layer's peak %lld bytes, the plan's arena %zu and gradient set %zu\n",
+                   fixtures[f], pn, (long long)peak, p.arena_bytes, p.grad_bytes);
+            if (peak + slack < (int64_t)p.arena_bytes || peak > 2 * block + slack)
+                fail_msg("%s, %s: the balancer's peak %lld bytes against the plan's arena %zu and gradient set %zu",
+                         fixtures[f], pn, (long long)peak, p.arena_bytes, p.grad_bytes);
             gp_plan_free(&p);
         }
         free(needs);

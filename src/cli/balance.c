@@ -199,8 +199,9 @@ void gp_cli_print_balance(const char *model, const struct gpo_balance_options *o
     print_split("heuristic", p, &p->heuristic, by_time);
     /* What the memory column leaves out: train plans those on top. */
     printf("memory: parameters, their gradients and optimizer state, the activations each stage keeps for\n"
-           "the backward and the frontiers it holds; train also plans the forward-only arena, activation\n"
-           "gradients, kernel workspaces and inputs (GP_MEMORY_VERBOSE=1 itemizes a stage's plan)\n\n");
+           "the backward, the frontiers it holds and its largest layer's forward-only values; train also\n"
+           "plans the activation gradients its sets cannot hold, kernel workspaces and inputs\n"
+           "(GP_MEMORY_VERBOSE=1 itemizes a stage's plan)\n\n");
     print_bars(&p->optimal, by_time);
     printf("bubble %.1f%% with %d micro-batches; suggested --chunks %d\n", 100 * p->bubble, o->chunks,
            p->suggested_chunks);
