@@ -46,6 +46,10 @@ struct gp_compute_options {
      * kept input and the saved statistics instead of kept in the activation
      * set: less memory, one more pass over each (the same bits either way). */
     bool remake_norm;
+    /* With remake_norm, only the values marked here (per value id; NULL:
+     * every one the planner can remake): --recompute-norm auto remakes the
+     * fewest that make a stage fit. */
+    const bool *remake_only;
 };
 
 /* scratch_bytes's din bit for a layer with a call on float32 tensors in

@@ -532,8 +532,8 @@ static bool remakeable(const struct gp_graph *g, const struct gp_compute_ops *op
                        const bool *pinned)
 {
     const struct gp_node *n = &g->nodes[i];
-    if (!opts || !opts->remake_norm || !ops || !ops->remakes || pinned[v] || n->outputs[0] != v ||
-        p->once[i - p->first] || !ops->remakes(g, n))
+    if (!opts || !opts->remake_norm || (opts->remake_only && !opts->remake_only[v]) || !ops || !ops->remakes ||
+        pinned[v] || n->outputs[0] != v || p->once[i - p->first] || !ops->remakes(g, n))
         return false;
     for (int k = 0; k < n->n_inputs; k++) {
         int u = n->inputs[k];

@@ -2,6 +2,7 @@
  * memory planned once and checked against what the device has free before
  * anything is allocated, its streams and events, its parameters (uploaded
  * once) and optimizer, and their release. */
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,7 +134,7 @@ static size_t blocks_total(const struct block_plan *b, int n)
 }
 
 static gp_status plan_stage(struct gp_pipeline *p, struct stage *s, int k, int first, int last, bool remake,
-                            struct gp_error *err);
+                            const bool *only, struct gp_error *err);
 
 size_t gp_pipe_stage_allocated(const struct gp_pipeline *p, int k)
 {
@@ -141,6 +142,81 @@ size_t gp_pipe_stage_allocated(const struct gp_pipeline *p, int k)
     /* stage_blocks only reads (its block pointers are where allocation writes). */
     int n = stage_blocks((struct gp_pipeline *)p, (struct stage *)&p->stages[k], k, b);
     return blocks_total(b, n);
+}
+
+/* Plans the stage again (remaking the values marked in `only`, or every
+ * one it can with NULL), its blocks into b. */
+static gp_status replan(struct gp_pipeline *p, struct stage *s, int k, const bool *only, struct block_plan *b, int *n,
+                        size_t *total, struct gp_error *err)
+{
+    int first = s->plan.first, last = s->plan.last;
+    gp_plan_free(&s->plan);
+    GP_TRY(plan_stage(p, s, k, first, last, true, only, err));
+    s->inputs_inside = inputs_in_block(p, s, k);
+    *n = stage_blocks(p, s, k, b);
+    *total = blocks_total(b, *n);
+    return GP_OK;
+}
+
+struct remade_value {
+    size_t bytes;
+    int v;
+};
+
+/* The larger first, then the earlier value. */
+static int remade_order(const void *x, const void *y)
+{
+    const struct remade_value *a = x, *b = y;
+    if (a->bytes != b->bytes) return a->bytes > b->bytes ? -1 : 1;
+    return (a->v > b->v) - (a->v < b->v);
+}
+
+/* --recompute-norm auto on a stage that does not fit as planned: the
+ * fewest BatchNorm outputs remade, the largest first, that make it fit.
+ * Each remade output costs one more pass over its bytes, so remaking only
+ * the largest few saves the memory needed for a fraction of the time of
+ * remaking all (a ResNet's largest are its first stages'). Planned with
+ * every one remade first: where even that does not fit, that plan stays
+ * and the refusal says what it needs; else a bisection on how many of the
+ * largest are remade, each count planned (memory is not exactly monotone
+ * in the count: the bisection ends on a count that fits). */
+static gp_status fit_by_remaking(struct gp_pipeline *p, struct stage *s, int k, size_t avail, struct block_plan *b,
+                                 int *n, size_t *total, struct gp_error *err)
+{
+    GP_TRY(replan(p, s, k, NULL, b, n, total, err));
+    int nl = s->plan.last - s->plan.first;
+    int all = s->remade_values ? s->plan.remade_start[nl + 1] : 0;
+    if (all < 2 || *total > avail) return GP_OK;
+    struct remade_value *order = malloc(sizeof *order * (size_t)all);
+    bool *only = calloc((size_t)p->g->n_values + 1, sizeof(bool));
+    if (!order || !only) {
+        free(order);
+        free(only);
+        return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    }
+    for (int q = 0; q < all; q++) {
+        int v = s->plan.remade[q];
+        order[q] = (struct remade_value){gp_plan_value_bytes(p->g, &s->plan, v), v};
+    }
+    qsort(order, (size_t)all, sizeof *order, remade_order);
+    int lo = 0, hi = all; /* none remade does not fit; all do */
+    gp_status st = GP_OK;
+    while (st == GP_OK && hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        memset(only, 0, sizeof(bool) * ((size_t)p->g->n_values + 1));
+        for (int q = 0; q < mid; q++) only[order[q].v] = true;
+        st = replan(p, s, k, only, b, n, total, err);
+        if (st == GP_OK && *total <= avail) hi = mid;
+        else lo = mid;
+    }
+    if (st == GP_OK) {
+        memset(only, 0, sizeof(bool) * ((size_t)p->g->n_values + 1));
+        for (int q = 0; q < hi; q++) only[order[q].v] = true;
+        st = replan(p, s, k, hi == all ? NULL : only, b, n, total, err);
+    }
+    free(order);
+    free(only);
+    return st;
 }
 
 static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
@@ -152,17 +228,16 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
     /* Stages sharing a device: the earlier ones' memory is already taken,
      * so the device's free bytes are what this stage can have. */
     size_t avail = s->ops->mem_available ? s->ops->mem_available(s->dev) : SIZE_MAX;
+    /* GP_MEMORY_AVAILABLE=BYTES: no device has more free than that (a
+     * stage plans as on a smaller one: auto below remakes what it must),
+     * to measure training within a given memory, a GPU's included. */
+    long cap = gp_env_positive("GP_MEMORY_AVAILABLE", LONG_MAX, 0);
+    if (cap > 0 && avail && (unsigned long)cap < avail) avail = (size_t)cap;
     /* --recompute-norm auto: a stage that does not fit as planned is
-     * planned again with its BatchNorm outputs remade in the backward, and
-     * keeps that plan where it is smaller (plan_stage). */
-    if (avail && total > avail && p->cfg.remake_norm_if_short && !s->remade_values) {
-        int first = s->plan.first, last = s->plan.last;
-        gp_plan_free(&s->plan);
-        GP_TRY(plan_stage(p, s, k, first, last, true, err));
-        s->inputs_inside = inputs_in_block(p, s, k);
-        n = stage_blocks(p, s, k, b);
-        total = blocks_total(b, n);
-    }
+     * planned again with the fewest BatchNorm outputs remade in the
+     * backward that make it fit (fit_by_remaking). */
+    if (avail && total > avail && p->cfg.remake_norm_if_short && !s->remade_values)
+        GP_TRY(fit_by_remaking(p, s, k, avail, b, &n, &total, err));
     /* GP_MEMORY_VERBOSE=1: every stage's account on stderr, block by block
      * (what the trainer's table sums into activations, workspace, ...). */
     if (gp_env_flag("GP_MEMORY_VERBOSE", false)) {
@@ -244,11 +319,14 @@ static size_t plan_activation_bytes(const struct stage *s, const struct gp_stage
  * stage is planned both ways and keeps the smaller (the kept outputs on
  * a tie: no extra pass). */
 static gp_status plan_stage(struct gp_pipeline *p, struct stage *s, int k, int first, int last, bool remake,
-                            struct gp_error *err)
+                            const bool *only, struct gp_error *err)
 {
     const struct gp_graph *g = p->g;
     struct gp_compute_options opts = p->cfg.compute;
     opts.remake_norm = remake;
+    opts.remake_only = only;
+    s->remade_values = 0;
+    s->remade_saved_bytes = 0;
     GP_TRY(gp_plan_stage(g, &p->layers, p->needs_grad, s->cops, &opts, s->ops->name, first, last, &s->plan, err));
     s->plan.grads_share_arena = k == 0;
     int remade = s->plan.remade_start ? s->plan.remade_start[last - first + 1] : 0;
@@ -280,7 +358,7 @@ gp_status gp_pipe_create_stage(struct gp_pipeline *p, int k, int first, int last
     if (!s->cops)
         return gp_error_set(err, GP_ERR_UNSUPPORTED, "the %s backend cannot run kernels in this build",
                             s->ops->name);
-    GP_TRY(plan_stage(p, s, k, first, last, p->cfg.compute.remake_norm, err));
+    GP_TRY(plan_stage(p, s, k, first, last, p->cfg.compute.remake_norm, NULL, err));
     /* A stage of another process: its plan says what crosses its
      * boundaries; its memory and streams are that process's. */
     if (!stage_local(p, k)) return GP_OK;

@@ -163,10 +163,12 @@ static void remade_note(const struct run *s, const struct gp_train_config *cfg, 
     if (!values && cfg->remake_norm == GP_REMAKE_AUTO) return;
     if (values)
         snprintf(note, sizeof note,
-                 "--recompute-norm: %d BatchNormalization outputs written again in the backward instead of kept: "
+                 "--recompute-norm: %d BatchNormalization output%s written again in the backward instead of kept: "
                  "%.1f MiB of activations less%s",
-                 values, (double)saved / (1 << 20),
-                 cfg->remake_norm == GP_REMAKE_AUTO ? " (auto: a stage did not fit with them kept)" : "");
+                 values, values == 1 ? "" : "s", (double)saved / (1 << 20),
+                 cfg->remake_norm == GP_REMAKE_AUTO
+                     ? " (auto: a stage did not fit with them kept; the fewest that fit, largest first)"
+                     : "");
     else
         snprintf(note, sizeof note, "--recompute-norm: every BatchNormalization output kept (none would save memory)");
     cb->on_note(cb->user, note);
