@@ -429,6 +429,10 @@ struct gpo_train_config {
     double save_every_seconds;     /* > 0: a state at the first step this long after the last */
     int keep;                      /* states kept, default 2 */
     const char *resume;            /* continue from this state (folder) */
+    int64_t memory_limit;          /* > 0: bytes each stage may plan on its device (its free memory
+                                      when less); recompute_norm AUTO remakes what it must to fit
+                                      (the fewest BatchNorm outputs, the largest first); 0: the
+                                      device's free memory */
 };
 void gpo_train_config_init(struct gpo_train_config *c);
 

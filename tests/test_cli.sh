@@ -214,6 +214,22 @@ n_all=$(remade_count "$tmp/recompute_always.txt") n_one=$(remade_count "$tmp/rec
 cmp -s "$tmp/resnet_never.onnx" "$tmp/resnet_short1.onnx" || fail "--recompute-norm auto (one byte short) changed the model"
 GP_CPU_MEMORY_AVAILABLE=$limit expect_fail 1 "but only" "$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 \
   --steps 2 --momentum 0.9 --recompute-norm never
+# train --memory-limit SIZE: the same as a device with that much free (a
+# size with K, M, G: powers of 1024); below what the stage needs at the
+# least, refused with the account; a size that is none is a usage error.
+"$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 --steps 2 --momentum 0.9 --memory-limit "$limit" \
+  --save "$tmp/resnet_limit.onnx" >"$tmp/limit.txt" 2>&1 || fail "train --memory-limit $limit failed: $(cat "$tmp/limit.txt")"
+grep -qE "$auto_note" "$tmp/limit.txt" || fail "--memory-limit $limit: no note of what auto remade: $(cat "$tmp/limit.txt")"
+cmp -s "$tmp/resnet_never.onnx" "$tmp/resnet_limit.onnx" || fail "--memory-limit changed the trained model"
+"$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 --steps 2 --memory-limit 1G --save "$tmp/resnet_1g.onnx" \
+  >"$tmp/limit1g.txt" 2>&1 || fail "train --memory-limit 1G failed: $(cat "$tmp/limit1g.txt")"
+! grep -q "note: --recompute-norm" "$tmp/limit1g.txt" || fail "--memory-limit 1G remade outputs on a stage that fits"
+expect_fail 1 "MiB are allowed (--memory-limit)" "$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 --steps 2 \
+  --memory-limit 0.5M
+for bad in 5.4X 0 -1 1Gb ""; do
+  expect_fail 2 "--memory-limit takes a size such as 5.4G" "$bin" train "$m/resnet_op17.onnx" --synthetic --memory-limit "$bad"
+done
+"$bin" train --help | grep -q -- "--memory-limit SIZE" || fail "train --help lacks --memory-limit"
 
 # train --layout: a bad name is a usage error; on CPU devices nhwc trains
 # through [N, C, H, W] copies to the bits of nchw (saved models byte for

@@ -212,6 +212,7 @@ static void describe_run(const struct gpo_train_config *given, const struct gp_t
     gp_agree_add(r, "--fast-conv", "%s", c->fast_conv ? "on" : "off");
     static const char *const remakes[] = {"auto", "always", "never"};
     gp_agree_add(r, "--recompute-norm", "%s", remakes[c->remake_norm]);
+    gp_agree_add(r, "--memory-limit", "%lld", (long long)c->memory_limit);
     gp_agree_add(r, "--layout", "%s", gp_layout_policy_name(c->layout));
     gp_agree_add(r, "--deferred-batch-norm", "%s", c->deferred_batch_norm ? "on" : "off");
     gp_agree_add(r, "--pipeline-schedule", "%s", gp_pipe_schedule_name(c->pipeline_schedule));

@@ -259,6 +259,7 @@ gpo_status gpo_train_resolve(gpo_model *m, const struct gpo_train_config *c, str
     t->remake_norm = c->recompute_norm == GPO_RECOMPUTE_ALWAYS  ? GP_REMAKE_ALWAYS
                      : c->recompute_norm == GPO_RECOMPUTE_NEVER ? GP_REMAKE_NEVER
                                                                 : GP_REMAKE_AUTO;
+    t->memory_limit = c->memory_limit > 0 ? c->memory_limit : 0;
     t->class_axis = c->class_axis == GPO_CLASS_AXIS_AUTO ? GP_CLASS_AXIS_AUTO : c->class_axis;
     t->torch_1_13 = c->torch_1_13;
     t->cuda_graph = c->cuda_graph < 0 ? GP_CUDA_GRAPH_AUTO : c->cuda_graph ? GP_CUDA_GRAPH_ON : GP_CUDA_GRAPH_OFF;

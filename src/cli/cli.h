@@ -45,6 +45,9 @@ int gp_cli_usage(const char *command, const char *fmt, ...) __attribute__((forma
 /* Parses a positive integer option value; false with a usage message. */
 bool gp_cli_parse_int(const char *command, const char *option, const char *text, int64_t min,
                       int64_t max, int64_t *out);
+/* A size: bytes, or a number with K, M, G or T (powers of 1024; KiB, MiB...
+ * too), such as 5.4G; positive, whole bytes. False when it is not one. */
+bool gp_cli_parse_size(const char *text, int64_t *out);
 /* "1.5 KiB", "12.0 MiB"... into buf. */
 const char *gp_cli_bytes(int64_t bytes, char *buf, int size);
 /* "cuda:0,cuda:1" (or "0,1", "cuda"), "cpu:0,cpu:1" (or "cpu,cpu"): one

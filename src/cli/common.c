@@ -43,6 +43,29 @@ bool gp_cli_parse_int(const char *command, const char *option, const char *text,
     return true;
 }
 
+bool gp_cli_parse_size(const char *text, int64_t *out)
+{
+    if (!text || !*text) return false;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || !(v > 0)) return false;
+    static const char *const units[] = {"", "K", "M", "G", "T"};
+    int u = -1;
+    for (int k = 0; k < 5 && u < 0; k++) {
+        size_t len = strlen(units[k]);
+        if (strncmp(end, units[k], len)) continue;
+        const char *rest = end + len;
+        /* "", "B" after a bare number; "", "B", "iB" after a unit letter. */
+        if (!*rest || !strcmp(rest, "B") || (k > 0 && !strcmp(rest, "iB"))) u = k;
+    }
+    if (u < 0) return false;
+    for (int k = 0; k < u; k++) v *= 1024.0;
+    if (!(v >= 1.0 && v < 9.0e18)) return false;
+    *out = (int64_t)v;
+    return true;
+}
+
 const char *gp_cli_bytes(int64_t bytes, char *buf, int size)
 {
     static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

@@ -122,6 +122,11 @@ static void help(FILE *f)
         "                        memory in a ResNet. auto (default): on a stage that would\n"
         "                        not fit on its device otherwise, the fewest that make it\n"
         "                        fit, the largest first (README: Memory)\n"
+        "  --memory-limit SIZE   the memory each stage may plan on its device (5.4G,\n"
+        "                        800M; K, M, G, T are powers of 1024), its free memory\n"
+        "                        when less: with --recompute-norm auto, the fewest\n"
+        "                        BatchNorm outputs remade that fit; else refused before\n"
+        "                        training, with the stage's account\n"
         "  --deferred-batch-norm update BatchNorm running statistics once per mini-batch\n"
         "                        from all its micro-batches (as single-batch training\n"
         "                        would); each micro-batch is still normalized by its own\n"
@@ -555,6 +560,13 @@ int gp_cmd_train(int argc, char **argv)
             tc.recompute_norm = !strcmp(c, "always") ? GPO_RECOMPUTE_ALWAYS
                                 : !strcmp(c, "never") ? GPO_RECOMPUTE_NEVER
                                                       : GPO_RECOMPUTE_AUTO;
+        } else if (!strcmp(a, "--memory-limit")) {
+            const char *size = TAKE();
+            if (!gp_cli_parse_size(size, &tc.memory_limit))
+                return gp_cli_usage("train",
+                                    "--memory-limit takes a size such as 5.4G, 800M or 1073741824 (K, M, G, T: "
+                                    "powers of 1024), not '%s'",
+                                    size ? size : "");
         } else if (!strcmp(a, "--layout")) {
             const char *name = TAKE();
             if (!gpo_layout_parse(name, &tc.layout))

@@ -100,6 +100,10 @@ struct gp_pipeline_config {
      * BatchNorm outputs remade in the backward (pipeline/stage.c) before
      * the out-of-memory refusal. */
     bool remake_norm_if_short;
+    /* > 0: bytes each stage may plan on its device, its free memory when
+     * less (train --memory-limit): the fit check and auto's remaking
+     * take it for the device's free memory. */
+    size_t memory_limit;
     /* Profiling: every layer's forward and backward timed on its own (the
      * device waited for after each), for gp_pipeline_layer_times. Slows
      * the step; the balancer's profiler uses it. */

@@ -112,18 +112,19 @@ static void block_account(const struct block_plan *b, int n, char *account, size
  * allocation failed after the check passed (NULL: the check refused), as
  * when a library took memory in between. */
 static gp_status no_room(const struct stage *s, const struct block_plan *b, int n, size_t total, size_t avail,
-                         const char *failed, struct gp_error *err)
+                         bool limited, const char *failed, struct gp_error *err)
 {
     char account[1024];
     block_account(b, n, account, sizeof account);
     char when[160] = "";
     if (failed) snprintf(when, sizeof when, " (allocating the %s failed)", failed);
     return gp_error_set(err, GP_ERR_NOMEM,
-                        "layers %d-%d need %.1f MiB on %s:%d but only %.1f MiB are free%s (%s): use "
+                        "layers %d-%d need %.1f MiB on %s:%d but only %.1f MiB %s%s (%s): use "
                         "more stages or devices, a smaller --batch, more --chunks, or --checkpoint "
                         "always",
                         s->plan.first, s->plan.last - 1, (double)total / (1 << 20), s->ops->name, s->device,
-                        (double)avail / (1 << 20), when, account);
+                        (double)avail / (1 << 20), limited ? "are allowed (--memory-limit)" : "are free", when,
+                        account);
 }
 
 static size_t blocks_total(const struct block_plan *b, int n)
@@ -233,6 +234,9 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
      * to measure training within a given memory, a GPU's included. */
     long cap = gp_env_positive("GP_MEMORY_AVAILABLE", LONG_MAX, 0);
     if (cap > 0 && avail && (unsigned long)cap < avail) avail = (size_t)cap;
+    /* train --memory-limit: the same, asked for. */
+    bool limited = p->cfg.memory_limit && p->cfg.memory_limit < avail;
+    if (limited) avail = p->cfg.memory_limit;
     /* --recompute-norm auto: a stage that does not fit as planned is
      * planned again with the fewest BatchNorm outputs remade in the
      * backward that make it fit (fit_by_remaking). */
@@ -253,11 +257,11 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
                     (double)s->plan.scratch_bytes / (1 << 20), s->plan.scratch_layer, nd->name, nd->op_type);
         }
     }
-    if (avail && total > avail) return no_room(s, b, n, total, avail, NULL, err);
+    if (avail && total > avail) return no_room(s, b, n, total, avail, limited, NULL, err);
     for (int i = 0; i < n; i++) {
         *b[i].at = s->ops->alloc(s->dev, b[i].bytes ? b[i].bytes : 64);
         if (!*b[i].at)
-            return no_room(s, b, n, total, s->ops->mem_available ? s->ops->mem_available(s->dev) : 0,
+            return no_room(s, b, n, total, s->ops->mem_available ? s->ops->mem_available(s->dev) : 0, false,
                            b[i].what, err);
     }
     /* The inputs at the shared block's start (inputs_in_block). */

@@ -320,6 +320,7 @@ static gp_status setup(struct run *s, const struct gp_train_config *cfg,
         .compute = {.precision = cfg->precision, .fast_conv = cfg->fast_conv,
                     .remake_norm = cfg->remake_norm == GP_REMAKE_ALWAYS},
         .remake_norm_if_short = cfg->remake_norm == GP_REMAKE_AUTO,
+        .memory_limit = cfg->memory_limit > 0 ? (size_t)cfg->memory_limit : 0,
         .cuda_graph = use_graph,
         .remote = cfg->remote,
     };

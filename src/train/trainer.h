@@ -62,6 +62,7 @@ struct gp_train_config {
      * only on a stage that would not fit otherwise (auto, the default),
      * always, or never. */
     enum gp_remake_policy { GP_REMAKE_AUTO, GP_REMAKE_ALWAYS, GP_REMAKE_NEVER } remake_norm;
+    int64_t memory_limit; /* > 0: bytes each stage may plan (--memory-limit) */
     enum gp_layout_policy layout; /* channels-last activations (graph/layout.h); auto: on GPUs */
     enum gp_cuda_graph_mode cuda_graph; /* replay each step as a captured CUDA graph */
     int balance[64];          /* layers per stage; all 0: an even split */
