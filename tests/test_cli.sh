@@ -202,8 +202,8 @@ grep -qE "$auto_note" "$tmp/recompute_short.txt" ||
 cmp -s "$tmp/resnet_never.onnx" "$tmp/resnet_short.onnx" || fail "--recompute-norm auto changed the trained model"
 # auto remakes only as many as the stage needs, the largest first: one
 # byte short of the kept plan, fewer than always does; the same model
-# (GP_MEMORY_AVAILABLE: the cap on what any device reports free).
-GP_MEMORY_AVAILABLE=$((kept - 1)) "$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 --steps 2 \
+# (--memory-limit in bytes: the cap on what the device reports free).
+"$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 --steps 2 --memory-limit $((kept - 1)) \
   --momentum 0.9 --save "$tmp/resnet_short1.onnx" --metrics "$tmp/recompute_short1.jsonl" >"$tmp/recompute_short1.txt" 2>&1 ||
   fail "train --recompute-norm auto one byte short failed: $(cat "$tmp/recompute_short1.txt")"
 remade_count() { grep -oE "recompute-norm: [0-9]+ " "$1" | grep -oE "[0-9]+"; }

@@ -2,7 +2,6 @@
  * memory planned once and checked against what the device has free before
  * anything is allocated, its streams and events, its parameters (uploaded
  * once) and optimizer, and their release. */
-#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,12 +228,8 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
     /* Stages sharing a device: the earlier ones' memory is already taken,
      * so the device's free bytes are what this stage can have. */
     size_t avail = s->ops->mem_available ? s->ops->mem_available(s->dev) : SIZE_MAX;
-    /* GP_MEMORY_AVAILABLE=BYTES: no device has more free than that (a
-     * stage plans as on a smaller one: auto below remakes what it must),
-     * to measure training within a given memory, a GPU's included. */
-    long cap = gp_env_positive("GP_MEMORY_AVAILABLE", LONG_MAX, 0);
-    if (cap > 0 && avail && (unsigned long)cap < avail) avail = (size_t)cap;
-    /* train --memory-limit: the same, asked for. */
+    /* train --memory-limit: the stage plans as on a device with no more
+     * free than that (auto below remakes what it must). */
     bool limited = p->cfg.memory_limit && p->cfg.memory_limit < avail;
     if (limited) avail = p->cfg.memory_limit;
     /* --recompute-norm auto: a stage that does not fit as planned is
