@@ -166,11 +166,12 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     run_bg "test_cuda_train (channels-last filter copies)" env GP_CHANNELS_LAST_FILTERS=1 "$build/tests/test_cuda_train"
     run_bg "test_cuda_step_graph (channels-last filter copies)" env GP_CHANNELS_LAST_FILTERS=1 \
         "$build/tests/test_cuda_step_graph"
-    # The next step's inputs uploaded during the step on a stream of their
-    # own (pipeline/inputs_ahead.c; off by default until measured): whole
-    # training runs against the CPU, eager and captured as CUDA graphs.
-    run_bg "test_cuda_train (inputs uploaded ahead)" env GP_INPUTS_AHEAD=1 "$build/tests/test_cuda_train"
-    run_bg "test_cuda_step_graph (inputs uploaded ahead)" env GP_INPUTS_AHEAD=1 "$build/tests/test_cuda_step_graph"
+    # Each step's inputs copied from the host at its start, the way without
+    # uploads ahead (pipeline/inputs_ahead.c; the default uploads the next
+    # step's during the step): whole training runs against the CPU, eager
+    # and captured as CUDA graphs.
+    run_bg "test_cuda_train (inputs not uploaded ahead)" env GP_INPUTS_AHEAD=0 "$build/tests/test_cuda_train"
+    run_bg "test_cuda_step_graph (inputs not uploaded ahead)" env GP_INPUTS_AHEAD=0 "$build/tests/test_cuda_step_graph"
     # Candidates timed behind a held stream, their GPU time alone
     # (cuda/conv_measure.h; off by default): any choice must give results
     # within the bounds, and the gate must never hang a call.

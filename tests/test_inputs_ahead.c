@@ -1,5 +1,5 @@
 /* The next step's inputs uploaded during the step (gp_step_opts.next_inputs,
- * GP_INPUTS_AHEAD=1; pipeline/inputs_ahead.c), on CPU devices, whose
+ * on by default, GP_INPUTS_AHEAD=0 turns it off; pipeline/inputs_ahead.c), on CPU devices, whose
  * streams run it as a GPU's do (a stream of its own, events between it and
  * the first stage's compute stream): training takes every step's inputs
  * but the first from the upload and gives the bits of training without it

@@ -1,5 +1,5 @@
 /* The next step's inputs uploaded while this step computes
- * (gp_step_opts.next_inputs, GP_INPUTS_AHEAD=1).
+ * (gp_step_opts.next_inputs; on by default, GP_INPUTS_AHEAD=0 turns it off).
  *
  * Why: a step's batch crosses the host link before any of its work can
  * start (ResNet-50's float32 batch of 128 images, 77 MB from pinned

@@ -80,7 +80,7 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     p->output = g->outputs[0];
     /* The first stage's buffer of the next step's inputs (inputs_ahead.c),
      * planned with its blocks. */
-    if (gp_env_flag("GP_INPUTS_AHEAD", false) && !cfg->remote) p->ahead_bytes = p->input_bytes * (size_t)p->M;
+    if (gp_env_flag("GP_INPUTS_AHEAD", true) && !cfg->remote) p->ahead_bytes = p->input_bytes * (size_t)p->M;
     if ((st = gp_layers_build(g, &p->layers, err)) != GP_OK) goto fail;
     p->needs_grad = calloc((size_t)g->n_values + 1, sizeof(bool));
     p->stages = calloc((size_t)p->K, sizeof *p->stages);

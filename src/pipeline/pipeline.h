@@ -142,7 +142,8 @@ struct gp_step_opts {
     /* The next step's inputs (its x, in memory from gp_pipeline_host_alloc,
      * complete when this step is called and unchanged until the next has
      * run: not a buffer still being filled; NULL: not known): with
-     * GP_INPUTS_AHEAD=1 when the pipeline was made, they are copied to the
+     * uploads ahead on when the pipeline was made (the default;
+     * GP_INPUTS_AHEAD=0 turns them off), they are copied to the
      * first stage's device on a stream of their own while this step
      * computes (inputs_ahead.c), and the next step given the same x takes
      * them from there. */
