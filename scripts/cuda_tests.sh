@@ -161,7 +161,7 @@ if [ -x "$build/tests/test_cuda_conv" ]; then
     run_bg "test_cuda_conv (float32 channels unpadded)" env GP_CONV_FLOAT32_RUN=1 "$build/tests/test_cuda_conv"
     run_bg "test_cuda_train (float32 channels unpadded)" env GP_CONV_FLOAT32_RUN=1 "$build/tests/test_cuda_train"
     # Convolution filters held channels-last by the executor, made once per
-    # step (pipeline/plan.h; off by default until measured): whole
+    # step (pipeline/plan.h; off by default, README says why): whole
     # training runs against the CPU, eager and captured as CUDA graphs.
     run_bg "test_cuda_train (channels-last filter copies)" env GP_CHANNELS_LAST_FILTERS=1 "$build/tests/test_cuda_train"
     run_bg "test_cuda_step_graph (channels-last filter copies)" env GP_CHANNELS_LAST_FILTERS=1 \

@@ -214,6 +214,17 @@ n_all=$(remade_count "$tmp/recompute_always.txt") n_one=$(remade_count "$tmp/rec
 cmp -s "$tmp/resnet_never.onnx" "$tmp/resnet_short1.onnx" || fail "--recompute-norm auto (one byte short) changed the model"
 GP_CPU_MEMORY_AVAILABLE=$limit expect_fail 1 "but only" "$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 \
   --steps 2 --momentum 0.9 --recompute-norm never
+# The first stage's buffer of the next step's inputs (uploaded during the
+# step, by default) is given up before a stage is refused: one byte short
+# with never, it trains without it, says so, and the model is the same.
+"$bin" train "$m/resnet_op17.onnx" --synthetic 16 --batch 8 --steps 2 --momentum 0.9 --recompute-norm never \
+  --memory-limit $((kept - 1)) --save "$tmp/resnet_noahead.onnx" >"$tmp/noahead.txt" 2>&1 ||
+  fail "train one byte short without remaking failed: $(cat "$tmp/noahead.txt")"
+grep -qE "note: the first stage had no room for the next step's inputs \([0-9.]+ KiB\)" "$tmp/noahead.txt" ||
+  fail "one byte short without remaking: no note of the uploads given up: $(cat "$tmp/noahead.txt")"
+cmp -s "$tmp/resnet_never.onnx" "$tmp/resnet_noahead.onnx" || fail "giving up the uploads ahead changed the model"
+! grep -q "no room for the next step" "$tmp/recompute_short1.txt" ||
+  fail "auto one byte short gave up the uploads ahead where remaking fits"
 # train --memory-limit SIZE: the same as a device with that much free (a
 # size with K, M, G: powers of 1024); below what the stage needs at the
 # least, refused with the account; a size that is none is a usage error.

@@ -109,3 +109,5 @@ void gp_pipe_inputs_ahead_free(struct gp_pipeline *p)
 }
 
 int64_t gp_pipeline_inputs_taken_ahead(const struct gp_pipeline *p) { return p->ahead_taken; }
+
+size_t gp_pipeline_inputs_ahead_given_up(const struct gp_pipeline *p) { return p->ahead_given_up; }

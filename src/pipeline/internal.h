@@ -181,8 +181,10 @@ struct gp_pipeline {
     /* The next step's inputs uploaded during this step (inputs_ahead.c):
      * the bytes of the first stage's buffer for them (stage.inputs_ahead;
      * 0: the setting is off), its stream, the events marking the upload
-     * done and the buffer read, and the host batch it holds (NULL: none). */
-    size_t ahead_bytes;
+     * done and the buffer read, and the host batch it holds (NULL: none);
+     * the bytes of the buffer given up where the first stage had no room
+     * for it (stage.c). */
+    size_t ahead_bytes, ahead_given_up;
     struct gp_stream *ahead_stream;
     struct gp_event *ahead_done, *ahead_free;
     const void *ahead_x;

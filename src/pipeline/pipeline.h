@@ -133,6 +133,9 @@ struct gp_pipeline_config {
 /* How many steps took their inputs from an upload during the step before
  * (gp_step_opts.next_inputs). */
 int64_t gp_pipeline_inputs_taken_ahead(const struct gp_pipeline *p);
+/* The bytes of the first stage's buffer for uploads ahead that it gave up
+ * to fit (its steps then copy their inputs at their start); 0 when none. */
+size_t gp_pipeline_inputs_ahead_given_up(const struct gp_pipeline *p);
 
 /* Per-step settings: the dropout key, and whether running statistics move;
  * and the next step's batch, when the caller has it already. */

@@ -219,6 +219,19 @@ static gp_status fit_by_remaking(struct gp_pipeline *p, struct stage *s, int k, 
     return st;
 }
 
+/* fit_by_remaking from the plan with none remade, which may fit now (the
+ * first stage without its buffer of uploads ahead). */
+static gp_status fit_anew(struct gp_pipeline *p, struct stage *s, int k, size_t avail, struct block_plan *b, int *n,
+                          size_t *total, struct gp_error *err)
+{
+    bool *none = calloc((size_t)p->g->n_values + 1, sizeof(bool));
+    if (!none) return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
+    gp_status st = replan(p, s, k, none, b, n, total, err);
+    free(none);
+    GP_TRY(st);
+    return *total > avail ? fit_by_remaking(p, s, k, avail, b, n, total, err) : GP_OK;
+}
+
 static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
 {
     struct block_plan b[28];
@@ -235,8 +248,24 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
     /* --recompute-norm auto: a stage that does not fit as planned is
      * planned again with the fewest BatchNorm outputs remade in the
      * backward that make it fit (fit_by_remaking). */
-    if (avail && total > avail && p->cfg.remake_norm_if_short && !s->remade_values)
-        GP_TRY(fit_by_remaking(p, s, k, avail, b, &n, &total, err));
+    bool auto_fit = p->cfg.remake_norm_if_short && !s->remade_values;
+    if (avail && total > avail && auto_fit) GP_TRY(fit_by_remaking(p, s, k, avail, b, &n, &total, err));
+    /* The next step's inputs uploaded ahead (inputs_ahead.c) are a speed-up
+     * that a first stage which does not fit gives up before it is refused.
+     * Remaking comes first: a remade output costs one more pass over its
+     * bytes on the device, the upload given up a whole batch's crossing of
+     * the host link every step (ResNet-50: 77 MB, 1.4 ms). Without the
+     * buffer, auto plans again from none remade. */
+    if (avail && total > avail && k == 0 && p->ahead_bytes) {
+        p->ahead_given_up = p->ahead_bytes;
+        p->ahead_bytes = 0;
+        if (auto_fit) {
+            GP_TRY(fit_anew(p, s, k, avail, b, &n, &total, err));
+        } else {
+            n = stage_blocks(p, s, k, b);
+            total = blocks_total(b, n);
+        }
+    }
     /* GP_MEMORY_VERBOSE=1: every stage's account on stderr, block by block
      * (what the trainer's table sums into activations, workspace, ...). */
     if (gp_env_flag("GP_MEMORY_VERBOSE", false)) {

@@ -614,6 +614,16 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
         cb->on_note(cb->user, note);
     }
     if (st == GP_OK && cfg->remake_norm != GP_REMAKE_NEVER && cb && cb->on_note) remade_note(&s, cfg, cb);
+    size_t given_up = st == GP_OK ? gp_pipeline_inputs_ahead_given_up(s.pipe) : 0;
+    if (given_up && cb && cb->on_note) {
+        char note[240];
+        bool mib = given_up >= (1 << 20);
+        snprintf(note, sizeof note,
+                 "the first stage had no room for the next step's inputs (%.1f %s), so they are not uploaded "
+                 "during the step before: each step copies its own at its start",
+                 (double)given_up / (mib ? 1 << 20 : 1 << 10), mib ? "MiB" : "KiB");
+        cb->on_note(cb->user, note);
+    }
     if (st == GP_OK && val) st = check_indices(&s, val, "validation", err);
     if (st == GP_OK) st = gather_choices(&s, cfg, cb, err);
     if (st == GP_OK && cfg->choices_path && writer) st = choices_write(cfg, err);
