@@ -40,7 +40,7 @@ struct gp_stage_plan {
     size_t shadow_bytes;
     int *shadowed, n_shadowed; /* the value ids that have a shadow */
     /* Channels-last filter copies (GP_CHANNELS_LAST_FILTERS=1; off by
-     * default: +0.3% on ResNet-50, -1% on the U-Net, and the gradients'
+     * default: +0.3% on ResNet-50, -1.1 to -1.7% on the U-Net, and the gradients'
      * float32 copies cost memory, README): a Conv's filter W [M, C/g, kh, kw],
      * a static value no other node reads, also held as [M, kh, kw, C/g], as
      * cuDNN's channels-last kernels read it, where the kernel says it reads
