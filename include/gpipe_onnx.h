@@ -321,7 +321,8 @@ void gpo_balance_options_init(struct gpo_balance_options *o);
 struct gpo_stage {
     int first_layer, last_layer;   /* inclusive */
     double time_ms;                /* per micro-batch: forward, backward, recompute, frontier received */
-    int64_t memory_bytes;          /* parameters, gradients, optimizer state, activations in flight */
+    int64_t memory_bytes;          /* parameters, gradients, optimizer state, activations in flight,
+                                      the first stage's inputs (kernel workspaces left out) */
     int64_t frontier_in_bytes, frontier_out_bytes;
 };
 

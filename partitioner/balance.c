@@ -77,13 +77,33 @@ static int64_t frontier_at(const struct gp_profile *p, int c)
     return c == 0 ? p->input_frontier_bytes : p->layers[c - 1].frontier_bytes;
 }
 
+/* What the first stage holds of the data (pipeline/stage.c's blocks): its
+ * boxes of the input frontier (the type the stage stores it in), the
+ * mini-batch's rows as they arrive, and by default the next step's rows
+ * (pipeline/inputs_ahead.c). Where the stage converts the rows (bf16) and
+ * each micro-batch has a box of its own, the rows may lie in the block of
+ * its forward-only activations and gradients (stage.c, inputs_in_block):
+ * they cost only what they exceed that block by, about the stage's peak
+ * (`peak`; < 0, unknown: the rows counted whole, an upper bound). */
+static double first_stage_inputs(const struct gp_profile *p, const struct gp_balance_config *c,
+                                 const struct stage_load *load, double peak)
+{
+    double rows = (double)p->input_bytes * c->n_micro;
+    double held = rows;
+    if (peak >= 0 && p->input_frontier_bytes < p->input_bytes && load[0].boxes >= c->n_micro)
+        held = rows > peak ? rows - peak : 0;
+    return (double)p->input_frontier_bytes * load[0].boxes + held + (c->inputs_ahead ? rows : 0);
+}
+
 /* What stage s starting at cut c pays for its boundary: receiving the
  * frontier's activations and sending back their gradients (time), or
  * holding its boxes of that frontier and the stage before's inboxes of its
- * gradients (memory, counted here with the stage that receives). */
-static double boundary_cost(const struct gp_profile *p, enum gp_balance_by by, const struct stage_load *load, int s,
-                            int cut)
+ * gradients (memory, counted here with the stage that receives; the first
+ * stage's: its inputs, with the rows counted whole). */
+static double boundary_cost(const struct gp_profile *p, const struct gp_balance_config *c,
+                            enum gp_balance_by by, const struct stage_load *load, int s, int cut)
 {
+    if (s == 0 && cut == 0) return by == GP_BALANCE_TIME ? 0 : first_stage_inputs(p, c, load, -1);
     if (cut == 0 || s == 0) return 0;
     double bytes = (double)frontier_at(p, cut);
     if (by == GP_BALANCE_TIME) return 2 * bytes / (p->copy_gbps * 1e6);
@@ -100,13 +120,15 @@ static void figures(const struct gp_profile *p, const struct gp_balance_config *
         struct gp_stage_figures *f = &r->stages[s];
         f->first_layer = part->first[s];
         f->last_layer = part->first[s + 1];
-        double t = boundary_cost(p, GP_BALANCE_TIME, load, s, f->first_layer);
-        double m = boundary_cost(p, GP_BALANCE_MEMORY, load, s, f->first_layer);
+        double t = boundary_cost(p, c, GP_BALANCE_TIME, load, s, f->first_layer);
+        double peak = stage_peak(p, f->first_layer, f->last_layer);
+        double m = s == 0 ? first_stage_inputs(p, c, load, peak)
+                          : boundary_cost(p, c, GP_BALANCE_MEMORY, load, s, f->first_layer);
         for (int i = f->first_layer; i < f->last_layer; i++) {
             t += layer_time(p, &load[s], i);
             m += layer_memory(p, c, &load[s], i, f->first_layer);
         }
-        m += stage_peak(p, f->first_layer, f->last_layer);
+        m += peak;
         f->time_ms = t;
         f->memory_bytes = (int64_t)m;
         f->frontier_in_bytes = frontier_at(p, f->first_layer);
@@ -148,7 +170,7 @@ gp_status gp_balance(const struct gp_profile *prof, const struct gp_balance_conf
                 stage_weight[(size_t)s * n + i] = cfg->by == GP_BALANCE_TIME
                                                       ? layer_time(prof, &load[s], i)
                                                       : layer_memory(prof, cfg, &load[s], i, INT_MAX);
-                stage_boundary[(size_t)s * n + i] = boundary_cost(prof, cfg->by, load, s, i);
+                stage_boundary[(size_t)s * n + i] = boundary_cost(prof, cfg, cfg->by, load, s, i);
             }
         /* torchgpipe's heuristic knows no stages: it splits by the mean
          * over the stages (written so that equal weights stay exact). */

@@ -29,12 +29,15 @@ struct gp_balance_config {
     enum gp_pipe_schedule_kind schedule; /* GPipe (default) or 1F1B: what a stage holds at once */
     enum gp_checkpoint checkpoint;
     int optim_state_floats;  /* per parameter: 0 plain SGD, 1 momentum, 2 AdamW */
+    bool inputs_ahead;       /* the first stage also holds the next step's rows (pipeline/inputs_ahead.c) */
 };
 
 struct gp_stage_figures {
     int first_layer, last_layer;   /* layers [first, last) */
     double time_ms;                /* per micro-batch: forward, backward, recompute, receive */
-    int64_t memory_bytes;          /* parameters, gradients, optimizer state, activations */
+    int64_t memory_bytes;          /* parameters, gradients, optimizer state, activations, and the
+                                      first stage's inputs (kernel workspaces and the last stage's
+                                      targets are left out) */
     int64_t frontier_in_bytes, frontier_out_bytes;
 };
 

@@ -79,8 +79,12 @@ static int64_t cut_bytes(const struct gp_graph *g, const struct gp_layers *l, in
 
 /* Each layer's reads of parameters an earlier layer owns (float32 master
  * copies: 4 bytes an element in every precision). */
-static void fill_tied(const struct gp_graph *g, struct gp_profile *out)
+/* What the profile takes from the model itself: tied parameters and the
+ * data input's rows. */
+static void fill_from_model(const struct gp_graph *g, struct gp_profile *out)
 {
+    int input = gp_graph_data_input(g);
+    out->input_bytes = input >= 0 ? gp_value_bytes(&g->values[input]) : 0;
     for (int i = 0; i < g->n_nodes; i++) {
         struct gp_layer_profile *lp = &out->layers[i];
         lp->tied_bytes = 0;
@@ -159,7 +163,7 @@ void gp_profile_fill_bytes(const struct gp_graph *g, const struct gp_layers *l,
     free(ids);
     free(needs);
     free(kept);
-    fill_tied(g, out);
+    fill_from_model(g, out);
 }
 
 void gp_profile_remake(const struct gp_graph *g, size_t (*saved_bytes)(const struct gp_graph *, const struct gp_node *),
@@ -218,9 +222,7 @@ gp_status gp_profile_cpu(const struct gp_graph *g, const char *model_name, int t
     }
     if ((st = gp_layers_build(g, &l, err)) != GP_OK) goto done;
     if ((st = gp_cpu_runner_create_f32(g, false, &r, err)) != GP_OK) goto done;
-    int input = -1;
-    for (int i = 0; i < g->n_inputs; i++)
-        if (!g->values[g->inputs[i]].is_initializer) input = g->inputs[i];
+    int input = gp_graph_data_input(g);
     out->micro_batch = input >= 0 ? g->values[input].shape.dims[0] : g->batch;
     /* Real-looking inputs: small floats, or token ids 0 (always in range). */
     if (input >= 0 && gp_dtype_is_float(g->values[input].dtype)) {
@@ -407,7 +409,7 @@ gp_status gp_profile_load(const char *path, const struct gp_graph *g, struct gp_
         /* Profiles saved before the field: 0, the sums alone. */
         lp->peak_bytes = (v = field(l, "peak_bytes", GP_JNUMBER)) ? v->i : 0;
     }
-    if (st == GP_OK) fill_tied(g, out);
+    if (st == GP_OK) fill_from_model(g, out);
 done:
     gp_json_doc_free(&doc);
     if (st != GP_OK) gp_profile_free(out);

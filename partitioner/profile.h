@@ -41,6 +41,10 @@ struct gp_profile {
     int64_t micro_batch;
     int n_layers;
     int64_t input_frontier_bytes;   /* at the cut before layer 0 */
+    /* The data input's rows per micro-batch in the model's own type (float
+     * images: 4 bytes an element), as the first stage receives them; from
+     * the model, never from a saved profile. */
+    int64_t input_bytes;
     double copy_gbps;               /* measured bandwidth of a frontier copy between devices */
     struct gp_layer_profile *layers;
 };

@@ -68,9 +68,7 @@ gp_status gp_profile_device(const struct gp_graph *g, const char *model_name, co
     snprintf(out->model, sizeof out->model, "%s", model_name ? model_name : "");
     snprintf(out->device, sizeof out->device, "%s", ops->name);
     out->n_layers = g->n_nodes;
-    int input = -1;
-    for (int i = 0; i < g->n_inputs; i++)
-        if (!g->values[g->inputs[i]].is_initializer) input = g->inputs[i];
+    int input = gp_graph_data_input(g);
     if (input < 0) return gp_error_set(err, GP_ERR_UNSUPPORTED, "the model has no data input to profile with");
     out->micro_batch = g->values[input].shape.dims[0];
 

@@ -94,6 +94,9 @@ gpo_status gpo_train_resolved(gpo_model *m, const struct gpo_train_config *c, co
 /* gpo_train in a context that joined a job: this rank's part. */
 gpo_status gpo_job_train(gpo_model *m, const struct gpo_train_config *c, const struct gpo_train_callbacks *cb,
                          struct gpo_train_result *out);
+/* Whether the context's stages run in several processes (a job of more
+ * than one rank). */
+bool gpo_job_remote(const gpo_model *m);
 /* Leaves the job at gpo_close: MPI_Finalize, or MPI_Abort when this rank
  * failed alone (then does not return). */
 void gpo_job_end(gpo_model *m);

@@ -7,6 +7,7 @@
 #include "api/api.h"
 #include "backend/backends.h"
 #include "partitioner/report.h"
+#include "pipeline/pipeline.h"
 #include "partitioner/run.h"
 
 void gpo_balance_options_init(struct gpo_balance_options *o)
@@ -61,7 +62,8 @@ gpo_status gpo_balance(gpo_model *m, const struct gpo_balance_options *opts, con
         .by = opts->by == GPO_BALANCE_MEMORY ? GP_BALANCE_MEMORY : GP_BALANCE_TIME, .batch = opts->batch,
         .n_micro = opts->chunks, .schedule = gpo_schedule_of(opts->schedule),
         .checkpoint = gpo_checkpoint_of(opts->checkpoint),
-        .optim_state_floats = opts->optimizer == GPO_OPTIMIZER_ADAMW ? 2 : opts->momentum > 0 ? 1 : 0};
+        .optim_state_floats = opts->optimizer == GPO_OPTIMIZER_ADAMW ? 2 : opts->momentum > 0 ? 1 : 0,
+        .inputs_ahead = gp_pipeline_inputs_ahead_on(gpo_job_remote(m))};
     gpo_status st = gpo_parse_devices(m, opts->devices, &bc.n_stages, cuda, device);
     if (st != GPO_OK) return st;
     if (bc.batch < 1 || bc.n_micro < 1 || bc.batch % bc.n_micro)

@@ -47,6 +47,8 @@ struct gpo_job {
     bool failed_alone;
 };
 
+bool gpo_job_remote(const gpo_model *m) { return m->job && m->job->launch.size > 1; }
+
 /* The message of a failure every rank reached alike: rank 0's to say, the
  * others' "" (gpo_job_join's contract). */
 #define FAIL_ALIKE(m, rank, st, ...) ((rank) == 0 ? gpo_fail(m, st, __VA_ARGS__) : fail_quietly(m, st))

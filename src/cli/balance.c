@@ -25,7 +25,8 @@ static void help(FILE *f)
           "then finds the contiguous split into one stage per device that minimizes the\n"
           "slowest stage's time per micro-batch (forward, backward, recomputation when\n"
           "checkpointed, and the frontier it receives) or the largest stage's memory\n"
-          "(parameters, gradients, optimizer state, activations in flight). The split is\n"
+          "(parameters, gradients, optimizer state, activations in flight, the first\n"
+          "stage's inputs). The split is\n"
           "exact. The report shows each stage's layers, time, memory and frontiers, the\n"
           "imbalance, the predicted step time, throughput and bubble (K-1)/(M+K-1), a\n"
           "suggested --chunks, and the even split and torchgpipe's heuristic beside it.\n"
@@ -199,8 +200,9 @@ void gp_cli_print_balance(const char *model, const struct gpo_balance_options *o
     print_split("heuristic", p, &p->heuristic, by_time);
     /* What the memory column leaves out: train plans those on top. */
     printf("memory: parameters, their gradients and optimizer state, the activations each stage keeps for\n"
-           "the backward, the frontiers it holds and its largest layer's forward-only values; train also\n"
-           "plans the activation gradients its sets cannot hold, kernel workspaces and inputs\n"
+           "the backward, the frontiers it holds (the first stage: its inputs, and the next step's uploaded\n"
+           "ahead) and its largest layer's forward-only values; train also plans the activation gradients\n"
+           "its sets cannot hold, kernel workspaces and the last stage's targets\n"
            "(GP_MEMORY_VERBOSE=1 itemizes a stage's plan)\n\n");
     print_bars(&p->optimal, by_time);
     printf("bubble %.1f%% with %d micro-batches; suggested --chunks %d\n", 100 * p->bubble, o->chunks,

@@ -11,12 +11,8 @@
 static gp_status data_input(const struct gp_graph *g, const char *path, const struct gp_value **out,
                             struct gp_error *err)
 {
-    int found = 0;
-    for (int i = 0; i < g->n_inputs; i++)
-        if (!g->values[g->inputs[i]].is_initializer) {
-            *out = &g->values[g->inputs[i]];
-            found++;
-        }
+    int found = 0, v = gp_graph_data_inputs(g, &found);
+    if (v >= 0) *out = &g->values[v];
     if (found != 1)
         return gp_error_set(err, GP_ERR_UNSUPPORTED,
                             "%s: training feeds exactly one data input, the model has %d", path,

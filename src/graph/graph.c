@@ -86,6 +86,18 @@ int64_t gp_value_bytes(const struct gp_value *v)
     return gp_shape_numel(&v->shape) * (int64_t)gp_dtype_size(v->dtype);
 }
 
+int gp_graph_data_inputs(const struct gp_graph *g, int *count)
+{
+    int first = -1, n = 0;
+    for (int i = 0; i < g->n_inputs; i++)
+        if (!g->values[g->inputs[i]].is_initializer) {
+            if (first < 0) first = g->inputs[i];
+            n++;
+        }
+    if (count) *count = n;
+    return first;
+}
+
 int64_t gp_graph_param_count(const struct gp_graph *g)
 {
     int64_t n = 0;

@@ -188,6 +188,12 @@ int64_t gp_graph_param_bytes(const struct gp_graph *g);
 /* Bytes of a value's tensor at the bound batch size. */
 int64_t gp_value_bytes(const struct gp_value *v);
 
+/* The model's data inputs: its graph inputs that are not initializers.
+ * Returns the first's value index (-1: none); *count (may be NULL) gets
+ * how many there are (training feeds exactly one). */
+int gp_graph_data_inputs(const struct gp_graph *g, int *count);
+static inline int gp_graph_data_input(const struct gp_graph *g) { return gp_graph_data_inputs(g, NULL); }
+
 /* The model's metadata_props value for key, or NULL. */
 const char *gp_graph_metadata(const struct gp_graph *g, const char *key);
 

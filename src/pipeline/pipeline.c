@@ -62,15 +62,12 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     p->K = cfg->n_stages;
     p->M = cfg->n_micro;
     gp_status st = GP_OK;
-    p->input = -1;
-    for (int i = 0; i < g->n_inputs; i++)
-        if (!g->values[g->inputs[i]].is_initializer) {
-            if (p->input >= 0) {
-                st = gp_error_set(err, GP_ERR_UNSUPPORTED, "the model has several data inputs; training feeds one");
-                goto fail;
-            }
-            p->input = g->inputs[i];
-        }
+    int n_inputs = 0;
+    p->input = gp_graph_data_inputs(g, &n_inputs);
+    if (n_inputs > 1) {
+        st = gp_error_set(err, GP_ERR_UNSUPPORTED, "the model has several data inputs; training feeds one");
+        goto fail;
+    }
     if (p->input < 0) {
         st = gp_error_set(err, GP_ERR_UNSUPPORTED, "the model has no data input");
         goto fail;
@@ -80,7 +77,7 @@ gp_status gp_pipeline_create(const struct gp_pipeline_config *cfg, struct gp_pip
     p->output = g->outputs[0];
     /* The first stage's buffer of the next step's inputs (inputs_ahead.c),
      * planned with its blocks. */
-    if (gp_env_flag("GP_INPUTS_AHEAD", true) && !cfg->remote) p->ahead_bytes = p->input_bytes * (size_t)p->M;
+    if (gp_pipeline_inputs_ahead_on(cfg->remote != NULL)) p->ahead_bytes = p->input_bytes * (size_t)p->M;
     if ((st = gp_layers_build(g, &p->layers, err)) != GP_OK) goto fail;
     p->needs_grad = calloc((size_t)g->n_values + 1, sizeof(bool));
     p->stages = calloc((size_t)p->K, sizeof *p->stages);
@@ -603,6 +600,8 @@ gp_status gp_pipeline_read(struct gp_pipeline *p, int value, float *out, struct 
                         p->g->values[value].name);
 }
 
+bool gp_pipeline_inputs_ahead_on(bool remote) { return !remote && gp_env_flag("GP_INPUTS_AHEAD", true); }
+
 int gp_pipeline_stages(const struct gp_pipeline *p) { return p->K; }
 
 void gp_pipeline_layer_times(const struct gp_pipeline *p, double *fwd_ms, double *bwd_ms)
@@ -654,13 +653,15 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     for (int q = 0; q < s->plan.n_frontier_out; q++)
         r->frontier_out_bytes += (int64_t)gp_plan_value_bytes(p->g, &s->plan, s->plan.frontier_out[q]);
     r->workspace_bytes = (int64_t)(align64(s->plan.scratch_bytes) + align64(s->plan.staging_bytes));
+    r->input_rows_bytes = k == 0 && !s->inputs_inside ? (int64_t)(p->input_bytes * (size_t)p->M) : 0;
+    r->inputs_ahead_bytes = k == 0 ? (int64_t)p->ahead_bytes : 0;
     /* A local stage's: what was allocated, block by block (the figures
-     * above leave out its inputs and targets, the libraries' workspace and
-     * the small blocks); another process's: the sum of those figures. */
+     * above leave out its targets, the libraries' workspace and the small
+     * blocks); another process's: the sum of those figures. */
     r->planned_bytes = stage_local(p, k) && s->dev
                            ? (int64_t)gp_pipe_stage_allocated(p, k)
                            : r->param_bytes * 2 + r->optim_bytes + r->static_bytes + r->activation_bytes +
-                                 r->workspace_bytes;
+                                 r->workspace_bytes + r->input_rows_bytes;
 }
 
 gp_status gp_pipeline_reports(struct gp_pipeline *p, struct gp_stage_report *out, bool *known, struct gp_error *err)

@@ -136,6 +136,10 @@ int64_t gp_pipeline_inputs_taken_ahead(const struct gp_pipeline *p);
 /* The bytes of the first stage's buffer for uploads ahead that it gave up
  * to fit (its steps then copy their inputs at their start); 0 when none. */
 size_t gp_pipeline_inputs_ahead_given_up(const struct gp_pipeline *p);
+/* Whether a pipeline uploads the next step's inputs ahead (its first
+ * stage then holds a second mini-batch of rows): by default in one
+ * process, never with stages in other processes; GP_INPUTS_AHEAD=0 off. */
+bool gp_pipeline_inputs_ahead_on(bool remote);
 
 /* Per-step settings: the dropout key, and whether running statistics move;
  * and the next step's batch, when the caller has it already. */
@@ -280,6 +284,11 @@ struct gp_stage_report {
     int64_t activation_peak;      /* the most in use at once, by the executor's accounting */
     int64_t frontier_in_bytes, frontier_out_bytes; /* per micro-batch */
     int64_t workspace_bytes;      /* kernel workspace and bf16's float32 staging */
+    /* The first stage's blocks of data rows as they arrive: the step's
+     * mini-batch (0 where the rows lie in its arena's block: stage.c,
+     * inputs_in_block) and the next step's (inputs_ahead.c; also in
+     * static_bytes). 0 on other stages. */
+    int64_t input_rows_bytes, inputs_ahead_bytes;
     int64_t planned_bytes;        /* everything allocated for the stage */
 };
 
