@@ -77,10 +77,9 @@ static int64_t cut_bytes(const struct gp_graph *g, const struct gp_layers *l, in
     return bytes;
 }
 
-/* Each layer's reads of parameters an earlier layer owns (float32 master
+/* What the profile takes from the model itself: the data input's rows, and
+ * each layer's reads of parameters an earlier layer owns (float32 master
  * copies: 4 bytes an element in every precision). */
-/* What the profile takes from the model itself: tied parameters and the
- * data input's rows. */
 static void fill_from_model(const struct gp_graph *g, struct gp_profile *out)
 {
     int input = gp_graph_data_input(g);

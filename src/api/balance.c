@@ -7,8 +7,8 @@
 #include "api/api.h"
 #include "backend/backends.h"
 #include "partitioner/report.h"
-#include "pipeline/pipeline.h"
 #include "partitioner/run.h"
+#include "pipeline/pipeline.h"
 
 void gpo_balance_options_init(struct gpo_balance_options *o)
 {
