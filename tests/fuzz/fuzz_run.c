@@ -1,0 +1,49 @@
+/* libFuzzer target past the loader: a model that loads (micro-batch 1) and
+ * is small is run a training step's forward and backward on the CPU's
+ * reference executor, its inputs zero (token ids 0, always in range). Any
+ * bytes end in GP_OK or an error with a message, never a crash, a hang or
+ * a sanitizer report: a kernel must refuse what its shapes and attributes
+ * cannot do, at load (shape inference) or when it runs. Models whose values
+ * take more than RUN_BYTES are only loaded, to keep each input fast. */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cpu/runner.h"
+#include "onnx/load.h"
+
+#define RUN_BYTES (4 << 20)
+
+static int64_t value_bytes(const struct gp_graph *g)
+{
+    int64_t total = 0;
+    for (int i = 0; i < g->n_values; i++) {
+        int64_t b = gp_value_bytes(&g->values[i]);
+        if (b < 0 || b > RUN_BYTES) return INT64_MAX;
+        total += b;
+    }
+    return total;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct gp_graph g;
+    struct gp_error err = {0};
+    if (gp_onnx_load_buffer(data, size, NULL, 1, &g, &err) != GP_OK) {
+        if (err.msg[0] == '\0') __builtin_trap(); /* every failure must explain itself */
+        return 0;
+    }
+    if (value_bytes(&g) <= RUN_BYTES) {
+        struct gp_cpu_runner *r = NULL;
+        gp_status st = gp_cpu_runner_create_f32(&g, false, &r, &err);
+        struct gp_run_opts o = {.training = true, .update_state = true, .seed = 1, .dropout_ratio = -1};
+        if (st == GP_OK) st = gp_cpu_runner_forward_f32(r, &o, 0, g.n_nodes, &err);
+        if (st == GP_OK) {
+            gp_cpu_runner_zero_activation_grads_f32(r);
+            st = gp_cpu_runner_backward_f32(r, &o, 0, g.n_nodes, &err);
+        }
+        if (st != GP_OK && err.msg[0] == '\0') __builtin_trap();
+        gp_cpu_runner_free_f32(r);
+    }
+    gp_graph_free(&g);
+    return 0;
+}
