@@ -1,0 +1,83 @@
+/* libFuzzer target through the training executor: a small model that loads
+ * (micro-batch 1) is made into a pipeline of one stage on a CPU device, two
+ * micro-batches, and trains one step against zero targets (mean squared
+ * error on its first output; zero inputs, token ids 0): the planner, the
+ * schedule and the CPU compute ops, in float32 or bf16 and in NCHW or
+ * channels-last, as the input's last byte picks. Any bytes end in a step
+ * or an error with a message, never a crash, a hang or a sanitizer report.
+ * Models whose values take more than RUN_BYTES are only loaded. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "backend/device.h"
+#include "graph/layout.h"
+#include "onnx/load.h"
+#include "pipeline/pipeline.h"
+#include "train/loss.h"
+
+#define RUN_BYTES (2 << 20)
+#define MICRO 2
+
+static int64_t value_bytes(const struct gp_graph *g)
+{
+    int64_t total = 0;
+    for (int i = 0; i < g->n_values; i++) {
+        int64_t b = gp_value_bytes(&g->values[i]);
+        if (b < 0 || b > RUN_BYTES) return INT64_MAX;
+        total += b;
+    }
+    return total;
+}
+
+static void step(const struct gp_graph *g, uint8_t pick)
+{
+    struct gp_error err = {0};
+    int input = gp_graph_data_input(g);
+    const struct gp_value *o = &g->values[g->outputs[0]];
+    if (input < 0 || !gp_dtype_is_float(o->dtype)) return;
+    struct gp_loss_spec loss = {.kind = GP_LOSS_MSE, .ignore_index = GP_LOSS_IGNORE_INDEX,
+                                .target_dtype = GP_DTYPE_FLOAT32, .target_shape = o->shape};
+    const struct gp_device_ops *ops[1] = {&gp_cpu_device_ops};
+    int device[1] = {0};
+    struct gp_pipeline_config pc = {
+        .graph = g, .n_stages = 1, .device_ops = ops, .device_index = device, .n_micro = MICRO,
+        .checkpoint = GP_CHECKPOINT_EXCEPT_LAST, .optim = gp_sgd_defaults(0.01), .loss = loss,
+        .compute = {.precision = pick & 1 ? GP_PRECISION_BF16 : GP_PRECISION_FP32, .remake_norm = pick & 4}};
+    struct gp_pipeline *p = NULL;
+    if (gp_pipeline_create(&pc, &p, &err) != GP_OK) {
+        if (err.msg[0] == '\0') __builtin_trap();
+        return;
+    }
+    size_t xb = (size_t)gp_value_bytes(&g->values[input]) * MICRO;
+    size_t yb = (size_t)gp_shape_numel(&o->shape) * sizeof(float) * MICRO;
+    void *x = calloc(1, xb + 1), *y = calloc(1, yb + 1);
+    if (x && y) {
+        struct gp_step_opts so = {.seed = 1, .dropout_ratio = -1};
+        struct gp_step_outcome out = {0};
+        double denominator = (double)gp_shape_numel(&o->shape) * MICRO;
+        if (gp_pipeline_train_step(p, x, y, &so, denominator > 0 ? denominator : 1, 0.01, 0, &out, &err) != GP_OK &&
+            err.msg[0] == '\0')
+            __builtin_trap();
+    }
+    free(x);
+    free(y);
+    gp_pipeline_free(p);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct gp_graph g;
+    struct gp_error err = {0};
+    if (gp_onnx_load_buffer(data, size, NULL, 1, &g, &err) != GP_OK) {
+        if (err.msg[0] == '\0') __builtin_trap(); /* every failure must explain itself */
+        return 0;
+    }
+    uint8_t pick = size ? data[size - 1] : 0;
+    if (value_bytes(&g) <= RUN_BYTES) {
+        if (pick & 2) gp_graph_channels_last(&g);
+        step(&g, pick);
+    }
+    gp_graph_free(&g);
+    return 0;
+}
