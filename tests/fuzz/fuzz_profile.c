@@ -20,11 +20,14 @@ static struct gp_graph graph;
 static int have_graph = -1;
 static char path[64];
 
+static void remove_file(void) { unlink(path); }
+
 static void setup(void)
 {
     struct gp_error err = {0};
     have_graph = gp_onnx_load("models/mlp_op17.onnx", 4, &graph, &err) == GP_OK;
     snprintf(path, sizeof path, "/tmp/fuzz_profile.%d.json", (int)getpid());
+    atexit(remove_file);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
