@@ -57,7 +57,6 @@
 #include "kernel_graph.h"
 #include "cuda_test_util.h"
 #include "op_compare.h"
-#include "util/env.h"
 
 
 /* Set by the TF32 tests: cuBLAS / cuDNN may round operands to TF32 (10
@@ -1177,10 +1176,8 @@ static void test_pools_nhwc_bf16(void **state)
 static void test_graph_beta_ran(void **state)
 {
     (void)state;
-    /* Read as conv_algos.cu reads it (a value it does not take: the default). */
-    static const char *const ways[] = {"measured-beta", "measured", "legacy", "graph", "graph-beta", NULL};
-    int way = gp_env_choice("GP_CONV_ADD_API", ways, 0);
-    bool forced = way == 4, measured = way == 0;
+    const char *way = gp_cuda_conv_add_api();
+    bool forced = strcmp(way, "graph-beta") == 0, measured = strcmp(way, "measured-beta") == 0;
     unsigned long long n = gp_cuda_conv_graph_beta_calls();
     printf("graph API calls adding with beta 1: %llu\n", n);
     if (forced) assert_true(n > 0);

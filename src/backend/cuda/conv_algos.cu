@@ -431,12 +431,15 @@ static void choose_graphs(const struct conv_geom *g, struct conv_mode mode, unsi
  * else the graph API's add; the tests run each). */
 enum add_policy { ADD_MEASURED, ADD_MEASURED_BETA, ADD_LEGACY, ADD_GRAPH, ADD_GRAPH_BETA };
 
+static const char *const add_ways[] = {"measured-beta", "measured", "legacy", "graph", "graph-beta", NULL};
+
 static enum add_policy add_policy(void)
 {
-    static const char *const ways[] = {"measured-beta", "measured", "legacy", "graph", "graph-beta", NULL};
     static const enum add_policy as[] = {ADD_MEASURED_BETA, ADD_MEASURED, ADD_LEGACY, ADD_GRAPH, ADD_GRAPH_BETA};
-    return as[gp_env_choice("GP_CONV_ADD_API", ways, 0)];
+    return as[gp_env_choice("GP_CONV_ADD_API", add_ways, 0)];
 }
+
+extern "C" const char *gp_cuda_conv_add_api(void) { return add_ways[gp_env_choice("GP_CONV_ADD_API", add_ways, 0)]; }
 
 /* Whether direction k of the problem may be called adding into its
  * output: ConvTranspose's dX (the forward direction) and a Conv's dX

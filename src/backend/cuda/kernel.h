@@ -162,6 +162,9 @@ unsigned long long gp_cuda_conv_x3_calls(void);
 /* Convolution calls run so far adding their result into the output on the
  * graph API with beta 1 (cuda/conv_graph.h conv_graph_beta_run), for tests. */
 unsigned long long gp_cuda_conv_graph_beta_calls(void);
+/* GP_CONV_ADD_API as the convolutions read it (conv_algos.cu): the way
+ * they add a result into their output, "measured-beta" unless set. */
+const char *gp_cuda_conv_add_api(void);
 
 /* Kernel tables, one per family file (src/backend/cuda/<family>.cu, twin of
  * src/backend/cpu/<family>.c, whose kernel.h says what each family holds),
