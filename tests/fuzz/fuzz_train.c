@@ -1,10 +1,11 @@
 /* libFuzzer target through the training executor: a small model that loads
- * (micro-batch 1) is made into a pipeline of one stage on a CPU device, two
- * micro-batches, and trains one step against zero targets (mean squared
- * error on its first output; zero inputs, token ids 0): the planner, the
- * schedule and the CPU compute ops, in float32 or bf16 and in NCHW or
- * channels-last, as the input's last byte picks. Any bytes end in a step
- * or an error with a message, never a crash, a hang or a sanitizer report.
+ * (micro-batch 1) is made into a pipeline on CPU devices, two micro-batches,
+ * and trains one step against zero targets (mean squared error on its first
+ * output; zero inputs, token ids 0): the planner, the schedule and the CPU
+ * compute ops. The input's last byte picks float32 or bf16, NCHW or
+ * channels-last, BatchNorm outputs kept or remade, one stage or two (where
+ * the model has two layers), GPipe or 1F1B. Any bytes end in a step or an
+ * error with a message, never a crash, a hang or a sanitizer report.
  * Models whose values take more than RUN_BYTES are only loaded. */
 #include <stddef.h>
 #include <stdint.h>
@@ -38,10 +39,12 @@ static void step(const struct gp_graph *g, uint8_t pick)
     if (input < 0 || !gp_dtype_is_float(o->dtype)) return;
     struct gp_loss_spec loss = {.kind = GP_LOSS_MSE, .ignore_index = GP_LOSS_IGNORE_INDEX,
                                 .target_dtype = GP_DTYPE_FLOAT32, .target_shape = o->shape};
-    const struct gp_device_ops *ops[1] = {&gp_cpu_device_ops};
-    int device[1] = {0};
+    const struct gp_device_ops *ops[2] = {&gp_cpu_device_ops, &gp_cpu_device_ops};
+    int device[2] = {0, 1};
+    int stages = (pick & 8) && g->n_nodes >= 2 ? 2 : 1;
     struct gp_pipeline_config pc = {
-        .graph = g, .n_stages = 1, .device_ops = ops, .device_index = device, .n_micro = MICRO,
+        .graph = g, .n_stages = stages, .device_ops = ops, .device_index = device, .n_micro = MICRO,
+        .schedule = pick & 16 ? GP_PIPE_1F1B : GP_PIPE_GPIPE,
         .checkpoint = GP_CHECKPOINT_EXCEPT_LAST, .optim = gp_sgd_defaults(0.01), .loss = loss,
         .compute = {.precision = pick & 1 ? GP_PRECISION_BF16 : GP_PRECISION_FP32, .remake_norm = pick & 4}};
     struct gp_pipeline *p = NULL;
