@@ -4,8 +4,10 @@
  * output; zero inputs, token ids 0): the planner, the schedule and the CPU
  * compute ops. The input's last byte picks float32 or bf16, NCHW or
  * channels-last, BatchNorm outputs kept or remade, one stage or two (where
- * the model has two layers), GPipe or 1F1B. Any bytes end in a step or an
- * error with a message, never a crash, a hang or a sanitizer report.
+ * the model has two layers), GPipe or 1F1B; after the step, one
+ * micro-batch is evaluated (batch or running statistics). Any bytes end in
+ * results or an error with a message, never a crash, a hang or a
+ * sanitizer report.
  * Models whose values take more than RUN_BYTES are only loaded. */
 #include <stddef.h>
 #include <stdint.h>
@@ -59,8 +61,10 @@ static void step(const struct gp_graph *g, uint8_t pick)
         struct gp_step_opts so = {.seed = 1, .dropout_ratio = -1};
         struct gp_step_outcome out = {0};
         double denominator = (double)gp_shape_numel(&o->shape) * MICRO;
-        if (gp_pipeline_train_step(p, x, y, &so, denominator > 0 ? denominator : 1, 0.01, 0, &out, &err) != GP_OK &&
-            err.msg[0] == '\0')
+        gp_status st = gp_pipeline_train_step(p, x, y, &so, denominator > 0 ? denominator : 1, 0.01, 0, &out, &err);
+        if (st != GP_OK && err.msg[0] == '\0') __builtin_trap();
+        /* Then an evaluation of one micro-batch (predict's path), into y's room. */
+        if (st == GP_OK && gp_pipeline_eval(p, x, pick & 32, y, &err) != GP_OK && err.msg[0] == '\0')
             __builtin_trap();
     }
     free(x);
