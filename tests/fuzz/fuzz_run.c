@@ -10,19 +10,9 @@
 
 #include "backend/cpu/runner.h"
 #include "onnx/load.h"
+#include "small_model.h"
 
 #define RUN_BYTES (4 << 20)
-
-static int64_t value_bytes(const struct gp_graph *g)
-{
-    int64_t total = 0;
-    for (int i = 0; i < g->n_values; i++) {
-        int64_t b = gp_value_bytes(&g->values[i]);
-        if (b < 0 || b > RUN_BYTES) return INT64_MAX;
-        total += b;
-    }
-    return total;
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -32,7 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (err.msg[0] == '\0') __builtin_trap(); /* every failure must explain itself */
         return 0;
     }
-    if (value_bytes(&g) <= RUN_BYTES) {
+    if (fuzz_small_model(&g, RUN_BYTES)) {
         struct gp_cpu_runner *r = NULL;
         gp_status st = gp_cpu_runner_create_f32(&g, false, &r, &err);
         struct gp_run_opts o = {.training = true, .update_state = true, .seed = 1, .dropout_ratio = -1};

@@ -18,20 +18,10 @@
 #include "onnx/load.h"
 #include "pipeline/pipeline.h"
 #include "train/loss.h"
+#include "small_model.h"
 
 #define RUN_BYTES (2 << 20)
 #define MICRO 2
-
-static int64_t value_bytes(const struct gp_graph *g)
-{
-    int64_t total = 0;
-    for (int i = 0; i < g->n_values; i++) {
-        int64_t b = gp_value_bytes(&g->values[i]);
-        if (b < 0 || b > RUN_BYTES) return INT64_MAX;
-        total += b;
-    }
-    return total;
-}
 
 static void step(const struct gp_graph *g, uint8_t pick)
 {
@@ -81,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     uint8_t pick = size ? data[size - 1] : 0;
-    if (value_bytes(&g) <= RUN_BYTES) {
+    if (fuzz_small_model(&g, RUN_BYTES)) {
         if (pick & 2) gp_graph_channels_last(&g);
         step(&g, pick);
     }
