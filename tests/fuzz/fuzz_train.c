@@ -15,7 +15,6 @@
 
 #include "backend/device.h"
 #include "graph/layout.h"
-#include "onnx/load.h"
 #include "pipeline/pipeline.h"
 #include "train/loss.h"
 #include "small_model.h"
@@ -65,11 +64,7 @@ static void step(const struct gp_graph *g, uint8_t pick)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct gp_graph g;
-    struct gp_error err = {0};
-    if (gp_onnx_load_buffer(data, size, NULL, 1, &g, &err) != GP_OK) {
-        if (err.msg[0] == '\0') __builtin_trap(); /* every failure must explain itself */
-        return 0;
-    }
+    if (!fuzz_load(data, size, &g)) return 0;
     uint8_t pick = size ? data[size - 1] : 0;
     if (fuzz_small_model(&g, RUN_BYTES)) {
         if (pick & 2) gp_graph_channels_last(&g);
