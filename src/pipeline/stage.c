@@ -133,6 +133,15 @@ static size_t blocks_total(const struct block_plan *b, int n)
     return total;
 }
 
+/* The stage's blocks as now planned, into b (*n of them, *total bytes),
+ * with where its inputs lie decided first (inputs_in_block). */
+static void account_blocks(struct gp_pipeline *p, struct stage *s, int k, struct block_plan *b, int *n, size_t *total)
+{
+    s->inputs_inside = inputs_in_block(p, s, k);
+    *n = stage_blocks(p, s, k, b);
+    *total = blocks_total(b, *n);
+}
+
 static gp_status plan_stage(struct gp_pipeline *p, struct stage *s, int k, int first, int last, bool remake,
                             const bool *only, struct gp_error *err);
 
@@ -152,9 +161,7 @@ static gp_status replan(struct gp_pipeline *p, struct stage *s, int k, const boo
     int first = s->plan.first, last = s->plan.last;
     gp_plan_free(&s->plan);
     GP_TRY(plan_stage(p, s, k, first, last, true, only, err));
-    s->inputs_inside = inputs_in_block(p, s, k);
-    *n = stage_blocks(p, s, k, b);
-    *total = blocks_total(b, *n);
+    account_blocks(p, s, k, b, n, total);
     return GP_OK;
 }
 
@@ -235,9 +242,9 @@ static gp_status fit_anew(struct gp_pipeline *p, struct stage *s, int k, size_t 
 static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, struct gp_error *err)
 {
     struct block_plan b[28];
-    s->inputs_inside = inputs_in_block(p, s, k);
-    int n = stage_blocks(p, s, k, b);
-    size_t total = blocks_total(b, n);
+    int n;
+    size_t total;
+    account_blocks(p, s, k, b, &n, &total);
     /* Stages sharing a device: the earlier ones' memory is already taken,
      * so the device's free bytes are what this stage can have. */
     size_t avail = s->ops->mem_available ? s->ops->mem_available(s->dev) : SIZE_MAX;
@@ -262,8 +269,7 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
         if (auto_fit) {
             GP_TRY(fit_anew(p, s, k, avail, b, &n, &total, err));
         } else {
-            n = stage_blocks(p, s, k, b);
-            total = blocks_total(b, n);
+            account_blocks(p, s, k, b, &n, &total);
         }
     }
     /* GP_MEMORY_VERBOSE=1: every stage's account on stderr, block by block
