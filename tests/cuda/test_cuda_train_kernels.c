@@ -1294,9 +1294,14 @@ static void test_relayout(void **state)
             run_relayout(true, false, 3, db, true, 8, sb, 4, 50, acc);
             run_relayout(true, true, 5, db, true, 8, sb, 2, 13, acc);
             run_relayout(true, true, 8, db, false, 3, sb, 64, 49, acc);
+            /* 16-byte pixels from planes (one store a pixel): float32's
+             * 4 channels, bfloat16's 8 above. */
+            run_relayout(true, true, 4, db, false, 3, sb, 5, 47, acc);
+            run_relayout(true, true, 4, db, false, 4, sb, 3, 50, acc);
         }
     }
     run_relayout(true, true, 8, false, false, 3, true, 16, 224 * 224, false); /* a stem batch's image */
+    run_relayout(true, true, 4, false, false, 3, false, 16, 224 * 224, false); /* float32's, into float32 */
 }
 
 /* gp_cuda_relayout_many on `count` float32 tensors [n, c, hw] of sizes
