@@ -372,12 +372,15 @@ static void test_forward_only_outputs(void **state)
         if (gp_plan_stage(&g, &l, needs, &gp_cpu_compute_ops, &(struct gp_compute_options){0}, "cpu", 0, g.n_nodes,
                           &p, &err) != GP_OK)
             fail_msg("%s", err.msg);
-        int expected = 0, instance_norms = 0;
+        int expected = 0, instance_norms = 0, relu_norms = 0;
         for (int i = 0; i < g.n_nodes; i++) {
             const struct gp_node *n = &g.nodes[i];
             bool conv = strcmp(n->op_type, "Conv") == 0 || strcmp(n->op_type, "ConvTranspose") == 0;
             bool inorm = strcmp(n->op_type, "InstanceNormalization") == 0;
-            if (!conv && !inorm && !(strcmp(n->op_type, "BatchNormalization") == 0 && !n->fused_relu)) continue;
+            /* A BatchNorm's own backward reads its output only with a
+             * fused Relu and residual Add (the sum's sign). */
+            bool bnorm = strcmp(n->op_type, "BatchNormalization") == 0 && !(n->fused_relu && n->fused_add);
+            if (!conv && !inorm && !bnorm) continue;
             int v = n->outputs[0];
             bool read = false;
             for (int k = 0; k < g.n_outputs; k++) read |= g.outputs[k] == v;
@@ -390,12 +393,13 @@ static void test_forward_only_outputs(void **state)
             if (read) continue;
             expected++;
             instance_norms += inorm;
+            relu_norms += bnorm && n->fused_relu;
             if (p.home[v] != GP_HOME_ARENA)
                 fail_msg("%s: '%s' (layer %d, %s) is read by no backward but kept for it", fixtures[f],
                          g.values[v].name, i, n->op_type);
         }
-        printf("%-16s %d convolution and normalization outputs forward-only (%d InstanceNorm)\n", fixtures[f],
-               expected, instance_norms);
+        printf("%-16s %d convolution and normalization outputs forward-only (%d InstanceNorm, %d BatchNorm + Relu)\n",
+               fixtures[f], expected, instance_norms, relu_norms);
         if (expected == 0) fail_msg("%s: no convolution or normalization output is forward-only", fixtures[f]);
         /* The U-Net fixture's two InstanceNorms feed LeakyRelus. */
         if (f == 1 && instance_norms != 2) fail_msg("unet_op17: %d InstanceNorm outputs forward-only, not 2", instance_norms);
@@ -447,6 +451,40 @@ static void test_unary_grad_reads(void **state)
     gp_backward_reads(&custom, 1, &in, &out);
     assert_int_equal(in, 0xffffffffu);
     assert_int_equal(out, 0xffffffffu);
+}
+
+/* What BatchNormalization's and MaxPool's backward read (both backends'
+ * kernels follow it): a BatchNorm its input and, only with a fused Relu
+ * and a fused residual Add, its output (the sum's sign; a fused Relu's
+ * mask alone is told from X), never the residual; MaxPool nothing (its
+ * saved argmax). So the output of ResNet's stem, a BatchNorm + Relu that
+ * only a MaxPool reads, is not kept for the backward. */
+static void test_norm_pool_reads(void **state)
+{
+    (void)state;
+    static const struct {
+        bool relu, add;
+        uint32_t in, out;
+    } bn[] = {
+        {false, false, 0xffffffffu, 0},
+        {true, false, 0xffffffffu, 0},
+        {false, true, 0xffffffffu & ~(1u << 5), 0},
+        {true, true, 0xffffffffu & ~(1u << 5), 1},
+    };
+    for (size_t k = 0; k < sizeof bn / sizeof *bn; k++) {
+        struct gp_node n = {.name = "bn", .op_type = "BatchNormalization", .domain = "", .n_inputs = bn[k].add ? 6 : 5,
+                            .n_outputs = 1, .fused_relu = bn[k].relu, .fused_add = bn[k].add};
+        uint32_t in, out;
+        gp_backward_reads(&n, 1, &in, &out);
+        if (in != bn[k].in || out != bn[k].out)
+            fail_msg("BatchNormalization (Relu %d, Add %d): reads inputs %#x, outputs %#x; expected %#x, %#x",
+                     bn[k].relu, bn[k].add, in, out, bn[k].in, bn[k].out);
+    }
+    struct gp_node pool = {.name = "p", .op_type = "MaxPool", .domain = "", .n_inputs = 1, .n_outputs = 2};
+    uint32_t in, out;
+    gp_backward_reads(&pool, 1, &in, &out);
+    assert_int_equal(in, 0u);
+    assert_int_equal(out, 0u);
 }
 
 /* Tied parameters: the GPT whose head reads its token embedding, cut
@@ -844,6 +882,7 @@ int main(void)
                                        cmocka_unit_test(test_gradient_lifetimes),
                                        cmocka_unit_test(test_forward_only_outputs),
                                        cmocka_unit_test(test_unary_grad_reads),
+        cmocka_unit_test(test_norm_pool_reads),
                                        cmocka_unit_test(test_tied_parameters),
                                        cmocka_unit_test(test_scratch_float_calls)};
     return cmocka_run_group_tests(tests, NULL, NULL);

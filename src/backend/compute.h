@@ -82,7 +82,9 @@ struct gp_layer_call {
     /* How the outputs are stored (as out_dt), also when the kernel is given
      * float32 copies instead (backend/mixed_call.h sets it): a fused kernel
      * rounds an intermediate result as the unfused nodes stored it (a
-     * BatchNormalization's normalized value before its fused residual Add).
+     * BatchNormalization's normalized value before its fused residual Add),
+     * and a backward tells a stored output's sign without reading it (a
+     * fused Relu's mask from X). Set for forward and backward calls alike.
      * NULL: float32. */
     const enum gp_dtype *stored_out_dt;
     /* Bit k: din[k] holds no gradient yet and was not cleared (this layer is

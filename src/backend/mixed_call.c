@@ -291,6 +291,7 @@ gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const s
 {
     if (direct(ops, c, true)) {
         struct gp_layer_call d = as_it_lies(c);
+        d.stored_out_dt = c->out_dt;
         return ops->backward(ctx, &d, err);
     }
     if (c->held_nhwc || c->held_grad_nhwc) return held_not_read(c, err);
@@ -335,6 +336,7 @@ gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const s
     b.out = out;
     b.din = din;
     b.dout = dout;
+    b.stored_out_dt = c->out_dt;
     b.in_dt = b.out_dt = b.din_dt = b.dout_dt = NULL;
     b.in_nhwc = b.out_nhwc = 0;
     GP_TRY(ops->backward(ctx, &b, err));

@@ -61,19 +61,30 @@ void gp_backward_reads(const struct gp_node *n, uint32_t din, uint32_t *in, uint
     }
     /* BatchNormalization's gradients read its input (and the statistics
      * the forward saved for them, the kernel's own), its output only as a
-     * fused Relu's mask (with a fused residual Add too); Conv's and ConvTranspose's read the input and the
+     * fused Relu's mask with a fused residual Add (the sum's sign): a fused
+     * Relu's mask alone is told from the input, x alpha + beta as the
+     * forward computed it and stored it (the saved statistics' alpha and
+     * beta). So a normalized output read by nothing but a MaxPool (ResNet's
+     * stem) is not kept. Conv's and ConvTranspose's read the input and the
      * weights, never the output. A convolution's output read by nothing
      * else (ResNet's last normalization of a block, before its residual
      * Add; a U-Net's convolution before Dropout) then lives only until its
      * last reader's forward. */
     if (strcmp(n->op_type, "BatchNormalization") == 0) {
-        *out = n->fused_relu ? BIT(0) : 0;
+        *out = n->fused_relu && n->fused_add ? BIT(0) : 0;
         /* A fused residual (fused_add, input 5) is data its gradient does
          * not read, as the Add's did not. */
         if (n->fused_add) *in = ALL & ~BIT(5);
         return;
     }
     if (strcmp(n->op_type, "Conv") == 0 || strcmp(n->op_type, "ConvTranspose") == 0) {
+        *out = 0;
+        return;
+    }
+    /* MaxPool's gradient goes to each window's argmax, which its forward
+     * saved (both backends): it reads neither X nor Y (nor Indices). */
+    if (strcmp(n->op_type, "MaxPool") == 0) {
+        *in = 0;
         *out = 0;
         return;
     }

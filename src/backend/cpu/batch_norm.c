@@ -69,17 +69,36 @@ static struct bn_residual bn_residual_of(const struct gp_cpu_ctx *ctx)
     return res;
 }
 
-/* Channel c of y = x * alpha + beta (PyTorch's transform, alpha = invstd
- * * scale, beta = bias - mean * alpha), plus a fused residual (the Add's
- * float32 sum of the two stored operands), then a fused Relu by Relu's own
- * formula (NaN passes). */
+/* PyTorch's transform, x alpha + beta: one function for the forward and
+ * for the backward's Relu mask (bn_stored_positive), so that both compute
+ * the same numbers. alpha = invstd scale, beta = bias - mean alpha. */
+static inline real bn_affine(real x, real alpha, real beta) { return x * alpha + beta; }
+
+static inline void bn_alpha_beta(real invstd, real scale, real bias, real mean, real *alpha, real *beta)
+{
+    *alpha = invstd * scale;
+    *beta = bias - mean * *alpha;
+}
+
+/* Whether Relu(t), stored as the output is (rounded to bfloat16 when
+ * `bf16`), is > 0: the fused Relu's mask, where its output was positive,
+ * told without the output. A positive t below bfloat16's least subnormal
+ * rounds to 0; NaN fails. */
+static inline bool bn_stored_positive(real t, bool bf16)
+{
+    return bf16 ? gp_bf16_to_float(gp_float_to_bf16((float)t)) > 0 : t > 0;
+}
+
+/* Channel c of y = x * alpha + beta (bn_affine), plus a fused residual
+ * (the Add's float32 sum of the two stored operands), then a fused Relu by
+ * Relu's own formula (NaN passes). */
 static void bn_normalize_channel(const struct bn_plan *p, int64_t c, const real *x, real *y, real alpha, real beta,
                                  struct bn_residual res, bool relu)
 {
     for (int64_t n = 0; n < p->n; n++) {
         const real *xs = x + (n * p->c + c) * p->s;
         real *ys = y + (n * p->c + c) * p->s;
-        for (int64_t i = 0; i < p->s; i++) ys[i] = xs[i] * alpha + beta;
+        for (int64_t i = 0; i < p->s; i++) ys[i] = bn_affine(xs[i], alpha, beta);
         if (res.r) {
             const real *rs = res.r + (n * p->c + c) * p->s;
             for (int64_t i = 0; i < p->s; i++) {
@@ -104,7 +123,8 @@ static gp_status bn_remake(struct gp_cpu_ctx *ctx)
     real *y = ctx->out[0];
 #pragma omp parallel for if (p.n * p.c * p.s > GP_CPU_PAR_MIN)
     for (int64_t c = 0; c < p.c; c++) {
-        real alpha = invstd[c] * scale[c], beta = bias[c] - mean[c] * alpha;
+        real alpha, beta;
+        bn_alpha_beta(invstd[c], scale[c], bias[c], mean[c], &alpha, &beta);
         bn_normalize_channel(&p, c, x, y, alpha, beta, bn_residual_of(ctx), ctx->node->fused_relu);
     }
     return GP_OK;
@@ -159,7 +179,8 @@ static gp_status bn_forward(struct gp_cpu_ctx *ctx, struct gp_error *err)
         real is = (real)(1.0 / sqrt(var + p.eps));
         mean[c] = (real)m;
         invstd[c] = is;
-        real alpha = is * scale[c], beta = bias[c] - mean[c] * alpha;
+        real alpha, beta;
+        bn_alpha_beta(is, scale[c], bias[c], mean[c], &alpha, &beta);
         bn_normalize_channel(&p, c, x, y, alpha, beta, res, relu);
         real new_mean = rmean[c], new_var = rvar[c];
         if (training) {
@@ -225,7 +246,7 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
     (void)err;
     struct bn_plan p;
     bn_plan(ctx, &p);
-    const real *x = ctx->in[0], *scale = ctx->in[1], *dy = ctx->dout[0];
+    const real *x = ctx->in[0], *scale = ctx->in[1], *bias = ctx->in[2], *dy = ctx->dout[0];
     const real *mean = ctx->saved, *invstd = mean + p.c;
     real *dx = ctx->din[0], *dscale = ctx->din[1], *dbias = ctx->din[2];
     const real *d_rmean = ctx->node->n_outputs > 1 ? ctx->dout[1] : NULL;
@@ -235,17 +256,25 @@ static gp_status bn_backward(struct gp_cpu_ctx *ctx, struct gp_error *err)
     bool training = ctx->training;
     bool ow = gp_cpu_overwrite(ctx, 0); /* dx written whole: 0 + its gradient */
     /* A fused Relu passes dY where its output is > 0 (where Relu's input
-     * was), zero elsewhere: Relu's backward, as the unfused pair computes. */
-    const real *y = ctx->node->fused_relu ? ctx->out[0] : NULL;
+     * was), zero elsewhere: Relu's backward, as the unfused pair computes.
+     * Without a fused residual that is told from X (bn_stored_positive on
+     * the forward's transform: the output need not be kept,
+     * ops/backward_reads.c); with one, from the output Y, the sum's sign. */
+    const real *y = ctx->node->fused_relu && ctx->node->fused_add ? ctx->out[0] : NULL;
+    bool mask_x = ctx->node->fused_relu && !ctx->node->fused_add;
+    bool y_bf16 = ctx->stored_out_dt && ctx->stored_out_dt[0] == GP_DTYPE_BFLOAT16;
     /* A fused residual's gradient (input 5) is the (masked) dY, as the Add
      * wrote it: written whole when it is the first to write it. */
     real *dres = ctx->node->fused_add ? ctx->din[5] : NULL;
     bool ow_res = gp_cpu_overwrite(ctx, 5);
-#define DY(k) (y && !(y[k] > 0) ? (real)0 : dy[k])
+#define DY(k)                                                                                      \
+    ((y && !(y[k] > 0)) || (mask_x && !bn_stored_positive(bn_affine(x[k], alpha, beta), y_bf16)) ? (real)0 \
+                                                                                              : dy[k])
 #pragma omp parallel for if (p.n * p.c * p.s > GP_CPU_PAR_MIN)
     for (int64_t c = 0; c < p.c; c++) {
         double sum_dy = 0, sum_dy_xhat = 0;
-        real m = mean[c], is = invstd[c];
+        real m = mean[c], is = invstd[c], alpha = 0, beta = 0;
+        if (mask_x) bn_alpha_beta(is, scale[c], bias[c], m, &alpha, &beta);
         if (dy)
             for (int64_t n = 0; n < p.n; n++)
                 for (int64_t i = 0; i < p.s; i++) {

@@ -3,9 +3,11 @@
  *
  * Every (sample, channel) plane is independent: the parallel loops split
  * planes, and a plane's outputs and gradients are computed in one fixed
- * order, so results do not depend on the thread count. MaxPool's backward
- * finds each window's maximum again rather than keeping indices per
- * micro-batch: the scan costs what the forward did and needs no memory.
+ * order, so results do not depend on the thread count. MaxPool's forward
+ * saves each window's argmax (int32, an output's worth: the CUDA kernels'
+ * state too), and its backward reads that alone: neither X nor Y need be
+ * kept for it (ops/backward_reads.c), where X is often a large activation
+ * nothing else reads back (ResNet's stem, 4 x the pooled output).
  * Window geometry comes from gp_window_resolve, as in shape inference; up to
  * 3 spatial axes. */
 #include <math.h>
@@ -131,14 +133,27 @@ static int64_t onnx_index(const struct pool_plan *pp, int64_t plane, int64_t off
     return plane * pp->in_size + (i2 * pp->in[1] + i1) * pp->in[0] + i0;
 }
 
-/* X [N, C, D...] -> Y [N, C, O...], optional Indices (int64, Y's shape). */
+/* ctx->saved: the argmax of every output cell, its offset within its
+ * plane (int32; -1: a window without input cells). */
+static size_t maxpool_saved(const struct gp_graph *g, const struct gp_node *node)
+{
+    const struct gp_value *y = gp_node_output(g, node, 0);
+    return y ? sizeof(int32_t) * (size_t)gp_shape_numel(&y->shape) : 0;
+}
+
+/* X [N, C, D...] -> Y [N, C, O...], optional Indices (int64, Y's shape),
+ * and the argmax saved for the backward (when there is a saved block). */
 static gp_status maxpool_forward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     struct pool_plan pp;
     GP_TRY(pool_plan(c, &pp, err));
+    if (pp.in_size > INT32_MAX)
+        return gp_cpu_error(c, err, GP_ERR_UNSUPPORTED, "a plane of %lld cells exceeds int32 argmax offsets",
+                            (long long)pp.in_size);
     const real *x = c->in[0];
     real *y = c->out[0];
     int64_t *ind = c->node->n_outputs > 1 ? c->out[1] : NULL;
+    int32_t *saved = c->saved;
     bool col_major = gp_node_attr_int(c->node, "storage_order", 0) != 0;
 #pragma omp parallel for if (pp.planes * pp.out_size > PAR_MIN_CELLS)
     for (int64_t pl = 0; pl < pp.planes; pl++) {
@@ -150,30 +165,29 @@ static gp_status maxpool_forward(struct gp_cpu_ctx *c, struct gp_error *err)
                     int64_t arg = window_argmax(&pp, xp, o0, o1, o2);
                     y[o] = arg >= 0 ? xp[arg] : -INFINITY;
                     if (ind) ind[o] = arg >= 0 ? onnx_index(&pp, pl, arg, col_major) : -1;
+                    if (saved) saved[o] = (int32_t)arg;
                 }
     }
     return GP_OK;
 }
 
-/* dY -> dX += dY at each window's (first) maximum. */
+/* dY -> dX += dY at each window's (first) maximum, as the forward saved
+ * it; each plane's outputs in order. */
 static gp_status maxpool_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 {
     struct pool_plan pp;
     GP_TRY(pool_plan(c, &pp, err));
-    const real *x = c->in[0], *dy = c->dout[0];
+    const real *dy = c->dout[0];
+    const int32_t *saved = c->saved;
     real *dx = c->din[0];
     if (!dy || !dx) return GP_OK;
+    if (!saved)
+        return gp_cpu_error(c, err, GP_ERR_UNSUPPORTED, "MaxPool backward needs the argmax saved by forward");
 #pragma omp parallel for if (pp.planes * pp.out_size > PAR_MIN_CELLS)
     for (int64_t pl = 0; pl < pp.planes; pl++) {
-        const real *xp = x + pl * pp.in_size;
         real *dxp = dx + pl * pp.in_size;
-        int64_t o = pl * pp.out_size;
-        for (int64_t o0 = 0; o0 < pp.out[0]; o0++)
-            for (int64_t o1 = 0; o1 < pp.out[1]; o1++)
-                for (int64_t o2 = 0; o2 < pp.out[2]; o2++, o++) {
-                    int64_t arg = window_argmax(&pp, xp, o0, o1, o2);
-                    if (arg >= 0) dxp[arg] += dy[o];
-                }
+        for (int64_t o = pl * pp.out_size; o < (pl + 1) * pp.out_size; o++)
+            if (saved[o] >= 0) dxp[saved[o]] += dy[o];
     }
     return GP_OK;
 }
@@ -356,7 +370,7 @@ static gp_status global_max_backward(struct gp_cpu_ctx *c, struct gp_error *err)
 }
 
 const struct gp_cpu_kernel GP_CPU(gp_cpu_kernels_pool)[] = {
-    {"MaxPool", NULL, NULL, maxpool_forward, maxpool_backward},
+    {"MaxPool", maxpool_saved, NULL, maxpool_forward, maxpool_backward},
     {"AveragePool", NULL, NULL, avgpool_forward, avgpool_backward},
     {"GlobalAveragePool", NULL, NULL, global_avg_forward, global_avg_backward},
     {"GlobalMaxPool", NULL, NULL, global_max_forward, global_max_backward},

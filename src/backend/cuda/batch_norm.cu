@@ -545,20 +545,29 @@ extern "C" gp_status gp_cuda_bn_commit(cudaStream_t stream, const struct gp_grap
     return GP_OK;
 }
 
-/* A fused Relu's backward: dy where the output is > 0 (exactly where Relu's
- * input was), else 0. */
-__device__ static inline float bn_relu_grad(float y, float dy) { return y > 0 ? dy : 0.0f; }
+/* A fused Relu's mask (no fused residual): whether the output the forward
+ * stored was > 0, told from x as the forward computed it (the saved alpha
+ * and beta: the normalize passes' float operations, then the output's
+ * storage rounding), so backward need not read Y (ops/backward_reads.c):
+ * the same bits as testing Y. Rounded to bfloat16 (to nearest even), t
+ * stays above 0 exactly when t > 2^-134, half the least bfloat16
+ * subnormal (2^-134 itself ties to 0); NaN fails both tests. */
+__device__ static inline bool bn_relu_positive(float x, float alpha, float beta, bool y_bf16)
+{
+    return FADD(FMUL(x, alpha), beta) > (y_bf16 ? 0x1p-134f : 0.0f);
+}
 
 /* Block (c, k): sums over chunk k of dy and dy * xhat, xhat = (x - mean) *
  * invstd in float as on the CPU. */
 template <class IO, int VEC>
-__global__ static void bn_bwd_sums_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, gp_fptr y, const float *mean,
-                                          const float *invstd, double *pdy, double *pdyx)
+__global__ static void bn_bwd_sums_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, const float *ab, bool y_bf16,
+                                          const float *mean, const float *invstd, double *pdy, double *pdyx)
 {
     __shared__ double sh[32];
     int64_t c = blockIdx.x, k = blockIdx.y;
     int64_t j0 = k * p.lg, j1 = j0 + p.lg < p.countg ? j0 + p.lg : p.countg;
     float m = mean[c], is = invstd[c];
+    float ra = ab ? ab[2 * c] : 0.0f, rb = ab ? ab[2 * c + 1] : 0.0f;
     double s = 0, sx = 0;
     bn_chunk_walk<bn_run2<VEC>, bn_ilp<VEC>::n>(
         p, c, j0, j1,
@@ -566,12 +575,10 @@ __global__ static void bn_bwd_sums_kernel(struct bn_plan p, gp_fptr x, gp_fptr d
             bn_run2<VEC> r;
             IO::template acts<VEC>(dy, off, r.a);
             IO::template acts<VEC>(x, off, r.b);
-            if (y.p) {
-                float yv[VEC];
-                IO::template acts<VEC>(y, off, yv);
+            if (ab)
 #pragma unroll
-                for (int i = 0; i < VEC; i++) r.a[i] = bn_relu_grad(yv[i], r.a[i]);
-            }
+                for (int i = 0; i < VEC; i++)
+                    if (!bn_relu_positive(r.b[i], ra, rb, y_bf16)) r.a[i] = 0.0f;
             return r;
         },
         [&](const bn_run2<VEC> &r) {
@@ -636,8 +643,9 @@ __global__ static void bn_bwd_finish_kernel(struct bn_plan p, bool have_dy, cons
  * double, xc = x - mean in float as on the CPU; with `ow` dx = 0 + that
  * (dx not read: its first writer). The old dx is loaded with x and dy. */
 template <class IO, int VEC>
-__global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, gp_fptr y, const float *mean,
-                                              const float *invstd, const double *coef, gp_fptr dx, bool ow)
+__global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, const float *ab, bool y_bf16,
+                                              const float *mean, const float *invstd, const double *coef, gp_fptr dx,
+                                              bool ow)
 {
     const int ILP = bn_ilp<VEC>::n;
     const int64_t total = p.n * p.c * p.sg;
@@ -657,12 +665,10 @@ __global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fp
                 else
 #pragma unroll
                     for (int i = 0; i < VEC; i++) gv[k][i] = 0.0f;
-                if (y.p && dy.p) {
-                    float yv[VEC];
-                    IO::template acts<VEC>(y, e * VEC, yv);
+                if (ab && dy.p)
 #pragma unroll
-                    for (int i = 0; i < VEC; i++) gv[k][i] = bn_relu_grad(yv[i], gv[k][i]);
-                }
+                    for (int i = 0; i < VEC; i++)
+                        if (!bn_relu_positive(xv[k][i], ab[2 * ch[k]], ab[2 * ch[k] + 1], y_bf16)) gv[k][i] = 0.0f;
                 if (ow)
 #pragma unroll
                     for (int i = 0; i < VEC; i++) old[k][i] = 0.0f;
@@ -692,8 +698,8 @@ __global__ static void bn_bwd_dx_train_kernel(struct bn_plan p, gp_fptr x, gp_fp
 
 /* Evaluation: dx += dy * (scale * invstd) (dx = 0 + that with `ow`). */
 template <class IO, int VEC>
-__global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr dy, gp_fptr y, gp_fptr scale,
-                                             const float *invstd, gp_fptr dx, bool ow)
+__global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr x, gp_fptr dy, const float *ab, bool y_bf16,
+                                             gp_fptr scale, const float *invstd, gp_fptr dx, bool ow)
 {
     const int ILP = bn_ilp<VEC>::n;
     const int64_t total = p.n * p.c * p.sg;
@@ -708,11 +714,12 @@ __global__ static void bn_bwd_dx_eval_kernel(struct bn_plan p, gp_fptr dy, gp_fp
             ch[k] = (int)c;
             if (e < total) {
                 IO::template acts<VEC>(dy, e * VEC, gv[k]);
-                if (y.p) {
-                    float yv[VEC];
-                    IO::template acts<VEC>(y, e * VEC, yv);
+                if (ab) {
+                    float xv[VEC];
+                    IO::template acts<VEC>(x, e * VEC, xv);
 #pragma unroll
-                    for (int i = 0; i < VEC; i++) gv[k][i] = bn_relu_grad(yv[i], gv[k][i]);
+                    for (int i = 0; i < VEC; i++)
+                        if (!bn_relu_positive(xv[i], ab[2 * ch[k]], ab[2 * ch[k] + 1], y_bf16)) gv[k][i] = 0.0f;
                 }
                 if (ow)
 #pragma unroll
@@ -747,16 +754,18 @@ static gp_status bn_nchw_backward(struct gp_cuda_ctx *ctx, bool relu, struct gp_
     gp_fptr x = gp_cuda_in_f(ctx, 0), dy = gp_cuda_dout_f(ctx, 0), dx = gp_cuda_din_f(ctx, 0);
     gp_fptr scale = gp_cuda_in_f(ctx, 1);
     const float *mean = (const float *)ctx->saved, *invstd = mean + p.c;
-    /* A fused Relu's output, whose sign masks dY. */
-    gp_fptr y = relu ? gp_cuda_out_f(ctx, 0) : gp_fptr{NULL, false};
-    enum io_kind kind = io_kind_of({x, dy, dx, y}, {scale});
-    bn_plan_of(ctx->graph, ctx->node, io_vec_for(kind, p.s, {x, dy, dx, y}), &p);
+    /* A fused Relu's mask, told from x by the saved alpha and beta
+     * (bn_relu_positive) and the output's storage type: Y is not read. */
+    const float *ab = relu ? mean + 2 * p.c : NULL;
+    bool y_bf16 = relu && bn_round_bf16(ctx, gp_cuda_out_f(ctx, 0));
+    enum io_kind kind = io_kind_of({x, dy, dx}, {scale});
+    bn_plan_of(ctx->graph, ctx->node, io_vec_for(kind, p.s, {x, dy, dx}), &p);
     double *pdy = (double *)ctx->scratch, *pdyx = pdy + p.c * p.p, *coef = pdyx + p.c * p.p;
     bool have_dy = dy.p && p.count > 0;
     if (have_dy && (ctx->din[1] || ctx->din[2] || (dx.p && ctx->training))) {
         dim3 grid((unsigned)p.c, (unsigned)p.p, 1);
         IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_bwd_sums_kernel<IO, VEC><<<grid, BN_THREADS, 0, ctx->stream>>>(
-                                                 p, x, dy, y, mean, invstd, pdy, pdyx)));
+                                                 p, x, dy, ab, y_bf16, mean, invstd, pdy, pdyx)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward sums", err));
     } else {
         have_dy = false;
@@ -783,7 +792,7 @@ static gp_status bn_nchw_backward(struct gp_cuda_ctx *ctx, bool relu, struct gp_
     if (ctx->training) {
         IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_bwd_dx_train_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
                                                                           ctx->stream>>>(
-                                                 p, x, dy, y, mean, invstd, coef, dx, ow)));
+                                                 p, x, dy, ab, y_bf16, mean, invstd, coef, dx, ow)));
     } else {
         if (!dy.p) /* nothing to add; zeros to write when dx is not cleared */
             return ow ? gp_cuda_call(ctx, cudaMemsetAsync(dx.p, 0, (size_t)n * (dx.bf16 ? 2 : 4), ctx->stream),
@@ -791,7 +800,7 @@ static gp_status bn_nchw_backward(struct gp_cuda_ctx *ctx, bool relu, struct gp_
                       : GP_OK;
         IO_DISPATCH(kind, IO_VEC_DISPATCH(p.vec, bn_bwd_dx_eval_kernel<IO, VEC><<<bn_flat_blocks(p), BN_THREADS, 0,
                                                                          ctx->stream>>>(
-                                                 p, dy, y, scale, invstd, dx, ow)));
+                                                 p, x, dy, ab, y_bf16, scale, invstd, dx, ow)));
     }
     return gp_cuda_check_launch(ctx, "BatchNormalization backward dx", err);
 }
@@ -1365,7 +1374,7 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
     o.deferred = ctx->deferred_stats;
     o.scale = scale;
     o.bias = bias;
-    o.ab = o.mean + 2 * c; /* saved: backward's Relu mask (bn_nhwc_positive) */
+    o.ab = o.mean + 2 * c; /* saved: backward's Relu mask (bn_relu_positive) */
     if (!remake) {
         bn_nhwc_finish_kernel<<<bn_nhwc_finish_blocks(c), 256, 0, ctx->stream>>>(p, qs.p, training, update, psum,
                                                                                 psq_raw, o);
@@ -1376,18 +1385,6 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
                                                                          ctx->stream>>>(
                                              q, x, o.ab, res, bn_round_bf16(ctx, y), y, ctx->node->fused_relu)));
     return gp_cuda_check_launch(ctx, "BatchNormalization normalize (channels-last)", err);
-}
-
-/* A fused Relu's mask, channels-last: whether the output the forward
- * stored was > 0, told from x as the forward computed it (the saved
- * alpha, beta: bn_nhwc_apply_kernel's float operations, then the
- * output's storage rounding), so backward need not read Y: the same bits
- * as bn_relu_grad on Y. Rounded to bfloat16 (to nearest even), t stays
- * above 0 exactly when t > 2^-134, half the least bfloat16 subnormal
- * (2^-134 itself ties to 0); NaN fails both tests. */
-__device__ static inline bool bn_nhwc_positive(float x, float alpha, float beta, bool y_bf16)
-{
-    return FADD(FMUL(x, alpha), beta) > (y_bf16 ? 0x1p-134f : 0.0f);
 }
 
 /* The fused Relu's alpha and beta of this thread's VEC channels from cb
@@ -1434,7 +1431,7 @@ __device__ __noinline__ static void bn_nhwc_bwd_exact(struct bn_nhwc_plan q, int
         [&](const bn_run2<VEC> &r) {
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
-                float g = ab && !bn_nhwc_positive(r.b[i], ra[i], rb[i], y_bf16) ? 0.0f : r.a[i];
+                float g = ab && !bn_relu_positive(r.b[i], ra[i], rb[i], y_bf16) ? 0.0f : r.a[i];
                 double gd = (double)g;
                 s[i] = DADD(s[i], gd);
                 sx[i] = DADD(sx[i], DMUL(gd, (double)FMUL(FSUB(r.b[i], m[i]), is[i])));
@@ -1514,7 +1511,7 @@ __global__ static void __launch_bounds__(BN_THREADS, 2)
             [&](const bn_run2<VEC> &r) {
 #pragma unroll
                 for (int i = 0; i < VEC; i++) {
-                    float g = ab && !bn_nhwc_positive(r.b[i], ra[i], rb[i], y_bf16) ? 0.0f : r.a[i];
+                    float g = ab && !bn_relu_positive(r.b[i], ra[i], rb[i], y_bf16) ? 0.0f : r.a[i];
                     float xhat = FMUL(FSUB(r.b[i], m[i]), is[i]);
                     double gs = bn_widen_scaled(g, B);
                     s[i] = DADD(s[i], gs);
@@ -1611,7 +1608,7 @@ __global__ static void __launch_bounds__(BN_THREADS, 3)
             if (CHECK && e + u * G >= total) continue;
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
-                if (ab && dy.p && !bn_nhwc_positive(xv[u][i], ra[i], rb[i], y_bf16)) gv[u][i] = 0.0f;
+                if (ab && dy.p && !bn_relu_positive(xv[u][i], ra[i], rb[i], y_bf16)) gv[u][i] = 0.0f;
                 chk = __fmaf_rn(fabsf(gv[u][i]), fabsf(xv[u][i]), chk);
             }
         }
@@ -1678,7 +1675,7 @@ __global__ static void bn_nhwc_dx_eval_kernel(struct bn_nhwc_plan q, gp_fptr x, 
             if (e + u * G >= total) continue;
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
-                float g = ab && !bn_nhwc_positive(xv[u][i], ra[i], rb[i], y_bf16) ? 0.0f : gv[u][i];
+                float g = ab && !bn_relu_positive(xv[u][i], ra[i], rb[i], y_bf16) ? 0.0f : gv[u][i];
                 old[u][i] = FADD(old[u][i], FMUL(g, f[i]));
             }
             IO::template set_acts<VEC>(dx, (e + u * G) * VEC, old[u]);
@@ -1709,7 +1706,7 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, const stru
     gp_fptr scale = gp_cuda_in_f(ctx, 1);
     const float *mean = (const float *)ctx->saved, *invstd = mean + c;
     /* A fused Relu's mask from x and the saved alpha and beta, in Y's
-     * storage rounding (bn_nhwc_positive): Y is not read. */
+     * storage rounding (bn_relu_positive): Y is not read. */
     const float *ab = relu ? mean + 2 * c : NULL;
     bool y_bf16 = relu && gp_cuda_out_f(ctx, 0).bf16;
     enum io_kind kind = io_kind_of({x, dy, dx, rdy, ry}, {scale});
