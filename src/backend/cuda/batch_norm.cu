@@ -938,16 +938,10 @@ struct bn_nhwc_plan {
  * use): GP_BN_NHWC_BLOCKS, the statistics passes' target block count;
  * GP_BN_NHWC_STATS_VEC and GP_BN_NHWC_BWD_VEC, the forward's and the
  * backward's statistics run length in bfloat16; GP_BN_NHWC_RUNS, the
- * elementwise passes' runs per thread; GP_BN_NHWC_WAVE, their least
- * blocks an SM (0: none, the grid by runs alone). */
+ * elementwise passes' runs per thread. */
 static int bn_nhwc_knob(const char *name, int dflt)
 {
     return (int)gp_env_positive(name, 1 << 20, dflt);
-}
-static int bn_nhwc_knob_or_zero(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, "0") == 0 ? 0 : bn_nhwc_knob(name, dflt);
 }
 static int bn_nhwc_blocks_target(void)
 {
@@ -1247,37 +1241,17 @@ __global__ static void __launch_bounds__(BN_THREADS, VEC >= 8 ? 2 : 3)
         }
 }
 
-/* The elementwise passes' least blocks an SM (GP_BN_NHWC_WAVE; 0: none),
- * times the device's multiprocessors, read once per device. */
-static int64_t bn_nhwc_wave_blocks(void)
-{
-    static int per_sm = bn_nhwc_knob_or_zero("GP_BN_NHWC_WAVE", 8);
-    static int sms[64];
-    int dev = 0;
-    if (per_sm == 0 || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        cudaGetLastError();
-        return 0;
-    }
-    if (sms[dev] == 0 && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        cudaGetLastError();
-        sms[dev] = 0;
-        return 0;
-    }
-    return (int64_t)sms[dev] * per_sm;
-}
-
 /* Elementwise launch: BN_THREADS-thread blocks, a thread count that is a
  * multiple of the runs per row (so each thread's runs share channels),
  * about bn_nhwc_runs_per_thread runs per thread, at most 8192 blocks
  * before that rounding. 32 runs a thread (ResNet-50 bf16: 5119 samples/s
  * against 5103 at 16 and 5037 at 8): the per-channel coefficients, loaded
- * once a thread, cost less. But at least a full wave (bn_nhwc_wave_blocks:
- * 8 blocks of 256 threads an SM, 2048 threads) where the tensor has a run
- * for every thread of it: a small layer's pass ran a few hundred blocks of
- * 32 runs a thread, one SM's few warps walking them in serial rounds (ncu,
- * ResNet-50 bf16 on an H100: the 7 x 7 and 14 x 14 layers' dx at 0.5-1.8
- * TB/s, their normalize pass at 0.2-1.7). The grid does not change a
- * result: every value is computed alone. */
+ * once a thread, cost less. Small layers run few blocks so (ResNet-50's
+ * 7 x 7 and 14 x 14 layers: 98-392 of them, dx at 0.5-1.8 TB/s by ncu's
+ * DRAM bytes, mostly L2 hits), yet at least a full wave of blocks (8 an
+ * SM) where the tensor allowed was slower: ResNet-50 bf16 on an H100 5065
+ * samples/s against 5118, each thread loading and deriving its channels'
+ * coefficients for fewer runs (2026-12-07). */
 static unsigned bn_nhwc_flat_blocks(const struct bn_nhwc_plan &q)
 {
     int64_t total = q.rows * q.cr, g = 1, a = q.cr, b = BN_THREADS;
@@ -1289,8 +1263,6 @@ static unsigned bn_nhwc_flat_blocks(const struct bn_nhwc_plan &q)
     g = q.cr / a; /* blocks must be a multiple of this */
     int64_t per = (int64_t)BN_THREADS * bn_nhwc_runs_per_thread();
     int64_t want = (total + per - 1) / per;
-    int64_t wave = bn_nhwc_wave_blocks(), one_each = total / BN_THREADS;
-    if (want < wave) want = wave < one_each ? wave : one_each > want ? one_each : want;
     if (want > 8192) want = 8192;
     int64_t blocks = (want + g - 1) / g * g;
     return (unsigned)(blocks < g ? g : blocks);

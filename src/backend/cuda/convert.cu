@@ -260,7 +260,8 @@ __global__ void relayout_gather_kernel(void *dst, bool dst_nhwc, I dst_c, const 
  * stem in channels-last: the element-per-thread gather, two divisions and
  * a 2-byte store an element, took 165 us for ResNet-50's 128 images in
  * bfloat16 on an H100 (0.8 TB/s), twice a step (the forward, and the
- * filter gradient's input). */
+ * filter gradient's input); this one: ResNet-50 bf16 5091 -> 5117 and
+ * 5126 samples/s, 5118 -> 5124 in another run (2026-12-07). */
 template <typename S, typename D, typename I>
 __global__ void relayout_pixels_kernel(void *dst, const void *src, I src_c, I hw, I pixels)
 {
