@@ -943,23 +943,6 @@ static int bn_nhwc_knob(const char *name, int dflt)
 {
     return (int)gp_env_positive(name, 1 << 20, dflt);
 }
-/* GP_BN_NHWC_DX (measurement): the bfloat16 training dx kernel's runs in
- * flight a thread and least blocks an SM (its register cap), "2x3" (the
- * default: 0), "2x4" (1), "4x3" (2) or "4x4" (3). */
-static int bn_nhwc_dx_shape(void)
-{
-    static const char *const shapes[] = {"2x3", "2x4", "4x3", "4x4", NULL};
-    static int k = gp_env_choice("GP_BN_NHWC_DX", shapes, 0);
-    return k;
-}
-/* GP_BN_NHWC_BWD_MINB (measurement): the bfloat16 backward statistics
- * kernel's least blocks an SM, 2 (the default: 128 registers) or 3. */
-static int bn_nhwc_bwd_minb(void)
-{
-    static const char *const minb[] = {"2", "3", NULL};
-    static int k = gp_env_choice("GP_BN_NHWC_BWD_MINB", minb, 0) + 2;
-    return k;
-}
 static int bn_nhwc_blocks_target(void)
 {
     static int k = bn_nhwc_knob("GP_BN_NHWC_BLOCKS", 264);
@@ -1454,8 +1437,8 @@ __device__ __noinline__ static void bn_nhwc_bwd_exact(struct bn_nhwc_plan q, int
  * many rows in flight: at the default run lengths (4 channels) ptxas
  * (sm_90) spills no more than without RES (bfloat16 none, float32 20
  * bytes). */
-template <class IO, int VEC, bool RES, int MINB = 2>
-__global__ static void __launch_bounds__(BN_THREADS, MINB)
+template <class IO, int VEC, bool RES>
+__global__ static void __launch_bounds__(BN_THREADS, 2)
     bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab, bool y_bf16,
                             const float *mean, const float *invstd, double *pdy, double *pdyx, gp_fptr rdy,
                             gp_fptr ry)
@@ -1543,8 +1526,8 @@ __global__ static void __launch_bounds__(BN_THREADS, MINB)
  * scaled to a finite value; the check is a float |dy| |x| sum) and a
  * thread whose a or b is too large to scale take the same formula with
  * F2F-widened values (times 2^-896 when a and b are scaled: exact). */
-template <class IO, int VEC, int ILP = BN_NHWC_DX_ILP, int MINB = 3>
-__global__ static void __launch_bounds__(BN_THREADS, MINB)
+template <class IO, int VEC>
+__global__ static void __launch_bounds__(BN_THREADS, 3)
     bn_nhwc_dx_train_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab, bool y_bf16,
                             const float *mean, const float *invstd, const double *coef, gp_fptr dx, bool ow)
 {
@@ -1567,6 +1550,7 @@ __global__ static void __launch_bounds__(BN_THREADS, MINB)
 #pragma unroll
         for (int i = 0; i < VEC; i++) a[i] = DMUL(a[i], 0x1p896), b[i] = DMUL(b[i], 0x1p896);
     const double unscale = scaled ? 0x1p-896 : 1.0; /* F2F-widened values to a and b's scale */
+    const int ILP = BN_NHWC_DX_ILP;
     const int64_t total = q.rows * q.cr, G = (int64_t)gridDim.x * BN_THREADS;
     /* One round: ILP runs e + u G (CHECK: some may lie past the end). The
      * fast and the F2F arithmetic are two branches, not one select:
@@ -1713,15 +1697,7 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, const stru
     bool have_dy = bn_nhwc_bwd_sums_run(ctx);
     if (have_dy) {
         dim3 grid((unsigned)qs.gx, (unsigned)qs.p, 1), block((unsigned)qs.tx, (unsigned)qs.ty, 1);
-        if (kind == IO_BF16 && bn_nhwc_bwd_minb() == 3) {
-            typedef io_typed<__nv_bfloat16> IO;
-            if (res)
-                IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC, true, 3><<<grid, block, 0, ctx->stream>>>(
-                                            qs, x, dy, ab, y_bf16, mean, invstd, pdy, pdyx, rdy, ry));
-            else
-                IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC, false, 3><<<grid, block, 0, ctx->stream>>>(
-                                            qs, x, dy, ab, y_bf16, mean, invstd, pdy, pdyx, rdy, ry));
-        } else if (res)
+        if (res)
             IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC, true>
                                                       <<<grid, block, 0, ctx->stream>>>(
                                                           qs, x, dy, ab, y_bf16, mean, invstd, pdy, pdyx, rdy, ry)));
@@ -1752,16 +1728,7 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, const stru
     if (!dx.p || n == 0) return GP_OK;
     bool ow = gp_cuda_overwrite(ctx, 0);
     unsigned blocks = bn_nhwc_flat_blocks(q);
-    int shape = bn_nhwc_dx_shape();
-    if (ctx->training && kind == IO_BF16 && shape) {
-        typedef io_typed<__nv_bfloat16> IO;
-#define BN_DX_SHAPED(ILP, MINB)                                                                               \
-    bn_nhwc_dx_train_kernel<IO, VEC, ILP, MINB><<<blocks, BN_THREADS, 0, ctx->stream>>>(q, x, dy, ab, y_bf16, mean, \
-                                                                                     invstd, coef, dx, ow)
-        IO_VEC_DISPATCH(q.vec, if (shape == 1) BN_DX_SHAPED(2, 4);
-                        else if (shape == 2) BN_DX_SHAPED(4, 3); else BN_DX_SHAPED(4, 4));
-#undef BN_DX_SHAPED
-    } else if (ctx->training) {
+    if (ctx->training) {
         IO_DISPATCH(kind, IO_VEC_DISPATCH(q.vec, bn_nhwc_dx_train_kernel<IO, VEC><<<blocks, BN_THREADS, 0,
                                                                             ctx->stream>>>(
                                                  q, x, dy, ab, y_bf16, mean, invstd, coef, dx, ow)));
