@@ -932,7 +932,14 @@ struct bn_nhwc_plan {
 #define BN_NHWC_MAX_CHUNKS 4096
 #define BN_NHWC_ILP 8      /* rows in flight per lane */
 #define BN_NHWC_FLAT_ILP 4 /* elementwise passes: runs in flight per thread */
-#define BN_NHWC_DX_ILP 2   /* training dx: runs in flight per thread (4 spilled at 80 registers) */
+/* Training dx: runs in flight per thread. With its 80 registers (3 blocks
+ * an SM, 37.5% occupancy) dx waits on its loads (ncu: 77% of stalls, 2.35
+ * TB/s at 56 x 56 x 256), yet every other shape measured was slower on
+ * ResNet-50 bf16 (H100, 2026-12-07; 5159 and 5164 samples/s as is): 2 runs
+ * capped at 64 registers (4 blocks, 64 bytes spilled) 5097, 4 runs 4996
+ * (486 bytes spilled); and the backward statistics capped at 80 registers
+ * (3 blocks, 400 bytes spilled) 4769. */
+#define BN_NHWC_DX_ILP 2
 
 /* Tuning knobs, read once (measurement only; the defaults are the ones in
  * use): GP_BN_NHWC_BLOCKS, the statistics passes' target block count;
