@@ -23,7 +23,6 @@ static inline bool fuzz_load(const uint8_t *data, size_t size, struct gp_graph *
 /* Whether a model's values take at most `limit` bytes in all (each value's
  * tensor at the bound batch), so that running it stays fast; sizes that
  * overflow count as too large. */
-
 static inline bool fuzz_small_model(const struct gp_graph *g, int64_t limit)
 {
     int64_t total = 0;
