@@ -734,12 +734,12 @@ static void test_fused_residual(void **state)
     printf("fused residual Adds: %d runs identical to the unfused nodes, bit for bit\n", runs);
 }
 
-/* A planning choice against its off switch (`env` set to 0): the same
- * bits on the fixtures, fp32 and bf16, 1 to 3 stages, with and without
- * checkpointing, under GPipe and 1F1B (with `remade`, bf16's runs remake
- * BatchNorm outputs too); check(off, on, K, label) then compares the
- * stages' memory. Returns the runs. */
-static int against_switch(const char *env, const char *what_on, const char *what_off, bool remade,
+/* A planning choice against its off switch (`env` set to 0; on: unset, or
+ * set to `on_value`): the same bits on the fixtures, fp32 and bf16, 1 to
+ * 3 stages, with and without checkpointing, under GPipe and 1F1B (with
+ * `remade`, bf16's runs remake BatchNorm outputs too); check(off, on, K,
+ * label) then compares the stages' memory. Returns the runs. */
+static int against_switch(const char *env, const char *on_value, const char *what_on, const char *what_off, bool remade,
                           void (*check)(const struct run_result *off, const struct run_result *on, int K,
                                         const char *label))
 {
@@ -761,8 +761,12 @@ static int against_switch(const char *env, const char *what_on, const char *what
                 memset(&on, 0, sizeof on);
                 setenv(env, "0", 1);
                 run(fixtures[f], 8, K, M, mode, NULL, &off);
-                unsetenv(env);
+                if (on_value)
+                    setenv(env, on_value, 1);
+                else
+                    unsetenv(env);
                 run(fixtures[f], 8, K, M, mode, NULL, &on);
+                unsetenv(env);
                 char what[240];
                 snprintf(what, sizeof what, "%s %s, %s, %d stage(s) x %d micro-batches (%s), checkpoint %s%s",
                          gp_precision_name(precision), fixtures[f], what_on, K, M, gp_pipe_schedule_name(schedule),
@@ -809,7 +813,7 @@ static void check_gradients_in_sets(const struct run_result *apart, const struct
 static void test_gradients_in_sets(void **state)
 {
     (void)state;
-    int runs = against_switch("GP_GRADIENTS_IN_SETS", "gradients in the sets' dead bytes", "a separate gradient set",
+    int runs = against_switch("GP_GRADIENTS_IN_SETS", NULL, "gradients in the sets' dead bytes", "a separate gradient set",
                               true, check_gradients_in_sets);
     printf("gradients in the activation sets: %d runs identical to a separate gradient set, bit for bit\n", runs);
 }
@@ -834,9 +838,40 @@ static void check_workspaces_in_sets(const struct run_result *block, const struc
 static void test_workspaces_in_sets(void **state)
 {
     (void)state;
-    int runs = against_switch("GP_SCRATCH_IN_SETS", "workspaces in the arena and the sets' dead bytes",
+    int runs = against_switch("GP_SCRATCH_IN_SETS", NULL, "workspaces in the arena and the sets' dead bytes",
                               "every workspace in the block", false, check_workspaces_in_sets);
     printf("workspaces in the arena and the activation sets: %d runs identical to the block's, bit for bit\n", runs);
+}
+
+/* Whether the run's stages took gradients' last terms apart. */
+static int addends_total;
+
+static void check_grad_addends(const struct run_result *off, const struct run_result *on, int K, const char *label)
+{
+    int n = 0;
+    for (int k = 0; k < K; k++) {
+        assert_int_equal(off->memory[k].gradient_addends, 0);
+        n += on->memory[k].gradient_addends;
+    }
+    /* The CPU takes float32 terms only; the GPT's residual stream has them
+     * (a LayerNorm writes its input's gradient whole, the Add after it
+     * adds into it first). */
+    if (strcmp(label, "fp32 gpt_op17") == 0 && n == 0) fail_msg("%s, %d stage(s): no last term apart", label, K);
+    if (strncmp(label, "bf16", 4) == 0) assert_int_equal(n, 0);
+    addends_total += n;
+}
+
+/* Gradients' last terms apart, added by their producer's backward (plan.h,
+ * addend_off; on the CPU only with GP_GRAD_ADDENDS=all, added before the
+ * kernel): the bits of the terms added in place (GP_GRAD_ADDENDS=0). */
+static void test_grad_addends(void **state)
+{
+    (void)state;
+    addends_total = 0;
+    int runs = against_switch("GP_GRAD_ADDENDS", "all", "gradients' last terms apart", "the terms added in place",
+                              false, check_grad_addends);
+    printf("gradients' last terms apart: %d runs (%d terms apart in all) identical to adding in place, bit for bit\n",
+           runs, addends_total);
 }
 
 int main(void)
@@ -848,6 +883,7 @@ int main(void)
         cmocka_unit_test(test_workspaces_in_sets),
         cmocka_unit_test(test_fused_residual),
         cmocka_unit_test(test_gradients_in_sets),
+        cmocka_unit_test(test_grad_addends),
         cmocka_unit_test(test_gpt),
         cmocka_unit_test(test_tied),
         cmocka_unit_test(test_batchnorm_models),

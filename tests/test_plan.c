@@ -47,9 +47,8 @@ static uint32_t wanted_din(const struct gp_node *n, const bool *needs)
  * `birth`'s backward): kept values whose last backward reader (the lowest
  * layer, read_min) comes before it, and saved state of layers above it. */
 static void check_in_set(const struct gp_graph *g, const struct gp_stage_plan *p, const int *read_min, int v,
-                         int birth, size_t size)
+                         size_t o, int birth, size_t size)
 {
-    size_t o = p->grad_off[v];
     if (o + size > p->local_bytes) fail_msg("the gradient of '%s' lies past the activation set", g->values[v].name);
     for (int u = 0; u < g->n_values; u++) {
         if (p->home[u] != GP_HOME_LOCAL) continue;
@@ -69,16 +68,82 @@ static void check_in_set(const struct gp_graph *g, const struct gp_stage_plan *p
     }
 }
 
+/* Gradient addends (plan.h, addend_off) of a plan whose backend takes them
+ * wherever its kernels write a gradient whole: the writer is the value's
+ * first reader in a differentiable slot (the last backward to add into
+ * it), of two or more terms, reads it once and writes it whole there;
+ * the producer is the stage's, per micro-batch, the value its output 0;
+ * the region, alive from the writer's backward to the producer's, meets
+ * no gradient region or other addend alive with it, and in the activation
+ * set lies over dead bytes only. from/to: the gradients' lifetimes in
+ * backward time (INT_MIN: none), as check_stage computes them. */
+static void check_addends(const struct gp_graph *g, const struct gp_stage_plan *p, const bool *inbox,
+                          const int *read_min, const int *from, const int *to, int *addends)
+{
+    int first = p->first, last = p->last;
+    for (int v = 0; v < g->n_values; v++) {
+        int w = p->addend_writer[v];
+        if (w == INT_MIN) continue;
+        (*addends)++;
+        int prod = g->values[v].producer;
+        if (!(prod >= first && prod < w && w < last && !p->once[w - first] && !p->once[prod - first] &&
+              g->nodes[prod].outputs[0] == v && !inbox[v] && !g->values[v].is_output && from[v] != INT_MIN))
+            fail_msg("the last term of the gradient of '%s' is written by layer %d, made by layer %d: not a pair "
+                     "the plan may split", g->values[v].name, w, prod);
+        int terms = 0, low = INT_MAX, reads = 0;
+        for (int i = prod + 1; i < last; i++)
+            for (int k = 0; k < g->nodes[i].n_inputs; k++)
+                if (g->nodes[i].inputs[k] == v && !(k < 32 && ((g->nodes[i].def->nondiff_inputs >> k) & 1))) {
+                    terms++;
+                    if (i < low) low = i;
+                }
+        for (int k = 0; k < g->nodes[w].n_inputs; k++)
+            if (g->nodes[w].inputs[k] == v) {
+                reads++;
+                if (k >= 32 || !((p->din_overwrite[w - first] >> k) & 1))
+                    fail_msg("layer %d writes the last term of the gradient of '%s' but not whole", w,
+                             g->values[v].name);
+            }
+        if (low != w || reads != 1 || terms < 2)
+            fail_msg("the last term of the gradient of '%s': layer %d writes it, but the first reader is layer %d "
+                     "(%d terms, %d reads there)", g->values[v].name, w, low, terms, reads);
+        int af = last - w, at = last - prod;
+        size_t size = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[v].shape)), o = p->addend_off[v];
+        if (p->addend_in_set[v])
+            check_in_set(g, p, read_min, v, o, w, size);
+        else
+            assert_true(o + size <= p->grad_bytes);
+        for (int u = 0; u < g->n_values; u++) {
+            if (from[u] == INT_MIN || to[u] < af || at < from[u] || p->grad_in_set[u] != p->addend_in_set[v]) continue;
+            size_t su = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[u].shape));
+            if (p->grad_off[u] < o + size && o < p->grad_off[u] + su)
+                fail_msg("the last term of the gradient of '%s' overlaps the gradient of '%s', alive with it",
+                         g->values[v].name, g->values[u].name);
+        }
+        for (int u = v + 1; u < g->n_values; u++) {
+            int wu = p->addend_writer[u];
+            if (wu == INT_MIN || last - g->values[u].producer < af || at < last - wu ||
+                p->addend_in_set[u] != p->addend_in_set[v])
+                continue;
+            size_t su = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[u].shape));
+            if (p->addend_off[u] < o + size && o < p->addend_off[u] + su)
+                fail_msg("the last terms of the gradients of '%s' and '%s' overlap, alive together", g->values[v].name,
+                         g->values[u].name);
+        }
+    }
+}
+
 /* Backward workspaces check_stage found in the activation sets, forward
  * ones in the arena. */
 static int workspaces_in_sets, workspaces_in_arena;
 
-static void check_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs, int first, int last,
-                        size_t *set_bytes, size_t *sum_bytes, int *once_layers, int *overwritten, int *in_set)
+static void check_stage(const struct gp_graph *g, const struct gp_layers *l, const bool *needs,
+                        const struct gp_compute_ops *ops, int first, int last, size_t *set_bytes, size_t *sum_bytes,
+                        int *once_layers, int *overwritten, int *in_set, int *addends)
 {
     struct gp_stage_plan p;
     struct gp_error err = {0};
-    if (gp_plan_stage(g, l, needs, &gp_cpu_compute_ops, &(struct gp_compute_options){0}, "cpu", first, last, &p, &err) != GP_OK)
+    if (gp_plan_stage(g, l, needs, ops, &(struct gp_compute_options){0}, "cpu", first, last, &p, &err) != GP_OK)
         fail_msg("%s", err.msg);
     int nv = g->n_values;
     /* Lifetimes in backward time: t = 0 the start, t = last - i the backward of layer i. */
@@ -120,7 +185,7 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
         size_t size = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[v].shape));
         if (p.grad_in_set[v]) {
             assert_false(inbox[v] || producer < first); /* never the frontiers' */
-            check_in_set(g, &p, read_min, v, last - from[v], size);
+            check_in_set(g, &p, read_min, v, p.grad_off[v], last - from[v], size);
             (*in_set)++;
         } else {
             assert_true(p.grad_off[v] + size <= p.grad_bytes);
@@ -139,6 +204,7 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
                          last - 1, g->values[a].name, g->values[b].name);
         }
     }
+    check_addends(g, &p, inbox, read_min, from, to, addends);
     /* Backward workspaces in the set (plan.h, bwd_scratch_off): aligned,
      * inside the set, over bytes no backward from theirs on reads, and
      * apart from every gradient in the set alive at their layer's backward. */
@@ -169,6 +235,14 @@ static void check_stage(const struct gp_graph *g, const struct gp_layers *l, con
             size_t sv = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[v].shape));
             if (p.grad_off[v] < o + ws && o < p.grad_off[v] + sv)
                 fail_msg("layer %d's backward workspace overlaps the gradient of '%s'", i, g->values[v].name);
+        }
+        for (int v = 0; v < nv; v++) {
+            int w = p.addend_writer[v];
+            if (w == INT_MIN || !p.addend_in_set[v] || i > w || i < g->values[v].producer) continue;
+            size_t sv = align64(sizeof(float) * (size_t)gp_shape_numel(&g->values[v].shape));
+            if (p.addend_off[v] < o + ws && o < p.addend_off[v] + sv)
+                fail_msg("layer %d's backward workspace overlaps the last term of the gradient of '%s'", i,
+                         g->values[v].name);
         }
         workspaces_in_sets++;
     }
@@ -319,8 +393,10 @@ static void test_gradient_lifetimes(void **state)
             for (int s = 0; s < k; s++) {
                 int first = g.n_nodes * s / k, last = g.n_nodes * (s + 1) / k;
                 size_t set, sum;
-                int stage_once = 0, stage_written = 0, stage_in_set = 0;
-                check_stage(&g, &l, needs, first, last, &set, &sum, &stage_once, &stage_written, &stage_in_set);
+                int stage_once = 0, stage_written = 0, stage_in_set = 0, addends = 0;
+                check_stage(&g, &l, needs, &gp_cpu_compute_ops, first, last, &set, &sum, &stage_once, &stage_written,
+                            &stage_in_set, &addends);
+                assert_int_equal(addends, 0); /* the CPU takes none unless GP_GRAD_ADDENDS=all */
                 if (k == 1) {
                     whole_set = set, whole_sum = sum, once = stage_once;
                     written = stage_written, in_sets = stage_in_set;
@@ -345,6 +421,60 @@ static void test_gradient_lifetimes(void **state)
             fail_msg("%s: no layer runs once per step", fixtures[f]);
         if (g.n_nodes >= 20 && !(whole_set < whole_sum))
             fail_msg("%s: the gradient set shares nothing (%zu bytes)", fixtures[f], whole_set);
+        free(needs);
+        gp_layers_free(&l);
+        gp_graph_free(&g);
+    }
+}
+
+/* A backend whose kernels write every gradient whole when asked and take
+ * every last term apart (gp_compute_ops.overwrites, grad_addend). */
+static bool writes_whole(const struct gp_graph *g, const struct gp_node *node, int k)
+{
+    (void)g, (void)node, (void)k;
+    return true;
+}
+
+static bool takes_addends(const struct gp_graph *g, const struct gp_node *producer, const struct gp_node *writer,
+                          int slot, enum gp_dtype dt)
+{
+    (void)g, (void)producer, (void)writer, (void)slot, (void)dt;
+    return true;
+}
+
+/* Gradient addends (plan.h, addend_off) planned where such a backend
+ * allows, on 1 to 3 stages (check_addends): ResNet's block outputs (the
+ * next block's first convolution, then its residual path), the GPTs'
+ * residual stream (a LayerNorm, then the residual Add). None with
+ * GP_GRAD_ADDENDS=off. */
+static void test_grad_addends(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"resnet_op17", "unet_op17", "gpt_op17", "gpt_torch2_op17"};
+    struct gp_compute_ops ops = gp_cpu_compute_ops;
+    ops.overwrites = writes_whole;
+    ops.grad_addend = takes_addends;
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        struct gp_graph g;
+        struct gp_layers l;
+        bool *needs = load_fixture(fixtures[f], &g, &l);
+        int whole = 0;
+        for (int off = 0; off < 2; off++) {
+            if (off) setenv("GP_GRAD_ADDENDS", "off", 1);
+            for (int k = 1; k <= 3; k++)
+                for (int s = 0; s < k; s++) {
+                    size_t set, sum;
+                    int once = 0, written = 0, in_set = 0, addends = 0;
+                    check_stage(&g, &l, needs, &ops, g.n_nodes * s / k, g.n_nodes * (s + 1) / k, &set, &sum, &once,
+                                &written, &in_set, &addends);
+                    if (off) assert_int_equal(addends, 0);
+                    if (k == 1 && !off) whole = addends;
+                }
+            unsetenv("GP_GRAD_ADDENDS");
+        }
+        printf("%-16s %d gradients' last terms planned apart (one stage)\n", fixtures[f], whole);
+        if (strcmp(fixtures[f], "unet_op17") != 0 && whole == 0)
+            fail_msg("%s: no gradient's last term planned apart", fixtures[f]);
         free(needs);
         gp_layers_free(&l);
         gp_graph_free(&g);
@@ -880,6 +1010,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_schedule_slots), cmocka_unit_test(test_bad_schedule),
                                        cmocka_unit_test(test_gradient_lifetimes),
+                                       cmocka_unit_test(test_grad_addends),
                                        cmocka_unit_test(test_forward_only_outputs),
                                        cmocka_unit_test(test_unary_grad_reads),
         cmocka_unit_test(test_norm_pool_reads),

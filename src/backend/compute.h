@@ -17,6 +17,7 @@
 #include "graph/graph.h"
 #include "train/loss.h"
 #include "train/optim.h"
+#include "util/env.h"
 #include "util/error.h"
 
 struct gp_device;
@@ -65,6 +66,20 @@ struct gp_compute_options {
 
 static inline bool gp_scratch_backward_only(uint32_t din) { return din != ~0u && (din & GP_SCRATCH_BACKWARD); }
 
+/* GP_GRAD_ADDENDS (pipeline/plan.h, addend_off): "on" (or 1), the default,
+ * where a backend's kernel adds the term as it reads the gradient
+ * (grad_addend); "off" (or 0), none; "all", the CPU backend's kernels too, added before the
+ * call, for tests (the same bits as "off"). */
+enum gp_grad_addends { GP_GRAD_ADDENDS_ON, GP_GRAD_ADDENDS_OFF, GP_GRAD_ADDENDS_ALL };
+
+static inline enum gp_grad_addends gp_grad_addends(void)
+{
+    static const char *const ways[] = {"on", "off", "all", "1", "0", NULL};
+    static const enum gp_grad_addends as[] = {GP_GRAD_ADDENDS_ON, GP_GRAD_ADDENDS_OFF, GP_GRAD_ADDENDS_ALL,
+                                              GP_GRAD_ADDENDS_ON, GP_GRAD_ADDENDS_OFF};
+    return as[gp_env_choice("GP_GRAD_ADDENDS", ways, 0)];
+}
+
 /* One layer's call: the fields of the backends' kernel contexts
  * (backend/cpu/kernel.h says what each means). */
 struct gp_layer_call {
@@ -92,6 +107,15 @@ struct gp_layer_call {
      * backward writes every element of it (=, as 0 + x) instead of adding.
      * Set only where gp_compute_ops.overwrites said the kernel can. */
     uint32_t din_overwrite;
+    /* Backward only, not NULL where gp_compute_ops.grad_addend said yes:
+     * output 0's gradient is dout[0] + dout_addend, element by element, as
+     * convert's accumulate adds (float32 sum, one rounding to the storage
+     * type): the last term of it, written apart by its last writer
+     * (pipeline/plan.h, addend_off), for the kernel to add as it reads
+     * dout[0] rather than in a pass of its own over both. The same storage
+     * type and layout as dout[0], whose region the kernel may write (this
+     * call is its last reader). */
+    const void *dout_addend;
     /* Bit k: input k (in_nhwc) or output k (out_nhwc), and its gradient,
      * lies channels-last ([N, H, W, C] for the shape [N, C, H, W];
      * gp_value.channels_last). Nonzero only for a kernel that said it reads
@@ -266,6 +290,17 @@ struct gp_compute_ops {
     gp_status (*relayout_many)(void *ctx, int n, void *const *dst, enum gp_dtype dst_type, bool to_nhwc,
                                const float *const *src, const struct gp_shape *const *shapes, bool accumulate,
                                struct gp_error *err);
+    /* Whether the backward of `producer` may take its output 0's gradient
+     * as two terms (gp_layer_call.dout_addend): the sum its other readers
+     * wrote, and apart, stored in dt, the term of `writer`, its last
+     * reader (so the last backward to add into it), whose input `slot` it
+     * is and whose kernel writes that gradient whole (overwrites). Say yes
+     * only where the bits equal writer adding in place: writer's term
+     * needs no rounding to dt (float32) or writer rounds it to dt before
+     * adding anyway (a bfloat16 convolution's data gradient, as PyTorch's
+     * autograd adds two bfloat16 gradients). NULL: never. */
+    bool (*grad_addend)(const struct gp_graph *g, const struct gp_node *producer, const struct gp_node *writer,
+                        int slot, enum gp_dtype dt);
 };
 
 extern const struct gp_compute_ops gp_cpu_compute_ops;

@@ -297,6 +297,12 @@ gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const s
     if (c->held_nhwc || c->held_grad_nhwc) return held_not_read(c, err);
     const struct gp_node *n = c->node;
     if (n->n_inputs > MAX_ARGS || n->n_outputs > MAX_ARGS) return too_wide(n, err);
+    /* Output 0's gradient's second term (gp_layer_call.dout_addend) added
+     * in place before dout[0] is staged: the add the kernel would have
+     * made, the same bits. */
+    if (c->dout_addend && c->dout[0])
+        GP_TRY(ops->convert(ctx, c->dout[0], dt_at(c->dout_dt, 0), c->dout_addend, dt_at(c->dout_dt, 0),
+                            numel_of(c->graph, n->outputs[0]), true, err));
     uint32_t din_wanted = 0;
     for (int k = 0; k < n->n_inputs && k < 32; k++)
         if (c->din[k]) din_wanted |= 1u << k;
@@ -336,6 +342,7 @@ gp_status gp_mixed_backward(const struct gp_compute_ops *ops, void *ctx, const s
     b.out = out;
     b.din = din;
     b.dout = dout;
+    b.dout_addend = NULL;
     b.stored_out_dt = c->out_dt;
     b.in_dt = b.out_dt = b.din_dt = b.dout_dt = NULL;
     b.in_nhwc = b.out_nhwc = 0;

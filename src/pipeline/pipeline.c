@@ -640,6 +640,7 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     r->gradients_in_arena = s->plan.grads_share_arena;
     r->remade_values = s->remade_values;
     r->remade_saved_bytes = (int64_t)s->remade_saved_bytes;
+    r->gradient_addends = gp_plan_addends(p->g, &s->plan);
     r->box_bytes = (int64_t)s->plan.box_bytes;
     r->set_bytes = (int64_t)s->plan.local_bytes;
     r->inbox_bytes = (int64_t)s->plan.inbox_bytes;

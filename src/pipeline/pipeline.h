@@ -281,6 +281,8 @@ struct gp_stage_report {
      * bytes that saves (the stage planned without them, less with). */
     int remade_values;
     int64_t remade_saved_bytes;
+    /* Gradients whose last term their producer adds (plan.h, addend_off). */
+    int gradient_addends;
     int64_t activation_peak;      /* the most in use at once, by the executor's accounting */
     int64_t frontier_in_bytes, frontier_out_bytes; /* per micro-batch */
     int64_t workspace_bytes;      /* kernel workspace and bf16's float32 staging */

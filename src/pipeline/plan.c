@@ -321,6 +321,41 @@ static void first_writers(const struct gp_graph *g, const struct gp_compute_ops 
     }
 }
 
+/* Gradient addends (plan.h): value v's gradient, planned here (birth[v]
+ * set), not arriving from the next stage nor seeded by the loss (a graph
+ * output), is output 0 of a per-micro-batch layer of the stage and gets
+ * terms from at least two layers. Its first reader in a differentiable
+ * slot, the last backward to add into it, runs per micro-batch, reads it
+ * once (one term), in a slot below 32 whose gradient its kernel writes
+ * whole (overwrites), and the backend says that the producer can take
+ * that term apart (grad_addend). Sets p->addend_writer. */
+static void plan_addends(const struct gp_graph *g, const struct gp_compute_ops *ops, const int *birth,
+                         const bool *inbox, struct gp_stage_plan *p)
+{
+    for (int v = 0; v < g->n_values; v++) p->addend_writer[v] = INT_MIN;
+    if (!ops || !ops->grad_addend || !ops->overwrites || gp_grad_addends() == GP_GRAD_ADDENDS_OFF) return;
+    for (int v = 0; v < g->n_values; v++) {
+        int prod = g->values[v].producer;
+        if (birth[v] == INT_MIN || inbox[v] || g->values[v].is_output || prod < p->first || prod >= p->last ||
+            p->once[prod - p->first] || g->nodes[prod].outputs[0] != v)
+            continue;
+        int writer = INT_MIN, slot = -1, terms = 0, writer_terms = 0;
+        for (int i = p->last - 1; i > prod; i--) {
+            const struct gp_node *n = &g->nodes[i];
+            int here = 0, at = -1;
+            for (int k = 0; k < n->n_inputs; k++)
+                if (n->inputs[k] == v && !(k < 32 && ((n->def->nondiff_inputs >> k) & 1))) here++, at = k;
+            if (!here) continue;
+            terms += here;
+            writer = i, slot = at, writer_terms = here; /* the lowest so far */
+        }
+        if (writer == INT_MIN || terms < 2 || writer_terms != 1 || slot >= 32 || p->once[writer - p->first]) continue;
+        const struct gp_node *w = &g->nodes[writer];
+        if (!ops->overwrites(g, w, slot) || !ops->grad_addend(g, &g->nodes[prod], w, slot, p->dt[v])) continue;
+        p->addend_writer[v] = writer;
+    }
+}
+
 /* Values remade in the backward (plan.h) are regions of the set too, from
  * the backward of their last reader (remade_at) to their own layer's. A
  * region lies in the activation set's dead bytes where it fits (above;
@@ -344,8 +379,11 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
     p->remade = malloc(sizeof(int) * ((size_t)nv + 1));
     p->grad_in_set = calloc((size_t)nv + 1, sizeof(bool));
     p->remade_in_set = calloc((size_t)nv + 1, sizeof(bool));
+    p->addend_writer = malloc(sizeof(int) * ((size_t)nv + 1));
+    p->addend_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
+    p->addend_in_set = calloc((size_t)nv + 1, sizeof(bool));
     if (!birth || !live || !in_set || !dead || !p->born_start || !p->born || !p->remade_start || !p->remade ||
-        !p->grad_in_set || !p->remade_in_set) {
+        !p->grad_in_set || !p->remade_in_set || !p->addend_writer || !p->addend_off || !p->addend_in_set) {
         free(birth);
         free(live);
         free(in_set);
@@ -370,6 +408,8 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
         if (b == INT_MIN) b = g->values[v].producer >= first ? g->values[v].producer : first;
         birth[v] = b;
     }
+    plan_addends(g, ops, birth, inbox, p);
+    for (int v = 0; v < nv; v++) p->addend_off[v] = SIZE_MAX;
     /* Births grouped by time: index t = last - b (0: the start, then the
      * layers from last - 1 down to first). */
     for (int v = 0; v < nv; v++)
@@ -404,16 +444,21 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
     p->grad_bytes = 0;
     for (int t = 0; t <= nl; t++) {
         int layer = last - t; /* t = 0: the start (layer == last) */
-        /* The gradients born now, then the values remade now. */
+        /* The gradients born now, then the values remade now, then the
+         * addends this layer's backward writes (q from n_born + n_remade
+         * on, every value looked at: few layers write any). */
         int n_born = p->born_start[t + 1] - p->born_start[t], n_remade = p->remade_start[t + 1] - p->remade_start[t];
-        for (int q = 0; q < n_born + n_remade; q++) {
-            bool remade = q >= n_born;
-            int v = remade ? p->remade[p->remade_start[t] + q - n_born] : p->born[p->born_start[t] + q];
+        for (int q = 0; q < n_born + n_remade + (layer < last ? nv : 0); q++) {
+            bool remade = q >= n_born && q < n_born + n_remade, addend = q >= n_born + n_remade;
+            int v = addend   ? q - n_born - n_remade
+                    : remade ? p->remade[p->remade_start[t] + q - n_born]
+                             : p->born[p->born_start[t] + q];
+            if (addend && p->addend_writer[v] != layer) continue;
             size_t size = align64(gp_plan_value_bytes(g, p, v));
             int producer = g->values[v].producer;
             struct region r = {.size = size,
                                .until = p->home[v] == GP_HOME_BOX || producer < first ? INT_MIN : producer};
-            size_t at = use_sets && r.until != INT_MIN && !(inbox[v] && !remade)
+            size_t at = use_sets && r.until != INT_MIN && !(inbox[v] && !remade && !addend)
                             ? set_fit(dead, n_dead, in_set, n_set, size)
                             : SIZE_MAX;
             if (at != SIZE_MAX) {
@@ -424,8 +469,8 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
                 if (r.off + size > p->grad_bytes) p->grad_bytes = r.off + size;
                 insert_sorted(live, &n_live, r);
             }
-            *(remade ? &p->remade_off[v] : &p->grad_off[v]) = r.off;
-            *(remade ? &p->remade_in_set[v] : &p->grad_in_set[v]) = at != SIZE_MAX;
+            *(addend ? &p->addend_off[v] : remade ? &p->remade_off[v] : &p->grad_off[v]) = r.off;
+            *(addend ? &p->addend_in_set[v] : remade ? &p->remade_in_set[v] : &p->grad_in_set[v]) = at != SIZE_MAX;
         }
         /* Then this layer's backward workspace, alive for its call only:
          * in the set's dead bytes where it fits, else the block's. */
@@ -473,6 +518,13 @@ static gp_status plan_gradients(const struct gp_graph *g, const bool *needs_grad
         return gp_error_set(err, GP_ERR_NOMEM, "out of memory planning a stage");
     }
     first_writers(g, ops, birth, inbox, p, overwritten);
+    /* An addend's writer writes it whole (plan_addends chose writers that can). */
+    for (int v = 0; v < nv; v++) {
+        int w = p->addend_writer[v];
+        if (w == INT_MIN) continue;
+        for (int k = 0; k < g->nodes[w].n_inputs && k < 32; k++)
+            if (g->nodes[w].inputs[k] == v) p->din_overwrite[w - first] |= 1u << k;
+    }
     /* The output frontier's gradients start as copies of what arrived in
      * the inbox (tasks.c, run_backward), written whole before any layer
      * adds to them: no clear (for GPT-2's logits, 1.65 GB of zeros written
@@ -1075,6 +1127,13 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
     return st;
 }
 
+int gp_plan_addends(const struct gp_graph *g, const struct gp_stage_plan *p)
+{
+    int n = 0;
+    for (int v = 0; p->addend_writer && v < g->n_values; v++) n += p->addend_writer[v] != INT_MIN;
+    return n;
+}
+
 void gp_plan_free(struct gp_stage_plan *p)
 {
     free(p->home);
@@ -1094,6 +1153,9 @@ void gp_plan_free(struct gp_stage_plan *p)
     free(p->remade);
     free(p->grad_in_set);
     free(p->remade_in_set);
+    free(p->addend_writer);
+    free(p->addend_off);
+    free(p->addend_in_set);
     free(p->bwd_scratch_bytes);
     free(p->bwd_scratch_off);
     free(p->fwd_scratch_bytes);

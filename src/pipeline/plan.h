@@ -148,6 +148,23 @@ struct gp_stage_plan {
      * frontier's (born before anything is dead). GP_GRADIENTS_IN_SETS=0:
      * every one in the gradient set, for comparisons. */
     bool *grad_in_set, *remade_in_set;
+    /* Gradient addends (plan.c, plan_addends): where several layers add
+     * into a value's gradient and the kernel of the layer that made it can
+     * read that gradient as two terms (gp_compute_ops.grad_addend), the
+     * last term, its first reader's (addend_writer[v]; INT_MIN: none),
+     * goes to a region of its own, written whole (din_overwrite), which the
+     * producer's backward adds as it reads the rest
+     * (gp_layer_call.dout_addend): the add's pass over the sum goes (its
+     * write, and the read of it back). ResNet: a block's first
+     * convolution's data gradient, which the previous block's BatchNorm
+     * adds to the residual path's. The region, at addend_off[v] (in the
+     * micro-batch's activation set when addend_in_set[v], as grad_in_set),
+     * lives from the writer's backward to the producer's. The same bits
+     * as adding in place (the backend says where). GP_GRAD_ADDENDS=0:
+     * none, for comparisons. */
+    int *addend_writer;
+    size_t *addend_off;
+    bool *addend_in_set;
     /* Backward workspaces (plan.c, plan_scratch): a layer's backward call
      * needs bwd_scratch_bytes[layer - first] of workspace only while it
      * runs, so it lies, where it fits, in the micro-batch's activation
@@ -185,6 +202,9 @@ gp_status gp_plan_stage(const struct gp_graph *g, const struct gp_layers *l, con
 /* Bytes of the arena and the gradient set together: the larger of them
  * when they share a block (grads_share_arena), else their sum. */
 size_t gp_plan_shared_bytes(const struct gp_stage_plan *p);
+
+/* How many values' gradients take their last term apart (addend_writer). */
+int gp_plan_addends(const struct gp_graph *g, const struct gp_stage_plan *p);
 
 /* Stored bytes of value v on the stage (its storage type). */
 size_t gp_plan_value_bytes(const struct gp_graph *g, const struct gp_stage_plan *p, int v);

@@ -3,6 +3,7 @@
  * recomputation, and the optimizer's pieces (optimizer.c), through the
  * stage backend's compute ops. With layer timing on, each layer is waited
  * for and timed. */
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -63,6 +64,9 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
                    : copy   ? s->filters + s->plan.filter_off[v]
                             : call_addr(s, v, box, set, with_grads);
         s->din[k] = v >= 0 && with_grads && !nondiff(n, k) ? grad_addr(s, &g->values[v], v, set) : NULL;
+        /* The last term of v's gradient, apart (plan.h, addend_off). */
+        if (s->din[k] && s->plan.addend_writer && s->plan.addend_writer[v] == layer)
+            s->din[k] = (float *)grad_place(s, s->plan.addend_in_set[v], s->plan.addend_off[v], set);
         if (held_k && s->din[k] && s->plan.filter_grad_off[v] != SIZE_MAX && !gp_pipe_buckets_on(p)) {
             s->din[k] = (float *)(s->filter_grads + s->plan.filter_grad_off[v]);
             held_grad |= 1u << k;
@@ -73,6 +77,8 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
         s->out[k] = v >= 0 ? call_addr(s, v, box, set, with_grads) : NULL;
         s->dout[k] = v >= 0 && with_grads ? grad_addr(s, &g->values[v], v, set) : NULL;
     }
+    int y = n->n_outputs ? n->outputs[0] : -1;
+    bool addend = with_grads && y >= 0 && s->plan.addend_writer && s->plan.addend_writer[y] != INT_MIN;
     return (struct gp_layer_call){
         .graph = g,
         .node = n,
@@ -81,6 +87,7 @@ static struct gp_layer_call layer_call(struct gp_pipeline *p, struct stage *s, i
         .out = s->out,
         .din = s->din,
         .dout = s->dout,
+        .dout_addend = addend ? grad_place(s, s->plan.addend_in_set[y], s->plan.addend_off[y], set) : NULL,
         .in_dt = in_dt,
         .out_dt = out_dt,
         .din_dt = din_dt,
@@ -293,6 +300,7 @@ static gp_status remake_values(struct gp_pipeline *p, struct stage *s, int j, in
         memset(s->din, 0, sizeof(float *) * (size_t)s->width);
         memset(s->dout, 0, sizeof(float *) * (size_t)s->width);
         for (int k = 1; k < n->n_outputs; k++) s->out[k] = NULL;
+        c.dout_addend = NULL;
         c.remake = true;
         GP_TRY(gp_mixed_forward(s->cops, s->cctx, &c, s->staging, err));
     }

@@ -814,7 +814,8 @@ gp_status gp_train(const struct gp_train_config *cfg, const struct gp_dataset *t
                 .frontier_boxes = r.frontier_boxes, .activation_sets = r.activation_sets,
                 .gradient_inboxes = r.gradient_inboxes, .arena_bytes = r.arena_bytes,
                 .gradient_set_bytes = r.gradient_set_bytes, .gradients_in_arena = r.gradients_in_arena,
-                .remade_values = r.remade_values, .remade_saved_bytes = r.remade_saved_bytes};
+                .remade_values = r.remade_values, .remade_saved_bytes = r.remade_saved_bytes,
+                .gradient_addends = r.gradient_addends};
             cb->on_memory(cb->user, &m);
         }
     free(reports);

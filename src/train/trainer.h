@@ -116,6 +116,9 @@ struct gp_stage_memory_report {
      * activation bytes that saves on the stage. */
     int remade_values;
     int64_t remade_saved_bytes;
+    /* Gradients whose last term their producer adds as it reads them
+     * (pipeline/plan.h, addend_off). */
+    int gradient_addends;
 };
 
 /* Defaults: batch 32, 1 chunk, 1 epoch, shuffle, SGD lr 0.01... */

@@ -38,6 +38,16 @@ static bool remakes(const struct gp_graph *g, const struct gp_node *node)
     return kern && kern->remakes && kern->remakes(g, node);
 }
 
+/* Only with GP_GRAD_ADDENDS=all, for tests: the backward adds the term in
+ * place before the kernel runs (no pass saved), float32 terms only (a
+ * bfloat16 writer's term rounded apart would round twice). */
+static bool grad_addend(const struct gp_graph *g, const struct gp_node *producer, const struct gp_node *writer,
+                        int slot, enum gp_dtype dt)
+{
+    (void)g, (void)producer, (void)writer, (void)slot;
+    return dt == GP_DTYPE_FLOAT32 && gp_grad_addends() == GP_GRAD_ADDENDS_ALL;
+}
+
 static size_t saved_bytes(const struct gp_graph *g, const struct gp_node *node)
 {
     const struct gp_cpu_kernel *k = gp_cpu_kernel_for_f32(node);
@@ -84,6 +94,14 @@ static gp_status forward(void *ctx, const struct gp_layer_call *c, struct gp_err
 static gp_status backward(void *ctx, const struct gp_layer_call *c, struct gp_error *err)
 {
     (void)ctx;
+    /* Output 0's gradient's second term (gp_layer_call.dout_addend: float32
+     * here, grad_addend) added in place first, as its writer would have. */
+    if (c->dout_addend && c->dout[0]) {
+        const float *a = c->dout_addend;
+        float *d = c->dout[0];
+        int64_t n = gp_shape_numel(&c->graph->values[c->node->outputs[0]].shape);
+        for (int64_t i = 0; i < n; i++) d[i] = d[i] + a[i];
+    }
     struct gp_cpu_ctx cc = cpu_ctx(c);
     return ((const struct gp_cpu_kernel *)c->kernel)->backward(&cc, err);
 }
@@ -217,6 +235,7 @@ const struct gp_compute_ops gp_cpu_compute_ops = {
     .has_kernel = has_kernel,
     .kernel_for = kernel_for,
     .overwrites = overwrites,
+    .grad_addend = grad_addend,
     .saved_bytes = saved_bytes,
     .remakes = remakes,
     .kernel_bf16 = kernel_bf16,

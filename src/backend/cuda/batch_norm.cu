@@ -59,6 +59,7 @@
 #include <string.h>
 
 #include "backend/cuda/bf16.cuh"
+#include "backend/cuda/convert.h"
 #include "backend/cuda/kernel_util.cuh"
 #include "backend/cuda/norm_nhwc.cuh"
 #include "backend/cuda/norm_storage.cuh"
@@ -437,8 +438,11 @@ static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err);
 /* A fused residual's gradient for the channels-last statistics pass to
  * write (bn_residual_backward): the incoming dY and the fused Relu's
  * output Y (p NULL: no Relu). */
+/* A fused residual's gradient's sources for the statistics pass: dY, the
+ * fused Relu's output y (p NULL: no Relu) and dY's second term add
+ * (gp_cuda_ctx.dout_addend; p NULL: none). */
 struct bn_res_src {
-    gp_fptr dy, y;
+    gp_fptr dy, y, add;
 };
 static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, const struct bn_res_src *res,
                                   struct gp_error *err);
@@ -805,6 +809,21 @@ static gp_status bn_nchw_backward(struct gp_cuda_ctx *ctx, bool relu, struct gp_
     return gp_cuda_check_launch(ctx, "BatchNormalization backward dx", err);
 }
 
+/* dY's second term (gp_cuda_ctx.dout_addend: pipeline/plan.h, addend_off)
+ * added into dY in place, the add its writer would have made, where no
+ * pass of this backward adds it as it reads dY; none left after. */
+static gp_status bn_add_addend(struct gp_cuda_ctx *ctx, struct gp_error *err)
+{
+    gp_fptr dy = gp_cuda_dout_f(ctx, 0);
+    if (ctx->dout_addend && dy.p) {
+        enum gp_dtype dt = dy.bf16 ? GP_DTYPE_BFLOAT16 : GP_DTYPE_FLOAT32;
+        GP_TRY(gp_cuda_convert(ctx->stream, dy.p, dt, ctx->dout_addend, dt,
+                               gp_shape_numel(&gp_cuda_out_value(ctx, 0)->shape), true, err));
+    }
+    ctx->dout_addend = NULL;
+    return GP_OK;
+}
+
 /* A fused residual's backward (gp_node.fused_add): g = dY where the
  * output is > 0 (a fused Relu; dY everywhere without one), written into
  * the residual's gradient (dres: =, or += with one rounding, as the Add's
@@ -866,9 +885,12 @@ static gp_status bn_residual_backward(struct gp_cuda_ctx *ctx, struct gp_error *
     bool into_dres = dres.p && ow && dres.bf16 == dy.bf16;
     bool in_place = !into_dres && y.p;
     /* Channels-last, the statistics pass writes it as it reads dY
-     * (bn_nhwc_bwd_sums_kernel's RES) where it runs, unless GP_BN_RES_SUMS=0. */
-    struct bn_res_src src = {dy, y};
+     * (bn_nhwc_bwd_sums_kernel's RES), adding dY's second term where there
+     * is one, where it runs, unless GP_BN_RES_SUMS=0. */
     bool in_sums = into_dres && nhwc && n > 0 && bn_res_sums() && bn_nhwc_bwd_sums_run(ctx);
+    gp_fptr add = {(void *)ctx->dout_addend, dy.bf16};
+    if (!in_sums) GP_TRY(bn_add_addend(ctx, err));
+    struct bn_res_src src = {dy, y, in_sums ? add : gp_fptr{NULL, false}};
     if (n > 0 && !in_sums && (dres.p || in_place)) {
         enum io_kind kind = io_kind_of({dy, y, dres}, {});
         int vec = io_vec_for(kind, n, {dy, y, dres});
@@ -883,6 +905,7 @@ static gp_status bn_residual_backward(struct gp_cuda_ctx *ctx, struct gp_error *
     if (into_dres) dout[0] = (float *)dres.p;
     struct gp_cuda_ctx plain = *ctx;
     plain.dout = dout;
+    plain.dout_addend = NULL; /* added above, or by the statistics pass (src) */
     return nhwc ? bn_nhwc_backward(&plain, false, in_sums ? &src : NULL, err) : bn_nchw_backward(&plain, false, err);
 }
 
@@ -890,6 +913,7 @@ static gp_status bn_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
 {
     for (int i = 0; i < 5; i++) GP_TRY(gp_cuda_want_f32(ctx, i, err));
     if (ctx->node->fused_add) return bn_residual_backward(ctx, err);
+    GP_TRY(bn_add_addend(ctx, err));
     bool relu = ctx->node->fused_relu;
     return gp_cuda_nhwc(ctx->in_nhwc, 0) ? bn_nhwc_backward(ctx, relu, NULL, err)
                                          : bn_nchw_backward(ctx, relu, err);
@@ -1443,12 +1467,14 @@ __device__ __noinline__ static void bn_nhwc_bwd_exact(struct bn_nhwc_plan q, int
  * goes). An exact walk then reads dy back, the lane's own writes. As
  * many rows in flight: at the default run lengths (4 channels) ptxas
  * (sm_90) spills no more than without RES (bfloat16 none, float32 20
- * bytes). */
-template <class IO, int VEC, bool RES>
+ * bytes). ADD (with RES): rdy's second term radd (gp_cuda_ctx.dout_addend)
+ * added first, as the add pass in place would have (float32 sum, one
+ * rounding to rdy's storage): that pass's write and read back go. */
+template <class IO, int VEC, bool RES, bool ADD>
 __global__ static void __launch_bounds__(BN_THREADS, 2)
     bn_nhwc_bwd_sums_kernel(struct bn_nhwc_plan q, gp_fptr x, gp_fptr dy, const float *ab, bool y_bf16,
                             const float *mean, const float *invstd, double *pdy, double *pdyx, gp_fptr rdy,
-                            gp_fptr ry)
+                            gp_fptr ry, gp_fptr radd)
 {
     __shared__ double sh[BN_THREADS * VEC * 2]; /* the reduction's, and the exact walk's results */
     const bool B = bn_io_bf16<IO>::v;
@@ -1473,6 +1499,12 @@ __global__ static void __launch_bounds__(BN_THREADS, 2)
                     /* The residual's gradient, bn_residual_grad_kernel's
                      * values, written as they are read. */
                     IO::template acts<VEC>(rdy, off + i * step, r.a);
+                    if (ADD) {
+                        float a[VEC];
+                        IO::template acts<VEC>(radd, off + i * step, a);
+#pragma unroll
+                        for (int j = 0; j < VEC; j++) r.a[j] = IO::stored(rdy, FADD(r.a[j], a[j]));
+                    }
                     if (ry.p) {
                         float m[VEC];
                         IO::template acts<VEC>(ry, off + i * step, m);
@@ -1681,16 +1713,16 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, const stru
     bn_nhwc_shape(ctx->graph, ctx->node, &rows, &c);
     if (c == 0) return GP_OK;
     gp_fptr x = gp_cuda_in_f(ctx, 0), dy = gp_cuda_dout_f(ctx, 0), dx = gp_cuda_din_f(ctx, 0);
-    gp_fptr none = {NULL, false}, rdy = res ? res->dy : none, ry = res ? res->y : none;
+    gp_fptr none = {NULL, false}, rdy = res ? res->dy : none, ry = res ? res->y : none, radd = res ? res->add : none;
     gp_fptr scale = gp_cuda_in_f(ctx, 1);
     const float *mean = (const float *)ctx->saved, *invstd = mean + c;
     /* A fused Relu's mask from x and the saved alpha and beta, in Y's
      * storage rounding (bn_relu_positive): Y is not read. */
     const float *ab = relu ? mean + 2 * c : NULL;
     bool y_bf16 = relu && gp_cuda_out_f(ctx, 0).bf16;
-    enum io_kind kind = io_kind_of({x, dy, dx, rdy, ry}, {scale});
+    enum io_kind kind = io_kind_of({x, dy, dx, rdy, ry, radd}, {scale});
     struct bn_nhwc_plan q, qs; /* the elementwise pass's runs, the statistics' */
-    int vec = io_vec_for(kind, c, {x, dy, dx, rdy, ry});
+    int vec = io_vec_for(kind, c, {x, dy, dx, rdy, ry, radd});
     /* dX's runs at most 4 channels (8 bytes of bfloat16, 16 of float32):
      * a channel's coefficients are three doubles and three floats. 8
      * channels a run, one run at a time, took 104 registers (2 blocks an
@@ -1704,14 +1736,21 @@ static gp_status bn_nhwc_backward(struct gp_cuda_ctx *ctx, bool relu, const stru
     bool have_dy = bn_nhwc_bwd_sums_run(ctx);
     if (have_dy) {
         dim3 grid((unsigned)qs.gx, (unsigned)qs.p, 1), block((unsigned)qs.tx, (unsigned)qs.ty, 1);
-        if (res)
-            IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC, true>
-                                                      <<<grid, block, 0, ctx->stream>>>(
-                                                          qs, x, dy, ab, y_bf16, mean, invstd, pdy, pdyx, rdy, ry)));
+        if (res && radd.p)
+            IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC, true, true>
+                                                      <<<grid, block, 0, ctx->stream>>>(qs, x, dy, ab, y_bf16, mean,
+                                                                                        invstd, pdy, pdyx, rdy, ry,
+                                                                                        radd)));
+        else if (res)
+            IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC, true, false>
+                                                      <<<grid, block, 0, ctx->stream>>>(qs, x, dy, ab, y_bf16, mean,
+                                                                                        invstd, pdy, pdyx, rdy, ry,
+                                                                                        none)));
         else
-            IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC, false>
-                                                      <<<grid, block, 0, ctx->stream>>>(
-                                                          qs, x, dy, ab, y_bf16, mean, invstd, pdy, pdyx, rdy, ry)));
+            IO_DISPATCH(kind, IO_VEC_DISPATCH(qs.vec, bn_nhwc_bwd_sums_kernel<IO, VEC, false, false>
+                                                      <<<grid, block, 0, ctx->stream>>>(qs, x, dy, ab, y_bf16, mean,
+                                                                                        invstd, pdy, pdyx, rdy, ry,
+                                                                                        none)));
         GP_TRY(gp_cuda_check_launch(ctx, "BatchNormalization backward sums (channels-last)", err));
     } else if (res) {
         return gp_cuda_error(ctx, err, GP_ERR_INVALID, "the residual's gradient left to a statistics pass that "

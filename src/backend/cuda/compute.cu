@@ -148,6 +148,7 @@ static struct gp_cuda_ctx cuda_ctx(const struct stage_ctx *s, const struct gp_la
     k.held_grad_nhwc = c->held_grad_nhwc;
     k.out_nhwc = c->out_nhwc;
     k.dout = c->dout;
+    k.dout_addend = c->dout_addend;
     k.in_dt = c->in_dt;
     k.out_dt = c->out_dt;
     k.din_dt = c->din_dt;
@@ -179,10 +180,35 @@ static gp_status forward(void *ctx, const struct gp_layer_call *c, struct gp_err
     return ((const struct gp_cuda_kernel *)c->kernel)->forward(&k, err);
 }
 
+static bool is_batch_norm(const struct gp_node *node) { return strcmp(node->op_type, "BatchNormalization") == 0; }
+
 static gp_status backward(void *ctx, const struct gp_layer_call *c, struct gp_error *err)
 {
     struct gp_cuda_ctx k = cuda_ctx((const struct stage_ctx *)ctx, c);
+    /* Output 0's gradient's second term (grad_addend): BatchNorm adds it
+     * as it reads; any other kernel finds it added in place first. */
+    if (k.dout_addend && !is_batch_norm(c->node)) {
+        if (c->dout[0]) {
+            enum gp_dtype dt = c->dout_dt ? c->dout_dt[0] : GP_DTYPE_FLOAT32;
+            GP_TRY(gp_cuda_convert(((const struct stage_ctx *)ctx)->stream, c->dout[0], dt, k.dout_addend, dt,
+                                   gp_shape_numel(&c->graph->values[c->node->outputs[0]].shape), true, err));
+        }
+        k.dout_addend = NULL;
+    }
     return ((const struct gp_cuda_kernel *)c->kernel)->backward(&k, err);
+}
+
+/* A bfloat16 BatchNormalization's output read by a convolution first
+ * (ResNet's block outputs: the next block's first convolution, then its
+ * residual path): the convolution's data gradient, rounded to bfloat16
+ * before it is added anyway, is added by the BatchNorm's backward as it
+ * reads the gradient (batch_norm.cu), not by a pass over both. */
+static bool grad_addend(const struct gp_graph *g, const struct gp_node *producer, const struct gp_node *writer,
+                        int slot, enum gp_dtype dt)
+{
+    (void)g;
+    return dt == GP_DTYPE_BFLOAT16 && is_batch_norm(producer) && strcmp(writer->op_type, "Conv") == 0 && slot == 0 &&
+           gp_cuda_conv_rounds_added_terms();
 }
 
 static gp_status zero(void *ctx, void *ptr, size_t bytes, struct gp_error *err)
@@ -317,4 +343,5 @@ extern "C" const struct gp_compute_ops gp_cuda_compute_ops = {
     synchronize,
     norms,
     relayout_many,
+    grad_addend,
 };

@@ -336,6 +336,8 @@ static bool bf16_accumulation(void)
     return gp_env_choice("GP_CONV_ACCUMULATE", ways, 0) == 0;
 }
 
+extern "C" bool gp_cuda_conv_rounds_added_terms(void) { return bf16_accumulation(); }
+
 void conv_graph_problem_of(const struct conv_geom *g, struct conv_mode mode, enum conv_graph_op op,
                            struct conv_graph_problem *p)
 {

@@ -43,6 +43,10 @@ struct gp_cuda_ctx {
      * gradient (gp_layer_call.held_grad_nhwc; input k channels-last too). */
     uint32_t held_grad_nhwc;
     float *const *dout;    /* incoming gradients, or NULL (zero) */
+    /* Output 0's gradient is dout[0] + dout_addend (backend/compute.h,
+     * gp_layer_call.dout_addend): only a BatchNormalization's backward
+     * sees one (compute.cu adds it in place for any other kernel). */
+    const void *dout_addend;
     /* Storage types of in/out/din/dout (backend/compute.h, gp_layer_call):
      * GP_DTYPE_FLOAT32 or GP_DTYPE_BFLOAT16 for float tensors. Non-NULL and
      * holding bfloat16 only for a kernel whose table entry sets `bf16` or
@@ -165,6 +169,11 @@ unsigned long long gp_cuda_conv_graph_beta_calls(void);
 /* GP_CONV_ADD_API as the convolutions read it (conv_algos.cu): the way
  * they add a result into their output, "measured-beta" unless set. */
 const char *gp_cuda_conv_add_api(void);
+/* Whether a bfloat16 convolution rounds its data gradient to bfloat16
+ * before adding it into a gradient another layer wrote (GP_CONV_ACCUMULATE
+ * unset or "bf16", conv_algos.cu), so that writing it apart and adding it
+ * later gives the same bits (gp_compute_ops.grad_addend). */
+bool gp_cuda_conv_rounds_added_terms(void);
 
 /* Kernel tables, one per family file (src/backend/cuda/<family>.cu, twin of
  * src/backend/cpu/<family>.c, whose kernel.h says what each family holds),

@@ -10,7 +10,8 @@
  *   io_mixed                 any other mix, each tensor's type read at run
  *                            time (gp_fptr).
  * act / set_act / add_act load, store and accumulate into (one rounding)
- * an activation (X, Y, dY, dX); par loads a parameter. */
+ * an activation (X, Y, dY, dX); stored rounds a value as set_act would;
+ * par loads a parameter. */
 #ifndef GP_CUDA_NORM_STORAGE_CUH
 #define GP_CUDA_NORM_STORAGE_CUH
 
@@ -25,6 +26,14 @@ template <typename A> struct io_typed {
     __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_store((A *)t.p + i, v); }
     __device__ static void add_act(gp_fptr t, int64_t i, float v) { set_act(t, i, FADD(act(t, i), v)); }
     __device__ static float par(gp_fptr t, int64_t i) { return ((const float *)t.p)[i]; }
+    /* v as set_act stores it into t, read back. */
+    __device__ static float stored(gp_fptr t, float v)
+    {
+        (void)t;
+        A a;
+        gp_store(&a, v);
+        return gp_load(&a);
+    }
     /* Values i .. i + VEC - 1 (i a multiple of VEC). */
     template <int VEC> __device__ static void acts(gp_fptr t, int64_t i, float (&v)[VEC])
     {
@@ -41,6 +50,10 @@ struct io_mixed {
     __device__ static void set_act(gp_fptr t, int64_t i, float v) { gp_st(t, i, v); }
     __device__ static void add_act(gp_fptr t, int64_t i, float v) { gp_acc(t, i, v); }
     __device__ static float par(gp_fptr t, int64_t i) { return gp_ld(t, i); }
+    __device__ static float stored(gp_fptr t, float v)
+    {
+        return t.bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+    }
     /* One value at a time (the run-time typed path is never vectorized). */
     template <int VEC> __device__ static void acts(gp_fptr t, int64_t i, float (&v)[VEC])
     {
