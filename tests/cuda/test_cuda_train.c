@@ -46,6 +46,7 @@ struct result {
     double loss[STEPS];
     struct gp_graph saved;
     int64_t planned;
+    int addends; /* gradients' last terms apart, over the stages */
 };
 
 static void on_step(void *user, const struct gp_step_report *r) { ((struct result *)user)->loss[r->step] = r->loss; }
@@ -53,6 +54,7 @@ static void on_step(void *user, const struct gp_step_report *r) { ((struct resul
 static void on_memory(void *user, const struct gp_stage_memory_report *m)
 {
     ((struct result *)user)->planned += m->planned_bytes;
+    ((struct result *)user)->addends += m->gradient_addends;
 }
 
 /* Notes go to graph_note (the callbacks' user is the result). */
@@ -564,6 +566,9 @@ static void test_remade_norm(void **state)
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
 }
 
+/* The second run's gradient addends in same_either_way's last call. */
+static int on_addends;
+
 /* Trains s with the environment variable `var` set to `off`, then to `on`
  * (NULL: unset), its value before restored after, and compares the runs
  * bit for bit: whether they are the same (MISMATCH lines say where not).
@@ -589,6 +594,7 @@ static bool same_either_way(const struct setup *s, const char *var, const char *
     else unsetenv(var);
     if (st != GP_OK) fail_msg("%s: %s", what, err.msg);
     bool same = compare_as(what, &r_on, &r_off, a, b, 0);
+    on_addends = r_on.addends;
     gp_graph_free(&r_on.saved);
     gp_graph_free(&r_off.saved);
     return same;
@@ -670,6 +676,40 @@ static void test_workspaces_in_sets(void **state)
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
 }
 
+/* A block's first convolution's bfloat16 data gradient written apart and
+ * added by the previous block's BatchNorm as its backward reads the
+ * gradient (pipeline/plan.h, addend_off; the channels-last statistics
+ * pass, bn_nhwc_bwd_sums_kernel's ADD, or an add in place before the
+ * other paths) gives the bits of adding it in place (GP_GRAD_ADDENDS=off):
+ * both layouts, the statistics pass or its own pass for the residual
+ * (GP_BN_RES_SUMS=0), eager and as a CUDA graph, 2 stages with
+ * checkpointing. */
+static void test_grad_addends(void **state)
+{
+    (void)state;
+    static const enum gp_layout_policy layouts[2] = {GP_LAYOUT_NCHW, GP_LAYOUT_NHWC};
+    int failed = 0, runs = 0;
+    for (int l = 0; l < 2; l++)
+        for (int v = 0; v < 3; v++) {
+            struct setup s = {.fixture = "resnet_op17", .batch = 8, .chunks = v == 2 ? 4 : 2, .stages = v == 2 ? 2 : 1,
+                              .cuda = true, .checkpoint = v == 2 ? GP_CHECKPOINT_ALWAYS : GP_CHECKPOINT_NEVER,
+                              .layout = layouts[l], .graph = v == 1, .precision = GP_PRECISION_BF16};
+            bool own_pass = l == 1 && v == 2;
+            if (own_pass) setenv("GP_BN_RES_SUMS", "0", 1);
+            char what[200];
+            snprintf(what, sizeof what, "bf16 resnet_op17 %s, %d stage(s)%s%s, last gradient terms apart",
+                     l ? "nhwc" : "nchw", s.stages, s.graph ? ", CUDA graph" : "",
+                     own_pass ? ", the residual's own pass" : "");
+            failed += !same_either_way(&s, "GP_GRAD_ADDENDS", "off", "on", what, "apart", "added in place");
+            if (own_pass) unsetenv("GP_BN_RES_SUMS");
+            if (on_addends == 0) fail_msg("%s: no gradient's last term apart", what);
+            printf("%s: %d terms apart\n", what, on_addends);
+            runs++;
+        }
+    printf("gradients' last terms apart on the GPU: %d runs against adding in place\n", runs);
+    if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
+}
+
 int main(void)
 {
     int n = 0;
@@ -688,6 +728,7 @@ int main(void)
         cmocka_unit_test(test_remade_norm),
         cmocka_unit_test(test_fused_residual),
         cmocka_unit_test(test_residual_sums),
+        cmocka_unit_test(test_grad_addends),
         cmocka_unit_test(test_workspaces_in_sets),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_validation),
