@@ -969,6 +969,14 @@ static const struct pool_case pool_cases[] = {
      0, true, 8, 0},
     {"opset 1", "MaxPool", 4, {1, 2, 6, 6}, {3, 3}, {0}, {0}, true, {1, 1, 1, 1}, NULL, NOATTR,
      false, 1, 0},
+    /* The saved argmax (pool.cu, argmax_keep): a tap index in a byte up to
+     * 255 taps a window, the in-plane offset in an int32 beyond. */
+    {"15x17 window, 255 taps (the most a byte keeps), ties", "MaxPool", 4, {2, 3, 21, 22}, {15, 17}, {2, 1},
+     {0}, true, {1, 2, 0, 1}, NULL, NOATTR, false, 0, 1},
+    {"16x16 window, 256 taps (an int32 argmax), ties", "MaxPool", 4, {2, 3, 21, 20}, {16, 16}, {1, 2}, {0},
+     false, {0}, NULL, NOATTR, false, 0, 1},
+    {"16x16 window, dilations 2 (an int32 argmax)", "MaxPool", 4, {1, 2, 36, 34}, {16, 16}, {2, 1}, {2, 2},
+     false, {0}, NULL, NOATTR, false, 0, 0},
     /* Ties: overlapping windows whose maximum repeats; the first in scan
      * order must win, forward (Indices) and backward. */
     {"ties, 3x3 stride 1 pads 1", "MaxPool", 4, {2, 3, 9, 9}, {3, 3}, {1, 1}, {0}, true,

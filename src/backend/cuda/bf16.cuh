@@ -96,6 +96,7 @@ static inline gp_fptr gp_cuda_dout_f(const struct gp_cuda_ctx *c, int k)
  * passes, where one 2-byte load per thread at a time cannot. The caller
  * guarantees alignment to the run's bytes (at most 16 bytes). */
 template <int BYTES> struct gp_raw;
+template <> struct gp_raw<1> { typedef unsigned char t; };
 template <> struct gp_raw<2> { typedef unsigned short t; };
 template <> struct gp_raw<4> { typedef unsigned t; };
 template <> struct gp_raw<8> { typedef uint2 t; };

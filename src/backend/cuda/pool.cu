@@ -9,8 +9,9 @@
  * whose windows hold it, in increasing order, and adds their contributions
  * one after another, as the CPU's loop over output cells adds them; no
  * atomics, and the same bits as the CPU. MaxPool's forward keeps each
- * window's argmax (an int32 offset within the plane, -1 for a window
- * without input cells) in saved memory for its backward. Global pools use
+ * window's argmax in saved memory for its backward: the tap's index within
+ * the window in a byte, where the window has at most 255 taps, else an
+ * int32 offset within the plane (argmax_keep). Global pools use
  * a warp (small planes) or a block (large planes) per plane, partial sums
  * in double and a fixed reduction order.
  *
@@ -260,14 +261,67 @@ __device__ static inline bool tap_on(const pool_plan<I> &pp, int a, I o, I i)
 
 /* ---- MaxPool ---- */
 
+/* How the forward keeps a window's argmax for the backward (maxpool_saved):
+ * T = unsigned char, the tap's index within the window, (t0 k1 + t1) k2
+ * + t2 (255: no input cell), where the window has at most 255 taps
+ * (argmax_in_bytes: ResNet's stem's 3 x 3 pool keeps 24.5 MiB at batch 128
+ * in bfloat16, where an int32 kept 98); else T = int, the input cell's
+ * offset within the plane (-1: none). key() is what a window o keeps when
+ * its argmax is input cell i (coordinates; r its offset), or -1 where
+ * no tap of o lands on i (a dilated window's gaps), which no kept value
+ * equals; the backward compares. */
+template <typename T> struct argmax_keep;
+
+template <> struct argmax_keep<int> {
+    template <typename I> __device__ static int kept(I idx, I tap)
+    {
+        (void)tap;
+        return (int)idx;
+    }
+    template <typename I, bool DIL>
+    __device__ static int key(const pool_plan<I> &pp, I o0, I o1, I o2, const I *i, I r)
+    {
+        (void)pp, (void)o0, (void)o1, (void)o2, (void)i;
+        return (int)r;
+    }
+};
+
+template <> struct argmax_keep<unsigned char> {
+    template <typename I> __device__ static unsigned char kept(I idx, I tap)
+    {
+        return idx < 0 ? (unsigned char)255 : (unsigned char)tap;
+    }
+    template <typename I, bool DIL>
+    __device__ static int key(const pool_plan<I> &pp, I o0, I o1, I o2, const I *i, I r)
+    {
+        (void)r;
+        const I o[MAX_AXES] = {o0, o1, o2};
+        int tap = 0;
+#pragma unroll
+        for (int a = 0; a < MAX_AXES; a++) {
+            I rem = i[a] + pp.p[a] - o[a] * pp.s[a];
+            if (DIL) {
+                if (rem < 0 || rem % pp.d[a] != 0 || rem / pp.d[a] >= pp.k[a]) return -1;
+                rem /= pp.d[a];
+            }
+            tap = tap * (int)pp.k[a] + (int)rem;
+        }
+        return tap;
+    }
+};
+
+/* Whether the window's argmax is kept in a byte (argmax_keep). */
+static bool argmax_in_bytes(const pool_plan<int64_t> &pp) { return pp.k[0] * pp.k[1] * pp.k[2] <= 255; }
+
 /* The offset within the plane of the first maximum of output cell o, NaN
- * winning as in PyTorch; -1 when the window holds no input cell. */
+ * winning as in PyTorch; -1 when the window holds no input cell. *tap:
+ * that cell's tap index within the window (argmax_keep). */
 template <typename I, bool DIL, class IO>
-__device__ static inline I window_argmax(const pool_plan<I> &pp, gp_fptr x, int64_t base, const I *o)
+__device__ static inline I window_argmax(const pool_plan<I> &pp, gp_fptr x, int64_t base, const I *o, I *tap)
 {
     I a[MAX_AXES], b[MAX_AXES], unused;
     for (int i = 0; i < MAX_AXES; i++) taps<I, DIL>(pp, i, o[i], &a[i], &b[i], &unused);
-    I best = -1;
+    I best = -1, best_tap = -1;
     float max = -INFINITY;
     for (I t0 = a[0]; t0 < b[0]; t0++) {
         I i0 = o[0] * pp.s[0] - pp.p[0] + t0 * pp.d[0];
@@ -277,32 +331,35 @@ __device__ static inline I window_argmax(const pool_plan<I> &pp, gp_fptr x, int6
             for (I t2 = a[2]; t2 < b[2]; t2++) {
                 I idx = row + t2 * pp.d[2];
                 float v = IO::ldg(x, base + idx);
-                if (best < 0) best = idx;
+                I t = (t0 * pp.k[1] + t1) * pp.k[2] + t2;
+                if (best < 0) best = idx, best_tap = t;
                 if (v > max || isnan(v)) {
                     max = v;
                     best = idx;
+                    best_tap = t;
                 }
             }
         }
     }
+    *tap = best_tap;
     return best;
 }
 
 /* X -> Y, optional Indices (ONNX's offsets into the whole X, row-major or,
  * with col_major, column-major over the spatial axes), optional argmax
  * (saved, for backward). */
-template <typename I, bool DIL, class IO>
+template <typename I, bool DIL, class IO, typename T>
 __global__ static void maxpool_forward_kernel(pool_plan<I> pp, gp_fptr x, gp_fptr y, int64_t *__restrict__ ind,
-                                              int *__restrict__ arg, bool col_major)
+                                              T *__restrict__ arg, bool col_major)
 {
     POOL_GRID_STRIDE(I, e, pp.planes * pp.out_size)
     {
         I pl = e / pp.out_size, o[MAX_AXES];
         coords<I>(pp.out, e - pl * pp.out_size, o);
         int64_t base = (int64_t)pl * pp.in_size;
-        I best = window_argmax<I, DIL, IO>(pp, x, base, o);
+        I tap, best = window_argmax<I, DIL, IO>(pp, x, base, o, &tap);
         IO::set_act(y, e, best >= 0 ? IO::ldg(x, base + best) : -INFINITY);
-        if (arg) arg[e] = (int)best;
+        if (arg) arg[e] = argmax_keep<T>::kept(best, tap);
         if (ind) {
             int64_t v = -1;
             if (best >= 0) {
@@ -321,8 +378,8 @@ __global__ static void maxpool_forward_kernel(pool_plan<I> pp, gp_fptr x, gp_fpt
 
 /* dX += dY at each window's maximum: each input cell sums, in increasing
  * order, the dY of the windows whose saved argmax is that cell. */
-template <typename I, class IO>
-__global__ static void maxpool_backward_kernel(pool_plan<I> pp, const int *__restrict__ arg, gp_fptr dy,
+template <typename I, bool DIL, class IO, typename T>
+__global__ static void maxpool_backward_kernel(pool_plan<I> pp, const T *__restrict__ arg, gp_fptr dy,
                                                gp_fptr dx)
 {
     POOL_GRID_STRIDE(I, e, pp.planes * pp.in_size)
@@ -331,14 +388,15 @@ __global__ static void maxpool_backward_kernel(pool_plan<I> pp, const int *__res
         coords<I>(pp.in, r, i);
         I lo[MAX_AXES], hi[MAX_AXES];
         for (int a = 0; a < MAX_AXES; a++) holders<I>(pp, a, i[a], &lo[a], &hi[a]);
-        const int *ap = arg + (int64_t)pl * pp.out_size;
+        const T *ap = arg + (int64_t)pl * pp.out_size;
         int64_t dyb = (int64_t)pl * pp.out_size;
         float acc = IO::act(dx, e);
         for (I o0 = lo[0]; o0 <= hi[0]; o0++)
             for (I o1 = lo[1]; o1 <= hi[1]; o1++) {
                 I row = (o0 * pp.out[1] + o1) * pp.out[2];
                 for (I o2 = lo[2]; o2 <= hi[2]; o2++)
-                    if (__ldg(ap + row + o2) == (int)r) acc = __fadd_rn(acc, IO::ldg(dy, dyb + row + o2));
+                    if ((int)__ldg(ap + row + o2) == argmax_keep<T>::template key<I, DIL>(pp, o0, o1, o2, i, r))
+                        acc = __fadd_rn(acc, IO::ldg(dy, dyb + row + o2));
             }
         IO::set_act(dx, e, acc);
     }
@@ -356,21 +414,22 @@ __global__ static void maxpool_backward_kernel(pool_plan<I> pp, const int *__res
  * (GlobalAveragePool's forward: within its float32 rounding, below). Only
  * 2 spatial axes: the plan's axes 1 and 2 (axis 0 is 1). */
 
-/* A run of VEC int32s as one access (the saved argmax beside a run of Y). */
-template <int VEC> struct int_run {
-    typedef typename gp_raw<(int)sizeof(int) * VEC>::t raw;
+/* A run of VEC saved argmaxes (argmax_keep's T) as one access, beside a
+ * run of Y. */
+template <typename T, int VEC> struct arg_run {
+    typedef typename gp_raw<(int)sizeof(T) * VEC>::t raw;
     union u {
         raw r;
-        int a[VEC];
+        T a[VEC];
     };
-    __device__ static void load(const int *p, int64_t i, int (&v)[VEC])
+    __device__ static void load(const T *p, int64_t i, int (&v)[VEC])
     {
         u x;
         x.r = *(const raw *)(p + i);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) v[k] = x.a[k];
+        for (int k = 0; k < VEC; k++) v[k] = (int)x.a[k];
     }
-    __device__ static void store(int *p, int64_t i, const int (&v)[VEC])
+    __device__ static void store(T *p, int64_t i, const T (&v)[VEC])
     {
         u x;
 #pragma unroll
@@ -381,17 +440,19 @@ template <int VEC> struct int_run {
 
 /* The run length along C: the longest of 8, 4, 2 channels that divides C
  * (so a run never leaves its cell) and whose bytes, at most 16, every
- * pointer given aligns (`tensors` of the launch's storage, `ints` the
- * saved int32 argmax; NULL ones do not count); else 1, and always 1 for
- * the run-time typed path. Every run then starts at a multiple of VEC. */
-static int nhwc_vec(enum io_kind kind, int64_t ch, std::initializer_list<const void *> tensors, const int *ints)
+ * pointer given aligns (`tensors` of the launch's storage, `arg` the
+ * saved argmax, of arg_size bytes each; NULL ones do not count); else 1,
+ * and always 1 for the run-time typed path. Every run then starts at a
+ * multiple of VEC. */
+static int nhwc_vec(enum io_kind kind, int64_t ch, std::initializer_list<const void *> tensors, const void *arg,
+                    size_t arg_size)
 {
     if (kind == IO_MIXED) return 1;
     size_t elem = kind == IO_BF16 ? 2 : 4;
     for (int vec = (int)(16 / elem); vec > 1; vec /= 2) {
         if (ch % vec) continue;
-        size_t ialign = sizeof(int) * (size_t)vec > 16 ? 16 : sizeof(int) * (size_t)vec;
-        bool ok = !ints || (uintptr_t)ints % ialign == 0;
+        size_t ialign = arg_size * (size_t)vec > 16 ? 16 : arg_size * (size_t)vec;
+        bool ok = !arg || (uintptr_t)arg % ialign == 0;
         for (const void *p : tensors)
             if (p && (uintptr_t)p % (elem * (size_t)vec)) ok = false;
         if (ok) return vec;
@@ -443,13 +504,12 @@ static int nhwc_vec(enum io_kind kind, int64_t ch, std::initializer_list<const v
  * (e * VEC = q * C + c0, Y's and the argmax's channels-last offset) and
  * scans the window as window_argmax does, with its rule per channel: the
  * first maximum in scan order, a NaN winning. The argmax it keeps is the
- * planar kernel's value, the input cell's offset h * W + w within its
- * plane (-1: no input cell in the window), stored at Y's channels-last
+ * planar kernel's value (argmax_keep), stored at Y's channels-last
  * position; the backward reads it there, so a call's forward and backward
  * must both run channels-last (maxpool_layout_native answers both alike). */
-template <typename I, bool DIL, class IO, int VEC>
+template <typename I, bool DIL, class IO, int VEC, typename T>
 __global__ static void maxpool_nhwc_forward_kernel(pool_plan<I> pp, I ch, gp_fptr x, gp_fptr y,
-                                                   int *__restrict__ arg)
+                                                   T *__restrict__ arg)
 {
     const I runs = ch / VEC, batch = pp.planes / ch;
     POOL_GRID_STRIDE(I, e, batch * pp.out_size * runs)
@@ -461,11 +521,11 @@ __global__ static void maxpool_nhwc_forward_kernel(pool_plan<I> pp, I ch, gp_fpt
         taps<I, DIL>(pp, 1, o1, &a1, &e1, &unused);
         taps<I, DIL>(pp, 2, o2, &a2, &e2, &unused);
         const I xb = b * pp.in_size;
-        I best[VEC];
+        I best[VEC], tap[VEC];
         float max[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; j++) {
-            best[j] = -1;
+            best[j] = tap[j] = -1;
             max[j] = -INFINITY;
         }
         for (I t1 = a1; t1 < e1; t1++) {
@@ -474,12 +534,14 @@ __global__ static void maxpool_nhwc_forward_kernel(pool_plan<I> pp, I ch, gp_fpt
                 I idx = row + t2 * pp.d[2];
                 float v[VEC];
                 IO::template run<VEC>(x, (int64_t)((xb + idx) * ch + c0), v);
+                I t = t1 * pp.k[2] + t2; /* axis 0 has one tap */
 #pragma unroll
                 for (int j = 0; j < VEC; j++) {
-                    if (best[j] < 0) best[j] = idx;
+                    if (best[j] < 0) best[j] = idx, tap[j] = t;
                     if (v[j] > max[j] || isnan(v[j])) {
                         max[j] = v[j];
                         best[j] = idx;
+                        tap[j] = t;
                     }
                 }
             }
@@ -487,14 +549,14 @@ __global__ static void maxpool_nhwc_forward_kernel(pool_plan<I> pp, I ch, gp_fpt
         /* max[j] is X at best[j] (the planar kernel reloads it): the
          * first tap sets best without max only when it is -inf. */
         float out[VEC];
-        int keep[VEC];
+        T keep[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; j++) {
             out[j] = best[j] >= 0 ? max[j] : -INFINITY;
-            keep[j] = (int)best[j];
+            keep[j] = argmax_keep<T>::kept(best[j], tap[j]);
         }
         IO::template set_run<VEC>(y, (int64_t)e * VEC, out);
-        if (arg) int_run<VEC>::store(arg, (int64_t)e * VEC, keep);
+        if (arg) arg_run<T, VEC>::store(arg, (int64_t)e * VEC, keep);
     }
 }
 
@@ -503,8 +565,8 @@ __global__ static void maxpool_nhwc_forward_kernel(pool_plan<I> pp, I ch, gp_fpt
  * offset) and visits the output cells whose windows may hold it in
  * increasing order (holders), adding, for each channel whose saved argmax
  * is r, that cell's dY: the planar kernel's sums in its order. */
-template <typename I, class IO, int VEC>
-__global__ static void maxpool_nhwc_backward_kernel(pool_plan<I> pp, I ch, const int *__restrict__ arg, gp_fptr dy,
+template <typename I, bool DIL, class IO, int VEC, typename T>
+__global__ static void maxpool_nhwc_backward_kernel(pool_plan<I> pp, I ch, const T *__restrict__ arg, gp_fptr dy,
                                                     gp_fptr dx)
 {
     const I runs = ch / VEC, batch = pp.planes / ch;
@@ -513,6 +575,7 @@ __global__ static void maxpool_nhwc_backward_kernel(pool_plan<I> pp, I ch, const
         I q = e / runs, c0 = (e - q * runs) * VEC;
         I b = q / pp.in_size, r = q - b * pp.in_size;
         I i1 = r / pp.in[2], i2 = r - i1 * pp.in[2];
+        const I i[MAX_AXES] = {0, i1, i2};
         I lo1, hi1, lo2, hi2;
         holders<I>(pp, 1, i1, &lo1, &hi1);
         holders<I>(pp, 2, i2, &lo2, &hi2);
@@ -523,16 +586,17 @@ __global__ static void maxpool_nhwc_backward_kernel(pool_plan<I> pp, I ch, const
             for (I o2 = lo2; o2 <= hi2; o2++) {
                 int64_t at = (int64_t)((yb + o1 * pp.out[2] + o2) * ch + c0);
                 int a[VEC];
-                int_run<VEC>::load(arg, at, a);
+                arg_run<T, VEC>::load(arg, at, a);
+                const int key = argmax_keep<T>::template key<I, DIL>(pp, 0, o1, o2, i, r);
                 bool hit = false;
 #pragma unroll
-                for (int j = 0; j < VEC; j++) hit |= a[j] == (int)r;
+                for (int j = 0; j < VEC; j++) hit |= a[j] == key;
                 if (!hit) continue; /* most windows: dY need not be read */
                 float g[VEC];
                 IO::template run<VEC>(dy, at, g);
 #pragma unroll
                 for (int j = 0; j < VEC; j++)
-                    if (a[j] == (int)r) acc[j] = __fadd_rn(acc[j], g[j]);
+                    if (a[j] == key) acc[j] = __fadd_rn(acc[j], g[j]);
             }
         IO::template set_run<VEC>(dx, (int64_t)e * VEC, acc);
     }
@@ -566,20 +630,20 @@ static gp_status maxpool_nhwc_call(const struct gp_cuda_ctx *c, bool *nhwc, stru
     return GP_OK;
 }
 
-template <typename I, class IO, int VEC>
+template <typename I, class IO, int VEC, typename T>
 static void maxpool_nhwc_forward_launch(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &p64, int64_t ch,
                                         bool dilated)
 {
     pool_plan<I> pp = plan_as<I>(p64);
     unsigned blocks = gp_cuda_blocks_for(p64.planes * p64.out_size / VEC);
     gp_fptr x = gp_cuda_in_f(c, 0), y = gp_cuda_out_f(c, 0);
-    int *arg = (int *)c->saved;
+    T *arg = (T *)c->saved;
     if (dilated)
-        maxpool_nhwc_forward_kernel<I, true, IO, VEC><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, (I)ch, x, y,
-                                                                                                arg);
+        maxpool_nhwc_forward_kernel<I, true, IO, VEC, T><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, (I)ch, x,
+                                                                                                   y, arg);
     else
-        maxpool_nhwc_forward_kernel<I, false, IO, VEC><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, (I)ch, x, y,
-                                                                                                 arg);
+        maxpool_nhwc_forward_kernel<I, false, IO, VEC, T><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, (I)ch, x,
+                                                                                                    y, arg);
 }
 
 /* Runs of VEC channels with int indices; with int64_t ones (tensors of
@@ -590,31 +654,49 @@ static void maxpool_nhwc_forward(const struct gp_cuda_ctx *c, const pool_plan<in
     int64_t ch = gp_cuda_in_shape(c, 0)->dims[1];
     gp_fptr x = gp_cuda_in_f(c, 0), y = gp_cuda_out_f(c, 0);
     enum io_kind kind = io_kind_of({x, y});
+    bool bytes = argmax_in_bytes(pp);
     if (small) {
-        int vec = nhwc_vec(kind, ch, {x.p, y.p}, (const int *)c->saved);
-        NHWC_DISPATCH(kind, vec, maxpool_nhwc_forward_launch<int, IO, VEC>(c, pp, ch, dilated));
+        int vec = nhwc_vec(kind, ch, {x.p, y.p}, c->saved, bytes ? 1 : sizeof(int));
+        if (bytes)
+            NHWC_DISPATCH(kind, vec, maxpool_nhwc_forward_launch<int, IO, VEC, unsigned char>(c, pp, ch, dilated));
+        else
+            NHWC_DISPATCH(kind, vec, maxpool_nhwc_forward_launch<int, IO, VEC, int>(c, pp, ch, dilated));
+    } else if (bytes) {
+        IO_DISPATCH(kind, maxpool_nhwc_forward_launch<int64_t, IO, 1, unsigned char>(c, pp, ch, dilated));
     } else {
-        IO_DISPATCH(kind, maxpool_nhwc_forward_launch<int64_t, IO, 1>(c, pp, ch, dilated));
+        IO_DISPATCH(kind, maxpool_nhwc_forward_launch<int64_t, IO, 1, int>(c, pp, ch, dilated));
     }
 }
 
-static void maxpool_nhwc_backward(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &pp, bool small)
+template <typename I, bool DIL, class IO, int VEC, typename T>
+static void maxpool_nhwc_backward_launch(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &pp, int64_t ch)
+{
+    unsigned blocks = gp_cuda_blocks_for(pp.planes * pp.in_size / VEC);
+    maxpool_nhwc_backward_kernel<I, DIL, IO, VEC, T><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
+        plan_as<I>(pp), (I)ch, (const T *)c->saved, gp_cuda_dout_f(c, 0), gp_cuda_din_f(c, 0));
+}
+
+/* Runs of VEC channels with int indices, as the forward; the argmax kept
+ * as the forward kept it (argmax_in_bytes). */
+static void maxpool_nhwc_backward(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &pp, bool small, bool dilated)
 {
     int64_t ch = gp_cuda_in_shape(c, 0)->dims[1];
-    const int *arg = (const int *)c->saved;
     gp_fptr dy = gp_cuda_dout_f(c, 0), dx = gp_cuda_din_f(c, 0);
     enum io_kind kind = io_kind_of({dy, dx});
-    if (small) {
-        int vec = nhwc_vec(kind, ch, {dy.p, dx.p}, arg);
-        unsigned blocks = gp_cuda_blocks_for(pp.planes * pp.in_size / vec);
-        NHWC_DISPATCH(kind, vec,
-                      maxpool_nhwc_backward_kernel<int, IO, VEC><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
-                          plan_as<int>(pp), (int)ch, arg, dy, dx));
-    } else {
-        unsigned blocks = gp_cuda_blocks_for(pp.planes * pp.in_size);
-        IO_DISPATCH(kind, maxpool_nhwc_backward_kernel<int64_t, IO, 1><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
-                              pp, ch, arg, dy, dx));
-    }
+    bool bytes = argmax_in_bytes(pp);
+    int vec = small ? nhwc_vec(kind, ch, {dy.p, dx.p}, c->saved, bytes ? 1 : sizeof(int)) : 1;
+#define MAXPOOL_NHWC_BACKWARD(I, VEC)                                                            \
+    do {                                                                                         \
+        if (bytes && dilated) maxpool_nhwc_backward_launch<I, true, IO, VEC, unsigned char>(c, pp, ch);  \
+        else if (bytes) maxpool_nhwc_backward_launch<I, false, IO, VEC, unsigned char>(c, pp, ch);       \
+        else if (dilated) maxpool_nhwc_backward_launch<I, true, IO, VEC, int>(c, pp, ch);                \
+        else maxpool_nhwc_backward_launch<I, false, IO, VEC, int>(c, pp, ch);                            \
+    } while (0)
+    if (small)
+        NHWC_DISPATCH(kind, vec, MAXPOOL_NHWC_BACKWARD(int, VEC));
+    else
+        IO_DISPATCH(kind, MAXPOOL_NHWC_BACKWARD(int64_t, 1));
+#undef MAXPOOL_NHWC_BACKWARD
 }
 
 static bool want_indices(const struct gp_cuda_ctx *c)
@@ -622,28 +704,37 @@ static bool want_indices(const struct gp_cuda_ctx *c)
     return c->node->n_outputs > 1 && c->out[1] && gp_cuda_out_value(c, 1);
 }
 
-/* The argmax of every output cell, int32. */
+/* The argmax of every output cell, a byte or an int32 (argmax_keep: as
+ * argmax_in_bytes decides from the same window; int32 where the window
+ * does not resolve, which the forward then refuses). */
 static size_t maxpool_saved(const struct gp_graph *g, const struct gp_node *node)
 {
     const struct gp_value *x = gp_node_input(g, node, 0), *y = gp_node_output(g, node, 0);
     if (!x || !y) return 0;
-    return sizeof(int) * (size_t)gp_shape_numel(&y->shape);
+    struct gp_error err;
+    memset(&err, 0, sizeof err);
+    struct gp_infer_ctx ic = {(struct gp_graph *)g, (struct gp_node *)node, &err};
+    struct gp_window w;
+    int64_t taps = 1;
+    if (gp_window_resolve(&ic, GP_WINDOW_POOL, &x->shape, NULL, &w) != GP_OK) taps = 256;
+    for (int i = 0; taps <= 255 && i < w.n_spatial; i++) taps *= w.kernel[i];
+    return (taps <= 255 ? 1 : sizeof(int)) * (size_t)gp_shape_numel(&y->shape);
 }
 
-template <typename I, class IO>
+template <typename I, class IO, typename T>
 static void maxpool_forward_launch(const struct gp_cuda_ctx *c, const pool_plan<int64_t> &p64, bool dilated,
                                    int64_t *ind, bool col_major)
 {
     pool_plan<I> pp = plan_as<I>(p64);
     unsigned blocks = gp_cuda_blocks_for(p64.planes * p64.out_size);
     gp_fptr x = gp_cuda_in_f(c, 0), y = gp_cuda_out_f(c, 0);
-    int *arg = (int *)c->saved;
+    T *arg = (T *)c->saved;
     if (dilated)
-        maxpool_forward_kernel<I, true, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, ind, arg,
-                                                                                      col_major);
+        maxpool_forward_kernel<I, true, IO, T><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, ind, arg,
+                                                                                         col_major);
     else
-        maxpool_forward_kernel<I, false, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, ind, arg,
-                                                                                       col_major);
+        maxpool_forward_kernel<I, false, IO, T><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(pp, x, y, ind, arg,
+                                                                                          col_major);
 }
 
 static gp_status maxpool_forward(struct gp_cuda_ctx *c, struct gp_error *err)
@@ -664,10 +755,15 @@ static gp_status maxpool_forward(struct gp_cuda_ctx *c, struct gp_error *err)
     int64_t *ind = want_indices(c) ? (int64_t *)c->out[1] : NULL;
     bool col_major = gp_node_attr_int(c->node, "storage_order", 0) != 0;
     enum io_kind kind = io_kind_of({gp_cuda_in_f(c, 0), gp_cuda_out_f(c, 0)});
-    if (small)
-        IO_DISPATCH(kind, maxpool_forward_launch<int, IO>(c, pp, dilated, ind, col_major));
+    bool bytes = argmax_in_bytes(pp);
+    if (small && bytes)
+        IO_DISPATCH(kind, maxpool_forward_launch<int, IO, unsigned char>(c, pp, dilated, ind, col_major));
+    else if (small)
+        IO_DISPATCH(kind, maxpool_forward_launch<int, IO, int>(c, pp, dilated, ind, col_major));
+    else if (bytes)
+        IO_DISPATCH(kind, maxpool_forward_launch<int64_t, IO, unsigned char>(c, pp, dilated, ind, col_major));
     else
-        IO_DISPATCH(kind, maxpool_forward_launch<int64_t, IO>(c, pp, dilated, ind, col_major));
+        IO_DISPATCH(kind, maxpool_forward_launch<int64_t, IO, int>(c, pp, dilated, ind, col_major));
     return gp_cuda_check_launch(c, "MaxPool forward", err);
 }
 
@@ -684,19 +780,30 @@ static gp_status maxpool_backward(struct gp_cuda_ctx *c, struct gp_error *err)
     bool nhwc;
     GP_TRY(maxpool_nhwc_call(c, &nhwc, err));
     if (nhwc) {
-        maxpool_nhwc_backward(c, pp, small);
+        maxpool_nhwc_backward(c, pp, small, dilated);
         return gp_cuda_check_launch(c, "MaxPool backward (channels-last)", err);
     }
-    const int *arg = (const int *)c->saved;
     gp_fptr dy = gp_cuda_dout_f(c, 0), dx = gp_cuda_din_f(c, 0);
     enum io_kind kind = io_kind_of({dy, dx});
     unsigned blocks = gp_cuda_blocks_for(n);
+    bool bytes = argmax_in_bytes(pp);
+#define MAXPOOL_BACKWARD(I, P)                                                                                   \
+    do {                                                                                                         \
+        if (bytes && dilated)                                                                                    \
+            maxpool_backward_kernel<I, true, IO, unsigned char><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(     \
+                P, (const unsigned char *)c->saved, dy, dx);                                                     \
+        else if (bytes)                                                                                          \
+            maxpool_backward_kernel<I, false, IO, unsigned char><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(    \
+                P, (const unsigned char *)c->saved, dy, dx);                                                     \
+        else                                                                                                     \
+            maxpool_backward_kernel<I, false, IO, int><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(              \
+                P, (const int *)c->saved, dy, dx);                                                               \
+    } while (0)
     if (small)
-        IO_DISPATCH(kind, maxpool_backward_kernel<int, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
-                              plan_as<int>(pp), arg, dy, dx));
+        IO_DISPATCH(kind, MAXPOOL_BACKWARD(int, plan_as<int>(pp)));
     else
-        IO_DISPATCH(kind, maxpool_backward_kernel<int64_t, IO><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
-                              pp, arg, dy, dx));
+        IO_DISPATCH(kind, MAXPOOL_BACKWARD(int64_t, pp));
+#undef MAXPOOL_BACKWARD
     return gp_cuda_check_launch(c, "MaxPool backward", err);
 }
 
@@ -1087,7 +1194,7 @@ static gp_status global_avg_forward(struct gp_cuda_ctx *c, struct gp_error *err)
         int64_t ch = gp_cuda_in_shape(c, 0)->dims[1];
         gp_fptr x = gp_cuda_in_f(c, 0), y = gp_cuda_out_f(c, 0);
         enum io_kind kind = io_kind_of({x, y});
-        int vec = nhwc_vec(kind, ch, {x.p, y.p}, NULL);
+        int vec = nhwc_vec(kind, ch, {x.p, y.p}, NULL, 0);
         int64_t tiles = (ch / vec + 31) / 32, nb = planes / ch * tiles;
         if (nb > INT_MAX)
             return gp_cuda_error(c, err, GP_ERR_UNSUPPORTED, "too many planes (%lld)", (long long)planes);
@@ -1115,7 +1222,7 @@ static gp_status global_avg_backward(struct gp_cuda_ctx *c, struct gp_error *err
     if (nhwc) {
         int64_t ch = gp_cuda_in_shape(c, 0)->dims[1];
         enum io_kind kind = io_kind_of({dy, dx});
-        int vec = nhwc_vec(kind, ch, {dy.p, dx.p}, NULL);
+        int vec = nhwc_vec(kind, ch, {dy.p, dx.p}, NULL, 0);
         int64_t total = planes * size / vec;
         unsigned blocks = gp_cuda_blocks_for(total);
         NHWC_DISPATCH(kind, vec, global_avg_nhwc_backward_kernel<IO, VEC><<<blocks, GP_CUDA_THREADS, 0, c->stream>>>(
