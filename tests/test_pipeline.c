@@ -738,12 +738,16 @@ static void test_fused_residual(void **state)
  * set to `on_value`): the same bits on the fixtures, fp32 and bf16, 1 to
  * 3 stages, with and without checkpointing, under GPipe and 1F1B (with
  * `remade`, bf16's runs remake BatchNorm outputs too); check(off, on, K,
- * label) then compares the stages' memory. Returns the runs. */
-static int against_switch(const char *env, const char *on_value, const char *what_on, const char *what_off, bool remade,
+ * label) then compares the stages' memory. Under the sanitizers, the
+ * first fixture alone: ResNet's, or the GPT's with `gpt_first`. Returns
+ * the runs. */
+static int against_switch(const char *env, const char *on_value, bool gpt_first, const char *what_on,
+                          const char *what_off, bool remade,
                           void (*check)(const struct run_result *off, const struct run_result *on, int K,
                                         const char *label))
 {
-    static const char *const fixtures[] = {"resnet_op17", "unet_op17", "gpt_op17"};
+    const char *const fixtures[] = {gpt_first ? "gpt_op17" : "resnet_op17", "unet_op17",
+                                    gpt_first ? "resnet_op17" : "gpt_op17"};
     const char *san = getenv("GP_SANITIZED");
     size_t n_fixtures = san && !strcmp(san, "1") ? 1 : 3;
     steps = 2;
@@ -813,8 +817,8 @@ static void check_gradients_in_sets(const struct run_result *apart, const struct
 static void test_gradients_in_sets(void **state)
 {
     (void)state;
-    int runs = against_switch("GP_GRADIENTS_IN_SETS", NULL, "gradients in the sets' dead bytes", "a separate gradient set",
-                              true, check_gradients_in_sets);
+    int runs = against_switch("GP_GRADIENTS_IN_SETS", NULL, false, "gradients in the sets' dead bytes",
+                              "a separate gradient set", true, check_gradients_in_sets);
     printf("gradients in the activation sets: %d runs identical to a separate gradient set, bit for bit\n", runs);
 }
 
@@ -838,7 +842,7 @@ static void check_workspaces_in_sets(const struct run_result *block, const struc
 static void test_workspaces_in_sets(void **state)
 {
     (void)state;
-    int runs = against_switch("GP_SCRATCH_IN_SETS", NULL, "workspaces in the arena and the sets' dead bytes",
+    int runs = against_switch("GP_SCRATCH_IN_SETS", NULL, false, "workspaces in the arena and the sets' dead bytes",
                               "every workspace in the block", false, check_workspaces_in_sets);
     printf("workspaces in the arena and the activation sets: %d runs identical to the block's, bit for bit\n", runs);
 }
@@ -868,7 +872,7 @@ static void test_grad_addends(void **state)
 {
     (void)state;
     addends_total = 0;
-    int runs = against_switch("GP_GRAD_ADDENDS", "all", "gradients' last terms apart", "the terms added in place",
+    int runs = against_switch("GP_GRAD_ADDENDS", "all", true, "gradients' last terms apart", "the terms added in place",
                               false, check_grad_addends);
     printf("gradients' last terms apart: %d runs (%d terms apart in all) identical to adding in place, bit for bit\n",
            runs, addends_total);
