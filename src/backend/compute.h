@@ -68,8 +68,9 @@ static inline bool gp_scratch_backward_only(uint32_t din) { return din != ~0u &&
 
 /* GP_GRAD_ADDENDS (pipeline/plan.h, addend_off): "on" (or 1), the default,
  * where a backend's kernel adds the term as it reads the gradient
- * (grad_addend); "off" (or 0), none; "all", the CPU backend's kernels too, added before the
- * call, for tests (the same bits as "off"). */
+ * (grad_addend); "off" (or 0), none; "all", the CPU backend's kernels
+ * too, the term added before the call, for tests (the same bits as
+ * "off"). */
 enum gp_grad_addends { GP_GRAD_ADDENDS_ON, GP_GRAD_ADDENDS_OFF, GP_GRAD_ADDENDS_ALL };
 
 static inline enum gp_grad_addends gp_grad_addends(void)

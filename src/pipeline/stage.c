@@ -279,12 +279,12 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
         block_account(b, n, account, sizeof account);
         fprintf(stderr, "memory: stage %d (layers %d-%d) on %s:%d: %.1f MiB: %s\n", k, s->plan.first,
                 s->plan.last - 1, s->ops->name, s->device, (double)total / (1 << 20), account);
-        /* Which layer the kernel workspace is sized for (one layer's
-         * call sets it: the one to look at when it is large). */
         int addends = gp_plan_addends(p->g, &s->plan);
         if (addends)
             fprintf(stderr, "memory: stage %d: %d gradients' last terms added as their producer reads them "
                     "(GP_GRAD_ADDENDS)\n", k, addends);
+        /* Which layer the kernel workspace is sized for (one layer's
+         * call sets it: the one to look at when it is large). */
         if (s->plan.scratch_layer >= 0) {
             const struct gp_node *nd = &p->g->nodes[s->plan.scratch_layer];
             fprintf(stderr, "memory: stage %d: its kernel workspace, %.1f MiB, is layer %d's ('%s', %s)\n", k,
