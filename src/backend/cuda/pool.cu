@@ -9,9 +9,9 @@
  * whose windows hold it, in increasing order, and adds their contributions
  * one after another, as the CPU's loop over output cells adds them; no
  * atomics, and the same bits as the CPU. MaxPool's forward keeps each
- * window's argmax in saved memory for its backward: the tap's index within
- * the window in a byte, where the window has at most 255 taps, else an
- * int32 offset within the plane (argmax_keep). Global pools use
+ * window's argmax in saved memory for its backward: an int32 offset within
+ * the plane or, asked for, the tap's index within the window in a byte,
+ * where the window has at most 255 taps (argmax_keep). Global pools use
  * a warp (small planes) or a block (large planes) per plane, partial sums
  * in double and a fixed reduction order.
  *
@@ -53,6 +53,7 @@
 
 #include "backend/cuda/bf16.cuh"
 #include "backend/cuda/kernel_util.cuh"
+#include "util/env.h"
 
 extern "C" {
 #include "ops/window.h"
@@ -263,10 +264,10 @@ __device__ static inline bool tap_on(const pool_plan<I> &pp, int a, I o, I i)
 
 /* How the forward keeps a window's argmax for the backward (maxpool_saved):
  * T = unsigned char, the tap's index within the window, (t0 k1 + t1) k2
- * + t2 (255: no input cell), where the window has at most 255 taps
- * (argmax_in_bytes: ResNet's stem's 3 x 3 pool keeps 24.5 MiB at batch 128
- * in bfloat16, where an int32 kept 98); else T = int, the input cell's
- * offset within the plane (-1: none). key() is what a window o keeps when
+ * + t2 (255: no input cell), where the window has at most 255 taps and
+ * GP_MAXPOOL_BYTE_ARGMAX=1 asks (argmax_in_bytes: ResNet's stem's 3 x 3
+ * pool would keep 24.5 MiB at batch 128, where an int32 keeps 98); else
+ * T = int, the input cell's offset within the plane (-1: none). key() is what a window o keeps when
  * its argmax is input cell i (coordinates; r its offset), or -1 where
  * no tap of o lands on i (a dilated window's gaps), which no kept value
  * equals; the backward compares. */
@@ -310,8 +311,17 @@ template <> struct argmax_keep<unsigned char> {
     }
 };
 
+/* Bytes asked for (GP_MAXPOOL_BYTE_ARGMAX=1; read at every call, so that
+ * one process can run both; off until the GPU suite has run it). The
+ * planner's saved size and the calls must agree: set it before a
+ * pipeline is made, not while it runs. */
+static bool byte_argmax_on(void) { return gp_env_flag("GP_MAXPOOL_BYTE_ARGMAX", false); }
+
 /* Whether the window's argmax is kept in a byte (argmax_keep). */
-static bool argmax_in_bytes(const pool_plan<int64_t> &pp) { return pp.k[0] * pp.k[1] * pp.k[2] <= 255; }
+static bool argmax_in_bytes(const pool_plan<int64_t> &pp)
+{
+    return byte_argmax_on() && pp.k[0] * pp.k[1] * pp.k[2] <= 255;
+}
 
 /* The offset within the plane of the first maximum of output cell o, NaN
  * winning as in PyTorch; -1 when the window holds no input cell. *tap:
@@ -718,7 +728,7 @@ static size_t maxpool_saved(const struct gp_graph *g, const struct gp_node *node
     int64_t taps = 1;
     if (gp_window_resolve(&ic, GP_WINDOW_POOL, &x->shape, NULL, &w) != GP_OK) taps = 256;
     for (int i = 0; taps <= 255 && i < w.n_spatial; i++) taps *= w.kernel[i];
-    return (taps <= 255 ? 1 : sizeof(int)) * (size_t)gp_shape_numel(&y->shape);
+    return (byte_argmax_on() && taps <= 255 ? 1 : sizeof(int)) * (size_t)gp_shape_numel(&y->shape);
 }
 
 template <typename I, class IO, typename T>
