@@ -110,6 +110,16 @@ static double boundary_cost(const struct gp_profile *p, const struct gp_balance_
     return bytes * (load[s].boxes + load[s - 1].inboxes);
 }
 
+/* Bytes counted in double as int64_t, saturated: a profile's sizes are
+ * int64_t each, but their sums and multiples (a parameter's with its
+ * gradient and optimizer state) may pass INT64_MAX, whose conversion is
+ * undefined (the profile fuzzer's input with 8.4e18 parameter bytes). */
+static int64_t saturated_bytes(double m)
+{
+    if (!(m > 0)) return 0;
+    return m >= 9.2e18 ? INT64_MAX : (int64_t)m;
+}
+
 static void figures(const struct gp_profile *p, const struct gp_balance_config *c, const struct stage_load *load,
                     const struct gp_partition *part, struct gp_split_report *r)
 {
@@ -130,7 +140,7 @@ static void figures(const struct gp_profile *p, const struct gp_balance_config *
         }
         m += peak;
         f->time_ms = t;
-        f->memory_bytes = (int64_t)m;
+        f->memory_bytes = saturated_bytes(m);
         f->frontier_in_bytes = frontier_at(p, f->first_layer);
         f->frontier_out_bytes = frontier_at(p, f->last_layer);
         double objective = c->by == GP_BALANCE_TIME ? t : m;
