@@ -110,14 +110,17 @@ static double boundary_cost(const struct gp_profile *p, const struct gp_balance_
     return bytes * (load[s].boxes + load[s - 1].inboxes);
 }
 
-/* Bytes counted in double as int64_t, saturated: a profile's sizes are
- * int64_t each, but their sums and multiples (a parameter's with its
- * gradient and optimizer state) may pass INT64_MAX, whose conversion is
- * undefined (the profile fuzzer's input with 8.4e18 parameter bytes). */
+/* Bytes counted in double as int64_t, saturated at 9.2e18: a profile's
+ * sizes are int64_t each, but their sums and multiples (a parameter's
+ * with its gradient and optimizer state) may pass INT64_MAX, whose
+ * conversion is undefined (the profile fuzzer's input with 8.4e18
+ * parameter bytes). 9.2e18 is exact in double and below 2^63, so a
+ * reader converting the figure to double and back (the CLI's bars) stays
+ * defined too. */
 static int64_t saturated_bytes(double m)
 {
     if (!(m > 0)) return 0;
-    return m >= 9.2e18 ? INT64_MAX : (int64_t)m;
+    return m >= 9.2e18 ? (int64_t)9.2e18 : (int64_t)m;
 }
 
 static void figures(const struct gp_profile *p, const struct gp_balance_config *c, const struct stage_load *load,
