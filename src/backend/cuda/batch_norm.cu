@@ -436,11 +436,9 @@ __global__ static void bn_apply_kernel(struct bn_plan p, gp_fptr x, const float 
  * ctx->deferred_stats; evaluation uses the running statistics. */
 static gp_status bn_nhwc_forward(struct gp_cuda_ctx *ctx, struct gp_error *err);
 /* A fused residual's gradient for the channels-last statistics pass to
- * write (bn_residual_backward): the incoming dY and the fused Relu's
- * output Y (p NULL: no Relu). */
-/* A fused residual's gradient's sources for the statistics pass: dY, the
- * fused Relu's output y (p NULL: no Relu) and dY's second term add
- * (gp_cuda_ctx.dout_addend; p NULL: none). */
+ * write (bn_residual_backward): the incoming dY, the fused Relu's output
+ * Y (p NULL: no Relu) and dY's second term `add` (gp_cuda_ctx.dout_addend;
+ * p NULL: none). */
 struct bn_res_src {
     gp_fptr dy, y, add;
 };

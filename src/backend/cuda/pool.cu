@@ -267,10 +267,10 @@ __device__ static inline bool tap_on(const pool_plan<I> &pp, int a, I o, I i)
  * + t2 (255: no input cell), where the window has at most 255 taps and
  * GP_MAXPOOL_BYTE_ARGMAX=1 asks (argmax_in_bytes: ResNet's stem's 3 x 3
  * pool would keep 24.5 MiB at batch 128, where an int32 keeps 98); else
- * T = int, the input cell's offset within the plane (-1: none). key() is what a window o keeps when
- * its argmax is input cell i (coordinates; r its offset), or -1 where
- * no tap of o lands on i (a dilated window's gaps), which no kept value
- * equals; the backward compares. */
+ * T = int, the input cell's offset within the plane (-1: none). key()
+ * is what a window o keeps when its argmax is input cell i (coordinates;
+ * r its offset), or -1 where no tap of o lands on i (a dilated window's
+ * gaps), which no kept value equals; the backward compares. */
 template <typename T> struct argmax_keep;
 
 template <> struct argmax_keep<int> {
