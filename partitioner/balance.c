@@ -80,8 +80,10 @@ static int64_t frontier_at(const struct gp_profile *p, int c)
 /* What the first stage holds of the data (pipeline/stage.c's blocks): its
  * boxes of the input frontier (the type the stage stores it in), the
  * mini-batch's rows as they arrive, and by default the next step's rows
- * (pipeline/inputs_ahead.c). Where the stage converts the rows (bf16) and
- * each micro-batch has a box of its own, the rows may lie in the block of
+ * (pipeline/inputs_ahead.c; in the frontier's type where the stage stores
+ * them narrower: bf16 boxes of float32 data). Where the stage converts
+ * the rows (bf16) and each micro-batch has a box of its own, the rows may
+ * lie in the block of
  * its forward-only activations and gradients (stage.c, inputs_in_block):
  * they cost only what they exceed that block by, about the stage's peak
  * (`peak`; < 0, unknown: the rows counted whole, an upper bound). */
@@ -92,7 +94,8 @@ static double first_stage_inputs(const struct gp_profile *p, const struct gp_bal
     double held = rows;
     if (peak >= 0 && p->input_frontier_bytes < p->input_bytes && load[0].boxes >= c->n_micro)
         held = rows > peak ? rows - peak : 0;
-    return (double)p->input_frontier_bytes * load[0].boxes + held + (c->inputs_ahead ? rows : 0);
+    double ahead = p->input_frontier_bytes < p->input_bytes ? (double)p->input_frontier_bytes * c->n_micro : rows;
+    return (double)p->input_frontier_bytes * load[0].boxes + held + (c->inputs_ahead ? ahead : 0);
 }
 
 /* What stage s starting at cut c pays for its boundary: receiving the

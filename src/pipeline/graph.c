@@ -144,7 +144,6 @@ bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *target
     *p->step_host = p->opts.step;
     struct gp_task_tag tag = tag_of(GP_TASK_COPY, 0, -1, "load inputs");
     gp_pipe_inputs_load(p, x, xs, xb, &tag);
-    gp_pipe_inputs_ahead(p, xb);
     if (tb) ops->copy(fs->compute, ls->targets, ts, tb, &tag);
     for (int k = 0; k < p->K; k++) ops->copy(fs->compute, p->stages[k].step_dev, p->step_host, sizeof(uint64_t), &tag);
     /* The last stage's guard completes the scalars and hands them on. */
@@ -172,6 +171,9 @@ bool gp_pipe_step_graph(struct gp_pipeline *p, const void *x, const void *target
         tag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read the guard's result");
         ops->copy(fs->compute, p->scalars_out, ls->scalars, sizeof(struct gp_optim_scalars), &tag);
     }
+    /* The next step's inputs, once this step runs (the host may round
+     * them first: inputs_ahead.c). */
+    gp_pipe_inputs_ahead(p, xb);
     *st = gp_pipe_sync_all(p, err);
     if (*st == GP_OK) memcpy(p->loss_parts, p->loss_host, sizeof(double) * (size_t)p->M);
     return true;

@@ -189,6 +189,12 @@ struct gp_pipeline {
     struct gp_event *ahead_done, *ahead_free;
     const void *ahead_x;
     int64_t ahead_taken;           /* steps whose inputs came from the upload */
+    /* The upload crosses as bfloat16 (inputs_ahead.c, ahead_bf16_wanted):
+     * its rows rounded on the host into ahead_host (pinned where the
+     * backend has it; made at the first upload), the device buffer half
+     * of ahead_bytes. */
+    bool ahead_bf16;
+    void *ahead_host;
     uint64_t graph_seed;
     double graph_ratio, graph_denominator;
     char graph_note[2304];
@@ -226,6 +232,11 @@ void gp_pipe_inputs_load(struct gp_pipeline *p, const void *x, const void *xs, s
                          const struct gp_task_tag *tag);
 void gp_pipe_inputs_ahead(struct gp_pipeline *p, size_t bytes);
 void gp_pipe_inputs_ahead_free(struct gp_pipeline *p);
+/* Whether the first stage `s` (its plan made) takes the upload as
+ * bfloat16: its inputs' box is bfloat16 and the data float32. */
+bool gp_pipe_ahead_bf16_wanted(const struct gp_pipeline *p, const struct stage *s);
+/* The bytes of the first stage's buffer for the upload (0: none). */
+size_t gp_pipe_ahead_device_bytes(const struct gp_pipeline *p);
 bool gp_pipe_pinned(const struct gp_pipeline *p, const void *ptr, size_t bytes);
 void gp_pipe_free_host_bufs(struct gp_pipeline *p);
 

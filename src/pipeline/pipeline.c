@@ -411,7 +411,6 @@ static gp_status step_eager(struct gp_pipeline *p, const void *x, const void *ta
     if (stage_local(p, 0)) {
         const char *xs = (const char *)x + share * p->input_bytes;
         gp_pipe_inputs_load(p, xs, xs, p->input_bytes * (size_t)p->M, &itag);
-        gp_pipe_inputs_ahead(p, p->input_bytes * (size_t)p->M);
     }
     if (p->target_bytes && stage_local(p, p->K - 1)) {
         struct gp_task_tag ttag = tag_of(GP_TASK_COPY, p->K - 1, -1, "load targets");
@@ -440,6 +439,9 @@ static gp_status step_eager(struct gp_pipeline *p, const void *x, const void *ta
         struct gp_task_tag gtag = tag_of(GP_TASK_COPY, p->K - 1, -1, "read the guard's result");
         ls->ops->copy(ls->compute, p->scalars_out, ls->scalars, sizeof(struct gp_optim_scalars), &gtag);
     }
+    /* The next step's inputs, once this step's work is issued (the host
+     * may round them first: inputs_ahead.c). */
+    if (stage_local(p, 0)) gp_pipe_inputs_ahead(p, p->input_bytes * (size_t)p->M);
     gp_status st = gp_pipe_sync_all(p, err);
     /* The replicas' gradient sums end before anything else talks to
      * the replicas. */
@@ -627,7 +629,7 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
     r->grad_bytes = (int64_t)s->plan.param_bytes;
     r->optim_bytes = s->opt ? (int64_t)gp_optim_state_bytes(s->opt) : 0;
     /* The first stage's buffer of the next step's inputs (inputs_ahead.c) with its static blocks. */
-    r->static_bytes = (int64_t)(k == 0 ? p->ahead_bytes : 0) +
+    r->static_bytes = (int64_t)(k == 0 ? gp_pipe_ahead_device_bytes(p) : 0) +
                       (int64_t)(s->plan.static_bytes - s->plan.param_bytes + s->plan.step_bytes +
                                 s->plan.step_grad_bytes + s->plan.shadow_bytes + s->plan.filter_bytes +
                                 s->plan.filter_grad_bytes + s->optimizer_bytes);
@@ -655,7 +657,8 @@ void gp_pipeline_report(const struct gp_pipeline *p, int k, struct gp_stage_repo
         r->frontier_out_bytes += (int64_t)gp_plan_value_bytes(p->g, &s->plan, s->plan.frontier_out[q]);
     r->workspace_bytes = (int64_t)(align64(s->plan.scratch_bytes) + align64(s->plan.staging_bytes));
     r->input_rows_bytes = k == 0 && !s->inputs_inside ? (int64_t)(p->input_bytes * (size_t)p->M) : 0;
-    r->inputs_ahead_bytes = k == 0 ? (int64_t)p->ahead_bytes : 0;
+    r->inputs_ahead_bytes = k == 0 ? (int64_t)gp_pipe_ahead_device_bytes(p) : 0;
+    r->inputs_ahead_bf16 = r->inputs_ahead_bytes && p->ahead_bf16;
     /* A local stage's: what was allocated, block by block (the figures
      * above leave out its targets, the libraries' workspace and the small
      * blocks); another process's: the sum of those figures. */

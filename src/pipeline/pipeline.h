@@ -289,8 +289,10 @@ struct gp_stage_report {
     /* The first stage's blocks of data rows as they arrive: the step's
      * mini-batch (0 where the rows lie in its arena's block: stage.c,
      * inputs_in_block) and the next step's (inputs_ahead.c; also in
-     * static_bytes). 0 on other stages. */
+     * static_bytes; as bfloat16 where inputs_ahead_bf16). 0 on other
+     * stages. */
     int64_t input_rows_bytes, inputs_ahead_bytes;
+    bool inputs_ahead_bf16;
     int64_t planned_bytes;        /* everything allocated for the stage */
 };
 

@@ -87,7 +87,9 @@ static int stage_blocks(struct gp_pipeline *p, struct stage *s, int k, struct bl
     b[n++] = (struct block_plan){"targets", last ? p->target_bytes * (size_t)p->M : 0, &s->targets};
     if (!inputs_inside)
         b[n++] = (struct block_plan){"inputs", k == 0 ? p->input_bytes * (size_t)p->M : 0, &s->inputs};
-    b[n++] = (struct block_plan){"the next step's inputs", k == 0 ? p->ahead_bytes : 0, &s->inputs_ahead};
+    if (k == 0) p->ahead_bf16 = gp_pipe_ahead_bf16_wanted(p, s);
+    b[n++] = (struct block_plan){"the next step's inputs", k == 0 ? gp_pipe_ahead_device_bytes(p) : 0,
+                                 &s->inputs_ahead};
     b[n++] = (struct block_plan){"step number", sizeof(uint64_t), &s->step_dev};
     b[n++] = (struct block_plan){"optimizer scalars", sizeof(struct gp_optim_scalars), &s->scalars};
     b[n++] = (struct block_plan){"loss sums", last ? sizeof(double) * (size_t)p->M : 0, &s->loss_sums};
@@ -264,7 +266,7 @@ static gp_status allocate_stage(struct gp_pipeline *p, struct stage *s, int k, s
      * the host link every step (ResNet-50: 77 MB, 1.4 ms). Without the
      * buffer, auto plans again from none remade. */
     if (avail && total > avail && k == 0 && p->ahead_bytes) {
-        p->ahead_given_up = p->ahead_bytes;
+        p->ahead_given_up = gp_pipe_ahead_device_bytes(p);
         p->ahead_bytes = 0;
         if (auto_fit) {
             GP_TRY(fit_anew(p, s, k, avail, b, &n, &total, err));

@@ -969,9 +969,9 @@ static const struct pool_case pool_cases[] = {
      0, true, 8, 0},
     {"opset 1", "MaxPool", 4, {1, 2, 6, 6}, {3, 3}, {0}, {0}, true, {1, 1, 1, 1}, NULL, NOATTR,
      false, 1, 0},
-    /* The saved argmax (pool.cu, argmax_keep): with GP_MAXPOOL_BYTE_ARGMAX=1
-     * a tap index in a byte up to 255 taps a window, the in-plane offset
-     * in an int32 beyond. */
+    /* The saved argmax (pool.cu, argmax_keep): a tap index in a byte up to
+     * 255 taps a window (unless GP_MAXPOOL_BYTE_ARGMAX=0), the in-plane
+     * offset in an int32 beyond. */
     {"15x17 window, 255 taps (the most a byte keeps), ties", "MaxPool", 4, {2, 3, 21, 22}, {15, 17}, {2, 1},
      {0}, true, {1, 2, 0, 1}, NULL, NOATTR, false, 0, 1},
     {"16x16 window, 256 taps (an int32 argmax), ties", "MaxPool", 4, {2, 3, 21, 20}, {16, 16}, {1, 2}, {0},
@@ -1062,17 +1062,13 @@ static const struct pool_case pool_cases[] = {
 };
 
 /* MaxPool's saved argmax either way (pool.cu, argmax_keep): int32
- * offsets, and with GP_MAXPOOL_BYTE_ARGMAX=1 a byte's tap index; the
- * other pools once. */
+ * offsets (GP_MAXPOOL_BYTE_ARGMAX=0), and a byte's tap index (the
+ * default); the other pools once. */
 static int argmax_forms(const struct pool_case *c) { return strcmp(c->op, "MaxPool") == 0 ? 2 : 1; }
 
-static void byte_argmax(int form)
-{
-    if (form)
-        setenv("GP_MAXPOOL_BYTE_ARGMAX", "1", 1);
-    else
-        unsetenv("GP_MAXPOOL_BYTE_ARGMAX");
-}
+static void byte_argmax(int form) { setenv("GP_MAXPOOL_BYTE_ARGMAX", form ? "1" : "0", 1); }
+
+static void byte_argmax_default(void) { unsetenv("GP_MAXPOOL_BYTE_ARGMAX"); }
 
 static void test_pools(void **state)
 {
@@ -1082,7 +1078,7 @@ static void test_pools(void **state)
             byte_argmax(f);
             run_pool(&pool_cases[k]);
         }
-    byte_argmax(0);
+    byte_argmax_default();
 }
 
 /* bf16: the pools read and write bfloat16 themselves (bf16_any). Every
@@ -1129,7 +1125,7 @@ static void test_pools_bf16(void **state)
             run_pool_bf16(&pool_cases[k], 0);
             run_pool_bf16(&pool_cases[k], 1 + k % 3);
         }
-    byte_argmax(0);
+    byte_argmax_default();
 }
 
 /* Channels-last (graph/layout.h): the pools that read it themselves
@@ -1182,7 +1178,7 @@ static void test_pools_nhwc(void **state)
             byte_argmax(f);
             run_pool_nhwc(c, -1, true);
         }
-        byte_argmax(0);
+        byte_argmax_default();
         if (strcmp(c->op, "GlobalAveragePool") == 0) run_pool_nhwc(c, -1, false);
     }
 }
@@ -1202,7 +1198,7 @@ static void test_pools_nhwc_bf16(void **state)
             run_pool_nhwc(c, 0, true);
             run_pool_nhwc(c, 1 + k % 3, true);
         }
-        byte_argmax(0);
+        byte_argmax_default();
         if (gap) run_pool_nhwc(c, 0, false);
     }
 }

@@ -264,9 +264,9 @@ __device__ static inline bool tap_on(const pool_plan<I> &pp, int a, I o, I i)
 
 /* How the forward keeps a window's argmax for the backward (maxpool_saved):
  * T = unsigned char, the tap's index within the window, (t0 k1 + t1) k2
- * + t2 (255: no input cell), where the window has at most 255 taps and
- * GP_MAXPOOL_BYTE_ARGMAX=1 asks (argmax_in_bytes: ResNet's stem's 3 x 3
- * pool would keep 24.5 MiB at batch 128, where an int32 keeps 98); else
+ * + t2 (255: no input cell), where the window has at most 255 taps,
+ * unless GP_MAXPOOL_BYTE_ARGMAX=0 (argmax_in_bytes: ResNet's stem's 3 x 3
+ * pool keeps 24.5 MiB at batch 128, where an int32 keeps 98); else
  * T = int, the input cell's offset within the plane (-1: none). key()
  * is what a window o keeps when its argmax is input cell i (coordinates;
  * r its offset), or -1 where no tap of o lands on i (a dilated window's
@@ -311,11 +311,11 @@ template <> struct argmax_keep<unsigned char> {
     }
 };
 
-/* Bytes asked for (GP_MAXPOOL_BYTE_ARGMAX=1; read at every call, so that
- * one process can run both; off until the GPU suite has run it). The
- * planner's saved size and the calls must agree: set it before a
- * pipeline is made, not while it runs. */
-static bool byte_argmax_on(void) { return gp_env_flag("GP_MAXPOOL_BYTE_ARGMAX", false); }
+/* Bytes unless GP_MAXPOOL_BYTE_ARGMAX=0 (int32 offsets, the form before;
+ * read at every call, so that one process can run both). The planner's
+ * saved size and the calls must agree: set it before a pipeline is made,
+ * not while it runs. */
+static bool byte_argmax_on(void) { return gp_env_flag("GP_MAXPOOL_BYTE_ARGMAX", true); }
 
 /* Whether the window's argmax is kept in a byte (argmax_keep). */
 static bool argmax_in_bytes(const pool_plan<int64_t> &pp)
