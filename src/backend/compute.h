@@ -66,10 +66,9 @@ struct gp_compute_options {
 
 static inline bool gp_scratch_backward_only(uint32_t din) { return din != ~0u && (din & GP_SCRATCH_BACKWARD); }
 
-/* GP_GRAD_ADDENDS (pipeline/plan.h, addend_off): unset, each backend's
- * default (none yet: the GPU's kernels take them with "on", until the GPU
- * suite has run them); "on" (or 1), where a backend's kernel adds the
- * term as it reads the gradient (grad_addend); "off" (or 0), none; "all",
+/* GP_GRAD_ADDENDS (pipeline/plan.h, addend_off): unset (each backend's
+ * default) or "on" (or 1), where a backend's kernel adds the term as it
+ * reads the gradient (grad_addend: the GPU's); "off" (or 0), none; "all",
  * the CPU backend's kernels too, the term added before the call, for
  * tests (the same bits as "off"). */
 enum gp_grad_addends { GP_GRAD_ADDENDS_DEFAULT, GP_GRAD_ADDENDS_ON, GP_GRAD_ADDENDS_OFF, GP_GRAD_ADDENDS_ALL };

@@ -35,6 +35,7 @@
 #include "onnx/load.h"
 #include "partitioner/balance.h"
 #include "train/trainer.h"
+#include "util/env.h"
 
 #define STEPS 3
 
@@ -600,16 +601,40 @@ static bool same_either_way(const struct setup *s, const char *var, const char *
     return same;
 }
 
+/* Sets name to value (NULL: unsets it) and keeps what it was in was[]
+ * for restore_env. */
+static void swap_env(const char *name, const char *value, char *was, size_t size, bool *had)
+{
+    const char *cur = getenv(name);
+    *had = cur != NULL;
+    snprintf(was, size, "%s", cur ? cur : "");
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+}
+
+static void restore_env(const char *name, const char *was, bool had)
+{
+    if (had) setenv(name, was, 1);
+    else unsetenv(name);
+}
+
 /* The residual Adds fused into their BatchNorms (graph/fuse.c,
  * gp_node.fused_add) give the unfused nodes' bits on the GPU too
  * (GP_FUSE_BN_ADD=0), in fp32 and bf16, both layouts; the residual's
  * gradient written first (the default) and, in the suite's run with
- * GP_CUDA_FIRST_WRITERS=0, accumulated (dY masked in place). */
+ * GP_CUDA_FIRST_WRITERS=0, accumulated (dY masked in place). Without
+ * gradient addends (GP_GRAD_ADDENDS=off): the unfused block output comes
+ * from a Relu, which takes none, and where a convolution's added data
+ * gradient was measured faster on the legacy API (one rounding), the
+ * fused run's addend rounds it twice (test_grad_addends). */
 static void test_fused_residual(void **state)
 {
     (void)state;
     static const enum gp_layout_policy layouts[2] = {GP_LAYOUT_NCHW, GP_LAYOUT_NHWC};
     int failed = 0, runs = 0;
+    char was[64];
+    bool had;
+    swap_env("GP_GRAD_ADDENDS", "off", was, sizeof was, &had);
     for (int pr = 0; pr < 2; pr++)
         for (int l = 0; l < 2; l++) {
             struct setup s = {.fixture = "resnet_op17", .batch = 8, .chunks = 2, .stages = 1, .cuda = true,
@@ -621,6 +646,7 @@ static void test_fused_residual(void **state)
             failed += !same_either_way(&s, "GP_FUSE_BN_ADD", "0", NULL, what, "fused", "unfused");
             runs++;
         }
+    restore_env("GP_GRAD_ADDENDS", was, had);
     printf("fused residual Adds on the GPU: %d runs against the unfused nodes\n", runs);
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
 }
@@ -680,18 +706,30 @@ static void test_workspaces_in_sets(void **state)
  * added by the previous block's BatchNorm as its backward reads the
  * gradient (pipeline/plan.h, addend_off; the channels-last statistics
  * pass, bn_nhwc_bwd_sums_kernel's ADD, or an add in place before the
- * other paths) gives the bits of adding it in place (GP_GRAD_ADDENDS=off):
- * both layouts, the statistics pass or its own pass for the residual
- * (GP_BN_RES_SUMS=0), eager and as a CUDA graph, 2 stages with
- * checkpointing. */
+ * other paths): the convolution's term rounded to bfloat16, then the sum
+ * rounded, as PyTorch's autograd adds two bfloat16 gradients. That is
+ * the bits of adding it in place (GP_GRAD_ADDENDS=off) where the
+ * convolution adds through the graph API (its result rounded, then an
+ * add), so the runs here take every convolution there (GP_CONV_API=graph,
+ * GP_CONV_ADD_API=graph); where the legacy API's own add (one rounding)
+ * was measured faster, adding in place rounds once and the addend gives
+ * PyTorch's bits instead. At a batch of 12 (micro-batches of 6 and 3,
+ * which no other run here uses): the choices are kept per problem for the
+ * process, and these must be made under those settings. Both layouts,
+ * the statistics pass or its own pass for the residual (GP_BN_RES_SUMS=0),
+ * eager and as a CUDA graph, 2 stages with checkpointing. */
 static void test_grad_addends(void **state)
 {
     (void)state;
     static const enum gp_layout_policy layouts[2] = {GP_LAYOUT_NCHW, GP_LAYOUT_NHWC};
     int failed = 0, runs = 0;
+    char api_was[64], add_was[64];
+    bool api_had, add_had;
+    swap_env("GP_CONV_API", "graph", api_was, sizeof api_was, &api_had);
+    swap_env("GP_CONV_ADD_API", "graph", add_was, sizeof add_was, &add_had);
     for (int l = 0; l < 2; l++)
         for (int v = 0; v < 3; v++) {
-            struct setup s = {.fixture = "resnet_op17", .batch = 8, .chunks = v == 2 ? 4 : 2, .stages = v == 2 ? 2 : 1,
+            struct setup s = {.fixture = "resnet_op17", .batch = 12, .chunks = v == 2 ? 4 : 2, .stages = v == 2 ? 2 : 1,
                               .cuda = true, .checkpoint = v == 2 ? GP_CHECKPOINT_ALWAYS : GP_CHECKPOINT_NEVER,
                               .layout = layouts[l], .graph = v == 1, .precision = GP_PRECISION_BF16};
             bool own_pass = l == 1 && v == 2;
@@ -702,10 +740,16 @@ static void test_grad_addends(void **state)
                      own_pass ? ", the residual's own pass" : "");
             failed += !same_either_way(&s, "GP_GRAD_ADDENDS", "off", "on", what, "apart", "added in place");
             if (own_pass) unsetenv("GP_BN_RES_SUMS");
-            if (on_addends == 0) fail_msg("%s: no gradient's last term apart", what);
+            /* Without first writers (the suite's GP_CUDA_FIRST_WRITERS=0
+             * run) no convolution writes its data gradient whole, so none
+             * takes a term apart: the runs then only agree. */
+            if (on_addends == 0 && gp_env_flag("GP_CUDA_FIRST_WRITERS", true))
+                fail_msg("%s: no gradient's last term apart", what);
             printf("%s: %d terms apart\n", what, on_addends);
             runs++;
         }
+    restore_env("GP_CONV_API", api_was, api_had);
+    restore_env("GP_CONV_ADD_API", add_was, add_had);
     printf("gradients' last terms apart on the GPU: %d runs against adding in place\n", runs);
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
 }

@@ -202,10 +202,13 @@ static gp_status backward(void *ctx, const struct gp_layer_call *c, struct gp_er
  * (ResNet's block outputs: the next block's first convolution, then its
  * residual path): the convolution's data gradient, rounded to bfloat16
  * before it is added anyway, is added by the BatchNorm's backward as it
- * reads the gradient (batch_norm.cu), not by a pass over both. (Where the
- * legacy API's own add, one rounding, was measured faster for an added
- * call, the term written apart rounds twice instead, as the graph API's
- * path and PyTorch's autograd do.) */
+ * reads the gradient (batch_norm.cu), not by a pass over both: the bits
+ * of the graph API's add in place (result rounded, then the sum), as
+ * PyTorch's autograd adds two bfloat16 gradients. Where the legacy API's
+ * own add (one rounding, another algorithm) was measured faster for the
+ * added call, adding in place would have given other bits; the addend
+ * gives these, whatever was measured (test_cuda_train's addend runs take
+ * the graph API's adds to compare; the GPU suite, 2026-12-07). */
 static bool grad_addend(const struct gp_graph *g, const struct gp_node *producer, const struct gp_node *writer,
                         int slot, enum gp_dtype dt)
 {
