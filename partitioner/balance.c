@@ -83,10 +83,10 @@ static int64_t frontier_at(const struct gp_profile *p, int c)
  * (pipeline/inputs_ahead.c; in the frontier's type where the stage stores
  * them narrower: bf16 boxes of float32 data). Where the stage converts
  * the rows (bf16) and each micro-batch has a box of its own, the rows may
- * lie in the block of
- * its forward-only activations and gradients (stage.c, inputs_in_block):
- * they cost only what they exceed that block by, about the stage's peak
- * (`peak`; < 0, unknown: the rows counted whole, an upper bound). */
+ * lie in the block of its forward-only activations and gradients
+ * (stage.c, inputs_in_block): they cost only what they exceed that block
+ * by, about the stage's peak (`peak`; < 0, unknown: the rows counted
+ * whole, an upper bound). */
 static double first_stage_inputs(const struct gp_profile *p, const struct gp_balance_config *c,
                                  const struct stage_load *load, double peak)
 {

@@ -38,7 +38,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph/tensor.h"
 #include "pipeline/internal.h"
 #include "util/env.h"
 
