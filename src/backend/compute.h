@@ -66,18 +66,18 @@ struct gp_compute_options {
 
 static inline bool gp_scratch_backward_only(uint32_t din) { return din != ~0u && (din & GP_SCRATCH_BACKWARD); }
 
-/* GP_GRAD_ADDENDS (pipeline/plan.h, addend_off): unset (each backend's
- * default) or "on" (or 1), where a backend's kernel adds the term as it
- * reads the gradient (grad_addend: the GPU's); "off" (or 0), none; "all",
- * the CPU backend's kernels too, the term added before the call, for
- * tests (the same bits as "off"). */
-enum gp_grad_addends { GP_GRAD_ADDENDS_DEFAULT, GP_GRAD_ADDENDS_ON, GP_GRAD_ADDENDS_OFF, GP_GRAD_ADDENDS_ALL };
+/* GP_GRAD_ADDENDS (pipeline/plan.h, addend_off): "on" (or 1), the
+ * default, where a backend's kernel adds the term as it reads the gradient
+ * (grad_addend: the GPU's); "off" (or 0), none; "all", the CPU backend's
+ * kernels too, the term added before the call, for tests (the same bits
+ * as "off"). */
+enum gp_grad_addends { GP_GRAD_ADDENDS_ON, GP_GRAD_ADDENDS_OFF, GP_GRAD_ADDENDS_ALL };
 
 static inline enum gp_grad_addends gp_grad_addends(void)
 {
-    static const char *const ways[] = {"default", "on", "off", "all", "1", "0", NULL};
-    static const enum gp_grad_addends as[] = {GP_GRAD_ADDENDS_DEFAULT, GP_GRAD_ADDENDS_ON, GP_GRAD_ADDENDS_OFF,
-                                              GP_GRAD_ADDENDS_ALL, GP_GRAD_ADDENDS_ON, GP_GRAD_ADDENDS_OFF};
+    static const char *const ways[] = {"on", "off", "all", "1", "0", NULL};
+    static const enum gp_grad_addends as[] = {GP_GRAD_ADDENDS_ON, GP_GRAD_ADDENDS_OFF, GP_GRAD_ADDENDS_ALL,
+                                              GP_GRAD_ADDENDS_ON, GP_GRAD_ADDENDS_OFF};
     return as[gp_env_choice("GP_GRAD_ADDENDS", ways, 0)];
 }
 

@@ -145,15 +145,6 @@ float gp_bf16_to_float(uint16_t b)
     return f;
 }
 
-uint16_t gp_float_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
-    x += 0x7fff + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
-
 /* Loads through memcpy: initializers that are views of the model file may
  * sit at any address, and a misaligned typed load is undefined behaviour
  * (and faults once the compiler vectorizes it). */

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* The numeric codes are ONNX's TensorProto.DataType, so they convert 1:1. */
 enum gp_dtype {
@@ -75,10 +76,19 @@ int64_t gp_tensor_get_i64(const struct gp_tensor *t, int64_t i);
 void gp_tensor_set_f64(struct gp_tensor *t, int64_t i, double v);
 void gp_tensor_set_i64(struct gp_tensor *t, int64_t i, int64_t v);
 
-/* IEEE half and bfloat16 conversions (round to nearest even). */
+/* IEEE half and bfloat16 conversions (round to nearest even; a NaN stays
+ * a NaN). gp_float_to_bf16 is inline so that loops over many values
+ * (pipeline/inputs_ahead.c) vectorize. */
 float gp_half_to_float(uint16_t h);
 uint16_t gp_float_to_half(float f);
 float gp_bf16_to_float(uint16_t b);
-uint16_t gp_float_to_bf16(float f);
+static inline uint16_t gp_float_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
 
 #endif

@@ -36,8 +36,8 @@
  * differ). GP_INPUTS_AHEAD_BF16=0 uploads float32 rows as before. */
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
+#include "graph/tensor.h"
 #include "pipeline/internal.h"
 #include "util/env.h"
 
@@ -52,18 +52,11 @@ size_t gp_pipe_ahead_device_bytes(const struct gp_pipeline *p)
     return p->ahead_bf16 ? p->ahead_bytes / 2 : p->ahead_bytes;
 }
 
-/* The float32 rows rounded to bfloat16 as gp_float_to_bf16 rounds them
- * (to nearest even, a NaN kept a NaN), written out here so that the
- * compiler vectorizes it, on the host's threads. */
+/* The float32 rows rounded to bfloat16 on the host's threads. */
 static void round_rows(uint16_t *dst, const float *src, int64_t n)
 {
 #pragma omp parallel for schedule(static) if (n >= (1 << 20))
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t x;
-        memcpy(&x, &src[i], sizeof x);
-        uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-        dst[i] = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : r);
-    }
+    for (int64_t i = 0; i < n; i++) dst[i] = gp_float_to_bf16(src[i]);
 }
 
 /* Task on the first stage's compute stream: the rows uploaded as

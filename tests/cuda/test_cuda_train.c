@@ -567,40 +567,6 @@ static void test_remade_norm(void **state)
     if (failed) fail_msg("%d runs differ (MISMATCH lines above)", failed);
 }
 
-/* The second run's gradient addends in same_either_way's last call. */
-static int on_addends;
-
-/* Trains s with the environment variable `var` set to `off`, then to `on`
- * (NULL: unset), its value before restored after, and compares the runs
- * bit for bit: whether they are the same (MISMATCH lines say where not).
- * `what` names the pair in messages, `a` and `b` the two runs. */
-static bool same_either_way(const struct setup *s, const char *var, const char *off, const char *on,
-                            const char *what, const char *a, const char *b)
-{
-    const char *set = getenv(var);
-    char was[64];
-    snprintf(was, sizeof was, "%s", set ? set : "");
-    struct result r_off, r_on;
-    memset(&r_off, 0, sizeof r_off);
-    memset(&r_on, 0, sizeof r_on);
-    struct gp_error err = {0};
-    setenv(var, off, 1);
-    gp_status st = train(s, &r_off, &err);
-    if (st == GP_OK) {
-        if (on) setenv(var, on, 1);
-        else unsetenv(var);
-        st = train(s, &r_on, &err);
-    }
-    if (set) setenv(var, was, 1);
-    else unsetenv(var);
-    if (st != GP_OK) fail_msg("%s: %s", what, err.msg);
-    bool same = compare_as(what, &r_on, &r_off, a, b, 0);
-    on_addends = r_on.addends;
-    gp_graph_free(&r_on.saved);
-    gp_graph_free(&r_off.saved);
-    return same;
-}
-
 /* Sets name to value (NULL: unsets it) and keeps what it was in was[]
  * for restore_env. */
 static void swap_env(const char *name, const char *value, char *was, size_t size, bool *had)
@@ -616,6 +582,38 @@ static void restore_env(const char *name, const char *was, bool had)
 {
     if (had) setenv(name, was, 1);
     else unsetenv(name);
+}
+
+/* The second run's gradient addends in same_either_way's last call. */
+static int on_addends;
+
+/* Trains s with the environment variable `var` set to `off`, then to `on`
+ * (NULL: unset), its value before restored after, and compares the runs
+ * bit for bit: whether they are the same (MISMATCH lines say where not).
+ * `what` names the pair in messages, `a` and `b` the two runs. */
+static bool same_either_way(const struct setup *s, const char *var, const char *off, const char *on,
+                            const char *what, const char *a, const char *b)
+{
+    char was[64];
+    bool had;
+    struct result r_off, r_on;
+    memset(&r_off, 0, sizeof r_off);
+    memset(&r_on, 0, sizeof r_on);
+    struct gp_error err = {0};
+    swap_env(var, off, was, sizeof was, &had);
+    gp_status st = train(s, &r_off, &err);
+    if (st == GP_OK) {
+        if (on) setenv(var, on, 1);
+        else unsetenv(var);
+        st = train(s, &r_on, &err);
+    }
+    restore_env(var, was, had);
+    if (st != GP_OK) fail_msg("%s: %s", what, err.msg);
+    bool same = compare_as(what, &r_on, &r_off, a, b, 0);
+    on_addends = r_on.addends;
+    gp_graph_free(&r_on.saved);
+    gp_graph_free(&r_off.saved);
+    return same;
 }
 
 /* The residual Adds fused into their BatchNorms (graph/fuse.c,

@@ -213,7 +213,6 @@ static bool grad_addend(const struct gp_graph *g, const struct gp_node *producer
                         int slot, enum gp_dtype dt)
 {
     (void)g;
-    if (gp_grad_addends() == GP_GRAD_ADDENDS_OFF) return false; /* the planner asks too; said here for the tests */
     return dt == GP_DTYPE_BFLOAT16 && is_batch_norm(producer) && strcmp(writer->op_type, "Conv") == 0 && slot == 0 &&
            gp_cuda_conv_rounds_added_terms();
 }
