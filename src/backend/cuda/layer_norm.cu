@@ -10,7 +10,8 @@
  * identical run to run; no atomics anywhere.
  *
  * Rows of up to 1024 values (GPT-2's 768): a warp per row, the warp
- * path below (forward reads X and writes Y once; backward reads X, dY and
+ * path (layer_norm.cuh; its kernels in layer_norm_warp_forward.cu and
+ * layer_norm_warp_backward.cu) (forward reads X and writes Y once; backward reads X, dY and
  * the old dX, unless the executor says it writes first (overwrites), and
  * writes dX), the parameter gradients of full Scale and B by a separate
  * column-sum kernel that reads X and dY again. Longer rows of up to 4096
@@ -45,43 +46,9 @@
  * backend/mixed_call.h), at half the bytes. Statistics, saved state and
  * scratch stay float32 / double. */
 #include <initializer_list>
-#include <math.h>
 #include <string.h>
 
-#include "backend/cuda/bf16.cuh"
-#include "backend/cuda/kernel_util.cuh"
-#include "backend/cuda/norm_storage.cuh"
-
-/* ---- storage: IO of norm_storage.cuh for the row kernels (par: Scale or
- * B); the per-row Mean and InvStdDev (and their gradients), and the
- * parameter gradients, are read and written with gp_ld / gp_st / gp_acc
- * whatever the call (once per row or column). */
-
-/* ---- LayerNormalization ---- */
-
-/* X viewed as [rows, cols]: cols = the normalized axes. Scale and B
- * broadcast to the normalized shape; `full` when one has an entry per
- * column (indexed by column then), as on the CPU. */
-struct ln_plan {
-    int64_t rows, cols;
-    double eps;
-    int rank;
-    int64_t dims[GP_MAX_RANK];                          /* normalized shape */
-    int64_t sstride[GP_MAX_RANK], bstride[GP_MAX_RANK]; /* Scale's, B's strides over it */
-    bool sfull, bfull;
-    int64_t chunks; /* row chunks of the parameter-gradient partial sums */
-    /* Rows of at most LN_REG_COLS (backward: LN_REG_BWD_COLS): a block
-     * keeps LN_ROWS rows in registers (reg_threads threads, LN_VPT values
-     * each) and backward adds the parameter gradients' terms of its rows
-     * (blocks: reg_blocks) in registers too. */
-    bool reg, reg_bwd;
-    /* Rows of at most LN_WARP_COLS: a warp per row, npl values a lane
-     * (the warp path, before the register path). */
-    bool warp;
-    int npl;
-    int reg_threads;
-    int64_t reg_blocks;
-};
+#include "backend/cuda/layer_norm.cuh"
 
 static bool ln_strides(const struct gp_value *v, const struct ln_plan *p, int64_t *st)
 {
@@ -96,29 +63,6 @@ static bool ln_strides(const struct gp_value *v, const struct ln_plan *p, int64_
     }
     return gp_shape_numel(&v->shape) == p->cols;
 }
-
-#define LN_CHUNK_ROWS 32
-#define LN_MAX_CHUNKS 128
-#define LN_MAX_PARTIALS (4 << 20) /* doubles of partials at most (32 MiB) */
-#define LN_VPT 8                  /* values per thread of a row kept in registers */
-#define LN_ROWS 4                 /* rows a register-path block holds at once */
-#define LN_REG_COLS 4096          /* rows up to this length: in registers */
-#define LN_REG_BWD_COLS 2048      /* backward (512 threads of 118 registers ran slower) */
-#define LN_MAX_WARPS (LN_REG_COLS / (32 * LN_VPT)) /* of a register-path block */
-/* Blocks of the fused register backward: what an H100 / H200 SXM (132
- * SMs) keeps resident, 8 warps an SM at the kernel's ~250 registers a
- * thread, so they run in one wave, each over many rows, and write few
- * partials (768 values: 3 warps a block, 264 blocks, 3.2 MB). Constants,
- * not the device's: the partials, and so the sums, depend on them. */
-#define LN_BWD_SMS 132
-#define LN_BWD_SM_WARPS 8
-#define LN_FIN_COLS 8             /* columns of a final-sum block (768: 96 blocks) */
-#define LN_FIN_LANES 32           /* partials each column's final sum splits over */
-#define LN_WARP_COLS 1024         /* rows up to this: a warp each (32 values a lane at most) */
-#define LN_WARP_BLOCK 256         /* threads of a warp-path block: 8 rows at once */
-#define LN_CS_TX 32               /* column threads of a column-sum block, LN_VPT columns each */
-#define LN_CS_TY 4                /* its row lanes */
-#define LN_CS_ROWS 4              /* rows a column-sum thread loads before adding them */
 
 static void ln_plan_of(const struct gp_graph *g, const struct gp_node *node, struct ln_plan *p)
 {
@@ -154,19 +98,6 @@ static void ln_plan_of(const struct gp_graph *g, const struct gp_node *node, str
     p->reg_blocks = groups < 1 ? 1 : groups < cap ? groups : cap;
 }
 
-/* Offset into a broadcast parameter of column j. */
-__device__ static inline int64_t ln_index(const struct ln_plan &p, const int64_t *st, bool full,
-                                          int64_t j)
-{
-    if (full) return j;
-    int64_t off = 0;
-    for (int i = p.rank - 1; i >= 0; i--) {
-        off += (j % p.dims[i]) * st[i];
-        j /= p.dims[i];
-    }
-    return off;
-}
-
 /* ctx->saved: mean [rows] and inverse standard deviation [rows] (float). */
 static size_t ln_saved(const struct gp_graph *g, const struct gp_node *node)
 {
@@ -183,221 +114,6 @@ static size_t ln_scratch(const struct gp_graph *g, const struct gp_node *node)
     ln_plan_of(g, node, &p);
     return 2 * sizeof(double) * (size_t)((p.reg_bwd && !p.warp ? p.reg_blocks : p.chunks) * p.cols);
 }
-
-/* ---- the warp path (rows of at most LN_WARP_COLS) ----
- * A warp per row, 8 rows a block, the blocks striding over rows: lane l
- * holds runs l, l + 32, ... of VEC values (run i: columns (32 i + l) VEC
- * .. + VEC - 1; NPL values a lane, NPL / VEC runs), a row's two sums go
- * through one shuffle tree each, and nothing else is shared: no shared
- * memory, no __syncthreads. The register path's blocks of 3 warps holding
- * 4 rows (124 registers forward, 255 with spills backward) kept 6 to 15
- * warps an SM, too few to cover the loads' latency (63.7 us forward,
- * 184.5 us backward for GPT-2's 16384 rows of 768 in bf16 on an H200).
- * GPT-2's rows: 24 values a lane, three 16-byte loads of bfloat16 per
- * tensor. Runs of 8 where io_vec_for allows them (cols % 8 == 0 and every
- * activation aligned to 16 bytes; then the run at column j of row r
- * starts at r cols + j, a multiple of 8, and lies wholly inside the row or
- * wholly past it), else single values (still coalesced: lane l takes
- * columns l, l + 32, ...); runs of 4 or 2 would save instructions only,
- * at the build time of more instances. The parameters are read per row
- * from L1 rather than held (24 registers each), by runs of 8 where they
- * are float32, one per column and aligned (pvec), else one by one. */
-
-/* Row r's values of lane `lane` (0 past the row). */
-template <class IO, int VEC, int NPL>
-__device__ static inline void ln_warp_load(gp_fptr t, const struct ln_plan &p, int64_t r, int lane,
-                                           float (&v)[NPL])
-{
-#pragma unroll
-    for (int i = 0; i < NPL / VEC; i++) {
-        const int64_t j = (int64_t)(32 * i + lane) * VEC;
-        float u[VEC];
-        if (j < p.cols) {
-            IO::template acts<VEC>(t, r * p.cols + j, u);
-        } else {
-#pragma unroll
-            for (int k = 0; k < VEC; k++) u[k] = 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < VEC; k++) v[VEC * i + k] = u[k];
-    }
-}
-
-/* Parameter values of columns j .. j + VEC - 1 (within the row). */
-template <class IO, int VEC>
-__device__ static inline void ln_par_run(gp_fptr t, const struct ln_plan &p, const int64_t *st, bool full,
-                                         bool pvec, int64_t j, float (&u)[VEC])
-{
-    if (pvec) {
-        gp_run<float, VEC>::load(t.p, j, u);
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) u[k] = IO::par(t, ln_index(p, st, full, j + k));
-    }
-}
-
-/* v summed over the warp by a shuffle-down tree (fixed order), lane 0's
- * sum handed to every lane (a butterfly's lanes would each round in
- * another order). All lanes call it. */
-__device__ static inline double ln_warp_sum(double v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = DADD(v, __shfl_down_sync(0xffffffffu, v, o));
-    return __shfl_sync(0xffffffffu, v, 0);
-}
-
-/* Forward: the generic kernel's statistics (sum, mean, squared deviations
- * from it, in double), each lane's values in run order, then the warp's
- * tree. FP64 per value: 2 conversions from float, 4 adds / multiplies. */
-template <class IO, int VEC, int NPL>
-__global__ static void __launch_bounds__(LN_WARP_BLOCK, 3)
-    ln_forward_warp_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr bias, gp_fptr y, float *mean,
-                           float *invstd, gp_fptr out_mean, gp_fptr out_inv, bool pvec)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t step = (int64_t)gridDim.x * (LN_WARP_BLOCK / 32);
-    for (int64_t r = (int64_t)blockIdx.x * (LN_WARP_BLOCK / 32) + (threadIdx.x >> 5); r < p.rows; r += step) {
-        float v[NPL];
-        ln_warp_load<IO, VEC, NPL>(x, p, r, lane, v);
-        double s = 0;
-#pragma unroll
-        for (int i = 0; i < NPL / VEC; i++)
-            if ((int64_t)(32 * i + lane) * VEC < p.cols)
-#pragma unroll
-                for (int k = 0; k < VEC; k++) s = DADD(s, (double)v[VEC * i + k]);
-        s = ln_warp_sum(s);
-        const double m = s / (double)p.cols;
-        double q = 0;
-#pragma unroll
-        for (int i = 0; i < NPL / VEC; i++)
-            if ((int64_t)(32 * i + lane) * VEC < p.cols)
-#pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    double d = DSUB((double)v[VEC * i + k], m);
-                    q = DADD(q, DMUL(d, d));
-                }
-        q = ln_warp_sum(q);
-        const double var = q / (double)p.cols;
-        const float mr = (float)m, is = (float)(1.0 / sqrt(DADD(var, p.eps)));
-        if (lane == 0) {
-            mean[r] = mr;
-            invstd[r] = is;
-            if (out_mean.p) gp_st(out_mean, r, mr);
-            if (out_inv.p) gp_st(out_inv, r, is);
-        }
-#pragma unroll
-        for (int i = 0; i < NPL / VEC; i++) {
-            const int64_t j = (int64_t)(32 * i + lane) * VEC;
-            if (j >= p.cols) break; /* runs grow with i */
-            float sc[VEC], bi[VEC], o[VEC];
-            ln_par_run<IO, VEC>(scale, p, p.sstride, p.sfull, pvec, j, sc);
-            if (bias.p) ln_par_run<IO, VEC>(bias, p, p.bstride, p.bfull, pvec, j, bi);
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                o[k] = FMUL(FMUL(FSUB(v[VEC * i + k], mr), is), sc[k]);
-                if (bias.p) o[k] = FADD(o[k], bi[k]);
-            }
-            IO::template set_acts<VEC>(y, r * p.cols + j, o);
-        }
-    }
-}
-
-/* Backward dX (ln_bwd_dx_kernel's terms in its order; the parameter
- * gradients are ln_bwd_colsum_kernel's): x and dy of the row in registers
- * (2 NPL floats; the old dX is read value by value as it is written), the
- * sums of g and g xhat through two shuffle trees. ow (the executor's
- * first writer): dX written as 0 + its gradient, the old values not read.
- * FP64 per value: 7 conversions (float to double: dy, scale, xhat, x -
- * mean, and dy, scale again rather than 2 more registers each; v to
- * float) and 12 adds / multiplies. */
-template <class IO, int VEC, int NPL>
-__global__ static void __launch_bounds__(LN_WARP_BLOCK, NPL <= 24 ? 3 : 2)
-    ln_bwd_dx_warp_kernel(struct ln_plan p, gp_fptr x, gp_fptr scale, gp_fptr dy, const float *mean,
-                          const float *invstd, gp_fptr d_mean, gp_fptr d_inv, gp_fptr dx, bool ow, bool pvec)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t step = (int64_t)gridDim.x * (LN_WARP_BLOCK / 32);
-    for (int64_t r = (int64_t)blockIdx.x * (LN_WARP_BLOCK / 32) + (threadIdx.x >> 5); r < p.rows; r += step) {
-        float xv[NPL], gv[NPL];
-        ln_warp_load<IO, VEC, NPL>(x, p, r, lane, xv);
-        if (dy.p) ln_warp_load<IO, VEC, NPL>(dy, p, r, lane, gv);
-        const float m = mean[r], is = invstd[r];
-        double sg = 0, sgx = 0;
-        if (dy.p) {
-#pragma unroll
-            for (int i = 0; i < NPL / VEC; i++) {
-                const int64_t j = (int64_t)(32 * i + lane) * VEC;
-                if (j >= p.cols) break;
-                float sc[VEC];
-                ln_par_run<IO, VEC>(scale, p, p.sstride, p.sfull, pvec, j, sc);
-#pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    double g = DMUL((double)gv[VEC * i + k], (double)sc[k]);
-                    sg = DADD(sg, g);
-                    sgx = DADD(sgx, DMUL(g, (double)FMUL(FSUB(xv[VEC * i + k], m), is)));
-                }
-            }
-            sg = ln_warp_sum(sg);
-            sgx = ln_warp_sum(sgx);
-        }
-        const double n = (double)p.cols, mg = sg / n, mgx = sgx / n;
-        const double cm = d_mean.p ? (double)gp_ld(d_mean, r) / n : 0.0;
-        const double cv =
-            d_inv.p ? DMUL(DMUL(DMUL(-(double)gp_ld(d_inv, r), (double)is), (double)is), (double)is) / n : 0.0;
-#pragma unroll
-        for (int i = 0; i < NPL / VEC; i++) {
-            const int64_t j = (int64_t)(32 * i + lane) * VEC;
-            if (j >= p.cols) break;
-            float sc[VEC], o[VEC];
-            if (dy.p) ln_par_run<IO, VEC>(scale, p, p.sstride, p.sfull, pvec, j, sc);
-            if (ow) {
-#pragma unroll
-                for (int k = 0; k < VEC; k++) o[k] = 0.0f;
-            } else {
-                IO::template acts<VEC>(dx, r * p.cols + j, o);
-            }
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                double xc = (double)FSUB(xv[VEC * i + k], m), xhat = DMUL(xc, (double)is);
-                double v = DADD(cm, DMUL(cv, xc));
-                if (dy.p) {
-                    double g = DMUL((double)gv[VEC * i + k], (double)sc[k]);
-                    v = DADD(v, DMUL((double)is, DSUB(DSUB(g, mg), DMUL(xhat, mgx))));
-                }
-                o[k] = FADD(o[k], (float)v); /* the old value (or 0), widened, plus v: one rounding */
-            }
-            IO::template set_acts<VEC>(dx, r * p.cols + j, o);
-        }
-    }
-}
-
-/* Runs the statement(s) with IO the storage `kind` names and VEC the run
- * length, 8 where vec is 8, else 1 (io_mixed: always 1). */
-#define LN_IO_VEC_DISPATCH(kind, vec, ...)                                            \
-    do {                                                                              \
-        if ((kind) == IO_F32) {                                                       \
-            typedef io_typed<float> IO;                                               \
-            if ((vec) == 8) { const int VEC = 8; __VA_ARGS__; }                       \
-            else { const int VEC = 1; __VA_ARGS__; }                                  \
-        } else if ((kind) == IO_BF16) {                                               \
-            typedef io_typed<__nv_bfloat16> IO;                                       \
-            if ((vec) == 8) { const int VEC = 8; __VA_ARGS__; }                       \
-            else { const int VEC = 1; __VA_ARGS__; }                                  \
-        } else {                                                                      \
-            typedef io_mixed IO;                                                      \
-            const int VEC = 1;                                                        \
-            __VA_ARGS__;                                                              \
-        }                                                                             \
-    } while (0)
-
-/* ... and NPL the values a lane holds (ln_plan.npl: 8, 16, 24 or 32). */
-#define LN_WARP_DISPATCH(kind, vec, npl, ...)                                         \
-    LN_IO_VEC_DISPATCH(kind, vec, switch (npl) {                                      \
-        case 8: { const int NPL = 8; __VA_ARGS__; } break;                            \
-        case 16: { const int NPL = 16; __VA_ARGS__; } break;                          \
-        case 24: { const int NPL = 24; __VA_ARGS__; } break;                          \
-        default: { const int NPL = 32; __VA_ARGS__; } break;                          \
-    })
 
 /* Whether the warp kernels may read the parameters by runs of VEC: float32
  * (not io_mixed), one per column, aligned to a run's bytes (16 at most). */
@@ -609,9 +325,8 @@ static gp_status ln_forward(struct gp_cuda_ctx *ctx, struct gp_error *err)
         int vec = io_vec_for(kind, p.cols, {x, y});
         bool pvec = ln_pvec(p, kind, vec, scale, bias);
         unsigned wgrid = gp_cuda_capped_grid((p.rows + LN_WARP_BLOCK / 32 - 1) / (LN_WARP_BLOCK / 32), 1 << 20);
-        LN_WARP_DISPATCH(kind, vec, p.npl,
-                         ln_forward_warp_kernel<IO, VEC, NPL><<<wgrid, LN_WARP_BLOCK, 0, ctx->stream>>>(
-                             p, x, scale, bias, y, mean, invstd, out_mean, out_inv, pvec));
+        ln_warp_forward(p, kind, vec, pvec, wgrid, ctx->stream, x, scale, bias, y, mean, invstd, out_mean,
+                        out_inv);
     } else if (p.reg) {
         int vec = io_vec_for(kind, p.cols, {x, y});
         unsigned groups = gp_cuda_capped_grid((p.rows + LN_ROWS - 1) / LN_ROWS, 1 << 20);
@@ -979,9 +694,8 @@ static gp_status ln_backward(struct gp_cuda_ctx *ctx, struct gp_error *err)
         int vec = io_vec_for(kind, p.cols, {x, dy, dx});
         bool pvec = ln_pvec(p, kind, vec, scale, none);
         unsigned wgrid = gp_cuda_capped_grid((p.rows + LN_WARP_BLOCK / 32 - 1) / (LN_WARP_BLOCK / 32), 1 << 20);
-        LN_WARP_DISPATCH(kind, vec, p.npl,
-                         ln_bwd_dx_warp_kernel<IO, VEC, NPL><<<wgrid, LN_WARP_BLOCK, 0, ctx->stream>>>(
-                             p, x, scale, dy, mean, invstd, d_mean, d_inv, dx, ow, pvec));
+        ln_warp_backward_dx(p, kind, vec, pvec, wgrid, ctx->stream, x, scale, dy, mean, invstd, d_mean, d_inv,
+                            dx, ow);
         GP_TRY(gp_cuda_check_launch(ctx, "LayerNormalization backward dx", err));
         dx = none; /* done; the parameter gradients below */
     }
