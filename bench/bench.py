@@ -670,6 +670,18 @@ def main():
             ap.error("--gpipe %s is not an executable" % args.gpipe)
     if args.onnx_dir is None and args.reuse_onnx:
         ap.error("--reuse-onnx needs --onnx-dir")
+    # --gpipe-args words go to gpipe-onnx itself: a NAME=VALUE there would be
+    # taken as a file or a flag's value, not set in the environment (a
+    # variant's leading ones are; the base run's come from this environment).
+    try:
+        base_words = shlex.split(args.gpipe_args)
+    except ValueError as e:
+        ap.error("--gpipe-args: %s" % e)
+    settings = [w for w in base_words if re.match(r"^[A-Z_][A-Z0-9_]*=", w)]
+    if settings:
+        ap.error("--gpipe-args takes gpipe-onnx flags only, not environment settings (%s): set them in "
+                 "the environment for every run, or in a --gpipe-variant's leading words for one"
+                 % " ".join(settings))
     args.variants = []
     for item in args.gpipe_variant:
         label, sep, extra = item.partition("=")
