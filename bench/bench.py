@@ -327,13 +327,18 @@ def gpipe_precision_flags(precision):
     return ["--precision", precision]
 
 
+def is_setting(word):
+    """A NAME=VALUE word (NAME in capitals, as `env` takes them)."""
+    return re.match(r"^[A-Z_][A-Z0-9_]*=", word) is not None
+
+
 def variant_settings(text):
     """A --gpipe-variant's ARGS as (environment settings, flags): leading
-    NAME=VALUE words (NAME in capitals, as `env` takes them) set the
-    variable for that run only; the rest are gpipe-onnx train flags."""
+    NAME=VALUE words set the variable for that run only; the rest are
+    gpipe-onnx train flags."""
     words = shlex.split(text)
     settings = {}
-    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+    while words and is_setting(words[0]):
         k, _, v = words.pop(0).partition("=")
         settings[k] = v
     return settings, words
@@ -677,7 +682,7 @@ def main():
         base_words = shlex.split(args.gpipe_args)
     except ValueError as e:
         ap.error("--gpipe-args: %s" % e)
-    settings = [w for w in base_words if re.match(r"^[A-Z_][A-Z0-9_]*=", w)]
+    settings = [w for w in base_words if is_setting(w)]
     if settings:
         ap.error("--gpipe-args takes gpipe-onnx flags only, not environment settings (%s): set them in "
                  "the environment for every run, or in a --gpipe-variant's leading words for one"
@@ -687,6 +692,10 @@ def main():
         label, sep, extra = item.partition("=")
         if not sep or not label.strip() or not extra.strip():
             ap.error("--gpipe-variant wants LABEL=ARGS, e.g. 'fast-conv=--fast-conv' (got '%s')" % item)
+        try:
+            variant_settings(extra)
+        except ValueError as e:
+            ap.error("--gpipe-variant %s: %s" % (label.strip(), e))
         args.variants.append((label.strip(), extra.strip()))
 
     import models as bm
